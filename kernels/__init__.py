@@ -1,0 +1,8 @@
+"""linpipe.kernels: linear-attention ops, each a fast form paired with its naive reference.
+
+Triton is imported lazily (only when a CUDA tensor reaches a Triton path), so this package
+imports on CPU-only machines and macOS.
+"""
+from .linear_attn import FEATURE_MAPS, feature_map_fn, naive_recurrent_linear_attn
+
+__all__ = ["FEATURE_MAPS", "feature_map_fn", "naive_recurrent_linear_attn"]
