@@ -196,6 +196,38 @@ def train_cmd(inputs, out, d_model, n_layers, n_heads, mlp_hidden, conv_width, f
 
 
 
+@cli.command("eval")
+@click.argument("model_dir")
+@click.argument("inputs", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("--baseline-train", multiple=True, type=click.Path(dir_okay=False),
+              help="dna: fit the Markov baselines on these files (k chosen on their last 5%%) instead "
+              "of the ones stored with the model. Repeatable.")
+@click.option("--season", type=click.IntRange(1), default=None,
+              help="timeseries: seasonal-naive period (default: the lag of peak autocorrelation).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def eval_cmd(model_dir, inputs, baseline_train, season, as_json):
+    """Score a model on INPUTS next to simple baselines on the same positions (MODEL_DIR: a
+    directory or a shipped model's name)."""
+    import json
+
+    from .evaluate import evaluate_inputs
+
+    report = evaluate_inputs(model_dir, inputs, baseline_train=baseline_train, season=season)
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+        return
+    click.echo(f"model {report['model']} (sha256 {report['sha256'][:12]}...)")
+    for row in report["inputs"]:
+        click.echo(f"{row['input']}: {row['positions']:,} positions")
+        for name, v in row["scores"].items():
+            if report["modality"] == "dna":
+                click.echo(f"  {name:<24} {v:.4f} bits/base")
+            else:
+                click.echo(f"  {name:<24} MAE {v['mae']:.6g}  RMSE {v['rmse']:.6g}")
+    if report["modality"] == "dna":
+        click.echo(f"Markov order k chosen on training data: {report['markov_best_k']}")
+
+
 # end of section: training
 # ---------------------------------------------------------------------------------------------
 

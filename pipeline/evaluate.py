@@ -125,3 +125,30 @@ def evaluate_timeseries(model, records, season: int, chunk: int = 65536) -> dict
         e = np.concatenate(e) if e else np.zeros(0)
         out[k] = {"mae": float(np.abs(e).mean()), "rmse": float(np.sqrt((e**2).mean())), "n": int(e.size)}
     return out
+
+
+def evaluate_inputs(model_dir, inputs, *, baseline_train=(), season=None) -> dict:
+    """`linpipe eval` as a library call: one row of scores per input file."""
+    from .model import load_model, resolve_model_path
+    from .train_data import read_dna_records, read_timeseries_records
+
+    model = load_model(model_dir)
+    report = {"model": str(model.path), "sha256": model.sha256, "modality": model.modality, "inputs": []}
+    if model.modality == "dna":
+        train_recs = [r for p in baseline_train for r in read_dna_records(p)]
+        markov = markov_baselines(resolve_model_path(model_dir), train_recs)
+        report["markov_best_k"] = markov.best_k
+        for p in inputs:
+            score = evaluate_dna(model, read_dna_records(p), markov)
+            report["inputs"].append({"input": str(p), "positions": score.n, "scores": score.bits()})
+    else:
+        for p in inputs:
+            recs, names = read_timeseries_records(p)
+            if len(names) != model.config.channels:
+                raise ModelError(f"{p}: has {len(names)} channels, the model {model_dir} expects "
+                                 f"{model.config.channels}")
+            s = season or auto_season(recs[0][1])
+            scores = evaluate_timeseries(model, recs, s)
+            report["inputs"].append({"input": str(p), "positions": next(iter(scores.values()))["n"],
+                                     "scores": scores, "season": s})
+    return report
