@@ -171,17 +171,20 @@ def _command_line() -> str:
 @click.option("--val-records", default=None, help="Comma-separated record ids to hold out whole "
               "(default: the last 5%% of every record).")
 @click.option("--checkpoint-every", type=click.IntRange(1), default=200, show_default=True)
+@click.option("--threads", type=click.IntRange(1), default=1, show_default=True,
+              help="CPU threads for torch (more rarely helps models this small).")
 @click.option("--resume", is_flag=True, help="Continue from MODEL_DIR/checkpoint (same inputs).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def train_cmd(inputs, out, d_model, n_layers, n_heads, mlp_hidden, conv_width, feature_map, no_normalize,
-              decay, steps, batch, window, lr, seed, device, val_records, checkpoint_every, resume, quiet):
+              decay, steps, batch, window, lr, seed, device, val_records, checkpoint_every, threads, resume,
+              quiet):
     """Train a model on INPUTS (FASTA or time series) by next-position prediction into --out."""
     import numpy as np
 
     from .train import TrainConfig, train
 
     cfg = TrainConfig(steps=steps, batch=batch, window=window, lr=lr, seed=seed, device=device,
-                      checkpoint_every=checkpoint_every,
+                      checkpoint_every=checkpoint_every, threads=threads,
                       val_records=tuple(v for v in (val_records or "").split(",") if v))
     kw = dict(d_model=d_model, n_layers=n_layers, n_heads=n_heads, mlp_hidden=mlp_hidden or 4 * d_model,
               feature_map=feature_map, normalize=not no_normalize, conv_width=conv_width)

@@ -44,6 +44,7 @@ class TrainConfig:
     warmup: int = 50  # linear warm-up steps, then cosine decay to lr / 10
     clip: float = 1.0
     checkpoint_every: int = 200
+    threads: int = 1  # torch intra-op threads: this model's ops are too small to gain from more
     val_fraction: float = 0.05
     val_records: tuple = ()
 
@@ -200,14 +201,16 @@ def _reset_lanes(net, state, resets):
 
 
 def train(inputs, out, model_kwargs: dict | None = None, cfg: TrainConfig = TrainConfig(), *,
-          decay=None, resume: bool = False, command: str = "", progress: bool = True) -> TrainResult:
-    """Trains (or resumes) a model on `inputs` into directory `out`; see the module docstring."""
+          decay=None, resume: bool = False, command: str = "", progress: bool = True,
+          stop_at: int | None = None) -> TrainResult | None:
+    """Trains (or resumes) a model on `inputs` into directory `out`; see the module docstring.
+
+    `stop_at` ends this session after that step with a checkpoint (as an interruption would),
+    returning None; `resume=True` continues from it.
+    """
     import torch
 
-    from .model import ModelConfig, ModelState, init_net, save_model
-
     out = Path(out)
-    ckpt = out / CHECKPOINT_DIR
     if cfg.steps < 1 or cfg.batch < 1 or cfg.window < 1 or not cfg.lr > 0:
         raise LinpipeError(f"--steps, --batch, --window must be >= 1 and --lr > 0 "
                            f"(got {cfg.steps}, {cfg.batch}, {cfg.window}, {cfg.lr})")
@@ -217,6 +220,20 @@ def train(inputs, out, model_kwargs: dict | None = None, cfg: TrainConfig = Trai
     except (RuntimeError, AssertionError) as e:
         raise LinpipeError(f"--device {cfg.device}: not usable here ({str(e).splitlines()[0]})") from None
 
+    old_threads = torch.get_num_threads()
+    torch.set_num_threads(max(1, cfg.threads))
+    try:
+        return _train(inputs, out, model_kwargs, cfg, decay, resume, command, progress, stop_at, device)
+    finally:
+        torch.set_num_threads(old_threads)
+
+
+def _train(inputs, out, model_kwargs, cfg, decay, resume, command, progress, stop_at, device):
+    import torch
+
+    from .model import ModelConfig, ModelState, init_net, save_model
+
+    ckpt = out / CHECKPOINT_DIR
     modality, records, channels = load_training_data(inputs)
     splits = split_records(records, cfg.val_fraction, cfg.val_records)
     parts = [s.train for s in splits if s.val_start > 0]
@@ -284,6 +301,10 @@ def train(inputs, out, model_kwargs: dict | None = None, cfg: TrainConfig = Trai
         bar.update(step + 1, losses)
         if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
             save_checkpoint(ckpt, net, config, opt, state, walker, step + 1, losses, meta)
+        if stop_at is not None and step + 1 >= stop_at:
+            save_checkpoint(ckpt, net, config, opt, state, walker, step + 1, losses, meta)
+            bar.close()
+            return None
     bar.close()
     meta["train_seconds"] = round(time.time() - t0, 1)
 
