@@ -80,7 +80,9 @@ def _zarr_store(path, *, read_only: bool):
     p = os.fspath(path)
     if "://" in p:
         try:
-            return FsspecStore.from_url(p, read_only=read_only)
+            # fsspec's local file system does not create parent folders unless asked
+            opts = {"auto_mkdir": True} if p.startswith(("file://", "local://")) else None
+            return FsspecStore.from_url(p, read_only=read_only, storage_options=opts)
         except Exception as e:  # missing fsspec backend, bad URL
             raise StoreError(f"{p}: cannot open the output location ({e})") from None
     return LocalStore(Path(p), read_only=read_only)
@@ -193,7 +195,7 @@ class OutputStore:
             if not p.exists() or not any(p.iterdir()):
                 return
         try:
-            existing = zarr.open_group(store=store, mode="r", zarr_format=3)
+            existing = zarr.open_group(store=store, mode="r", zarr_format=3, use_consolidated=False)
             is_ours = isinstance(existing.attrs.get("linpipe"), dict)
         except Exception:
             existing, is_ours = None, False
@@ -399,11 +401,15 @@ class OutputStore:
         for key, info in self.records.items():
             if len(self.completed_chunks(key)) != int(info["n_chunks"]):
                 return False
-        for key in self.records:  # record groups never change again: let readers open them fast
-            zarr.consolidate_metadata(self._store, path=key, zarr_format=3)
         meta = dict(self._group.attrs["linpipe"])
         meta.update({"complete": True, "completed": _now()})
-        self._group.attrs["linpipe"] = meta
+        # one write of the root document: completion plus consolidated metadata of the record
+        # groups (they never change again), so xarray opens a record without listing the store
+        from zarr.core.sync import sync
+
+        sync(_write_root(self._store, meta, list(self.records)))
+        self._group = zarr.open_group(store=self._store, mode="r+", zarr_format=3, use_consolidated=False)
+        self._arrays.clear()
         self._meta = meta
         return True
 
@@ -420,10 +426,46 @@ class OutputStore:
                     except OSError:
                         pass
             return total
-        return int(self._store.fs.du(self._store.path))
+        from zarr.core.sync import sync
+
+        async def total(store):
+            n = 0
+            async for k in store.list():
+                n += await store.getsize(k)
+            return n
+
+        return int(sync(total(self._store)))
 
     def close(self):
         self._arrays.clear()
+
+
+async def _write_root(store, meta: dict, keys: list[str]):
+    """Rewrite the root zarr.json with new `linpipe` attributes and consolidated metadata.
+
+    Consolidation covers the record groups and their arrays only: `_linpipe/` (markers and
+    boundary states, tens of thousands of nodes on a large genome) stays out, so the root
+    document stays small. linpipe itself always reads with use_consolidated=False.
+    """
+    import dataclasses
+
+    from zarr.core.group import AsyncGroup, ConsolidatedMetadata, GroupMetadata
+
+    root = await AsyncGroup.open(store, zarr_format=3, use_consolidated=False)
+    flat = {}
+    for key in keys:
+        grp = await root.getitem(key)
+        flat[key] = grp.metadata
+        async for name, node in grp.members(max_depth=None, use_consolidated_for_children=False):
+            flat[f"{key}/{name}"] = node.metadata
+    for k, v in flat.items():
+        if isinstance(v, GroupMetadata) and v.consolidated_metadata is None:
+            flat[k] = dataclasses.replace(v, consolidated_metadata=ConsolidatedMetadata(metadata={}))
+    ConsolidatedMetadata._flat_to_nested(flat)
+    attrs = {**root.metadata.attributes, "linpipe": meta}
+    md = dataclasses.replace(root.metadata, attributes=attrs,
+                             consolidated_metadata=ConsolidatedMetadata(metadata=flat))
+    await dataclasses.replace(root, metadata=md)._save_metadata()
 
 
 def _create_record(root, progress, key, info, outputs, chunk_size, feature_dim, channels,
@@ -470,7 +512,8 @@ def open_root(path, store):
     if isinstance(store, zarr.storage.LocalStore) and not Path(store.root).exists():
         raise StoreError(f"{where}: no such output store")
     try:
-        group = zarr.open_group(store=store, mode="r" if store.read_only else "r+", zarr_format=3)
+        group = zarr.open_group(store=store, mode="r" if store.read_only else "r+", zarr_format=3,
+                                use_consolidated=False)
     except Exception:
         raise StoreError(f"{where}: not a Zarr v3 store (no linpipe output here)") from None
     meta = group.attrs.get("linpipe")
