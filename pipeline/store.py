@@ -36,26 +36,25 @@ TIMESERIES = "timeseries"
 
 @dataclass(frozen=True)
 class OutputKind:
-    """One per-position output: its dtype, its trailing dim and how it is compressed."""
+    """One per-position output: its dtype and its trailing dim (compression: CODEC_CHOICE)."""
 
     dtype: str
     trailing: str | None  # name of the second dim (None for 1-D outputs)
-    codec: str  # key into _codecs()
     units: str | None = None
     long_name: str | None = None
 
 
 OUTPUT_KINDS = {
     DNA: {
-        "logprob": OutputKind("float32", None, "float", "nats", "log-probability of the base"),
-        "entropy": OutputKind("float32", None, "float", "nats", "entropy of the prediction"),
-        "softmask": OutputKind("uint8", None, "mask", None, "soft-masked (lowercase) base"),
-        "hidden": OutputKind("float16", "feature", "hidden", None, "hidden representation"),
+        "logprob": OutputKind("float32", None, "nats", "log-probability of the base"),
+        "entropy": OutputKind("float32", None, "nats", "entropy of the prediction"),
+        "softmask": OutputKind("uint8", None, None, "soft-masked (lowercase) base"),
+        "hidden": OutputKind("float16", "feature", None, "hidden representation"),
     },
     TIMESERIES: {
-        "forecast": OutputKind("float32", "channel", "float", None, "one-step forecast"),
-        "residual": OutputKind("float32", "channel", "float", None, "observed minus forecast"),
-        "hidden": OutputKind("float16", "feature", "hidden", None, "hidden representation"),
+        "forecast": OutputKind("float32", "channel", None, "one-step forecast"),
+        "residual": OutputKind("float32", "channel", None, "observed minus forecast"),
+        "hidden": OutputKind("float16", "feature", None, "hidden representation"),
     },
 }
 POSITION_DIM = {DNA: "position", TIMESERIES: "time"}
@@ -63,14 +62,27 @@ DEFAULT_OUTPUTS = {DNA: ["logprob", "entropy", "softmask"], TIMESERIES: ["foreca
 TIME_UNITS = "nanoseconds since 1970-01-01"
 
 
-def _codecs(kind: str):
-    """Compressors chosen by measurement (BENCHMARKS.md, "Outputs (issue 5)"); all lossless."""
-    from zarr.codecs import BloscCodec
+# Compressor per array, chosen by measurement on realistic arrays (benchmarks/store_compression.py,
+# BENCHMARKS.md "Outputs (issue 5)"); all lossless. Where the two stand-ins for real model output
+# disagreed (a Markov model's few distinct values vs a random network's continuous ones), the
+# choice is the one that loses least in the worse case.
+CODEC_CHOICE = {
+    "logprob": "zstd-3", "entropy": "blosc-zstd-5-shuffle", "softmask": "zstd-9",
+    "hidden": "blosc-zstd-5-shuffle", "forecast": "zstd-3", "residual": "zstd-3",
+    "time": "blosc-zstd-5-bitshuffle",
+}
 
-    if kind == "mask":  # 0/1 bytes: bit-shuffle packs eight positions per byte before zstd
-        return [BloscCodec(cname="zstd", clevel=5, shuffle="bitshuffle")]
-    # floats: byte-shuffle groups exponent bytes together, which zstd then squeezes
-    return [BloscCodec(cname="zstd", clevel=5, shuffle="shuffle")]
+
+def codecs_for(spec: str):
+    """Zarr v3 compressors for a spec like 'zstd-3' or 'blosc-zstd-5-shuffle'."""
+    from zarr.codecs import BloscCodec, ZstdCodec
+
+    if spec == "none":
+        return None
+    if spec.startswith("zstd-"):
+        return [ZstdCodec(level=int(spec.split("-")[1]))]
+    _, cname, level, shuffle = spec.split("-")
+    return [BloscCodec(cname=cname, clevel=int(level), shuffle=shuffle)]
 
 
 def _zarr_store(path, *, read_only: bool):
@@ -99,8 +111,27 @@ def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def _safe_array_name(name: str) -> bool:
-    return bool(name) and "/" not in name and not name.startswith((".", "__")) and name.isprintable()
+_POOL = None
+
+
+def _fsync_pool():
+    global _POOL
+    if _POOL is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="linpipe-fsync")
+    return _POOL
+
+
+def _fsync(path: Path):
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:  # an all-fill chunk is not stored: nothing to flush
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 class OutputStore:
@@ -310,22 +341,20 @@ class OutputStore:
         self._sync([(done, (chunk_index,))])
 
     def _write_state(self, key: str, chunk_index: int, state: dict):
+        """One uint8 array per boundary holding the state as a safetensors blob (names, dtypes
+        and shapes included): one metadata file and one chunk, whatever the model's layers."""
         import zarr
+        from safetensors.numpy import save
 
-        names = {}
-        for i, name in enumerate(state):
-            names[f"s{i}" if not _safe_array_name(str(name)) else str(name)] = str(name)
+        tensors = {str(k): np.ascontiguousarray(np.asarray(v)) for k, v in state.items()}
+        blob = np.frombuffer(save(tensors), dtype=np.uint8)
         path = f"{PROGRESS}/{key}/state/{chunk_index}"
-        grp = zarr.open_group(store=self._store, path=path, mode="w", zarr_format=3,
-                              attributes={"names": names})
-        written = []
-        for aname, orig in names.items():
-            value = np.ascontiguousarray(np.asarray(state[orig]))
-            a = grp.create_array(aname, shape=value.shape, dtype=value.dtype,
-                                 chunks=tuple(max(1, d) for d in value.shape), compressors=None, fill_value=0)
-            a[...] = value
-            written.append((a, (0,) * value.ndim))
-        self._sync(written, also=[f"{path}/zarr.json"] + [f"{path}/{n}/zarr.json" for n in names])
+        arr = zarr.create_array(store=self._store, name=path, shape=blob.shape, chunks=blob.shape,
+                                dtype="uint8", fill_value=0, compressors=None, overwrite=True,
+                                dimension_names=["byte"], attributes={"encoding": "safetensors"},
+                                zarr_format=3)
+        arr[:] = blob
+        self._sync([(arr, (0,))], also=[f"{path}/zarr.json"])
 
     def _sync(self, chunks, also=()):
         """fsync the files just written (local stores), so 'done' never outruns the data."""
@@ -336,23 +365,9 @@ class OutputStore:
         root = Path(self._store.root)
         files = [root / a.path / a.metadata.encode_chunk_key(idx) for a, idx in chunks]
         files += [root / p for p in also]
-        dirs = set()
-        for f in files:
-            try:
-                fd = os.open(f, os.O_RDONLY)
-            except FileNotFoundError:  # an all-fill chunk is not stored; nothing to flush
-                continue
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            dirs.add(f.parent)
-        for d in dirs:  # the rename that made each file visible lives in its directory
-            fd = os.open(d, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+        # the rename that made each file visible lives in its directory: flush those too
+        targets = files + sorted({f.parent for f in files})
+        list(_fsync_pool().map(_fsync, targets))  # in parallel: the disk queues them together
 
     # ------------------------------------------------------------------ progress
     def completed_chunks(self, key: str) -> set[int]:
@@ -376,18 +391,19 @@ class OutputStore:
         return out
 
     def boundary_state(self, key: str, chunk_index: int) -> dict | None:
-        """The state saved after `chunk_index`, or None when that chunk is not complete."""
+        """The state saved after `chunk_index`, or None when that chunk is not complete (or was
+        written without a state)."""
         import zarr
+        from safetensors.numpy import load
 
         if chunk_index not in self.completed_chunks(key):
             return None
         try:
-            grp = zarr.open_group(store=self._store, path=f"{PROGRESS}/{key}/state/{chunk_index}",
+            arr = zarr.open_array(store=self._store, path=f"{PROGRESS}/{key}/state/{chunk_index}",
                                   mode="r", zarr_format=3)
-        except Exception:
-            return None  # the chunk was written without a state
-        names = dict(grp.attrs.get("names", {}))
-        return {orig: np.asarray(grp[aname][...]) for aname, orig in names.items()}
+        except (FileNotFoundError, KeyError, ValueError):
+            return None
+        return load(arr[:].tobytes())
 
     def is_complete(self) -> bool:
         return bool(self._group.attrs["linpipe"].get("complete", False))
@@ -485,7 +501,7 @@ def _create_record(root, progress, key, info, outputs, chunk_size, feature_dim, 
         attrs = {k: v for k, v in (("units", kind.units), ("long_name", kind.long_name)) if v}
         rec.create_array(name, shape=shape, chunks=chunks, dtype=dtype, dimension_names=dims,
                          fill_value=0 if dtype == "uint8" else np.nan,
-                         compressors=_codecs(kind.codec), attributes=attrs)
+                         compressors=codecs_for(CODEC_CHOICE[name]), attributes=attrs)
     if modality == TIMESERIES and channels:
         ch = rec.create_array("channel", shape=(len(channels),), dtype=str, dimension_names=["channel"])
         ch[:] = np.array(channels)
@@ -496,7 +512,8 @@ def _create_record(root, progress, key, info, outputs, chunk_size, feature_dim, 
             tdt = np.dtype("int64")
             attrs = {"units": TIME_UNITS, "calendar": "proleptic_gregorian"}
         rec.create_array("time", shape=(length,), chunks=(chunk_size,), dtype=tdt,
-                         dimension_names=["time"], fill_value=0, compressors=_codecs("float"),
+                         dimension_names=["time"], fill_value=0,
+                         compressors=codecs_for(CODEC_CHOICE["time"]),
                          attributes=attrs)
     prog = progress.create_group(key, attributes={"id": info["id"]})
     prog.create_array("done", shape=(info["n_chunks"],), chunks=(1,), dtype="uint8", fill_value=0,
