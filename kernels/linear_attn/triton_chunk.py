@@ -45,7 +45,19 @@ def _row_base(pos, row_stride):
 
 
 @triton.jit
-def _state_step(b_s, b_z, b_k, b_v, o_t, n, lg, HAS_DECAY: tl.constexpr, DOT_PRECISION: tl.constexpr):
+def _mm(x, like, INTERPRETED: tl.constexpr):
+    # A matmul operand in the input dtype (tensor cores for bf16/fp16; accumulation is fp32).
+    # The interpreter multiplies bf16 bit patterns as integers, so there it is rounded to the
+    # input dtype and multiplied in fp32: the same numbers as the compiled kernel.
+    if INTERPRETED:
+        return x.to(like.dtype).to(tl.float32)
+    else:
+        return x.to(like.dtype)
+
+
+@triton.jit
+def _state_step(b_s, b_z, b_k, b_v, o_t, n, lg, HAS_DECAY: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                INTERPRETED: tl.constexpr):
     # Adds one block (n valid rows of phi(k), masked rows zero) to the running state.
     if HAS_DECAY:
         # decay each row to the block end; gamma^n carries the earlier blocks over. The where
@@ -55,7 +67,8 @@ def _state_step(b_s, b_z, b_k, b_v, o_t, n, lg, HAS_DECAY: tl.constexpr, DOT_PRE
         g_n = tl.exp2(n.to(tl.float32) * lg)
         b_s = b_s * g_n
         b_z = b_z * g_n
-    b_s += tl.dot(tl.trans(b_k.to(b_v.dtype)), b_v, input_precision=DOT_PRECISION)  # (BK, BV)
+    b_s += tl.dot(tl.trans(_mm(b_k, b_v, INTERPRETED)), _mm(b_v, b_v, INTERPRETED),
+                  input_precision=DOT_PRECISION)  # (BK, BV)
     b_z += tl.sum(b_k, axis=0)
     return b_s, b_z
 
@@ -63,7 +76,8 @@ def _state_step(b_s, b_z, b_k, b_v, o_t, n, lg, HAS_DECAY: tl.constexpr, DOT_PRE
 @triton.jit
 def _state_block(b_s, b_z, k_base, v_base, t0, n_pos, o_t, o_k, o_v, m_k, m_v, lg,
                  H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                 FEATURE_MAP: tl.constexpr, HAS_DECAY: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                 FEATURE_MAP: tl.constexpr, HAS_DECAY: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                 INTERPRETED: tl.constexpr):
     rows = t0 + o_t
     n = tl.minimum(n_pos - t0, o_t.shape[0])
     m_tk = (o_t < n)[:, None] & m_k[None, :]
@@ -71,7 +85,7 @@ def _state_block(b_s, b_z, k_base, v_base, t0, n_pos, o_t, o_k, o_v, m_k, m_v, l
     b_k = tl.load(k_base + rows[:, None] * (H * K) + o_k[None, :], mask=m_tk, other=0.0)
     b_v = tl.load(v_base + rows[:, None] * (H * V) + o_v[None, :], mask=m_tv, other=0.0)
     b_k = tl.where(m_tk, _phi(b_k.to(tl.float32), FEATURE_MAP), 0.0)  # phi(0) may be 1: mask after
-    return _state_step(b_s, b_z, b_k, b_v, o_t, n, lg, HAS_DECAY, DOT_PRECISION)
+    return _state_step(b_s, b_z, b_k, b_v, o_t, n, lg, HAS_DECAY, DOT_PRECISION, INTERPRETED)
 
 
 @triton.jit
@@ -83,7 +97,7 @@ def _segment_state_kernel(
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     FEATURE_MAP: tl.constexpr, HAS_DECAY: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    WHILE_LOOPS: tl.constexpr,
+    INTERPRETED: tl.constexpr,
 ):
     i_s = tl.program_id(0).to(tl.int64)
     i_h = tl.program_id(1)
@@ -103,16 +117,16 @@ def _segment_state_kernel(
 
     b_s = tl.zeros((BK, BV), dtype=tl.float32)
     b_z = tl.zeros((BK,), dtype=tl.float32)
-    if WHILE_LOOPS:
+    if INTERPRETED:
         t0 = 0
         while t0 < n_pos:
             b_s, b_z = _state_block(b_s, b_z, k_base, v_base, t0, n_pos, o_t, o_k, o_v, m_k, m_v, lg,
-                                    H, K, V, FEATURE_MAP, HAS_DECAY, DOT_PRECISION)
+                                    H, K, V, FEATURE_MAP, HAS_DECAY, DOT_PRECISION, INTERPRETED)
             t0 += BT
     else:
         for t0 in range(0, n_pos, BT):
             b_s, b_z = _state_block(b_s, b_z, k_base, v_base, t0, n_pos, o_t, o_k, o_v, m_k, m_v, lg,
-                                    H, K, V, FEATURE_MAP, HAS_DECAY, DOT_PRECISION)
+                                    H, K, V, FEATURE_MAP, HAS_DECAY, DOT_PRECISION, INTERPRETED)
 
     s_base = ds_ptr + (i_s * H + i_h) * (K * V)
     tl.store(s_base + o_k[:, None] * V + o_v[None, :], b_s, mask=m_k[:, None] & m_v[None, :])
@@ -147,7 +161,7 @@ def _segment_scan_kernel(
     sf_ptr, zf_ptr,  # (N, H, K, V), (N, H, K) float32 final states out
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr,
-    HAS_INITIAL: tl.constexpr, HAS_DECAY: tl.constexpr, WHILE_LOOPS: tl.constexpr,
+    HAS_INITIAL: tl.constexpr, HAS_DECAY: tl.constexpr, INTERPRETED: tl.constexpr,
 ):
     i_nh = tl.program_id(0).to(tl.int64)
     i_k = tl.program_id(1)
@@ -171,7 +185,7 @@ def _segment_scan_kernel(
         b_z = tl.zeros((BK,), dtype=tl.float32)
     first = tl.load(seg_first_ptr + i_n)
     last = tl.load(seg_first_ptr + i_n + 1)
-    if WHILE_LOOPS:
+    if INTERPRETED:
         i_s = first
         while i_s < last:
             b_s, b_z = _scan_step(b_s, b_z, i_s, seg_ptr, ds_ptr, dz_ptr, i_h, o_k, o_kv, m_k, m_kv,
@@ -190,7 +204,7 @@ def _output_block(b_s, b_z, q_base, k_base, v_base, o_base, t0, n_pos, o_t, o_k,
                   causal, decay_ij, decay_i, eps,
                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   FEATURE_MAP: tl.constexpr, NORMALIZE: tl.constexpr, HAS_DECAY: tl.constexpr,
-                  DOT_PRECISION: tl.constexpr):
+                  DOT_PRECISION: tl.constexpr, INTERPRETED: tl.constexpr):
     rows = t0 + o_t
     n = tl.minimum(n_pos - t0, o_t.shape[0])
     m_tk = (o_t < n)[:, None] & m_k[None, :]
@@ -198,25 +212,26 @@ def _output_block(b_s, b_z, q_base, k_base, v_base, o_base, t0, n_pos, o_t, o_k,
     b_q = tl.load(q_base + rows[:, None] * (H * K) + o_k[None, :], mask=m_tk, other=0.0)
     b_k = tl.load(k_base + rows[:, None] * (H * K) + o_k[None, :], mask=m_tk, other=0.0)
     b_v = tl.load(v_base + rows[:, None] * (H * V) + o_v[None, :], mask=m_tv, other=0.0)
-    dt = b_v.dtype
     b_q = tl.where(m_tk, _phi(b_q.to(tl.float32), FEATURE_MAP), 0.0)  # (BT, BK) fp32
     b_k = tl.where(m_tk, _phi(b_k.to(tl.float32), FEATURE_MAP), 0.0)
 
-    b_a = tl.dot(b_q.to(dt), tl.trans(b_k.to(dt)), input_precision=DOT_PRECISION)  # (BT, BT) fp32
+    b_a = tl.dot(_mm(b_q, b_v, INTERPRETED), tl.trans(_mm(b_k, b_v, INTERPRETED)),
+                 input_precision=DOT_PRECISION)  # (BT, BT) fp32
     if HAS_DECAY:
         b_a = b_a * decay_ij
         b_qs = b_q * decay_i[:, None]  # the entering state is i+1 steps old at row i
     else:
         b_a = tl.where(causal, b_a, 0.0)
         b_qs = b_q
-    b_o = tl.dot(b_a.to(dt), b_v, input_precision=DOT_PRECISION)
-    b_o += tl.dot(b_qs.to(dt), b_s.to(dt), input_precision=DOT_PRECISION)  # (BT, BV)
+    b_o = tl.dot(_mm(b_a, b_v, INTERPRETED), _mm(b_v, b_v, INTERPRETED), input_precision=DOT_PRECISION)
+    b_o += tl.dot(_mm(b_qs, b_v, INTERPRETED), _mm(b_s, b_v, INTERPRETED),
+                  input_precision=DOT_PRECISION)  # (BT, BV)
     if NORMALIZE:
         # q.z from the float32 scores and the float32 z, never from a low-precision copy
         den = tl.sum(b_a, axis=1) + tl.sum(b_qs * b_z[None, :], axis=1)
         b_o = b_o / (den + eps)[:, None]
     tl.store(o_base + rows[:, None] * (H * V) + o_v[None, :], b_o.to(o_base.dtype.element_ty), mask=m_tv)
-    return _state_step(b_s, b_z, b_k, b_v, o_t, n, lg, HAS_DECAY, DOT_PRECISION)
+    return _state_step(b_s, b_z, b_k, b_v, o_t, n, lg, HAS_DECAY, DOT_PRECISION, INTERPRETED)
 
 
 @triton.jit
@@ -229,7 +244,7 @@ def _segment_output_kernel(
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     FEATURE_MAP: tl.constexpr, NORMALIZE: tl.constexpr, HAS_DECAY: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, WHILE_LOOPS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, INTERPRETED: tl.constexpr,
 ):
     i_s = tl.program_id(0).to(tl.int64)
     i_h = tl.program_id(1)
@@ -257,18 +272,18 @@ def _segment_output_kernel(
     decay_ij = tl.where(causal, tl.exp2((o_t[:, None] - o_t[None, :]).to(tl.float32) * lg), 0.0)
     decay_i = tl.exp2((o_t + 1).to(tl.float32) * lg)  # (BT,)
 
-    if WHILE_LOOPS:
+    if INTERPRETED:
         t0 = 0
         while t0 < n_pos:
             b_s, b_z = _output_block(b_s, b_z, q_base, k_base, v_base, o_base, t0, n_pos, o_t, o_k, o_v,
                                      m_k, m_v, lg, causal, decay_ij, decay_i, eps, H, K, V,
-                                     FEATURE_MAP, NORMALIZE, HAS_DECAY, DOT_PRECISION)
+                                     FEATURE_MAP, NORMALIZE, HAS_DECAY, DOT_PRECISION, INTERPRETED)
             t0 += BT
     else:
         for t0 in range(0, n_pos, BT):
             b_s, b_z = _output_block(b_s, b_z, q_base, k_base, v_base, o_base, t0, n_pos, o_t, o_k, o_v,
                                      m_k, m_v, lg, causal, decay_ij, decay_i, eps, H, K, V,
-                                     FEATURE_MAP, NORMALIZE, HAS_DECAY, DOT_PRECISION)
+                                     FEATURE_MAP, NORMALIZE, HAS_DECAY, DOT_PRECISION, INTERPRETED)
 
 
 def _segments(cu: torch.Tensor, seg_len: int):
@@ -393,21 +408,21 @@ def chunk_linear_attn_triton(
         _segment_state_kernel[(NS, H, v_tiles)](
             k, v, seg, log2g, hs, hz,
             H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
-            FEATURE_MAP=fm, HAS_DECAY=has_decay, DOT_PRECISION=prec, WHILE_LOOPS=interp,
+            FEATURE_MAP=fm, HAS_DECAY=has_decay, DOT_PRECISION=prec, INTERPRETED=interp,
         )
     scan_bk = min(BK, 32)
     scan_bv = min(_pow2(V), 32)
     _segment_scan_kernel[(N * H, triton.cdiv(K, scan_bk), triton.cdiv(V, scan_bv))](
         seg_first, seg, log2g, s0, z0, hs, hz, sf, zf,
         H=H, K=K, V=V, BK=scan_bk, BV=scan_bv,
-        HAS_INITIAL=initial_state is not None, HAS_DECAY=has_decay, WHILE_LOOPS=interp,
+        HAS_INITIAL=initial_state is not None, HAS_DECAY=has_decay, INTERPRETED=interp,
     )
     if NS > 0:
         _segment_output_kernel[(NS, H, v_tiles)](
             q, k, v, o, seg, log2g, hs, hz, float(eps),
             H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
             FEATURE_MAP=fm, NORMALIZE=bool(normalize), HAS_DECAY=has_decay, DOT_PRECISION=prec,
-            WHILE_LOOPS=interp,
+            INTERPRETED=interp,
         )
     final = (sf, zf) if output_final_state else None
     return o.to(out_dtype), final
