@@ -286,6 +286,21 @@ def _segment_output_kernel(
                                      FEATURE_MAP, NORMALIZE, HAS_DECAY, DOT_PRECISION, INTERPRETED)
 
 
+_tuned = None
+
+
+def _tuned_kernels():
+    """Autotuned wrappers of the two parallel kernels, built on the first GPU call."""
+    global _tuned
+    if _tuned is None:
+        configs = [triton.Config({"BV": bv}, num_warps=w, num_stages=st)
+                   for bv in (64, 128) for w in (4, 8) for st in (2, 3)]
+        key = ["H", "K", "V", "BT", "FEATURE_MAP", "HAS_DECAY", "DOT_PRECISION"]
+        _tuned = (triton.autotune(configs=configs, key=key)(_segment_state_kernel),
+                  triton.autotune(configs=configs, key=key + ["NORMALIZE"])(_segment_output_kernel))
+    return _tuned
+
+
 def _segments(cu: torch.Tensor, seg_len: int):
     """Cut records into segments of at most seg_len positions.
 
@@ -377,6 +392,10 @@ def chunk_linear_attn_triton(
     L = segment_len or _default_segment_len(B * T, N, H, v_tiles, BT)
     if L % BT:
         raise ValueError(f"segment_len {L} must be a multiple of block_t {BT}")
+    if L * H * max(K, V) >= 2**31:  # offsets inside a segment are int32 (bases are int64)
+        raise ValueError(f"segment_len {L} too long for H*K = {H * max(K, V)}")
+    if decay is not None and decay.shape != (H,):
+        raise ValueError(f"decay must have shape ({H},); got {tuple(decay.shape)}")
     seg, seg_first = _segments(cu, L)
     NS = seg.shape[0]
 
@@ -404,25 +423,32 @@ def chunk_linear_attn_triton(
     zf = torch.empty((N, H, K), device=device, dtype=torch.float32)
     o = torch.empty((B, T, H, V), device=device, dtype=dtype)
 
+    state_args = (k, v, seg, log2g, hs, hz)
+    state_meta = dict(H=H, K=K, V=V, BT=BT, BK=BK, FEATURE_MAP=fm, HAS_DECAY=has_decay,
+                      DOT_PRECISION=prec, INTERPRETED=interp)
+    out_args = (q, k, v, o, seg, log2g, hs, hz, float(eps))
+    out_meta = dict(state_meta, NORMALIZE=bool(normalize))
+    tuned = not interp and block_v is None
+    if tuned:  # the V tile, warps and stages are autotuned per (H, K, V, BT, variant) on the GPU
+        state_kernel, out_kernel = _tuned_kernels()
+    else:
+        state_kernel, out_kernel = _segment_state_kernel, _segment_output_kernel
+        state_meta["BV"] = out_meta["BV"] = BV
+
+    def grid(meta):
+        return (NS, H, triton.cdiv(V, meta["BV"]))
+
     if NS > 0:
-        _segment_state_kernel[(NS, H, v_tiles)](
-            k, v, seg, log2g, hs, hz,
-            H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
-            FEATURE_MAP=fm, HAS_DECAY=has_decay, DOT_PRECISION=prec, INTERPRETED=interp,
+        state_kernel[grid](*state_args, **state_meta)
+    if N > 0:
+        scan_bk = min(BK, 32)
+        scan_bv = min(_pow2(V), 32)
+        _segment_scan_kernel[(N * H, triton.cdiv(K, scan_bk), triton.cdiv(V, scan_bv))](
+            seg_first, seg, log2g, s0, z0, hs, hz, sf, zf,
+            H=H, K=K, V=V, BK=scan_bk, BV=scan_bv,
+            HAS_INITIAL=initial_state is not None, HAS_DECAY=has_decay, INTERPRETED=interp,
         )
-    scan_bk = min(BK, 32)
-    scan_bv = min(_pow2(V), 32)
-    _segment_scan_kernel[(N * H, triton.cdiv(K, scan_bk), triton.cdiv(V, scan_bv))](
-        seg_first, seg, log2g, s0, z0, hs, hz, sf, zf,
-        H=H, K=K, V=V, BK=scan_bk, BV=scan_bv,
-        HAS_INITIAL=initial_state is not None, HAS_DECAY=has_decay, INTERPRETED=interp,
-    )
     if NS > 0:
-        _segment_output_kernel[(NS, H, v_tiles)](
-            q, k, v, o, seg, log2g, hs, hz, float(eps),
-            H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
-            FEATURE_MAP=fm, NORMALIZE=bool(normalize), HAS_DECAY=has_decay, DOT_PRECISION=prec,
-            INTERPRETED=interp,
-        )
+        out_kernel[grid](*out_args, **out_meta)
     final = (sf, zf) if output_final_state else None
     return o.to(out_dtype), final
