@@ -492,7 +492,8 @@ def save_model(net: LinpipeNet, config: ModelConfig, directory) -> str:
     tensors = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in net.state_dict().items()}
     _check_tensors(config, tensors, str(d / WEIGHTS_FILE))
     tmp = d / (WEIGHTS_FILE + ".tmp")
-    save_file(tensors, str(tmp), metadata={"format": FORMAT_NAME, "version": str(FORMAT_VERSION)})
+    # One metadata key only: safetensors writes a map in random order, and the sha256 must be stable.
+    save_file(tensors, str(tmp), metadata={"format": f"{FORMAT_NAME}-v{FORMAT_VERSION}"})
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(tmp, 0o666 & ~umask)  # safetensors writes 0600; a shipped model must be readable
