@@ -279,6 +279,11 @@ def _command_line() -> str:
     return "linpipe " + " ".join(shlex.quote(a) for a in sys.argv[1:])
 
 
+def _ts_options(time_column, columns, id_column) -> dict:
+    opts = dict(time_column=time_column, columns=columns, id_column=id_column)
+    return {k: v for k, v in opts.items() if v}
+
+
 @cli.command("train")
 @click.argument("inputs", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option("--out", "out", required=True, type=click.Path(file_okay=False), help="Model directory to write.")
@@ -303,9 +308,13 @@ def _command_line() -> str:
               help="CPU threads for torch (more rarely helps models this small).")
 @click.option("--resume", is_flag=True, help="Continue from MODEL_DIR/checkpoint (same inputs).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
+@click.option("--time-column", default=None, help="Time series: the time column (not a channel).")
+@click.option("--columns", default=None, help="Time series: comma-separated channel columns "
+              "(default: every numeric column but the time/id columns).")
+@click.option("--id-column", default=None, help="Time series: column that splits rows into records.")
 def train_cmd(inputs, out, d_model, n_layers, n_heads, mlp_hidden, conv_width, feature_map, no_normalize,
               decay, steps, batch, window, lr, seed, device, val_records, checkpoint_every, threads, resume,
-              quiet):
+              quiet, time_column, columns, id_column):
     """Train a model on INPUTS (FASTA or time series) by next-position prediction into --out."""
     import numpy as np
 
@@ -317,7 +326,8 @@ def train_cmd(inputs, out, d_model, n_layers, n_heads, mlp_hidden, conv_width, f
     kw = dict(d_model=d_model, n_layers=n_layers, n_heads=n_heads, mlp_hidden=mlp_hidden or 4 * d_model,
               feature_map=feature_map, normalize=not no_normalize, conv_width=conv_width)
     res = train(inputs, out, kw, cfg, decay=_decay_values(decay), resume=resume,
-                command=_command_line(), progress=not quiet)
+                command=_command_line(), progress=not quiet,
+                ts_options=_ts_options(time_column, columns, id_column))
     click.echo(f"wrote {out} (sha256 {res.sha256}); final loss {np.mean(res.losses[-50:]):.4f}")
     if "bits_per_base" in res.val:
         click.echo("validation bits per base: " + ", ".join(
@@ -336,14 +346,19 @@ def train_cmd(inputs, out, d_model, n_layers, n_heads, mlp_hidden, conv_width, f
 @click.option("--season", type=click.IntRange(1), default=None,
               help="timeseries: seasonal-naive period (default: the lag of peak autocorrelation).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def eval_cmd(model_dir, inputs, baseline_train, season, as_json):
+@click.option("--time-column", default=None, help="Time series: the time column (not a channel).")
+@click.option("--columns", default=None, help="Time series: comma-separated channel columns "
+              "(default: every numeric column but the time/id columns).")
+@click.option("--id-column", default=None, help="Time series: column that splits rows into records.")
+def eval_cmd(model_dir, inputs, baseline_train, season, as_json, time_column, columns, id_column):
     """Score a model on INPUTS next to simple baselines on the same positions (MODEL_DIR: a
     directory or a shipped model's name)."""
     import json
 
     from .evaluate import evaluate_inputs
 
-    report = evaluate_inputs(model_dir, inputs, baseline_train=baseline_train, season=season)
+    report = evaluate_inputs(model_dir, inputs, baseline_train=baseline_train, season=season,
+                             ts_options=_ts_options(time_column, columns, id_column))
     if as_json:
         click.echo(json.dumps(report, indent=2))
         return

@@ -127,10 +127,10 @@ def evaluate_timeseries(model, records, season: int, chunk: int = 65536) -> dict
     return out
 
 
-def evaluate_inputs(model_dir, inputs, *, baseline_train=(), season=None) -> dict:
+def evaluate_inputs(model_dir, inputs, *, baseline_train=(), season=None, ts_options=None) -> dict:
     """`linpipe eval` as a library call: one row of scores per input file."""
     from .model import load_model, resolve_model_path
-    from .train_data import read_dna_records, read_timeseries_records
+    from .train_data import read_dna_records, read_records
 
     model = load_model(model_dir)
     report = {"model": str(model.path), "sha256": model.sha256, "modality": model.modality, "inputs": []}
@@ -139,11 +139,16 @@ def evaluate_inputs(model_dir, inputs, *, baseline_train=(), season=None) -> dic
         markov = markov_baselines(resolve_model_path(model_dir), train_recs)
         report["markov_best_k"] = markov.best_k
         for p in inputs:
-            score = evaluate_dna(model, read_dna_records(p), markov)
+            mod, recs, _ = read_records(p)
+            if mod != "dna":
+                raise ModelError(f"{p}: is {mod}, but the model {model_dir} is a dna model")
+            score = evaluate_dna(model, recs, markov)
             report["inputs"].append({"input": str(p), "positions": score.n, "scores": score.bits()})
     else:
         for p in inputs:
-            recs, names = read_timeseries_records(p)
+            mod, recs, names = read_records(p, **(ts_options or {}))
+            if mod != "timeseries":
+                raise ModelError(f"{p}: is {mod}, but the model {model_dir} is a timeseries model")
             if len(names) != model.config.channels:
                 raise ModelError(f"{p}: has {len(names)} channels, the model {model_dir} expects "
                                  f"{model.config.channels}")

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import InputError, LinpipeError, ModelError
-from .train_data import LaneWalker, read_dna_records, read_timeseries_records, split_records
+from .train_data import LaneWalker, read_records, split_records
 
 LN2 = math.log(2.0)
 CHECKPOINT_DIR = "checkpoint"
@@ -66,36 +66,21 @@ class TrainResult:
 # --------------------------------------------------------------------------------------------
 # data
 # --------------------------------------------------------------------------------------------
-def _modality_of(path: Path) -> str:
-    name = path.name.lower()
-    for ext in (".gz", ".bgz"):
-        name = name.removesuffix(ext)
-    if name.endswith((".fa", ".fasta", ".fna", ".fas")):
-        return "dna"
-    if name.endswith((".csv", ".tsv", ".parquet", ".pq")):
-        return "timeseries"
-    raise InputError(f"{path}: cannot tell the modality from the file name "
-                     "(expected .fa/.fasta[.gz] for dna, .csv/.tsv/.parquet for timeseries)")
-
-
-def load_training_data(inputs) -> tuple[str, list, list]:
+def load_training_data(inputs, **ts_options) -> tuple[str, list, list]:
     """(modality, [(file:record, data)], channel names) of all inputs; one modality only."""
     paths = [Path(p) for p in inputs]
     if not paths:
         raise InputError("no training inputs given")
-    mods = {p: _modality_of(p) for p in paths}
-    if len(set(mods.values())) > 1:
-        raise InputError("training inputs mix dna and timeseries files: "
-                         + ", ".join(f"{p.name} ({m})" for p, m in mods.items()))
-    modality = mods[paths[0]]
-    records, channels = [], None
+    records, channels, modality = [], None, None
     for p in paths:
-        if modality == "dna":
-            recs = read_dna_records(p)
-        else:
-            recs, names = read_timeseries_records(p)
+        mod, recs, names = read_records(p, **ts_options) if ts_options else read_records(p)
+        if modality is not None and mod != modality:
+            raise InputError(f"{p}: training inputs mix dna and timeseries files "
+                             f"({paths[0].name} is {modality}, {p.name} is {mod})")
+        modality = mod
+        if mod == "timeseries":
             if channels is not None and names != channels:
-                raise InputError(f"{p}: channels {names} differ from {channels} of the first input")
+                raise InputError(f"{p}: channels {names} differ from {channels} of {paths[0].name}")
             channels = names
         records += [(f"{p.name}:{rid}", data) for rid, data in recs if len(data)]
     return modality, records, channels or []
@@ -202,7 +187,7 @@ def _reset_lanes(net, state, resets):
 
 def train(inputs, out, model_kwargs: dict | None = None, cfg: TrainConfig = TrainConfig(), *,
           decay=None, resume: bool = False, command: str = "", progress: bool = True,
-          stop_at: int | None = None) -> TrainResult | None:
+          stop_at: int | None = None, ts_options: dict | None = None) -> TrainResult | None:
     """Trains (or resumes) a model on `inputs` into directory `out`; see the module docstring.
 
     `stop_at` ends this session after that step with a checkpoint (as an interruption would),
@@ -223,18 +208,19 @@ def train(inputs, out, model_kwargs: dict | None = None, cfg: TrainConfig = Trai
     old_threads = torch.get_num_threads()
     torch.set_num_threads(max(1, cfg.threads))
     try:
-        return _train(inputs, out, model_kwargs, cfg, decay, resume, command, progress, stop_at, device)
+        return _train(inputs, out, model_kwargs, cfg, decay, resume, command, progress, stop_at, device,
+                      ts_options or {})
     finally:
         torch.set_num_threads(old_threads)
 
 
-def _train(inputs, out, model_kwargs, cfg, decay, resume, command, progress, stop_at, device):
+def _train(inputs, out, model_kwargs, cfg, decay, resume, command, progress, stop_at, device, ts_options):
     import torch
 
     from .model import ModelConfig, ModelState, init_net, save_model
 
     ckpt = out / CHECKPOINT_DIR
-    modality, records, channels = load_training_data(inputs)
+    modality, records, channels = load_training_data(inputs, **ts_options)
     splits = split_records(records, cfg.val_fraction, cfg.val_records)
     parts = [s.train for s in splits if s.val_start > 0]
 

@@ -7,74 +7,38 @@ from pathlib import Path
 
 import numpy as np
 
-from .alphabet import tokenize
 from .errors import InputError
 
 
-def _read_fasta_minimal(path: Path) -> list[tuple[str, np.ndarray]]:
-    """Fallback FASTA reader (plain or gzip) used only when linpipe.inputs is unavailable."""
-    import gzip
+def read_records(path, **ts_options) -> tuple[str, list[tuple[str, np.ndarray]], list[str]]:
+    """(modality, [(record id, data)], channel names) of one input, via linpipe.open_input.
 
-    opener = gzip.open if path.read_bytes()[:2] == b"\x1f\x8b" else open
-    records, rid, parts, lineno = [], None, [], 0
-    with opener(path, "rb") as f:
-        for lineno, line in enumerate(f, 1):
-            if line.startswith(b">"):
-                if rid is not None:
-                    records.append((rid, parts, lineno))
-                rid, parts = line[1:].split(maxsplit=1)[0].decode() if line[1:].strip() else "", []
-            elif line.strip():
-                if rid is None:
-                    raise InputError(f"{path}: line {lineno}: sequence before the first '>' header "
-                                     "(not a FASTA file?)")
-                parts.append(line.strip())
-    if rid is not None:
-        records.append((rid, parts, lineno))
-    if not records:
-        raise InputError(f"{path}: no FASTA records found")
-    out = []
-    for rid, parts, _ in records:
-        try:
-            out.append((rid, tokenize(b"".join(parts))))
-        except ValueError as e:
-            raise InputError(f"{path}: record {rid!r}: {e}") from None
-    return out
+    data is uint8 tokens (T,) for dna and float32 values (T, C) for time series;
+    ts_options (id_column, time_column, columns) go to open_input for time series.
+    """
+    from .inputs import open_input
+
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{path}: no such file")
+    inp = open_input(path, **ts_options) if ts_options else open_input(path)
+    try:
+        if inp.modality == "dna":
+            recs = [(r.id, np.asarray(inp.read(r.id, 0, r.length)[0])) for r in inp.records]
+            return "dna", recs, []
+        recs = [(r.id, np.asarray(inp.read(r.id, 0, r.length)[0], dtype=np.float32))
+                for r in inp.records]
+        return "timeseries", recs, list(inp.channel_names)
+    finally:
+        inp.close()
 
 
 def read_dna_records(path) -> list[tuple[str, np.ndarray]]:
-    """(record id, uint8 tokens) for every record of a FASTA file, via linpipe.open_input."""
-    path = Path(path)
-    if not path.is_file():
-        raise InputError(f"{path}: no such file")
-    try:
-        from .inputs import open_input
-    except ImportError:
-        return _read_fasta_minimal(path)
-    inp = open_input(path)
-    try:
-        if inp.modality != "dna":
-            raise InputError(f"{path}: expected a DNA (FASTA) input, found {inp.modality}")
-        return [(r.id, np.asarray(inp.read(r.id, 0, r.length)[0])) for r in inp.records]
-    finally:
-        inp.close()
-
-
-def read_timeseries_records(path) -> tuple[list[tuple[str, np.ndarray]], list[str]]:
-    """((record id, float32 (T, C)) per record, channel names) of a time-series input."""
-    path = Path(path)
-    if not path.is_file():
-        raise InputError(f"{path}: no such file")
-    from .inputs import open_input
-
-    inp = open_input(path)
-    try:
-        if inp.modality != "timeseries":
-            raise InputError(f"{path}: expected a time-series input, found {inp.modality}")
-        recs = [(r.id, np.asarray(inp.read(r.id, 0, r.length)[0], dtype=np.float32))
-                for r in inp.records]
-        return recs, list(inp.channel_names)
-    finally:
-        inp.close()
+    """(record id, uint8 tokens) for every record of a FASTA file."""
+    modality, recs, _ = read_records(path)
+    if modality != "dna":
+        raise InputError(f"{path}: expected a DNA (FASTA) input, found {modality}")
+    return recs
 
 
 @dataclass(frozen=True)
