@@ -8,6 +8,7 @@ fitted on `baseline_train` files. timeseries: last-value and seasonal-naive fore
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -127,11 +128,35 @@ def evaluate_timeseries(model, records, season: int, chunk: int = 65536) -> dict
     return out
 
 
-def evaluate_inputs(model_dir, inputs, *, baseline_train=(), season=None, ts_options=None) -> dict:
+@contextmanager
+def torch_threads(n: int):
+    """Run a block with n torch intra-op threads (small models thrash with more on a busy CPU)."""
+    import torch
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(max(1, n))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
+def evaluate_inputs(model_dir, inputs, *, baseline_train=(), season=None, ts_options=None,
+                    threads: int = 1) -> dict:
     """`linpipe eval` as a library call: one row of scores per input file."""
+    with torch_threads(threads):
+        return _evaluate_inputs(model_dir, inputs, baseline_train, season, ts_options)
+
+
+def _evaluate_inputs(model_dir, inputs, baseline_train, season, ts_options) -> dict:
     from .model import load_model, resolve_model_path
     from .train_data import read_dna_records, read_records
 
+    from .errors import InputError
+
+    for p in list(inputs) + list(baseline_train):
+        if not Path(p).is_file():
+            raise InputError(f"{p}: no such file")
     model = load_model(model_dir)
     report = {"model": str(model.path), "sha256": model.sha256, "modality": model.modality, "inputs": []}
     if model.modality == "dna":

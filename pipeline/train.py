@@ -205,13 +205,11 @@ def train(inputs, out, model_kwargs: dict | None = None, cfg: TrainConfig = Trai
     except (RuntimeError, AssertionError) as e:
         raise LinpipeError(f"--device {cfg.device}: not usable here ({str(e).splitlines()[0]})") from None
 
-    old_threads = torch.get_num_threads()
-    torch.set_num_threads(max(1, cfg.threads))
-    try:
+    from .evaluate import torch_threads
+
+    with torch_threads(cfg.threads):
         return _train(inputs, out, model_kwargs, cfg, decay, resume, command, progress, stop_at, device,
                       ts_options or {})
-    finally:
-        torch.set_num_threads(old_threads)
 
 
 def _train(inputs, out, model_kwargs, cfg, decay, resume, command, progress, stop_at, device, ts_options):
