@@ -12,6 +12,7 @@ least significant), so dropping the oldest base is `c % 4**(k-1)`.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -138,7 +139,12 @@ class MarkovModel:
         from safetensors.numpy import save_file
 
         path = Path(path)
-        save_file({f"counts.{k}": c for k, c in enumerate(self.counts)}, str(path))
+        # int32 halves the file (the shipped default carries these counts); int64 past 2**31
+        dtype = np.int32 if max(int(c.max(initial=0)) for c in self.counts) < 2**31 else np.int64
+        save_file({f"counts.{k}": c.astype(dtype) for k, c in enumerate(self.counts)}, str(path))
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(path, 0o666 & ~umask)  # safetensors writes 0600; shipped files must be readable
         meta = {"k_max": self.k_max, "best_k": self.best_k, "prior": PRIOR,
                 "val_bits": {str(k): v for k, v in (self.val_bits or {}).items()}}
         path.with_suffix(".json").write_text(json.dumps(meta, indent=2) + "\n")
@@ -151,7 +157,7 @@ class MarkovModel:
         try:
             arrays = load_file(str(path))
             meta = json.loads(path.with_suffix(".json").read_text())
-            counts = [arrays[f"counts.{k}"] for k in range(int(meta["k_max"]) + 1)]
+            counts = [arrays[f"counts.{k}"].astype(np.int64) for k in range(int(meta["k_max"]) + 1)]
         except (OSError, KeyError, ValueError) as e:
             raise ModelError(f"{path}: cannot read Markov baseline counts ({e})") from None
         for k, c in enumerate(counts):
