@@ -169,7 +169,7 @@ def main():
         measure("entropy, Markov-3 + local composition", ent, a.chunk, tmp, "entropy")
         measure("logprob, random causal network", nlp, a.chunk, tmp, "logprob")
         measure("entropy, random causal network", nent, a.chunk, tmp, "entropy")
-        measure("softmask (human chr1 slice, real UCSC masking)", soft, a.chunk, tmp, "mask")
+        measure("softmask (human chr1 slice, real UCSC masking)", soft, a.chunk, tmp, "softmask")
         measure("hidden float16 (64 features), random causal network", hid, a.chunk, tmp, "hidden")
         measure("forecast, last value (MIT-BIH 100 ECG, 2 channels)", f, a.chunk, tmp, "forecast")
         measure("residual, last value", r, a.chunk, tmp, "residual")
