@@ -13,10 +13,10 @@ process killed at any moment leaves its chunk unmarked.
 """
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import math
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,11 +107,8 @@ def _jsonable(obj, where: str):
         raise StoreError(f"{where}: metadata is not JSON-serialisable ({e})") from None
 
 
-def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-
-
 _POOL = None
+_PARTIAL = re.compile(r"\.[0-9a-f]{32}\.partial$")  # zarr's LocalStore temp name before the rename
 
 
 def _fsync_pool():
@@ -148,7 +145,7 @@ class OutputStore:
 
     # ------------------------------------------------------------------ create / open
     @classmethod
-    def create(cls, path, *, meta: dict, records: list[dict], outputs, chunk_size: int,
+    def create(cls, path, *, meta: dict, records: list[dict], outputs=None, chunk_size: int,
                feature_dim: int | None = None, channels=None, overwrite: bool = False,
                hidden_dtype: str = "float16") -> "OutputStore":
         """Lay out a new store: root metadata, one group per record, every array empty."""
@@ -159,6 +156,8 @@ class OutputStore:
             raise StoreError(f"{where}: chunk_size must be a positive integer, got {chunk_size!r}")
         if hidden_dtype not in ("float16", "float32"):
             raise StoreError(f"{where}: hidden dtype must be float16 or float32, got {hidden_dtype!r}")
+        if outputs is None:  # the default for the records' modality (hidden is large: opt in)
+            outputs = DEFAULT_OUTPUTS[records[0].get("modality", DNA)] if records else []
         outputs = list(outputs)
         ids = [str(r["id"]) for r in records]
         seen: set[str] = set()
@@ -201,7 +200,7 @@ class OutputStore:
             "linpipe_version": root_meta.get("version", __version__),
             "outputs": outputs, "chunk_size": chunk_size, "feature_dim": feature_dim,
             "channels": channels, "hidden_dtype": hidden_dtype, "records": rec_meta,
-            "complete": False, "created": _now(),
+            "complete": False,
         })
         root_meta = _jsonable(root_meta, where)
 
@@ -414,11 +413,12 @@ class OutputStore:
 
         if self.mode == "r":
             raise StoreError(f"{self.path}: opened read-only")
-        for key, info in self.records.items():
-            if len(self.completed_chunks(key)) != int(info["n_chunks"]):
+        for key in self.records:
+            if not self.record_complete(key):
                 return False
         meta = dict(self._group.attrs["linpipe"])
-        meta.update({"complete": True, "completed": _now()})
+        meta["complete"] = True
+        self._remove_partial_files()
         # one write of the root document: completion plus consolidated metadata of the record
         # groups (they never change again), so xarray opens a record without listing the store
         from zarr.core.sync import sync
@@ -428,6 +428,24 @@ class OutputStore:
         self._arrays.clear()
         self._meta = meta
         return True
+
+    def _remove_partial_files(self):
+        """Delete temporary files that writers killed mid-write left behind (local stores)."""
+        from zarr.storage import LocalStore
+
+        if not isinstance(self._store, LocalStore):
+            return
+        for dirpath, _dirs, files in os.walk(self._store.root):
+            for f in files:
+                if _PARTIAL.search(f):
+                    try:
+                        os.unlink(os.path.join(dirpath, f))
+                    except FileNotFoundError:
+                        pass
+
+    def record_complete(self, key: str) -> bool:
+        """True when every chunk of the record is written (data, state and marker)."""
+        return len(self.completed_chunks(key)) == self.n_chunks(key)
 
     def size_on_disk(self) -> int:
         """Bytes stored under the store's root (files on disk, or objects in a bucket)."""
