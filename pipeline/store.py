@@ -207,10 +207,10 @@ class OutputStore:
         store = _zarr_store(path, read_only=False)
         cls._check_overwrite(store, where, overwrite)
         root = zarr.open_group(store=store, mode="w", zarr_format=3, attributes={"linpipe": root_meta})
-        progress = root.create_group(PROGRESS, attributes={"about": "linpipe completion markers and boundary states"})
-        for key, info in rec_meta.items():
-            _create_record(root, progress, key, info, outputs, chunk_size, feature_dim, channels,
-                           hidden_dtype)
+        root.create_group(PROGRESS, attributes={"about": "linpipe completion markers and boundary states"})
+        from zarr.core.sync import sync
+
+        sync(_create_records(store, rec_meta, outputs, chunk_size, feature_dim, channels, hidden_dtype))
         return cls(path, root, store=store, mode="r+")
 
     @staticmethod
@@ -502,12 +502,71 @@ async def _write_root(store, meta: dict, keys: list[str]):
     await dataclasses.replace(root, metadata=md)._save_metadata()
 
 
-def _create_record(root, progress, key, info, outputs, chunk_size, feature_dim, channels,
-                   hidden_dtype):
+async def _create_records(store, rec_meta: dict, outputs, chunk_size, feature_dim, channels,
+                         hidden_dtype):
+    """Write every record's group and array metadata.
+
+    zarr's own create calls cost tens of ms each and grow with the number of siblings, which is
+    minutes for an assembly of thousands of contigs. So zarr lays out one template record in
+    memory per kind of record, and each record gets those documents with its own shape and
+    attributes, written concurrently: the same bytes zarr would write, without the checks
+    (the store was just emptied).
+    """
+    import asyncio
+
+    from zarr.core.buffer import default_buffer_prototype
+    from zarr.core.group import AsyncGroup
+    from zarr.storage import MemoryStore
+
+    templates: dict[tuple, dict[str, bytes]] = {}
+    writes = []
+    for key, info in rec_meta.items():
+        kind = (info["modality"], info.get("time_dtype"))
+        if kind not in templates:
+            mem = MemoryStore()
+            root = await AsyncGroup.from_store(mem, zarr_format=3)
+            progress = await root.create_group(PROGRESS)
+            await _create_record(root, progress, "T", dict(info, length=1, n_chunks=1), outputs,
+                                 chunk_size, feature_dim, channels, hidden_dtype)
+            templates[kind] = {k: v.to_bytes() for k, v in mem._store_dict.items()
+                               if k.startswith(("T/", f"{PROGRESS}/T/"))}
+        for tkey, raw in templates[kind].items():
+            if tkey.startswith("T/"):
+                path = key + tkey[1:]
+            else:
+                path = f"{PROGRESS}/{key}" + tkey[len(PROGRESS) + 2:]
+            if tkey.endswith("zarr.json"):
+                doc = json.loads(raw)
+                if tkey == "T/zarr.json":
+                    doc["attributes"] = {"linpipe_record": info}
+                elif tkey == f"{PROGRESS}/T/zarr.json":
+                    doc["attributes"] = {"id": info["id"]}
+                elif tkey == f"{PROGRESS}/T/done/zarr.json":
+                    doc["shape"] = [info["n_chunks"]]
+                elif doc["node_type"] == "array" and tkey != "T/channel/zarr.json":
+                    doc["shape"][0] = info["length"]
+                raw = json.dumps(doc, indent=2).encode()
+            writes.append((path, raw))
+
+    proto = default_buffer_prototype()
+    limit = asyncio.Semaphore(64)
+
+    async def put(path, raw):
+        async with limit:
+            await store.set(path, proto.buffer.from_bytes(raw))
+
+    await asyncio.gather(*(put(p, r) for p, r in writes))
+
+
+async def _create_record(root, progress, key, info, outputs, chunk_size, feature_dim, channels,
+                         hidden_dtype):
+    import asyncio
+
     modality = info["modality"]
     dim = POSITION_DIM[modality]
     length = info["length"]
-    rec = root.create_group(key, attributes={"linpipe_record": info})
+    rec = await root.create_group(key, attributes={"linpipe_record": info})
+    jobs = []
     for name in outputs:
         kind = OUTPUT_KINDS[modality][name]
         dtype = hidden_dtype if name == "hidden" else kind.dtype
@@ -517,26 +576,34 @@ def _create_record(root, progress, key, info, outputs, chunk_size, feature_dim, 
         elif kind.trailing == "channel":
             shape, chunks, dims = (length, len(channels)), (chunk_size, len(channels)), [dim, "channel"]
         attrs = {k: v for k, v in (("units", kind.units), ("long_name", kind.long_name)) if v}
-        rec.create_array(name, shape=shape, chunks=chunks, dtype=dtype, dimension_names=dims,
-                         fill_value=0 if dtype == "uint8" else np.nan,
-                         compressors=codecs_for(CODEC_CHOICE[name]), attributes=attrs)
-    if modality == TIMESERIES and channels:
-        ch = rec.create_array("channel", shape=(len(channels),), dtype=str, dimension_names=["channel"])
-        ch[:] = np.array(channels)
+        jobs.append(rec.create_array(name, shape=shape, chunks=chunks, dtype=dtype,
+                                     dimension_names=dims, fill_value=0 if dtype == "uint8" else np.nan,
+                                     compressors=codecs_for(CODEC_CHOICE[name]), attributes=attrs))
     if info.get("time_dtype"):
         tdt = np.dtype(info["time_dtype"])
         attrs = {}
         if np.issubdtype(tdt, np.datetime64):  # stored as int64 ns; xarray decodes it back
             tdt = np.dtype("int64")
             attrs = {"units": TIME_UNITS, "calendar": "proleptic_gregorian"}
-        rec.create_array("time", shape=(length,), chunks=(chunk_size,), dtype=tdt,
-                         dimension_names=["time"], fill_value=0,
-                         compressors=codecs_for(CODEC_CHOICE["time"]),
-                         attributes=attrs)
-    prog = progress.create_group(key, attributes={"id": info["id"]})
-    prog.create_array("done", shape=(info["n_chunks"],), chunks=(1,), dtype="uint8", fill_value=0,
-                      dimension_names=["chunk"], compressors=None)
-    prog.create_group("state")
+        jobs.append(rec.create_array("time", shape=(length,), chunks=(chunk_size,), dtype=tdt,
+                                     dimension_names=["time"], fill_value=0,
+                                     compressors=codecs_for(CODEC_CHOICE["time"]), attributes=attrs))
+
+    async def channel_names():
+        ch = await rec.create_array("channel", shape=(len(channels),), dtype=str,
+                                    dimension_names=["channel"])
+        await ch.setitem(slice(None), np.array(channels))
+
+    if modality == TIMESERIES and channels:
+        jobs.append(channel_names())
+
+    async def bookkeeping():
+        prog = await progress.create_group(key, attributes={"id": info["id"]})
+        await prog.create_array("done", shape=(info["n_chunks"],), chunks=(1,), dtype="uint8",
+                                fill_value=0, dimension_names=["chunk"], compressors=None)
+
+    jobs.append(bookkeeping())
+    await asyncio.gather(*jobs)
 
 
 def open_root(path, store):

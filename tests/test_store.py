@@ -467,3 +467,24 @@ def test_fsspec_url(tmp_path):
     # the same bytes as a local path
     assert OutputStore.open(tmp_path / "url.zarr", mode="r").boundary_state(key, 1)["S"].tolist() == [1, 1]
     assert json.loads((tmp_path / "url.zarr" / "zarr.json").read_text())["attributes"]["linpipe"]["complete"]
+
+
+def test_assembly_of_many_contigs(tmp_path, genomes):
+    """42 real contigs (laid out from zarr's own template documents) read back one by one."""
+    seqs = read_fasta(genomes / "abricate_Sepidermidis_ST14_assembly.fa")
+    assert len(seqs) == 42
+    records = [{"id": rid, "length": len(s), "modality": "dna"} for rid, s in seqs.items()]
+    store = OutputStore.create(tmp_path / "asm.zarr", meta={}, records=records, chunk_size=65_536)
+    for rid, seq in seqs.items():
+        out = markov_outputs(seq)
+        key = store.record_key(rid)
+        for i in range(store.n_chunks(key)):
+            s, e = store.chunk_range(key, i)
+            store.write_chunk(key, i, {o: out[o][s:e] for o in ("logprob", "entropy", "softmask")})
+    assert store.finalize()
+    out = open_output(tmp_path / "asm.zarr")
+    for rid, seq in list(seqs.items())[::7]:
+        ds = xr.open_zarr(tmp_path / "asm.zarr", group=out.key(rid))
+        assert ds.sizes["position"] == len(seq)
+        np.testing.assert_array_equal(ds["softmask"].values, markov_outputs(seq)["softmask"])
+        assert ds["softmask"].values.all()  # this assembly is entirely lowercase
