@@ -275,11 +275,21 @@ class OutputStore:
         except KeyError:
             raise StoreError(f"{self.path}: no record group {key!r} in this store") from None
 
+    def key(self, key_or_id: str) -> str:
+        """The group key, given a key or an original record id (keys win when both match)."""
+        if key_or_id in self._meta["records"]:
+            return key_or_id
+        if str(key_or_id) in self._keys_by_id:
+            return self._keys_by_id[str(key_or_id)]
+        raise StoreError(f"{self.path}: no record {key_or_id!r} in this store")
+
     def n_chunks(self, key: str) -> int:
+        key = self.key(key)
         return int(self._record(key)["n_chunks"])
 
     def chunk_range(self, key: str, chunk_index: int) -> tuple[int, int]:
         """[start, end) positions of one work unit."""
+        key = self.key(key)
         length = int(self._record(key)["length"])
         return chunk_index * self.chunk_size, min(length, (chunk_index + 1) * self.chunk_size)
 
@@ -291,6 +301,7 @@ class OutputStore:
         return arr
 
     def output_names(self, key: str) -> list[str]:
+        key = self.key(key)
         names = list(self._meta["outputs"])
         if self._record(key).get("time_dtype"):
             names.append("time")
@@ -304,6 +315,7 @@ class OutputStore:
         (and `time`, when the record was created with a time_dtype). state: the boundary state
         after this chunk, as plain numpy arrays (ModelState.to_arrays()).
         """
+        key = self.key(key)
         if self.mode == "r":
             raise StoreError(f"{self.path}: opened read-only")
         info = self._record(key)
@@ -370,12 +382,14 @@ class OutputStore:
 
     # ------------------------------------------------------------------ progress
     def completed_chunks(self, key: str) -> set[int]:
+        key = self.key(key)
         self._record(key)
         done = self._array(f"{PROGRESS}/{key}/done")
         return set(np.flatnonzero(done[:]).tolist())
 
     def missing_ranges(self, key: str) -> list[tuple[int, int]]:
         """Position ranges [start, end) not yet written, adjacent chunks merged."""
+        key = self.key(key)
         info = self._record(key)
         done = self.completed_chunks(key)
         out: list[tuple[int, int]] = []
@@ -392,6 +406,7 @@ class OutputStore:
     def boundary_state(self, key: str, chunk_index: int) -> dict | None:
         """The state saved after `chunk_index`, or None when that chunk is not complete (or was
         written without a state)."""
+        key = self.key(key)
         import zarr
         from safetensors.numpy import load
 
@@ -445,6 +460,7 @@ class OutputStore:
 
     def record_complete(self, key: str) -> bool:
         """True when every chunk of the record is written (data, state and marker)."""
+        key = self.key(key)
         return len(self.completed_chunks(key)) == self.n_chunks(key)
 
     def size_on_disk(self) -> int:

@@ -277,6 +277,7 @@ def test_record_keys_are_safe_and_unique(tmp_path):
         for c in range(3):
             s, e = store.chunk_range(key, c)
             store.write_chunk(key, c, {"logprob": np.full(e - s, len(rid), np.float32)})
+    assert all(store.completed_chunks(rid) == {0, 1, 2} for rid in ids)  # ids work as well as keys
     assert store.finalize()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["inside"]
     assert sorted(p.name for p in base.iterdir()) == ["out.zarr"]
