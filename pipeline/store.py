@@ -62,13 +62,14 @@ DEFAULT_OUTPUTS = {DNA: ["logprob", "entropy", "softmask"], TIMESERIES: ["foreca
 TIME_UNITS = "nanoseconds since 1970-01-01"
 
 
-# Compressor per array, chosen by measurement on realistic arrays (benchmarks/store_compression.py,
-# BENCHMARKS.md "Outputs (issue 5)"); all lossless. Where the two stand-ins for real model output
-# disagreed (a Markov model's few distinct values vs a random network's continuous ones), the
-# choice is the one that loses least in the worse case.
+# Compressor per array, chosen by measurement (benchmarks/store_compression.py, BENCHMARKS.md
+# "Outputs (issue 5)"); all lossless. Float outputs are chosen on what linpipe's own models emit
+# (continuous float bit patterns, where shuffling before zstd wins); stand-ins with few distinct
+# values (a Markov table, ADC-quantised ECG) favour plain zstd and are reported, not followed.
 CODEC_CHOICE = {
-    "logprob": "zstd-3", "entropy": "blosc-zstd-5-shuffle", "softmask": "zstd-9",
-    "hidden": "blosc-zstd-5-shuffle", "forecast": "zstd-3", "residual": "zstd-3",
+    "logprob": "blosc-zstd-5-shuffle", "entropy": "blosc-zstd-5-shuffle", "softmask": "zstd-9",
+    "hidden": "blosc-zstd-5-shuffle", "forecast": "blosc-zstd-5-bitshuffle",
+    "residual": "blosc-zstd-5-bitshuffle",
     "time": "blosc-zstd-5-bitshuffle",
 }
 
