@@ -297,7 +297,7 @@ from linpipe.store import OutputStore
 path, data, me, nproc = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 full = np.load(data)
 store = OutputStore.open(path)
-units = [(rid, i) for rid in sorted(store._keys_by_id) for i in range(store.n_chunks(store.record_key(rid)))]
+units = [(rid, i) for rid in sorted(r["id"] for r in store.records.values()) for i in range(store.n_chunks(rid))]
 rng = np.random.default_rng(me)
 mine = [u for j, u in enumerate(units) if j % nproc == me]   # interleaved records and ranges
 for rid, i in [mine[j] for j in rng.permutation(len(mine))]:
