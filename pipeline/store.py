@@ -216,25 +216,25 @@ class OutputStore:
 
     @staticmethod
     def _check_overwrite(store, where: str, overwrite: bool):
-        """Refuse to clobber an existing store unless asked, and never clobber a non-linpipe one."""
+        """Refuse to clobber an existing store unless asked, and never clobber anything that is
+        not a linpipe store (creating empties the location: a mistyped --out must not cost a
+        home directory or a bucket prefix)."""
         import zarr
+        from zarr.core.sync import sync
 
         if isinstance(store, zarr.storage.LocalStore):
             p = Path(store.root)
             if p.exists() and not p.is_dir():
                 raise StoreError(f"{where}: exists and is not a directory")
-            if not p.exists() or not any(p.iterdir()):
+            if not p.exists():
                 return
+        if sync(store.is_empty("")):
+            return
         try:
             existing = zarr.open_group(store=store, mode="r", zarr_format=3, use_consolidated=False)
             is_ours = isinstance(existing.attrs.get("linpipe"), dict)
         except Exception:
-            existing, is_ours = None, False
-        if existing is None:
-            if isinstance(store, zarr.storage.LocalStore):  # a non-empty folder that is not Zarr
-                raise StoreError(f"{where}: exists and is not a linpipe output store; "
-                                 "refusing to overwrite it (choose another --out)")
-            return
+            is_ours = False
         if not is_ours:
             raise StoreError(f"{where}: exists and is not a linpipe output store; "
                              "refusing to overwrite it (choose another --out)")

@@ -466,6 +466,11 @@ def test_fsspec_url(tmp_path):
     assert out.summary()["size_on_disk"] > 0
     # the same bytes as a local path
     assert OutputStore.open(tmp_path / "url.zarr", mode="r").boundary_state(key, 1)["S"].tolist() == [1, 1]
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "keep.txt").write_text("data")
+    with pytest.raises(StoreError, match="refusing to overwrite"):  # a URL prefix holding other data
+        OutputStore.create(f"file://{tmp_path / 'other'}", meta={}, records=[], chunk_size=5, overwrite=True)
+    assert (tmp_path / "other" / "keep.txt").read_text() == "data"
     assert json.loads((tmp_path / "url.zarr" / "zarr.json").read_text())["attributes"]["linpipe"]["complete"]
 
 
