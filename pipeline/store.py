@@ -29,6 +29,7 @@ from .keys import make_keys
 FORMAT = "linpipe-output"
 FORMAT_VERSION = 1
 PROGRESS = "_linpipe"  # root group holding completion markers and boundary states
+CREATING = "linpipe_creating"  # root attribute while create() lays the store out
 
 DNA = "dna"
 TIMESERIES = "timeseries"
@@ -207,11 +208,14 @@ class OutputStore:
 
         store = _zarr_store(path, read_only=False)
         cls._check_overwrite(store, where, overwrite)
-        root = zarr.open_group(store=store, mode="w", zarr_format=3, attributes={"linpipe": root_meta})
+        # the `linpipe` attributes go in last: a store whose creation was interrupted is
+        # recognisably half-made (CREATING), never taken for a valid empty store
+        root = zarr.open_group(store=store, mode="w", zarr_format=3, attributes={CREATING: True})
         root.create_group(PROGRESS, attributes={"about": "linpipe completion markers and boundary states"})
         from zarr.core.sync import sync
 
         sync(_create_records(store, rec_meta, outputs, chunk_size, feature_dim, channels, hidden_dtype))
+        root.attrs.put({"linpipe": root_meta})
         return cls(path, root, store=store, mode="r+")
 
     @staticmethod
@@ -233,6 +237,8 @@ class OutputStore:
         try:
             existing = zarr.open_group(store=store, mode="r", zarr_format=3, use_consolidated=False)
             is_ours = isinstance(existing.attrs.get("linpipe"), dict)
+            if CREATING in existing.attrs and not is_ours:
+                return  # linpipe's own half-made store: safe to lay out again
         except Exception:
             is_ours = False
         if not is_ours:
@@ -636,6 +642,9 @@ def open_root(path, store):
     except Exception:
         raise StoreError(f"{where}: not a Zarr v3 store (no linpipe output here)") from None
     meta = group.attrs.get("linpipe")
+    if meta is None and CREATING in group.attrs:
+        raise StoreError(f"{where}: the creation of this output store was interrupted; "
+                         "run the job again to create it anew")
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise StoreError(f"{where}: a Zarr store, but not a linpipe output store "
                          "(no 'linpipe' root attributes)")

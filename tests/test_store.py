@@ -413,6 +413,13 @@ def test_opening_errors(tmp_path, dna_store):
     with pytest.raises(StoreError, match="not a linpipe output store"):
         open_output(other)
 
+    half = tmp_path / "half.zarr"  # what create() leaves if killed before its last step
+    zarr.open_group(half, mode="w", zarr_format=3, attributes={"linpipe_creating": True})
+    with pytest.raises(StoreError, match="creation of this output store was interrupted"):
+        OutputStore.open(half)
+    OutputStore.create(half, meta={}, records=[{"id": "r", "length": 5}], chunk_size=5)  # no --overwrite needed
+    assert OutputStore.open(half).n_chunks("r") == 1
+
     newer = tmp_path / "newer.zarr"
     OutputStore.create(newer, meta={}, records=[{"id": "r", "length": 5}], outputs=["logprob"], chunk_size=5)
     g = zarr.open_group(newer, mode="r+")
