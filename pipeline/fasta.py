@@ -82,7 +82,10 @@ class _BgzfSource:
         if n <= 0:
             return b""
         i = int(np.searchsorted(self.ustarts, offset, side="right")) - 1
-        self.reader.seek(self._make_voffset(int(self.cstarts[i]), offset - int(self.ustarts[i])))
+        try:
+            self.reader.seek(self._make_voffset(int(self.cstarts[i]), offset - int(self.ustarts[i])))
+        except ValueError:  # past the end of the data (a file shorter than its index says)
+            return b""
         parts, left = [], n
         while left:
             # at most one block per call: BgzfReader.read concatenates bytes quadratically
@@ -144,9 +147,10 @@ class FastaInput(Input):
         found = find_fresh(self.path, ".gzi", self.cache_dir)
         if found is not None:
             try:
-                self._gzi = parse_gzi(found)
-                self.gzi_path = found
-                return
+                gzi = parse_gzi(found)
+                if gzi[0][-1] < self.path.stat().st_size:  # else: blocks beyond the file, stale
+                    self._gzi, self.gzi_path = gzi, found
+                    return
             except InputError:
                 pass
         blocks = scan_bgzf_blocks(self.path)
@@ -168,6 +172,11 @@ class FastaInput(Input):
             if entries is not None:
                 self.index_path = found
                 return entries
+        if self.fmt == "fasta-bgzf" and self.gzi_path is not None:  # stale .fai: the .gzi may be too
+            blocks = scan_bgzf_blocks(self.path)
+            self.gzi_path = write_sidecar(self.path, ".gzi", format_gzi(blocks), self.cache_dir)
+            self._gzi = (np.array([c for c, _ in blocks], dtype=np.int64), np.array([u for _, u in blocks], dtype=np.int64))
+            self.close()
         return self._build_index()
 
     def _build_index(self) -> list[IndexEntry]:

@@ -31,6 +31,7 @@ from .faidx import cache_root
 from .inputs import Input, RecordInfo, fingerprint_file
 
 BATCH_ROWS = 1 << 16  # rows per batch in converted files and Parquet reads
+CSV_BLOCK = 4 << 20  # bytes per CSV block; column types are inferred from the first one
 _NUMBER = r"^\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*$|^\s*[-+]?(nan|NaN|NAN|inf|Inf|INF)\s*$"
 
 
@@ -216,7 +217,7 @@ class TimeSeriesInput(Input):
 
         delimiter = "\t" if ".tsv" in [s.lower() for s in self.path.suffixes] else ","
         return dict(
-            read_options=pcsv.ReadOptions(block_size=4 << 20),
+            read_options=pcsv.ReadOptions(block_size=CSV_BLOCK),
             parse_options=pcsv.ParseOptions(delimiter=delimiter),
             convert_options=pcsv.ConvertOptions(column_types=column_types or {}, include_columns=include or []),
         )
@@ -232,6 +233,8 @@ class TimeSeriesInput(Input):
             raise InputError(f"{self.path}: not a readable CSV file: {_short(e)}") from None
         schema = first.schema
         first.close()
+        if all(f.type == pa.null() for f in schema):
+            raise InputError(f"{self.path}: no rows: a zero-length series")
         # channels parse as float64 whatever the first block looked like: numbers that turn
         # into text later (mixed dtypes) then fail with the column named
         chosen = self._resolve_columns(schema, columns, check_types=False)
@@ -252,12 +255,16 @@ class TimeSeriesInput(Input):
                 except pa.ArrowInvalid as e:
                     raise self._csv_error(e, rows) from None
                 for name in mixed_check:  # text columns left out of the default channels
+                    if columns is not None and name not in columns:
+                        continue
                     col = b.column(name)
-                    num = pc.sum(pc.match_substring_regex(col, _NUMBER)).as_py() or 0
-                    if 0 < num < len(col) - col.null_count and (columns is None or name in columns):
+                    num = pc.match_substring_regex(col, _NUMBER).fill_null(False).to_numpy(zero_copy_only=False)
+                    text = pc.not_equal(col, "").fill_null(False).to_numpy(zero_copy_only=False) & ~num
+                    if num.any() and text.any():
+                        i = int(np.argmax(text))
                         raise InputError(
-                            f"{self.path}: column {name!r} mixes numbers and text (mixed dtypes) near line {rows + 2}; "
-                            "fix it or choose channels with --columns"
+                            f"{self.path}: column {name!r}, line {rows + i + 2}: value {col[i].as_py()!r} is not a "
+                            "number (the column mixes dtypes: numbers and text); fix it or choose channels with --columns"
                         )
                 rows += b.num_rows
                 yield b
