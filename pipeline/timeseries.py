@@ -458,21 +458,27 @@ class TimeSeriesInput(Input):
         run_starts, run_pos = self._runs[self._by_id[record_id]]
         table = self._tab()
         cols = list(self.channel_names) + ([self.time_column] if self.time_column else [])
-        r = int(np.searchsorted(run_pos, start, side="right")) - 1
+        r0 = int(np.searchsorted(run_pos, start, side="right")) - 1
+        r1 = int(np.searchsorted(run_pos, end, side="left"))  # runs r0..r1-1 overlap the slice
+        lo = np.maximum(run_pos[r0:r1], start) - run_pos[r0:r1]
+        hi = np.minimum(run_pos[r0 + 1 : r1 + 1], end) - run_pos[r0:r1]
+        g_lo = run_starts[r0:r1] + lo
+        if r1 - r0 == 1:  # the series is contiguous here: plain row slices
+            batches = table.rows(int(g_lo[0]), int(g_lo[0] + hi[0] - lo[0]), cols)
+        else:  # interleaved series: read the span once and pick this series' rows
+            lens = hi - lo
+            rows = np.repeat(g_lo - np.concatenate([[0], np.cumsum(lens)[:-1]]), lens) + np.arange(n)
+            span = pa.Table.from_batches(table.rows(int(rows[0]), int(rows[-1]) + 1, cols))
+            batches = span.take(pa.array(rows - rows[0])).to_batches()
         filled = 0
-        while filled < n:
-            p0, p1 = int(run_pos[r]), int(run_pos[r + 1])
-            lo, hi = start + filled - p0, min(end - p0, p1 - p0)
-            g0 = int(run_starts[r]) + lo
-            for batch in table.rows(g0, g0 + hi - lo, cols):
-                m = batch.num_rows
-                for j, c in enumerate(self.channel_names):
-                    col = pc.cast(batch.column(c), pa.float32(), safe=False)
-                    values[filled : filled + m, j] = col.to_numpy(zero_copy_only=False)
-                if times is not None:
-                    times.append(batch.column(self.time_column).to_numpy(zero_copy_only=False))
-                filled += m
-            r += 1
+        for batch in batches:
+            m = batch.num_rows
+            for j, c in enumerate(self.channel_names):
+                col = pc.cast(batch.column(c), pa.float32(), safe=False)
+                values[filled : filled + m, j] = col.to_numpy(zero_copy_only=False)
+            if times is not None:
+                times.append(batch.column(self.time_column).to_numpy(zero_copy_only=False))
+            filled += m
         return values, (np.concatenate(times) if times is not None else None)
 
     def _tab(self) -> _Table:
