@@ -35,6 +35,9 @@ from .errors import InputError
 SCAN_BLOCK = 8 << 20  # bytes per block while scanning
 MAX_HEADER = 1 << 20  # a header line longer than this is not FASTA
 _NL, _CR, _GT = 10, 13, 62
+# byte -> 1 where it may not appear in a sequence line (CR/LF are line endings, not errors)
+_INVALID_FLAG = bytes(int(t == INVALID) for t in TOKEN_LUT.tolist())
+_INVALID_FLAG = _INVALID_FLAG[:_NL] + b"\0" + _INVALID_FLAG[_NL + 1 : _CR] + b"\0" + _INVALID_FLAG[_CR + 1 :]
 
 
 @dataclass(frozen=True)
@@ -342,8 +345,8 @@ class FastaScanner:
         tail_header = tail_head == _GT
 
         # validate sequence bytes: LUT misses that are not CR/LF and not inside a header line
-        tok = TOKEN_LUT[buf]
-        bad = np.flatnonzero((tok == INVALID) & (buf != _NL) & (buf != _CR))
+        flags = data.translate(_INVALID_FLAG)  # bytes.translate: a C loop, no index arrays
+        bad = np.flatnonzero(np.frombuffer(flags, np.uint8)) if b"\x01" in flags else np.zeros(0, np.int64)
         if self.last_byte == _CR and buf[0] != _NL and not (self.line_head == _GT):
             self._bad_at(buf, -1, nl, starts, is_header, data)
         if bad.size:
@@ -354,8 +357,8 @@ class FastaScanner:
                 in_header = np.full(bad.size, tail_header)
             if not in_header.all():
                 self._bad_at(buf, int(bad[np.argmin(in_header)]), nl, starts, is_header, data)
-        crs = np.flatnonzero(buf[:-1] == _CR)
-        if crs.size:
+        crs = np.flatnonzero(buf[:-1] == _CR) if b"\r" in data else ()
+        if len(crs):
             stray = crs[buf[crs + 1] != _NL]
             for i in stray[:64]:
                 k = int(np.searchsorted(nl, i))
