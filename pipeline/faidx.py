@@ -87,16 +87,17 @@ def sidecar_candidates(path: Path, suffix: str, cache_dir=None) -> list[Path]:
     return [path.with_name(path.name + suffix), cached_path(path, suffix, cache_dir)]
 
 
-def find_fresh(path: Path, suffix: str, cache_dir=None) -> "Path | None":
-    """An existing sidecar at least as new as the input, next to it or in the cache."""
+def find_fresh(path: Path, suffix: str, cache_dir=None) -> "list[Path]":
+    """Existing sidecars at least as new as the input: next to it first, then in the cache."""
     mtime = path.stat().st_mtime_ns
+    found = []
     for cand in sidecar_candidates(path, suffix, cache_dir):
         try:
             if cand.stat().st_mtime_ns >= mtime:
-                return cand
+                found.append(cand)
         except OSError:
             continue
-    return None
+    return found
 
 
 def write_sidecar(path: Path, suffix: str, data: bytes, cache_dir=None) -> Path:

@@ -148,8 +148,7 @@ class FastaInput(Input):
 
     # -- index
     def _load_gzi(self) -> None:
-        found = find_fresh(self.path, ".gzi", self.cache_dir)
-        if found is not None:
+        for found in find_fresh(self.path, ".gzi", self.cache_dir):
             try:
                 gzi = parse_gzi(found)
                 if gzi[0][-1] < self.path.stat().st_size:  # else: blocks beyond the file, stale
@@ -164,18 +163,16 @@ class FastaInput(Input):
     def _load_index(self) -> list[IndexEntry]:
         suffixes = [".lpi"] if self.fmt == "fasta-gzip" else [".fai", ".lpi"]
         for suffix in suffixes:
-            found = find_fresh(self.path, suffix, self.cache_dir)
-            if found is None:
-                continue
-            try:
-                entries = parse_index(found, self.path)
-                if suffix == ".fai":
-                    entries = self._with_descriptions(entries)
-            except InputError:
-                continue  # unreadable or stale: rebuild below
-            if entries is not None:
-                self.index_path = found
-                return entries
+            for found in find_fresh(self.path, suffix, self.cache_dir):
+                try:
+                    entries = parse_index(found, self.path)
+                    if suffix == ".fai":
+                        entries = self._with_descriptions(entries)
+                except InputError:
+                    continue  # unreadable or stale: try the next, else rebuild below
+                if entries is not None:
+                    self.index_path = found
+                    return entries
         if self.fmt == "fasta-bgzf" and self.gzi_path is not None:  # stale .fai: the .gzi may be too
             blocks = scan_bgzf_blocks(self.path)
             self.gzi_path = write_sidecar(self.path, ".gzi", format_gzi(blocks), self.cache_dir)

@@ -148,6 +148,7 @@ class TimeSeriesInput(Input):
         self.fmt = fmt
         self.id_column, self.time_column = id_column, time_column
         self.sort, self.cache_dir = sort, cache_dir
+        self._columns_opt = list(columns) if columns else None
         try:
             self.table_path, kind = self._table_file(columns)
             table = _Table(self.table_path, kind)
@@ -483,6 +484,13 @@ class TimeSeriesInput(Input):
 
     def _tab(self) -> _Table:
         if self._table is None:
+            if not self.table_path.exists():  # unpickled on a node without our cached copy
+                fresh = TimeSeriesInput(self.path, fmt=self.fmt, id_column=self.id_column, time_column=self.time_column,
+                                        columns=self._columns_opt, sort=self.sort, cache_dir=self.cache_dir)
+                if fresh.records != self.records:
+                    raise InputError(f"{self.path}: the file changed since it was opened (its series differ)")
+                self.table_path = fresh.table_path
+                fresh.close()
             self._table = _Table(self.table_path, self._kind)
         return self._table
 

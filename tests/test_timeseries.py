@@ -183,6 +183,13 @@ def test_pickle_fingerprint_and_cli(timeseries, tmp_path):
     other = linpipe.open_input(path, id_column="sensor", time_column="t", columns=["x"])
     assert inp.fingerprint() != other.fingerprint()
     assert inp.fingerprint() == clone.fingerprint()
+    # a CSV is read from a converted copy in the cache: on a node without it, it is rebuilt
+    csv_inp = linpipe.open_input(tmp_path / "s.csv", id_column="sensor", time_column="t")
+    expect = csv_inp.read("s1", 10, 20)[0]
+    blob = pickle.dumps(csv_inp)
+    csv_inp.close()
+    csv_inp.table_path.unlink()
+    np.testing.assert_array_equal(pickle.loads(blob).read("s1", 10, 20)[0], expect)
     res = CliRunner().invoke(cli, ["index", str(path), "--id-column", "sensor", "--time-column", "t"])
     assert res.exit_code == 0, res.output
     assert "timeseries, 2 records, 500 positions" in res.output and "channels: x, y" in res.output
