@@ -149,21 +149,24 @@ class TimeSeriesInput(Input):
         self.id_column, self.time_column = id_column, time_column
         self.sort, self.cache_dir = sort, cache_dir
         self._columns_opt = list(columns) if columns else None
+        self._table = None
         try:
-            self.table_path, kind = self._table_file(columns)
-            table = _Table(self.table_path, kind)
+            self._open(columns)
         except InputError:
             raise
-        except Exception as e:  # pyarrow's own errors on a corrupt file
+        except Exception as e:  # pyarrow's own errors on a corrupt or unreadable file
             raise InputError(f"{self.path}: cannot read as {fmt}: {_short(e)}") from None
-        self._kind = kind
+
+    def _open(self, columns) -> None:
+        self.table_path, self._kind = self._table_file(columns)
+        table = _Table(self.table_path, self._kind)
         self.channel_names = self._resolve_columns(table.schema, columns)
         if table.num_rows == 0:
             raise InputError(f"{self.path}: no rows: a zero-length series")
         self._table = table
         order_error = self._build_index()
         if order_error is not None:
-            if not sort:
+            if not self.sort:
                 raise InputError(order_error + "; sort the file by time, or pass --sort (sort=True) to sort a cached copy")
             self.table_path = self._sorted_copy()
             self._table = _Table(self.table_path, "arrow")
@@ -456,6 +459,17 @@ class TimeSeriesInput(Input):
         times = [] if self.time_column else None
         if n == 0:
             return values, (np.zeros(0) if times is not None else None)
+        try:
+            return self._read(record_id, start, end, n, values, times)
+        except InputError:
+            raise
+        except Exception as e:  # pyarrow's errors on a file damaged since it was opened
+            raise InputError(f"{self.path}: series {record_id!r}, rows {start}-{end}: cannot read: {_short(e)}") from None
+
+    def _read(self, record_id, start, end, n, values, times):
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
         run_starts, run_pos = self._runs[self._by_id[record_id]]
         table = self._tab()
         cols = list(self.channel_names) + ([self.time_column] if self.time_column else [])

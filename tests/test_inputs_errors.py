@@ -204,3 +204,9 @@ def test_not_parquet_or_arrow_despite_extension(tmp_path):
     _both(tmp_path / "x.parquet", r"not a Parquet file \(no PAR1 magic at byte 0\)")
     (tmp_path / "x.feather").write_text("a,b\n1,2\n")
     _both(tmp_path / "x.feather", r"not an Arrow IPC file")
+
+
+def test_truncated_parquet(timeseries, tmp_path):
+    data = (timeseries / "mitdb_100_ecg.parquet").read_bytes()
+    (tmp_path / "cut.parquet").write_bytes(data[: len(data) // 2])
+    _both(tmp_path / "cut.parquet", r"cannot read as parquet: .*magic bytes not found")
