@@ -28,7 +28,7 @@ import numpy as np
 
 from .errors import InputError
 from .faidx import cache_root
-from .inputs import Input, RecordInfo, fingerprint_file
+from .inputs import Input, RecordInfo
 
 BATCH_ROWS = 1 << 16  # rows per batch in converted files and Parquet reads
 CSV_BLOCK = 4 << 20  # bytes per CSV block; column types are inferred from the first one

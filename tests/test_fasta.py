@@ -8,7 +8,6 @@ import stat
 import numpy as np
 import pyfaidx
 import pytest
-from Bio import bgzf
 from Bio.SeqIO.FastaIO import SimpleFastaParser
 
 import linpipe
@@ -47,7 +46,7 @@ def _check_slices(inp, expected, n_random=6, seed=0):
             np.testing.assert_array_equal(mask, SOFTMASK_LUT[raw[s:e]], err_msg=f"{rid} {s}-{e}")
 
 
-def _write(path, text, mode="w"):
+def _write(path, text):
     with open(path, "wb") as fh:
         fh.write(text.encode() if isinstance(text, str) else text)
     return path

@@ -8,7 +8,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from Bio import bgzf
 from click.testing import CliRunner
 
 import linpipe
