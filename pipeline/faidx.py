@@ -146,6 +146,7 @@ def parse_index(index_path: Path, fasta: Path) -> list[IndexEntry]:
     lines = text.splitlines()
     lpi = bool(lines) and lines[0].startswith("#linpipe-index")
     entries = []
+    seen: dict[str, int] = {}
     for i, line in enumerate(lines[1:] if lpi else lines, start=2 if lpi else 1):
         if not line.strip():
             continue
@@ -159,6 +160,9 @@ def parse_index(index_path: Path, fasta: Path) -> list[IndexEntry]:
             raise InputError(f"{index_path}: line {i}: not a faidx index line: {line[:80]!r}") from None
         if not name or length < 0 or offset < 0 or (regular and length and (lb <= 0 or lw < lb)):
             raise InputError(f"{index_path}: line {i}: impossible index entry {line[:80]!r}")
+        if name in seen:
+            raise InputError(f"{index_path}: duplicate record id {name!r} in the index of {fasta}: lines {seen[name]} and {i}")
+        seen[name] = i
         entries.append(IndexEntry(name, length, offset, lb, lw, regular, desc))
     return entries
 

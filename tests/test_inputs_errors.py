@@ -209,3 +209,12 @@ def test_truncated_parquet(timeseries, tmp_path):
     data = (timeseries / "mitdb_100_ecg.parquet").read_bytes()
     (tmp_path / "cut.parquet").write_bytes(data[: len(data) // 2])
     _both(tmp_path / "cut.parquet", r"cannot read as parquet: .*magic bytes not found")
+
+
+def test_index_with_duplicate_ids_is_not_trusted(tmp_path):
+    """A foreign .fai naming one record twice is ignored; the FASTA itself is checked."""
+    path = tmp_path / "d.fa"
+    path.write_text(">a\nACGT\n>b\nAC\n")
+    path.with_name("d.fa.fai").write_text("a\t4\t3\t4\t5\na\t2\t11\t2\t3\n")
+    with linpipe.open_input(path) as inp:
+        assert [(r.id, r.length) for r in inp.records] == [("a", 4), ("b", 2)]
