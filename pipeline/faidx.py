@@ -307,6 +307,12 @@ class FastaScanner:
 
     # -- records
     def _header(self, raw: bytes, lineno: int, start: int) -> None:
+        if b"\r" in raw.rstrip(b"\r"):
+            at = start + raw.index(b"\r")
+            raise InputError(
+                f"{self.label}: line {lineno} (byte {at}): carriage return inside a header "
+                "line: CR-only (classic Mac) line endings? convert them to LF"
+            )
         text = raw.rstrip(b"\r").decode("utf-8", errors="replace")[1:]
         parts = text.split(None, 1)
         if not parts:

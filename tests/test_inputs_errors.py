@@ -218,3 +218,8 @@ def test_index_with_duplicate_ids_is_not_trusted(tmp_path):
     path.with_name("d.fa.fai").write_text("a\t4\t3\t4\t5\na\t2\t11\t2\t3\n")
     with linpipe.open_input(path) as inp:
         assert [(r.id, r.length) for r in inp.records] == [("a", 4), ("b", 2)]
+
+
+def test_cr_only_line_endings(tmp_path):
+    (tmp_path / "mac.fa").write_bytes(b">chr1 x\rACGT\rACGT\r")
+    _both(tmp_path / "mac.fa", r"line 1 \(byte 7\): carriage return inside a header line: CR-only")
