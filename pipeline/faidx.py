@@ -371,10 +371,11 @@ class FastaScanner:
         crs = np.flatnonzero(buf[:-1] == _CR) if b"\r" in data else ()
         if len(crs):
             stray = crs[buf[crs + 1] != _NL]
-            for i in stray[:64]:
-                k = int(np.searchsorted(nl, i))
-                if not (is_header[k] if k < nl.size else tail_header):
-                    self._bad_at(buf, int(i), nl, starts, is_header, data)
+            if stray.size:  # a CR not ending a line: an error outside header lines
+                k = np.searchsorted(nl, stray)
+                hdr = np.where(k < nl.size, is_header[np.minimum(k, nl.size - 1)], tail_header) if nl.size else np.full(stray.size, tail_header)
+                if not hdr.all():
+                    self._bad_at(buf, int(stray[np.argmin(hdr)]), nl, starts, is_header, data)
 
         bases = (ends - starts) - cr
         widths = ends - starts + 1
