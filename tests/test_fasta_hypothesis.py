@@ -96,3 +96,36 @@ def _check(data, compression, ranges):
                 tok, mask = inp.read(title.split(None, 1)[0], s, e)
                 np.testing.assert_array_equal(tok, TOKEN_LUT[raw])
                 np.testing.assert_array_equal(mask, SOFTMASK_LUT[raw])
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(_fasta(), st.integers(0, 10**9), st.sampled_from("J!@#Z0 \t\x01\xe9"))
+def test_one_bad_byte_is_named_with_its_record_line_and_column(case, where, bad):
+    """Put one invalid byte into a random sequence line: the scan names that record, line,
+    column and byte, whatever the scan block size."""
+    import pytest
+
+    from linpipe.errors import InputError
+
+    data, _, _, block = case
+    lines = data.split(b"\n")
+    seq_lines = [i for i, line in enumerate(lines) if line.rstrip(b"\r") and not line.startswith(b">")]
+    if not seq_lines:
+        return
+    i = seq_lines[where % len(seq_lines)]
+    col = where % len(lines[i].rstrip(b"\r"))
+    lines[i] = lines[i][:col] + bad.encode("latin-1") + lines[i][col:]
+    record = next(lines[j][1:].split()[0].decode() for j in range(i, -1, -1) if lines[j].startswith(b">"))
+    byte = sum(len(line) + 1 for line in lines[:i]) + col
+    saved = faidx.SCAN_BLOCK
+    faidx.SCAN_BLOCK = block
+    try:
+        with tempfile.TemporaryDirectory() as d:
+            path = Path(d) / "bad.fa"
+            path.write_bytes(b"\n".join(lines))
+            with pytest.raises(InputError) as ei:
+                linpipe.open_input(path, cache_dir=Path(d) / "cache")
+    finally:
+        faidx.SCAN_BLOCK = saved
+    assert f"record {record!r}, line {i + 1} (byte {byte}): invalid character" in str(ei.value)
+    assert f"at column {col + 1}" in str(ei.value)
