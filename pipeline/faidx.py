@@ -107,6 +107,12 @@ def write_sidecar(path: Path, suffix: str, data: bytes, cache_dir=None) -> Path:
         targets = targets[1:]
     last_err = None
     for target in targets:
+        existing = target.parent
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        if not folder_writable(existing):
+            last_err = "read-only folder"
+            continue
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-", suffix=suffix)

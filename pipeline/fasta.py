@@ -13,6 +13,7 @@ from __future__ import annotations
 import gzip
 import os
 import struct
+import warnings
 import zlib
 from pathlib import Path
 
@@ -157,7 +158,7 @@ class FastaInput(Input):
             except InputError:
                 pass
         blocks = scan_bgzf_blocks(self.path)
-        self.gzi_path = write_sidecar(self.path, ".gzi", format_gzi(blocks), self.cache_dir)
+        self.gzi_path = self._keep(".gzi", format_gzi(blocks))
         self._gzi = (np.array([c for c, _ in blocks], dtype=np.int64), np.array([u for _, u in blocks], dtype=np.int64))
 
     def _load_index(self) -> list[IndexEntry]:
@@ -175,7 +176,7 @@ class FastaInput(Input):
                     return entries
         if self.fmt == "fasta-bgzf" and self.gzi_path is not None:  # stale .fai: the .gzi may be too
             blocks = scan_bgzf_blocks(self.path)
-            self.gzi_path = write_sidecar(self.path, ".gzi", format_gzi(blocks), self.cache_dir)
+            self.gzi_path = self._keep(".gzi", format_gzi(blocks))
             self._gzi = (np.array([c for c, _ in blocks], dtype=np.int64), np.array([u for _, u in blocks], dtype=np.int64))
             self.close()
         return self._build_index()
@@ -190,10 +191,18 @@ class FastaInput(Input):
             raise InputError(f"{self.path}: cannot read: {e}") from None
         seekable = self.fmt != "fasta-gzip"
         if seekable and all(e.regular for e in entries):
-            self.index_path = write_sidecar(self.path, ".fai", format_fai(entries), self.cache_dir)
+            self.index_path = self._keep(".fai", format_fai(entries))
         else:
-            self.index_path = write_sidecar(self.path, ".lpi", format_lpi(entries), self.cache_dir)
+            self.index_path = self._keep(".lpi", format_lpi(entries))
         return entries
+
+    def _keep(self, suffix: str, data: bytes) -> "Path | None":
+        """Write an index for next time; when no folder takes it, go on with it in memory."""
+        try:
+            return write_sidecar(self.path, suffix, data, self.cache_dir)
+        except InputError as e:
+            warnings.warn(f"{e}; using it from memory (it will be rebuilt on every open)", stacklevel=3)
+            return None
 
     def _with_descriptions(self, entries: list[IndexEntry]) -> "list[IndexEntry] | None":
         """A .fai holds no descriptions: read each header line back from just before the

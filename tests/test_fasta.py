@@ -318,3 +318,21 @@ def test_reading_a_long_record_in_slices_keeps_memory_flat(genomes, tmp_path):
     total, growth = (int(x) for x in out.stdout.split())
     assert total == 60 * 666_666
     assert growth < 16_000_000, f"peak RSS grew by {growth / 1e6:.1f} MB"
+
+
+def test_no_writable_place_for_the_index_still_reads(genomes, tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    shutil.copy(genomes / "minimap2_MT-orang.fa", ro / "mt.fa")
+    cache = tmp_path / "cache_ro"
+    cache.mkdir()
+    for d in (ro, cache):
+        d.chmod(0o555)
+    try:
+        with pytest.warns(UserWarning, match=r"cannot write its index .fai.*using it from memory"):
+            inp = linpipe.open_input(ro / "mt.fa", cache_dir=cache)
+        assert inp.index_path is None
+        _check_slices(inp, _expected(ro / "mt.fa"))
+    finally:
+        for d in (ro, cache):
+            d.chmod(0o755)
