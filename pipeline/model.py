@@ -38,7 +38,7 @@ PICKLE_NAMES = ("pytorch_model.bin", "model.bin")
 PICKLE_SUFFIXES = (".pt", ".pth", ".pkl", ".pickle", ".ckpt", ".bin")
 SHIPPED_MODELS = Path(__file__).resolve().parent / "models"
 # Positions per forward pass inside Model.forward: bounds peak memory for any chunk length.
-FORWARD_BLOCK = 65536
+FORWARD_BLOCK = 16384
 
 
 # --------------------------------------------------------------------------------------------
