@@ -57,6 +57,8 @@ def bench_attention(T=65536, H=4, K=32, naive_T=2048):
 
 
 MODEL = dict(modality="dna", d_model=128, n_layers=4, n_heads=4, mlp_hidden=512, conv_width=4)
+# For the memory runs when the machine is too busy to stream 8M positions through MODEL.
+SMALL = dict(modality="dna", d_model=32, n_layers=1, n_heads=2, mlp_hidden=32, conv_width=4)
 
 
 def flops_per_position(c) -> int:
@@ -67,10 +69,10 @@ def flops_per_position(c) -> int:
     return c.n_layers * per_layer + 2 * 4 * D
 
 
-def make_model():
+def make_model(small=False):
     from linpipe.model import Model, ModelConfig, init_net
 
-    c = ModelConfig(**MODEL)
+    c = ModelConfig(**(SMALL if small else MODEL))
     return Model(init_net(c, seed=0)), c
 
 
@@ -100,9 +102,9 @@ def bench_model(positions, chunk):
             "flops_per_position": f, "model_flops_per_s": f * positions / dt}
 
 
-def stream_peak_rss(positions, chunk) -> dict:
+def stream_peak_rss(positions, chunk, small) -> dict:
     """Run in a child: stream `positions` through the model; report peak RSS."""
-    model, _ = make_model()
+    model, _ = make_model(small)
     x = genome_tokens(min(positions, 4 * chunk))  # recycled input: the input is not what is measured
     state = model.init_state()
     t = time.perf_counter()
@@ -114,7 +116,7 @@ def stream_peak_rss(positions, chunk) -> dict:
         done += n
     dt = time.perf_counter() - t
     assert all(np.isfinite(v).all() for v in state.to_arrays().values())
-    return {"positions": positions, "seconds": dt,
+    return {"positions": positions, "seconds": dt, "model": "small" if small else "bench",
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
@@ -123,30 +125,39 @@ def main():
     ap.add_argument("--positions", type=int, default=262144)
     ap.add_argument("--chunk", type=int, default=65536)
     ap.add_argument("--memory", default="1000000,8000000", help="comma-separated lengths ('' to skip)")
+    ap.add_argument("--memory-model", choices=["bench", "small"], default="bench",
+                    help="model for the memory runs (small: D=32, L=1, for a busy machine)")
+    ap.add_argument("--skip-speed", action="store_true", help="only the memory runs")
     ap.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child is not None:
-        print(json.dumps(stream_peak_rss(args.child, args.chunk)))
+        print(json.dumps(stream_peak_rss(args.child, args.chunk, args.memory_model == "small")))
         return
-    res = {"torch": torch.__version__, "threads": torch.get_num_threads(), "cpus": os.cpu_count()}
-    res["matmul_flops_before"] = matmul_flops()
-    res["attention"] = bench_attention()
-    res["model"] = bench_model(args.positions, args.chunk)
-    res["matmul_flops_after"] = matmul_flops()
-    peak = max(res["matmul_flops_before"], res["matmul_flops_after"])
-    res["model"]["utilisation_of_matmul"] = res["model"]["model_flops_per_s"] / peak
+    res = {"torch": torch.__version__, "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
+           "loadavg_start": os.getloadavg()}
+    if not args.skip_speed:
+        res["matmul_flops_before"] = matmul_flops()
+        res["attention"] = bench_attention()
+        res["model"] = bench_model(args.positions, args.chunk)
+        res["matmul_flops_after"] = matmul_flops()
+        peak = max(res["matmul_flops_before"], res["matmul_flops_after"])
+        res["model"]["utilisation_of_matmul"] = res["model"]["model_flops_per_s"] / peak
     res["memory"] = []
     for n in [int(s) for s in args.memory.split(",") if s]:
-        out = subprocess.run([sys.executable, __file__, "--child", str(n), "--chunk", str(args.chunk)],
+        out = subprocess.run([sys.executable, __file__, "--child", str(n), "--chunk", str(args.chunk),
+                              "--memory-model", args.memory_model],
                              capture_output=True, text=True, check=True).stdout
         res["memory"].append(json.loads(out.strip().splitlines()[-1]))
+    res["loadavg_end"] = os.getloadavg()
     print(json.dumps(res, indent=2))
-    a, m = res["attention"], res["model"]
-    print(f"\nchunked vs token-by-token (T={a['T']}, H={a['H']}, K={a['K']}): {a['speedup']:.0f}x")
-    print(f"model: {m['positions_per_s']:,.0f} positions/s, {m['model_flops_per_s'] / 1e9:.1f} GFLOP/s "
-          f"= {100 * m['utilisation_of_matmul']:.0f}% of matmul {peak / 1e9:.1f} GFLOP/s")
+    if not args.skip_speed:
+        a, m = res["attention"], res["model"]
+        print(f"\nchunked vs token-by-token (T={a['T']}, H={a['H']}, K={a['K']}): {a['speedup']:.0f}x")
+        print(f"model: {m['positions_per_s']:,.0f} positions/s, {m['model_flops_per_s'] / 1e9:.1f} GFLOP/s "
+              f"= {100 * m['utilisation_of_matmul']:.0f}% of matmul {peak / 1e9:.1f} GFLOP/s")
     for r in res["memory"]:
-        print(f"stream {r['positions']:,} positions: peak RSS {r['peak_rss_mb']:.0f} MB, {r['seconds']:.0f} s")
+        print(f"stream {r['positions']:,} positions ({r['model']} model): peak RSS {r['peak_rss_mb']:.0f} MB, "
+              f"{r['seconds']:.0f} s")
 
 
 if __name__ == "__main__":
