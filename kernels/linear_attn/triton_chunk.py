@@ -306,9 +306,11 @@ def _tuned_kernels():
     """Autotuned wrappers of the two parallel kernels, built on the first GPU call."""
     global _tuned
     if _tuned is None:
-        configs = [triton.Config({"BV": bv}, num_warps=w, num_stages=st)
-                   for bv in (64, 128) for w in (4, 8) for st in (2, 3)]
-        key = ["H", "K", "V", "BT", "FEATURE_MAP", "HAS_DECAY", "DOT_PRECISION"]
+        # Ahead-of-time sm_90 builds (bf16, K = V = 128) spill registers in the output pass at
+        # BT = 64 and hardly at BT = 32: the GPU picks by measurement.
+        configs = [triton.Config({"BT": bt, "BV": bv}, num_warps=w, num_stages=st)
+                   for bt in (32, 64) for bv in (64, 128) for w in (4, 8) for st in (2, 3)]
+        key = ["H", "K", "V", "FEATURE_MAP", "HAS_DECAY", "DOT_PRECISION"]
         _tuned = (triton.autotune(configs=configs, key=key)(_segment_state_kernel),
                   triton.autotune(configs=configs, key=key + ["NORMALIZE"])(_segment_output_kernel))
     return _tuned
@@ -437,16 +439,17 @@ def chunk_linear_attn_triton(
     o = torch.empty((B, T, H, V), device=device, dtype=dtype)
 
     state_args = (k, v, seg, log2g, hs, hz)
-    state_meta = dict(H=H, K=K, V=V, BT=BT, BK=BK, FEATURE_MAP=fm, HAS_DECAY=has_decay,
+    state_meta = dict(H=H, K=K, V=V, BK=BK, FEATURE_MAP=fm, HAS_DECAY=has_decay,
                       DOT_PRECISION=prec, INTERPRETED=interp)
     out_args = (q, k, v, o, seg, log2g, hs, hz, float(eps))
     out_meta = dict(state_meta, NORMALIZE=bool(normalize))
-    tuned = not interp and block_v is None
-    if tuned:  # the V tile, warps and stages are autotuned per (H, K, V, BT, variant) on the GPU
+    tuned = not interp and block_v is None and block_t is None
+    if tuned:  # block, V tile, warps and stages are autotuned per (H, K, V, variant) on the GPU
         state_kernel, out_kernel = _tuned_kernels()
     else:
         state_kernel, out_kernel = _segment_state_kernel, _segment_output_kernel
-        state_meta["BV"] = out_meta["BV"] = BV
+        state_meta.update(BT=BT, BV=BV)
+        out_meta.update(BT=BT, BV=BV)
 
     def grid(meta):
         return (NS, H, triton.cdiv(V, meta["BV"]))
