@@ -220,3 +220,14 @@ def test_gpu_million_positions_in_16_calls_equal_one_call():
     _close(torch.cat(parts, 1), whole, 1e-2)
     _close(st[0], S, 1e-4)
     _close(st[1], z, 1e-5)
+
+
+@gpu
+@pytest.mark.gpu
+def test_gpu_dispatcher_uses_the_triton_kernel():
+    from linpipe.kernels.linear_attn import chunk_linear_attn
+
+    q, k, v = _inputs(1, 1000, 2, 64, 64, dtype=torch.bfloat16)
+    want, _ = chunk_linear_attn_triton(q, k, v)
+    got, _ = chunk_linear_attn(q, k, v)
+    assert torch.equal(got, want)
