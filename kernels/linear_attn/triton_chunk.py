@@ -99,9 +99,12 @@ def _segment_state_kernel(
     FEATURE_MAP: tl.constexpr, HAS_DECAY: tl.constexpr, DOT_PRECISION: tl.constexpr,
     INTERPRETED: tl.constexpr,
 ):
-    i_s = tl.program_id(0).to(tl.int64)
+    # V tiles of one segment are neighbours in launch order, so they run together and the
+    # second read of the segment's q/k rows hits L2
+    pid = tl.program_id(0).to(tl.int64)
+    i_s = pid // tl.cdiv(V, BV)
+    i_v = (pid % tl.cdiv(V, BV)).to(tl.int32)
     i_h = tl.program_id(1)
-    i_v = tl.program_id(2)
     start = tl.load(seg_ptr + i_s * 3 + 1)
     end = tl.load(seg_ptr + i_s * 3 + 2)
     n_pos = (end - start).to(tl.int32)
@@ -264,9 +267,12 @@ def _segment_output_kernel(
     FEATURE_MAP: tl.constexpr, NORMALIZE: tl.constexpr, HAS_DECAY: tl.constexpr,
     DOT_PRECISION: tl.constexpr, INTERPRETED: tl.constexpr,
 ):
-    i_s = tl.program_id(0).to(tl.int64)
+    # V tiles of one segment are neighbours in launch order, so they run together and the
+    # second read of the segment's q/k rows hits L2
+    pid = tl.program_id(0).to(tl.int64)
+    i_s = pid // tl.cdiv(V, BV)
+    i_v = (pid % tl.cdiv(V, BV)).to(tl.int32)
     i_h = tl.program_id(1)
-    i_v = tl.program_id(2)
     start = tl.load(seg_ptr + i_s * 3 + 1)
     end = tl.load(seg_ptr + i_s * 3 + 2)
     n_pos = (end - start).to(tl.int32)
@@ -299,21 +305,22 @@ def _segment_output_kernel(
                                      FEATURE_MAP, NORMALIZE, HAS_DECAY, DOT_PRECISION, INTERPRETED)
 
 
-_tuned = None
+_tuned: dict = {}
 
 
-def _tuned_kernels():
+def _tuned_kernels(fp32: bool):
     """Autotuned wrappers of the two parallel kernels, built on the first GPU call."""
-    global _tuned
-    if _tuned is None:
-        # Ahead-of-time sm_90 builds (bf16, K = V = 128) spill registers in the output pass at
-        # BT = 64 and hardly at BT = 32: the GPU picks by measurement.
+    if fp32 not in _tuned:
+        # Ahead-of-time sm_90 builds (K = V = 128) spill registers in the output pass at
+        # block_t = 64 for bf16 and far more for fp32 (no tensor cores with ieee dots): smaller
+        # tiles are offered there, and the GPU picks by measurement.
+        bts, bvs = ((16, 32), (32, 64)) if fp32 else ((32, 64), (64, 128))
         configs = [triton.Config({"BT": bt, "BV": bv}, num_warps=w, num_stages=st)
-                   for bt in (32, 64) for bv in (64, 128) for w in (4, 8) for st in (2, 3)]
+                   for bt in bts for bv in bvs for w in (4, 8) for st in (2, 3)]
         key = ["H", "K", "V", "FEATURE_MAP", "HAS_DECAY", "DOT_PRECISION"]
-        _tuned = (triton.autotune(configs=configs, key=key)(_segment_state_kernel),
-                  triton.autotune(configs=configs, key=key + ["NORMALIZE"])(_segment_output_kernel))
-    return _tuned
+        _tuned[fp32] = (triton.autotune(configs=configs, key=key)(_segment_state_kernel),
+                        triton.autotune(configs=configs, key=key + ["NORMALIZE"])(_segment_output_kernel))
+    return _tuned[fp32]
 
 
 def _segments(cu: torch.Tensor, seg_len: int):
@@ -445,14 +452,14 @@ def chunk_linear_attn_triton(
     out_meta = dict(state_meta, NORMALIZE=bool(normalize))
     tuned = not interp and block_v is None and block_t is None
     if tuned:  # block, V tile, warps and stages are autotuned per (H, K, V, variant) on the GPU
-        state_kernel, out_kernel = _tuned_kernels()
+        state_kernel, out_kernel = _tuned_kernels(dtype == torch.float32)
     else:
         state_kernel, out_kernel = _segment_state_kernel, _segment_output_kernel
         state_meta.update(BT=BT, BV=BV)
         out_meta.update(BT=BT, BV=BV)
 
-    def grid(meta):
-        return (NS, H, triton.cdiv(V, meta["BV"]))
+    def grid(meta):  # axis 0: segment-major, V tile fastest (2**31 - 1 allowed, unlike axis 1)
+        return (NS * triton.cdiv(V, meta["BV"]), H)
 
     if NS > 0:
         state_kernel[grid](*state_args, **state_meta)
