@@ -156,6 +156,9 @@ def index_cmd(input_path, id_column, time_column, columns, sort, cache_dir, as_j
             click.echo(f"index: {index}")
         if inp.channel_names is not None:
             click.echo(f"channels: {', '.join(inp.channel_names)}")
+        if getattr(inp, "fmt", None) == "fasta-gzip":
+            click.echo("note: plain gzip cannot be sought; every read streams from the start. "
+                       "For random access: zcat FILE | bgzip > FILE.bgz")
         width = max(len(r.id) for r in inp.records)
         for r in inp.records:
             click.echo(f"{r.id:<{width}}  {r.length:>12,}  {r.description}".rstrip())
