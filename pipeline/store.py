@@ -347,15 +347,23 @@ class OutputStore:
                                  f"for positions {start}-{end}")
             prepared[name] = (arr, data.astype(arr.dtype, copy=False))
 
+        done = self._array(f"{PROGRESS}/{key}/done")
+        if done[chunk_index]:  # rewriting a finished chunk: it is not finished while we do
+            done[chunk_index] = 0
+            self._sync([(done, (chunk_index,))])
+
         for name, (arr, data) in prepared.items():  # 1. data: whole Zarr chunks only
             arr[start:end] = data
         self._sync([(arr, (chunk_index,) + (0,) * (arr.ndim - 1)) for arr, _ in prepared.values()])
 
-        if state is not None:  # 2. the boundary state after this chunk, in its own group
+        if state is not None:  # 2. the boundary state after this chunk, in its own array
             self._write_state(key, chunk_index, state)
+        else:  # no stale state from an earlier attempt may outlive this write
+            from zarr.core.sync import sync
 
-        done = self._array(f"{PROGRESS}/{key}/done")  # 3. the marker, last
-        done[chunk_index] = 1
+            sync(self._store.delete_dir(f"{PROGRESS}/{key}/state/{chunk_index}"))
+
+        done[chunk_index] = 1  # 3. the marker, last
         self._sync([(done, (chunk_index,))])
 
     def _write_state(self, key: str, chunk_index: int, state: dict):

@@ -458,6 +458,11 @@ def test_write_chunk_validates(tmp_path):
         OutputStore.create(tmp_path / "d.zarr", meta={}, records=[{"id": "r", "length": 5}] * 2, outputs=["logprob"],
                            chunk_size=10)
     assert 1 not in store.completed_chunks(key) and not store.finalize()
+    # a chunk rewritten without a state loses the state of the earlier attempt
+    store.write_chunk(key, 0, {"logprob": np.zeros(10), "entropy": np.zeros(10)}, state={"S": np.ones(2)})
+    assert store.boundary_state(key, 0)["S"].tolist() == [1, 1]
+    store.write_chunk(key, 0, {"logprob": np.ones(10), "entropy": np.ones(10)})
+    assert store.completed_chunks(key) == {0} and store.boundary_state(key, 0) is None
 
 
 def test_fsspec_url(tmp_path):
