@@ -87,7 +87,8 @@ def test_cli_train_and_progress(tmp_path, mt):
     assert load_model(out).config.d_model == 16
 
 
-@pytest.mark.parametrize("case", ["missing", "mixed", "badchar", "resume-none", "resume-other", "val-records"])
+@pytest.mark.parametrize("case", ["missing", "mixed", "badchar", "resume-none", "resume-other", "val-records",
+                                  "device"])
 def test_cli_train_bad_inputs(tmp_path, mt, genomes, timeseries, case):
     out = tmp_path / "m"
     args = ["train", str(mt), "--out", str(out), "--d-model", "8", "--n-layers", "1", "--n-heads", "1",
@@ -112,9 +113,12 @@ def test_cli_train_bad_inputs(tmp_path, mt, genomes, timeseries, case):
         args[args.index("--steps") + 1] = "4"
         args.append("--resume")
         expect = "different inputs"
-    else:
+    elif case == "val-records":
         args += ["--val-records", "chrZ"]
         expect = "--val-records chrZ: no such record"
+    else:
+        args += ["--device", "nosuchdevice"]
+        expect = "--device nosuchdevice: not usable here"
     r = CliRunner().invoke(cli, args)
     assert r.exit_code == 1, r.output
     assert r.output.startswith("Error: ") and expect in r.output and "Traceback" not in r.output
