@@ -91,7 +91,7 @@ def test_cli_train_and_progress(tmp_path, mt):
                                   "device"])
 def test_cli_train_bad_inputs(tmp_path, mt, genomes, timeseries, case):
     out = tmp_path / "m"
-    args = ["train", str(mt), "--out", str(out), "--d-model", "8", "--n-layers", "1", "--n-heads", "1",
+    args = ["train", str(mt), "--out", str(out), "--d-model", "12", "--n-layers", "1", "--n-heads", "1",
             "--steps", "2", "--batch", "1", "--window", "16", "--quiet"]
     if case == "missing":
         args[1] = str(tmp_path / "nope.fa")
