@@ -335,7 +335,7 @@ def train_cmd(inputs, out, d_model, n_layers, n_heads, mlp_hidden, conv_width, f
     res = train(inputs, out, kw, cfg, decay=_decay_values(decay), resume=resume,
                 command=_command_line(), progress=not quiet,
                 ts_options=_ts_options(time_column, columns, id_column))
-    click.echo(f"wrote {out} (sha256 {res.sha256}); final loss {np.mean(res.losses[-50:]):.4f}")
+    click.echo(f"wrote {out} (sha256 {res.sha256}); final loss {np.nanmean(res.losses[-50:]):.4f}")
     if "bits_per_base" in res.val:
         click.echo("validation bits per base: " + ", ".join(
             f"{k} {v:.4f}" for k, v in res.val["bits_per_base"].items()))

@@ -58,7 +58,7 @@ class TrainConfig:
 @dataclass
 class TrainResult:
     out: Path
-    losses: list  # per step: mean loss of the step's window (bits per base for dna)
+    losses: list  # per step: mean loss of the step's window (bits per base for dna); NaN if all N
     val: dict = field(default_factory=dict)  # validation figures (model and baselines)
     sha256: str = ""
 
@@ -281,7 +281,7 @@ def _train(inputs, out, model_kwargs, cfg, decay, resume, command, progress, sto
             torch.nn.utils.clip_grad_norm_(net.parameters(), cfg.clip)
             opt.step()
         state = state.detach()
-        losses.append(float(loss.detach()))
+        losses.append(float(loss.detach()) if n else float("nan"))  # NaN: nothing scored (all N)
         bar.update(step + 1, losses)
         if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
             save_checkpoint(ckpt, net, config, opt, state, walker, step + 1, losses, meta)
@@ -323,7 +323,7 @@ class _Progress:
         if now - self.last < 0.5 and step < self.total:
             return
         self.last = now
-        run = np.mean(losses[-50:])
+        run = np.nanmean(losses[-50:]) if np.isfinite(losses[-50:]).any() else float("nan")
         frac = step / self.total
         done = int(30 * frac)
         rate = (step - self.start) / max(now - self.t0, 1e-9)
@@ -404,7 +404,10 @@ def write_report(result: TrainResult, meta: dict, config) -> None:
 
     out = result.out
     unit = "bits per base" if config.modality == "dna" else "MSE (normalised)"
-    losses = np.asarray(result.losses)
+    losses = np.asarray(result.losses, dtype=float)
+    if np.isnan(losses).all():
+        losses = np.zeros_like(losses)
+    losses = np.where(np.isnan(losses), np.nanmean(losses), losses)  # steps that scored nothing
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(np.arange(1, len(losses) + 1), losses, lw=0.5, alpha=0.4, label="per step")
     w = min(50, len(losses))

@@ -123,3 +123,15 @@ def test_cli_train_bad_inputs(tmp_path, mt, genomes, timeseries, case):
     assert r.exit_code == 1, r.output
     assert r.output.startswith("Error: ") and expect in r.output and "Traceback" not in r.output
     assert len(r.output.strip().splitlines()) == 1
+
+
+def test_windows_of_only_n_score_nothing(tmp_path, mt):
+    seq = "".join(l.strip() for l in mt.read_text().splitlines()[1:])
+    fa = tmp_path / "gap.fa"
+    fa.write_text(">gapped\n" + seq[:2000] + "N" * 1000 + seq[2000:4000] + "\n")
+    res = train([fa], tmp_path / "m", TINY, TrainConfig(steps=40, batch=1, window=100, checkpoint_every=40),
+                progress=False)
+    losses = np.asarray(res.losses)
+    # windows 20..29 hold only N: nothing to score, recorded as NaN; the rest are finite
+    assert np.isnan(losses[20:30]).all() and np.isfinite(np.delete(losses, range(20, 30))).all()
+    assert np.isfinite(res.val["bits_per_base"]["model"])
