@@ -123,6 +123,15 @@ def test_varlen_rejects_bad_offsets():
         chunk_linear_attn_triton(q, k, v, cu_seqlens=torch.tensor([0, 10], device=DEV))
     with pytest.raises(ValueError, match="from 0 to T"):
         chunk_linear_attn_triton(q[:1], k[:1], v[:1], cu_seqlens=torch.tensor([0, 4, 9], device=DEV))
+    with pytest.raises(ValueError, match="non-decreasing"):
+        chunk_linear_attn_triton(q[:1], k[:1], v[:1], cu_seqlens=torch.tensor([0, 6, 4, 10], device=DEV))
+
+
+def test_rejects_decay_outside_unit_interval():
+    q, k, v = _inputs(1, 8, 2, 16, 16)
+    for bad in ([0.5, 0.0], [1.5, 0.9], [0.9]):
+        with pytest.raises(ValueError, match="decay"):
+            chunk_linear_attn_triton(q, k, v, decay=torch.tensor(bad, device=DEV))
 
 
 @pytest.mark.parametrize("normalize", [True, False])

@@ -403,6 +403,8 @@ def chunk_linear_attn_triton(
         cu = cu_seqlens.to(device=device, dtype=torch.int64)
         if cu.dim() != 1 or cu.numel() < 2 or int(cu[0]) != 0 or int(cu[-1]) != T:
             raise ValueError(f"cu_seqlens must run from 0 to T = {T}; got {cu_seqlens.tolist()[:8]}...")
+        if bool((cu[1:] < cu[:-1]).any()):
+            raise ValueError("cu_seqlens must be non-decreasing")
     else:
         cu = torch.arange(B + 1, device=device, dtype=torch.int64) * T  # each batch row is a record
     N = cu.numel() - 1
@@ -416,8 +418,8 @@ def chunk_linear_attn_triton(
         raise ValueError(f"segment_len {L} must be a multiple of block_t {BT}")
     if L * H * max(K, V) >= 2**31:  # offsets inside a segment are int32 (bases are int64)
         raise ValueError(f"segment_len {L} too long for H*K = {H * max(K, V)}")
-    if decay is not None and decay.shape != (H,):
-        raise ValueError(f"decay must have shape ({H},); got {tuple(decay.shape)}")
+    if decay is not None and (decay.shape != (H,) or not bool(((decay > 0) & (decay <= 1)).all())):
+        raise ValueError(f"decay must have shape ({H},) and values in (0, 1]; got {decay.tolist()}")
     seg, seg_first = _segments(cu, L)
     NS = seg.shape[0]
 
