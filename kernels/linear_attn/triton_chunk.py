@@ -91,7 +91,8 @@ def _state_block(b_s, b_z, k_base, v_base, t0, n_pos, o_t, o_k, o_v, m_k, m_v, l
 @triton.jit
 def _segment_state_kernel(
     k_ptr, v_ptr,  # (T_all, H, K), (T_all, H, V) packed positions
-    seg_ptr,  # (NS, 3) int64: record, start, end
+    seg_ptr,  # (NS, 4) int64: record, start, end, is-last-of-record
+    inner_ptr,  # (NI,) int64: the segments that are not the last of their record
     log2g_ptr,  # (H,) float32 log2(decay)
     ds_ptr, dz_ptr,  # (NS, H, K, V), (NS, H, K) float32 out
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
@@ -102,11 +103,11 @@ def _segment_state_kernel(
     # V tiles of one segment are neighbours in launch order, so they run together and the
     # second read of the segment's q/k rows hits L2
     pid = tl.program_id(0).to(tl.int64)
-    i_s = pid // tl.cdiv(V, BV)
+    i_s = tl.load(inner_ptr + pid // tl.cdiv(V, BV))  # last segments need no contribution
     i_v = (pid % tl.cdiv(V, BV)).to(tl.int32)
     i_h = tl.program_id(1)
-    start = tl.load(seg_ptr + i_s * 3 + 1)
-    end = tl.load(seg_ptr + i_s * 3 + 2)
+    start = tl.load(seg_ptr + i_s * 4 + 1)
+    end = tl.load(seg_ptr + i_s * 4 + 2)
     n_pos = (end - start).to(tl.int32)
 
     o_t = tl.arange(0, BT)
@@ -147,7 +148,7 @@ def _scan_step(b_s, b_z, i_s, seg_ptr, ds_ptr, dz_ptr, i_h, o_k, o_kv, m_k, m_kv
     tl.store(s_ptrs, b_s, mask=m_kv)
     tl.store(z_ptrs, b_z, mask=m_k & own_z)
     if HAS_DECAY:
-        n = tl.load(seg_ptr + i_s * 3 + 2) - tl.load(seg_ptr + i_s * 3 + 1)
+        n = tl.load(seg_ptr + i_s * 4 + 2) - tl.load(seg_ptr + i_s * 4 + 1)
         g_n = tl.exp2(n.to(tl.float32) * lg)
         b_s = b_s * g_n
         b_z = b_z * g_n
@@ -157,11 +158,11 @@ def _scan_step(b_s, b_z, i_s, seg_ptr, ds_ptr, dz_ptr, i_h, o_k, o_kv, m_k, m_kv
 @triton.jit
 def _segment_scan_kernel(
     seg_first_ptr,  # (N+1,) int64: first segment of each record
-    seg_ptr,  # (NS, 3) int64
+    seg_ptr,  # (NS, 4) int64
     log2g_ptr,
     s0_ptr, z0_ptr,  # (N, H, K, V), (N, H, K) float32 initial states
     ds_ptr, dz_ptr,  # (NS, H, K, V), (NS, H, K): contributions in, entering states out
-    sf_ptr, zf_ptr,  # (N, H, K, V), (N, H, K) float32 final states out
+    sf_ptr, zf_ptr,  # (N, H, K, V), (N, H, K) float32 final states of records without segments
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr,
     HAS_INITIAL: tl.constexpr, HAS_DECAY: tl.constexpr, INTERPRETED: tl.constexpr,
@@ -188,18 +189,25 @@ def _segment_scan_kernel(
         b_z = tl.zeros((BK,), dtype=tl.float32)
     first = tl.load(seg_first_ptr + i_n)
     last = tl.load(seg_first_ptr + i_n + 1)
+    # every segment but the last: entering state in its slot, then add its contribution
     if INTERPRETED:
         i_s = first
-        while i_s < last:
+        while i_s < last - 1:
             b_s, b_z = _scan_step(b_s, b_z, i_s, seg_ptr, ds_ptr, dz_ptr, i_h, o_k, o_kv, m_k, m_kv,
                                   own_z, lg, H, K, V, HAS_DECAY)
             i_s += 1
     else:
-        for i_s in range(first, last):
+        for i_s in range(first, last - 1):
             b_s, b_z = _scan_step(b_s, b_z, i_s, seg_ptr, ds_ptr, dz_ptr, i_h, o_k, o_kv, m_k, m_kv,
                                   own_z, lg, H, K, V, HAS_DECAY)
-    tl.store(sf_ptr + i_nh * (K * V) + o_kv, b_s, mask=m_kv)
-    tl.store(zf_ptr + i_nh * K + o_k, b_z, mask=m_k & own_z)
+    # the last segment only needs its entering state: the output pass ends with the final state
+    has_seg = last > first
+    i_last = last - 1
+    tl.store(ds_ptr + (i_last * H + i_h) * (K * V) + o_kv, b_s, mask=m_kv & has_seg)
+    tl.store(dz_ptr + (i_last * H + i_h) * K + o_k, b_z, mask=m_k & own_z & has_seg)
+    # a record without positions keeps its initial state
+    tl.store(sf_ptr + i_nh * (K * V) + o_kv, b_s, mask=m_kv & (last == first))
+    tl.store(zf_ptr + i_nh * K + o_k, b_z, mask=m_k & own_z & (last == first))
 
 
 @triton.jit
@@ -258,9 +266,10 @@ def _output_block(b_s, b_z, q_base, k_base, v_base, o_base, t0, n_pos, o_t, o_k,
 @triton.jit
 def _segment_output_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr,  # (T_all, H, K) x2, (T_all, H, V) x2
-    seg_ptr,  # (NS, 3) int64
+    seg_ptr,  # (NS, 4) int64
     log2g_ptr,
     hs_ptr, hz_ptr,  # (NS, H, K, V), (NS, H, K) float32 entering states
+    sf_ptr, zf_ptr,  # (N, H, K, V), (N, H, K) float32 final states, from each record's last segment
     eps,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
@@ -273,8 +282,8 @@ def _segment_output_kernel(
     i_s = pid // tl.cdiv(V, BV)
     i_v = (pid % tl.cdiv(V, BV)).to(tl.int32)
     i_h = tl.program_id(1)
-    start = tl.load(seg_ptr + i_s * 3 + 1)
-    end = tl.load(seg_ptr + i_s * 3 + 2)
+    start = tl.load(seg_ptr + i_s * 4 + 1)
+    end = tl.load(seg_ptr + i_s * 4 + 2)
     n_pos = (end - start).to(tl.int32)
 
     o_t = tl.arange(0, BT)
@@ -303,6 +312,12 @@ def _segment_output_kernel(
             b_s, b_z = _output_block(b_s, b_z, q_base, k_base, v_base, o_base, t0, n_pos, o_t, o_k, o_v,
                                      m_k, m_v, lg, eps, H, K, V,
                                      FEATURE_MAP, NORMALIZE, HAS_DECAY, DOT_PRECISION, INTERPRETED)
+    # the last segment of a record ends with the record's final state
+    is_last = tl.load(seg_ptr + i_s * 4 + 3) != 0
+    i_n = tl.load(seg_ptr + i_s * 4)
+    tl.store(sf_ptr + (i_n * H + i_h) * (K * V) + o_k[:, None] * V + o_v[None, :], b_s,
+             mask=m_k[:, None] & m_v[None, :] & is_last)
+    tl.store(zf_ptr + (i_n * H + i_h) * K + o_k, b_z, mask=m_k & (i_v == 0) & is_last)
 
 
 _tuned: dict = {}
@@ -326,7 +341,8 @@ def _tuned_kernels(fp32: bool):
 def _segments(cu: torch.Tensor, seg_len: int):
     """Cut records into segments of at most seg_len positions.
 
-    Returns seg (NS, 3) int64 (record, start, end) and seg_first (N+1,) int64, on cu's device.
+    Returns seg (NS, 4) int64 (record, start, end, 1 if last of its record) and seg_first
+    (N+1,) int64, on cu's device.
     One device-to-host copy (the number of segments) sizes the launch grid.
     """
     lengths = cu[1:] - cu[:-1]  # (N,)
@@ -338,7 +354,8 @@ def _segments(cu: torch.Tensor, seg_len: int):
     local = torch.arange(ns, device=cu.device) - seg_first[rec]
     start = cu[rec] + local * seg_len
     end = torch.minimum(start + seg_len, cu[rec + 1])
-    return torch.stack([rec, start, end], 1).contiguous(), seg_first
+    last = (end == cu[rec + 1]).to(torch.int64)
+    return torch.stack([rec, start, end, last], 1).contiguous(), seg_first
 
 
 def _interpreted() -> bool:
@@ -422,6 +439,8 @@ def chunk_linear_attn_triton(
         raise ValueError(f"decay must have shape ({H},) and values in (0, 1]; got {decay.tolist()}")
     seg, seg_first = _segments(cu, L)
     NS = seg.shape[0]
+    inner = torch.nonzero(seg[:, 3] == 0).flatten()  # segments followed by one of the same record
+    NI = inner.numel()
 
     if decay is not None:
         log2g = torch.log2(decay.to(device=device, dtype=torch.float32)).contiguous()
@@ -447,10 +466,10 @@ def chunk_linear_attn_triton(
     zf = torch.empty((N, H, K), device=device, dtype=torch.float32)
     o = torch.empty((B, T, H, V), device=device, dtype=dtype)
 
-    state_args = (k, v, seg, log2g, hs, hz)
+    state_args = (k, v, seg, inner, log2g, hs, hz)
     state_meta = dict(H=H, K=K, V=V, BK=BK, FEATURE_MAP=fm, HAS_DECAY=has_decay,
                       DOT_PRECISION=prec, INTERPRETED=interp)
-    out_args = (q, k, v, o, seg, log2g, hs, hz, float(eps))
+    out_args = (q, k, v, o, seg, log2g, hs, hz, sf, zf, float(eps))
     out_meta = dict(state_meta, NORMALIZE=bool(normalize))
     tuned = not interp and block_v is None and block_t is None
     if tuned:  # block, V tile, warps and stages are autotuned per (H, K, V, variant) on the GPU
@@ -460,11 +479,11 @@ def chunk_linear_attn_triton(
         state_meta.update(BT=BT, BV=BV)
         out_meta.update(BT=BT, BV=BV)
 
-    def grid(meta):  # axis 0: segment-major, V tile fastest (2**31 - 1 allowed, unlike axis 1)
-        return (NS * triton.cdiv(V, meta["BV"]), H)
+    def grid(n_seg):  # axis 0: segment-major, V tile fastest (2**31 - 1 allowed, unlike axis 1)
+        return lambda meta: (n_seg * triton.cdiv(V, meta["BV"]), H)
 
-    if NS > 0:
-        state_kernel[grid](*state_args, **state_meta)
+    if NI > 0:
+        state_kernel[grid(NI)](*state_args, **state_meta)
     if N > 0:
         scan_bk = min(BK, 32)
         scan_bv = min(_pow2(V), 32)
@@ -474,6 +493,6 @@ def chunk_linear_attn_triton(
             HAS_INITIAL=initial_state is not None, HAS_DECAY=has_decay, INTERPRETED=interp,
         )
     if NS > 0:
-        out_kernel[grid](*out_args, **out_meta)
+        out_kernel[grid(NS)](*out_args, **out_meta)
     final = (sf, zf) if output_final_state else None
     return o.to(out_dtype), final
