@@ -3,14 +3,15 @@
 Same contract as naive.py (raw q, k, v; phi and the normaliser applied inside; float32 state
 in and out) plus `cu_seqlens` for packs of many records. See docs/kernels.md for the design:
 
-1. `_segment_state_kernel`: every segment (up to `segment_len` positions of one record) sums
-   its own state contribution, decayed to the segment end, in parallel over
-   (segments, heads, V tiles). A single long record therefore still fills the GPU.
+1. `_segment_state_kernel`: every segment (up to `segment_len` positions of one record) but
+   the last of its record sums its own state contribution, decayed to the segment end, in
+   parallel over (segments, V tiles, heads). A single long record therefore still fills the GPU.
 2. `_segment_scan_kernel`: a sequential prefix over each record's segments, starting from the
-   record's initial state; it leaves the state *entering* every segment and the final state.
+   record's initial state; it leaves the state *entering* every segment.
 3. `_segment_output_kernel`: every segment starts from its entering state and walks its
    blocks of `block_t` positions: intra-block masked matmul plus inter-block state, with the
-   normaliser q.z from the float32 z in the same loop.
+   normaliser q.z from the float32 z in the same loop; a record's last segment writes the
+   record's final state.
 
 This module imports triton at import time; `linpipe.kernels` imports it only lazily.
 """
