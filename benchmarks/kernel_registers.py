@@ -55,11 +55,12 @@ def compile_spec(spec: str, arch: int, H: int, K: int, V: int) -> str:
         if kern == "out":
             fn = tc._segment_output_kernel
             sig = dict(q_ptr=p, k_ptr=p, v_ptr=p, o_ptr=p, seg_ptr="*i64", log2g_ptr="*fp32",
-                       hs_ptr="*fp32", hz_ptr="*fp32", eps="fp32")
+                       hs_ptr="*fp32", hz_ptr="*fp32", sf_ptr="*fp32", zf_ptr="*fp32", eps="fp32")
             consts["NORMALIZE"] = norm == "1"
         else:
             fn = tc._segment_state_kernel
-            sig = dict(k_ptr=p, v_ptr=p, seg_ptr="*i64", log2g_ptr="*fp32", ds_ptr="*fp32", dz_ptr="*fp32")
+            sig = dict(k_ptr=p, v_ptr=p, seg_ptr="*i64", inner_ptr="*i64", log2g_ptr="*fp32",
+                       ds_ptr="*fp32", dz_ptr="*fp32")
     sig.update(dict.fromkeys(consts, "constexpr"))
     compiled = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts),
                               target=GPUTarget("cuda", arch, 32), options=dict(num_warps=int(warps), num_stages=2))
