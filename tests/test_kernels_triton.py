@@ -180,6 +180,8 @@ def test_offsets_are_int64():
         assert "pid = tl.program_id(0).to(tl.int64)" in src
         assert src.count("_row_base(start") == (2 if kern == "_segment_state_kernel" else 4)
     assert "tl.program_id(0).to(tl.int64)" in inspect.getsource(triton_chunk._segment_scan_kernel.fn)
+    for block in ("_state_block", "_output_block"):  # each block's first row, too
+        assert "_row_base(t0, H * K)" in inspect.getsource(getattr(triton_chunk, block).fn)
 
 
 def test_unknown_feature_map():

@@ -79,12 +79,14 @@ def _state_block(b_s, b_z, k_base, v_base, t0, n_pos, o_t, o_k, o_v, m_k, m_v, l
                  H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                  FEATURE_MAP: tl.constexpr, HAS_DECAY: tl.constexpr, DOT_PRECISION: tl.constexpr,
                  INTERPRETED: tl.constexpr):
-    rows = t0 + o_t
+    # the block's first row in int64 (a segment may be long), offsets within the block in int32
+    k_blk = k_base + _row_base(t0, H * K)
+    v_blk = v_base + _row_base(t0, H * V)
     n = tl.minimum(n_pos - t0, o_t.shape[0])
     m_tk = (o_t < n)[:, None] & m_k[None, :]
     m_tv = (o_t < n)[:, None] & m_v[None, :]
-    b_k = tl.load(k_base + rows[:, None] * (H * K) + o_k[None, :], mask=m_tk, other=0.0)
-    b_v = tl.load(v_base + rows[:, None] * (H * V) + o_v[None, :], mask=m_tv, other=0.0)
+    b_k = tl.load(k_blk + o_t[:, None] * (H * K) + o_k[None, :], mask=m_tk, other=0.0)
+    b_v = tl.load(v_blk + o_t[:, None] * (H * V) + o_v[None, :], mask=m_tv, other=0.0)
     b_k = tl.where(m_tk, _phi(b_k.to(tl.float32), FEATURE_MAP), 0.0)  # phi(0) may be 1: mask after
     return _state_step(b_s, b_z, b_k, b_v, o_t, n, lg, HAS_DECAY, DOT_PRECISION, INTERPRETED)
 
@@ -123,7 +125,7 @@ def _segment_state_kernel(
     b_s = tl.zeros((BK, BV), dtype=tl.float32)
     b_z = tl.zeros((BK,), dtype=tl.float32)
     if INTERPRETED:
-        t0 = 0
+        t0 = n_pos * 0  # a tensor, like the `for` loop's index
         while t0 < n_pos:
             b_s, b_z = _state_block(b_s, b_z, k_base, v_base, t0, n_pos, o_t, o_k, o_v, m_k, m_v, lg,
                                     H, K, V, FEATURE_MAP, HAS_DECAY, DOT_PRECISION, INTERPRETED)
@@ -218,12 +220,15 @@ def _output_block(b_s, b_z, q_base, k_base, v_base, o_base, t0, n_pos, o_t, o_k,
                   DOT_PRECISION: tl.constexpr, INTERPRETED: tl.constexpr):
     # Ordered so that few (BT, BK) tiles are live at once: the fp32 phi(k), phi(q) are reduced
     # (z, q.z) and cast to matmul operands right away.
-    rows = t0 + o_t
+    q_blk = q_base + _row_base(t0, H * K)
+    k_blk = k_base + _row_base(t0, H * K)
+    v_blk = v_base + _row_base(t0, H * V)
+    o_blk = o_base + _row_base(t0, H * V)
     n = tl.minimum(n_pos - t0, o_t.shape[0])
     m_tk = (o_t < n)[:, None] & m_k[None, :]
     m_tv = (o_t < n)[:, None] & m_v[None, :]
-    b_v = tl.load(v_base + rows[:, None] * (H * V) + o_v[None, :], mask=m_tv, other=0.0)
-    b_kf = tl.load(k_base + rows[:, None] * (H * K) + o_k[None, :], mask=m_tk, other=0.0)
+    b_v = tl.load(v_blk + o_t[:, None] * (H * V) + o_v[None, :], mask=m_tv, other=0.0)
+    b_kf = tl.load(k_blk + o_t[:, None] * (H * K) + o_k[None, :], mask=m_tk, other=0.0)
     b_kf = tl.where(m_tk, _phi(b_kf.to(tl.float32), FEATURE_MAP), 0.0)  # (BT, BK) fp32
     b_k = _mm(b_kf, b_v, INTERPRETED)
     if HAS_DECAY:
@@ -232,7 +237,7 @@ def _output_block(b_s, b_z, q_base, k_base, v_base, o_base, t0, n_pos, o_t, o_k,
     d_z = tl.sum(b_kf, axis=0)  # (BK,) fp32
     b_kw = _mm(b_kf, b_v, INTERPRETED)
 
-    b_qf = tl.load(q_base + rows[:, None] * (H * K) + o_k[None, :], mask=m_tk, other=0.0)
+    b_qf = tl.load(q_blk + o_t[:, None] * (H * K) + o_k[None, :], mask=m_tk, other=0.0)
     b_qf = tl.where(m_tk, _phi(b_qf.to(tl.float32), FEATURE_MAP), 0.0)
     if NORMALIZE:
         qz = tl.sum(b_qf * b_z[None, :], axis=1)  # (BT,) q.z from the fp32 z, never a bf16 copy
@@ -254,7 +259,7 @@ def _output_block(b_s, b_z, q_base, k_base, v_base, o_base, t0, n_pos, o_t, o_k,
     b_o = b_inter + tl.dot(_mm(b_a, b_v, INTERPRETED), _mm(b_v, b_v, INTERPRETED), input_precision=DOT_PRECISION)
     if NORMALIZE:
         b_o = b_o / (tl.sum(b_a, axis=1) + qz + eps)[:, None]
-    tl.store(o_base + rows[:, None] * (H * V) + o_v[None, :], b_o.to(o_base.dtype.element_ty), mask=m_tv)
+    tl.store(o_blk + o_t[:, None] * (H * V) + o_v[None, :], b_o.to(o_blk.dtype.element_ty), mask=m_tv)
 
     if HAS_DECAY:
         g_n = tl.exp2(n.to(tl.float32) * lg)
@@ -302,7 +307,7 @@ def _segment_output_kernel(
                   mask=m_k[:, None] & m_v[None, :], other=0.0)  # (BK, BV) fp32
     b_z = tl.load(hz_ptr + (i_s * H + i_h) * K + o_k, mask=m_k, other=0.0)  # (BK,) fp32
     if INTERPRETED:
-        t0 = 0
+        t0 = n_pos * 0  # a tensor, like the `for` loop's index
         while t0 < n_pos:
             b_s, b_z = _output_block(b_s, b_z, q_base, k_base, v_base, o_base, t0, n_pos, o_t, o_k, o_v,
                                      m_k, m_v, lg, eps, H, K, V,
@@ -434,8 +439,6 @@ def chunk_linear_attn_triton(
     L = segment_len or _default_segment_len(B * T, N, H, v_tiles, BT)
     if L % BT:
         raise ValueError(f"segment_len {L} must be a multiple of block_t {BT}")
-    if L * H * max(K, V) >= 2**31:  # offsets inside a segment are int32 (bases are int64)
-        raise ValueError(f"segment_len {L} too long for H*K = {H * max(K, V)}")
     if decay is not None and (decay.shape != (H,) or not bool(((decay > 0) & (decay <= 1)).all())):
         raise ValueError(f"decay must have shape ({H},) and values in (0, 1]; got {decay.tolist()}")
     seg, seg_first = _segments(cu, L)
