@@ -81,7 +81,7 @@ def test_head_dims_not_powers_of_two():
 
 
 def test_default_blocks():
-    # the GPU defaults (64-position blocks, one segment per batch row here), B = 2
+    # the default blocks and segment length (64 positions: 3 segments per batch row), B = 2
     q, k, v = _inputs(2, 130, 2, 32, 32)
     o, (S, z) = chunk_linear_attn_triton(q, k, v, output_final_state=True)
     ro, (rS, rz) = naive_recurrent_linear_attn(q, k, v, output_final_state=True)
