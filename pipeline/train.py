@@ -243,8 +243,12 @@ def _train(inputs, out, model_kwargs, cfg, decay, resume, command, progress, sto
         kw = dict(model_kwargs or {})
         if modality == "timeseries":
             allv = np.concatenate([p for p in parts])
-            mean = np.nanmean(allv, axis=0)
-            std = np.nanstd(allv, axis=0)
+            with np.errstate(all="ignore"):
+                mean, std = np.nanmean(allv, axis=0), np.nanstd(allv, axis=0)
+            empty = [c for c, m in zip(channels, mean) if not np.isfinite(m)]
+            if empty:
+                raise InputError(f"{', '.join(Path(p).name for p in inputs)}: channel {empty[0]!r} "
+                                 "has no values in the training parts")
             std = np.where(np.isfinite(std) & (std > 0), std, 1.0)
             kw.update(channels=len(channels), channel_names=tuple(channels),
                       mean=tuple(float(m) for m in mean), std=tuple(float(s) for s in std))

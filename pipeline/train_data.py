@@ -85,7 +85,8 @@ class LaneWalker:
         lengths = np.array([len(p) for p in parts], dtype=np.int64)
         total = int(lengths.sum())
         if total < batch * 2:
-            raise InputError(f"only {total} training positions for {batch} lanes")
+            raise InputError(f"only {total} training positions for --batch {batch} lanes "
+                             "(give more data or a smaller --batch)")
         ends = np.cumsum(lengths)
         # each lane: list of (part index, start, end) segments covering its stretch
         self.segments = []
