@@ -307,7 +307,8 @@ def _ts_options(time_column, columns, id_column) -> dict:
 @click.option("--window", type=click.IntRange(2), default=512, show_default=True, help="Positions per lane per step.")
 @click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=3e-3, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--device", default="cpu", show_default=True, help="cpu, cuda, cuda:1, ...")
+@click.option("--device", default="auto", show_default=True,
+              help="auto (a CUDA GPU when there is one, else cpu), cpu, cuda, cuda:1, ...")
 @click.option("--val-records", default=None, help="Comma-separated record ids to hold out whole "
               "(default: the last 5%% of every record).")
 @click.option("--checkpoint-every", type=click.IntRange(1), default=200, show_default=True)

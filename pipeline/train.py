@@ -40,7 +40,7 @@ class TrainConfig:
     window: int = 512
     lr: float = 3e-3
     seed: int = 0
-    device: str = "cpu"
+    device: str = "auto"  # "auto": the first CUDA GPU when there is one, else the CPU
     warmup: int = 50  # linear warm-up steps, then cosine decay to lr / 10
     clip: float = 1.0
     checkpoint_every: int = 200
@@ -200,7 +200,10 @@ def train(inputs, out, model_kwargs: dict | None = None, cfg: TrainConfig = Trai
         raise LinpipeError(f"--steps, --batch, --window must be >= 1 and --lr > 0 "
                            f"(got {cfg.steps}, {cfg.batch}, {cfg.window}, {cfg.lr})")
     try:
-        device = torch.device(cfg.device)
+        name = cfg.device
+        if name == "auto":
+            name = "cuda" if torch.cuda.is_available() else "cpu"
+        device = torch.device(name)
         torch.empty(0, device=device)
     except (RuntimeError, AssertionError) as e:
         raise LinpipeError(f"--device {cfg.device}: not usable here ({str(e).splitlines()[0]})") from None
