@@ -32,6 +32,16 @@ class UnitResult:
     node: str
 
 
+def _node_id() -> str:
+    """The Ray node this worker runs on (hosts can share a name on one machine), or the host."""
+    try:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()[:12]
+    except Exception:  # outside Ray (a plain PipelineWorker in one process)
+        return socket.gethostname()
+
+
 class PipelineWorker:
     def __init__(self, model: str, store_path: str, outputs: list[str] | None, *,
                  device: str | None = None, threads: int | None = None,
@@ -54,7 +64,7 @@ class PipelineWorker:
         self._stats: dict[str, tuple[int, int]] = {}  # path -> (size, mtime_ns) when opened
         # (store key, index of the next chunk, ModelState after the previous chunk)
         self._stream: tuple[str, int, object] | None = None
-        self.node = f"{socket.gethostname()}:{os.getpid()}"
+        self.node = f"{_node_id()}:{os.getpid()}"
 
     def ready(self) -> str:
         """Returns once the model is loaded; the driver waits on it before handing out work."""

@@ -33,10 +33,6 @@ MAX_DEATHS_PER_WORKER = 3
 NO_WORKER_TIMEOUT_S = 120.0
 
 
-class JobInterrupted(LinpipeError):
-    """The job stopped before it finished; the store stays resumable."""
-
-
 class ClusterError(LinpipeError):
     """The Ray cluster cannot be reached or cannot run the job."""
 
@@ -202,12 +198,13 @@ def _start_ray(address: str | None, workers: int | None):
     """Join a cluster, or start an embedded local Ray; returns True if this call started it."""
     import ray
 
-    if ray.is_initialized():
+    if address:
+        _check_address(address)
+    if ray.is_initialized():  # a caller (a test, a notebook) already joined a cluster
         return False
     common = {"include_dashboard": False, "logging_level": "WARNING", "log_to_driver": False,
               "configure_logging": True}
     if address:
-        _check_address(address)
         try:
             ray.init(address=address, **{k: v for k, v in common.items() if k != "include_dashboard"})
         except Exception as e:  # ConnectionError, a GCS that is not Ray, a version mismatch
@@ -252,14 +249,23 @@ def _user_error(e: BaseException, what: str) -> LinpipeError:
     return LinpipeError(f"{what}: {type(cause).__name__}: {cause}")
 
 
+def _finalize(store) -> bool:
+    import warnings
+
+    with warnings.catch_warnings():  # zarr warns that consolidated metadata is not in the v3 spec
+        warnings.simplefilter("ignore")
+        return store.finalize()
+
+
 def run_job(inputs: list[str], *, model: str = "default", out: str | None = None,
             chunk_size: int = DEFAULT_CHUNK_SIZE, outputs: list[str] | None = None,
             workers: int | None = None, address: str | None = None, overwrite: bool = False,
             input_options: dict | None = None, device: str | None = None, log=None,
-            progress_stream=None, stop_after_units: int | None = None) -> JobSummary:
+            progress_stream=None, on_unit=None) -> JobSummary:
     """Run (or resume) one job to completion and return its summary.
 
-    stop_after_units: stop after that many units finished (tests use it to interrupt a job).
+    on_unit(result, units_done): called after each finished unit (tests use it to interrupt a
+    job or kill a worker mid-record; an exception it raises ends the job, store resumable).
     """
     from ..progress import Progress
 
@@ -287,7 +293,7 @@ def run_job(inputs: list[str], *, model: str = "default", out: str | None = None
     total = plan.total_positions
     n_records = len(plan.records)
     if not todo:
-        store.finalize()
+        _finalize(store)
         log(f"job {job.job_id}: all {n_records} records ({total:,} positions) are complete in "
             f"{out}; nothing to do")
         return JobSummary(job.job_id, out, n_records, total, 0, 0.0, 0.0, store.size_on_disk(),
@@ -410,14 +416,13 @@ def run_job(inputs: list[str], *, model: str = "default", out: str | None = None
                 positions_run += result.positions
                 nodes.add(result.node.rsplit(":", 1)[0])
                 progress.update(result.positions)
-                if stop_after_units is not None and units_done >= stop_after_units:
-                    raise JobInterrupted(f"job {job.job_id} stopped after {units_done} work units "
-                                         f"(test hook); {out} stays resumable")
+                if on_unit is not None:
+                    on_unit(result, units_done)
         progress.close()
         for s in slots:
             ray.kill(s.handle)
         t_end = time.monotonic()
-        if not store.finalize():
+        if not _finalize(store):
             raise StoreError(f"{out}: the job ended but some chunks are not marked complete; "
                              "submit it again to finish them")
         t0 = t_ready or t_end
