@@ -50,6 +50,7 @@ class JobSummary:
     workers: int
     nothing_to_do: bool = False
     nodes: tuple[str, ...] = field(default=())  # worker nodes that ran units
+    worker_deaths: int = 0  # actors lost (and replaced) during the run
 
     @property
     def positions_per_s(self) -> float:
@@ -427,7 +428,8 @@ def run_job(inputs: list[str], *, model: str = "default", out: str | None = None
                              "submit it again to finish them")
         t0 = t_ready or t_end
         summary = JobSummary(job.job_id, out, n_records, total, positions_run, t_end - t0,
-                             t0 - t_start, store.size_on_disk(), n_workers, nodes=tuple(sorted(nodes)))
+                             t0 - t_start, store.size_on_disk(), n_workers, nodes=tuple(sorted(nodes)),
+                             worker_deaths=deaths)
         return summary
     finally:
         if started:
