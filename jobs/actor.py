@@ -46,10 +46,12 @@ class PipelineWorker:
     def __init__(self, model: str, store_path: str, outputs: list[str] | None, *,
                  device: str | None = None, threads: int | None = None,
                  input_options: dict | None = None):
-        if threads:
-            import torch
+        import torch
 
+        if threads:
             torch.set_num_threads(threads)
+        if device is None and torch.cuda.is_available():  # an actor on a GPU node owns one GPU
+            device = "cuda"
         from ..model import load_model
         from ..store import OutputStore
 
