@@ -30,6 +30,16 @@ class UnitResult:
     model_s: float
     write_s: float
     node: str
+    peak_rss: int  # bytes: this worker process's peak resident memory so far
+
+
+def peak_rss() -> int:
+    """Peak resident memory of this process in bytes (ru_maxrss is KiB on Linux)."""
+    import resource
+    import sys
+
+    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return kib if sys.platform == "darwin" else kib * 1024
 
 
 def _node_id() -> str:
@@ -130,7 +140,7 @@ class PipelineWorker:
         t3 = time.perf_counter()
         self._stream = None if last else (unit.key, unit.chunk_index + 1, state)
         return UnitResult(unit.key, unit.chunk_index, unit.positions, t1 - t0, t2 - t1, t3 - t2,
-                          self.node)
+                          self.node, peak_rss())
 
     def run_batch(self, units: list[WorkUnit]) -> UnitResult:
         """Run many whole short records (one chunk each) in one batched model call."""
@@ -143,7 +153,7 @@ class PipelineWorker:
             self.store.write_chunk(u.key, 0, {**out, **extra}, state=None)
         t3 = time.perf_counter()
         return UnitResult(units[0].key, len(units), sum(u.positions for u in units),
-                          t1 - t0, t2 - t1, t3 - t2, self.node)
+                          t1 - t0, t2 - t1, t3 - t2, self.node, peak_rss())
 
     def close(self) -> None:
         for inp in self._inputs.values():

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import InputError, LinpipeError, ModelError, StoreError
-from .plan import JobPlan, RecordPlan, WorkUnit, job_id, plan_job
+from .actor import peak_rss
+from .plan import JobPlan, job_id, plan_job
 
 # Positions per work unit and per Zarr chunk. Measured (BENCHMARKS.md, "Pipeline (issue 6)"):
 # large enough that per-call overhead is lost in the model time, small enough that a genome
@@ -51,6 +52,11 @@ class JobSummary:
     nothing_to_do: bool = False
     nodes: tuple[str, ...] = field(default=())  # worker nodes that ran units
     worker_deaths: int = 0  # actors lost (and replaced) during the run
+    driver_peak_rss: int = 0  # bytes
+    worker_peak_rss: int = 0  # bytes, the largest of any worker
+    read_s: float = 0.0  # summed over workers: where the time goes
+    model_s: float = 0.0
+    write_s: float = 0.0
 
     @property
     def positions_per_s(self) -> float:
@@ -328,6 +334,8 @@ def run_job(inputs: list[str], *, model: str = "default", out: str | None = None
         units_done = 0
         positions_run = 0
         nodes: set[str] = set()
+        worker_rss = 0
+        times = [0.0, 0.0, 0.0]
         last_alive = time.monotonic()
 
         def submit(slot: _Slot) -> None:
@@ -416,6 +424,10 @@ def run_job(inputs: list[str], *, model: str = "default", out: str | None = None
                 units_done += 1
                 positions_run += result.positions
                 nodes.add(result.node.rsplit(":", 1)[0])
+                worker_rss = max(worker_rss, result.peak_rss)
+                times[0] += result.read_s
+                times[1] += result.model_s
+                times[2] += result.write_s
                 progress.update(result.positions)
                 if on_unit is not None:
                     on_unit(result, units_done)
@@ -429,7 +441,9 @@ def run_job(inputs: list[str], *, model: str = "default", out: str | None = None
         t0 = t_ready or t_end
         summary = JobSummary(job.job_id, out, n_records, total, positions_run, t_end - t0,
                              t0 - t_start, store.size_on_disk(), n_workers, nodes=tuple(sorted(nodes)),
-                             worker_deaths=deaths)
+                             worker_deaths=deaths, driver_peak_rss=peak_rss(),
+                             worker_peak_rss=worker_rss, read_s=times[0], model_s=times[1],
+                             write_s=times[2])
         return summary
     finally:
         if started:

@@ -97,6 +97,11 @@ def submit(inputs, model, out, chunk_size, outputs, workers, address, overwrite)
                f"({human_count(s.positions_run)} run) in {human_time(s.seconds)} "
                f"({human_count(s.positions_per_s)} positions/s on {s.workers} workers; "
                f"start-up {s.startup_s:.1f} s), {human_bytes(s.output_bytes)} written.")
+    busy = s.read_s + s.model_s + s.write_s
+    if busy > 0:
+        click.echo(f"Worker time: read {100 * s.read_s / busy:.0f}%, model {100 * s.model_s / busy:.0f}%, "
+                   f"write {100 * s.write_s / busy:.0f}%; peak memory: driver "
+                   f"{human_bytes(s.driver_peak_rss)}, largest worker {human_bytes(s.worker_peak_rss)}.")
     click.echo(f"Outputs: {s.out}")
 
 
