@@ -176,9 +176,7 @@ def memory(chunk_size: int, sizes=(10, 100)):
     if not model_dir.exists():
         from linpipe.model import ModelConfig, init_net, save_model
 
-        cfg = ModelConfig(modality="dna", d_model=8, n_layers=1, n_heads=2, mlp_hidden=16,
-                          feature_map="elu1", normalize=True, attn_eps=1e-6, norm_eps=1e-5,
-                          conv_width=4)
+        cfg = ModelConfig(modality="dna", d_model=8, n_layers=1, n_heads=2, mlp_hidden=16)
         save_model(init_net(cfg, seed=0), cfg, model_dir)
     rows = []
     for mb in sizes:

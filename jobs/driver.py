@@ -32,6 +32,9 @@ IN_FLIGHT = 2  # calls queued per actor: the next chunk is waiting when one fini
 MAX_DEATHS_PER_WORKER = 3
 # How long the driver waits with no live worker before giving up (a node that never returns).
 NO_WORKER_TIMEOUT_S = 120.0
+# The first actors start together (model loading takes seconds); work waits for all of them,
+# so long records spread over every worker, but no longer than this for a slow one.
+START_GRACE_S = 30.0
 
 
 class ClusterError(LinpipeError):
@@ -369,9 +372,14 @@ def run_job(inputs: list[str], *, model: str = "default", out: str | None = None
                 if first < rec.n_chunks:
                     todo.appendleft(("stream", rec, first))
 
+        t_created = time.monotonic()
+        balanced = False  # work starts once every first actor is up (or after a grace period)
         while todo or any(s.inflight for s in slots):
+            if not balanced:
+                balanced = all(s.ready for s in slots) or (
+                    any(s.ready for s in slots) and time.monotonic() - t_created > START_GRACE_S)
             for s in slots:
-                if s.ready:
+                if s.ready and balanced:
                     submit(s)
             refs = {}
             for s in slots:

@@ -49,3 +49,12 @@ def assert_same_bytes(a: dict, b: dict) -> None:
     for k in a:
         assert a[k].dtype == b[k].dtype and a[k].shape == b[k].shape, k
         assert a[k].tobytes() == b[k].tobytes(), f"{k} differs"
+
+
+def make_tiny_model(directory: Path) -> str:
+    """A small random DNA model (format v1), so the tests spend their time in the pipeline."""
+    from linpipe.model import ModelConfig, init_net, save_model
+
+    cfg = ModelConfig(modality="dna", d_model=16, n_layers=1, n_heads=2, mlp_hidden=32)
+    save_model(init_net(cfg, seed=0), cfg, directory)
+    return str(directory)

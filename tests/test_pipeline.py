@@ -13,13 +13,19 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from _pipeline_data import assert_same_bytes, store_arrays, write_fasta_slice
+from _pipeline_data import assert_same_bytes, make_tiny_model, store_arrays, write_fasta_slice
 from linpipe.errors import InputError, LinpipeError, StoreError
 from linpipe.jobs.driver import run_job
 from linpipe.jobs.plan import job_id, plan_job
 
 CHUNK = 16_384
 OUTPUTS = ["logprob", "entropy", "softmask"]
+TINY: list[str] = []  # the module's tiny model directory, set by the local_ray fixture
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return make_tiny_model(tmp_path_factory.mktemp("model") / "tiny")
 
 
 @pytest.fixture(scope="module")
@@ -32,18 +38,20 @@ def genome(genomes, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def local_ray(tmp_path_factory):
+def local_ray(tiny):
     import tempfile
 
     import ray
 
     ray.init(num_cpus=2, include_dashboard=False, _temp_dir=tempfile.mkdtemp(prefix="lpt-"),
              logging_level="WARNING", log_to_driver=False)
+    TINY[:] = [tiny]
     yield
     ray.shutdown()
 
 
 def _run(genome, out, **kw):
+    kw.setdefault("model", TINY[0])
     kw.setdefault("chunk_size", CHUNK)
     kw.setdefault("outputs", OUTPUTS)
     return run_job([str(genome)], out=str(out), workers=2, log=lambda m: None, **kw)
@@ -85,7 +93,7 @@ def test_end_to_end_matches_the_bare_model(genome, reference):
     assert summary.records == 7 and summary.positions == 90_000 == summary.positions_run
     assert summary.output_bytes > 0 and not summary.nothing_to_do
     res = linpipe.open_output(str(out))
-    model = linpipe.load_model("default")
+    model = linpipe.load_model(TINY[0])
     inp = linpipe.open_input(str(genome))
     got = store_arrays(out)
     from linpipe.store import OutputStore
@@ -172,10 +180,10 @@ def test_input_vanishing_mid_job_is_a_clear_error(genome, local_ray, tmp_path):
 
 
 # ----------------------------------------------------------------------------- CLI
-def test_cli_submit_runs_then_says_nothing_to_do(genome, tmp_path, monkeypatch):
+def test_cli_submit_runs_then_says_nothing_to_do(genome, tiny, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     runner = CliRunner()
-    args = ["submit", str(genome), "--chunk-size", str(CHUNK), "--workers", "2",
+    args = ["submit", str(genome), "--model", tiny, "--chunk-size", str(CHUNK), "--workers", "2",
             "--outputs", ",".join(OUTPUTS)]
     from linpipe.cli import cli
 

@@ -8,11 +8,17 @@ import signal
 
 import pytest
 
-from _pipeline_data import assert_same_bytes, store_arrays, write_fasta_slice
+from _pipeline_data import assert_same_bytes, make_tiny_model, store_arrays, write_fasta_slice
 from linpipe.jobs.driver import run_job
 
 CHUNK = 8_192
 OUTPUTS = ["logprob", "entropy", "softmask"]
+TINY: list[str] = []
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return make_tiny_model(tmp_path_factory.mktemp("model") / "tiny")
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +30,7 @@ def genome(genomes, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def cluster():
+def cluster(tiny):
     import ray
     from ray.cluster_utils import Cluster
 
@@ -37,13 +43,14 @@ def cluster():
     c.add_node(num_cpus=1)
     c.wait_for_nodes()
     ray.init(address=c.address, logging_level="WARNING", log_to_driver=False)
+    TINY[:] = [tiny]
     yield c
     ray.shutdown()
     c.shutdown()
 
 
 def _run(genome, out, cluster, **kw):
-    return run_job([str(genome)], out=str(out), chunk_size=CHUNK, outputs=OUTPUTS,
+    return run_job([str(genome)], out=str(out), model=TINY[0], chunk_size=CHUNK, outputs=OUTPUTS,
                    address=cluster.address, log=lambda m: None, **kw)
 
 
