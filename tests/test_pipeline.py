@@ -154,8 +154,11 @@ def test_interrupted_job_resumes_to_the_same_bytes(genome, reference, tmp_path):
 
 
 def test_other_options_against_an_existing_store_are_refused(genome, reference, tmp_path):
+    import shutil
+
     out = tmp_path / "o.zarr"
-    _run(genome, out)
+    shutil.copytree(reference[0], out)  # a finished store of this job
+    assert _run(genome, out).nothing_to_do
     with pytest.raises(StoreError, match="another job.*--overwrite"):
         _run(genome, out, chunk_size=CHUNK * 2)
     s = _run(genome, out, chunk_size=CHUNK * 2, overwrite=True)
