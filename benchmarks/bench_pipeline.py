@@ -108,16 +108,28 @@ def submit(genome: Path, out: Path, **kw):
     return run_job([str(genome)], out=str(out), overwrite=True, log=lambda m: None, **kw)
 
 
+def tiny_model() -> str:
+    """A small random DNA model: the pipeline's own costs weigh most against a fast model."""
+    model_dir = OUT / "tiny_model"
+    if not model_dir.exists():
+        from linpipe.model import ModelConfig, init_net, save_model
+
+        cfg = ModelConfig(modality="dna", d_model=16, n_layers=1, n_heads=2, mlp_hidden=32)
+        save_model(init_net(cfg, seed=0), cfg, model_dir)
+    return str(model_dir)
+
+
 def overhead(chunk_size: int):
     genome = real_genome_4mb()
-    bare_s, n = bare_forward(genome, chunk_size)
+    model = os.environ.get("BENCH_MODEL") or tiny_model()
+    bare_s, n = bare_forward(genome, chunk_size, model)
     t0 = time.monotonic()
-    s = submit(genome, OUT / "overhead.zarr", chunk_size=chunk_size, workers=1,
+    s = submit(genome, OUT / "overhead.zarr", chunk_size=chunk_size, workers=1, model=model,
                outputs=["logprob", "entropy"])
     wall = time.monotonic() - t0
     busy = s.read_s + s.model_s + s.write_s
     print(json.dumps({
-        "bench": "overhead", "genome": genome.name, "positions": n, "chunk_size": chunk_size,
+        "bench": "overhead", "genome": genome.name, "model": Path(model).name, "positions": n, "chunk_size": chunk_size,
         "bare_forward_s": round(bare_s, 2), "submit_s_excl_startup": round(s.seconds, 2),
         "ratio": round(s.seconds / bare_s, 3), "ray_startup_s": round(s.startup_s, 2),
         "submit_wall_s": round(wall, 2), "submit_positions_per_s": round(s.positions_per_s),
@@ -137,7 +149,7 @@ def _cluster_run(genome: Path, n_nodes: int, chunk_size: int, tag: str) -> float
     ray.init(address=c.address, logging_level="WARNING", log_to_driver=False)
     try:
         s = submit(genome, OUT / f"scaling_{tag}_{n_nodes}.zarr", chunk_size=chunk_size,
-                   address=c.address, outputs=["logprob", "entropy"])
+                   address=c.address, outputs=["logprob", "entropy"], model=tiny_model())
         return s.seconds
     finally:
         ray.shutdown()
@@ -172,18 +184,13 @@ def scaling(chunk_size: int):
 
 def memory(chunk_size: int, sizes=(10, 100)):
     """Each size in a fresh driver process; a tiny model keeps the 100 Mb run short."""
-    model_dir = OUT / "tiny_model"
-    if not model_dir.exists():
-        from linpipe.model import ModelConfig, init_net, save_model
-
-        cfg = ModelConfig(modality="dna", d_model=8, n_layers=1, n_heads=2, mlp_hidden=16)
-        save_model(init_net(cfg, seed=0), cfg, model_dir)
+    model_dir = tiny_model()
     rows = []
     for mb in sizes:
         genome = synthetic(mb)
         code = ("import json,sys; from linpipe.jobs.driver import run_job; "
                 f"s=run_job([{str(genome)!r}], out={str(OUT / f'mem_{mb}.zarr')!r}, overwrite=True, "
-                f"model={str(model_dir)!r}, chunk_size={chunk_size}, workers=2, "
+                f"model={model_dir!r}, chunk_size={chunk_size}, workers=2, "
                 "outputs=['logprob','entropy'], log=lambda m: None); "
                 "print(json.dumps({'positions': s.positions, 'seconds': s.seconds, "
                 "'driver_peak_rss': s.driver_peak_rss, 'worker_peak_rss': s.worker_peak_rss}))")

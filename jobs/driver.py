@@ -424,7 +424,7 @@ def run_job(inputs: list[str], *, model: str = "default", out: str | None = None
                     slot.ready = True
                     slot.node = result
                     if t_ready is None:
-                        t_ready = time.monotonic()
+                        t_ready = progress.t0 = time.monotonic()  # rates count from here
                     continue
                 slot.inflight.remove((ref, unit))
                 if not slot.inflight and (slot.item[0] == "batch" or slot.item[2] >= slot.item[1].n_chunks):
