@@ -73,7 +73,8 @@ def test_plan_streams_longest_first_and_batches_are_deterministic():
     assert [[r.record_id for r in b] for b in plan.batches] == [["r2", "r4"], ["r5", "r0"]]
     assert plan.total_positions == 1295 and plan.n_units == 9 + 3 + 4
     units = plan.streams[0].units()
-    assert [(u.start, u.end, u.chunk_index) for u in units][-1] == (900, 900, 8) or units[-1].end == 900
+    assert [(u.start, u.end, u.chunk_index) for u in units[-2:]] == [(700, 800, 7), (800, 900, 8)]
+    assert [u.positions for u in plan.streams[1].units(first=2)] == [100]
     assert plan == plan_job(recs, chunk_size=100, job="x", max_batch_records=2)
 
 
@@ -213,3 +214,27 @@ def test_cli_errors_do_not_hang(genome, tmp_path):
     assert time.monotonic() - t0 < 30
     res = runner.invoke(cli, ["submit", str(tmp_path / "missing.fa")])
     assert res.exit_code == 1 and "missing.fa" in res.output
+
+
+# ----------------------------------------------------------------------------- progress
+def test_progress_bar_on_a_terminal_and_log_lines_otherwise():
+    import io
+
+    from linpipe.progress import Progress
+
+    tty = io.StringIO()
+    p = Progress(1_000_000, done=250_000, stream=tty, tty=True)
+    p.t0 -= 2.0  # two seconds in
+    p.update(250_000)
+    p.close()
+    text = tty.getvalue()
+    assert text.startswith("\r[") and "500.00k/1.00M positions (50.0%)" in text
+    assert "/s, ETA 0:0" in text and text.endswith("\n")
+    log = io.StringIO()
+    p = Progress(100, stream=log, tty=False, log_every=0.0)
+    p.update(40)
+    p.update(60)
+    p.close()
+    lines = log.getvalue().splitlines()
+    assert lines[0].startswith("progress: 40/100 positions (40.0%)") and "100.0%" in lines[-1]
+    assert "\r" not in log.getvalue()
