@@ -184,16 +184,21 @@ def test_input_vanishing_mid_job_is_a_clear_error(genome, local_ray, tmp_path):
 
 
 # ----------------------------------------------------------------------------- CLI
-def test_cli_submit_runs_then_says_nothing_to_do(genome, tiny, tmp_path, monkeypatch):
+def test_cli_submit_two_inputs_then_says_nothing_to_do(genome, genomes, tiny, tmp_path, monkeypatch):
+    import linpipe
+
     monkeypatch.chdir(tmp_path)
     runner = CliRunner()
-    args = ["submit", str(genome), "--model", tiny, "--chunk-size", str(CHUNK), "--workers", "2",
-            "--outputs", ",".join(OUTPUTS)]
+    mt = genomes / "minimap2_MT-human.fa"
+    mt_len = sum(r.length for r in linpipe.open_input(str(mt)).records)
+    args = ["submit", str(genome), str(mt), "--model", tiny, "--chunk-size", str(CHUNK),
+            "--workers", "2", "--outputs", ",".join(OUTPUTS)]
     from linpipe.cli import cli
 
     res = runner.invoke(cli, args)
     assert res.exit_code == 0, res.output
-    assert "Done: job lp-" in res.output and "7 records, 90,000 positions" in res.output
+    assert "Done: job lp-" in res.output and f"8 records, {90_000 + mt_len:,} positions" in res.output
+    assert "Worker time: read" in res.output
     assert f"Outputs: {tmp_path / 'ce_slice.zarr'}" in res.output
     res = runner.invoke(cli, args)
     assert res.exit_code == 0 and "Nothing to do" in res.output
