@@ -267,6 +267,19 @@ def _finalize(store) -> bool:
         return store.finalize()
 
 
+def _init_error(e: BaseException) -> LinpipeError:
+    """A worker whose __init__ raised (a model or store it cannot open on its node): the
+    original error's last 'Type: message' line from Ray's report."""
+    import re
+
+    found = re.findall(r"^\s*(?:[\w.]+\.)?(\w*(?:Error|Exception)): (.+)$", str(e), re.M)
+    if found:
+        kind, msg = found[-1]
+        return LinpipeError(f"a worker could not start: {msg}" if "Error" in kind and msg else
+                            f"a worker could not start: {kind}")
+    return LinpipeError("a worker could not start (see the Ray logs)")
+
+
 def run_job(inputs: list[str], *, model: str = "default", out: str | None = None,
             chunk_size: int = DEFAULT_CHUNK_SIZE, outputs: list[str] | None = None,
             workers: int | None = None, address: str | None = None, overwrite: bool = False,
@@ -403,8 +416,8 @@ def run_job(inputs: list[str], *, model: str = "default", out: str | None = None
                 try:
                     result = ray.get(ref)
                 except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as e:
-                    if not slot.ready and getattr(e, "cause", None) is not None:  # __init__ failed
-                        raise _user_error(e, "a worker could not start") from None
+                    if getattr(e, "actor_init_failed", False):  # __init__ raised: not a crash
+                        raise _init_error(e) from None
                     deaths += 1
                     slots.remove(slot)
                     ray.kill(slot.handle)  # an unreachable actor must not write on behind our back

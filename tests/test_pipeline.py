@@ -243,3 +243,20 @@ def test_progress_bar_on_a_terminal_and_log_lines_otherwise():
     lines = log.getvalue().splitlines()
     assert lines[0].startswith("progress: 40/100 positions (40.0%)") and "100.0%" in lines[-1]
     assert "\r" not in log.getvalue()
+
+
+def test_a_worker_that_cannot_start_is_reported_in_one_line(local_ray, tmp_path):
+    """A worker's __init__ failing on its node (here: the model vanished after the driver loaded
+    it) ends the job with the worker's own error, not Ray's traceback."""
+    import ray
+
+    from linpipe.jobs.actor import PipelineWorker
+    from linpipe.jobs.driver import _init_error
+
+    h = ray.remote(PipelineWorker).options(num_cpus=0, max_restarts=0).remote(
+        str(tmp_path / "no_model"), str(tmp_path / "no.zarr"), None)
+    with pytest.raises(ray.exceptions.RayActorError) as info:
+        ray.get(h.ready.remote(), timeout=120)
+    assert info.value.actor_init_failed
+    msg = str(_init_error(info.value))
+    assert msg.startswith("a worker could not start: ") and "no_model" in msg and "\n" not in msg
