@@ -287,13 +287,11 @@ class CausalConv(nn.Module):
         self.weight = nn.Parameter(torch.zeros(dim, width))  # (D, W); [:, W-1] hits the current position
 
     def forward(self, a, window):  # a (B, T, D), window (B, W-1, D)
-        W = self.weight.shape[1]
         T = a.shape[1]
         ext = torch.cat([window, a], dim=1)  # (B, T+W-1, D)
-        c = ext[:, W - 1:] * self.weight[:, W - 1]
-        for m in range(W - 1):
-            c = c + ext[:, m:m + T] * self.weight[:, m]
-        return c, ext[:, T:]  # new window: the last W-1 inputs
+        # one grouped (depthwise) conv1d over the window-extended input; no padding needed
+        c = F.conv1d(ext.transpose(1, 2), self.weight.unsqueeze(1), groups=self.weight.shape[0])
+        return c.transpose(1, 2), ext[:, T:]  # (B, T, D); new window: the last W-1 inputs
 
 
 class Attention(nn.Module):
