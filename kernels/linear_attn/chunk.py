@@ -2,8 +2,8 @@
 
 Same contract as naive.py. The sequence is cut into blocks of `chunk_size` positions; inside a
 block the output is a masked (decayed) matmul, and the state entering each block comes from a
-short prefix over the blocks' summed contributions. All the heavy work is batched matmuls over
-every block at once; the only Python loop runs over blocks (T / chunk_size steps, tiny ops).
+prefix over the blocks' summed contributions. All the work is batched matmuls over every block
+at once; there is no Python loop over positions or blocks (the prefix is grouped matmuls too).
 
 The normaliser rides along as an extra value column: v' = [v, 1] makes S' = [S, z], so
 numerator and denominator come from the same matmuls.
