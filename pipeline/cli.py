@@ -54,6 +54,50 @@ def cli():
 # ---------------------------------------------------------------------------------------------
 
 
+# -- jobs on a cluster's job server (status, logs, cancel, list); see linpipe.jobs.submission --
+_address_option = click.option(
+    "--address", default=None, metavar="http://HOST:8265",
+    help="Ray job server (default: $LINPIPE_ADDRESS, $RAY_API_SERVER_ADDRESS, "
+         "an http $RAY_ADDRESS, else http://127.0.0.1:8265).")
+
+
+@cli.command("status")
+@click.argument("job", required=False)
+@_address_option
+def status_cmd(job, address):
+    """Status of JOB (a linpipe job id or submission id), or of every linpipe job."""
+    from linpipe.jobs.commands import print_status
+    print_status(job, address)
+
+
+@cli.command("logs")
+@click.argument("job")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing until the job ends; exit "
+              "with the job's status (0 succeeded, 1 failed, 130 stopped).")
+@_address_option
+def logs_cmd(job, follow, address):
+    """The log of JOB (its latest attempt)."""
+    from linpipe.jobs.commands import print_logs
+    sys.exit(print_logs(job, address, follow))
+
+
+@cli.command("cancel")
+@click.argument("job")
+@_address_option
+def cancel_cmd(job, address):
+    """Stop JOB; its output store stays resumable (submit it again to finish it)."""
+    from linpipe.jobs.commands import cancel_job
+    cancel_job(job, address)
+
+
+@cli.command("list")
+@_address_option
+def list_cmd(address):
+    """Every job on the cluster's job server, oldest first."""
+    from linpipe.jobs.commands import print_list
+    print_list(address)
+
+
 # end of section: pipeline and jobs
 # ---------------------------------------------------------------------------------------------
 # section: training (linpipe train|eval)

@@ -1,0 +1,140 @@
+"""Detached jobs through Ray's job server, on a real two-node Ray cluster started here.
+
+One cluster for the module (the job server costs seconds and memory on a shared machine).
+The jobs in this file run small real programs; tests/test_jobs_pipeline.py runs
+`linpipe submit` itself through the same path.
+"""
+import os
+import sys
+import textwrap
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from linpipe.cli import cli
+from linpipe.jobs import submission as sub
+from ray_local_cluster import LocalCluster
+
+VENV_BIN = os.path.dirname(sys.executable)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = LocalCluster(num_workers=1, cpus_per_node=1).start()
+    yield c
+    c.stop()
+
+
+@pytest.fixture(scope="module")
+def client(cluster):
+    return sub.connect(cluster.dashboard_url)
+
+
+def runtime_env():
+    # The nodes' linpipe: this venv's bin first on PATH (a real cluster installs it there).
+    return sub.default_runtime_env({"PATH": VENV_BIN + os.pathsep + os.environ["PATH"]})
+
+
+def run(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def test_submit_detached_then_poll_to_succeeded_and_read_logs(cluster, client):
+    t0 = time.monotonic()
+    out = sub.submit_job(client, job_id="ver01", command=["linpipe", "--version"],
+                         runtime_env=runtime_env())
+    assert time.monotonic() - t0 < 10  # detached: returns before the job has run
+    assert out.action == "submitted" and out.submission_id == "linpipe-ver01-1"
+    assert sub.wait(client, out.submission_id, timeout=120) == "SUCCEEDED"
+
+    r = run("logs", "ver01", "--address", cluster.dashboard_url)
+    assert r.exit_code == 0 and "linpipe, version" in r.output
+    r = run("status", "ver01", "--address", cluster.dashboard_url)
+    assert r.exit_code == 0 and "SUCCEEDED" in r.output and "linpipe-ver01-1" in r.output
+    r = run("list", "--address", cluster.dashboard_url)
+    assert r.exit_code == 0 and "linpipe-ver01-1" in r.output and "linpipe --version" in r.output
+
+
+# A stand-in for a resumable job: one file per chunk, existing ones skipped, slow enough to
+# be cancelled in the middle.
+CHUNKED = textwrap.dedent("""
+    import os, sys, time
+    out, n = sys.argv[1], int(sys.argv[2])
+    os.makedirs(out, exist_ok=True)
+    for i in range(n):
+        p = os.path.join(out, f"{i}.done")
+        if os.path.exists(p):
+            print("skip", i, flush=True)
+            continue
+        time.sleep(0.5)
+        open(p + ".tmp", "w").write(str(i * i))
+        os.replace(p + ".tmp", p)
+        print("chunk", i, flush=True)
+""")
+
+
+def test_twin_submit_cancel_resume_then_complete(cluster, client, tmp_path):
+    out, n = tmp_path / "store", 40
+    cmd = [sys.executable, "-c", CHUNKED, str(out), str(n)]
+    done = lambda: len(list(out.glob("*.done"))) == n  # noqa: E731
+
+    def submit():
+        return sub.submit_job(client, job_id="chunky", command=cmd, out=str(out),
+                              is_complete=done, runtime_env=runtime_env())
+
+    first = submit()
+    assert first.action == "submitted"
+    deadline = time.monotonic() + 120
+    while not list(out.glob("*.done")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    # While it runs, submitting the same job again reports it instead of starting a twin.
+    twin = submit()
+    assert (twin.action, twin.submission_id) == ("running", first.submission_id)
+
+    r = run("cancel", "chunky", "--address", cluster.dashboard_url)
+    assert r.exit_code == 0 and "STOPPED" in r.output and "resume" in r.output
+    made = len(list(out.glob("*.done")))
+    assert 0 < made < n and not list(out.glob("*.tmp"))
+
+    second = submit()
+    assert (second.action, second.submission_id) == ("submitted", "linpipe-chunky-2")
+    assert sub.wait(client, second.submission_id, timeout=120) == "SUCCEEDED"
+    log = sub.logs(client, second.submission_id)
+    lines = log.splitlines()  # (the log also echoes the entrypoint, code included)
+    assert sum(x.startswith("skip ") for x in lines) == made
+    assert sum(x.startswith("chunk ") for x in lines) == n - made
+    assert sorted(int(p.read_text()) for p in out.glob("*.done")) == [i * i for i in range(n)]
+
+    assert submit().action == "complete"
+    r = run("status", "--address", cluster.dashboard_url)
+    assert r.exit_code == 0 and "chunky  SUCCEEDED  linpipe-chunky-2" in r.output
+    r = run("status", "linpipe-chunky-1", "--address", cluster.dashboard_url)
+    assert "STOPPED" in r.output and "attempts:   2" in r.output
+
+
+def test_follow_exits_with_the_jobs_status(cluster, client):
+    out = sub.submit_job(client, job_id="fails", command=[
+        sys.executable, "-c", "import sys; print('about to fail', flush=True); sys.exit(3)"],
+        runtime_env=runtime_env())
+    r = run("logs", out.submission_id, "--follow", "--address", cluster.dashboard_url)
+    assert r.exit_code == 1 and "about to fail" in r.output and "FAILED" in r.output
+
+
+def test_unknown_job_id(cluster):
+    for cmd in ("status", "logs", "cancel"):
+        r = run(cmd, "no-such-job", "--address", cluster.dashboard_url)
+        assert r.exit_code == 1 and "no job 'no-such-job'" in r.output
+        assert "Traceback" not in r.output
+
+
+def test_unreachable_address_fails_fast():
+    t0 = time.monotonic()
+    r = run("list", "--address", "http://127.0.0.1:9")
+    assert r.exit_code == 1 and "cannot reach the Ray job server at http://127.0.0.1:9" in r.output
+    assert time.monotonic() - t0 < 5
+    # an address that drops packets instead of refusing them
+    t0 = time.monotonic()
+    r = run("status", "--address", "http://192.0.2.123:8265")
+    assert r.exit_code == 1 and "Error:" in r.output
+    assert time.monotonic() - t0 < sub.CONNECT_TIMEOUT_S + 3
