@@ -252,18 +252,39 @@ def exit_code(status: str) -> int:
 
 
 def store_progress(out: str | None) -> dict[str, Any] | None:
-    """Records and positions done, read from the job's Zarr store (None if not readable here:
-    the store may sit on storage only the cluster mounts)."""
-    if not out or not os.path.exists(out):
+    """Records and positions done, read from the job's Zarr store through linpipe.store (None
+    when it is not readable here: it may sit on storage only the cluster mounts, or not
+    exist yet)."""
+    if not out or ("://" not in out and not os.path.exists(out)):
         return None
     try:
-        from linpipe.store import progress  # the outputs part's summary of a store
+        from linpipe.store import OutputStore
     except ImportError:
         return None
     try:
-        return progress(out)
-    except LinpipeError:
+        store = OutputStore.open(out, mode="r")
+    except (LinpipeError, OSError, ValueError, KeyError):
         return None
+    try:
+        records = positions = records_done = positions_done = 0
+        for key, info in store.records.items():
+            n, done = store.n_chunks(key), store.completed_chunks(key)
+            records += 1
+            positions += int(info["length"])
+            records_done += len(done) >= n
+            positions_done += sum(b - a for a, b in map(lambda c: store.chunk_range(key, c),
+                                                        done))
+        return {"records": records, "records_done": records_done, "positions": positions,
+                "positions_done": positions_done, "complete": store.is_complete()}
+    finally:
+        close = getattr(store, "close", None)
+        if close:
+            close()
+
+
+def store_is_complete(out: str | None) -> bool:
+    p = store_progress(out)
+    return bool(p and p["complete"])
 
 
 def format_time(t: float | None) -> str:
