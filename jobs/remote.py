@@ -76,6 +76,44 @@ def requests_from_spec(path: str) -> list[SubmitRequest]:
     return out
 
 
+def build_requests(inputs: tuple[str, ...], spec_path: str | None,
+                   flags: dict[str, Any]) -> tuple[list[SubmitRequest], str | None]:
+    """The jobs `linpipe submit` is asked to run, and the address to run them at.
+
+    flags holds submit's options, None where the user gave none; with --spec, given flags
+    override the spec's values (e.g. --address for a spec that names none).
+    """
+    address = flags.get("address")
+    if spec_path:
+        if inputs:
+            raise LinpipeError(f"give INPUT... or --spec {spec_path}, not both")
+        from .spec import load_spec
+
+        spec = load_spec(spec_path)
+        reqs = [_override(r, flags) for r in requests_from_spec(spec_path)]
+        return reqs, address or spec.address
+    if not inputs:
+        raise LinpipeError("no input given: name INPUT files or a job spec with --spec FILE")
+    base = SubmitRequest(inputs=tuple(inputs))
+    return [_override(base, flags)], address
+
+
+def _override(req: SubmitRequest, flags: dict[str, Any]) -> SubmitRequest:
+    from dataclasses import replace
+
+    changes = {}
+    for key in ("model", "out", "chunk_size", "workers", "id_column", "time_column"):
+        if flags.get(key) is not None:
+            changes[key] = flags[key]
+    for key in ("outputs", "columns"):
+        v = flags.get(key)
+        if v:
+            changes[key] = tuple(v.split(",")) if isinstance(v, str) else tuple(v)
+    if flags.get("overwrite"):
+        changes["overwrite"] = True
+    return replace(req, **changes)
+
+
 def _abs_model(model: str) -> str:
     return os.path.abspath(model) if os.path.isdir(model) else model
 

@@ -132,9 +132,11 @@ def list_jobs(client) -> list[JobRecord]:
     return sorted(jobs, key=lambda j: (j.start_time or 0, j.submission_id))
 
 
-def attempts(client, job_id: str) -> list[JobRecord]:
-    """The submissions of one linpipe job, oldest first."""
-    return [j for j in list_jobs(client) if j.job_id == job_id]
+def attempts(client, job_id: str, out: str | None = None) -> list[JobRecord]:
+    """The submissions of one linpipe job (to one output store, when out is given), oldest
+    first. The same inputs, model and options written to two stores are two jobs."""
+    return [j for j in list_jobs(client)
+            if j.job_id == job_id and (out is None or j.out == out)]
 
 
 def find_job(client, ref: str) -> JobRecord:
@@ -177,13 +179,13 @@ def submit_job(client, *, job_id: str, command: list[str], out: str | None = Non
                entrypoint_num_cpus: float | None = None) -> SubmitOutcome:
     """Submit a linpipe job detached, once: a running attempt is reported, not doubled, and a
     job whose store is complete is not submitted again."""
-    previous = attempts(client, job_id)
+    previous = attempts(client, job_id, out or "")
     running = [j for j in previous if j.status in ACTIVE]
     if running:
         return SubmitOutcome("running", running[-1].submission_id, job_id)
     if previous and is_complete is not None and is_complete():
         return SubmitOutcome("complete", previous[-1].submission_id, job_id)
-    submission_id = f"{PREFIX}{job_id}-{len(previous) + 1}"
+    submission_id = f"{PREFIX}{job_id}-{len(attempts(client, job_id)) + 1}"
     metadata = {"linpipe_job_id": job_id, "linpipe_out": out or ""}
     kwargs: dict[str, Any] = {}
     if entrypoint_num_cpus is not None:
@@ -276,6 +278,8 @@ def store_progress(out: str | None) -> dict[str, Any] | None:
                                                         done))
         return {"records": records, "records_done": records_done, "positions": positions,
                 "positions_done": positions_done, "complete": store.is_complete()}
+    except (LinpipeError, OSError, ValueError, KeyError):
+        return None  # a store still being created by the job
     finally:
         close = getattr(store, "close", None)
         if close:

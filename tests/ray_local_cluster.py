@@ -16,16 +16,24 @@ import time
 from pathlib import Path
 
 
-def free_ports(n: int) -> list[int]:
+def free_ports(n: int, avoid: range = range(0)) -> list[int]:
     socks, ports = [], []
-    for _ in range(n):
+    while len(ports) < n:
         s = socket.socket()
         s.bind(("127.0.0.1", 0))
-        socks.append(s)
-        ports.append(s.getsockname()[1])
+        socks.append(s)  # held open until all are chosen, so no port comes twice
+        if s.getsockname()[1] not in avoid:
+            ports.append(s.getsockname()[1])
     for s in socks:
         s.close()
     return ports
+
+
+def _worker_port_block(size: int = 150) -> range:
+    # Below the kernel's ephemeral range (32768+) and above Ray's default 10002-19999, at a
+    # place that differs between processes, so concurrent clusters rarely share a block.
+    lo = 20000 + (os.getpid() * 7919 + int(time.time())) % (12000 - size)
+    return range(lo, lo + size + 1)
 
 
 def _ray_block(args: list[str], env: dict, log: Path) -> subprocess.Popen:
@@ -39,15 +47,14 @@ def _ray_block(args: list[str], env: dict, log: Path) -> subprocess.Popen:
 
 
 def _node_ports() -> list[str]:
-    (nm, om, agent_http, agent_grpc, rt_agent, metrics) = free_ports(6)
-    # A private block of worker ports, away from other clusters' blocks.
-    base = free_ports(1)[0]
-    lo = max(20000, min(base, 60000 - 200))
+    block = _worker_port_block()
+    (nm, om, agent_http, agent_grpc, rt_agent, metrics) = free_ports(6, avoid=block)
+    lo = block.start
     return ["--node-manager-port", str(nm), "--object-manager-port", str(om),
             "--dashboard-agent-listen-port", str(agent_http),
             "--dashboard-agent-grpc-port", str(agent_grpc),
             "--runtime-env-agent-port", str(rt_agent), "--metrics-export-port", str(metrics),
-            "--min-worker-port", str(lo), "--max-worker-port", str(lo + 150)]
+            "--min-worker-port", str(lo), "--max-worker-port", str(block.stop - 1)]
 
 
 class LocalCluster:
@@ -58,15 +65,26 @@ class LocalCluster:
         self.cpus = cpus_per_node
         self.tmp = Path(tempfile.mkdtemp(prefix="lpray", dir="/tmp"))  # short: unix socket paths
         self.env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_DEDUP_LOGS="0",
-                        # lets the job server start on a busy 2-core machine
-                        RAY_DASHBOARD_STARTUP_TIMEOUT_S="120")
+                        # The job server's modules start as subprocesses that must report
+                        # ready within 30 s by default; on a 2-core machine shared with
+                        # other test runs (load 10+) that fails ("Module MetricsHead failed
+                        # to start"), so allow minutes.
+                        RAY_DASHBOARD_STARTUP_TIMEOUT_S="240",
+                        RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT="240")
         self.env.pop("RAY_ADDRESS", None)
         self.gcs_address = ""
         self.dashboard_url = ""
         self.procs: list[subprocess.Popen] = []
 
     def start(self) -> "LocalCluster":
-        gcs, dash, client = free_ports(3)
+        try:
+            return self._start()
+        except BaseException:
+            self.stop()  # never leave half a cluster running
+            raise
+
+    def _start(self) -> "LocalCluster":
+        gcs, dash, client = free_ports(3, avoid=range(20000, 32000))
         self.procs.append(_ray_block(["start", "--head", "--node-ip-address=127.0.0.1", f"--port={gcs}",
                      "--include-dashboard=true", "--dashboard-host=127.0.0.1",
                      f"--dashboard-port={dash}", f"--ray-client-server-port={client}",
@@ -84,7 +102,7 @@ class LocalCluster:
         self._wait_for_nodes(1 + self.num_workers)
         return self
 
-    def _wait_for_job_server(self, timeout: float = 120) -> None:
+    def _wait_for_job_server(self, timeout: float = 300) -> None:
         import urllib.request
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -138,3 +138,86 @@ def test_unreachable_address_fails_fast():
     r = run("status", "--address", "http://192.0.2.123:8265")
     assert r.exit_code == 1 and "Error:" in r.output
     assert time.monotonic() - t0 < sub.CONNECT_TIMEOUT_S + 3
+
+
+# ---------------------------------------------------------------- linpipe submit on the cluster
+def cli_env():
+    # What a real cluster gets from ray_cluster.yaml's setup: linpipe on the nodes' PATH.
+    env = ["--env", f"PATH={VENV_BIN}{os.pathsep}{os.environ['PATH']}"]
+    if os.environ.get("PYTHONPATH"):
+        env += ["--env", f"PYTHONPATH={os.environ['PYTHONPATH']}"]
+    return env
+
+
+def store_bytes(path) -> dict:
+    import zarr
+
+    root = zarr.open_group(str(path), mode="r")
+    meta = root.attrs["linpipe"]
+    return {f"{k}/{o}": root[f"{k}/{o}"][...].tobytes()
+            for k in meta["records"] for o in meta["outputs"]}
+
+
+def submitted_id(output: str) -> str:
+    import re
+
+    return re.search(r"as (linpipe-\S+)", output).group(1)
+
+
+def wait_for_progress(out, timeout=180):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        p = sub.store_progress(str(out))
+        if p and p["positions_done"] > 0:
+            return p
+        time.sleep(0.2)
+    raise AssertionError(f"no chunk of {out} was written in {timeout}s")
+
+
+def test_submit_cancel_resume_matches_an_uninterrupted_run(cluster, client, genomes, tmp_path):
+    genome = genomes / "htslib_ce.fa"  # 7 real records, 1,039,800 bp
+    # One actor per job, so the uninterrupted reference runs beside the job under test.
+    args = [genome, "--chunk-size", 16384, "--workers", 1, "--address", cluster.dashboard_url,
+            *cli_env()]
+    run_out, ref_out = tmp_path / "run.zarr", tmp_path / "ref.zarr"
+    timings = {}
+
+    t0 = time.monotonic()
+    r = run("submit", *args, "--out", run_out)
+    timings["submit returns"] = time.monotonic() - t0
+    assert r.exit_code == 0, r.output
+    assert timings["submit returns"] < 30 and "Submitted job lp-" in r.output
+    first = submitted_id(r.output)
+    job = sub.find_job(client, first).job_id
+    r = run("submit", *args, "--out", ref_out)  # the same job into another store: not a twin
+    assert r.exit_code == 0 and "Submitted" in r.output, r.output
+    ref_id = submitted_id(r.output)
+
+    wait_for_progress(run_out)
+    timings["first chunk"] = time.monotonic() - t0
+    r = run("submit", *args, "--out", run_out)  # the same job while it runs: no twin
+    assert r.exit_code == 0 and f"already running as {first}" in r.output
+    r = run("cancel", first, "--address", cluster.dashboard_url)
+    assert r.exit_code == 0 and "STOPPED" in r.output, r.output
+    part = sub.store_progress(str(run_out))
+    assert part and not part["complete"] and 0 < part["positions_done"] < part["positions"]
+    r = run("status", first, "--address", cluster.dashboard_url)
+    assert "STOPPED" in r.output and f"{part['positions_done']:,}/1,039,800" in r.output
+
+    r = run("submit", *args, "--out", run_out, "--wait")  # resumes, follows to the end
+    timings["resumed"] = time.monotonic() - t0
+    assert r.exit_code == 0, r.output
+    assert "SUCCEEDED" in r.output and submitted_id(r.output) not in (first, ref_id)
+    assert sub.store_progress(str(run_out))["complete"]
+    r = run("status", "--address", cluster.dashboard_url)
+    assert "records 7/7, positions 1,039,800/1,039,800" in r.output
+
+    r = run("submit", *args, "--out", run_out)
+    assert r.exit_code == 0 and "Nothing to do" in r.output
+
+    assert sub.wait(client, ref_id, timeout=180) == "SUCCEEDED"
+    timings["reference"] = time.monotonic() - t0
+    ref, resumed = store_bytes(ref_out), store_bytes(run_out)
+    assert ref.keys() == resumed.keys() and len(ref) == 7 * 3
+    assert all(ref[k] == resumed[k] for k in ref)
+    print(timings)
