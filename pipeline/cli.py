@@ -36,16 +36,229 @@ def cli():
 # ---------------------------------------------------------------------------------------------
 
 
+@cli.group("model")
+def model_group():
+    """Create and inspect linpipe models (format v1, docs/model-format.md)."""
+
+
+def _decay_values(text):
+    if text is None:
+        return None
+    try:
+        vals = [float(x) for x in text.replace(",", " ").split()]
+    except ValueError:
+        raise click.BadParameter(f"{text!r}: expected a number or a comma-separated list") from None
+    if not vals:
+        raise click.BadParameter("expected at least one value")
+    return vals[0] if len(vals) == 1 else vals
+
+
+@model_group.command("init")
+@click.argument("directory", type=click.Path(file_okay=False))
+@click.option("--modality", type=click.Choice(["dna", "timeseries"]), default="dna", show_default=True)
+@click.option("--d-model", type=click.IntRange(1), default=64, show_default=True)
+@click.option("--n-layers", type=click.IntRange(1), default=2, show_default=True)
+@click.option("--n-heads", type=click.IntRange(1), default=4, show_default=True)
+@click.option("--mlp-hidden", type=click.IntRange(1), default=None, help="Default: 4 x d-model.")
+@click.option("--conv-width", type=click.IntRange(1), default=4, show_default=True, help="1: no convolution.")
+@click.option("--feature-map", type=click.Choice(["elu1", "relu", "identity"]), default="elu1", show_default=True)
+@click.option("--no-normalize", is_flag=True, help="Drop the attention normaliser q.z.")
+@click.option("--decay", default=None, help="One value for every head, or one per head (comma-separated), "
+              "each in (0, 1]. Default: spread from 1-1/16 to 1-1/65536.")
+@click.option("--channels", type=click.IntRange(1), default=None, help="Timeseries: number of input channels.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--force", is_flag=True, help="Overwrite a model already in DIRECTORY.")
+def model_init(directory, modality, d_model, n_layers, n_heads, mlp_hidden, conv_width, feature_map,
+               no_normalize, decay, channels, seed, force):
+    """Write a randomly initialised model to DIRECTORY."""
+    from pathlib import Path
+
+    from .model import CONFIG_FILE, ModelConfig, init_net, save_model
+
+    if modality == "timeseries" and channels is None:
+        raise click.BadParameter("timeseries models need --channels", param_hint="--channels")
+    if modality == "dna" and channels is not None:
+        raise click.BadParameter("dna models have no channels", param_hint="--channels")
+    if (Path(directory) / CONFIG_FILE).exists() and not force:
+        raise click.ClickException(f"{directory}: already holds a model (use --force to overwrite)")
+    extra = {}
+    if modality == "timeseries":
+        extra = dict(channels=channels, channel_names=tuple(f"ch{i}" for i in range(channels)),
+                     mean=(0.0,) * channels, std=(1.0,) * channels)
+    config = ModelConfig(modality=modality, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
+                         mlp_hidden=mlp_hidden or 4 * d_model, feature_map=feature_map,
+                         normalize=not no_normalize, conv_width=conv_width, **extra)
+    net = init_net(config, seed=seed, decay=_decay_values(decay))
+    sha = save_model(net, config, directory)
+    click.echo(f"wrote {directory} ({modality}, sha256 {sha})")
+
+
+@model_group.command("info")
+@click.argument("model", default="default")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def model_info(model, as_json):
+    """Print a model's config, parameter count and weights sha256 (MODEL: a directory or a
+    shipped model's name; default: the shipped default)."""
+    import json
+
+    from .model import count_parameters, load_model
+
+    m = load_model(model)
+    info = {"path": str(m.path), "sha256": m.sha256, "parameters": count_parameters(m.config),
+            "config": m.config.to_json(),
+            "decay": {f"layer {i}": [round(float(g), 8) for g in layer.attn.decay]
+                      for i, layer in enumerate(m.net.layers)}}
+    if as_json:
+        click.echo(json.dumps(info, indent=2))
+        return
+    click.echo(f"model       {info['path']}")
+    click.echo(f"sha256      {info['sha256']}")
+    click.echo(f"parameters  {info['parameters']:,}")
+    for k, v in info["config"].items():
+        click.echo(f"{k:<12}{json.dumps(v)}")
+    for k, v in info["decay"].items():
+        click.echo(f"decay {k}: {', '.join(f'{g:g}' for g in v)}")
+
+
+
 # end of section: model
 # ---------------------------------------------------------------------------------------------
 # section: inputs (linpipe index)
 # ---------------------------------------------------------------------------------------------
 
 
+@cli.command("index")
+@click.argument("input_path", metavar="INPUT", type=click.Path(path_type=str))
+@click.option("--id-column", default=None, help="Time series: column whose value names the series of each row.")
+@click.option("--time-column", default=None, help="Time series: column kept as the time coordinate.")
+@click.option("--columns", default=None, help="Time series: comma-separated channel columns (default: every numeric one).")
+@click.option("--sort", is_flag=True, help="Time series: sort rows by time (in a cached copy) instead of refusing unsorted input.")
+@click.option("--cache-dir", default=None, type=click.Path(file_okay=False), help="Where indexes go when the input's folder is read-only (default $LINPIPE_CACHE or ~/.cache/linpipe).")
+@click.option("--json", "as_json", is_flag=True, help="Print the records as JSON.")
+def index_cmd(input_path, id_column, time_column, columns, sort, cache_dir, as_json):
+    """Build (or reuse) the index of INPUT and print its records and lengths."""
+    import json
+
+    from .inputs import open_input
+
+    with open_input(input_path, id_column=id_column, time_column=time_column, columns=columns,
+                    sort=sort, cache_dir=cache_dir) as inp:
+        index = getattr(inp, "index_path", None) or getattr(inp, "table_path", None)
+        if as_json:
+            click.echo(json.dumps({
+                "path": str(inp.path), "modality": inp.modality, "index": str(index) if index else None,
+                "channels": inp.channel_names, "fingerprint": inp.fingerprint(),
+                "records": [{"id": r.id, "description": r.description, "length": r.length} for r in inp.records],
+            }, indent=2))
+            return
+        click.echo(f"{inp.path}: {inp.modality}, {len(inp.records)} records, {inp.total_length:,} positions")
+        if index is not None and str(index) != str(inp.path):
+            click.echo(f"index: {index}")
+        if inp.channel_names is not None:
+            click.echo(f"channels: {', '.join(inp.channel_names)}")
+        width = max(len(r.id) for r in inp.records)
+        for r in inp.records:
+            click.echo(f"{r.id:<{width}}  {r.length:>12,}  {r.description}".rstrip())
+
+
 # end of section: inputs
 # ---------------------------------------------------------------------------------------------
 # section: outputs (linpipe inspect|export|plot)
 # ---------------------------------------------------------------------------------------------
+
+
+def _human_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+
+
+def _open_reader(path):
+    import warnings
+
+    from .outputs_read import IncompleteStoreWarning, OutputReader, open_output
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", IncompleteStoreWarning)
+        reader = open_output(path)
+    for w in caught:
+        if issubclass(w.category, IncompleteStoreWarning):
+            click.echo(f"Warning: {w.message}", err=True)
+    return reader
+
+
+@cli.command()
+@click.argument("store", type=click.Path())
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON (for scripts).")
+def inspect(store, as_json):
+    """Summarise an output store: records, outputs, completion, model, size, compression."""
+    import json
+
+    s = _open_reader(store).summary()
+    if as_json:
+        click.echo(json.dumps(s, indent=2, default=str))
+        return
+    state = "complete" if s["complete"] else "INCOMPLETE (the job did not finish; resumable)"
+    ratio = f"{s['compression_ratio']:.2f}x" if s["compression_ratio"] else "n/a"
+    click.echo(f"{s['path']}: linpipe output format {s['format_version']} (linpipe {s['linpipe_version']})")
+    click.echo(f"  status       {state}")
+    click.echo(f"  job          {s['job_id'] or '-'}")
+    click.echo(f"  model        sha256 {s['model_sha256'] or '-'}")
+    for inp in s["inputs"] or []:
+        click.echo(f"  input        {inp.get('path', inp) if isinstance(inp, dict) else inp}")
+    click.echo(f"  outputs      {', '.join(s['outputs'])} (chunk length {s['chunk_size']:,})")
+    click.echo(f"  records      {s['n_records']:,}, {s['positions']:,} positions")
+    click.echo(f"  size on disk {_human_bytes(s['size_on_disk'])} "
+               f"(outputs {_human_bytes(s['output_bytes_raw'])} raw -> "
+               f"{_human_bytes(s['output_bytes_stored'])}, compression {ratio})")
+    shown = s["records"][:20]
+    width = max([len(r["id"]) for r in shown] + [6])
+    for r in shown:
+        done = "done" if r["chunks_done"] == r["chunks"] else f"{r['chunks_done']}/{r['chunks']} chunks"
+        miss = ""
+        if r["missing_ranges"]:
+            miss = "  missing " + ", ".join(f"{a:,}-{b:,}" for a, b in r["missing_ranges"][:3])
+            miss += " ..." if len(r["missing_ranges"]) > 3 else ""
+        click.echo(f"    {r['id']:<{width}} {r['length']:>14,}  {r['modality']:<10} {done}{miss}")
+    if len(s["records"]) > len(shown):
+        click.echo(f"    ... and {len(s['records']) - len(shown)} more records (--json lists all)")
+
+
+@cli.command()
+@click.argument("store", type=click.Path())
+@click.option("--format", "fmt", type=click.Choice(["bigwig", "bedgraph", "parquet"]), required=True)
+@click.option("--output", "output", required=True, help="Output to export, e.g. logprob (parquet: a comma list).")
+@click.option("--record", "records", multiple=True, help="Record id to export (repeatable; default all).")
+@click.option("-o", "dest", required=True, type=click.Path(), help="File to write.")
+def export(store, fmt, output, records, dest):
+    """Export an output as a genome-browser track (bigWig, bedGraph) or a Parquet table."""
+    from .export import export_parquet, export_track
+
+    reader = _open_reader(store)
+    if fmt == "parquet":
+        n = export_parquet(reader, [o.strip() for o in output.split(",") if o.strip()], dest,
+                           records=list(records))
+        click.echo(f"Wrote {n:,} rows to {dest}")
+    else:
+        n = export_track(reader, output, dest, fmt=fmt, records=list(records))
+        click.echo(f"Wrote {n:,} intervals to {dest}")
+
+
+@cli.command()
+@click.argument("store", type=click.Path())
+@click.option("--record", required=True, help="Record id.")
+@click.option("--output", "output", required=True, help="Output to plot, e.g. logprob.")
+@click.option("--region", default=None, help="START-END, 0-based, end exclusive (default: whole record).")
+@click.option("-o", "dest", required=True, type=click.Path(), help="PNG file to write.")
+@click.option("--width", default=1600, show_default=True, type=click.IntRange(200, 20000), help="Width in pixels.")
+def plot(store, record, output, region, dest, width):
+    """Plot one output over a region as a PNG (min/max envelope when downsampled)."""
+    from .plot import plot_region
+
+    info = plot_region(_open_reader(store), record, output, dest, region=region, width_px=width)
+    how = "min/max envelope" if info["downsampled"] else "every position"
+    click.echo(f"Wrote {dest}: {info['record']}:{info['start']}-{info['end']} ({how})")
 
 
 # end of section: outputs

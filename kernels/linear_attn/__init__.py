@@ -4,6 +4,47 @@ Every form shares one contract (see naive.py): raw q, k, v of shape (B, T, H, K|
 per-head decay, the feature map applied inside, optional normaliser, float32 state
 (S (B, H, K, V), z (B, H, K)) in via `initial_state` and out via `output_final_state`.
 """
+from __future__ import annotations
+
+import torch
+
+from .chunk import DEFAULT_CHUNK_SIZE, chunk_linear_attn_torch
 from .naive import FEATURE_MAPS, feature_map_fn, naive_recurrent_linear_attn
 
-__all__ = ["FEATURE_MAPS", "feature_map_fn", "naive_recurrent_linear_attn"]
+_triton_fn = None  # the Triton form once imported; False when it cannot be
+
+
+def _triton():
+    """The Triton form, imported on first use (never at import time: CPU-only installs lack it)."""
+    global _triton_fn
+    if _triton_fn is None:
+        try:
+            from .triton_chunk import chunk_linear_attn_triton
+
+            _triton_fn = chunk_linear_attn_triton
+        except Exception:  # no triton, no kernel yet, or a driver problem: use the torch form
+            _triton_fn = False
+    return _triton_fn
+
+
+def chunk_linear_attn(q, k, v, *, decay=None, feature_map="elu1", normalize=True, eps=1e-6,
+                      initial_state=None, output_final_state=False, cu_seqlens=None):
+    """Causal linear attention, dispatched: Triton for CUDA tensors, the PyTorch chunked form
+    otherwise (and whenever autograd needs a backward, which the Triton form does not promise).
+
+    q, k: (B, T, H, K); v: (B, T, H, V). Returns (o (B, T, H, V), (S, z) float32 or None).
+    """
+    kwargs = dict(decay=decay, feature_map=feature_map, normalize=normalize, eps=eps,
+                  initial_state=initial_state, output_final_state=output_final_state,
+                  cu_seqlens=cu_seqlens)
+    needs_grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (q, k, v))
+    if q.is_cuda and not needs_grad:
+        fn = _triton()
+        if fn:
+            return fn(q, k, v, **kwargs)
+    return chunk_linear_attn_torch(q, k, v, **kwargs)
+
+
+__all__ = ["DEFAULT_CHUNK_SIZE", "FEATURE_MAPS", "chunk_linear_attn", "chunk_linear_attn_torch",
+           "feature_map_fn", "naive_recurrent_linear_attn"]

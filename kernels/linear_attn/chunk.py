@@ -1,0 +1,160 @@
+"""The chunked parallel form of causal linear attention in PyTorch: the CPU fast path.
+
+Same contract as naive.py. The sequence is cut into blocks of `chunk_size` positions; inside a
+block the output is a masked (decayed) matmul, and the state entering each block comes from a
+short prefix over the blocks' summed contributions. All the heavy work is batched matmuls over
+every block at once; the only Python loop runs over blocks (T / chunk_size steps, tiny ops).
+
+The normaliser rides along as an extra value column: v' = [v, 1] makes S' = [S, z], so
+numerator and denominator come from the same matmuls.
+"""
+from __future__ import annotations
+
+import torch
+
+from .naive import feature_map_fn
+
+DEFAULT_CHUNK_SIZE = 64
+
+
+def _blocks(
+    qf: torch.Tensor,  # (B, H, T, K) feature-mapped
+    kf: torch.Tensor,  # (B, H, T, K)
+    vf: torch.Tensor,  # (B, H, T, V1) with the ones column when normalising
+    S: torch.Tensor,  # (B, H, K, V1) state entering, compute dtype
+    log_g: torch.Tensor | None,  # (H,) log decay, or None for gamma = 1
+    c: int,  # block length; T % c == 0
+):
+    """Outputs (B, H, T, V1) and the state after the last block, for T a multiple of c."""
+    B, H, T, K = qf.shape
+    V1 = vf.shape[-1]
+    n = T // c
+    qb = qf.reshape(B, H, n, c, K)
+    kb = kf.reshape(B, H, n, c, K)
+    vb = vf.reshape(B, H, n, c, V1)
+    pos = torch.arange(c, device=qf.device, dtype=qf.dtype)
+    causal = pos[:, None] >= pos[None, :]  # (c, c)
+    if log_g is None:
+        mask = causal.to(qf.dtype)  # (c, c)
+        q_in, k_out, g_block = qb, kb, None
+    else:
+        lg = log_g.to(qf.dtype).view(H, 1, 1)
+        # gamma^(i-j) for i >= j; computed directly (never as a ratio) so it cannot overflow.
+        mask = torch.exp((pos[:, None] - pos[None, :]).clamp(min=0) * lg) * causal  # (H, c, c)
+        mask = mask.unsqueeze(1)  # (H, 1, c, c)
+        q_in = qb * torch.exp((pos + 1) * lg).view(H, 1, c, 1)  # gamma^(i+1): decays S_prev
+        k_out = kb * torch.exp((c - 1 - pos) * lg).view(H, 1, c, 1)  # gamma^(c-1-j) to block end
+        g_block = torch.exp(c * log_g.to(qf.dtype)).view(1, H, 1, 1)
+    # Contribution of each block to the state at its end.
+    dS = k_out.transpose(-1, -2) @ vb  # (B, H, n, K, V1)
+    # State entering each block: a short sequential prefix over the n blocks.
+    if g_block is None and n > 1:
+        starts = torch.cumsum(torch.cat([S.unsqueeze(2), dS[:, :, :-1]], dim=2), dim=2)
+        final = starts[:, :, -1] + dS[:, :, -1]
+    else:
+        starts = torch.empty((B, H, n, K, V1), dtype=qf.dtype, device=qf.device)
+        for i in range(n):
+            starts[:, :, i] = S
+            S = (S * g_block if g_block is not None else S) + dS[:, :, i]
+        final = S
+    o = ((qb @ kb.transpose(-1, -2)) * mask) @ vb  # intra-block, (B, H, n, c, V1)
+    o = o + q_in @ starts  # from everything before the block
+    return o.reshape(B, H, T, V1), final
+
+
+def _single(q, k, v, decay, feature_map, normalize, eps, initial_state, output_final_state,
+            chunk_size, dtype):
+    """One batch of independent sequences (no cu_seqlens)."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    cd = dtype or (torch.float64 if q.dtype == torch.float64 else torch.float32)
+    phi = feature_map_fn(feature_map)
+    qf = phi(q.to(cd)).transpose(1, 2)  # (B, H, T, K)
+    kf = phi(k.to(cd)).transpose(1, 2)
+    vf = v.to(cd).transpose(1, 2)  # (B, H, T, V)
+    if normalize:
+        vf = torch.cat([vf, vf.new_ones((B, H, T, 1))], dim=-1)  # (B, H, T, V+1)
+    V1 = vf.shape[-1]
+    if initial_state is None:
+        S = qf.new_zeros((B, H, K, V1))
+    else:
+        S0, z0 = initial_state
+        S = S0.to(cd)
+        if normalize:
+            S = torch.cat([S, z0.to(cd).unsqueeze(-1)], dim=-1)
+    log_g = None
+    if decay is not None:
+        d = decay.to(device=q.device, dtype=cd)
+        log_g = None if bool((d == 1).all()) else torch.log(d)
+    c = max(1, int(chunk_size))
+    full = (T // c) * c
+    outs = []
+    if full:
+        o, S = _blocks(qf[:, :, :full], kf[:, :, :full], vf[:, :, :full], S, log_g, c)
+        outs.append(o)
+    if T > full:  # the ragged tail, as one shorter block
+        o, S = _blocks(qf[:, :, full:], kf[:, :, full:], vf[:, :, full:], S, log_g, T - full)
+        outs.append(o)
+    o = torch.cat(outs, dim=2) if len(outs) > 1 else (outs[0] if outs else vf.new_zeros((B, H, 0, V1)))
+    if normalize:
+        o = o[..., :V] / (o[..., V:] + eps)
+    o = o.transpose(1, 2).to(q.dtype)  # (B, T, H, V)
+    final = None
+    if output_final_state:
+        if normalize:
+            final = (S[..., :V].float().contiguous(), S[..., V].float().contiguous())
+        else:
+            z = kf.new_zeros((B, H, K)) if initial_state is None else initial_state[1].to(cd)
+            # Without the normaliser z is not needed for o but is still part of the state.
+            z = _decayed_sum(kf, z, log_g)
+            final = (S.float().contiguous(), z.float())
+    return o, final
+
+
+def _decayed_sum(kf, z, log_g):
+    """z after the sequence: gamma^T z + sum_j gamma^(T-1-j) k_j, for (B, H, T, K) keys."""
+    T = kf.shape[2]
+    if log_g is None:
+        return z + kf.sum(dim=2)
+    pos = torch.arange(T, device=kf.device, dtype=kf.dtype)
+    w = torch.exp((T - 1 - pos) * log_g.view(-1, 1))  # (H, T)
+    return z * torch.exp(T * log_g).view(1, -1, 1) + torch.einsum("bhtk,ht->bhk", kf, w)
+
+
+def chunk_linear_attn_torch(
+    q: torch.Tensor,  # (B, T, H, K) raw projections; phi is applied here
+    k: torch.Tensor,  # (B, T, H, K)
+    v: torch.Tensor,  # (B, T, H, V)
+    *,
+    decay: torch.Tensor | None = None,  # (H,) in (0, 1]
+    feature_map: str = "elu1",
+    normalize: bool = True,
+    eps: float = 1e-6,
+    initial_state: tuple[torch.Tensor, torch.Tensor] | None = None,  # S (B|N, H, K, V), z (B|N, H, K)
+    output_final_state: bool = False,
+    cu_seqlens: torch.Tensor | None = None,  # (N+1,) int64 offsets of N records packed in T; B == 1
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    dtype: torch.dtype | None = None,
+):
+    """Returns (o (B, T, H, V) in q's dtype, final_state (S, z) float32 or None).
+
+    Computes in float32 (float64 for float64 inputs, or `dtype` when given). Differentiable.
+    """
+    if cu_seqlens is None:
+        return _single(q, k, v, decay, feature_map, normalize, eps, initial_state,
+                       output_final_state, chunk_size, dtype)
+    if q.shape[0] != 1:
+        raise ValueError(f"cu_seqlens needs batch size 1, got {q.shape[0]}")
+    offs = [int(x) for x in cu_seqlens.tolist()]
+    outs, Ss, zs = [], [], []
+    for i in range(len(offs) - 1):  # one record at a time: simple and exact
+        a, b = offs[i], offs[i + 1]
+        init = None if initial_state is None else (initial_state[0][i:i + 1], initial_state[1][i:i + 1])
+        o, fin = _single(q[:, a:b], k[:, a:b], v[:, a:b], decay, feature_map, normalize, eps,
+                         init, True, chunk_size, dtype)
+        outs.append(o)
+        Ss.append(fin[0])
+        zs.append(fin[1])
+    o = torch.cat(outs, dim=1) if outs else q.new_zeros(v.shape)
+    final = (torch.cat(Ss), torch.cat(zs)) if output_final_state and outs else None
+    return o, final

@@ -1,0 +1,454 @@
+"""Triton kernels for causal linear attention with carried float32 state.
+
+Same contract as naive.py (raw q, k, v; phi and the normaliser applied inside; float32 state
+in and out) plus `cu_seqlens` for packs of many records. See docs/kernels.md for the design:
+
+1. `_segment_state_kernel`: every segment (up to `segment_len` positions of one record) sums
+   its own state contribution, decayed to the segment end, in parallel over
+   (segments, heads, V tiles). A single long record therefore still fills the GPU.
+2. `_segment_scan_kernel`: a sequential prefix over each record's segments, starting from the
+   record's initial state; it leaves the state *entering* every segment and the final state.
+3. `_segment_output_kernel`: every segment starts from its entering state and walks its
+   blocks of `block_t` positions: intra-block masked matmul plus inter-block state, with the
+   normaliser q.z from the float32 z in the same loop.
+
+This module imports triton at import time; `linpipe.kernels` imports it only lazily.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+_FEATURE_MAP_IDS = {"elu1": 0, "relu": 1, "identity": 2}
+_SUPPORTED = (torch.float32, torch.bfloat16, torch.float16)
+
+
+@triton.jit
+def _phi(x, FEATURE_MAP: tl.constexpr):
+    # x is float32; the feature map runs on registers, never as a separate pass over memory.
+    if FEATURE_MAP == 0:
+        return tl.where(x > 0, x + 1.0, tl.exp(tl.minimum(x, 0.0)))
+    elif FEATURE_MAP == 1:
+        return tl.maximum(x, 0.0)
+    else:
+        return x
+
+
+@triton.jit
+def _row_base(pos, row_stride):
+    # Element offset of position `pos` in a (positions, row_stride) buffer, always in int64:
+    # B*T*H*K passes 2**31 on long genomes and int32 products would wrap silently.
+    return pos.to(tl.int64) * row_stride
+
+
+@triton.jit
+def _mm(x, like, INTERPRETED: tl.constexpr):
+    # A matmul operand in the input dtype (tensor cores for bf16/fp16; accumulation is fp32).
+    # The interpreter multiplies bf16 bit patterns as integers, so there it is rounded to the
+    # input dtype and multiplied in fp32: the same numbers as the compiled kernel.
+    if INTERPRETED:
+        return x.to(like.dtype).to(tl.float32)
+    else:
+        return x.to(like.dtype)
+
+
+@triton.jit
+def _state_step(b_s, b_z, b_k, b_v, o_t, n, lg, HAS_DECAY: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                INTERPRETED: tl.constexpr):
+    # Adds one block (n valid rows of phi(k), masked rows zero) to the running state.
+    if HAS_DECAY:
+        # decay each row to the block end; gamma^n carries the earlier blocks over. The where
+        # keeps masked rows at 0 (gamma^negative would overflow to inf, and inf * 0 = nan).
+        w = tl.where(o_t < n, tl.exp2((n - 1 - o_t).to(tl.float32) * lg), 0.0)
+        b_k = b_k * w[:, None]
+        g_n = tl.exp2(n.to(tl.float32) * lg)
+        b_s = b_s * g_n
+        b_z = b_z * g_n
+    b_s += tl.dot(tl.trans(_mm(b_k, b_v, INTERPRETED)), _mm(b_v, b_v, INTERPRETED),
+                  input_precision=DOT_PRECISION)  # (BK, BV)
+    b_z += tl.sum(b_k, axis=0)
+    return b_s, b_z
+
+
+@triton.jit
+def _state_block(b_s, b_z, k_base, v_base, t0, n_pos, o_t, o_k, o_v, m_k, m_v, lg,
+                 H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                 FEATURE_MAP: tl.constexpr, HAS_DECAY: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                 INTERPRETED: tl.constexpr):
+    rows = t0 + o_t
+    n = tl.minimum(n_pos - t0, o_t.shape[0])
+    m_tk = (o_t < n)[:, None] & m_k[None, :]
+    m_tv = (o_t < n)[:, None] & m_v[None, :]
+    b_k = tl.load(k_base + rows[:, None] * (H * K) + o_k[None, :], mask=m_tk, other=0.0)
+    b_v = tl.load(v_base + rows[:, None] * (H * V) + o_v[None, :], mask=m_tv, other=0.0)
+    b_k = tl.where(m_tk, _phi(b_k.to(tl.float32), FEATURE_MAP), 0.0)  # phi(0) may be 1: mask after
+    return _state_step(b_s, b_z, b_k, b_v, o_t, n, lg, HAS_DECAY, DOT_PRECISION, INTERPRETED)
+
+
+@triton.jit
+def _segment_state_kernel(
+    k_ptr, v_ptr,  # (T_all, H, K), (T_all, H, V) packed positions
+    seg_ptr,  # (NS, 3) int64: record, start, end
+    log2g_ptr,  # (H,) float32 log2(decay)
+    ds_ptr, dz_ptr,  # (NS, H, K, V), (NS, H, K) float32 out
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    FEATURE_MAP: tl.constexpr, HAS_DECAY: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    INTERPRETED: tl.constexpr,
+):
+    i_s = tl.program_id(0).to(tl.int64)
+    i_h = tl.program_id(1)
+    i_v = tl.program_id(2)
+    start = tl.load(seg_ptr + i_s * 3 + 1)
+    end = tl.load(seg_ptr + i_s * 3 + 2)
+    n_pos = (end - start).to(tl.int32)
+
+    o_t = tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k = o_k < K
+    m_v = o_v < V
+    k_base = k_ptr + _row_base(start, H * K) + i_h * K
+    v_base = v_ptr + _row_base(start, H * V) + i_h * V
+    lg = tl.load(log2g_ptr + i_h)  # 0 without decay
+
+    b_s = tl.zeros((BK, BV), dtype=tl.float32)
+    b_z = tl.zeros((BK,), dtype=tl.float32)
+    if INTERPRETED:
+        t0 = 0
+        while t0 < n_pos:
+            b_s, b_z = _state_block(b_s, b_z, k_base, v_base, t0, n_pos, o_t, o_k, o_v, m_k, m_v, lg,
+                                    H, K, V, FEATURE_MAP, HAS_DECAY, DOT_PRECISION, INTERPRETED)
+            t0 += BT
+    else:
+        for t0 in range(0, n_pos, BT):
+            b_s, b_z = _state_block(b_s, b_z, k_base, v_base, t0, n_pos, o_t, o_k, o_v, m_k, m_v, lg,
+                                    H, K, V, FEATURE_MAP, HAS_DECAY, DOT_PRECISION, INTERPRETED)
+
+    s_base = ds_ptr + (i_s * H + i_h) * (K * V)
+    tl.store(s_base + o_k[:, None] * V + o_v[None, :], b_s, mask=m_k[:, None] & m_v[None, :])
+    tl.store(dz_ptr + (i_s * H + i_h) * K + o_k, b_z, mask=m_k & (i_v == 0))  # one V tile owns z
+
+
+@triton.jit
+def _scan_step(b_s, b_z, i_s, seg_ptr, ds_ptr, dz_ptr, i_h, o_k, o_kv, m_k, m_kv, own_z, lg,
+               H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, HAS_DECAY: tl.constexpr):
+    # Leaves the entering state of segment i_s in its slot and returns the state after it.
+    s_ptrs = ds_ptr + (i_s * H + i_h) * (K * V) + o_kv
+    z_ptrs = dz_ptr + (i_s * H + i_h) * K + o_k
+    d_s = tl.load(s_ptrs, mask=m_kv, other=0.0)
+    d_z = tl.load(z_ptrs, mask=m_k, other=0.0)
+    tl.store(s_ptrs, b_s, mask=m_kv)
+    tl.store(z_ptrs, b_z, mask=m_k & own_z)
+    if HAS_DECAY:
+        n = tl.load(seg_ptr + i_s * 3 + 2) - tl.load(seg_ptr + i_s * 3 + 1)
+        g_n = tl.exp2(n.to(tl.float32) * lg)
+        b_s = b_s * g_n
+        b_z = b_z * g_n
+    return b_s + d_s, b_z + d_z
+
+
+@triton.jit
+def _segment_scan_kernel(
+    seg_first_ptr,  # (N+1,) int64: first segment of each record
+    seg_ptr,  # (NS, 3) int64
+    log2g_ptr,
+    s0_ptr, z0_ptr,  # (N, H, K, V), (N, H, K) float32 initial states
+    ds_ptr, dz_ptr,  # (NS, H, K, V), (NS, H, K): contributions in, entering states out
+    sf_ptr, zf_ptr,  # (N, H, K, V), (N, H, K) float32 final states out
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr,
+    HAS_INITIAL: tl.constexpr, HAS_DECAY: tl.constexpr, INTERPRETED: tl.constexpr,
+):
+    i_nh = tl.program_id(0).to(tl.int64)
+    i_k = tl.program_id(1)
+    i_v = tl.program_id(2)
+    i_n = i_nh // H
+    i_h = (i_nh % H).to(tl.int32)
+    o_k = i_k * BK + tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k = o_k < K
+    m_v = o_v < V
+    m_kv = m_k[:, None] & m_v[None, :]
+    o_kv = o_k[:, None] * V + o_v[None, :]
+    own_z = i_v == 0  # one V tile owns z
+    lg = tl.load(log2g_ptr + i_h)
+
+    if HAS_INITIAL:
+        b_s = tl.load(s0_ptr + i_nh * (K * V) + o_kv, mask=m_kv, other=0.0)
+        b_z = tl.load(z0_ptr + i_nh * K + o_k, mask=m_k, other=0.0)
+    else:
+        b_s = tl.zeros((BK, BV), dtype=tl.float32)
+        b_z = tl.zeros((BK,), dtype=tl.float32)
+    first = tl.load(seg_first_ptr + i_n)
+    last = tl.load(seg_first_ptr + i_n + 1)
+    if INTERPRETED:
+        i_s = first
+        while i_s < last:
+            b_s, b_z = _scan_step(b_s, b_z, i_s, seg_ptr, ds_ptr, dz_ptr, i_h, o_k, o_kv, m_k, m_kv,
+                                  own_z, lg, H, K, V, HAS_DECAY)
+            i_s += 1
+    else:
+        for i_s in range(first, last):
+            b_s, b_z = _scan_step(b_s, b_z, i_s, seg_ptr, ds_ptr, dz_ptr, i_h, o_k, o_kv, m_k, m_kv,
+                                  own_z, lg, H, K, V, HAS_DECAY)
+    tl.store(sf_ptr + i_nh * (K * V) + o_kv, b_s, mask=m_kv)
+    tl.store(zf_ptr + i_nh * K + o_k, b_z, mask=m_k & own_z)
+
+
+@triton.jit
+def _output_block(b_s, b_z, q_base, k_base, v_base, o_base, t0, n_pos, o_t, o_k, o_v, m_k, m_v, lg,
+                  causal, decay_ij, decay_i, eps,
+                  H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                  FEATURE_MAP: tl.constexpr, NORMALIZE: tl.constexpr, HAS_DECAY: tl.constexpr,
+                  DOT_PRECISION: tl.constexpr, INTERPRETED: tl.constexpr):
+    rows = t0 + o_t
+    n = tl.minimum(n_pos - t0, o_t.shape[0])
+    m_tk = (o_t < n)[:, None] & m_k[None, :]
+    m_tv = (o_t < n)[:, None] & m_v[None, :]
+    b_q = tl.load(q_base + rows[:, None] * (H * K) + o_k[None, :], mask=m_tk, other=0.0)
+    b_k = tl.load(k_base + rows[:, None] * (H * K) + o_k[None, :], mask=m_tk, other=0.0)
+    b_v = tl.load(v_base + rows[:, None] * (H * V) + o_v[None, :], mask=m_tv, other=0.0)
+    b_q = tl.where(m_tk, _phi(b_q.to(tl.float32), FEATURE_MAP), 0.0)  # (BT, BK) fp32
+    b_k = tl.where(m_tk, _phi(b_k.to(tl.float32), FEATURE_MAP), 0.0)
+
+    b_a = tl.dot(_mm(b_q, b_v, INTERPRETED), tl.trans(_mm(b_k, b_v, INTERPRETED)),
+                 input_precision=DOT_PRECISION)  # (BT, BT) fp32
+    if HAS_DECAY:
+        b_a = b_a * decay_ij
+        b_qs = b_q * decay_i[:, None]  # the entering state is i+1 steps old at row i
+    else:
+        b_a = tl.where(causal, b_a, 0.0)
+        b_qs = b_q
+    b_o = tl.dot(_mm(b_a, b_v, INTERPRETED), _mm(b_v, b_v, INTERPRETED), input_precision=DOT_PRECISION)
+    b_o += tl.dot(_mm(b_qs, b_v, INTERPRETED), _mm(b_s, b_v, INTERPRETED),
+                  input_precision=DOT_PRECISION)  # (BT, BV)
+    if NORMALIZE:
+        # q.z from the float32 scores and the float32 z, never from a low-precision copy
+        den = tl.sum(b_a, axis=1) + tl.sum(b_qs * b_z[None, :], axis=1)
+        b_o = b_o / (den + eps)[:, None]
+    tl.store(o_base + rows[:, None] * (H * V) + o_v[None, :], b_o.to(o_base.dtype.element_ty), mask=m_tv)
+    return _state_step(b_s, b_z, b_k, b_v, o_t, n, lg, HAS_DECAY, DOT_PRECISION, INTERPRETED)
+
+
+@triton.jit
+def _segment_output_kernel(
+    q_ptr, k_ptr, v_ptr, o_ptr,  # (T_all, H, K) x2, (T_all, H, V) x2
+    seg_ptr,  # (NS, 3) int64
+    log2g_ptr,
+    hs_ptr, hz_ptr,  # (NS, H, K, V), (NS, H, K) float32 entering states
+    eps,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    FEATURE_MAP: tl.constexpr, NORMALIZE: tl.constexpr, HAS_DECAY: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, INTERPRETED: tl.constexpr,
+):
+    i_s = tl.program_id(0).to(tl.int64)
+    i_h = tl.program_id(1)
+    i_v = tl.program_id(2)
+    start = tl.load(seg_ptr + i_s * 3 + 1)
+    end = tl.load(seg_ptr + i_s * 3 + 2)
+    n_pos = (end - start).to(tl.int32)
+
+    o_t = tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k = o_k < K
+    m_v = o_v < V
+    q_base = q_ptr + _row_base(start, H * K) + i_h * K
+    k_base = k_ptr + _row_base(start, H * K) + i_h * K
+    v_base = v_ptr + _row_base(start, H * V) + i_h * V
+    o_base = o_ptr + _row_base(start, H * V) + i_h * V
+    lg = tl.load(log2g_ptr + i_h)
+
+    b_s = tl.load(hs_ptr + (i_s * H + i_h) * (K * V) + o_k[:, None] * V + o_v[None, :],
+                  mask=m_k[:, None] & m_v[None, :], other=0.0)  # (BK, BV) fp32
+    b_z = tl.load(hz_ptr + (i_s * H + i_h) * K + o_k, mask=m_k, other=0.0)  # (BK,) fp32
+    causal = o_t[:, None] >= o_t[None, :]
+    # gamma^(i-j) on and below the diagonal: exponents stay >= 0, so nothing overflows
+    decay_ij = tl.where(causal, tl.exp2((o_t[:, None] - o_t[None, :]).to(tl.float32) * lg), 0.0)
+    decay_i = tl.exp2((o_t + 1).to(tl.float32) * lg)  # (BT,)
+
+    if INTERPRETED:
+        t0 = 0
+        while t0 < n_pos:
+            b_s, b_z = _output_block(b_s, b_z, q_base, k_base, v_base, o_base, t0, n_pos, o_t, o_k, o_v,
+                                     m_k, m_v, lg, causal, decay_ij, decay_i, eps, H, K, V,
+                                     FEATURE_MAP, NORMALIZE, HAS_DECAY, DOT_PRECISION, INTERPRETED)
+            t0 += BT
+    else:
+        for t0 in range(0, n_pos, BT):
+            b_s, b_z = _output_block(b_s, b_z, q_base, k_base, v_base, o_base, t0, n_pos, o_t, o_k, o_v,
+                                     m_k, m_v, lg, causal, decay_ij, decay_i, eps, H, K, V,
+                                     FEATURE_MAP, NORMALIZE, HAS_DECAY, DOT_PRECISION, INTERPRETED)
+
+
+_tuned = None
+
+
+def _tuned_kernels():
+    """Autotuned wrappers of the two parallel kernels, built on the first GPU call."""
+    global _tuned
+    if _tuned is None:
+        configs = [triton.Config({"BV": bv}, num_warps=w, num_stages=st)
+                   for bv in (64, 128) for w in (4, 8) for st in (2, 3)]
+        key = ["H", "K", "V", "BT", "FEATURE_MAP", "HAS_DECAY", "DOT_PRECISION"]
+        _tuned = (triton.autotune(configs=configs, key=key)(_segment_state_kernel),
+                  triton.autotune(configs=configs, key=key + ["NORMALIZE"])(_segment_output_kernel))
+    return _tuned
+
+
+def _segments(cu: torch.Tensor, seg_len: int):
+    """Cut records into segments of at most seg_len positions.
+
+    Returns seg (NS, 3) int64 (record, start, end) and seg_first (N+1,) int64, on cu's device.
+    One device-to-host copy (the number of segments) sizes the launch grid.
+    """
+    lengths = cu[1:] - cu[:-1]  # (N,)
+    counts = (lengths + seg_len - 1) // seg_len  # zero-length records own no segment
+    seg_first = torch.zeros(len(counts) + 1, dtype=torch.int64, device=cu.device)
+    torch.cumsum(counts, 0, out=seg_first[1:])
+    ns = int(seg_first[-1].item())
+    rec = torch.repeat_interleave(torch.arange(len(counts), device=cu.device), counts, output_size=ns)
+    local = torch.arange(ns, device=cu.device) - seg_first[rec]
+    start = cu[rec] + local * seg_len
+    end = torch.minimum(start + seg_len, cu[rec + 1])
+    return torch.stack([rec, start, end], 1).contiguous(), seg_first
+
+
+def _interpreted() -> bool:
+    # Triton 3.6's interpreter cannot take a `range` bound from a runtime scalar under NumPy >= 2.4
+    # (its scalars are 1-element arrays), so interpreted runs walk the same bodies with `while`.
+    # Compiled runs keep `for`, which Triton software-pipelines.
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _pow2(x: int, lo: int = 16) -> int:
+    return max(lo, triton.next_power_of_2(x))
+
+
+def _default_segment_len(total: int, n_records: int, heads: int, v_tiles: int, block_t: int) -> int:
+    # Enough (segment, head, V tile) programs to fill every SM a few times over, but segments
+    # long enough that the per-segment state traffic stays small next to q, k, v and o.
+    target_programs = 2048
+    per_seg = heads * v_tiles
+    want_segments = max(1, target_programs // per_seg)
+    seg = total // want_segments if total > 0 else block_t
+    seg = max(block_t, min(8192, seg))
+    seg = block_t * max(1, seg // block_t)
+    return seg
+
+
+def chunk_linear_attn_triton(
+    q: torch.Tensor,  # (B, T, H, K) raw projections
+    k: torch.Tensor,  # (B, T, H, K)
+    v: torch.Tensor,  # (B, T, H, V)
+    *,
+    decay: torch.Tensor | None = None,  # (H,) in (0, 1]
+    feature_map: str = "elu1",
+    normalize: bool = True,
+    eps: float = 1e-6,
+    initial_state: tuple[torch.Tensor, torch.Tensor] | None = None,  # (N|B, H, K, V), (N|B, H, K)
+    output_final_state: bool = False,
+    cu_seqlens: torch.Tensor | None = None,  # (N+1,) int64, with B == 1
+    block_t: int | None = None,
+    segment_len: int | None = None,
+    block_v: int | None = None,
+):
+    """Fused chunked linear attention in Triton; returns (o in q's dtype, (S, z) float32 or None).
+
+    `block_t` (positions per matmul block), `segment_len` (positions per parallel segment, a
+    multiple of block_t) and `block_v` (V tile) are tuning knobs; the defaults suit a GPU.
+    """
+    if feature_map not in _FEATURE_MAP_IDS:
+        raise ValueError(f"unknown feature map {feature_map!r}; expected one of {', '.join(_FEATURE_MAP_IDS)}")
+    if q.dim() != 4 or k.shape != q.shape or v.dim() != 4 or v.shape[:3] != q.shape[:3]:
+        raise ValueError(f"q, k must be (B, T, H, K) and v (B, T, H, V); got {tuple(q.shape)}, "
+                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    out_dtype = q.dtype
+    dtype = q.dtype if q.dtype in _SUPPORTED else torch.float32  # float64 callers compute in fp32
+    q, k, v = (x.to(dtype).contiguous() for x in (q, k, v))
+    device = q.device
+
+    if cu_seqlens is not None:
+        if B != 1:
+            raise ValueError(f"cu_seqlens needs B == 1 (records packed along T); got B = {B}")
+        cu = cu_seqlens.to(device=device, dtype=torch.int64)
+        if cu.dim() != 1 or cu.numel() < 2 or int(cu[0]) != 0 or int(cu[-1]) != T:
+            raise ValueError(f"cu_seqlens must run from 0 to T = {T}; got {cu_seqlens.tolist()[:8]}...")
+    else:
+        cu = torch.arange(B + 1, device=device, dtype=torch.int64) * T  # each batch row is a record
+    N = cu.numel() - 1
+
+    BK = _pow2(K)
+    BV = block_v or min(_pow2(V), 64)
+    BT = block_t or 64
+    v_tiles = triton.cdiv(V, BV)
+    L = segment_len or _default_segment_len(B * T, N, H, v_tiles, BT)
+    if L % BT:
+        raise ValueError(f"segment_len {L} must be a multiple of block_t {BT}")
+    if L * H * max(K, V) >= 2**31:  # offsets inside a segment are int32 (bases are int64)
+        raise ValueError(f"segment_len {L} too long for H*K = {H * max(K, V)}")
+    if decay is not None and decay.shape != (H,):
+        raise ValueError(f"decay must have shape ({H},); got {tuple(decay.shape)}")
+    seg, seg_first = _segments(cu, L)
+    NS = seg.shape[0]
+
+    if decay is not None:
+        log2g = torch.log2(decay.to(device=device, dtype=torch.float32)).contiguous()
+    else:
+        log2g = torch.zeros(H, device=device, dtype=torch.float32)
+    has_decay = decay is not None
+    prec = "ieee" if dtype == torch.float32 else "tf32"
+    fm = _FEATURE_MAP_IDS[feature_map]
+    interp = _interpreted()
+
+    if initial_state is not None:
+        s0 = initial_state[0].to(device=device, dtype=torch.float32).contiguous()
+        z0 = initial_state[1].to(device=device, dtype=torch.float32).contiguous()
+        if s0.shape != (N, H, K, V) or z0.shape != (N, H, K):
+            raise ValueError(f"initial_state must be S ({N}, {H}, {K}, {V}) and z ({N}, {H}, {K}); "
+                             f"got {tuple(s0.shape)}, {tuple(z0.shape)}")
+    else:
+        s0 = z0 = log2g  # unused placeholders
+
+    hs = torch.empty((NS, H, K, V), device=device, dtype=torch.float32)
+    hz = torch.empty((NS, H, K), device=device, dtype=torch.float32)
+    sf = torch.empty((N, H, K, V), device=device, dtype=torch.float32)
+    zf = torch.empty((N, H, K), device=device, dtype=torch.float32)
+    o = torch.empty((B, T, H, V), device=device, dtype=dtype)
+
+    state_args = (k, v, seg, log2g, hs, hz)
+    state_meta = dict(H=H, K=K, V=V, BT=BT, BK=BK, FEATURE_MAP=fm, HAS_DECAY=has_decay,
+                      DOT_PRECISION=prec, INTERPRETED=interp)
+    out_args = (q, k, v, o, seg, log2g, hs, hz, float(eps))
+    out_meta = dict(state_meta, NORMALIZE=bool(normalize))
+    tuned = not interp and block_v is None
+    if tuned:  # the V tile, warps and stages are autotuned per (H, K, V, BT, variant) on the GPU
+        state_kernel, out_kernel = _tuned_kernels()
+    else:
+        state_kernel, out_kernel = _segment_state_kernel, _segment_output_kernel
+        state_meta["BV"] = out_meta["BV"] = BV
+
+    def grid(meta):
+        return (NS, H, triton.cdiv(V, meta["BV"]))
+
+    if NS > 0:
+        state_kernel[grid](*state_args, **state_meta)
+    if N > 0:
+        scan_bk = min(BK, 32)
+        scan_bv = min(_pow2(V), 32)
+        _segment_scan_kernel[(N * H, triton.cdiv(K, scan_bk), triton.cdiv(V, scan_bv))](
+            seg_first, seg, log2g, s0, z0, hs, hz, sf, zf,
+            H=H, K=K, V=V, BK=scan_bk, BV=scan_bv,
+            HAS_INITIAL=initial_state is not None, HAS_DECAY=has_decay, INTERPRETED=interp,
+        )
+    if NS > 0:
+        out_kernel[grid](*out_args, **out_meta)
+    final = (sf, zf) if output_final_state else None
+    return o.to(out_dtype), final

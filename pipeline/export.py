@@ -1,0 +1,189 @@
+"""Exports of a store's outputs: bigWig / bedGraph tracks for genome browsers, Parquet tables.
+
+Everything streams one work-unit chunk at a time, so memory stays flat on whole genomes.
+Chunks the job never completed are skipped (not exported as zeros or NaN).
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from .errors import StoreError
+from .outputs_read import OutputReader
+
+TRACK_FORMATS = ("bigwig", "bedgraph")
+
+
+def _reader(store) -> OutputReader:
+    return store if isinstance(store, OutputReader) else OutputReader(store)
+
+
+def _select(reader: OutputReader, records) -> list[str]:
+    if not records:
+        return list(reader.records)
+    return [reader.key(r) for r in records]
+
+
+def _completed_blocks(reader: OutputReader, key: str, output: str):
+    """Yield (start, values) for each completed chunk of one output, in position order."""
+    out = reader.store
+    arr = reader.array(key, output)
+    done = out.completed_chunks(key)
+    for i in range(out.n_chunks(key)):
+        if i in done:
+            s, e = out.chunk_range(key, i)
+            yield s, arr[s:e]
+
+
+def value_runs(values: np.ndarray, start: int = 0):
+    """Runs of equal, non-NaN values: (starts, ends, values) arrays, positions offset by start."""
+    v = np.asarray(values, dtype=np.float64)  # exact for float32 and uint8 values
+    n = v.size
+    if n == 0:
+        return np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0)
+    nan = np.isnan(v)
+    # a run starts where the value changes or NaN-ness changes
+    change = np.ones(n, dtype=bool)
+    change[1:] = (v[1:] != v[:-1]) & ~(nan[1:] & nan[:-1])
+    starts = np.flatnonzero(change)
+    ends = np.append(starts[1:], n)
+    keep = ~nan[starts]
+    return starts[keep] + start, ends[keep] + start, v[starts[keep]]
+
+
+def _merge_blocks(blocks):
+    """Join runs that continue across chunk boundaries (equal value, adjacent positions)."""
+    carry = None
+    for s, e, v in blocks:
+        if carry is not None and s.size and carry[1] == s[0] and carry[2] == v[0]:
+            s = s.copy()
+            s[0] = carry[0]
+            carry = None
+        if carry is not None:
+            yield np.array([carry[0]]), np.array([carry[1]]), np.array([carry[2]])
+            carry = None
+        if s.size:
+            carry = (int(s[-1]), int(e[-1]), float(v[-1]))
+            yield s[:-1], e[:-1], v[:-1]
+    if carry is not None:
+        yield np.array([carry[0]]), np.array([carry[1]]), np.array([carry[2]])
+
+
+def _check_track(reader: OutputReader, keys: list[str], output: str):
+    for key in keys:
+        info = reader.records[key]
+        if info["modality"] != "dna":
+            raise StoreError(f"{reader.path}: record {info['id']!r} is a time series; genome tracks "
+                             "need dna outputs (use --format parquet)")
+        arr = reader.array(key, output)
+        if arr.ndim != 1:
+            raise StoreError(f"{reader.path}: output {output!r} has a {arr.metadata.dimension_names[1]} "
+                             "axis; tracks take one value per base (logprob, entropy, softmask)")
+
+
+def _track_runs(reader, key, output):
+    blocks = (value_runs(vals, s) for s, vals in _completed_blocks(reader, key, output))
+    return _merge_blocks(blocks)
+
+
+def export_track(store, output: str, dest, *, fmt: str = "bigwig", records=None) -> int:
+    """Write one per-base output as a bigWig or bedGraph track; returns the number of intervals.
+
+    Chromosome names are the original record ids and their sizes the record lengths; positions
+    with NaN (e.g. logprob at N bases) and chunks never completed are left out of the track.
+    """
+    if fmt not in TRACK_FORMATS:
+        raise StoreError(f"unknown track format {fmt!r} (one of {', '.join(TRACK_FORMATS)})")
+    reader = _reader(store)
+    keys = _select(reader, records)
+    _check_track(reader, keys, output)
+    keys = [k for k in keys if reader.records[k]["length"] > 0]
+    dest = os.fspath(dest)
+    n = 0
+    if fmt == "bedgraph":
+        with open(dest, "w") as f:
+            f.write(f'track type=bedGraph name="{output}"\n')
+            for key in keys:
+                chrom = reader.records[key]["id"]
+                for s, e, v in _track_runs(reader, key, output):
+                    lines = [f"{chrom}\t{a}\t{b}\t{c:.9g}\n" for a, b, c in zip(s.tolist(), e.tolist(), v.tolist())]
+                    f.writelines(lines)
+                    n += len(lines)
+        return n
+
+    try:
+        import pyBigWig
+    except ImportError:
+        raise StoreError("bigWig export needs pyBigWig: pip install 'linpipe[bigwig]'") from None
+    bw = pyBigWig.open(dest, "w")
+    if bw is None:
+        raise StoreError(f"{dest}: cannot create the bigWig file")
+    try:
+        # the header fixes chromosome order; entries must then come in that same order
+        bw.addHeader([(reader.records[k]["id"], int(reader.records[k]["length"])) for k in keys])
+        for key in keys:
+            chrom = reader.records[key]["id"]
+            for s, e, v in _track_runs(reader, key, output):
+                if s.size:
+                    bw.addEntries([chrom] * s.size, s.tolist(), ends=e.tolist(), values=v.tolist())
+                    n += s.size
+    finally:
+        bw.close()
+    return n
+
+
+def export_parquet(store, output, dest, *, records=None) -> int:
+    """Write outputs as a long table: record, position/time, one column per channel/feature.
+
+    `output` is one name or a list. Returns the number of rows written.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    reader = _reader(store)
+    keys = _select(reader, records)
+    names = [output] if isinstance(output, str) else list(output)
+    writer = None
+    rows = 0
+    try:
+        for key in keys:
+            info = reader.records[key]
+            arrays = {name: reader.array(key, name) for name in names}
+            has_time = "time" in reader.store.output_names(key)
+            channels = reader.meta.get("channels") or []
+            done = reader.store.completed_chunks(key)
+            for i in range(reader.store.n_chunks(key)):
+                if i not in done:
+                    continue
+                s, e = reader.store.chunk_range(key, i)
+                cols = {"record": pa.array([info["id"]] * (e - s), pa.string())}
+                if has_time:
+                    t = reader.array(key, "time")[s:e]
+                    if "units" in reader.array(key, "time").attrs:
+                        t = t.astype("datetime64[ns]")
+                    cols["time"] = pa.array(t)
+                else:
+                    cols["time" if info["modality"] == "timeseries" else "position"] = pa.array(np.arange(s, e))
+                for name, arr in arrays.items():
+                    block = arr[s:e]
+                    if block.ndim == 1:
+                        cols[name] = pa.array(block)
+                    else:
+                        labels = (channels if arr.metadata.dimension_names[1] == "channel"
+                                  else [str(j) for j in range(block.shape[1])])
+                        for j, lab in enumerate(labels):
+                            cols[f"{name}_{lab}"] = pa.array(np.ascontiguousarray(block[:, j]))
+                table = pa.table(cols)
+                if writer is None:
+                    writer = pq.ParquetWriter(os.fspath(dest), table.schema, compression="zstd")
+                elif table.schema != writer.schema:
+                    table = table.cast(writer.schema)
+                writer.write_table(table)
+                rows += table.num_rows
+    finally:
+        if writer is not None:
+            writer.close()
+    if writer is None:
+        raise StoreError(f"{reader.path}: nothing to export (no completed chunks in the chosen records)")
+    return rows

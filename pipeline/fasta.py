@@ -1,0 +1,323 @@
+"""FASTA genomes (plain, bgzip, gzip) with random access to any slice of any record.
+
+A slice is read as raw bytes at offsets computed from the index (samtools' arithmetic: every
+line but the last of a record holds LINEBASES bases in LINEWIDTH bytes), the line endings are
+cut out with a reshape, and bytes become tokens and the soft-mask through lookup tables: no
+per-base Python anywhere. Records whose lines are not all equal (which samtools refuses) are
+read by scanning the record from its start, with a cursor so that consecutive chunks do not
+rescan. Plain gzip cannot seek: every read streams forward from the start, or from where the
+last read stopped (bgzip the file for real random access).
+"""
+from __future__ import annotations
+
+import gzip
+import os
+import struct
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+from .alphabet import INVALID, SOFTMASK_LUT, TOKEN_LUT
+from .errors import InputError
+from .faidx import (
+    IndexEntry,
+    check_bgzf_eof,
+    find_fresh,
+    format_fai,
+    format_gzi,
+    format_lpi,
+    parse_gzi,
+    parse_index,
+    scan_bgzf_blocks,
+    scan_stream,
+    write_sidecar,
+)
+from .inputs import Input, RecordInfo
+
+SCAN_READ = 4 << 20  # bytes per read while scanning an irregular record
+_NL, _CR = 10, 13
+_DECODE_ERRORS = (EOFError, zlib.error, gzip.BadGzipFile, struct.error, RuntimeError, ValueError)
+
+
+# --------------------------------------------------------------------------------------------
+# byte sources: read_at(offset, n) in the uncompressed stream
+
+
+class _PlainSource:
+    def __init__(self, path: Path):
+        self.fd = os.open(path, os.O_RDONLY)
+
+    def read_at(self, offset: int, n: int) -> bytes:
+        data = os.pread(self.fd, n, offset)
+        if len(data) < n:  # short reads happen on some filesystems: finish them
+            parts = [data]
+            got = len(data)
+            while got < n:
+                more = os.pread(self.fd, n - got, offset + got)
+                if not more:
+                    break
+                parts.append(more)
+                got += len(more)
+            data = b"".join(parts)
+        return data
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+class _BgzfSource:
+    """Random access through Bio.bgzf: the .gzi maps an uncompressed offset to its block."""
+
+    def __init__(self, path: Path, cstarts: np.ndarray, ustarts: np.ndarray):
+        from Bio import bgzf
+
+        self._make_voffset = bgzf.make_virtual_offset
+        self.reader = bgzf.BgzfReader(str(path), "rb")
+        self.cstarts, self.ustarts = cstarts, ustarts
+
+    def read_at(self, offset: int, n: int) -> bytes:
+        if n <= 0:
+            return b""
+        i = int(np.searchsorted(self.ustarts, offset, side="right")) - 1
+        self.reader.seek(self._make_voffset(int(self.cstarts[i]), offset - int(self.ustarts[i])))
+        parts, left = [], n
+        while left:
+            # at most one block per call: BgzfReader.read concatenates bytes quadratically
+            part = self.reader.read(min(left, 1 << 16))
+            if not part:
+                break
+            parts.append(part)
+            left -= len(part)
+        return b"".join(parts)
+
+    def close(self) -> None:
+        self.reader.close()
+
+
+class _GzipSource:
+    """Plain gzip: forward-only; a read behind the current position restarts from byte 0."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.gz = gzip.open(path, "rb")
+
+    def read_at(self, offset: int, n: int) -> bytes:
+        if self.gz.tell() > offset:
+            self.gz.close()
+            self.gz = gzip.open(self.path, "rb")
+        self.gz.seek(offset)
+        return self.gz.read(n)
+
+    def close(self) -> None:
+        self.gz.close()
+
+
+# --------------------------------------------------------------------------------------------
+
+
+class FastaInput(Input):
+    """A FASTA genome. read(record_id, start, end) -> (tokens uint8 (n,), softmask uint8 (n,))."""
+
+    modality = "dna"
+    channel_names = None
+
+    def __init__(self, path: "str | os.PathLike", *, fmt: str = "fasta", cache_dir=None):
+        super().__init__(Path(path))
+        self.fmt = fmt
+        self.cache_dir = cache_dir
+        self._source = None
+        self._cursor: dict[int, tuple[int, int]] = {}  # irregular records: (base, byte) to resume a scan
+        self.index_path: "Path | None" = None
+        self.gzi_path: "Path | None" = None
+        self._gzi = None
+        if fmt == "fasta-bgzf":
+            check_bgzf_eof(self.path)
+            self._load_gzi()
+        self._entries = self._load_index()
+        self._set_records([RecordInfo(e.name, e.description, e.length) for e in self._entries])
+
+    # -- index
+    def _load_gzi(self) -> None:
+        found = find_fresh(self.path, ".gzi", self.cache_dir)
+        if found is not None:
+            try:
+                self._gzi = parse_gzi(found)
+                self.gzi_path = found
+                return
+            except InputError:
+                pass
+        blocks = scan_bgzf_blocks(self.path)
+        self.gzi_path = write_sidecar(self.path, ".gzi", format_gzi(blocks), self.cache_dir)
+        self._gzi = (np.array([c for c, _ in blocks], dtype=np.int64), np.array([u for _, u in blocks], dtype=np.int64))
+
+    def _load_index(self) -> list[IndexEntry]:
+        suffixes = [".lpi"] if self.fmt == "fasta-gzip" else [".fai", ".lpi"]
+        for suffix in suffixes:
+            found = find_fresh(self.path, suffix, self.cache_dir)
+            if found is None:
+                continue
+            try:
+                entries = parse_index(found, self.path)
+                if suffix == ".fai":
+                    entries = self._with_descriptions(entries)
+            except InputError:
+                continue  # unreadable or stale: rebuild below
+            if entries is not None:
+                self.index_path = found
+                return entries
+        return self._build_index()
+
+    def _build_index(self) -> list[IndexEntry]:
+        # bgzip is valid multi-member gzip: the sequential scan streams it with zlib at C speed
+        opener = open if self.fmt == "fasta" else gzip.open
+        try:
+            with opener(self.path, "rb") as fh:
+                entries, _ = scan_stream(fh.read, str(self.path))
+        except OSError as e:
+            raise InputError(f"{self.path}: cannot read: {e}") from None
+        seekable = self.fmt != "fasta-gzip"
+        if seekable and all(e.regular for e in entries):
+            self.index_path = write_sidecar(self.path, ".fai", format_fai(entries), self.cache_dir)
+        else:
+            self.index_path = write_sidecar(self.path, ".lpi", format_lpi(entries), self.cache_dir)
+        return entries
+
+    def _with_descriptions(self, entries: list[IndexEntry]) -> "list[IndexEntry] | None":
+        """A .fai holds no descriptions: read each header line back from just before the
+        record's first base. None when a header does not match (a stale index)."""
+        out = []
+        size = self.path.stat().st_size if self.fmt == "fasta" else None
+        for e in entries:
+            if size is not None and e.length and e.offset + ((e.length - 1) // e.linebases) * e.linewidth > size:
+                return None
+            header = self._header_before(e.offset)
+            if header is None:
+                return None
+            parts = header.split(None, 1)
+            if not parts or parts[0] != e.name:
+                return None
+            desc = parts[1].strip() if len(parts) > 1 else ""
+            out.append(IndexEntry(e.name, e.length, e.offset, e.linebases, e.linewidth, True, desc))
+        return out
+
+    def _header_before(self, offset: int) -> "str | None":
+        window = 4096
+        while True:
+            lo = max(0, offset - window)
+            data = self._src().read_at(lo, offset - lo).rstrip(b"\r\n")
+            cut = data.rfind(b"\n")
+            if cut >= 0 or lo == 0:
+                line = data[cut + 1 :]
+                return line[1:].decode("utf-8", errors="replace") if line[:1] == b">" else None
+            if window >= 1 << 20:
+                return None
+            window *= 16
+
+    # -- sources
+    def _src(self):
+        if self._source is None:
+            if self.fmt == "fasta":
+                self._source = _PlainSource(self.path)
+            elif self.fmt == "fasta-bgzf":
+                self._source = _BgzfSource(self.path, *self._gzi)
+            else:
+                self._source = _GzipSource(self.path)
+        return self._source
+
+    def close(self) -> None:
+        if self._source is not None:
+            self._source.close()
+            self._source = None
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_source"] = None
+        state["_cursor"] = {}
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+
+    # -- reading
+    def read(self, record_id: str, start: int = 0, end: "int | None" = None) -> tuple[np.ndarray, np.ndarray]:
+        """Tokens (A=0 C=1 G=2 T=3 N=4; other IUPAC codes -> N) and soft-mask (1 = lowercase)
+        of bases start..end-1 (0-based, end exclusive) of one record."""
+        rec, start, end = self._check_range(record_id, start, end)
+        idx = self._by_id[record_id]
+        e = self._entries[idx]
+        if end == start:
+            return np.zeros(0, np.uint8), np.zeros(0, np.uint8)
+        try:
+            raw = self._read_regular(e, start, end) if e.regular else self._read_scan(idx, e, start, end)
+        except _DECODE_ERRORS as err:
+            raise InputError(
+                f"{self.path}: record {e.name!r}: corrupt or truncated compressed data while reading "
+                f"positions {start}-{end}: {err}"
+            ) from None
+        tokens = TOKEN_LUT[raw]
+        if tokens.max() == INVALID:
+            i = int(np.argmax(tokens == INVALID))
+            ch = int(raw[i])
+            shown = repr(chr(ch)) if 32 <= ch < 127 else f"byte 0x{ch:02x}"
+            p = start + i
+            byte = f" (byte {e.offset + (p // e.linebases) * e.linewidth + p % e.linebases})" if e.regular else ""
+            raise InputError(f"{self.path}: record {e.name!r}, position {p}{byte}: invalid character {shown} in sequence")
+        return tokens, SOFTMASK_LUT[raw]
+
+    def _read_regular(self, e: IndexEntry, start: int, end: int) -> np.ndarray:
+        lb, lw = e.linebases, e.linewidth
+        b0 = e.offset + (start // lb) * lw + start % lb
+        last = end - 1
+        b1 = e.offset + (last // lb) * lw + last % lb + 1
+        data = self._src().read_at(b0, b1 - b0)
+        if len(data) != b1 - b0:
+            raise InputError(
+                f"{self.path}: record {e.name!r}: file ends at byte {b0 + len(data)} but the index "
+                f"{self.index_path} places position {last} at byte {b1 - 1} (truncated file or stale index: delete the index)"
+            )
+        buf = np.frombuffer(data, dtype=np.uint8)
+        if lw == lb:
+            return buf
+        c0 = start % lb
+        total = c0 + buf.size
+        rows = -(-total // lw)
+        grid = np.empty(rows * lw, dtype=np.uint8)
+        grid[c0:total] = buf
+        grid = grid.reshape(rows, lw)  # (lines, linewidth): bases then the line ending
+        eol = grid[: rows - 1, lb:]
+        if eol.size and not ((eol[:, -1] == _NL).all() and ((eol[:, :-1] == _CR) | (eol[:, :-1] == _NL)).all()):
+            row = int(np.argmax(~((eol == _NL) | (eol == _CR)).all(axis=1) | (eol[:, -1] != _NL)))
+            raise InputError(
+                f"{self.path}: record {e.name!r}: the line ending expected at byte {b0 - c0 + row * lw + lb} "
+                f"(index {self.index_path}: {lb} bases per {lw}-byte line) is not there; the index "
+                "does not match the file: delete it and linpipe rebuilds it"
+            )
+        return grid[:, :lb].reshape(-1)[c0 : c0 + (end - start)]
+
+    def _read_scan(self, idx: int, e: IndexEntry, start: int, end: int) -> np.ndarray:
+        """Lines of unequal width: walk the record from its start (or from the cursor)."""
+        pos, byte = self._cursor.get(idx, (0, e.offset))
+        if pos > start:
+            pos, byte = 0, e.offset
+        out = np.empty(end - start, dtype=np.uint8)
+        got = 0
+        while got < end - start:
+            data = self._src().read_at(byte, SCAN_READ)
+            if not data:
+                raise InputError(f"{self.path}: record {e.name!r}: file ends at byte {byte} before position {start + got}")
+            buf = np.frombuffer(data, dtype=np.uint8)
+            seq = buf[(buf != _NL) & (buf != _CR)]
+            if pos + seq.size > start + got:
+                lo = start + got - pos
+                take = seq[lo : lo + (end - start - got)]
+                out[got : got + take.size] = take
+                got += take.size
+                if got == end - start:
+                    self._cursor[idx] = (pos, byte)
+                    break
+            pos += seq.size
+            byte += len(data)
+        return out

@@ -1,0 +1,502 @@
+"""Time series from Parquet, Arrow IPC (feather v2) and CSV, read by record batches/row groups.
+
+A file holds one series or many (id_column groups rows into series, in order of first
+appearance); time_column is kept as the coordinate; the channels are the chosen columns (default:
+every numeric column but id and time). Rows of each series must be in time order: linpipe
+checks it and either says where it breaks or, with sort=True, sorts a cached copy; it never
+reorders silently. Nulls and NaN come out as NaN.
+
+At open, one pass over just the id and time columns builds the index: for each series, the runs
+of consecutive rows it owns (one run when the file is grouped by series, as it should be for
+speed). read() then touches only the batches/row groups that hold the slice.
+
+CSV (and Arrow stream files) cannot be read at a row offset, so they are converted once, batch
+by batch, into an Arrow IPC file in the cache directory; the channels are parsed as float64 so a
+column that mixes numbers and text is caught with its line. sort=True loads the whole table in
+memory once to sort it (the only case that does).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from .errors import InputError
+from .faidx import cache_root
+from .inputs import Input, RecordInfo, fingerprint_file
+
+BATCH_ROWS = 1 << 16  # rows per batch in converted files and Parquet reads
+_NUMBER = r"^\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*$|^\s*[-+]?(nan|NaN|NAN|inf|Inf|INF)\s*$"
+
+
+def _is_numeric(t) -> bool:
+    import pyarrow as pa
+
+    return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)
+
+
+def _is_time(t) -> bool:
+    import pyarrow as pa
+
+    return _is_numeric(t) or pa.types.is_timestamp(t) or pa.types.is_date(t) or pa.types.is_time(t) or pa.types.is_duration(t)
+
+
+def _series_name(path: Path) -> str:
+    name = path.name
+    for _ in range(3):
+        stem, dot, ext = name.rpartition(".")
+        if dot and ext.lower() in {"gz", "bz2", "zst", "csv", "tsv", "txt", "parquet", "pq", "arrow", "feather", "ipc", "arrows"}:
+            name = stem
+    return name or path.name
+
+
+class _Table:
+    """Random access to rows of an Arrow IPC file (memory-mapped) or a Parquet file."""
+
+    def __init__(self, path: Path, kind: str):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        self.path, self.kind = path, kind
+        if kind == "parquet":
+            self.pf = pq.ParquetFile(path)
+            self.schema = self.pf.schema_arrow
+            sizes = [self.pf.metadata.row_group(i).num_rows for i in range(self.pf.num_row_groups)]
+        else:
+            self.reader = pa.ipc.open_file(pa.memory_map(str(path), "r"))
+            self.schema = self.reader.schema
+            sizes = [self.reader.get_batch(i).num_rows for i in range(self.reader.num_record_batches)]
+        self.unit_starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
+        self.num_rows = int(self.unit_starts[-1])
+        self._cursor = None  # parquet: (row group, columns, iterator, batch, batch start row)
+
+    def iter_units(self, columns: list[str]):
+        """(first global row, record batch) over the whole file, columns subset."""
+        if self.kind == "parquet":
+            row = 0
+            for batch in self.pf.iter_batches(batch_size=BATCH_ROWS, columns=columns):
+                yield row, batch
+                row += batch.num_rows
+        else:
+            for i in range(self.reader.num_record_batches):
+                yield int(self.unit_starts[i]), self.reader.get_batch(i).select(columns)
+
+    def rows(self, g0: int, g1: int, columns: list[str]) -> list:
+        """Record batches (slices) holding global rows g0..g1-1, in order."""
+        out = []
+        u = int(np.searchsorted(self.unit_starts, g0, side="right")) - 1
+        while g0 < g1:
+            u0, u1 = int(self.unit_starts[u]), int(self.unit_starts[u + 1])
+            lo, hi = g0 - u0, min(g1, u1) - u0
+            if self.kind == "parquet":
+                out.extend(self._parquet_rows(u, lo, hi, columns))
+            else:
+                out.append(self.reader.get_batch(u).select(columns).slice(lo, hi - lo))
+            g0 = u0 + hi
+            u += 1
+        return out
+
+    def _parquet_rows(self, rg: int, lo: int, hi: int, columns: list[str]):
+        # stream the row group in batches, continuing from the last read when it is behind us
+        cur = self._cursor
+        if cur is None or cur[0] != rg or cur[1] != columns or cur[4] > lo:
+            it = self.pf.iter_batches(batch_size=BATCH_ROWS, row_groups=[rg], columns=columns)
+            cur = [rg, columns, it, None, 0]
+            cur[3] = next(it)
+        out = []
+        while True:
+            batch, b0 = cur[3], cur[4]
+            b1 = b0 + batch.num_rows
+            if b1 > lo and b0 < hi:
+                s = max(lo, b0)
+                out.append(batch.slice(s - b0, min(hi, b1) - s))
+            if b1 >= hi:
+                break
+            cur[3], cur[4] = next(cur[2]), b1
+        self._cursor = cur
+        return out
+
+    def close(self):
+        self._cursor = None
+        if self.kind != "parquet":
+            self.reader = None
+
+
+class TimeSeriesInput(Input):
+    """A time-series file. read(record_id, start, end) -> (values float32 (n, C), time (n,) or None)."""
+
+    modality = "timeseries"
+
+    def __init__(
+        self,
+        path: "str | os.PathLike",
+        *,
+        fmt: str = "parquet",
+        id_column: "str | None" = None,
+        time_column: "str | None" = None,
+        columns: "Sequence[str] | None" = None,
+        sort: bool = False,
+        cache_dir=None,
+    ):
+        super().__init__(Path(path))
+        self.fmt = fmt
+        self.id_column, self.time_column = id_column, time_column
+        self.sort, self.cache_dir = sort, cache_dir
+        try:
+            self.table_path, kind = self._table_file(columns)
+            table = _Table(self.table_path, kind)
+        except InputError:
+            raise
+        except Exception as e:  # pyarrow's own errors on a corrupt file
+            raise InputError(f"{self.path}: cannot read as {fmt}: {_short(e)}") from None
+        self._kind = kind
+        self.channel_names = self._resolve_columns(table.schema, columns)
+        if table.num_rows == 0:
+            raise InputError(f"{self.path}: no rows: a zero-length series")
+        self._table = table
+        order_error = self._build_index()
+        if order_error is not None:
+            if not sort:
+                raise InputError(order_error + "; sort the file by time, or pass --sort (sort=True) to sort a cached copy")
+            self.table_path = self._sorted_copy()
+            self._table = _Table(self.table_path, "arrow")
+            self._kind = "arrow"
+            order_error = self._build_index()
+            assert order_error is None, order_error
+
+    # -- the table file linpipe reads rows from
+    def _cache_file(self, tag: str, columns) -> Path:
+        st = self.path.stat()
+        key = f"{self.path.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\0{tag}\0{self.id_column}\0{self.time_column}\0{columns}"
+        digest = hashlib.sha256(key.encode()).hexdigest()[:24]
+        return cache_root(self.cache_dir) / "tables" / f"{_series_name(self.path)}-{digest}.arrow"
+
+    def _table_file(self, columns) -> tuple[Path, str]:
+        if self.fmt == "parquet":
+            return self.path, "parquet"
+        if self.fmt == "arrow":
+            return self.path, "arrow"
+        target = self._cache_file(self.fmt, columns)
+        if not target.exists():
+            if self.fmt == "csv":
+                self._convert_csv(target, columns)
+            else:
+                self._convert_stream(target)
+        return target, "arrow"
+
+    def _write_atomic(self, target: Path, schema, batches) -> None:
+        import pyarrow as pa
+
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-", suffix=".arrow")
+        os.close(fd)
+        try:
+            with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
+                for b in batches:
+                    writer.write_batch(b)
+            os.replace(tmp, target)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
+    def _convert_stream(self, target: Path) -> None:
+        import pyarrow as pa
+
+        with pa.memory_map(str(self.path), "r") as src:
+            reader = pa.ipc.open_stream(src)
+            self._write_atomic(target, reader.schema, reader)
+
+    def _csv_options(self, column_types=None, include=None):
+        import pyarrow.csv as pcsv
+
+        delimiter = "\t" if ".tsv" in [s.lower() for s in self.path.suffixes] else ","
+        return dict(
+            read_options=pcsv.ReadOptions(block_size=4 << 20),
+            parse_options=pcsv.ParseOptions(delimiter=delimiter),
+            convert_options=pcsv.ConvertOptions(column_types=column_types or {}, include_columns=include or []),
+        )
+
+    def _convert_csv(self, target: Path, columns) -> None:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+        import pyarrow.csv as pcsv
+
+        try:
+            first = pcsv.open_csv(self.path, **self._csv_options())
+        except pa.ArrowInvalid as e:
+            raise InputError(f"{self.path}: not a readable CSV file: {_short(e)}") from None
+        schema = first.schema
+        first.close()
+        # channels parse as float64 whatever the first block looked like: numbers that turn
+        # into text later (mixed dtypes) then fail with the column named
+        chosen = self._resolve_columns(schema, columns, check_types=False)
+        types = {c: pa.float64() for c in chosen if _is_numeric(schema.field(c).type)}
+        if self.id_column:
+            types[self.id_column] = pa.string()
+        mixed_check = [f.name for f in schema if f.type == pa.string() and f.name not in types and f.name != self.time_column]
+        rows = 0
+        reader = pcsv.open_csv(self.path, **self._csv_options(types))
+
+        def batches():
+            nonlocal rows
+            while True:
+                try:
+                    b = reader.read_next_batch()
+                except StopIteration:
+                    return
+                except pa.ArrowInvalid as e:
+                    raise self._csv_error(e, rows) from None
+                for name in mixed_check:  # text columns left out of the default channels
+                    col = b.column(name)
+                    num = pc.sum(pc.match_substring_regex(col, _NUMBER)).as_py() or 0
+                    if 0 < num < len(col) - col.null_count and (columns is None or name in columns):
+                        raise InputError(
+                            f"{self.path}: column {name!r} mixes numbers and text (mixed dtypes) near line {rows + 2}; "
+                            "fix it or choose channels with --columns"
+                        )
+                rows += b.num_rows
+                yield b
+
+        self._write_atomic(target, reader.schema, batches())
+
+    def _csv_error(self, err, rows_before: int) -> InputError:
+        """Turn pyarrow's CSV error into one naming the column and the line."""
+        import pyarrow.compute as pc
+        import pyarrow.csv as pcsv
+
+        msg = _short(err)
+        m = re.search(r"In CSV column #(\d+): CSV conversion error to (\w+): invalid value '(.*)'", msg)
+        if not m:
+            return InputError(f"{self.path}: CSV error after line {rows_before + 1}: {msg}")
+        names = pcsv.open_csv(self.path, **self._csv_options()).schema.names
+        col, value = names[int(m.group(1))], m.group(3)
+        line = None
+        import pyarrow as pa
+
+        reader = pcsv.open_csv(self.path, **self._csv_options({col: pa.string()}, [col]))
+        row = 0
+        for b in reader:
+            c = b.column(0)
+            ok = pc.or_kleene(pc.match_substring_regex(c, _NUMBER), pc.equal(c, ""))
+            bad = np.flatnonzero(~ok.fill_null(True).to_numpy(zero_copy_only=False))
+            if bad.size:
+                line = row + int(bad[0]) + 2
+                break
+            row += b.num_rows
+        where = f"line {line}" if line else f"after line {rows_before + 1}"
+        return InputError(
+            f"{self.path}: column {col!r}, {where}: value {value!r} is not a number (the column mixes dtypes: numbers and text)"
+        )
+
+    def _sorted_copy(self) -> Path:
+        import pyarrow as pa
+
+        target = self._cache_file(f"sorted:{self.fmt}", self.channel_names)
+        if not target.exists():
+            table = pa.concat_tables(
+                [pa.Table.from_batches([b]) for b in self._table.rows(0, self._table.num_rows, self._table.schema.names)]
+            ) if self._table.num_rows else None
+            keys = []
+            if self.id_column:
+                table = table.append_column("__order", pa.array(self._order_of_ids(table)))
+                keys.append(("__order", "ascending"))
+            keys.append((self.time_column, "ascending"))
+            idx = _stable_sort_indices(table, keys)
+            table = table.take(idx)
+            if self.id_column:
+                table = table.drop_columns(["__order"])
+            self._write_atomic(target, table.schema, table.to_batches(max_chunksize=BATCH_ROWS))
+        return target
+
+    def _order_of_ids(self, table) -> np.ndarray:
+        order = {r.id: i for i, r in enumerate(self.records)}
+        ids = table.column(self.id_column).cast("string").to_pylist()
+        return np.array([order[i] for i in ids], dtype=np.int64)
+
+    # -- columns
+    def _resolve_columns(self, schema, columns, check_types: bool = True) -> list[str]:
+        import pyarrow as pa
+
+        names = schema.names
+        for what, col in (("--id-column", self.id_column), ("--time-column", self.time_column)):
+            if col is not None and col not in names:
+                raise InputError(f"{self.path}: {what} {col!r}: no such column (columns: {', '.join(names)})")
+        if self.time_column is not None and check_types:
+            t = schema.field(self.time_column).type
+            if not _is_time(t):
+                raise InputError(
+                    f"{self.path}: time column {self.time_column!r} holds {t}, not numbers, dates or timestamps"
+                )
+        reserved = {self.id_column, self.time_column}
+        if columns:
+            for c in columns:
+                if c not in names:
+                    raise InputError(f"{self.path}: column {c!r} (--columns): no such column (columns: {', '.join(names)})")
+                if c in reserved:
+                    raise InputError(f"{self.path}: column {c!r} is the id or time column; it cannot also be a channel")
+            if check_types:
+                for c in columns:
+                    t = schema.field(c).type
+                    if pa.types.is_union(t):
+                        raise InputError(f"{self.path}: column {c!r} mixes dtypes ({t}); channels must be numeric")
+                    if not _is_numeric(t):
+                        raise InputError(f"{self.path}: column {c!r} is {t}, not numeric; channels must be numeric")
+            return list(columns)
+        chosen = [f.name for f in schema if f.name not in reserved and _is_numeric(f.type)]
+        if check_types:
+            for f in schema:
+                if f.name not in reserved and pa.types.is_union(f.type):
+                    raise InputError(f"{self.path}: column {f.name!r} mixes dtypes ({f.type}); choose channels with --columns")
+        if not chosen:
+            other = ", ".join(f"{f.name} ({f.type})" for f in schema if f.name not in reserved) or "none"
+            raise InputError(f"{self.path}: no numeric column to use as a channel (other columns: {other})")
+        return chosen
+
+    # -- index: runs of rows per series, and the time-order check
+    def _build_index(self) -> "str | None":
+        """Fill records and runs; return a message if some series is out of time order."""
+        import pyarrow.compute as pc
+
+        cols = [c for c in (self.id_column, self.time_column) if c]
+        order: dict[str, int] = {}
+        runs: list[list[tuple[int, int]]] = []
+        last_time: list = []
+        if not self.id_column:
+            order[_series_name(self.path)] = 0
+            runs.append([(0, self._table.num_rows)])
+            last_time.append(None)
+        problem = None
+        for g0, batch in (self._table.iter_units(cols) if cols else ()):
+            n = batch.num_rows
+            if n == 0:
+                continue
+            if self.id_column:
+                ids = batch.column(self.id_column)
+                if ids.null_count:
+                    row = g0 + int(np.argmax(ids.is_null().to_numpy(zero_copy_only=False)))
+                    raise InputError(f"{self.path}: id column {self.id_column!r}: empty id at row {row}")
+                ids = ids.cast("string") if not ids.type == "string" else ids
+                change = np.flatnonzero(pc.not_equal(ids.slice(1), ids.slice(0, n - 1)).to_numpy(zero_copy_only=False)) + 1
+                bounds = np.concatenate([[0], change, [n]])
+                run_ids = ids.take(bounds[:-1]).to_pylist()
+            else:
+                bounds = np.array([0, n])
+                run_ids = [None]
+            times = None
+            if self.time_column:
+                tcol = batch.column(self.time_column)
+                if tcol.null_count:
+                    row = g0 + int(np.argmax(tcol.is_null().to_numpy(zero_copy_only=False)))
+                    raise InputError(f"{self.path}: time column {self.time_column!r}: empty time at row {row}")
+                times = tcol.to_numpy(zero_copy_only=False)
+                if times.dtype.kind == "f" and np.isnan(times).any():
+                    row = g0 + int(np.argmax(np.isnan(times)))
+                    raise InputError(f"{self.path}: time column {self.time_column!r}: NaN time at row {row}")
+            for k, rid in enumerate(run_ids):
+                a, b = int(bounds[k]), int(bounds[k + 1])
+                if self.id_column:
+                    s = order.setdefault(rid, len(order))
+                    if s == len(runs):
+                        runs.append([])
+                        last_time.append(None)
+                    rl = runs[s]
+                    if rl and rl[-1][0] + rl[-1][1] == g0 + a:
+                        rl[-1] = (rl[-1][0], rl[-1][1] + b - a)
+                    else:
+                        rl.append((g0 + a, b - a))
+                else:
+                    s = 0
+                if times is not None and problem is None:
+                    t = times[a:b]
+                    prev = last_time[s]
+                    back = np.flatnonzero(t[1:] < t[:-1])
+                    if prev is not None and t[0] < prev:
+                        problem = (s, g0 + a, prev, t[0])
+                    elif back.size:
+                        i = int(back[0])
+                        problem = (s, g0 + a + i + 1, t[i], t[i + 1])
+                    last_time[s] = t[-1]
+        names = list(order)
+        self._runs = []
+        for rl in runs:
+            starts = np.array([r[0] for r in rl], dtype=np.int64)
+            lens = np.array([r[1] for r in rl], dtype=np.int64)
+            self._runs.append((starts, np.concatenate([[0], np.cumsum(lens)])))
+        self._set_records([RecordInfo(str(name), "", int(pos[-1])) for name, (_, pos) in zip(names, self._runs)])
+        if problem is not None:
+            s, row, before, after = problem
+            return (
+                f"{self.path}: series {names[s]!r}: row {row} has time {after} after {before}: "
+                f"rows are not in time order (column {self.time_column!r})"
+            )
+        return None
+
+    # -- reading
+    def read(self, record_id: str, start: int = 0, end: "int | None" = None):
+        """Channels as float32 (n, C) (nulls -> NaN) and the time coordinate (n,) or None."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        rec, start, end = self._check_range(record_id, start, end)
+        n = end - start
+        values = np.empty((n, len(self.channel_names)), dtype=np.float32)
+        times = [] if self.time_column else None
+        if n == 0:
+            return values, (np.zeros(0) if times is not None else None)
+        run_starts, run_pos = self._runs[self._by_id[record_id]]
+        table = self._tab()
+        cols = list(self.channel_names) + ([self.time_column] if self.time_column else [])
+        r = int(np.searchsorted(run_pos, start, side="right")) - 1
+        filled = 0
+        while filled < n:
+            p0, p1 = int(run_pos[r]), int(run_pos[r + 1])
+            lo, hi = start + filled - p0, min(end - p0, p1 - p0)
+            g0 = int(run_starts[r]) + lo
+            for batch in table.rows(g0, g0 + hi - lo, cols):
+                m = batch.num_rows
+                for j, c in enumerate(self.channel_names):
+                    col = pc.cast(batch.column(c), pa.float32(), safe=False)
+                    values[filled : filled + m, j] = col.to_numpy(zero_copy_only=False)
+                if times is not None:
+                    times.append(batch.column(self.time_column).to_numpy(zero_copy_only=False))
+                filled += m
+            r += 1
+        return values, (np.concatenate(times) if times is not None else None)
+
+    def _tab(self) -> _Table:
+        if self._table is None:
+            self._table = _Table(self.table_path, self._kind)
+        return self._table
+
+    def _index_text(self) -> str:
+        opts = f"id={self.id_column}\ttime={self.time_column}\tchannels={','.join(self.channel_names)}\tsort={self.sort}"
+        return opts + "\n" + super()._index_text()
+
+    def close(self) -> None:
+        if getattr(self, "_table", None) is not None:
+            self._table.close()
+            self._table = None
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_table"] = None
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+
+
+def _stable_sort_indices(table, keys) -> np.ndarray:
+    import pyarrow.compute as pc
+
+    # pyarrow's sort_indices is stable
+    return pc.sort_indices(table, sort_keys=keys).to_numpy()
+
+
+def _short(e: Exception) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

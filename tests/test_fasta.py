@@ -1,0 +1,271 @@
+"""FASTA reading: real genomes against biopython and pyfaidx, indexes, and every layout edge case."""
+import gzip
+import os
+import pickle
+import shutil
+import stat
+
+import numpy as np
+import pyfaidx
+import pytest
+from Bio import bgzf
+from Bio.SeqIO.FastaIO import SimpleFastaParser
+
+import linpipe
+from linpipe.alphabet import SOFTMASK_LUT, TOKEN_LUT
+from linpipe.errors import InputError
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    # indexes of read-only shared data go to a per-test cache, never into ~/.cache
+    monkeypatch.setenv("LINPIPE_CACHE", str(tmp_path / "cache"))
+
+
+def _expected(path):
+    """{id: (description, bytes)} by biopython's parser."""
+    op = gzip.open if str(path).endswith(("gz", "bgz")) else open
+    with op(path, "rt") as fh:
+        out = {}
+        for title, seq in SimpleFastaParser(fh):
+            name, *desc = title.split(None, 1)
+            out[name] = ((desc[0].strip() if desc else ""), seq.encode())
+    return out
+
+
+def _check_slices(inp, expected, n_random=6, seed=0):
+    rng = np.random.default_rng(seed)
+    for rid, (_, seq) in expected.items():
+        raw = np.frombuffer(seq, dtype=np.uint8)
+        L = raw.size
+        ranges = [(0, L), (0, min(L, 1)), (max(0, L - 1), L)]
+        ranges += [tuple(sorted(rng.integers(0, L + 1, 2))) for _ in range(n_random)]
+        for s, e in ranges:
+            tok, mask = inp.read(rid, s, e)
+            assert tok.dtype == np.uint8 and mask.dtype == np.uint8
+            np.testing.assert_array_equal(tok, TOKEN_LUT[raw[s:e]], err_msg=f"{rid} {s}-{e}")
+            np.testing.assert_array_equal(mask, SOFTMASK_LUT[raw[s:e]], err_msg=f"{rid} {s}-{e}")
+
+
+def _write(path, text, mode="w"):
+    with open(path, "wb") as fh:
+        fh.write(text.encode() if isinstance(text, str) else text)
+    return path
+
+
+GENOME_FILES = [
+    "htslib_ce.fa",
+    "korflab_hg19_chr1_first3Mb.fa.gz",
+    "korflab_Athaliana_TAIR_1pct.fa",
+    "abricate_Sepidermidis_ST14_assembly.fa",
+    "abricate_Sepidermidis_ST14_assembly.fa.bgz",
+    "minimap2_MT-human.fa",
+    "minimap2_MT-orang.fa",
+]
+
+
+@pytest.mark.parametrize("name", GENOME_FILES)
+def test_real_genomes_match_biopython(genomes, name):
+    path = genomes / name
+    expected = _expected(path)
+    with linpipe.open_input(path) as inp:
+        assert inp.modality == "dna" and inp.channel_names is None
+        assert [r.id for r in inp.records] == list(expected)
+        assert [r.length for r in inp.records] == [len(s) for _, s in expected.values()]
+        assert [r.description for r in inp.records] == [d for d, _ in expected.values()]
+        _check_slices(inp, expected, n_random=3 if name.endswith(".gz") else 6)
+        # the shared folder is read-only: the index went to the cache, nothing was written there
+        assert inp.index_path is not None and str(inp.index_path).startswith(os.environ["LINPIPE_CACHE"])
+    assert sorted(p.name for p in genomes.iterdir()) == sorted(GENOME_FILES)
+
+
+def test_real_genome_facts(genomes):
+    """Facts the data README states, seen through the reader."""
+    with linpipe.open_input(genomes / "korflab_hg19_chr1_first3Mb.fa.gz") as inp:
+        tok, mask = inp.read("chr1", 0, 10_000)
+        assert (tok == 4).all()  # leading N run
+        tok, mask = inp.read("chr1", 177_417, 227_417)
+        assert (tok == 4).all()
+        frac = sum(inp.read("chr1", s, min(s + 500_000, 3_004_950))[1].sum() for s in range(0, 3_004_950, 500_000))
+        assert 0.30 < frac / 3_004_950 < 0.38  # ~34% soft-masked
+    with linpipe.open_input(genomes / "minimap2_MT-human.fa") as inp:
+        _, mask = inp.read("MT_human")
+        assert np.flatnonzero(mask).tolist() == [3106]
+    with linpipe.open_input(genomes / "korflab_Athaliana_TAIR_1pct.fa") as inp:
+        chr2 = _expected(genomes / "korflab_Athaliana_TAIR_1pct.fa")["Chr2"][1]
+        tok, _ = inp.read("Chr2")
+        iupac = np.isin(np.frombuffer(chr2, np.uint8), np.frombuffer(b"YKSyks", np.uint8))
+        assert iupac.any() and (tok[iupac] == 4).all()
+
+
+def test_bgzip_gzi_is_htslib_format_and_matches_pyfaidx(genomes, tmp_path):
+    src = tmp_path / "asm.fa.bgz"
+    shutil.copy(genomes / "abricate_Sepidermidis_ST14_assembly.fa.bgz", src)
+    with linpipe.open_input(src) as inp:  # no .fai/.gzi: both are built next to the file
+        assert inp.index_path == tmp_path / "asm.fa.bgz.fai" and inp.gzi_path == tmp_path / "asm.fa.bgz.gzi"
+        ours_fai, ours_gzi = inp.index_path.read_bytes(), inp.gzi_path.read_bytes()
+        _check_slices(inp, _expected(src), n_random=4)
+    # pyfaidx reads our indexes as they are ...
+    fa = pyfaidx.Fasta(str(src), rebuild=False)
+    exp = _expected(src)
+    assert str(fa["LGJG01000040"][1000:2500]) == exp["LGJG01000040"][1].decode()[1000:2500]
+    fa.close()
+    # ... and builds byte-identical ones
+    other = tmp_path / "copy"
+    other.mkdir()
+    shutil.copy(src, other / "asm.fa.bgz")
+    pyfaidx.Fasta(str(other / "asm.fa.bgz")).close()
+    assert (other / "asm.fa.bgz.fai").read_bytes() == ours_fai
+    assert (other / "asm.fa.bgz.gzi").read_bytes() == ours_gzi
+    # an existing .gzi (pyfaidx's) is reused, not rebuilt
+    os.utime(other / "asm.fa.bgz.gzi", ns=(1, 1 << 62))
+    with linpipe.open_input(other / "asm.fa.bgz") as inp:
+        assert inp.gzi_path == other / "asm.fa.bgz.gzi"
+        _check_slices(inp, exp, n_random=2)
+
+
+def test_fai_written_by_linpipe_works_in_pyfaidx_and_pyfaidx_fai_is_reused(genomes, tmp_path):
+    for name in ["htslib_ce.fa", "korflab_Athaliana_TAIR_1pct.fa"]:
+        src = tmp_path / name
+        shutil.copy(genomes / name, src)
+        with linpipe.open_input(src) as inp:
+            assert inp.index_path == tmp_path / (name + ".fai")
+            ours = inp.index_path.read_bytes()
+        fa = pyfaidx.Fasta(str(src), rebuild=False)
+        exp = _expected(src)
+        for rid, (_, seq) in exp.items():
+            assert str(fa[rid][5:777]) == seq.decode()[5:777]
+        fa.close()
+        inp.index_path.unlink()
+        pyfaidx.Faidx(str(src)).close()
+        assert (tmp_path / (name + ".fai")).read_bytes() == ours
+        with linpipe.open_input(src) as inp:  # reused: descriptions come from the header lines
+            assert [r.description for r in inp.records] == [d for d, _ in exp.values()]
+
+
+def test_multi_record_spaces_crlf_blank_lines_empty_records(tmp_path):
+    text = (
+        ">chr1 first chromosome, with words\r\nACGTacgtNN\r\nRYKMacgt\r\n"
+        ">empty one\r\n"
+        ">chr2\tdescribed after a tab\r\nAAAA\r\nCC\r\n\r\n\r\n"
+        ">chr3\r\nGGGG\r\nTTTT\r\nA"
+    )
+    path = _write(tmp_path / "edge.fa", text)
+    with linpipe.open_input(path) as inp:
+        recs = {r.id: r for r in inp.records}
+        assert list(recs) == ["chr1", "empty", "chr2", "chr3"]
+        assert recs["chr1"].description == "first chromosome, with words"
+        assert recs["chr2"].description == "described after a tab"
+        assert recs["empty"].length == 0 and inp.read("empty")[0].size == 0
+        assert [recs[k].length for k in ("chr1", "chr2", "chr3")] == [18, 6, 9]
+        assert inp.index_path.suffix == ".fai"  # trailing blank lines keep a record samtools-regular
+        _check_slices(inp, _expected(path), n_random=20)
+        tok, mask = inp.read("chr1", 4, 14)
+        assert tok.tolist() == [0, 1, 2, 3, 4, 4, 4, 4, 4, 4] and mask.tolist() == [1, 1, 1, 1, 0, 0, 0, 0, 0, 0]
+    # pyfaidx agrees with the .fai we wrote for this CRLF file
+    fa = pyfaidx.Fasta(str(path), rebuild=False)
+    assert str(fa["chr1"][3:17]) == "TacgtNNRYKMacg" and str(fa["chr3"][:]) == "GGGGTTTTA"
+    fa.close()
+
+
+def test_unequal_line_widths_fall_back_to_a_scan(tmp_path):
+    rng = np.random.default_rng(1)
+    seq = "".join(rng.choice(list("ACGTacgtN"), 5000))
+    lines, i = [], 0
+    while i < len(seq):
+        w = int(rng.integers(1, 80))
+        lines.append(seq[i : i + w])
+        i += w
+    text = ">ragged a record whose lines differ\n" + "\n".join(lines) + "\n>blank\nACGT\n\nACGT\n>ok\n" + "ACGTA\n" * 3
+    path = _write(tmp_path / "ragged.fa", text)
+    with linpipe.open_input(path) as inp:
+        # samtools cannot describe these records: linpipe keeps its own index, not a wrong .fai
+        assert inp.index_path.name == "ragged.fa.lpi" and not (tmp_path / "ragged.fa.fai").exists()
+        assert [r.length for r in inp.records] == [5000, 8, 15]
+        _check_slices(inp, _expected(path), n_random=30)
+        # consecutive chunks resume the scan from a cursor and still agree
+        raw = np.frombuffer(seq.encode(), np.uint8)
+        got = np.concatenate([inp.read("ragged", s, min(s + 333, 5000))[0] for s in range(0, 5000, 333)])
+        np.testing.assert_array_equal(got, TOKEN_LUT[raw])
+    with pytest.raises(Exception):  # and pyfaidx indeed refuses the file
+        pyfaidx.Faidx(str(path))
+
+
+def test_plain_gzip_streams_and_reads_backwards(genomes, tmp_path):
+    src = tmp_path / "ce.fa.gz"
+    with open(genomes / "htslib_ce.fa", "rb") as fh, gzip.open(src, "wb") as out:
+        shutil.copyfileobj(fh, out)
+    exp = _expected(genomes / "htslib_ce.fa")
+    with linpipe.open_input(src) as inp:
+        assert inp.fmt == "fasta-gzip" and inp.index_path.suffix == ".lpi"
+        seq = np.frombuffer(exp["CHROMOSOME_V"][1], np.uint8)
+        np.testing.assert_array_equal(inp.read("CHROMOSOME_V", 100, 4000)[0], TOKEN_LUT[seq[100:4000]])
+        seq = np.frombuffer(exp["CHROMOSOME_I"][1], np.uint8)  # behind the stream: restarts
+        np.testing.assert_array_equal(inp.read("CHROMOSOME_I", 10, 90_000)[0], TOKEN_LUT[seq[10:90_000]])
+
+
+def test_read_only_folder_puts_index_in_cache_dir(genomes, tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    shutil.copy(genomes / "minimap2_MT-orang.fa", ro / "mt.fa")
+    ro.chmod(stat.S_IRUSR | stat.S_IXUSR | stat.S_IRGRP | stat.S_IXGRP)
+    cache = tmp_path / "mycache"
+    try:
+        with linpipe.open_input(ro / "mt.fa", cache_dir=cache) as inp:
+            assert str(inp.index_path).startswith(str(cache)) and inp.index_path.name == "mt.fa.fai"
+            first = inp.index_path
+        assert os.listdir(ro) == ["mt.fa"]
+        with linpipe.open_input(ro / "mt.fa", cache_dir=cache) as inp:
+            assert inp.index_path == first  # found again, not rebuilt elsewhere
+            _check_slices(inp, _expected(ro / "mt.fa"))
+    finally:
+        ro.chmod(0o755)
+
+
+def test_stale_index_is_rebuilt(tmp_path):
+    path = _write(tmp_path / "a.fa", ">a\nACGT\nAC\n")
+    with linpipe.open_input(path) as inp:
+        assert inp.records[0].length == 6
+        fp1 = inp.fingerprint()
+    _write(path, ">a\nACGTT\nACG\n>b\nTT\n")
+    os.utime(path, ns=(1, os.stat(inp.index_path).st_mtime_ns + 10**9))
+    with linpipe.open_input(path) as inp:
+        assert [(r.id, r.length) for r in inp.records] == [("a", 8), ("b", 2)]
+        assert inp.read("a")[0].tolist() == [0, 1, 2, 3, 3, 0, 1, 2]
+        assert inp.fingerprint() != fp1
+
+
+def test_pickled_input_reopens_in_another_process(genomes):
+    import subprocess
+    import sys
+
+    inp = linpipe.open_input(genomes / "korflab_Athaliana_TAIR_1pct.fa")
+    expect = inp.read("Chr3", 1000, 1100)[0].tolist()
+    blob = pickle.dumps(inp)
+    assert len(blob) < 10_000  # the index only, no sequence
+    code = "import pickle,sys; i=pickle.loads(sys.stdin.buffer.read()); print(i.read('Chr3',1000,1100)[0].tolist())"
+    out = subprocess.run([sys.executable, "-c", code], input=blob, capture_output=True, check=True).stdout
+    assert out.decode().strip() == str(expect)
+    chunks = list(inp.iter_chunks("ChrM", 1000))
+    assert [(s, e) for s, e, _ in chunks][-1] == (3000, inp.record("ChrM").length)
+    np.testing.assert_array_equal(np.concatenate([d[0] for _, _, d in chunks]), inp.read("ChrM")[0])
+    inp.close()
+
+
+def test_fingerprint_is_cheap_stable_and_content_sensitive(genomes, tmp_path):
+    src = tmp_path / "ce.fa"
+    shutil.copy(genomes / "htslib_ce.fa", src)
+    a = linpipe.open_input(src).fingerprint()
+    assert a == linpipe.open_input(genomes / "htslib_ce.fa").fingerprint()  # a copy keeps it
+    data = bytearray(src.read_bytes())
+    data[200] = ord("A") if data[200] != ord("A") else ord("C")  # one base in the first MiB
+    src.write_bytes(bytes(data))
+    assert linpipe.open_input(src).fingerprint() != a
+
+
+def test_read_range_and_record_errors(genomes):
+    with linpipe.open_input(genomes / "minimap2_MT-human.fa") as inp:
+        with pytest.raises(InputError, match=r"no record 'chrZ'"):
+            inp.read("chrZ", 0, 10)
+        with pytest.raises(InputError, match=r"MT_human.*16560-16570 is outside 0-16569"):
+            inp.read("MT_human", 16560, 16570)

@@ -1,0 +1,455 @@
+"""The output store (issue 5): layout, round trip, safety under concurrency and kills, errors.
+
+Stores are built from real data with stand-in models (an order-3 Markov model of the genome
+itself, a last-value forecast of a real ECG), so the tests do not depend on linpipe's model or
+input readers, but the arrays have the structure real outputs have (N runs, soft-masking).
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xarray as xr
+import zarr
+
+from linpipe.errors import StoreError
+from linpipe.keys import make_keys
+from linpipe.outputs_read import IncompleteStoreWarning, open_output
+from linpipe.store import FORMAT_VERSION, OutputStore
+
+HUMAN_BASES = 300_000  # holds the N run at 177,417-227,417 and part of the one at 267,719
+CHUNK = 40_000
+FEATURES = 8
+_LUT = np.full(256, 4, dtype=np.uint8)
+for _i, _c in enumerate(b"ACGT"):
+    _LUT[_c] = _LUT[_c + 32] = _i
+
+
+# ------------------------------------------------------------------------------------- real data
+def read_fasta(path: Path, max_bases: int | None = None) -> dict[str, bytes]:
+    """A few lines of FASTA reading (deliberately not linpipe's reader)."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    recs: dict[str, list[bytes]] = {}
+    n = 0
+    with opener(path, "rb") as f:
+        for line in f:
+            line = line.strip()
+            if line.startswith(b">"):
+                cur = recs.setdefault(line[1:].split()[0].decode(), [])
+            elif line:
+                cur.append(line)
+                n += len(line)
+                if max_bases and n >= max_bases:
+                    break
+    out = {k: b"".join(v) for k, v in recs.items()}
+    if max_bases:
+        out = {k: v[:max_bases] for k, v in out.items()}
+    return out
+
+
+def markov_outputs(seq: bytes, k: int = 3, features: int = FEATURES) -> dict[str, np.ndarray]:
+    """logprob/entropy of an order-k Markov model fitted to seq, softmask, and smooth 'hidden'."""
+    raw = np.frombuffer(seq, dtype=np.uint8)
+    t = _LUT[raw]
+    n = t.size
+    soft = ((raw >= ord("a")) & (raw <= ord("z"))).astype(np.uint8)
+    code = np.zeros(n, dtype=np.int64)
+    ok = np.zeros(n, dtype=bool)
+    ok[k:] = True
+    for j in range(1, k + 1):
+        prev = np.zeros(n, dtype=np.int64)
+        prev[j:] = t[:-j]
+        bad = np.zeros(n, dtype=bool)
+        bad[j:] = t[:-j] == 4
+        ok &= ~bad
+        code += np.minimum(prev, 3) * 4 ** (j - 1)
+    fit = ok & (t < 4)
+    counts = np.ones((4**k, 4))
+    np.add.at(counts, (code[fit], t[fit]), 1)
+    probs = counts / counts.sum(1, keepdims=True)
+    order0 = np.bincount(t[t < 4], minlength=4)[:4] + 1.0
+    order0 /= order0.sum()
+    p = np.where(ok[:, None], probs[code], order0[None, :])  # (N, 4)
+    logprob = np.log(p[np.arange(n), np.minimum(t, 3)]).astype(np.float32)
+    logprob[t == 4] = np.nan
+    entropy = (-(p * np.log(p)).sum(1)).astype(np.float32)
+    onehot = np.eye(5, dtype=np.float64)[t][:, :4]
+    csum = np.vstack([np.zeros((1, 4)), np.cumsum(onehot, 0)])
+    hidden = np.empty((n, features), dtype=np.float32)  # causal base composition over windows
+    for f in range(features):
+        w = 4 ** (f // 4 + 1)
+        lo = np.maximum(np.arange(1, n + 1) - w, 0)
+        hidden[:, f] = (csum[1:, f % 4] - csum[lo, f % 4]) / w
+    return {"logprob": logprob, "entropy": entropy, "softmask": soft, "hidden": hidden}
+
+
+def state_after(full: dict[str, np.ndarray], end: int) -> dict[str, np.ndarray]:
+    """A boundary state with the shape of the real one (per-layer S, z): deterministic per end."""
+    h = full["hidden"][:end]
+    return {"layers.0.S": np.outer(h[-1], h[-1]).astype(np.float32),
+            "layers.0.z": h.sum(0).astype(np.float32),
+            "position": np.array([end], dtype=np.int64)}
+
+
+def dna_records(genomes: Path) -> dict[str, bytes]:
+    human = read_fasta(genomes / "korflab_hg19_chr1_first3Mb.fa.gz", HUMAN_BASES)
+    ce = read_fasta(genomes / "htslib_ce.fa")
+    recs = {"chr1": human["chr1"], "CHROMOSOME_II": ce["CHROMOSOME_II"], "CHROMOSOME_MtDNA": ce["CHROMOSOME_MtDNA"]}
+    return recs
+
+
+DNA_META = {"version": "0.1.0", "job_id": "job-test-1",
+            "model": {"config": {"d_model": 64, "n_layers": 2}, "sha256": "0" * 64},
+            "inputs": [{"path": "genome.fa", "size": 123, "mtime": 1.5, "fingerprint": "abc"}]}
+
+
+def build_dna_store(path: Path, genomes: Path, *, write: bool = True, finalize: bool = True,
+                    outputs=("logprob", "entropy", "softmask", "hidden"), skip=()):
+    """Create a dna store from real genomes; returns (store, {id: full outputs})."""
+    seqs = dna_records(genomes)
+    full = {rid: markov_outputs(s) for rid, s in seqs.items()}
+    records = [{"id": rid, "description": f"{rid} test", "length": len(s), "modality": "dna",
+                "input": "genome.fa"} for rid, s in seqs.items()]
+    store = OutputStore.create(path, meta={**DNA_META, "outputs": list(outputs), "chunk_size": CHUNK},
+                               records=records, outputs=list(outputs), chunk_size=CHUNK,
+                               feature_dim=FEATURES)
+    if write:
+        for rid, arrays in full.items():
+            key = store.record_key(rid)
+            for i in range(store.n_chunks(key)):
+                if (rid, i) in skip:
+                    continue
+                s, e = store.chunk_range(key, i)
+                store.write_chunk(key, i, {o: arrays[o][s:e] for o in outputs}, state=state_after(arrays, e))
+        if finalize:
+            store.finalize()
+    return store, full
+
+
+def ecg(timeseries: Path, n: int = 20_000):
+    import pyarrow.parquet as pq
+
+    t = pq.read_table(timeseries / "mitdb_100_ecg.parquet").slice(0, n).to_pandas()
+    x = t[["MLII_mV", "V5_mV"]].to_numpy(np.float32)
+    forecast = np.vstack([x[:1], x[:-1]])  # last-value forecast
+    times = np.datetime64("2026-01-01T00:00:00", "ns") + (t["sample"].to_numpy() * 1e9 / 360).astype("timedelta64[ns]")
+    return {"forecast": forecast, "residual": x - forecast, "time": times}
+
+
+def build_ts_store(path: Path, timeseries: Path, chunk: int = 4096):
+    data = ecg(timeseries)
+    n = len(data["time"])
+    store = OutputStore.create(path, meta={"version": "0.1.0", "job_id": "ts-1"},
+                               records=[{"id": "mitdb/100", "description": "MIT-BIH 100", "length": n,
+                                         "modality": "timeseries", "input": "ecg.parquet",
+                                         "time_dtype": "datetime64[ns]"}],
+                               outputs=["forecast", "residual"], chunk_size=chunk,
+                               channels=["MLII_mV", "V5_mV"])
+    key = store.record_key("mitdb/100")
+    for i in range(store.n_chunks(key)):
+        s, e = store.chunk_range(key, i)
+        store.write_chunk(key, i, {k: v[s:e] for k, v in data.items()}, state={"y": data["forecast"][e - 1]})
+    assert store.finalize()
+    return store, data
+
+
+@pytest.fixture(scope="module")
+def dna_store(tmp_path_factory, genomes):
+    path = tmp_path_factory.mktemp("dna") / "out.zarr"
+    store, full = build_dna_store(path, genomes)
+    return path, full
+
+
+@pytest.fixture(scope="module")
+def ts_store(tmp_path_factory, timeseries):
+    path = tmp_path_factory.mktemp("ts") / "ts.zarr"
+    store, data = build_ts_store(path, timeseries)
+    return path, data
+
+
+# ------------------------------------------------------------------------------------- round trip
+def test_round_trip_every_array_and_attribute(dna_store):
+    path, full = dna_store
+    store = OutputStore.open(path, mode="r")
+    assert store.is_complete()
+    meta = store.meta
+    assert meta["format"] == "linpipe-output" and meta["format_version"] == FORMAT_VERSION
+    for k, v in DNA_META.items():
+        assert meta[k] == v
+    assert meta["chunk_size"] == CHUNK and meta["outputs"] == ["logprob", "entropy", "softmask", "hidden"]
+    assert {info["id"] for info in meta["records"].values()} == set(full)
+    root = zarr.open_group(path, mode="r")
+    for rid, arrays in full.items():
+        key = store.record_key(rid)
+        info = meta["records"][key]
+        assert (info["length"], info["modality"], info["description"], info["input"]) == \
+            (len(arrays["logprob"]), "dna", f"{rid} test", "genome.fa")
+        assert root[key].attrs["linpipe_record"]["id"] == rid
+        for name, want in arrays.items():
+            arr = root[f"{key}/{name}"]
+            got = arr[:]
+            assert arr.chunks[0] == CHUNK
+            assert list(arr.metadata.dimension_names) == (["position", "feature"] if name == "hidden" else ["position"])
+            assert got.dtype == {"hidden": np.float16, "softmask": np.uint8}.get(name, np.float32)
+            np.testing.assert_array_equal(got, want.astype(got.dtype))
+        assert store.completed_chunks(key) == set(range(store.n_chunks(key)))
+        assert store.missing_ranges(key) == []
+        for i in range(store.n_chunks(key)):
+            _, e = store.chunk_range(key, i)
+            st = store.boundary_state(key, i)
+            want = state_after(arrays, e)
+            assert st.keys() == want.keys()
+            for n in want:
+                np.testing.assert_array_equal(st[n], want[n])
+                assert st[n].dtype == want[n].dtype
+    # the real genome's N runs stay NaN (model output undefined there), and soft-masking is kept
+    lp = root[f"{store.record_key('chr1')}/logprob"]
+    assert np.isnan(lp[177_417:227_417]).all() and not np.isnan(lp[150_000:177_417]).any()
+    assert 0 < full["chr1"]["softmask"].mean() < 1
+
+
+def test_timeseries_round_trip_and_xarray(ts_store):
+    path, data = ts_store
+    out = open_output(path)
+    ds = out.dataset("mitdb/100")
+    assert ds["forecast"].dims == ("time", "channel")
+    assert list(ds["channel"].values) == ["MLII_mV", "V5_mV"]
+    np.testing.assert_array_equal(ds["time"].values, data["time"])
+    np.testing.assert_array_equal(ds["residual"].values, data["residual"])
+    np.testing.assert_array_equal(ds["forecast"].sel(channel="V5_mV").values, data["forecast"][:, 1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a finished store opens without the consolidation warning
+        direct = xr.open_zarr(path, group=out.key("mitdb/100"))
+    assert direct["time"].dtype == np.dtype("datetime64[ns]")
+    np.testing.assert_array_equal(direct["forecast"].values, data["forecast"])
+    key = out.key("mitdb/100")
+    assert out.store.boundary_state(key, 0)["y"].tolist() == data["forecast"][4095].tolist()
+
+
+def test_xarray_both_ways(dna_store):
+    path, full = dna_store
+    out = open_output(path)
+    ds = out.dataset("chr1")
+    assert ds.sizes == {"position": HUMAN_BASES, "feature": FEATURES}
+    assert ds["position"].values[0] == 0 and ds["position"].values[-1] == HUMAN_BASES - 1
+    assert ds.attrs["record_id"] == "chr1"
+    np.testing.assert_array_equal(ds["entropy"].sel(position=slice(1000, 1999)).values,
+                                  full["chr1"]["entropy"][1000:2000])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        direct = xr.open_zarr(path, group=out.key("CHROMOSOME_II"))
+    assert set(direct.data_vars) == {"logprob", "entropy", "softmask", "hidden"}
+    assert direct["hidden"].dims == ("position", "feature")
+    np.testing.assert_array_equal(direct["logprob"].values, full["CHROMOSOME_II"]["logprob"])
+    assert direct["softmask"].dtype == np.uint8  # the 0 fill value is not turned into NaN
+    assert direct["logprob"].attrs["units"] == "nats"
+
+
+# ------------------------------------------------------------------------------------- keys
+def test_record_keys_are_safe_and_unique(tmp_path):
+    ids = ["../../etc/passwd", "chr1/alt", "chr1_alt", "chr1", "CHR1", ".hidden", "..", "a\x00b\nc",
+           "zarr.json", "_linpipe", "__x", "ok-id.1", "x" * 300]
+    keys = make_keys(ids)
+    assert keys == make_keys(ids)  # deterministic: driver and workers agree
+    assert keys["chr1"] == "chr1" and keys["ok-id.1"] == "ok-id.1"
+    assert len({k.lower() for k in keys.values()}) == len(ids)
+    for k in keys.values():
+        assert "/" not in k and ".." not in k and not k.startswith((".", "__")) and k.isprintable()
+        assert k.lower() not in ("zarr.json", "_linpipe") and len(k) <= 100
+    base = tmp_path / "inside"
+    base.mkdir()
+    store = OutputStore.create(base / "out.zarr", meta={}, records=[{"id": i, "length": 10, "modality": "dna"} for i in ids],
+                               outputs=["logprob"], chunk_size=4)
+    for rid in ids:
+        key = store.record_key(rid)
+        for c in range(3):
+            s, e = store.chunk_range(key, c)
+            store.write_chunk(key, c, {"logprob": np.full(e - s, len(rid), np.float32)})
+    assert store.finalize()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["inside"]
+    assert sorted(p.name for p in base.iterdir()) == ["out.zarr"]
+    root = (base / "out.zarr").resolve()
+    for p in root.rglob("*"):
+        assert p.resolve().is_relative_to(root)
+    out = open_output(base / "out.zarr")
+    for rid in ids:  # every id reads back its own values, by its original id
+        ds = out.dataset(rid)
+        assert ds.attrs["linpipe_record"]["id"] == rid
+        assert (ds["logprob"].values == len(rid)).all()
+
+
+# ------------------------------------------------------------------------------------- concurrency
+WORKER = r"""
+import sys, numpy as np
+from linpipe.store import OutputStore
+path, data, me, nproc = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+full = np.load(data)
+store = OutputStore.open(path)
+units = [(rid, i) for rid in sorted(store._keys_by_id) for i in range(store.n_chunks(store.record_key(rid)))]
+rng = np.random.default_rng(me)
+mine = [u for j, u in enumerate(units) if j % nproc == me]   # interleaved records and ranges
+for rid, i in [mine[j] for j in rng.permutation(len(mine))]:
+    key = store.record_key(rid)
+    s, e = store.chunk_range(key, i)
+    arrays = {o: full[f"{rid}.{o}"][s:e] for o in ("logprob", "entropy", "softmask", "hidden")}
+    store.write_chunk(key, i, arrays, state={"S": full[f"{rid}.hidden"][e - 1]})
+"""
+
+
+def test_four_concurrent_writers_lose_nothing(tmp_path, genomes):
+    path = tmp_path / "conc.zarr"
+    chunk = 7_919  # odd, so ranges never line up with anything but the store's own chunks
+    seqs = dna_records(genomes)
+    full = {rid: markov_outputs(s) for rid, s in seqs.items()}
+    np.savez(tmp_path / "full.npz", **{f"{rid}.{o}": a for rid, d in full.items() for o, a in d.items()})
+    records = [{"id": rid, "length": len(s), "modality": "dna"} for rid, s in seqs.items()]
+    OutputStore.create(path, meta={"job_id": "conc"}, records=records,
+                       outputs=["logprob", "entropy", "softmask", "hidden"], chunk_size=chunk, feature_dim=FEATURES)
+    procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(path), str(tmp_path / "full.npz"), str(w), "4"])
+             for w in range(4)]
+    assert [p.wait(timeout=300) for p in procs] == [0, 0, 0, 0]
+    store = OutputStore.open(path)
+    assert store.finalize()
+    root = zarr.open_group(path, mode="r")
+    for rid, arrays in full.items():
+        key = store.record_key(rid)
+        for name, want in arrays.items():
+            got = root[f"{key}/{name}"][:]
+            np.testing.assert_array_equal(got, want.astype(got.dtype))
+        for i in range(store.n_chunks(key)):
+            _, e = store.chunk_range(key, i)
+            np.testing.assert_array_equal(store.boundary_state(key, i)["S"], arrays["hidden"][e - 1])
+
+
+# ------------------------------------------------------------------------------------- kills
+KILLED = r"""
+import sys, time, numpy as np
+from pathlib import Path
+from linpipe.store import OutputStore
+path, flag = sys.argv[1], Path(sys.argv[2])
+store = OutputStore.open(path)
+key = store.record_key("chr1")
+real_write_state = store._write_state
+def write_state_then_hang(*a, **k):   # the data are on disk now; the marker is next
+    real_write_state(*a, **k)
+    flag.write_text("data written")
+    time.sleep(120)
+store._write_state = write_state_then_hang
+s, e = store.chunk_range(key, 1)
+n = e - s
+store.write_chunk(key, 1, {"logprob": np.full(n, -1.5, np.float32), "entropy": np.full(n, 1.2, np.float32),
+                           "softmask": np.ones(n, np.uint8), "hidden": np.zeros((n, 8), np.float32)},
+                  state={"S": np.ones(3, np.float32)})
+"""
+
+
+def test_killed_writer_leaves_chunk_incomplete(tmp_path, genomes):
+    path = tmp_path / "killed.zarr"
+    store, full = build_dna_store(path, genomes, skip={("chr1", 1)}, finalize=False)
+    assert not store.finalize()  # a chunk is missing: the store never claims completion
+    flag = tmp_path / "flag"
+    child = subprocess.Popen([sys.executable, "-c", KILLED, str(path), str(flag)])
+    deadline = time.time() + 120
+    while not flag.exists():
+        assert child.poll() is None and time.time() < deadline, "writer ended before the hook"
+        time.sleep(0.05)
+    child.send_signal(signal.SIGKILL)
+    assert child.wait(timeout=30) == -signal.SIGKILL
+
+    store = OutputStore.open(path)
+    key = store.record_key("chr1")
+    # the data of chunk 1 reached the disk, but the chunk is not marked complete
+    assert (zarr.open_group(path, mode="r")[f"{key}/logprob"][CHUNK:2 * CHUNK] == -1.5).all()
+    assert 1 not in store.completed_chunks(key)
+    assert store.boundary_state(key, 1) is None
+    assert store.missing_ranges(key) == [(CHUNK, 2 * CHUNK)]
+    assert not store.finalize() and not store.is_complete()
+    with pytest.warns(IncompleteStoreWarning, match=r"chr1:40000-80000"):
+        out = open_output(path)
+    assert out.missing_ranges[key] == [(CHUNK, 2 * CHUNK)] and not out.complete
+    np.testing.assert_array_equal(out.dataset("chr1")["entropy"].values[:CHUNK], full["chr1"]["entropy"][:CHUNK])
+
+    # resuming rewrites the chunk, and only then is the store complete
+    s, e = store.chunk_range(key, 1)
+    store.write_chunk(key, 1, {o: a[s:e] for o, a in full["chr1"].items()}, state=state_after(full["chr1"], e))
+    assert store.finalize() and OutputStore.open(path, mode="r").is_complete()
+    np.testing.assert_array_equal(zarr.open_group(path, mode="r")[f"{key}/logprob"][:], full["chr1"]["logprob"])
+
+
+# ------------------------------------------------------------------------------------- errors
+def test_opening_errors(tmp_path, dna_store):
+    with pytest.raises(StoreError, match="no such output store"):
+        OutputStore.open(tmp_path / "nope.zarr")
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "notes.txt").write_text("mine")
+    with pytest.raises(StoreError, match="not a Zarr v3 store"):
+        open_output(plain)
+    with pytest.raises(StoreError, match="refusing to overwrite"):
+        OutputStore.create(plain, meta={}, records=[], outputs=["logprob"], chunk_size=10, overwrite=True)
+    assert (plain / "notes.txt").read_text() == "mine"
+    other = tmp_path / "other.zarr"
+    zarr.open_group(other, mode="w", zarr_format=3).create_array("x", shape=(3,), dtype="i4")
+    with pytest.raises(StoreError, match="not a linpipe output store"):
+        open_output(other)
+
+    newer = tmp_path / "newer.zarr"
+    OutputStore.create(newer, meta={}, records=[{"id": "r", "length": 5}], outputs=["logprob"], chunk_size=5)
+    g = zarr.open_group(newer, mode="r+")
+    g.attrs["linpipe"] = {**g.attrs["linpipe"], "format_version": FORMAT_VERSION + 1}
+    with pytest.raises(StoreError, match=rf"format {FORMAT_VERSION + 1}, newer than this linpipe"):
+        open_output(newer)
+
+    path, _ = dna_store
+    with pytest.raises(StoreError, match="already exists"):
+        OutputStore.create(path, meta={}, records=[], outputs=["logprob"], chunk_size=10)
+    ro = OutputStore.open(path, mode="r")
+    with pytest.raises(StoreError, match="read-only"):
+        ro.write_chunk(ro.record_key("chr1"), 0, {})
+    with pytest.raises(StoreError, match="no record 'chrZ'"):
+        open_output(path).dataset("chrZ")
+
+
+def test_write_chunk_validates(tmp_path):
+    store = OutputStore.create(tmp_path / "v.zarr", meta={}, records=[{"id": "r", "length": 25, "modality": "dna"}],
+                               outputs=["logprob", "entropy"], chunk_size=10)
+    key = store.record_key("r")
+    assert store.n_chunks(key) == 3 and store.chunk_range(key, 2) == (20, 25)
+    with pytest.raises(StoreError, match="got outputs"):
+        store.write_chunk(key, 0, {"logprob": np.zeros(10)})
+    with pytest.raises(StoreError, match=r"positions 20-25"):
+        store.write_chunk(key, 2, {"logprob": np.zeros(10), "entropy": np.zeros(10)})
+    with pytest.raises(StoreError, match="out of range"):
+        store.write_chunk(key, 3, {"logprob": np.zeros(5), "entropy": np.zeros(5)})
+    with pytest.raises(StoreError, match="not a dna output"):
+        OutputStore.create(tmp_path / "w.zarr", meta={}, records=[{"id": "r", "length": 5}], outputs=["forecast"],
+                           chunk_size=10)
+    with pytest.raises(StoreError, match="duplicate record id 'r'"):
+        OutputStore.create(tmp_path / "d.zarr", meta={}, records=[{"id": "r", "length": 5}] * 2, outputs=["logprob"],
+                           chunk_size=10)
+    assert 1 not in store.completed_chunks(key) and not store.finalize()
+
+
+def test_fsspec_url(tmp_path):
+    url = f"file://{tmp_path / 'url.zarr'}"
+    store = OutputStore.create(url, meta={"job_id": "u"}, records=[{"id": "r", "length": 15, "modality": "dna"}],
+                               outputs=["logprob"], chunk_size=10)
+    key = store.record_key("r")
+    store.write_chunk(key, 1, {"logprob": np.arange(5, dtype=np.float32)}, state={"S": np.ones(2)})
+    store.write_chunk(key, 0, {"logprob": np.arange(10, dtype=np.float32)})
+    assert store.finalize()
+    out = open_output(url)
+    np.testing.assert_array_equal(out.dataset("r")["logprob"].values, np.r_[np.arange(10), np.arange(5)])
+    assert out.summary()["size_on_disk"] > 0
+    # the same bytes as a local path
+    assert OutputStore.open(tmp_path / "url.zarr", mode="r").boundary_state(key, 1)["S"].tolist() == [1, 1]
+    assert json.loads((tmp_path / "url.zarr" / "zarr.json").read_text())["attributes"]["linpipe"]["complete"]
