@@ -320,7 +320,7 @@ def _glob_problem(pattern: str) -> str | None:
 
 def _is_sidecar(path: str) -> bool:
     # Indexes that sit beside inputs: a folder glob such as assemblies/* must not run them.
-    return path.endswith((".fai", ".gzi", ".idx", ".linpipe-index", ".json", ".md"))
+    return path.endswith((".fai", ".gzi", ".lpi", ".idx", ".json", ".md"))
 
 
 def _stem(p: Path) -> str:

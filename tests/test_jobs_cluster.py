@@ -1,12 +1,12 @@
 """Detached jobs through Ray's job server, on a real two-node Ray cluster started here.
 
-One cluster for the module (the job server costs seconds and memory on a shared machine).
-The jobs in this file run small real programs; tests/test_jobs_pipeline.py runs
-`linpipe submit` itself through the same path.
+One cluster for the module (the job server costs seconds and memory on a shared machine):
+small programs first (logs, exit status, errors), then `linpipe submit` itself on real
+genomes: detached, no twin, cancel, resume, nothing to do, and a scheduled spec over a folder.
 """
 import os
+import shutil
 import sys
-import textwrap
 import time
 
 import pytest
@@ -54,63 +54,6 @@ def test_submit_detached_then_poll_to_succeeded_and_read_logs(cluster, client):
     assert r.exit_code == 0 and "SUCCEEDED" in r.output and "linpipe-ver01-1" in r.output
     r = run("list", "--address", cluster.dashboard_url)
     assert r.exit_code == 0 and "linpipe-ver01-1" in r.output and "linpipe --version" in r.output
-
-
-# A stand-in for a resumable job: one file per chunk, existing ones skipped, slow enough to
-# be cancelled in the middle.
-CHUNKED = textwrap.dedent("""
-    import os, sys, time
-    out, n = sys.argv[1], int(sys.argv[2])
-    os.makedirs(out, exist_ok=True)
-    for i in range(n):
-        p = os.path.join(out, f"{i}.done")
-        if os.path.exists(p):
-            print("skip", i, flush=True)
-            continue
-        time.sleep(0.5)
-        open(p + ".tmp", "w").write(str(i * i))
-        os.replace(p + ".tmp", p)
-        print("chunk", i, flush=True)
-""")
-
-
-def test_twin_submit_cancel_resume_then_complete(cluster, client, tmp_path):
-    out, n = tmp_path / "store", 40
-    cmd = [sys.executable, "-c", CHUNKED, str(out), str(n)]
-    done = lambda: len(list(out.glob("*.done"))) == n  # noqa: E731
-
-    def submit():
-        return sub.submit_job(client, job_id="chunky", command=cmd, out=str(out),
-                              is_complete=done, runtime_env=runtime_env())
-
-    first = submit()
-    assert first.action == "submitted"
-    deadline = time.monotonic() + 120
-    while not list(out.glob("*.done")) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    # While it runs, submitting the same job again reports it instead of starting a twin.
-    twin = submit()
-    assert (twin.action, twin.submission_id) == ("running", first.submission_id)
-
-    r = run("cancel", "chunky", "--address", cluster.dashboard_url)
-    assert r.exit_code == 0 and "STOPPED" in r.output and "resume" in r.output
-    made = len(list(out.glob("*.done")))
-    assert 0 < made < n and not list(out.glob("*.tmp"))
-
-    second = submit()
-    assert (second.action, second.submission_id) == ("submitted", "linpipe-chunky-2")
-    assert sub.wait(client, second.submission_id, timeout=120) == "SUCCEEDED"
-    log = sub.logs(client, second.submission_id)
-    lines = log.splitlines()  # (the log also echoes the entrypoint, code included)
-    assert sum(x.startswith("skip ") for x in lines) == made
-    assert sum(x.startswith("chunk ") for x in lines) == n - made
-    assert sorted(int(p.read_text()) for p in out.glob("*.done")) == [i * i for i in range(n)]
-
-    assert submit().action == "complete"
-    r = run("status", "--address", cluster.dashboard_url)
-    assert r.exit_code == 0 and "chunky  SUCCEEDED  linpipe-chunky-2" in r.output
-    r = run("status", "linpipe-chunky-1", "--address", cluster.dashboard_url)
-    assert "STOPPED" in r.output and "attempts:   2" in r.output
 
 
 def test_follow_exits_with_the_jobs_status(cluster, client):
@@ -221,3 +164,24 @@ def test_submit_cancel_resume_matches_an_uninterrupted_run(cluster, client, geno
     assert ref.keys() == resumed.keys() and len(ref) == 7 * 3
     assert all(ref[k] == resumed[k] for k in ref)
     print(timings)
+
+
+def test_scheduled_spec_runs_only_what_is_new(cluster, client, genomes, tmp_path):
+    landing = tmp_path / "incoming"
+    landing.mkdir()
+    shutil.copy(genomes / "minimap2_MT-human.fa", landing)
+    spec = tmp_path / "nightly.yaml"
+    spec.write_text("inputs: [incoming/*.fa]\nper_input: true\nout: 'results/{stem}.zarr'\n"
+                    f"chunk_size: 8192\nworkers: 1\naddress: {cluster.dashboard_url}\n")
+    nightly = ["submit", "--spec", spec, *cli_env()]
+
+    r = run(*nightly, "--wait")  # night 1: one assembly
+    assert r.exit_code == 0 and r.output.count("Submitted job") == 1, r.output
+    shutil.copy(genomes / "minimap2_MT-orang.fa", landing)
+    r = run(*nightly, "--wait")  # night 2: only the new one runs
+    assert r.exit_code == 0, r.output
+    assert r.output.count("Nothing to do") == 1 and r.output.count("Submitted job") == 1
+    r = run(*nightly)  # night 3: nothing new
+    assert r.exit_code == 0 and r.output.count("Nothing to do") == 2, r.output
+    for stem in ("minimap2_MT-human", "minimap2_MT-orang"):
+        assert sub.store_progress(str(tmp_path / "results" / f"{stem}.zarr"))["complete"]
