@@ -93,6 +93,40 @@ def network(t: np.ndarray, d: int = 64, seed: int = 0):
     return h.astype(np.float16), lp, ent
 
 
+def shipped_model(t: np.ndarray):
+    """Outputs of linpipe's shipped default model (None when linpipe.model is not available)."""
+    try:
+        import linpipe
+        import torch
+
+        torch.set_num_threads(2)
+        model = linpipe.load_model("default")
+    except Exception as e:  # the model issue is not merged in this checkout
+        print(f"(no shipped model: {e})")
+        return None
+    out, _ = model.forward(np.minimum(t, 4).astype(np.int64), model.init_state(),
+                           outputs=["logprob", "entropy", "hidden"])
+    return {"logprob": out["logprob"].astype(np.float32), "entropy": out["entropy"].astype(np.float32),
+            "hidden": out["hidden"].astype(np.float16), "sha256": model.sha256[:12]}
+
+
+def timeseries_model(x: np.ndarray, tmp: Path):
+    """forecast/residual of a randomly initialised linpipe time-series model over the ECG."""
+    try:
+        import linpipe
+        from linpipe.model import ModelConfig, init_net, save_model
+    except Exception as e:
+        print(f"(no linpipe.model: {e})")
+        return None
+    cfg = ModelConfig(modality="timeseries", d_model=32, n_layers=2, n_heads=4, mlp_hidden=64,
+                      channels=2, channel_names=("MLII_mV", "V5_mV"),
+                      mean=tuple(float(m) for m in x.mean(0)), std=tuple(float(v) for v in x.std(0)))
+    save_model(init_net(cfg, seed=0), cfg, tmp / "ts-model")
+    model = linpipe.load_model(tmp / "ts-model")
+    out, _ = model.forward(x, model.init_state(), outputs=["forecast", "residual"])
+    return {k: v.astype(np.float32) for k, v in out.items()}
+
+
 def ecg(shared: Path):
     import pyarrow.parquet as pq
 
@@ -100,7 +134,7 @@ def ecg(shared: Path):
     x = x.to_numpy(np.float32)
     f = np.vstack([x[:1], x[:-1]])
     t = (np.datetime64("2026-01-01", "ns") + (np.arange(len(x)) * 1e9 / 360).astype("timedelta64[ns]"))
-    return f, x - f, t.view("int64")
+    return f, x - f, t.view("int64"), x
 
 
 CANDIDATES = {name: codecs_for(name) for name in (
@@ -161,7 +195,7 @@ def main():
     raw = human(shared, a.bases)
     lp, ent, t = markov(raw)
     soft = ((raw >= ord("a")) & (raw <= ord("z"))).astype(np.uint8)
-    f, r, times = ecg(shared)
+    f, r, times, x = ecg(shared)
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         hid, nlp, nent = network(t[: a.network_bases])
@@ -169,10 +203,20 @@ def main():
         measure("entropy, Markov-3 + local composition", ent, a.chunk, tmp, "entropy")
         measure("logprob, random causal network", nlp, a.chunk, tmp, "logprob")
         measure("entropy, random causal network", nent, a.chunk, tmp, "entropy")
-        measure("softmask (human chr1 slice, real UCSC masking)", soft, a.chunk, tmp, "mask")
+        shipped = shipped_model(t[: a.network_bases])
+        if shipped is not None:
+            tag = f"shipped default model {shipped['sha256']}"
+            measure(f"logprob, {tag}", shipped["logprob"], a.chunk, tmp, "logprob")
+            measure(f"entropy, {tag}", shipped["entropy"], a.chunk, tmp, "entropy")
+            measure(f"hidden float16, {tag}", shipped["hidden"], a.chunk, tmp, "hidden")
+        measure("softmask (human chr1 slice, real UCSC masking)", soft, a.chunk, tmp, "softmask")
         measure("hidden float16 (64 features), random causal network", hid, a.chunk, tmp, "hidden")
         measure("forecast, last value (MIT-BIH 100 ECG, 2 channels)", f, a.chunk, tmp, "forecast")
         measure("residual, last value", r, a.chunk, tmp, "residual")
+        ts = timeseries_model(x[: a.network_bases], tmp)
+        if ts is not None:
+            measure("forecast, random-init linpipe time-series model", ts["forecast"], a.chunk, tmp, "forecast")
+            measure("residual, random-init linpipe time-series model", ts["residual"], a.chunk, tmp, "residual")
         measure("time, int64 ns at 360 Hz", times, a.chunk, tmp, "time")
         write_rate(lp, ent, soft, a.chunk, tmp)
 

@@ -156,6 +156,9 @@ def index_cmd(input_path, id_column, time_column, columns, sort, cache_dir, as_j
             click.echo(f"index: {index}")
         if inp.channel_names is not None:
             click.echo(f"channels: {', '.join(inp.channel_names)}")
+        if getattr(inp, "fmt", None) == "fasta-gzip":
+            click.echo("note: plain gzip cannot be sought; every read streams from the start. "
+                       "For random access: zcat FILE | bgzip > FILE.bgz")
         width = max(len(r.id) for r in inp.records)
         for r in inp.records:
             click.echo(f"{r.id:<{width}}  {r.length:>12,}  {r.description}".rstrip())
@@ -204,7 +207,11 @@ def inspect(store, as_json):
     click.echo(f"{s['path']}: linpipe output format {s['format_version']} (linpipe {s['linpipe_version']})")
     click.echo(f"  status       {state}")
     click.echo(f"  job          {s['job_id'] or '-'}")
-    click.echo(f"  model        sha256 {s['model_sha256'] or '-'}")
+    cfg = s["model"].get("config") if isinstance(s["model"], dict) else None
+    brief = ""
+    if isinstance(cfg, dict):
+        brief = " ".join(f"{k}={cfg[k]}" for k in ("modality", "d_model", "n_layers", "n_heads") if k in cfg)
+    click.echo(f"  model        sha256 {s['model_sha256'] or '-'}" + (f" ({brief})" if brief else ""))
     for inp in s["inputs"] or []:
         click.echo(f"  input        {inp.get('path', inp) if isinstance(inp, dict) else inp}")
     click.echo(f"  outputs      {', '.join(s['outputs'])} (chunk length {s['chunk_size']:,})")

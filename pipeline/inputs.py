@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
-import numpy as np
 
 from .errors import InputError
 
@@ -233,7 +232,3 @@ def open_input(
         sort=sort,
         cache_dir=cache_dir,
     )
-
-
-def as_float32(values: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(values, dtype=np.float32)

@@ -38,7 +38,7 @@ PICKLE_NAMES = ("pytorch_model.bin", "model.bin")
 PICKLE_SUFFIXES = (".pt", ".pth", ".pkl", ".pickle", ".ckpt", ".bin")
 SHIPPED_MODELS = Path(__file__).resolve().parent / "models"
 # Positions per forward pass inside Model.forward: bounds peak memory for any chunk length.
-FORWARD_BLOCK = 65536
+FORWARD_BLOCK = 16384
 
 
 # --------------------------------------------------------------------------------------------
@@ -317,11 +317,12 @@ class Attention(nn.Module):
         H, K = self.n_heads, self.head_dim
         if self.conv is not None:
             a, window = self.conv(a, window)
-        # One matmul for q, k, v (weights concatenated), then views per head.
+        # One matmul for q, k, v (weights concatenated), written position-last, (B, 3, H, K, T):
+        # the (B, T, H, K) views handed to the kernel then split into blocks without copies.
         w = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])  # (3D, D)
-        qkv = F.linear(a, w).view(B, T, 3, H, K)
+        qkv = torch.matmul(w, a.transpose(1, 2)).view(B, 3, H, K, T).permute(0, 1, 4, 2, 3)
         decay = None if bool((self.decay == 1).all()) else self.decay
-        o, (S, z) = chunk_linear_attn(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], decay=decay,
+        o, (S, z) = chunk_linear_attn(qkv[:, 0], qkv[:, 1], qkv[:, 2], decay=decay,
                                       feature_map=self.feature_map, normalize=self.normalize,
                                       eps=self.eps, initial_state=(S, z), output_final_state=True)
         return self.o_proj(o.reshape(B, T, D)), S, z, window

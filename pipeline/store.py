@@ -13,10 +13,10 @@ process killed at any moment leaves its chunk unmarked.
 """
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import math
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,13 +62,14 @@ DEFAULT_OUTPUTS = {DNA: ["logprob", "entropy", "softmask"], TIMESERIES: ["foreca
 TIME_UNITS = "nanoseconds since 1970-01-01"
 
 
-# Compressor per array, chosen by measurement on realistic arrays (benchmarks/store_compression.py,
-# BENCHMARKS.md "Outputs (issue 5)"); all lossless. Where the two stand-ins for real model output
-# disagreed (a Markov model's few distinct values vs a random network's continuous ones), the
-# choice is the one that loses least in the worse case.
+# Compressor per array, chosen by measurement (benchmarks/store_compression.py, BENCHMARKS.md
+# "Outputs (issue 5)"); all lossless. Float outputs are chosen on what linpipe's own models emit
+# (continuous float bit patterns, where shuffling before zstd wins); stand-ins with few distinct
+# values (a Markov table, ADC-quantised ECG) favour plain zstd and are reported, not followed.
 CODEC_CHOICE = {
-    "logprob": "zstd-3", "entropy": "blosc-zstd-5-shuffle", "softmask": "zstd-9",
-    "hidden": "blosc-zstd-5-shuffle", "forecast": "zstd-3", "residual": "zstd-3",
+    "logprob": "blosc-zstd-5-shuffle", "entropy": "blosc-zstd-5-shuffle", "softmask": "zstd-9",
+    "hidden": "blosc-zstd-5-shuffle", "forecast": "blosc-zstd-5-bitshuffle",
+    "residual": "blosc-zstd-5-bitshuffle",
     "time": "blosc-zstd-5-bitshuffle",
 }
 
@@ -107,11 +108,8 @@ def _jsonable(obj, where: str):
         raise StoreError(f"{where}: metadata is not JSON-serialisable ({e})") from None
 
 
-def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-
-
 _POOL = None
+_PARTIAL = re.compile(r"\.[0-9a-f]{32}\.partial$")  # zarr's LocalStore temp name before the rename
 
 
 def _fsync_pool():
@@ -148,7 +146,7 @@ class OutputStore:
 
     # ------------------------------------------------------------------ create / open
     @classmethod
-    def create(cls, path, *, meta: dict, records: list[dict], outputs, chunk_size: int,
+    def create(cls, path, *, meta: dict, records: list[dict], outputs=None, chunk_size: int,
                feature_dim: int | None = None, channels=None, overwrite: bool = False,
                hidden_dtype: str = "float16") -> "OutputStore":
         """Lay out a new store: root metadata, one group per record, every array empty."""
@@ -159,6 +157,8 @@ class OutputStore:
             raise StoreError(f"{where}: chunk_size must be a positive integer, got {chunk_size!r}")
         if hidden_dtype not in ("float16", "float32"):
             raise StoreError(f"{where}: hidden dtype must be float16 or float32, got {hidden_dtype!r}")
+        if outputs is None:  # the default for the records' modality (hidden is large: opt in)
+            outputs = DEFAULT_OUTPUTS[records[0].get("modality", DNA)] if records else []
         outputs = list(outputs)
         ids = [str(r["id"]) for r in records]
         seen: set[str] = set()
@@ -201,17 +201,17 @@ class OutputStore:
             "linpipe_version": root_meta.get("version", __version__),
             "outputs": outputs, "chunk_size": chunk_size, "feature_dim": feature_dim,
             "channels": channels, "hidden_dtype": hidden_dtype, "records": rec_meta,
-            "complete": False, "created": _now(),
+            "complete": False,
         })
         root_meta = _jsonable(root_meta, where)
 
         store = _zarr_store(path, read_only=False)
         cls._check_overwrite(store, where, overwrite)
         root = zarr.open_group(store=store, mode="w", zarr_format=3, attributes={"linpipe": root_meta})
-        progress = root.create_group(PROGRESS, attributes={"about": "linpipe completion markers and boundary states"})
-        for key, info in rec_meta.items():
-            _create_record(root, progress, key, info, outputs, chunk_size, feature_dim, channels,
-                           hidden_dtype)
+        root.create_group(PROGRESS, attributes={"about": "linpipe completion markers and boundary states"})
+        from zarr.core.sync import sync
+
+        sync(_create_records(store, rec_meta, outputs, chunk_size, feature_dim, channels, hidden_dtype))
         return cls(path, root, store=store, mode="r+")
 
     @staticmethod
@@ -276,11 +276,21 @@ class OutputStore:
         except KeyError:
             raise StoreError(f"{self.path}: no record group {key!r} in this store") from None
 
+    def key(self, key_or_id: str) -> str:
+        """The group key, given a key or an original record id (keys win when both match)."""
+        if key_or_id in self._meta["records"]:
+            return key_or_id
+        if str(key_or_id) in self._keys_by_id:
+            return self._keys_by_id[str(key_or_id)]
+        raise StoreError(f"{self.path}: no record {key_or_id!r} in this store")
+
     def n_chunks(self, key: str) -> int:
+        key = self.key(key)
         return int(self._record(key)["n_chunks"])
 
     def chunk_range(self, key: str, chunk_index: int) -> tuple[int, int]:
         """[start, end) positions of one work unit."""
+        key = self.key(key)
         length = int(self._record(key)["length"])
         return chunk_index * self.chunk_size, min(length, (chunk_index + 1) * self.chunk_size)
 
@@ -292,6 +302,7 @@ class OutputStore:
         return arr
 
     def output_names(self, key: str) -> list[str]:
+        key = self.key(key)
         names = list(self._meta["outputs"])
         if self._record(key).get("time_dtype"):
             names.append("time")
@@ -305,6 +316,7 @@ class OutputStore:
         (and `time`, when the record was created with a time_dtype). state: the boundary state
         after this chunk, as plain numpy arrays (ModelState.to_arrays()).
         """
+        key = self.key(key)
         if self.mode == "r":
             raise StoreError(f"{self.path}: opened read-only")
         info = self._record(key)
@@ -371,12 +383,14 @@ class OutputStore:
 
     # ------------------------------------------------------------------ progress
     def completed_chunks(self, key: str) -> set[int]:
+        key = self.key(key)
         self._record(key)
         done = self._array(f"{PROGRESS}/{key}/done")
         return set(np.flatnonzero(done[:]).tolist())
 
     def missing_ranges(self, key: str) -> list[tuple[int, int]]:
         """Position ranges [start, end) not yet written, adjacent chunks merged."""
+        key = self.key(key)
         info = self._record(key)
         done = self.completed_chunks(key)
         out: list[tuple[int, int]] = []
@@ -393,6 +407,7 @@ class OutputStore:
     def boundary_state(self, key: str, chunk_index: int) -> dict | None:
         """The state saved after `chunk_index`, or None when that chunk is not complete (or was
         written without a state)."""
+        key = self.key(key)
         import zarr
         from safetensors.numpy import load
 
@@ -414,11 +429,12 @@ class OutputStore:
 
         if self.mode == "r":
             raise StoreError(f"{self.path}: opened read-only")
-        for key, info in self.records.items():
-            if len(self.completed_chunks(key)) != int(info["n_chunks"]):
+        for key in self.records:
+            if not self.record_complete(key):
                 return False
         meta = dict(self._group.attrs["linpipe"])
-        meta.update({"complete": True, "completed": _now()})
+        meta["complete"] = True
+        self._remove_partial_files()
         # one write of the root document: completion plus consolidated metadata of the record
         # groups (they never change again), so xarray opens a record without listing the store
         from zarr.core.sync import sync
@@ -428,6 +444,25 @@ class OutputStore:
         self._arrays.clear()
         self._meta = meta
         return True
+
+    def _remove_partial_files(self):
+        """Delete temporary files that writers killed mid-write left behind (local stores)."""
+        from zarr.storage import LocalStore
+
+        if not isinstance(self._store, LocalStore):
+            return
+        for dirpath, _dirs, files in os.walk(self._store.root):
+            for f in files:
+                if _PARTIAL.search(f):
+                    try:
+                        os.unlink(os.path.join(dirpath, f))
+                    except FileNotFoundError:
+                        pass
+
+    def record_complete(self, key: str) -> bool:
+        """True when every chunk of the record is written (data, state and marker)."""
+        key = self.key(key)
+        return len(self.completed_chunks(key)) == self.n_chunks(key)
 
     def size_on_disk(self) -> int:
         """Bytes stored under the store's root (files on disk, or objects in a bucket)."""
@@ -484,12 +519,71 @@ async def _write_root(store, meta: dict, keys: list[str]):
     await dataclasses.replace(root, metadata=md)._save_metadata()
 
 
-def _create_record(root, progress, key, info, outputs, chunk_size, feature_dim, channels,
-                   hidden_dtype):
+async def _create_records(store, rec_meta: dict, outputs, chunk_size, feature_dim, channels,
+                         hidden_dtype):
+    """Write every record's group and array metadata.
+
+    zarr's own create calls cost tens of ms each and grow with the number of siblings, which is
+    minutes for an assembly of thousands of contigs. So zarr lays out one template record in
+    memory per kind of record, and each record gets those documents with its own shape and
+    attributes, written concurrently: the same bytes zarr would write, without the checks
+    (the store was just emptied).
+    """
+    import asyncio
+
+    from zarr.core.buffer import default_buffer_prototype
+    from zarr.core.group import AsyncGroup
+    from zarr.storage import MemoryStore
+
+    templates: dict[tuple, dict[str, bytes]] = {}
+    writes = []
+    for key, info in rec_meta.items():
+        kind = (info["modality"], info.get("time_dtype"))
+        if kind not in templates:
+            mem = MemoryStore()
+            root = await AsyncGroup.from_store(mem, zarr_format=3)
+            progress = await root.create_group(PROGRESS)
+            await _create_record(root, progress, "T", dict(info, length=1, n_chunks=1), outputs,
+                                 chunk_size, feature_dim, channels, hidden_dtype)
+            templates[kind] = {k: v.to_bytes() for k, v in mem._store_dict.items()
+                               if k.startswith(("T/", f"{PROGRESS}/T/"))}
+        for tkey, raw in templates[kind].items():
+            if tkey.startswith("T/"):
+                path = key + tkey[1:]
+            else:
+                path = f"{PROGRESS}/{key}" + tkey[len(PROGRESS) + 2:]
+            if tkey.endswith("zarr.json"):
+                doc = json.loads(raw)
+                if tkey == "T/zarr.json":
+                    doc["attributes"] = {"linpipe_record": info}
+                elif tkey == f"{PROGRESS}/T/zarr.json":
+                    doc["attributes"] = {"id": info["id"]}
+                elif tkey == f"{PROGRESS}/T/done/zarr.json":
+                    doc["shape"] = [info["n_chunks"]]
+                elif doc["node_type"] == "array" and tkey != "T/channel/zarr.json":
+                    doc["shape"][0] = info["length"]
+                raw = json.dumps(doc, indent=2).encode()
+            writes.append((path, raw))
+
+    proto = default_buffer_prototype()
+    limit = asyncio.Semaphore(64)
+
+    async def put(path, raw):
+        async with limit:
+            await store.set(path, proto.buffer.from_bytes(raw))
+
+    await asyncio.gather(*(put(p, r) for p, r in writes))
+
+
+async def _create_record(root, progress, key, info, outputs, chunk_size, feature_dim, channels,
+                         hidden_dtype):
+    import asyncio
+
     modality = info["modality"]
     dim = POSITION_DIM[modality]
     length = info["length"]
-    rec = root.create_group(key, attributes={"linpipe_record": info})
+    rec = await root.create_group(key, attributes={"linpipe_record": info})
+    jobs = []
     for name in outputs:
         kind = OUTPUT_KINDS[modality][name]
         dtype = hidden_dtype if name == "hidden" else kind.dtype
@@ -499,26 +593,34 @@ def _create_record(root, progress, key, info, outputs, chunk_size, feature_dim, 
         elif kind.trailing == "channel":
             shape, chunks, dims = (length, len(channels)), (chunk_size, len(channels)), [dim, "channel"]
         attrs = {k: v for k, v in (("units", kind.units), ("long_name", kind.long_name)) if v}
-        rec.create_array(name, shape=shape, chunks=chunks, dtype=dtype, dimension_names=dims,
-                         fill_value=0 if dtype == "uint8" else np.nan,
-                         compressors=codecs_for(CODEC_CHOICE[name]), attributes=attrs)
-    if modality == TIMESERIES and channels:
-        ch = rec.create_array("channel", shape=(len(channels),), dtype=str, dimension_names=["channel"])
-        ch[:] = np.array(channels)
+        jobs.append(rec.create_array(name, shape=shape, chunks=chunks, dtype=dtype,
+                                     dimension_names=dims, fill_value=0 if dtype == "uint8" else np.nan,
+                                     compressors=codecs_for(CODEC_CHOICE[name]), attributes=attrs))
     if info.get("time_dtype"):
         tdt = np.dtype(info["time_dtype"])
         attrs = {}
         if np.issubdtype(tdt, np.datetime64):  # stored as int64 ns; xarray decodes it back
             tdt = np.dtype("int64")
             attrs = {"units": TIME_UNITS, "calendar": "proleptic_gregorian"}
-        rec.create_array("time", shape=(length,), chunks=(chunk_size,), dtype=tdt,
-                         dimension_names=["time"], fill_value=0,
-                         compressors=codecs_for(CODEC_CHOICE["time"]),
-                         attributes=attrs)
-    prog = progress.create_group(key, attributes={"id": info["id"]})
-    prog.create_array("done", shape=(info["n_chunks"],), chunks=(1,), dtype="uint8", fill_value=0,
-                      dimension_names=["chunk"], compressors=None)
-    prog.create_group("state")
+        jobs.append(rec.create_array("time", shape=(length,), chunks=(chunk_size,), dtype=tdt,
+                                     dimension_names=["time"], fill_value=0,
+                                     compressors=codecs_for(CODEC_CHOICE["time"]), attributes=attrs))
+
+    async def channel_names():
+        ch = await rec.create_array("channel", shape=(len(channels),), dtype=str,
+                                    dimension_names=["channel"])
+        await ch.setitem(slice(None), np.array(channels))
+
+    if modality == TIMESERIES and channels:
+        jobs.append(channel_names())
+
+    async def bookkeeping():
+        prog = await progress.create_group(key, attributes={"id": info["id"]})
+        await prog.create_array("done", shape=(info["n_chunks"],), chunks=(1,), dtype="uint8",
+                                fill_value=0, dimension_names=["chunk"], compressors=None)
+
+    jobs.append(bookkeeping())
+    await asyncio.gather(*jobs)
 
 
 def open_root(path, store):

@@ -28,9 +28,10 @@ import numpy as np
 
 from .errors import InputError
 from .faidx import cache_root
-from .inputs import Input, RecordInfo, fingerprint_file
+from .inputs import Input, RecordInfo
 
 BATCH_ROWS = 1 << 16  # rows per batch in converted files and Parquet reads
+CSV_BLOCK = 4 << 20  # bytes per CSV block; column types are inferred from the first one
 _NUMBER = r"^\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*$|^\s*[-+]?(nan|NaN|NAN|inf|Inf|INF)\s*$"
 
 
@@ -147,21 +148,25 @@ class TimeSeriesInput(Input):
         self.fmt = fmt
         self.id_column, self.time_column = id_column, time_column
         self.sort, self.cache_dir = sort, cache_dir
+        self._columns_opt = list(columns) if columns else None
+        self._table = None
         try:
-            self.table_path, kind = self._table_file(columns)
-            table = _Table(self.table_path, kind)
+            self._open(columns)
         except InputError:
             raise
-        except Exception as e:  # pyarrow's own errors on a corrupt file
+        except Exception as e:  # pyarrow's own errors on a corrupt or unreadable file
             raise InputError(f"{self.path}: cannot read as {fmt}: {_short(e)}") from None
-        self._kind = kind
+
+    def _open(self, columns) -> None:
+        self.table_path, self._kind = self._table_file(columns)
+        table = _Table(self.table_path, self._kind)
         self.channel_names = self._resolve_columns(table.schema, columns)
         if table.num_rows == 0:
             raise InputError(f"{self.path}: no rows: a zero-length series")
         self._table = table
         order_error = self._build_index()
         if order_error is not None:
-            if not sort:
+            if not self.sort:
                 raise InputError(order_error + "; sort the file by time, or pass --sort (sort=True) to sort a cached copy")
             self.table_path = self._sorted_copy()
             self._table = _Table(self.table_path, "arrow")
@@ -216,7 +221,7 @@ class TimeSeriesInput(Input):
 
         delimiter = "\t" if ".tsv" in [s.lower() for s in self.path.suffixes] else ","
         return dict(
-            read_options=pcsv.ReadOptions(block_size=4 << 20),
+            read_options=pcsv.ReadOptions(block_size=CSV_BLOCK),
             parse_options=pcsv.ParseOptions(delimiter=delimiter),
             convert_options=pcsv.ConvertOptions(column_types=column_types or {}, include_columns=include or []),
         )
@@ -232,6 +237,8 @@ class TimeSeriesInput(Input):
             raise InputError(f"{self.path}: not a readable CSV file: {_short(e)}") from None
         schema = first.schema
         first.close()
+        if all(f.type == pa.null() for f in schema):
+            raise InputError(f"{self.path}: no rows: a zero-length series")
         # channels parse as float64 whatever the first block looked like: numbers that turn
         # into text later (mixed dtypes) then fail with the column named
         chosen = self._resolve_columns(schema, columns, check_types=False)
@@ -252,12 +259,16 @@ class TimeSeriesInput(Input):
                 except pa.ArrowInvalid as e:
                     raise self._csv_error(e, rows) from None
                 for name in mixed_check:  # text columns left out of the default channels
+                    if columns is not None and name not in columns:
+                        continue
                     col = b.column(name)
-                    num = pc.sum(pc.match_substring_regex(col, _NUMBER)).as_py() or 0
-                    if 0 < num < len(col) - col.null_count and (columns is None or name in columns):
+                    num = pc.match_substring_regex(col, _NUMBER).fill_null(False).to_numpy(zero_copy_only=False)
+                    text = pc.not_equal(col, "").fill_null(False).to_numpy(zero_copy_only=False) & ~num
+                    if num.any() and text.any():
+                        i = int(np.argmax(text))
                         raise InputError(
-                            f"{self.path}: column {name!r} mixes numbers and text (mixed dtypes) near line {rows + 2}; "
-                            "fix it or choose channels with --columns"
+                            f"{self.path}: column {name!r}, line {rows + i + 2}: value {col[i].as_py()!r} is not a "
+                            "number (the column mixes dtypes: numbers and text); fix it or choose channels with --columns"
                         )
                 rows += b.num_rows
                 yield b
@@ -448,28 +459,52 @@ class TimeSeriesInput(Input):
         times = [] if self.time_column else None
         if n == 0:
             return values, (np.zeros(0) if times is not None else None)
+        try:
+            return self._read(record_id, start, end, n, values, times)
+        except InputError:
+            raise
+        except Exception as e:  # pyarrow's errors on a file damaged since it was opened
+            raise InputError(f"{self.path}: series {record_id!r}, rows {start}-{end}: cannot read: {_short(e)}") from None
+
+    def _read(self, record_id, start, end, n, values, times):
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
         run_starts, run_pos = self._runs[self._by_id[record_id]]
         table = self._tab()
         cols = list(self.channel_names) + ([self.time_column] if self.time_column else [])
-        r = int(np.searchsorted(run_pos, start, side="right")) - 1
+        r0 = int(np.searchsorted(run_pos, start, side="right")) - 1
+        r1 = int(np.searchsorted(run_pos, end, side="left"))  # runs r0..r1-1 overlap the slice
+        lo = np.maximum(run_pos[r0:r1], start) - run_pos[r0:r1]
+        hi = np.minimum(run_pos[r0 + 1 : r1 + 1], end) - run_pos[r0:r1]
+        g_lo = run_starts[r0:r1] + lo
+        if r1 - r0 == 1:  # the series is contiguous here: plain row slices
+            batches = table.rows(int(g_lo[0]), int(g_lo[0] + hi[0] - lo[0]), cols)
+        else:  # interleaved series: read the span once and pick this series' rows
+            lens = hi - lo
+            rows = np.repeat(g_lo - np.concatenate([[0], np.cumsum(lens)[:-1]]), lens) + np.arange(n)
+            span = pa.Table.from_batches(table.rows(int(rows[0]), int(rows[-1]) + 1, cols))
+            batches = span.take(pa.array(rows - rows[0])).to_batches()
         filled = 0
-        while filled < n:
-            p0, p1 = int(run_pos[r]), int(run_pos[r + 1])
-            lo, hi = start + filled - p0, min(end - p0, p1 - p0)
-            g0 = int(run_starts[r]) + lo
-            for batch in table.rows(g0, g0 + hi - lo, cols):
-                m = batch.num_rows
-                for j, c in enumerate(self.channel_names):
-                    col = pc.cast(batch.column(c), pa.float32(), safe=False)
-                    values[filled : filled + m, j] = col.to_numpy(zero_copy_only=False)
-                if times is not None:
-                    times.append(batch.column(self.time_column).to_numpy(zero_copy_only=False))
-                filled += m
-            r += 1
+        for batch in batches:
+            m = batch.num_rows
+            for j, c in enumerate(self.channel_names):
+                col = pc.cast(batch.column(c), pa.float32(), safe=False)
+                values[filled : filled + m, j] = col.to_numpy(zero_copy_only=False)
+            if times is not None:
+                times.append(batch.column(self.time_column).to_numpy(zero_copy_only=False))
+            filled += m
         return values, (np.concatenate(times) if times is not None else None)
 
     def _tab(self) -> _Table:
         if self._table is None:
+            if not self.table_path.exists():  # unpickled on a node without our cached copy
+                fresh = TimeSeriesInput(self.path, fmt=self.fmt, id_column=self.id_column, time_column=self.time_column,
+                                        columns=self._columns_opt, sort=self.sort, cache_dir=self.cache_dir)
+                if fresh.records != self.records:
+                    raise InputError(f"{self.path}: the file changed since it was opened (its series differ)")
+                self.table_path = fresh.table_path
+                fresh.close()
             self._table = _Table(self.table_path, self._kind)
         return self._table
 

@@ -104,3 +104,16 @@ def test_gradients_match_naive():
         grads.append([t.grad for t in (qq, kk, vv)])
     for a, b in zip(*grads):
         _close(a, b, 1e-9)
+
+
+def test_many_blocks_multilevel_prefix():
+    """Hundreds of blocks (the prefix over blocks recurses through several levels, with a
+    ragged last group) and a strong decay, against the recurrence."""
+    q, k, v, init = _inputs(1, 8 * 300 + 5, 2, 8, 8, "elu1", True, seed=5)
+    decay = torch.tensor([0.8, 0.9999], dtype=torch.float64)
+    kw = dict(decay=decay, initial_state=init, output_final_state=True)
+    o_ref, (S_ref, z_ref) = naive_recurrent_linear_attn(q, k, v, **kw)
+    o, (S, z) = chunk_linear_attn_torch(q, k, v, chunk_size=8, dtype=torch.float64, **kw)
+    _close(o, o_ref, 1e-10)
+    _close(S, S_ref, 1e-6)
+    _close(z, z_ref, 1e-6)

@@ -8,7 +8,6 @@ import stat
 import numpy as np
 import pyfaidx
 import pytest
-from Bio import bgzf
 from Bio.SeqIO.FastaIO import SimpleFastaParser
 
 import linpipe
@@ -47,7 +46,7 @@ def _check_slices(inp, expected, n_random=6, seed=0):
             np.testing.assert_array_equal(mask, SOFTMASK_LUT[raw[s:e]], err_msg=f"{rid} {s}-{e}")
 
 
-def _write(path, text, mode="w"):
+def _write(path, text):
     with open(path, "wb") as fh:
         fh.write(text.encode() if isinstance(text, str) else text)
     return path
@@ -269,3 +268,71 @@ def test_read_range_and_record_errors(genomes):
             inp.read("chrZ", 0, 10)
         with pytest.raises(InputError, match=r"MT_human.*16560-16570 is outside 0-16569"):
             inp.read("MT_human", 16560, 16570)
+
+
+def test_small_scan_blocks_give_the_same_index_as_pyfaidx(genomes, tmp_path, monkeypatch):
+    from linpipe import faidx
+
+    monkeypatch.setattr(faidx, "SCAN_BLOCK", 4093)  # lines and headers straddle every block
+    src = tmp_path / "asm.fa"
+    shutil.copy(genomes / "abricate_Sepidermidis_ST14_assembly.fa", src)
+    with linpipe.open_input(src) as inp:
+        ours = inp.index_path.read_bytes()
+    inp.index_path.unlink()
+    pyfaidx.Faidx(str(src)).close()
+    assert (tmp_path / "asm.fa.fai").read_bytes() == ours
+
+
+MEMORY_CHILD = r"""
+import sys, linpipe
+def rss(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key):
+            return int(line.split()[1]) * 1024
+inp = linpipe.open_input(sys.argv[1])
+inp.read("big", 0, 1_000_000)
+base = rss("VmRSS:")
+open("/proc/self/clear_refs", "w").write("5")  # reset the peak (VmHWM) to the current RSS
+n = inp.record("big").length
+total = 0
+for s in range(0, n, 1_000_000):
+    tok, mask = inp.read("big", s, min(n, s + 1_000_000))
+    total += int(tok.size)
+print(total, rss("VmHWM:") - base)
+"""
+
+
+def test_reading_a_long_record_in_slices_keeps_memory_flat(genomes, tmp_path):
+    """40 Mb read in 1 Mb slices in a fresh process: holding the record (tokens + mask) would
+    take 80 MB; the reader's peak stays within a few slices' worth."""
+    import subprocess
+    import sys
+
+    raw = np.frombuffer(_expected(genomes / "htslib_ce.fa")["CHROMOSOME_I"][1], np.uint8)
+    seq = np.resize(raw, 60 * 666_666)
+    lines = np.full((seq.size // 60, 61), 10, np.uint8)
+    lines[:, :60] = seq.reshape(-1, 60)
+    path = tmp_path / "big.fa"
+    path.write_bytes(b">big\n" + lines.tobytes())
+    out = subprocess.run([sys.executable, "-c", MEMORY_CHILD, str(path)], capture_output=True, text=True, check=True)
+    total, growth = (int(x) for x in out.stdout.split())
+    assert total == 60 * 666_666
+    assert growth < 16_000_000, f"peak RSS grew by {growth / 1e6:.1f} MB"
+
+
+def test_no_writable_place_for_the_index_still_reads(genomes, tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    shutil.copy(genomes / "minimap2_MT-orang.fa", ro / "mt.fa")
+    cache = tmp_path / "cache_ro"
+    cache.mkdir()
+    for d in (ro, cache):
+        d.chmod(0o555)
+    try:
+        with pytest.warns(UserWarning, match=r"cannot write its index .fai.*using it from memory"):
+            inp = linpipe.open_input(ro / "mt.fa", cache_dir=cache)
+        assert inp.index_path is None
+        _check_slices(inp, _expected(ro / "mt.fa"))
+    finally:
+        for d in (ro, cache):
+            d.chmod(0o755)

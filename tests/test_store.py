@@ -148,12 +148,13 @@ def ecg(timeseries: Path, n: int = 20_000):
 def build_ts_store(path: Path, timeseries: Path, chunk: int = 4096):
     data = ecg(timeseries)
     n = len(data["time"])
+    data["hidden"] = np.hstack([data["forecast"], data["residual"], np.cumsum(data["residual"], 0)])
     store = OutputStore.create(path, meta={"version": "0.1.0", "job_id": "ts-1"},
                                records=[{"id": "mitdb/100", "description": "MIT-BIH 100", "length": n,
                                          "modality": "timeseries", "input": "ecg.parquet",
                                          "time_dtype": "datetime64[ns]"}],
-                               outputs=["forecast", "residual"], chunk_size=chunk,
-                               channels=["MLII_mV", "V5_mV"])
+                               outputs=["forecast", "residual", "hidden"], chunk_size=chunk,
+                               channels=["MLII_mV", "V5_mV"], feature_dim=6, hidden_dtype="float32")
     key = store.record_key("mitdb/100")
     for i in range(store.n_chunks(key)):
         s, e = store.chunk_range(key, i)
@@ -226,6 +227,8 @@ def test_timeseries_round_trip_and_xarray(ts_store):
     np.testing.assert_array_equal(ds["time"].values, data["time"])
     np.testing.assert_array_equal(ds["residual"].values, data["residual"])
     np.testing.assert_array_equal(ds["forecast"].sel(channel="V5_mV").values, data["forecast"][:, 1])
+    assert ds["hidden"].dims == ("time", "feature") and ds["hidden"].dtype == np.float32
+    np.testing.assert_array_equal(ds["hidden"].values, data["hidden"])
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a finished store opens without the consolidation warning
         direct = xr.open_zarr(path, group=out.key("mitdb/100"))
@@ -274,6 +277,7 @@ def test_record_keys_are_safe_and_unique(tmp_path):
         for c in range(3):
             s, e = store.chunk_range(key, c)
             store.write_chunk(key, c, {"logprob": np.full(e - s, len(rid), np.float32)})
+    assert all(store.completed_chunks(rid) == {0, 1, 2} for rid in ids)  # ids work as well as keys
     assert store.finalize()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["inside"]
     assert sorted(p.name for p in base.iterdir()) == ["out.zarr"]
@@ -383,6 +387,14 @@ def test_killed_writer_leaves_chunk_incomplete(tmp_path, genomes):
     store.write_chunk(key, 1, {o: a[s:e] for o, a in full["chr1"].items()}, state=state_after(full["chr1"], e))
     assert store.finalize() and OutputStore.open(path, mode="r").is_complete()
     np.testing.assert_array_equal(zarr.open_group(path, mode="r")[f"{key}/logprob"][:], full["chr1"]["logprob"])
+    # and the interrupted-then-resumed store holds exactly the bytes of an uninterrupted one
+    clean = tmp_path / "clean.zarr"
+    build_dna_store(clean, genomes)
+    assert _tree_bytes(path) == _tree_bytes(clean)
+
+
+def _tree_bytes(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 # ------------------------------------------------------------------------------------- errors
@@ -412,6 +424,9 @@ def test_opening_errors(tmp_path, dna_store):
     path, _ = dna_store
     with pytest.raises(StoreError, match="already exists"):
         OutputStore.create(path, meta={}, records=[], outputs=["logprob"], chunk_size=10)
+    again = OutputStore.create(newer, meta={}, records=[{"id": "r", "length": 5}], chunk_size=5, overwrite=True)
+    assert again.meta["outputs"] == ["logprob", "entropy", "softmask"]  # the dna default
+    assert again.completed_chunks("r") == set() and not again.is_complete()
     ro = OutputStore.open(path, mode="r")
     with pytest.raises(StoreError, match="read-only"):
         ro.write_chunk(ro.record_key("chr1"), 0, {})
@@ -453,3 +468,24 @@ def test_fsspec_url(tmp_path):
     # the same bytes as a local path
     assert OutputStore.open(tmp_path / "url.zarr", mode="r").boundary_state(key, 1)["S"].tolist() == [1, 1]
     assert json.loads((tmp_path / "url.zarr" / "zarr.json").read_text())["attributes"]["linpipe"]["complete"]
+
+
+def test_assembly_of_many_contigs(tmp_path, genomes):
+    """42 real contigs (laid out from zarr's own template documents) read back one by one."""
+    seqs = read_fasta(genomes / "abricate_Sepidermidis_ST14_assembly.fa")
+    assert len(seqs) == 42
+    records = [{"id": rid, "length": len(s), "modality": "dna"} for rid, s in seqs.items()]
+    store = OutputStore.create(tmp_path / "asm.zarr", meta={}, records=records, chunk_size=65_536)
+    for rid, seq in seqs.items():
+        out = markov_outputs(seq)
+        key = store.record_key(rid)
+        for i in range(store.n_chunks(key)):
+            s, e = store.chunk_range(key, i)
+            store.write_chunk(key, i, {o: out[o][s:e] for o in ("logprob", "entropy", "softmask")})
+    assert store.finalize()
+    out = open_output(tmp_path / "asm.zarr")
+    for rid, seq in list(seqs.items())[::7]:
+        ds = xr.open_zarr(tmp_path / "asm.zarr", group=out.key(rid))
+        assert ds.sizes["position"] == len(seq)
+        np.testing.assert_array_equal(ds["softmask"].values, markov_outputs(seq)["softmask"])
+        assert ds["softmask"].values.all()  # this assembly is entirely lowercase

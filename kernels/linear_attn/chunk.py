@@ -47,19 +47,50 @@ def _blocks(
         g_block = torch.exp(c * log_g.to(qf.dtype)).view(1, H, 1, 1)
     # Contribution of each block to the state at its end.
     dS = k_out.transpose(-1, -2) @ vb  # (B, H, n, K, V1)
-    # State entering each block: a short sequential prefix over the n blocks.
-    if g_block is None and n > 1:
-        starts = torch.cumsum(torch.cat([S.unsqueeze(2), dS[:, :, :-1]], dim=2), dim=2)
-        final = starts[:, :, -1] + dS[:, :, -1]
-    else:
-        starts = torch.empty((B, H, n, K, V1), dtype=qf.dtype, device=qf.device)
-        for i in range(n):
-            starts[:, :, i] = S
-            S = (S * g_block if g_block is not None else S) + dS[:, :, i]
-        final = S
+    # State entering each block: a prefix over the n blocks' contributions (matmuls, no loop).
+    starts = _prefix(dS.reshape(B, H, n, K * V1), S.reshape(B, H, K * V1),
+                     None if log_g is None else c * log_g.to(qf.dtype))
+    starts = starts.reshape(B, H, n, K, V1)
+    final = (starts[:, :, -1] * g_block if g_block is not None else starts[:, :, -1]) + dS[:, :, -1]
     o = ((qb @ kb.transpose(-1, -2)) * mask) @ vb  # intra-block, (B, H, n, c, V1)
     o = o + q_in @ starts  # from everything before the block
     return o.reshape(B, H, T, V1), final
+
+
+PREFIX_GROUP = 16
+
+
+def _prefix(d: torch.Tensor, s0: torch.Tensor, lg: torch.Tensor | None) -> torch.Tensor:
+    """starts[i] = g^i s0 + sum_{m<i} g^(i-1-m) d[m], the value entering step i of the
+    recurrence s <- g s + d[m]; d (B, H, n, X), s0 (B, H, X), lg (H,) = log g or None (g = 1).
+
+    Two levels at a time: groups of PREFIX_GROUP steps are resolved by one small matmul each,
+    the groups' carries by the same function one level up. Powers of g are formed directly
+    (exp(k log g), k >= 0), so nothing overflows.
+    """
+    B, H, n, X = d.shape
+    if lg is None:
+        return torch.cumsum(torch.cat([s0.unsqueeze(2), d[:, :, :-1]], dim=2), dim=2)
+    G = PREFIX_GROUP
+    if n <= G:
+        i = torch.arange(n, device=d.device, dtype=d.dtype)
+        k = (i[:, None] - 1 - i[None, :])  # exponent for d[m] at step i
+        lm = torch.exp(k.clamp(min=0) * lg.view(H, 1, 1)) * (k >= 0)  # (H, n, n), strictly lower
+        pw = torch.exp(i * lg.view(H, 1)).view(1, H, n, 1)  # g^i
+        return lm @ d + pw * s0.unsqueeze(2)
+    ng = -(-n // G)
+    if ng * G != n:  # zero steps at the end change no start before them
+        d = torch.cat([d, d.new_zeros((B, H, ng * G - n, X))], dim=2)
+    dg = d.view(B, H, ng, G, X)
+    local = _prefix(dg.reshape(B, H * ng, G, X), d.new_zeros((B, H * ng, X)),
+                    lg.repeat_interleave(ng))  # each group from zero, (B, H*ng, G, X)
+    local = local.view(B, H, ng, G, X)
+    i = torch.arange(G, device=d.device, dtype=d.dtype)
+    w = torch.exp((G - 1 - i) * lg.view(H, 1))  # (H, G): g^(G-1-m) to the group's end
+    totals = torch.einsum("bhjgx,hg->bhjx", dg, w)  # each group's change from zero
+    carry = _prefix(totals, s0, G * lg)  # (B, H, ng, X): state entering each group
+    pw = torch.exp(i * lg.view(H, 1)).view(1, H, 1, G, 1)
+    return (local + pw * carry.unsqueeze(3)).reshape(B, H, ng * G, X)[:, :, :n]
 
 
 def _single(q, k, v, decay, feature_map, normalize, eps, initial_state, output_final_state,

@@ -99,9 +99,12 @@ def _segment_state_kernel(
     FEATURE_MAP: tl.constexpr, HAS_DECAY: tl.constexpr, DOT_PRECISION: tl.constexpr,
     INTERPRETED: tl.constexpr,
 ):
-    i_s = tl.program_id(0).to(tl.int64)
+    # V tiles of one segment are neighbours in launch order, so they run together and the
+    # second read of the segment's q/k rows hits L2
+    pid = tl.program_id(0).to(tl.int64)
+    i_s = pid // tl.cdiv(V, BV)
+    i_v = (pid % tl.cdiv(V, BV)).to(tl.int32)
     i_h = tl.program_id(1)
-    i_v = tl.program_id(2)
     start = tl.load(seg_ptr + i_s * 3 + 1)
     end = tl.load(seg_ptr + i_s * 3 + 2)
     n_pos = (end - start).to(tl.int32)
@@ -200,38 +203,56 @@ def _segment_scan_kernel(
 
 
 @triton.jit
-def _output_block(b_s, b_z, q_base, k_base, v_base, o_base, t0, n_pos, o_t, o_k, o_v, m_k, m_v, lg,
-                  causal, decay_ij, decay_i, eps,
+def _output_block(b_s, b_z, q_base, k_base, v_base, o_base, t0, n_pos, o_t, o_k, o_v, m_k, m_v, lg, eps,
                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   FEATURE_MAP: tl.constexpr, NORMALIZE: tl.constexpr, HAS_DECAY: tl.constexpr,
                   DOT_PRECISION: tl.constexpr, INTERPRETED: tl.constexpr):
+    # Ordered so that few (BT, BK) tiles are live at once: the fp32 phi(k), phi(q) are reduced
+    # (z, q.z) and cast to matmul operands right away.
     rows = t0 + o_t
     n = tl.minimum(n_pos - t0, o_t.shape[0])
     m_tk = (o_t < n)[:, None] & m_k[None, :]
     m_tv = (o_t < n)[:, None] & m_v[None, :]
-    b_q = tl.load(q_base + rows[:, None] * (H * K) + o_k[None, :], mask=m_tk, other=0.0)
-    b_k = tl.load(k_base + rows[:, None] * (H * K) + o_k[None, :], mask=m_tk, other=0.0)
     b_v = tl.load(v_base + rows[:, None] * (H * V) + o_v[None, :], mask=m_tv, other=0.0)
-    b_q = tl.where(m_tk, _phi(b_q.to(tl.float32), FEATURE_MAP), 0.0)  # (BT, BK) fp32
-    b_k = tl.where(m_tk, _phi(b_k.to(tl.float32), FEATURE_MAP), 0.0)
-
-    b_a = tl.dot(_mm(b_q, b_v, INTERPRETED), tl.trans(_mm(b_k, b_v, INTERPRETED)),
-                 input_precision=DOT_PRECISION)  # (BT, BT) fp32
+    b_kf = tl.load(k_base + rows[:, None] * (H * K) + o_k[None, :], mask=m_tk, other=0.0)
+    b_kf = tl.where(m_tk, _phi(b_kf.to(tl.float32), FEATURE_MAP), 0.0)  # (BT, BK) fp32
+    b_k = _mm(b_kf, b_v, INTERPRETED)
     if HAS_DECAY:
-        b_a = b_a * decay_ij
-        b_qs = b_q * decay_i[:, None]  # the entering state is i+1 steps old at row i
+        # row j reaches the block end after n-1-j more steps; masked rows get 0 (see _state_step)
+        b_kf = b_kf * tl.where(o_t < n, tl.exp2((n - 1 - o_t).to(tl.float32) * lg), 0.0)[:, None]
+    d_z = tl.sum(b_kf, axis=0)  # (BK,) fp32
+    b_kw = _mm(b_kf, b_v, INTERPRETED)
+
+    b_qf = tl.load(q_base + rows[:, None] * (H * K) + o_k[None, :], mask=m_tk, other=0.0)
+    b_qf = tl.where(m_tk, _phi(b_qf.to(tl.float32), FEATURE_MAP), 0.0)
+    if NORMALIZE:
+        qz = tl.sum(b_qf * b_z[None, :], axis=1)  # (BT,) q.z from the fp32 z, never a bf16 copy
+    b_q = _mm(b_qf, b_v, INTERPRETED)
+
+    b_a = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PRECISION)  # (BT, BT) fp32
+    b_inter = tl.dot(b_q, _mm(b_s, b_v, INTERPRETED), input_precision=DOT_PRECISION)  # (BT, BV)
+    causal = o_t[:, None] >= o_t[None, :]
+    if HAS_DECAY:
+        # gamma^(i-j) on and below the diagonal (exponents >= 0: nothing overflows); the
+        # entering state is i+1 steps old at row i
+        b_a = tl.where(causal, b_a * tl.exp2((o_t[:, None] - o_t[None, :]).to(tl.float32) * lg), 0.0)
+        g_i = tl.exp2((o_t + 1).to(tl.float32) * lg)  # (BT,)
+        b_inter = b_inter * g_i[:, None]
+        if NORMALIZE:
+            qz = qz * g_i
     else:
         b_a = tl.where(causal, b_a, 0.0)
-        b_qs = b_q
-    b_o = tl.dot(_mm(b_a, b_v, INTERPRETED), _mm(b_v, b_v, INTERPRETED), input_precision=DOT_PRECISION)
-    b_o += tl.dot(_mm(b_qs, b_v, INTERPRETED), _mm(b_s, b_v, INTERPRETED),
-                  input_precision=DOT_PRECISION)  # (BT, BV)
+    b_o = b_inter + tl.dot(_mm(b_a, b_v, INTERPRETED), _mm(b_v, b_v, INTERPRETED), input_precision=DOT_PRECISION)
     if NORMALIZE:
-        # q.z from the float32 scores and the float32 z, never from a low-precision copy
-        den = tl.sum(b_a, axis=1) + tl.sum(b_qs * b_z[None, :], axis=1)
-        b_o = b_o / (den + eps)[:, None]
+        b_o = b_o / (tl.sum(b_a, axis=1) + qz + eps)[:, None]
     tl.store(o_base + rows[:, None] * (H * V) + o_v[None, :], b_o.to(o_base.dtype.element_ty), mask=m_tv)
-    return _state_step(b_s, b_z, b_k, b_v, o_t, n, lg, HAS_DECAY, DOT_PRECISION, INTERPRETED)
+
+    if HAS_DECAY:
+        g_n = tl.exp2(n.to(tl.float32) * lg)
+        b_s = b_s * g_n
+        b_z = b_z * g_n
+    b_s += tl.dot(tl.trans(b_kw), _mm(b_v, b_v, INTERPRETED), input_precision=DOT_PRECISION)
+    return b_s, b_z + d_z
 
 
 @triton.jit
@@ -246,9 +267,12 @@ def _segment_output_kernel(
     FEATURE_MAP: tl.constexpr, NORMALIZE: tl.constexpr, HAS_DECAY: tl.constexpr,
     DOT_PRECISION: tl.constexpr, INTERPRETED: tl.constexpr,
 ):
-    i_s = tl.program_id(0).to(tl.int64)
+    # V tiles of one segment are neighbours in launch order, so they run together and the
+    # second read of the segment's q/k rows hits L2
+    pid = tl.program_id(0).to(tl.int64)
+    i_s = pid // tl.cdiv(V, BV)
+    i_v = (pid % tl.cdiv(V, BV)).to(tl.int32)
     i_h = tl.program_id(1)
-    i_v = tl.program_id(2)
     start = tl.load(seg_ptr + i_s * 3 + 1)
     end = tl.load(seg_ptr + i_s * 3 + 2)
     n_pos = (end - start).to(tl.int32)
@@ -267,38 +291,36 @@ def _segment_output_kernel(
     b_s = tl.load(hs_ptr + (i_s * H + i_h) * (K * V) + o_k[:, None] * V + o_v[None, :],
                   mask=m_k[:, None] & m_v[None, :], other=0.0)  # (BK, BV) fp32
     b_z = tl.load(hz_ptr + (i_s * H + i_h) * K + o_k, mask=m_k, other=0.0)  # (BK,) fp32
-    causal = o_t[:, None] >= o_t[None, :]
-    # gamma^(i-j) on and below the diagonal: exponents stay >= 0, so nothing overflows
-    decay_ij = tl.where(causal, tl.exp2((o_t[:, None] - o_t[None, :]).to(tl.float32) * lg), 0.0)
-    decay_i = tl.exp2((o_t + 1).to(tl.float32) * lg)  # (BT,)
-
     if INTERPRETED:
         t0 = 0
         while t0 < n_pos:
             b_s, b_z = _output_block(b_s, b_z, q_base, k_base, v_base, o_base, t0, n_pos, o_t, o_k, o_v,
-                                     m_k, m_v, lg, causal, decay_ij, decay_i, eps, H, K, V,
+                                     m_k, m_v, lg, eps, H, K, V,
                                      FEATURE_MAP, NORMALIZE, HAS_DECAY, DOT_PRECISION, INTERPRETED)
             t0 += BT
     else:
         for t0 in range(0, n_pos, BT):
             b_s, b_z = _output_block(b_s, b_z, q_base, k_base, v_base, o_base, t0, n_pos, o_t, o_k, o_v,
-                                     m_k, m_v, lg, causal, decay_ij, decay_i, eps, H, K, V,
+                                     m_k, m_v, lg, eps, H, K, V,
                                      FEATURE_MAP, NORMALIZE, HAS_DECAY, DOT_PRECISION, INTERPRETED)
 
 
-_tuned = None
+_tuned: dict = {}
 
 
-def _tuned_kernels():
+def _tuned_kernels(fp32: bool):
     """Autotuned wrappers of the two parallel kernels, built on the first GPU call."""
-    global _tuned
-    if _tuned is None:
-        configs = [triton.Config({"BV": bv}, num_warps=w, num_stages=st)
-                   for bv in (64, 128) for w in (4, 8) for st in (2, 3)]
-        key = ["H", "K", "V", "BT", "FEATURE_MAP", "HAS_DECAY", "DOT_PRECISION"]
-        _tuned = (triton.autotune(configs=configs, key=key)(_segment_state_kernel),
-                  triton.autotune(configs=configs, key=key + ["NORMALIZE"])(_segment_output_kernel))
-    return _tuned
+    if fp32 not in _tuned:
+        # Ahead-of-time sm_90 builds (K = V = 128) spill registers in the output pass at
+        # block_t = 64 for bf16 and far more for fp32 (no tensor cores with ieee dots): smaller
+        # tiles are offered there, and the GPU picks by measurement.
+        bts, bvs = ((16, 32), (32, 64)) if fp32 else ((32, 64), (64, 128))
+        configs = [triton.Config({"BT": bt, "BV": bv}, num_warps=w, num_stages=st)
+                   for bt in bts for bv in bvs for w in (4, 8) for st in (2, 3)]
+        key = ["H", "K", "V", "FEATURE_MAP", "HAS_DECAY", "DOT_PRECISION"]
+        _tuned[fp32] = (triton.autotune(configs=configs, key=key)(_segment_state_kernel),
+                        triton.autotune(configs=configs, key=key + ["NORMALIZE"])(_segment_output_kernel))
+    return _tuned[fp32]
 
 
 def _segments(cu: torch.Tensor, seg_len: int):
@@ -424,19 +446,20 @@ def chunk_linear_attn_triton(
     o = torch.empty((B, T, H, V), device=device, dtype=dtype)
 
     state_args = (k, v, seg, log2g, hs, hz)
-    state_meta = dict(H=H, K=K, V=V, BT=BT, BK=BK, FEATURE_MAP=fm, HAS_DECAY=has_decay,
+    state_meta = dict(H=H, K=K, V=V, BK=BK, FEATURE_MAP=fm, HAS_DECAY=has_decay,
                       DOT_PRECISION=prec, INTERPRETED=interp)
     out_args = (q, k, v, o, seg, log2g, hs, hz, float(eps))
     out_meta = dict(state_meta, NORMALIZE=bool(normalize))
-    tuned = not interp and block_v is None
-    if tuned:  # the V tile, warps and stages are autotuned per (H, K, V, BT, variant) on the GPU
-        state_kernel, out_kernel = _tuned_kernels()
+    tuned = not interp and block_v is None and block_t is None
+    if tuned:  # block, V tile, warps and stages are autotuned per (H, K, V, variant) on the GPU
+        state_kernel, out_kernel = _tuned_kernels(dtype == torch.float32)
     else:
         state_kernel, out_kernel = _segment_state_kernel, _segment_output_kernel
-        state_meta["BV"] = out_meta["BV"] = BV
+        state_meta.update(BT=BT, BV=BV)
+        out_meta.update(BT=BT, BV=BV)
 
-    def grid(meta):
-        return (NS, H, triton.cdiv(V, meta["BV"]))
+    def grid(meta):  # axis 0: segment-major, V tile fastest (2**31 - 1 allowed, unlike axis 1)
+        return (NS * triton.cdiv(V, meta["BV"]), H)
 
     if NS > 0:
         state_kernel[grid](*state_args, **state_meta)
