@@ -163,7 +163,6 @@ def test_submit_cancel_resume_matches_an_uninterrupted_run(cluster, client, geno
     ref, resumed = store_bytes(ref_out), store_bytes(run_out)
     assert ref.keys() == resumed.keys() and len(ref) == 7 * 3
     assert all(ref[k] == resumed[k] for k in ref)
-    print(timings)
 
 
 def test_scheduled_spec_runs_only_what_is_new(cluster, client, genomes, tmp_path):
