@@ -194,10 +194,10 @@ def check_cluster(address: str | None) -> str:
 
 def dry_run(req: SubmitRequest, address: str | None) -> dict[str, Any]:
     """Validate everything a run needs and describe the plan, without running anything."""
+    cluster = check_cluster(address)  # first: a cluster that does not answer fails in seconds
     job = _prepare(req)  # inputs readable (indexes), model loads, options valid
     out = _out_for(req)
     check_writable(out)
-    cluster = check_cluster(address)
     done = sub.store_progress(out)
     return {"job_id": job.job_id, "inputs": job.inputs, "records": len(job.plan.records),
             "positions": job.plan.total_positions, "work_units": job.plan.n_units,

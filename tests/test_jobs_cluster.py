@@ -64,6 +64,16 @@ def test_follow_exits_with_the_jobs_status(cluster, client):
     assert r.exit_code == 1 and "about to fail" in r.output and "FAILED" in r.output
 
 
+def test_dry_run_checks_the_job_server(cluster, genomes, tmp_path):
+    r = run("submit", genomes / "minimap2_MT-human.fa", "--out", tmp_path / "mt.zarr",
+            "--address", cluster.dashboard_url, "--dry-run")
+    assert r.exit_code == 0, r.output
+    assert f"job server {cluster.dashboard_url} answers" in r.output
+    assert "positions:   16,569" in r.output and not (tmp_path / "mt.zarr").exists()
+    assert not [j for j in sub.list_jobs(sub.connect(cluster.dashboard_url))
+                if j.out == str(tmp_path / "mt.zarr")]
+
+
 def test_unknown_job_id(cluster):
     for cmd in ("status", "logs", "cancel"):
         r = run(cmd, "no-such-job", "--address", cluster.dashboard_url)
@@ -71,7 +81,13 @@ def test_unknown_job_id(cluster):
         assert "Traceback" not in r.output
 
 
-def test_unreachable_address_fails_fast():
+def test_unreachable_address_fails_fast(genomes):
+    mt = genomes / "minimap2_MT-human.fa"
+    for extra in (["--dry-run"], []):
+        t0 = time.monotonic()
+        r = run("submit", mt, "--address", "http://127.0.0.1:9", *extra)
+        assert r.exit_code == 1 and "cannot reach the Ray job server" in r.output, r.output
+        assert time.monotonic() - t0 < 30  # (a dry run loads the model first)
     t0 = time.monotonic()
     r = run("list", "--address", "http://127.0.0.1:9")
     assert r.exit_code == 1 and "cannot reach the Ray job server at http://127.0.0.1:9" in r.output

@@ -135,3 +135,22 @@ def test_two_inputs_sharing_one_store_are_refused(tmp_path, assemblies):
                                      "per_input: true\n"))
     with pytest.raises(SpecError, match="same store .*minimap2_MT-human.zarr"):
         spec.jobs()
+
+
+def test_cli_reports_spec_errors_in_one_line(tmp_path, genomes):
+    from click.testing import CliRunner
+
+    from linpipe.cli import cli
+
+    bad = write(tmp_path, f"inputs: [{genomes}/minimap2_MT-human.fa]\nchunk-size: 100\n")
+    r = CliRunner().invoke(cli, ["submit", "--spec", str(bad), "--dry-run"])
+    assert r.exit_code == 1 and r.output.startswith("Error: ")
+    assert "line 2: chunk-size: unknown key (did you mean chunk_size?)" in r.output
+    assert "Traceback" not in r.output and len(r.output.strip().splitlines()) == 1
+    bad = write(tmp_path, "inputs: ['[x.fa']\n")
+    r = CliRunner().invoke(cli, ["submit", "--spec", str(bad)])
+    assert r.exit_code == 1 and "inputs[0] '[x.fa' is not a usable glob" in r.output
+    r = CliRunner().invoke(cli, ["submit", "--spec", str(bad), str(genomes / "htslib_ce.fa")])
+    assert r.exit_code == 1 and "not both" in r.output
+    r = CliRunner().invoke(cli, ["submit"])
+    assert r.exit_code == 1 and "no input given" in r.output
