@@ -91,11 +91,28 @@ def build_requests(inputs: tuple[str, ...], spec_path: str | None,
 
         spec = load_spec(spec_path)
         reqs = [_override(r, flags) for r in requests_from_spec(spec_path)]
+        _warn_unapplied_resources(spec)
         return reqs, address or spec.address
     if not inputs:
         raise LinpipeError("no input given: name INPUT files or a job spec with --spec FILE")
     base = SubmitRequest(inputs=tuple(inputs))
     return [_override(base, flags)], address
+
+
+def _warn_unapplied_resources(spec) -> None:
+    """The driver sizes actors itself (1 GPU + 1 CPU each on GPU clusters, 1 CPU otherwise);
+    say so when a spec asks for something else, rather than ignoring it silently."""
+    import inspect
+
+    from .driver import run_job
+
+    wanted = spec.resources.as_ray_options()
+    if not wanted or "actor_resources" in inspect.signature(run_job).parameters:
+        return
+    default = {"num_gpus": 1, "num_cpus": 1} if wanted.get("num_gpus") else {"num_cpus": 1}
+    if wanted != default:
+        click.echo(f"Warning: {spec.path}: resources {wanted} are not applied yet; each actor "
+                   f"asks for {default} (one per GPU, or per CPU without GPUs)", err=True)
 
 
 def _override(req: SubmitRequest, flags: dict[str, Any]) -> SubmitRequest:
