@@ -128,11 +128,15 @@ def run_case(name, args, bw, H, K, V, packs):
             row = dict(case=name, method=mname, seconds=sec, positions=positions,
                        mpos_per_s=positions / sec / 1e6, of_bound=t_bound / sec)
             print(f"# {name} | {mname}: {sec * 1e3:.2f} ms ({time.time() - wall:.0f} s wall)", file=sys.stderr)
-        except (torch.cuda.OutOfMemoryError, NotImplementedError, RuntimeError) as e:
+        except (torch.cuda.OutOfMemoryError, NotImplementedError, RuntimeError, ValueError) as e:
             row = dict(case=name, method=mname, error=f"{type(e).__name__}: {str(e).splitlines()[0][:80]}")
             print(f"# {name} | {mname}: {row['error']}", file=sys.stderr)
             torch.cuda.empty_cache()
         rows.append(row)
+    from linpipe.kernels.linear_attn import triton_chunk
+    for fp32, (state_k, out_k) in triton_chunk._tuned.items():  # what the autotuner picked
+        print(f"# {name}: tuned configs (fp32={fp32}): state {getattr(state_k, 'best_config', None)}, "
+              f"output {getattr(out_k, 'best_config', None)}", file=sys.stderr)
     rows.append(dict(case=name, method="bandwidth bound", seconds=t_bound, positions=positions,
                      mpos_per_s=positions / t_bound / 1e6, of_bound=1.0))
     del q, k, v

@@ -88,7 +88,7 @@ def _track_runs(reader, key, output):
 
 
 def export_track(store, output: str, dest, *, fmt: str = "bigwig", records=None) -> int:
-    """Write one per-base output as a bigWig or bedGraph track; returns the number of intervals.
+    """Write one per-base output as a bigWig or bedGraph track; returns the number of entries.
 
     Chromosome names are the original record ids and their sizes the record lengths; positions
     with NaN (e.g. logprob at N bases) and chunks never completed are left out of the track.
@@ -123,13 +123,31 @@ def export_track(store, output: str, dest, *, fmt: str = "bigwig", records=None)
         # the header fixes chromosome order; entries must then come in that same order
         bw.addHeader([(reader.records[k]["id"], int(reader.records[k]["length"])) for k in keys])
         for key in keys:
-            chrom = reader.records[key]["id"]
-            for s, e, v in _track_runs(reader, key, output):
-                if s.size:
-                    bw.addEntries([chrom] * s.size, s.tolist(), ends=e.tolist(), values=v.tolist())
-                    n += s.size
+            n += _bigwig_record(bw, reader, key, output)
     finally:
         bw.close()
+    return n
+
+
+def _bigwig_record(bw, reader, key: str, output: str) -> int:
+    """Add one record: runs of equal values where they are long (masks), otherwise fixed-step
+    stretches of per-base values between NaN gaps (4 bytes a base instead of 12 per run)."""
+    chrom = reader.records[key]["id"]
+    n = 0
+    for start, vals in _completed_blocks(reader, key, output):
+        v = np.asarray(vals, dtype=np.float64)
+        s, e, rv = value_runs(v, start)
+        if s.size == 0:
+            continue
+        if s.size * 4 <= v.size:
+            bw.addEntries([chrom] * s.size, s.tolist(), ends=e.tolist(), values=rv.tolist())
+            n += s.size
+            continue
+        ok = ~np.isnan(v)
+        edges = np.flatnonzero(np.diff(np.r_[0, ok.astype(np.int8), 0]))
+        for a, b in zip(edges[::2].tolist(), edges[1::2].tolist()):
+            bw.addEntries(chrom, start + a, values=v[a:b], span=1, step=1)
+            n += b - a
     return n
 
 

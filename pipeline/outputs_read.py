@@ -27,8 +27,9 @@ class OutputReader:
         self.path = self._out.path
         self.meta = self._out.meta
         self.records = self._out.records
-        self.missing_ranges = {k: self._out.missing_ranges(k) for k in self.records}
         self.complete = self._out.is_complete()
+        # a complete store has no gaps by construction: skip reading thousands of markers
+        self.missing_ranges = {k: [] if self.complete else self._out.missing_ranges(k) for k in self.records}
 
     @property
     def store(self) -> OutputStore:
@@ -75,8 +76,8 @@ class OutputReader:
         raw = stored = 0
         records = []
         for key, info in self.records.items():
-            done = len(self._out.completed_chunks(key))
             n = int(info["n_chunks"])
+            done = n if self.complete else len(self._out.completed_chunks(key))
             frac = done / n if n else 1.0
             for name in self._out.output_names(key):
                 a = self._out._group[f"{key}/{name}"]

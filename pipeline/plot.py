@@ -74,6 +74,18 @@ def plot_region(store, record: str, output: str, dest, *, region: str | None = N
         channels = reader.meta.get("channels") or [str(j) for j in range(values.shape[1])]
         values, labels = values[:, :MAX_CHANNELS], [f"{output} {c}" for c in channels[:MAX_CHANNELS]]
     n = end - start
+    # x axis: the record's own time stamps when it has them, else positions
+    times = None
+    if "time" in reader.store.output_names(key):
+        tarr = reader.array(key, "time")
+        times = tarr[start:end]
+        if "units" in tarr.attrs:
+            times = times.astype("datetime64[ns]")
+
+    def xs(offsets):  # offsets from `start` (bin centres may be fractional) -> axis values
+        idx = np.clip(np.round(offsets).astype(np.int64), 0, n - 1)
+        return idx + start if times is None else times[idx]
+
     dpi = 100
     nplots = values.shape[1]
     fig, axes = plt.subplots(nplots, 1, figsize=(width_px / dpi, height_px * nplots / dpi), dpi=dpi,
@@ -83,22 +95,24 @@ def plot_region(store, record: str, output: str, dest, *, region: str | None = N
         col = values[:, j]
         if downsampled:
             x, lo, hi, mean = envelope(col, width_px)
-            ax.fill_between(x + start, lo, hi, step="mid", color="tab:blue", alpha=0.35, linewidth=0,
+            ax.fill_between(xs(x), lo, hi, step="mid", color="tab:blue", alpha=0.35, linewidth=0,
                             label="min-max per bin")
-            ax.plot(x + start, mean, color="tab:blue", linewidth=0.7, label="bin mean")
+            ax.plot(xs(x), mean, color="tab:blue", linewidth=0.7, label="bin mean")
             ax.legend(loc="upper right", fontsize="small")
         else:
-            ax.plot(np.arange(start, end), col, color="tab:blue", linewidth=0.7)
+            ax.plot(xs(np.arange(n)), col, color="tab:blue", linewidth=0.7)
         units = arr.attrs.get("units")
         ax.set_ylabel(f"{labels[j]}" + (f" ({units})" if units else ""))
-    dim = "time index" if info["modality"] == "timeseries" else "position (0-based)"
+    dim = ("time" if times is not None else "time index") if info["modality"] == "timeseries" \
+        else "position (0-based)"
     axes[-1, 0].set_xlabel(dim)
     note = f", min/max envelope over {width_px} bins of ~{n / width_px:.0f}" if downsampled else ""
     axes[0, 0].set_title(f"{info['id']}:{start}-{end} {output}{note}")
     missing = [(s, e) for s, e in reader.missing_ranges[key] if s < end and e > start]
     for s, e in missing:  # chunks never written are shown, not silently blank
         for ax in axes[:, 0]:
-            ax.axvspan(max(s, start), min(e, end), color="0.85", zorder=0)
+            a, b = max(s, start) - start, min(e, end) - start - 1
+            ax.axvspan(xs(a), xs(b), color="0.85", zorder=0)
     fig.tight_layout()
     fig.savefig(os.fspath(dest), format="png")
     plt.close(fig)

@@ -29,6 +29,7 @@ from .keys import make_keys
 FORMAT = "linpipe-output"
 FORMAT_VERSION = 1
 PROGRESS = "_linpipe"  # root group holding completion markers and boundary states
+CREATING = "linpipe_creating"  # root attribute while create() lays the store out
 
 DNA = "dna"
 TIMESERIES = "timeseries"
@@ -207,34 +208,39 @@ class OutputStore:
 
         store = _zarr_store(path, read_only=False)
         cls._check_overwrite(store, where, overwrite)
-        root = zarr.open_group(store=store, mode="w", zarr_format=3, attributes={"linpipe": root_meta})
+        # the `linpipe` attributes go in last: a store whose creation was interrupted is
+        # recognisably half-made (CREATING), never taken for a valid empty store
+        root = zarr.open_group(store=store, mode="w", zarr_format=3, attributes={CREATING: True})
         root.create_group(PROGRESS, attributes={"about": "linpipe completion markers and boundary states"})
         from zarr.core.sync import sync
 
         sync(_create_records(store, rec_meta, outputs, chunk_size, feature_dim, channels, hidden_dtype))
+        root.attrs.put({"linpipe": root_meta})
         return cls(path, root, store=store, mode="r+")
 
     @staticmethod
     def _check_overwrite(store, where: str, overwrite: bool):
-        """Refuse to clobber an existing store unless asked, and never clobber a non-linpipe one."""
+        """Refuse to clobber an existing store unless asked, and never clobber anything that is
+        not a linpipe store (creating empties the location: a mistyped --out must not cost a
+        home directory or a bucket prefix)."""
         import zarr
+        from zarr.core.sync import sync
 
         if isinstance(store, zarr.storage.LocalStore):
             p = Path(store.root)
             if p.exists() and not p.is_dir():
                 raise StoreError(f"{where}: exists and is not a directory")
-            if not p.exists() or not any(p.iterdir()):
+            if not p.exists():
                 return
+        if sync(store.is_empty("")):
+            return
         try:
             existing = zarr.open_group(store=store, mode="r", zarr_format=3, use_consolidated=False)
             is_ours = isinstance(existing.attrs.get("linpipe"), dict)
+            if CREATING in existing.attrs and not is_ours:
+                return  # linpipe's own half-made store: safe to lay out again
         except Exception:
-            existing, is_ours = None, False
-        if existing is None:
-            if isinstance(store, zarr.storage.LocalStore):  # a non-empty folder that is not Zarr
-                raise StoreError(f"{where}: exists and is not a linpipe output store; "
-                                 "refusing to overwrite it (choose another --out)")
-            return
+            is_ours = False
         if not is_ours:
             raise StoreError(f"{where}: exists and is not a linpipe output store; "
                              "refusing to overwrite it (choose another --out)")
@@ -341,15 +347,23 @@ class OutputStore:
                                  f"for positions {start}-{end}")
             prepared[name] = (arr, data.astype(arr.dtype, copy=False))
 
+        done = self._array(f"{PROGRESS}/{key}/done")
+        if done[chunk_index]:  # rewriting a finished chunk: it is not finished while we do
+            done[chunk_index] = 0
+            self._sync([(done, (chunk_index,))])
+
         for name, (arr, data) in prepared.items():  # 1. data: whole Zarr chunks only
             arr[start:end] = data
         self._sync([(arr, (chunk_index,) + (0,) * (arr.ndim - 1)) for arr, _ in prepared.values()])
 
-        if state is not None:  # 2. the boundary state after this chunk, in its own group
+        if state is not None:  # 2. the boundary state after this chunk, in its own array
             self._write_state(key, chunk_index, state)
+        else:  # no stale state from an earlier attempt may outlive this write
+            from zarr.core.sync import sync
 
-        done = self._array(f"{PROGRESS}/{key}/done")  # 3. the marker, last
-        done[chunk_index] = 1
+            sync(self._store.delete_dir(f"{PROGRESS}/{key}/state/{chunk_index}"))
+
+        done[chunk_index] = 1  # 3. the marker, last
         self._sync([(done, (chunk_index,))])
 
     def _write_state(self, key: str, chunk_index: int, state: dict):
@@ -636,6 +650,9 @@ def open_root(path, store):
     except Exception:
         raise StoreError(f"{where}: not a Zarr v3 store (no linpipe output here)") from None
     meta = group.attrs.get("linpipe")
+    if meta is None and CREATING in group.attrs:
+        raise StoreError(f"{where}: the creation of this output store was interrupted; "
+                         "run the job again to create it anew")
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise StoreError(f"{where}: a Zarr store, but not a linpipe output store "
                          "(no 'linpipe' root attributes)")

@@ -81,7 +81,7 @@ def test_head_dims_not_powers_of_two():
 
 
 def test_default_blocks():
-    # the GPU defaults (64-position blocks, one segment per batch row here), B = 2
+    # the default blocks and segment length (64 positions: 3 segments per batch row), B = 2
     q, k, v = _inputs(2, 130, 2, 32, 32)
     o, (S, z) = chunk_linear_attn_triton(q, k, v, output_final_state=True)
     ro, (rS, rz) = naive_recurrent_linear_attn(q, k, v, output_final_state=True)
@@ -123,6 +123,15 @@ def test_varlen_rejects_bad_offsets():
         chunk_linear_attn_triton(q, k, v, cu_seqlens=torch.tensor([0, 10], device=DEV))
     with pytest.raises(ValueError, match="from 0 to T"):
         chunk_linear_attn_triton(q[:1], k[:1], v[:1], cu_seqlens=torch.tensor([0, 4, 9], device=DEV))
+    with pytest.raises(ValueError, match="non-decreasing"):
+        chunk_linear_attn_triton(q[:1], k[:1], v[:1], cu_seqlens=torch.tensor([0, 6, 4, 10], device=DEV))
+
+
+def test_rejects_decay_outside_unit_interval():
+    q, k, v = _inputs(1, 8, 2, 16, 16)
+    for bad in ([0.5, 0.0], [1.5, 0.9], [0.9]):
+        with pytest.raises(ValueError, match="decay"):
+            chunk_linear_attn_triton(q, k, v, decay=torch.tensor(bad, device=DEV))
 
 
 @pytest.mark.parametrize("normalize", [True, False])
@@ -168,9 +177,11 @@ def test_offsets_are_int64():
     # and the kernels take their q/k/v/o bases from it and their segment ids as int64
     for kern in ("_segment_state_kernel", "_segment_output_kernel"):
         src = inspect.getsource(getattr(triton_chunk, kern).fn)
-        assert "pid = tl.program_id(0).to(tl.int64)" in src and "i_s = pid //" in src
+        assert "pid = tl.program_id(0).to(tl.int64)" in src
         assert src.count("_row_base(start") == (2 if kern == "_segment_state_kernel" else 4)
     assert "tl.program_id(0).to(tl.int64)" in inspect.getsource(triton_chunk._segment_scan_kernel.fn)
+    for block in ("_state_block", "_output_block"):  # each block's first row, too
+        assert "_row_base(t0, H * K)" in inspect.getsource(getattr(triton_chunk, block).fn)
 
 
 def test_unknown_feature_map():

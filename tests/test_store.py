@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -298,7 +297,7 @@ from linpipe.store import OutputStore
 path, data, me, nproc = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 full = np.load(data)
 store = OutputStore.open(path)
-units = [(rid, i) for rid in sorted(store._keys_by_id) for i in range(store.n_chunks(store.record_key(rid)))]
+units = [(rid, i) for rid in sorted(r["id"] for r in store.records.values()) for i in range(store.n_chunks(rid))]
 rng = np.random.default_rng(me)
 mine = [u for j, u in enumerate(units) if j % nproc == me]   # interleaved records and ranges
 for rid, i in [mine[j] for j in rng.permutation(len(mine))]:
@@ -414,6 +413,13 @@ def test_opening_errors(tmp_path, dna_store):
     with pytest.raises(StoreError, match="not a linpipe output store"):
         open_output(other)
 
+    half = tmp_path / "half.zarr"  # what create() leaves if killed before its last step
+    zarr.open_group(half, mode="w", zarr_format=3, attributes={"linpipe_creating": True})
+    with pytest.raises(StoreError, match="creation of this output store was interrupted"):
+        OutputStore.open(half)
+    OutputStore.create(half, meta={}, records=[{"id": "r", "length": 5}], chunk_size=5)  # no --overwrite needed
+    assert OutputStore.open(half).n_chunks("r") == 1
+
     newer = tmp_path / "newer.zarr"
     OutputStore.create(newer, meta={}, records=[{"id": "r", "length": 5}], outputs=["logprob"], chunk_size=5)
     g = zarr.open_group(newer, mode="r+")
@@ -452,6 +458,11 @@ def test_write_chunk_validates(tmp_path):
         OutputStore.create(tmp_path / "d.zarr", meta={}, records=[{"id": "r", "length": 5}] * 2, outputs=["logprob"],
                            chunk_size=10)
     assert 1 not in store.completed_chunks(key) and not store.finalize()
+    # a chunk rewritten without a state loses the state of the earlier attempt
+    store.write_chunk(key, 0, {"logprob": np.zeros(10), "entropy": np.zeros(10)}, state={"S": np.ones(2)})
+    assert store.boundary_state(key, 0)["S"].tolist() == [1, 1]
+    store.write_chunk(key, 0, {"logprob": np.ones(10), "entropy": np.ones(10)})
+    assert store.completed_chunks(key) == {0} and store.boundary_state(key, 0) is None
 
 
 def test_fsspec_url(tmp_path):
@@ -467,6 +478,11 @@ def test_fsspec_url(tmp_path):
     assert out.summary()["size_on_disk"] > 0
     # the same bytes as a local path
     assert OutputStore.open(tmp_path / "url.zarr", mode="r").boundary_state(key, 1)["S"].tolist() == [1, 1]
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "keep.txt").write_text("data")
+    with pytest.raises(StoreError, match="refusing to overwrite"):  # a URL prefix holding other data
+        OutputStore.create(f"file://{tmp_path / 'other'}", meta={}, records=[], chunk_size=5, overwrite=True)
+    assert (tmp_path / "other" / "keep.txt").read_text() == "data"
     assert json.loads((tmp_path / "url.zarr" / "zarr.json").read_text())["attributes"]["linpipe"]["complete"]
 
 

@@ -3,14 +3,15 @@
 Same contract as naive.py (raw q, k, v; phi and the normaliser applied inside; float32 state
 in and out) plus `cu_seqlens` for packs of many records. See docs/kernels.md for the design:
 
-1. `_segment_state_kernel`: every segment (up to `segment_len` positions of one record) sums
-   its own state contribution, decayed to the segment end, in parallel over
-   (segments, heads, V tiles). A single long record therefore still fills the GPU.
+1. `_segment_state_kernel`: every segment (up to `segment_len` positions of one record) but
+   the last of its record sums its own state contribution, decayed to the segment end, in
+   parallel over (segments, V tiles, heads). A single long record therefore still fills the GPU.
 2. `_segment_scan_kernel`: a sequential prefix over each record's segments, starting from the
-   record's initial state; it leaves the state *entering* every segment and the final state.
+   record's initial state; it leaves the state *entering* every segment.
 3. `_segment_output_kernel`: every segment starts from its entering state and walks its
    blocks of `block_t` positions: intra-block masked matmul plus inter-block state, with the
-   normaliser q.z from the float32 z in the same loop.
+   normaliser q.z from the float32 z in the same loop; a record's last segment writes the
+   record's final state.
 
 This module imports triton at import time; `linpipe.kernels` imports it only lazily.
 """
@@ -78,12 +79,14 @@ def _state_block(b_s, b_z, k_base, v_base, t0, n_pos, o_t, o_k, o_v, m_k, m_v, l
                  H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                  FEATURE_MAP: tl.constexpr, HAS_DECAY: tl.constexpr, DOT_PRECISION: tl.constexpr,
                  INTERPRETED: tl.constexpr):
-    rows = t0 + o_t
+    # the block's first row in int64 (a segment may be long), offsets within the block in int32
+    k_blk = k_base + _row_base(t0, H * K)
+    v_blk = v_base + _row_base(t0, H * V)
     n = tl.minimum(n_pos - t0, o_t.shape[0])
     m_tk = (o_t < n)[:, None] & m_k[None, :]
     m_tv = (o_t < n)[:, None] & m_v[None, :]
-    b_k = tl.load(k_base + rows[:, None] * (H * K) + o_k[None, :], mask=m_tk, other=0.0)
-    b_v = tl.load(v_base + rows[:, None] * (H * V) + o_v[None, :], mask=m_tv, other=0.0)
+    b_k = tl.load(k_blk + o_t[:, None] * (H * K) + o_k[None, :], mask=m_tk, other=0.0)
+    b_v = tl.load(v_blk + o_t[:, None] * (H * V) + o_v[None, :], mask=m_tv, other=0.0)
     b_k = tl.where(m_tk, _phi(b_k.to(tl.float32), FEATURE_MAP), 0.0)  # phi(0) may be 1: mask after
     return _state_step(b_s, b_z, b_k, b_v, o_t, n, lg, HAS_DECAY, DOT_PRECISION, INTERPRETED)
 
@@ -91,7 +94,8 @@ def _state_block(b_s, b_z, k_base, v_base, t0, n_pos, o_t, o_k, o_v, m_k, m_v, l
 @triton.jit
 def _segment_state_kernel(
     k_ptr, v_ptr,  # (T_all, H, K), (T_all, H, V) packed positions
-    seg_ptr,  # (NS, 3) int64: record, start, end
+    seg_ptr,  # (NS, 4) int64: record, start, end, is-last-of-record
+    inner_ptr,  # (NI,) int64: the segments that are not the last of their record
     log2g_ptr,  # (H,) float32 log2(decay)
     ds_ptr, dz_ptr,  # (NS, H, K, V), (NS, H, K) float32 out
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
@@ -102,11 +106,11 @@ def _segment_state_kernel(
     # V tiles of one segment are neighbours in launch order, so they run together and the
     # second read of the segment's q/k rows hits L2
     pid = tl.program_id(0).to(tl.int64)
-    i_s = pid // tl.cdiv(V, BV)
+    i_s = tl.load(inner_ptr + pid // tl.cdiv(V, BV))  # last segments need no contribution
     i_v = (pid % tl.cdiv(V, BV)).to(tl.int32)
     i_h = tl.program_id(1)
-    start = tl.load(seg_ptr + i_s * 3 + 1)
-    end = tl.load(seg_ptr + i_s * 3 + 2)
+    start = tl.load(seg_ptr + i_s * 4 + 1)
+    end = tl.load(seg_ptr + i_s * 4 + 2)
     n_pos = (end - start).to(tl.int32)
 
     o_t = tl.arange(0, BT)
@@ -121,7 +125,7 @@ def _segment_state_kernel(
     b_s = tl.zeros((BK, BV), dtype=tl.float32)
     b_z = tl.zeros((BK,), dtype=tl.float32)
     if INTERPRETED:
-        t0 = 0
+        t0 = n_pos * 0  # a tensor, like the `for` loop's index
         while t0 < n_pos:
             b_s, b_z = _state_block(b_s, b_z, k_base, v_base, t0, n_pos, o_t, o_k, o_v, m_k, m_v, lg,
                                     H, K, V, FEATURE_MAP, HAS_DECAY, DOT_PRECISION, INTERPRETED)
@@ -147,7 +151,7 @@ def _scan_step(b_s, b_z, i_s, seg_ptr, ds_ptr, dz_ptr, i_h, o_k, o_kv, m_k, m_kv
     tl.store(s_ptrs, b_s, mask=m_kv)
     tl.store(z_ptrs, b_z, mask=m_k & own_z)
     if HAS_DECAY:
-        n = tl.load(seg_ptr + i_s * 3 + 2) - tl.load(seg_ptr + i_s * 3 + 1)
+        n = tl.load(seg_ptr + i_s * 4 + 2) - tl.load(seg_ptr + i_s * 4 + 1)
         g_n = tl.exp2(n.to(tl.float32) * lg)
         b_s = b_s * g_n
         b_z = b_z * g_n
@@ -157,11 +161,11 @@ def _scan_step(b_s, b_z, i_s, seg_ptr, ds_ptr, dz_ptr, i_h, o_k, o_kv, m_k, m_kv
 @triton.jit
 def _segment_scan_kernel(
     seg_first_ptr,  # (N+1,) int64: first segment of each record
-    seg_ptr,  # (NS, 3) int64
+    seg_ptr,  # (NS, 4) int64
     log2g_ptr,
     s0_ptr, z0_ptr,  # (N, H, K, V), (N, H, K) float32 initial states
     ds_ptr, dz_ptr,  # (NS, H, K, V), (NS, H, K): contributions in, entering states out
-    sf_ptr, zf_ptr,  # (N, H, K, V), (N, H, K) float32 final states out
+    sf_ptr, zf_ptr,  # (N, H, K, V), (N, H, K) float32 final states of records without segments
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr,
     HAS_INITIAL: tl.constexpr, HAS_DECAY: tl.constexpr, INTERPRETED: tl.constexpr,
@@ -188,18 +192,25 @@ def _segment_scan_kernel(
         b_z = tl.zeros((BK,), dtype=tl.float32)
     first = tl.load(seg_first_ptr + i_n)
     last = tl.load(seg_first_ptr + i_n + 1)
+    # every segment but the last: entering state in its slot, then add its contribution
     if INTERPRETED:
         i_s = first
-        while i_s < last:
+        while i_s < last - 1:
             b_s, b_z = _scan_step(b_s, b_z, i_s, seg_ptr, ds_ptr, dz_ptr, i_h, o_k, o_kv, m_k, m_kv,
                                   own_z, lg, H, K, V, HAS_DECAY)
             i_s += 1
     else:
-        for i_s in range(first, last):
+        for i_s in range(first, last - 1):
             b_s, b_z = _scan_step(b_s, b_z, i_s, seg_ptr, ds_ptr, dz_ptr, i_h, o_k, o_kv, m_k, m_kv,
                                   own_z, lg, H, K, V, HAS_DECAY)
-    tl.store(sf_ptr + i_nh * (K * V) + o_kv, b_s, mask=m_kv)
-    tl.store(zf_ptr + i_nh * K + o_k, b_z, mask=m_k & own_z)
+    # the last segment only needs its entering state: the output pass ends with the final state
+    has_seg = last > first
+    i_last = last - 1
+    tl.store(ds_ptr + (i_last * H + i_h) * (K * V) + o_kv, b_s, mask=m_kv & has_seg)
+    tl.store(dz_ptr + (i_last * H + i_h) * K + o_k, b_z, mask=m_k & own_z & has_seg)
+    # a record without positions keeps its initial state
+    tl.store(sf_ptr + i_nh * (K * V) + o_kv, b_s, mask=m_kv & (last == first))
+    tl.store(zf_ptr + i_nh * K + o_k, b_z, mask=m_k & own_z & (last == first))
 
 
 @triton.jit
@@ -209,12 +220,15 @@ def _output_block(b_s, b_z, q_base, k_base, v_base, o_base, t0, n_pos, o_t, o_k,
                   DOT_PRECISION: tl.constexpr, INTERPRETED: tl.constexpr):
     # Ordered so that few (BT, BK) tiles are live at once: the fp32 phi(k), phi(q) are reduced
     # (z, q.z) and cast to matmul operands right away.
-    rows = t0 + o_t
+    q_blk = q_base + _row_base(t0, H * K)
+    k_blk = k_base + _row_base(t0, H * K)
+    v_blk = v_base + _row_base(t0, H * V)
+    o_blk = o_base + _row_base(t0, H * V)
     n = tl.minimum(n_pos - t0, o_t.shape[0])
     m_tk = (o_t < n)[:, None] & m_k[None, :]
     m_tv = (o_t < n)[:, None] & m_v[None, :]
-    b_v = tl.load(v_base + rows[:, None] * (H * V) + o_v[None, :], mask=m_tv, other=0.0)
-    b_kf = tl.load(k_base + rows[:, None] * (H * K) + o_k[None, :], mask=m_tk, other=0.0)
+    b_v = tl.load(v_blk + o_t[:, None] * (H * V) + o_v[None, :], mask=m_tv, other=0.0)
+    b_kf = tl.load(k_blk + o_t[:, None] * (H * K) + o_k[None, :], mask=m_tk, other=0.0)
     b_kf = tl.where(m_tk, _phi(b_kf.to(tl.float32), FEATURE_MAP), 0.0)  # (BT, BK) fp32
     b_k = _mm(b_kf, b_v, INTERPRETED)
     if HAS_DECAY:
@@ -223,7 +237,7 @@ def _output_block(b_s, b_z, q_base, k_base, v_base, o_base, t0, n_pos, o_t, o_k,
     d_z = tl.sum(b_kf, axis=0)  # (BK,) fp32
     b_kw = _mm(b_kf, b_v, INTERPRETED)
 
-    b_qf = tl.load(q_base + rows[:, None] * (H * K) + o_k[None, :], mask=m_tk, other=0.0)
+    b_qf = tl.load(q_blk + o_t[:, None] * (H * K) + o_k[None, :], mask=m_tk, other=0.0)
     b_qf = tl.where(m_tk, _phi(b_qf.to(tl.float32), FEATURE_MAP), 0.0)
     if NORMALIZE:
         qz = tl.sum(b_qf * b_z[None, :], axis=1)  # (BT,) q.z from the fp32 z, never a bf16 copy
@@ -245,7 +259,7 @@ def _output_block(b_s, b_z, q_base, k_base, v_base, o_base, t0, n_pos, o_t, o_k,
     b_o = b_inter + tl.dot(_mm(b_a, b_v, INTERPRETED), _mm(b_v, b_v, INTERPRETED), input_precision=DOT_PRECISION)
     if NORMALIZE:
         b_o = b_o / (tl.sum(b_a, axis=1) + qz + eps)[:, None]
-    tl.store(o_base + rows[:, None] * (H * V) + o_v[None, :], b_o.to(o_base.dtype.element_ty), mask=m_tv)
+    tl.store(o_blk + o_t[:, None] * (H * V) + o_v[None, :], b_o.to(o_blk.dtype.element_ty), mask=m_tv)
 
     if HAS_DECAY:
         g_n = tl.exp2(n.to(tl.float32) * lg)
@@ -258,9 +272,10 @@ def _output_block(b_s, b_z, q_base, k_base, v_base, o_base, t0, n_pos, o_t, o_k,
 @triton.jit
 def _segment_output_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr,  # (T_all, H, K) x2, (T_all, H, V) x2
-    seg_ptr,  # (NS, 3) int64
+    seg_ptr,  # (NS, 4) int64
     log2g_ptr,
     hs_ptr, hz_ptr,  # (NS, H, K, V), (NS, H, K) float32 entering states
+    sf_ptr, zf_ptr,  # (N, H, K, V), (N, H, K) float32 final states, from each record's last segment
     eps,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
@@ -273,8 +288,8 @@ def _segment_output_kernel(
     i_s = pid // tl.cdiv(V, BV)
     i_v = (pid % tl.cdiv(V, BV)).to(tl.int32)
     i_h = tl.program_id(1)
-    start = tl.load(seg_ptr + i_s * 3 + 1)
-    end = tl.load(seg_ptr + i_s * 3 + 2)
+    start = tl.load(seg_ptr + i_s * 4 + 1)
+    end = tl.load(seg_ptr + i_s * 4 + 2)
     n_pos = (end - start).to(tl.int32)
 
     o_t = tl.arange(0, BT)
@@ -292,7 +307,7 @@ def _segment_output_kernel(
                   mask=m_k[:, None] & m_v[None, :], other=0.0)  # (BK, BV) fp32
     b_z = tl.load(hz_ptr + (i_s * H + i_h) * K + o_k, mask=m_k, other=0.0)  # (BK,) fp32
     if INTERPRETED:
-        t0 = 0
+        t0 = n_pos * 0  # a tensor, like the `for` loop's index
         while t0 < n_pos:
             b_s, b_z = _output_block(b_s, b_z, q_base, k_base, v_base, o_base, t0, n_pos, o_t, o_k, o_v,
                                      m_k, m_v, lg, eps, H, K, V,
@@ -303,6 +318,12 @@ def _segment_output_kernel(
             b_s, b_z = _output_block(b_s, b_z, q_base, k_base, v_base, o_base, t0, n_pos, o_t, o_k, o_v,
                                      m_k, m_v, lg, eps, H, K, V,
                                      FEATURE_MAP, NORMALIZE, HAS_DECAY, DOT_PRECISION, INTERPRETED)
+    # the last segment of a record ends with the record's final state
+    is_last = tl.load(seg_ptr + i_s * 4 + 3) != 0
+    i_n = tl.load(seg_ptr + i_s * 4)
+    tl.store(sf_ptr + (i_n * H + i_h) * (K * V) + o_k[:, None] * V + o_v[None, :], b_s,
+             mask=m_k[:, None] & m_v[None, :] & is_last)
+    tl.store(zf_ptr + (i_n * H + i_h) * K + o_k, b_z, mask=m_k & (i_v == 0) & is_last)
 
 
 _tuned: dict = {}
@@ -326,7 +347,8 @@ def _tuned_kernels(fp32: bool):
 def _segments(cu: torch.Tensor, seg_len: int):
     """Cut records into segments of at most seg_len positions.
 
-    Returns seg (NS, 3) int64 (record, start, end) and seg_first (N+1,) int64, on cu's device.
+    Returns seg (NS, 4) int64 (record, start, end, 1 if last of its record) and seg_first
+    (N+1,) int64, on cu's device.
     One device-to-host copy (the number of segments) sizes the launch grid.
     """
     lengths = cu[1:] - cu[:-1]  # (N,)
@@ -338,7 +360,8 @@ def _segments(cu: torch.Tensor, seg_len: int):
     local = torch.arange(ns, device=cu.device) - seg_first[rec]
     start = cu[rec] + local * seg_len
     end = torch.minimum(start + seg_len, cu[rec + 1])
-    return torch.stack([rec, start, end], 1).contiguous(), seg_first
+    last = (end == cu[rec + 1]).to(torch.int64)
+    return torch.stack([rec, start, end, last], 1).contiguous(), seg_first
 
 
 def _interpreted() -> bool:
@@ -403,6 +426,8 @@ def chunk_linear_attn_triton(
         cu = cu_seqlens.to(device=device, dtype=torch.int64)
         if cu.dim() != 1 or cu.numel() < 2 or int(cu[0]) != 0 or int(cu[-1]) != T:
             raise ValueError(f"cu_seqlens must run from 0 to T = {T}; got {cu_seqlens.tolist()[:8]}...")
+        if bool((cu[1:] < cu[:-1]).any()):
+            raise ValueError("cu_seqlens must be non-decreasing")
     else:
         cu = torch.arange(B + 1, device=device, dtype=torch.int64) * T  # each batch row is a record
     N = cu.numel() - 1
@@ -414,12 +439,12 @@ def chunk_linear_attn_triton(
     L = segment_len or _default_segment_len(B * T, N, H, v_tiles, BT)
     if L % BT:
         raise ValueError(f"segment_len {L} must be a multiple of block_t {BT}")
-    if L * H * max(K, V) >= 2**31:  # offsets inside a segment are int32 (bases are int64)
-        raise ValueError(f"segment_len {L} too long for H*K = {H * max(K, V)}")
-    if decay is not None and decay.shape != (H,):
-        raise ValueError(f"decay must have shape ({H},); got {tuple(decay.shape)}")
+    if decay is not None and (decay.shape != (H,) or not bool(((decay > 0) & (decay <= 1)).all())):
+        raise ValueError(f"decay must have shape ({H},) and values in (0, 1]; got {decay.tolist()}")
     seg, seg_first = _segments(cu, L)
     NS = seg.shape[0]
+    inner = torch.nonzero(seg[:, 3] == 0).flatten()  # segments followed by one of the same record
+    NI = inner.numel()
 
     if decay is not None:
         log2g = torch.log2(decay.to(device=device, dtype=torch.float32)).contiguous()
@@ -445,10 +470,10 @@ def chunk_linear_attn_triton(
     zf = torch.empty((N, H, K), device=device, dtype=torch.float32)
     o = torch.empty((B, T, H, V), device=device, dtype=dtype)
 
-    state_args = (k, v, seg, log2g, hs, hz)
+    state_args = (k, v, seg, inner, log2g, hs, hz)
     state_meta = dict(H=H, K=K, V=V, BK=BK, FEATURE_MAP=fm, HAS_DECAY=has_decay,
                       DOT_PRECISION=prec, INTERPRETED=interp)
-    out_args = (q, k, v, o, seg, log2g, hs, hz, float(eps))
+    out_args = (q, k, v, o, seg, log2g, hs, hz, sf, zf, float(eps))
     out_meta = dict(state_meta, NORMALIZE=bool(normalize))
     tuned = not interp and block_v is None and block_t is None
     if tuned:  # block, V tile, warps and stages are autotuned per (H, K, V, variant) on the GPU
@@ -458,11 +483,11 @@ def chunk_linear_attn_triton(
         state_meta.update(BT=BT, BV=BV)
         out_meta.update(BT=BT, BV=BV)
 
-    def grid(meta):  # axis 0: segment-major, V tile fastest (2**31 - 1 allowed, unlike axis 1)
-        return (NS * triton.cdiv(V, meta["BV"]), H)
+    def grid(n_seg):  # axis 0: segment-major, V tile fastest (2**31 - 1 allowed, unlike axis 1)
+        return lambda meta: (n_seg * triton.cdiv(V, meta["BV"]), H)
 
-    if NS > 0:
-        state_kernel[grid](*state_args, **state_meta)
+    if NI > 0:
+        state_kernel[grid(NI)](*state_args, **state_meta)
     if N > 0:
         scan_bk = min(BK, 32)
         scan_bv = min(_pow2(V), 32)
@@ -472,6 +497,6 @@ def chunk_linear_attn_triton(
             HAS_INITIAL=initial_state is not None, HAS_DECAY=has_decay, INTERPRETED=interp,
         )
     if NS > 0:
-        out_kernel[grid](*out_args, **out_meta)
+        out_kernel[grid(NS)](*out_args, **out_meta)
     final = (sf, zf) if output_final_state else None
     return o.to(out_dtype), final
