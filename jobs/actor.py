@@ -139,6 +139,8 @@ class PipelineWorker:
         self.store.write_chunk(unit.key, unit.chunk_index, {**out, **extra}, state=state.to_arrays())
         t3 = time.perf_counter()
         self._stream = None if last else (unit.key, unit.chunk_index + 1, state)
+        if last:
+            self.store.close()  # drop the finished record's cached array handles (refilled lazily)
         return UnitResult(unit.key, unit.chunk_index, unit.positions, t1 - t0, t2 - t1, t3 - t2,
                           self.node, peak_rss())
 
@@ -151,6 +153,7 @@ class PipelineWorker:
         t2 = time.perf_counter()
         for u, out, (_, extra) in zip(units, outs, read):
             self.store.write_chunk(u.key, 0, {**out, **extra}, state=None)
+        self.store.close()  # thousands of contigs must not pile up cached array handles
         t3 = time.perf_counter()
         return UnitResult(units[0].key, len(units), sum(u.positions for u in units),
                           t1 - t0, t2 - t1, t3 - t2, self.node, peak_rss())
