@@ -127,9 +127,12 @@ def main():
     ap.add_argument("--memory", default="1000000,8000000", help="comma-separated lengths ('' to skip)")
     ap.add_argument("--memory-model", choices=["bench", "small"], default="bench",
                     help="model for the memory runs (small: D=32, L=1, for a busy machine)")
+    ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     ap.add_argument("--skip-speed", action="store_true", help="only the memory runs")
     ap.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.child is not None:
         print(json.dumps(stream_peak_rss(args.child, args.chunk, args.memory_model == "small")))
         return
@@ -145,7 +148,8 @@ def main():
     res["memory"] = []
     for n in [int(s) for s in args.memory.split(",") if s]:
         out = subprocess.run([sys.executable, __file__, "--child", str(n), "--chunk", str(args.chunk),
-                              "--memory-model", args.memory_model],
+                              "--memory-model", args.memory_model]
+                             + (["--threads", str(args.threads)] if args.threads else []),
                              capture_output=True, text=True, check=True).stdout
         res["memory"].append(json.loads(out.strip().splitlines()[-1]))
     res["loadavg_end"] = os.getloadavg()

@@ -274,6 +274,147 @@ def plot(store, record, output, region, dest, width):
 # ---------------------------------------------------------------------------------------------
 
 
+def _parse_outputs(value):
+    if not value:
+        return None
+    names = [v.strip() for v in value.split(",") if v.strip()]
+    if not names:
+        raise click.BadParameter("give output names separated by commas, e.g. logprob,entropy")
+    return names
+
+
+@cli.command()
+@click.argument("inputs", nargs=-1, required=False, metavar="INPUT...")
+@click.option("--spec", "spec", default=None, metavar="FILE", type=click.Path(dir_okay=False),
+              help="A YAML job spec (inputs with globs, model, outputs, ...; docs/jobs.md) "
+                   "instead of INPUT...; flags given as well override it.")
+@click.option("--model", "model", default=None, metavar="DIR|NAME",
+              help="Model directory or shipped model name [default: default].")
+@click.option("--out", "out", default=None, metavar="PATH",
+              help="Output Zarr store [default: INPUTNAME.zarr in the current directory].")
+@click.option("--chunk-size", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Positions per work unit and per Zarr chunk [default: 262144].")
+@click.option("--outputs", default=None, metavar="LIST",
+              help="Comma-separated outputs, e.g. logprob,entropy,softmask,hidden "
+                   "[default: the modality's defaults].")
+@click.option("--workers", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Worker actors (CPU slots of the local Ray) [default: one per CPU, or per GPU].")
+@click.option("--address", default=None, metavar="ADDR",
+              help="Ray cluster: HOST:PORT of the head (the driver runs here), or "
+                   "http://HEAD:8265 to submit through the job server and return at once "
+                   "[default: an embedded local Ray].")
+@click.option("--overwrite", is_flag=True, help="Replace an existing store of a different job.")
+@click.option("--id-column", default=None, metavar="COL",
+              help="Time series: one record per value of this column.")
+@click.option("--time-column", default=None, metavar="COL",
+              help="Time series: the time column (kept as the outputs' time coordinate).")
+@click.option("--columns", default=None, metavar="LIST",
+              help="Time series: comma-separated value columns, in the model's channel order.")
+@click.option("--dry-run", is_flag=True,
+              help="Check inputs, model, output location and cluster; print the plan (records, "
+                   "positions, work units, estimated output size); run nothing.")
+@click.option("--wait", is_flag=True,
+              help="With --address http://...: follow the job's log until it ends; exit with "
+                   "its status.")
+@click.option("--runtime-env", default=None, metavar="FILE", type=click.Path(dir_okay=False),
+              help="With --address http://...: a runtime_env YAML (pip, env_vars) for the job.")
+@click.option("--env", "env_vars", multiple=True, metavar="KEY=VALUE",
+              help="With --address http://...: an environment variable for the job (repeatable).")
+def submit(inputs, spec, model, out, chunk_size, outputs, workers, address, overwrite,
+           id_column, time_column, columns, dry_run, wait, runtime_env, env_vars):
+    """Stream INPUT... through a model and write per-position outputs to Zarr, on Ray.
+
+    The same job submitted again resumes where it stopped, or says it is complete.
+    """
+    from .jobs import remote
+    from .jobs.submission import is_job_server_address
+
+    reqs, address = remote.build_requests(inputs, spec, dict(
+        model=model, out=out, chunk_size=chunk_size, outputs=_parse_outputs(outputs),
+        workers=workers, address=address, overwrite=overwrite, id_column=id_column,
+        time_column=time_column, columns=columns))
+    if dry_run:
+        for req in reqs:
+            remote.print_dry_run(remote.dry_run(req, address))
+        return
+    if is_job_server_address(address):
+        env = remote.runtime_env_from(runtime_env, env_vars)
+        sys.exit(max(remote.submit_to_job_server(r, address, wait=wait, runtime_env=env)
+                     for r in reqs))
+    if wait or runtime_env or env_vars:
+        raise click.UsageError("--wait, --runtime-env and --env go with --address http://HEAD:8265")
+    for req in reqs:
+        _run_here(req, address)
+
+
+def _run_here(req, address):
+    """One job with its driver in this process (an embedded local Ray, or joined to a cluster)."""
+    from .jobs.driver import DEFAULT_CHUNK_SIZE, run_job
+    from .progress import human_bytes, human_count, human_time
+
+    s = run_job(list(req.inputs), model=req.model, out=req.out,
+                chunk_size=req.chunk_size or DEFAULT_CHUNK_SIZE,
+                outputs=list(req.outputs) if req.outputs else None, workers=req.workers,
+                address=address, overwrite=req.overwrite, input_options=req.input_options)
+    if s.nothing_to_do:
+        click.echo(f"Nothing to do: job {s.job_id} is complete. Outputs: {s.out}")
+        return
+    click.echo(f"Done: job {s.job_id}: {s.records} records, {s.positions:,} positions "
+               f"({human_count(s.positions_run)} run) in {human_time(s.seconds)} "
+               f"({human_count(s.positions_per_s)} positions/s on {s.workers} workers; "
+               f"start-up {s.startup_s:.1f} s), {human_bytes(s.output_bytes)} written.")
+    busy = s.read_s + s.model_s + s.write_s
+    if busy > 0:
+        click.echo(f"Worker time: read {100 * s.read_s / busy:.0f}%, model {100 * s.model_s / busy:.0f}%, "
+                   f"write {100 * s.write_s / busy:.0f}%; peak memory: driver "
+                   f"{human_bytes(s.driver_peak_rss)}, largest worker {human_bytes(s.worker_peak_rss)}.")
+    click.echo(f"Outputs: {s.out}")
+
+
+# -- jobs on a cluster's job server (status, logs, cancel, list); see linpipe.jobs.submission --
+_address_option = click.option(
+    "--address", default=None, metavar="http://HOST:8265",
+    help="Ray job server (default: $LINPIPE_ADDRESS, $RAY_API_SERVER_ADDRESS, "
+         "an http $RAY_ADDRESS, else http://127.0.0.1:8265).")
+
+
+@cli.command("status")
+@click.argument("job", required=False)
+@_address_option
+def status_cmd(job, address):
+    """Status of JOB (a linpipe job id or submission id), or of every linpipe job."""
+    from linpipe.jobs.commands import print_status
+    print_status(job, address)
+
+
+@cli.command("logs")
+@click.argument("job")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing until the job ends; exit "
+              "with the job's status (0 succeeded, 1 failed, 130 stopped).")
+@_address_option
+def logs_cmd(job, follow, address):
+    """The log of JOB (its latest attempt)."""
+    from linpipe.jobs.commands import print_logs
+    sys.exit(print_logs(job, address, follow))
+
+
+@cli.command("cancel")
+@click.argument("job")
+@_address_option
+def cancel_cmd(job, address):
+    """Stop JOB; its output store stays resumable (submit it again to finish it)."""
+    from linpipe.jobs.commands import cancel_job
+    cancel_job(job, address)
+
+
+@cli.command("list")
+@_address_option
+def list_cmd(address):
+    """Every job on the cluster's job server, oldest first."""
+    from linpipe.jobs.commands import print_list
+    print_list(address)
+
+
 # end of section: pipeline and jobs
 # ---------------------------------------------------------------------------------------------
 # section: training (linpipe train|eval)

@@ -287,13 +287,11 @@ class CausalConv(nn.Module):
         self.weight = nn.Parameter(torch.zeros(dim, width))  # (D, W); [:, W-1] hits the current position
 
     def forward(self, a, window):  # a (B, T, D), window (B, W-1, D)
-        W = self.weight.shape[1]
         T = a.shape[1]
         ext = torch.cat([window, a], dim=1)  # (B, T+W-1, D)
-        c = ext[:, W - 1:] * self.weight[:, W - 1]
-        for m in range(W - 1):
-            c = c + ext[:, m:m + T] * self.weight[:, m]
-        return c, ext[:, T:]  # new window: the last W-1 inputs
+        # one grouped (depthwise) conv1d over the window-extended input; no padding needed
+        c = F.conv1d(ext.transpose(1, 2), self.weight.unsqueeze(1), groups=self.weight.shape[0])
+        return c.transpose(1, 2), ext[:, T:]  # (B, T, D); new window: the last W-1 inputs
 
 
 class Attention(nn.Module):
@@ -317,8 +315,9 @@ class Attention(nn.Module):
         H, K = self.n_heads, self.head_dim
         if self.conv is not None:
             a, window = self.conv(a, window)
-        # One matmul for q, k, v (weights concatenated), written position-last, (B, 3, H, K, T):
-        # the (B, T, H, K) views handed to the kernel then split into blocks without copies.
+        # One matmul for q, k, v (weights concatenated), written position-last, (B, 3, H, K, T),
+        # and handed to the kernel as (B, T, H, K) views: no separate split/permute pass
+        # (measured faster on the CPU than projecting to (B, T, 3D) and splitting).
         w = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])  # (3D, D)
         qkv = torch.matmul(w, a.transpose(1, 2)).view(B, 3, H, K, T).permute(0, 1, 4, 2, 3)
         decay = None if bool((self.decay == 1).all()) else self.decay

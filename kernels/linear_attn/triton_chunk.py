@@ -137,7 +137,7 @@ def _segment_state_kernel(
 
     s_base = ds_ptr + (i_s * H + i_h) * (K * V)
     tl.store(s_base + o_k[:, None] * V + o_v[None, :], b_s, mask=m_k[:, None] & m_v[None, :])
-    tl.store(dz_ptr + (i_s * H + i_h) * K + o_k, b_z, mask=m_k & (i_v == 0))  # one V tile owns z
+    tl.store(dz_ptr + (i_s * H + i_h) * K + o_k, b_z, mask=(m_k & (i_v == 0)) != 0)  # one V tile owns z
 
 
 @triton.jit
@@ -149,7 +149,7 @@ def _scan_step(b_s, b_z, i_s, seg_ptr, ds_ptr, dz_ptr, i_h, o_k, o_kv, m_k, m_kv
     d_s = tl.load(s_ptrs, mask=m_kv, other=0.0)
     d_z = tl.load(z_ptrs, mask=m_k, other=0.0)
     tl.store(s_ptrs, b_s, mask=m_kv)
-    tl.store(z_ptrs, b_z, mask=m_k & own_z)
+    tl.store(z_ptrs, b_z, mask=(m_k & own_z) != 0)
     if HAS_DECAY:
         n = tl.load(seg_ptr + i_s * 4 + 2) - tl.load(seg_ptr + i_s * 4 + 1)
         g_n = tl.exp2(n.to(tl.float32) * lg)
@@ -206,11 +206,11 @@ def _segment_scan_kernel(
     # the last segment only needs its entering state: the output pass ends with the final state
     has_seg = last > first
     i_last = last - 1
-    tl.store(ds_ptr + (i_last * H + i_h) * (K * V) + o_kv, b_s, mask=m_kv & has_seg)
-    tl.store(dz_ptr + (i_last * H + i_h) * K + o_k, b_z, mask=m_k & own_z & has_seg)
+    tl.store(ds_ptr + (i_last * H + i_h) * (K * V) + o_kv, b_s, mask=(m_kv & has_seg) != 0)
+    tl.store(dz_ptr + (i_last * H + i_h) * K + o_k, b_z, mask=(m_k & own_z & has_seg) != 0)
     # a record without positions keeps its initial state
-    tl.store(sf_ptr + i_nh * (K * V) + o_kv, b_s, mask=m_kv & (last == first))
-    tl.store(zf_ptr + i_nh * K + o_k, b_z, mask=m_k & own_z & (last == first))
+    tl.store(sf_ptr + i_nh * (K * V) + o_kv, b_s, mask=(m_kv & (last == first)) != 0)
+    tl.store(zf_ptr + i_nh * K + o_k, b_z, mask=(m_k & own_z & (last == first)) != 0)
 
 
 @triton.jit
@@ -322,8 +322,8 @@ def _segment_output_kernel(
     is_last = tl.load(seg_ptr + i_s * 4 + 3) != 0
     i_n = tl.load(seg_ptr + i_s * 4)
     tl.store(sf_ptr + (i_n * H + i_h) * (K * V) + o_k[:, None] * V + o_v[None, :], b_s,
-             mask=m_k[:, None] & m_v[None, :] & is_last)
-    tl.store(zf_ptr + (i_n * H + i_h) * K + o_k, b_z, mask=m_k & (i_v == 0) & is_last)
+             mask=(m_k[:, None] & m_v[None, :] & is_last) != 0)
+    tl.store(zf_ptr + (i_n * H + i_h) * K + o_k, b_z, mask=(m_k & (i_v == 0) & is_last) != 0)
 
 
 _tuned: dict = {}

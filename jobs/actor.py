@@ -1,0 +1,164 @@
+"""The worker: a plain class that the driver wraps with ray.remote (one per GPU or CPU slot).
+
+It loads the model once, opens the output store once, and streams records: each call runs one
+chunk (or one batch of short records), reading its own slice of the input and writing its own
+Zarr chunk with the boundary state after it. Nothing per-position goes back to the driver.
+
+The recurrent state of the record being streamed lives here between calls. A call for a chunk
+that does not follow the one this worker ran last (a record that moved here from a dead
+worker, or a resumed job) takes the state from the store's boundary state of the previous
+chunk, so any worker can continue any record exactly where it stopped.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import time
+from dataclasses import dataclass
+
+from .plan import WorkUnit
+
+
+@dataclass(frozen=True)
+class UnitResult:
+    """What a call returns to the driver: counts and timings only."""
+
+    key: str
+    chunk_index: int  # for a batch: the number of records in it
+    positions: int
+    read_s: float
+    model_s: float
+    write_s: float
+    node: str
+    peak_rss: int  # bytes: this worker process's peak resident memory so far
+
+
+def peak_rss() -> int:
+    """Peak resident memory of this process in bytes (ru_maxrss is KiB on Linux)."""
+    import resource
+    import sys
+
+    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return kib if sys.platform == "darwin" else kib * 1024
+
+
+def _node_id() -> str:
+    """The Ray node this worker runs on (hosts can share a name on one machine), or the host."""
+    try:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()[:12]
+    except Exception:  # outside Ray (a plain PipelineWorker in one process)
+        return socket.gethostname()
+
+
+class PipelineWorker:
+    def __init__(self, model: str, store_path: str, outputs: list[str] | None, *,
+                 device: str | None = None, threads: int | None = None,
+                 input_options: dict | None = None):
+        import torch
+
+        if threads:
+            torch.set_num_threads(threads)
+        if device is None and torch.cuda.is_available():  # an actor on a GPU node owns one GPU
+            device = "cuda"
+        from ..model import load_model
+        from ..store import OutputStore
+
+        self.model = load_model(model, device=device)
+        self.store = OutputStore.open(store_path, mode="r+")
+        outputs = list(outputs) if outputs else None
+        # softmask comes from the input, not the model: the model computes the rest.
+        self.want_softmask = bool(outputs) and "softmask" in outputs
+        self.outputs = [o for o in outputs if o != "softmask"] if outputs else None
+        self.input_options = dict(input_options or {})
+        self._inputs: dict[str, object] = {}
+        self._stats: dict[str, tuple[int, int]] = {}  # path -> (size, mtime_ns) when opened
+        # (store key, index of the next chunk, ModelState after the previous chunk)
+        self._stream: tuple[str, int, object] | None = None
+        self.node = f"{_node_id()}:{os.getpid()}"
+
+    def ready(self) -> str:
+        """Returns once the model is loaded; the driver waits on it before handing out work."""
+        return self.node
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def _input(self, path: str):
+        from ..errors import InputError
+
+        # An input that vanishes or changes mid-job must stop the job, not mix two files'
+        # data in one store (an open file handle would keep reading the old one).
+        try:
+            st = os.stat(path)
+        except OSError as e:
+            raise InputError(f"{path}: the input vanished mid-job ({e.strerror}); restore it and "
+                             "submit again to resume") from None
+        sig = (st.st_size, st.st_mtime_ns)
+        inp = self._inputs.get(path)
+        if inp is None:
+            from ..inputs import open_input
+
+            inp = self._inputs[path] = open_input(path, **self.input_options)
+            self._stats[path] = sig
+        elif self._stats[path] != sig:
+            raise InputError(f"{path}: the input changed mid-job; submit again (with --overwrite "
+                             "for the new content)")
+        return inp
+
+    def _read(self, unit: WorkUnit) -> tuple[object, dict]:
+        """The model's input for a unit, and the arrays that come from the input itself."""
+        data, aux = self._input(unit.input_path).read(unit.record_id, unit.start, unit.end)
+        extra = {}
+        if self.model.modality == "dna":
+            if self.want_softmask:
+                extra["softmask"] = aux
+        elif aux is not None:
+            extra["time"] = aux
+        return data, extra
+
+    def _state_before(self, unit: WorkUnit):
+        if self._stream is not None and self._stream[:2] == (unit.key, unit.chunk_index):
+            return self._stream[2]
+        if unit.chunk_index == 0:
+            return self.model.init_state()
+        from ..model import ModelState
+
+        arrays = self.store.boundary_state(unit.key, unit.chunk_index - 1)
+        return ModelState.from_arrays(arrays)
+
+    def run_chunk(self, unit: WorkUnit, last: bool = False) -> UnitResult:
+        """Run one chunk of a streamed record and write it with its boundary state."""
+        t0 = time.perf_counter()
+        x, extra = self._read(unit)
+        t1 = time.perf_counter()
+        state = self._state_before(unit)
+        out, state = self.model.forward(x, state, outputs=self.outputs)
+        t2 = time.perf_counter()
+        self.store.write_chunk(unit.key, unit.chunk_index, {**out, **extra}, state=state.to_arrays())
+        t3 = time.perf_counter()
+        self._stream = None if last else (unit.key, unit.chunk_index + 1, state)
+        if last:
+            self.store.close()  # drop the finished record's cached array handles (refilled lazily)
+        return UnitResult(unit.key, unit.chunk_index, unit.positions, t1 - t0, t2 - t1, t3 - t2,
+                          self.node, peak_rss())
+
+    def run_batch(self, units: list[WorkUnit]) -> UnitResult:
+        """Run many whole short records (one chunk each) in one batched model call."""
+        t0 = time.perf_counter()
+        read = [self._read(u) for u in units]
+        t1 = time.perf_counter()
+        outs = self.model.forward_records([x for x, _ in read], outputs=self.outputs)
+        t2 = time.perf_counter()
+        for u, out, (_, extra) in zip(units, outs, read):
+            self.store.write_chunk(u.key, 0, {**out, **extra}, state=None)
+        self.store.close()  # thousands of contigs must not pile up cached array handles
+        t3 = time.perf_counter()
+        return UnitResult(units[0].key, len(units), sum(u.positions for u in units),
+                          t1 - t0, t2 - t1, t3 - t2, self.node, peak_rss())
+
+    def close(self) -> None:
+        for inp in self._inputs.values():
+            inp.close()
+        self._inputs.clear()

@@ -1,0 +1,342 @@
+"""Job spec files: a `linpipe submit` job written down as YAML, for schedules and for review.
+
+    inputs: [genomes/*.fa]          # paths or globs, relative to the spec file
+    model: default
+    out: results/{stem}.zarr
+    per_input: true                 # one job (one store) per matched input
+
+Validation is strict: an unknown key, a wrong type or a malformed glob is refused with a
+message naming the spec file, the key and its line, because a typo in a nightly job would
+otherwise be silently ignored for months.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from linpipe.errors import LinpipeError
+
+
+class SpecError(LinpipeError):
+    """A job spec that cannot be used as written."""
+
+
+# key -> (accepted python types, what to say when it is wrong)
+_TOP = {
+    "name": ((str,), "a string"),
+    "inputs": ((list, str), "a path or glob, or a list of them"),
+    "model": ((str,), "a model directory or a shipped model's name"),
+    "outputs": ((list, str), "a list of output names"),
+    "chunk_size": ((int,), "a positive integer (positions per work unit)"),
+    "out": ((str,), "an output path (may hold {stem} or {name} when per_input is true)"),
+    "per_input": ((bool,), "true or false"),
+    "overwrite": ((bool,), "true or false"),
+    "workers": ((int,), "a positive integer"),
+    "address": ((str,), "a Ray address such as http://HEAD:8265"),
+    "resources": ((dict,), "a mapping with num_cpus, num_gpus, memory"),
+    "timeseries": ((dict,), "a mapping with id_column, time_column, columns"),
+}
+_RESOURCES = {
+    "num_cpus": ((int, float), "a non-negative number of CPUs per actor"),
+    "num_gpus": ((int, float), "a non-negative number of GPUs per actor"),
+    "memory": ((int, str), "bytes per actor, as an integer or like 4GiB"),
+}
+_TIMESERIES = {
+    "id_column": ((str,), "a column name"),
+    "time_column": ((str,), "a column name"),
+    "columns": ((list, str), "a list of column names"),
+}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "B": 1, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
+          "KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40}
+
+
+@dataclass(frozen=True)
+class ActorResources:
+    """What each linpipe actor asks Ray for (one actor per GPU: num_gpus 1)."""
+
+    num_cpus: float | None = None
+    num_gpus: float | None = None
+    memory: int | None = None  # bytes
+
+    def as_ray_options(self) -> dict[str, Any]:
+        return {k: v for k, v in (("num_cpus", self.num_cpus), ("num_gpus", self.num_gpus),
+                                  ("memory", self.memory)) if v is not None}
+
+
+@dataclass(frozen=True)
+class TimeseriesOptions:
+    id_column: str | None = None
+    time_column: str | None = None
+    columns: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A validated spec; paths are already resolved against the spec file's folder."""
+
+    path: Path
+    inputs: tuple[str, ...]  # absolute paths or absolute glob patterns
+    model: str = "default"
+    outputs: tuple[str, ...] | None = None
+    chunk_size: int | None = None
+    out: str | None = None
+    per_input: bool = False
+    overwrite: bool = False
+    workers: int | None = None
+    address: str | None = None
+    name: str | None = None
+    resources: ActorResources = field(default_factory=ActorResources)
+    timeseries: TimeseriesOptions = field(default_factory=TimeseriesOptions)
+
+    def input_files(self) -> list[Path]:
+        """Every file the inputs name, globs expanded, sorted, each once.
+
+        A plain path that does not exist is an error; a glob that matches nothing is not (a
+        scheduled run over an empty landing folder has nothing to do), but all of them
+        matching nothing is.
+        """
+        found: dict[str, Path] = {}
+        for i, pattern in enumerate(self.inputs):
+            if _is_glob(pattern):
+                matches = sorted(glob.glob(pattern, recursive=True))
+                matches = [m for m in matches if os.path.isfile(m) and not _is_sidecar(m)]
+            else:
+                if not os.path.isfile(pattern):
+                    raise SpecError(f"{self.path}: inputs[{i}]: no such file {pattern}")
+                matches = [pattern]
+            for m in matches:
+                found.setdefault(os.path.realpath(m), Path(m))
+        if not found:
+            raise SpecError(f"{self.path}: inputs: no file matches "
+                            + ", ".join(self.inputs))
+        return sorted(found.values())
+
+    def jobs(self) -> list["JobRequest"]:
+        """The jobs this spec stands for: one over all inputs, or one per input file."""
+        files = self.input_files()
+        if not self.per_input:
+            out = self.out.format(stem=files[0].stem, name=files[0].name) if self.out else None
+            return [JobRequest(tuple(files), out, self)]
+        jobs = [JobRequest((f,), self.out.format(stem=_stem(f), name=f.name), self)
+                for f in files]
+        outs = [j.out for j in jobs]
+        dup = next((o for o in outs if outs.count(o) > 1), None)
+        if dup:
+            raise SpecError(f"{self.path}: out: {self.out!r} gives the same store {dup} to "
+                            "two inputs; use {name} or {stem} so each input gets its own")
+        return jobs
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """One `linpipe submit` run a spec asks for."""
+
+    inputs: tuple[Path, ...]
+    out: str | None
+    spec: JobSpec
+
+    def submit_options(self) -> dict[str, Any]:
+        """Keyword options in the names of `linpipe submit`'s flags (None: the default)."""
+        s, ts = self.spec, self.spec.timeseries
+        return {
+            "model": s.model, "out": self.out, "chunk_size": s.chunk_size,
+            "outputs": ",".join(s.outputs) if s.outputs else None, "workers": s.workers,
+            "overwrite": s.overwrite, "id_column": ts.id_column, "time_column": ts.time_column,
+            "columns": ",".join(ts.columns) if ts.columns else None,
+        }
+
+    def submit_argv(self) -> list[str]:
+        """`linpipe submit` arguments that run this job (what a job server entrypoint runs)."""
+        argv = [str(p) for p in self.inputs]
+        for key, value in self.submit_options().items():
+            flag = "--" + key.replace("_", "-")
+            if value is True:
+                argv.append(flag)
+            elif value not in (None, False):
+                argv += [flag, str(value)]
+        return argv
+
+
+def load_spec(path: str | os.PathLike) -> JobSpec:
+    """Read and validate a spec file; relative paths in it are taken from its own folder."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise SpecError(f"{path}: cannot read the job spec: {e.strerror or e}") from None
+    return parse_spec(text, path)
+
+
+def parse_spec(text: str, path: Path) -> JobSpec:
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise SpecError(f"{path}:{where}: not valid YAML: {problem}") from None
+    lines = _key_lines(node)
+    if not isinstance(data, dict):
+        raise SpecError(f"{path}: a job spec is a YAML mapping of keys (inputs, model, out, ...)")
+
+    def fail(key: str, msg: str) -> SpecError:
+        line = lines.get(key)
+        return SpecError(f"{path}:{f' line {line}:' if line else ''} {key}: {msg}")
+
+    _check_keys(data, _TOP, "", fail)
+    base = path.resolve().parent
+    if "inputs" not in data:
+        raise fail("inputs", "missing; name the input files or globs to run on")
+    raw_inputs = data["inputs"]
+    raw_inputs = [raw_inputs] if isinstance(raw_inputs, str) else raw_inputs
+    if not raw_inputs:
+        raise fail("inputs", "empty; name at least one input file or glob")
+    inputs = []
+    for i, item in enumerate(raw_inputs):
+        key = f"inputs[{i}]"
+        if not isinstance(item, str) or not item.strip():
+            raise fail("inputs", f"{key} must be a path or glob, not {item!r}")
+        problem = _glob_problem(item)
+        if problem:
+            raise fail("inputs", f"{key} {item!r} is not a usable glob: {problem}")
+        inputs.append(_resolve(item, base))
+
+    res = data.get("resources") or {}
+    _check_keys(res, _RESOURCES, "resources.", fail)
+    for k in ("num_cpus", "num_gpus"):
+        if k in res and res[k] < 0:
+            raise fail(f"resources.{k}", f"must not be negative, not {res[k]}")
+    ts = data.get("timeseries") or {}
+    _check_keys(ts, _TIMESERIES, "timeseries.", fail)
+
+    for k in ("chunk_size", "workers"):
+        if k in data and data[k] <= 0:
+            raise fail(k, f"must be a positive integer, not {data[k]}")
+    per_input = data.get("per_input", False)
+    out = data.get("out")
+    if out is not None:
+        try:
+            out.format(stem="x", name="x")
+        except (KeyError, IndexError, ValueError) as e:
+            raise fail("out", f"{out!r}: only {{stem}} and {{name}} may be filled in ({e})") \
+                from None
+        out = _resolve(out, base)
+    if per_input and (out is None or ("{stem}" not in out and "{name}" not in out)):
+        raise fail("per_input", "needs out with {stem} or {name}, so each input gets its "
+                   "own store (e.g. out: results/{stem}.zarr)")
+    model = data.get("model", "default")
+    if os.sep in model or model.startswith("."):  # a directory, not a shipped name
+        model = _resolve(model, base)
+
+    return JobSpec(
+        path=path, inputs=tuple(inputs), model=model,
+        outputs=_names(data.get("outputs"), "outputs", fail),
+        chunk_size=data.get("chunk_size"), out=out, per_input=per_input,
+        overwrite=data.get("overwrite", False), workers=data.get("workers"),
+        address=data.get("address"), name=data.get("name"),
+        resources=ActorResources(num_cpus=res.get("num_cpus"), num_gpus=res.get("num_gpus"),
+                                 memory=_bytes(res.get("memory"), fail)),
+        timeseries=TimeseriesOptions(id_column=ts.get("id_column"),
+                                     time_column=ts.get("time_column"),
+                                     columns=_names(ts.get("columns"), "timeseries.columns",
+                                                    fail)),
+    )
+
+
+def _check_keys(data: Any, schema: dict, prefix: str, fail) -> None:
+    if not isinstance(data, dict):
+        raise fail(prefix.rstrip("."), "must be a mapping")
+    for key, value in data.items():
+        if key not in schema:
+            hint = _closest(str(key), schema)
+            raise fail(f"{prefix}{key}", "unknown key" + (f" (did you mean {hint}?)" if hint
+                       else f"; known keys: {', '.join(schema)}"))
+        types, what = schema[key]
+        # bool is an int in Python; a `chunk_size: true` is still a mistake
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            raise fail(f"{prefix}{key}", f"must be {what}, not {value!r}")
+
+
+def _closest(key: str, schema: dict) -> str | None:
+    import difflib
+    m = difflib.get_close_matches(key, list(schema), n=1, cutoff=0.6)
+    return m[0] if m else None
+
+
+def _names(value: Any, key: str, fail) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    items = value.split(",") if isinstance(value, str) else value
+    names = tuple(str(x).strip() for x in items)
+    if not names or any(not isinstance(x, (str, int)) or not str(x).strip() for x in items):
+        raise fail(key, f"must be a list of names, not {value!r}")
+    return names
+
+
+def _bytes(value: Any, fail) -> int | None:
+    if value is None or isinstance(value, int):
+        return value
+    m = _SIZE.match(value)
+    if not m:
+        raise fail("resources.memory", f"{value!r} is not a size such as 4GiB or 512MB")
+    unit = (m.group(2) or "").upper().rstrip("B")
+    return int(float(m.group(1)) * _UNITS[unit])
+
+
+def _resolve(p: str, base: Path) -> str:
+    p = os.path.expanduser(os.path.expandvars(p))
+    return p if os.path.isabs(p) else str(base / p)
+
+
+def _is_glob(p: str) -> bool:
+    return glob.has_magic(p)
+
+
+def _glob_problem(pattern: str) -> str | None:
+    """Why a pattern cannot mean what its author wanted (glob itself never complains)."""
+    depth = 0
+    for ch in pattern:
+        if ch == "[":
+            depth += 1
+        elif ch == "]" and depth:
+            depth -= 1
+    if depth:
+        return "an unclosed '['"
+    for part in re.split(r"[/\\]", pattern):
+        if "**" in part and part != "**":
+            return "'**' must be a whole path component, as in dir/**/*.fa"
+    if "{" in pattern and "}" in pattern:
+        return "brace expansion ({a,b}) is not glob syntax; list the patterns separately"
+    return None
+
+
+def _is_sidecar(path: str) -> bool:
+    # Indexes that sit beside inputs: a folder glob such as assemblies/* must not run them.
+    return path.endswith((".fai", ".gzi", ".lpi", ".idx", ".json", ".md"))
+
+
+def _stem(p: Path) -> str:
+    name = p.name
+    for ext in (".gz", ".bgz", ".bz2", ".xz"):
+        if name.endswith(ext):
+            name = name[: -len(ext)]
+    return Path(name).stem
+
+
+def _key_lines(node: Any, prefix: str = "") -> dict[str, int]:
+    """Dotted key -> 1-based line, so messages can point at the line to fix."""
+    lines: dict[str, int] = {}
+    if isinstance(node, yaml.MappingNode):
+        for k, v in node.value:
+            key = f"{prefix}{k.value}"
+            lines[key] = k.start_mark.line + 1
+            lines.update(_key_lines(v, key + "."))
+    return lines

@@ -1,0 +1,296 @@
+"""Detached jobs on a Ray cluster through Ray's job server (ray.job_submission).
+
+A linpipe job submitted with `--address http://HEAD:8265` becomes a Ray job whose entrypoint
+runs `linpipe submit ...` on the cluster; inside it, ray.init() joins that cluster (the job
+supervisor sets RAY_ADDRESS). The environment the entrypoint needs is installed on the nodes
+(ray_cluster.yaml's setup_commands) or shipped as pip/env_vars in the runtime_env; nothing
+here copies a working directory onto the workers' import path.
+
+Submission ids are derived from the linpipe job id (inputs' fingerprints, model sha256,
+options), `linpipe-<job id>-<attempt>`, so the same job submitted twice is recognised: while
+one attempt runs, a second submit reports it; after it ended, the next attempt resumes it
+(the store skips completed chunks) or, when the store is complete, nothing is submitted.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import shlex
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+from linpipe.errors import LinpipeError
+
+DEFAULT_ADDRESS = "http://127.0.0.1:8265"
+PREFIX = "linpipe-"
+CONNECT_TIMEOUT_S = 3.0
+ACTIVE = ("PENDING", "RUNNING")
+ENDED = ("SUCCEEDED", "FAILED", "STOPPED")
+
+
+class ClusterError(LinpipeError):
+    """The job server cannot be reached or refused a request."""
+
+
+class JobNotFound(LinpipeError):
+    """No job with that id on the cluster."""
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """One Ray job as linpipe shows it."""
+
+    submission_id: str
+    status: str
+    entrypoint: str
+    start_time: float | None  # seconds since the epoch
+    end_time: float | None
+    message: str
+    metadata: dict[str, str]
+
+    @property
+    def job_id(self) -> str | None:
+        """The linpipe job id, or None for a job linpipe did not submit."""
+        return self.metadata.get("linpipe_job_id")
+
+    @property
+    def out(self) -> str | None:
+        return self.metadata.get("linpipe_out")
+
+
+@dataclass(frozen=True)
+class SubmitOutcome:
+    """What `submit_job` did: "submitted", "running" (a twin was not started) or "complete"."""
+
+    action: str
+    submission_id: str | None
+    job_id: str
+
+
+def resolve_address(address: str | None) -> str:
+    """The job server URL: the flag, else LINPIPE_ADDRESS / RAY_API_SERVER_ADDRESS, else an
+    http RAY_ADDRESS, else the local default."""
+    for a in (address, os.environ.get("LINPIPE_ADDRESS"),
+              os.environ.get("RAY_API_SERVER_ADDRESS")):
+        if a:
+            return _with_scheme(a)
+    ra = os.environ.get("RAY_ADDRESS", "")
+    return ra if ra.startswith(("http://", "https://")) else DEFAULT_ADDRESS
+
+
+def is_job_server_address(address: str | None) -> bool:
+    """True for an http(s) address: submit through the job server rather than ray.init."""
+    return bool(address) and address.startswith(("http://", "https://"))
+
+
+def _with_scheme(a: str) -> str:
+    return a if "://" in a else f"http://{a}"
+
+
+def connect(address: str | None = None):
+    """A JobSubmissionClient, after checking within seconds that the server answers.
+
+    Ray's own client waits on the operating system's connect timeout (minutes for an address
+    that drops packets), so a short probe of /api/version comes first.
+    """
+    import requests
+
+    url = resolve_address(address)
+    try:
+        r = requests.get(f"{url.rstrip('/')}/api/version", timeout=CONNECT_TIMEOUT_S)
+        r.raise_for_status()
+    except requests.exceptions.HTTPError as e:
+        raise ClusterError(f"{url} answered HTTP {e.response.status_code} to /api/version: "
+                           "not a Ray job server (the dashboard port, 8265 by default)") \
+            from None
+    except requests.exceptions.RequestException as e:
+        why = type(e).__name__
+        raise ClusterError(f"cannot reach the Ray job server at {url} ({why}); start one with "
+                           "`ray start --head` or `ray up ray_cluster.yaml`, or pass --address "
+                           "http://HEAD:8265") from None
+    from ray.job_submission import JobSubmissionClient
+
+    try:
+        return JobSubmissionClient(url)
+    except (ConnectionError, RuntimeError) as e:
+        raise ClusterError(f"the Ray job server at {url} refused the connection: {e}") from None
+
+
+def _record(d: Any) -> JobRecord:
+    status = getattr(d.status, "value", str(d.status))
+    ms = lambda t: t / 1000 if t else None  # noqa: E731  (the job server speaks milliseconds)
+    return JobRecord(submission_id=d.submission_id or d.job_id or "", status=status,
+                     entrypoint=d.entrypoint, start_time=ms(d.start_time),
+                     end_time=ms(d.end_time), message=d.message or "",
+                     metadata=dict(d.metadata or {}))
+
+
+def list_jobs(client) -> list[JobRecord]:
+    """Every job the server knows, oldest first."""
+    jobs = [_record(d) for d in client.list_jobs()]
+    return sorted(jobs, key=lambda j: (j.start_time or 0, j.submission_id))
+
+
+def attempts(client, job_id: str, out: str | None = None) -> list[JobRecord]:
+    """The submissions of one linpipe job (to one output store, when out is given), oldest
+    first. The same inputs, model and options written to two stores are two jobs."""
+    return [j for j in list_jobs(client)
+            if j.job_id == job_id and (out is None or j.out == out)]
+
+
+def find_job(client, ref: str) -> JobRecord:
+    """A job by submission id, by linpipe job id (its latest attempt) or by a unique prefix
+    of either."""
+    jobs = list_jobs(client)
+    exact = [j for j in jobs if j.submission_id == ref]
+    if exact:
+        return exact[0]
+    by_id = [j for j in jobs if j.job_id == ref]
+    if by_id:
+        return by_id[-1]
+    prefix = [j for j in jobs if j.submission_id.startswith(ref)
+              or (j.job_id or "").startswith(ref)]
+    ids = {j.job_id or j.submission_id for j in prefix}
+    if len(ids) == 1:
+        return prefix[-1]
+    if len(ids) > 1:
+        raise JobNotFound(f"job id {ref!r} is ambiguous: {', '.join(sorted(ids))}")
+    raise JobNotFound(f"no job {ref!r} on the cluster at {client.get_address()}; "
+                      "`linpipe list` shows the jobs there")
+
+
+def linpipe_submit_command(submit_argv: list[str], executable: str = "linpipe") -> list[str]:
+    """The command a job's entrypoint runs on the cluster: `linpipe submit ...`."""
+    return [executable, "submit", *submit_argv]
+
+
+def default_runtime_env(extra_env: dict[str, str] | None = None) -> dict[str, Any]:
+    """A runtime_env with environment variables only: no working_dir, no py_modules, so the
+    nodes run the linpipe installed on them, not a copy of this checkout."""
+    env = {"PYTHONUNBUFFERED": "1"}
+    env.update(extra_env or {})
+    return {"env_vars": env}
+
+
+def submit_job(client, *, job_id: str, command: list[str], out: str | None = None,
+               is_complete: Callable[[], bool] | None = None,
+               runtime_env: dict[str, Any] | None = None,
+               entrypoint_num_cpus: float | None = None) -> SubmitOutcome:
+    """Submit a linpipe job detached, once: a running attempt is reported, not doubled, and a
+    job whose store is complete is not submitted again."""
+    previous = attempts(client, job_id, out or "")
+    running = [j for j in previous if j.status in ACTIVE]
+    if running:
+        return SubmitOutcome("running", running[-1].submission_id, job_id)
+    if previous and is_complete is not None and is_complete():
+        return SubmitOutcome("complete", previous[-1].submission_id, job_id)
+    submission_id = f"{PREFIX}{job_id}-{len(attempts(client, job_id)) + 1}"
+    metadata = {"linpipe_job_id": job_id, "linpipe_out": out or ""}
+    kwargs: dict[str, Any] = {}
+    if entrypoint_num_cpus is not None:
+        kwargs["entrypoint_num_cpus"] = entrypoint_num_cpus
+    try:
+        client.submit_job(entrypoint=shlex.join(command),
+                          submission_id=submission_id, metadata=metadata,
+                          runtime_env=runtime_env if runtime_env is not None
+                          else default_runtime_env(), **kwargs)
+    except RuntimeError as e:
+        if "already exists" in str(e):  # a twin submitted in the same instant: report it
+            return SubmitOutcome("running", submission_id, job_id)
+        raise ClusterError(f"the job server refused job {job_id}: {e}") from None
+    return SubmitOutcome("submitted", submission_id, job_id)
+
+
+def logs(client, submission_id: str) -> str:
+    return client.get_job_logs(submission_id)
+
+
+def follow_logs(client, submission_id: str) -> Iterator[str]:
+    """The job's log as it is written, until the job ends."""
+    loop = asyncio.new_event_loop()
+    agen = client.tail_job_logs(submission_id).__aiter__()
+    try:
+        while True:
+            try:
+                yield loop.run_until_complete(agen.__anext__())
+            except StopAsyncIteration:
+                return
+    finally:
+        loop.run_until_complete(agen.aclose())
+        loop.close()
+
+
+def wait(client, submission_id: str, timeout: float | None = None,
+         poll_s: float = 1.0) -> str:
+    """Poll until the job ends; returns its final status."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        status = _status(client, submission_id)
+        if status in ENDED:
+            return status
+        if deadline is not None and time.monotonic() > deadline:
+            return status
+        time.sleep(poll_s)
+
+
+def _status(client, submission_id: str) -> str:
+    s = client.get_job_status(submission_id)
+    return getattr(s, "value", str(s))
+
+
+def cancel(client, submission_id: str, wait_s: float = 30.0) -> str:
+    """Stop a job (SIGTERM to its entrypoint, then SIGKILL); returns its status afterwards.
+
+    The output store stays resumable: only chunks that were completely written count.
+    """
+    client.stop_job(submission_id)
+    return wait(client, submission_id, timeout=wait_s, poll_s=0.5)
+
+
+def exit_code(status: str) -> int:
+    """What `--wait` and `logs --follow` exit with: 0 only when the job succeeded."""
+    return {"SUCCEEDED": 0, "STOPPED": 130}.get(status, 1)
+
+
+def store_progress(out: str | None) -> dict[str, Any] | None:
+    """Records and positions done, read from the job's Zarr store through linpipe.store (None
+    when it is not readable here: it may sit on storage only the cluster mounts, or not
+    exist yet)."""
+    if not out or ("://" not in out and not os.path.exists(out)):
+        return None
+    try:
+        from linpipe.store import OutputStore
+    except ImportError:
+        return None
+    try:
+        store = OutputStore.open(out, mode="r")
+    except (LinpipeError, OSError, ValueError, KeyError):
+        return None
+    try:
+        records = positions = records_done = positions_done = 0
+        for key, info in store.records.items():
+            n, done = store.n_chunks(key), store.completed_chunks(key)
+            records += 1
+            positions += int(info["length"])
+            records_done += len(done) >= n
+            positions_done += sum(b - a for a, b in map(lambda c: store.chunk_range(key, c),
+                                                        done))
+        return {"records": records, "records_done": records_done, "positions": positions,
+                "positions_done": positions_done, "complete": store.is_complete()}
+    except (LinpipeError, OSError, ValueError, KeyError):
+        return None  # a store still being created by the job
+    finally:
+        close = getattr(store, "close", None)
+        if close:
+            close()
+
+
+def store_is_complete(out: str | None) -> bool:
+    p = store_progress(out)
+    return bool(p and p["complete"])
+
+
+def format_time(t: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "-"
+

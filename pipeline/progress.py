@@ -1,0 +1,85 @@
+"""Progress of a long job: a one-line bar on a terminal, plain log lines otherwise.
+
+The bar shows positions done / total, the rate and the ETA; log lines (for files, CI and job
+logs) say the same at most every `log_every` seconds so they do not flood a log.
+"""
+from __future__ import annotations
+
+import sys
+import time
+
+
+def human_count(n: float) -> str:
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f}{unit}"
+    return f"{n:.0f}"
+
+
+def human_bytes(n: float) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+def human_time(s: float) -> str:
+    s = int(round(s))
+    h, rem = divmod(s, 3600)
+    m, sec = divmod(rem, 60)
+    return f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"
+
+
+class Progress:
+    """Counts positions done; call update(n) as chunks finish and close() at the end."""
+
+    def __init__(self, total: int, *, done: int = 0, stream=None, tty: bool | None = None,
+                 log_every: float = 10.0, label: str = "positions"):
+        self.total = total
+        self.start_done = done
+        self.done = done
+        self.stream = stream if stream is not None else sys.stderr
+        self.tty = self.stream.isatty() if tty is None else tty
+        self.log_every = log_every
+        self.label = label
+        self.t0 = time.monotonic()
+        self._last = 0.0
+        self._width = 0
+
+    def rate(self) -> float:
+        dt = time.monotonic() - self.t0
+        return (self.done - self.start_done) / dt if dt > 0 else 0.0
+
+    def line(self) -> str:
+        rate = self.rate()
+        left = self.total - self.done
+        eta = human_time(left / rate) if rate > 0 else "?"
+        pct = 100.0 * self.done / self.total if self.total else 100.0
+        return (f"{human_count(self.done)}/{human_count(self.total)} {self.label} ({pct:.1f}%), "
+                f"{human_count(rate)}/s, ETA {eta}")
+
+    def update(self, n: int) -> None:
+        self.done += n
+        now = time.monotonic()
+        if self.tty:
+            if now - self._last >= 0.2 or self.done >= self.total:
+                self._draw()
+                self._last = now
+        elif now - self._last >= self.log_every:
+            print(f"progress: {self.line()}", file=self.stream, flush=True)
+            self._last = now
+
+    def _draw(self) -> None:
+        frac = self.done / self.total if self.total else 1.0
+        bar = "#" * int(30 * frac)
+        text = f"\r[{bar:<30}] {self.line()}"
+        pad = max(0, self._width - len(text))
+        self._width = len(text)
+        self.stream.write(text + " " * pad)
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.tty:
+            self._draw()
+            self.stream.write("\n")
+            self.stream.flush()

@@ -1,0 +1,202 @@
+"""Detached jobs through Ray's job server, on a real two-node Ray cluster started here.
+
+One cluster for the module (the job server costs seconds and memory on a shared machine):
+small programs first (logs, exit status, errors), then `linpipe submit` itself on real
+genomes: detached, no twin, cancel, resume, nothing to do, and a scheduled spec over a folder.
+"""
+import os
+import shutil
+import sys
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from linpipe.cli import cli
+from linpipe.jobs import submission as sub
+from ray_local_cluster import LocalCluster
+
+VENV_BIN = os.path.dirname(sys.executable)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = LocalCluster(num_workers=1, cpus_per_node=1).start()
+    yield c
+    c.stop()
+
+
+@pytest.fixture(scope="module")
+def client(cluster):
+    return sub.connect(cluster.dashboard_url)
+
+
+def runtime_env():
+    # The nodes' linpipe: this venv's bin first on PATH (a real cluster installs it there).
+    return sub.default_runtime_env({"PATH": VENV_BIN + os.pathsep + os.environ["PATH"]})
+
+
+def run(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def test_submit_detached_then_poll_to_succeeded_and_read_logs(cluster, client):
+    t0 = time.monotonic()
+    out = sub.submit_job(client, job_id="ver01", command=["linpipe", "--version"],
+                         runtime_env=runtime_env())
+    assert time.monotonic() - t0 < 10  # detached: returns before the job has run
+    assert out.action == "submitted" and out.submission_id == "linpipe-ver01-1"
+    assert sub.wait(client, out.submission_id, timeout=120) == "SUCCEEDED"
+
+    r = run("logs", "ver01", "--address", cluster.dashboard_url)
+    assert r.exit_code == 0 and "linpipe, version" in r.output
+    r = run("status", "ver01", "--address", cluster.dashboard_url)
+    assert r.exit_code == 0 and "SUCCEEDED" in r.output and "linpipe-ver01-1" in r.output
+    r = run("list", "--address", cluster.dashboard_url)
+    assert r.exit_code == 0 and "linpipe-ver01-1" in r.output and "linpipe --version" in r.output
+
+
+def test_follow_exits_with_the_jobs_status(cluster, client):
+    out = sub.submit_job(client, job_id="fails", command=[
+        sys.executable, "-c", "import sys; print('about to fail', flush=True); sys.exit(3)"],
+        runtime_env=runtime_env())
+    r = run("logs", out.submission_id, "--follow", "--address", cluster.dashboard_url)
+    assert r.exit_code == 1 and "about to fail" in r.output and "FAILED" in r.output
+
+
+def test_dry_run_checks_the_job_server(cluster, genomes, tmp_path):
+    r = run("submit", genomes / "minimap2_MT-human.fa", "--out", tmp_path / "mt.zarr",
+            "--address", cluster.dashboard_url, "--dry-run")
+    assert r.exit_code == 0, r.output
+    assert f"job server {cluster.dashboard_url} answers" in r.output
+    assert "positions:   16,569" in r.output and not (tmp_path / "mt.zarr").exists()
+    assert not [j for j in sub.list_jobs(sub.connect(cluster.dashboard_url))
+                if j.out == str(tmp_path / "mt.zarr")]
+
+
+def test_unknown_job_id(cluster):
+    for cmd in ("status", "logs", "cancel"):
+        r = run(cmd, "no-such-job", "--address", cluster.dashboard_url)
+        assert r.exit_code == 1 and "no job 'no-such-job'" in r.output
+        assert "Traceback" not in r.output
+
+
+def test_unreachable_address_fails_fast(genomes):
+    mt = genomes / "minimap2_MT-human.fa"
+    for extra in (["--dry-run"], []):
+        t0 = time.monotonic()
+        r = run("submit", mt, "--address", "http://127.0.0.1:9", *extra)
+        assert r.exit_code == 1 and "cannot reach the Ray job server" in r.output, r.output
+        assert time.monotonic() - t0 < 30  # (a dry run loads the model first)
+    t0 = time.monotonic()
+    r = run("list", "--address", "http://127.0.0.1:9")
+    assert r.exit_code == 1 and "cannot reach the Ray job server at http://127.0.0.1:9" in r.output
+    assert time.monotonic() - t0 < 5
+    # an address that drops packets instead of refusing them
+    t0 = time.monotonic()
+    r = run("status", "--address", "http://192.0.2.123:8265")
+    assert r.exit_code == 1 and "Error:" in r.output
+    assert time.monotonic() - t0 < sub.CONNECT_TIMEOUT_S + 3
+
+
+# ---------------------------------------------------------------- linpipe submit on the cluster
+def cli_env():
+    # What a real cluster gets from ray_cluster.yaml's setup: linpipe on the nodes' PATH.
+    env = ["--env", f"PATH={VENV_BIN}{os.pathsep}{os.environ['PATH']}"]
+    if os.environ.get("PYTHONPATH"):
+        env += ["--env", f"PYTHONPATH={os.environ['PYTHONPATH']}"]
+    return env
+
+
+def store_bytes(path) -> dict:
+    import zarr
+
+    root = zarr.open_group(str(path), mode="r")
+    meta = root.attrs["linpipe"]
+    return {f"{k}/{o}": root[f"{k}/{o}"][...].tobytes()
+            for k in meta["records"] for o in meta["outputs"]}
+
+
+def submitted_id(output: str) -> str:
+    import re
+
+    return re.search(r"as (linpipe-\S+)", output).group(1)
+
+
+def wait_for_progress(out, timeout=180):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        p = sub.store_progress(str(out))
+        if p and p["positions_done"] > 0:
+            return p
+        time.sleep(0.2)
+    raise AssertionError(f"no chunk of {out} was written in {timeout}s")
+
+
+def test_submit_cancel_resume_matches_an_uninterrupted_run(cluster, client, genomes, tmp_path):
+    genome = genomes / "htslib_ce.fa"  # 7 real records, 1,039,800 bp
+    # One actor per job, so the uninterrupted reference runs beside the job under test.
+    args = [genome, "--chunk-size", 16384, "--workers", 1, "--address", cluster.dashboard_url,
+            *cli_env()]
+    run_out, ref_out = tmp_path / "run.zarr", tmp_path / "ref.zarr"
+    timings = {}
+
+    t0 = time.monotonic()
+    r = run("submit", *args, "--out", run_out)
+    timings["submit returns"] = time.monotonic() - t0
+    assert r.exit_code == 0, r.output
+    assert timings["submit returns"] < 30 and "Submitted job lp-" in r.output
+    first = submitted_id(r.output)
+    job = sub.find_job(client, first).job_id
+    r = run("submit", *args, "--out", ref_out)  # the same job into another store: not a twin
+    assert r.exit_code == 0 and "Submitted" in r.output, r.output
+    ref_id = submitted_id(r.output)
+
+    wait_for_progress(run_out)
+    timings["first chunk"] = time.monotonic() - t0
+    r = run("submit", *args, "--out", run_out)  # the same job while it runs: no twin
+    assert r.exit_code == 0 and f"already running as {first}" in r.output
+    r = run("cancel", first, "--address", cluster.dashboard_url)
+    assert r.exit_code == 0 and "STOPPED" in r.output, r.output
+    part = sub.store_progress(str(run_out))
+    assert part and not part["complete"] and 0 < part["positions_done"] < part["positions"]
+    r = run("status", first, "--address", cluster.dashboard_url)
+    assert "STOPPED" in r.output and f"{part['positions_done']:,}/1,039,800" in r.output
+
+    r = run("submit", *args, "--out", run_out, "--wait")  # resumes, follows to the end
+    timings["resumed"] = time.monotonic() - t0
+    assert r.exit_code == 0, r.output
+    assert "SUCCEEDED" in r.output and submitted_id(r.output) not in (first, ref_id)
+    assert sub.store_progress(str(run_out))["complete"]
+    r = run("status", "--address", cluster.dashboard_url)
+    assert "records 7/7, positions 1,039,800/1,039,800" in r.output
+
+    r = run("submit", *args, "--out", run_out)
+    assert r.exit_code == 0 and "Nothing to do" in r.output
+
+    assert sub.wait(client, ref_id, timeout=180) == "SUCCEEDED"
+    timings["reference"] = time.monotonic() - t0
+    ref, resumed = store_bytes(ref_out), store_bytes(run_out)
+    assert ref.keys() == resumed.keys() and len(ref) == 7 * 3
+    assert all(ref[k] == resumed[k] for k in ref)
+
+
+def test_scheduled_spec_runs_only_what_is_new(cluster, client, genomes, tmp_path):
+    landing = tmp_path / "incoming"
+    landing.mkdir()
+    shutil.copy(genomes / "minimap2_MT-human.fa", landing)
+    spec = tmp_path / "nightly.yaml"
+    spec.write_text("inputs: [incoming/*.fa]\nper_input: true\nout: 'results/{stem}.zarr'\n"
+                    f"chunk_size: 8192\nworkers: 1\naddress: {cluster.dashboard_url}\n")
+    nightly = ["submit", "--spec", spec, *cli_env()]
+
+    r = run(*nightly, "--wait")  # night 1: one assembly
+    assert r.exit_code == 0 and r.output.count("Submitted job") == 1, r.output
+    shutil.copy(genomes / "minimap2_MT-orang.fa", landing)
+    r = run(*nightly, "--wait")  # night 2: only the new one runs
+    assert r.exit_code == 0, r.output
+    assert r.output.count("Nothing to do") == 1 and r.output.count("Submitted job") == 1
+    r = run(*nightly)  # night 3: nothing new
+    assert r.exit_code == 0 and r.output.count("Nothing to do") == 2, r.output
+    for stem in ("minimap2_MT-human", "minimap2_MT-orang"):
+        assert sub.store_progress(str(tmp_path / "results" / f"{stem}.zarr"))["complete"]

@@ -1,0 +1,262 @@
+"""`linpipe submit` end to end on an embedded local Ray: real genome slices, a tiny model.
+
+One local Ray instance (2 CPUs) serves the whole module; run_job joins it instead of starting
+its own, which keeps this file fast on a busy 2-core machine. The CLI tests at the end start
+and stop their own embedded Ray, as a user's `linpipe submit` does.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from _pipeline_data import assert_same_bytes, make_tiny_model, store_arrays, write_fasta_slice
+from linpipe.errors import InputError, LinpipeError, StoreError
+from linpipe.jobs.driver import run_job
+from linpipe.jobs.plan import job_id, plan_job
+
+CHUNK = 16_384
+OUTPUTS = ["logprob", "entropy", "softmask"]
+TINY: list[str] = []  # the module's tiny model directory, set by the local_ray fixture
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return make_tiny_model(tmp_path_factory.mktemp("model") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def genome(genomes, tmp_path_factory):
+    """7 real C. elegans records: one of 60 kb (4 chunks) and six of 5 kb (batched)."""
+    path = tmp_path_factory.mktemp("genome") / "ce_slice.fa"
+    lengths = write_fasta_slice(genomes / "htslib_ce.fa", path, 60_000)
+    assert len(lengths) == 7 and max(lengths.values()) == 60_000
+    return path
+
+
+@pytest.fixture(scope="module")
+def local_ray(tiny):
+    import tempfile
+
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=tempfile.mkdtemp(prefix="lpt-"),
+             logging_level="WARNING", log_to_driver=False)
+    TINY[:] = [tiny]
+    yield
+    ray.shutdown()
+
+
+def _run(genome, out, **kw):
+    kw.setdefault("model", TINY[0])
+    kw.setdefault("chunk_size", CHUNK)
+    kw.setdefault("outputs", OUTPUTS)
+    return run_job([str(genome)], out=str(out), workers=2, log=lambda m: None, **kw)
+
+
+@pytest.fixture(scope="module")
+def reference(genome, local_ray, tmp_path_factory):
+    """The uninterrupted run every other run is compared with."""
+    out = tmp_path_factory.mktemp("ref") / "ref.zarr"
+    summary = _run(genome, out)
+    return out, summary
+
+
+# ----------------------------------------------------------------------------- plan
+def test_plan_streams_longest_first_and_batches_are_deterministic():
+    recs = [("a.fa", f"r{i}", f"r{i}", n) for i, n in enumerate([5, 300, 40, 900, 30, 20, 0])]
+    plan = plan_job(recs, chunk_size=100, job="x", max_batch_records=2)
+    assert [r.record_id for r in plan.streams] == ["r3", "r1"]  # longest first
+    assert [[r.record_id for r in b] for b in plan.batches] == [["r2", "r4"], ["r5", "r0"]]
+    assert plan.total_positions == 1295 and plan.n_units == 9 + 3 + 4
+    units = plan.streams[0].units()
+    assert [(u.start, u.end, u.chunk_index) for u in units[-2:]] == [(700, 800, 7), (800, 900, 8)]
+    assert [u.positions for u in plan.streams[1].units(first=2)] == [100]
+    assert plan == plan_job(recs, chunk_size=100, job="x", max_batch_records=2)
+
+
+def test_job_id_depends_on_content_model_and_options_only():
+    base = job_id(["fp1", "fp2"], "sha", {"chunk_size": 10, "outputs": ["a"]})
+    assert base == job_id(["fp1", "fp2"], "sha", {"outputs": ["a"], "chunk_size": 10})
+    assert base != job_id(["fp1", "fpX"], "sha", {"chunk_size": 10, "outputs": ["a"]})
+    assert base != job_id(["fp1", "fp2"], "sha2", {"chunk_size": 10, "outputs": ["a"]})
+    assert base != job_id(["fp1", "fp2"], "sha", {"chunk_size": 11, "outputs": ["a"]})
+
+
+# ----------------------------------------------------------------------------- end to end
+def test_end_to_end_matches_the_bare_model(genome, reference):
+    import linpipe
+
+    out, summary = reference
+    assert summary.records == 7 and summary.positions == 90_000 == summary.positions_run
+    assert summary.output_bytes > 0 and not summary.nothing_to_do
+    res = linpipe.open_output(str(out))
+    model = linpipe.load_model(TINY[0])
+    inp = linpipe.open_input(str(genome))
+    got = store_arrays(out)
+    from linpipe.store import OutputStore
+
+    store = OutputStore.open(str(out), mode="r")
+    assert store.is_complete()
+    for rec in inp.records:
+        key = store.record_key(rec.id)
+        tokens, mask = inp.read(rec.id, 0, rec.length)
+        np.testing.assert_array_equal(got[f"{key}/softmask"], mask)
+        # The bare model, chunk by chunk in this process: the pipeline must give the same numbers.
+        state = model.init_state()
+        parts = []
+        for s in range(0, rec.length, CHUNK):
+            o, state = model.forward(tokens[s:s + CHUNK], state, outputs=["logprob", "entropy"])
+            parts.append(o["logprob"])
+        expect = np.concatenate(parts)
+        np.testing.assert_allclose(got[f"{key}/logprob"], expect, rtol=1e-5, atol=1e-5)
+        assert np.isfinite(got[f"{key}/entropy"]).all()
+    del res
+
+
+def test_same_options_are_bit_identical_and_chunk_size_does_not_matter(genome, reference, tmp_path):
+    ref_out, _ = reference
+    again = tmp_path / "again.zarr"
+    _run(genome, again)
+    assert_same_bytes(store_arrays(ref_out), store_arrays(again))
+    other = tmp_path / "other.zarr"
+    s = _run(genome, other, chunk_size=7_000)  # every record splits differently now
+    assert s.positions_run == 90_000
+    a, b = store_arrays(ref_out), store_arrays(other)
+    assert a.keys() == b.keys()
+    for k in a:
+        np.testing.assert_allclose(a[k].astype(np.float64), b[k].astype(np.float64),
+                                   rtol=1e-5, atol=1e-5, err_msg=k)
+
+
+def test_interrupted_job_resumes_to_the_same_bytes(genome, reference, tmp_path):
+    out = tmp_path / "resumed.zarr"
+
+    class Stop(Exception):
+        pass
+
+    def stop_after_two(result, n):
+        if n >= 2:
+            raise Stop
+
+    with pytest.raises(Stop):
+        _run(genome, out, on_unit=stop_after_two)
+    from linpipe.store import OutputStore
+
+    assert not OutputStore.open(str(out), mode="r").is_complete()
+    s = _run(genome, out)
+    assert 0 < s.positions_run < s.positions  # only what was missing ran
+    assert_same_bytes(store_arrays(reference[0]), store_arrays(out))
+    s = _run(genome, out)
+    assert s.nothing_to_do and s.positions_run == 0
+
+
+def test_other_options_against_an_existing_store_are_refused(genome, reference, tmp_path):
+    import shutil
+
+    out = tmp_path / "o.zarr"
+    shutil.copytree(reference[0], out)  # a finished store of this job
+    assert _run(genome, out).nothing_to_do
+    with pytest.raises(StoreError, match="another job.*--overwrite"):
+        _run(genome, out, chunk_size=CHUNK * 2)
+    s = _run(genome, out, chunk_size=CHUNK * 2, overwrite=True)
+    assert s.positions_run == 90_000
+
+
+def test_input_vanishing_mid_job_is_a_clear_error(genome, local_ray, tmp_path):
+    victim = tmp_path / "victim.fa"
+    victim.write_bytes(genome.read_bytes())
+    out = tmp_path / "v.zarr"
+
+    def delete_input(result, n):
+        if n == 1:
+            victim.unlink()
+
+    t0 = time.monotonic()
+    with pytest.raises(InputError, match="victim.fa.*vanished"):
+        _run(victim, out, on_unit=delete_input)
+    assert time.monotonic() - t0 < 60
+    victim.write_bytes(genome.read_bytes())  # restored: the job resumes and completes
+    assert _run(victim, out).positions_run < 90_000
+
+
+# ----------------------------------------------------------------------------- CLI
+def test_cli_submit_two_inputs_then_says_nothing_to_do(genome, genomes, tiny, tmp_path, monkeypatch):
+    import linpipe
+
+    monkeypatch.chdir(tmp_path)
+    runner = CliRunner()
+    mt = genomes / "minimap2_MT-human.fa"
+    mt_len = sum(r.length for r in linpipe.open_input(str(mt)).records)
+    args = ["submit", str(genome), str(mt), "--model", tiny, "--chunk-size", str(CHUNK),
+            "--workers", "2", "--outputs", ",".join(OUTPUTS)]
+    from linpipe.cli import cli
+
+    res = runner.invoke(cli, args)
+    assert res.exit_code == 0, res.output
+    assert "Done: job lp-" in res.output and f"8 records, {90_000 + mt_len:,} positions" in res.output
+    assert "Worker time: read" in res.output
+    assert f"Outputs: {tmp_path / 'ce_slice.zarr'}" in res.output
+    res = runner.invoke(cli, args)
+    assert res.exit_code == 0 and "Nothing to do" in res.output
+
+
+def test_cli_errors_do_not_hang(genome, tmp_path):
+    from linpipe.cli import cli
+
+    runner = CliRunner()
+    bad_model = tmp_path / "model"
+    bad_model.mkdir()
+    (bad_model / "config.json").write_text("{not json")
+    res = runner.invoke(cli, ["submit", str(genome), "--model", str(bad_model), "--out", str(tmp_path / "x.zarr")])
+    assert res.exit_code == 1 and res.output.startswith("Error: ") and "Traceback" not in res.output
+    t0 = time.monotonic()
+    res = runner.invoke(cli, ["submit", str(genome), "--address", "127.0.0.1:9", "--out", str(tmp_path / "y.zarr")])
+    assert res.exit_code == 1 and "does not answer" in res.output
+    assert time.monotonic() - t0 < 30
+    res = runner.invoke(cli, ["submit", str(tmp_path / "missing.fa")])
+    assert res.exit_code == 1 and "missing.fa" in res.output
+
+
+# ----------------------------------------------------------------------------- progress
+def test_progress_bar_on_a_terminal_and_log_lines_otherwise():
+    import io
+
+    from linpipe.progress import Progress
+
+    tty = io.StringIO()
+    p = Progress(1_000_000, done=250_000, stream=tty, tty=True)
+    p.t0 -= 2.0  # two seconds in
+    p.update(250_000)
+    p.close()
+    text = tty.getvalue()
+    assert text.startswith("\r[") and "500.00k/1.00M positions (50.0%)" in text
+    assert "/s, ETA 0:0" in text and text.endswith("\n")
+    log = io.StringIO()
+    p = Progress(100, stream=log, tty=False, log_every=0.0)
+    p.update(40)
+    p.update(60)
+    p.close()
+    lines = log.getvalue().splitlines()
+    assert lines[0].startswith("progress: 40/100 positions (40.0%)") and "100.0%" in lines[-1]
+    assert "\r" not in log.getvalue()
+
+
+def test_a_worker_that_cannot_start_is_reported_in_one_line(local_ray, tmp_path):
+    """A worker's __init__ failing on its node (here: the model vanished after the driver loaded
+    it) ends the job with the worker's own error, not Ray's traceback."""
+    import ray
+
+    from linpipe.jobs.actor import PipelineWorker
+    from linpipe.jobs.driver import _init_error
+
+    h = ray.remote(PipelineWorker).options(num_cpus=0, max_restarts=0).remote(
+        str(tmp_path / "no_model"), str(tmp_path / "no.zarr"), None)
+    with pytest.raises(ray.exceptions.RayActorError) as info:
+        ray.get(h.ready.remote(), timeout=120)
+    assert info.value.actor_init_failed
+    msg = str(_init_error(info.value))
+    assert msg.startswith("a worker could not start: ") and "no_model" in msg and "\n" not in msg

@@ -1,0 +1,103 @@
+"""The pipeline on a real multi-node Ray cluster on loopback: a head (no CPUs, so all work goes
+to the workers) plus two worker nodes of one CPU each. Faults are injected from the driver's
+on_unit hook mid-record; every run must end with the bytes of the uninterrupted run."""
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from _pipeline_data import assert_same_bytes, make_tiny_model, store_arrays, write_fasta_slice
+from linpipe.jobs.driver import run_job
+
+CHUNK = 8_192
+OUTPUTS = ["logprob", "entropy", "softmask"]
+TINY: list[str] = []
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return make_tiny_model(tmp_path_factory.mktemp("model") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def genome(genomes, tmp_path_factory):
+    """Real C. elegans records: one of 50 kb (7 chunks, streamed) and six of 5 kb."""
+    path = tmp_path_factory.mktemp("cgenome") / "ce_slice.fa"
+    write_fasta_slice(genomes / "htslib_ce.fa", path, 50_000)
+    return path
+
+
+@pytest.fixture(scope="module")
+def cluster(tiny):
+    import ray
+    from ray.cluster_utils import Cluster
+
+    c = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 0, "include_dashboard": False,
+        # notice a removed node in about a second, not the default 30 s
+        "_system_config": {"health_check_period_ms": 500, "health_check_failure_threshold": 2},
+    })
+    c.add_node(num_cpus=1)
+    c.add_node(num_cpus=1)
+    c.wait_for_nodes()
+    ray.init(address=c.address, logging_level="WARNING", log_to_driver=False)
+    TINY[:] = [tiny]
+    yield c
+    ray.shutdown()
+    c.shutdown()
+
+
+def _run(genome, out, cluster, **kw):
+    return run_job([str(genome)], out=str(out), model=TINY[0], chunk_size=CHUNK, outputs=OUTPUTS,
+                   address=cluster.address, log=lambda m: None, **kw)
+
+
+def _mid_record(result) -> bool:
+    """A chunk of the long record that is neither its first nor its last."""
+    return result.key == "CHROMOSOME_I" and 1 <= result.chunk_index <= 2
+
+
+@pytest.fixture(scope="module")
+def reference(genome, cluster, tmp_path_factory):
+    out = tmp_path_factory.mktemp("cref") / "ref.zarr"
+    return out, _run(genome, out, cluster)
+
+
+def test_job_spreads_across_both_worker_nodes(reference):
+    _, s = reference
+    assert s.workers == 2 and len(s.nodes) == 2, s
+    assert s.positions_run == s.positions == 80_000 and s.worker_deaths == 0
+
+
+def test_worker_killed_mid_record_resumes_to_the_same_bytes(genome, cluster, reference, tmp_path):
+    out = tmp_path / "killed.zarr"
+    killed = []
+
+    def kill_worker(result, n):
+        if not killed and _mid_record(result):
+            pid = int(result.node.rsplit(":", 1)[1])
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+
+    s = _run(genome, out, cluster, on_unit=kill_worker)
+    assert killed and s.worker_deaths == 1
+    assert_same_bytes(store_arrays(reference[0]), store_arrays(out))
+
+
+def test_node_removed_mid_job_resumes_to_the_same_bytes(genome, cluster, reference, tmp_path):
+    out = tmp_path / "node.zarr"
+    removed = []
+
+    def remove_node(result, n):
+        if not removed and _mid_record(result):
+            node_id = result.node.rsplit(":", 1)[0]
+            node = next(nd for nd in cluster.worker_nodes if nd.node_id.startswith(node_id))
+            cluster.remove_node(node)
+            removed.append(node_id)
+
+    s = _run(genome, out, cluster, on_unit=remove_node)
+    assert removed and s.worker_deaths >= 1
+    assert removed[0] not in s.nodes or len(s.nodes) == 2
+    assert_same_bytes(store_arrays(reference[0]), store_arrays(out))
