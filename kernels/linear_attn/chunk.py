@@ -103,51 +103,99 @@ def _prefix(d: torch.Tensor, s0: torch.Tensor, lg: torch.Tensor | None) -> torch
     return (local + pw * carry.unsqueeze(3)).reshape(B, H, ng * G, X)[:, :, :n]
 
 
+# Positions per segment: the sequence is streamed through the block computation in segments so
+# that every temporary (about a dozen tensors of SEGMENT * H * K floats) stays in cache and in
+# memory malloc reuses. One pass over T at once was slower on the CPU: each fresh 32 MB
+# temporary costs page faults, and every elementwise pass went out to DRAM.
+SEGMENT = 4096
+
+
+def _features(x, phi_name, cd, inplace):
+    """phi(x) for x (B, T, H, K) -> (B, H, T, K) contiguous in cd, in one copy plus in-place
+    passes when autograd is not recording."""
+    if not inplace:
+        return _phi(phi_name)(x.to(cd)).transpose(1, 2)
+    y = x.transpose(1, 2).to(cd, memory_format=torch.contiguous_format, copy=True)  # (B, H, T, K)
+    if phi_name == "elu1":
+        torch.nn.functional.elu_(y).add_(1.0)
+    elif phi_name == "relu":
+        y.relu_()
+    else:
+        feature_map_fn(phi_name)  # validates the name
+    return y
+
+
 def _single(q, k, v, decay, feature_map, normalize, eps, initial_state, output_final_state,
             chunk_size, dtype):
     """One batch of independent sequences (no cu_seqlens)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     cd = dtype or (torch.float64 if q.dtype == torch.float64 else torch.float32)
-    phi = _phi(feature_map)
-    qf = phi(q.to(cd)).transpose(1, 2)  # (B, H, T, K)
-    kf = phi(k.to(cd)).transpose(1, 2)
-    vf = v.to(cd).transpose(1, 2)  # (B, H, T, V)
-    if normalize:
-        vf = torch.cat([vf, vf.new_ones((B, H, T, 1))], dim=-1)  # (B, H, T, V+1)
-    V1 = vf.shape[-1]
+    feature_map_fn(feature_map)  # unknown names fail here, even for T == 0
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)) or (
+        torch.is_grad_enabled() and initial_state is not None
+        and any(t.requires_grad for t in initial_state))
+    V1 = V + 1 if normalize else V
     if initial_state is None:
-        S = qf.new_zeros((B, H, K, V1))
+        S = q.new_zeros((B, H, K, V1), dtype=cd)
+        z = q.new_zeros((B, H, K), dtype=cd)
     else:
         S0, z0 = initial_state
         S = S0.to(cd)
+        z = z0.to(cd)
         if normalize:
-            S = torch.cat([S, z0.to(cd).unsqueeze(-1)], dim=-1)
+            S = torch.cat([S, z.unsqueeze(-1)], dim=-1)
     log_g = None
     if decay is not None:
         d = decay.to(device=q.device, dtype=cd)
         log_g = None if bool((d == 1).all()) else torch.log(d)
     c = max(1, int(chunk_size))
-    full = (T // c) * c
+    seg = max(c, (SEGMENT // c) * c)
+    direct = not grad and q.dtype == cd  # write each segment's output straight into o
+    o_all = q.new_empty((B, T, H, V)) if direct else None
     outs = []
-    if full:
-        o, S = _blocks(qf[:, :, :full], kf[:, :, :full], vf[:, :, :full], S, log_g, c)
-        outs.append(o)
-    if T > full:  # the ragged tail, as one shorter block
-        o, S = _blocks(qf[:, :, full:], kf[:, :, full:], vf[:, :, full:], S, log_g, T - full)
-        outs.append(o)
-    o = torch.cat(outs, dim=2) if len(outs) > 1 else (outs[0] if outs else vf.new_zeros((B, H, 0, V1)))
-    if normalize:
-        o = o[..., :V] / (o[..., V:] + eps)
-    o = o.transpose(1, 2).to(q.dtype)  # (B, T, H, V)
+    for a in range(0, T, seg):
+        b = min(T, a + seg)
+        qf = _features(q[:, a:b], feature_map, cd, not grad)  # (B, H, Ts, K)
+        kf = _features(k[:, a:b], feature_map, cd, not grad)
+        Ts = b - a
+        if normalize:
+            vf = qf.new_empty((B, H, Ts, V1))  # v' = [v, 1], filled in place: no cat
+            vf[..., :V].copy_(v[:, a:b].transpose(1, 2))
+            vf[..., V].fill_(1.0)
+        else:
+            vf = v[:, a:b].to(cd).transpose(1, 2)  # (B, H, Ts, V)
+        full = (Ts // c) * c
+        parts = []
+        if full:
+            o, S = _blocks(qf[:, :, :full], kf[:, :, :full], vf[:, :, :full], S, log_g, c)
+            parts.append(o)
+        if Ts > full:  # the ragged tail, as one shorter block
+            o, S = _blocks(qf[:, :, full:], kf[:, :, full:], vf[:, :, full:], S, log_g, Ts - full)
+            parts.append(o)
+        o = torch.cat(parts, dim=2) if len(parts) > 1 else parts[0]  # (B, H, Ts, V1)
+        if normalize and direct:
+            torch.div(o[..., :V], o[..., V:].add_(eps), out=o_all[:, a:b].transpose(1, 2))
+        elif direct:
+            o_all[:, a:b].copy_(o.transpose(1, 2))
+        else:
+            if normalize:
+                o = o[..., :V] / (o[..., V:] + eps)
+            outs.append(o.transpose(1, 2).to(q.dtype))  # (B, Ts, H, V)
+        if output_final_state and not normalize:
+            # Without the normaliser z is not needed for o but is still part of the state.
+            z = _decayed_sum(kf, z, log_g)
+    if direct:
+        o = o_all
+    elif outs:
+        o = torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]
+    else:
+        o = q.new_zeros((B, 0, H, V))
     final = None
     if output_final_state:
         if normalize:
             final = (S[..., :V].float().contiguous(), S[..., V].float().contiguous())
         else:
-            z = kf.new_zeros((B, H, K)) if initial_state is None else initial_state[1].to(cd)
-            # Without the normaliser z is not needed for o but is still part of the state.
-            z = _decayed_sum(kf, z, log_g)
             final = (S.float().contiguous(), z.float())
     return o, final
 
