@@ -74,7 +74,8 @@ def _phi(name):
 
 def _prefix(d: torch.Tensor, s0: torch.Tensor, lg: torch.Tensor | None) -> torch.Tensor:
     """starts[i] = g^i s0 + sum_{m<i} g^(i-1-m) d[m], the value entering step i of the
-    recurrence s <- g s + d[m]; d (B, H, n, X), s0 (B, H, X), lg (H,) = log g or None (g = 1).
+    recurrence s <- g s + d[m]; d (B, H, n, X), s0 (B, H, X) or None (zero), lg (H,) = log g
+    or None (g = 1).
 
     Two levels at a time: groups of PREFIX_GROUP steps are resolved by one small matmul each,
     the groups' carries by the same function one level up. Powers of g are formed directly
@@ -82,6 +83,8 @@ def _prefix(d: torch.Tensor, s0: torch.Tensor, lg: torch.Tensor | None) -> torch
     """
     B, H, n, X = d.shape
     if lg is None:
+        if s0 is None:
+            s0 = d.new_zeros((B, H, X))
         return torch.cumsum(torch.cat([s0.unsqueeze(2), d[:, :, :-1]], dim=2), dim=2)
     G = PREFIX_GROUP
     if n <= G:
@@ -89,12 +92,13 @@ def _prefix(d: torch.Tensor, s0: torch.Tensor, lg: torch.Tensor | None) -> torch
         k = (i[:, None] - 1 - i[None, :])  # exponent for d[m] at step i
         lm = torch.exp(k.clamp(min=0) * lg.view(H, 1, 1)) * (k >= 0)  # (H, n, n), strictly lower
         pw = torch.exp(i * lg.view(H, 1)).view(1, H, n, 1)  # g^i
-        return lm @ d + pw * s0.unsqueeze(2)
+        out = lm @ d  # a fresh tensor: updating it in place is autograd-safe
+        return out if s0 is None else out.addcmul_(pw, s0.unsqueeze(2))
     ng = -(-n // G)
     if ng * G != n:  # zero steps at the end change no start before them
         d = torch.cat([d, d.new_zeros((B, H, ng * G - n, X))], dim=2)
     dg = d.view(B, H, ng, G, X)
-    local = _prefix(dg.reshape(B, H * ng, G, X), d.new_zeros((B, H * ng, X)),
+    local = _prefix(dg.reshape(B, H * ng, G, X), None,
                     lg.repeat_interleave(ng))  # each group from zero, (B, H*ng, G, X)
     local = local.view(B, H, ng, G, X)
     i = torch.arange(G, device=d.device, dtype=d.dtype)
@@ -102,7 +106,8 @@ def _prefix(d: torch.Tensor, s0: torch.Tensor, lg: torch.Tensor | None) -> torch
     totals = torch.einsum("bhjgx,hg->bhjx", dg, w)  # each group's change from zero
     carry = _prefix(totals, s0, G * lg)  # (B, H, ng, X): state entering each group
     pw = torch.exp(i * lg.view(H, 1)).view(1, H, 1, G, 1)
-    return (local + pw * carry.unsqueeze(3)).reshape(B, H, ng * G, X)[:, :, :n]
+    # one in-place pass over the local prefixes (fresh from a matmul, so autograd-safe)
+    return local.addcmul_(pw, carry.unsqueeze(3)).reshape(B, H, ng * G, X)[:, :, :n]
 
 
 # Positions per segment: the sequence is streamed through the block computation in segments so
@@ -177,7 +182,8 @@ def _single(q, k, v, decay, feature_map, normalize, eps, initial_state, output_f
             parts.append(o)
         o = torch.cat(parts, dim=2) if len(parts) > 1 else parts[0]  # (B, H, Ts, V1)
         if normalize and direct:
-            torch.div(o[..., :V], o[..., V:].add_(eps), out=o_all[:, a:b].transpose(1, 2))
+            # 1/den over (B, H, Ts, 1) is cheap; the full-size pass is then a multiply
+            torch.mul(o[..., :V], o[..., V:].add_(eps).reciprocal_(), out=o_all[:, a:b].transpose(1, 2))
         elif direct:
             o_all[:, a:b].copy_(o.transpose(1, 2))
         else:
