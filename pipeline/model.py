@@ -37,8 +37,10 @@ CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
 PICKLE_NAMES = ("pytorch_model.bin", "model.bin")
 PICKLE_SUFFIXES = (".pt", ".pth", ".pkl", ".pickle", ".ckpt", ".bin")
 SHIPPED_MODELS = Path(__file__).resolve().parent / "models"
-# Positions per forward pass inside Model.forward: bounds peak memory for any chunk length.
-FORWARD_BLOCK = 16384
+# Positions per forward pass inside Model.forward: bounds peak memory for any chunk length, and
+# keeps the temporaries (e.g. the (T, M) MLP hidden) small enough to stay in cache: 16,384 was
+# measured ~25% slower than 2,048 at 1 thread on the CPU.
+FORWARD_BLOCK = 2048
 
 
 # --------------------------------------------------------------------------------------------
@@ -315,13 +317,14 @@ class Attention(nn.Module):
         H, K = self.n_heads, self.head_dim
         if self.conv is not None:
             a, window = self.conv(a, window)
-        # One matmul for q, k, v (weights concatenated), written position-last, (B, 3, H, K, T),
-        # and handed to the kernel as (B, T, H, K) views: no separate split/permute pass
-        # (measured faster on the CPU than projecting to (B, T, 3D) and splitting).
+        # One matmul for q, k, v (weights concatenated), (B, T, 3, H, K), handed to the kernel
+        # as (B, T, H, K) views: no split pass. Position-major rows make the kernel's one
+        # transpose into (B, H, T, K) read contiguous K-runs (measured faster on the CPU than a
+        # position-last projection once the kernel streams in cache-sized segments).
         w = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])  # (3D, D)
-        qkv = torch.matmul(w, a.transpose(1, 2)).view(B, 3, H, K, T).permute(0, 1, 4, 2, 3)
+        qkv = torch.matmul(a, w.t()).view(B, T, 3, H, K)
         decay = None if bool((self.decay == 1).all()) else self.decay
-        o, (S, z) = chunk_linear_attn(qkv[:, 0], qkv[:, 1], qkv[:, 2], decay=decay,
+        o, (S, z) = chunk_linear_attn(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], decay=decay,
                                       feature_map=self.feature_map, normalize=self.normalize,
                                       eps=self.eps, initial_state=(S, z), output_final_state=True)
         return self.o_proj(o.reshape(B, T, D)), S, z, window
