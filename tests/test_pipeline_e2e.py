@@ -77,3 +77,103 @@ def test_timeseries_submit_matches_the_bare_model_and_opens_in_xarray(elec_two_s
             assert ds[k].shape == expect.shape == (n, 1)
             np.testing.assert_allclose(ds[k].values, expect, rtol=1e-5, atol=1e-4, err_msg=k)
         assert np.isfinite(ds["residual"].values).all()
+
+
+# ----------------------------------------------------------------------------- killed driver
+KILL_CHUNK = 2_048
+DNA_OUTPUTS = "logprob,entropy,softmask"
+
+
+@pytest.fixture(scope="module")
+def tiny_dna(tmp_path_factory):
+    return make_tiny_model(tmp_path_factory.mktemp("dna_model") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def ce_slice(genomes, tmp_path_factory):
+    """7 real C. elegans records: one of 60 kb and six of 5 kb, 51 chunks of 2,048."""
+    path = tmp_path_factory.mktemp("ce") / "ce_slice.fa"
+    write_fasta_slice(genomes / "htslib_ce.fa", path, 60_000)
+    return path
+
+
+def _submit_cmd(fasta, model, out, *extra):
+    return [sys.executable, "-c", "from linpipe.cli import cli; cli()", "submit", str(fasta),
+            "--model", str(model), "--chunk-size", str(KILL_CHUNK), "--outputs", DNA_OUTPUTS,
+            "--workers", "1", "--out", str(out), *extra]
+
+
+def _chunks_done(out) -> int:
+    from linpipe.store import OutputStore
+
+    try:
+        store = OutputStore.open(str(out), mode="r")
+        return sum(len(store.completed_chunks(key)) for key in store.meta["records"])
+    except Exception:  # not created yet, or metadata being written: poll again
+        return 0
+
+
+def _reference_store(fasta, model, out):
+    """The uninterrupted job, run in this process by the actor class itself (no Ray): the same
+    code, plan and thread count as a worker, so the same bytes."""
+    from linpipe.jobs.actor import PipelineWorker
+    from linpipe.jobs.driver import open_or_create_store, prepare_job
+
+    job = prepare_job([str(fasta)], model=str(model), chunk_size=KILL_CHUNK,
+                      outputs=DNA_OUTPUTS.split(","))
+    store = open_or_create_store(job, str(out))
+    w = PipelineWorker(job.model_ref, str(out), job.outputs, device="cpu", threads=1)
+    for r in job.plan.streams:
+        for u in r.units():
+            w.run_chunk(u, last=u.chunk_index == r.n_chunks - 1)
+    for batch in job.plan.batches:
+        w.run_batch([r.unit(0) for r in batch])
+    assert store.finalize()
+    return store_arrays(out)
+
+
+def _session_pids(sid: int) -> list[int]:
+    """Processes still alive in the session the killed driver led (its embedded Ray's)."""
+    pids = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                if os.getsid(int(d)) == sid:
+                    pids.append(int(d))
+            except OSError:
+                pass
+    return pids
+
+
+def test_sigkilled_driver_resumes_to_the_bytes_of_an_uninterrupted_run(ce_slice, tiny_dna, tmp_path):
+    out = tmp_path / "killed.zarr"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(_submit_cmd(ce_slice, tiny_dna, out), env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while _chunks_done(out) < 3 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proc.poll() is None, "the job finished before it could be killed"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        done = _chunks_done(out)
+        assert 3 <= done < 51  # killed mid-job
+        # Ray's head processes die with the driver; its agents may linger a while. The same
+        # submit, run now beside them, starts a fresh embedded Ray and resumes.
+        t0 = time.monotonic()
+        res = subprocess.run(_submit_cmd(ce_slice, tiny_dna, out), env=env, capture_output=True,
+                             text=True, timeout=180)
+        assert res.returncode == 0, res.stderr
+        assert time.monotonic() - t0 < 120
+    finally:
+        for pid in _session_pids(proc.pid):  # only what our own killed subprocess started
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+    assert "Done: job lp-" in res.stdout and f"{90_000:,} positions" in res.stdout
+    ran = res.stdout.split("positions (", 1)[1].split(" run)", 1)[0]
+    assert ran != "90.00k"  # the chunks of the killed run were kept, not redone
+    reference = _reference_store(ce_slice, tiny_dna, tmp_path / "reference.zarr")
+    assert_same_bytes(reference, store_arrays(out))
