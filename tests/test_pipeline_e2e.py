@@ -177,3 +177,21 @@ def test_sigkilled_driver_resumes_to_the_bytes_of_an_uninterrupted_run(ce_slice,
     assert ran != "90.00k"  # the chunks of the killed run were kept, not redone
     reference = _reference_store(ce_slice, tiny_dna, tmp_path / "reference.zarr")
     assert_same_bytes(reference, store_arrays(out))
+
+
+# ----------------------------------------------------------------------------- actor resources
+def test_spec_resources_size_the_actors(ce_slice, tiny_dna, tmp_path):
+    """A spec asking 2 CPUs per actor on a 2-CPU local Ray gets one actor (two threads), and the
+    same job again with custom resources the cluster lacks is refused in one line."""
+    spec = tmp_path / "job.yaml"
+    spec.write_text(f"inputs: [{ce_slice}]\nmodel: {tiny_dna}\nchunk_size: 16384\n"
+                    f"outputs: [logprob]\nworkers: 2\nout: {tmp_path / 'r.zarr'}\n"
+                    "resources: {num_cpus: 2, memory: 256MiB}\n")
+    res = CliRunner().invoke(cli, ["submit", "--spec", str(spec)])
+    assert res.exit_code == 0, res.output
+    assert "on 1 workers" in res.output and "Warning" not in res.output
+    assert "90,000 positions" in res.output
+    res = CliRunner().invoke(cli, ["submit", "--spec", str(spec), "--overwrite",
+                                   "--actor-resources", "num_cpus=1,tpu_pod=1"])
+    assert res.exit_code == 1 and "Traceback" not in res.output
+    assert res.output.startswith("Error: each actor asks for") and "tpu_pod" in res.output
