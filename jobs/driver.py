@@ -276,7 +276,11 @@ def _finalize(store) -> bool:
 
     with warnings.catch_warnings():  # zarr warns that consolidated metadata is not in the v3 spec
         warnings.simplefilter("ignore")
-        return store.finalize()
+        try:
+            return store.finalize()
+        except OSError as e:  # the disk filled up just as the last chunk was written
+            raise StoreError(f"{e.filename or store.path}: cannot finish the output store: "
+                             f"{e.strerror or e}; the store stays resumable") from None
 
 
 def _init_error(e: BaseException) -> LinpipeError:
@@ -311,7 +315,11 @@ def run_job(inputs: list[str], *, model: str = "default", out: str | None = None
     job = prepare_job(inputs, model=model, chunk_size=chunk_size, outputs=outputs,
                       input_options=input_options)
     out = os.path.abspath(out) if out and "://" not in out else (out or default_out(inputs))
-    store = open_or_create_store(job, out, overwrite=overwrite)
+    try:
+        store = open_or_create_store(job, out, overwrite=overwrite)
+    except OSError as e:  # a full disk or a read-only place before any work ran
+        raise StoreError(f"{e.filename or out}: cannot write the output store: "
+                         f"{e.strerror or e}") from None
     plan = job.plan
 
     # What is left: streams from their first unfinished chunk; batches run whole or not at all.

@@ -195,3 +195,42 @@ def test_spec_resources_size_the_actors(ce_slice, tiny_dna, tmp_path):
                                    "--actor-resources", "num_cpus=1,tpu_pod=1"])
     assert res.exit_code == 1 and "Traceback" not in res.output
     assert res.output.startswith("Error: each actor asks for") and "tpu_pod" in res.output
+
+
+# ----------------------------------------------------------------------------- full disk
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 4 MiB tmpfs of our own (needs root, as in the project's CI container)."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)],
+                         capture_output=True, text=True)
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {res.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
+
+
+def test_full_disk_is_one_error_line_and_the_job_resumes_once_space_is_freed(
+        ce_slice, tiny_dna, small_disk):
+    ballast = small_disk / "ballast"
+    free = os.statvfs(small_disk).f_bavail * os.statvfs(small_disk).f_frsize
+    ballast.write_bytes(b"\0" * (free - 400 * 1024))  # 400 KiB: the store (~180) starts, then fills
+    out = small_disk / "full.zarr"
+    args = ["submit", str(ce_slice), "--model", tiny_dna, "--chunk-size", str(KILL_CHUNK),
+            "--outputs", DNA_OUTPUTS, "--workers", "2", "--out", str(out)]
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 1 and res.exception is None or isinstance(res.exception, SystemExit), \
+        repr(res.exception)
+    lines = [ln for ln in res.output.splitlines() if ln.startswith("Error")]
+    assert len(lines) == 1 and "Traceback" not in res.output
+    assert "No space left on device" in lines[0] and "resumable" in lines[0]
+    assert 0 < _chunks_done(out) < 51
+    ballast.unlink()
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 0, res.output
+    assert "Done: job lp-" in res.output and "90,000 positions" in res.output
+    reference = _reference_store(ce_slice, tiny_dna, small_disk / "reference.zarr")
+    assert_same_bytes(reference, store_arrays(out))
