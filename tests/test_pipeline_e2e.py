@@ -234,3 +234,20 @@ def test_full_disk_is_one_error_line_and_the_job_resumes_once_space_is_freed(
     assert "Done: job lp-" in res.output and "90,000 positions" in res.output
     reference = _reference_store(ce_slice, tiny_dna, small_disk / "reference.zarr")
     assert_same_bytes(reference, store_arrays(out))
+
+
+def test_spec_resources_travel_to_the_job_server_command_line(tmp_path):
+    from linpipe.errors import LinpipeError
+    from linpipe.jobs.remote import parse_actor_resources, requests_from_spec
+
+    (tmp_path / "a.fa").write_text(">a\nACGT\n")
+    spec = tmp_path / "job.yaml"
+    spec.write_text("inputs: [a.fa]\nresources: {num_gpus: 1, memory: 2GiB, custom: {a100: 0.5}}\n")
+    (req,) = requests_from_spec(str(spec))
+    opts = {"num_gpus": 1, "memory": 2 * 2**30, "resources": {"a100": 0.5}}
+    assert req.actor_resource_options == opts
+    argv = req.argv("out.zarr")
+    given = argv[argv.index("--actor-resources") + 1]
+    assert parse_actor_resources(given) == opts
+    with pytest.raises(LinpipeError, match="num_cpus='two' is not a number"):
+        parse_actor_resources("num_cpus=two")
