@@ -426,6 +426,108 @@ def list_cmd(address):
 # ---------------------------------------------------------------------------------------------
 
 
+def _command_line() -> str:
+    import shlex
+
+    return "linpipe " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+
+
+def _ts_options(time_column, columns, id_column) -> dict:
+    opts = dict(time_column=time_column, columns=columns, id_column=id_column)
+    return {k: v for k, v in opts.items() if v}
+
+
+@cli.command("train")
+@click.argument("inputs", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("--out", "out", required=True, type=click.Path(file_okay=False), help="Model directory to write.")
+@click.option("--d-model", type=click.IntRange(1), default=64, show_default=True)
+@click.option("--n-layers", type=click.IntRange(1), default=2, show_default=True)
+@click.option("--n-heads", type=click.IntRange(1), default=4, show_default=True)
+@click.option("--mlp-hidden", type=click.IntRange(1), default=None, help="Default: 4 x d-model.")
+@click.option("--conv-width", type=click.IntRange(1), default=4, show_default=True, help="1: no convolution.")
+@click.option("--feature-map", type=click.Choice(["elu1", "relu", "identity"]), default="elu1", show_default=True)
+@click.option("--no-normalize", is_flag=True, help="Drop the attention normaliser q.z.")
+@click.option("--decay", default=None, help="One value for every head, or one per head (comma-separated).")
+@click.option("--steps", type=click.IntRange(1), default=1000, show_default=True, help="Total optimizer steps.")
+@click.option("--batch", type=click.IntRange(1), default=8, show_default=True, help="Parallel lanes.")
+@click.option("--window", type=click.IntRange(2), default=512, show_default=True, help="Positions per lane per step.")
+@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=3e-3, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--device", default="auto", show_default=True,
+              help="auto (a CUDA GPU when there is one, else cpu), cpu, cuda, cuda:1, ...")
+@click.option("--val-records", default=None, help="Comma-separated record ids to hold out whole "
+              "(default: the last 5%% of every record).")
+@click.option("--checkpoint-every", type=click.IntRange(1), default=200, show_default=True)
+@click.option("--threads", type=click.IntRange(1), default=1, show_default=True,
+              help="CPU threads for torch (more rarely helps models this small).")
+@click.option("--resume", is_flag=True, help="Continue from MODEL_DIR/checkpoint (same inputs).")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+@click.option("--time-column", default=None, help="Time series: the time column (not a channel).")
+@click.option("--columns", default=None, help="Time series: comma-separated channel columns "
+              "(default: every numeric column but the time/id columns).")
+@click.option("--id-column", default=None, help="Time series: column that splits rows into records.")
+def train_cmd(inputs, out, d_model, n_layers, n_heads, mlp_hidden, conv_width, feature_map, no_normalize,
+              decay, steps, batch, window, lr, seed, device, val_records, checkpoint_every, threads, resume,
+              quiet, time_column, columns, id_column):
+    """Train a model on INPUTS (FASTA or time series) by next-position prediction into --out."""
+    import numpy as np
+
+    from .train import TrainConfig, train
+
+    cfg = TrainConfig(steps=steps, batch=batch, window=window, lr=lr, seed=seed, device=device,
+                      checkpoint_every=checkpoint_every, threads=threads,
+                      val_records=tuple(v for v in (val_records or "").split(",") if v))
+    kw = dict(d_model=d_model, n_layers=n_layers, n_heads=n_heads, mlp_hidden=mlp_hidden or 4 * d_model,
+              feature_map=feature_map, normalize=not no_normalize, conv_width=conv_width)
+    res = train(inputs, out, kw, cfg, decay=_decay_values(decay), resume=resume,
+                command=_command_line(), progress=not quiet,
+                ts_options=_ts_options(time_column, columns, id_column))
+    click.echo(f"wrote {out} (sha256 {res.sha256}); final loss {np.nanmean(res.losses[-50:]):.4f}")
+    if "bits_per_base" in res.val:
+        click.echo("validation bits per base: " + ", ".join(
+            f"{k} {v:.4f}" for k, v in res.val["bits_per_base"].items()))
+    elif "mse_normalised" in res.val:
+        click.echo(f"validation MSE (normalised): {res.val['mse_normalised']:.4f}")
+
+
+
+@cli.command("eval")
+@click.argument("model_dir")
+@click.argument("inputs", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("--baseline-train", multiple=True, type=click.Path(dir_okay=False),
+              help="dna: fit the Markov baselines on these files (k chosen on their last 5%%) instead "
+              "of the ones stored with the model. Repeatable.")
+@click.option("--season", type=click.IntRange(1), default=None,
+              help="timeseries: seasonal-naive period (default: the lag of peak autocorrelation).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--time-column", default=None, help="Time series: the time column (not a channel).")
+@click.option("--columns", default=None, help="Time series: comma-separated channel columns "
+              "(default: every numeric column but the time/id columns).")
+@click.option("--id-column", default=None, help="Time series: column that splits rows into records.")
+def eval_cmd(model_dir, inputs, baseline_train, season, as_json, time_column, columns, id_column):
+    """Score a model on INPUTS next to simple baselines on the same positions (MODEL_DIR: a
+    directory or a shipped model's name)."""
+    import json
+
+    from .evaluate import evaluate_inputs
+
+    report = evaluate_inputs(model_dir, inputs, baseline_train=baseline_train, season=season,
+                             ts_options=_ts_options(time_column, columns, id_column))
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+        return
+    click.echo(f"model {report['model']} (sha256 {report['sha256'][:12]}...)")
+    for row in report["inputs"]:
+        click.echo(f"{row['input']}: {row['positions']:,} positions")
+        for name, v in row["scores"].items():
+            if report["modality"] == "dna":
+                click.echo(f"  {name:<24} {v:.4f} bits/base")
+            else:
+                click.echo(f"  {name:<24} MAE {v['mae']:.6g}  RMSE {v['rmse']:.6g}")
+    if report["modality"] == "dna":
+        click.echo(f"Markov order k chosen on training data: {report['markov_best_k']}")
+
+
 # end of section: training
 # ---------------------------------------------------------------------------------------------
 

@@ -564,8 +564,12 @@ def read_tensors(directory: Path, config: ModelConfig) -> dict:
                              f"safetensors only and never unpickles files (convert the weights)")
         raise ModelError(f"{directory}: missing {WEIGHTS_FILE}")
     with open(path, "rb") as f:
-        head = f.read(8)
-    if head[:1] == b"\x80" or head[:2] == b"PK":  # a pickle stream or a torch.save zip
+        head = f.read(9)
+    # safetensors: an 8-byte header length, then the JSON header. Only a file that is not that
+    # and starts like a pickle stream or a torch.save zip is called a pickle (the first byte of a
+    # valid file is the header length's low byte, which can be 0x80).
+    is_safetensors = head[8:9] == b"{"
+    if not is_safetensors and (head[:1] == b"\x80" or head[:2] == b"PK"):
         raise ModelError(f"{path}: this is a pickle/torch.save file, not safetensors; "
                          f"linpipe never unpickles files")
     try:

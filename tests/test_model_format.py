@@ -211,3 +211,19 @@ def test_default_model_is_addressable_by_name():
     res = CliRunner().invoke(cli, ["model", "info"])
     assert res.exit_code == 0 and "models/default" in res.output
     assert load_model("default").path == load_model().path
+
+
+def test_safetensors_whose_header_length_starts_with_0x80_loads(model_dir, tmp_path):
+    # The first byte of a safetensors file is the low byte of its header length; 0x80 there is
+    # a valid file, not a pickle stream.
+    model_dir = _copy(model_dir, tmp_path)
+    weights = model_dir / "model.safetensors"
+    tensors = load_file(str(weights))
+    for pad in range(0, 512):
+        save_file(tensors, str(weights), metadata={"pad": "x" * pad})
+        if weights.read_bytes()[:1] == b"\x80":
+            break
+    else:
+        pytest.fail("no padding gave a header length with low byte 0x80")
+    model = load_model(model_dir)
+    assert model.config.d_model == tensors["norm.weight"].shape[0]

@@ -1,0 +1,454 @@
+"""`linpipe train`: next-position training of a format v1 model with the inference code itself.
+
+The network is `linpipe.model.LinpipeNet` (the same layers `Model.forward` runs). B lanes walk
+the training parts of the records in order, `window` positions per step, and carry the
+recurrent state (detached) from one window to the next, exactly as inference carries it from
+chunk to chunk; a lane restarts from the state after BOS at every record start.
+
+Losses: dna, cross-entropy over A/C/G/T in bits (targets that are N are skipped); timeseries,
+mean squared error of the forecast in normalised units ((x - mean) / std, with the channel
+mean/std of the training parts stored in config.json), NaN targets skipped.
+
+MODEL_DIR gets the final model (config.json, model.safetensors), the Markov baselines of the
+training data (markov.safetensors/.json, dna), checkpoint/ (a model plus optimizer, lane
+states and step as safetensors + JSON; no pickles), training.json, training_report.md and
+loss_curve.png.
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .errors import InputError, LinpipeError, ModelError
+from .train_data import LaneWalker, read_records, split_records
+
+LN2 = math.log(2.0)
+CHECKPOINT_DIR = "checkpoint"
+VAL_CONTEXT = 65536  # positions before a validation part read to warm the state up
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 1000
+    batch: int = 8
+    window: int = 512
+    lr: float = 3e-3
+    seed: int = 0
+    device: str = "auto"  # "auto": the first CUDA GPU when there is one, else the CPU
+    warmup: int = 50  # linear warm-up steps, then cosine decay to lr / 10
+    clip: float = 1.0
+    checkpoint_every: int = 200
+    threads: int = 1  # torch intra-op threads: this model's ops are too small to gain from more
+    val_fraction: float = 0.05
+    val_records: tuple = ()
+
+    def lr_at(self, step: int) -> float:
+        if step < self.warmup:
+            return self.lr * (step + 1) / self.warmup
+        frac = (step - self.warmup) / max(1, self.steps - self.warmup)
+        return self.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
+
+
+@dataclass
+class TrainResult:
+    out: Path
+    losses: list  # per step: mean loss of the step's window (bits per base for dna); NaN if all N
+    val: dict = field(default_factory=dict)  # validation figures (model and baselines)
+    sha256: str = ""
+
+
+# --------------------------------------------------------------------------------------------
+# data
+# --------------------------------------------------------------------------------------------
+def load_training_data(inputs, **ts_options) -> tuple[str, list, list]:
+    """(modality, [(file:record, data)], channel names) of all inputs; one modality only."""
+    paths = [Path(p) for p in inputs]
+    if not paths:
+        raise InputError("no training inputs given")
+    records, channels, modality = [], None, None
+    for p in paths:
+        mod, recs, names = read_records(p, **ts_options) if ts_options else read_records(p)
+        if modality is not None and mod != modality:
+            raise InputError(f"{p}: training inputs mix dna and timeseries files "
+                             f"({paths[0].name} is {modality}, {p.name} is {mod})")
+        modality = mod
+        if mod == "timeseries":
+            if channels is not None and names != channels:
+                raise InputError(f"{p}: channels {names} differ from {channels} of {paths[0].name}")
+            channels = names
+        records += [(f"{p.name}:{rid}", data) for rid, data in recs if len(data)]
+    return modality, records, channels or []
+
+
+def _fingerprint(inputs) -> list:
+    return [{"path": str(Path(p).resolve()), "size": Path(p).stat().st_size} for p in inputs]
+
+
+# --------------------------------------------------------------------------------------------
+# checkpoints: a format v1 model + optimizer/lane tensors (safetensors) + trainer.json
+# --------------------------------------------------------------------------------------------
+def save_checkpoint(ckpt: Path, net, config, opt, state, walker, step, losses, meta) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    from .model import save_model
+
+    ckpt.mkdir(parents=True, exist_ok=True)
+    save_model(net, config, ckpt)
+    names = {id(p): n for n, p in net.named_parameters()}
+    tensors = {}
+    for group in opt.param_groups:
+        for p in group["params"]:
+            st = opt.state.get(p, {})
+            for key in ("exp_avg", "exp_avg_sq"):
+                if key in st:
+                    tensors[f"{names[id(p)]}.{key}"] = st[key].detach().cpu().contiguous()
+            if "step" in st:
+                tensors[f"{names[id(p)]}.step"] = torch.as_tensor(st["step"], dtype=torch.float32).reshape(1)
+    save_file(tensors, str(ckpt / "optimizer.safetensors"))
+    lanes = {k: getattr(state, k).detach().cpu().contiguous() for k in ("S", "z", "conv", "y")}
+    save_file(lanes, str(ckpt / "lanes.safetensors"))
+    (ckpt / "trainer.json").write_text(json.dumps(
+        {"step": step, "cursor": walker.get_state(), "losses": losses, **meta}, indent=1) + "\n")
+
+
+def load_checkpoint(ckpt: Path, device):
+    """(net, config, optimizer tensors, lane state tensors, trainer.json dict)."""
+    from safetensors.torch import load_file
+
+    from .model import load_model
+
+    if not (ckpt / "trainer.json").is_file():
+        raise ModelError(f"{ckpt}: no checkpoint to resume from (missing trainer.json)")
+    model = load_model(ckpt, device=device)
+    try:
+        opt_t = load_file(str(ckpt / "optimizer.safetensors"), device=str(device))
+        lanes = load_file(str(ckpt / "lanes.safetensors"), device=str(device))
+        meta = json.loads((ckpt / "trainer.json").read_text())
+    except (OSError, ValueError) as e:
+        raise ModelError(f"{ckpt}: damaged checkpoint ({e})") from None
+    return model.net.train(), model.config, opt_t, lanes, meta
+
+
+def _restore_optimizer(opt, net, tensors):
+    import torch
+
+    for name, p in net.named_parameters():
+        if f"{name}.exp_avg" in tensors:
+            opt.state[p] = {"step": torch.tensor(float(tensors[f"{name}.step"][0])),
+                            "exp_avg": tensors[f"{name}.exp_avg"].clone(),
+                            "exp_avg_sq": tensors[f"{name}.exp_avg_sq"].clone()}
+
+
+# --------------------------------------------------------------------------------------------
+# the loop
+# --------------------------------------------------------------------------------------------
+def _loss(net, x, mask, state, modality):
+    """Mean loss over the window's scored positions (bits for dna), count, new state."""
+    import torch
+    import torch.nn.functional as F
+
+    pred, _, new = net.predict(x, state)
+    if modality == "dna":
+        ok = mask & (x < 4)
+        nll = F.cross_entropy(pred.reshape(-1, 4), x.clamp(max=3).reshape(-1), reduction="none")
+        nll = nll.view_as(x)[ok]
+        n = ok.sum()
+        return nll.sum() / n.clamp(min=1) / LN2, int(n), new
+    target = net.normalize_inputs(x)
+    ok = mask.unsqueeze(-1) & ~torch.isnan(x)
+    err = (pred - target)[ok]
+    return (err**2).sum() / ok.sum().clamp(min=1), int(ok.sum()), new
+
+
+def _reset_lanes(net, state, resets):
+    """Lanes flagged in `resets` start from the (differentiable) state after BOS."""
+    import torch
+
+    from .model import ModelState
+
+    if not resets.any():
+        return state
+    init = net.initial_state(state.batch_size)
+    r = torch.as_tensor(resets, device=state.S.device)
+
+    def pick(a, b):
+        return torch.where(r.view(-1, *([1] * (a.dim() - 1))), a, b)
+
+    return ModelState(pick(init.S, state.S), pick(init.z, state.z), pick(init.conv, state.conv),
+                      pick(init.y, state.y))
+
+
+def train(inputs, out, model_kwargs: dict | None = None, cfg: TrainConfig = TrainConfig(), *,
+          decay=None, resume: bool = False, command: str = "", progress: bool = True,
+          stop_at: int | None = None, ts_options: dict | None = None) -> TrainResult | None:
+    """Trains (or resumes) a model on `inputs` into directory `out`; see the module docstring.
+
+    `stop_at` ends this session after that step with a checkpoint (as an interruption would),
+    returning None; `resume=True` continues from it.
+    """
+    import torch
+
+    out = Path(out)
+    if cfg.steps < 1 or cfg.batch < 1 or cfg.window < 1 or not cfg.lr > 0:
+        raise LinpipeError(f"--steps, --batch, --window must be >= 1 and --lr > 0 "
+                           f"(got {cfg.steps}, {cfg.batch}, {cfg.window}, {cfg.lr})")
+    try:
+        name = cfg.device
+        if name == "auto":
+            name = "cuda" if torch.cuda.is_available() else "cpu"
+        device = torch.device(name)
+        torch.empty(0, device=device)
+    except (RuntimeError, AssertionError) as e:
+        raise LinpipeError(f"--device {cfg.device}: not usable here ({str(e).splitlines()[0]})") from None
+
+    from .evaluate import torch_threads
+
+    with torch_threads(cfg.threads):
+        return _train(inputs, out, model_kwargs, cfg, decay, resume, command, progress, stop_at, device,
+                      ts_options or {})
+
+
+def _train(inputs, out, model_kwargs, cfg, decay, resume, command, progress, stop_at, device, ts_options):
+    import torch
+
+    from .model import ModelConfig, ModelState, init_net, save_model
+
+    ckpt = out / CHECKPOINT_DIR
+    modality, records, channels = load_training_data(inputs, **ts_options)
+    splits = split_records(records, cfg.val_fraction, cfg.val_records)
+    parts = [s.train for s in splits if s.val_start > 0]
+
+    meta = {"inputs": _fingerprint(inputs), "train_config": {**asdict(cfg), "val_records": list(cfg.val_records)},
+            "command": command, "modality": modality}
+    if resume:
+        net, config, opt_t, lane_t, saved = load_checkpoint(ckpt, device)
+        if saved.get("inputs") != meta["inputs"]:
+            raise LinpipeError(f"{ckpt}: --resume with different inputs than the checkpoint's "
+                               f"({', '.join(Path(i['path']).name for i in saved.get('inputs', []))})")
+        old = saved["train_config"]
+        for key in ("batch", "window", "val_fraction"):
+            if old[key] != getattr(cfg, key):
+                raise LinpipeError(f"{ckpt}: --resume with --{key} {getattr(cfg, key)}, "
+                                   f"but the checkpoint was trained with {old[key]}")
+        start, losses = int(saved["step"]), list(saved["losses"])
+        if start >= cfg.steps:
+            raise LinpipeError(f"{ckpt}: already at step {start}; give --steps above it to continue")
+        meta["command"] = saved.get("command", "") + (f" ; resumed: {command}" if command else "")
+    else:
+        torch.manual_seed(cfg.seed)
+        kw = dict(model_kwargs or {})
+        if modality == "timeseries":
+            allv = np.concatenate([p for p in parts])
+            with np.errstate(all="ignore"):
+                mean, std = np.nanmean(allv, axis=0), np.nanstd(allv, axis=0)
+            empty = [c for c, m in zip(channels, mean) if not np.isfinite(m)]
+            if empty:
+                raise InputError(f"{', '.join(Path(p).name for p in inputs)}: channel {empty[0]!r} "
+                                 "has no values in the training parts")
+            std = np.where(np.isfinite(std) & (std > 0), std, 1.0)
+            kw.update(channels=len(channels), channel_names=tuple(channels),
+                      mean=tuple(float(m) for m in mean), std=tuple(float(s) for s in std))
+        config = ModelConfig(modality=modality, **kw)
+        net = init_net(config, seed=cfg.seed, decay=decay).to(device).train()
+        start, losses = 0, []
+        out.mkdir(parents=True, exist_ok=True)
+
+    walker = LaneWalker(parts, cfg.batch, cfg.window)
+    opt = torch.optim.Adam([p for p in net.parameters() if p.requires_grad], lr=cfg.lr,
+                           betas=(0.9, 0.98), eps=1e-8)
+    if resume:
+        _restore_optimizer(opt, net, opt_t)
+        walker.set_state(saved["cursor"])
+        state = ModelState(lane_t["S"], lane_t["z"], lane_t["conv"], lane_t["y"])
+    else:
+        state = net.zero_state(cfg.batch)  # every lane resets on its first window
+        if modality == "dna":
+            _save_markov(out, splits)
+
+    bar = _Progress(cfg.steps, start, progress)
+    t0 = time.time()
+    for step in range(start, cfg.steps):
+        xb, mb, resets = walker.next_batch()
+        x = torch.from_numpy(xb.astype(np.int64) if modality == "dna" else xb).to(device)
+        mask = torch.from_numpy(mb).to(device)
+        state = _reset_lanes(net, state, resets)
+        for g in opt.param_groups:
+            g["lr"] = cfg.lr_at(step)
+        loss, n, state = _loss(net, x, mask, state, modality)
+        opt.zero_grad(set_to_none=True)
+        if n:
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(net.parameters(), cfg.clip)
+            opt.step()
+        state = state.detach()
+        losses.append(float(loss.detach()) if n else float("nan"))  # NaN: nothing scored (all N)
+        bar.update(step + 1, losses)
+        if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
+            save_checkpoint(ckpt, net, config, opt, state, walker, step + 1, losses, meta)
+        if stop_at is not None and step + 1 >= stop_at:
+            save_checkpoint(ckpt, net, config, opt, state, walker, step + 1, losses, meta)
+            bar.close()
+            return None
+    bar.close()
+    meta["train_seconds"] = round(time.time() - t0, 1)
+
+    sha = save_model(net, config, out)
+    val = validate(net, config, splits, out if modality == "dna" else None)
+    result = TrainResult(out, losses, val, sha)
+    write_report(result, meta, config)
+    return result
+
+
+def _save_markov(out: Path, splits):
+    from .evaluate import MARKOV_FILE
+    from .markov import MarkovModel
+
+    m = MarkovModel.fit([s.train for s in splits if s.val_start > 0])
+    m.choose_k([s.data for s in splits], [np.arange(len(s.data)) >= s.val_start for s in splits])
+    m.save(out / MARKOV_FILE)
+
+
+class _Progress:
+    """A one-line progress bar with the running loss (mean of the last 50 steps), on stderr."""
+
+    def __init__(self, total, start, enabled):
+        self.total, self.start, self.enabled = total, start, enabled
+        self.t0 = time.time()
+        self.last = 0.0
+
+    def update(self, step, losses):
+        if not self.enabled:
+            return
+        now = time.time()
+        if now - self.last < 0.5 and step < self.total:
+            return
+        self.last = now
+        run = np.nanmean(losses[-50:]) if np.isfinite(losses[-50:]).any() else float("nan")
+        frac = step / self.total
+        done = int(30 * frac)
+        rate = (step - self.start) / max(now - self.t0, 1e-9)
+        eta = (self.total - step) / rate if rate else 0
+        sys.stderr.write(f"\r[{'#' * done}{'.' * (30 - done)}] {step}/{self.total} "
+                         f"loss {run:.4f} {rate:.2f} step/s eta {eta:.0f}s ")
+        sys.stderr.flush()
+
+    def close(self):
+        if self.enabled:
+            sys.stderr.write("\n")
+
+
+# --------------------------------------------------------------------------------------------
+# validation and report
+# --------------------------------------------------------------------------------------------
+def validate(net, config, splits, markov_dir) -> dict:
+    """Validation figures of the trained net on the held-out parts, read with VAL_CONTEXT
+    positions of warm-up before each part; dna also gets the Markov baselines there."""
+    from .model import Model
+
+    model = Model(net, config)
+    try:
+        res = {"positions": 0}
+        if config.modality == "dna":
+            from .evaluate import MARKOV_FILE, model_log2prob
+            from .markov import MarkovModel
+
+            markov = MarkovModel.load(markov_dir / MARKOV_FILE)
+            ks = sorted({0, 2, markov.best_k})
+            sums = {"model": 0.0, **{f"markov-{k}": 0.0 for k in ks}}
+            for s in splits:
+                if s.val_start >= len(s.data):
+                    continue
+                lo = max(0, s.val_start - VAL_CONTEXT)
+                state = model.init_state()
+                if s.val_start > lo:
+                    _, state = model.forward(s.data[lo:s.val_start], state, outputs=["logprob"])
+                lp = model_log2prob(model, s.data[s.val_start:], state=state)
+                ok = ~np.isnan(lp)
+                res["positions"] += int(ok.sum())
+                sums["model"] -= lp[ok].sum()
+                seg = s.data[lo:]
+                off = s.val_start - lo
+                for k in ks:
+                    mk = markov.log2prob(seg, k)[off:]
+                    sums[f"markov-{k}"] -= mk[ok].sum()
+            n = max(res["positions"], 1)
+            res["bits_per_base"] = {k: v / n for k, v in sums.items()}
+            res["markov_best_k"] = markov.best_k
+        else:
+            se, n = 0.0, 0
+            for s in splits:
+                if s.val_start >= len(s.data):
+                    continue
+                lo = max(0, s.val_start - VAL_CONTEXT)
+                state = model.init_state()
+                if s.val_start > lo:
+                    _, state = model.forward(s.data[lo:s.val_start], state, outputs=["forecast"])
+                o, _ = model.forward(s.data[s.val_start:], state, outputs=["residual"])
+                std = np.asarray(config.std)
+                r = (o["residual"] / std)
+                r = r[~np.isnan(r)]
+                se += float((r**2).sum())
+                n += r.size
+            res["positions"] = n
+            res["mse_normalised"] = se / max(n, 1)
+        return res
+    finally:
+        net.train()
+
+
+def write_report(result: TrainResult, meta: dict, config) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = result.out
+    unit = "bits per base" if config.modality == "dna" else "MSE (normalised)"
+    losses = np.asarray(result.losses, dtype=float)
+    if np.isnan(losses).all():
+        losses = np.zeros_like(losses)
+    losses = np.where(np.isnan(losses), np.nanmean(losses), losses)  # steps that scored nothing
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(np.arange(1, len(losses) + 1), losses, lw=0.5, alpha=0.4, label="per step")
+    w = min(50, len(losses))
+    if w > 1:
+        smooth = np.convolve(losses, np.ones(w) / w, mode="valid")
+        ax.plot(np.arange(w, len(losses) + 1), smooth, lw=1.5, label=f"mean of {w} steps")
+    if config.modality == "dna" and "bits_per_base" in result.val:
+        for k, v in result.val["bits_per_base"].items():
+            ax.axhline(v, ls="--", lw=0.8, color="k" if k == "model" else "gray")
+            ax.annotate(f"val {k} {v:.3f}", (len(losses), v), fontsize=7, ha="right", va="bottom")
+    ax.set_xlabel("step")
+    ax.set_ylabel(f"training loss ({unit})")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "loss_curve.png", dpi=100)
+    plt.close(fig)
+
+    record = {**meta, "sha256": result.sha256, "config": config.to_json(), "validation": result.val,
+              "final_train_loss_mean50": float(losses[-50:].mean()) if len(losses) else None,
+              "losses": [round(x, 5) for x in result.losses]}
+    (out / "training.json").write_text(json.dumps(record, indent=1) + "\n")
+    lines = ["# Training report", "", f"Command: `{meta.get('command') or '(library call)'}`", "",
+             f"Modality: {config.modality}; D={config.d_model} L={config.n_layers} H={config.n_heads} "
+             f"M={config.mlp_hidden} W={config.conv_width}; sha256 of model.safetensors: `{result.sha256}`",
+             f"Steps: {len(losses)}; training time {meta.get('train_seconds', '?')} s (last session)",
+             f"Final training loss (mean of last 50 steps): {record['final_train_loss_mean50']:.4f} {unit}", "",
+             "Validation (held-out parts, same positions for every predictor):", ""]
+    if config.modality == "dna":
+        lines += ["| predictor | bits per base |", "|---|---|"]
+        lines += [f"| {k} | {v:.4f} |" for k, v in result.val.get("bits_per_base", {}).items()]
+        lines += ["", f"Markov order chosen on validation: k = {result.val.get('markov_best_k')}; "
+                  f"{result.val['positions']} scored positions."]
+    else:
+        lines += [f"MSE in normalised units: {result.val.get('mse_normalised', float('nan')):.4f} "
+                  f"over {result.val['positions']} values."]
+    lines += ["", "![loss curve](loss_curve.png)", ""]
+    (out / "training_report.md").write_text("\n".join(lines))

@@ -1,0 +1,128 @@
+"""Training data: whole records read once, split into train/validation parts, and walked in
+order as fixed-size windows by B parallel lanes (each lane carries its own recurrent state)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .errors import InputError
+
+
+def read_records(path, **ts_options) -> tuple[str, list[tuple[str, np.ndarray]], list[str]]:
+    """(modality, [(record id, data)], channel names) of one input, via linpipe.open_input.
+
+    data is uint8 tokens (T,) for dna and float32 values (T, C) for time series;
+    ts_options (id_column, time_column, columns) go to open_input for time series.
+    """
+    from .inputs import open_input
+
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{path}: no such file")
+    inp = open_input(path, **ts_options) if ts_options else open_input(path)
+    try:
+        if inp.modality == "dna":
+            recs = [(r.id, np.asarray(inp.read(r.id, 0, r.length)[0])) for r in inp.records]
+            return "dna", recs, []
+        recs = [(r.id, np.asarray(inp.read(r.id, 0, r.length)[0], dtype=np.float32))
+                for r in inp.records]
+        return "timeseries", recs, list(inp.channel_names)
+    finally:
+        inp.close()
+
+
+def read_dna_records(path) -> list[tuple[str, np.ndarray]]:
+    """(record id, uint8 tokens) for every record of a FASTA file."""
+    modality, recs, _ = read_records(path)
+    if modality != "dna":
+        raise InputError(f"{path}: expected a DNA (FASTA) input, found {modality}")
+    return recs
+
+
+@dataclass(frozen=True)
+class Split:
+    """One record with the boundary between its training and validation parts."""
+
+    name: str  # "file:record"
+    data: np.ndarray  # tokens (T,) or values (T, C)
+    val_start: int  # positions [val_start, T) are validation; T when the record is all training
+
+    @property
+    def train(self):
+        return self.data[: self.val_start]
+
+
+def split_records(records, val_fraction=0.05, val_records=()) -> list[Split]:
+    """Hold out the last `val_fraction` of each record, or whole records named in val_records."""
+    out = []
+    for name, data in records:
+        rid = name.split(":", 1)[-1]
+        if val_records:
+            vs = 0 if (rid in val_records or name in val_records) else len(data)
+        else:
+            vs = len(data) - int(round(len(data) * val_fraction))
+        out.append(Split(name, data, vs))
+    if val_records and not any(s.val_start == 0 for s in out):
+        raise InputError(f"--val-records {','.join(val_records)}: no such record in the inputs")
+    if not any(s.val_start > 0 for s in out):
+        raise InputError("no training positions left after holding out the validation records")
+    return out
+
+
+class LaneWalker:
+    """B lanes that walk the training parts in order, `window` positions per step.
+
+    The training positions (all records' training parts, in order) are cut into B contiguous
+    stretches, one per lane. A lane never crosses a record boundary inside a window: when its
+    record ends, the rest of the window is padding (mask 0) and the lane's state must be reset
+    before its next window (`resets`). At the end of its stretch a lane wraps to its start.
+    """
+
+    def __init__(self, parts: list[np.ndarray], batch: int, window: int):
+        self.parts, self.batch, self.window = parts, batch, window
+        lengths = np.array([len(p) for p in parts], dtype=np.int64)
+        total = int(lengths.sum())
+        if total < batch * 2:
+            raise InputError(f"only {total} training positions for --batch {batch} lanes "
+                             "(give more data or a smaller --batch)")
+        ends = np.cumsum(lengths)
+        # each lane: list of (part index, start, end) segments covering its stretch
+        self.segments = []
+        for b in range(batch):
+            lo, hi = total * b // batch, total * (b + 1) // batch
+            segs = []
+            for i, (s, e) in enumerate(zip(ends - lengths, ends)):
+                a, z = max(lo, s), min(hi, e)
+                if a < z:
+                    segs.append((i, int(a - s), int(z - s)))
+            self.segments.append(segs)
+        self.cursor = [[0, self.segments[b][0][1]] for b in range(batch)]  # (segment, position)
+
+    def next_batch(self):
+        """(x (B, W), mask (B, W) bool, resets (B,) bool): resets[b] means lane b starts afresh."""
+        first = self.parts[0]
+        shape = (self.batch, self.window) + first.shape[1:]
+        x = np.zeros(shape, dtype=first.dtype)
+        mask = np.zeros((self.batch, self.window), dtype=bool)
+        resets = np.zeros(self.batch, dtype=bool)
+        for b in range(self.batch):
+            si, pos = self.cursor[b]
+            part, start, end = self.segments[b][si]
+            resets[b] = pos == start
+            n = min(self.window, end - pos)
+            x[b, :n] = self.parts[part][pos : pos + n]
+            mask[b, :n] = True
+            pos += n
+            if pos >= end:  # move to the next segment (wrapping): fresh state there
+                si = (si + 1) % len(self.segments[b])
+                pos = self.segments[b][si][1]
+            self.cursor[b] = [si, pos]
+        return x, mask, resets
+
+    def get_state(self):
+        return [list(c) for c in self.cursor]
+
+    def set_state(self, cursor):
+        self.cursor = [list(map(int, c)) for c in cursor]

@@ -1,0 +1,137 @@
+"""`linpipe train` on a real genome: the loss falls, resuming continues exactly, the model
+directory holds a loadable model, a report and no pickles; bad inputs give one-line errors."""
+import json
+import shutil
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from linpipe.cli import cli
+from linpipe.model import load_model
+from linpipe.train import TrainConfig, train
+from linpipe.train_data import LaneWalker
+
+TINY = dict(d_model=16, n_layers=1, n_heads=2, mlp_hidden=32, conv_width=4)
+CFG = TrainConfig(steps=200, batch=4, window=64, lr=1e-2, warmup=10, checkpoint_every=100)
+
+
+@pytest.fixture(scope="module")
+def mt(genomes):
+    return genomes / "minimap2_MT-human.fa"
+
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory, mt):
+    out = tmp_path_factory.mktemp("full")
+    return train([mt], out, TINY, CFG, progress=False)
+
+
+def test_loss_falls_over_200_steps(full_run):
+    losses = np.asarray(full_run.losses)
+    assert len(losses) == 200 and np.isfinite(losses).all()
+    first, last = losses[:20].mean(), losses[-20:].mean()
+    # from a random model (> 2 bits) to below the 2 bits of guessing uniformly
+    assert first > 2.0 and last < 1.99 and first - last > 0.1, (first, last)
+
+
+def test_resume_continues_from_the_same_loss(tmp_path, mt, full_run):
+    assert train([mt], tmp_path, TINY, CFG, progress=False, stop_at=120) is None
+    saved = json.loads((tmp_path / "checkpoint" / "trainer.json").read_text())
+    assert saved["step"] == 120
+    res = train([mt], tmp_path, TINY, CFG, progress=False, resume=True)
+    # the resumed run reproduces the uninterrupted one step for step (same lanes, state, Adam)
+    np.testing.assert_allclose(res.losses, full_run.losses, rtol=1e-4, atol=1e-5)
+    assert res.sha256 == load_model(tmp_path).sha256
+
+
+def test_model_dir_contents(full_run):
+    out = full_run.out
+    assert (out / "loss_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    report = (out / "training_report.md").read_text()
+    assert "bits per base" in report and "markov-" in report
+    rec = json.loads((out / "training.json").read_text())
+    assert rec["sha256"] == load_model(out).sha256 == full_run.sha256
+    val = rec["validation"]["bits_per_base"]
+    assert set(val) >= {"model", "markov-0", "markov-2"} and all(0 < v < 3 for v in val.values())
+    # the last 5% of the 16,569 bp record is validation
+    assert rec["validation"]["positions"] == round(16569 * 0.05)
+    assert not [p for p in out.rglob("*") if p.suffix in (".pt", ".pth", ".pkl", ".bin", ".ckpt")]
+
+
+def test_lanes_walk_records_in_order_and_reset_at_starts():
+    parts = [np.arange(10), np.arange(100, 107)]
+    w = LaneWalker(parts, batch=2, window=4)
+    seen = [[], []]
+    resets = []
+    for _ in range(5):
+        x, m, r = w.next_batch()
+        resets.append(r.tolist())
+        for b in range(2):
+            seen[b] += x[b][m[b]].tolist()
+    # lane 0 holds positions 0..7 of the first part; lane 1 the rest of it, then the second part
+    assert seen[0][:8] == list(range(8)) and seen[0][8:12] == [0, 1, 2, 3]
+    assert seen[1][:9] == [8, 9] + list(range(100, 107))
+    assert resets[0] == [True, True] and resets[1] == [False, True]  # lane 1 enters part 2
+
+
+def test_cli_train_and_progress(tmp_path, mt):
+    out = tmp_path / "m"
+    r = CliRunner().invoke(cli, ["train", str(mt), "--out", str(out), "--d-model", "16", "--n-layers", "1",
+                                 "--n-heads", "2", "--steps", "12", "--batch", "2", "--window", "32"])
+    assert r.exit_code == 0, r.output
+    assert "validation bits per base: model" in r.output and "markov-2" in r.output
+    assert "12/12 loss" in r.output  # the progress bar with the running loss
+    rec = json.loads((out / "training.json").read_text())
+    assert rec["command"].startswith("linpipe ") or rec["command"]  # CliRunner has no real argv
+    assert load_model(out).config.d_model == 16
+
+
+@pytest.mark.parametrize("case", ["missing", "mixed", "badchar", "resume-none", "resume-other", "val-records",
+                                  "device"])
+def test_cli_train_bad_inputs(tmp_path, mt, genomes, timeseries, case):
+    out = tmp_path / "m"
+    args = ["train", str(mt), "--out", str(out), "--d-model", "12", "--n-layers", "1", "--n-heads", "1",
+            "--steps", "2", "--batch", "1", "--window", "16", "--quiet"]
+    if case == "missing":
+        args[1] = str(tmp_path / "nope.fa")
+        expect = "nope.fa: no such file"
+    elif case == "mixed":
+        args.insert(2, str(timeseries / "statsmodels_sunspots_yearly.csv"))
+        expect = "mix dna and timeseries"
+    elif case == "badchar":
+        bad = tmp_path / "bad.fa"
+        bad.write_text(">r1\nACGT\n>r2\nACGJT\n")
+        args[1] = str(bad)
+        expect = "record 'r2'"
+    elif case == "resume-none":
+        args.append("--resume")
+        expect = "no checkpoint to resume from"
+    elif case == "resume-other":
+        assert CliRunner().invoke(cli, args).exit_code == 0
+        args[1] = str(genomes / "minimap2_MT-orang.fa")
+        args[args.index("--steps") + 1] = "4"
+        args.append("--resume")
+        expect = "different inputs"
+    elif case == "val-records":
+        args += ["--val-records", "chrZ"]
+        expect = "--val-records chrZ: no such record"
+    else:
+        args += ["--device", "nosuchdevice"]
+        expect = "--device nosuchdevice: not usable here"
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code == 1, r.output
+    assert r.output.startswith("Error: ") and expect in r.output and "Traceback" not in r.output
+    assert len(r.output.strip().splitlines()) == 1
+
+
+def test_windows_of_only_n_score_nothing(tmp_path, mt):
+    seq = "".join(l.strip() for l in mt.read_text().splitlines()[1:])
+    fa = tmp_path / "gap.fa"
+    fa.write_text(">gapped\n" + seq[:2000] + "N" * 1000 + seq[2000:4000] + "\n")
+    res = train([fa], tmp_path / "m", TINY, TrainConfig(steps=40, batch=1, window=100, checkpoint_every=40),
+                progress=False)
+    losses = np.asarray(res.losses)
+    # windows 20..29 hold only N: nothing to score, recorded as NaN; the rest are finite
+    assert np.isnan(losses[20:30]).all() and np.isfinite(np.delete(losses, range(20, 30))).all()
+    assert np.isfinite(res.val["bits_per_base"]["model"])
