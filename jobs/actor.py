@@ -43,13 +43,16 @@ def peak_rss() -> int:
 
 
 def _node_id() -> str:
-    """The Ray node this worker runs on (hosts can share a name on one machine), or the host."""
+    """The Ray node this worker runs on (hosts can share a name on one machine), or the host
+    outside Ray (a plain PipelineWorker in one process)."""
     try:
         import ray
 
-        return ray.get_runtime_context().get_node_id()[:12]
-    except Exception:  # outside Ray (a plain PipelineWorker in one process)
-        return socket.gethostname()
+        if ray.is_initialized():  # get_runtime_context() would start a local Ray otherwise
+            return ray.get_runtime_context().get_node_id()[:12]
+    except Exception:
+        pass
+    return socket.gethostname()
 
 
 class PipelineWorker:

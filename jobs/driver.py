@@ -225,11 +225,23 @@ def _start_ray(address: str | None, workers: int | None):
     return True
 
 
-def _worker_slots(workers: int | None) -> tuple[int, dict]:
-    """How many actors and the resources each asks for: one per GPU, else one per CPU."""
+def _worker_slots(workers: int | None, actor_resources: dict | None = None) -> tuple[int, dict]:
+    """How many actors and the resources each asks for: what actor_resources asks (as many
+    actors as the cluster's totals hold), else one per GPU, else one per CPU."""
     import ray
 
     res = ray.cluster_resources()
+    if actor_resources:
+        want = {"CPU": actor_resources.get("num_cpus", 1), "GPU": actor_resources.get("num_gpus", 0),
+                "memory": actor_resources.get("memory", 0), **actor_resources.get("resources", {})}
+        fits = [int(res.get(name, 0) // amount) for name, amount in want.items() if amount]
+        n = min(fits) if fits else int(res.get("CPU", 1))
+        if n < 1:
+            have = {k: res.get(k, 0) for k, v in want.items() if v}
+            raise ClusterError(f"each actor asks for {actor_resources}, more than the whole Ray "
+                               f"cluster has ({have})")
+        opts = {"num_cpus": want["CPU"], **{k: v for k, v in actor_resources.items() if k != "num_cpus"}}
+        return (min(workers, n) if workers else n), opts
     gpus = int(res.get("GPU", 0))
     if gpus:
         return (min(workers, gpus) if workers else gpus), {"num_gpus": 1, "num_cpus": 1}
@@ -264,7 +276,11 @@ def _finalize(store) -> bool:
 
     with warnings.catch_warnings():  # zarr warns that consolidated metadata is not in the v3 spec
         warnings.simplefilter("ignore")
-        return store.finalize()
+        try:
+            return store.finalize()
+        except OSError as e:  # the disk filled up just as the last chunk was written
+            raise StoreError(f"{e.filename or store.path}: cannot finish the output store: "
+                             f"{e.strerror or e}; the store stays resumable") from None
 
 
 def _init_error(e: BaseException) -> LinpipeError:
@@ -284,8 +300,11 @@ def run_job(inputs: list[str], *, model: str = "default", out: str | None = None
             chunk_size: int = DEFAULT_CHUNK_SIZE, outputs: list[str] | None = None,
             workers: int | None = None, address: str | None = None, overwrite: bool = False,
             input_options: dict | None = None, device: str | None = None, log=None,
-            progress_stream=None, on_unit=None) -> JobSummary:
+            progress_stream=None, on_unit=None, actor_resources: dict | None = None) -> JobSummary:
     """Run (or resume) one job to completion and return its summary.
+
+    actor_resources: what each actor asks Ray for (num_cpus, num_gpus, memory in bytes,
+    resources: {custom name: amount}); default one GPU (and a CPU) per actor, else one CPU.
 
     on_unit(result, units_done): called after each finished unit (tests use it to interrupt a
     job or kill a worker mid-record; an exception it raises ends the job, store resumable).
@@ -296,7 +315,11 @@ def run_job(inputs: list[str], *, model: str = "default", out: str | None = None
     job = prepare_job(inputs, model=model, chunk_size=chunk_size, outputs=outputs,
                       input_options=input_options)
     out = os.path.abspath(out) if out and "://" not in out else (out or default_out(inputs))
-    store = open_or_create_store(job, out, overwrite=overwrite)
+    try:
+        store = open_or_create_store(job, out, overwrite=overwrite)
+    except OSError as e:  # a full disk or a read-only place before any work ran
+        raise StoreError(f"{e.filename or out}: cannot write the output store: "
+                         f"{e.strerror or e}") from None
     plan = job.plan
 
     # What is left: streams from their first unfinished chunk; batches run whole or not at all.
@@ -329,9 +352,10 @@ def run_job(inputs: list[str], *, model: str = "default", out: str | None = None
 
         from .actor import PipelineWorker
 
-        n_workers, resources = _worker_slots(workers)
+        n_workers, resources = _worker_slots(workers, actor_resources)
         n_workers = max(1, min(n_workers, len(todo)))  # no idle actors for a small job
-        threads = None if "num_gpus" in resources else resources.get("num_cpus", 1)
+        threads = (None if resources.get("num_gpus") else
+                   max(1, int(resources.get("num_cpus", 1))))  # torch threads = CPUs asked
         remote_cls = ray.remote(PipelineWorker).options(
             max_restarts=0, scheduling_strategy="SPREAD", **resources)
 

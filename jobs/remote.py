@@ -36,6 +36,12 @@ class SubmitRequest:
     id_column: str | None = None
     time_column: str | None = None
     columns: tuple[str, ...] | None = None
+    # per-actor Ray resources as "KEY=VALUE" pairs (num_cpus, num_gpus, memory, custom names)
+    actor_resources: tuple[str, ...] | None = None
+
+    @property
+    def actor_resource_options(self) -> dict[str, Any] | None:
+        return parse_actor_resources(",".join(self.actor_resources)) if self.actor_resources else None
 
     @property
     def input_options(self) -> dict[str, Any]:
@@ -52,6 +58,8 @@ class SubmitRequest:
                         ("--outputs", ",".join(self.outputs) if self.outputs else None),
                         ("--id-column", self.id_column), ("--time-column", self.time_column),
                         ("--columns", ",".join(self.columns) if self.columns else None),
+                        ("--actor-resources", ",".join(self.actor_resources)
+                         if self.actor_resources else None),
                         ("--address", address)):
             if v is not None:
                 a += [flag, str(v)]
@@ -72,8 +80,44 @@ def requests_from_spec(path: str) -> list[SubmitRequest]:
             inputs=tuple(str(p) for p in job.inputs), model=spec.model, out=job.out,
             chunk_size=spec.chunk_size, outputs=spec.outputs, workers=spec.workers,
             overwrite=spec.overwrite, id_column=ts.id_column, time_column=ts.time_column,
-            columns=ts.columns))
+            columns=ts.columns, actor_resources=_resource_pairs(spec.resources.as_ray_options())))
     return out
+
+
+def _resource_pairs(opts: dict[str, Any]) -> tuple[str, ...] | None:
+    pairs = [f"{k}={v}" for k, v in opts.items() if k != "resources"]
+    pairs += [f"{k}={v}" for k, v in sorted(opts.get("resources", {}).items())]
+    return tuple(pairs) or None
+
+
+def parse_actor_resources(text: str) -> dict[str, Any]:
+    """--actor-resources num_cpus=2,memory=4GiB,my_accel=1 as run_job's actor_resources."""
+    from .spec import _SIZE, _UNITS
+
+    opts: dict[str, Any] = {}
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, value = item.partition("=")
+        name = name.strip()
+        if not sep or not name:
+            raise LinpipeError(f"--actor-resources: {item!r} is not KEY=VALUE")
+        if name == "memory":
+            m = _SIZE.match(value)
+            if not m:
+                raise LinpipeError(f"--actor-resources: memory={value!r} is not a size such as 4GiB")
+            opts["memory"] = int(float(m.group(1)) * _UNITS[(m.group(2) or "").upper().rstrip("B")])
+            continue
+        try:
+            amount = float(value)
+        except ValueError:
+            raise LinpipeError(f"--actor-resources: {name}={value!r} is not a number") from None
+        if amount < 0:
+            raise LinpipeError(f"--actor-resources: {name} must not be negative")
+        amount = int(amount) if amount.is_integer() else amount
+        if name in ("num_cpus", "num_gpus"):
+            opts[name] = amount
+        else:
+            opts.setdefault("resources", {})[name] = amount
+    return opts
 
 
 def build_requests(inputs: tuple[str, ...], spec_path: str | None,
@@ -91,28 +135,11 @@ def build_requests(inputs: tuple[str, ...], spec_path: str | None,
 
         spec = load_spec(spec_path)
         reqs = [_override(r, flags) for r in requests_from_spec(spec_path)]
-        _warn_unapplied_resources(spec)
         return reqs, address or spec.address
     if not inputs:
         raise LinpipeError("no input given: name INPUT files or a job spec with --spec FILE")
     base = SubmitRequest(inputs=tuple(inputs))
     return [_override(base, flags)], address
-
-
-def _warn_unapplied_resources(spec) -> None:
-    """The driver sizes actors itself (1 GPU + 1 CPU each on GPU clusters, 1 CPU otherwise);
-    say so when a spec asks for something else, rather than ignoring it silently."""
-    import inspect
-
-    from .driver import run_job
-
-    wanted = spec.resources.as_ray_options()
-    if not wanted or "actor_resources" in inspect.signature(run_job).parameters:
-        return
-    default = {"num_gpus": 1, "num_cpus": 1} if wanted.get("num_gpus") else {"num_cpus": 1}
-    if wanted != default:
-        click.echo(f"Warning: {spec.path}: resources {wanted} are not applied yet; each actor "
-                   f"asks for {default} (one per GPU, or per CPU without GPUs)", err=True)
 
 
 def _override(req: SubmitRequest, flags: dict[str, Any]) -> SubmitRequest:
@@ -122,7 +149,7 @@ def _override(req: SubmitRequest, flags: dict[str, Any]) -> SubmitRequest:
     for key in ("model", "out", "chunk_size", "workers", "id_column", "time_column"):
         if flags.get(key) is not None:
             changes[key] = flags[key]
-    for key in ("outputs", "columns"):
+    for key in ("outputs", "columns", "actor_resources"):
         v = flags.get(key)
         if v:
             changes[key] = tuple(v.split(",")) if isinstance(v, str) else tuple(v)

@@ -39,13 +39,14 @@ _TOP = {
     "overwrite": ((bool,), "true or false"),
     "workers": ((int,), "a positive integer"),
     "address": ((str,), "a Ray address such as http://HEAD:8265"),
-    "resources": ((dict,), "a mapping with num_cpus, num_gpus, memory"),
+    "resources": ((dict,), "a mapping with num_cpus, num_gpus, memory, custom"),
     "timeseries": ((dict,), "a mapping with id_column, time_column, columns"),
 }
 _RESOURCES = {
     "num_cpus": ((int, float), "a non-negative number of CPUs per actor"),
     "num_gpus": ((int, float), "a non-negative number of GPUs per actor"),
     "memory": ((int, str), "bytes per actor, as an integer or like 4GiB"),
+    "custom": ((dict,), "a mapping of custom Ray resource names to amounts per actor"),
 }
 _TIMESERIES = {
     "id_column": ((str,), "a column name"),
@@ -64,10 +65,15 @@ class ActorResources:
     num_cpus: float | None = None
     num_gpus: float | None = None
     memory: int | None = None  # bytes
+    custom: tuple[tuple[str, float], ...] = ()  # custom Ray resources, sorted by name
 
     def as_ray_options(self) -> dict[str, Any]:
-        return {k: v for k, v in (("num_cpus", self.num_cpus), ("num_gpus", self.num_gpus),
+        """Ray actor options, also run_job's actor_resources."""
+        opts = {k: v for k, v in (("num_cpus", self.num_cpus), ("num_gpus", self.num_gpus),
                                   ("memory", self.memory)) if v is not None}
+        if self.custom:
+            opts["resources"] = dict(self.custom)
+        return opts
 
 
 @dataclass(frozen=True)
@@ -214,6 +220,11 @@ def parse_spec(text: str, path: Path) -> JobSpec:
     for k in ("num_cpus", "num_gpus"):
         if k in res and res[k] < 0:
             raise fail(f"resources.{k}", f"must not be negative, not {res[k]}")
+    custom = res.get("custom") or {}
+    for name, amount in custom.items():
+        if (not isinstance(name, str) or isinstance(amount, bool)
+                or not isinstance(amount, (int, float)) or amount < 0):
+            raise fail(f"resources.custom.{name}", f"must be a non-negative number, not {amount!r}")
     ts = data.get("timeseries") or {}
     _check_keys(ts, _TIMESERIES, "timeseries.", fail)
 
@@ -243,7 +254,8 @@ def parse_spec(text: str, path: Path) -> JobSpec:
         overwrite=data.get("overwrite", False), workers=data.get("workers"),
         address=data.get("address"), name=data.get("name"),
         resources=ActorResources(num_cpus=res.get("num_cpus"), num_gpus=res.get("num_gpus"),
-                                 memory=_bytes(res.get("memory"), fail)),
+                                 memory=_bytes(res.get("memory"), fail),
+                                 custom=tuple(sorted(custom.items()))),
         timeseries=TimeseriesOptions(id_column=ts.get("id_column"),
                                      time_column=ts.get("time_column"),
                                      columns=_names(ts.get("columns"), "timeseries.columns",

@@ -310,6 +310,10 @@ def _parse_outputs(value):
               help="Time series: the time column (kept as the outputs' time coordinate).")
 @click.option("--columns", default=None, metavar="LIST",
               help="Time series: comma-separated value columns, in the model's channel order.")
+@click.option("--actor-resources", default=None, metavar="LIST",
+              help="What each worker actor asks Ray for, e.g. num_cpus=2,num_gpus=1,memory=4GiB "
+                   "or a custom resource name=amount [default: 1 GPU each on GPU clusters, "
+                   "else 1 CPU].")
 @click.option("--dry-run", is_flag=True,
               help="Check inputs, model, output location and cluster; print the plan (records, "
                    "positions, work units, estimated output size); run nothing.")
@@ -321,7 +325,7 @@ def _parse_outputs(value):
 @click.option("--env", "env_vars", multiple=True, metavar="KEY=VALUE",
               help="With --address http://...: an environment variable for the job (repeatable).")
 def submit(inputs, spec, model, out, chunk_size, outputs, workers, address, overwrite,
-           id_column, time_column, columns, dry_run, wait, runtime_env, env_vars):
+           id_column, time_column, columns, actor_resources, dry_run, wait, runtime_env, env_vars):
     """Stream INPUT... through a model and write per-position outputs to Zarr, on Ray.
 
     The same job submitted again resumes where it stopped, or says it is complete.
@@ -332,7 +336,7 @@ def submit(inputs, spec, model, out, chunk_size, outputs, workers, address, over
     reqs, address = remote.build_requests(inputs, spec, dict(
         model=model, out=out, chunk_size=chunk_size, outputs=_parse_outputs(outputs),
         workers=workers, address=address, overwrite=overwrite, id_column=id_column,
-        time_column=time_column, columns=columns))
+        time_column=time_column, columns=columns, actor_resources=actor_resources))
     if dry_run:
         for req in reqs:
             remote.print_dry_run(remote.dry_run(req, address))
@@ -355,7 +359,8 @@ def _run_here(req, address):
     s = run_job(list(req.inputs), model=req.model, out=req.out,
                 chunk_size=req.chunk_size or DEFAULT_CHUNK_SIZE,
                 outputs=list(req.outputs) if req.outputs else None, workers=req.workers,
-                address=address, overwrite=req.overwrite, input_options=req.input_options)
+                address=address, overwrite=req.overwrite, input_options=req.input_options,
+                actor_resources=req.actor_resource_options)
     if s.nothing_to_do:
         click.echo(f"Nothing to do: job {s.job_id} is complete. Outputs: {s.out}")
         return

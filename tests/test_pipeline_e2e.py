@@ -1,0 +1,253 @@
+"""`linpipe submit` as a user runs it, on real data: a time series with an id and a time column,
+a driver killed with SIGKILL and resumed, actor resources from a job spec, and a full disk.
+
+Each test starts its own embedded Ray (through the CLI or a subprocess), as a user's submit does.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from _pipeline_data import assert_same_bytes, make_tiny_model, store_arrays, write_fasta_slice
+from linpipe.cli import cli
+
+TS_CHUNK = 512
+
+
+# ----------------------------------------------------------------------------- time series
+@pytest.fixture(scope="module")
+def elec_two_sites(timeseries, tmp_path_factory):
+    """The first 3,000 hours of the real Victorian electricity demand, split into two series
+    (1,800 and 1,200 rows) under an id column, so --id-column and --time-column both apply."""
+    import pyarrow as pa
+    import pyarrow.csv as pcsv
+
+    table = pcsv.read_csv(timeseries / "statsmodels_mstl_elec_vic.csv").slice(0, 3000)
+    table = table.add_column(0, "site", pa.array(["vic_a"] * 1800 + ["vic_b"] * 1200))
+    path = tmp_path_factory.mktemp("ts") / "elec.csv"
+    pcsv.write_csv(table, path)
+    return path, table
+
+
+def test_timeseries_submit_matches_the_bare_model_and_opens_in_xarray(elec_two_sites, tmp_path):
+    import xarray as xr
+
+    import linpipe
+
+    path, table = elec_two_sites
+    model_dir = tmp_path / "ts_model"
+    res = CliRunner().invoke(cli, ["model", "init", str(model_dir), "--modality", "timeseries",
+                                   "--channels", "1", "--d-model", "16", "--n-layers", "1",
+                                   "--n-heads", "2", "--mlp-hidden", "32"])
+    assert res.exit_code == 0, res.output
+    out = tmp_path / "elec.zarr"
+    res = CliRunner().invoke(cli, ["submit", str(path), "--model", str(model_dir), "--id-column",
+                                   "site", "--time-column", "ds", "--chunk-size", str(TS_CHUNK),
+                                   "--workers", "2", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "2 records, 3,000 positions" in res.output
+
+    model = linpipe.load_model(str(model_dir))
+    sites = table.column("site").to_numpy(zero_copy_only=False)
+    times = table.column("ds").to_numpy(zero_copy_only=False).astype("datetime64[ns]")
+    demand = table.column("y").to_numpy().astype(np.float32)[:, None]  # (T, 1)
+    for site, n in (("vic_a", 1800), ("vic_b", 1200)):
+        rows = sites == site
+        assert rows.sum() == n
+        # The bare model over the same series, chunk by chunk, state carried across.
+        state = model.init_state()
+        parts = {"forecast": [], "residual": []}
+        for s in range(0, n, TS_CHUNK):
+            o, state = model.forward(demand[rows][s:s + TS_CHUNK], state,
+                                     outputs=["forecast", "residual"])
+            for k in parts:
+                parts[k].append(o[k])
+        ds = xr.open_zarr(str(out), group=site)
+        assert ds.sizes == {"time": n, "channel": 1} and list(ds["channel"].values) == ["y"]
+        np.testing.assert_array_equal(ds["time"].values, times[rows])
+        for k in parts:
+            expect = np.concatenate(parts[k])
+            assert ds[k].shape == expect.shape == (n, 1)
+            np.testing.assert_allclose(ds[k].values, expect, rtol=1e-5, atol=1e-4, err_msg=k)
+        assert np.isfinite(ds["residual"].values).all()
+
+
+# ----------------------------------------------------------------------------- killed driver
+KILL_CHUNK = 2_048
+DNA_OUTPUTS = "logprob,entropy,softmask"
+
+
+@pytest.fixture(scope="module")
+def tiny_dna(tmp_path_factory):
+    return make_tiny_model(tmp_path_factory.mktemp("dna_model") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def ce_slice(genomes, tmp_path_factory):
+    """7 real C. elegans records: one of 60 kb and six of 5 kb, 51 chunks of 2,048."""
+    path = tmp_path_factory.mktemp("ce") / "ce_slice.fa"
+    write_fasta_slice(genomes / "htslib_ce.fa", path, 60_000)
+    return path
+
+
+def _submit_cmd(fasta, model, out, *extra):
+    return [sys.executable, "-c", "from linpipe.cli import cli; cli()", "submit", str(fasta),
+            "--model", str(model), "--chunk-size", str(KILL_CHUNK), "--outputs", DNA_OUTPUTS,
+            "--workers", "1", "--out", str(out), *extra]
+
+
+def _chunks_done(out) -> int:
+    from linpipe.store import OutputStore
+
+    try:
+        store = OutputStore.open(str(out), mode="r")
+        return sum(len(store.completed_chunks(key)) for key in store.meta["records"])
+    except Exception:  # not created yet, or metadata being written: poll again
+        return 0
+
+
+def _reference_store(fasta, model, out):
+    """The uninterrupted job, run in this process by the actor class itself (no Ray): the same
+    code, plan and thread count as a worker, so the same bytes."""
+    from linpipe.jobs.actor import PipelineWorker
+    from linpipe.jobs.driver import open_or_create_store, prepare_job
+
+    job = prepare_job([str(fasta)], model=str(model), chunk_size=KILL_CHUNK,
+                      outputs=DNA_OUTPUTS.split(","))
+    store = open_or_create_store(job, str(out))
+    w = PipelineWorker(job.model_ref, str(out), job.outputs, device="cpu", threads=1)
+    for r in job.plan.streams:
+        for u in r.units():
+            w.run_chunk(u, last=u.chunk_index == r.n_chunks - 1)
+    for batch in job.plan.batches:
+        w.run_batch([r.unit(0) for r in batch])
+    assert store.finalize()
+    return store_arrays(out)
+
+
+def _session_pids(sid: int) -> list[int]:
+    """Processes still alive in the session the killed driver led (its embedded Ray's)."""
+    pids = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                if os.getsid(int(d)) == sid:
+                    pids.append(int(d))
+            except OSError:
+                pass
+    return pids
+
+
+def test_sigkilled_driver_resumes_to_the_bytes_of_an_uninterrupted_run(ce_slice, tiny_dna, tmp_path):
+    out = tmp_path / "killed.zarr"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(_submit_cmd(ce_slice, tiny_dna, out), env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while _chunks_done(out) < 3 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proc.poll() is None, "the job finished before it could be killed"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        done = _chunks_done(out)
+        assert 3 <= done < 51  # killed mid-job
+        # Ray's head processes die with the driver; its agents may linger a while. The same
+        # submit, run now beside them, starts a fresh embedded Ray and resumes.
+        t0 = time.monotonic()
+        res = subprocess.run(_submit_cmd(ce_slice, tiny_dna, out), env=env, capture_output=True,
+                             text=True, timeout=180)
+        assert res.returncode == 0, res.stderr
+        assert time.monotonic() - t0 < 120
+    finally:
+        for pid in _session_pids(proc.pid):  # only what our own killed subprocess started
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+    assert "Done: job lp-" in res.stdout and f"{90_000:,} positions" in res.stdout
+    ran = res.stdout.split("positions (", 1)[1].split(" run)", 1)[0]
+    assert ran != "90.00k"  # the chunks of the killed run were kept, not redone
+    reference = _reference_store(ce_slice, tiny_dna, tmp_path / "reference.zarr")
+    assert_same_bytes(reference, store_arrays(out))
+
+
+# ----------------------------------------------------------------------------- actor resources
+def test_spec_resources_size_the_actors(ce_slice, tiny_dna, tmp_path):
+    """A spec asking 2 CPUs per actor on a 2-CPU local Ray gets one actor (two threads), and the
+    same job again with custom resources the cluster lacks is refused in one line."""
+    spec = tmp_path / "job.yaml"
+    spec.write_text(f"inputs: [{ce_slice}]\nmodel: {tiny_dna}\nchunk_size: 16384\n"
+                    f"outputs: [logprob]\nworkers: 2\nout: {tmp_path / 'r.zarr'}\n"
+                    "resources: {num_cpus: 2, memory: 256MiB}\n")
+    res = CliRunner().invoke(cli, ["submit", "--spec", str(spec)])
+    assert res.exit_code == 0, res.output
+    assert "on 1 workers" in res.output and "Warning" not in res.output
+    assert "90,000 positions" in res.output
+    res = CliRunner().invoke(cli, ["submit", "--spec", str(spec), "--overwrite",
+                                   "--actor-resources", "num_cpus=1,tpu_pod=1"])
+    assert res.exit_code == 1 and "Traceback" not in res.output
+    assert res.output.startswith("Error: each actor asks for") and "tpu_pod" in res.output
+
+
+# ----------------------------------------------------------------------------- full disk
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 4 MiB tmpfs of our own (needs root, as in the project's CI container)."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)],
+                         capture_output=True, text=True)
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {res.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
+
+
+def test_full_disk_is_one_error_line_and_the_job_resumes_once_space_is_freed(
+        ce_slice, tiny_dna, small_disk):
+    ballast = small_disk / "ballast"
+    free = os.statvfs(small_disk).f_bavail * os.statvfs(small_disk).f_frsize
+    ballast.write_bytes(b"\0" * (free - 400 * 1024))  # 400 KiB: the store (~180) starts, then fills
+    out = small_disk / "full.zarr"
+    args = ["submit", str(ce_slice), "--model", tiny_dna, "--chunk-size", str(KILL_CHUNK),
+            "--outputs", DNA_OUTPUTS, "--workers", "2", "--out", str(out)]
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 1 and res.exception is None or isinstance(res.exception, SystemExit), \
+        repr(res.exception)
+    lines = [ln for ln in res.output.splitlines() if ln.startswith("Error")]
+    assert len(lines) == 1 and "Traceback" not in res.output
+    assert "No space left on device" in lines[0] and "resumable" in lines[0]
+    assert 0 < _chunks_done(out) < 51
+    ballast.unlink()
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 0, res.output
+    assert "Done: job lp-" in res.output and "90,000 positions" in res.output
+    reference = _reference_store(ce_slice, tiny_dna, small_disk / "reference.zarr")
+    assert_same_bytes(reference, store_arrays(out))
+
+
+def test_spec_resources_travel_to_the_job_server_command_line(tmp_path):
+    from linpipe.errors import LinpipeError
+    from linpipe.jobs.remote import parse_actor_resources, requests_from_spec
+
+    (tmp_path / "a.fa").write_text(">a\nACGT\n")
+    spec = tmp_path / "job.yaml"
+    spec.write_text("inputs: [a.fa]\nresources: {num_gpus: 1, memory: 2GiB, custom: {a100: 0.5}}\n")
+    (req,) = requests_from_spec(str(spec))
+    opts = {"num_gpus": 1, "memory": 2 * 2**30, "resources": {"a100": 0.5}}
+    assert req.actor_resource_options == opts
+    argv = req.argv("out.zarr")
+    given = argv[argv.index("--actor-resources") + 1]
+    assert parse_actor_resources(given) == opts
+    with pytest.raises(LinpipeError, match="num_cpus='two' is not a number"):
+        parse_actor_resources("num_cpus=two")
