@@ -367,7 +367,7 @@ def run_job(inputs: list[str], *, model: str = "default", out: str | None = None
         slots = [new_slot() for _ in range(n_workers)]
         log(f"job {job.job_id}: {n_records} records, {total:,} positions "
             f"({total - done_positions:,} to run) in {len(todo)} work items, on {n_workers} "
-            f"workers; outputs -> {out}")
+            f"worker{'' if n_workers == 1 else 's'}; outputs -> {out}")
         progress = Progress(total, done=done_positions, stream=progress_stream)
         t_ready = None
         deaths = 0

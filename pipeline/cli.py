@@ -366,7 +366,7 @@ def _run_here(req, address):
         return
     click.echo(f"Done: job {s.job_id}: {s.records} records, {s.positions:,} positions "
                f"({human_count(s.positions_run)} run) in {human_time(s.seconds)} "
-               f"({human_count(s.positions_per_s)} positions/s on {s.workers} workers; "
+               f"({human_count(s.positions_per_s)} positions/s on {s.workers} worker{'' if s.workers == 1 else 's'}; "
                f"start-up {s.startup_s:.1f} s), {human_bytes(s.output_bytes)} written.")
     busy = s.read_s + s.model_s + s.write_s
     if busy > 0:

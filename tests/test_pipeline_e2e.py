@@ -189,7 +189,7 @@ def test_spec_resources_size_the_actors(ce_slice, tiny_dna, tmp_path):
                     "resources: {num_cpus: 2, memory: 256MiB}\n")
     res = CliRunner().invoke(cli, ["submit", "--spec", str(spec)])
     assert res.exit_code == 0, res.output
-    assert "on 1 workers" in res.output and "Warning" not in res.output
+    assert "on 1 worker;" in res.output and "Warning" not in res.output
     assert "90,000 positions" in res.output
     res = CliRunner().invoke(cli, ["submit", "--spec", str(spec), "--overwrite",
                                    "--actor-resources", "num_cpus=1,tpu_pod=1"])
