@@ -290,10 +290,16 @@ class CausalConv(nn.Module):
 
     def forward(self, a, window):  # a (B, T, D), window (B, W-1, D)
         T = a.shape[1]
+        W = self.weight.shape[1]
         ext = torch.cat([window, a], dim=1)  # (B, T+W-1, D)
-        # one grouped (depthwise) conv1d over the window-extended input; no padding needed
-        c = F.conv1d(ext.transpose(1, 2), self.weight.unsqueeze(1), groups=self.weight.shape[0])
-        return c.transpose(1, 2), ext[:, T:]  # (B, T, D); new window: the last W-1 inputs
+        # W shifted multiply-adds in the (B, T, D) layout: no transposes. Measured ~0.5 ms less
+        # per (2048, 128) block at 1 thread than a depthwise conv1d, whose transposed output
+        # also slowed the next matmul (in-place adds on a fresh product are autograd-safe:
+        # neither op's backward reads its output).
+        c = ext[:, W - 1:] * self.weight[:, W - 1]
+        for j in range(W - 1):
+            c.addcmul_(ext[:, j:j + T], self.weight[:, j])
+        return c, ext[:, T:]  # (B, T, D); new window: the last W-1 inputs
 
 
 class Attention(nn.Module):
