@@ -290,10 +290,16 @@ class CausalConv(nn.Module):
 
     def forward(self, a, window):  # a (B, T, D), window (B, W-1, D)
         T = a.shape[1]
+        W = self.weight.shape[1]
         ext = torch.cat([window, a], dim=1)  # (B, T+W-1, D)
-        # one grouped (depthwise) conv1d over the window-extended input; no padding needed
-        c = F.conv1d(ext.transpose(1, 2), self.weight.unsqueeze(1), groups=self.weight.shape[0])
-        return c.transpose(1, 2), ext[:, T:]  # (B, T, D); new window: the last W-1 inputs
+        # W shifted multiply-adds in the (B, T, D) layout: no transposes. Measured ~0.5 ms less
+        # per (2048, 128) block at 1 thread than a depthwise conv1d, whose transposed output
+        # also slowed the next matmul (in-place adds on a fresh product are autograd-safe:
+        # neither op's backward reads its output).
+        c = ext[:, W - 1:] * self.weight[:, W - 1]
+        for j in range(W - 1):
+            c.addcmul_(ext[:, j:j + T], self.weight[:, j])
+        return c, ext[:, T:]  # (B, T, D); new window: the last W-1 inputs
 
 
 class Attention(nn.Module):
@@ -310,7 +316,8 @@ class Attention(nn.Module):
         # Fixed per-head decay in (0, 1]; not trained by default (training may opt in).
         self.decay = nn.Parameter(torch.ones(c.n_heads), requires_grad=False)
 
-    def forward(self, a, S, z, window):  # a (B, T, D); S (B, H, K, K); z (B, H, K); window (B, W-1, D)
+    def forward(self, a, S, z, window, residual=None):  # a (B, T, D); S (B, H, K, K); z (B, H, K); window (B, W-1, D)
+        """o_proj(attention), or residual + that when residual (B, T, D) is given."""
         from linpipe.kernels import chunk_linear_attn
 
         B, T, D = a.shape
@@ -327,7 +334,9 @@ class Attention(nn.Module):
         o, (S, z) = chunk_linear_attn(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], decay=decay,
                                       feature_map=self.feature_map, normalize=self.normalize,
                                       eps=self.eps, initial_state=(S, z), output_final_state=True)
-        return self.o_proj(o.reshape(B, T, D)), S, z, window
+        if residual is None:
+            return self.o_proj(o.reshape(B, T, D)), S, z, window
+        return _add_linear(residual, o.reshape(B, T, D), self.o_proj.weight), S, z, window
 
 
 class MLP(nn.Module):
@@ -336,8 +345,20 @@ class MLP(nn.Module):
         self.fc1 = nn.Linear(c.d_model, c.mlp_hidden, bias=False)
         self.fc2 = nn.Linear(c.mlp_hidden, c.d_model, bias=False)
 
-    def forward(self, m):
-        return self.fc2(F.gelu(self.fc1(m)))  # exact (erf) GELU
+    def forward(self, m, residual=None):
+        """fc2(gelu(fc1(m))), or residual + that when residual (B, T, D) is given."""
+        g = F.gelu(self.fc1(m))  # exact (erf) GELU
+        if residual is None:
+            return self.fc2(g)
+        return _add_linear(residual, g, self.fc2.weight)
+
+
+def _add_linear(r, x, w):
+    """r + x @ w.T for r (B, T, N), x (B, T, M), w (N, M): one addmm, so the residual add rides
+    in the matmul instead of a separate pass over (B, T, N) (differentiable)."""
+    B, T, M = x.shape
+    N = w.shape[0]
+    return torch.addmm(r.reshape(B * T, N), x.reshape(B * T, M), w.t()).view(B, T, N)
 
 
 class Block(nn.Module):
@@ -349,9 +370,8 @@ class Block(nn.Module):
         self.mlp = MLP(c)
 
     def forward(self, h, S, z, window):
-        o, S, z, window = self.attn(self.attn_norm(h), S, z, window)
-        h = h + o
-        h = h + self.mlp(self.mlp_norm(h))
+        h, S, z, window = self.attn(self.attn_norm(h), S, z, window, residual=h)  # h + attention
+        h = self.mlp(self.mlp_norm(h), residual=h)  # h + MLP
         return h, S, z, window
 
 
