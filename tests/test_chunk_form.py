@@ -6,16 +6,7 @@ import torch
 from linpipe.kernels import chunk_linear_attn, chunk_linear_attn_torch, naive_recurrent_linear_attn
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """Intra-op threads only spin on a shared, oversubscribed 2-core runner (a 65k-position
-    forward of a tiny model measured 14x slower with 2 threads than with 1 there)."""
-    import torch
-
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _inputs(B, T, H, K, V, feature_map, normalize, seed):
