@@ -53,18 +53,29 @@ def _decay_values(text):
     return vals[0] if len(vals) == 1 else vals
 
 
+def _model_size_options(f):
+    """The model-size flags shared by `model init` and `train`."""
+    for opt in reversed([
+        click.option("--d-model", type=click.IntRange(1), default=64, show_default=True),
+        click.option("--n-layers", type=click.IntRange(1), default=2, show_default=True),
+        click.option("--n-heads", type=click.IntRange(1), default=4, show_default=True),
+        click.option("--mlp-hidden", type=click.IntRange(1), default=None, help="Default: 4 x d-model."),
+        click.option("--conv-width", type=click.IntRange(1), default=4, show_default=True,
+                     help="1: no convolution."),
+        click.option("--feature-map", type=click.Choice(["elu1", "relu", "identity"]), default="elu1",
+                     show_default=True),
+        click.option("--no-normalize", is_flag=True, help="Drop the attention normaliser q.z."),
+        click.option("--decay", default=None, help="One value for every head, or one per head "
+                     "(comma-separated), each in (0, 1]. Default: spread from 1-1/16 to 1-1/65536."),
+    ]):
+        f = opt(f)
+    return f
+
+
 @model_group.command("init")
 @click.argument("directory", type=click.Path(file_okay=False))
 @click.option("--modality", type=click.Choice(["dna", "timeseries"]), default="dna", show_default=True)
-@click.option("--d-model", type=click.IntRange(1), default=64, show_default=True)
-@click.option("--n-layers", type=click.IntRange(1), default=2, show_default=True)
-@click.option("--n-heads", type=click.IntRange(1), default=4, show_default=True)
-@click.option("--mlp-hidden", type=click.IntRange(1), default=None, help="Default: 4 x d-model.")
-@click.option("--conv-width", type=click.IntRange(1), default=4, show_default=True, help="1: no convolution.")
-@click.option("--feature-map", type=click.Choice(["elu1", "relu", "identity"]), default="elu1", show_default=True)
-@click.option("--no-normalize", is_flag=True, help="Drop the attention normaliser q.z.")
-@click.option("--decay", default=None, help="One value for every head, or one per head (comma-separated), "
-              "each in (0, 1]. Default: spread from 1-1/16 to 1-1/65536.")
+@_model_size_options
 @click.option("--channels", type=click.IntRange(1), default=None, help="Timeseries: number of input channels.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--force", is_flag=True, help="Overwrite a model already in DIRECTORY.")
@@ -440,14 +451,7 @@ def _ts_options(time_column, columns, id_column) -> dict:
 @cli.command("train")
 @click.argument("inputs", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option("--out", "out", required=True, type=click.Path(file_okay=False), help="Model directory to write.")
-@click.option("--d-model", type=click.IntRange(1), default=64, show_default=True)
-@click.option("--n-layers", type=click.IntRange(1), default=2, show_default=True)
-@click.option("--n-heads", type=click.IntRange(1), default=4, show_default=True)
-@click.option("--mlp-hidden", type=click.IntRange(1), default=None, help="Default: 4 x d-model.")
-@click.option("--conv-width", type=click.IntRange(1), default=4, show_default=True, help="1: no convolution.")
-@click.option("--feature-map", type=click.Choice(["elu1", "relu", "identity"]), default="elu1", show_default=True)
-@click.option("--no-normalize", is_flag=True, help="Drop the attention normaliser q.z.")
-@click.option("--decay", default=None, help="One value for every head, or one per head (comma-separated).")
+@_model_size_options
 @click.option("--steps", type=click.IntRange(1), default=1000, show_default=True, help="Total optimizer steps.")
 @click.option("--batch", type=click.IntRange(1), default=8, show_default=True, help="Parallel lanes.")
 @click.option("--window", type=click.IntRange(2), default=512, show_default=True, help="Positions per lane per step.")
