@@ -347,6 +347,19 @@ class _Progress:
 # --------------------------------------------------------------------------------------------
 # validation and report
 # --------------------------------------------------------------------------------------------
+def _held_out_parts(model, splits, warmup_output):
+    """(split, lo, state) for each non-empty held-out part: the state after reading up to
+    VAL_CONTEXT positions before it (from lo), so validation starts with a warmed-up state."""
+    for s in splits:
+        if s.val_start >= len(s.data):
+            continue
+        lo = max(0, s.val_start - VAL_CONTEXT)
+        state = model.init_state()
+        if s.val_start > lo:
+            _, state = model.forward(s.data[lo:s.val_start], state, outputs=[warmup_output])
+        yield s, lo, state
+
+
 def validate(net, config, splits, markov_dir) -> dict:
     """Validation figures of the trained net on the held-out parts, read with VAL_CONTEXT
     positions of warm-up before each part; dna also gets the Markov baselines there."""
@@ -362,13 +375,7 @@ def validate(net, config, splits, markov_dir) -> dict:
             markov = MarkovModel.load(markov_dir / MARKOV_FILE)
             ks = sorted({0, 2, markov.best_k})
             sums = {"model": 0.0, **{f"markov-{k}": 0.0 for k in ks}}
-            for s in splits:
-                if s.val_start >= len(s.data):
-                    continue
-                lo = max(0, s.val_start - VAL_CONTEXT)
-                state = model.init_state()
-                if s.val_start > lo:
-                    _, state = model.forward(s.data[lo:s.val_start], state, outputs=["logprob"])
+            for s, lo, state in _held_out_parts(model, splits, "logprob"):
                 lp = model_log2prob(model, s.data[s.val_start:], state=state)
                 ok = ~np.isnan(lp)
                 res["positions"] += int(ok.sum())
@@ -383,13 +390,7 @@ def validate(net, config, splits, markov_dir) -> dict:
             res["markov_best_k"] = markov.best_k
         else:
             se, n = 0.0, 0
-            for s in splits:
-                if s.val_start >= len(s.data):
-                    continue
-                lo = max(0, s.val_start - VAL_CONTEXT)
-                state = model.init_state()
-                if s.val_start > lo:
-                    _, state = model.forward(s.data[lo:s.val_start], state, outputs=["forecast"])
+            for s, _, state in _held_out_parts(model, splits, "forecast"):
                 o, _ = model.forward(s.data[s.val_start:], state, outputs=["residual"])
                 std = np.asarray(config.std)
                 r = (o["residual"] / std)
