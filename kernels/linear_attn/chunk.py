@@ -19,6 +19,25 @@ from .naive import feature_map_fn
 DEFAULT_CHUNK_SIZE = 32
 
 
+def _block_weights(qb, kb, log_g, c):
+    """Causal (decayed) score mask and the decay-weighted q and k of every block.
+
+    qb, kb: (B, H, n, c, K). Returns mask ((c, c), or (H, 1, c, c) with decay), q_in (q scaled
+    by gamma^(i+1), which decays the state entering the block) and k_out (k scaled by
+    gamma^(c-1-j), its weight at the block end)."""
+    H = qb.shape[1]
+    pos = torch.arange(c, device=qb.device, dtype=qb.dtype)
+    causal = pos[:, None] >= pos[None, :]  # (c, c)
+    if log_g is None:
+        return causal.to(qb.dtype), qb, kb
+    lg = log_g.to(qb.dtype).view(H, 1, 1)
+    # gamma^(i-j) for i >= j; computed directly (never as a ratio) so it cannot overflow.
+    mask = (torch.exp((pos[:, None] - pos[None, :]).clamp(min=0) * lg) * causal).unsqueeze(1)
+    q_in = qb * torch.exp((pos + 1) * lg).view(H, 1, c, 1)
+    k_out = kb * torch.exp((c - 1 - pos) * lg).view(H, 1, c, 1)
+    return mask, q_in, k_out
+
+
 def _blocks(
     qf: torch.Tensor,  # (B, H, T, K) feature-mapped
     kf: torch.Tensor,  # (B, H, T, K)
@@ -34,19 +53,8 @@ def _blocks(
     qb = qf.reshape(B, H, n, c, K)
     kb = kf.reshape(B, H, n, c, K)
     vb = vf.reshape(B, H, n, c, V1)
-    pos = torch.arange(c, device=qf.device, dtype=qf.dtype)
-    causal = pos[:, None] >= pos[None, :]  # (c, c)
-    if log_g is None:
-        mask = causal.to(qf.dtype)  # (c, c)
-        q_in, k_out, g_block = qb, kb, None
-    else:
-        lg = log_g.to(qf.dtype).view(H, 1, 1)
-        # gamma^(i-j) for i >= j; computed directly (never as a ratio) so it cannot overflow.
-        mask = torch.exp((pos[:, None] - pos[None, :]).clamp(min=0) * lg) * causal  # (H, c, c)
-        mask = mask.unsqueeze(1)  # (H, 1, c, c)
-        q_in = qb * torch.exp((pos + 1) * lg).view(H, 1, c, 1)  # gamma^(i+1): decays S_prev
-        k_out = kb * torch.exp((c - 1 - pos) * lg).view(H, 1, c, 1)  # gamma^(c-1-j) to block end
-        g_block = torch.exp(c * log_g.to(qf.dtype)).view(1, H, 1, 1)
+    mask, q_in, k_out = _block_weights(qb, kb, log_g, c)
+    g_block = None if log_g is None else torch.exp(c * log_g.to(qf.dtype)).view(1, H, 1, 1)
     # Contribution of each block to the state at its end.
     dS = k_out.transpose(-1, -2) @ vb  # (B, H, n, K, V1)
     # State entering each block: a prefix over the n blocks' contributions (matmuls, no loop).
@@ -81,19 +89,9 @@ def _blocks_norm(
     qb = qf.reshape(B, H, n, c, K)
     kb = kf.reshape(B, H, n, c, K)
     vb = vf.reshape(B, H, n, c, V)
-    pos = torch.arange(c, device=qf.device, dtype=qf.dtype)
-    causal = pos[:, None] >= pos[None, :]  # (c, c)
-    if log_g is None:
-        mask = causal.to(qf.dtype)
-        q_in, k_out, g_block = qb, kb, None
-        lgc = None
-    else:
-        lg = log_g.to(qf.dtype).view(H, 1, 1)
-        mask = (torch.exp((pos[:, None] - pos[None, :]).clamp(min=0) * lg) * causal).unsqueeze(1)
-        q_in = qb * torch.exp((pos + 1) * lg).view(H, 1, c, 1)  # gamma^(i+1): decays S_prev
-        k_out = kb * torch.exp((c - 1 - pos) * lg).view(H, 1, c, 1)  # gamma^(c-1-j) to block end
-        g_block = torch.exp(c * log_g.to(qf.dtype))  # (H,)
-        lgc = c * log_g.to(qf.dtype)
+    mask, q_in, k_out = _block_weights(qb, kb, log_g, c)
+    lgc = None if log_g is None else c * log_g.to(qf.dtype)
+    g_block = None if lgc is None else torch.exp(lgc)  # (H,)
     dS = k_out.transpose(-1, -2) @ vb  # (B, H, n, K, V)
     dz = k_out.sum(dim=-2)  # (B, H, n, K)
     starts = _prefix(dS.reshape(B, H, n, K * V), S.reshape(B, H, K * V), lgc).reshape(B, H, n, K, V)
