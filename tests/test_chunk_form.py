@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from linpipe.kernels import chunk_linear_attn, chunk_linear_attn_torch, naive_recurrent_linear_attn
+from linpipe.kernels.linear_attn import chunk as chunk_mod
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -109,14 +110,58 @@ def test_gradients_match_naive():
         _close(a, b, 1e-9)
 
 
-def test_many_blocks_multilevel_prefix():
-    """Hundreds of blocks (the prefix over blocks recurses through several levels, with a
-    ragged last group) and a strong decay, against the recurrence."""
-    q, k, v, init = _inputs(1, 8 * 300 + 5, 2, 8, 8, "elu1", True, seed=5)
-    decay = torch.tensor([0.8, 0.9999], dtype=torch.float64)
-    kw = dict(decay=decay, initial_state=init, output_final_state=True)
+@pytest.mark.parametrize("decay", [(0.8, 0.9999), (1.0, 1.0)])
+@pytest.mark.parametrize("normalize", [True, False])
+def test_many_blocks_and_segments(decay, normalize):
+    """Several segments of hundreds of blocks (the two-level prefix over blocks), a last segment
+    whose block count is not a multiple of the prefix group, a ragged tail, strong and no decay,
+    against the recurrence; then the same call again (the reused scratch memory) and in
+    inference mode (scratch memory shared by both modes)."""
+    c = 8
+    seg = (chunk_mod.SEGMENT // c) * c
+    T = 2 * seg + c * 37 + 5
+    q, k, v, init = _inputs(1, T, 2, 8, 8, "elu1", normalize, seed=5)
+    kw = dict(decay=torch.tensor(decay, dtype=torch.float64), normalize=normalize,
+              initial_state=init, output_final_state=True)
     o_ref, (S_ref, z_ref) = naive_recurrent_linear_attn(q, k, v, **kw)
-    o, (S, z) = chunk_linear_attn_torch(q, k, v, chunk_size=8, dtype=torch.float64, **kw)
-    _close(o, o_ref, 1e-10)
-    _close(S, S_ref, 1e-6)
-    _close(z, z_ref, 1e-6)
+    for mode in (torch.no_grad, torch.no_grad, torch.inference_mode):
+        with mode():
+            o, (S, z) = chunk_linear_attn_torch(q, k, v, chunk_size=c, dtype=torch.float64, **kw)
+        _close(o, o_ref, 1e-10)
+        _close(S, S_ref, 1e-6)
+        _close(z, z_ref, 1e-6)
+    short = chunk_linear_attn_torch(q[:, :50], k[:, :50], v[:, :50], chunk_size=c, **kw)[0]
+    _close(short, o_ref[:, :50], 1e-10)  # a smaller call after a larger one reuses a prefix of it
+
+
+def test_scratch_memory_is_per_thread():
+    """Two threads running the inference path at once (each with its own scratch buffers) get
+    what each gets alone."""
+    import threading
+
+    inputs = [_inputs(1, 700 + 97 * i, 2, 16, 16, "elu1", True, seed=20 + i)[:3] for i in range(2)]
+    inputs = [tuple(t.float() for t in x) for x in inputs]
+    decay = torch.tensor([0.9, 1.0])
+    alone = [chunk_linear_attn_torch(*x, decay=decay)[0] for x in inputs]
+    got = [None, None]
+
+    def work(i):
+        for _ in range(20):
+            got[i] = chunk_linear_attn_torch(*inputs[i], decay=decay)[0]
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for a, b in zip(got, alone):
+        assert torch.equal(a, b)
+
+
+def test_hugepage_hint_keeps_contents():
+    from linpipe.kernels.linear_attn.scratch import hugepages
+
+    for n in (10, (5 << 20) // 4 + 3):  # below the size limit, and a large unaligned tensor
+        t = torch.arange(n, dtype=torch.float32)
+        hugepages(t[1:])
+        assert torch.equal(t, torch.arange(n, dtype=torch.float32))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from .naive import feature_map_fn
+from .scratch import hugepages, workspace
 
 # Block length: chosen by measurement (1 thread, K=32): 32 beat 64 and 128 once segments are
 # cache-sized; smaller blocks mean less intra-block work per position (2c(K+V) FLOPs).
@@ -164,7 +165,7 @@ def _prefix(d: torch.Tensor, s0: torch.Tensor, lg: torch.Tensor | None) -> torch
 # that every temporary (about a dozen tensors of SEGMENT * H * K floats) stays in cache and in
 # memory malloc reuses. One pass over T at once was slower on the CPU: each fresh 32 MB
 # temporary costs page faults, and every elementwise pass went out to DRAM.
-SEGMENT = 4096
+SEGMENT = 2048
 
 
 def _features(x, phi_name, cd, inplace):
@@ -196,41 +197,31 @@ def _single(q, k, v, decay, feature_map, normalize, eps, initial_state, output_f
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)) or (
         torch.is_grad_enabled() and initial_state is not None
         and any(t.requires_grad for t in initial_state))
-    direct = not grad and q.dtype == cd  # write each segment's output straight into o
-    sep = direct and normalize  # z carried apart from S (_blocks_norm)
-    V1 = V + 1 if normalize and not sep else V
-    if initial_state is None:
-        S = q.new_zeros((B, H, K, V1), dtype=cd)
-        z = q.new_zeros((B, H, K), dtype=cd)
-    else:
-        S0, z0 = initial_state
-        S = S0.to(cd)
-        z = z0.to(cd)
-        if normalize and not sep:
-            S = torch.cat([S, z.unsqueeze(-1)], dim=-1)
     log_g = None
     if decay is not None:
         d = decay.to(device=q.device, dtype=cd)
         log_g = None if bool((d == 1).all()) else torch.log(d)
     c = max(1, int(chunk_size))
     seg = max(c, (SEGMENT // c) * c)
-    o_all = q.new_empty((B, T, H, V)) if direct else None
+    if initial_state is None:
+        S = q.new_zeros((B, H, K, V), dtype=cd)
+        z = q.new_zeros((B, H, K), dtype=cd)
+    else:
+        S, z = initial_state[0].to(cd), initial_state[1].to(cd)
+    if not grad and q.dtype == cd:  # inference: the allocation-free path
+        o, S, z = _stream_nograd(q, k, v, log_g, feature_map, normalize, eps, S, z, c, seg,
+                                 output_final_state)
+        return o, ((S.float().contiguous(), z.float().contiguous()) if output_final_state else None)
+    # Autograd (or a dtype change): plain out-of-place ops, the normaliser as a ones column.
+    V1 = V + 1 if normalize else V
+    if normalize:
+        S = torch.cat([S, z.unsqueeze(-1)], dim=-1)
     outs = []
     for a in range(0, T, seg):
         b = min(T, a + seg)
         qf = _features(q[:, a:b], feature_map, cd, not grad)  # (B, H, Ts, K)
         kf = _features(k[:, a:b], feature_map, cd, not grad)
         Ts = b - a
-        if sep:
-            vf = v[:, a:b].transpose(1, 2).to(cd, memory_format=torch.contiguous_format, copy=True)
-            full = (Ts // c) * c
-            dst = o_all[:, a:b].transpose(1, 2)  # (B, H, Ts, V) view of the result
-            for lo, hi in ((0, full), (full, Ts)):
-                if hi > lo:  # the full blocks, then the ragged tail as one shorter block
-                    num, den, S, z = _blocks_norm(qf[:, :, lo:hi], kf[:, :, lo:hi], vf[:, :, lo:hi],
-                                                  S, z, log_g, c if hi == full else hi - lo)
-                    torch.mul(num, den.add_(eps).reciprocal_().unsqueeze_(-1), out=dst[:, :, lo:hi])
-            continue
         if normalize:
             vf = qf.new_empty((B, H, Ts, V1))  # v' = [v, 1], filled in place: no cat
             vf[..., :V].copy_(v[:, a:b].transpose(1, 2))
@@ -246,29 +237,19 @@ def _single(q, k, v, decay, feature_map, normalize, eps, initial_state, output_f
             o, S = _blocks(qf[:, :, full:], kf[:, :, full:], vf[:, :, full:], S, log_g, Ts - full)
             parts.append(o)
         o = torch.cat(parts, dim=2) if len(parts) > 1 else parts[0]  # (B, H, Ts, V1)
-        if normalize and direct:
-            # 1/den over (B, H, Ts, 1) is cheap; the full-size pass is then a multiply
-            torch.mul(o[..., :V], o[..., V:].add_(eps).reciprocal_(), out=o_all[:, a:b].transpose(1, 2))
-        elif direct:
-            o_all[:, a:b].copy_(o.transpose(1, 2))
-        else:
-            if normalize:
-                o = o[..., :V] / (o[..., V:] + eps)
-            outs.append(o.transpose(1, 2).to(q.dtype))  # (B, Ts, H, V)
+        if normalize:
+            o = o[..., :V] / (o[..., V:] + eps)
+        outs.append(o.transpose(1, 2).to(q.dtype))  # (B, Ts, H, V)
         if output_final_state and not normalize:
             # Without the normaliser z is not needed for o but is still part of the state.
             z = _decayed_sum(kf, z, log_g)
-    if direct:
-        o = o_all
-    elif outs:
+    if outs:
         o = torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]
     else:
         o = q.new_zeros((B, 0, H, V))
     final = None
     if output_final_state:
-        if sep:
-            final = (S.float().contiguous(), z.float().contiguous())
-        elif normalize:
+        if normalize:
             final = (S[..., :V].float().contiguous(), S[..., V].float().contiguous())
         else:
             final = (S.float().contiguous(), z.float())
@@ -322,3 +303,174 @@ def chunk_linear_attn_torch(
     o = torch.cat(outs, dim=1) if outs else q.new_zeros(v.shape)
     final = (torch.cat(Ss), torch.cat(zs)) if output_final_state and outs else None
     return o, final
+
+
+# ---------------------------------------------------------------------------------------------
+# Inference fast path (no autograd, input already in the compute dtype): the same block
+# algebra as _blocks_norm, but every per-segment temporary lives in one workspace allocated per
+# call and is written with out= / in-place ops, and every decay power, mask and prefix matrix
+# is built once per call instead of once per segment. On the development VM a first touch of
+# fresh memory costs ~0.5 ms per MB (page faults), which made the allocating form spend more
+# time faulting than multiplying.
+
+
+class _BlockConsts:
+    """Decay weights of the block algebra for n blocks of c positions, H heads and batch B:
+    built once per call."""
+
+    def __init__(self, log_g, B, H, n, c, dtype, device):
+        pos = torch.arange(c, device=device, dtype=dtype)
+        causal = pos[:, None] >= pos[None, :]  # (c, c)
+        self.decay = log_g is not None
+        if log_g is None:
+            self.mask = causal.to(dtype)  # (c, c)
+            return
+        lg = log_g.to(dtype)  # (H,)
+        # gamma^(i-j) for i >= j, formed directly (never as a ratio), so nothing overflows.
+        self.mask = (torch.exp((pos[:, None] - pos[None, :]).clamp(min=0) * lg.view(H, 1, 1))
+                     * causal).view(1, H, 1, c, c)
+        self.q_scale = torch.exp((pos + 1) * lg.view(H, 1)).view(1, H, 1, c, 1)  # gamma^(i+1)
+        self.k_scale = torch.exp((c - 1 - pos) * lg.view(H, 1)).view(1, H, 1, c, 1)  # gamma^(c-1-j)
+        self.g_block = torch.exp(c * lg)  # (H,)
+        # Prefix over the n blocks' contributions, two levels: groups of G blocks, then groups.
+        G = PREFIX_GROUP
+        self.two_level = n > G and n % G == 0
+        step = c * lg  # log decay per block
+        if not self.two_level:
+            self.lm = _strict_lower_powers(n, step).expand(B, H, n, n).reshape(B * H, n, n)
+            self.pw = torch.exp(torch.arange(n, device=device, dtype=dtype) * step.view(H, 1)).view(1, H, n, 1)
+            return
+        ng = n // G
+        i = torch.arange(G, device=device, dtype=dtype)
+        self.ng, self.G = ng, G
+        self.lm = _strict_lower_powers(G, step).view(1, H, 1, G, G).expand(B, H, ng, G, G).reshape(-1, G, G)
+        self.w = torch.exp((G - 1 - i) * step.view(H, 1)).view(1, H, 1, 1, G).expand(B, H, ng, 1, G).reshape(-1, 1, G)
+        self.lc = _strict_lower_powers(ng, G * step).expand(B, H, ng, ng).reshape(B * H, ng, ng)
+        j = torch.arange(ng, device=device, dtype=dtype)
+        self.pc = torch.exp(j * (G * step).view(H, 1)).view(1, H, ng, 1).expand(B, H, ng, 1).reshape(B * H, ng, 1)
+        self.pw = torch.exp(i * step.view(H, 1)).view(1, H, 1, G, 1)  # gamma_block^i inside a group
+
+    def prefix(self, d, s0, out):
+        """out[:, :, i] = state entering block i = g^i s0 + sum_{m<i} g^(i-1-m) d[:, :, m], for
+        d (B, H, n, X) contiguous, s0 (B, H, X); out like d. Returns the state after the last
+        block."""
+        B, H, n, X = d.shape
+        if not self.decay:  # gamma = 1: an exclusive cumulative sum
+            out[:, :, 0].copy_(s0)
+            if n > 1:
+                torch.cumsum(d[:, :, :-1], dim=2, out=out[:, :, 1:])
+                out[:, :, 1:].add_(s0.unsqueeze(2))
+            return out[:, :, -1] + d[:, :, -1]
+        if not self.two_level:
+            torch.bmm(self.lm, d.view(B * H, n, X), out=out.view(B * H, n, X))
+            out.addcmul_(self.pw, s0.unsqueeze(2))
+        else:
+            ng, G = self.ng, self.G
+            dg = d.view(-1, G, X)  # (B*H*ng, G, X)
+            torch.bmm(self.lm, dg, out=out.view(-1, G, X))  # each group's prefix from zero
+            totals = torch.bmm(self.w, dg).view(B * H, ng, X)  # each group's change from zero
+            carry = torch.bmm(self.lc, totals).addcmul_(self.pc, s0.reshape(B * H, 1, X))
+            out.view(B, H, ng, G, X).addcmul_(self.pw, carry.view(B, H, ng, 1, X))
+        return torch.addcmul(d[:, :, -1], out[:, :, -1], self.g_block.view(1, H, 1))
+
+
+def _strict_lower_powers(n, lg):
+    """(1, H, n, n) matrix of g^(i-1-m) for m < i, 0 elsewhere; lg (H,) = log g."""
+    i = torch.arange(n, device=lg.device, dtype=lg.dtype)
+    k = i[:, None] - 1 - i[None, :]
+    return (torch.exp(k.clamp(min=0) * lg.view(-1, 1, 1)) * (k >= 0)).unsqueeze(0)
+
+
+def _features_into(dst, src, phi_name, tmp):
+    """dst (contiguous) = phi(src) for a strided src view of the same shape; tmp is scratch
+    like dst."""
+    if phi_name == "elu1":
+        # elu(x) + 1 = exp(min(x, 0)) + max(x, 0): exp is vectorised, elu's expm1 is not.
+        torch.clamp_min(src, 0.0, out=tmp)
+        torch.clamp_max(src, 0.0, out=dst).exp_().add_(tmp)
+    elif phi_name == "relu":
+        torch.clamp_min(src, 0.0, out=dst)
+    else:
+        dst.copy_(src)
+
+
+def _stream_nograd(q, k, v, log_g, phi_name, normalize, eps, S, z, c, seg, need_z):
+    """o (B, T, H, V), S, z after T positions; S (B, H, K, V) and z (B, H, K) entering.
+
+    Same block algebra as _blocks / _blocks_norm; see those for the derivation."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    o = q.new_empty((B, T, H, V))
+    hugepages(o)
+    nmax = min(seg, T) // c  # most blocks in one segment
+    sizes = [c * K] * 3 + [c * V] * 2 + [K * V] * 2 + [c * c]
+    if log_g is not None:
+        sizes += [c * K] * 2
+    if normalize:
+        sizes += [c, K, K]
+    ws = workspace(B * H * nmax * sum(sizes), q)
+    bufs, off = [], 0
+    for size in sizes:  # one region per temporary, each viewed per segment at the blocks in use
+        bufs.append(ws[off:off + B * H * nmax * size])
+        off += B * H * nmax * size
+    qf, kf, tmp, vf, num, dS, starts, A = bufs[:8]
+    qin, kout = bufs[8:10] if log_g is not None else (qf, kf)
+    den, dz, zst = bufs[-3:] if normalize else (None, None, None)
+    BH = B * H
+    consts = {}
+    a = 0
+    while a < T:
+        Ts = min(seg, T - a)
+        n = Ts // c
+        full = n * c
+        if n:
+            cs = consts.get(n) or consts.setdefault(n, _BlockConsts(log_g, B, H, n, c, q.dtype, q.device))
+            m = BH * n
+            qb, kb = qf[:m * c * K].view(B, H, n, c, K), kf[:m * c * K].view(B, H, n, c, K)
+            t = tmp[:m * c * K].view(B, H, n, c, K)
+            vb = vf[:m * c * V].view(B, H, n, c, V)
+            _features_into(qb, q[:, a:a + full].transpose(1, 2).view(B, H, n, c, K), phi_name, t)
+            _features_into(kb, k[:, a:a + full].transpose(1, 2).view(B, H, n, c, K), phi_name, t)
+            vb.copy_(v[:, a:a + full].transpose(1, 2).view(B, H, n, c, V))
+            if cs.decay:
+                qi = torch.mul(qb, cs.q_scale, out=qin[:m * c * K].view(B, H, n, c, K))
+                ko = torch.mul(kb, cs.k_scale, out=kout[:m * c * K].view(B, H, n, c, K))
+            else:
+                qi, ko = qb, kb
+            dSv = torch.bmm(ko.view(m, c, K).transpose(1, 2), vb.view(m, c, V),
+                            out=dS[:m * K * V].view(m, K, V))
+            st = starts[:m * K * V].view(B, H, n, K * V)
+            S = cs.prefix(dSv.view(B, H, n, K * V), S.reshape(B, H, K * V), st).view(B, H, K, V)
+            Ab = torch.bmm(qb.view(m, c, K), kb.view(m, c, K).transpose(1, 2), out=A[:m * c * c].view(m, c, c))
+            Ab.view(B, H, n, c, c).mul_(cs.mask)
+            nb = torch.bmm(Ab, vb.view(m, c, V), out=num[:m * c * V].view(m, c, V))
+            nb.baddbmm_(qi.view(m, c, K), st.view(m, K, V))
+            dst = o[:, a:a + full].transpose(1, 2).view(B, H, n, c, V)
+            if normalize:
+                dzv = torch.sum(ko, dim=3, out=dz[:m * K].view(B, H, n, K))
+                zs = zst[:m * K].view(B, H, n, K)
+                z = cs.prefix(dzv, z, zs)
+                # q.z per position: the masked scores' row sums plus q_in . z entering the block
+                db = torch.sum(Ab, dim=-1, out=den[:m * c].view(m, c)).view(B, H, n, c)
+                torch.mul(qi, zs.unsqueeze(3), out=t)
+                db.add_(t.sum(dim=-1)).add_(eps).reciprocal_()
+                torch.mul(nb.view(B, H, n, c, V), db.unsqueeze(-1), out=dst)
+            else:
+                dst.copy_(nb.view(B, H, n, c, V))
+                if need_z:
+                    z = _decayed_sum(kb.view(B, H, full, K), z, log_g)
+        if Ts > full:  # the ragged tail of the last segment, as one shorter block
+            qt = _features(q[:, a + full:a + Ts], phi_name, q.dtype, True)
+            kt = _features(k[:, a + full:a + Ts], phi_name, q.dtype, True)
+            vt = v[:, a + full:a + Ts].transpose(1, 2).contiguous()
+            dst = o[:, a + full:a + Ts].transpose(1, 2)
+            if normalize:
+                nt, dt, S, z = _blocks_norm(qt, kt, vt, S, z, log_g, Ts - full)
+                torch.mul(nt, dt.add_(eps).reciprocal_().unsqueeze_(-1), out=dst)
+            else:
+                ot, S = _blocks(qt, kt, vt, S, log_g, Ts - full)
+                dst.copy_(ot)
+                if need_z:
+                    z = _decayed_sum(kt, z, log_g)
+        a += Ts
+    return o, S, z
