@@ -10,6 +10,8 @@ numerator and denominator come from the same matmuls.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from .naive import feature_map_fn
@@ -315,10 +317,10 @@ def chunk_linear_attn_torch(
 
 
 class _BlockConsts:
-    """Decay weights of the block algebra for n blocks of c positions, H heads and batch B:
-    built once per call."""
+    """Decay weights of the block algebra for n blocks of c positions and H heads (any batch):
+    read-only, shared by every call with the same decays and shapes."""
 
-    def __init__(self, log_g, B, H, n, c, dtype, device):
+    def __init__(self, log_g, H, n, c, dtype, device):
         pos = torch.arange(c, device=device, dtype=dtype)
         causal = pos[:, None] >= pos[None, :]  # (c, c)
         self.decay = log_g is not None
@@ -331,29 +333,29 @@ class _BlockConsts:
                      * causal).view(1, H, 1, c, c)
         self.q_scale = torch.exp((pos + 1) * lg.view(H, 1)).view(1, H, 1, c, 1)  # gamma^(i+1)
         self.k_scale = torch.exp((c - 1 - pos) * lg.view(H, 1)).view(1, H, 1, c, 1)  # gamma^(c-1-j)
-        self.g_block = torch.exp(c * lg)  # (H,)
+        self.g_block = torch.exp(c * lg).view(1, H, 1)
         # Prefix over the n blocks' contributions, two levels: groups of G blocks, then groups.
         G = PREFIX_GROUP
         self.two_level = n > G and n % G == 0
         step = c * lg  # log decay per block
         if not self.two_level:
-            self.lm = _strict_lower_powers(n, step).expand(B, H, n, n).reshape(B * H, n, n)
+            self.lm = _strict_lower_powers(n, step)  # (1, H, n, n)
             self.pw = torch.exp(torch.arange(n, device=device, dtype=dtype) * step.view(H, 1)).view(1, H, n, 1)
             return
         ng = n // G
         i = torch.arange(G, device=device, dtype=dtype)
-        self.ng, self.G = ng, G
-        self.lm = _strict_lower_powers(G, step).view(1, H, 1, G, G).expand(B, H, ng, G, G).reshape(-1, G, G)
-        self.w = torch.exp((G - 1 - i) * step.view(H, 1)).view(1, H, 1, 1, G).expand(B, H, ng, 1, G).reshape(-1, 1, G)
-        self.lc = _strict_lower_powers(ng, G * step).expand(B, H, ng, ng).reshape(B * H, ng, ng)
         j = torch.arange(ng, device=device, dtype=dtype)
-        self.pc = torch.exp(j * (G * step).view(H, 1)).view(1, H, ng, 1).expand(B, H, ng, 1).reshape(B * H, ng, 1)
+        self.ng, self.G = ng, G
+        self.lm_group = _strict_lower_powers(G, step).view(1, H, 1, G, G)
+        self.w = torch.exp((G - 1 - i) * step.view(H, 1)).view(1, H, 1, 1, G)  # to the group's end
+        self.lc = _strict_lower_powers(ng, G * step)  # (1, H, ng, ng), over groups
+        self.pc = torch.exp(j * (G * step).view(H, 1)).view(1, H, ng, 1)
         self.pw = torch.exp(i * step.view(H, 1)).view(1, H, 1, G, 1)  # gamma_block^i inside a group
 
     def prefix(self, d, s0, out):
         """out[:, :, i] = state entering block i = g^i s0 + sum_{m<i} g^(i-1-m) d[:, :, m], for
         d (B, H, n, X) contiguous, s0 (B, H, X); out like d. Returns the state after the last
-        block."""
+        block. The per-head matrices are expanded over the batch per call (a view when B = 1)."""
         B, H, n, X = d.shape
         if not self.decay:  # gamma = 1: an exclusive cumulative sum
             out[:, :, 0].copy_(s0)
@@ -362,16 +364,28 @@ class _BlockConsts:
                 out[:, :, 1:].add_(s0.unsqueeze(2))
             return out[:, :, -1] + d[:, :, -1]
         if not self.two_level:
-            torch.bmm(self.lm, d.view(B * H, n, X), out=out.view(B * H, n, X))
+            lm = self.lm.expand(B, H, n, n).reshape(B * H, n, n)
+            torch.bmm(lm, d.view(B * H, n, X), out=out.view(B * H, n, X))
             out.addcmul_(self.pw, s0.unsqueeze(2))
         else:
             ng, G = self.ng, self.G
             dg = d.view(-1, G, X)  # (B*H*ng, G, X)
-            torch.bmm(self.lm, dg, out=out.view(-1, G, X))  # each group's prefix from zero
-            totals = torch.bmm(self.w, dg).view(B * H, ng, X)  # each group's change from zero
-            carry = torch.bmm(self.lc, totals).addcmul_(self.pc, s0.reshape(B * H, 1, X))
-            out.view(B, H, ng, G, X).addcmul_(self.pw, carry.view(B, H, ng, 1, X))
-        return torch.addcmul(d[:, :, -1], out[:, :, -1], self.g_block.view(1, H, 1))
+            lm = self.lm_group.expand(B, H, ng, G, G).reshape(-1, G, G)
+            torch.bmm(lm, dg, out=out.view(-1, G, X))  # each group's prefix from zero
+            w = self.w.expand(B, H, ng, 1, G).reshape(-1, 1, G)
+            totals = torch.bmm(w, dg).view(B, H, ng, X)  # each group's change from zero
+            carry = torch.matmul(self.lc, totals).addcmul_(self.pc, s0.unsqueeze(2))  # (B, H, ng, X)
+            out.view(B, H, ng, G, X).addcmul_(self.pw, carry.unsqueeze(3))
+        return torch.addcmul(d[:, :, -1], out[:, :, -1], self.g_block)
+
+
+@functools.lru_cache(maxsize=32)
+def _block_consts(lg_key, H, n, c, dtype, device):
+    """_BlockConsts by value of the log decays (a tuple): the model makes the same few calls
+    block after block, and building them costs ~0.4 ms."""
+    with torch.inference_mode(False), torch.no_grad():  # usable in and out of inference mode
+        log_g = None if lg_key is None else torch.tensor(lg_key, dtype=torch.float64, device=device)
+        return _BlockConsts(log_g, H, n, c, dtype, device)
 
 
 def _strict_lower_powers(n, lg):
@@ -417,14 +431,14 @@ def _stream_nograd(q, k, v, log_g, phi_name, normalize, eps, S, z, c, seg, need_
     qin, kout = bufs[8:10] if log_g is not None else (qf, kf)
     den, dz, zst = bufs[-3:] if normalize else (None, None, None)
     BH = B * H
-    consts = {}
+    lg_key = None if log_g is None else tuple(log_g.tolist())
     a = 0
     while a < T:
         Ts = min(seg, T - a)
         n = Ts // c
         full = n * c
         if n:
-            cs = consts.get(n) or consts.setdefault(n, _BlockConsts(log_g, B, H, n, c, q.dtype, q.device))
+            cs = _block_consts(lg_key, H, n, c, q.dtype, q.device)
             m = BH * n
             qb, kb = qf[:m * c * K].view(B, H, n, c, K), kf[:m * c * K].view(B, H, n, c, K)
             t = tmp[:m * c * K].view(B, H, n, c, K)
