@@ -168,6 +168,7 @@ def _prefix(d: torch.Tensor, s0: torch.Tensor, lg: torch.Tensor | None) -> torch
 # memory malloc reuses. One pass over T at once was slower on the CPU: each fresh 32 MB
 # temporary costs page faults, and every elementwise pass went out to DRAM.
 SEGMENT = 2048
+_LOG2E = 1.4426950408889634  # log2(e)
 
 
 def _features(x, phi_name, cd, inplace):
@@ -177,11 +178,9 @@ def _features(x, phi_name, cd, inplace):
         return _phi(phi_name)(x.to(cd)).transpose(1, 2)
     y = x.transpose(1, 2).to(cd, memory_format=torch.contiguous_format, copy=True)  # (B, H, T, K)
     if phi_name == "elu1":
-        # elu(y) + 1 = exp(min(y, 0)) + max(y, 0): exp is vectorised, elu's expm1 is not
-        # (measured 0.9 vs 1.5 ms per (4, 4096, 32) block at 1 thread); same value to fp32
-        # round-off (the exp form is the more accurate one for y << 0).
+        # elu(y) + 1 = 2^(min(y, 0) log2 e) + max(y, 0), as in _features_into
         r = y.relu()
-        y.clamp_max_(0.0).exp_().add_(r)
+        y.mul_(_LOG2E).clamp_max_(0.0).exp2_().add_(r)
     elif phi_name == "relu":
         y.relu_()
     else:
@@ -399,9 +398,11 @@ def _features_into(dst, src, phi_name, tmp):
     """dst (contiguous) = phi(src) for a strided src view of the same shape; tmp is scratch
     like dst."""
     if phi_name == "elu1":
-        # elu(x) + 1 = exp(min(x, 0)) + max(x, 0): exp is vectorised, elu's expm1 is not.
+        # elu(x) + 1 = 2^(min(x, 0) log2 e) + max(x, 0): torch's vectorised exp2 is about twice
+        # as fast as its exp here (0.14 vs 0.26 ms per 262k floats, 1 thread), and elu's expm1
+        # is slower still; the result differs from exp's by float round-off.
         torch.clamp_min(src, 0.0, out=tmp)
-        torch.clamp_max(src, 0.0, out=dst).exp_().add_(tmp)
+        torch.mul(src, _LOG2E, out=dst).clamp_max_(0.0).exp2_().add_(tmp)
     elif phi_name == "relu":
         torch.clamp_min(src, 0.0, out=dst)
     else:
