@@ -281,6 +281,12 @@ class RMSNorm(nn.Module):
             return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
 
+    def into(self, out, x):
+        """forward(x) written into out (no autograd): for the inference path's reused buffers."""
+        ms = torch.linalg.vector_norm(x, dim=-1, keepdim=True)  # (..., 1)
+        ms.mul_(x.shape[-1] ** -0.5).pow_(2).add_(self.eps).rsqrt_()
+        return torch.mul(x, ms, out=out).mul_(self.weight)
+
 
 class CausalConv(nn.Module):
     """Depthwise causal convolution of width W; its window is part of the carried state."""
@@ -319,8 +325,6 @@ class Attention(nn.Module):
 
     def forward(self, a, S, z, window, residual=None):  # a (B, T, D); S (B, H, K, K); z (B, H, K); window (B, W-1, D)
         """o_proj(attention), or residual + that when residual (B, T, D) is given."""
-        from linpipe.kernels import chunk_linear_attn
-
         B, T, D = a.shape
         H, K = self.n_heads, self.head_dim
         if self.conv is not None:
@@ -330,18 +334,22 @@ class Attention(nn.Module):
         # transpose into (B, H, T, K) read contiguous K-runs (measured faster on the CPU than a
         # position-last projection once the kernel streams in cache-sized segments).
         w = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])  # (3D, D)
-        if torch.is_grad_enabled() or a.device.type != "cpu":
-            qkv = torch.matmul(a, w.t())
-        else:  # a per-thread buffer (see MLP.forward); the kernel only reads it
-            qkv = torch.mm(a.reshape(B * T, D), w.t(), out=workspace(B * T * 3 * D, a, "qkv").view(B * T, 3 * D))
-        qkv = qkv.view(B, T, 3, H, K)
+        qkv = torch.matmul(a, w.t()).view(B, T, 3, H, K)
+        o, S, z = self.attend(qkv, S, z)
+        if residual is None:
+            return self.o_proj(o.reshape(B, T, D)), S, z, window
+        return _add_linear(residual, o.reshape(B, T, D), self.o_proj.weight), S, z, window
+
+
+    def attend(self, qkv, S, z):
+        """The linear attention over (B, T, 3, H, K) projections -> o (B, T, H, K), S, z."""
+        from linpipe.kernels import chunk_linear_attn
+
         decay = None if bool((self.decay == 1).all()) else self.decay
         o, (S, z) = chunk_linear_attn(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], decay=decay,
                                       feature_map=self.feature_map, normalize=self.normalize,
                                       eps=self.eps, initial_state=(S, z), output_final_state=True)
-        if residual is None:
-            return self.o_proj(o.reshape(B, T, D)), S, z, window
-        return _add_linear(residual, o.reshape(B, T, D), self.o_proj.weight), S, z, window
+        return o, S, z
 
 
 class MLP(nn.Module):
@@ -352,17 +360,7 @@ class MLP(nn.Module):
 
     def forward(self, m, residual=None):
         """fc2(gelu(fc1(m))), or residual + that when residual (B, T, D) is given."""
-        if torch.is_grad_enabled() or m.device.type != "cpu":
-            g = F.gelu(self.fc1(m))  # exact (erf) GELU
-        else:
-            # Inference on the CPU: the (B*T, M) hidden layer, the largest temporary of the
-            # network, goes into a per-thread buffer reused block after block and GELU runs in
-            # place; a fresh 4 MB block per call cost ~6% of the whole forward in page faults.
-            B, T, D = m.shape
-            M = self.fc1.weight.shape[0]
-            g = workspace(B * T * M, m, "mlp").view(B * T, M)
-            torch.mm(m.reshape(B * T, D), self.fc1.weight.t(), out=g)
-            g = torch.ops.aten.gelu_(g).view(B, T, M)
+        g = F.gelu(self.fc1(m))  # exact (erf) GELU
         if residual is None:
             return self.fc2(g)
         return _add_linear(residual, g, self.fc2.weight)
@@ -385,8 +383,45 @@ class Block(nn.Module):
         self.mlp = MLP(c)
 
     def forward(self, h, S, z, window):
+        if not torch.is_grad_enabled() and h.device.type == "cpu":
+            return self._infer(h, S, z, window)
         h, S, z, window = self.attn(self.attn_norm(h), S, z, window, residual=h)  # h + attention
         h = self.mlp(self.mlp_norm(h), residual=h)  # h + MLP
+        return h, S, z, window
+
+    def _infer(self, h, S, z, window):
+        """forward for CPU inference: the same arithmetic, with the residual stream h (B, T, D)
+        updated in place (the caller owns it) and every temporary in a per-thread buffer reused
+        block after block (workspace). Fresh 1-4 MB activations per block made the
+        normalisations, the convolution and the residual adds cost several times their
+        arithmetic; this path measured 4-10% faster over the whole forward (1 thread)."""
+        B, T, D = h.shape
+        attn, conv = self.attn, self.attn.conv
+        W = 1 if conv is None else conv.weight.shape[1]
+        # The convolution's input: the carried window, then the normalised block, in one buffer.
+        ext = workspace(B * (T + W - 1) * D, h, "conv_in").view(B, T + W - 1, D)
+        ext[:, :W - 1].copy_(window)
+        a = self.attn_norm.into(ext[:, W - 1:], h)  # (B, T, D)
+        if conv is not None:
+            cw = conv.weight  # (D, W)
+            c = torch.mul(a, cw[:, W - 1], out=workspace(B * T * D, h, "conv_out").view(B, T, D))
+            for j in range(W - 1):
+                c.addcmul_(ext[:, j:j + T], cw[:, j])
+            window = ext[:, T:].clone()  # the buffer is reused: the new window is copied out
+        else:
+            c = a
+        w = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])  # (3D, D)
+        qkv = workspace(B * T * 3 * D, h, "qkv").view(B * T, 3 * D)
+        torch.mm(c.reshape(B * T, D), w.t(), out=qkv)
+        o, S, z = attn.attend(qkv.view(B, T, 3, attn.n_heads, attn.head_dim), S, z)
+        hf = h.view(B * T, D)
+        hf.addmm_(o.reshape(B * T, D), attn.o_proj.weight.t())  # h += o_proj(o)
+        m = self.mlp_norm.into(workspace(B * T * D, h, "mlp_in").view(B, T, D), h)
+        fc1, fc2 = self.mlp.fc1.weight, self.mlp.fc2.weight
+        g = workspace(B * T * fc1.shape[0], h, "mlp").view(B * T, fc1.shape[0])
+        torch.mm(m.view(B * T, D), fc1.t(), out=g)
+        torch.ops.aten.gelu_(g)  # exact (erf) GELU, in place
+        hf.addmm_(g, fc2.t())  # h += fc2(gelu(fc1(m)))
         return h, S, z, window
 
 
@@ -440,6 +475,8 @@ class LinpipeNet(nn.Module):
 
     # -- forward --------------------------------------------------------------------------
     def _run(self, h, state: ModelState):
+        if not torch.is_grad_enabled():
+            h = h.clone()  # CPU inference updates the residual stream in place (Block._infer)
         Ss, zs, ws = [], [], []
         for i, layer in enumerate(self.layers):
             h, S, z, w = layer(h, state.S[:, i], state.z[:, i], state.conv[:, i])

@@ -3,6 +3,7 @@ import json
 import math
 
 import numpy as np
+import torch
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -274,3 +275,21 @@ def test_default_model_loads_and_runs(genomes):
     out, state = model.forward(x, model.init_state())
     assert out["hidden"].shape == (1000, model.config.d_model)
     assert np.isfinite(out["logprob"]).all()
+
+
+def test_inference_leaves_weights_and_inputs_untouched(tmp_path, genomes):
+    """CPU inference updates the residual stream in place: it must never reach the weights
+    (initial_state starts from a view of embed.weight) or a caller's state."""
+    model = _dna_model(tmp_path)
+    before = {k: v.clone() for k, v in model.net.state_dict().items()}
+    state = model.init_state()
+    kept = state.to_arrays()
+    x = _genome_slice(genomes, 300000, 300)
+    a, _ = model.forward(x, state)
+    b, _ = model.forward(x, model.init_state())
+    for k, v in model.net.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    for k, v in state.to_arrays().items():
+        assert np.array_equal(v, kept[k]), k
+    for k in a:
+        assert np.array_equal(a[k], b[k], equal_nan=True), k
