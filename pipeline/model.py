@@ -42,6 +42,10 @@ SHIPPED_MODELS = Path(__file__).resolve().parent / "models"
 # keeps the temporaries (e.g. the (T, M) MLP hidden) small enough to stay in cache: 16,384 was
 # measured ~25% slower than 2,048 at 1 thread on the CPU.
 FORWARD_BLOCK = 2048
+# Most positions (batch x length) per block call that CPU inference runs in reused buffers
+# (Block._infer); bigger calls (many short records batched) take the allocating path, so that
+# their temporaries are freed, not kept.
+INFER_BUFFERED = 4 * FORWARD_BLOCK
 
 
 # --------------------------------------------------------------------------------------------
@@ -383,7 +387,7 @@ class Block(nn.Module):
         self.mlp = MLP(c)
 
     def forward(self, h, S, z, window):
-        if not torch.is_grad_enabled() and h.device.type == "cpu":
+        if not torch.is_grad_enabled() and h.device.type == "cpu" and h.shape[0] * h.shape[1] <= INFER_BUFFERED:
             return self._infer(h, S, z, window)
         h, S, z, window = self.attn(self.attn_norm(h), S, z, window, residual=h)  # h + attention
         h = self.mlp(self.mlp_norm(h), residual=h)  # h + MLP

@@ -165,3 +165,14 @@ def test_hugepage_hint_keeps_contents():
         t = torch.arange(n, dtype=torch.float32)
         hugepages(t[1:])
         assert torch.equal(t, torch.arange(n, dtype=torch.float32))
+
+
+def test_scratch_keeps_only_small_buffers():
+    from linpipe.kernels.linear_attn import scratch
+
+    like = torch.empty(0)
+    small = scratch.workspace(1000, like, "test")
+    assert scratch.workspace(500, like, "test").data_ptr() == small.data_ptr()  # reused
+    n = scratch.RETAIN_MAX_BYTES // 4 + 1
+    a, b = scratch.workspace(n, like, "test_big"), scratch.workspace(n, like, "test_big")
+    assert a.numel() == n and a.data_ptr() != b.data_ptr()  # fresh each time: not kept

@@ -293,3 +293,17 @@ def test_inference_leaves_weights_and_inputs_untouched(tmp_path, genomes):
         assert np.array_equal(v, kept[k]), k
     for k in a:
         assert np.array_equal(a[k], b[k], equal_nan=True), k
+
+
+def test_big_batched_calls_match_the_buffered_path(tmp_path, genomes):
+    """forward_records batches many positions per call, beyond what CPU inference keeps in
+    reused buffers (INFER_BUFFERED): that allocating path gives the streamed outputs."""
+    from linpipe import model as model_mod
+
+    model = _dna_model(tmp_path)
+    n = model_mod.INFER_BUFFERED // 2 + 100
+    xs = [_genome_slice(genomes, 400000 + 7 * n * i, n) for i in range(3)]  # 3 x n > INFER_BUFFERED
+    batched = model.forward_records(xs)
+    for x, got in zip(xs, batched):
+        want, _ = model.forward(x, model.init_state())
+        _assert_outputs_close(got, want, 1e-5)

@@ -16,6 +16,9 @@ import threading
 import torch
 
 _local = threading.local()
+# Largest buffer kept for reuse. Streaming one record (the hot path) needs ~10 MB per slot;
+# larger requests, such as many short records batched together, get a fresh tensor each time.
+RETAIN_MAX_BYTES = 64 << 20
 _HUGE = 2 << 20  # bytes in a transparent huge page on x86-64 and arm64
 _MADV_HUGEPAGE = 14
 _madvise = None
@@ -25,8 +28,8 @@ def workspace(numel: int, like: torch.Tensor, slot: str = "linear_attn") -> torc
     """A flat scratch tensor of at least `numel` elements with like's dtype and device, owned by
     the calling thread and reused by its next request for the same slot: the caller must be
     done with it before it asks for that slot again."""
-    if like.device.type != "cpu":
-        return like.new_empty(numel)
+    if like.device.type != "cpu" or numel * like.element_size() > RETAIN_MAX_BYTES:
+        return like.new_empty(numel)  # not kept: a big batch must not pin its memory
     bufs = getattr(_local, "bufs", None)
     if bufs is None:
         bufs = _local.bufs = {}
