@@ -4,9 +4,12 @@ Same contract as naive.py. The sequence is cut into blocks of `chunk_size` posit
 block the output is a masked (decayed) matmul, and the state entering each block comes from a
 prefix over the blocks' summed contributions. All the work is batched matmuls over every block
 at once; there is no Python loop over positions or blocks (the prefix is grouped matmuls too).
+The sequence streams through this in segments of SEGMENT positions, carrying the state.
 
-The normaliser rides along as an extra value column: v' = [v, 1] makes S' = [S, z], so
-numerator and denominator come from the same matmuls.
+Two paths, one algebra: inference (_stream_nograd) carries z apart from S and works in reused
+scratch memory; autograd (training) uses plain out-of-place ops, with the normaliser riding
+along as an extra value column (v' = [v, 1] makes S' = [S, z], so numerator and denominator
+come from the same matmuls).
 """
 from __future__ import annotations
 
@@ -309,11 +312,12 @@ def chunk_linear_attn_torch(
 
 # ---------------------------------------------------------------------------------------------
 # Inference fast path (no autograd, input already in the compute dtype): the same block
-# algebra as _blocks_norm, but every per-segment temporary lives in one workspace allocated per
-# call and is written with out= / in-place ops, and every decay power, mask and prefix matrix
-# is built once per call instead of once per segment. On the development VM a first touch of
-# fresh memory costs ~0.5 ms per MB (page faults), which made the allocating form spend more
-# time faulting than multiplying.
+# algebra as _blocks_norm, but every per-segment temporary is a view of one per-thread scratch
+# buffer reused from call to call (scratch.workspace), written with out= / in-place ops, and
+# the decay powers, masks and prefix matrices are cached by decay value (_block_consts)
+# instead of being rebuilt for every segment. On the development VM a first touch of fresh
+# memory costs ~0.5 ms per MB (page faults), which made the allocating form spend more time
+# faulting than multiplying.
 
 
 class _BlockConsts:
