@@ -344,7 +344,6 @@ class Attention(nn.Module):
             return self.o_proj(o.reshape(B, T, D)), S, z, window
         return _add_linear(residual, o.reshape(B, T, D), self.o_proj.weight), S, z, window
 
-
     def attend(self, qkv, S, z):
         """The linear attention over (B, T, 3, H, K) projections -> o (B, T, H, K), S, z."""
         from linpipe.kernels import chunk_linear_attn
@@ -387,7 +386,8 @@ class Block(nn.Module):
         self.mlp = MLP(c)
 
     def forward(self, h, S, z, window):
-        if not torch.is_grad_enabled() and h.device.type == "cpu" and h.shape[0] * h.shape[1] <= INFER_BUFFERED:
+        buffered = h.device.type == "cpu" and h.shape[0] * h.shape[1] <= INFER_BUFFERED
+        if buffered and not torch.is_grad_enabled():
             return self._infer(h, S, z, window)
         h, S, z, window = self.attn(self.attn_norm(h), S, z, window, residual=h)  # h + attention
         h = self.mlp(self.mlp_norm(h), residual=h)  # h + MLP
@@ -480,7 +480,8 @@ class LinpipeNet(nn.Module):
     # -- forward --------------------------------------------------------------------------
     def _run(self, h, state: ModelState):
         if not torch.is_grad_enabled():
-            h = h.clone()  # CPU inference updates the residual stream in place (Block._infer)
+            # CPU inference updates the residual stream in place (Block._infer)
+            h = h.clone(memory_format=torch.contiguous_format)
         Ss, zs, ws = [], [], []
         for i, layer in enumerate(self.layers):
             h, S, z, w = layer(h, state.S[:, i], state.z[:, i], state.conv[:, i])

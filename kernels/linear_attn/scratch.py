@@ -44,11 +44,6 @@ def workspace(numel: int, like: torch.Tensor, slot: str = "linear_attn") -> torc
     return buf[:numel]
 
 
-def release_workspace() -> None:
-    """Free this thread's scratch buffers (they are otherwise kept for the next call)."""
-    _local.bufs = {}
-
-
 def hugepages(t: torch.Tensor) -> None:
     """Ask Linux to back the 2 MB-aligned interior of t's memory with transparent huge pages.
     A hint only: a no-op off Linux, on small or non-CPU tensors, and wherever madvise refuses."""
