@@ -441,40 +441,47 @@ def _stream_nograd(q, k, v, log_g, phi_name, normalize, eps, S, z, c, seg, need_
     den, dz, zst = bufs[-3:] if normalize else (None, None, None)
     BH = B * H
     lg_key = None if log_g is None else tuple(log_g.tolist())
+
+    @functools.lru_cache(maxsize=2)  # every segment but the last has the same block count
+    def views(n):
+        m = BH * n
+        blocks = lambda buf, w: buf[:m * c * w].view(B, H, n, c, w)  # noqa: E731
+        return (_block_consts(lg_key, H, n, c, q.dtype, q.device), m,
+                blocks(qf, K), blocks(kf, K), blocks(tmp, K), blocks(vf, V),
+                blocks(qin, K), blocks(kout, K), dS[:m * K * V].view(m, K, V),
+                starts[:m * K * V].view(B, H, n, K * V), A[:m * c * c].view(m, c, c),
+                num[:m * c * V].view(m, c, V),
+                None if den is None else den[:m * c].view(m, c),
+                None if dz is None else dz[:m * K].view(B, H, n, K),
+                None if zst is None else zst[:m * K].view(B, H, n, K))
+
     a = 0
     while a < T:
         Ts = min(seg, T - a)
         n = Ts // c
         full = n * c
         if n:
-            cs = _block_consts(lg_key, H, n, c, q.dtype, q.device)
-            m = BH * n
-            qb, kb = qf[:m * c * K].view(B, H, n, c, K), kf[:m * c * K].view(B, H, n, c, K)
-            t = tmp[:m * c * K].view(B, H, n, c, K)
-            vb = vf[:m * c * V].view(B, H, n, c, V)
+            cs, m, qb, kb, t, vb, qin_n, kout_n, dS_n, st, A_n, num_n, den_n, dz_n, zs = views(n)
             _features_into(qb, q[:, a:a + full].transpose(1, 2).view(B, H, n, c, K), phi_name, t)
             _features_into(kb, k[:, a:a + full].transpose(1, 2).view(B, H, n, c, K), phi_name, t)
             vb.copy_(v[:, a:a + full].transpose(1, 2).view(B, H, n, c, V))
             if cs.decay:
-                qi = torch.mul(qb, cs.q_scale, out=qin[:m * c * K].view(B, H, n, c, K))
-                ko = torch.mul(kb, cs.k_scale, out=kout[:m * c * K].view(B, H, n, c, K))
+                qi = torch.mul(qb, cs.q_scale, out=qin_n)
+                ko = torch.mul(kb, cs.k_scale, out=kout_n)
             else:
                 qi, ko = qb, kb
-            dSv = torch.bmm(ko.view(m, c, K).transpose(1, 2), vb.view(m, c, V),
-                            out=dS[:m * K * V].view(m, K, V))
-            st = starts[:m * K * V].view(B, H, n, K * V)
+            dSv = torch.bmm(ko.view(m, c, K).transpose(1, 2), vb.view(m, c, V), out=dS_n)
             S = cs.prefix(dSv.view(B, H, n, K * V), S.reshape(B, H, K * V), st).view(B, H, K, V)
-            Ab = torch.bmm(qb.view(m, c, K), kb.view(m, c, K).transpose(1, 2), out=A[:m * c * c].view(m, c, c))
+            Ab = torch.bmm(qb.view(m, c, K), kb.view(m, c, K).transpose(1, 2), out=A_n)
             Ab.view(B, H, n, c, c).mul_(cs.mask)
-            nb = torch.bmm(Ab, vb.view(m, c, V), out=num[:m * c * V].view(m, c, V))
+            nb = torch.bmm(Ab, vb.view(m, c, V), out=num_n)
             nb.baddbmm_(qi.view(m, c, K), st.view(m, K, V))
             dst = o[:, a:a + full].transpose(1, 2).view(B, H, n, c, V)
             if normalize:
-                dzv = torch.sum(ko, dim=3, out=dz[:m * K].view(B, H, n, K))
-                zs = zst[:m * K].view(B, H, n, K)
+                dzv = torch.sum(ko, dim=3, out=dz_n)
                 z = cs.prefix(dzv, z, zs)
                 # q.z per position: the masked scores' row sums plus q_in . z entering the block
-                db = torch.sum(Ab, dim=-1, out=den[:m * c].view(m, c)).view(B, H, n, c)
+                db = torch.sum(Ab, dim=-1, out=den_n).view(B, H, n, c)
                 torch.mul(qi, zs.unsqueeze(3), out=t)
                 db.add_(t.sum(dim=-1)).add_(eps).reciprocal_()
                 torch.mul(nb.view(B, H, n, c, V), db.unsqueeze(-1), out=dst)
