@@ -75,48 +75,6 @@ def _blocks(
     return o.reshape(B, H, T, V1), final
 
 
-def _blocks_norm(
-    qf: torch.Tensor,  # (B, H, T, K) feature-mapped
-    kf: torch.Tensor,  # (B, H, T, K)
-    vf: torch.Tensor,  # (B, H, T, V)
-    S: torch.Tensor,  # (B, H, K, V) state entering
-    z: torch.Tensor,  # (B, H, K) normaliser state entering
-    log_g: torch.Tensor | None,  # (H,) log decay, or None for gamma = 1
-    c: int,  # block length; T % c == 0
-):
-    """_blocks for the normalised inference path with z carried apart from S: every matmul is
-    V wide (32, aligned) instead of V + 1 (measured ~1.4x faster per batched matmul at K = 32),
-    and the denominator comes from row sums. Not for autograd (in-place updates).
-
-    Returns numerator (B, H, T, V), denominator (B, H, T), S and z after the last block."""
-    B, H, T, K = qf.shape
-    V = vf.shape[-1]
-    n = T // c
-    qb = qf.reshape(B, H, n, c, K)
-    kb = kf.reshape(B, H, n, c, K)
-    vb = vf.reshape(B, H, n, c, V)
-    mask, q_in, k_out = _block_weights(qb, kb, log_g, c)
-    lgc = None if log_g is None else c * log_g.to(qf.dtype)
-    g_block = None if lgc is None else torch.exp(lgc)  # (H,)
-    dS = k_out.transpose(-1, -2) @ vb  # (B, H, n, K, V)
-    dz = k_out.sum(dim=-2)  # (B, H, n, K)
-    starts = _prefix(dS.reshape(B, H, n, K * V), S.reshape(B, H, K * V), lgc).reshape(B, H, n, K, V)
-    zstarts = _prefix(dz, z, lgc)  # (B, H, n, K)
-    if g_block is None:
-        S_fin = starts[:, :, -1] + dS[:, :, -1]
-        z_fin = zstarts[:, :, -1] + dz[:, :, -1]
-    else:
-        S_fin = torch.addcmul(dS[:, :, -1], starts[:, :, -1], g_block.view(1, H, 1, 1))
-        z_fin = torch.addcmul(dz[:, :, -1], zstarts[:, :, -1], g_block.view(1, H, 1))
-    A = (qb @ kb.transpose(-1, -2)).mul_(mask)  # (B, H, n, c, c)
-    num = A @ vb
-    num = num.view(-1, c, V).baddbmm_(q_in.reshape(-1, c, K), starts.reshape(-1, K, V))
-    den = A.sum(dim=-1)  # (B, H, n, c)
-    den.unsqueeze_(-1)
-    den = den.view(-1, c, 1).baddbmm_(q_in.reshape(-1, c, K), zstarts.reshape(-1, K, 1))
-    return num.view(B, H, T, V), den.view(B, H, T), S_fin, z_fin
-
-
 PREFIX_GROUP = 16
 
 
@@ -312,7 +270,7 @@ def chunk_linear_attn_torch(
 
 # ---------------------------------------------------------------------------------------------
 # Inference fast path (no autograd, input already in the compute dtype): the same block
-# algebra as _blocks_norm, but every per-segment temporary is a view of one per-thread scratch
+# algebra as _blocks (z carried apart from S, so every matmul is V wide, not V + 1), but every per-segment temporary is a view of one per-thread scratch
 # buffer reused from call to call (scratch.workspace), written with out= / in-place ops, and
 # the decay powers, masks and prefix matrices are cached by decay value (_block_consts)
 # instead of being rebuilt for every segment. On the development VM a first touch of fresh
@@ -420,87 +378,77 @@ def _features_into(dst, src, phi_name, tmp):
 def _stream_nograd(q, k, v, log_g, phi_name, normalize, eps, S, z, c, seg, need_z):
     """o (B, T, H, V), S, z after T positions; S (B, H, K, V) and z (B, H, K) entering.
 
-    Same block algebra as _blocks / _blocks_norm; see those for the derivation."""
+    Same block algebra as _blocks; see it for the derivation. Full segments
+    run as n blocks of c; the ragged end (T mod c positions) runs as one shorter block."""
     B, T, H, K = q.shape
     V = v.shape[-1]
+    BH = B * H
     o = q.new_empty((B, T, H, V))
     hugepages(o)
-    nmax = min(seg, T) // c  # most blocks in one segment
-    sizes = [c * K] * 3 + [c * V] * 2 + [K * V] * 2 + [c * c]
-    if log_g is not None:
-        sizes += [c * K] * 2
-    if normalize:
-        sizes += [c, K, K]
-    ws = workspace(B * H * nmax * sum(sizes), q)
-    bufs, off = [], 0
-    for size in sizes:  # one region per temporary, each viewed per segment at the blocks in use
-        bufs.append(ws[off:off + B * H * nmax * size])
-        off += B * H * nmax * size
-    qf, kf, tmp, vf, num, dS, starts, A = bufs[:8]
-    qin, kout = bufs[8:10] if log_g is not None else (qf, kf)
-    den, dz, zst = bufs[-3:] if normalize else (None, None, None)
-    BH = B * H
+
+    def sizes(cb):  # floats per (batch, head, block) of each temporary, for blocks of cb
+        return ([cb * K] * 3 + [cb * V] * 2 + [K * V] * 2 + [cb * cb]
+                + ([cb * K] * 2 if log_g is not None else []) + ([cb, K, K] if normalize else []))
+
+    nmax, tail = min(seg, T) // c, T % c
+    ws = workspace(BH * max(nmax * sum(sizes(c)), sum(sizes(tail))), q)
     lg_key = None if log_g is None else tuple(log_g.tolist())
 
-    @functools.lru_cache(maxsize=2)  # every segment but the last has the same block count
-    def views(n):
+    @functools.lru_cache(maxsize=3)  # full segments share one block count; then the last two
+    def views(n, cb):
+        """The scratch carved for n blocks of cb positions (views reused segment after segment)."""
         m = BH * n
-        blocks = lambda buf, w: buf[:m * c * w].view(B, H, n, c, w)  # noqa: E731
-        return (_block_consts(lg_key, H, n, c, q.dtype, q.device), m,
+        regions, off = [], 0
+        for size in sizes(cb):
+            regions.append(ws[off:off + m * size])
+            off += m * size
+        qf, kf, tmp, vf, num, dS, starts, A = regions[:8]
+        qin, kout = regions[8:10] if log_g is not None else (qf, kf)
+        den, dz, zst = regions[-3:] if normalize else (None, None, None)
+        blocks = lambda buf, w: buf.view(B, H, n, cb, w)  # noqa: E731
+        return (_block_consts(lg_key, H, n, cb, q.dtype, q.device), m,
                 blocks(qf, K), blocks(kf, K), blocks(tmp, K), blocks(vf, V),
-                blocks(qin, K), blocks(kout, K), dS[:m * K * V].view(m, K, V),
-                starts[:m * K * V].view(B, H, n, K * V), A[:m * c * c].view(m, c, c),
-                num[:m * c * V].view(m, c, V),
-                None if den is None else den[:m * c].view(m, c),
-                None if dz is None else dz[:m * K].view(B, H, n, K),
-                None if zst is None else zst[:m * K].view(B, H, n, K))
+                blocks(qin[:m * cb * K], K), blocks(kout[:m * cb * K], K), dS.view(m, K, V),
+                starts.view(B, H, n, K * V), A.view(m, cb, cb), num.view(m, cb, V),
+                None if den is None else den.view(m, cb),
+                None if dz is None else dz.view(B, H, n, K),
+                None if zst is None else zst.view(B, H, n, K))
 
-    a = 0
-    while a < T:
-        Ts = min(seg, T - a)
-        n = Ts // c
-        full = n * c
-        if n:
-            cs, m, qb, kb, t, vb, qin_n, kout_n, dS_n, st, A_n, num_n, den_n, dz_n, zs = views(n)
-            _features_into(qb, q[:, a:a + full].transpose(1, 2).view(B, H, n, c, K), phi_name, t)
-            _features_into(kb, k[:, a:a + full].transpose(1, 2).view(B, H, n, c, K), phi_name, t)
-            vb.copy_(v[:, a:a + full].transpose(1, 2).view(B, H, n, c, V))
-            if cs.decay:
-                qi = torch.mul(qb, cs.q_scale, out=qin_n)
-                ko = torch.mul(kb, cs.k_scale, out=kout_n)
-            else:
-                qi, ko = qb, kb
-            dSv = torch.bmm(ko.view(m, c, K).transpose(1, 2), vb.view(m, c, V), out=dS_n)
-            S = cs.prefix(dSv.view(B, H, n, K * V), S.reshape(B, H, K * V), st).view(B, H, K, V)
-            Ab = torch.bmm(qb.view(m, c, K), kb.view(m, c, K).transpose(1, 2), out=A_n)
-            Ab.view(B, H, n, c, c).mul_(cs.mask)
-            nb = torch.bmm(Ab, vb.view(m, c, V), out=num_n)
-            nb.baddbmm_(qi.view(m, c, K), st.view(m, K, V))
-            dst = o[:, a:a + full].transpose(1, 2).view(B, H, n, c, V)
-            if normalize:
-                dzv = torch.sum(ko, dim=3, out=dz_n)
-                z = cs.prefix(dzv, z, zs)
-                # q.z per position: the masked scores' row sums plus q_in . z entering the block
-                db = torch.sum(Ab, dim=-1, out=den_n).view(B, H, n, c)
-                torch.mul(qi, zs.unsqueeze(3), out=t)
-                db.add_(t.sum(dim=-1)).add_(eps).reciprocal_()
-                torch.mul(nb.view(B, H, n, c, V), db.unsqueeze(-1), out=dst)
-            else:
-                dst.copy_(nb.view(B, H, n, c, V))
-                if need_z:
-                    z = _decayed_sum(kb.view(B, H, full, K), z, log_g)
-        if Ts > full:  # the ragged tail of the last segment, as one shorter block
-            qt = _features(q[:, a + full:a + Ts], phi_name, q.dtype, True)
-            kt = _features(k[:, a + full:a + Ts], phi_name, q.dtype, True)
-            vt = v[:, a + full:a + Ts].transpose(1, 2).contiguous()
-            dst = o[:, a + full:a + Ts].transpose(1, 2)
-            if normalize:
-                nt, dt, S, z = _blocks_norm(qt, kt, vt, S, z, log_g, Ts - full)
-                torch.mul(nt, dt.add_(eps).reciprocal_().unsqueeze_(-1), out=dst)
-            else:
-                ot, S = _blocks(qt, kt, vt, S, log_g, Ts - full)
-                dst.copy_(ot)
-                if need_z:
-                    z = _decayed_sum(kt, z, log_g)
-        a += Ts
+    def run(a, n, cb, S, z):
+        """Positions a .. a + n*cb as n blocks of cb; returns S and z after them."""
+        cs, m, qb, kb, t, vb, qin_n, kout_n, dS_n, st, A_n, num_n, den_n, dz_n, zs = views(n, cb)
+        b = a + n * cb
+        _features_into(qb, q[:, a:b].transpose(1, 2).view(B, H, n, cb, K), phi_name, t)
+        _features_into(kb, k[:, a:b].transpose(1, 2).view(B, H, n, cb, K), phi_name, t)
+        vb.copy_(v[:, a:b].transpose(1, 2).view(B, H, n, cb, V))
+        if cs.decay:
+            qi = torch.mul(qb, cs.q_scale, out=qin_n)
+            ko = torch.mul(kb, cs.k_scale, out=kout_n)
+        else:
+            qi, ko = qb, kb
+        dSv = torch.bmm(ko.view(m, cb, K).transpose(1, 2), vb.view(m, cb, V), out=dS_n)
+        S = cs.prefix(dSv.view(B, H, n, K * V), S.reshape(B, H, K * V), st).view(B, H, K, V)
+        Ab = torch.bmm(qb.view(m, cb, K), kb.view(m, cb, K).transpose(1, 2), out=A_n)
+        Ab.view(B, H, n, cb, cb).mul_(cs.mask)
+        nb = torch.bmm(Ab, vb.view(m, cb, V), out=num_n)
+        nb.baddbmm_(qi.view(m, cb, K), st.view(m, K, V))
+        dst = o[:, a:b].transpose(1, 2).view(B, H, n, cb, V)
+        if normalize:
+            dzv = torch.sum(ko, dim=3, out=dz_n)
+            z = cs.prefix(dzv, z, zs)
+            # q.z per position: the masked scores' row sums plus q_in . z entering the block
+            db = torch.sum(Ab, dim=-1, out=den_n).view(B, H, n, cb)
+            torch.mul(qi, zs.unsqueeze(3), out=t)
+            db.add_(t.sum(dim=-1)).add_(eps).reciprocal_()
+            torch.mul(nb.view(B, H, n, cb, V), db.unsqueeze(-1), out=dst)
+        else:
+            dst.copy_(nb.view(B, H, n, cb, V))
+            if need_z:
+                z = _decayed_sum(kb.view(B, H, n * cb, K), z, log_g)
+        return S, z
+
+    for a in range(0, T - tail, seg):
+        S, z = run(a, min(seg, T - tail - a) // c, c, S, z)
+    if tail:  # the ragged end, as one shorter block
+        S, z = run(T - tail, 1, tail, S, z)
     return o, S, z
