@@ -4,21 +4,16 @@ exp vs exp2 on the feature map's block size. One torch thread.
 
     python benchmarks/bench_cpu_memory.py
 """
+import os
+import sys
 import time
 
 import torch
 
-from linpipe.kernels.linear_attn.scratch import hugepages
+sys.path.insert(0, os.path.dirname(__file__))
+from bench_model import best_of  # noqa: E402
 
-
-def best(fn, repeat=20):
-    fn()
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
+from linpipe.kernels.linear_attn.scratch import hugepages  # noqa: E402
 
 
 def first_touch_ms(n_floats, huge):
@@ -45,7 +40,7 @@ def main():
         print(f"32 MB, huge-page hint {huge}: first touch {first:.1f} ms, second {second:.1f} ms")
     x, out = torch.randn(262144), torch.empty(262144)
     for name, fn in (("exp", torch.exp), ("exp2", torch.exp2)):
-        print(f"{name} over 262,144 floats: {1e3 * best(lambda: fn(x, out=out)):.3f} ms")
+        print(f"{name} over 262,144 floats: {1e3 * best_of(lambda: fn(x, out=out), 20):.3f} ms")
 
 
 if __name__ == "__main__":
