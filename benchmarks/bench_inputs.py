@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 import linpipe
-from linpipe.alphabet import SOFTMASK_LUT, TOKEN_LUT
+from linpipe.inputs.alphabet import SOFTMASK_LUT, TOKEN_LUT
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -102,7 +102,7 @@ def make_model(small=False):
 
 def genome_tokens(n) -> np.ndarray:
     """n real bases: the C. elegans pieces in ../shared/data, repeated as needed."""
-    from linpipe.alphabet import tokenize
+    from linpipe.inputs.alphabet import tokenize
 
     root = os.environ.get("LINPIPE_SHARED_DATA",
                           os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data"))

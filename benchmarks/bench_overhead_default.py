@@ -5,7 +5,14 @@ vs `linpipe submit --workers 1` on the same file, alternated twice in one run.
     python benchmarks/bench_pipeline.py overhead   # once, to build bench-out/real_4mb.fa
     python benchmarks/bench_overhead_default.py
 """
-import subprocess, sys, time, torch, linpipe
+import subprocess
+import sys
+import time
+
+import torch
+
+import linpipe
+
 torch.set_num_threads(1)
 path = "bench-out/real_4mb.fa"
 def bare():

@@ -96,8 +96,9 @@ def network(t: np.ndarray, d: int = 64, seed: int = 0):
 def shipped_model(t: np.ndarray):
     """Outputs of linpipe's shipped default model (None when linpipe.model is not available)."""
     try:
-        import linpipe
         import torch
+
+        import linpipe
 
         torch.set_num_threads(2)
         model = linpipe.load_model("default")

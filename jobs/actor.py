@@ -65,8 +65,8 @@ class PipelineWorker:
             torch.set_num_threads(threads)
         if device is None and torch.cuda.is_available():  # an actor on a GPU node owns one GPU
             device = "cuda"
-        from ..model import load_model
-        from ..store import OutputStore
+        from linpipe.model import load_model
+        from linpipe.store import OutputStore
 
         self.model = load_model(model, device=device)
         self.store = OutputStore.open(store_path, mode="r+")
@@ -89,7 +89,7 @@ class PipelineWorker:
         return os.getpid()
 
     def _input(self, path: str):
-        from ..errors import InputError
+        from linpipe.errors import InputError
 
         # An input that vanishes or changes mid-job must stop the job, not mix two files'
         # data in one store (an open file handle would keep reading the old one).
@@ -101,7 +101,7 @@ class PipelineWorker:
         sig = (st.st_size, st.st_mtime_ns)
         inp = self._inputs.get(path)
         if inp is None:
-            from ..inputs import open_input
+            from linpipe.inputs import open_input
 
             inp = self._inputs[path] = open_input(path, **self.input_options)
             self._stats[path] = sig
@@ -126,7 +126,7 @@ class PipelineWorker:
             return self._stream[2]
         if unit.chunk_index == 0:
             return self.model.init_state()
-        from ..model import ModelState
+        from linpipe.model import ModelState
 
         arrays = self.store.boundary_state(unit.key, unit.chunk_index - 1)
         return ModelState.from_arrays(arrays)

@@ -19,7 +19,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import InputError, LinpipeError, ModelError, StoreError
+from linpipe.errors import InputError, LinpipeError, ModelError, StoreError
+
 from .actor import peak_rss
 from .plan import JobPlan, job_id, plan_job
 
@@ -97,9 +98,9 @@ def prepare_job(inputs: list[str], *, model: str = "default", chunk_size: int = 
     """Validate inputs and model, and compute the plan and the deterministic job id.
 
     Reads only indexes; reused by `linpipe submit --dry-run` and the job server path."""
-    from ..inputs import open_input
-    from ..model import load_model
-    from ..store import DEFAULT_OUTPUTS, OUTPUT_KINDS
+    from linpipe.inputs import open_input
+    from linpipe.model import load_model
+    from linpipe.store import DEFAULT_OUTPUTS, OUTPUT_KINDS
 
     if not inputs:
         raise InputError("no input given")
@@ -149,7 +150,7 @@ def prepare_job(inputs: list[str], *, model: str = "default", chunk_size: int = 
                                f"(one of {', '.join(OUTPUT_KINDS[modality])})")
     options = {"chunk_size": chunk_size, "outputs": sorted(outputs), "input_options": input_options}
     jid = job_id(fingerprints, m.sha256, options)
-    from ..keys import make_keys
+    from linpipe.store.keys import make_keys
 
     keys = make_keys([r["id"] for r in records])
     for r in records:
@@ -171,7 +172,7 @@ def default_out(inputs: list[str]) -> str:
 
 def open_or_create_store(job: PreparedJob, out: str, *, overwrite: bool = False):
     """The job's store: a new one, the same job's existing one (resume), or a refusal."""
-    from ..store import OutputStore
+    from linpipe.store import OutputStore
 
     exists = os.path.exists(out) and (not os.path.isdir(out) or any(os.scandir(out)))
     if exists and not overwrite:
@@ -309,7 +310,7 @@ def run_job(inputs: list[str], *, model: str = "default", out: str | None = None
     on_unit(result, units_done): called after each finished unit (tests use it to interrupt a
     job or kill a worker mid-record; an exception it raises ends the job, store resumable).
     """
-    from ..progress import Progress
+    from linpipe.progress import Progress
 
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     job = prepare_job(inputs, model=model, chunk_size=chunk_size, outputs=outputs,

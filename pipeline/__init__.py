@@ -9,19 +9,19 @@ __version__ = "0.1.0"
 
 
 def load_model(path_or_name="default", device=None):
-    from .model import load_model as _load
+    from linpipe.model import load_model as _load
 
     return _load(path_or_name, device=device)
 
 
 def open_input(path, **kwargs):
-    from .inputs import open_input as _open
+    from linpipe.inputs import open_input as _open
 
     return _open(path, **kwargs)
 
 
 def open_output(path):
-    from .store import open_output as _open
+    from linpipe.store.reader import open_output as _open
 
     return _open(path)
 

@@ -8,8 +8,8 @@ import sys
 
 import click
 
-from . import __version__
-from .errors import LinpipeError
+from linpipe import __version__
+from linpipe.errors import LinpipeError
 
 
 class _Group(click.Group):
@@ -84,7 +84,7 @@ def model_init(directory, modality, d_model, n_layers, n_heads, mlp_hidden, conv
     """Write a randomly initialised model to DIRECTORY."""
     from pathlib import Path
 
-    from .model import CONFIG_FILE, ModelConfig, init_net, save_model
+    from linpipe.model import CONFIG_FILE, ModelConfig, init_net, save_model
 
     if modality == "timeseries" and channels is None:
         raise click.BadParameter("timeseries models need --channels", param_hint="--channels")
@@ -112,7 +112,7 @@ def model_info(model, as_json):
     shipped model's name; default: the shipped default)."""
     import json
 
-    from .model import count_parameters, load_model
+    from linpipe.model import count_parameters, load_model
 
     m = load_model(model)
     info = {"path": str(m.path), "sha256": m.sha256, "parameters": count_parameters(m.config),
@@ -150,7 +150,7 @@ def index_cmd(input_path, id_column, time_column, columns, sort, cache_dir, as_j
     """Build (or reuse) the index of INPUT and print its records and lengths."""
     import json
 
-    from .inputs import open_input
+    from linpipe.inputs import open_input
 
     with open_input(input_path, id_column=id_column, time_column=time_column, columns=columns,
                     sort=sort, cache_dir=cache_dir) as inp:
@@ -191,7 +191,7 @@ def _human_bytes(n: int) -> str:
 def _open_reader(path):
     import warnings
 
-    from .outputs_read import IncompleteStoreWarning, OutputReader, open_output
+    from linpipe.store.reader import IncompleteStoreWarning, OutputReader, open_output
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", IncompleteStoreWarning)
@@ -251,7 +251,7 @@ def inspect(store, as_json):
 @click.option("-o", "dest", required=True, type=click.Path(), help="File to write.")
 def export(store, fmt, output, records, dest):
     """Export an output as a genome-browser track (bigWig, bedGraph) or a Parquet table."""
-    from .export import export_parquet, export_track
+    from linpipe.outputs.export import export_parquet, export_track
 
     reader = _open_reader(store)
     if fmt == "parquet":
@@ -272,7 +272,7 @@ def export(store, fmt, output, records, dest):
 @click.option("--width", default=1600, show_default=True, type=click.IntRange(200, 20000), help="Width in pixels.")
 def plot(store, record, output, region, dest, width):
     """Plot one output over a region as a PNG (min/max envelope when downsampled)."""
-    from .plot import plot_region
+    from linpipe.outputs.plot import plot_region
 
     info = plot_region(_open_reader(store), record, output, dest, region=region, width_px=width)
     how = "min/max envelope" if info["downsampled"] else "every position"
@@ -341,8 +341,8 @@ def submit(inputs, spec, model, out, chunk_size, outputs, workers, address, over
 
     The same job submitted again resumes where it stopped, or says it is complete.
     """
-    from .jobs import remote
-    from .jobs.submission import is_job_server_address
+    from linpipe.jobs import remote
+    from linpipe.jobs.submission import is_job_server_address
 
     reqs, address = remote.build_requests(inputs, spec, dict(
         model=model, out=out, chunk_size=chunk_size, outputs=_parse_outputs(outputs),
@@ -364,8 +364,8 @@ def submit(inputs, spec, model, out, chunk_size, outputs, workers, address, over
 
 def _run_here(req, address):
     """One job with its driver in this process (an embedded local Ray, or joined to a cluster)."""
-    from .jobs.driver import DEFAULT_CHUNK_SIZE, run_job
-    from .progress import human_bytes, human_count, human_time
+    from linpipe.jobs.driver import DEFAULT_CHUNK_SIZE, run_job
+    from linpipe.progress import human_bytes, human_count, human_time
 
     s = run_job(list(req.inputs), model=req.model, out=req.out,
                 chunk_size=req.chunk_size or DEFAULT_CHUNK_SIZE,
@@ -476,7 +476,7 @@ def train_cmd(inputs, out, d_model, n_layers, n_heads, mlp_hidden, conv_width, f
     """Train a model on INPUTS (FASTA or time series) by next-position prediction into --out."""
     import numpy as np
 
-    from .train import TrainConfig, train
+    from linpipe.training.loop import TrainConfig, train
 
     cfg = TrainConfig(steps=steps, batch=batch, window=window, lr=lr, seed=seed, device=device,
                       checkpoint_every=checkpoint_every, threads=threads,
@@ -513,7 +513,7 @@ def eval_cmd(model_dir, inputs, baseline_train, season, as_json, time_column, co
     directory or a shipped model's name)."""
     import json
 
-    from .evaluate import evaluate_inputs
+    from linpipe.training.evaluate import evaluate_inputs
 
     report = evaluate_inputs(model_dir, inputs, baseline_train=baseline_train, season=season,
                              ts_options=_ts_options(time_column, columns, id_column))

@@ -121,9 +121,10 @@ class LocalCluster:
                 raise RuntimeError(f"a ray node exited ({p.returncode}):\n{log}")
 
     def _wait_for_nodes(self, n: int, timeout: float = 120) -> None:
-        from ray.job_submission import JobSubmissionClient  # noqa: F401  (ray is here anyway)
         import json
         import urllib.request
+
+        from ray.job_submission import JobSubmissionClient  # noqa: F401  (ray is here anyway)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             self._check_alive()

@@ -6,7 +6,6 @@ import torch
 from linpipe.kernels import chunk_linear_attn, chunk_linear_attn_torch, naive_recurrent_linear_attn
 from linpipe.kernels.linear_attn import chunk as chunk_mod
 
-
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 

@@ -10,9 +10,9 @@ from click.testing import CliRunner
 
 import linpipe
 from linpipe.cli import cli
-from linpipe.evaluate import evaluate_dna, markov_baselines
 from linpipe.model import SHIPPED_MODELS
-from linpipe.train_data import read_dna_records
+from linpipe.training.data import read_dna_records
+from linpipe.training.evaluate import evaluate_dna, markov_baselines
 
 DEFAULT = SHIPPED_MODELS / "default"
 DOC = Path(__file__).resolve().parents[1] / "docs" / "default-model.md"

@@ -9,11 +9,11 @@ import pandas as pd
 import pyBigWig
 import pytest
 from click.testing import CliRunner
+from test_store import CHUNK, HUMAN_BASES, build_dna_store, build_ts_store
 
 from linpipe.cli import cli
-from linpipe.export import export_parquet, export_track, value_runs
-from linpipe.plot import envelope
-from test_store import CHUNK, HUMAN_BASES, build_dna_store, build_ts_store
+from linpipe.outputs.export import export_parquet, export_track, value_runs
+from linpipe.outputs.plot import envelope
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +125,7 @@ def _png_size(path):
 
 
 def test_plot_png_and_envelope(dna, tmp_path):
-    from linpipe.plot import plot_region
+    from linpipe.outputs.plot import plot_region
 
     path, full = dna
     png = tmp_path / "lp.png"

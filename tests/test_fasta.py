@@ -11,8 +11,8 @@ import pytest
 from Bio.SeqIO.FastaIO import SimpleFastaParser
 
 import linpipe
-from linpipe.alphabet import SOFTMASK_LUT, TOKEN_LUT
 from linpipe.errors import InputError
+from linpipe.inputs.alphabet import SOFTMASK_LUT, TOKEN_LUT
 
 
 @pytest.fixture(autouse=True)
@@ -271,7 +271,7 @@ def test_read_range_and_record_errors(genomes):
 
 
 def test_small_scan_blocks_give_the_same_index_as_pyfaidx(genomes, tmp_path, monkeypatch):
-    from linpipe import faidx
+    from linpipe.inputs import fasta_index as faidx
 
     monkeypatch.setattr(faidx, "SCAN_BLOCK", 4093)  # lines and headers straddle every block
     src = tmp_path / "asm.fa"

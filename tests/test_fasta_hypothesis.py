@@ -12,8 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import linpipe
-from linpipe import faidx, fasta
-from linpipe.alphabet import SOFTMASK_LUT, TOKEN_LUT
+from linpipe.inputs import fasta
+from linpipe.inputs import fasta_index as faidx
+from linpipe.inputs.alphabet import SOFTMASK_LUT, TOKEN_LUT
 
 _letters = "ACGTacgtNnRYKMSWBDHVrykmswbdhv-"
 

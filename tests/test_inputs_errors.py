@@ -11,9 +11,9 @@ import pytest
 from click.testing import CliRunner
 
 import linpipe
-from linpipe import faidx
 from linpipe.cli import cli
 from linpipe.errors import InputError
+from linpipe.inputs import fasta_index as faidx
 
 
 @pytest.fixture(autouse=True)
@@ -168,7 +168,7 @@ def test_zero_length_series(tmp_path):
 
 
 def test_mixed_dtypes_in_csv(tmp_path, monkeypatch):
-    from linpipe import timeseries
+    from linpipe.inputs import timeseries
 
     monkeypatch.setattr(timeseries, "CSV_BLOCK", 1 << 14)  # types inferred from the first 16 KiB
     rows = "".join(f"{i},{i * 0.5}\n" for i in range(20_000))

@@ -11,10 +11,10 @@ import time
 
 import pytest
 from click.testing import CliRunner
+from ray_local_cluster import LocalCluster
 
 from linpipe.cli import cli
 from linpipe.jobs import submission as sub
-from ray_local_cluster import LocalCluster
 
 VENV_BIN = os.path.dirname(sys.executable)
 

@@ -17,8 +17,10 @@ if not ON_GPU:
     os.environ["TRITON_INTERPRET"] = "1"
 triton = pytest.importorskip("triton", reason="triton is not installed (pip install '.[test]')")
 
-from linpipe.kernels.linear_attn import naive_recurrent_linear_attn  # noqa: E402
-from linpipe.kernels.linear_attn import triton_chunk  # noqa: E402
+from linpipe.kernels.linear_attn import (
+    naive_recurrent_linear_attn,  # noqa: E402
+    triton_chunk,  # noqa: E402
+)
 from linpipe.kernels.linear_attn.triton_chunk import _row_base, chunk_linear_attn_triton  # noqa: E402
 
 tl = triton.language

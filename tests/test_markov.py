@@ -5,9 +5,9 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from linpipe.alphabet import N, tokenize
-from linpipe.markov import MarkovModel, context_lengths, count_kmers
-from linpipe.train_data import read_dna_records
+from linpipe.inputs.alphabet import N, tokenize
+from linpipe.training.data import read_dna_records
+from linpipe.training.markov import MarkovModel, context_lengths, count_kmers
 
 
 @pytest.fixture(scope="module")

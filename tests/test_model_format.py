@@ -14,7 +14,6 @@ from linpipe.cli import cli
 from linpipe.errors import ModelError
 from linpipe.model import ModelConfig, expected_shapes, init_net, load_model, save_model
 
-
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
@@ -200,7 +199,7 @@ def test_missing_model_names_the_shipped_ones(tmp_path):
 
 def test_default_model_is_addressable_by_name():
     res = CliRunner().invoke(cli, ["model", "info"])
-    assert res.exit_code == 0 and "models/default" in res.output
+    assert res.exit_code == 0 and "shipped/default" in res.output
     assert load_model("default").path == load_model().path
 
 

@@ -3,9 +3,8 @@ the carried state stays finite with the normaliser on and no decay (gamma = 1)."
 import numpy as np
 import pytest
 
-from linpipe.alphabet import tokenize
+from linpipe.inputs.alphabet import tokenize
 from linpipe.model import Model, ModelConfig, init_net
-
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

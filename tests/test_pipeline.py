@@ -11,9 +11,9 @@ import time
 
 import numpy as np
 import pytest
+from _pipeline_data import assert_same_bytes, make_tiny_model, store_arrays, write_fasta_slice
 from click.testing import CliRunner
 
-from _pipeline_data import assert_same_bytes, make_tiny_model, store_arrays, write_fasta_slice
 from linpipe.errors import InputError, LinpipeError, StoreError
 from linpipe.jobs.driver import run_job
 from linpipe.jobs.plan import job_id, plan_job

@@ -7,8 +7,8 @@ import os
 import signal
 
 import pytest
-
 from _pipeline_data import assert_same_bytes, make_tiny_model, store_arrays, write_fasta_slice
+
 from linpipe.jobs.driver import run_job
 
 CHUNK = 8_192

@@ -13,9 +13,9 @@ import time
 
 import numpy as np
 import pytest
+from _pipeline_data import assert_same_bytes, make_tiny_model, store_arrays, write_fasta_slice
 from click.testing import CliRunner
 
-from _pipeline_data import assert_same_bytes, make_tiny_model, store_arrays, write_fasta_slice
 from linpipe.cli import cli
 
 TS_CHUNK = 512

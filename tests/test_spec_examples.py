@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from test_jobs_schedule import LINPIPE, parse_crontab, parse_unit
 
 from linpipe.cli import cli
-from test_jobs_schedule import LINPIPE, parse_crontab, parse_unit
 
 JOBS = Path(__file__).resolve().parents[1] / "jobs"
 # what a scheduler's environment holds: little (PYTHONPATH kept for checkouts run that way)

@@ -21,9 +21,9 @@ import xarray as xr
 import zarr
 
 from linpipe.errors import StoreError
-from linpipe.keys import make_keys
-from linpipe.outputs_read import IncompleteStoreWarning, open_output
 from linpipe.store import FORMAT_VERSION, OutputStore
+from linpipe.store.keys import make_keys
+from linpipe.store.reader import IncompleteStoreWarning, open_output
 
 HUMAN_BASES = 300_000  # holds the N run at 177,417-227,417 and part of the one at 267,719
 CHUNK = 40_000

@@ -11,9 +11,9 @@ import pytest
 from click.testing import CliRunner
 
 import linpipe
-from linpipe import timeseries
 from linpipe.cli import cli
 from linpipe.errors import InputError
+from linpipe.inputs import timeseries
 
 
 @pytest.fixture(autouse=True)

@@ -9,8 +9,8 @@ from click.testing import CliRunner
 
 from linpipe.cli import cli
 from linpipe.model import load_model
-from linpipe.train import TrainConfig, train
-from linpipe.train_data import LaneWalker
+from linpipe.training.data import LaneWalker
+from linpipe.training.loop import TrainConfig, train
 
 TINY = dict(d_model=16, n_layers=1, n_heads=2, mlp_hidden=32, conv_width=4)
 CFG = TrainConfig(steps=200, batch=4, window=64, lr=1e-2, warmup=10, checkpoint_every=100)

@@ -7,11 +7,11 @@ import pytest
 from click.testing import CliRunner
 
 from linpipe.cli import cli
-from linpipe.evaluate import evaluate_dna, markov_baselines
-from linpipe.markov import MarkovModel
 from linpipe.model import load_model
-from linpipe.train import TrainConfig, train
-from linpipe.train_data import read_dna_records, read_records
+from linpipe.training.data import read_dna_records, read_records
+from linpipe.training.evaluate import evaluate_dna, markov_baselines
+from linpipe.training.loop import TrainConfig, train
+from linpipe.training.markov import MarkovModel
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ def test_wheel_has_every_subpackage_and_the_default_model(tmp_path):
                 if f.endswith(".py"):
                     assert f"{pkg}/{rel.as_posix() + '/' if str(rel) != '.' else ''}{f}" in names, (d, f)
     for f in ("config.json", "model.safetensors"):
-        assert f"linpipe/models/default/{f}" in names
+        assert f"linpipe/model/shipped/default/{f}" in names
     for f in ("whole_genome.yaml", "assemblies.yaml", "timeseries.yaml"):
         assert f"linpipe/jobs/{f}" in names
 

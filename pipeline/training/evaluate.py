@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import ModelError
-from .markov import MarkovModel
+from linpipe.errors import ModelError
+from linpipe.training.markov import MarkovModel
 
 LN2 = math.log(2.0)
 MARKOV_FILE = "markov.safetensors"
@@ -49,7 +49,7 @@ def model_log2prob(model, tokens: np.ndarray, chunk: int = 65536, state=None) ->
 def markov_baselines(model_dir: Path, baseline_train=None) -> MarkovModel:
     """The Markov baselines stored with the model, or fitted on `baseline_train` token records."""
     if baseline_train:
-        from .train_data import split_records
+        from linpipe.training.data import split_records
 
         splits = split_records(baseline_train)
         m = MarkovModel.fit([s.train for s in splits])
@@ -149,10 +149,9 @@ def evaluate_inputs(model_dir, inputs, *, baseline_train=(), season=None, ts_opt
 
 
 def _evaluate_inputs(model_dir, inputs, baseline_train, season, ts_options) -> dict:
-    from .model import load_model, resolve_model_path
-    from .train_data import read_dna_records, read_records
-
-    from .errors import InputError
+    from linpipe.errors import InputError
+    from linpipe.model import load_model, resolve_model_path
+    from linpipe.training.data import read_dna_records, read_records
 
     for p in list(inputs) + list(baseline_train):
         if not Path(p).is_file():

@@ -29,8 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .alphabet import INVALID, TOKEN_LUT
-from .errors import InputError
+from linpipe.errors import InputError
+from linpipe.inputs.alphabet import INVALID, TOKEN_LUT
 
 SCAN_BLOCK = 1 << 20  # bytes per block while scanning (1 MiB stays in cache: 2-3x faster than 8 MiB)
 MAX_HEADER = 1 << 20  # a header line longer than this is not FASTA

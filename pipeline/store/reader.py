@@ -4,9 +4,8 @@ from __future__ import annotations
 import os
 import warnings
 
-
-from .errors import StoreError
-from .store import POSITION_DIM, OutputStore
+from linpipe.errors import StoreError
+from linpipe.store import POSITION_DIM, OutputStore
 
 
 class IncompleteStoreWarning(UserWarning):

@@ -9,8 +9,8 @@ import os
 
 import numpy as np
 
-from .errors import StoreError
-from .outputs_read import OutputReader
+from linpipe.errors import StoreError
+from linpipe.store.reader import OutputReader
 
 TRACK_FORMATS = ("bigwig", "bedgraph")
 

@@ -11,8 +11,8 @@ import re
 
 import numpy as np
 
-from .errors import StoreError
-from .outputs_read import OutputReader
+from linpipe.errors import StoreError
+from linpipe.store.reader import OutputReader
 
 MAX_CHANNELS = 8
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .alphabet import N as N_TOKEN
-from .errors import ModelError
+from linpipe.errors import ModelError
+from linpipe.inputs.alphabet import N as N_TOKEN
 
 K_MAX = 8
 PRIOR = 4.0  # pseudo-counts given to the lower-order prediction (4 = add-one when uniform)

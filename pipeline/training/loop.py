@@ -25,8 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import InputError, LinpipeError, ModelError
-from .train_data import LaneWalker, read_records, split_records
+from linpipe.errors import InputError, LinpipeError, ModelError
+from linpipe.training.data import LaneWalker, read_records, split_records
 
 LN2 = math.log(2.0)
 CHECKPOINT_DIR = "checkpoint"
@@ -97,7 +97,7 @@ def save_checkpoint(ckpt: Path, net, config, opt, state, walker, step, losses, m
     import torch
     from safetensors.torch import save_file
 
-    from .model import save_model
+    from linpipe.model import save_model
 
     ckpt.mkdir(parents=True, exist_ok=True)
     save_model(net, config, ckpt)
@@ -122,7 +122,7 @@ def load_checkpoint(ckpt: Path, device):
     """(net, config, optimizer tensors, lane state tensors, trainer.json dict)."""
     from safetensors.torch import load_file
 
-    from .model import load_model
+    from linpipe.model import load_model
 
     if not (ckpt / "trainer.json").is_file():
         raise ModelError(f"{ckpt}: no checkpoint to resume from (missing trainer.json)")
@@ -171,7 +171,7 @@ def _reset_lanes(net, state, resets):
     """Lanes flagged in `resets` start from the (differentiable) state after BOS."""
     import torch
 
-    from .model import ModelState
+    from linpipe.model import ModelState
 
     if not resets.any():
         return state
@@ -208,7 +208,7 @@ def train(inputs, out, model_kwargs: dict | None = None, cfg: TrainConfig = Trai
     except (RuntimeError, AssertionError) as e:
         raise LinpipeError(f"--device {cfg.device}: not usable here ({str(e).splitlines()[0]})") from None
 
-    from .evaluate import torch_threads
+    from linpipe.training.evaluate import torch_threads
 
     with torch_threads(cfg.threads):
         return _train(inputs, out, model_kwargs, cfg, decay, resume, command, progress, stop_at, device,
@@ -218,7 +218,7 @@ def train(inputs, out, model_kwargs: dict | None = None, cfg: TrainConfig = Trai
 def _train(inputs, out, model_kwargs, cfg, decay, resume, command, progress, stop_at, device, ts_options):
     import torch
 
-    from .model import ModelConfig, ModelState, init_net, save_model
+    from linpipe.model import ModelConfig, ModelState, init_net, save_model
 
     ckpt = out / CHECKPOINT_DIR
     modality, records, channels = load_training_data(inputs, **ts_options)
@@ -307,8 +307,8 @@ def _train(inputs, out, model_kwargs, cfg, decay, resume, command, progress, sto
 
 
 def _save_markov(out: Path, splits):
-    from .evaluate import MARKOV_FILE
-    from .markov import MarkovModel
+    from linpipe.training.evaluate import MARKOV_FILE
+    from linpipe.training.markov import MarkovModel
 
     m = MarkovModel.fit([s.train for s in splits if s.val_start > 0])
     m.choose_k([s.data for s in splits], [np.arange(len(s.data)) >= s.val_start for s in splits])
@@ -363,14 +363,14 @@ def _held_out_parts(model, splits, warmup_output):
 def validate(net, config, splits, markov_dir) -> dict:
     """Validation figures of the trained net on the held-out parts, read with VAL_CONTEXT
     positions of warm-up before each part; dna also gets the Markov baselines there."""
-    from .model import Model
+    from linpipe.model import Model
 
     model = Model(net, config)
     try:
         res = {"positions": 0}
         if config.modality == "dna":
-            from .evaluate import MARKOV_FILE, model_log2prob
-            from .markov import MarkovModel
+            from linpipe.training.evaluate import MARKOV_FILE, model_log2prob
+            from linpipe.training.markov import MarkovModel
 
             markov = MarkovModel.load(markov_dir / MARKOV_FILE)
             ks = sorted({0, 2, markov.best_k})

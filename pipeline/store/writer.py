@@ -22,9 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
-from . import __version__
-from .errors import StoreError
-from .keys import make_keys
+from linpipe import __version__
+from linpipe.errors import StoreError
+from linpipe.store.keys import make_keys
 
 FORMAT = "linpipe-output"
 FORMAT_VERSION = 1
@@ -665,6 +665,6 @@ def open_root(path, store):
 
 def open_output(path):
     """Open a store for reading: `.meta`, `.records`, `.dataset(id_or_key)`, `.missing_ranges`."""
-    from .outputs_read import open_output as _open
+    from linpipe.store.reader import open_output as _open
 
     return _open(path)

@@ -24,8 +24,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .alphabet import BOS, N as TOKEN_N, VOCAB_SIZE
-from .errors import ModelError
+from linpipe.errors import ModelError
+from linpipe.inputs.alphabet import BOS, VOCAB_SIZE
+from linpipe.inputs.alphabet import N as TOKEN_N
 from linpipe.kernels.linear_attn.scratch import workspace
 
 FORMAT_NAME = "linpipe-model"
@@ -37,7 +38,7 @@ CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
 # Files that hold pickled objects: loading them can run arbitrary code, so linpipe never does.
 PICKLE_NAMES = ("pytorch_model.bin", "model.bin")
 PICKLE_SUFFIXES = (".pt", ".pth", ".pkl", ".pickle", ".ckpt", ".bin")
-SHIPPED_MODELS = Path(__file__).resolve().parent / "models"
+SHIPPED_MODELS = Path(__file__).resolve().parent / "shipped"
 # Positions per forward pass inside Model.forward: bounds peak memory for any chunk length, and
 # keeps the temporaries (e.g. the (T, M) MLP hidden) small enough to stay in cache: 16,384 was
 # measured ~25% slower than 2,048 at 1 thread on the CPU.
@@ -606,7 +607,7 @@ def _check_tensors(config: ModelConfig, tensors: dict, where: str):
 
 
 def resolve_model_path(path_or_name) -> Path:
-    """A directory as given, or a shipped model by name (pipeline/models/NAME)."""
+    """A directory as given, or a shipped model by name (pipeline/model/shipped/NAME)."""
     p = Path(path_or_name)
     if p.is_dir():
         return p

@@ -17,8 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
-
-from .errors import InputError
+from linpipe.errors import InputError
 
 FASTA_EXTS = {".fa", ".fasta", ".fna", ".fas", ".ffn", ".frn", ".seq", ".mfa", ".fsa"}
 CSV_EXTS = {".csv", ".tsv", ".txt"}
@@ -218,10 +217,10 @@ def open_input(
     if fmt.startswith("fasta"):
         if id_column or time_column or columns or sort:
             raise InputError(f"{path}: --id-column/--time-column/--columns/--sort apply to time series, not FASTA")
-        from .fasta import FastaInput
+        from linpipe.inputs.fasta import FastaInput
 
         return FastaInput(path, fmt=fmt, cache_dir=cache_dir)
-    from .timeseries import TimeSeriesInput
+    from linpipe.inputs.timeseries import TimeSeriesInput
 
     return TimeSeriesInput(
         path,

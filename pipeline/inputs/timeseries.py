@@ -26,9 +26,9 @@ from typing import Sequence
 
 import numpy as np
 
-from .errors import InputError
-from .faidx import cache_root
-from .inputs import Input, RecordInfo
+from linpipe.errors import InputError
+from linpipe.inputs import Input, RecordInfo
+from linpipe.inputs.fasta_index import cache_root
 
 BATCH_ROWS = 1 << 16  # rows per batch in converted files and Parquet reads
 CSV_BLOCK = 4 << 20  # bytes per CSV block; column types are inferred from the first one

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import InputError
+from linpipe.errors import InputError
 
 
 def read_records(path, **ts_options) -> tuple[str, list[tuple[str, np.ndarray]], list[str]]:
@@ -16,7 +16,7 @@ def read_records(path, **ts_options) -> tuple[str, list[tuple[str, np.ndarray]],
     data is uint8 tokens (T,) for dna and float32 values (T, C) for time series;
     ts_options (id_column, time_column, columns) go to open_input for time series.
     """
-    from .inputs import open_input
+    from linpipe.inputs import open_input
 
     path = Path(path)
     if not path.is_file():

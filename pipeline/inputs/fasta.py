@@ -19,9 +19,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .alphabet import INVALID, SOFTMASK_LUT, TOKEN_LUT
-from .errors import InputError
-from .faidx import (
+from linpipe.errors import InputError
+from linpipe.inputs import Input, RecordInfo
+from linpipe.inputs.alphabet import INVALID, SOFTMASK_LUT, TOKEN_LUT
+from linpipe.inputs.fasta_index import (
     IndexEntry,
     check_bgzf_eof,
     find_fresh,
@@ -34,7 +35,6 @@ from .faidx import (
     scan_stream,
     write_sidecar,
 )
-from .inputs import Input, RecordInfo
 
 SCAN_READ = 1 << 20  # bytes per read while scanning an irregular record
 _NL, _CR = 10, 13

@@ -1,0 +1,1 @@
+"""Outputs for people and other tools: genome-browser tracks, Parquet tables, plots."""

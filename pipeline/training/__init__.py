@@ -1,0 +1,1 @@
+"""Training: data lanes, the training loop, evaluation against Markov baselines."""
