@@ -17,10 +17,6 @@ from linpipe.errors import LinpipeError, StoreError
 
 from . import submission as sub
 
-# Bytes per position (per channel for time series) of each output before compression; the
-# estimate is an upper bound, compression usually halves the floats and shrinks masks a lot.
-_BYTES = {"logprob": 4, "entropy": 4, "softmask": 1, "forecast": 4, "residual": 4}
-
 
 @dataclass(frozen=True)
 class SubmitRequest:
@@ -181,14 +177,15 @@ def _out_for(req: SubmitRequest) -> str:
 # ------------------------------------------------------------------------------ dry run
 def estimate_output_bytes(job) -> int:
     """Uncompressed size of the job's outputs (an upper bound on what lands on disk)."""
+    import numpy as np
+
+    from linpipe.model.outputs import output_spec
+
     per_position = 0
-    channels = len(job.channels or []) or 1
     for name in job.outputs:
-        if name == "hidden":
-            per_position += 2 * (job.feature_dim or 0)  # float16 by default
-        else:
-            per_position += _BYTES.get(name, 4) * (channels if name in ("forecast", "residual")
-                                                   else 1)
+        spec = output_spec(job.modality, name)
+        width = spec.width(job.feature_dim or 0, len(job.channels or []) or 1) or 1
+        per_position += np.dtype(spec.dtype).itemsize * width
     return per_position * job.plan.total_positions
 
 

@@ -27,13 +27,12 @@ import torch.nn.functional as F
 from linpipe.errors import ModelError
 from linpipe.inputs.alphabet import BOS, VOCAB_SIZE
 from linpipe.inputs.alphabet import N as TOKEN_N
+from linpipe.kernels.linear_attn.naive import FEATURE_MAPS
 from linpipe.kernels.linear_attn.scratch import workspace
+from linpipe.model.outputs import MODALITIES, output_names, output_spec
 
 FORMAT_NAME = "linpipe-model"
 FORMAT_VERSION = 1
-MODALITIES = ("dna", "timeseries")
-FEATURE_MAPS = ("elu1", "relu", "identity")
-OUTPUTS = {"dna": ("logprob", "entropy", "hidden"), "timeseries": ("forecast", "residual", "hidden")}
 CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
 # Files that hold pickled objects: loading them can run arbitrary code, so linpipe never does.
 PICKLE_NAMES = ("pytorch_model.bin", "model.bin")
@@ -85,14 +84,13 @@ class ModelConfig:
 
     @property
     def output_names(self) -> tuple:
-        return OUTPUTS[self.modality]
+        """The outputs the model computes, in order (docs/model-format.md)."""
+        return output_names(self.modality, from_model=True)
 
     @property
     def output_dims(self) -> dict:
         """Per output: None for one value per position, else the width of its last axis."""
-        if self.modality == "dna":
-            return {"logprob": None, "entropy": None, "hidden": self.d_model}
-        return {"forecast": self.channels, "residual": self.channels, "hidden": self.d_model}
+        return {n: output_spec(self.modality, n).width(self.d_model, self.channels) for n in self.output_names}
 
     def replace(self, **changes) -> "ModelConfig":
         return dataclasses.replace(self, **changes)

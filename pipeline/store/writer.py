@@ -17,13 +17,13 @@ import json
 import math
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from linpipe import __version__
 from linpipe.errors import StoreError
+from linpipe.model.outputs import DNA, MODALITIES, OUTPUTS, TIMESERIES, output_names
 from linpipe.store.keys import make_keys
 
 FORMAT = "linpipe-output"
@@ -31,48 +31,13 @@ FORMAT_VERSION = 1
 PROGRESS = "_linpipe"  # root group holding completion markers and boundary states
 CREATING = "linpipe_creating"  # root attribute while create() lays the store out
 
-DNA = "dna"
-TIMESERIES = "timeseries"
-
-
-@dataclass(frozen=True)
-class OutputKind:
-    """One per-position output: its dtype and its trailing dim (compression: CODEC_CHOICE)."""
-
-    dtype: str
-    trailing: str | None  # name of the second dim (None for 1-D outputs)
-    units: str | None = None
-    long_name: str | None = None
-
-
-OUTPUT_KINDS = {
-    DNA: {
-        "logprob": OutputKind("float32", None, "nats", "log-probability of the base"),
-        "entropy": OutputKind("float32", None, "nats", "entropy of the prediction"),
-        "softmask": OutputKind("uint8", None, None, "soft-masked (lowercase) base"),
-        "hidden": OutputKind("float16", "feature", None, "hidden representation"),
-    },
-    TIMESERIES: {
-        "forecast": OutputKind("float32", "channel", None, "one-step forecast"),
-        "residual": OutputKind("float32", "channel", None, "observed minus forecast"),
-        "hidden": OutputKind("float16", "feature", None, "hidden representation"),
-    },
-}
+# Per-output facts (dtype, trailing dim, units, compressor) live in linpipe.model.outputs.
 POSITION_DIM = {DNA: "position", TIMESERIES: "time"}
-DEFAULT_OUTPUTS = {DNA: ["logprob", "entropy", "softmask"], TIMESERIES: ["forecast", "residual"]}
 TIME_UNITS = "nanoseconds since 1970-01-01"
-
-
-# Compressor per array, chosen by measurement (benchmarks/store_compression.py, BENCHMARKS.md
-# "Outputs (issue 5)"); all lossless. Float outputs are chosen on what linpipe's own models emit
-# (continuous float bit patterns, where shuffling before zstd wins); stand-ins with few distinct
-# values (a Markov table, ADC-quantised ECG) favour plain zstd and are reported, not followed.
-CODEC_CHOICE = {
-    "logprob": "blosc-zstd-5-shuffle", "entropy": "blosc-zstd-5-shuffle", "softmask": "zstd-9",
-    "hidden": "blosc-zstd-5-shuffle", "forecast": "blosc-zstd-5-bitshuffle",
-    "residual": "blosc-zstd-5-bitshuffle",
-    "time": "blosc-zstd-5-bitshuffle",
-}
+TIME_CODEC = "blosc-zstd-5-bitshuffle"  # the time coordinate of a series (store_compression.py)
+DEFAULT_OUTPUTS = {m: list(output_names(m, default=True)) for m in MODALITIES}
+OUTPUT_KINDS = {m: {s.name: s for s in OUTPUTS[m]} for m in MODALITIES}
+CODEC_CHOICE = {s.name: s.codec for m in MODALITIES for s in OUTPUTS[m]} | {"time": TIME_CODEC}
 
 
 def codecs_for(spec: str):
