@@ -1,28 +1,72 @@
-"""Shared fixtures: where the real data lives, small models, temporary stores."""
+"""Shared fixtures: the real test data (read-only), small models' torch threads, an index cache.
+
+The genomes and series are the small real files carried in tests/data (README.md there says
+what each one is, where it comes from and how it was cut). LINPIPE_TEST_DATA may name a folder
+with the same layout (genomes/, timeseries/) holding the full public files: the same tests then
+run on those.
+"""
 import os
+import shutil
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-# ../shared/data beside the checkout (CI clones main with shared/ beside it).
-SHARED_DATA = Path(os.environ.get("LINPIPE_SHARED_DATA", REPO.parent / "shared" / "data"))
-GENOMES = SHARED_DATA / "genomes"
-TIMESERIES = SHARED_DATA / "timeseries"
+CARRIED = Path(__file__).resolve().parent / "data"
+LAYOUT = {kind: sorted(p.name for p in (CARRIED / kind).iterdir()) for kind in ("genomes", "timeseries")}
+
+
+def data_source() -> Path:
+    """The folder the data comes from: LINPIPE_TEST_DATA when set, else tests/data."""
+    env = os.environ.get("LINPIPE_TEST_DATA")
+    if not env:
+        return CARRIED
+    root = Path(env).expanduser().resolve()
+    missing = [f"{kind}/{name}" for kind, names in LAYOUT.items() for name in names
+               if not (root / kind / name).is_file()]
+    if missing:
+        raise pytest.UsageError(f"LINPIPE_TEST_DATA={env} lacks {', '.join(missing)} "
+                                f"(it must hold the files of tests/data under the same names)")
+    return root
+
+
+def pytest_report_header(config):
+    src = data_source()
+    return f"linpipe test data: {src}" + (" (the subset carried in the repo)" if src == CARRIED else "")
 
 
 @pytest.fixture(scope="session")
-def genomes() -> Path:
-    if not GENOMES.is_dir():
-        pytest.fail(f"real test data not found at {GENOMES}; set LINPIPE_SHARED_DATA")
-    return GENOMES
+def test_data(tmp_path_factory) -> Path:
+    """A read-only copy of the data (files 0444, folders 0555), like a shared data folder:
+    whatever opens an input here must put its index elsewhere, and the checkout stays clean."""
+    src, root = data_source(), tmp_path_factory.mktemp("data")
+    for kind, names in LAYOUT.items():
+        (root / kind).mkdir()
+        for name in names:
+            shutil.copyfile(src / kind / name, root / kind / name)
+            (root / kind / name).chmod(0o444)
+        (root / kind).chmod(0o555)
+    yield root
+    for kind in LAYOUT:
+        (root / kind).chmod(0o755)  # so that pytest can remove its temporary folders
 
 
 @pytest.fixture(scope="session")
-def timeseries() -> Path:
-    if not TIMESERIES.is_dir():
-        pytest.fail(f"real test data not found at {TIMESERIES}; set LINPIPE_SHARED_DATA")
-    return TIMESERIES
+def genomes(test_data) -> Path:
+    return test_data / "genomes"
+
+
+@pytest.fixture(scope="session")
+def timeseries(test_data) -> Path:
+    return test_data / "timeseries"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _index_cache(tmp_path_factory):
+    """Indexes of read-only inputs go to a cache for the session, not to the user's ~/.cache
+    (tests that look at the cache set their own LINPIPE_CACHE)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("LINPIPE_CACHE", str(tmp_path_factory.mktemp("linpipe-cache")))
+        yield
 
 
 @pytest.fixture(scope="module")

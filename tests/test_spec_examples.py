@@ -7,6 +7,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 from test_jobs_schedule import LINPIPE, parse_crontab, parse_unit
@@ -75,7 +76,8 @@ def test_assemblies_spec_one_job_per_file(checkout):
 
 def test_timeseries_spec(checkout):
     out = dry_run(checkout / "jobs" / "timeseries.yaml")
-    assert field(out, "records") == [1] and field(out, "positions") == [650_000]
+    rows = pq.read_metadata(checkout.parent / "shared/data/timeseries/mitdb_100_ecg.parquet").num_rows
+    assert field(out, "records") == [1] and field(out, "positions") == [rows]  # 650,000 in full
     assert "forecast,residual" in out
 
 
