@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+REPO = Path(__file__).resolve().parents[1]
 CARRIED = Path(__file__).resolve().parent / "data"
 LAYOUT = {kind: sorted(p.name for p in (CARRIED / kind).iterdir()) for kind in ("genomes", "timeseries")}
 

@@ -16,6 +16,7 @@ from ray_local_cluster import LocalCluster
 from linpipe.cli import cli
 from linpipe.jobs import submission as sub
 
+pytestmark = pytest.mark.slow  # a real two-node Ray cluster with its job server
 VENV_BIN = os.path.dirname(sys.executable)
 
 

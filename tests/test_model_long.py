@@ -6,7 +6,7 @@ import pytest
 from linpipe.inputs.alphabet import tokenize
 from linpipe.model import Model, ModelConfig, init_net
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.slow]  # a million positions
 
 
 N_POSITIONS = 1_000_000

@@ -87,6 +87,7 @@ def test_job_id_depends_on_content_model_and_options_only():
 
 
 # ----------------------------------------------------------------------------- end to end
+@pytest.mark.slow
 def test_end_to_end_matches_the_bare_model(genome, reference):
     import linpipe
 
@@ -117,6 +118,7 @@ def test_end_to_end_matches_the_bare_model(genome, reference):
     del res
 
 
+@pytest.mark.slow
 def test_same_options_are_bit_identical_and_chunk_size_does_not_matter(genome, reference, tmp_path):
     ref_out, _ = reference
     again = tmp_path / "again.zarr"
@@ -132,6 +134,7 @@ def test_same_options_are_bit_identical_and_chunk_size_does_not_matter(genome, r
                                    rtol=1e-5, atol=1e-5, err_msg=k)
 
 
+@pytest.mark.slow
 def test_interrupted_job_resumes_to_the_same_bytes(genome, reference, tmp_path):
     out = tmp_path / "resumed.zarr"
 
@@ -154,6 +157,7 @@ def test_interrupted_job_resumes_to_the_same_bytes(genome, reference, tmp_path):
     assert s.nothing_to_do and s.positions_run == 0
 
 
+@pytest.mark.slow
 def test_other_options_against_an_existing_store_are_refused(genome, reference, tmp_path):
     import shutil
 
@@ -166,6 +170,7 @@ def test_other_options_against_an_existing_store_are_refused(genome, reference, 
     assert s.positions_run == 90_000
 
 
+@pytest.mark.slow
 def test_input_vanishing_mid_job_is_a_clear_error(genome, local_ray, tmp_path):
     victim = tmp_path / "victim.fa"
     victim.write_bytes(genome.read_bytes())
@@ -184,6 +189,7 @@ def test_input_vanishing_mid_job_is_a_clear_error(genome, local_ray, tmp_path):
 
 
 # ----------------------------------------------------------------------------- CLI
+@pytest.mark.slow
 def test_cli_submit_two_inputs_then_says_nothing_to_do(genome, genomes, tiny, tmp_path, monkeypatch):
     import linpipe
 
@@ -245,6 +251,7 @@ def test_progress_bar_on_a_terminal_and_log_lines_otherwise():
     assert "\r" not in log.getvalue()
 
 
+@pytest.mark.slow
 def test_a_worker_that_cannot_start_is_reported_in_one_line(local_ray, tmp_path):
     """A worker's __init__ failing on its node (here: the model vanished after the driver loaded
     it) ends the job with the worker's own error, not Ray's traceback."""

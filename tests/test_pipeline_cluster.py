@@ -11,6 +11,7 @@ from _pipeline_data import assert_same_bytes, make_tiny_model, store_arrays, wri
 
 from linpipe.jobs.driver import run_job
 
+pytestmark = pytest.mark.slow  # a multi-process Ray run
 CHUNK = 8_192
 OUTPUTS = ["logprob", "entropy", "softmask"]
 TINY: list[str] = []

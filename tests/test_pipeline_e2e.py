@@ -19,6 +19,7 @@ from click.testing import CliRunner
 from linpipe.cli import cli
 
 TS_CHUNK = 512
+pytestmark = pytest.mark.slow  # whole jobs through the CLI, Ray and subprocesses
 
 
 # ----------------------------------------------------------------------------- time series

@@ -308,6 +308,7 @@ for rid, i in [mine[j] for j in rng.permutation(len(mine))]:
 """
 
 
+@pytest.mark.slow
 def test_four_concurrent_writers_lose_nothing(tmp_path, genomes):
     path = tmp_path / "conc.zarr"
     chunk = 7_919  # odd, so ranges never line up with anything but the store's own chunks
@@ -355,6 +356,7 @@ store.write_chunk(key, 1, {"logprob": np.full(n, -1.5, np.float32), "entropy": n
 """
 
 
+@pytest.mark.slow
 def test_killed_writer_leaves_chunk_incomplete(tmp_path, genomes):
     path = tmp_path / "killed.zarr"
     store, full = build_dna_store(path, genomes, skip={("chr1", 1)}, finalize=False)

@@ -5,7 +5,10 @@ import sys
 import zipfile
 from pathlib import Path
 
-from conftest import REPO
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow  # builds and installs a wheel
 
 ROOTS = {"pipeline": "linpipe", "kernels": "linpipe/kernels", "jobs": "linpipe/jobs"}
 
