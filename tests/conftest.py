@@ -30,6 +30,10 @@ def data_source() -> Path:
     return root
 
 
+def pytest_configure(config):
+    data_source()  # a LINPIPE_TEST_DATA that lacks files stops the run here, with the list
+
+
 def pytest_report_header(config):
     src = data_source()
     return f"linpipe test data: {src}" + (" (the subset carried in the repo)" if src == CARRIED else "")
