@@ -41,14 +41,15 @@ def pytest_report_header(config):
 
 @pytest.fixture(scope="session")
 def test_data(tmp_path_factory) -> Path:
-    """A read-only copy of the data (files 0444, folders 0555), like a shared data folder:
-    whatever opens an input here must put its index elsewhere, and the checkout stays clean."""
+    """A copy of the data in read-only folders (mode 0555), like a shared data folder: whatever
+    opens an input here must put its index elsewhere, and the checkout stays clean. The files
+    keep mode 0644, so that a test's shutil.copy of one is a file it may rewrite (root or not)."""
     src, root = data_source(), tmp_path_factory.mktemp("data")
     for kind, names in LAYOUT.items():
         (root / kind).mkdir()
         for name in names:
             shutil.copyfile(src / kind / name, root / kind / name)
-            (root / kind / name).chmod(0o444)
+            (root / kind / name).chmod(0o644)
         (root / kind).chmod(0o555)
     yield root
     for kind in LAYOUT:
