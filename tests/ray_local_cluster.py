@@ -95,10 +95,10 @@ class LocalCluster:
         self.dashboard_url = f"http://127.0.0.1:{dash}"
         self._wait_for_job_server()
         for i in range(self.num_workers):
-            self.procs.append(_ray_block(["start", f"--address={self.gcs_address}", "--node-ip-address=127.0.0.1",
-                      f"--num-cpus={self.cpus}", "--num-gpus=0",
-                      "--object-store-memory=100000000", *_node_ports()], self.env,
-                self.tmp / f"worker{i}.log"))
+            args = ["start", f"--address={self.gcs_address}", "--node-ip-address=127.0.0.1",
+                    f"--num-cpus={self.cpus}", "--num-gpus=0", "--object-store-memory=100000000",
+                    *_node_ports()]
+            self.procs.append(_ray_block(args, self.env, self.tmp / f"worker{i}.log"))
         self._wait_for_nodes(1 + self.num_workers)
         return self
 
