@@ -297,7 +297,7 @@ def test_inference_leaves_weights_and_inputs_untouched(tmp_path, genomes):
 def test_big_batched_calls_match_the_buffered_path(tmp_path, genomes):
     """forward_records batches many positions per call, beyond what CPU inference keeps in
     reused buffers (INFER_BUFFERED): that allocating path gives the streamed outputs."""
-    from linpipe.model import core as model_mod
+    from linpipe.model import network as model_mod
 
     model = _dna_model(tmp_path)
     n = model_mod.INFER_BUFFERED // 2 + 100

@@ -23,7 +23,12 @@ import torch
 import triton
 import triton.language as tl
 
-_FEATURE_MAP_IDS = {"elu1": 0, "relu": 1, "identity": 2}
+from .naive import FEATURE_MAPS
+
+# Kernel ids of the feature maps: their index in naive.FEATURE_MAPS (the one list of names).
+_FEATURE_MAP_IDS = {name: i for i, name in enumerate(FEATURE_MAPS)}
+# _phi branches on these ids as literals (a jit function reads no Python globals).
+assert _FEATURE_MAP_IDS["elu1"] == 0 and _FEATURE_MAP_IDS["relu"] == 1
 _SUPPORTED = (torch.float32, torch.bfloat16, torch.float16)
 
 
