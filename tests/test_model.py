@@ -175,6 +175,22 @@ def test_chunking_never_changes_outputs(tmp_path_factory, genomes, cuts, modalit
     _assert_outputs_close(state.to_arrays(), final.to_arrays(), 1e-5)
 
 
+def test_pieces_shorter_than_the_conv_window(tmp_path_factory, genomes):
+    """Pieces of 1, 2 and 3 positions (shorter than the conv window, W-1 = 3) carry the window
+    exactly: equal one pass."""
+    model = _cached_models(tmp_path_factory)["dna"]
+    x = _cached_dna(genomes)[:40]
+    whole, final = model.forward(x, model.init_state())
+    cuts = [0, 1, 3, 6, 7, 9, 12, 40]
+    state, parts = model.init_state(), []
+    for a, b in zip(cuts[:-1], cuts[1:], strict=True):
+        out, state = model.forward(x[a:b], state)
+        parts.append(out)
+    pieced = {k: np.concatenate([p[k] for p in parts]) for k in whole}
+    _assert_outputs_close(pieced, whole, 1e-5)
+    _assert_outputs_close(state.to_arrays(), final.to_arrays(), 1e-5)
+
+
 _MODELS = {}
 
 

@@ -96,17 +96,20 @@ class CausalConv(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.zeros(dim, width))  # (D, W); [:, W-1] hits the current position
 
-    def forward(self, a, window, scratch):  # a (B, T, D), window (B, W-1, D)
-        B, T, D = a.shape
+    def forward(self, a, window, out=None):  # a (B, T, D), window (B, W-1, D): the inputs before a
+        T = a.shape[1]
         W = self.weight.shape[1]
-        ext = torch.cat([window, a], dim=1, out=scratch("conv_in", B, T + W - 1, D))  # (B, T+W-1, D)
-        # W shifted multiply-adds in the (B, T, D) layout: no transposes. Measured ~0.5 ms less
-        # per (2048, 128) block at 1 thread than a depthwise conv1d, whose transposed output
-        # also slowed the next matmul (in-place adds on a fresh product are autograd-safe).
-        c = torch.mul(ext[:, W - 1:], self.weight[:, W - 1], out=scratch("conv_out", B, T, D))
-        for j in range(W - 1):
-            c.addcmul_(ext[:, j:j + T], self.weight[:, j])
-        return c, ext[:, T:].clone()  # (B, T, D); new window: the last W-1 inputs (out of scratch)
+        # Shifted multiply-adds in the (B, T, D) layout: no transposes, no concatenated copy.
+        # Measured ~0.5 ms less per (2048, 128) block at 1 thread than a depthwise conv1d, whose
+        # transposed output also slowed the next matmul. In-place adds into a fresh product
+        # are autograd-safe (addcmul's backward does not read its output).
+        c = torch.mul(a, self.weight[:, W - 1], out=out)  # (B, T, D)
+        for j in range(W - 1):  # tap j reads the input s = W-1-j positions back
+            s = W - 1 - j
+            c[:, s:].addcmul_(a[:, :max(T - s, 0)], self.weight[:, j])
+            c[:, :s].addcmul_(window[:, j:j + min(s, T)], self.weight[:, j])
+        new_window = torch.cat([window, a[:, -(W - 1):]], dim=1)[:, -(W - 1):]  # the last W-1 inputs
+        return c, new_window
 
 
 def add_linear(r, x, w, out=None):
@@ -138,7 +141,7 @@ class Attention(nn.Module):
         B, T, D = a.shape
         H, K = self.n_heads, self.head_dim
         if self.conv is not None:
-            a, window = self.conv(a, window, scratch)
+            a, window = self.conv(a, window, out=scratch("conv", B, T, D))
         # One matmul for q, k, v (weights concatenated), (B, T, 3, H, K), handed to the kernel
         # as (B, T, H, K) views: no split pass. Position-major rows make the kernel's one
         # transpose into (B, H, T, K) read contiguous K-runs.
