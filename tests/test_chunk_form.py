@@ -1,5 +1,7 @@
 """The chunked PyTorch form equals the literal recurrence (fp64), with carried state, decay,
 every feature map, with and without the normaliser, ragged T, and packed records."""
+import sys
+
 import pytest
 import torch
 
@@ -175,3 +177,29 @@ def test_scratch_keeps_only_small_buffers():
     n = scratch.RETAIN_MAX_BYTES // 4 + 1
     a, b = scratch.workspace(n, like, "test_big"), scratch.workspace(n, like, "test_big")
     assert a.numel() == n and a.data_ptr() != b.data_ptr()  # fresh each time: not kept
+
+
+class _CudaLike:
+    """Stands in for a CUDA tensor at the dispatcher (no GPU here): only what it reads."""
+
+    is_cuda = True
+    requires_grad = False
+
+
+def test_cuda_tensor_without_triton_is_a_clear_error(monkeypatch):
+    """A CUDA tensor must never silently run the CPU form when Triton cannot be imported."""
+    from linpipe.kernels import linear_attn
+
+    q = torch.zeros(1, 4, 1, 8)
+    assert not linear_attn.uses_triton(q, needs_grad=False)
+    assert linear_attn.uses_triton(_CudaLike(), needs_grad=False)
+    assert not linear_attn.uses_triton(_CudaLike(), needs_grad=True)  # autograd: the torch form
+    monkeypatch.setitem(sys.modules, "triton", None)  # `import triton` raises ImportError
+    monkeypatch.delitem(sys.modules, "linpipe.kernels.linear_attn.triton_chunk", raising=False)
+    monkeypatch.setattr(linear_attn, "_triton_fn", None)
+    x = _CudaLike()
+    with pytest.raises(RuntimeError, match=r"linpipe\[gpu\]") as err:
+        linear_attn.chunk_linear_attn(x, x, x)
+    assert isinstance(err.value.__cause__, ImportError)
+    o, _ = linear_attn.chunk_linear_attn(q, q, q)  # CPU tensors never need Triton
+    assert o.shape == q.shape
