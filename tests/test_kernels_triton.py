@@ -192,6 +192,7 @@ def test_unknown_feature_map():
         chunk_linear_attn_triton(q, k, v, feature_map="softmax")
 
 
+@pytest.mark.slow  # a child process
 def test_linpipe_kernels_does_not_import_triton():
     code = ("import sys, linpipe.kernels, linpipe.kernels.linear_attn; "
             "print('triton' in sys.modules)")
@@ -221,6 +222,7 @@ def test_gpu_real_size_matches_naive(dtype, rtol):
 
 @gpu
 @pytest.mark.gpu
+@pytest.mark.slow
 def test_gpu_million_positions_in_16_calls_equal_one_call():
     T, H = 1 << 20, 4
     q, k, v = _inputs(1, T, H, 64, 64, dtype=torch.bfloat16)

@@ -11,7 +11,7 @@ from safetensors.numpy import load_file
 
 import linpipe
 from linpipe.inputs.alphabet import tokenize
-from linpipe.model import Model, ModelConfig, ModelState, init_net, load_model, save_model
+from linpipe.model import ModelConfig, ModelState, init_net, load_model, save_model
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

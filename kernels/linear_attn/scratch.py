@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import sys
 import math
+import sys
 import threading
 
 import torch

@@ -11,7 +11,14 @@ from pathlib import Path
 import torch
 
 from linpipe.errors import ModelError
-from linpipe.model.config import CONFIG_FILE, FORMAT_NAME, FORMAT_VERSION, WEIGHTS_FILE, ModelConfig, expected_shapes
+from linpipe.model.config import (
+    CONFIG_FILE,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    WEIGHTS_FILE,
+    ModelConfig,
+    expected_shapes,
+)
 
 # Files that hold pickled objects: loading them can run arbitrary code, so linpipe never does.
 PICKLE_NAMES = ("pytorch_model.bin", "model.bin")
