@@ -65,8 +65,8 @@ def main():
     ap.add_argument("--chunk", type=int, default=65536)
     ap.add_argument("--passes", type=int, default=3)
     args = ap.parse_args()
-    root = os.environ.get("LINPIPE_SHARED_DATA",
-                          os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data"))
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.environ.get("LINPIPE_SHARED_DATA", os.path.join(here, "..", "..", "shared", "data"))
     genome = os.path.join(root, "genomes", "htslib_ce.fa")
     report = {"load_before": os.getloadavg()}
     for which in ("bench", "default"):
@@ -84,7 +84,7 @@ def main():
         res["ratio_best"] = res["new"]["best"] / res["old"]["best"]
         res["ratio_median"] = res["new"]["median"] / res["old"]["median"]
         # per-round ratios: old and new of one round ran back to back
-        res["ratio_per_round"] = [n / o for o, n in zip(rates["old"], rates["new"])]
+        res["ratio_per_round"] = [n / o for o, n in zip(rates["old"], rates["new"], strict=False)]
         report[which] = res
         print(which, json.dumps(res, indent=1), flush=True)
     report["load_after"] = os.getloadavg()

@@ -88,7 +88,7 @@ def test_packed_records_match_separate_calls():
     o, (S, z) = chunk_linear_attn(q, k, v, decay=decay, initial_state=(S0, z0),
                                   output_final_state=True, cu_seqlens=cu)
     assert S.shape == (len(lengths), H, K, K) and z.shape == (len(lengths), H, K)
-    for i, (a, b) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
+    for i, (a, b) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist(), strict=False)):
         o_ref, (S_ref, z_ref) = naive_recurrent_linear_attn(
             q[:, a:b], k[:, a:b], v[:, a:b], decay=decay, initial_state=(S0[i:i + 1], z0[i:i + 1]),
             output_final_state=True)
@@ -107,7 +107,7 @@ def test_gradients_match_naive():
         o, _ = fn(qq, kk, vv, decay=decay, initial_state=init)
         (o * torch.linspace(-1, 1, o.numel(), dtype=o.dtype).view_as(o)).sum().backward()
         grads.append([t.grad for t in (qq, kk, vv)])
-    for a, b in zip(*grads):
+    for a, b in zip(*grads, strict=False):
         _close(a, b, 1e-9)
 
 
@@ -155,7 +155,7 @@ def test_scratch_memory_is_per_thread():
         t.start()
     for t in threads:
         t.join()
-    for a, b in zip(got, alone):
+    for a, b in zip(got, alone, strict=False):
         assert torch.equal(a, b)
 
 

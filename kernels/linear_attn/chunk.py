@@ -59,7 +59,8 @@ class _BlockConsts:
         step = c * lg  # log decay per block
         if not self.two_level:
             self.lm = _strict_lower_powers(n, step)  # (1, H, n, n)
-            self.pw = torch.exp(torch.arange(n, device=device, dtype=dtype) * step.view(H, 1)).view(1, H, n, 1)
+            steps = torch.arange(n, device=device, dtype=dtype)
+            self.pw = torch.exp(steps * step.view(H, 1)).view(1, H, n, 1)
             return
         ng = n // G
         i = torch.arange(G, device=device, dtype=dtype)
@@ -169,7 +170,8 @@ def _run_blocks(q, k, v, S, z, log_g, phi_name, normalize, eps, need_z, n, c, sc
     # Each block's contribution to the state at its end, then the state entering each block.
     dS = torch.bmm(k_out.reshape(m, c, K).transpose(1, 2), vb.reshape(m, c, V),
                    out=scratch("la_dS", m, K, V))  # (m, K, V)
-    starts, S = cs.prefix(dS.view(B, H, n, K * V), S.reshape(B, H, K * V), scratch("la_starts", B, H, n, K * V))
+    starts, S = cs.prefix(dS.view(B, H, n, K * V), S.reshape(B, H, K * V),
+                          scratch("la_starts", B, H, n, K * V))
     S = S.view(B, H, K, V)
     A = torch.bmm(qf.reshape(m, c, K), kf.reshape(m, c, K).transpose(1, 2), out=scratch("la_A", m, c, c))
     A = A.view(B, H, n, c, c).mul_(cs.mask)  # decayed causal scores (in place: mul's backward needs not A)

@@ -55,7 +55,8 @@ class ModelConfig:
     @property
     def output_dims(self) -> dict:
         """Per output: None for one value per position, else the width of its last axis."""
-        return {n: output_spec(self.modality, n).width(self.d_model, self.channels) for n in self.output_names}
+        return {n: output_spec(self.modality, n).width(self.d_model, self.channels)
+                for n in self.output_names}
 
     def replace(self, **changes) -> "ModelConfig":
         return dataclasses.replace(self, **changes)
@@ -80,7 +81,8 @@ class ModelConfig:
             raise ModelError(f"{where}: 'format' is {d.get('format')!r}, expected {FORMAT_NAME!r}")
         ver = d.get("version")
         if ver != FORMAT_VERSION:
-            hint = " (written by a newer linpipe; upgrade linpipe)" if isinstance(ver, int) and ver > 1 else ""
+            newer = isinstance(ver, int) and ver > 1
+            hint = " (written by a newer linpipe; upgrade linpipe)" if newer else ""
             raise ModelError(f"{where}: unsupported model format version {ver!r}{hint}; "
                              f"this linpipe reads version {FORMAT_VERSION}")
         required = ["modality", "d_model", "n_layers", "n_heads", "mlp_hidden", "feature_map",

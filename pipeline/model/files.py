@@ -82,11 +82,14 @@ def resolve_model_path(path_or_name) -> Path:
     if p.is_dir():
         return p
     name = str(path_or_name)
-    if re.fullmatch(r"[A-Za-z0-9_.-]+", name) and (SHIPPED_MODELS / name).is_dir() and name not in (".", ".."):
+    plain = re.fullmatch(r"[A-Za-z0-9_.-]+", name) and name not in (".", "..")
+    if plain and (SHIPPED_MODELS / name).is_dir():
         return SHIPPED_MODELS / name
     if p.exists():
         raise ModelError(f"{p}: a model must be a directory holding {CONFIG_FILE} and {WEIGHTS_FILE}")
-    shipped = sorted(x.name for x in SHIPPED_MODELS.iterdir() if x.is_dir()) if SHIPPED_MODELS.is_dir() else []
+    shipped = []
+    if SHIPPED_MODELS.is_dir():
+        shipped = sorted(x.name for x in SHIPPED_MODELS.iterdir() if x.is_dir())
     raise ModelError(f"{name}: no such model directory, and no shipped model of that name "
                      f"(shipped: {', '.join(shipped) or 'none'})")
 

@@ -165,7 +165,7 @@ class Model:
             idx = order[i:j]
             longest = max(len(xs[k]) for k in idx)
             results_batch = self._batch(xs, idx, longest, outs)
-            for k, r in zip(idx, results_batch):
+            for k, r in zip(idx, results_batch, strict=False):
                 results[k] = r
             i = j
         return results
