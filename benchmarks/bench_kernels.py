@@ -54,7 +54,7 @@ def copy_bandwidth(nbytes: int = 2 << 30) -> float:
     """Bytes per second of a device-to-device copy, counting the read and the write."""
     x = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
     y = torch.empty_like(x)
-    t = cuda_time(lambda: y.copy_(x), warmup=3, repeat=10)
+    t = cuda_time(lambda x=x, y=y: y.copy_(x), warmup=3, repeat=10)
     del x, y
     return 2 * nbytes / t
 
@@ -77,14 +77,16 @@ def methods(args, H, K):
     kw = dict(feature_map=args.feature_map, normalize=not args.no_normalize, output_final_state=True)
     phi = feature_map_fn(args.feature_map)
     out = {
-        "linpipe triton (segments)": lambda q, k, v, cu: chunk_linear_attn_triton(q, k, v, cu_seqlens=cu, **kw),
+        "linpipe triton (segments)":
+            lambda q, k, v, cu: chunk_linear_attn_triton(q, k, v, cu_seqlens=cu, **kw),
         "linpipe triton (1 segment/record)": lambda q, k, v, cu: chunk_linear_attn_triton(
             q, k, v, cu_seqlens=cu, segment_len=64 * ((q.shape[1] + 63) // 64), **kw),
     }
     if not args.skip_torch:
         try:
             from linpipe.kernels.linear_attn.chunk import chunk_linear_attn_torch
-            out["linpipe torch chunked"] = lambda q, k, v, cu: chunk_linear_attn_torch(q, k, v, cu_seqlens=cu, **kw)
+            out["linpipe torch chunked"] = (
+                lambda q, k, v, cu: chunk_linear_attn_torch(q, k, v, cu_seqlens=cu, **kw))
         except ImportError as e:
             print(f"# PyTorch chunked form not available: {e}", file=sys.stderr)
     fla_linear, fla_gla = fla_ops()
@@ -119,7 +121,7 @@ def run_case(name, args, bw, H, K, V, packs):
     t_bound = bound_seconds(positions, H, K, V, torch.tensor([], dtype=dtype).element_size(), bw)
     rows = []
     for mname, fn in methods(args, H, K).items():
-        def call():
+        def call(fn=fn, q=q, k=k, v=v):
             for t, cu in packs:
                 fn(q[:, :t], k[:, :t], v[:, :t], cu)
         try:
@@ -127,7 +129,8 @@ def run_case(name, args, bw, H, K, V, packs):
             sec = cuda_time(call, warmup=1, repeat=args.repeat)
             row = dict(case=name, method=mname, seconds=sec, positions=positions,
                        mpos_per_s=positions / sec / 1e6, of_bound=t_bound / sec)
-            print(f"# {name} | {mname}: {sec * 1e3:.2f} ms ({time.time() - wall:.0f} s wall)", file=sys.stderr)
+            print(f"# {name} | {mname}: {sec * 1e3:.2f} ms ({time.time() - wall:.0f} s wall)",
+                  file=sys.stderr)
         except (torch.cuda.OutOfMemoryError, NotImplementedError, RuntimeError, ValueError) as e:
             row = dict(case=name, method=mname, error=f"{type(e).__name__}: {str(e).splitlines()[0][:80]}")
             print(f"# {name} | {mname}: {row['error']}", file=sys.stderr)
@@ -183,7 +186,8 @@ def main():
     rows += run_case(f"B=1 H=8 K=V=128 T={t1}", args, bw, 8, 128, 128, [(t1, None)])
     rows += run_case(f"B=1 H=4 K=V=128 T={t4}", args, bw, 4, 128, 128, [(t4, None)])
     packs = varlen_packs(nrec, 2000, 50_000, args.pack_positions)
-    rows += run_case(f"varlen {nrec} records 2k-50k, H=8 K=V=128 ({len(packs)} calls)", args, bw, 8, 128, 128, packs)
+    rows += run_case(f"varlen {nrec} records 2k-50k, H=8 K=V=128 ({len(packs)} calls)", args, bw,
+                     8, 128, 128, packs)
 
     print(f"\nDevice: {dev}; copy bandwidth {bw / 1e9:.0f} GB/s; dtype {args.dtype}; feature map "
           f"{args.feature_map}; normalise {'off' if args.no_normalize else 'on'}\n")

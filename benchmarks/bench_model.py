@@ -9,7 +9,8 @@
    float32 matmul FLOP/s (best of 5, before and after), measured in the same run.
 3. Peak memory (RSS) of streaming 1M vs 8M positions, each in a fresh process.
 
-Usage: python benchmarks/bench_model.py [--threads 1] [--positions 131072] [--chunk 65536] [--memory 1000000,8000000]
+Usage: python benchmarks/bench_model.py [--threads 1] [--positions 131072] [--chunk 65536]
+       [--memory 1000000,8000000]
 """
 from __future__ import annotations
 
@@ -197,7 +198,8 @@ def main():
         print(f"model: {m['positions_per_s']:,.0f} positions/s, {m['model_flops_per_s'] / 1e9:.1f} GFLOP/s "
               f"= {100 * m['utilisation_of_matmul']:.0f}% of matmul {peak / 1e9:.1f} GFLOP/s")
     for r in res["memory"]:
-        print(f"stream {r['positions']:,} positions ({r['model']} model): peak RSS {r['peak_rss_mb']:.0f} MB, "
+        print(f"stream {r['positions']:,} positions ({r['model']} model): "
+              f"peak RSS {r['peak_rss_mb']:.0f} MB, "
               f"{r['seconds']:.0f} s")
 
 

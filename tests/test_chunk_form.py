@@ -1,5 +1,7 @@
 """The chunked PyTorch form equals the literal recurrence (fp64), with carried state, decay,
 every feature map, with and without the normaliser, ragged T, and packed records."""
+import sys
+
 import pytest
 import torch
 
@@ -86,7 +88,7 @@ def test_packed_records_match_separate_calls():
     o, (S, z) = chunk_linear_attn(q, k, v, decay=decay, initial_state=(S0, z0),
                                   output_final_state=True, cu_seqlens=cu)
     assert S.shape == (len(lengths), H, K, K) and z.shape == (len(lengths), H, K)
-    for i, (a, b) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
+    for i, (a, b) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist(), strict=False)):
         o_ref, (S_ref, z_ref) = naive_recurrent_linear_attn(
             q[:, a:b], k[:, a:b], v[:, a:b], decay=decay, initial_state=(S0[i:i + 1], z0[i:i + 1]),
             output_final_state=True)
@@ -105,7 +107,7 @@ def test_gradients_match_naive():
         o, _ = fn(qq, kk, vv, decay=decay, initial_state=init)
         (o * torch.linspace(-1, 1, o.numel(), dtype=o.dtype).view_as(o)).sum().backward()
         grads.append([t.grad for t in (qq, kk, vv)])
-    for a, b in zip(*grads):
+    for a, b in zip(*grads, strict=False):
         _close(a, b, 1e-9)
 
 
@@ -153,7 +155,7 @@ def test_scratch_memory_is_per_thread():
         t.start()
     for t in threads:
         t.join()
-    for a, b in zip(got, alone):
+    for a, b in zip(got, alone, strict=False):
         assert torch.equal(a, b)
 
 
@@ -175,3 +177,29 @@ def test_scratch_keeps_only_small_buffers():
     n = scratch.RETAIN_MAX_BYTES // 4 + 1
     a, b = scratch.workspace(n, like, "test_big"), scratch.workspace(n, like, "test_big")
     assert a.numel() == n and a.data_ptr() != b.data_ptr()  # fresh each time: not kept
+
+
+class _CudaLike:
+    """Stands in for a CUDA tensor at the dispatcher (no GPU here): only what it reads."""
+
+    is_cuda = True
+    requires_grad = False
+
+
+def test_cuda_tensor_without_triton_is_a_clear_error(monkeypatch):
+    """A CUDA tensor must never silently run the CPU form when Triton cannot be imported."""
+    from linpipe.kernels import linear_attn
+
+    q = torch.zeros(1, 4, 1, 8)
+    assert not linear_attn.uses_triton(q, needs_grad=False)
+    assert linear_attn.uses_triton(_CudaLike(), needs_grad=False)
+    assert not linear_attn.uses_triton(_CudaLike(), needs_grad=True)  # autograd: the torch form
+    monkeypatch.setitem(sys.modules, "triton", None)  # `import triton` raises ImportError
+    monkeypatch.delitem(sys.modules, "linpipe.kernels.linear_attn.triton_chunk", raising=False)
+    monkeypatch.setattr(linear_attn, "_triton_fn", None)
+    x = _CudaLike()
+    with pytest.raises(RuntimeError, match=r"linpipe\[gpu\]") as err:
+        linear_attn.chunk_linear_attn(x, x, x)
+    assert isinstance(err.value.__cause__, ImportError)
+    o, _ = linear_attn.chunk_linear_attn(q, q, q)  # CPU tensors never need Triton
+    assert o.shape == q.shape

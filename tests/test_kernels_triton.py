@@ -17,10 +17,7 @@ if not ON_GPU:
     os.environ["TRITON_INTERPRET"] = "1"
 triton = pytest.importorskip("triton", reason="triton is not installed (pip install '.[test]')")
 
-from linpipe.kernels.linear_attn import (
-    naive_recurrent_linear_attn,  # noqa: E402
-    triton_chunk,  # noqa: E402
-)
+from linpipe.kernels.linear_attn import naive_recurrent_linear_attn, triton_chunk  # noqa: E402
 from linpipe.kernels.linear_attn.triton_chunk import _row_base, chunk_linear_attn_triton  # noqa: E402
 
 tl = triton.language
@@ -54,7 +51,8 @@ def _close(got, want, rtol):
 def _check(q, k, v, *, rtol=2e-5, **kw):
     """Triton vs fp64 naive: outputs, final S, final z."""
     o, (S, z) = chunk_linear_attn_triton(q, k, v, output_final_state=True, **SMALL, **kw)
-    ro, (rS, rz) = naive_recurrent_linear_attn(q.double(), k.double(), v.double(), output_final_state=True, **kw)
+    ro, (rS, rz) = naive_recurrent_linear_attn(q.double(), k.double(), v.double(), output_final_state=True,
+                                               **kw)
     assert o.dtype == q.dtype and o.shape == v.shape
     assert S.dtype == torch.float32 and z.dtype == torch.float32
     _close(o, ro, rtol)
@@ -68,7 +66,8 @@ def _check(q, k, v, *, rtol=2e-5, **kw):
 def test_matches_naive_every_variant(feature_map, normalize, with_decay):
     q, k, v = _inputs(1, 50, 2, 16, 32, feature_map=feature_map)  # 2 segments, 4 blocks, a tail
     decay = torch.tensor([0.95, 0.6], device=DEV) if with_decay else None
-    _check(q, k, v, feature_map=feature_map, normalize=normalize, decay=decay, initial_state=_state(1, 2, 16, 32))
+    _check(q, k, v, feature_map=feature_map, normalize=normalize, decay=decay,
+           initial_state=_state(1, 2, 16, 32))
 
 
 @pytest.mark.parametrize("T", [1, 63, 64, 65, 300])
@@ -192,6 +191,7 @@ def test_unknown_feature_map():
         chunk_linear_attn_triton(q, k, v, feature_map="softmax")
 
 
+@pytest.mark.slow  # a child process
 def test_linpipe_kernels_does_not_import_triton():
     code = ("import sys, linpipe.kernels, linpipe.kernels.linear_attn; "
             "print('triton' in sys.modules)")
@@ -211,7 +211,8 @@ def test_gpu_real_size_matches_naive(dtype, rtol):
     q, k, v = _inputs(1, 4096, 4, 128, 128, dtype=dtype)
     decay = torch.tensor([0.999, 0.99, 0.9, 1.0], device=DEV)
     S0, z0 = _state(1, 4, 128, 128)
-    o, (S, z) = chunk_linear_attn_triton(q, k, v, decay=decay, initial_state=(S0, z0), output_final_state=True)
+    o, (S, z) = chunk_linear_attn_triton(q, k, v, decay=decay, initial_state=(S0, z0),
+                                         output_final_state=True)
     ro, (rS, rz) = naive_recurrent_linear_attn(q, k, v, decay=decay, initial_state=(S0, z0),
                                                output_final_state=True)
     _close(o, ro, rtol)
@@ -221,6 +222,7 @@ def test_gpu_real_size_matches_naive(dtype, rtol):
 
 @gpu
 @pytest.mark.gpu
+@pytest.mark.slow
 def test_gpu_million_positions_in_16_calls_equal_one_call():
     T, H = 1 << 20, 4
     q, k, v = _inputs(1, T, H, 64, 64, dtype=torch.bfloat16)
@@ -228,7 +230,8 @@ def test_gpu_million_positions_in_16_calls_equal_one_call():
     st, parts = None, []
     for a in range(0, T, T // 16):
         b = a + T // 16
-        o, st = chunk_linear_attn_triton(q[:, a:b], k[:, a:b], v[:, a:b], initial_state=st, output_final_state=True)
+        o, st = chunk_linear_attn_triton(q[:, a:b], k[:, a:b], v[:, a:b], initial_state=st,
+                                         output_final_state=True)
         parts.append(o)
     _close(torch.cat(parts, 1), whole, 1e-2)
     _close(st[0], S, 1e-4)

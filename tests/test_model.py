@@ -11,7 +11,7 @@ from safetensors.numpy import load_file
 
 import linpipe
 from linpipe.inputs.alphabet import tokenize
-from linpipe.model import Model, ModelConfig, ModelState, init_net, load_model, save_model
+from linpipe.model import ModelConfig, ModelState, init_net, load_model, save_model
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -45,14 +45,14 @@ def _reference(directory, x):
     hist = [[] for _ in range(L)]  # a values per layer, for the convolution
     ys = []
     for h in embeds:
-        for l in range(L):
-            p = f"layers.{l}."
+        for li in range(L):
+            p = f"layers.{li}."
             a = rms(h, w[p + "attn_norm.weight"])
-            hist[l].append(a)
+            hist[li].append(a)
             if W > 1:
                 cw = w[p + "attn.conv.weight"]
-                j = len(hist[l]) - 1
-                c = sum(cw[:, m] * hist[l][j - W + 1 + m] for m in range(W) if j - W + 1 + m >= 0)
+                j = len(hist[li]) - 1
+                c = sum(cw[:, m] * hist[li][j - W + 1 + m] for m in range(W) if j - W + 1 + m >= 0)
             else:
                 c = a
             q = phi(w[p + "attn.q_proj.weight"] @ c).reshape(H, K)
@@ -61,10 +61,10 @@ def _reference(directory, x):
             o = np.zeros((H, K))
             for hh in range(H):
                 g = w[p + "attn.decay"][hh]
-                S[l, hh] = g * S[l, hh] + np.outer(k[hh], v[hh])
-                z[l, hh] = g * z[l, hh] + k[hh]
-                num = q[hh] @ S[l, hh]
-                o[hh] = num / (q[hh] @ z[l, hh] + cfg["attn_eps"]) if cfg["normalize"] else num
+                S[li, hh] = g * S[li, hh] + np.outer(k[hh], v[hh])
+                z[li, hh] = g * z[li, hh] + k[hh]
+                num = q[hh] @ S[li, hh]
+                o[hh] = num / (q[hh] @ z[li, hh] + cfg["attn_eps"]) if cfg["normalize"] else num
             h = h + w[p + "attn.o_proj.weight"] @ o.reshape(D)
             m = rms(h, w[p + "mlp_norm.weight"])
             f = w[p + "mlp.fc1.weight"] @ m
@@ -167,7 +167,23 @@ def test_chunking_never_changes_outputs(tmp_path_factory, genomes, cuts, modalit
         x[100:103, 0] = np.nan
     whole, final = model.forward(x, model.init_state())
     state, parts = model.init_state(), []
-    for a, b in zip([0] + sorted(cuts), sorted(cuts) + [len(x)]):
+    for a, b in zip([0] + sorted(cuts), sorted(cuts) + [len(x)], strict=False):
+        out, state = model.forward(x[a:b], state)
+        parts.append(out)
+    pieced = {k: np.concatenate([p[k] for p in parts]) for k in whole}
+    _assert_outputs_close(pieced, whole, 1e-5)
+    _assert_outputs_close(state.to_arrays(), final.to_arrays(), 1e-5)
+
+
+def test_pieces_shorter_than_the_conv_window(tmp_path_factory, genomes):
+    """Pieces of 1, 2 and 3 positions (shorter than the conv window, W-1 = 3) carry the window
+    exactly: equal one pass."""
+    model = _cached_models(tmp_path_factory)["dna"]
+    x = _cached_dna(genomes)[:40]
+    whole, final = model.forward(x, model.init_state())
+    cuts = [0, 1, 3, 6, 7, 9, 12, 40]
+    state, parts = model.init_state(), []
+    for a, b in zip(cuts[:-1], cuts[1:], strict=True):
         out, state = model.forward(x[a:b], state)
         parts.append(out)
     pieced = {k: np.concatenate([p[k] for p in parts]) for k in whole}
@@ -185,7 +201,9 @@ def _cached_models(factory):
     return _MODELS
 
 
-def _cached_dna(genomes, _cache={}):
+def _cached_dna(genomes, _cache=None):
+    if _cache is None:
+        _cache = {}
     if "x" not in _cache:
         _cache["x"] = _genome_slice(genomes, 177417 - 300, 700)
     return _cache["x"]
@@ -227,7 +245,7 @@ def test_forward_records_equals_one_by_one(tmp_path, genomes):
     x = _genome_slice(genomes, 100000, 3000)
     records = [x[:1], x[10:400], x[500:2900], x[2900:2900], x[1000:1033]]
     batched = model.forward_records(records, max_batch_positions=1000)  # forces several batches
-    for rec, got in zip(records, batched):
+    for rec, got in zip(records, batched, strict=False):
         want, _ = model.forward(rec, model.init_state())
         _assert_outputs_close(got, want, 1e-5)
 
@@ -297,12 +315,12 @@ def test_inference_leaves_weights_and_inputs_untouched(tmp_path, genomes):
 def test_big_batched_calls_match_the_buffered_path(tmp_path, genomes):
     """forward_records batches many positions per call, beyond what CPU inference keeps in
     reused buffers (INFER_BUFFERED): that allocating path gives the streamed outputs."""
-    from linpipe.model import core as model_mod
+    from linpipe.model import network as model_mod
 
     model = _dna_model(tmp_path)
     n = model_mod.INFER_BUFFERED // 2 + 100
     xs = [_genome_slice(genomes, 400000 + 7 * n * i, n) for i in range(3)]  # 3 x n > INFER_BUFFERED
     batched = model.forward_records(xs)
-    for x, got in zip(xs, batched):
+    for x, got in zip(xs, batched, strict=False):
         want, _ = model.forward(x, model.init_state())
         _assert_outputs_close(got, want, 1e-5)

@@ -36,7 +36,8 @@ def _copy(model_dir, tmp_path):
 def test_init_writes_format_v1(model_dir):
     cfg = json.loads((model_dir / "config.json").read_text())
     assert cfg["format"] == "linpipe-model" and cfg["version"] == 1
-    assert (cfg["d_model"], cfg["n_layers"], cfg["n_heads"], cfg["mlp_hidden"], cfg["conv_width"]) == (32, 2, 2, 64, 3)
+    dims = (cfg["d_model"], cfg["n_layers"], cfg["n_heads"], cfg["mlp_hidden"], cfg["conv_width"])
+    assert dims == (32, 2, 2, 64, 3)
     tensors = load_file(str(model_dir / "model.safetensors"))
     shapes = expected_shapes(ModelConfig.from_json(cfg))
     assert {k: tuple(v.shape) for k, v in tensors.items()} == shapes
@@ -68,7 +69,8 @@ def test_init_timeseries_and_refuses_overwrite(tmp_path):
     assert res.exit_code != 0 and "--channels" in res.output
 
 
-@pytest.mark.parametrize("decay,msg", [("1.5", "in (0, 1]"), ("0", "in (0, 1]"), ("0.9,0.9,0.9", "3 values for 4 heads"),
+@pytest.mark.parametrize("decay,msg", [("1.5", "in (0, 1]"), ("0", "in (0, 1]"),
+                                       ("0.9,0.9,0.9", "3 values for 4 heads"),
                                        ("abc", "expected a number")])
 def test_init_rejects_bad_decay(tmp_path, decay, msg):
     res = CliRunner().invoke(cli, ["model", "init", str(tmp_path / "m"), "--decay", decay])
@@ -140,13 +142,15 @@ def _torch_save_as_safetensors(d):
 CASES = {
     "missing tensor": (_edit_tensors(lambda t: t.pop("layers.1.mlp.fc2.weight")),
                        "missing tensor 'layers.1.mlp.fc2.weight'"),
-    "wrong shape": (_edit_tensors(lambda t: t.__setitem__("layers.0.attn.q_proj.weight", torch.zeros(32, 16))),
+    "wrong shape": (
+        _edit_tensors(lambda t: t.__setitem__("layers.0.attn.q_proj.weight", torch.zeros(32, 16))),
                     "tensor 'layers.0.attn.q_proj.weight' has shape [32, 16], expected [32, 32]"),
     "extra tensor": (_edit_tensors(lambda t: t.__setitem__("layers.2.attn.decay", torch.ones(2))),
                      "unexpected tensor 'layers.2.attn.decay'"),
     "config/weights mismatch": (_edit_config(d_model=64), "has shape [6, 32], expected [6, 64]"),
     "conv tensor with width 1": (_edit_config(conv_width=1), "unexpected tensor 'layers.0.attn.conv.weight'"),
-    "decay above one": (_edit_tensors(lambda t: t.__setitem__("layers.0.attn.decay", torch.tensor([1.5, 1.0]))),
+    "decay above one": (
+        _edit_tensors(lambda t: t.__setitem__("layers.0.attn.decay", torch.tensor([1.5, 1.0]))),
                         "'layers.0.attn.decay' has values outside (0, 1]"),
     "decay zero": (_edit_tensors(lambda t: t.__setitem__("layers.1.attn.decay", torch.tensor([0.0, 1.0]))),
                    "'layers.1.attn.decay' has values outside (0, 1]"),
@@ -167,7 +171,8 @@ CASES = {
     "model.bin instead": (_replace_with_pickle("model.bin"), "found model.bin but no model.safetensors"),
     "weights.pt instead": (_replace_with_pickle("weights.pt"), "found weights.pt but no model.safetensors"),
     "state.pkl instead": (_replace_with_pickle("state.pkl"), "found state.pkl but no model.safetensors"),
-    "torch.save under the safetensors name": (_torch_save_as_safetensors, "not safetensors; linpipe never unpickles"),
+    "torch.save under the safetensors name":
+        (_torch_save_as_safetensors, "not safetensors; linpipe never unpickles"),
     "no weights": (lambda d: (d / "model.safetensors").unlink(), "missing model.safetensors"),
     "truncated weights": (lambda d: (d / "model.safetensors").write_bytes(
         (d / "model.safetensors").read_bytes()[:500]), "not a readable safetensors file"),

@@ -35,6 +35,7 @@ def _run(model, x, chunk):
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}, state
 
 
+@pytest.mark.slow
 def test_million_positions_two_chunkings_agree(genomes):
     x = _chromosome_i(genomes, N_POSITIONS)
     assert len(x) == N_POSITIONS and (x < 4).mean() > 0.99

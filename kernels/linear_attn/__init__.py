@@ -11,20 +11,28 @@ import torch
 from .chunk import DEFAULT_CHUNK_SIZE, chunk_linear_attn_torch
 from .naive import FEATURE_MAPS, feature_map_fn, naive_recurrent_linear_attn
 
-_triton_fn = None  # the Triton form once imported; False when it cannot be
+_triton_fn = None  # the Triton form, once imported
 
 
 def _triton():
-    """The Triton form, imported on first use (never at import time: CPU-only installs lack it)."""
+    """The Triton form, imported on first use (never at import time: CPU-only installs lack it).
+    A CUDA tensor must not silently fall back to the CPU form, so a failed import is an error."""
     global _triton_fn
     if _triton_fn is None:
         try:
             from .triton_chunk import chunk_linear_attn_triton
-
-            _triton_fn = chunk_linear_attn_triton
-        except Exception:  # no triton, no kernel yet, or a driver problem: use the torch form
-            _triton_fn = False
+        except ImportError as e:
+            raise RuntimeError(
+                f"linear attention on a CUDA tensor needs Triton, which could not be imported ({e}); "
+                "install it: pip install 'linpipe[gpu]' (or pip install triton)") from e
+        _triton_fn = chunk_linear_attn_triton
     return _triton_fn
+
+
+def uses_triton(q, needs_grad: bool) -> bool:
+    """Whether a call goes to the Triton form: CUDA tensors without a backward to compute (the
+    Triton form does not promise one)."""
+    return q.is_cuda and not needs_grad
 
 
 def chunk_linear_attn(q, k, v, *, decay=None, feature_map="elu1", normalize=True, eps=1e-6,
@@ -39,10 +47,8 @@ def chunk_linear_attn(q, k, v, *, decay=None, feature_map="elu1", normalize=True
                   cu_seqlens=cu_seqlens)
     needs_grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (q, k, v))
-    if q.is_cuda and not needs_grad:
-        fn = _triton()
-        if fn:
-            return fn(q, k, v, **kwargs)
+    if uses_triton(q, needs_grad):
+        return _triton()(q, k, v, **kwargs)
     return chunk_linear_attn_torch(q, k, v, **kwargs)
 
 

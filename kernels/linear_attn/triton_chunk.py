@@ -23,7 +23,12 @@ import torch
 import triton
 import triton.language as tl
 
-_FEATURE_MAP_IDS = {"elu1": 0, "relu": 1, "identity": 2}
+from .naive import FEATURE_MAPS
+
+# Kernel ids of the feature maps: their index in naive.FEATURE_MAPS (the one list of names).
+_FEATURE_MAP_IDS = {name: i for i, name in enumerate(FEATURE_MAPS)}
+# _phi branches on these ids as literals (a jit function reads no Python globals).
+assert _FEATURE_MAP_IDS["elu1"] == 0 and _FEATURE_MAP_IDS["relu"] == 1
 _SUPPORTED = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -256,7 +261,8 @@ def _output_block(b_s, b_z, q_base, k_base, v_base, o_base, t0, n_pos, o_t, o_k,
             qz = qz * g_i
     else:
         b_a = tl.where(causal, b_a, 0.0)
-    b_o = b_inter + tl.dot(_mm(b_a, b_v, INTERPRETED), _mm(b_v, b_v, INTERPRETED), input_precision=DOT_PRECISION)
+    b_o = b_inter + tl.dot(_mm(b_a, b_v, INTERPRETED), _mm(b_v, b_v, INTERPRETED),
+                           input_precision=DOT_PRECISION)
     if NORMALIZE:
         b_o = b_o / (tl.sum(b_a, axis=1) + qz + eps)[:, None]
     tl.store(o_blk + o_t[:, None] * (H * V) + o_v[None, :], b_o.to(o_blk.dtype.element_ty), mask=m_tv)
@@ -409,7 +415,7 @@ def chunk_linear_attn_triton(
     multiple of block_t) and `block_v` (V tile) are tuning knobs; the defaults suit a GPU.
     """
     if feature_map not in _FEATURE_MAP_IDS:
-        raise ValueError(f"unknown feature map {feature_map!r}; expected one of {', '.join(_FEATURE_MAP_IDS)}")
+        raise ValueError(f"unknown feature map {feature_map!r}; expected one of {', '.join(FEATURE_MAPS)}")
     if q.dim() != 4 or k.shape != q.shape or v.dim() != 4 or v.shape[:3] != q.shape[:3]:
         raise ValueError(f"q, k must be (B, T, H, K) and v (B, T, H, V); got {tuple(q.shape)}, "
                          f"{tuple(k.shape)}, {tuple(v.shape)}")
