@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import runpy
 import signal
 import subprocess
 import sys
@@ -25,6 +26,7 @@ from linpipe.store import FORMAT_VERSION, OutputStore
 from linpipe.store.keys import make_keys
 from linpipe.store.reader import IncompleteStoreWarning, open_output
 
+FORMAT_V1 = Path(__file__).parent / "data" / "store_v1"  # metadata written by the format-1 writer
 HUMAN_BASES = 300_000  # holds the N run at 177,417-227,417 and part of the one at 267,719
 CHUNK = 40_000
 FEATURES = 8
@@ -254,6 +256,24 @@ def test_xarray_both_ways(dna_store):
     np.testing.assert_array_equal(direct["logprob"].values, full["CHROMOSOME_II"]["logprob"])
     assert direct["softmask"].dtype == np.uint8  # the 0 fill value is not turned into NaN
     assert direct["logprob"].attrs["units"] == "nats"
+
+
+# ------------------------------------------------------------------------------------- format
+def test_layout_matches_format_version_1(tmp_path):
+    """The writer lays stores out exactly as format version 1 did: the same keys (metadata and
+    chunks) and the same zarr.json documents, consolidated root included, for a dna store, a
+    series store and an unfinished one (tests/data/store_v1/build.py made the fixture)."""
+    runpy.run_path(str(FORMAT_V1 / "build.py"))["build"](tmp_path)
+    want_keys = json.loads((FORMAT_V1 / "keys.json").read_text())
+    assert sorted(want_keys) == ["dna", "partial", "ts"]
+    for name, keys in want_keys.items():
+        root = tmp_path / f"{name}.zarr"
+        assert sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()) == keys
+        docs = [k for k in keys if k.endswith("zarr.json")]
+        assert sorted(p.relative_to(FORMAT_V1 / name).as_posix() for p in (FORMAT_V1 / name).rglob("zarr.json")) \
+            == sorted(docs)
+        for k in docs:
+            assert json.loads((root / k).read_text()) == json.loads((FORMAT_V1 / name / k).read_text()), f"{name}/{k}"
 
 
 # ------------------------------------------------------------------------------------- keys

@@ -5,7 +5,8 @@ import os
 import warnings
 
 from linpipe.errors import StoreError
-from linpipe.store import POSITION_DIM, OutputStore
+from linpipe.store.layout import POSITION_DIM
+from linpipe.store.writer import OutputStore
 
 
 class IncompleteStoreWarning(UserWarning):
@@ -51,7 +52,7 @@ class OutputReader:
 
         key = self.key(record_id_or_key)
         info = self.records[key]
-        ds = xr.open_zarr(self._out._store, group=key, consolidated=None if self.complete else False,
+        ds = xr.open_zarr(self._out.zarr_store, group=key, consolidated=None if self.complete else False,
                           zarr_format=3, chunks=None)
         dim = POSITION_DIM[info["modality"]]
         if dim not in ds.coords:  # positions from 0, as a lazy range (no big int array in memory)
@@ -62,13 +63,7 @@ class OutputReader:
 
     def array(self, record_id_or_key: str, output: str):
         """The raw zarr array of one output (for streaming reads without xarray)."""
-        key = self.key(record_id_or_key)
-        try:
-            return self._out._group[f"{key}/{output}"]
-        except KeyError:
-            names = [n for n in self._out.output_names(key)]
-            raise StoreError(f"{self.path}: record {self.records[key]['id']!r} has no output "
-                             f"{output!r} (it has {', '.join(names)})") from None
+        return self._out.array(self.key(record_id_or_key), output)
 
     def summary(self) -> dict:
         """What `linpipe inspect` shows: records, completion, sizes and compression ratio."""
@@ -79,7 +74,7 @@ class OutputReader:
             done = n if self.complete else len(self._out.completed_chunks(key))
             frac = done / n if n else 1.0
             for name in self._out.output_names(key):
-                a = self._out._group[f"{key}/{name}"]
+                a = self._out.array(key, name)
                 raw += int(a.nbytes * frac)
                 stored += a.nbytes_stored()
             records.append({"key": key, "id": info["id"], "length": info["length"],
@@ -87,11 +82,12 @@ class OutputReader:
                             "missing_ranges": [list(r) for r in self.missing_ranges[key]]})
         m = self.meta
         model = m.get("model") or {}
+        model_sha256 = m.get("model_sha256") or (model.get("sha256") if isinstance(model, dict) else None)
         return {
             "path": self.path, "format_version": m.get("format_version"),
             "linpipe_version": m.get("linpipe_version"), "job_id": m.get("job_id"),
             "complete": self.complete, "outputs": m.get("outputs"), "chunk_size": m.get("chunk_size"),
-            "model_sha256": m.get("model_sha256") or (model.get("sha256") if isinstance(model, dict) else None),
+            "model_sha256": model_sha256,
             "model": model, "inputs": m.get("inputs", []),
             "n_records": len(records), "positions": sum(r["length"] for r in records),
             "size_on_disk": self._out.size_on_disk(), "output_bytes_raw": raw,
