@@ -5,7 +5,7 @@ import os
 import warnings
 
 from linpipe.errors import StoreError
-from linpipe.store.layout import POSITION_DIM
+from linpipe.store.layout import POSITION_DIM, TIME
 from linpipe.store.writer import OutputStore
 
 
@@ -20,6 +20,8 @@ class OutputReader:
     .records   key -> {id, description, length, modality, input, n_chunks}
     .dataset(record_id_or_key) -> xarray.Dataset with named dims and coordinates
     .missing_ranges   key -> [(start, end), ...] positions not written yet (empty when complete)
+    .array(record, output), .dims(record, output), .time(record, start, end), .completed_ranges(record)
+        for streaming reads without xarray
     """
 
     def __init__(self, path):
@@ -52,8 +54,12 @@ class OutputReader:
 
         key = self.key(record_id_or_key)
         info = self.records[key]
-        ds = xr.open_zarr(self._out.zarr_store, group=key, consolidated=None if self.complete else False,
-                          zarr_format=3, chunks=None)
+        try:
+            ds = xr.open_zarr(self._out.zarr_store, group=key, consolidated=None if self.complete else False,
+                              zarr_format=3, chunks=None)
+        except (FileNotFoundError, KeyError) as e:  # a record group deleted or damaged after the job
+            raise StoreError(f"{self.path}: record {info['id']!r} cannot be read ({type(e).__name__}: {e}); "
+                             "the store is damaged: run the job again with --overwrite") from None
         dim = POSITION_DIM[info["modality"]]
         if dim not in ds.coords:  # positions from 0, as a lazy range (no big int array in memory)
             ds = ds.assign_coords(xr.Coordinates({dim: pd.RangeIndex(info["length"], name=dim)}))
@@ -64,6 +70,26 @@ class OutputReader:
     def array(self, record_id_or_key: str, output: str):
         """The raw zarr array of one output (for streaming reads without xarray)."""
         return self._out.array(self.key(record_id_or_key), output)
+
+    def dims(self, record_id_or_key: str, output: str) -> tuple[str, ...]:
+        """The named dimensions of one output, e.g. ('position',) or ('time', 'channel')."""
+        return tuple(self.array(record_id_or_key, output).metadata.dimension_names)
+
+    def completed_ranges(self, record_id_or_key: str) -> list[tuple[int, int]]:
+        """[start, end) of every completed work unit, in position order."""
+        key = self.key(record_id_or_key)
+        done = self._out.completed_chunks(key)
+        return [self._out.chunk_range(key, i) for i in range(self._out.n_chunks(key)) if i in done]
+
+    def time(self, record_id_or_key: str, start: int, end: int):
+        """The record's time stamps over [start, end) (datetime64 when the input had dates), or
+        None when the record has none (its positions are plain indices)."""
+        key = self.key(record_id_or_key)
+        if TIME not in self._out.output_names(key):
+            return None
+        arr = self.array(key, TIME)
+        t = arr[start:end]
+        return t.astype("datetime64[ns]") if "units" in arr.attrs else t
 
     def summary(self) -> dict:
         """What `linpipe inspect` shows: records, completion, sizes and compression ratio."""
@@ -97,6 +123,11 @@ class OutputReader:
         }
 
 
+def as_reader(store) -> OutputReader:
+    """An OutputReader, given one or a store's path or URL."""
+    return store if isinstance(store, OutputReader) else OutputReader(store)
+
+
 def open_output(path) -> OutputReader:
     """Open an output store for reading; warns (IncompleteStoreWarning) when chunks are missing."""
     reader = OutputReader(path)
@@ -111,4 +142,4 @@ def open_output(path) -> OutputReader:
     return reader
 
 
-__all__ = ["open_output", "OutputReader", "IncompleteStoreWarning"]
+__all__ = ["open_output", "as_reader", "OutputReader", "IncompleteStoreWarning"]

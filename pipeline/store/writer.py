@@ -287,7 +287,10 @@ class OutputStore:
         nodes = {}
         for key, info in rec_meta.items():
             nodes.update(templates.record_nodes(key, info))
-        created = dict(zarr.create_hierarchy(store=location.store, nodes=nodes))
+        # overwrite=True: the location was just emptied, so zarr need not first read every path
+        # to see whether a node is already there (it only clears paths that do not exist)
+        with zarr.config.set({"async.concurrency": 64}):
+            created = dict(zarr.create_hierarchy(store=location.store, nodes=nodes, overwrite=True))
         # the channel names are the one array that holds data from the start
         name = channel_array(channels or []).name
         coords = [created[record_path(k, name)] for k in rec_meta if record_path(k, name) in created]

@@ -26,7 +26,8 @@ def _write_all(store, key, outputs, skip=(), with_state=True):
             continue
         s, e = store.chunk_range(key, i)
         arrays = {name: outputs[name][s:e] for name in store.output_names(key)}
-        store.write_chunk(key, i, arrays, state={"S": np.full(2, e, np.float32)} if with_state and i % 2 else None)
+        state = {"S": np.full(2, e, np.float32)} if with_state and i % 2 else None
+        store.write_chunk(key, i, arrays, state=state)
 
 
 def build(dest: Path):
