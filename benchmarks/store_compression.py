@@ -160,7 +160,7 @@ def measure(name: str, arr: np.ndarray, chunk: int, tmp: Path, kind: str):
         rows.append((cname, arr.nbytes / stored, mb / tw, mb / tr, CHOSEN.get(kind) == cname))
         shutil.rmtree(path)
     print(f"\n{name}: {arr.dtype} {arr.shape}, {arr.nbytes / 2**20:.1f} MiB raw")
-    print(f"| codec | ratio | write MiB/s | read MiB/s |\n|---|---|---|---|")
+    print("| codec | ratio | write MiB/s | read MiB/s |\n|---|---|---|---|")
     for cname, ratio, w, r, chosen in rows:
         print(f"| {cname}{' *' if chosen else ''} | {ratio:.2f} | {w:.0f} | {r:.0f} |")
 
@@ -178,7 +178,8 @@ def write_rate(lp, ent, soft, chunk: int, tmp: Path, n_chunks: int = 24):
     t0 = time.perf_counter()
     for i in range(store.n_chunks(key)):
         s, e = store.chunk_range(key, i)
-        store.write_chunk(key, i, {"logprob": lp[s:e], "entropy": ent[s:e], "softmask": soft[s:e]}, state=state)
+        store.write_chunk(key, i, {"logprob": lp[s:e], "entropy": ent[s:e], "softmask": soft[s:e]},
+                          state=state)
     dt = time.perf_counter() - t0
     assert store.finalize()
     print(f"\nwrite_chunk (logprob, entropy, softmask + a 4-layer state, fsync'd): {store.n_chunks(key)} "
@@ -216,8 +217,8 @@ def main():
         measure("residual, last value", r, a.chunk, tmp, "residual")
         ts = timeseries_model(x[: a.network_bases], tmp)
         if ts is not None:
-            measure("forecast, random-init linpipe time-series model", ts["forecast"], a.chunk, tmp, "forecast")
-            measure("residual, random-init linpipe time-series model", ts["residual"], a.chunk, tmp, "residual")
+            for name in ("forecast", "residual"):
+                measure(f"{name}, random-init linpipe time-series model", ts[name], a.chunk, tmp, name)
         measure("time, int64 ns at 360 Hz", times, a.chunk, tmp, "time")
         write_rate(lp, ent, soft, a.chunk, tmp)
 

@@ -102,7 +102,8 @@ def test_track_of_incomplete_store_skips_missing_chunk(partial, tmp_path):
 
 def test_value_runs_edges():
     s, e, v = value_runs(np.array([1, 1, np.nan, np.nan, 2, 2, 2, np.nan, 1], dtype=np.float32), start=10)
-    assert list(zip(s.tolist(), e.tolist(), v.tolist())) == [(10, 12, 1.0), (14, 17, 2.0), (18, 19, 1.0)]
+    runs = list(zip(s.tolist(), e.tolist(), v.tolist(), strict=True))
+    assert runs == [(10, 12, 1.0), (14, 17, 2.0), (18, 19, 1.0)]
 
 
 def test_parquet_export_of_timeseries(ts, tmp_path):
@@ -153,7 +154,8 @@ def test_cli_inspect(dna, partial, tmp_path):
     r = CliRunner().invoke(cli, ["inspect", str(path), "--json"])
     assert r.exit_code == 0
     s = json.loads(r.output)
-    assert s["complete"] and s["n_records"] == 3 and s["positions"] == sum(len(a["logprob"]) for a in full.values())
+    assert s["complete"] and s["n_records"] == 3
+    assert s["positions"] == sum(len(a["logprob"]) for a in full.values())
     assert s["compression_ratio"] > 1 and s["size_on_disk"] >= s["output_bytes_stored"] > 0
     assert s["job_id"] == "job-test-1" and s["model_sha256"] == "0" * 64
 
@@ -174,7 +176,8 @@ def test_cli_export_and_plot(dna, ts, tmp_path):
                                  "--record", "chr1", "-o", str(bw)])
     assert r.exit_code == 0, r.output
     assert pyBigWig.open(str(bw)).chroms() == {"chr1": HUMAN_BASES}
-    r = CliRunner().invoke(cli, ["export", str(path), "--format", "bigwig", "--output", "hidden", "-o", str(bw)])
+    r = CliRunner().invoke(cli, ["export", str(path), "--format", "bigwig", "--output", "hidden",
+                                 "-o", str(bw)])
     assert r.exit_code == 1 and "feature axis" in r.output
     r = CliRunner().invoke(cli, ["export", str(path), "--format", "bigwig", "--output", "logprob",
                                  "--record", "chrZ", "-o", str(bw)])

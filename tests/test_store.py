@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import runpy
 import signal
 import subprocess
 import sys
@@ -25,6 +26,7 @@ from linpipe.store import FORMAT_VERSION, OutputStore
 from linpipe.store.keys import make_keys
 from linpipe.store.reader import IncompleteStoreWarning, open_output
 
+FORMAT_V1 = Path(__file__).parent / "data" / "store_v1"  # metadata written by the format-1 writer
 HUMAN_BASES = 300_000  # holds the N run at 177,417-227,417 and part of the one at 267,719
 CHUNK = 40_000
 FEATURES = 8
@@ -102,8 +104,8 @@ def state_after(full: dict[str, np.ndarray], end: int) -> dict[str, np.ndarray]:
 def dna_records(genomes: Path) -> dict[str, bytes]:
     human = read_fasta(genomes / "korflab_hg19_chr1_first3Mb.fa.gz", HUMAN_BASES)
     ce = read_fasta(genomes / "htslib_ce.fa")
-    recs = {"chr1": human["chr1"], "CHROMOSOME_II": ce["CHROMOSOME_II"], "CHROMOSOME_MtDNA": ce["CHROMOSOME_MtDNA"]}
-    return recs
+    return {"chr1": human["chr1"], "CHROMOSOME_II": ce["CHROMOSOME_II"],
+            "CHROMOSOME_MtDNA": ce["CHROMOSOME_MtDNA"]}
 
 
 DNA_META = {"version": "0.1.0", "job_id": "job-test-1",
@@ -140,7 +142,8 @@ def ecg(timeseries: Path, n: int = 20_000):
     t = pq.read_table(timeseries / "mitdb_100_ecg.parquet").slice(0, n).to_pandas()
     x = t[["MLII_mV", "V5_mV"]].to_numpy(np.float32)
     forecast = np.vstack([x[:1], x[:-1]])  # last-value forecast
-    times = np.datetime64("2026-01-01T00:00:00", "ns") + (t["sample"].to_numpy() * 1e9 / 360).astype("timedelta64[ns]")
+    offsets = (t["sample"].to_numpy() * 1e9 / 360).astype("timedelta64[ns]")
+    times = np.datetime64("2026-01-01T00:00:00", "ns") + offsets
     return {"forecast": forecast, "residual": x - forecast, "time": times}
 
 
@@ -198,7 +201,8 @@ def test_round_trip_every_array_and_attribute(dna_store):
             arr = root[f"{key}/{name}"]
             got = arr[:]
             assert arr.chunks[0] == CHUNK
-            assert list(arr.metadata.dimension_names) == (["position", "feature"] if name == "hidden" else ["position"])
+            want_dims = ["position", "feature"] if name == "hidden" else ["position"]
+            assert list(arr.metadata.dimension_names) == want_dims
             assert got.dtype == {"hidden": np.float16, "softmask": np.uint8}.get(name, np.float32)
             np.testing.assert_array_equal(got, want.astype(got.dtype))
         assert store.completed_chunks(key) == set(range(store.n_chunks(key)))
@@ -256,6 +260,24 @@ def test_xarray_both_ways(dna_store):
     assert direct["logprob"].attrs["units"] == "nats"
 
 
+# ------------------------------------------------------------------------------------- format
+def test_layout_matches_format_version_1(tmp_path):
+    """The writer lays stores out exactly as format version 1 did: the same keys (metadata and
+    chunks) and the same zarr.json documents, consolidated root included, for a dna store, a
+    series store and an unfinished one (tests/data/store_v1/build.py made the fixture)."""
+    runpy.run_path(str(FORMAT_V1 / "build.py"))["build"](tmp_path)
+    want_keys = json.loads((FORMAT_V1 / "keys.json").read_text())
+    assert sorted(want_keys) == ["dna", "partial", "ts"]
+    for name, keys in want_keys.items():
+        root = tmp_path / f"{name}.zarr"
+        assert sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()) == keys
+        docs = [k for k in keys if k.endswith("zarr.json")]
+        fixture = FORMAT_V1 / name
+        assert sorted(p.relative_to(fixture).as_posix() for p in fixture.rglob("zarr.json")) == sorted(docs)
+        for k in docs:
+            assert json.loads((root / k).read_text()) == json.loads((fixture / k).read_text()), f"{name}/{k}"
+
+
 # ------------------------------------------------------------------------------------- keys
 def test_record_keys_are_safe_and_unique(tmp_path):
     ids = ["../../etc/passwd", "chr1/alt", "chr1_alt", "chr1", "CHR1", ".hidden", "..", "a\x00b\nc",
@@ -269,7 +291,8 @@ def test_record_keys_are_safe_and_unique(tmp_path):
         assert k.lower() not in ("zarr.json", "_linpipe") and len(k) <= 100
     base = tmp_path / "inside"
     base.mkdir()
-    store = OutputStore.create(base / "out.zarr", meta={}, records=[{"id": i, "length": 10, "modality": "dna"} for i in ids],
+    store = OutputStore.create(base / "out.zarr", meta={},
+                               records=[{"id": i, "length": 10, "modality": "dna"} for i in ids],
                                outputs=["logprob"], chunk_size=4)
     for rid in ids:
         key = store.record_key(rid)
@@ -297,7 +320,8 @@ from linpipe.store import OutputStore
 path, data, me, nproc = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 full = np.load(data)
 store = OutputStore.open(path)
-units = [(rid, i) for rid in sorted(r["id"] for r in store.records.values()) for i in range(store.n_chunks(rid))]
+ids = sorted(r["id"] for r in store.records.values())
+units = [(rid, i) for rid in ids for i in range(store.n_chunks(rid))]
 rng = np.random.default_rng(me)
 mine = [u for j, u in enumerate(units) if j % nproc == me]   # interleaved records and ranges
 for rid, i in [mine[j] for j in rng.permutation(len(mine))]:
@@ -317,9 +341,10 @@ def test_four_concurrent_writers_lose_nothing(tmp_path, genomes):
     np.savez(tmp_path / "full.npz", **{f"{rid}.{o}": a for rid, d in full.items() for o, a in d.items()})
     records = [{"id": rid, "length": len(s), "modality": "dna"} for rid, s in seqs.items()]
     OutputStore.create(path, meta={"job_id": "conc"}, records=records,
-                       outputs=["logprob", "entropy", "softmask", "hidden"], chunk_size=chunk, feature_dim=FEATURES)
-    procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(path), str(tmp_path / "full.npz"), str(w), "4"])
-             for w in range(4)]
+                       outputs=["logprob", "entropy", "softmask", "hidden"], chunk_size=chunk,
+                       feature_dim=FEATURES)
+    procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(path), str(tmp_path / "full.npz"), str(w),
+                               "4"]) for w in range(4)]
     assert [p.wait(timeout=300) for p in procs] == [0, 0, 0, 0]
     store = OutputStore.open(path)
     assert store.finalize()
@@ -381,13 +406,16 @@ def test_killed_writer_leaves_chunk_incomplete(tmp_path, genomes):
     with pytest.warns(IncompleteStoreWarning, match=r"chr1:40000-80000"):
         out = open_output(path)
     assert out.missing_ranges[key] == [(CHUNK, 2 * CHUNK)] and not out.complete
-    np.testing.assert_array_equal(out.dataset("chr1")["entropy"].values[:CHUNK], full["chr1"]["entropy"][:CHUNK])
+    np.testing.assert_array_equal(out.dataset("chr1")["entropy"].values[:CHUNK],
+                                  full["chr1"]["entropy"][:CHUNK])
 
     # resuming rewrites the chunk, and only then is the store complete
     s, e = store.chunk_range(key, 1)
-    store.write_chunk(key, 1, {o: a[s:e] for o, a in full["chr1"].items()}, state=state_after(full["chr1"], e))
+    store.write_chunk(key, 1, {o: a[s:e] for o, a in full["chr1"].items()},
+                      state=state_after(full["chr1"], e))
     assert store.finalize() and OutputStore.open(path, mode="r").is_complete()
-    np.testing.assert_array_equal(zarr.open_group(path, mode="r")[f"{key}/logprob"][:], full["chr1"]["logprob"])
+    np.testing.assert_array_equal(zarr.open_group(path, mode="r")[f"{key}/logprob"][:],
+                                  full["chr1"]["logprob"])
     # and the interrupted-then-resumed store holds exactly the bytes of an uninterrupted one
     clean = tmp_path / "clean.zarr"
     build_dna_store(clean, genomes)
@@ -419,7 +447,7 @@ def test_opening_errors(tmp_path, dna_store):
     zarr.open_group(half, mode="w", zarr_format=3, attributes={"linpipe_creating": True})
     with pytest.raises(StoreError, match="creation of this output store was interrupted"):
         OutputStore.open(half)
-    OutputStore.create(half, meta={}, records=[{"id": "r", "length": 5}], chunk_size=5)  # no --overwrite needed
+    OutputStore.create(half, meta={}, records=[{"id": "r", "length": 5}], chunk_size=5)  # no --overwrite
     assert OutputStore.open(half).n_chunks("r") == 1
 
     newer = tmp_path / "newer.zarr"
@@ -432,7 +460,8 @@ def test_opening_errors(tmp_path, dna_store):
     path, _ = dna_store
     with pytest.raises(StoreError, match="already exists"):
         OutputStore.create(path, meta={}, records=[], outputs=["logprob"], chunk_size=10)
-    again = OutputStore.create(newer, meta={}, records=[{"id": "r", "length": 5}], chunk_size=5, overwrite=True)
+    again = OutputStore.create(newer, meta={}, records=[{"id": "r", "length": 5}], chunk_size=5,
+                               overwrite=True)
     assert again.meta["outputs"] == ["logprob", "entropy", "softmask"]  # the dna default
     assert again.completed_chunks("r") == set() and not again.is_complete()
     ro = OutputStore.open(path, mode="r")
@@ -443,7 +472,8 @@ def test_opening_errors(tmp_path, dna_store):
 
 
 def test_write_chunk_validates(tmp_path):
-    store = OutputStore.create(tmp_path / "v.zarr", meta={}, records=[{"id": "r", "length": 25, "modality": "dna"}],
+    store = OutputStore.create(tmp_path / "v.zarr", meta={},
+                               records=[{"id": "r", "length": 25, "modality": "dna"}],
                                outputs=["logprob", "entropy"], chunk_size=10)
     key = store.record_key("r")
     assert store.n_chunks(key) == 3 and store.chunk_range(key, 2) == (20, 25)
@@ -454,11 +484,11 @@ def test_write_chunk_validates(tmp_path):
     with pytest.raises(StoreError, match="out of range"):
         store.write_chunk(key, 3, {"logprob": np.zeros(5), "entropy": np.zeros(5)})
     with pytest.raises(StoreError, match="not a dna output"):
-        OutputStore.create(tmp_path / "w.zarr", meta={}, records=[{"id": "r", "length": 5}], outputs=["forecast"],
-                           chunk_size=10)
+        OutputStore.create(tmp_path / "w.zarr", meta={}, records=[{"id": "r", "length": 5}],
+                           outputs=["forecast"], chunk_size=10)
     with pytest.raises(StoreError, match="duplicate record id 'r'"):
-        OutputStore.create(tmp_path / "d.zarr", meta={}, records=[{"id": "r", "length": 5}] * 2, outputs=["logprob"],
-                           chunk_size=10)
+        OutputStore.create(tmp_path / "d.zarr", meta={}, records=[{"id": "r", "length": 5}] * 2,
+                           outputs=["logprob"], chunk_size=10)
     assert 1 not in store.completed_chunks(key) and not store.finalize()
     # a chunk rewritten without a state loses the state of the earlier attempt
     store.write_chunk(key, 0, {"logprob": np.zeros(10), "entropy": np.zeros(10)}, state={"S": np.ones(2)})
@@ -469,7 +499,8 @@ def test_write_chunk_validates(tmp_path):
 
 def test_fsspec_url(tmp_path):
     url = f"file://{tmp_path / 'url.zarr'}"
-    store = OutputStore.create(url, meta={"job_id": "u"}, records=[{"id": "r", "length": 15, "modality": "dna"}],
+    store = OutputStore.create(url, meta={"job_id": "u"},
+                               records=[{"id": "r", "length": 15, "modality": "dna"}],
                                outputs=["logprob"], chunk_size=10)
     key = store.record_key("r")
     store.write_chunk(key, 1, {"logprob": np.arange(5, dtype=np.float32)}, state={"S": np.ones(2)})

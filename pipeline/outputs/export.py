@@ -10,13 +10,11 @@ import os
 import numpy as np
 
 from linpipe.errors import StoreError
-from linpipe.store.reader import OutputReader
+from linpipe.model.outputs import DNA
+from linpipe.store.layout import DIM_CHANNEL, POSITION_DIM
+from linpipe.store.reader import OutputReader, as_reader
 
 TRACK_FORMATS = ("bigwig", "bedgraph")
-
-
-def _reader(store) -> OutputReader:
-    return store if isinstance(store, OutputReader) else OutputReader(store)
 
 
 def _select(reader: OutputReader, records) -> list[str]:
@@ -27,13 +25,9 @@ def _select(reader: OutputReader, records) -> list[str]:
 
 def _completed_blocks(reader: OutputReader, key: str, output: str):
     """Yield (start, values) for each completed chunk of one output, in position order."""
-    out = reader.store
     arr = reader.array(key, output)
-    done = out.completed_chunks(key)
-    for i in range(out.n_chunks(key)):
-        if i in done:
-            s, e = out.chunk_range(key, i)
-            yield s, arr[s:e]
+    for s, e in reader.completed_ranges(key):
+        yield s, arr[s:e]
 
 
 def value_runs(values: np.ndarray, start: int = 0):
@@ -73,12 +67,12 @@ def _merge_blocks(blocks):
 def _check_track(reader: OutputReader, keys: list[str], output: str):
     for key in keys:
         info = reader.records[key]
-        if info["modality"] != "dna":
+        if info["modality"] != DNA:
             raise StoreError(f"{reader.path}: record {info['id']!r} is a time series; genome tracks "
                              "need dna outputs (use --format parquet)")
-        arr = reader.array(key, output)
-        if arr.ndim != 1:
-            raise StoreError(f"{reader.path}: output {output!r} has a {arr.metadata.dimension_names[1]} "
+        dims = reader.dims(key, output)
+        if len(dims) != 1:
+            raise StoreError(f"{reader.path}: output {output!r} has a {dims[1]} "
                              "axis; tracks take one value per base (logprob, entropy, softmask)")
 
 
@@ -95,7 +89,7 @@ def export_track(store, output: str, dest, *, fmt: str = "bigwig", records=None)
     """
     if fmt not in TRACK_FORMATS:
         raise StoreError(f"unknown track format {fmt!r} (one of {', '.join(TRACK_FORMATS)})")
-    reader = _reader(store)
+    reader = as_reader(store)
     keys = _select(reader, records)
     _check_track(reader, keys, output)
     keys = [k for k in keys if reader.records[k]["length"] > 0]
@@ -107,7 +101,8 @@ def export_track(store, output: str, dest, *, fmt: str = "bigwig", records=None)
             for key in keys:
                 chrom = reader.records[key]["id"]
                 for s, e, v in _track_runs(reader, key, output):
-                    lines = [f"{chrom}\t{a}\t{b}\t{c:.9g}\n" for a, b, c in zip(s.tolist(), e.tolist(), v.tolist())]
+                    lines = [f"{chrom}\t{a}\t{b}\t{c:.9g}\n"
+                             for a, b, c in zip(s.tolist(), e.tolist(), v.tolist(), strict=True)]
                     f.writelines(lines)
                     n += len(lines)
         return n
@@ -145,7 +140,7 @@ def _bigwig_record(bw, reader, key: str, output: str) -> int:
             continue
         ok = ~np.isnan(v)
         edges = np.flatnonzero(np.diff(np.r_[0, ok.astype(np.int8), 0]))
-        for a, b in zip(edges[::2].tolist(), edges[1::2].tolist()):
+        for a, b in zip(edges[::2].tolist(), edges[1::2].tolist(), strict=True):
             bw.addEntries(chrom, start + a, values=v[a:b], span=1, step=1)
             n += b - a
     return n
@@ -159,7 +154,7 @@ def export_parquet(store, output, dest, *, records=None) -> int:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    reader = _reader(store)
+    reader = as_reader(store)
     keys = _select(reader, records)
     names = [output] if isinstance(output, str) else list(output)
     writer = None
@@ -168,27 +163,19 @@ def export_parquet(store, output, dest, *, records=None) -> int:
         for key in keys:
             info = reader.records[key]
             arrays = {name: reader.array(key, name) for name in names}
-            has_time = "time" in reader.store.output_names(key)
             channels = reader.meta.get("channels") or []
-            done = reader.store.completed_chunks(key)
-            for i in range(reader.store.n_chunks(key)):
-                if i not in done:
-                    continue
-                s, e = reader.store.chunk_range(key, i)
+            for s, e in reader.completed_ranges(key):
                 cols = {"record": pa.array([info["id"]] * (e - s), pa.string())}
-                if has_time:
-                    t = reader.array(key, "time")[s:e]
-                    if "units" in reader.array(key, "time").attrs:
-                        t = t.astype("datetime64[ns]")
-                    cols["time"] = pa.array(t)
-                else:
-                    cols["time" if info["modality"] == "timeseries" else "position"] = pa.array(np.arange(s, e))
+                t = reader.time(key, s, e)
+                # the record's own time stamps when it has them, else the position/time index
+                cols[POSITION_DIM[info["modality"]] if t is None else "time"] = \
+                    pa.array(np.arange(s, e) if t is None else t)
                 for name, arr in arrays.items():
                     block = arr[s:e]
                     if block.ndim == 1:
                         cols[name] = pa.array(block)
                     else:
-                        labels = (channels if arr.metadata.dimension_names[1] == "channel"
+                        labels = (channels if reader.dims(key, name)[1] == DIM_CHANNEL
                                   else [str(j) for j in range(block.shape[1])])
                         for j, lab in enumerate(labels):
                             cols[f"{name}_{lab}"] = pa.array(np.ascontiguousarray(block[:, j]))

@@ -12,7 +12,9 @@ import re
 import numpy as np
 
 from linpipe.errors import StoreError
-from linpipe.store.reader import OutputReader
+from linpipe.model.outputs import TIMESERIES
+from linpipe.store.layout import DIM_FEATURE
+from linpipe.store.reader import as_reader
 
 MAX_CHANNELS = 8
 
@@ -58,13 +60,13 @@ def plot_region(store, record: str, output: str, dest, *, region: str | None = N
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
-    reader = store if isinstance(store, OutputReader) else OutputReader(store)
+    reader = as_reader(store)
     key = reader.key(record)
     info = reader.records[key]
     arr = reader.array(key, output)
     start, end = parse_region(region, int(info["length"]), f"{reader.path}: record {info['id']!r}: ")
     values = arr[start:end]
-    if values.ndim == 2 and arr.metadata.dimension_names[1] == "feature":
+    if values.ndim == 2 and reader.dims(key, output)[1] == DIM_FEATURE:
         raise StoreError(f"{reader.path}: output {output!r} has a feature axis; plot a per-position "
                          "output (logprob, entropy, softmask, forecast, residual)")
     if values.ndim == 1:
@@ -75,12 +77,7 @@ def plot_region(store, record: str, output: str, dest, *, region: str | None = N
         values, labels = values[:, :MAX_CHANNELS], [f"{output} {c}" for c in channels[:MAX_CHANNELS]]
     n = end - start
     # x axis: the record's own time stamps when it has them, else positions
-    times = None
-    if "time" in reader.store.output_names(key):
-        tarr = reader.array(key, "time")
-        times = tarr[start:end]
-        if "units" in tarr.attrs:
-            times = times.astype("datetime64[ns]")
+    times = reader.time(key, start, end)
 
     def xs(offsets):  # offsets from `start` (bin centres may be fractional) -> axis values
         idx = np.clip(np.round(offsets).astype(np.int64), 0, n - 1)
@@ -103,7 +100,7 @@ def plot_region(store, record: str, output: str, dest, *, region: str | None = N
             ax.plot(xs(np.arange(n)), col, color="tab:blue", linewidth=0.7)
         units = arr.attrs.get("units")
         ax.set_ylabel(f"{labels[j]}" + (f" ({units})" if units else ""))
-    dim = ("time" if times is not None else "time index") if info["modality"] == "timeseries" \
+    dim = ("time" if times is not None else "time index") if info["modality"] == TIMESERIES \
         else "position (0-based)"
     axes[-1, 0].set_xlabel(dim)
     note = f", min/max envelope over {width_px} bins of ~{n / width_px:.0f}" if downsampled else ""

@@ -1,14 +1,21 @@
 """The output store: one Zarr v3 store per job (layout, writer, reader)."""
-from linpipe.store.writer import (
-                                  CODEC_CHOICE,
-                                  DEFAULT_OUTPUTS,
-                                  FORMAT_VERSION,
-                                  OUTPUT_KINDS,
-                                  POSITION_DIM,
-                                  OutputStore,
-                                  codecs_for,
-                                  open_output,
+from linpipe.store.layout import (
+    CODEC_CHOICE,
+    DEFAULT_OUTPUTS,
+    DIM_CHANNEL,
+    DIM_FEATURE,
+    DIM_POSITION,
+    DIM_TIME,
+    FORMAT,
+    FORMAT_VERSION,
+    OUTPUT_KINDS,
+    POSITION_DIM,
+    ArraySpec,
+    codecs_for,
 )
+from linpipe.store.reader import IncompleteStoreWarning, OutputReader, open_output
+from linpipe.store.writer import OutputStore
 
-__all__ = ["CODEC_CHOICE", "DEFAULT_OUTPUTS", "FORMAT_VERSION", "OUTPUT_KINDS", "POSITION_DIM", "OutputStore",
-           "codecs_for", "open_output"]
+__all__ = ["CODEC_CHOICE", "DEFAULT_OUTPUTS", "DIM_CHANNEL", "DIM_FEATURE", "DIM_POSITION", "DIM_TIME",
+           "FORMAT", "FORMAT_VERSION", "OUTPUT_KINDS", "POSITION_DIM", "ArraySpec", "IncompleteStoreWarning",
+           "OutputReader", "OutputStore", "codecs_for", "open_output"]

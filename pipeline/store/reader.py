@@ -5,7 +5,8 @@ import os
 import warnings
 
 from linpipe.errors import StoreError
-from linpipe.store import POSITION_DIM, OutputStore
+from linpipe.store.layout import POSITION_DIM, TIME
+from linpipe.store.writer import OutputStore
 
 
 class IncompleteStoreWarning(UserWarning):
@@ -19,6 +20,8 @@ class OutputReader:
     .records   key -> {id, description, length, modality, input, n_chunks}
     .dataset(record_id_or_key) -> xarray.Dataset with named dims and coordinates
     .missing_ranges   key -> [(start, end), ...] positions not written yet (empty when complete)
+    .array(record, output), .dims(record, output), .time(record, start, end), .completed_ranges(record)
+        for streaming reads without xarray
     """
 
     def __init__(self, path):
@@ -51,8 +54,12 @@ class OutputReader:
 
         key = self.key(record_id_or_key)
         info = self.records[key]
-        ds = xr.open_zarr(self._out._store, group=key, consolidated=None if self.complete else False,
-                          zarr_format=3, chunks=None)
+        try:
+            ds = xr.open_zarr(self._out.zarr_store, group=key, consolidated=None if self.complete else False,
+                              zarr_format=3, chunks=None)
+        except (FileNotFoundError, KeyError) as e:  # a record group deleted or damaged after the job
+            raise StoreError(f"{self.path}: record {info['id']!r} cannot be read ({type(e).__name__}: {e}); "
+                             "the store is damaged: run the job again with --overwrite") from None
         dim = POSITION_DIM[info["modality"]]
         if dim not in ds.coords:  # positions from 0, as a lazy range (no big int array in memory)
             ds = ds.assign_coords(xr.Coordinates({dim: pd.RangeIndex(info["length"], name=dim)}))
@@ -62,13 +69,27 @@ class OutputReader:
 
     def array(self, record_id_or_key: str, output: str):
         """The raw zarr array of one output (for streaming reads without xarray)."""
+        return self._out.array(self.key(record_id_or_key), output)
+
+    def dims(self, record_id_or_key: str, output: str) -> tuple[str, ...]:
+        """The named dimensions of one output, e.g. ('position',) or ('time', 'channel')."""
+        return tuple(self.array(record_id_or_key, output).metadata.dimension_names)
+
+    def completed_ranges(self, record_id_or_key: str) -> list[tuple[int, int]]:
+        """[start, end) of every completed work unit, in position order."""
         key = self.key(record_id_or_key)
-        try:
-            return self._out._group[f"{key}/{output}"]
-        except KeyError:
-            names = [n for n in self._out.output_names(key)]
-            raise StoreError(f"{self.path}: record {self.records[key]['id']!r} has no output "
-                             f"{output!r} (it has {', '.join(names)})") from None
+        done = self._out.completed_chunks(key)
+        return [self._out.chunk_range(key, i) for i in range(self._out.n_chunks(key)) if i in done]
+
+    def time(self, record_id_or_key: str, start: int, end: int):
+        """The record's time stamps over [start, end) (datetime64 when the input had dates), or
+        None when the record has none (its positions are plain indices)."""
+        key = self.key(record_id_or_key)
+        if TIME not in self._out.output_names(key):
+            return None
+        arr = self.array(key, TIME)
+        t = arr[start:end]
+        return t.astype("datetime64[ns]") if "units" in arr.attrs else t
 
     def summary(self) -> dict:
         """What `linpipe inspect` shows: records, completion, sizes and compression ratio."""
@@ -79,7 +100,7 @@ class OutputReader:
             done = n if self.complete else len(self._out.completed_chunks(key))
             frac = done / n if n else 1.0
             for name in self._out.output_names(key):
-                a = self._out._group[f"{key}/{name}"]
+                a = self._out.array(key, name)
                 raw += int(a.nbytes * frac)
                 stored += a.nbytes_stored()
             records.append({"key": key, "id": info["id"], "length": info["length"],
@@ -87,11 +108,12 @@ class OutputReader:
                             "missing_ranges": [list(r) for r in self.missing_ranges[key]]})
         m = self.meta
         model = m.get("model") or {}
+        model_sha256 = m.get("model_sha256") or (model.get("sha256") if isinstance(model, dict) else None)
         return {
             "path": self.path, "format_version": m.get("format_version"),
             "linpipe_version": m.get("linpipe_version"), "job_id": m.get("job_id"),
             "complete": self.complete, "outputs": m.get("outputs"), "chunk_size": m.get("chunk_size"),
-            "model_sha256": m.get("model_sha256") or (model.get("sha256") if isinstance(model, dict) else None),
+            "model_sha256": model_sha256,
             "model": model, "inputs": m.get("inputs", []),
             "n_records": len(records), "positions": sum(r["length"] for r in records),
             "size_on_disk": self._out.size_on_disk(), "output_bytes_raw": raw,
@@ -99,6 +121,11 @@ class OutputReader:
             "compression_ratio": (raw / stored) if stored else None,
             "records": records,
         }
+
+
+def as_reader(store) -> OutputReader:
+    """An OutputReader, given one or a store's path or URL."""
+    return store if isinstance(store, OutputReader) else OutputReader(store)
 
 
 def open_output(path) -> OutputReader:
@@ -115,4 +142,4 @@ def open_output(path) -> OutputReader:
     return reader
 
 
-__all__ = ["open_output", "OutputReader", "IncompleteStoreWarning"]
+__all__ = ["open_output", "as_reader", "OutputReader", "IncompleteStoreWarning"]

@@ -1,0 +1,134 @@
+"""The store's layout (format version 1, docs/output-format.md): names, dims and one spec per array.
+
+A store holds, at its root, one group per record (named by `linpipe.store.keys`) with one array
+per output, and a progress group `_linpipe/<key>/` with the completion markers (`done`) and the
+boundary states (`state/<chunk>`). Every array is described here by an `ArraySpec`, built from
+the per-output facts in `linpipe.model.outputs`; the writer creates arrays from specs only.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from linpipe.model.outputs import CHANNEL, DNA, FEATURE, MODALITIES, OUTPUTS, TIMESERIES, output_names
+
+FORMAT = "linpipe-output"
+FORMAT_VERSION = 1
+PROGRESS = "_linpipe"  # root group holding completion markers and boundary states
+PROGRESS_ABOUT = "linpipe completion markers and boundary states"
+CREATING = "linpipe_creating"  # root attribute while create() lays the store out
+
+# Named dimensions (zarr dimension_names, xarray dims).
+DIM_POSITION = "position"
+DIM_TIME = "time"
+DIM_FEATURE = FEATURE
+DIM_CHANNEL = CHANNEL
+DIM_CHUNK = "chunk"  # progress markers: one per work unit
+DIM_BYTE = "byte"  # boundary states: a safetensors blob
+POSITION_DIM = {DNA: DIM_POSITION, TIMESERIES: DIM_TIME}
+
+TIME = "time"  # the time coordinate of a series record (when its input has time stamps)
+CHANNEL_NAMES = "channel"  # the channel coordinate of a series record
+TIME_UNITS = "nanoseconds since 1970-01-01"
+TIME_CODEC = "blosc-zstd-5-bitshuffle"  # chosen in benchmarks/store_compression.py
+
+DEFAULT_OUTPUTS = {m: list(output_names(m, default=True)) for m in MODALITIES}
+OUTPUT_KINDS = {m: {s.name: s for s in OUTPUTS[m]} for m in MODALITIES}
+CODEC_CHOICE = {s.name: s.codec for m in MODALITIES for s in OUTPUTS[m]} | {TIME: TIME_CODEC}
+HIDDEN_DTYPES = ("float16", "float32")
+
+
+def codecs_for(spec: str):
+    """Zarr v3 compressors for a spec like 'zstd-3' or 'blosc-zstd-5-shuffle' ('none': None)."""
+    from zarr.codecs import BloscCodec, ZstdCodec
+
+    if spec == "none":
+        return None
+    if spec.startswith("zstd-"):
+        return [ZstdCodec(level=int(spec.split("-")[1]))]
+    _, cname, level, shuffle = spec.split("-")
+    return [BloscCodec(cname=cname, clevel=int(level), shuffle=shuffle)]
+
+
+@dataclass(frozen=True)
+class ArraySpec:
+    """One stored array. `codec` is a CODEC_CHOICE spec, 'none', or None for zarr's default;
+    `chunks` and `fill_value` None likewise leave zarr's default."""
+
+    name: str
+    dtype: object
+    dims: tuple[str, ...]
+    shape: tuple[int, ...]
+    chunks: tuple[int, ...] | None
+    fill_value: object
+    codec: str | None
+    attributes: dict = field(default_factory=dict)
+
+    def create_kwargs(self) -> dict:
+        """Keyword arguments of zarr.create_array / Group.create_array for this array."""
+        kw = {"shape": self.shape, "dtype": self.dtype, "dimension_names": list(self.dims),
+              "attributes": dict(self.attributes)}
+        if self.chunks is not None:
+            kw["chunks"] = self.chunks
+        if self.fill_value is not None:
+            kw["fill_value"] = self.fill_value
+        if self.codec is not None:
+            kw["compressors"] = codecs_for(self.codec)
+        return kw
+
+
+def record_arrays(info: dict, outputs, *, chunk_size: int, feature_dim: int | None,
+                  channels: list[str] | None, hidden_dtype: str) -> list[ArraySpec]:
+    """The arrays of one record's group: its outputs, then `time` and `channel` where it has them."""
+    modality, length = info["modality"], int(info["length"])
+    dim = POSITION_DIM[modality]
+    specs = []
+    for name in outputs:
+        kind = OUTPUT_KINDS[modality][name]
+        dtype = hidden_dtype if name == "hidden" else kind.dtype
+        width = kind.width(feature_dim, len(channels) if channels else 0)
+        trailing = () if width is None else (width,)
+        attrs = {k: v for k, v in (("units", kind.units), ("long_name", kind.long_name)) if v}
+        specs.append(ArraySpec(name, dtype, (dim,) + ((kind.trailing,) if trailing else ()),
+                               (length,) + trailing, (chunk_size,) + trailing,
+                               0 if dtype == "uint8" else np.nan, CODEC_CHOICE[name], attrs))
+    if info.get("time_dtype"):
+        tdt = np.dtype(info["time_dtype"])
+        attrs = {}
+        if np.issubdtype(tdt, np.datetime64):  # stored as int64 ns; xarray decodes it back
+            tdt = np.dtype("int64")
+            attrs = {"units": TIME_UNITS, "calendar": "proleptic_gregorian"}
+        specs.append(ArraySpec(TIME, tdt, (DIM_TIME,), (length,), (chunk_size,), 0, CODEC_CHOICE[TIME],
+                               attrs))
+    if modality == TIMESERIES and channels:
+        specs.append(channel_array(channels))
+    return specs
+
+
+def channel_array(channels: list[str]) -> ArraySpec:
+    """The channel names of a series record (its one array that holds data from creation on)."""
+    return ArraySpec(CHANNEL_NAMES, str, (DIM_CHANNEL,), (len(channels),), None, None, None)
+
+
+def done_array(n_chunks: int) -> ArraySpec:
+    """`_linpipe/<key>/done`: one uncompressed Zarr chunk per work unit, so each has one writer."""
+    return ArraySpec("done", "uint8", (DIM_CHUNK,), (n_chunks,), (1,), 0, "none")
+
+
+def state_array(nbytes: int) -> ArraySpec:
+    """`_linpipe/<key>/state/<chunk>`: the boundary state after a chunk, as one safetensors blob."""
+    return ArraySpec("state", "uint8", (DIM_BYTE,), (nbytes,), (nbytes,), 0, "none",
+                     {"encoding": "safetensors"})
+
+
+def record_path(key: str, name: str | None = None) -> str:
+    return key if name is None else f"{key}/{name}"
+
+
+def progress_path(key: str, name: str | None = None) -> str:
+    return f"{PROGRESS}/{key}" if name is None else f"{PROGRESS}/{key}/{name}"
+
+
+def state_path(key: str, chunk_index: int) -> str:
+    return f"{PROGRESS}/{key}/state/{chunk_index}"
