@@ -23,7 +23,20 @@ FASTA_EXTS = {".fa", ".fasta", ".fna", ".fas", ".ffn", ".frn", ".seq", ".mfa", "
 CSV_EXTS = {".csv", ".tsv", ".txt"}
 ARROW_EXTS = {".arrow", ".feather", ".ipc", ".arrows"}
 PARQUET_EXTS = {".parquet", ".pq"}
+COMPRESSION_EXTS = (".gz", ".bgz", ".bz2", ".xz", ".zst")
 _SNIFF = 1 << 16
+
+
+def stem(path: "str | os.PathLike") -> str:
+    """An input's name without its compression and format extensions: genome.fa.gz -> genome.
+
+    Names what is made from the input: the default output store, a spec's {stem}, the record id
+    of a single-series time-series file.
+    """
+    name = Path(path).name
+    if name.lower().endswith(COMPRESSION_EXTS):
+        name = name[: name.rindex(".")]
+    return Path(name).stem or Path(path).name
 
 
 @dataclass(frozen=True)

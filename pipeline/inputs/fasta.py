@@ -22,10 +22,10 @@ import numpy as np
 from linpipe.errors import InputError
 from linpipe.inputs import Input, RecordInfo
 from linpipe.inputs.alphabet import INVALID, SOFTMASK_LUT, TOKEN_LUT
+from linpipe.inputs.cache import find_fresh, write_sidecar
 from linpipe.inputs.fasta_index import (
     IndexEntry,
     check_bgzf_eof,
-    find_fresh,
     format_fai,
     format_gzi,
     format_lpi,
@@ -33,7 +33,6 @@ from linpipe.inputs.fasta_index import (
     parse_index,
     scan_bgzf_blocks,
     scan_stream,
-    write_sidecar,
 )
 
 SCAN_READ = 1 << 20  # bytes per read while scanning an irregular record

@@ -27,8 +27,8 @@ from typing import Sequence
 import numpy as np
 
 from linpipe.errors import InputError
-from linpipe.inputs import Input, RecordInfo
-from linpipe.inputs.fasta_index import cache_root
+from linpipe.inputs.base import Input, RecordInfo, stem
+from linpipe.inputs.cache import cache_root
 
 BATCH_ROWS = 1 << 16  # rows per batch in converted files and Parquet reads
 CSV_BLOCK = 4 << 20  # bytes per CSV block; column types are inferred from the first one
@@ -45,15 +45,6 @@ def _is_time(t) -> bool:
     import pyarrow as pa
 
     return _is_numeric(t) or pa.types.is_timestamp(t) or pa.types.is_date(t) or pa.types.is_time(t) or pa.types.is_duration(t)
-
-
-def _series_name(path: Path) -> str:
-    name = path.name
-    for _ in range(3):
-        stem, dot, ext = name.rpartition(".")
-        if dot and ext.lower() in {"gz", "bz2", "zst", "csv", "tsv", "txt", "parquet", "pq", "arrow", "feather", "ipc", "arrows"}:
-            name = stem
-    return name or path.name
 
 
 class _Table:
@@ -179,7 +170,7 @@ class TimeSeriesInput(Input):
         st = self.path.stat()
         key = f"{self.path.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\0{tag}\0{self.id_column}\0{self.time_column}\0{columns}"
         digest = hashlib.sha256(key.encode()).hexdigest()[:24]
-        return cache_root(self.cache_dir) / "tables" / f"{_series_name(self.path)}-{digest}.arrow"
+        return cache_root(self.cache_dir) / "tables" / f"{stem(self.path)}-{digest}.arrow"
 
     def _table_file(self, columns) -> tuple[Path, str]:
         if self.fmt == "parquet":
@@ -378,7 +369,7 @@ class TimeSeriesInput(Input):
         runs: list[list[tuple[int, int]]] = []
         last_time: list = []
         if not self.id_column:
-            order[_series_name(self.path)] = 0
+            order[stem(self.path)] = 0
             runs.append([(0, self._table.num_rows)])
             last_time.append(None)
         problem = None
