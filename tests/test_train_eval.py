@@ -27,7 +27,7 @@ def ts_model(tmp_path_factory, timeseries):
     out = tmp_path_factory.mktemp("ts")
     cfg = TrainConfig(steps=60, batch=4, window=64, lr=1e-2, warmup=5, checkpoint_every=60)
     res = train([timeseries / "statsmodels_mstl_elec_vic.csv"], out,
-                dict(d_model=16, n_layers=1, n_heads=2, mlp_hidden=32), cfg, progress=False,
+                dict(d_model=16, n_layers=1, n_heads=2, mlp_hidden=32), cfg,
                 ts_options={"time_column": "ds"})
     return res
 
