@@ -1,4 +1,5 @@
 """The wheel holds every subpackage and the shipped data, and works from outside the repo."""
+
 import os
 import subprocess
 import sys
@@ -11,8 +12,11 @@ ROOTS = {"pipeline": "linpipe", "kernels": "linpipe/kernels", "jobs": "linpipe/j
 
 
 def test_wheel_has_every_subpackage_and_the_default_model(tmp_path):
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path), str(REPO)],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path), str(REPO)],
+        check=True,
+        capture_output=True,
+    )
     wheel = next(tmp_path.glob("linpipe-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
     for folder, pkg in ROOTS.items():
@@ -30,11 +34,16 @@ def test_wheel_has_every_subpackage_and_the_default_model(tmp_path):
 
     # Installed into a scratch folder and imported from outside the repo, it loads the default model.
     target = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)],
-                   check=True, capture_output=True)
-    code = ("import linpipe, linpipe.jobs.driver, linpipe.kernels.linear_attn.triton_chunk; "
-            "assert linpipe.__file__.startswith(%r), linpipe.__file__; "
-            "print(linpipe.load_model('default').config.d_model)" % str(target))
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)],
+        check=True,
+        capture_output=True,
+    )
+    code = (
+        "import linpipe, linpipe.jobs.driver, linpipe.kernels.linear_attn.triton_chunk; "
+        "assert linpipe.__file__.startswith(%r), linpipe.__file__; "
+        "print(linpipe.load_model('default').config.d_model)" % str(target)
+    )
     env = dict(os.environ, PYTHONPATH=str(target))
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr

@@ -5,6 +5,7 @@ directory ($LINPIPE_CACHE, else ~/.cache/linpipe). A folder whose permission bit
 counts as read-only even for root, so shared read-only data is never written into. Converted
 time-series tables always go into the cache directory (`cache_root() / "tables"`).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -82,4 +83,6 @@ def write_sidecar(path: Path, suffix: str, data: bytes, cache_dir=None) -> Path:
             return target
         except OSError as e:
             last_err = e
-    raise InputError(f"{path}: cannot write its index {suffix} next to it or in {targets[-1].parent}: {last_err}")
+    raise InputError(
+        f"{path}: cannot write its index {suffix} next to it or in {targets[-1].parent}: {last_err}"
+    )

@@ -13,6 +13,7 @@ uncompressed offset) uint64 pairs for every block but the first (which is (0, 0)
 
 Where the index files go (next to the input, else the cache directory): linpipe.inputs.cache.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -61,7 +62,9 @@ def format_lpi(entries: list[IndexEntry]) -> bytes:
     lines = ["#linpipe-index\t1\n"]
     for e in entries:
         desc = e.description.replace("\t", " ").replace("\n", " ")
-        lines.append(f"{e.name}\t{e.length}\t{e.offset}\t{e.linebases}\t{e.linewidth}\t{int(e.regular)}\t{desc}\n")
+        lines.append(
+            f"{e.name}\t{e.length}\t{e.offset}\t{e.linebases}\t{e.linewidth}\t{int(e.regular)}\t{desc}\n"
+        )
     return "".join(lines).encode()
 
 
@@ -89,7 +92,10 @@ def parse_index(index_path: Path, fasta: Path) -> list[IndexEntry]:
         if not name or length < 0 or offset < 0 or (regular and length and (lb <= 0 or lw < lb)):
             raise InputError(f"{index_path}: line {i}: impossible index entry {line[:80]!r}")
         if name in seen:
-            raise InputError(f"{index_path}: duplicate record id {name!r} in the index of {fasta}: lines {seen[name]} and {i}")
+            raise InputError(
+                f"{index_path}: duplicate record id {name!r} in the index of {fasta}: "
+                f"lines {seen[name]} and {i}"
+            )
         seen[name] = i
         entries.append(IndexEntry(name, length, offset, lb, lw, regular, desc))
     return entries
@@ -112,7 +118,9 @@ def parse_gzi(gzi_path: Path) -> tuple[np.ndarray, np.ndarray]:
         raise InputError(f"{gzi_path}: truncated .gzi index (delete it to rebuild)")
     (n,) = struct.unpack_from("<Q", data)
     if len(data) != 8 + 16 * n:
-        raise InputError(f"{gzi_path}: .gzi index holds {len(data)} bytes, expected {8 + 16 * n} (delete it to rebuild)")
+        raise InputError(
+            f"{gzi_path}: .gzi index holds {len(data)} bytes, expected {8 + 16 * n} (delete it to rebuild)"
+        )
     pairs = np.frombuffer(data, dtype="<u8", offset=8).reshape(n, 2).astype(np.int64)
     return np.concatenate([[0], pairs[:, 0]]), np.concatenate([[0], pairs[:, 1]])
 
@@ -291,7 +299,9 @@ class FastaScanner:
         if bad.size:
             bad_line = np.searchsorted(nl, bad)  # line index within the block (nl.size: the tail)
             if nl.size:
-                in_header = np.where(bad_line < nl.size, is_header[np.minimum(bad_line, nl.size - 1)], tail_header)
+                in_header = np.where(
+                    bad_line < nl.size, is_header[np.minimum(bad_line, nl.size - 1)], tail_header
+                )
             else:
                 in_header = np.full(bad.size, tail_header)
             if not in_header.all():
@@ -301,7 +311,11 @@ class FastaScanner:
             stray = crs[buf[crs + 1] != _NL]
             if stray.size:  # a CR not ending a line: an error outside header lines
                 k = np.searchsorted(nl, stray)
-                hdr = np.where(k < nl.size, is_header[np.minimum(k, nl.size - 1)], tail_header) if nl.size else np.full(stray.size, tail_header)
+                hdr = (
+                    np.where(k < nl.size, is_header[np.minimum(k, nl.size - 1)], tail_header)
+                    if nl.size
+                    else np.full(stray.size, tail_header)
+                )
                 if not hdr.all():
                     self._bad_at(buf, int(stray[np.argmin(hdr)]), nl, starts, is_header, data)
 
@@ -333,7 +347,10 @@ class FastaScanner:
         if tail_header:
             self.header_buf += data[tail_from:]
             if len(self.header_buf) > MAX_HEADER:
-                raise InputError(f"{self.label}: line {self.lineno}: header line longer than {MAX_HEADER} bytes; not FASTA?")
+                raise InputError(
+                    f"{self.label}: line {self.lineno}: header line longer than {MAX_HEADER} bytes; "
+                    "not FASTA?"
+                )
         self.line_head = tail_head
         self.last_byte = int(buf[-1])
         self.pos += n
@@ -355,7 +372,9 @@ class FastaScanner:
             self._no_header(lineno, byte)
         ch = int(buf[i]) if i >= 0 else self.last_byte
         shown = repr(chr(ch)) if 32 <= ch < 127 else f"byte 0x{ch:02x}"
-        self._fail(f"invalid character {shown} in sequence at column {byte - line_start + 1}", byte, lineno, record)
+        self._fail(
+            f"invalid character {shown} in sequence at column {byte - line_start + 1}", byte, lineno, record
+        )
 
     def finish(self) -> list[IndexEntry]:
         end_pos = self.pos

@@ -237,7 +237,8 @@ def _train(inputs, out, model_kwargs, cfg, decay, resume, command, progress, sto
     splits = split_records(records, cfg.val_fraction, cfg.val_records)
     parts = [s.train for s in splits if s.val_start > 0]
 
-    meta = {"inputs": _fingerprint(inputs), "train_config": {**asdict(cfg), "val_records": list(cfg.val_records)},
+    meta = {"inputs": _fingerprint(inputs),
+            "train_config": {**asdict(cfg), "val_records": list(cfg.val_records)},
             "command": command, "modality": modality}
     if resume:
         net, config, opt_t, lane_t, saved = load_checkpoint(ckpt, device)
@@ -260,7 +261,7 @@ def _train(inputs, out, model_kwargs, cfg, decay, resume, command, progress, sto
             allv = np.concatenate([p for p in parts])
             with np.errstate(all="ignore"):
                 mean, std = np.nanmean(allv, axis=0), np.nanstd(allv, axis=0)
-            empty = [c for c, m in zip(channels, mean) if not np.isfinite(m)]
+            empty = [c for c, m in zip(channels, mean, strict=True) if not np.isfinite(m)]
             if empty:
                 raise InputError(f"{', '.join(Path(p).name for p in inputs)}: channel {empty[0]!r} "
                                  "has no values in the training parts")
@@ -416,7 +417,8 @@ def write_report(result: TrainResult, meta: dict, config) -> None:
              f"Modality: {config.modality}; D={config.d_model} L={config.n_layers} H={config.n_heads} "
              f"M={config.mlp_hidden} W={config.conv_width}; sha256 of model.safetensors: `{result.sha256}`",
              f"Steps: {len(losses)}; training time {meta.get('train_seconds', '?')} s (last session)",
-             f"Final training loss (mean of last 50 steps): {record['final_train_loss_mean50']:.4f} {unit}", "",
+             f"Final training loss (mean of last 50 steps): "
+             f"{record['final_train_loss_mean50']:.4f} {unit}", "",
              "Validation (held-out parts, same positions for every predictor):", ""]
     if config.modality == "dna":
         lines += ["| predictor | bits per base |", "|---|---|"]
