@@ -253,6 +253,7 @@ def test_stale_index_is_rebuilt(tmp_path):
         assert inp.fingerprint() != fp1
 
 
+@pytest.mark.slow
 def test_pickled_input_reopens_in_another_process(genomes):
     import subprocess
     import sys
@@ -322,6 +323,7 @@ print(total, rss("VmHWM:") - base)
 """
 
 
+@pytest.mark.slow
 def test_reading_a_long_record_in_slices_keeps_memory_flat(genomes, tmp_path):
     """40 Mb read in 1 Mb slices in a fresh process: holding the record (tokens + mask) would
     take 80 MB; the reader's peak stays within a few slices' worth."""

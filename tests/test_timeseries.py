@@ -1,5 +1,6 @@
 """Time series: the real files, many series per file, time order, nulls, and random access."""
 
+import json
 import pickle
 
 import numpy as np
@@ -205,11 +206,17 @@ def test_pickle_fingerprint_and_cli(timeseries, tmp_path):
     csv_inp.close()
     csv_inp.table_path.unlink()
     np.testing.assert_array_equal(pickle.loads(blob).read("s1", 10, 20)[0], expect)
-    res = CliRunner().invoke(cli, ["index", str(path), "--id-column", "sensor", "--time-column", "t"])
+    args = ["index", str(path), "--id-column", "sensor", "--time-column", "t"]
+    res = CliRunner().invoke(cli, args + ["--json"])
     assert res.exit_code == 0, res.output
-    assert "timeseries, 2 records, 500 positions" in res.output and "channels: x, y" in res.output
-    assert [line.split()[:2] for line in res.output.splitlines()[-2:]] == [["s0", "300"], ["s1", "200"]]
+    info = json.loads(res.output)
+    assert info["modality"] == "timeseries" and info["channels"] == ["x", "y"]
+    assert [(r["id"], r["length"]) for r in info["records"]] == [("s0", 300), ("s1", 200)]
+    text = CliRunner().invoke(cli, args)
+    assert text.exit_code == 0 and "channels: x, y" in text.output  # the human form works too
     res = CliRunner().invoke(
         cli, ["index", str(timeseries / "mitdb_100_ecg.parquet"), "--json", "--time-column", "sample"]
     )
-    assert res.exit_code == 0 and '"length": 650000' in res.output and '"MLII_mV"' in res.output
+    assert res.exit_code == 0, res.output
+    info = json.loads(res.output)
+    assert [r["length"] for r in info["records"]] == [650000] and "MLII_mV" in info["channels"]

@@ -6,11 +6,24 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
 from conftest import REPO
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the package-data check below is skipped
+    tomllib = None
 
 ROOTS = {"pipeline": "linpipe", "kernels": "linpipe/kernels", "jobs": "linpipe/jobs"}
 
 
+def _source_folder(pkg: str, package_dir: dict) -> Path:
+    """The repo folder of package `pkg` under pyproject's package-dir mapping."""
+    parent = max((p for p in package_dir if pkg == p or pkg.startswith(p + ".")), key=len)
+    return REPO / package_dir[parent] / pkg[len(parent) :].lstrip(".").replace(".", "/")
+
+
+@pytest.mark.slow
 def test_wheel_has_every_subpackage_and_the_default_model(tmp_path):
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path), str(REPO)],
@@ -31,6 +44,17 @@ def test_wheel_has_every_subpackage_and_the_default_model(tmp_path):
         assert f"linpipe/model/shipped/default/{f}" in names
     for f in ("whole_genome.yaml", "assemblies.yaml", "timeseries.yaml"):
         assert f"linpipe/jobs/{f}" in names
+    # every package-data glob names real files, and the wheel holds each of them
+    setuptools = {"package-data": {}}
+    if tomllib is not None:
+        setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    for pkg, globs in setuptools["package-data"].items():
+        folder = _source_folder(pkg, setuptools["package-dir"])
+        for pattern in globs:
+            found = [p.relative_to(folder).as_posix() for p in folder.glob(pattern)]
+            assert found, f"package-data {pkg}: {pattern!r} matches no file"
+            for f in found:
+                assert f"{pkg.replace('.', '/')}/{f}" in names, (pkg, f)
 
     # Installed into a scratch folder and imported from outside the repo, it loads the default model.
     target = tmp_path / "site"
