@@ -79,8 +79,9 @@ def _timeseries_options(f):
         click.option("--time-column", default=None, metavar="COL",
                      help="Time series: the time column (kept as the time coordinate; not a channel)."),
         click.option("--columns", default=None, metavar="LIST",
-                     help="Time series: comma-separated channel columns, in the model's channel order "
-                          "[default: every numeric column but the time and id columns]."),
+                     help="Time series: comma-separated channel columns (in the model's channel order "
+                          "when a model reads them) [default: every numeric column but the time and id "
+                          "columns]."),
         click.option("--id-column", default=None, metavar="COL",
                      help="Time series: column whose value names the series (record) of each row."),
     ]):
