@@ -12,6 +12,7 @@ sequences concatenated and repeated), then measures on the same files in the sam
   3. RSS growth of a fresh process reading the whole 200 Mb record in 1 Mb slices.
 The temp dir is deleted at the end.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -101,6 +102,7 @@ def bench_sequential(path: Path, cache: Path) -> dict:
                 for rec in inp.records:
                     for s in range(0, rec.length, 1 << 22):
                         inp.read(rec.id, s, min(rec.length, s + (1 << 22)))
+
         return run
 
     def raw_read():
@@ -132,15 +134,24 @@ def bench_random(path: Path, rid: str, length: int, cache: Path, n: int = 60, la
     rng = np.random.default_rng(0)
     starts = rng.integers(0, length - 1_000_000, n)
     inp = linpipe.open_input(path, cache_dir=cache)
-    fa = pyfaidx.Fasta(str(path), rebuild=False, read_ahead=None) if (path.parent / (path.name + ".fai")).exists() else None
+    fa = (
+        pyfaidx.Fasta(str(path), rebuild=False, read_ahead=None)
+        if (path.parent / (path.name + ".fai")).exists()
+        else None
+    )
     if fa is None:  # the index is in the cache: point pyfaidx at it
-        fa = pyfaidx.Fasta(str(path), indexname=str(inp.index_path), gzi_indexname=str(getattr(inp, "gzi_path", "")) or None, rebuild=False)
+        fa = pyfaidx.Fasta(
+            str(path),
+            indexname=str(inp.index_path),
+            gzi_indexname=str(getattr(inp, "gzi_path", "")) or None,
+            rebuild=False,
+        )
 
     def ours(s):
-        inp.read(rid, s, s + 1_000_000)
+        return inp.read(rid, s, s + 1_000_000)
 
     def theirs(s):
-        fa[rid][s : s + 1_000_000].seq
+        return fa[rid][s : s + 1_000_000].seq
 
     # same bases either way
     s = int(starts[0])
@@ -193,16 +204,29 @@ print(base, hwm(), proc.memory_info().rss)
 
 
 def bench_memory(path: Path, rid: str, cache: Path) -> dict:
-    out = subprocess.run([sys.executable, "-c", MEMORY_CHILD, str(path), rid, str(cache)], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", MEMORY_CHILD, str(path), rid, str(cache)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     base, peak, end = (int(x) for x in out.stdout.split())
-    return {"rss_baseline_mb": base / 1e6, "rss_peak_mb": peak / 1e6, "rss_end_mb": end / 1e6,
-            "rss_peak_growth_mb": (peak - base) / 1e6}
+    return {
+        "rss_baseline_mb": base / 1e6,
+        "rss_peak_mb": peak / 1e6,
+        "rss_end_mb": end / 1e6,
+        "rss_peak_growth_mb": (peak - base) / 1e6,
+    }
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--data", default=os.environ.get("LINPIPE_SHARED_DATA", REPO.parent / "shared" / "data"), type=Path)
-    ap.add_argument("--seq-mb", type=int, default=32, help="size of the multi-record file for sequential reads")
+    ap.add_argument(
+        "--data", default=os.environ.get("LINPIPE_SHARED_DATA", REPO.parent / "shared" / "data"), type=Path
+    )
+    ap.add_argument(
+        "--seq-mb", type=int, default=32, help="size of the multi-record file for sequential reads"
+    )
     ap.add_argument("--big-mb", type=int, default=200, help="length of the single long record")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="linpipe-bench-"))

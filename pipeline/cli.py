@@ -72,11 +72,34 @@ def _model_size_options(f):
     return f
 
 
+def _timeseries_options(f):
+    """--time-column, --columns, --id-column: how a time-series file becomes records and channels
+    (`index`, `submit`, `train`, `eval`); `_ts_options` turns them into open_input's keywords."""
+    for opt in reversed([
+        click.option("--time-column", default=None, metavar="COL",
+                     help="Time series: the time column (kept as the time coordinate; not a channel)."),
+        click.option("--columns", default=None, metavar="LIST",
+                     help="Time series: comma-separated channel columns (in the model's channel order "
+                          "when a model reads them) [default: every numeric column but the time and id "
+                          "columns]."),
+        click.option("--id-column", default=None, metavar="COL",
+                     help="Time series: column whose value names the series (record) of each row."),
+    ]):
+        f = opt(f)
+    return f
+
+
+def _ts_options(time_column, columns, id_column) -> dict:
+    opts = dict(time_column=time_column, columns=columns, id_column=id_column)
+    return {k: v for k, v in opts.items() if v}
+
+
 @model_group.command("init")
 @click.argument("directory", type=click.Path(file_okay=False))
 @click.option("--modality", type=click.Choice(["dna", "timeseries"]), default="dna", show_default=True)
 @_model_size_options
-@click.option("--channels", type=click.IntRange(1), default=None, help="Timeseries: number of input channels.")
+@click.option("--channels", type=click.IntRange(1), default=None,
+              help="Timeseries: number of input channels.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--force", is_flag=True, help="Overwrite a model already in DIRECTORY.")
 def model_init(directory, modality, d_model, n_layers, n_heads, mlp_hidden, conv_width, feature_map,
@@ -131,7 +154,6 @@ def model_info(model, as_json):
         click.echo(f"decay {k}: {', '.join(f'{g:g}' for g in v)}")
 
 
-
 # end of section: model
 # ---------------------------------------------------------------------------------------------
 # section: inputs (linpipe index)
@@ -140,26 +162,28 @@ def model_info(model, as_json):
 
 @cli.command("index")
 @click.argument("input_path", metavar="INPUT", type=click.Path(path_type=str))
-@click.option("--id-column", default=None, help="Time series: column whose value names the series of each row.")
-@click.option("--time-column", default=None, help="Time series: column kept as the time coordinate.")
-@click.option("--columns", default=None, help="Time series: comma-separated channel columns (default: every numeric one).")
-@click.option("--sort", is_flag=True, help="Time series: sort rows by time (in a cached copy) instead of refusing unsorted input.")
-@click.option("--cache-dir", default=None, type=click.Path(file_okay=False), help="Where indexes go when the input's folder is read-only (default $LINPIPE_CACHE or ~/.cache/linpipe).")
+@_timeseries_options
+@click.option("--sort", is_flag=True,
+              help="Time series: sort rows by time (in a cached copy) instead of refusing unsorted input.")
+@click.option("--cache-dir", default=None, type=click.Path(file_okay=False),
+              help="Where indexes go when the input's folder is read-only "
+                   "(default $LINPIPE_CACHE or ~/.cache/linpipe).")
 @click.option("--json", "as_json", is_flag=True, help="Print the records as JSON.")
-def index_cmd(input_path, id_column, time_column, columns, sort, cache_dir, as_json):
+def index_cmd(input_path, time_column, columns, id_column, sort, cache_dir, as_json):
     """Build (or reuse) the index of INPUT and print its records and lengths."""
     import json
 
     from linpipe.inputs import open_input
 
-    with open_input(input_path, id_column=id_column, time_column=time_column, columns=columns,
-                    sort=sort, cache_dir=cache_dir) as inp:
+    with open_input(input_path, sort=sort, cache_dir=cache_dir,
+                    **_ts_options(time_column, columns, id_column)) as inp:
         index = getattr(inp, "index_path", None) or getattr(inp, "table_path", None)
         if as_json:
             click.echo(json.dumps({
                 "path": str(inp.path), "modality": inp.modality, "index": str(index) if index else None,
                 "channels": inp.channel_names, "fingerprint": inp.fingerprint(),
-                "records": [{"id": r.id, "description": r.description, "length": r.length} for r in inp.records],
+                "records": [{"id": r.id, "description": r.description, "length": r.length}
+                            for r in inp.records],
             }, indent=2))
             return
         click.echo(f"{inp.path}: {inp.modality}, {len(inp.records)} records, {inp.total_length:,} positions")
@@ -181,17 +205,10 @@ def index_cmd(input_path, id_column, time_column, columns, sort, cache_dir, as_j
 # ---------------------------------------------------------------------------------------------
 
 
-def _human_bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-
-
 def _open_reader(path):
     import warnings
 
-    from linpipe.store.reader import IncompleteStoreWarning, OutputReader, open_output
+    from linpipe.store.reader import IncompleteStoreWarning, open_output
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", IncompleteStoreWarning)
@@ -208,6 +225,8 @@ def _open_reader(path):
 def inspect(store, as_json):
     """Summarise an output store: records, outputs, completion, model, size, compression."""
     import json
+
+    from linpipe.progress import human_bytes
 
     s = _open_reader(store).summary()
     if as_json:
@@ -227,9 +246,9 @@ def inspect(store, as_json):
         click.echo(f"  input        {inp.get('path', inp) if isinstance(inp, dict) else inp}")
     click.echo(f"  outputs      {', '.join(s['outputs'])} (chunk length {s['chunk_size']:,})")
     click.echo(f"  records      {s['n_records']:,}, {s['positions']:,} positions")
-    click.echo(f"  size on disk {_human_bytes(s['size_on_disk'])} "
-               f"(outputs {_human_bytes(s['output_bytes_raw'])} raw -> "
-               f"{_human_bytes(s['output_bytes_stored'])}, compression {ratio})")
+    click.echo(f"  size on disk {human_bytes(s['size_on_disk'])} "
+               f"(outputs {human_bytes(s['output_bytes_raw'])} raw -> "
+               f"{human_bytes(s['output_bytes_stored'])}, compression {ratio})")
     shown = s["records"][:20]
     width = max([len(r["id"]) for r in shown] + [6])
     for r in shown:
@@ -246,7 +265,8 @@ def inspect(store, as_json):
 @cli.command()
 @click.argument("store", type=click.Path())
 @click.option("--format", "fmt", type=click.Choice(["bigwig", "bedgraph", "parquet"]), required=True)
-@click.option("--output", "output", required=True, help="Output to export, e.g. logprob (parquet: a comma list).")
+@click.option("--output", "output", required=True,
+              help="Output to export, e.g. logprob (parquet: a comma list).")
 @click.option("--record", "records", multiple=True, help="Record id to export (repeatable; default all).")
 @click.option("-o", "dest", required=True, type=click.Path(), help="File to write.")
 def export(store, fmt, output, records, dest):
@@ -269,7 +289,8 @@ def export(store, fmt, output, records, dest):
 @click.option("--output", "output", required=True, help="Output to plot, e.g. logprob.")
 @click.option("--region", default=None, help="START-END, 0-based, end exclusive (default: whole record).")
 @click.option("-o", "dest", required=True, type=click.Path(), help="PNG file to write.")
-@click.option("--width", default=1600, show_default=True, type=click.IntRange(200, 20000), help="Width in pixels.")
+@click.option("--width", default=1600, show_default=True, type=click.IntRange(200, 20000),
+              help="Width in pixels.")
 def plot(store, record, output, region, dest, width):
     """Plot one output over a region as a PNG (min/max envelope when downsampled)."""
     from linpipe.outputs.plot import plot_region
@@ -315,12 +336,7 @@ def _parse_outputs(value):
                    "http://HEAD:8265 to submit through the job server and return at once "
                    "[default: an embedded local Ray].")
 @click.option("--overwrite", is_flag=True, help="Replace an existing store of a different job.")
-@click.option("--id-column", default=None, metavar="COL",
-              help="Time series: one record per value of this column.")
-@click.option("--time-column", default=None, metavar="COL",
-              help="Time series: the time column (kept as the outputs' time coordinate).")
-@click.option("--columns", default=None, metavar="LIST",
-              help="Time series: comma-separated value columns, in the model's channel order.")
+@_timeseries_options
 @click.option("--actor-resources", default=None, metavar="LIST",
               help="What each worker actor asks Ray for, e.g. num_cpus=2,num_gpus=1,memory=4GiB "
                    "or a custom resource name=amount [default: 1 GPU each on GPU clusters, "
@@ -443,18 +459,16 @@ def _command_line() -> str:
     return "linpipe " + " ".join(shlex.quote(a) for a in sys.argv[1:])
 
 
-def _ts_options(time_column, columns, id_column) -> dict:
-    opts = dict(time_column=time_column, columns=columns, id_column=id_column)
-    return {k: v for k, v in opts.items() if v}
-
-
 @cli.command("train")
 @click.argument("inputs", nargs=-1, required=True, type=click.Path(dir_okay=False))
-@click.option("--out", "out", required=True, type=click.Path(file_okay=False), help="Model directory to write.")
+@click.option("--out", "out", required=True, type=click.Path(file_okay=False),
+              help="Model directory to write.")
 @_model_size_options
-@click.option("--steps", type=click.IntRange(1), default=1000, show_default=True, help="Total optimizer steps.")
+@click.option("--steps", type=click.IntRange(1), default=1000, show_default=True,
+              help="Total optimizer steps.")
 @click.option("--batch", type=click.IntRange(1), default=8, show_default=True, help="Parallel lanes.")
-@click.option("--window", type=click.IntRange(2), default=512, show_default=True, help="Positions per lane per step.")
+@click.option("--window", type=click.IntRange(2), default=512, show_default=True,
+              help="Positions per lane per step.")
 @click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=3e-3, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--device", default="auto", show_default=True,
@@ -466,16 +480,14 @@ def _ts_options(time_column, columns, id_column) -> dict:
               help="CPU threads for torch (more rarely helps models this small).")
 @click.option("--resume", is_flag=True, help="Continue from MODEL_DIR/checkpoint (same inputs).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-@click.option("--time-column", default=None, help="Time series: the time column (not a channel).")
-@click.option("--columns", default=None, help="Time series: comma-separated channel columns "
-              "(default: every numeric column but the time/id columns).")
-@click.option("--id-column", default=None, help="Time series: column that splits rows into records.")
+@_timeseries_options
 def train_cmd(inputs, out, d_model, n_layers, n_heads, mlp_hidden, conv_width, feature_map, no_normalize,
               decay, steps, batch, window, lr, seed, device, val_records, checkpoint_every, threads, resume,
               quiet, time_column, columns, id_column):
     """Train a model on INPUTS (FASTA or time series) by next-position prediction into --out."""
     import numpy as np
 
+    from linpipe.progress import Progress
     from linpipe.training.loop import TrainConfig, train
 
     cfg = TrainConfig(steps=steps, batch=batch, window=window, lr=lr, seed=seed, device=device,
@@ -483,16 +495,27 @@ def train_cmd(inputs, out, d_model, n_layers, n_heads, mlp_hidden, conv_width, f
                       val_records=tuple(v for v in (val_records or "").split(",") if v))
     kw = dict(d_model=d_model, n_layers=n_layers, n_heads=n_heads, mlp_hidden=mlp_hidden or 4 * d_model,
               feature_map=feature_map, normalize=not no_normalize, conv_width=conv_width)
-    res = train(inputs, out, kw, cfg, decay=_decay_values(decay), resume=resume,
-                command=_command_line(), progress=not quiet,
-                ts_options=_ts_options(time_column, columns, id_column))
+    bar = None
+
+    def show(info):
+        nonlocal bar
+        if bar is None:
+            bar = Progress(info.total, done=info.start, label="steps")
+        bar.update(info.step - bar.done, note=f"loss {info.loss:.4f}")
+
+    try:
+        res = train(inputs, out, kw, cfg, decay=_decay_values(decay), resume=resume,
+                    command=_command_line(), progress=None if quiet else show,
+                    ts_options=_ts_options(time_column, columns, id_column))
+    finally:
+        if bar is not None:
+            bar.close()
     click.echo(f"wrote {out} (sha256 {res.sha256}); final loss {np.nanmean(res.losses[-50:]):.4f}")
     if "bits_per_base" in res.val:
         click.echo("validation bits per base: " + ", ".join(
             f"{k} {v:.4f}" for k, v in res.val["bits_per_base"].items()))
     elif "mse_normalised" in res.val:
         click.echo(f"validation MSE (normalised): {res.val['mse_normalised']:.4f}")
-
 
 
 @cli.command("eval")
@@ -504,10 +527,7 @@ def train_cmd(inputs, out, d_model, n_layers, n_heads, mlp_hidden, conv_width, f
 @click.option("--season", type=click.IntRange(1), default=None,
               help="timeseries: seasonal-naive period (default: the lag of peak autocorrelation).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@click.option("--time-column", default=None, help="Time series: the time column (not a channel).")
-@click.option("--columns", default=None, help="Time series: comma-separated channel columns "
-              "(default: every numeric column but the time/id columns).")
-@click.option("--id-column", default=None, help="Time series: column that splits rows into records.")
+@_timeseries_options
 def eval_cmd(model_dir, inputs, baseline_train, season, as_json, time_column, columns, id_column):
     """Score a model on INPUTS next to simple baselines on the same positions (MODEL_DIR: a
     directory or a shipped model's name)."""

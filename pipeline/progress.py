@@ -1,7 +1,9 @@
-"""Progress of a long job: a one-line bar on a terminal, plain log lines otherwise.
+"""Progress of a long run (a job's positions, training's steps): a one-line bar on a terminal,
+plain log lines otherwise, and the human-readable numbers the CLI prints.
 
-The bar shows positions done / total, the rate and the ETA; log lines (for files, CI and job
-logs) say the same at most every `log_every` seconds so they do not flood a log.
+The bar shows done / total, the rate, the ETA and an optional note (training: the running
+loss); log lines (for files, CI and job logs) say the same at most every `log_every` seconds so
+they do not flood a log, and close() logs the final state once.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ def human_count(n: float) -> str:
 
 
 def human_bytes(n: float) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if n >= scale:
             return f"{n / scale:.1f} {unit}"
     return f"{n:.0f} B"
@@ -31,7 +33,7 @@ def human_time(s: float) -> str:
 
 
 class Progress:
-    """Counts positions done; call update(n) as chunks finish and close() at the end."""
+    """Counts units done (positions, steps); call update(n) as they finish and close() at the end."""
 
     def __init__(self, total: int, *, done: int = 0, stream=None, tty: bool | None = None,
                  log_every: float = 10.0, label: str = "positions"):
@@ -42,8 +44,10 @@ class Progress:
         self.tty = self.stream.isatty() if tty is None else tty
         self.log_every = log_every
         self.label = label
+        self.note = ""
         self.t0 = time.monotonic()
         self._last = 0.0
+        self._logged = None  # `done` when the last log line was written
         self._width = 0
 
     def rate(self) -> float:
@@ -55,19 +59,28 @@ class Progress:
         left = self.total - self.done
         eta = human_time(left / rate) if rate > 0 else "?"
         pct = 100.0 * self.done / self.total if self.total else 100.0
-        return (f"{human_count(self.done)}/{human_count(self.total)} {self.label} ({pct:.1f}%), "
-                f"{human_count(rate)}/s, ETA {eta}")
+        shown = human_count(rate) if rate >= 10 else f"{rate:.2f}"  # slow units: steps, not positions
+        text = (f"{human_count(self.done)}/{human_count(self.total)} {self.label} ({pct:.1f}%), "
+                f"{shown}/s, ETA {eta}")
+        return f"{text}, {self.note}" if self.note else text
 
-    def update(self, n: int) -> None:
+    def update(self, n: int, note: str | None = None) -> None:
+        """n more units done; `note` (if given) replaces the text shown after the ETA."""
         self.done += n
+        if note is not None:
+            self.note = note
         now = time.monotonic()
         if self.tty:
             if now - self._last >= 0.2 or self.done >= self.total:
                 self._draw()
                 self._last = now
         elif now - self._last >= self.log_every:
-            print(f"progress: {self.line()}", file=self.stream, flush=True)
+            self._log()
             self._last = now
+
+    def _log(self) -> None:
+        print(f"progress: {self.line()}", file=self.stream, flush=True)
+        self._logged = self.done
 
     def _draw(self) -> None:
         frac = self.done / self.total if self.total else 1.0
@@ -83,3 +96,5 @@ class Progress:
             self._draw()
             self.stream.write("\n")
             self.stream.flush()
+        elif self._logged != self.done and self.done > self.start_done:
+            self._log()

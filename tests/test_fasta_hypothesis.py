@@ -1,5 +1,6 @@
 """Random FASTA (line widths, case, N runs, IUPAC, CRLF, blank lines, gzip/bgzip) read by linpipe
 and by biopython from the same bytes: equal base for base and mask for mask."""
+
 import gzip
 import io
 import tempfile
@@ -52,12 +53,18 @@ def _fasta(draw):
     if final_newline:
         text += eol
     compression = draw(st.sampled_from(["none", "none", "gzip", "bgzip"]))
-    ranges = draw(st.lists(st.tuples(st.integers(0, k - 1), st.floats(0, 1), st.floats(0, 1)), min_size=1, max_size=6))
-    block = draw(st.sampled_from([1, 2, 3, 7, 64, 1000, 1 << 20]))  # scan block: lines and headers span blocks
+    ranges = draw(
+        st.lists(st.tuples(st.integers(0, k - 1), st.floats(0, 1), st.floats(0, 1)), min_size=1, max_size=6)
+    )
+    block = draw(
+        st.sampled_from([1, 2, 3, 7, 64, 1000, 1 << 20])
+    )  # scan block: lines and headers span blocks
     return text.encode(), compression, ranges, block
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
 @given(_fasta())
 def test_random_fasta_matches_biopython(case):
     data, compression, ranges, block = case
@@ -85,7 +92,7 @@ def _check(data, compression, ranges):
         with linpipe.open_input(path, cache_dir=Path(d) / "cache") as inp:
             assert [r.id for r in inp.records] == [t.split(None, 1)[0] for t, _ in expected]
             assert [r.length for r in inp.records] == [len(s) for _, s in expected]
-            for (title, seq), rec in zip(expected, inp.records):
+            for (_title, seq), rec in zip(expected, inp.records, strict=True):
                 raw = np.frombuffer(seq.encode(), np.uint8)
                 tok, mask = inp.read(rec.id)
                 np.testing.assert_array_equal(tok, TOKEN_LUT[raw])
@@ -99,7 +106,9 @@ def _check(data, compression, ranges):
                 np.testing.assert_array_equal(mask, SOFTMASK_LUT[raw])
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
 @given(_fasta(), st.integers(0, 10**9), st.sampled_from("J!@#Z0 \t\x01\xe9"))
 def test_one_bad_byte_is_named_with_its_record_line_and_column(case, where, bad):
     """Put one invalid byte into a random sequence line: the scan names that record, line,

@@ -1,5 +1,6 @@
 """Every bad input gets one line naming the file, record and place: through open_input (an
 InputError) and through the CLI (exit 1, `Error: ...`, no traceback)."""
+
 import gzip
 import os
 import shutil
@@ -64,7 +65,10 @@ def test_invalid_character_says_which_and_where(tmp_path, monkeypatch, block):
     monkeypatch.setattr(faidx, "SCAN_BLOCK", block)  # also when the line spans scan blocks
     text = ">chr1 desc\nACGTACGT\nACGT\n>chr2\nACGTACGT\nACGJACGT\n"
     (tmp_path / "bad.fa").write_text(text)
-    msg = _both(tmp_path / "bad.fa", r"record 'chr2', line 6 \(byte 43\): invalid character 'J' in sequence at column 4")
+    msg = _both(
+        tmp_path / "bad.fa",
+        r"record 'chr2', line 6 \(byte 43\): invalid character 'J' in sequence at column 4",
+    )
     assert "chr1" not in msg
     (tmp_path / "ctl.fa").write_bytes(b">a\nACGT\nAC\x01T\n")
     _both(tmp_path / "ctl.fa", r"record 'a', line 3 \(byte 10\): invalid character byte 0x01")
@@ -79,13 +83,18 @@ def test_invalid_character_found_on_read_with_a_reused_index(tmp_path):
     path.write_text(">x\nACGTACGT\nACGTAC!T\n")  # same layout, now a bad byte; the index is "fresh"
     os.utime(path.with_name("x.fa.fai"), ns=(1, path.stat().st_mtime_ns + 10**9))
     with linpipe.open_input(path) as inp:
-        with pytest.raises(InputError, match=r"x.fa: record 'x', position 14 \(byte 18\): invalid character '!'"):
+        with pytest.raises(
+            InputError, match=r"x.fa: record 'x', position 14 \(byte 18\): invalid character '!'"
+        ):
             inp.read("x", 0, 16)
 
 
 def test_duplicate_ids_name_both(tmp_path):
     (tmp_path / "dup.fa").write_text(">chr1 first\nACGT\n>chr2\nAC\n>chr1 second copy\nGG\n")
-    _both(tmp_path / "dup.fa", r"duplicate record id 'chr1': line 1 '>chr1 first' and line 5 '>chr1 second copy'")
+    _both(
+        tmp_path / "dup.fa",
+        r"duplicate record id 'chr1': line 1 '>chr1 first' and line 5 '>chr1 second copy'",
+    )
 
 
 def test_header_without_name(tmp_path):
@@ -98,7 +107,10 @@ def test_header_without_name(tmp_path):
 def test_truncated_gzip(genomes, tmp_path):
     data = gzip.compress((genomes / "htslib_ce.fa").read_bytes(), compresslevel=1)
     (tmp_path / "cut.fa.gz").write_bytes(data[: len(data) // 2])
-    _both(tmp_path / "cut.fa.gz", r"corrupt or truncated compressed data after \d+ uncompressed bytes \(line \d+\)")
+    _both(
+        tmp_path / "cut.fa.gz",
+        r"corrupt or truncated compressed data after \d+ uncompressed bytes \(line \d+\)",
+    )
 
 
 def test_truncated_bgzip(genomes, tmp_path):
@@ -139,7 +151,9 @@ def test_file_truncated_after_open_fails_on_read(genomes, tmp_path):
     with linpipe.open_input(src) as inp:
         data = src.read_bytes()
         src.write_bytes(data[: len(data) - 3000])
-        with pytest.raises(InputError, match=r"ce.fa: record 'CHROMOSOME_MtDNA': file ends at byte \d+ but the index"):
+        with pytest.raises(
+            InputError, match=r"ce.fa: record 'CHROMOSOME_MtDNA': file ends at byte \d+ but the index"
+        ):
             inp.read("CHROMOSOME_MtDNA", 0, 5000)
 
 
@@ -148,12 +162,19 @@ def test_file_truncated_after_open_fails_on_read(genomes, tmp_path):
 
 def test_parquet_without_numeric_column(tmp_path):
     pq.write_table(pa.table({"name": ["a", "b"], "when": ["x", "y"]}), tmp_path / "t.parquet")
-    _both(tmp_path / "t.parquet", r"no numeric column to use as a channel \(other columns: name \(string\), when \(string\)\)")
+    _both(
+        tmp_path / "t.parquet",
+        r"no numeric column to use as a channel \(other columns: name \(string\), when \(string\)\)",
+    )
 
 
 def test_missing_and_non_numeric_columns(tmp_path):
     pq.write_table(pa.table({"t": [1, 2], "x": [1.0, 2.0], "label": ["a", "b"]}), tmp_path / "t.parquet")
-    _both(tmp_path / "t.parquet", r"--time-column 'ts': no such column \(columns: t, x, label\)", time_column="ts")
+    _both(
+        tmp_path / "t.parquet",
+        r"--time-column 'ts': no such column \(columns: t, x, label\)",
+        time_column="ts",
+    )
     _both(tmp_path / "t.parquet", r"--id-column 'sensor': no such column", id_column="sensor")
     _both(tmp_path / "t.parquet", r"column 'y' \(--columns\): no such column", columns=["x", "y"])
     _both(tmp_path / "t.parquet", r"column 'label' is string, not numeric", columns=["x", "label"])
@@ -173,10 +194,15 @@ def test_mixed_dtypes_in_csv(tmp_path, monkeypatch):
     monkeypatch.setattr(timeseries, "CSV_BLOCK", 1 << 14)  # types inferred from the first 16 KiB
     rows = "".join(f"{i},{i * 0.5}\n" for i in range(20_000))
     (tmp_path / "mixed.csv").write_text("t,x\n" + rows + "20000,oops\n" + "20001,3\n")
-    _both(tmp_path / "mixed.csv", r"column 'x', line 20002: value 'oops' is not a number \(the column mixes dtypes")
+    _both(
+        tmp_path / "mixed.csv",
+        r"column 'x', line 20002: value 'oops' is not a number \(the column mixes dtypes",
+    )
     # text early enough to make the column text: still refused, not silently dropped
     (tmp_path / "mixed2.csv").write_text("t,x,y\n1,2,5\n2,abc,6\n3,4,7\n")
-    _both(tmp_path / "mixed2.csv", r"column 'x', line 3: value 'abc' is not a number \(the column mixes dtypes")
+    _both(
+        tmp_path / "mixed2.csv", r"column 'x', line 3: value 'abc' is not a number \(the column mixes dtypes"
+    )
     # a text column that is all text is a label, left out of the channels
     (tmp_path / "label.csv").write_text("t,x,label\n1,2,a\n2,3,b\n")
     with linpipe.open_input(tmp_path / "label.csv", time_column="t") as inp:
@@ -194,8 +220,12 @@ def test_union_column_is_mixed_dtypes(tmp_path):
 
 def test_unsorted_series_is_refused(tmp_path):
     (tmp_path / "u.csv").write_text("sensor,t,x\na,1,1\na,2,2\nb,5,3\nb,4,4\n")
-    _both(tmp_path / "u.csv", r"series 'b': row 3 has time 4 after 5: rows are not in time order \(column 't'\).*--sort",
-          id_column="sensor", time_column="t")
+    _both(
+        tmp_path / "u.csv",
+        r"series 'b': row 3 has time 4 after 5: rows are not in time order \(column 't'\).*--sort",
+        id_column="sensor",
+        time_column="t",
+    )
 
 
 def test_not_parquet_or_arrow_despite_extension(tmp_path):

@@ -68,8 +68,8 @@ def test_log2prob_nan_on_n_and_backs_off_at_record_start(mt_human):
 
 def test_choose_k_on_real_genome_beats_order0(ce_records):
     cut = [int(len(r) * 0.95) for r in ce_records]
-    m = MarkovModel.fit([r[:c] for r, c in zip(ce_records, cut)])
-    masks = [np.arange(len(r)) >= c for r, c in zip(ce_records, cut)]
+    m = MarkovModel.fit([r[:c] for r, c in zip(ce_records, cut, strict=True)])
+    masks = [np.arange(len(r)) >= c for r, c in zip(ce_records, cut, strict=True)]
     k = m.choose_k(ce_records, masks)
     assert 1 <= k <= 8 and k == min(m.val_bits, key=m.val_bits.get)
     order0 = m.bits_per_base(ce_records, 0, masks)

@@ -30,6 +30,7 @@ def test_version():
 
 
 def test_import_does_not_import_triton_or_ray():
-    code = "import sys, linpipe, linpipe.kernels, linpipe.jobs; print('triton' in sys.modules, 'ray' in sys.modules)"
+    code = ("import sys, linpipe, linpipe.kernels, linpipe.jobs; "
+            "print('triton' in sys.modules, 'ray' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]

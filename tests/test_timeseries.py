@@ -1,4 +1,6 @@
 """Time series: the real files, many series per file, time order, nulls, and random access."""
+
+import json
 import pickle
 
 import numpy as np
@@ -45,7 +47,9 @@ def test_real_series_match_pyarrow(timeseries, name):
         assert inp.channel_names == [c for c in ref.column_names if c != tcol]
         (rec,) = inp.records
         assert rec.length == ref.num_rows
-        expect = np.column_stack([ref.column(c).to_numpy(zero_copy_only=False).astype(np.float32) for c in inp.channel_names])
+        expect = np.column_stack(
+            [ref.column(c).to_numpy(zero_copy_only=False).astype(np.float32) for c in inp.channel_names]
+        )
         t_expect = ref.column(tcol).to_numpy(zero_copy_only=False)
         values, t = inp.read(rec.id)
         assert values.dtype == np.float32 and values.shape == expect.shape
@@ -59,8 +63,11 @@ def test_real_series_match_pyarrow(timeseries, name):
             np.testing.assert_array_equal(tt, t_expect[s:e])
     # without a time column every numeric column is a channel and time is None
     with linpipe.open_input(path) as inp:
-        assert inp.channel_names == [c for c in ref.column_names if pa.types.is_integer(ref.schema.field(c).type)
-                                     or pa.types.is_floating(ref.schema.field(c).type)]
+        assert inp.channel_names == [
+            c
+            for c in ref.column_names
+            if pa.types.is_integer(ref.schema.field(c).type) or pa.types.is_floating(ref.schema.field(c).type)
+        ]
         assert inp.read(inp.records[0].id, 0, 3)[1] is None
 
 
@@ -84,7 +91,11 @@ def _sensors(n=(5000, 3000, 7000), seed=0):
     for k, m in enumerate(n):
         x = rng.normal(size=m)
         x[rng.random(m) < 0.05] = np.nan
-        frames.append(pd.DataFrame({"sensor": f"s{k}", "t": np.arange(m) * 10 + k, "x": x, "y": rng.integers(0, 100, m)}))
+        frames.append(
+            pd.DataFrame(
+                {"sensor": f"s{k}", "t": np.arange(m) * 10 + k, "x": x, "y": rng.integers(0, 100, m)}
+            )
+        )
     return pd.concat(frames, ignore_index=True)
 
 
@@ -123,8 +134,11 @@ def test_slice_reads_only_the_row_groups_of_its_series(tmp_path, monkeypatch):
     path = _write_all(df, tmp_path)[0]
     seen = []
     real = timeseries._Table._parquet_rows
-    monkeypatch.setattr(timeseries._Table, "_parquet_rows",
-                        lambda self, rg, lo, hi, cols: seen.append(rg) or real(self, rg, lo, hi, cols))
+    monkeypatch.setattr(
+        timeseries._Table,
+        "_parquet_rows",
+        lambda self, rg, lo, hi, cols: seen.append(rg) or real(self, rg, lo, hi, cols),
+    )
     with linpipe.open_input(path, id_column="sensor", time_column="t") as inp:
         inp.read("s1", 0, 3000)  # rows 5000..7999: row groups 5, 6, 7
         assert sorted(set(seen)) == [5, 6, 7]
@@ -170,7 +184,9 @@ def test_arrow_stream_and_integer_ids(tmp_path):
         w.write_table(table, max_chunksize=7)
     with linpipe.open_input(tmp_path / "s.arrows", id_column="sensor", time_column="t", columns="y") as inp:
         assert [r.id for r in inp.records] == ["100", "101"] and inp.channel_names == ["y"]
-        np.testing.assert_array_equal(inp.read("101")[0][:, 0], df[df.sensor == 101]["y"].to_numpy(np.float32))
+        np.testing.assert_array_equal(
+            inp.read("101")[0][:, 0], df[df.sensor == 101]["y"].to_numpy(np.float32)
+        )
 
 
 def test_pickle_fingerprint_and_cli(timeseries, tmp_path):
@@ -190,10 +206,18 @@ def test_pickle_fingerprint_and_cli(timeseries, tmp_path):
     csv_inp.close()
     csv_inp.table_path.unlink()
     np.testing.assert_array_equal(pickle.loads(blob).read("s1", 10, 20)[0], expect)
-    res = CliRunner().invoke(cli, ["index", str(path), "--id-column", "sensor", "--time-column", "t"])
+    args = ["index", str(path), "--id-column", "sensor", "--time-column", "t"]
+    res = CliRunner().invoke(cli, args + ["--json"])
     assert res.exit_code == 0, res.output
-    assert "timeseries, 2 records, 500 positions" in res.output and "channels: x, y" in res.output
-    assert [line.split()[:2] for line in res.output.splitlines()[-2:]] == [["s0", "300"], ["s1", "200"]]
-    res = CliRunner().invoke(cli, ["index", str(timeseries / "mitdb_100_ecg.parquet"), "--json", "--time-column", "sample"])
+    info = json.loads(res.output)
+    assert info["modality"] == "timeseries" and info["channels"] == ["x", "y"]
+    assert [(r["id"], r["length"]) for r in info["records"]] == [("s0", 300), ("s1", 200)]
+    text = CliRunner().invoke(cli, args)
+    assert text.exit_code == 0 and "channels: x, y" in text.output  # the human form works too
+    res = CliRunner().invoke(
+        cli, ["index", str(timeseries / "mitdb_100_ecg.parquet"), "--json", "--time-column", "sample"]
+    )
+    assert res.exit_code == 0, res.output
+    info = json.loads(res.output)
     rows = pq.read_metadata(timeseries / "mitdb_100_ecg.parquet").num_rows  # 650,000 in the full file
-    assert res.exit_code == 0 and f'"length": {rows}' in res.output and '"MLII_mV"' in res.output
+    assert [r["length"] for r in info["records"]] == [rows] and "MLII_mV" in info["channels"]

@@ -1,7 +1,6 @@
 """`linpipe train` on a real genome: the loss falls, resuming continues exactly, the model
 directory holds a loadable model, a report and no pickles; bad inputs give one-line errors."""
 import json
-import shutil
 
 import numpy as np
 import pytest
@@ -24,7 +23,10 @@ def mt(genomes):
 @pytest.fixture(scope="module")
 def full_run(tmp_path_factory, mt):
     out = tmp_path_factory.mktemp("full")
-    return train([mt], out, TINY, CFG, progress=False)
+    steps = []
+    res = train([mt], out, TINY, CFG, progress=steps.append)
+    res.progress = steps
+    return res
 
 
 def test_loss_falls_over_200_steps(full_run):
@@ -35,11 +37,20 @@ def test_loss_falls_over_200_steps(full_run):
     assert first > 2.0 and last < 1.99 and first - last > 0.1, (first, last)
 
 
+def test_progress_reports_every_step_with_the_running_loss(full_run):
+    steps = full_run.progress
+    assert [s.step for s in steps] == list(range(1, 201))
+    assert {(s.start, s.total) for s in steps} == {(0, 200)}
+    # the running loss is the mean of the last 50 steps' losses
+    assert steps[-1].loss == pytest.approx(np.mean(full_run.losses[-50:]), rel=1e-6)
+    assert steps[9].loss == pytest.approx(np.mean(full_run.losses[:10]), rel=1e-6)
+
+
 def test_resume_continues_from_the_same_loss(tmp_path, mt, full_run):
-    assert train([mt], tmp_path, TINY, CFG, progress=False, stop_at=120) is None
+    assert train([mt], tmp_path, TINY, CFG, stop_at=120) is None
     saved = json.loads((tmp_path / "checkpoint" / "trainer.json").read_text())
     assert saved["step"] == 120
-    res = train([mt], tmp_path, TINY, CFG, progress=False, resume=True)
+    res = train([mt], tmp_path, TINY, CFG, resume=True)
     # the resumed run reproduces the uninterrupted one step for step (same lanes, state, Adam)
     np.testing.assert_allclose(res.losses, full_run.losses, rtol=1e-4, atol=1e-5)
     assert res.sha256 == load_model(tmp_path).sha256
@@ -81,7 +92,13 @@ def test_cli_train_and_progress(tmp_path, mt):
                                  "--n-heads", "2", "--steps", "12", "--batch", "2", "--window", "32"])
     assert r.exit_code == 0, r.output
     assert "validation bits per base: model" in r.output and "markov-2" in r.output
-    assert "12/12 loss" in r.output  # the progress bar with the running loss
+    # the progress bar (log lines off a terminal) ends at the last step with the running loss
+    last = [line for line in r.output.splitlines() if line.startswith("progress: ")][-1]
+    assert last.startswith("progress: 12/12 steps (100.0%)") and ", loss " in last
+    quiet = CliRunner().invoke(cli, ["train", str(mt), "--out", str(tmp_path / "q"), "--d-model", "16",
+                                     "--n-layers", "1", "--n-heads", "2", "--steps", "2", "--batch", "2",
+                                     "--window", "32", "--quiet"])
+    assert quiet.exit_code == 0 and "progress: " not in quiet.output
     rec = json.loads((out / "training.json").read_text())
     assert rec["command"].startswith("linpipe ") or rec["command"]  # CliRunner has no real argv
     assert load_model(out).config.d_model == 16
@@ -126,11 +143,10 @@ def test_cli_train_bad_inputs(tmp_path, mt, genomes, timeseries, case):
 
 
 def test_windows_of_only_n_score_nothing(tmp_path, mt):
-    seq = "".join(l.strip() for l in mt.read_text().splitlines()[1:])
+    seq = "".join(line.strip() for line in mt.read_text().splitlines()[1:])
     fa = tmp_path / "gap.fa"
     fa.write_text(">gapped\n" + seq[:2000] + "N" * 1000 + seq[2000:4000] + "\n")
-    res = train([fa], tmp_path / "m", TINY, TrainConfig(steps=40, batch=1, window=100, checkpoint_every=40),
-                progress=False)
+    res = train([fa], tmp_path / "m", TINY, TrainConfig(steps=40, batch=1, window=100, checkpoint_every=40))
     losses = np.asarray(res.losses)
     # windows 20..29 hold only N: nothing to score, recorded as NaN; the rest are finite
     assert np.isnan(losses[20:30]).all() and np.isfinite(np.delete(losses, range(20, 30))).all()

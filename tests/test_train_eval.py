@@ -17,7 +17,8 @@ from linpipe.training.markov import MarkovModel
 @pytest.fixture(scope="module")
 def random_dna_model(tmp_path_factory):
     d = tmp_path_factory.mktemp("rand") / "m"
-    r = CliRunner().invoke(cli, ["model", "init", str(d), "--d-model", "16", "--n-layers", "1", "--n-heads", "2"])
+    r = CliRunner().invoke(cli, ["model", "init", str(d), "--d-model", "16", "--n-layers", "1",
+                                 "--n-heads", "2"])
     assert r.exit_code == 0, r.output
     return d
 
@@ -27,7 +28,7 @@ def ts_model(tmp_path_factory, timeseries):
     out = tmp_path_factory.mktemp("ts")
     cfg = TrainConfig(steps=60, batch=4, window=64, lr=1e-2, warmup=5, checkpoint_every=60)
     res = train([timeseries / "statsmodels_mstl_elec_vic.csv"], out,
-                dict(d_model=16, n_layers=1, n_heads=2, mlp_hidden=32), cfg, progress=False,
+                dict(d_model=16, n_layers=1, n_heads=2, mlp_hidden=32), cfg,
                 ts_options={"time_column": "ds"})
     return res
 
@@ -81,14 +82,16 @@ def test_timeseries_training_stores_channel_stats(ts_model, timeseries):
 
 def test_eval_cli_timeseries_baselines(ts_model, timeseries):
     f = timeseries / "statsmodels_mstl_elec_vic.csv"
-    r = CliRunner().invoke(cli, ["eval", str(ts_model.out), str(f), "--time-column", "ds", "--season", "24", "--json"])
+    r = CliRunner().invoke(cli, ["eval", str(ts_model.out), str(f), "--time-column", "ds", "--season", "24",
+                                 "--json"])
     assert r.exit_code == 0, r.output
     scores = json.loads(r.output)["inputs"][0]["scores"]
     assert set(scores) == {"model", "last-value", "seasonal-naive-24"}
     v = read_records(f, time_column="ds")[1][0][1][:, 0].astype(np.float64)
     t = np.arange(24, len(v))
     assert scores["last-value"]["mae"] == pytest.approx(np.abs(v[t] - v[t - 1]).mean(), rel=1e-9)
-    assert scores["seasonal-naive-24"]["rmse"] == pytest.approx(np.sqrt(((v[t] - v[t - 24]) ** 2).mean()), rel=1e-9)
+    seasonal_rmse = np.sqrt(((v[t] - v[t - 24]) ** 2).mean())
+    assert scores["seasonal-naive-24"]["rmse"] == pytest.approx(seasonal_rmse, rel=1e-9)
     assert scores["model"]["n"] == len(t)
     text = CliRunner().invoke(cli, ["eval", str(ts_model.out), str(f), "--time-column", "ds"])
     assert text.exit_code == 0 and "last-value" in text.output and "seasonal-naive-24" in text.output

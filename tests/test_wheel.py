@@ -1,4 +1,5 @@
 """The wheel holds every subpackage and the shipped data, and works from outside the repo."""
+
 import os
 import subprocess
 import sys
@@ -6,16 +7,31 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from conftest import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow  # builds and installs a wheel
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the package-data check below is skipped
+    tomllib = None
 
 ROOTS = {"pipeline": "linpipe", "kernels": "linpipe/kernels", "jobs": "linpipe/jobs"}
 
 
+def _source_folder(pkg: str, package_dir: dict) -> Path:
+    """The repo folder of package `pkg` under pyproject's package-dir mapping."""
+    parent = max((p for p in package_dir if pkg == p or pkg.startswith(p + ".")), key=len)
+    return REPO / package_dir[parent] / pkg[len(parent) :].lstrip(".").replace(".", "/")
+
+
+@pytest.mark.slow
 def test_wheel_has_every_subpackage_and_the_default_model(tmp_path):
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path), str(REPO)],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path), str(REPO)],
+        check=True,
+        capture_output=True,
+    )
     wheel = next(tmp_path.glob("linpipe-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
     for folder, pkg in ROOTS.items():
@@ -30,14 +46,30 @@ def test_wheel_has_every_subpackage_and_the_default_model(tmp_path):
         assert f"linpipe/model/shipped/default/{f}" in names
     for f in ("whole_genome.yaml", "assemblies.yaml", "timeseries.yaml"):
         assert f"linpipe/jobs/{f}" in names
+    # every package-data glob names real files, and the wheel holds each of them
+    setuptools = {"package-data": {}}
+    if tomllib is not None:
+        setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    for pkg, globs in setuptools["package-data"].items():
+        folder = _source_folder(pkg, setuptools["package-dir"])
+        for pattern in globs:
+            found = [p.relative_to(folder).as_posix() for p in folder.glob(pattern)]
+            assert found, f"package-data {pkg}: {pattern!r} matches no file"
+            for f in found:
+                assert f"{pkg.replace('.', '/')}/{f}" in names, (pkg, f)
 
     # Installed into a scratch folder and imported from outside the repo, it loads the default model.
     target = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)],
-                   check=True, capture_output=True)
-    code = ("import linpipe, linpipe.jobs.driver, linpipe.kernels.linear_attn.triton_chunk; "
-            "assert linpipe.__file__.startswith(%r), linpipe.__file__; "
-            "print(linpipe.load_model('default').config.d_model)" % str(target))
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)],
+        check=True,
+        capture_output=True,
+    )
+    code = (
+        "import linpipe, linpipe.jobs.driver, linpipe.kernels.linear_attn.triton_chunk; "
+        "assert linpipe.__file__.startswith(%r), linpipe.__file__; "
+        "print(linpipe.load_model('default').config.d_model)" % str(target)
+    )
     env = dict(os.environ, PYTHONPATH=str(target))
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr

@@ -8,6 +8,7 @@ An Input holds only its index (records and where they live), never sequence data
 cheap to pickle and send to a Ray worker: file handles are dropped on pickling and reopened on
 first use. The format is chosen from the file's content (magic bytes), then its extension.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -23,7 +24,20 @@ FASTA_EXTS = {".fa", ".fasta", ".fna", ".fas", ".ffn", ".frn", ".seq", ".mfa", "
 CSV_EXTS = {".csv", ".tsv", ".txt"}
 ARROW_EXTS = {".arrow", ".feather", ".ipc", ".arrows"}
 PARQUET_EXTS = {".parquet", ".pq"}
+COMPRESSION_EXTS = (".gz", ".bgz", ".bz2", ".xz", ".zst")
 _SNIFF = 1 << 16
+
+
+def stem(path: "str | os.PathLike") -> str:
+    """An input's name without its compression and format extensions: genome.fa.gz -> genome.
+
+    Names what is made from the input: the default output store, a spec's {stem}, the record id
+    of a single-series time-series file.
+    """
+    name = Path(path).name
+    if name.lower().endswith(COMPRESSION_EXTS):
+        name = name[: name.rindex(".")]
+    return Path(name).stem or Path(path).name
 
 
 @dataclass(frozen=True)
@@ -71,7 +85,9 @@ class Input:
     def read(self, record_id: str, start: int = 0, end: "int | None" = None):
         raise NotImplementedError
 
-    def iter_chunks(self, record_id: str, chunk_size: int, start: int = 0) -> Iterator[tuple[int, int, tuple]]:
+    def iter_chunks(
+        self, record_id: str, chunk_size: int, start: int = 0
+    ) -> Iterator[tuple[int, int, tuple]]:
         """(start, end, read(record_id, start, end)) for consecutive chunks of one record."""
         if chunk_size <= 0:
             raise ValueError("chunk_size must be positive")
@@ -108,7 +124,8 @@ class Input:
             pass
 
     def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.path} {self.modality}: {len(self.records)} records, {self.total_length} positions>"
+        return (f"<{type(self).__name__} {self.path} {self.modality}: {len(self.records)} records, "
+                f"{self.total_length} positions>")
 
 
 def fingerprint_file(path: Path, extra: str = "") -> str:
@@ -172,7 +189,9 @@ def sniff_format(path: Path) -> str:
         except (OSError, EOFError) as e:
             if not isinstance(e, EOFError) and "Not a gzipped" in str(e):
                 raise InputError(f"{path}: corrupt gzip header: {e}") from None
-            raise InputError(f"{path}: truncated or corrupt gzip data within the first {_SNIFF} bytes: {e}") from None
+            raise InputError(
+                f"{path}: truncated or corrupt gzip data within the first {_SNIFF} bytes: {e}"
+            ) from None
         inner_ext = suffixes[-2] if len(suffixes) > 1 else ""
         if inner.lstrip()[:1] == b">" or inner_ext in FASTA_EXTS:
             return "fasta-bgzf" if is_bgzf else "fasta-gzip"
@@ -192,7 +211,9 @@ def sniff_format(path: Path) -> str:
     if ext in CSV_EXTS or b"," in head.split(b"\n", 1)[0]:
         return "csv"
     line = head.split(b"\n", 1)[0][:60].decode("utf-8", errors="replace")
-    raise InputError(f"{path}: line 1: unknown input format (no FASTA '>' header, not CSV/Parquet/Arrow): {line!r}")
+    raise InputError(
+        f"{path}: line 1: unknown input format (no FASTA '>' header, not CSV/Parquet/Arrow): {line!r}"
+    )
 
 
 def open_input(
@@ -216,7 +237,9 @@ def open_input(
         columns = [c.strip() for c in columns.split(",") if c.strip()]
     if fmt.startswith("fasta"):
         if id_column or time_column or columns or sort:
-            raise InputError(f"{path}: --id-column/--time-column/--columns/--sort apply to time series, not FASTA")
+            raise InputError(
+                f"{path}: --id-column/--time-column/--columns/--sort apply to time series, not FASTA"
+            )
         from linpipe.inputs.fasta import FastaInput
 
         return FastaInput(path, fmt=fmt, cache_dir=cache_dir)

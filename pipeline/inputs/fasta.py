@@ -8,6 +8,7 @@ read by scanning the record from its start, with a cursor so that consecutive ch
 rescan. Plain gzip cannot seek: every read streams forward from the start, or from where the
 last read stopped (bgzip the file for real random access).
 """
+
 from __future__ import annotations
 
 import gzip
@@ -22,10 +23,10 @@ import numpy as np
 from linpipe.errors import InputError
 from linpipe.inputs import Input, RecordInfo
 from linpipe.inputs.alphabet import INVALID, SOFTMASK_LUT, TOKEN_LUT
+from linpipe.inputs.cache import find_fresh, write_sidecar
 from linpipe.inputs.fasta_index import (
     IndexEntry,
     check_bgzf_eof,
-    find_fresh,
     format_fai,
     format_gzi,
     format_lpi,
@@ -33,14 +34,16 @@ from linpipe.inputs.fasta_index import (
     parse_index,
     scan_bgzf_blocks,
     scan_stream,
-    write_sidecar,
 )
 
 SCAN_READ = 1 << 20  # bytes per read while scanning an irregular record
 _NL, _CR = 10, 13
 # byte -> token | softmask << 3 (255: invalid); bytes.translate applies it and drops CR/LF in
 # one C pass, several times faster than numpy fancy indexing
-_COMBINED = bytes(255 if t == INVALID else t | (m << 3) for t, m in zip(TOKEN_LUT.tolist(), SOFTMASK_LUT.tolist()))
+_COMBINED = bytes(
+    255 if t == INVALID else t | (m << 3)
+    for t, m in zip(TOKEN_LUT.tolist(), SOFTMASK_LUT.tolist(), strict=True)
+)
 _EOL = b"\r\n"
 _DECODE_ERRORS = (EOFError, zlib.error, gzip.BadGzipFile, struct.error, RuntimeError, ValueError)
 
@@ -159,7 +162,10 @@ class FastaInput(Input):
                 pass
         blocks = scan_bgzf_blocks(self.path)
         self.gzi_path = self._keep(".gzi", format_gzi(blocks))
-        self._gzi = (np.array([c for c, _ in blocks], dtype=np.int64), np.array([u for _, u in blocks], dtype=np.int64))
+        self._gzi = (
+            np.array([c for c, _ in blocks], dtype=np.int64),
+            np.array([u for _, u in blocks], dtype=np.int64),
+        )
 
     def _load_index(self) -> list[IndexEntry]:
         suffixes = [".lpi"] if self.fmt == "fasta-gzip" else [".fai", ".lpi"]
@@ -177,7 +183,10 @@ class FastaInput(Input):
         if self.fmt == "fasta-bgzf" and self.gzi_path is not None:  # stale .fai: the .gzi may be too
             blocks = scan_bgzf_blocks(self.path)
             self.gzi_path = self._keep(".gzi", format_gzi(blocks))
-            self._gzi = (np.array([c for c, _ in blocks], dtype=np.int64), np.array([u for _, u in blocks], dtype=np.int64))
+            self._gzi = (
+                np.array([c for c, _ in blocks], dtype=np.int64),
+                np.array([u for _, u in blocks], dtype=np.int64),
+            )
             self.close()
         return self._build_index()
 
@@ -210,7 +219,11 @@ class FastaInput(Input):
         out = []
         size = self.path.stat().st_size if self.fmt == "fasta" else None
         for e in entries:
-            if size is not None and e.length and e.offset + ((e.length - 1) // e.linebases) * e.linewidth > size:
+            if (
+                size is not None
+                and e.length
+                and e.offset + ((e.length - 1) // e.linebases) * e.linewidth > size
+            ):
                 return None
             header = self._header_before(e.offset)
             if header is None:
@@ -299,7 +312,8 @@ class FastaInput(Input):
         if len(data) != b1 - b0:
             raise InputError(
                 f"{self.path}: record {e.name!r}: file ends at byte {b0 + len(data)} but the index "
-                f"{self.index_path} places position {last} at byte {b1 - 1} (truncated file or stale index: delete the index)"
+                f"{self.index_path} places position {last} at byte {b1 - 1} "
+                "(truncated file or stale index: delete the index)"
             )
         combo = data.translate(_COMBINED, _EOL)
         # the index's line layout must be the file's: every line ends where it says
@@ -323,7 +337,9 @@ class FastaInput(Input):
         while got < want:
             data = self._src().read_at(byte, SCAN_READ)
             if not data:
-                raise InputError(f"{self.path}: record {e.name!r}: file ends at byte {byte} before position {start + got}")
+                raise InputError(
+                    f"{self.path}: record {e.name!r}: file ends at byte {byte} before position {start + got}"
+                )
             seq = data.translate(_COMBINED, _EOL)
             if pos + len(seq) > start + got:
                 lo = start + got - pos

@@ -11,18 +11,13 @@ the description, with a `#linpipe-index 1` first line.
 .gzi is htslib's bgzip block index: a little-endian uint64 count, then (compressed offset,
 uncompressed offset) uint64 pairs for every block but the first (which is (0, 0)).
 
-Indexes go next to the input when its folder is writable, else into a cache directory
-($LINPIPE_CACHE, else ~/.cache/linpipe). A folder whose permission bits deny writing counts as
-read-only even for root, so shared read-only data is never written into.
+Where the index files go (next to the input, else the cache directory): linpipe.inputs.cache.
 """
+
 from __future__ import annotations
 
 import gzip
-import hashlib
-import os
-import stat
 import struct
-import tempfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,78 +49,6 @@ class IndexEntry:
 
 
 # --------------------------------------------------------------------------------------------
-# where indexes live
-
-
-def cache_root(cache_dir: "str | os.PathLike | None" = None) -> Path:
-    if cache_dir is not None:
-        return Path(cache_dir)
-    env = os.environ.get("LINPIPE_CACHE")
-    if env:
-        return Path(env)
-    return Path.home() / ".cache" / "linpipe"
-
-
-def folder_writable(folder: Path) -> bool:
-    """True when we may create files in folder; permission bits are honoured even for root."""
-    try:
-        st = folder.stat()
-    except OSError:
-        return False
-    if not st.st_mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH):
-        return False
-    return os.access(folder, os.W_OK)
-
-
-def cached_path(path: Path, suffix: str, cache_dir=None) -> Path:
-    """The cache-dir location of path's sidecar: one folder per absolute input path."""
-    key = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16]
-    return cache_root(cache_dir) / "index" / key / (path.name + suffix)
-
-
-def sidecar_candidates(path: Path, suffix: str, cache_dir=None) -> list[Path]:
-    return [path.with_name(path.name + suffix), cached_path(path, suffix, cache_dir)]
-
-
-def find_fresh(path: Path, suffix: str, cache_dir=None) -> "list[Path]":
-    """Existing sidecars at least as new as the input: next to it first, then in the cache."""
-    mtime = path.stat().st_mtime_ns
-    found = []
-    for cand in sidecar_candidates(path, suffix, cache_dir):
-        try:
-            if cand.stat().st_mtime_ns >= mtime:
-                found.append(cand)
-        except OSError:
-            continue
-    return found
-
-
-def write_sidecar(path: Path, suffix: str, data: bytes, cache_dir=None) -> Path:
-    """Write atomically (temp file + rename) next to path, or in the cache dir if that fails."""
-    targets = sidecar_candidates(path, suffix, cache_dir)
-    if not folder_writable(path.parent):
-        targets = targets[1:]
-    last_err = None
-    for target in targets:
-        existing = target.parent
-        while not existing.exists() and existing != existing.parent:
-            existing = existing.parent
-        if not folder_writable(existing):
-            last_err = "read-only folder"
-            continue
-        try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-", suffix=suffix)
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-            os.replace(tmp, target)
-            return target
-        except OSError as e:
-            last_err = e
-    raise InputError(f"{path}: cannot write its index {suffix} next to it or in {targets[-1].parent}: {last_err}")
-
-
-# --------------------------------------------------------------------------------------------
 # .fai / .lpi text
 
 
@@ -139,7 +62,9 @@ def format_lpi(entries: list[IndexEntry]) -> bytes:
     lines = ["#linpipe-index\t1\n"]
     for e in entries:
         desc = e.description.replace("\t", " ").replace("\n", " ")
-        lines.append(f"{e.name}\t{e.length}\t{e.offset}\t{e.linebases}\t{e.linewidth}\t{int(e.regular)}\t{desc}\n")
+        lines.append(
+            f"{e.name}\t{e.length}\t{e.offset}\t{e.linebases}\t{e.linewidth}\t{int(e.regular)}\t{desc}\n"
+        )
     return "".join(lines).encode()
 
 
@@ -167,7 +92,10 @@ def parse_index(index_path: Path, fasta: Path) -> list[IndexEntry]:
         if not name or length < 0 or offset < 0 or (regular and length and (lb <= 0 or lw < lb)):
             raise InputError(f"{index_path}: line {i}: impossible index entry {line[:80]!r}")
         if name in seen:
-            raise InputError(f"{index_path}: duplicate record id {name!r} in the index of {fasta}: lines {seen[name]} and {i}")
+            raise InputError(
+                f"{index_path}: duplicate record id {name!r} in the index of {fasta}: "
+                f"lines {seen[name]} and {i}"
+            )
         seen[name] = i
         entries.append(IndexEntry(name, length, offset, lb, lw, regular, desc))
     return entries
@@ -190,7 +118,9 @@ def parse_gzi(gzi_path: Path) -> tuple[np.ndarray, np.ndarray]:
         raise InputError(f"{gzi_path}: truncated .gzi index (delete it to rebuild)")
     (n,) = struct.unpack_from("<Q", data)
     if len(data) != 8 + 16 * n:
-        raise InputError(f"{gzi_path}: .gzi index holds {len(data)} bytes, expected {8 + 16 * n} (delete it to rebuild)")
+        raise InputError(
+            f"{gzi_path}: .gzi index holds {len(data)} bytes, expected {8 + 16 * n} (delete it to rebuild)"
+        )
     pairs = np.frombuffer(data, dtype="<u8", offset=8).reshape(n, 2).astype(np.int64)
     return np.concatenate([[0], pairs[:, 0]]), np.concatenate([[0], pairs[:, 1]])
 
@@ -369,7 +299,9 @@ class FastaScanner:
         if bad.size:
             bad_line = np.searchsorted(nl, bad)  # line index within the block (nl.size: the tail)
             if nl.size:
-                in_header = np.where(bad_line < nl.size, is_header[np.minimum(bad_line, nl.size - 1)], tail_header)
+                in_header = np.where(
+                    bad_line < nl.size, is_header[np.minimum(bad_line, nl.size - 1)], tail_header
+                )
             else:
                 in_header = np.full(bad.size, tail_header)
             if not in_header.all():
@@ -379,7 +311,11 @@ class FastaScanner:
             stray = crs[buf[crs + 1] != _NL]
             if stray.size:  # a CR not ending a line: an error outside header lines
                 k = np.searchsorted(nl, stray)
-                hdr = np.where(k < nl.size, is_header[np.minimum(k, nl.size - 1)], tail_header) if nl.size else np.full(stray.size, tail_header)
+                hdr = (
+                    np.where(k < nl.size, is_header[np.minimum(k, nl.size - 1)], tail_header)
+                    if nl.size
+                    else np.full(stray.size, tail_header)
+                )
                 if not hdr.all():
                     self._bad_at(buf, int(stray[np.argmin(hdr)]), nl, starts, is_header, data)
 
@@ -411,7 +347,10 @@ class FastaScanner:
         if tail_header:
             self.header_buf += data[tail_from:]
             if len(self.header_buf) > MAX_HEADER:
-                raise InputError(f"{self.label}: line {self.lineno}: header line longer than {MAX_HEADER} bytes; not FASTA?")
+                raise InputError(
+                    f"{self.label}: line {self.lineno}: header line longer than {MAX_HEADER} bytes; "
+                    "not FASTA?"
+                )
         self.line_head = tail_head
         self.last_byte = int(buf[-1])
         self.pos += n
@@ -433,7 +372,9 @@ class FastaScanner:
             self._no_header(lineno, byte)
         ch = int(buf[i]) if i >= 0 else self.last_byte
         shown = repr(chr(ch)) if 32 <= ch < 127 else f"byte 0x{ch:02x}"
-        self._fail(f"invalid character {shown} in sequence at column {byte - line_start + 1}", byte, lineno, record)
+        self._fail(
+            f"invalid character {shown} in sequence at column {byte - line_start + 1}", byte, lineno, record
+        )
 
     def finish(self) -> list[IndexEntry]:
         end_pos = self.pos

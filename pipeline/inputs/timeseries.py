@@ -15,6 +15,7 @@ by batch, into an Arrow IPC file in the cache directory; the channels are parsed
 column that mixes numbers and text is caught with its line. sort=True loads the whole table in
 memory once to sort it (the only case that does).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -27,8 +28,8 @@ from typing import Sequence
 import numpy as np
 
 from linpipe.errors import InputError
-from linpipe.inputs import Input, RecordInfo
-from linpipe.inputs.fasta_index import cache_root
+from linpipe.inputs.base import Input, RecordInfo, stem
+from linpipe.inputs.cache import cache_root
 
 BATCH_ROWS = 1 << 16  # rows per batch in converted files and Parquet reads
 CSV_BLOCK = 4 << 20  # bytes per CSV block; column types are inferred from the first one
@@ -44,16 +45,13 @@ def _is_numeric(t) -> bool:
 def _is_time(t) -> bool:
     import pyarrow as pa
 
-    return _is_numeric(t) or pa.types.is_timestamp(t) or pa.types.is_date(t) or pa.types.is_time(t) or pa.types.is_duration(t)
-
-
-def _series_name(path: Path) -> str:
-    name = path.name
-    for _ in range(3):
-        stem, dot, ext = name.rpartition(".")
-        if dot and ext.lower() in {"gz", "bz2", "zst", "csv", "tsv", "txt", "parquet", "pq", "arrow", "feather", "ipc", "arrows"}:
-            name = stem
-    return name or path.name
+    return (
+        _is_numeric(t)
+        or pa.types.is_timestamp(t)
+        or pa.types.is_date(t)
+        or pa.types.is_time(t)
+        or pa.types.is_duration(t)
+    )
 
 
 class _Table:
@@ -167,7 +165,9 @@ class TimeSeriesInput(Input):
         order_error = self._build_index()
         if order_error is not None:
             if not self.sort:
-                raise InputError(order_error + "; sort the file by time, or pass --sort (sort=True) to sort a cached copy")
+                raise InputError(
+                    order_error + "; sort the file by time, or pass --sort (sort=True) to sort a cached copy"
+                )
             self.table_path = self._sorted_copy()
             self._table = _Table(self.table_path, "arrow")
             self._kind = "arrow"
@@ -177,9 +177,12 @@ class TimeSeriesInput(Input):
     # -- the table file linpipe reads rows from
     def _cache_file(self, tag: str, columns) -> Path:
         st = self.path.stat()
-        key = f"{self.path.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\0{tag}\0{self.id_column}\0{self.time_column}\0{columns}"
+        key = (
+            f"{self.path.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\0{tag}\0"
+            f"{self.id_column}\0{self.time_column}\0{columns}"
+        )
         digest = hashlib.sha256(key.encode()).hexdigest()[:24]
-        return cache_root(self.cache_dir) / "tables" / f"{_series_name(self.path)}-{digest}.arrow"
+        return cache_root(self.cache_dir) / "tables" / f"{stem(self.path)}-{digest}.arrow"
 
     def _table_file(self, columns) -> tuple[Path, str]:
         if self.fmt == "parquet":
@@ -223,7 +226,9 @@ class TimeSeriesInput(Input):
         return dict(
             read_options=pcsv.ReadOptions(block_size=CSV_BLOCK),
             parse_options=pcsv.ParseOptions(delimiter=delimiter),
-            convert_options=pcsv.ConvertOptions(column_types=column_types or {}, include_columns=include or []),
+            convert_options=pcsv.ConvertOptions(
+                column_types=column_types or {}, include_columns=include or []
+            ),
         )
 
     def _convert_csv(self, target: Path, columns) -> None:
@@ -245,7 +250,11 @@ class TimeSeriesInput(Input):
         types = {c: pa.float64() for c in chosen if _is_numeric(schema.field(c).type)}
         if self.id_column:
             types[self.id_column] = pa.string()
-        mixed_check = [f.name for f in schema if f.type == pa.string() and f.name not in types and f.name != self.time_column]
+        mixed_check = [
+            f.name
+            for f in schema
+            if f.type == pa.string() and f.name not in types and f.name != self.time_column
+        ]
         rows = 0
         reader = pcsv.open_csv(self.path, **self._csv_options(types))
 
@@ -262,13 +271,16 @@ class TimeSeriesInput(Input):
                     if columns is not None and name not in columns:
                         continue
                     col = b.column(name)
-                    num = pc.match_substring_regex(col, _NUMBER).fill_null(False).to_numpy(zero_copy_only=False)
+                    num = (
+                        pc.match_substring_regex(col, _NUMBER).fill_null(False).to_numpy(zero_copy_only=False)
+                    )
                     text = pc.not_equal(col, "").fill_null(False).to_numpy(zero_copy_only=False) & ~num
                     if num.any() and text.any():
                         i = int(np.argmax(text))
                         raise InputError(
-                            f"{self.path}: column {name!r}, line {rows + i + 2}: value {col[i].as_py()!r} is not a "
-                            "number (the column mixes dtypes: numbers and text); fix it or choose channels with --columns"
+                            f"{self.path}: column {name!r}, line {rows + i + 2}: value "
+                            f"{col[i].as_py()!r} is not a number (the column mixes dtypes: numbers "
+                            "and text); fix it or choose channels with --columns"
                         )
                 rows += b.num_rows
                 yield b
@@ -301,7 +313,8 @@ class TimeSeriesInput(Input):
             row += b.num_rows
         where = f"line {line}" if line else f"after line {rows_before + 1}"
         return InputError(
-            f"{self.path}: column {col!r}, {where}: value {value!r} is not a number (the column mixes dtypes: numbers and text)"
+            f"{self.path}: column {col!r}, {where}: value {value!r} is not a number "
+            "(the column mixes dtypes: numbers and text)"
         )
 
     def _sorted_copy(self) -> Path:
@@ -309,9 +322,16 @@ class TimeSeriesInput(Input):
 
         target = self._cache_file(f"sorted:{self.fmt}", self.channel_names)
         if not target.exists():
-            table = pa.concat_tables(
-                [pa.Table.from_batches([b]) for b in self._table.rows(0, self._table.num_rows, self._table.schema.names)]
-            ) if self._table.num_rows else None
+            table = (
+                pa.concat_tables(
+                    [
+                        pa.Table.from_batches([b])
+                        for b in self._table.rows(0, self._table.num_rows, self._table.schema.names)
+                    ]
+                )
+                if self._table.num_rows
+                else None
+            )
             keys = []
             if self.id_column:
                 table = table.append_column("__order", pa.array(self._order_of_ids(table)))
@@ -341,28 +361,40 @@ class TimeSeriesInput(Input):
             t = schema.field(self.time_column).type
             if not _is_time(t):
                 raise InputError(
-                    f"{self.path}: time column {self.time_column!r} holds {t}, not numbers, dates or timestamps"
+                    f"{self.path}: time column {self.time_column!r} holds {t}, "
+                    "not numbers, dates or timestamps"
                 )
         reserved = {self.id_column, self.time_column}
         if columns:
             for c in columns:
                 if c not in names:
-                    raise InputError(f"{self.path}: column {c!r} (--columns): no such column (columns: {', '.join(names)})")
+                    raise InputError(
+                        f"{self.path}: column {c!r} (--columns): no such column (columns: {', '.join(names)})"
+                    )
                 if c in reserved:
-                    raise InputError(f"{self.path}: column {c!r} is the id or time column; it cannot also be a channel")
+                    raise InputError(
+                        f"{self.path}: column {c!r} is the id or time column; it cannot also be a channel"
+                    )
             if check_types:
                 for c in columns:
                     t = schema.field(c).type
                     if pa.types.is_union(t):
-                        raise InputError(f"{self.path}: column {c!r} mixes dtypes ({t}); channels must be numeric")
+                        raise InputError(
+                            f"{self.path}: column {c!r} mixes dtypes ({t}); channels must be numeric"
+                        )
                     if not _is_numeric(t):
-                        raise InputError(f"{self.path}: column {c!r} is {t}, not numeric; channels must be numeric")
+                        raise InputError(
+                            f"{self.path}: column {c!r} is {t}, not numeric; channels must be numeric"
+                        )
             return list(columns)
         chosen = [f.name for f in schema if f.name not in reserved and _is_numeric(f.type)]
         if check_types:
             for f in schema:
                 if f.name not in reserved and pa.types.is_union(f.type):
-                    raise InputError(f"{self.path}: column {f.name!r} mixes dtypes ({f.type}); choose channels with --columns")
+                    raise InputError(
+                        f"{self.path}: column {f.name!r} mixes dtypes ({f.type}); "
+                        "choose channels with --columns"
+                    )
         if not chosen:
             other = ", ".join(f"{f.name} ({f.type})" for f in schema if f.name not in reserved) or "none"
             raise InputError(f"{self.path}: no numeric column to use as a channel (other columns: {other})")
@@ -378,11 +410,11 @@ class TimeSeriesInput(Input):
         runs: list[list[tuple[int, int]]] = []
         last_time: list = []
         if not self.id_column:
-            order[_series_name(self.path)] = 0
+            order[stem(self.path)] = 0
             runs.append([(0, self._table.num_rows)])
             last_time.append(None)
         problem = None
-        for g0, batch in (self._table.iter_units(cols) if cols else ()):
+        for g0, batch in self._table.iter_units(cols) if cols else ():
             n = batch.num_rows
             if n == 0:
                 continue
@@ -392,7 +424,12 @@ class TimeSeriesInput(Input):
                     row = g0 + int(np.argmax(ids.is_null().to_numpy(zero_copy_only=False)))
                     raise InputError(f"{self.path}: id column {self.id_column!r}: empty id at row {row}")
                 ids = ids.cast("string") if not ids.type == "string" else ids
-                change = np.flatnonzero(pc.not_equal(ids.slice(1), ids.slice(0, n - 1)).to_numpy(zero_copy_only=False)) + 1
+                change = (
+                    np.flatnonzero(
+                        pc.not_equal(ids.slice(1), ids.slice(0, n - 1)).to_numpy(zero_copy_only=False)
+                    )
+                    + 1
+                )
                 bounds = np.concatenate([[0], change, [n]])
                 run_ids = ids.take(bounds[:-1]).to_pylist()
             else:
@@ -403,7 +440,9 @@ class TimeSeriesInput(Input):
                 tcol = batch.column(self.time_column)
                 if tcol.null_count:
                     row = g0 + int(np.argmax(tcol.is_null().to_numpy(zero_copy_only=False)))
-                    raise InputError(f"{self.path}: time column {self.time_column!r}: empty time at row {row}")
+                    raise InputError(
+                        f"{self.path}: time column {self.time_column!r}: empty time at row {row}"
+                    )
                 times = tcol.to_numpy(zero_copy_only=False)
                 if times.dtype.kind == "f" and np.isnan(times).any():
                     row = g0 + int(np.argmax(np.isnan(times)))
@@ -438,7 +477,12 @@ class TimeSeriesInput(Input):
             starts = np.array([r[0] for r in rl], dtype=np.int64)
             lens = np.array([r[1] for r in rl], dtype=np.int64)
             self._runs.append((starts, np.concatenate([[0], np.cumsum(lens)])))
-        self._set_records([RecordInfo(str(name), "", int(pos[-1])) for name, (_, pos) in zip(names, self._runs)])
+        self._set_records(
+            [
+                RecordInfo(str(name), "", int(pos[-1]))
+                for name, (_, pos) in zip(names, self._runs, strict=True)
+            ]
+        )
         if problem is not None:
             s, row, before, after = problem
             return (
@@ -450,8 +494,6 @@ class TimeSeriesInput(Input):
     # -- reading
     def read(self, record_id: str, start: int = 0, end: "int | None" = None):
         """Channels as float32 (n, C) (nulls -> NaN) and the time coordinate (n,) or None."""
-        import pyarrow as pa
-        import pyarrow.compute as pc
 
         rec, start, end = self._check_range(record_id, start, end)
         n = end - start
@@ -464,7 +506,9 @@ class TimeSeriesInput(Input):
         except InputError:
             raise
         except Exception as e:  # pyarrow's errors on a file damaged since it was opened
-            raise InputError(f"{self.path}: series {record_id!r}, rows {start}-{end}: cannot read: {_short(e)}") from None
+            raise InputError(
+                f"{self.path}: series {record_id!r}, rows {start}-{end}: cannot read: {_short(e)}"
+            ) from None
 
     def _read(self, record_id, start, end, n, values, times):
         import pyarrow as pa
@@ -499,8 +543,15 @@ class TimeSeriesInput(Input):
     def _tab(self) -> _Table:
         if self._table is None:
             if not self.table_path.exists():  # unpickled on a node without our cached copy
-                fresh = TimeSeriesInput(self.path, fmt=self.fmt, id_column=self.id_column, time_column=self.time_column,
-                                        columns=self._columns_opt, sort=self.sort, cache_dir=self.cache_dir)
+                fresh = TimeSeriesInput(
+                    self.path,
+                    fmt=self.fmt,
+                    id_column=self.id_column,
+                    time_column=self.time_column,
+                    columns=self._columns_opt,
+                    sort=self.sort,
+                    cache_dir=self.cache_dir,
+                )
                 if fresh.records != self.records:
                     raise InputError(f"{self.path}: the file changed since it was opened (its series differ)")
                 self.table_path = fresh.table_path
@@ -509,7 +560,10 @@ class TimeSeriesInput(Input):
         return self._table
 
     def _index_text(self) -> str:
-        opts = f"id={self.id_column}\ttime={self.time_column}\tchannels={','.join(self.channel_names)}\tsort={self.sort}"
+        opts = (
+            f"id={self.id_column}\ttime={self.time_column}\t"
+            f"channels={','.join(self.channel_names)}\tsort={self.sort}"
+        )
         return opts + "\n" + super()._index_text()
 
     def close(self) -> None:

@@ -93,7 +93,7 @@ class LaneWalker:
         for b in range(batch):
             lo, hi = total * b // batch, total * (b + 1) // batch
             segs = []
-            for i, (s, e) in enumerate(zip(ends - lengths, ends)):
+            for i, (s, e) in enumerate(zip(ends - lengths, ends, strict=True)):
                 a, z = max(lo, s), min(hi, e)
                 if a < z:
                     segs.append((i, int(a - s), int(z - s)))

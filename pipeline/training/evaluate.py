@@ -8,7 +8,6 @@ fitted on `baseline_train` files. timeseries: last-value and seasonal-naive fore
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import numpy as np
 
 from linpipe.errors import ModelError
 from linpipe.training.markov import MarkovModel
+from linpipe.training.threads import torch_threads
 
 LN2 = math.log(2.0)
 MARKOV_FILE = "markov.safetensors"
@@ -46,16 +46,19 @@ def model_log2prob(model, tokens: np.ndarray, chunk: int = 65536, state=None) ->
     return out
 
 
+def fit_markov(splits) -> MarkovModel:
+    """Markov baselines counted on the training parts, order k chosen on the held-out parts."""
+    m = MarkovModel.fit([s.train for s in splits])
+    m.choose_k([s.data for s in splits], [np.arange(len(s.data)) >= s.val_start for s in splits])
+    return m
+
+
 def markov_baselines(model_dir: Path, baseline_train=None) -> MarkovModel:
     """The Markov baselines stored with the model, or fitted on `baseline_train` token records."""
     if baseline_train:
         from linpipe.training.data import split_records
 
-        splits = split_records(baseline_train)
-        m = MarkovModel.fit([s.train for s in splits])
-        m.choose_k([s.data for s in splits],
-                   [np.arange(len(s.data)) >= s.val_start for s in splits])
-        return m
+        return fit_markov(split_records(baseline_train))
     path = Path(model_dir) / MARKOV_FILE
     if not path.is_file():
         raise ModelError(f"{model_dir}: no {MARKOV_FILE} (Markov baselines of its training data); "
@@ -126,19 +129,6 @@ def evaluate_timeseries(model, records, season: int, chunk: int = 65536) -> dict
         e = np.concatenate(e) if e else np.zeros(0)
         out[k] = {"mae": float(np.abs(e).mean()), "rmse": float(np.sqrt((e**2).mean())), "n": int(e.size)}
     return out
-
-
-@contextmanager
-def torch_threads(n: int):
-    """Run a block with n torch intra-op threads (small models thrash with more on a busy CPU)."""
-    import torch
-
-    old = torch.get_num_threads()
-    torch.set_num_threads(max(1, n))
-    try:
-        yield
-    finally:
-        torch.set_num_threads(old)
 
 
 def evaluate_inputs(model_dir, inputs, *, baseline_train=(), season=None, ts_options=None,

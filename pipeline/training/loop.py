@@ -18,17 +18,19 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
 from linpipe.errors import InputError, LinpipeError, ModelError
 from linpipe.training.data import LaneWalker, read_records, split_records
+from linpipe.training.evaluate import LN2, MARKOV_FILE, fit_markov, model_log2prob
+from linpipe.training.markov import MarkovModel
+from linpipe.training.threads import torch_threads
 
-LN2 = math.log(2.0)
 CHECKPOINT_DIR = "checkpoint"
 VAL_CONTEXT = 65536  # positions before a validation part read to warm the state up
 
@@ -53,6 +55,16 @@ class TrainConfig:
             return self.lr * (step + 1) / self.warmup
         frac = (step - self.warmup) / max(1, self.steps - self.warmup)
         return self.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    """What `train` reports after each step."""
+
+    step: int  # steps done, counting those of earlier sessions (resume)
+    start: int  # the step this session started from
+    total: int  # TrainConfig.steps
+    loss: float  # mean loss of the last 50 steps (NaN: none of them scored anything)
 
 
 @dataclass
@@ -186,10 +198,12 @@ def _reset_lanes(net, state, resets):
 
 
 def train(inputs, out, model_kwargs: dict | None = None, cfg: TrainConfig = TrainConfig(), *,
-          decay=None, resume: bool = False, command: str = "", progress: bool = True,
+          decay=None, resume: bool = False, command: str = "",
+          progress: Callable[[StepInfo], None] | None = None,
           stop_at: int | None = None, ts_options: dict | None = None) -> TrainResult | None:
     """Trains (or resumes) a model on `inputs` into directory `out`; see the module docstring.
 
+    `progress` is called with a StepInfo after every step (the CLI draws its bar from it).
     `stop_at` ends this session after that step with a checkpoint (as an interruption would),
     returning None; `resume=True` continues from it.
     """
@@ -208,8 +222,6 @@ def train(inputs, out, model_kwargs: dict | None = None, cfg: TrainConfig = Trai
     except (RuntimeError, AssertionError) as e:
         raise LinpipeError(f"--device {cfg.device}: not usable here ({str(e).splitlines()[0]})") from None
 
-    from linpipe.training.evaluate import torch_threads
-
     with torch_threads(cfg.threads):
         return _train(inputs, out, model_kwargs, cfg, decay, resume, command, progress, stop_at, device,
                       ts_options or {})
@@ -225,7 +237,8 @@ def _train(inputs, out, model_kwargs, cfg, decay, resume, command, progress, sto
     splits = split_records(records, cfg.val_fraction, cfg.val_records)
     parts = [s.train for s in splits if s.val_start > 0]
 
-    meta = {"inputs": _fingerprint(inputs), "train_config": {**asdict(cfg), "val_records": list(cfg.val_records)},
+    meta = {"inputs": _fingerprint(inputs),
+            "train_config": {**asdict(cfg), "val_records": list(cfg.val_records)},
             "command": command, "modality": modality}
     if resume:
         net, config, opt_t, lane_t, saved = load_checkpoint(ckpt, device)
@@ -248,7 +261,7 @@ def _train(inputs, out, model_kwargs, cfg, decay, resume, command, progress, sto
             allv = np.concatenate([p for p in parts])
             with np.errstate(all="ignore"):
                 mean, std = np.nanmean(allv, axis=0), np.nanstd(allv, axis=0)
-            empty = [c for c, m in zip(channels, mean) if not np.isfinite(m)]
+            empty = [c for c, m in zip(channels, mean, strict=True) if not np.isfinite(m)]
             if empty:
                 raise InputError(f"{', '.join(Path(p).name for p in inputs)}: channel {empty[0]!r} "
                                  "has no values in the training parts")
@@ -272,7 +285,6 @@ def _train(inputs, out, model_kwargs, cfg, decay, resume, command, progress, sto
         if modality == "dna":
             _save_markov(out, splits)
 
-    bar = _Progress(cfg.steps, start, progress)
     t0 = time.time()
     for step in range(start, cfg.steps):
         xb, mb, resets = walker.next_batch()
@@ -289,14 +301,15 @@ def _train(inputs, out, model_kwargs, cfg, decay, resume, command, progress, sto
             opt.step()
         state = state.detach()
         losses.append(float(loss.detach()) if n else float("nan"))  # NaN: nothing scored (all N)
-        bar.update(step + 1, losses)
+        if progress is not None:
+            recent = losses[-50:]
+            running = float(np.nanmean(recent)) if np.isfinite(recent).any() else float("nan")
+            progress(StepInfo(step + 1, start, cfg.steps, running))
         if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
             save_checkpoint(ckpt, net, config, opt, state, walker, step + 1, losses, meta)
         if stop_at is not None and step + 1 >= stop_at:
             save_checkpoint(ckpt, net, config, opt, state, walker, step + 1, losses, meta)
-            bar.close()
             return None
-    bar.close()
     meta["train_seconds"] = round(time.time() - t0, 1)
 
     sha = save_model(net, config, out)
@@ -307,41 +320,7 @@ def _train(inputs, out, model_kwargs, cfg, decay, resume, command, progress, sto
 
 
 def _save_markov(out: Path, splits):
-    from linpipe.training.evaluate import MARKOV_FILE
-    from linpipe.training.markov import MarkovModel
-
-    m = MarkovModel.fit([s.train for s in splits if s.val_start > 0])
-    m.choose_k([s.data for s in splits], [np.arange(len(s.data)) >= s.val_start for s in splits])
-    m.save(out / MARKOV_FILE)
-
-
-class _Progress:
-    """A one-line progress bar with the running loss (mean of the last 50 steps), on stderr."""
-
-    def __init__(self, total, start, enabled):
-        self.total, self.start, self.enabled = total, start, enabled
-        self.t0 = time.time()
-        self.last = 0.0
-
-    def update(self, step, losses):
-        if not self.enabled:
-            return
-        now = time.time()
-        if now - self.last < 0.5 and step < self.total:
-            return
-        self.last = now
-        run = np.nanmean(losses[-50:]) if np.isfinite(losses[-50:]).any() else float("nan")
-        frac = step / self.total
-        done = int(30 * frac)
-        rate = (step - self.start) / max(now - self.t0, 1e-9)
-        eta = (self.total - step) / rate if rate else 0
-        sys.stderr.write(f"\r[{'#' * done}{'.' * (30 - done)}] {step}/{self.total} "
-                         f"loss {run:.4f} {rate:.2f} step/s eta {eta:.0f}s ")
-        sys.stderr.flush()
-
-    def close(self):
-        if self.enabled:
-            sys.stderr.write("\n")
+    fit_markov(splits).save(out / MARKOV_FILE)
 
 
 # --------------------------------------------------------------------------------------------
@@ -369,9 +348,6 @@ def validate(net, config, splits, markov_dir) -> dict:
     try:
         res = {"positions": 0}
         if config.modality == "dna":
-            from linpipe.training.evaluate import MARKOV_FILE, model_log2prob
-            from linpipe.training.markov import MarkovModel
-
             markov = MarkovModel.load(markov_dir / MARKOV_FILE)
             ks = sorted({0, 2, markov.best_k})
             sums = {"model": 0.0, **{f"markov-{k}": 0.0 for k in ks}}
@@ -441,7 +417,8 @@ def write_report(result: TrainResult, meta: dict, config) -> None:
              f"Modality: {config.modality}; D={config.d_model} L={config.n_layers} H={config.n_heads} "
              f"M={config.mlp_hidden} W={config.conv_width}; sha256 of model.safetensors: `{result.sha256}`",
              f"Steps: {len(losses)}; training time {meta.get('train_seconds', '?')} s (last session)",
-             f"Final training loss (mean of last 50 steps): {record['final_train_loss_mean50']:.4f} {unit}", "",
+             f"Final training loss (mean of last 50 steps): "
+             f"{record['final_train_loss_mean50']:.4f} {unit}", "",
              "Validation (held-out parts, same positions for every predictor):", ""]
     if config.modality == "dna":
         lines += ["| predictor | bits per base |", "|---|---|"]
