@@ -79,6 +79,7 @@ def test_timeseries_spec(checkout):
     assert "forecast,residual" in out
 
 
+@pytest.mark.slow
 def test_cron_line_runs_its_dry_run(checkout, tmp_path):
     env, entries = parse_crontab((JOBS / "crontab.example").read_text())
     env.update(LINPIPE=LINPIPE, LINPIPE_SPEC=str(checkout / "jobs" / "assemblies.yaml"),
@@ -92,6 +93,7 @@ def test_cron_line_runs_its_dry_run(checkout, tmp_path):
     assert log.count("dry run: nothing was started") == 5
 
 
+@pytest.mark.slow
 def test_systemd_service_runs_its_dry_run(checkout, tmp_path):
     from test_jobs_schedule import installable_units
 
