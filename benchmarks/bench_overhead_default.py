@@ -6,7 +6,6 @@ vs `linpipe submit --workers 1` on the same file, alternated twice in one run.
     python benchmarks/bench_overhead_default.py
 """
 import subprocess
-import sys
 import time
 
 import torch
@@ -14,23 +13,35 @@ import torch
 import linpipe
 
 torch.set_num_threads(1)
-path = "bench-out/real_4mb.fa"
+PATH = "bench-out/real_4mb.fa"
+CHUNK = 262144
+
+
 def bare():
-    m = linpipe.load_model("default"); inp = linpipe.open_input(path)
-    t = time.perf_counter(); n = 0
+    m = linpipe.load_model("default")
+    inp = linpipe.open_input(PATH)
+    t = time.perf_counter()
+    n = 0
     for r in inp.records:
         st = m.init_state()
-        for s in range(0, r.length, 262144):
-            tok, mask = inp.read(r.id, s, min(r.length, s + 262144))
-            out, st = m.forward(tok, st, outputs=["logprob", "entropy"]); n += len(tok)
+        for s in range(0, r.length, CHUNK):
+            tok, _mask = inp.read(r.id, s, min(r.length, s + CHUNK))
+            _out, st = m.forward(tok, st, outputs=["logprob", "entropy"])
+            n += len(tok)
     return time.perf_counter() - t, n
+
+
 def submit():
     subprocess.run(["rm", "-rf", "/tmp/o1.zarr"])
     t = time.perf_counter()
-    r = subprocess.run(["linpipe", "submit", path, "--out", "/tmp/o1.zarr", "--workers", "1"], capture_output=True, text=True)
+    r = subprocess.run(["linpipe", "submit", PATH, "--out", "/tmp/o1.zarr", "--workers", "1"],
+                       capture_output=True, text=True)
     wall = time.perf_counter() - t
-    line = [l for l in r.stdout.splitlines() + r.stderr.splitlines() if l.startswith("Done:")][0]
-    return wall, line
+    done = [ln for ln in r.stdout.splitlines() + r.stderr.splitlines() if ln.startswith("Done:")][0]
+    return wall, done
+
+
 for rnd in (1, 2):
-    b, n = bare(); w, line = submit()
+    b, n = bare()
+    w, line = submit()
     print(f"round {rnd}: bare {b:.1f} s ({n} positions); submit wall {w:.1f} s; {line}")

@@ -102,10 +102,13 @@ def bare_forward(genome: Path, chunk_size: int, model: str = "default") -> tuple
     return total_s, positions
 
 
-def submit(genome: Path, out: Path, **kw):
+def submit(genome: Path, out: Path, *, address: str | None = None, outputs=None, **kw):
     from linpipe.jobs.driver import run_job
+    from linpipe.jobs.request import JobRequest
 
-    return run_job([str(genome)], out=str(out), overwrite=True, log=lambda m: None, **kw)
+    req = JobRequest(inputs=(str(genome),), out=str(out), overwrite=True,
+                     outputs=tuple(outputs) if outputs else None, **kw)
+    return run_job(req, address=address)
 
 
 def tiny_model() -> str:
@@ -196,9 +199,10 @@ def memory(chunk_size: int, sizes=(10, 100)):
     for mb in sizes:
         genome = synthetic(mb)
         code = ("import json,sys; from linpipe.jobs.driver import run_job; "
-                f"s=run_job([{str(genome)!r}], out={str(OUT / f'mem_{mb}.zarr')!r}, overwrite=True, "
-                f"model={model_dir!r}, chunk_size={chunk_size}, workers=2, "
-                "outputs=['logprob','entropy'], log=lambda m: None); "
+                "from linpipe.jobs.request import JobRequest; "
+                f"s=run_job(JobRequest(inputs=({str(genome)!r},), out={str(OUT / f'mem_{mb}.zarr')!r}, "
+                f"overwrite=True, model={model_dir!r}, chunk_size={chunk_size}, workers=2, "
+                "outputs=('logprob','entropy'))); "
                 "print(json.dumps({'positions': s.positions, 'seconds': s.seconds, "
                 "'driver_peak_rss': s.driver_peak_rss, 'worker_peak_rss': s.worker_peak_rss}))")
         res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -215,7 +219,7 @@ def memory(chunk_size: int, sizes=(10, 100)):
 if __name__ == "__main__":
     OUT.mkdir(exist_ok=True)
     what = sys.argv[1] if len(sys.argv) > 1 else "overhead"
-    from linpipe.jobs.driver import DEFAULT_CHUNK_SIZE
+    from linpipe.jobs.request import DEFAULT_CHUNK_SIZE
 
     chunk = int(sys.argv[2]) if len(sys.argv) > 2 else DEFAULT_CHUNK_SIZE
     {"overhead": overhead, "scaling": scaling, "memory": memory}[what](chunk)

@@ -16,7 +16,7 @@ import socket
 import time
 from dataclasses import dataclass
 
-from .plan import WorkUnit
+from .plan import Chunk
 
 
 @dataclass(frozen=True)
@@ -85,9 +85,6 @@ class PipelineWorker:
         """Returns once the model is loaded; the driver waits on it before handing out work."""
         return self.node
 
-    def pid(self) -> int:
-        return os.getpid()
-
     def _input(self, path: str):
         from linpipe.errors import InputError
 
@@ -110,9 +107,9 @@ class PipelineWorker:
                              "for the new content)")
         return inp
 
-    def _read(self, unit: WorkUnit) -> tuple[object, dict]:
-        """The model's input for a unit, and the arrays that come from the input itself."""
-        data, aux = self._input(unit.input_path).read(unit.record_id, unit.start, unit.end)
+    def _read(self, chunk: Chunk) -> tuple[object, dict]:
+        """The model's input for a chunk, and the arrays that come from the input itself."""
+        data, aux = self._input(chunk.input_path).read(chunk.record_id, chunk.start, chunk.end)
         extra = {}
         if self.model.modality == "dna":
             if self.want_softmask:
@@ -121,44 +118,44 @@ class PipelineWorker:
             extra["time"] = aux
         return data, extra
 
-    def _state_before(self, unit: WorkUnit):
-        if self._stream is not None and self._stream[:2] == (unit.key, unit.chunk_index):
+    def _state_before(self, chunk: Chunk):
+        if self._stream is not None and self._stream[:2] == (chunk.key, chunk.index):
             return self._stream[2]
-        if unit.chunk_index == 0:
+        if chunk.index == 0:
             return self.model.init_state()
         from linpipe.model import ModelState
 
-        arrays = self.store.boundary_state(unit.key, unit.chunk_index - 1)
+        arrays = self.store.boundary_state(chunk.key, chunk.index - 1)
         return ModelState.from_arrays(arrays)
 
-    def run_chunk(self, unit: WorkUnit, last: bool = False) -> UnitResult:
+    def run_chunk(self, chunk: Chunk, last: bool = False) -> UnitResult:
         """Run one chunk of a streamed record and write it with its boundary state."""
         t0 = time.perf_counter()
-        x, extra = self._read(unit)
+        x, extra = self._read(chunk)
         t1 = time.perf_counter()
-        state = self._state_before(unit)
+        state = self._state_before(chunk)
         out, state = self.model.forward(x, state, outputs=self.outputs)
         t2 = time.perf_counter()
-        self.store.write_chunk(unit.key, unit.chunk_index, {**out, **extra}, state=state.to_arrays())
+        self.store.write_chunk(chunk.key, chunk.index, {**out, **extra}, state=state.to_arrays())
         t3 = time.perf_counter()
-        self._stream = None if last else (unit.key, unit.chunk_index + 1, state)
+        self._stream = None if last else (chunk.key, chunk.index + 1, state)
         if last:
             self.store.close()  # drop the finished record's cached array handles (refilled lazily)
-        return UnitResult(unit.key, unit.chunk_index, unit.positions, t1 - t0, t2 - t1, t3 - t2,
+        return UnitResult(chunk.key, chunk.index, chunk.positions, t1 - t0, t2 - t1, t3 - t2,
                           self.node, peak_rss())
 
-    def run_batch(self, units: list[WorkUnit]) -> UnitResult:
+    def run_batch(self, chunks: list[Chunk]) -> UnitResult:
         """Run many whole short records (one chunk each) in one batched model call."""
         t0 = time.perf_counter()
-        read = [self._read(u) for u in units]
+        read = [self._read(c) for c in chunks]
         t1 = time.perf_counter()
         outs = self.model.forward_records([x for x, _ in read], outputs=self.outputs)
         t2 = time.perf_counter()
-        for u, out, (_, extra) in zip(units, outs, read):
-            self.store.write_chunk(u.key, 0, {**out, **extra}, state=None)
+        for c, out, (_, extra) in zip(chunks, outs, read, strict=True):
+            self.store.write_chunk(c.key, 0, {**out, **extra}, state=None)
         self.store.close()  # thousands of contigs must not pile up cached array handles
         t3 = time.perf_counter()
-        return UnitResult(units[0].key, len(units), sum(u.positions for u in units),
+        return UnitResult(chunks[0].key, len(chunks), sum(c.positions for c in chunks),
                           t1 - t0, t2 - t1, t3 - t2, self.node, peak_rss())
 
     def close(self) -> None:

@@ -1,23 +1,29 @@
-"""The driver's plan: work units from the inputs' indexes only (record ids and lengths).
+"""The plan: what work a job request stands for, from the inputs' indexes only.
 
-Nothing here reads sequence data. A record longer than one chunk is a *stream*: its chunks
-must meet the model in order on one actor. Records of at most one chunk are grouped into
-*batches* that one actor runs in a single batched model call; the grouping is a pure function
-of the index, so a resumed job re-runs exactly the batches of the first run (same padding,
-same bytes).
+Nothing here reads sequence data (a time-series record's first time value aside, for its
+dtype). A record longer than one chunk is a *stream*: its chunks must meet the model in order
+on one actor. Records of at most one chunk are grouped into *batches* that one actor runs in a
+single batched model call; the grouping is a pure function of the index, so a resumed job
+re-runs exactly the batches of the first run (same padding, same bytes).
 """
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from linpipe.errors import InputError, LinpipeError, ModelError
+
+from .request import JobRequest
 
 # A batch of short records holds at most this many records and about one chunk of positions.
 MAX_BATCH_RECORDS = 256
 
 
 @dataclass(frozen=True)
-class WorkUnit:
+class Chunk:
     """One chunk of one record: positions [start, end) of `record_id` in `input_path`."""
 
     input_path: str
@@ -25,7 +31,7 @@ class WorkUnit:
     key: str  # the record's node name in the output store
     start: int
     end: int
-    chunk_index: int
+    index: int
 
     @property
     def positions(self) -> int:
@@ -33,33 +39,48 @@ class WorkUnit:
 
 
 @dataclass(frozen=True)
-class RecordPlan:
+class Record:
+    """One input record as the plan and the store know it."""
+
     input_path: str
-    record_id: str
+    id: str
     key: str
     length: int
     chunk_size: int
+    description: str = ""
+    time_dtype: str | None = None  # time series: the dtype of the time column
 
     @property
     def n_chunks(self) -> int:
         return -(-self.length // self.chunk_size)
 
-    def unit(self, chunk_index: int) -> WorkUnit:
-        start = chunk_index * self.chunk_size
-        end = min(start + self.chunk_size, self.length)
-        return WorkUnit(self.input_path, self.record_id, self.key, start, end, chunk_index)
+    def chunk(self, index: int) -> Chunk:
+        start = index * self.chunk_size
+        return Chunk(self.input_path, self.id, self.key, start,
+                     min(start + self.chunk_size, self.length), index)
 
-    def units(self, first: int = 0) -> list[WorkUnit]:
-        return [self.unit(i) for i in range(first, self.n_chunks)]
+    def chunks(self, first: int = 0) -> list[Chunk]:
+        return [self.chunk(i) for i in range(first, self.n_chunks)]
 
 
 @dataclass(frozen=True)
 class JobPlan:
+    """A validated request: its job id, the model, the options, and the work (streams and
+    batches of records)."""
+
     job_id: str
+    inputs: tuple[str, ...]  # absolute paths
+    model_ref: str  # what actors pass to load_model (a directory made absolute)
+    model_sha256: str
+    modality: str
+    outputs: tuple[str, ...]
     chunk_size: int
-    streams: tuple[RecordPlan, ...]  # records of 2+ chunks, longest first
-    batches: tuple[tuple[RecordPlan, ...], ...]  # records of 1 chunk, grouped, longest first
-    records: tuple[RecordPlan, ...] = field(default=())  # every record, in input order
+    input_options: dict[str, Any]
+    d_model: int
+    channels: tuple[str, ...] | None  # time series: the input's channel names
+    records: tuple[Record, ...]  # every record, in input order
+    streams: tuple[Record, ...]  # records of 2+ chunks, longest first
+    batches: tuple[tuple[Record, ...], ...]  # records of 1 chunk, grouped, longest first
 
     @property
     def total_positions(self) -> int:
@@ -69,45 +90,119 @@ class JobPlan:
     def n_units(self) -> int:
         return sum(r.n_chunks for r in self.records)
 
+    def store_records(self) -> list[dict]:
+        """The record list OutputStore.create takes."""
+        out = []
+        for r in self.records:
+            entry = {"id": r.id, "description": r.description, "length": r.length,
+                     "modality": self.modality, "input": r.input_path}
+            if r.time_dtype:
+                entry["time_dtype"] = r.time_dtype
+            out.append(entry)
+        return out
+
+    def estimated_output_bytes(self) -> int:
+        """Uncompressed size of the job's outputs (an upper bound on what lands on disk)."""
+        import numpy as np
+
+        from linpipe.model.outputs import output_spec
+
+        per_position = 0
+        for name in self.outputs:
+            spec = output_spec(self.modality, name)
+            width = spec.width(self.d_model, len(self.channels or ()) or 1) or 1
+            per_position += np.dtype(spec.dtype).itemsize * width
+        return per_position * self.total_positions
+
 
 def job_id(fingerprints: list[str], model_sha256: str, options: dict) -> str:
     """A deterministic id for a job: the same inputs (by content), model and options give the
     same id wherever and whenever it is computed. `options` holds only what changes outputs
     (chunk size, output names, input parsing options), never worker counts or addresses."""
-    doc = json.dumps(
-        {"inputs": list(fingerprints), "model": model_sha256, "options": options},
-        sort_keys=True,
-        separators=(",", ":"),
-    )
+    doc = json.dumps({"inputs": list(fingerprints), "model": model_sha256, "options": options},
+                     sort_keys=True, separators=(",", ":"))
     return "lp-" + hashlib.sha256(doc.encode()).hexdigest()[:16]
 
 
-def plan_job(
-    records: list[tuple[str, str, str, int]],  # (input path, record id, store key, length)
-    *,
-    chunk_size: int,
-    job: str,
-    max_batch_records: int = MAX_BATCH_RECORDS,
-) -> JobPlan:
-    """Split records into streams (longest first) and deterministic batches of short records."""
-    if chunk_size < 1:
-        raise ValueError(f"chunk size must be positive, got {chunk_size}")
-    plans = [RecordPlan(p, rid, key, int(n), chunk_size) for p, rid, key, n in records]
-    nonempty = [r for r in plans if r.length > 0]
+def split_work(records, max_batch_records: int = MAX_BATCH_RECORDS
+               ) -> tuple[tuple[Record, ...], tuple[tuple[Record, ...], ...]]:
+    """Streams (records of 2+ chunks, longest first) and deterministic batches of the rest."""
+    nonempty = [r for r in records if r.length > 0]
     # Longest first: the long records bound the makespan, so they start first; ties keep input
     # order (sorted() is stable) so the plan is deterministic.
     ordered = sorted(nonempty, key=lambda r: -r.length)
     streams = tuple(r for r in ordered if r.n_chunks > 1)
-    short = [r for r in ordered if r.n_chunks == 1]
-    batches: list[tuple[RecordPlan, ...]] = []
-    cur: list[RecordPlan] = []
+    batches: list[tuple[Record, ...]] = []
+    cur: list[Record] = []
     cur_pos = 0
-    for r in short:
-        if cur and (cur_pos + r.length > chunk_size or len(cur) >= max_batch_records):
+    for r in (r for r in ordered if r.n_chunks == 1):
+        if cur and (cur_pos + r.length > r.chunk_size or len(cur) >= max_batch_records):
             batches.append(tuple(cur))
             cur, cur_pos = [], 0
         cur.append(r)
         cur_pos += r.length
     if cur:
         batches.append(tuple(cur))
-    return JobPlan(job, chunk_size, streams, tuple(batches), tuple(plans))
+    return streams, tuple(batches)
+
+
+def plan_job(request: JobRequest) -> JobPlan:
+    """Validate the request's inputs, model and options, and plan its work.
+
+    Reads only indexes (the driver, `--dry-run` and the job-server path all start here)."""
+    from linpipe.inputs import open_input
+    from linpipe.model import load_model
+    from linpipe.model.outputs import output_names
+    from linpipe.store.keys import make_keys
+
+    if not request.inputs:
+        raise InputError("no input given")
+    chunk_size = request.chunk_size
+    if chunk_size < 1:
+        raise LinpipeError(f"--chunk-size must be a positive number of positions, got {chunk_size}")
+    input_options = request.input_options
+    m = load_model(request.model, device="cpu")
+    model_ref = request.model
+    if os.path.isdir(os.fspath(model_ref)):  # actors may run elsewhere: an absolute path
+        model_ref = os.path.abspath(os.fspath(model_ref))
+    found: list[tuple[str, Any, str | None]] = []  # (input path, RecordInfo, time dtype)
+    fingerprints: list[str] = []
+    seen: dict[str, str] = {}
+    channels = None
+    for path in request.inputs:
+        p = os.path.abspath(os.fspath(path))
+        inp = open_input(p, **input_options)
+        try:
+            if inp.modality != m.modality:
+                raise ModelError(f"{path}: a {inp.modality} input, but model {request.model} is a "
+                                 f"{m.modality} model")
+            fingerprints.append(inp.fingerprint())
+            if inp.modality == "timeseries":
+                channels = tuple(inp.channel_names)
+            for r in inp.records:
+                if r.id in seen:
+                    raise InputError(f"{path}: record {r.id!r} is also in {seen[r.id]}; "
+                                     "record ids must be unique across a job's inputs")
+                seen[r.id] = path
+                time_dtype = None
+                if inp.modality == "timeseries" and r.length > 0:
+                    _values, t = inp.read(r.id, 0, 1)
+                    time_dtype = str(t.dtype) if t is not None else None
+                found.append((p, r, time_dtype))
+        finally:
+            inp.close()
+    modality = m.modality
+    outputs = list(request.outputs) if request.outputs else list(output_names(modality, default=True))
+    known = output_names(modality)
+    for o in outputs:
+        if o not in known:
+            raise LinpipeError(f"--outputs: unknown {modality} output {o!r} (one of {', '.join(known)})")
+    options = {"chunk_size": chunk_size, "outputs": sorted(outputs), "input_options": input_options}
+    jid = job_id(fingerprints, m.sha256, options)
+    keys = make_keys([r.id for _, r, _ in found])
+    records = tuple(Record(p, r.id, keys[r.id], int(r.length), chunk_size, r.description, t)
+                    for p, r, t in found)
+    streams, batches = split_work(records)
+    return JobPlan(jid, tuple(os.path.abspath(os.fspath(p)) for p in request.inputs), model_ref,
+                   m.sha256, modality, tuple(outputs), chunk_size, input_options, int(m.config.d_model),
+                   channels, records, streams, batches)

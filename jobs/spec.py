@@ -14,13 +14,15 @@ from __future__ import annotations
 import glob
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from linpipe.errors import LinpipeError
+
+from .request import DEFAULT_CHUNK_SIZE, ActorResources, JobRequest, parse_size
 
 
 class SpecError(LinpipeError):
@@ -53,125 +55,21 @@ _TIMESERIES = {
     "time_column": ((str,), "a column name"),
     "columns": ((list, str), "a list of column names"),
 }
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "B": 1, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
-          "KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40}
-
-
-@dataclass(frozen=True)
-class ActorResources:
-    """What each linpipe actor asks Ray for (one actor per GPU: num_gpus 1)."""
-
-    num_cpus: float | None = None
-    num_gpus: float | None = None
-    memory: int | None = None  # bytes
-    custom: tuple[tuple[str, float], ...] = ()  # custom Ray resources, sorted by name
-
-    def as_ray_options(self) -> dict[str, Any]:
-        """Ray actor options, also run_job's actor_resources."""
-        opts = {k: v for k, v in (("num_cpus", self.num_cpus), ("num_gpus", self.num_gpus),
-                                  ("memory", self.memory)) if v is not None}
-        if self.custom:
-            opts["resources"] = dict(self.custom)
-        return opts
-
-
-@dataclass(frozen=True)
-class TimeseriesOptions:
-    id_column: str | None = None
-    time_column: str | None = None
-    columns: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
 class JobSpec:
-    """A validated spec; paths are already resolved against the spec file's folder."""
+    """A validated spec file: the jobs it asks for, and the cluster it names."""
 
     path: Path
-    inputs: tuple[str, ...]  # absolute paths or absolute glob patterns
-    model: str = "default"
-    outputs: tuple[str, ...] | None = None
-    chunk_size: int | None = None
-    out: str | None = None
-    per_input: bool = False
-    overwrite: bool = False
-    workers: int | None = None
+    requests: tuple[JobRequest, ...]  # one, or one per input file with per_input: true
     address: str | None = None
     name: str | None = None
-    resources: ActorResources = field(default_factory=ActorResources)
-    timeseries: TimeseriesOptions = field(default_factory=TimeseriesOptions)
-
-    def input_files(self) -> list[Path]:
-        """Every file the inputs name, globs expanded, sorted, each once.
-
-        A plain path that does not exist is an error; a glob that matches nothing is not (a
-        scheduled run over an empty landing folder has nothing to do), but all of them
-        matching nothing is.
-        """
-        found: dict[str, Path] = {}
-        for i, pattern in enumerate(self.inputs):
-            if _is_glob(pattern):
-                matches = sorted(glob.glob(pattern, recursive=True))
-                matches = [m for m in matches if os.path.isfile(m) and not _is_sidecar(m)]
-            else:
-                if not os.path.isfile(pattern):
-                    raise SpecError(f"{self.path}: inputs[{i}]: no such file {pattern}")
-                matches = [pattern]
-            for m in matches:
-                found.setdefault(os.path.realpath(m), Path(m))
-        if not found:
-            raise SpecError(f"{self.path}: inputs: no file matches "
-                            + ", ".join(self.inputs))
-        return sorted(found.values())
-
-    def jobs(self) -> list["JobRequest"]:
-        """The jobs this spec stands for: one over all inputs, or one per input file."""
-        files = self.input_files()
-        if not self.per_input:
-            out = self.out.format(stem=files[0].stem, name=files[0].name) if self.out else None
-            return [JobRequest(tuple(files), out, self)]
-        jobs = [JobRequest((f,), self.out.format(stem=_stem(f), name=f.name), self)
-                for f in files]
-        outs = [j.out for j in jobs]
-        dup = next((o for o in outs if outs.count(o) > 1), None)
-        if dup:
-            raise SpecError(f"{self.path}: out: {self.out!r} gives the same store {dup} to "
-                            "two inputs; use {name} or {stem} so each input gets its own")
-        return jobs
-
-
-@dataclass(frozen=True)
-class JobRequest:
-    """One `linpipe submit` run a spec asks for."""
-
-    inputs: tuple[Path, ...]
-    out: str | None
-    spec: JobSpec
-
-    def submit_options(self) -> dict[str, Any]:
-        """Keyword options in the names of `linpipe submit`'s flags (None: the default)."""
-        s, ts = self.spec, self.spec.timeseries
-        return {
-            "model": s.model, "out": self.out, "chunk_size": s.chunk_size,
-            "outputs": ",".join(s.outputs) if s.outputs else None, "workers": s.workers,
-            "overwrite": s.overwrite, "id_column": ts.id_column, "time_column": ts.time_column,
-            "columns": ",".join(ts.columns) if ts.columns else None,
-        }
-
-    def submit_argv(self) -> list[str]:
-        """`linpipe submit` arguments that run this job (what a job server entrypoint runs)."""
-        argv = [str(p) for p in self.inputs]
-        for key, value in self.submit_options().items():
-            flag = "--" + key.replace("_", "-")
-            if value is True:
-                argv.append(flag)
-            elif value not in (None, False):
-                argv += [flag, str(value)]
-        return argv
 
 
 def load_spec(path: str | os.PathLike) -> JobSpec:
-    """Read and validate a spec file; relative paths in it are taken from its own folder."""
+    """Read and validate a spec file and expand its inputs into job requests; relative paths in
+    it are taken from its own folder."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -205,7 +103,7 @@ def parse_spec(text: str, path: Path) -> JobSpec:
     raw_inputs = [raw_inputs] if isinstance(raw_inputs, str) else raw_inputs
     if not raw_inputs:
         raise fail("inputs", "empty; name at least one input file or glob")
-    inputs = []
+    patterns = []
     for i, item in enumerate(raw_inputs):
         key = f"inputs[{i}]"
         if not isinstance(item, str) or not item.strip():
@@ -213,7 +111,7 @@ def parse_spec(text: str, path: Path) -> JobSpec:
         problem = _glob_problem(item)
         if problem:
             raise fail("inputs", f"{key} {item!r} is not a usable glob: {problem}")
-        inputs.append(_resolve(item, base))
+        patterns.append(_resolve(item, base))
 
     res = data.get("resources") or {}
     _check_keys(res, _RESOURCES, "resources.", fail)
@@ -247,20 +145,54 @@ def parse_spec(text: str, path: Path) -> JobSpec:
     if os.sep in model or model.startswith("."):  # a directory, not a shipped name
         model = _resolve(model, base)
 
-    return JobSpec(
-        path=path, inputs=tuple(inputs), model=model,
-        outputs=_names(data.get("outputs"), "outputs", fail),
-        chunk_size=data.get("chunk_size"), out=out, per_input=per_input,
-        overwrite=data.get("overwrite", False), workers=data.get("workers"),
-        address=data.get("address"), name=data.get("name"),
-        resources=ActorResources(num_cpus=res.get("num_cpus"), num_gpus=res.get("num_gpus"),
-                                 memory=_bytes(res.get("memory"), fail),
-                                 custom=tuple(sorted(custom.items()))),
-        timeseries=TimeseriesOptions(id_column=ts.get("id_column"),
-                                     time_column=ts.get("time_column"),
-                                     columns=_names(ts.get("columns"), "timeseries.columns",
-                                                    fail)),
-    )
+    memory = res.get("memory")
+    if isinstance(memory, str):
+        memory = parse_size(memory)
+        if memory is None:
+            raise fail("resources.memory", f"{res['memory']!r} is not a size such as 4GiB or 512MB")
+    template = JobRequest(
+        inputs=(), model=model, outputs=_names(data.get("outputs"), "outputs", fail),
+        chunk_size=data.get("chunk_size", DEFAULT_CHUNK_SIZE), overwrite=data.get("overwrite", False),
+        workers=data.get("workers"), id_column=ts.get("id_column"), time_column=ts.get("time_column"),
+        columns=_names(ts.get("columns"), "timeseries.columns", fail),
+        actor_resources=ActorResources(num_cpus=res.get("num_cpus"), num_gpus=res.get("num_gpus"),
+                                       memory=memory, custom=tuple(sorted(custom.items()))))
+    files = input_files(path, patterns)
+    if not per_input:
+        out = out.format(stem=files[0].stem, name=files[0].name) if out else None
+        requests = [replace(template, inputs=tuple(map(str, files)), out=out)]
+    else:
+        requests = [replace(template, inputs=(str(f),), out=out.format(stem=_stem(f), name=f.name))
+                    for f in files]
+        outs = [r.out for r in requests]
+        dup = next((o for o in outs if outs.count(o) > 1), None)
+        if dup:
+            raise SpecError(f"{path}: out: {out!r} gives the same store {dup} to "
+                            "two inputs; use {name} or {stem} so each input gets its own")
+    return JobSpec(path, tuple(requests), address=data.get("address"), name=data.get("name"))
+
+
+def input_files(path: Path, patterns: list[str]) -> list[Path]:
+    """Every file the inputs name, globs expanded, sorted, each once.
+
+    A plain path that does not exist is an error; a glob that matches nothing is not (a
+    scheduled run over an empty landing folder has nothing to do), but all of them matching
+    nothing is.
+    """
+    found: dict[str, Path] = {}
+    for i, pattern in enumerate(patterns):
+        if glob.has_magic(pattern):
+            matches = sorted(glob.glob(pattern, recursive=True))
+            matches = [m for m in matches if os.path.isfile(m) and not _is_sidecar(m)]
+        else:
+            if not os.path.isfile(pattern):
+                raise SpecError(f"{path}: inputs[{i}]: no such file {pattern}")
+            matches = [pattern]
+        for m in matches:
+            found.setdefault(os.path.realpath(m), Path(m))
+    if not found:
+        raise SpecError(f"{path}: inputs: no file matches " + ", ".join(patterns))
+    return sorted(found.values())
 
 
 def _check_keys(data: Any, schema: dict, prefix: str, fail) -> None:
@@ -293,23 +225,9 @@ def _names(value: Any, key: str, fail) -> tuple[str, ...] | None:
     return names
 
 
-def _bytes(value: Any, fail) -> int | None:
-    if value is None or isinstance(value, int):
-        return value
-    m = _SIZE.match(value)
-    if not m:
-        raise fail("resources.memory", f"{value!r} is not a size such as 4GiB or 512MB")
-    unit = (m.group(2) or "").upper().rstrip("B")
-    return int(float(m.group(1)) * _UNITS[unit])
-
-
 def _resolve(p: str, base: Path) -> str:
     p = os.path.expanduser(os.path.expandvars(p))
     return p if os.path.isabs(p) else str(base / p)
-
-
-def _is_glob(p: str) -> bool:
-    return glob.has_magic(p)
 
 
 def _glob_problem(pattern: str) -> str | None:

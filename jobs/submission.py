@@ -22,15 +22,14 @@ from typing import Any, Callable, Iterator
 
 from linpipe.errors import LinpipeError
 
+from .cluster import ClusterError
+from .request import JobRequest
+
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
 PREFIX = "linpipe-"
 CONNECT_TIMEOUT_S = 3.0
 ACTIVE = ("PENDING", "RUNNING")
 ENDED = ("SUCCEEDED", "FAILED", "STOPPED")
-
-
-class ClusterError(LinpipeError):
-    """The job server cannot be reached or refused a request."""
 
 
 class JobNotFound(LinpipeError):
@@ -77,11 +76,6 @@ def resolve_address(address: str | None) -> str:
             return _with_scheme(a)
     ra = os.environ.get("RAY_ADDRESS", "")
     return ra if ra.startswith(("http://", "https://")) else DEFAULT_ADDRESS
-
-
-def is_job_server_address(address: str | None) -> bool:
-    """True for an http(s) address: submit through the job server rather than ray.init."""
-    return bool(address) and address.startswith(("http://", "https://"))
 
 
 def _with_scheme(a: str) -> str:
@@ -158,11 +152,6 @@ def find_job(client, ref: str) -> JobRecord:
         raise JobNotFound(f"job id {ref!r} is ambiguous: {', '.join(sorted(ids))}")
     raise JobNotFound(f"no job {ref!r} on the cluster at {client.get_address()}; "
                       "`linpipe list` shows the jobs there")
-
-
-def linpipe_submit_command(submit_argv: list[str], executable: str = "linpipe") -> list[str]:
-    """The command a job's entrypoint runs on the cluster: `linpipe submit ...`."""
-    return [executable, "submit", *submit_argv]
 
 
 def default_runtime_env(extra_env: dict[str, str] | None = None) -> dict[str, Any]:
@@ -291,6 +280,45 @@ def store_is_complete(out: str | None) -> bool:
     return bool(p and p["complete"])
 
 
-def format_time(t: float | None) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "-"
+def submit_request(client, request: JobRequest, *,
+                   runtime_env: dict[str, Any] | None = None) -> SubmitOutcome:
+    """Plan a request here (inputs readable, model valid: the job id) and submit it detached;
+    its entrypoint runs `linpipe submit ... --address auto` on the cluster."""
+    from .plan import plan_job
+
+    plan = plan_job(request)
+    out = request.out_path
+    command = ["linpipe", "submit", *request.argv(address="auto")]
+    return submit_job(client, job_id=plan.job_id, command=command, out=out,
+                      is_complete=lambda: store_is_complete(out), runtime_env=runtime_env)
+
+
+def runtime_env_from(path: str | None, env_vars: tuple[str, ...] = ()) -> dict | None:
+    """A runtime_env from a YAML/JSON file (pip, env_vars, ...) plus KEY=VALUE variables."""
+    env: dict[str, Any] = {}
+    if path:
+        import yaml
+
+        try:
+            with open(path) as f:
+                env = yaml.safe_load(f) or {}
+        except (OSError, yaml.YAMLError) as e:
+            raise LinpipeError(f"{path}: cannot read the runtime_env: {e}") from None
+        if not isinstance(env, dict):
+            raise LinpipeError(f"{path}: a runtime_env is a mapping (pip, env_vars, ...)")
+        for key in ("working_dir", "py_modules"):
+            if key in env:
+                raise LinpipeError(f"{path}: {key}: linpipe jobs run the linpipe installed on "
+                                   "the nodes; install it there (ray_cluster.yaml's "
+                                   "setup_commands) or list it under pip")
+    pairs = {}
+    for item in env_vars:
+        k, sep, v = item.partition("=")
+        if not sep or not k:
+            raise LinpipeError(f"--env {item!r}: expected KEY=VALUE")
+        pairs[k] = v
+    if not env and not pairs:
+        return None
+    merged = default_runtime_env({**(env.get("env_vars") or {}), **pairs})
+    return {**env, **merged}
 

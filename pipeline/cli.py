@@ -357,43 +357,127 @@ def submit(inputs, spec, model, out, chunk_size, outputs, workers, address, over
 
     The same job submitted again resumes where it stopped, or says it is complete.
     """
-    from linpipe.jobs import remote
-    from linpipe.jobs.submission import is_job_server_address
+    from linpipe.jobs import submission as sub
+    from linpipe.jobs.cluster import is_job_server_address
+    from linpipe.jobs.dryrun import dry_run as check_job
+    from linpipe.jobs.request import build_requests
 
-    reqs, address = remote.build_requests(inputs, spec, dict(
+    reqs, address = build_requests(inputs, spec, dict(
         model=model, out=out, chunk_size=chunk_size, outputs=_parse_outputs(outputs),
         workers=workers, address=address, overwrite=overwrite, id_column=id_column,
         time_column=time_column, columns=columns, actor_resources=actor_resources))
     if dry_run:
         for req in reqs:
-            remote.print_dry_run(remote.dry_run(req, address))
+            _print_dry_run(check_job(req, address))
         return
     if is_job_server_address(address):
-        env = remote.runtime_env_from(runtime_env, env_vars)
-        sys.exit(max(remote.submit_to_job_server(r, address, wait=wait, runtime_env=env)
-                     for r in reqs))
+        env = sub.runtime_env_from(runtime_env, env_vars)
+        sys.exit(max(_submit_to_job_server(r, address, wait=wait, runtime_env=env) for r in reqs))
     if wait or runtime_env or env_vars:
         raise click.UsageError("--wait, --runtime-env and --env go with --address http://HEAD:8265")
     for req in reqs:
         _run_here(req, address)
 
 
+def _print_dry_run(report: dict) -> None:
+    from linpipe.progress import human_bytes
+
+    click.echo(f"job {report['job_id']} (dry run: nothing was started)")
+    click.echo(f"  inputs:      {len(report['inputs'])} ({', '.join(report['inputs'])})")
+    click.echo(f"  records:     {report['records']:,}")
+    click.echo(f"  positions:   {report['positions']:,}")
+    click.echo(f"  work units:  {report['work_units']:,} of {report['chunk_size']:,} positions")
+    click.echo(f"  outputs:     {','.join(report['outputs'])}")
+    click.echo(f"  output:      {report['out']} (writable)")
+    click.echo(f"  est. size:   {human_bytes(report['estimated_output_bytes'])} before compression")
+    click.echo(f"  cluster:     {report['cluster']}")
+    if report["complete"]:
+        click.echo("  state:       complete; a run would have nothing to do")
+    elif report["positions_done"]:
+        click.echo(f"  state:       {report['positions_done']:,} positions already done; a run resumes")
+
+
+def _submit_to_job_server(req, address, *, wait, runtime_env) -> int:
+    """One job submitted detached through the job server; returns the exit status to use."""
+    from linpipe.jobs import submission as sub
+
+    client = sub.connect(address)  # first: an unreachable cluster fails in seconds
+    outcome = sub.submit_request(client, req, runtime_env=runtime_env)
+    job, out = outcome.job_id, req.out_path
+    if outcome.action == "complete":
+        click.echo(f"Nothing to do: job {job} is complete. Outputs: {out}")
+        return 0
+    if outcome.action == "running":
+        click.echo(f"Job {job} is already running as {outcome.submission_id}; not starting a twin")
+    else:
+        click.echo(f"Submitted job {job} as {outcome.submission_id} to {client.get_address()}. "
+                   f"Outputs: {out}")
+    if not wait:
+        click.echo(f"Follow it: linpipe logs {job} --follow --address {client.get_address()}")
+        return 0
+    return _follow_until_done(client, outcome.submission_id)
+
+
+def _follow_until_done(client, submission_id: str) -> int:
+    """Stream the log, then exit with the job's status (0 only if it succeeded)."""
+    from linpipe.jobs import submission as sub
+
+    for chunk in sub.follow_logs(client, submission_id):
+        click.echo(chunk, nl=False)
+    status = sub.wait(client, submission_id, timeout=30)
+    click.echo(f"job {submission_id} {status}", err=True)
+    return sub.exit_code(status)
+
+
+def _job_events():
+    """The driver's events rendered on stderr: a start line, a progress bar or log lines."""
+    import time
+
+    from linpipe.jobs.driver import JobEvents
+    from linpipe.progress import Progress
+
+    class CliEvents(JobEvents):
+        progress = None
+
+        def started(self, s):
+            if not s.work_items:
+                click.echo(f"job {s.job_id}: all {s.records} records ({s.positions:,} positions) are "
+                           f"complete in {s.out}; nothing to do", err=True)
+                return
+            click.echo(f"job {s.job_id}: {s.records} records, {s.positions:,} positions "
+                       f"({s.positions - s.positions_done:,} to run) in {s.work_items} work items, on "
+                       f"{s.workers} worker{'' if s.workers == 1 else 's'}; outputs -> {s.out}", err=True)
+            self.progress = Progress(s.positions, done=s.positions_done)
+
+        def workers_ready(self):
+            self.progress.t0 = time.monotonic()  # rates count from the first worker ready
+
+        def unit_done(self, result, units_done):
+            self.progress.update(result.positions)
+
+        def worker_died(self, node, error):
+            click.echo(f"worker {node} died ({error}); its work resumes from the last boundary state "
+                       "on another worker", err=True)
+
+        def finished(self):
+            self.progress.close()
+
+    return CliEvents()
+
+
 def _run_here(req, address):
     """One job with its driver in this process (an embedded local Ray, or joined to a cluster)."""
-    from linpipe.jobs.driver import DEFAULT_CHUNK_SIZE, run_job
+    from linpipe.jobs.driver import run_job
     from linpipe.progress import human_bytes, human_count, human_time
 
-    s = run_job(list(req.inputs), model=req.model, out=req.out,
-                chunk_size=req.chunk_size or DEFAULT_CHUNK_SIZE,
-                outputs=list(req.outputs) if req.outputs else None, workers=req.workers,
-                address=address, overwrite=req.overwrite, input_options=req.input_options,
-                actor_resources=req.actor_resource_options)
+    s = run_job(req, address=address, events=_job_events())
     if s.nothing_to_do:
         click.echo(f"Nothing to do: job {s.job_id} is complete. Outputs: {s.out}")
         return
     click.echo(f"Done: job {s.job_id}: {s.records} records, {s.positions:,} positions "
                f"({human_count(s.positions_run)} run) in {human_time(s.seconds)} "
-               f"({human_count(s.positions_per_s)} positions/s on {s.workers} worker{'' if s.workers == 1 else 's'}; "
+               f"({human_count(s.positions_per_s)} positions/s on {s.workers} "
+               f"worker{'' if s.workers == 1 else 's'}; "
                f"start-up {s.startup_s:.1f} s), {human_bytes(s.output_bytes)} written.")
     busy = s.read_s + s.model_s + s.write_s
     if busy > 0:
@@ -410,13 +494,52 @@ _address_option = click.option(
          "an http $RAY_ADDRESS, else http://127.0.0.1:8265).")
 
 
+def _format_time(t) -> str:
+    import time
+
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "-"
+
+
+def _progress_line(out) -> str | None:
+    """A job's store progress in words, or None when the store is not readable here."""
+    from linpipe.jobs.submission import store_progress
+
+    p = store_progress(out)
+    if p is None:
+        return None
+    return (f"records {p['records_done']}/{p['records']}, positions "
+            f"{p['positions_done']:,}/{p['positions']:,} "
+            f"({100 * p['positions_done'] / max(p['positions'], 1):.1f}%)"
+            + (", complete" if p.get("complete") else ""))
+
+
 @cli.command("status")
 @click.argument("job", required=False)
 @_address_option
 def status_cmd(job, address):
     """Status of JOB (a linpipe job id or submission id), or of every linpipe job."""
-    from linpipe.jobs.commands import print_status
-    print_status(job, address)
+    from linpipe.jobs import submission as sub
+
+    client = sub.connect(address)
+    if job is None:
+        latest = {j.job_id: j for j in sub.list_jobs(client) if j.job_id}  # oldest first: last wins
+        if not latest:
+            click.echo(f"no linpipe jobs on {client.get_address()}")
+        for j in latest.values():
+            prog = _progress_line(j.out)
+            click.echo(f"{j.job_id}  {j.status:<9}  {j.submission_id}" + (f"  {prog}" if prog else ""))
+        return
+    j = sub.find_job(client, job)
+    click.echo(f"job:        {j.job_id or '-'}")
+    click.echo(f"submission: {j.submission_id}")
+    click.echo(f"status:     {j.status}" + (f" ({j.message})" if j.message else ""))
+    click.echo(f"started:    {_format_time(j.start_time)}")
+    click.echo(f"ended:      {_format_time(j.end_time)}")
+    if j.job_id:
+        click.echo(f"attempts:   {len(sub.attempts(client, j.job_id))}")
+    if j.out:
+        click.echo(f"output:     {j.out}")
+        click.echo(f"progress:   {_progress_line(j.out) or 'store not readable from this machine yet'}")
 
 
 @cli.command("logs")
@@ -426,8 +549,14 @@ def status_cmd(job, address):
 @_address_option
 def logs_cmd(job, follow, address):
     """The log of JOB (its latest attempt)."""
-    from linpipe.jobs.commands import print_logs
-    sys.exit(print_logs(job, address, follow))
+    from linpipe.jobs import submission as sub
+
+    client = sub.connect(address)
+    j = sub.find_job(client, job)
+    if not follow:
+        click.echo(sub.logs(client, j.submission_id), nl=False)
+        return
+    sys.exit(_follow_until_done(client, j.submission_id))
 
 
 @cli.command("cancel")
@@ -435,16 +564,32 @@ def logs_cmd(job, follow, address):
 @_address_option
 def cancel_cmd(job, address):
     """Stop JOB; its output store stays resumable (submit it again to finish it)."""
-    from linpipe.jobs.commands import cancel_job
-    cancel_job(job, address)
+    from linpipe.jobs import submission as sub
+
+    client = sub.connect(address)
+    j = sub.find_job(client, job)
+    if j.status in sub.ENDED:
+        click.echo(f"{j.submission_id} already ended: {j.status}")
+        return
+    status = sub.cancel(client, j.submission_id)
+    click.echo(f"{j.submission_id} {status}" + ("; submit it again to resume" if j.job_id else ""))
 
 
 @cli.command("list")
 @_address_option
 def list_cmd(address):
     """Every job on the cluster's job server, oldest first."""
-    from linpipe.jobs.commands import print_list
-    print_list(address)
+    from linpipe.jobs import submission as sub
+
+    client = sub.connect(address)
+    jobs = sub.list_jobs(client)
+    if not jobs:
+        click.echo(f"no jobs on {client.get_address()}")
+        return
+    click.echo(f"{'SUBMISSION':<40} {'STATUS':<10} {'STARTED':<20} ENTRYPOINT")
+    for j in jobs:
+        ep = j.entrypoint if len(j.entrypoint) <= 60 else j.entrypoint[:57] + "..."
+        click.echo(f"{j.submission_id:<40} {j.status:<10} {_format_time(j.start_time):<20} {ep}")
 
 
 # end of section: pipeline and jobs

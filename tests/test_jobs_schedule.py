@@ -55,7 +55,7 @@ def parse_crontab(text: str) -> tuple[dict[str, str], list[tuple[list[set[int]],
         parts = s.split(None, 5)
         assert len(parts) == 6, f"not a crontab entry: {line!r}"
         times = [cron_values(f, lo, hi, names)
-                 for f, (_n, lo, hi, names) in zip(parts[:5], _CRON_FIELDS)]
+                 for f, (_n, lo, hi, names) in zip(parts[:5], _CRON_FIELDS, strict=True)]
         entries.append((times, parts[5]))
     return env, entries
 

@@ -6,17 +6,15 @@ and stop their own embedded Ray, as a user's `linpipe submit` does.
 """
 from __future__ import annotations
 
-import os
-import time
-
 import numpy as np
 import pytest
 from _pipeline_data import assert_same_bytes, make_tiny_model, store_arrays, write_fasta_slice
 from click.testing import CliRunner
 
-from linpipe.errors import InputError, LinpipeError, StoreError
-from linpipe.jobs.driver import run_job
-from linpipe.jobs.plan import job_id, plan_job
+from linpipe.errors import InputError, StoreError
+from linpipe.jobs.driver import JobEvents, run_job
+from linpipe.jobs.plan import Record, job_id, split_work
+from linpipe.jobs.request import JobRequest
 
 CHUNK = 16_384
 OUTPUTS = ["logprob", "entropy", "softmask"]
@@ -50,32 +48,63 @@ def local_ray(tiny):
     ray.shutdown()
 
 
-def _run(genome, out, **kw):
+class OnUnit(JobEvents):
+    """Calls fn(result, units_done) after each finished unit (to interrupt a job mid-way)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def unit_done(self, result, units_done):
+        self.fn(result, units_done)
+
+
+def _run(genome, out, on_unit=None, **kw):
     kw.setdefault("model", TINY[0])
     kw.setdefault("chunk_size", CHUNK)
-    kw.setdefault("outputs", OUTPUTS)
-    return run_job([str(genome)], out=str(out), workers=2, log=lambda m: None, **kw)
+    kw.setdefault("outputs", tuple(OUTPUTS))
+    req = JobRequest(inputs=(str(genome),), out=str(out), workers=2, **kw)
+    return run_job(req, events=OnUnit(on_unit) if on_unit else None)
+
+
+class Recorder(JobEvents):
+    def __init__(self):
+        self.seen = []
+
+    def started(self, start):
+        self.seen.append(("started", start))
+
+    def workers_ready(self):
+        self.seen.append(("workers_ready", None))
+
+    def unit_done(self, result, units_done):
+        self.seen.append(("unit_done", (result, units_done)))
+
+    def finished(self):
+        self.seen.append(("finished", None))
 
 
 @pytest.fixture(scope="module")
 def reference(genome, local_ray, tmp_path_factory):
-    """The uninterrupted run every other run is compared with."""
+    """The uninterrupted run every other run is compared with, and the events it reported."""
     out = tmp_path_factory.mktemp("ref") / "ref.zarr"
-    summary = _run(genome, out)
-    return out, summary
+    events = Recorder()
+    req = JobRequest(inputs=(str(genome),), out=str(out), workers=2, model=TINY[0], chunk_size=CHUNK,
+                     outputs=tuple(OUTPUTS))
+    summary = run_job(req, events=events)
+    return out, summary, events.seen
 
 
 # ----------------------------------------------------------------------------- plan
 def test_plan_streams_longest_first_and_batches_are_deterministic():
-    recs = [("a.fa", f"r{i}", f"r{i}", n) for i, n in enumerate([5, 300, 40, 900, 30, 20, 0])]
-    plan = plan_job(recs, chunk_size=100, job="x", max_batch_records=2)
-    assert [r.record_id for r in plan.streams] == ["r3", "r1"]  # longest first
-    assert [[r.record_id for r in b] for b in plan.batches] == [["r2", "r4"], ["r5", "r0"]]
-    assert plan.total_positions == 1295 and plan.n_units == 9 + 3 + 4
-    units = plan.streams[0].units()
-    assert [(u.start, u.end, u.chunk_index) for u in units[-2:]] == [(700, 800, 7), (800, 900, 8)]
-    assert [u.positions for u in plan.streams[1].units(first=2)] == [100]
-    assert plan == plan_job(recs, chunk_size=100, job="x", max_batch_records=2)
+    recs = [Record("a.fa", f"r{i}", f"r{i}", n, 100) for i, n in enumerate([5, 300, 40, 900, 30, 20, 0])]
+    streams, batches = split_work(recs, max_batch_records=2)
+    assert [r.id for r in streams] == ["r3", "r1"]  # longest first
+    assert [[r.id for r in b] for b in batches] == [["r2", "r4"], ["r5", "r0"]]
+    assert sum(r.n_chunks for r in recs) == 9 + 3 + 4
+    chunks = streams[0].chunks()
+    assert [(c.start, c.end, c.index) for c in chunks[-2:]] == [(700, 800, 7), (800, 900, 8)]
+    assert [c.positions for c in streams[1].chunks(first=2)] == [100]
+    assert (streams, batches) == split_work(recs, max_batch_records=2)
 
 
 def test_job_id_depends_on_content_model_and_options_only():
@@ -86,12 +115,40 @@ def test_job_id_depends_on_content_model_and_options_only():
     assert base != job_id(["fp1", "fp2"], "sha", {"chunk_size": 11, "outputs": ["a"]})
 
 
+def test_plan_job_reads_indexes_and_the_model(genome, tiny):
+    from linpipe.jobs.plan import plan_job
+
+    req = JobRequest(inputs=(str(genome),), model=tiny, chunk_size=CHUNK)
+    plan = plan_job(req)
+    assert plan.job_id == plan_job(req).job_id and plan.job_id.startswith("lp-")
+    assert plan.outputs == ("logprob", "entropy", "softmask")  # the DNA defaults
+    assert len(plan.records) == 7 and plan.total_positions == 90_000
+    assert [r.length for r in plan.streams] == [60_000] and sum(len(b) for b in plan.batches) == 6
+    assert plan.n_units == 4 + 6 and plan.d_model == 16
+    assert plan.estimated_output_bytes() == 90_000 * (4 + 4 + 1)
+    assert plan_job(JobRequest(inputs=(str(genome),), model=tiny, chunk_size=CHUNK * 2)).job_id != plan.job_id
+
+
+@pytest.mark.slow
+def test_the_driver_reports_its_events(reference):
+    _, summary, seen = reference
+    kinds = [k for k, _ in seen]
+    assert kinds[0] == "started" and kinds[-1] == "finished" and kinds.count("workers_ready") == 1
+    start = seen[0][1]
+    assert (start.records, start.positions, start.positions_done, start.work_items, start.workers) == (
+        7, 90_000, 0, 3, 2)
+    units = [v for k, v in seen if k == "unit_done"]
+    assert [n for _, n in units] == list(range(1, len(units) + 1))
+    assert sum(r.positions for r, _ in units) == summary.positions_run == 90_000
+    assert len(units) == 4 + 2  # the stream's 4 chunks, and two batches of three 5 kb records
+
+
 # ----------------------------------------------------------------------------- end to end
 @pytest.mark.slow
 def test_end_to_end_matches_the_bare_model(genome, reference):
     import linpipe
 
-    out, summary = reference
+    out, summary, _ = reference
     assert summary.records == 7 and summary.positions == 90_000 == summary.positions_run
     assert summary.output_bytes > 0 and not summary.nothing_to_do
     res = linpipe.open_output(str(out))
@@ -120,7 +177,7 @@ def test_end_to_end_matches_the_bare_model(genome, reference):
 
 @pytest.mark.slow
 def test_same_options_are_bit_identical_and_chunk_size_does_not_matter(genome, reference, tmp_path):
-    ref_out, _ = reference
+    ref_out = reference[0]
     again = tmp_path / "again.zarr"
     _run(genome, again)
     assert_same_bytes(store_arrays(ref_out), store_arrays(again))
@@ -180,10 +237,8 @@ def test_input_vanishing_mid_job_is_a_clear_error(genome, local_ray, tmp_path):
         if n == 1:
             victim.unlink()
 
-    t0 = time.monotonic()
     with pytest.raises(InputError, match="victim.fa.*vanished"):
         _run(victim, out, on_unit=delete_input)
-    assert time.monotonic() - t0 < 60
     victim.write_bytes(genome.read_bytes())  # restored: the job resumes and completes
     assert _run(victim, out).positions_run < 90_000
 
@@ -217,12 +272,12 @@ def test_cli_errors_do_not_hang(genome, tmp_path):
     bad_model = tmp_path / "model"
     bad_model.mkdir()
     (bad_model / "config.json").write_text("{not json")
-    res = runner.invoke(cli, ["submit", str(genome), "--model", str(bad_model), "--out", str(tmp_path / "x.zarr")])
+    res = runner.invoke(cli, ["submit", str(genome), "--model", str(bad_model),
+                              "--out", str(tmp_path / "x.zarr")])
     assert res.exit_code == 1 and res.output.startswith("Error: ") and "Traceback" not in res.output
-    t0 = time.monotonic()
-    res = runner.invoke(cli, ["submit", str(genome), "--address", "127.0.0.1:9", "--out", str(tmp_path / "y.zarr")])
+    res = runner.invoke(cli, ["submit", str(genome), "--address", "127.0.0.1:9",
+                              "--out", str(tmp_path / "y.zarr")])
     assert res.exit_code == 1 and "does not answer" in res.output
-    assert time.monotonic() - t0 < 30
     res = runner.invoke(cli, ["submit", str(tmp_path / "missing.fa")])
     assert res.exit_code == 1 and "missing.fa" in res.output
 
@@ -258,12 +313,12 @@ def test_a_worker_that_cannot_start_is_reported_in_one_line(local_ray, tmp_path)
     import ray
 
     from linpipe.jobs.actor import PipelineWorker
-    from linpipe.jobs.driver import _init_error
+    from linpipe.jobs.driver import init_error
 
     h = ray.remote(PipelineWorker).options(num_cpus=0, max_restarts=0).remote(
         str(tmp_path / "no_model"), str(tmp_path / "no.zarr"), None)
     with pytest.raises(ray.exceptions.RayActorError) as info:
         ray.get(h.ready.remote(), timeout=120)
     assert info.value.actor_init_failed
-    msg = str(_init_error(info.value))
+    msg = str(init_error(info.value))
     assert msg.startswith("a worker could not start: ") and "no_model" in msg and "\n" not in msg

@@ -9,7 +9,10 @@ import signal
 import pytest
 from _pipeline_data import assert_same_bytes, make_tiny_model, store_arrays, write_fasta_slice
 
-from linpipe.jobs.driver import run_job
+from linpipe.jobs.driver import JobEvents, run_job
+from linpipe.jobs.request import JobRequest
+
+pytestmark = pytest.mark.slow
 
 pytestmark = pytest.mark.slow  # a multi-process Ray run
 CHUNK = 8_192
@@ -50,9 +53,18 @@ def cluster(tiny):
     c.shutdown()
 
 
-def _run(genome, out, cluster, **kw):
-    return run_job([str(genome)], out=str(out), model=TINY[0], chunk_size=CHUNK, outputs=OUTPUTS,
-                   address=cluster.address, log=lambda m: None, **kw)
+class OnUnit(JobEvents):
+    def __init__(self, fn):
+        self.fn = fn
+
+    def unit_done(self, result, units_done):
+        self.fn(result, units_done)
+
+
+def _run(genome, out, cluster, on_unit=None):
+    req = JobRequest(inputs=(str(genome),), out=str(out), model=TINY[0], chunk_size=CHUNK,
+                     outputs=tuple(OUTPUTS))
+    return run_job(req, address=cluster.address, events=OnUnit(on_unit) if on_unit else None)
 
 
 def _mid_record(result) -> bool:

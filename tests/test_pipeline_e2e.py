@@ -18,6 +18,8 @@ from click.testing import CliRunner
 
 from linpipe.cli import cli
 
+pytestmark = pytest.mark.slow
+
 TS_CHUNK = 512
 pytestmark = pytest.mark.slow  # whole jobs through the CLI, Ray and subprocesses
 
@@ -118,17 +120,19 @@ def _reference_store(fasta, model, out):
     """The uninterrupted job, run in this process by the actor class itself (no Ray): the same
     code, plan and thread count as a worker, so the same bytes."""
     from linpipe.jobs.actor import PipelineWorker
-    from linpipe.jobs.driver import open_or_create_store, prepare_job
+    from linpipe.jobs.driver import open_or_create_store
+    from linpipe.jobs.plan import plan_job
+    from linpipe.jobs.request import JobRequest
 
-    job = prepare_job([str(fasta)], model=str(model), chunk_size=KILL_CHUNK,
-                      outputs=DNA_OUTPUTS.split(","))
-    store = open_or_create_store(job, str(out))
-    w = PipelineWorker(job.model_ref, str(out), job.outputs, device="cpu", threads=1)
-    for r in job.plan.streams:
-        for u in r.units():
-            w.run_chunk(u, last=u.chunk_index == r.n_chunks - 1)
-    for batch in job.plan.batches:
-        w.run_batch([r.unit(0) for r in batch])
+    plan = plan_job(JobRequest(inputs=(str(fasta),), model=str(model), chunk_size=KILL_CHUNK,
+                               outputs=tuple(DNA_OUTPUTS.split(","))))
+    store = open_or_create_store(plan, str(out))
+    w = PipelineWorker(plan.model_ref, str(out), list(plan.outputs), device="cpu", threads=1)
+    for r in plan.streams:
+        for c in r.chunks():
+            w.run_chunk(c, last=c.index == r.n_chunks - 1)
+    for batch in plan.batches:
+        w.run_batch([r.chunk(0) for r in batch])
     assert store.finalize()
     return store_arrays(out)
 
@@ -162,11 +166,9 @@ def test_sigkilled_driver_resumes_to_the_bytes_of_an_uninterrupted_run(ce_slice,
         assert 3 <= done < 51  # killed mid-job
         # Ray's head processes die with the driver; its agents may linger a while. The same
         # submit, run now beside them, starts a fresh embedded Ray and resumes.
-        t0 = time.monotonic()
         res = subprocess.run(_submit_cmd(ce_slice, tiny_dna, out), env=env, capture_output=True,
                              text=True, timeout=180)
         assert res.returncode == 0, res.stderr
-        assert time.monotonic() - t0 < 120
     finally:
         for pid in _session_pids(proc.pid):  # only what our own killed subprocess started
             try:
@@ -236,19 +238,3 @@ def test_full_disk_is_one_error_line_and_the_job_resumes_once_space_is_freed(
     reference = _reference_store(ce_slice, tiny_dna, small_disk / "reference.zarr")
     assert_same_bytes(reference, store_arrays(out))
 
-
-def test_spec_resources_travel_to_the_job_server_command_line(tmp_path):
-    from linpipe.errors import LinpipeError
-    from linpipe.jobs.remote import parse_actor_resources, requests_from_spec
-
-    (tmp_path / "a.fa").write_text(">a\nACGT\n")
-    spec = tmp_path / "job.yaml"
-    spec.write_text("inputs: [a.fa]\nresources: {num_gpus: 1, memory: 2GiB, custom: {a100: 0.5}}\n")
-    (req,) = requests_from_spec(str(spec))
-    opts = {"num_gpus": 1, "memory": 2 * 2**30, "resources": {"a100": 0.5}}
-    assert req.actor_resource_options == opts
-    argv = req.argv("out.zarr")
-    given = argv[argv.index("--actor-resources") + 1]
-    assert parse_actor_resources(given) == opts
-    with pytest.raises(LinpipeError, match="num_cpus='two' is not a number"):
-        parse_actor_resources("num_cpus=two")

@@ -36,7 +36,7 @@ def test_the_same_validation_rejects_mistakes(config):
         launcher_check(typo)
     bad = copy.deepcopy(config)
     bad["available_node_types"]["ray.worker.gpu"]["min_workers"] = "two"
-    with pytest.raises(Exception):
+    with pytest.raises(Exception, match="two"):  # jsonschema's ValidationError names the value
         launcher_check(bad)
 
 

@@ -5,6 +5,8 @@ from pathlib import Path
 
 import pytest
 
+from linpipe.errors import LinpipeError
+from linpipe.jobs.request import ActorResources, JobRequest, build_requests
 from linpipe.jobs.spec import SpecError, load_spec
 
 
@@ -27,22 +29,23 @@ def assemblies(tmp_path, genomes) -> Path:
 def test_folder_glob_resolved_from_the_spec_folder_one_job_per_input(tmp_path, assemblies):
     spec = load_spec(write(tmp_path, "inputs: [data/assemblies/*]\nout: out/{stem}.zarr\n"
                                      "per_input: true\nchunk_size: 4096\n"))
-    files = spec.input_files()
-    assert [f.name for f in files] == ["minimap2_MT-human.fa", "minimap2_MT-orang.fa"]
-    jobs = spec.jobs()
-    assert [j.out for j in jobs] == [str(tmp_path / "out" / "minimap2_MT-human.zarr"),
+    reqs = spec.requests
+    assert [r.inputs for r in reqs] == [(str(assemblies / "minimap2_MT-human.fa"),),
+                                        (str(assemblies / "minimap2_MT-orang.fa"),)]
+    assert [r.out for r in reqs] == [str(tmp_path / "out" / "minimap2_MT-human.zarr"),
                                      str(tmp_path / "out" / "minimap2_MT-orang.zarr")]
-    argv = jobs[0].submit_argv()
-    assert argv[0] == str(files[0]) and argv[argv.index("--chunk-size") + 1] == "4096"
-    assert "--overwrite" not in argv
+    argv = reqs[0].argv()
+    assert argv[0] == reqs[0].inputs[0] and argv[argv.index("--chunk-size") + 1] == "4096"
+    assert argv[argv.index("--out") + 1] == reqs[0].out
+    assert "--overwrite" not in argv and "--address" not in argv
 
 
 def test_loading_from_another_working_directory_gives_the_same_paths(tmp_path, assemblies,
                                                                      monkeypatch):
     p = write(tmp_path, "inputs: data/assemblies/*.fa\nout: o.zarr\n")
     monkeypatch.chdir("/")
-    assert load_spec(p).jobs()[0].inputs == load_spec(str(p)).jobs()[0].inputs
-    assert load_spec(p).jobs()[0].out == str(tmp_path / "o.zarr")
+    assert load_spec(p).requests[0].inputs == load_spec(str(p)).requests[0].inputs
+    assert load_spec(p).requests[0].out == str(tmp_path / "o.zarr")
 
 
 def test_all_keys_parse(tmp_path, timeseries):
@@ -58,12 +61,16 @@ resources: {{num_cpus: 2, num_gpus: 1, memory: 4GiB}}
 timeseries: {{time_column: sample, columns: [MLII_mV, V5_mV]}}
 out: ecg.zarr
 """))
-    assert spec.resources.as_ray_options() == {"num_cpus": 2, "num_gpus": 1, "memory": 4 * 2**30}
-    assert spec.model == str(tmp_path / "models" / "ecg")
-    assert spec.outputs == ("forecast", "residual")
-    opts = spec.jobs()[0].submit_options()
-    assert opts["columns"] == "MLII_mV,V5_mV" and opts["time_column"] == "sample"
-    assert "--overwrite" in spec.jobs()[0].submit_argv()
+    assert spec.name == "sensors" and spec.address is None
+    (req,) = spec.requests
+    assert req.actor_resources.ray_options() == {"num_cpus": 2, "num_gpus": 1, "memory": 4 * 2**30}
+    assert req.model == str(tmp_path / "models" / "ecg")
+    assert req.outputs == ("forecast", "residual")
+    assert req.columns == ("MLII_mV", "V5_mV") and req.time_column == "sample"
+    assert req.input_options == {"time_column": "sample", "columns": ["MLII_mV", "V5_mV"]}
+    assert (req.chunk_size, req.workers, req.overwrite) == (65536, 2, True)
+    argv = req.argv()
+    assert argv[argv.index("--columns") + 1] == "MLII_mV,V5_mV" and "--overwrite" in argv
 
 
 @pytest.mark.parametrize("text, key", [
@@ -112,9 +119,9 @@ def test_bad_values_name_the_key(tmp_path, text, key):
 
 def test_missing_files_and_bad_yaml(tmp_path, assemblies):
     with pytest.raises(SpecError, match=r"inputs\[0\]: no such file"):
-        load_spec(write(tmp_path, "inputs: [nothere.fa]\n")).input_files()
+        load_spec(write(tmp_path, "inputs: [nothere.fa]\n"))
     with pytest.raises(SpecError, match="no file matches"):
-        load_spec(write(tmp_path, "inputs: [data/*.gb]\n")).input_files()
+        load_spec(write(tmp_path, "inputs: [data/*.gb]\n"))
     with pytest.raises(SpecError, match="line 2.*not valid YAML"):
         load_spec(write(tmp_path, "inputs: [a.fa\nmodel: x\n"))
     with pytest.raises(SpecError, match="cannot read"):
@@ -122,19 +129,18 @@ def test_missing_files_and_bad_yaml(tmp_path, assemblies):
     # Two inputs that would share one store are refused before anything runs.
     spec = load_spec(write(tmp_path, "inputs: [data/assemblies/*.fa]\nout: 'x{name}.zarr'\n"
                                      "per_input: true\n"))
-    assert len(spec.jobs()) == 2
+    assert len(spec.requests) == 2
     os.symlink(assemblies / "minimap2_MT-orang.fa", assemblies / "again.fa")
     spec = load_spec(write(tmp_path, "inputs: [data/assemblies/*.fa]\nout: 'x.{stem}.zarr'\n"
                                      "per_input: true\n"))
-    assert len(spec.jobs()) == 2  # the symlink names a file already taken
+    assert len(spec.requests) == 2  # the symlink names a file already taken
 
 
 def test_two_inputs_sharing_one_store_are_refused(tmp_path, assemblies):
     shutil.copy(assemblies / "minimap2_MT-human.fa", assemblies / "minimap2_MT-human.fa.gz")
-    spec = load_spec(write(tmp_path, "inputs: [data/assemblies/*]\nout: 'r/{stem}.zarr'\n"
-                                     "per_input: true\n"))
     with pytest.raises(SpecError, match="same store .*minimap2_MT-human.zarr"):
-        spec.jobs()
+        load_spec(write(tmp_path, "inputs: [data/assemblies/*]\nout: 'r/{stem}.zarr'\n"
+                                  "per_input: true\n"))
 
 
 def test_cli_reports_spec_errors_in_one_line(tmp_path, genomes):
@@ -154,3 +160,31 @@ def test_cli_reports_spec_errors_in_one_line(tmp_path, genomes):
     assert r.exit_code == 1 and "not both" in r.output
     r = CliRunner().invoke(cli, ["submit"])
     assert r.exit_code == 1 and "no input given" in r.output
+
+
+def test_spec_resources_travel_to_the_job_server_command_line(tmp_path):
+    (tmp_path / "a.fa").write_text(">a\nACGT\n")
+    spec = write(tmp_path, "inputs: [a.fa]\nresources: {num_gpus: 1, memory: 2GiB, custom: {a100: 0.5}}\n")
+    (req,), address = build_requests((), str(spec), {})
+    assert address is None
+    res = ActorResources(num_gpus=1, memory=2 * 2**30, custom=(("a100", 0.5),))
+    assert req.actor_resources == res
+    assert res.ray_options() == {"num_gpus": 1, "memory": 2 * 2**30, "resources": {"a100": 0.5}}
+    argv = req.argv()
+    assert ActorResources.parse(argv[argv.index("--actor-resources") + 1]) == res
+    with pytest.raises(LinpipeError, match="num_cpus='two' is not a number"):
+        ActorResources.parse("num_cpus=two")
+    assert ActorResources.parse("memory=4GiB,x=1") == ActorResources(memory=4 * 2**30, custom=(("x", 1),))
+    assert not ActorResources() and ActorResources().flag() == ""
+
+
+def test_flags_override_the_spec(tmp_path):
+    (tmp_path / "a.fa").write_text(">a\nACGT\n")
+    spec = write(tmp_path, "inputs: [a.fa]\nchunk_size: 100\naddress: 10.0.0.1:6379\nworkers: 2\n")
+    (req,), address = build_requests((), str(spec), {"chunk_size": 50, "outputs": ["logprob"],
+                                                     "actor_resources": "num_cpus=2", "workers": None})
+    assert address == "10.0.0.1:6379"
+    assert (req.chunk_size, req.workers, req.outputs) == (50, 2, ("logprob",))
+    assert req.actor_resources == ActorResources(num_cpus=2)
+    (req,), address = build_requests(("x.fa",), None, {"address": "http://h:8265", "columns": "a,b"})
+    assert address == "http://h:8265" and req == JobRequest(inputs=("x.fa",), columns=("a", "b"))

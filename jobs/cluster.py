@@ -1,0 +1,91 @@
+"""Ray set-up for a job: the one cluster probe, joining or starting Ray, and sizing the actors.
+
+Nothing here runs at import; ray.init happens only in start_ray, called by the driver.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+
+from linpipe.errors import LinpipeError
+
+from .request import ActorResources
+
+GCS_CONNECT_TIMEOUT_S = 5.0
+
+
+class ClusterError(LinpipeError):
+    """The Ray cluster or its job server cannot be reached, or cannot run the job."""
+
+
+def is_job_server_address(address: str | None) -> bool:
+    """True for an http(s) address: submit through the job server rather than ray.init."""
+    return bool(address) and address.startswith(("http://", "https://"))
+
+
+def check_cluster(address: str | None) -> str:
+    """Fail fast (seconds, not minutes) when a cluster address does not answer; returns what
+    was checked, in words."""
+    if not address or address == "local":
+        return "embedded local Ray (started when the job runs)"
+    if address == "auto":
+        return "the cluster this runs on (auto)"
+    if is_job_server_address(address):
+        from .submission import connect
+
+        return f"job server {connect(address).get_address()} answers"
+    host, _, port = address.split("://", 1)[-1].rstrip("/").rpartition(":")
+    if not host or not port.isdigit():
+        raise ClusterError(f"--address {address}: expected HOST:PORT (the Ray head's GCS address)")
+    try:
+        socket.create_connection((host, int(port)), timeout=GCS_CONNECT_TIMEOUT_S).close()
+    except OSError as e:
+        raise ClusterError(f"--address {address}: the Ray cluster does not answer "
+                           f"({e.strerror or e})") from None
+    return f"Ray cluster {address} answers"
+
+
+def start_ray(address: str | None, workers: int | None) -> bool:
+    """Join a cluster, or start an embedded local Ray; returns True if this call started it
+    (and so must shut it down)."""
+    import ray
+
+    if address:
+        check_cluster(address)
+    if ray.is_initialized():  # a caller (a test, a notebook) already joined a cluster
+        return False
+    common = {"logging_level": "WARNING", "log_to_driver": False, "configure_logging": True}
+    if address:
+        try:
+            ray.init(address=address, **common)
+        except Exception as e:  # ConnectionError, a GCS that is not Ray, a version mismatch
+            raise ClusterError(f"--address {address}: cannot join the Ray cluster ({e})") from None
+    else:
+        tmp = tempfile.mkdtemp(prefix="lpray-")
+        ray.init(num_cpus=workers or os.cpu_count() or 1, _temp_dir=tmp, include_dashboard=False, **common)
+    return True
+
+
+def worker_slots(workers: int | None, resources: ActorResources) -> tuple[int, dict]:
+    """How many actors and the Ray options each gets: what `resources` asks (as many actors as
+    the cluster's totals hold), else one per GPU, else one per CPU."""
+    import ray
+
+    have = ray.cluster_resources()
+    if resources:
+        opts = resources.ray_options()
+        opts.setdefault("num_cpus", 1)  # Ray's default for an actor's placement
+        want = {"CPU": opts["num_cpus"], "GPU": opts.get("num_gpus", 0), "memory": opts.get("memory", 0),
+                **opts.get("resources", {})}
+        fits = [int(have.get(name, 0) // amount) for name, amount in want.items() if amount]
+        n = min(fits) if fits else int(have.get("CPU", 1))
+        if n < 1:
+            short = {k: have.get(k, 0) for k, v in want.items() if v}
+            raise ClusterError(f"each actor asks for {opts}, more than the whole Ray cluster has ({short})")
+        return (min(workers, n) if workers else n), opts
+    gpus = int(have.get("GPU", 0))
+    if gpus:
+        return (min(workers, gpus) if workers else gpus), {"num_gpus": 1, "num_cpus": 1}
+    cpus = int(have.get("CPU", 1))
+    return (min(workers, cpus) if workers else cpus), {"num_cpus": 1}
