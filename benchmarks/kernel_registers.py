@@ -10,6 +10,7 @@ register pressure per tile configuration.
 A spec is KERNEL:DTYPE:BLOCK_T:BLOCK_V:WARPS[:FEATURE_MAP:DECAY:NORMALIZE] with KERNEL in
 out|state|scan, FEATURE_MAP 0 elu1 / 1 relu / 2 identity, DECAY and NORMALIZE 0|1.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,38 +33,76 @@ def ptxas_stats(ptx: str, arch: int) -> str:
     with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
         f.write(ptx)
     gpu = f"sm_{arch}a" if arch >= 90 else f"sm_{arch}"
-    err = subprocess.run([str(ptxas), "-v", "--gpu-name", gpu, f.name, "-o", "/dev/null"],
-                         capture_output=True, text=True).stderr
+    err = subprocess.run(
+        [str(ptxas), "-v", "--gpu-name", gpu, f.name, "-o", "/dev/null"], capture_output=True, text=True
+    ).stderr
     regs = re.search(r"Used (\d+) registers", err)
     spill = re.search(r"(\d+) bytes spill stores", err)
-    return f"registers {regs.group(1) if regs else '?'}, spill stores {spill.group(1) if spill else '?'} bytes"
+    return (
+        f"registers {regs.group(1) if regs else '?'}, spill stores {spill.group(1) if spill else '?'} bytes"
+    )
 
 
 def compile_spec(spec: str, arch: int, H: int, K: int, V: int) -> str:
     kern, dt, bt, bv, warps, *rest = spec.split(":")
-    fm, decay, norm = (rest + ["0", "1", "1"][len(rest):])[:3]
+    fm, decay, norm = (rest + ["0", "1", "1"][len(rest) :])[:3]
     p = "*" + dt
     prec = "ieee" if dt == "fp32" else "tf32"
     if kern == "scan":
         fn = tc._segment_scan_kernel
         sig = dict.fromkeys(["seg_first_ptr", "seg_ptr"], "*i64")
-        sig.update(dict.fromkeys(["log2g_ptr", "s0_ptr", "z0_ptr", "ds_ptr", "dz_ptr", "sf_ptr", "zf_ptr"], "*fp32"))
-        consts = dict(H=H, K=K, V=V, BK=32, BV=32, HAS_INITIAL=True, HAS_DECAY=decay == "1", INTERPRETED=False)
+        sig.update(
+            dict.fromkeys(["log2g_ptr", "s0_ptr", "z0_ptr", "ds_ptr", "dz_ptr", "sf_ptr", "zf_ptr"], "*fp32")
+        )
+        consts = dict(
+            H=H, K=K, V=V, BK=32, BV=32, HAS_INITIAL=True, HAS_DECAY=decay == "1", INTERPRETED=False
+        )
     else:
-        consts = dict(H=H, K=K, V=V, BT=int(bt), BK=triton.next_power_of_2(K), BV=int(bv), FEATURE_MAP=int(fm),
-                      HAS_DECAY=decay == "1", DOT_PRECISION=prec, INTERPRETED=False)
+        consts = dict(
+            H=H,
+            K=K,
+            V=V,
+            BT=int(bt),
+            BK=triton.next_power_of_2(K),
+            BV=int(bv),
+            FEATURE_MAP=int(fm),
+            HAS_DECAY=decay == "1",
+            DOT_PRECISION=prec,
+            INTERPRETED=False,
+        )
         if kern == "out":
             fn = tc._segment_output_kernel
-            sig = dict(q_ptr=p, k_ptr=p, v_ptr=p, o_ptr=p, seg_ptr="*i64", log2g_ptr="*fp32",
-                       hs_ptr="*fp32", hz_ptr="*fp32", sf_ptr="*fp32", zf_ptr="*fp32", eps="fp32")
+            sig = dict(
+                q_ptr=p,
+                k_ptr=p,
+                v_ptr=p,
+                o_ptr=p,
+                seg_ptr="*i64",
+                log2g_ptr="*fp32",
+                hs_ptr="*fp32",
+                hz_ptr="*fp32",
+                sf_ptr="*fp32",
+                zf_ptr="*fp32",
+                eps="fp32",
+            )
             consts["NORMALIZE"] = norm == "1"
         else:
             fn = tc._segment_state_kernel
-            sig = dict(k_ptr=p, v_ptr=p, seg_ptr="*i64", inner_ptr="*i64", log2g_ptr="*fp32",
-                       ds_ptr="*fp32", dz_ptr="*fp32")
+            sig = dict(
+                k_ptr=p,
+                v_ptr=p,
+                seg_ptr="*i64",
+                inner_ptr="*i64",
+                log2g_ptr="*fp32",
+                ds_ptr="*fp32",
+                dz_ptr="*fp32",
+            )
     sig.update(dict.fromkeys(consts, "constexpr"))
-    compiled = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts),
-                              target=GPUTarget("cuda", arch, 32), options=dict(num_warps=int(warps), num_stages=2))
+    compiled = triton.compile(
+        ASTSource(fn=fn, signature=sig, constexprs=consts),
+        target=GPUTarget("cuda", arch, 32),
+        options=dict(num_warps=int(warps), num_stages=2),
+    )
     return f"{spec}: {ptxas_stats(compiled.asm['ptx'], arch)}, shared {compiled.metadata.shared} bytes"
 
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 from linpipe.errors import LinpipeError
+from linpipe.inputs.base import stem
 
 # Positions per work unit and per Zarr chunk. Measured (BENCHMARKS.md, "Pipeline (issue 6)"):
 # large enough that per-call overhead is lost in the model time, small enough that a genome
@@ -151,12 +151,7 @@ class JobRequest:
 
 def default_out(inputs) -> str:
     """INPUTNAME.zarr in the current directory (first input's name without its extensions)."""
-    name = Path(inputs[0]).name
-    for ext in (".gz", ".bgz", ".bz2", ".xz", ".zst"):
-        if name.endswith(ext):
-            name = name[: -len(ext)]
-    stem = name.rsplit(".", 1)[0] if "." in name else name
-    return os.path.abspath(f"{stem}.zarr")
+    return os.path.abspath(f"{stem(inputs[0])}.zarr")
 
 
 def build_requests(inputs: tuple[str, ...], spec_path: str | None,

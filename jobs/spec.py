@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from linpipe.errors import LinpipeError
+from linpipe.inputs.base import stem
 
 from .request import DEFAULT_CHUNK_SIZE, ActorResources, JobRequest, parse_size
 
@@ -159,10 +160,10 @@ def parse_spec(text: str, path: Path) -> JobSpec:
                                        memory=memory, custom=tuple(sorted(custom.items()))))
     files = input_files(path, patterns)
     if not per_input:
-        out = out.format(stem=files[0].stem, name=files[0].name) if out else None
+        out = out.format(stem=stem(files[0]), name=files[0].name) if out else None
         requests = [replace(template, inputs=tuple(map(str, files)), out=out)]
     else:
-        requests = [replace(template, inputs=(str(f),), out=out.format(stem=_stem(f), name=f.name))
+        requests = [replace(template, inputs=(str(f),), out=out.format(stem=stem(f), name=f.name))
                     for f in files]
         outs = [r.out for r in requests]
         dup = next((o for o in outs if outs.count(o) > 1), None)
@@ -251,14 +252,6 @@ def _glob_problem(pattern: str) -> str | None:
 def _is_sidecar(path: str) -> bool:
     # Indexes that sit beside inputs: a folder glob such as assemblies/* must not run them.
     return path.endswith((".fai", ".gzi", ".lpi", ".idx", ".json", ".md"))
-
-
-def _stem(p: Path) -> str:
-    name = p.name
-    for ext in (".gz", ".bgz", ".bz2", ".xz"):
-        if name.endswith(ext):
-            name = name[: -len(ext)]
-    return Path(name).stem
 
 
 def _key_lines(node: Any, prefix: str = "") -> dict[str, int]:

@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 import linpipe
-from linpipe.inputs import fasta_index
+from linpipe.inputs import cache
 
 
 def _copy_in(genomes, folder):
@@ -35,10 +35,10 @@ def test_folder_the_os_refuses_sends_the_index_to_the_cache(genomes, tmp_path, m
             return False
         return real_access(p, mode, **kw)
 
-    monkeypatch.setattr(fasta_index.os, "access", access)
-    assert path.parent.stat().st_mode & 0o200 and not fasta_index.folder_writable(path.parent)
+    monkeypatch.setattr(cache.os, "access", access)
+    assert path.parent.stat().st_mode & 0o200 and not cache.folder_writable(path.parent)
     with linpipe.open_input(path, cache_dir=tmp_path / "cache") as inp:
-        assert inp.index_path == fasta_index.cached_path(path, ".fai", tmp_path / "cache")
+        assert inp.index_path == cache.cached_path(path, ".fai", tmp_path / "cache")
         assert inp.read("MT_orang", 0, 10)[0].size == 10
     assert os.listdir(path.parent) == ["mt.fa"]
 
@@ -52,7 +52,7 @@ def test_folder_unwritable_for_this_user(genomes, tmp_path):
         with pytest.raises(PermissionError):  # really unwritable for the running user
             (path.parent / "probe").write_bytes(b"")
         with linpipe.open_input(path, cache_dir=tmp_path / "cache") as inp:
-            assert inp.index_path == fasta_index.cached_path(path, ".fai", tmp_path / "cache")
+            assert inp.index_path == cache.cached_path(path, ".fai", tmp_path / "cache")
         assert os.listdir(path.parent) == ["mt.fa"]
     finally:
         path.parent.chmod(0o755)
