@@ -2,7 +2,7 @@
 
 The driver reads only the inputs' indexes and the store's progress markers. It starts (or joins)
 Ray, creates one PipelineWorker actor per GPU or CPU slot, hands each actor one stream (a
-record longer than a chunk, longest first) or one batch of short records at a time, and keeps
+record longer than a chunk, longest first) or one packed batch of short records at a time, and keeps
 at most IN_FLIGHT calls queued per actor (ray.wait), so memory stays flat however large the
 input is. A dead actor's record goes back to the front of the queue at its first unfinished
 chunk; the actor that takes it over loads the boundary state from the store. Every write is
@@ -97,12 +97,9 @@ class JobEvents:
 # ------------------------------------------------------------------------------ the store
 def open_or_create_store(plan: JobPlan, out: str, *, overwrite: bool = False):
     """The job's store: a new one, the same job's existing one (resume), or a refusal."""
-    import os
-
     from linpipe.store import OutputStore
 
-    exists = os.path.exists(out) and (not os.path.isdir(out) or any(os.scandir(out)))
-    if exists and not overwrite:
+    if OutputStore.exists(out) and not overwrite:
         store = OutputStore.open(out, mode="r+")
         old = store.meta.get("job_id")
         if old != plan.job_id:
@@ -114,7 +111,9 @@ def open_or_create_store(plan: JobPlan, out: str, *, overwrite: bool = False):
             "inputs": list(plan.inputs), "chunk_size": plan.chunk_size, "input_options": plan.input_options}
     return OutputStore.create(out, meta=meta, records=plan.store_records(), outputs=list(plan.outputs),
                               chunk_size=plan.chunk_size, feature_dim=plan.d_model,
-                              channels=list(plan.channels) if plan.channels else None, overwrite=overwrite)
+                              channels=list(plan.channels) if plan.channels else None, overwrite=overwrite,
+                              packed=plan.packed, modality=plan.modality,
+                              packed_time_dtype=plan.packed_time_dtype)
 
 
 def _finalize(store) -> bool:
@@ -142,14 +141,14 @@ class Stream:
 
 @dataclass(frozen=True)
 class Batch:
-    """Short records (one chunk each) that run whole in one call, or not at all."""
+    """One packed batch: short records that run whole in one call and land in one Zarr chunk."""
 
-    records: tuple[Record, ...]
+    index: int
 
 
 def work_left(plan: JobPlan, store) -> tuple[collections.deque, int]:
     """What is left to run, and the positions already done: streams from their first
-    unfinished chunk; batches whole, unless every record in them is complete."""
+    unfinished chunk; packed batches whole, unless marked done."""
     todo: collections.deque[Stream | Batch] = collections.deque()
     done = 0
     for r in plan.streams:
@@ -158,11 +157,12 @@ def work_left(plan: JobPlan, store) -> tuple[collections.deque, int]:
         done += min(first * r.chunk_size, r.length)
         if first < r.n_chunks:
             todo.append(Stream(r, first))
-    for records in plan.batches:
-        if all(0 in store.completed_chunks(r.key) for r in records):
-            done += sum(r.length for r in records)
+    batch_done = store.batches_done()
+    for b in range(plan.packed.n_batches):
+        if batch_done[b]:
+            done += plan.packed.batch_positions(b)
         else:
-            todo.append(Batch(records))
+            todo.append(Batch(b))
     return todo, done
 
 
@@ -206,8 +206,10 @@ class Timings:
 class Scheduler:
     """Hands work items to actors, at most IN_FLIGHT calls each, and replaces dead actors."""
 
-    def __init__(self, new_actor, todo: collections.deque, n_workers: int, events: JobEvents):
+    def __init__(self, new_actor, todo: collections.deque, n_workers: int, events: JobEvents,
+                 batch_chunks=None):
         self.new_actor = new_actor
+        self.batch_chunks = batch_chunks  # batch index -> the records' chunks (JobPlan.batch_chunks)
         self.todo = todo
         self.n_workers = n_workers
         self.events = events
@@ -231,8 +233,8 @@ class Scheduler:
                 return
             slot.item = self.todo.popleft()
             if isinstance(slot.item, Batch):
-                chunks = [r.chunk(0) for r in slot.item.records]
-                slot.calls.append(_Call(slot.handle.run_batch.remote(chunks), None))
+                b = slot.item.index
+                slot.calls.append(_Call(slot.handle.run_batch.remote(b, self.batch_chunks(b)), None))
                 return
         s = slot.item
         if not isinstance(s, Stream):
@@ -295,7 +297,7 @@ class Scheduler:
         except ray.exceptions.RayTaskError as e:
             c = call.chunk if call else None
             what = (f"record {c.record_id!r} positions {c.start}-{c.end} of {c.input_path}" if c
-                    else "a batch of short records")
+                    else f"packed batch {slot.item.index} of short records")
             raise _user_error(e, what) from None
         if call is None:  # the ready() call
             slot.ready, slot.node = True, result
@@ -367,7 +369,7 @@ def run_job(request: JobRequest, *, address: str | None = None, device: str | No
     except OSError as e:  # a full disk or a read-only place before any work ran
         raise StoreError(f"{e.filename or out}: cannot write the output store: {e.strerror or e}") from None
     todo, done_positions = work_left(plan, store)
-    total, n_records = plan.total_positions, len(plan.records)
+    total, n_records = plan.total_positions, plan.n_records
     if not todo:
         _finalize(store)
         events.started(JobStart(plan.job_id, out, n_records, total, total, 0, 0))
@@ -389,7 +391,7 @@ def run_job(request: JobRequest, *, address: str | None = None, device: str | No
             return actor.remote(plan.model_ref, out, list(plan.outputs), device=device, threads=threads,
                                 input_options=plan.input_options)
 
-        sched = Scheduler(new_actor, todo, n_workers, events)
+        sched = Scheduler(new_actor, todo, n_workers, events, plan.batch_chunks)
         events.started(JobStart(plan.job_id, out, n_records, total, done_positions, len(todo), n_workers))
         sched.run()
         events.finished()

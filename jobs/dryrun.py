@@ -46,7 +46,7 @@ def dry_run(request: JobRequest, address: str | None) -> dict[str, Any]:
     out = request.out_path
     check_writable(out)
     done = store_progress(out)
-    return {"job_id": plan.job_id, "inputs": list(plan.inputs), "records": len(plan.records),
+    return {"job_id": plan.job_id, "inputs": list(plan.inputs), "records": plan.n_records,
             "positions": plan.total_positions, "work_units": plan.n_units,
             "chunk_size": plan.chunk_size, "outputs": list(plan.outputs), "out": out,
             "estimated_output_bytes": plan.estimated_output_bytes(), "cluster": cluster,

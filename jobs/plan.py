@@ -1,10 +1,12 @@
 """The plan: what work a job request stands for, from the inputs' indexes only.
 
-Nothing here reads sequence data (a time-series record's first time value aside, for its
+Nothing here reads sequence data (a time-series input's first time value aside, for its
 dtype). A record longer than one chunk is a *stream*: its chunks must meet the model in order
-on one actor. Records of at most one chunk are grouped into *batches* that one actor runs in a
-single batched model call; the grouping is a pure function of the index, so a resumed job
-re-runs exactly the batches of the first run (same padding, same bytes).
+on one actor. Records of at most one chunk are *packed*: kept as columns (PackedRecords, no
+object per record, so a million contigs cost the driver tens of MB) and grouped into batches
+that one actor runs in a single batched model call and writes as one Zarr chunk. The grouping
+is a pure function of the index, so a resumed job re-runs exactly the batches of the first run
+(same padding, same bytes).
 """
 from __future__ import annotations
 
@@ -15,11 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from linpipe.errors import InputError, LinpipeError, ModelError
+from linpipe.store.table import PackedRecords
 
 from .request import JobRequest
-
-# A batch of short records holds at most this many records and about one chunk of positions.
-MAX_BATCH_RECORDS = 256
 
 
 @dataclass(frozen=True)
@@ -78,20 +78,31 @@ class JobPlan:
     input_options: dict[str, Any]
     d_model: int
     channels: tuple[str, ...] | None  # time series: the input's channel names
-    records: tuple[Record, ...]  # every record, in input order
-    streams: tuple[Record, ...]  # records of 2+ chunks, longest first
-    batches: tuple[tuple[Record, ...], ...]  # records of 1 chunk, grouped, longest first
+    records: tuple[Record, ...]  # the long records (2+ chunks), in input order
+    streams: tuple[Record, ...]  # the same, longest first
+    packed: PackedRecords  # records of at most one chunk, batched
+    packed_time_dtype: str | None = None  # time series: the packed records' time column dtype
+
+    @property
+    def n_records(self) -> int:
+        return len(self.records) + self.packed.n_records
 
     @property
     def total_positions(self) -> int:
-        return sum(r.length for r in self.records)
+        return sum(r.length for r in self.records) + self.packed.positions
 
     @property
     def n_units(self) -> int:
-        return sum(r.n_chunks for r in self.records)
+        return sum(r.n_chunks for r in self.records) + self.packed.n_batches
+
+    def batch_chunks(self, batch: int) -> list[Chunk]:
+        """The records of one packed batch as whole-record chunks, in table order."""
+        p = self.packed
+        return [Chunk(self.inputs[int(p.sources[i])], str(p.ids[i]), str(p.ids[i]), 0, int(p.lengths[i]), 0)
+                for i in p.rows(batch)]
 
     def store_records(self) -> list[dict]:
-        """The record list OutputStore.create takes."""
+        """The long records as OutputStore.create takes them (the packed ones go as the table)."""
         out = []
         for r in self.records:
             entry = {"id": r.id, "description": r.description, "length": r.length,
@@ -124,28 +135,6 @@ def job_id(fingerprints: list[str], model_sha256: str, options: dict) -> str:
     return "lp-" + hashlib.sha256(doc.encode()).hexdigest()[:16]
 
 
-def split_work(records, max_batch_records: int = MAX_BATCH_RECORDS
-               ) -> tuple[tuple[Record, ...], tuple[tuple[Record, ...], ...]]:
-    """Streams (records of 2+ chunks, longest first) and deterministic batches of the rest."""
-    nonempty = [r for r in records if r.length > 0]
-    # Longest first: the long records bound the makespan, so they start first; ties keep input
-    # order (sorted() is stable) so the plan is deterministic.
-    ordered = sorted(nonempty, key=lambda r: -r.length)
-    streams = tuple(r for r in ordered if r.n_chunks > 1)
-    batches: list[tuple[Record, ...]] = []
-    cur: list[Record] = []
-    cur_pos = 0
-    for r in (r for r in ordered if r.n_chunks == 1):
-        if cur and (cur_pos + r.length > r.chunk_size or len(cur) >= max_batch_records):
-            batches.append(tuple(cur))
-            cur, cur_pos = [], 0
-        cur.append(r)
-        cur_pos += r.length
-    if cur:
-        batches.append(tuple(cur))
-    return streams, tuple(batches)
-
-
 def plan_job(request: JobRequest) -> JobPlan:
     """Validate the request's inputs, model and options, and plan its work.
 
@@ -165,11 +154,13 @@ def plan_job(request: JobRequest) -> JobPlan:
     model_ref = request.model
     if os.path.isdir(os.fspath(model_ref)):  # actors may run elsewhere: an absolute path
         model_ref = os.path.abspath(os.fspath(model_ref))
-    found: list[tuple[str, Any, str | None]] = []  # (input path, RecordInfo, time dtype)
+    long_found: list[tuple[str, Any, str | None]] = []  # (input path, RecordInfo, time dtype)
+    short_ids, short_desc, short_len, short_src = [], [], [], []
+    short_times: set[str] = set()
     fingerprints: list[str] = []
     seen: dict[str, str] = {}
     channels = None
-    for path in request.inputs:
+    for n_input, path in enumerate(request.inputs):
         p = os.path.abspath(os.fspath(path))
         inp = open_input(p, **input_options)
         try:
@@ -177,20 +168,33 @@ def plan_job(request: JobRequest) -> JobPlan:
                 raise ModelError(f"{path}: a {inp.modality} input, but model {request.model} is a "
                                  f"{m.modality} model")
             fingerprints.append(inp.fingerprint())
+            time_dtype = None
             if inp.modality == "timeseries":
                 channels = tuple(inp.channel_names)
+                first = next((r for r in inp.records if r.length > 0), None)
+                if first is not None:  # one time column per input: its dtype from one value
+                    _values, t = inp.read(first.id, 0, 1)
+                    time_dtype = str(t.dtype) if t is not None else None
             for r in inp.records:
                 if r.id in seen:
                     raise InputError(f"{path}: record {r.id!r} is also in {seen[r.id]}; "
                                      "record ids must be unique across a job's inputs")
                 seen[r.id] = path
-                time_dtype = None
-                if inp.modality == "timeseries" and r.length > 0:
-                    _values, t = inp.read(r.id, 0, 1)
-                    time_dtype = str(t.dtype) if t is not None else None
-                found.append((p, r, time_dtype))
+                if r.length > chunk_size:
+                    long_found.append((p, r, time_dtype))
+                else:
+                    short_ids.append(r.id)
+                    short_desc.append(r.description)
+                    short_len.append(int(r.length))
+                    short_src.append(n_input)
+                    if time_dtype and r.length:
+                        short_times.add(time_dtype)
         finally:
             inp.close()
+    seen.clear()
+    if len(short_times) > 1:
+        raise InputError(f"the inputs' time columns have different types ({', '.join(sorted(short_times))}); "
+                         "one job's short series must share one time type")
     modality = m.modality
     outputs = list(request.outputs) if request.outputs else list(output_names(modality, default=True))
     known = output_names(modality)
@@ -199,10 +203,12 @@ def plan_job(request: JobRequest) -> JobPlan:
             raise LinpipeError(f"--outputs: unknown {modality} output {o!r} (one of {', '.join(known)})")
     options = {"chunk_size": chunk_size, "outputs": sorted(outputs), "input_options": input_options}
     jid = job_id(fingerprints, m.sha256, options)
-    keys = make_keys([r.id for _, r, _ in found])
+    keys = make_keys([r.id for _, r, _ in long_found])
     records = tuple(Record(p, r.id, keys[r.id], int(r.length), chunk_size, r.description, t)
-                    for p, r, t in found)
-    streams, batches = split_work(records)
+                    for p, r, t in long_found)
+    # longest first: the long records bound the makespan (ties keep input order: deterministic)
+    streams = tuple(sorted(records, key=lambda r: -r.length))
+    packed = PackedRecords.build(short_ids, short_desc, short_len, short_src, chunk_size=chunk_size)
     return JobPlan(jid, tuple(os.path.abspath(os.fspath(p)) for p in request.inputs), model_ref,
                    m.sha256, modality, tuple(outputs), chunk_size, input_options, int(m.config.d_model),
-                   channels, records, streams, batches)
+                   channels, records, streams, packed, short_times.pop() if short_times else None)

@@ -259,7 +259,16 @@ def inspect(store, as_json):
             miss += " ..." if len(r["missing_ranges"]) > 3 else ""
         click.echo(f"    {r['id']:<{width}} {r['length']:>14,}  {r['modality']:<10} {done}{miss}")
     if len(s["records"]) > len(shown):
-        click.echo(f"    ... and {len(s['records']) - len(shown)} more records (--json lists all)")
+        click.echo(f"    ... and {len(s['records']) - len(shown)} more long records (--json lists all)")
+    p = s.get("packed")
+    if p and p["records"]:
+        done = "done" if p["batches_done"] == p["batches"] else f"{p['batches_done']}/{p['batches']} batches"
+        click.echo(f"  packed       {p['records']:,} short records in {p['batches']:,} batches, "
+                   f"{p['positions']:,} positions: {done}")
+        for r in p["first"][:max(0, 20 - len(shown))]:
+            click.echo(f"    {r['id']:<{width}} {r['length']:>14,}  packed")
+        if p["records"] > len(p["first"][:max(0, 20 - len(shown))]):
+            click.echo("    (open_output(STORE).record_table() lists every record)")
 
 
 @cli.command()

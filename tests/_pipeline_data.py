@@ -32,7 +32,8 @@ def write_fasta_slice(src: Path, dst: Path, lengths: dict[str, int] | int) -> di
 
 
 def store_arrays(path) -> dict[str, np.ndarray]:
-    """Every output array of every record in a store, keyed 'record/output'."""
+    """Every output array of every long record in a store, keyed 'record/output', and every
+    array of the packed group (outputs and record table), keyed '_packed/name'."""
     import zarr
 
     root = zarr.open_group(str(path), mode="r")
@@ -41,7 +42,22 @@ def store_arrays(path) -> dict[str, np.ndarray]:
     for key in meta["records"]:
         for name in meta["outputs"]:
             arrays[f"{key}/{name}"] = root[f"{key}/{name}"][...]
+    if "_packed" in root:
+        for name, arr in root["_packed"].arrays():
+            values = arr[...]
+            if values.dtype.kind not in "biufc":  # strings: compare their text, not their memory
+                values = np.array([str(v) for v in values.tolist()], dtype=str)
+            arrays[f"_packed/{name}"] = values
     return arrays
+
+
+def record_outputs(path) -> dict[str, np.ndarray]:
+    """Every output of every record, long or packed, keyed 'record id/output' (through the
+    reader, so stores of different layouts compare record by record)."""
+    import linpipe
+
+    out = linpipe.open_output(str(path))
+    return {f"{rid}/{name}": out.read(rid, name) for rid in out.records for name in out.meta["outputs"]}
 
 
 def assert_same_bytes(a: dict, b: dict) -> None:

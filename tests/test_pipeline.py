@@ -8,13 +8,20 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from _pipeline_data import assert_same_bytes, make_tiny_model, store_arrays, write_fasta_slice
+from _pipeline_data import (
+    assert_same_bytes,
+    make_tiny_model,
+    record_outputs,
+    store_arrays,
+    write_fasta_slice,
+)
 from click.testing import CliRunner
 
 from linpipe.errors import InputError, StoreError
 from linpipe.jobs.driver import JobEvents, run_job
-from linpipe.jobs.plan import Record, job_id, split_work
+from linpipe.jobs.plan import Record, job_id
 from linpipe.jobs.request import JobRequest
+from linpipe.store.table import PackedRecords
 
 CHUNK = 16_384
 OUTPUTS = ["logprob", "entropy", "softmask"]
@@ -95,16 +102,30 @@ def reference(genome, local_ray, tmp_path_factory):
 
 
 # ----------------------------------------------------------------------------- plan
-def test_plan_streams_longest_first_and_batches_are_deterministic():
-    recs = [Record("a.fa", f"r{i}", f"r{i}", n, 100) for i, n in enumerate([5, 300, 40, 900, 30, 20, 0])]
-    streams, batches = split_work(recs, max_batch_records=2)
-    assert [r.id for r in streams] == ["r3", "r1"]  # longest first
-    assert [[r.id for r in b] for b in batches] == [["r2", "r4"], ["r5", "r0"]]
-    assert sum(r.n_chunks for r in recs) == 9 + 3 + 4
-    chunks = streams[0].chunks()
+def test_records_chunks_and_packed_batches_are_deterministic():
+    stream = Record("a.fa", "r3", "r3", 900, 100)
+    chunks = stream.chunks()
+    assert stream.n_chunks == 9
     assert [(c.start, c.end, c.index) for c in chunks[-2:]] == [(700, 800, 7), (800, 900, 8)]
-    assert [c.positions for c in streams[1].chunks(first=2)] == [100]
-    assert (streams, batches) == split_work(recs, max_batch_records=2)
+    assert [c.positions for c in Record("a.fa", "r1", "r1", 300, 100).chunks(first=2)] == [100]
+
+    lengths = [5, 40, 30, 20, 0, 100, 60]
+    ids = [f"s{i}" for i in range(len(lengths))]
+
+    def build():
+        return PackedRecords.build(ids, [""] * len(ids), lengths, [0] * len(ids), chunk_size=100,
+                                   max_batch_records=2)
+
+    p = build()
+    # longest first; a batch ends at 2 records or when the next would overflow 100 positions;
+    # the empty record is left out of every batch (nothing to run)
+    assert [[p.ids[i] for i in p.rows(b)] for b in range(p.n_batches)] == [["s5"], ["s6", "s1"], ["s2", "s3"],
+                                                                             ["s0"]]
+    assert list(p.ids[p.batch_row[-1]:]) == ["s4"]
+    assert [p.batch_positions(b) for b in range(p.n_batches)] == [100, 100, 50, 5]
+    assert p.offsets().tolist() == [0, 100, 160, 200, 230, 300, 0]
+    q = build()
+    assert q.ids.tolist() == p.ids.tolist() and q.batch_row.tolist() == p.batch_row.tolist()
 
 
 def test_job_id_depends_on_content_model_and_options_only():
@@ -122,9 +143,10 @@ def test_plan_job_reads_indexes_and_the_model(genome, tiny):
     plan = plan_job(req)
     assert plan.job_id == plan_job(req).job_id and plan.job_id.startswith("lp-")
     assert plan.outputs == ("logprob", "entropy", "softmask")  # the DNA defaults
-    assert len(plan.records) == 7 and plan.total_positions == 90_000
-    assert [r.length for r in plan.streams] == [60_000] and sum(len(b) for b in plan.batches) == 6
-    assert plan.n_units == 4 + 6 and plan.d_model == 16
+    assert plan.n_records == 7 and plan.total_positions == 90_000
+    assert [r.length for r in plan.streams] == [60_000] and plan.packed.n_records == 6
+    assert plan.packed.n_batches == 2  # six 5 kb records, three to a chunk
+    assert plan.n_units == 4 + 2 and plan.d_model == 16
     assert plan.estimated_output_bytes() == 90_000 * (4 + 4 + 1)
     assert plan_job(JobRequest(inputs=(str(genome),), model=tiny, chunk_size=CHUNK * 2)).job_id != plan.job_id
 
@@ -154,13 +176,10 @@ def test_end_to_end_matches_the_bare_model(genome, reference):
     res = linpipe.open_output(str(out))
     model = linpipe.load_model(TINY[0])
     inp = linpipe.open_input(str(genome))
-    got = store_arrays(out)
-    from linpipe.store import OutputStore
-
-    store = OutputStore.open(str(out), mode="r")
-    assert store.is_complete()
+    got = record_outputs(out)
+    assert res.complete and len(res.store.long_records) == 1 and res.store.packed.n_records == 6
     for rec in inp.records:
-        key = store.record_key(rec.id)
+        key = rec.id
         tokens, mask = inp.read(rec.id, 0, rec.length)
         np.testing.assert_array_equal(got[f"{key}/softmask"], mask)
         # The bare model, chunk by chunk in this process: the pipeline must give the same numbers.
@@ -182,9 +201,9 @@ def test_same_options_are_bit_identical_and_chunk_size_does_not_matter(genome, r
     _run(genome, again)
     assert_same_bytes(store_arrays(ref_out), store_arrays(again))
     other = tmp_path / "other.zarr"
-    s = _run(genome, other, chunk_size=7_000)  # every record splits differently now
+    s = _run(genome, other, chunk_size=7_000)  # every record splits and packs differently now
     assert s.positions_run == 90_000
-    a, b = store_arrays(ref_out), store_arrays(other)
+    a, b = record_outputs(ref_out), record_outputs(other)
     assert a.keys() == b.keys()
     for k in a:
         np.testing.assert_allclose(a[k].astype(np.float64), b[k].astype(np.float64),

@@ -131,8 +131,8 @@ def _reference_store(fasta, model, out):
     for r in plan.streams:
         for c in r.chunks():
             w.run_chunk(c, last=c.index == r.n_chunks - 1)
-    for batch in plan.batches:
-        w.run_batch([r.chunk(0) for r in batch])
+    for b in range(plan.packed.n_batches):
+        w.run_batch(b, plan.batch_chunks(b))
     assert store.finalize()
     return store_arrays(out)
 

@@ -124,16 +124,30 @@ def build_dna_store(path: Path, genomes: Path, *, write: bool = True, finalize: 
                                records=records, outputs=list(outputs), chunk_size=CHUNK,
                                feature_dim=FEATURES)
     if write:
-        for rid, arrays in full.items():
-            key = store.record_key(rid)
-            for i in range(store.n_chunks(key)):
-                if (rid, i) in skip:
-                    continue
-                s, e = store.chunk_range(key, i)
-                store.write_chunk(key, i, {o: arrays[o][s:e] for o in outputs}, state=state_after(arrays, e))
+        write_records(store, full, outputs, skip=skip)
         if finalize:
             store.finalize()
     return store, full
+
+
+def write_records(store, full, outputs, *, skip=()):
+    """Write every unit as the pipeline does: the chunks of each long record (with a boundary
+    state), then each packed batch, its records' values back to back. skip: (id, chunk) of long
+    records and ("batch", b) of batches to leave unwritten."""
+    for rid, arrays in full.items():
+        info = store.record(rid)
+        if info["packed"]:
+            continue
+        for i in range(info["n_chunks"]):
+            if (rid, i) not in skip:
+                s, e = store.chunk_range(rid, i)
+                state = state_after(arrays, e) if "hidden" in arrays else None
+                store.write_chunk(rid, i, {o: arrays[o][s:e] for o in outputs}, state=state)
+    p = store.packed
+    for b in range(p.n_batches if p else 0):
+        if ("batch", b) not in skip:
+            ids = p.batch_ids(b)
+            store.write_batch(b, {o: np.concatenate([full[r][o] for r in ids]) for o in outputs})
 
 
 def ecg(timeseries: Path, n: int = 20_000):
@@ -189,24 +203,33 @@ def test_round_trip_every_array_and_attribute(dna_store):
     for k, v in DNA_META.items():
         assert meta[k] == v
     assert meta["chunk_size"] == CHUNK and meta["outputs"] == ["logprob", "entropy", "softmask", "hidden"]
-    assert {info["id"] for info in meta["records"].values()} == set(full)
+    # the long record has its own group; the two short ones (at most one unit) are packed
+    assert {info["id"] for info in meta["records"].values()} == {"chr1"}
+    assert meta["packed"] == {"records": 2, "batches": 1,
+                              "positions": sum(len(full[r]["logprob"]) for r in full if r != "chr1")}
+    assert set(store.records) == set(full) and len(store.records) == 3
     root = zarr.open_group(path, mode="r")
     for rid, arrays in full.items():
-        key = store.record_key(rid)
-        info = meta["records"][key]
-        assert (info["length"], info["modality"], info["description"], info["input"]) == \
-            (len(arrays["logprob"]), "dna", f"{rid} test", "genome.fa")
-        assert root[key].attrs["linpipe_record"]["id"] == rid
+        info = store.record(rid)
+        assert (info["length"], info["modality"], info["description"]) == \
+            (len(arrays["logprob"]), "dna", f"{rid} test")
+        assert info["packed"] == (rid != "chr1")
         for name, want in arrays.items():
+            got = store.array(rid, name)[:]
+            assert got.dtype == {"hidden": np.float16, "softmask": np.uint8}.get(name, np.float32)
+            np.testing.assert_array_equal(got, want.astype(got.dtype))
+        assert store.completed_chunks(rid) == set(range(store.n_chunks(rid)))
+        assert store.missing_ranges(rid) == []
+        if info["packed"]:
+            assert store.boundary_state(rid, 0) is None  # a whole record needs no resume point
+            continue
+        key = info["key"]
+        assert info["input"] == "genome.fa" and root[key].attrs["linpipe_record"]["id"] == rid
+        for name in arrays:
             arr = root[f"{key}/{name}"]
-            got = arr[:]
             assert arr.chunks[0] == CHUNK
             want_dims = ["position", "feature"] if name == "hidden" else ["position"]
             assert list(arr.metadata.dimension_names) == want_dims
-            assert got.dtype == {"hidden": np.float16, "softmask": np.uint8}.get(name, np.float32)
-            np.testing.assert_array_equal(got, want.astype(got.dtype))
-        assert store.completed_chunks(key) == set(range(store.n_chunks(key)))
-        assert store.missing_ranges(key) == []
         for i in range(store.n_chunks(key)):
             _, e = store.chunk_range(key, i)
             st = store.boundary_state(key, i)
@@ -215,6 +238,10 @@ def test_round_trip_every_array_and_attribute(dna_store):
             for n in want:
                 np.testing.assert_array_equal(st[n], want[n])
                 assert st[n].dtype == want[n].dtype
+    # the packed arrays: one Zarr chunk per batch, dims named apart from a record's own
+    packed = root["_packed/hidden"]
+    assert packed.chunks == (CHUNK, FEATURES) and packed.shape == (CHUNK, FEATURES)
+    assert list(packed.metadata.dimension_names) == ["packed_position", "feature"]
     # the real genome's N runs stay NaN (model output undefined there), and soft-masking is kept
     lp = root[f"{store.record_key('chr1')}/logprob"]
     assert np.isnan(lp[177_417:227_417]).all() and not np.isnan(lp[150_000:177_417]).any()
@@ -252,30 +279,92 @@ def test_xarray_both_ways(dna_store):
                                   full["chr1"]["entropy"][1000:2000])
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        direct = xr.open_zarr(path, group=out.key("CHROMOSOME_II"))
+        direct = xr.open_zarr(path, group=out.key("chr1"))
     assert set(direct.data_vars) == {"logprob", "entropy", "softmask", "hidden"}
     assert direct["hidden"].dims == ("position", "feature")
-    np.testing.assert_array_equal(direct["logprob"].values, full["CHROMOSOME_II"]["logprob"])
+    np.testing.assert_array_equal(direct["logprob"].values, full["chr1"]["logprob"])
     assert direct["softmask"].dtype == np.uint8  # the 0 fill value is not turned into NaN
     assert direct["logprob"].attrs["units"] == "nats"
 
+    # a packed record: the same dataset through linpipe, and by hand from the packed group
+    ds = out.dataset("CHROMOSOME_II")
+    assert ds.attrs["packed"] and ds["hidden"].dims == ("position", "feature")
+    assert ds.sizes == {"position": len(full["CHROMOSOME_II"]["logprob"]), "feature": FEATURES}
+    np.testing.assert_array_equal(ds["logprob"].values, full["CHROMOSOME_II"]["logprob"])
+    assert ds["logprob"].attrs["units"] == "nats" and ds["softmask"].dtype == np.uint8
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        packed = xr.open_zarr(path, group="_packed")
+    row = list(packed["record_id"].values).index("CHROMOSOME_II")
+    off, n = int(packed["offset"][row]), int(packed["length"][row])
+    np.testing.assert_array_equal(packed["logprob"][off:off + n].values, full["CHROMOSOME_II"]["logprob"])
+    # the whole-store views
+    table = out.record_table()
+    assert sorted(table["id"]) == sorted(full) and table.set_index("id")["packed"].to_dict() == {
+        "chr1": False, "CHROMOSOME_II": True, "CHROMOSOME_MtDNA": True}
+    assert out.packed_dataset()["logprob"].dims == ("packed_position",)
+
 
 # ------------------------------------------------------------------------------------- format
-def test_layout_matches_format_version_1(tmp_path):
-    """The writer lays stores out exactly as format version 1 did: the same keys (metadata and
-    chunks) and the same zarr.json documents, consolidated root included, for a dna store, a
-    series store and an unfinished one (tests/data/store_v1/build.py made the fixture)."""
-    runpy.run_path(str(FORMAT_V1 / "build.py"))["build"](tmp_path)
-    want_keys = json.loads((FORMAT_V1 / "keys.json").read_text())
-    assert sorted(want_keys) == ["dna", "partial", "ts"]
-    for name, keys in want_keys.items():
-        root = tmp_path / f"{name}.zarr"
-        assert sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()) == keys
-        docs = [k for k in keys if k.endswith("zarr.json")]
-        fixture = FORMAT_V1 / name
-        assert sorted(p.relative_to(fixture).as_posix() for p in fixture.rglob("zarr.json")) == sorted(docs)
-        for k in docs:
-            assert json.loads((root / k).read_text()) == json.loads((fixture / k).read_text()), f"{name}/{k}"
+def test_format_1_stores_still_read(tmp_path):
+    """Stores written by linpipe 0.1 (tests/data/store_v1: every record in its own group, no
+    _packed/) open for reading with every value, and refuse writing with one clear line."""
+    build = runpy.run_path(str(FORMAT_V1 / "build.py"))
+    values = build["_values"]
+    out = open_output(FORMAT_V1 / "dna")
+    assert out.meta["format_version"] == 1 and out.complete
+    assert list(out.records) == ["chr1/alt", "empty"] and out.record_table()["packed"].tolist() == [False] * 2
+    ds = out.dataset("chr1/alt")
+    np.testing.assert_array_equal(ds["logprob"].values, values(25))
+    np.testing.assert_array_equal(ds["hidden"].values, values(25, 4, np.float16))
+    assert out.dataset("empty").sizes["position"] == 0
+    ts = open_output(FORMAT_V1 / "ts")
+    assert ts.dataset("mitdb/100")["time"].dtype == np.dtype("datetime64[ns]")
+    np.testing.assert_array_equal(ts.dataset("s2")["forecast"].values, values(6, 2))
+    with pytest.warns(IncompleteStoreWarning, match=r"chr1/alt:10-20"):
+        partial = open_output(FORMAT_V1 / "partial")
+    assert partial.missing_ranges["chr1/alt"] == [(10, 20)]
+    with pytest.raises(StoreError, match="output format 1; it can be read"):
+        OutputStore.open(FORMAT_V1 / "dna", mode="r+")
+
+
+def test_format_2_layout_files_grow_with_batches_not_records(tmp_path):
+    """2,000 short records and one long one: the files are the long record's chunks and the
+    batches' chunks, a constant number besides, whatever the number of records."""
+    rng = np.random.default_rng(7)
+    lengths = rng.integers(1, 300, size=2000)
+    records = [{"id": f"contig_{i}", "length": int(n)} for i, n in enumerate(lengths)]
+    records.append({"id": "chrL", "length": 25_000})
+    store = OutputStore.create(tmp_path / "many.zarr", meta={}, records=records,
+                               outputs=["logprob", "softmask"], chunk_size=10_000)
+    p = store.packed
+    assert p.n_records == 2000 and p.positions == lengths.sum()
+    per_batch = [sum(int(lengths[int(i.split("_")[1])]) for i in p.batch_ids(b)) for b in range(p.n_batches)]
+    sizes = [len(p.batch_ids(b)) for b in range(p.n_batches)]
+    assert max(per_batch) <= 10_000 and max(sizes) <= 256
+    # every batch but the last is full: of positions (the next record would overflow) or of records
+    assert all(n > 10_000 - 300 or k == 256 for n, k in zip(per_batch[:-1], sizes[:-1], strict=True))
+    assert p.n_batches == len(per_batch) < 40
+    for b in range(p.n_batches):
+        n = sum(int(lengths[int(i.split("_")[1])]) for i in p.batch_ids(b))
+        store.write_batch(b, {"logprob": np.full(n, b, np.float32), "softmask": np.ones(n, np.uint8)})
+    for i in range(3):
+        s, e = store.chunk_range("chrL", i)
+        store.write_chunk("chrL", i, {"logprob": np.zeros(e - s, np.float32),
+                                      "softmask": np.ones(e - s, np.uint8)})
+    assert store.finalize()
+    files = [f for f in (tmp_path / "many.zarr").rglob("*") if f.is_file()]
+    # long record: 2 outputs x 3 chunks + 3 markers; packed: 2 outputs and a marker per batch;
+    # the table: at most 7 single-chunk arrays (id, description, length, offset, batch edges,
+    # the id index's two); metadata documents: a fixed number, whatever the number of records
+    data = [f for f in files if f.name != "zarr.json"]
+    assert 9 + 3 * p.n_batches <= len(data) <= 9 + 3 * p.n_batches + 7
+    assert len(files) - len(data) < 30
+    out = open_output(tmp_path / "many.zarr")
+    for i in (0, 777, 1999):
+        rid = f"contig_{i}"
+        assert out.dataset(rid).sizes["position"] == lengths[i]
+        assert (out.dataset(rid)["logprob"].values == out.record(rid)["batch"]).all()
 
 
 # ------------------------------------------------------------------------------------- keys
@@ -320,15 +409,20 @@ from linpipe.store import OutputStore
 path, data, me, nproc = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 full = np.load(data)
 store = OutputStore.open(path)
-ids = sorted(r["id"] for r in store.records.values())
+OUTS = ("logprob", "entropy", "softmask", "hidden")
+ids = sorted(r["id"] for r in store.records.values() if not r["packed"])
 units = [(rid, i) for rid in ids for i in range(store.n_chunks(rid))]
+units += [("batch", b) for b in range(store.packed.n_batches)]
 rng = np.random.default_rng(me)
 mine = [u for j, u in enumerate(units) if j % nproc == me]   # interleaved records and ranges
 for rid, i in [mine[j] for j in rng.permutation(len(mine))]:
-    key = store.record_key(rid)
-    s, e = store.chunk_range(key, i)
-    arrays = {o: full[f"{rid}.{o}"][s:e] for o in ("logprob", "entropy", "softmask", "hidden")}
-    store.write_chunk(key, i, arrays, state={"S": full[f"{rid}.hidden"][e - 1]})
+    if rid == "batch":
+        rids = store.packed.batch_ids(i)
+        store.write_batch(i, {o: np.concatenate([full[f"{r}.{o}"] for r in rids]) for o in OUTS})
+        continue
+    s, e = store.chunk_range(rid, i)
+    arrays = {o: full[f"{rid}.{o}"][s:e] for o in OUTS}
+    store.write_chunk(rid, i, arrays, state={"S": full[f"{rid}.hidden"][e - 1]})
 """
 
 
@@ -348,15 +442,16 @@ def test_four_concurrent_writers_lose_nothing(tmp_path, genomes):
     assert [p.wait(timeout=300) for p in procs] == [0, 0, 0, 0]
     store = OutputStore.open(path)
     assert store.finalize()
-    root = zarr.open_group(path, mode="r")
+    assert store.packed.n_batches >= 1 and len(store.long_records) >= 1  # both kinds of unit ran
     for rid, arrays in full.items():
-        key = store.record_key(rid)
         for name, want in arrays.items():
-            got = root[f"{key}/{name}"][:]
+            got = store.array(rid, name)[:]
             np.testing.assert_array_equal(got, want.astype(got.dtype))
-        for i in range(store.n_chunks(key)):
-            _, e = store.chunk_range(key, i)
-            np.testing.assert_array_equal(store.boundary_state(key, i)["S"], arrays["hidden"][e - 1])
+        if store.record(rid)["packed"]:
+            continue
+        for i in range(store.n_chunks(rid)):
+            _, e = store.chunk_range(rid, i)
+            np.testing.assert_array_equal(store.boundary_state(rid, i)["S"], arrays["hidden"][e - 1])
 
 
 # ------------------------------------------------------------------------------------- kills
@@ -520,21 +615,19 @@ def test_fsspec_url(tmp_path):
 
 
 def test_assembly_of_many_contigs(tmp_path, genomes):
-    """42 real contigs (laid out from zarr's own template documents) read back one by one."""
+    """42 real contigs, long ones in their own groups and short ones packed, read back one by one."""
     seqs = read_fasta(genomes / "abricate_Sepidermidis_ST14_assembly.fa")
     assert len(seqs) == 42
     records = [{"id": rid, "length": len(s), "modality": "dna"} for rid, s in seqs.items()]
     store = OutputStore.create(tmp_path / "asm.zarr", meta={}, records=records, chunk_size=65_536)
-    for rid, seq in seqs.items():
-        out = markov_outputs(seq)
-        key = store.record_key(rid)
-        for i in range(store.n_chunks(key)):
-            s, e = store.chunk_range(key, i)
-            store.write_chunk(key, i, {o: out[o][s:e] for o in ("logprob", "entropy", "softmask")})
+    outs = ("logprob", "entropy", "softmask")
+    full = {rid: {o: a for o, a in markov_outputs(seq).items() if o in outs} for rid, seq in seqs.items()}
+    write_records(store, full, outs)
     assert store.finalize()
+    assert 0 < len(store.long_records) < 42 and store.packed.n_records == 42 - len(store.long_records)
     out = open_output(tmp_path / "asm.zarr")
     for rid, seq in list(seqs.items())[::7]:
-        ds = xr.open_zarr(tmp_path / "asm.zarr", group=out.key(rid))
+        ds = out.dataset(rid)
         assert ds.sizes["position"] == len(seq)
         np.testing.assert_array_equal(ds["softmask"].values, markov_outputs(seq)["softmask"])
         assert ds["softmask"].values.all()  # this assembly is entirely lowercase

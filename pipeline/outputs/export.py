@@ -5,29 +5,35 @@ Chunks the job never completed are skipped (not exported as zeros or NaN).
 """
 from __future__ import annotations
 
+import itertools
 import os
 
 import numpy as np
 
 from linpipe.errors import StoreError
 from linpipe.model.outputs import DNA
-from linpipe.store.layout import DIM_CHANNEL, POSITION_DIM
+from linpipe.store.layout import DIM_CHANNEL, POSITION_DIM, TIME
 from linpipe.store.reader import OutputReader, as_reader
 
 TRACK_FORMATS = ("bigwig", "bedgraph")
 
 
-def _select(reader: OutputReader, records) -> list[str]:
+def _select(reader: OutputReader, records) -> list[str] | None:
+    """Record ids to export, in the order asked (None: every record, in store order)."""
     if not records:
-        return list(reader.records)
-    return [reader.key(r) for r in records]
+        return None
+    return [reader.record(r)["id"] for r in records]
 
 
-def _completed_blocks(reader: OutputReader, key: str, output: str):
-    """Yield (start, values) for each completed chunk of one output, in position order."""
-    arr = reader.array(key, output)
-    for s, e in reader.completed_ranges(key):
-        yield s, arr[s:e]
+def _infos(reader: OutputReader, ids):
+    return (reader.record(r) for r in ids) if ids is not None else reader.records.values()
+
+
+def _by_record(blocks):
+    """Group (info, start, values) blocks into (info, [(start, values), ...]) per record."""
+    for _rid, group in itertools.groupby(blocks, key=lambda b: b[0]["id"]):
+        group = list(group)
+        yield group[0][0], [(s, v) for _i, s, v in group]
 
 
 def value_runs(values: np.ndarray, start: int = 0):
@@ -64,21 +70,18 @@ def _merge_blocks(blocks):
         yield np.array([carry[0]]), np.array([carry[1]]), np.array([carry[2]])
 
 
-def _check_track(reader: OutputReader, keys: list[str], output: str):
-    for key in keys:
-        info = reader.records[key]
-        if info["modality"] != DNA:
-            raise StoreError(f"{reader.path}: record {info['id']!r} is a time series; genome tracks "
-                             "need dna outputs (use --format parquet)")
-        dims = reader.dims(key, output)
-        if len(dims) != 1:
-            raise StoreError(f"{reader.path}: output {output!r} has a {dims[1]} "
-                             "axis; tracks take one value per base (logprob, entropy, softmask)")
-
-
-def _track_runs(reader, key, output):
-    blocks = (value_runs(vals, s) for s, vals in _completed_blocks(reader, key, output))
-    return _merge_blocks(blocks)
+def _check_track(reader: OutputReader, ids, output: str):
+    """Tracks take dna outputs of one value per base (the modality and dims are store-wide)."""
+    first = next((i for i in _infos(reader, ids)), None)
+    if first is None:
+        return
+    if first["modality"] != DNA:
+        raise StoreError(f"{reader.path}: record {first['id']!r} is a time series; genome tracks "
+                         "need dna outputs (use --format parquet)")
+    dims = reader.dims(first["id"], output)
+    if len(dims) != 1:
+        raise StoreError(f"{reader.path}: output {output!r} has a {dims[1]} "
+                         "axis; tracks take one value per base (logprob, entropy, softmask)")
 
 
 def export_track(store, output: str, dest, *, fmt: str = "bigwig", records=None) -> int:
@@ -86,21 +89,22 @@ def export_track(store, output: str, dest, *, fmt: str = "bigwig", records=None)
 
     Chromosome names are the original record ids and their sizes the record lengths; positions
     with NaN (e.g. logprob at N bases) and chunks never completed are left out of the track.
+    Both formats hold the same intervals: runs of equal values, merged across chunk edges.
     """
     if fmt not in TRACK_FORMATS:
         raise StoreError(f"unknown track format {fmt!r} (one of {', '.join(TRACK_FORMATS)})")
     reader = as_reader(store)
-    keys = _select(reader, records)
-    _check_track(reader, keys, output)
-    keys = [k for k in keys if reader.records[k]["length"] > 0]
+    ids = _select(reader, records)
+    _check_track(reader, ids, output)
     dest = os.fspath(dest)
     n = 0
+    blocks = (b for b in reader.blocks(output, ids) if b[0]["length"] > 0)
     if fmt == "bedgraph":
         with open(dest, "w") as f:
             f.write(f'track type=bedGraph name="{output}"\n')
-            for key in keys:
-                chrom = reader.records[key]["id"]
-                for s, e, v in _track_runs(reader, key, output):
+            for info, parts in _by_record(blocks):
+                chrom = info["id"]
+                for s, e, v in _merge_blocks(value_runs(vals, start) for start, vals in parts):
                     lines = [f"{chrom}\t{a}\t{b}\t{c:.9g}\n"
                              for a, b, c in zip(s.tolist(), e.tolist(), v.tolist(), strict=True)]
                     f.writelines(lines)
@@ -115,21 +119,21 @@ def export_track(store, output: str, dest, *, fmt: str = "bigwig", records=None)
     if bw is None:
         raise StoreError(f"{dest}: cannot create the bigWig file")
     try:
-        # the header fixes chromosome order; entries must then come in that same order
-        bw.addHeader([(reader.records[k]["id"], int(reader.records[k]["length"])) for k in keys])
-        for key in keys:
-            n += _bigwig_record(bw, reader, key, output)
+        # the header fixes chromosome order; entries must then come in that same order (blocks
+        # and _infos walk the store in one order)
+        bw.addHeader([(i["id"], int(i["length"])) for i in _infos(reader, ids) if i["length"] > 0])
+        for info, parts in _by_record(blocks):
+            n += _bigwig_record(bw, info["id"], parts)
     finally:
         bw.close()
     return n
 
 
-def _bigwig_record(bw, reader, key: str, output: str) -> int:
+def _bigwig_record(bw, chrom: str, parts) -> int:
     """Add one record: runs of equal values where they are long (masks), otherwise fixed-step
     stretches of per-base values between NaN gaps (4 bytes a base instead of 12 per run)."""
-    chrom = reader.records[key]["id"]
     n = 0
-    for start, vals in _completed_blocks(reader, key, output):
+    for start, vals in parts:
         v = np.asarray(vals, dtype=np.float64)
         s, e, rv = value_runs(v, start)
         if s.size == 0:
@@ -155,37 +159,44 @@ def export_parquet(store, output, dest, *, records=None) -> int:
     import pyarrow.parquet as pq
 
     reader = as_reader(store)
-    keys = _select(reader, records)
+    ids = _select(reader, records)
     names = [output] if isinstance(output, str) else list(output)
+    channels = reader.meta.get("channels") or []
+    first = next((i for i in _infos(reader, ids)), None)
+    labels = {}
+    if first is not None:
+        for name in names:
+            dims = reader.dims(first["id"], name)
+            labels[name] = dims[1] if len(dims) > 1 else None
+    has_time = first is not None and reader.time(first["id"], 0, 0) is not None
     writer = None
     rows = 0
     try:
-        for key in keys:
-            info = reader.records[key]
-            arrays = {name: reader.array(key, name) for name in names}
-            channels = reader.meta.get("channels") or []
-            for s, e in reader.completed_ranges(key):
-                cols = {"record": pa.array([info["id"]] * (e - s), pa.string())}
-                t = reader.time(key, s, e)
-                # the record's own time stamps when it has them, else the position/time index
-                cols[POSITION_DIM[info["modality"]] if t is None else "time"] = \
-                    pa.array(np.arange(s, e) if t is None else t)
-                for name, arr in arrays.items():
-                    block = arr[s:e]
-                    if block.ndim == 1:
-                        cols[name] = pa.array(block)
-                    else:
-                        labels = (channels if reader.dims(key, name)[1] == DIM_CHANNEL
-                                  else [str(j) for j in range(block.shape[1])])
-                        for j, lab in enumerate(labels):
-                            cols[f"{name}_{lab}"] = pa.array(np.ascontiguousarray(block[:, j]))
-                table = pa.table(cols)
-                if writer is None:
-                    writer = pq.ParquetWriter(os.fspath(dest), table.schema, compression="zstd")
-                elif table.schema != writer.schema:
-                    table = table.cast(writer.schema)
-                writer.write_table(table)
-                rows += table.num_rows
+        for info, s, values in reader.blocks(names + ([TIME] if has_time else []), ids):
+            e = s + len(values[names[0]])
+            if e == s:
+                continue
+            cols = {"record": pa.array([info["id"]] * (e - s), pa.string())}
+            # the record's own time stamps when it has them, else the position/time index
+            if has_time:
+                cols["time"] = pa.array(reader.decode_time(values[TIME]))
+            else:
+                cols[POSITION_DIM[info["modality"]]] = pa.array(np.arange(s, e))
+            for name in names:
+                v = values[name]
+                if v.ndim == 1:
+                    cols[name] = pa.array(v)
+                else:
+                    lab = channels if labels[name] == DIM_CHANNEL else [str(j) for j in range(v.shape[1])]
+                    for j, c in enumerate(lab):
+                        cols[f"{name}_{c}"] = pa.array(np.ascontiguousarray(v[:, j]))
+            table = pa.table(cols)
+            if writer is None:
+                writer = pq.ParquetWriter(os.fspath(dest), table.schema, compression="zstd")
+            elif table.schema != writer.schema:
+                table = table.cast(writer.schema)
+            writer.write_table(table)
+            rows += table.num_rows
     finally:
         if writer is not None:
             writer.close()

@@ -15,7 +15,7 @@ import re
 _UNSAFE = re.compile(r"[^A-Za-z0-9._+-]")
 _MAX_STEM = 80
 # Names the store itself uses at its root, and Zarr's own metadata document.
-RESERVED = {"_linpipe", "zarr.json", ".zattrs", ".zgroup", ".zarray", "c"}
+RESERVED = {"_linpipe", "_packed", "zarr.json", ".zattrs", ".zgroup", ".zarray", "c"}
 
 
 def _short_hash(record_id: str) -> str:

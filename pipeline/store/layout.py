@@ -1,9 +1,12 @@
-"""The store's layout (format version 1, docs/output-format.md): names, dims and one spec per array.
+"""The store's layout (format version 2, docs/output-format.md): names, dims and one spec per array.
 
-A store holds, at its root, one group per record (named by `linpipe.store.keys`) with one array
-per output, and a progress group `_linpipe/<key>/` with the completion markers (`done`) and the
-boundary states (`state/<chunk>`). Every array is described here by an `ArraySpec`, built from
-the per-output facts in `linpipe.model.outputs`; the writer creates arrays from specs only.
+A store holds, at its root, one group per *long* record (longer than one work unit; named by
+`linpipe.store.keys`) with one array per output, and one group `_packed/` for every short record:
+their outputs concatenated along one axis, one batch of records per Zarr chunk, and the record
+table (id, description, length, offset) as arrays. Progress lives in `_linpipe/`: completion
+markers (`<key>/done`, `_packed/done`, one Zarr chunk per work unit) and the long records'
+boundary states (`<key>/state/<chunk>`). Every array is described here by an `ArraySpec`, built
+from the per-output facts in `linpipe.model.outputs`; the writer creates arrays from specs only.
 """
 from __future__ import annotations
 
@@ -14,7 +17,8 @@ import numpy as np
 from linpipe.model.outputs import CHANNEL, DNA, FEATURE, MODALITIES, OUTPUTS, TIMESERIES, output_names
 
 FORMAT = "linpipe-output"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # version 1 (linpipe 0.1): every record in its own group, no _packed/
 PROGRESS = "_linpipe"  # root group holding completion markers and boundary states
 PROGRESS_ABOUT = "linpipe completion markers and boundary states"
 CREATING = "linpipe_creating"  # root attribute while create() lays the store out
@@ -26,7 +30,17 @@ DIM_FEATURE = FEATURE
 DIM_CHANNEL = CHANNEL
 DIM_CHUNK = "chunk"  # progress markers: one per work unit
 DIM_BYTE = "byte"  # boundary states: a safetensors blob
+DIM_RECORD = "record"  # rows of the packed record table
+DIM_BATCH_EDGE = "batch_edge"  # first table row of each batch, and the end
+DIM_LOOKUP = "lookup"  # the id index (sorted hashes)
 POSITION_DIM = {DNA: DIM_POSITION, TIMESERIES: DIM_TIME}
+
+PACKED = "_packed"  # root group of the short records
+TABLE_CHUNK = 65_536  # rows per Zarr chunk of the record table and the id index
+# record table columns (one row per short record, rows of one batch contiguous, in batch order)
+ROW_ID, ROW_DESCRIPTION, ROW_LENGTH, ROW_OFFSET = "record_id", "description", "length", "offset"
+BATCH_ROW = "batch_row"  # (n_batches + 1,): batch b holds rows batch_row[b]:batch_row[b+1]
+LOOKUP_HASH, LOOKUP_ROW = "lookup_hash", "lookup_row"  # sorted 64-bit id hashes -> table row
 
 TIME = "time"  # the time coordinate of a series record (when its input has time stamps)
 CHANNEL_NAMES = "channel"  # the channel coordinate of a series record
@@ -106,6 +120,46 @@ def record_arrays(info: dict, outputs, *, chunk_size: int, feature_dim: int | No
     return specs
 
 
+def packed_dim(modality: str) -> str:
+    """The concatenated axis of the packed outputs: packed_position (dna) or packed_time."""
+    return f"packed_{POSITION_DIM[modality]}"
+
+
+def packed_arrays(modality: str, outputs, *, n_batches: int, chunk_size: int, feature_dim: int | None,
+                  channels: list[str] | None, hidden_dtype: str, time_dtype: str | None) -> list[ArraySpec]:
+    """The concatenated outputs of every short record: batch b fills Zarr chunk b (positions
+    [b*chunk_size, (b+1)*chunk_size)), its records back to back from the chunk's start, the rest
+    of the chunk left at the fill value. The dims of a long record's arrays, with the position
+    axis renamed, so the two never align by accident in xarray."""
+    info = {"modality": modality, "length": n_batches * chunk_size}
+    if time_dtype:
+        info["time_dtype"] = time_dtype
+    specs = record_arrays(info, outputs, chunk_size=chunk_size, feature_dim=feature_dim,
+                          channels=channels, hidden_dtype=hidden_dtype)
+    dim = packed_dim(modality)
+    own = POSITION_DIM[modality]
+    return [s if s.name == CHANNEL_NAMES else
+            ArraySpec(s.name, s.dtype, tuple(dim if d in (own, DIM_TIME) else d for d in s.dims), s.shape,
+                      s.chunks, s.fill_value, s.codec, s.attributes)
+            for s in specs]
+
+
+def table_arrays(n_rows: int, n_batches: int) -> list[ArraySpec]:
+    """The record table of the short records, the batches' first rows, and the id index."""
+    rows = max(n_rows, 0)
+    chunk = (min(TABLE_CHUNK, max(rows, 1)),)
+    return [
+        ArraySpec(ROW_ID, str, (DIM_RECORD,), (rows,), chunk, None, "zstd-3"),
+        ArraySpec(ROW_DESCRIPTION, str, (DIM_RECORD,), (rows,), chunk, None, "zstd-3"),
+        ArraySpec(ROW_LENGTH, "int64", (DIM_RECORD,), (rows,), chunk, 0, "zstd-3"),
+        ArraySpec(ROW_OFFSET, "int64", (DIM_RECORD,), (rows,), chunk, 0, "zstd-3",
+                  {"long_name": "start of the record on the packed axis"}),
+        ArraySpec(BATCH_ROW, "int64", (DIM_BATCH_EDGE,), (n_batches + 1,), None, 0, "zstd-3"),
+        ArraySpec(LOOKUP_HASH, "uint64", (DIM_LOOKUP,), (rows,), chunk, 0, "zstd-3"),
+        ArraySpec(LOOKUP_ROW, "int64", (DIM_LOOKUP,), (rows,), chunk, 0, "zstd-3"),
+    ]
+
+
 def channel_array(channels: list[str]) -> ArraySpec:
     """The channel names of a series record (its one array that holds data from creation on)."""
     return ArraySpec(CHANNEL_NAMES, str, (DIM_CHANNEL,), (len(channels),), None, None, None)
@@ -120,6 +174,11 @@ def state_array(nbytes: int) -> ArraySpec:
     """`_linpipe/<key>/state/<chunk>`: the boundary state after a chunk, as one safetensors blob."""
     return ArraySpec("state", "uint8", (DIM_BYTE,), (nbytes,), (nbytes,), 0, "none",
                      {"encoding": "safetensors"})
+
+
+def packed_done_array(n_batches: int) -> ArraySpec:
+    """`_linpipe/_packed/done`: one marker per batch, one Zarr chunk each (one writer each)."""
+    return done_array(n_batches)
 
 
 def record_path(key: str, name: str | None = None) -> str:

@@ -1,27 +1,64 @@
 """Reading a linpipe output store: `linpipe.open_output(path)` for analysts and for the CLI."""
 from __future__ import annotations
 
+import collections.abc
 import os
 import warnings
 
+import numpy as np
+
 from linpipe.errors import StoreError
-from linpipe.store.layout import POSITION_DIM, TIME
-from linpipe.store.writer import OutputStore
+from linpipe.store.layout import (
+    CHANNEL_NAMES,
+    DIM_CHANNEL,
+    PACKED,
+    POSITION_DIM,
+    ROW_DESCRIPTION,
+    ROW_ID,
+    ROW_LENGTH,
+    ROW_OFFSET,
+    TIME,
+    packed_dim,
+)
+from linpipe.store.writer import OutputStore, PackedSlice
+
+SHOWN = 20  # packed records listed by summary() (the record table has them all)
 
 
 class IncompleteStoreWarning(UserWarning):
     """The store is readable, but some chunks were never written (their values read as NaN)."""
 
 
+class _MissingRanges(collections.abc.Mapping):
+    """record id -> [(start, end), ...] not written yet, computed on access (a store can hold a
+    million records)."""
+
+    def __init__(self, reader: "OutputReader"):
+        self._reader = reader
+
+    def __getitem__(self, record):
+        if self._reader.complete:
+            self._reader.store.record(record)  # unknown ids still fail
+            return []
+        return self._reader.store.missing_ranges(record)
+
+    def __iter__(self):
+        return iter(self._reader.records)
+
+    def __len__(self):
+        return len(self._reader.records)
+
+
 class OutputReader:
     """A read-only view of one job's outputs.
 
     .meta      the root `linpipe` attributes (model, inputs, outputs, chunk length, job id ...)
-    .records   key -> {id, description, length, modality, input, n_chunks}
-    .dataset(record_id_or_key) -> xarray.Dataset with named dims and coordinates
-    .missing_ranges   key -> [(start, end), ...] positions not written yet (empty when complete)
-    .array(record, output), .dims(record, output), .time(record, start, end), .completed_ranges(record)
-        for streaming reads without xarray
+    .records   record id -> {id, description, length, modality, n_chunks, packed, key | offset}
+    .dataset(record_id) -> xarray.Dataset with named dims and coordinates (long and packed alike)
+    .record_table() -> pandas.DataFrame of every record; .packed_dataset() -> the packed arrays
+    .missing_ranges   record id -> [(start, end), ...] positions not written yet
+    .array(record, output), .read(record, output, start, end), .dims(record, output),
+    .time(record, start, end), .completed_ranges(record), .blocks(output) for streaming reads
     """
 
     def __init__(self, path):
@@ -30,72 +67,192 @@ class OutputReader:
         self.meta = self._out.meta
         self.records = self._out.records
         self.complete = self._out.is_complete()
-        # a complete store has no gaps by construction: skip reading thousands of markers
-        self.missing_ranges = {k: [] if self.complete else self._out.missing_ranges(k) for k in self.records}
+        self.missing_ranges = _MissingRanges(self)
 
     @property
     def store(self) -> OutputStore:
         return self._out
 
-    def key(self, record_id_or_key: str) -> str:
-        if record_id_or_key in self.records:
-            return record_id_or_key
+    def record(self, record_id_or_key: str) -> dict:
+        """One record's info, given its id (or a long record's group key)."""
         try:
-            return self._out.record_key(record_id_or_key)
+            return self._out.record(record_id_or_key)
         except StoreError:
-            ids = ", ".join(info["id"] for info in list(self.records.values())[:5])
-            raise StoreError(f"{self.path}: no record {record_id_or_key!r} (records: {ids}"
+            ids = [rid for rid, _ in zip(self.records, range(5), strict=False)]
+            raise StoreError(f"{self.path}: no record {record_id_or_key!r} (records: {', '.join(ids)}"
                              f"{', ...' if len(self.records) > 5 else ''})") from None
 
+    def key(self, record_id_or_key: str) -> str:
+        """A long record's group key, or a packed record's id."""
+        self.record(record_id_or_key)
+        return self._out.key(record_id_or_key)
+
     def dataset(self, record_id_or_key: str):
-        """One record's outputs, lazily (dask-free: values load when you index them)."""
+        """One record's outputs with named dims: lazily for a long record (values load when you
+        index them), read at once for a packed one (it is at most one work unit)."""
         import pandas as pd
         import xarray as xr
 
-        key = self.key(record_id_or_key)
-        info = self.records[key]
-        try:
-            ds = xr.open_zarr(self._out.zarr_store, group=key, consolidated=None if self.complete else False,
-                              zarr_format=3, chunks=None)
-        except (FileNotFoundError, KeyError) as e:  # a record group deleted or damaged after the job
-            raise StoreError(f"{self.path}: record {info['id']!r} cannot be read ({type(e).__name__}: {e}); "
-                             "the store is damaged: run the job again with --overwrite") from None
+        info = self.record(record_id_or_key)
         dim = POSITION_DIM[info["modality"]]
+        if info["packed"]:
+            ds = self._packed_record(info)
+        else:
+            try:
+                ds = xr.open_zarr(self._out.zarr_store, group=info["key"],
+                                  consolidated=None if self.complete else False, zarr_format=3, chunks=None)
+            except (FileNotFoundError, KeyError) as e:  # a record group deleted or damaged after the job
+                raise StoreError(f"{self.path}: record {info['id']!r} cannot be read ({type(e).__name__}: "
+                                 f"{e}); the store is damaged: run the job again with --overwrite") from None
         if dim not in ds.coords:  # positions from 0, as a lazy range (no big int array in memory)
             ds = ds.assign_coords(xr.Coordinates({dim: pd.RangeIndex(info["length"], name=dim)}))
         ds.attrs.update({"record_id": info["id"], "description": info["description"],
-                         "record_key": key, "missing_ranges": [list(r) for r in self.missing_ranges[key]]})
+                         "record_key": info.get("key"), "packed": info["packed"],
+                         "missing_ranges": [list(r) for r in self.missing_ranges[info["id"]]]})
         return ds
 
+    def _packed_record(self, info: dict):
+        """A packed record as an xarray.Dataset with the dims of a long record."""
+        import xarray as xr
+
+        dim = POSITION_DIM[info["modality"]]
+        data_vars, coords = {}, {}
+        for name in self._out.output_names(info["id"]):
+            view = self._out.array(info["id"], name)
+            values = view[:]
+            attrs = dict(view.attrs)
+            dims = (dim,) + tuple(view.dims[1:])
+            if name == TIME:
+                if "units" in attrs:
+                    values = values.astype("datetime64[ns]")
+                    attrs = {}
+                coords[TIME] = xr.Variable((dim,), values, attrs)
+            else:
+                data_vars[name] = xr.Variable(dims, values, attrs)
+        channels = self.meta.get("channels")
+        if info["modality"] == "timeseries" and channels:
+            coords[CHANNEL_NAMES] = xr.Variable((DIM_CHANNEL,), np.asarray(channels, dtype=object))
+        return xr.Dataset(data_vars, coords)
+
     def array(self, record_id_or_key: str, output: str):
-        """The raw zarr array of one output (for streaming reads without xarray)."""
-        return self._out.array(self.key(record_id_or_key), output)
+        """One output of a record, sliceable like a zarr array (for streaming reads without
+        xarray): the zarr array of a long record, a view of the packed array for a packed one."""
+        info = self.record(record_id_or_key)
+        return self._out.array(info["id"] if info["packed"] else info["key"], output)
+
+    def read(self, record_id_or_key: str, output: str, start: int = 0, end: int | None = None):
+        """The values of one output over [start, end) of a record (numpy)."""
+        return self.array(record_id_or_key, output)[start:end]
 
     def dims(self, record_id_or_key: str, output: str) -> tuple[str, ...]:
         """The named dimensions of one output, e.g. ('position',) or ('time', 'channel')."""
-        return tuple(self.array(record_id_or_key, output).metadata.dimension_names)
+        arr = self.array(record_id_or_key, output)
+        if isinstance(arr, PackedSlice):
+            info = self.record(record_id_or_key)
+            own = POSITION_DIM[info["modality"]]
+            return tuple(own if d == packed_dim(info["modality"]) else d for d in arr.dims)
+        return tuple(arr.metadata.dimension_names)
 
     def completed_ranges(self, record_id_or_key: str) -> list[tuple[int, int]]:
         """[start, end) of every completed work unit, in position order."""
-        key = self.key(record_id_or_key)
-        done = self._out.completed_chunks(key)
-        return [self._out.chunk_range(key, i) for i in range(self._out.n_chunks(key)) if i in done]
+        info = self.record(record_id_or_key)
+        rid = info["id"]
+        done = self._out.completed_chunks(rid)
+        return [self._out.chunk_range(rid, i) for i in range(self._out.n_chunks(rid)) if i in done]
 
     def time(self, record_id_or_key: str, start: int, end: int):
         """The record's time stamps over [start, end) (datetime64 when the input had dates), or
         None when the record has none (its positions are plain indices)."""
-        key = self.key(record_id_or_key)
-        if TIME not in self._out.output_names(key):
+        info = self.record(record_id_or_key)
+        if TIME not in self._out.output_names(info["id"]):
             return None
-        arr = self.array(key, TIME)
-        t = arr[start:end]
-        return t.astype("datetime64[ns]") if "units" in arr.attrs else t
+        arr = self.array(info["id"], TIME)
+        return self.decode_time(arr[start:end])
+
+    def decode_time(self, values):
+        """Stored time values as the input had them (datetime64 when it had dates)."""
+        p = self._out.packed
+        arr = p.array(TIME) if p is not None and p.time_dtype else None
+        if arr is None:
+            long = next((k for k, i in self._out.long_records.items() if i.get("time_dtype")), None)
+            arr = self._out.array(long, TIME) if long else None
+        return values.astype("datetime64[ns]") if arr is not None and "units" in arr.attrs else values
+
+    def blocks(self, output, records=None):
+        """Yield (record info, start, values) for every completed unit of one output: long records
+        chunk by chunk, packed records batch by batch (each packed chunk is read once, whatever
+        the number of records in it). `output` a list: values is a dict name -> values.
+        `records`: ids to restrict to (in this order)."""
+        names = [output] if isinstance(output, str) else list(output)
+
+        def pick(d):
+            return d[names[0]] if isinstance(output, str) else d
+
+        if records is not None:
+            for rid in records:
+                info = self.record(rid)
+                for s, e in self.completed_ranges(info["id"]):
+                    yield info, s, pick({n: self.read(info["id"], n, s, e) for n in names})
+            return
+        for rid in self._out.long_records.values():
+            info = self.record(rid["id"])
+            for s, e in self.completed_ranges(info["id"]):
+                yield info, s, pick({n: self.read(info["id"], n, s, e) for n in names})
+        p = self._out.packed
+        if p is None or p.n_batches == 0:
+            return
+        arrays = {n: p.array(n) for n in names}
+        ok = self._out.batches_done()
+        cs = self._out.chunk_size
+        cached, chunk = None, {}
+        for info in self.records.values():
+            b = info["batch"] if info["packed"] else None
+            if b is None or not info["length"] or not ok[b]:
+                continue
+            if cached != b:
+                cached, chunk = b, {n: a[b * cs:(b + 1) * cs] for n, a in arrays.items()}
+            lo = info["offset"] - b * cs
+            yield info, 0, pick({n: v[lo:lo + info["length"]] for n, v in chunk.items()})
+
+    def record_table(self):
+        """Every record as one row of a pandas.DataFrame: id, description, length, packed, and the
+        group key (long records) or the offset on the packed axis (packed ones)."""
+        import pandas as pd
+
+        parts = []
+        long = list(self._out.long_records.items())
+        if long:
+            parts.append(pd.DataFrame({
+                "id": [i["id"] for _, i in long], "description": [i["description"] for _, i in long],
+                "length": np.array([i["length"] for _, i in long], dtype=np.int64),
+                "packed": False, "key": [k for k, _ in long], "offset": -1}))
+        p = self._out.packed
+        if p is not None and p.n_records:
+            for _lo, cols in p.columns():
+                parts.append(pd.DataFrame({
+                    "id": cols[ROW_ID].astype(object), "description": cols[ROW_DESCRIPTION].astype(object),
+                    "length": cols[ROW_LENGTH].astype(np.int64), "packed": True, "key": None,
+                    "offset": cols[ROW_OFFSET].astype(np.int64)}))
+        if not parts:
+            return pd.DataFrame(columns=["id", "description", "length", "packed", "key", "offset"])
+        return pd.concat(parts, ignore_index=True)
+
+    def packed_dataset(self):
+        """The packed records' arrays as one xarray.Dataset (lazy): outputs along the packed
+        axis, the record table along `record` (use `offset` and `length` to slice a record)."""
+        import xarray as xr
+
+        if self._out.packed is None:
+            raise StoreError(f"{self.path}: a format-1 store has no packed records")
+        return xr.open_zarr(self._out.zarr_store, group=PACKED, consolidated=None if self.complete else False,
+                            zarr_format=3, chunks=None)
 
     def summary(self) -> dict:
-        """What `linpipe inspect` shows: records, completion, sizes and compression ratio."""
+        """What `linpipe inspect` shows: records, completion, sizes and compression ratio.
+        Long records are listed one by one; packed ones are summed up (there can be millions)."""
         raw = stored = 0
         records = []
-        for key, info in self.records.items():
+        for key, info in self._out.long_records.items():
             n = int(info["n_chunks"])
             done = n if self.complete else len(self._out.completed_chunks(key))
             frac = done / n if n else 1.0
@@ -105,7 +262,24 @@ class OutputReader:
                 stored += a.nbytes_stored()
             records.append({"key": key, "id": info["id"], "length": info["length"],
                             "modality": info["modality"], "chunks_done": done, "chunks": n,
-                            "missing_ranges": [list(r) for r in self.missing_ranges[key]]})
+                            "missing_ranges": [list(r) for r in self.missing_ranges[info["id"]]]})
+        progress = self._out.progress()
+        packed = None
+        p = self._out.packed
+        if p is not None:
+            ok = self._out.batches_done()
+            for name in self._out.output_names(None):
+                a = p.array(name)
+                per_position = a.nbytes // max(a.shape[0], 1)
+                raw += int(per_position * p.positions * (ok.mean() if ok.size else 1.0))
+                stored += a.nbytes_stored()
+            first = []  # a glimpse of the packed records (there can be millions)
+            for _lo, cols in p.columns((ROW_ID, ROW_LENGTH)):
+                first = [{"id": str(i), "length": int(n)} for i, n in zip(cols[ROW_ID][:SHOWN],
+                                                                          cols[ROW_LENGTH][:SHOWN], strict=True)]
+                break
+            packed = {"records": p.n_records, "positions": p.positions, "batches": p.n_batches,
+                      "batches_done": int(ok.sum()), "first": first}
         m = self.meta
         model = m.get("model") or {}
         model_sha256 = m.get("model_sha256") or (model.get("sha256") if isinstance(model, dict) else None)
@@ -115,11 +289,12 @@ class OutputReader:
             "complete": self.complete, "outputs": m.get("outputs"), "chunk_size": m.get("chunk_size"),
             "model_sha256": model_sha256,
             "model": model, "inputs": m.get("inputs", []),
-            "n_records": len(records), "positions": sum(r["length"] for r in records),
+            "n_records": progress["records"], "positions": progress["positions"],
+            "positions_done": progress["positions_done"],
             "size_on_disk": self._out.size_on_disk(), "output_bytes_raw": raw,
             "output_bytes_stored": stored,
             "compression_ratio": (raw / stored) if stored else None,
-            "records": records,
+            "records": records, "packed": packed,
         }
 
 
@@ -129,16 +304,20 @@ def as_reader(store) -> OutputReader:
 
 
 def open_output(path) -> OutputReader:
-    """Open an output store for reading; warns (IncompleteStoreWarning) when chunks are missing."""
+    """Open an output store for reading; warns (IncompleteStoreWarning) when units are missing."""
     reader = OutputReader(path)
     if not reader.complete:
-        missing = {k: r for k, r in reader.missing_ranges.items() if r}
-        if missing:
-            parts = [f"{reader.records[k]['id']}:{s}-{e}" for k, rs in missing.items() for s, e in rs[:3]]
-            more = sum(len(r) for r in missing.values()) - len(parts)
-            warnings.warn(f"{os.fspath(path)}: incomplete store (the job did not finish); missing "
-                          f"{', '.join(parts)}{f' and {more} more ranges' if more > 0 else ''}",
-                          IncompleteStoreWarning, stacklevel=3)
+        parts = []
+        for key, info in reader.store.long_records.items():
+            for s, e in reader.store.missing_ranges(key):
+                parts.append(f"{info['id']}:{s}-{e}")
+        shown = ", ".join(parts[:3]) + (f" and {len(parts) - 3} more ranges" if len(parts) > 3 else "")
+        ok = reader.store.batches_done()
+        if ok.size and not ok.all():
+            shown += (", " if shown else "") + f"{int((~ok).sum())} of {ok.size} batches of short records"
+        if shown:
+            warnings.warn(f"{os.fspath(path)}: incomplete store (the job did not finish); missing {shown}",
+                          IncompleteStoreWarning, stacklevel=2)
     return reader
 
 

@@ -1,21 +1,24 @@
 """The output store: one Zarr v3 store per job, written by many workers at once.
 
-Safe by construction (docs/output-format.md): along the position/time axis every Zarr chunk is
-exactly one work unit (`chunk_size` positions), with no sharding, so the worker that owns chunk
-i of a record is the only process that ever writes any Zarr chunk i of that record's arrays.
-Progress lives beside the outputs in `_linpipe/<key>/`: a `done` array with one Zarr chunk per
-work unit, and one array per boundary state, each again written only by its owner. Root
-metadata is written only by `create` and `finalize` (the driver).
+Safe by construction (docs/output-format.md): every Zarr chunk is exactly one work unit, with no
+sharding, so each chunk file has one writer. A long record (more than one unit) has its own
+group, whose chunk i along the position/time axis belongs to the worker running unit i of it;
+short records are packed into `_packed/`, whose chunk b belongs to the worker running batch b.
+Progress lives beside the outputs in `_linpipe/`: one marker chunk per unit (`<key>/done[i]`,
+`_packed/done[b]`) and one array per long record's boundary state, each again written only by
+its owner. Root metadata, the record groups and the record table are written only by `create`
+and `finalize` (the driver).
 
-Order inside `write_chunk`: data, then boundary state, then the completion marker, each flushed
-to disk (fsync on local paths) before the next, so a chunk marked complete is durable and a
-process killed at any moment leaves its chunk unmarked.
+Order inside `write_chunk` and `write_batch`: data, then boundary state, then the completion
+marker, each flushed to disk (fsync on local paths) before the next, so a unit marked complete
+is durable and a process killed at any moment leaves its unit unmarked.
 
 OSError (a full disk, a lost mount) passes through unchanged: the jobs layer reports it with
 the file name and keeps the store resumable.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import math
@@ -32,23 +35,38 @@ from linpipe.errors import StoreError
 from linpipe.model.outputs import DNA
 from linpipe.store.keys import make_keys
 from linpipe.store.layout import (
+    BATCH_ROW,
+    CHANNEL_NAMES,
     CREATING,
     DEFAULT_OUTPUTS,
     FORMAT,
     FORMAT_VERSION,
     HIDDEN_DTYPES,
+    LOOKUP_HASH,
+    LOOKUP_ROW,
     OUTPUT_KINDS,
+    PACKED,
     PROGRESS,
     PROGRESS_ABOUT,
+    READABLE_VERSIONS,
+    ROW_DESCRIPTION,
+    ROW_ID,
+    ROW_LENGTH,
+    ROW_OFFSET,
+    TABLE_CHUNK,
     TIME,
     channel_array,
     done_array,
+    packed_arrays,
+    packed_done_array,
     progress_path,
     record_arrays,
     record_path,
     state_array,
     state_path,
+    table_arrays,
 )
+from linpipe.store.table import PackedRecords, id_hashes
 
 _PARTIAL = re.compile(r"\.[0-9a-f]{32}\.partial$")  # zarr's LocalStore temp name before the rename
 _POOL: ThreadPoolExecutor | None = None
@@ -201,6 +219,153 @@ class _Templates:
         nodes[progress_path(key, "done")] = self.done.update_shape((int(info["n_chunks"]),))
         return nodes
 
+    def packed_nodes(self, modality: str, packed: PackedRecords, *, time_dtype: str | None,
+                     fences: list[int]) -> dict:
+        """path -> metadata of the packed group, its outputs and table, and its markers."""
+        specs = packed_arrays(modality, self.outputs, n_batches=packed.n_batches, time_dtype=time_dtype,
+                              **self.layout)
+        specs += table_arrays(packed.n_records, packed.n_batches)
+        nodes = {PACKED: dataclasses.replace(self.group, attributes={
+            "about": "linpipe: short records, packed (docs/output-format.md)"})}
+        for spec in specs:
+            if spec.name == LOOKUP_HASH:  # the first hash of every chunk: one read finds the chunk
+                spec = dataclasses.replace(spec, attributes={**spec.attributes, "fences": fences})
+            nodes[f"{PACKED}/{spec.name}"] = self._array(spec)
+        nodes[progress_path(PACKED)] = dataclasses.replace(self.group, attributes={"about": "batch markers"})
+        nodes[progress_path(PACKED, "done")] = self._array(packed_done_array(packed.n_batches))
+        return nodes
+
+
+class _Packed:
+    """The `_packed/` group of an open store: the record table, the id index and the batches.
+
+    Everything is read lazily and by chunk, so finding one record among a million reads a few
+    small chunks (no scan), and iterating the table streams it."""
+
+    def __init__(self, group, info: dict, chunk_size: int):
+        self.group = group
+        self.n_records = int(info["records"])
+        self.n_batches = int(info["batches"])
+        self.positions = int(info["positions"])
+        self.time_dtype = info.get("time_dtype")
+        self.chunk_size = chunk_size
+        self._arrays: dict[str, object] = {}
+        self._batch_row = None
+        self._fences = None
+
+    def array(self, name: str):
+        arr = self._arrays.get(name)
+        if arr is None:
+            arr = self._arrays[name] = self.group[name]
+        return arr
+
+    @property
+    def batch_row(self) -> np.ndarray:
+        if self._batch_row is None:
+            self._batch_row = np.asarray(self.array(BATCH_ROW)[:], dtype=np.int64)
+        return self._batch_row
+
+    def row_of(self, record_id: str) -> int | None:
+        """The table row of a record id, or None: one chunk of the sorted hashes, then the id."""
+        if self.n_records == 0:
+            return None
+        if self._fences is None:
+            self._fences = np.asarray(self.array(LOOKUP_HASH).attrs["fences"], dtype=np.uint64)
+        h = id_hashes([record_id])[0]
+        c = max(int(np.searchsorted(self._fences, h, side="right")) - 1, 0)
+        lo, hi = c * TABLE_CHUNK, min((c + 1) * TABLE_CHUNK, self.n_records)
+        hashes = self.array(LOOKUP_HASH)[lo:hi]
+        a, b = np.searchsorted(hashes, h, side="left"), np.searchsorted(hashes, h, side="right")
+        if a == b:
+            return None
+        for row in self.array(LOOKUP_ROW)[lo + a:lo + b].tolist():  # hash collisions: check the ids
+            if str(self.array(ROW_ID)[row]) == record_id:
+                return int(row)
+        return None
+
+    def info(self, row: int) -> dict:
+        length = int(self.array(ROW_LENGTH)[row])
+        batch = int(np.searchsorted(self.batch_row, row, side="right")) - 1
+        return {"id": str(self.array(ROW_ID)[row]), "description": str(self.array(ROW_DESCRIPTION)[row]),
+                "length": length, "n_chunks": 1 if length else 0, "packed": True, "row": row,
+                "offset": int(self.array(ROW_OFFSET)[row]),
+                "batch": batch if batch < self.n_batches else None}
+
+    def batch_ids(self, batch: int) -> list[str]:
+        """The ids of one batch's records, in the order write_batch takes their values."""
+        lo, hi = int(self.batch_row[batch]), int(self.batch_row[batch + 1])
+        return [str(x) for x in self.array(ROW_ID)[lo:hi]]
+
+    def columns(self, names=(ROW_ID, ROW_DESCRIPTION, ROW_LENGTH, ROW_OFFSET)):
+        """Yield dicts of table columns, one Zarr chunk of rows at a time."""
+        for lo in range(0, self.n_records, TABLE_CHUNK):
+            hi = min(lo + TABLE_CHUNK, self.n_records)
+            yield lo, {n: self.array(n)[lo:hi] for n in names}
+
+    def lengths(self) -> np.ndarray:
+        if not self.n_records:
+            return np.zeros(0, np.int64)
+        return np.asarray(self.array(ROW_LENGTH)[:], dtype=np.int64)
+
+    def batch_done(self, progress_group) -> np.ndarray:
+        if self.n_batches == 0:
+            return np.zeros(0, dtype=bool)
+        return np.asarray(progress_group[f"{PACKED}/done"][:], dtype=bool)
+
+
+class RecordMap(collections.abc.Mapping):
+    """record id -> info, for long records (own group) and packed ones alike.
+
+    info: {id, description, length, modality, n_chunks, packed} plus `key` (the group) for a long
+    record, or `offset` and `batch` for a packed one. Lookups of packed ids go through the store's
+    id index; iteration streams the table (long records first, then packed order)."""
+
+    def __init__(self, store: "OutputStore"):
+        self._store = store
+
+    def __getitem__(self, record_id):
+        return self._store.record(record_id)
+
+    def __iter__(self):
+        yield from self._store._long_by_id
+        p = self._store._packed
+        if p is not None:
+            for _lo, cols in p.columns((ROW_ID,)):
+                yield from (str(x) for x in cols[ROW_ID])
+
+    def __len__(self):
+        p = self._store._packed
+        return len(self._store._long_by_id) + (p.n_records if p is not None else 0)
+
+    def __contains__(self, record_id):
+        try:
+            self._store.record(record_id)
+            return True
+        except StoreError:
+            return False
+
+    def items(self):
+        """(id, info) pairs, streaming the packed table (no lookup per record)."""
+        for rid in self._store._long_by_id:
+            yield rid, self._store.record(rid)
+        p = self._store._packed
+        if p is None:
+            return
+        br = p.batch_row
+        modality = self._store.modality
+        for lo, cols in p.columns():
+            batches = np.searchsorted(br, np.arange(lo, lo + len(cols[ROW_ID])), side="right") - 1
+            for j, rid in enumerate(cols[ROW_ID]):
+                length = int(cols[ROW_LENGTH][j])
+                b = int(batches[j])
+                yield str(rid), {"id": str(rid), "description": str(cols[ROW_DESCRIPTION][j]),
+                                 "length": length, "modality": modality, "n_chunks": 1 if length else 0,
+                                 "packed": True, "row": lo + j, "offset": int(cols[ROW_OFFSET][j]),
+                                 "batch": b if b < p.n_batches else None}
+
+    def values(self):
+        return (info for _rid, info in self.items())
+
 
 # ---------------------------------------------------------------------------------- the store
 class OutputStore:
@@ -212,15 +377,26 @@ class OutputStore:
         self._group = group
         self.mode = mode
         self._meta = dict(group.attrs["linpipe"])
-        self._keys_by_id = {info["id"]: key for key, info in self._meta["records"].items()}
+        self.format_version = int(self._meta["format_version"])
+        self._long_by_id = {info["id"]: key for key, info in self._meta["records"].items()}
+        pinfo = self._meta.get("packed")
+        self._packed = _Packed(group[PACKED], pinfo, self.chunk_size) if pinfo else None
         self._arrays: dict[str, object] = {}
+        self._resolved: dict[str, dict] = {}
 
     # ------------------------------------------------------------------ create / open
     @classmethod
     def create(cls, path, *, meta: dict, records: list[dict], outputs=None, chunk_size: int,
                feature_dim: int | None = None, channels=None, overwrite: bool = False,
-               hidden_dtype: str = "float16") -> "OutputStore":
-        """Lay out a new store: root metadata, one group per record, every array empty."""
+               hidden_dtype: str = "float16", packed: PackedRecords | None = None,
+               modality: str | None = None, packed_time_dtype: str | None = None) -> "OutputStore":
+        """Lay out a new store: root metadata, one group per long record, the packed group with
+        the short records' table, every output array empty.
+
+        records: dicts {id, length, description?, modality?, input?, time_dtype?}. Without
+        `packed`, records of at most chunk_size positions are packed here (batched as the plan
+        does); with `packed` (the plan's table of short records), `records` holds only the
+        long ones, and `modality`/`packed_time_dtype` describe the packed ones."""
         import zarr
 
         where = os.fspath(path)
@@ -228,34 +404,24 @@ class OutputStore:
             raise StoreError(f"{where}: chunk_size must be a positive integer, got {chunk_size!r}")
         if hidden_dtype not in HIDDEN_DTYPES:
             raise StoreError(f"{where}: hidden dtype must be float16 or float32, got {hidden_dtype!r}")
+        records = list(records)
+        if modality is None:
+            modality = records[0].get("modality", DNA) if records else DNA
         if outputs is None:  # the default for the records' modality (hidden is large: opt in)
-            outputs = DEFAULT_OUTPUTS[records[0].get("modality", DNA)] if records else []
+            outputs = DEFAULT_OUTPUTS.get(modality, []) if (records or packed is not None) else []
         outputs = list(outputs)
-        ids = [str(r["id"]) for r in records]
-        seen: set[str] = set()
-        for rid in ids:
-            if rid in seen:
-                raise StoreError(f"{where}: duplicate record id {rid!r}")
-            seen.add(rid)
         if isinstance(channels, int):
             channels = [str(i) for i in range(channels)]
         channels = None if channels is None else [str(c) for c in channels]
 
-        keys = make_keys(ids)
-        rec_meta: dict[str, dict] = {}
+        rec_infos = []
         for r in records:
-            modality = r.get("modality", DNA)
-            if modality not in OUTPUT_KINDS:
-                raise StoreError(f"{where}: record {r['id']!r}: unknown modality {modality!r}")
-            for name in outputs:
-                if name not in OUTPUT_KINDS[modality]:
-                    raise StoreError(f"{where}: record {r['id']!r}: output {name!r} is not a "
-                                     f"{modality} output (one of {', '.join(OUTPUT_KINDS[modality])})")
-                kind = OUTPUT_KINDS[modality][name]
-                if kind.trailing == "feature" and not feature_dim:
-                    raise StoreError(f"{where}: output {name!r} needs feature_dim")
-                if kind.trailing == "channel" and not channels:
-                    raise StoreError(f"{where}: output {name!r} needs channels")
+            rmod = r.get("modality", modality)
+            if rmod not in OUTPUT_KINDS:
+                raise StoreError(f"{where}: record {r['id']!r}: unknown modality {rmod!r}")
+            if rmod != modality:
+                raise StoreError(f"{where}: record {r['id']!r} is {rmod}, the others {modality}; "
+                                 "one store holds one modality")
             length = int(r["length"])
             if length < 0:
                 raise StoreError(f"{where}: record {r['id']!r}: negative length {length}")
@@ -264,15 +430,42 @@ class OutputStore:
                     "n_chunks": math.ceil(length / chunk_size)}
             if r.get("time_dtype"):
                 info["time_dtype"] = str(np.dtype(r["time_dtype"]))
-            rec_meta[keys[info["id"]]] = info
+            rec_infos.append(info)
+        _check_outputs(where, modality, outputs, feature_dim, channels)
+
+        if packed is None:
+            short = [i for i in rec_infos if i["length"] <= chunk_size]
+            rec_infos = [i for i in rec_infos if i["length"] > chunk_size]
+            dtypes = {i.get("time_dtype") for i in short if i["length"]}
+            if len(dtypes) > 1:
+                raise StoreError(f"{where}: short records have different time types "
+                                 f"({sorted(map(str, dtypes))})")
+            packed_time_dtype = dtypes.pop() if dtypes else None
+            packed = PackedRecords.build([i["id"] for i in short], [i["description"] for i in short],
+                                         [i["length"] for i in short], np.zeros(len(short)),
+                                         chunk_size=chunk_size)
+        else:
+            for i in rec_infos:
+                if i["length"] <= chunk_size:
+                    raise StoreError(f"{where}: record {i['id']!r} ({i['length']} positions) belongs in "
+                                     f"the packed table (at most {chunk_size} positions)")
+        hashes = id_hashes(packed.ids)
+        _check_unique(where, [i["id"] for i in rec_infos], packed, hashes)
+
+        keys = make_keys([i["id"] for i in rec_infos])
+        rec_meta = {keys[i["id"]]: i for i in rec_infos}
+        packed_meta = {"records": packed.n_records, "batches": packed.n_batches,
+                       "positions": packed.positions}
+        if packed_time_dtype:
+            packed_meta["time_dtype"] = str(np.dtype(packed_time_dtype))
 
         root_meta = _jsonable(dict(meta), where)
         root_meta.update({
             "format": FORMAT, "format_version": FORMAT_VERSION,
-            "linpipe_version": root_meta.get("version", __version__),
+            "linpipe_version": root_meta.get("version", __version__), "modality": modality,
             "outputs": outputs, "chunk_size": chunk_size, "feature_dim": feature_dim,
             "channels": channels, "hidden_dtype": hidden_dtype, "records": rec_meta,
-            "complete": False,
+            "packed": packed_meta, "complete": False,
         })
         root_meta = _jsonable(root_meta, where)
 
@@ -287,21 +480,36 @@ class OutputStore:
         nodes = {}
         for key, info in rec_meta.items():
             nodes.update(templates.record_nodes(key, info))
+        order = np.argsort(hashes, kind="stable")
+        fences = [int(h) for h in hashes[order][::TABLE_CHUNK]]
+        nodes.update(templates.packed_nodes(modality, packed, time_dtype=packed_meta.get("time_dtype"),
+                                            fences=fences))
         # overwrite=True: the location was just emptied, so zarr need not first read every path
         # to see whether a node is already there (it only clears paths that do not exist)
         with zarr.config.set({"async.concurrency": 64}):
             created = dict(zarr.create_hierarchy(store=location.store, nodes=nodes, overwrite=True))
-        # the channel names are the one array that holds data from the start
+        # the channel names are the one output-side array that holds data from the start
         name = channel_array(channels or []).name
-        coords = [created[record_path(k, name)] for k in rec_meta if record_path(k, name) in created]
+        coords = [created[p] for p in [record_path(k, name) for k in rec_meta] + [f"{PACKED}/{name}"]
+                  if p in created]
         labels = np.array(channels or [])
 
         def fill(arr):
             arr[:] = labels
 
         list(_pool().map(fill, coords))
+        _write_table(created, packed, hashes, order)
         root.attrs.put({"linpipe": root_meta})
         return cls(location, root, mode="r+")
+
+    @staticmethod
+    def exists(path) -> bool:
+        """True when anything is stored at path (a local folder or an object-store prefix)."""
+        location = _Location(path, read_only=True) if "://" in os.fspath(path) else None
+        if location is None:
+            p = Path(os.fspath(path))
+            return p.exists() and (not p.is_dir() or any(p.iterdir()))
+        return not location.is_empty()
 
     @classmethod
     def open(cls, path, mode: str = "r+") -> "OutputStore":
@@ -309,7 +517,13 @@ class OutputStore:
         if mode not in ("r", "r+"):
             raise StoreError(f"{os.fspath(path)}: mode must be 'r' or 'r+', got {mode!r}")
         location = _Location(path, read_only=(mode == "r"))
-        return cls(location, _open_root(location), mode=mode)
+        store = cls(location, _open_root(location), mode=mode)
+        if mode == "r+" and store.format_version != FORMAT_VERSION:
+            raise StoreError(f"{store.path}: written by linpipe {store.meta.get('linpipe_version')} in "
+                             f"output format {store.format_version}; it can be read (linpipe.open_output) "
+                             "but not written to: use --overwrite to run the job anew, or choose another "
+                             "--out")
+        return store
 
     # ------------------------------------------------------------------ metadata
     @property
@@ -322,52 +536,99 @@ class OutputStore:
         return int(self._meta["chunk_size"])
 
     @property
-    def records(self) -> dict[str, dict]:
-        """key -> {id, description, length, modality, input, n_chunks}."""
+    def modality(self) -> str:
+        if "modality" in self._meta:
+            return self._meta["modality"]
+        first = next(iter(self._meta["records"].values()), None)  # format 1 has no root modality
+        return first["modality"] if first else DNA
+
+    @property
+    def records(self) -> RecordMap:
+        """record id -> info, for every record (a lazy mapping: packed records come from the
+        table on demand)."""
+        return RecordMap(self)
+
+    @property
+    def long_records(self) -> dict[str, dict]:
+        """group key -> info of the records with a group of their own."""
         return self._meta["records"]
+
+    @property
+    def packed(self) -> _Packed | None:
+        """The packed short records (None in a format-1 store)."""
+        return self._packed
 
     @property
     def zarr_store(self):
         """The zarr Store under this output store (for xarray.open_zarr and zarr.open_group)."""
         return self._location.store
 
+    def record(self, key_or_id: str, *, by_key: bool = True) -> dict:
+        """A record's info, given its id (or the group key of a long record)."""
+        rid = str(key_or_id)
+        hit = self._resolved.get(rid)
+        if hit is not None:
+            return hit
+        info = None
+        if rid in self._long_by_id:
+            key = self._long_by_id[rid]
+            info = {**self._meta["records"][key], "key": key, "packed": False}
+        elif self._packed is not None and (row := self._packed.row_of(rid)) is not None:
+            info = {**self._packed.info(row), "modality": self.modality}
+        elif by_key and rid in self._meta["records"]:
+            info = {**self._meta["records"][rid], "key": rid, "packed": False}
+        if info is None:
+            raise StoreError(f"{self.path}: no record {rid!r} in this store")
+        if len(self._resolved) > 4096:
+            self._resolved.clear()
+        self._resolved[rid] = info
+        return info
+
     def record_key(self, record_id: str) -> str:
-        try:
-            return self._keys_by_id[str(record_id)]
-        except KeyError:
-            raise StoreError(f"{self.path}: no record {record_id!r} in this store") from None
+        """The group of a long record; a packed record's id (packed records have no group)."""
+        info = self.record(record_id, by_key=False)
+        return info["key"] if not info["packed"] else info["id"]
 
     def key(self, key_or_id: str) -> str:
-        """The group key, given a key or an original record id (keys win when both match)."""
-        if key_or_id in self._meta["records"]:
-            return key_or_id
-        if str(key_or_id) in self._keys_by_id:
-            return self._keys_by_id[str(key_or_id)]
-        raise StoreError(f"{self.path}: no record {key_or_id!r} in this store")
+        """The group key of a long record, or the id of a packed one, given a key or an id."""
+        info = self.record(key_or_id)
+        return info["key"] if not info["packed"] else info["id"]
 
     def n_chunks(self, key: str) -> int:
-        return int(self.records[self.key(key)]["n_chunks"])
+        return int(self.record(key)["n_chunks"])
 
     def chunk_range(self, key: str, chunk_index: int) -> tuple[int, int]:
-        """[start, end) positions of one work unit."""
-        length = int(self.records[self.key(key)]["length"])
+        """[start, end) positions of one work unit (a packed record is one unit, whole)."""
+        length = int(self.record(key)["length"])
         return chunk_index * self.chunk_size, min(length, (chunk_index + 1) * self.chunk_size)
 
-    def output_names(self, key: str) -> list[str]:
-        """The arrays of a record that write_chunk takes: the outputs, and `time` if it has one."""
+    def output_names(self, key: str | None = None) -> list[str]:
+        """The arrays of a record that write_chunk/write_batch take: the outputs, and `time` if
+        it has one (key None: the packed records)."""
         names = list(self._meta["outputs"])
-        if self.records[self.key(key)].get("time_dtype"):
+        if key is None or self.record(key)["packed"]:
+            has_time = self._packed is not None and self._packed.time_dtype
+        else:
+            has_time = self.record(key).get("time_dtype")
+        if has_time:
             names.append(TIME)
         return names
 
     def array(self, key: str, name: str):
-        """The zarr array of one output (or `time`/`channel`) of a record."""
-        key = self.key(key)
+        """The zarr array of one output (or `time`/`channel`) of a long record, or a view of a
+        packed record's part of the packed array (slices like a zarr array)."""
+        info = self.record(key)
+        if name not in self.output_names(key) + [CHANNEL_NAMES]:
+            raise StoreError(f"{self.path}: record {info['id']!r} has no output "
+                             f"{name!r} (it has {', '.join(self.output_names(key))})")
+        if info["packed"]:
+            if name == CHANNEL_NAMES:
+                return self._packed.array(name)
+            return PackedSlice(self._packed.array(name), info["offset"], info["length"])
         try:
-            return self._array(record_path(key, name))
+            return self._array(record_path(info["key"], name))
         except KeyError:
-            raise StoreError(f"{self.path}: record {self.records[key]['id']!r} has no output "
-                             f"{name!r} (it has {', '.join(self.output_names(key))})") from None
+            raise StoreError(f"{self.path}: record {info['id']!r} has no output {name!r}") from None
 
     def _array(self, path: str):
         arr = self._arrays.get(path)
@@ -376,54 +637,91 @@ class OutputStore:
         return arr
 
     # ------------------------------------------------------------------ writing
+    def _writable(self):
+        if self.mode == "r":
+            raise StoreError(f"{self.path}: opened read-only")
+
     def write_chunk(self, key: str, chunk_index: int, arrays: dict, state: dict | None = None):
-        """Write one work unit: every output over the chunk's range, then its state, then done.
+        """Write one work unit of a long record: every output over the chunk's range, then its
+        state, then done.
 
         arrays: name -> array over exactly [chunk_index*chunk_size, min(length, (i+1)*chunk_size))
         (and `time`, when the record was created with a time_dtype). state: the boundary state
         after this chunk, as plain numpy arrays (ModelState.to_arrays()).
         """
-        key = self.key(key)
-        if self.mode == "r":
-            raise StoreError(f"{self.path}: opened read-only")
-        info = self.records[key]
+        self._writable()
+        info = self.record(key)
+        if info["packed"]:
+            raise StoreError(f"{self.path}: record {info['id']!r} is packed (at most one work unit): "
+                             f"it is written whole, with its batch {info['batch']}, by write_batch")
+        key = info["key"]
         n = int(info["n_chunks"])
         if not 0 <= chunk_index < n:
             raise StoreError(f"{self.path}: record {info['id']!r}: chunk {chunk_index} out of range "
                              f"(the record has {n} chunks)")
         start, end = self.chunk_range(key, chunk_index)
-        expected = self.output_names(key)
+        what = f"record {info['id']!r} chunk {chunk_index}"
+        prepared = self._prepare(arrays, self.output_names(key), lambda name: record_path(key, name),
+                                 end - start, what, f"for positions {start}-{end}")
+        done = self._array(progress_path(key, "done"))
+        self._write_unit(prepared, start, end, done, chunk_index,
+                         lambda: self._write_state(key, chunk_index, state) if state is not None
+                         else self._drop_state(key, chunk_index))
+
+    def write_batch(self, batch: int, arrays: dict):
+        """Write one batch of packed records: each output's values of the batch's records back
+        to back, in table order (as PackedRecords lists them), then the batch's marker."""
+        self._writable()
+        p = self._packed
+        if p is None or not 0 <= batch < p.n_batches:
+            n = p.n_batches if p is not None else 0
+            raise StoreError(f"{self.path}: batch {batch} out of range (the store has {n} batches)")
+        rows = p.batch_row[batch:batch + 2]
+        used = int(p.array(ROW_LENGTH)[int(rows[0]):int(rows[1])].sum())
+        prepared = self._prepare(arrays, self.output_names(None), lambda name: f"{PACKED}/{name}", used,
+                                 f"batch {batch}", f"for its {int(rows[1] - rows[0])} records")
+        start = batch * self.chunk_size
+        padded = {}
+        for name, (arr, data) in prepared.items():  # whole chunks: the tail keeps the fill value
+            full = np.full((self.chunk_size,) + data.shape[1:], arr.fill_value, dtype=arr.dtype)
+            full[:used] = data
+            padded[name] = (arr, full)
+        self._write_unit(padded, start, start + self.chunk_size, self._group[f"{PROGRESS}/{PACKED}/done"],
+                         batch, lambda: None)
+
+    def _prepare(self, arrays: dict, expected: list[str], path_of, n: int, what: str, where: str) -> dict:
         if set(arrays) != set(expected):
-            raise StoreError(f"{self.path}: record {info['id']!r} chunk {chunk_index}: got outputs "
-                             f"{sorted(arrays)}, the store holds {sorted(expected)}")
+            raise StoreError(f"{self.path}: {what}: got outputs {sorted(arrays)}, the store holds "
+                             f"{sorted(expected)}")
         prepared = {}
         for name in expected:
-            arr = self._array(record_path(key, name))
+            arr = self._array(path_of(name))
             data = np.asarray(arrays[name])
             if name == TIME and np.issubdtype(data.dtype, np.datetime64):
                 data = data.astype("datetime64[ns]").view("int64")
-            want = (end - start,) + tuple(arr.shape[1:])
+            want = (n,) + tuple(arr.shape[1:])
             if data.shape != want:
-                raise StoreError(f"{self.path}: record {info['id']!r} chunk {chunk_index}: {name} has "
-                                 f"shape {data.shape}, expected {want} for positions {start}-{end}")
+                raise StoreError(f"{self.path}: {what}: {name} has shape {data.shape}, "
+                                 f"expected {want} {where}")
             prepared[name] = (arr, data.astype(arr.dtype, copy=False))
+        return prepared
 
-        done = self._array(progress_path(key, "done"))
-        if done[chunk_index]:  # rewriting a finished chunk: it is not finished while we do
-            done[chunk_index] = 0
-            self._sync([(done, (chunk_index,))])
-
+    def _write_unit(self, prepared: dict, start: int, end: int, done, index: int, write_state):
+        """Data, then the state, then the marker, each durable before the next."""
+        if done[index]:  # rewriting a finished unit: it is not finished while we do
+            done[index] = 0
+            self._sync([(done, (index,))])
+        chunk = start // self.chunk_size
         for arr, data in prepared.values():  # 1. data: whole Zarr chunks only
             arr[start:end] = data
-        self._sync([(arr, (chunk_index,) + (0,) * (arr.ndim - 1)) for arr, _ in prepared.values()])
+        self._sync([(arr, (chunk,) + (0,) * (arr.ndim - 1)) for arr, _ in prepared.values()])
+        write_state()  # 2. the boundary state after this unit
+        done[index] = 1  # 3. the marker, last
+        self._sync([(done, (index,))])
 
-        if state is not None:  # 2. the boundary state after this chunk, in its own array
-            self._write_state(key, chunk_index, state)
-        else:  # no stale state from an earlier attempt may outlive this write
-            del self._group[state_path(key, chunk_index)]
-
-        done[chunk_index] = 1  # 3. the marker, last
-        self._sync([(done, (chunk_index,))])
+    def _drop_state(self, key: str, chunk_index: int):
+        """No stale state from an earlier attempt may outlive a write without one."""
+        del self._group[state_path(key, chunk_index)]
 
     def _write_state(self, key: str, chunk_index: int, state: dict):
         """One uint8 array per boundary holding the state as a safetensors blob (names, dtypes
@@ -452,12 +750,22 @@ class OutputStore:
 
     # ------------------------------------------------------------------ progress
     def completed_chunks(self, key: str) -> set[int]:
-        done = self._array(progress_path(self.key(key), "done"))
+        info = self.record(key)
+        if info["packed"]:
+            b = info["batch"]
+            done = b is None or bool(self._group[f"{PROGRESS}/{PACKED}/done"][b])
+            return {0} if done and info["length"] else set()
+        done = self._array(progress_path(info["key"], "done"))
         return set(np.flatnonzero(done[:]).tolist())
+
+    def batches_done(self) -> np.ndarray:
+        """(n_batches,) bool: which batches of packed records are written."""
+        if self._packed is None:
+            return np.zeros(0, dtype=bool)
+        return self._packed.batch_done(self._group[PROGRESS])
 
     def missing_ranges(self, key: str) -> list[tuple[int, int]]:
         """Position ranges [start, end) not yet written, adjacent chunks merged."""
-        key = self.key(key)
         done = self.completed_chunks(key)
         out: list[tuple[int, int]] = []
         for i in range(self.n_chunks(key)):
@@ -472,15 +780,15 @@ class OutputStore:
 
     def boundary_state(self, key: str, chunk_index: int) -> dict | None:
         """The state saved after `chunk_index`, or None when that chunk is not complete (or was
-        written without a state)."""
+        written without a state; packed records have none)."""
         import zarr
         from safetensors.numpy import load
 
-        key = self.key(key)
-        if chunk_index not in self.completed_chunks(key):
+        info = self.record(key)
+        if info["packed"] or chunk_index not in self.completed_chunks(key):
             return None
         try:
-            arr = zarr.open_array(store=self.zarr_store, path=state_path(key, chunk_index), mode="r",
+            arr = zarr.open_array(store=self.zarr_store, path=state_path(info["key"], chunk_index), mode="r",
                                   zarr_format=3)
         except (FileNotFoundError, KeyError, ValueError):
             return None
@@ -491,11 +799,38 @@ class OutputStore:
 
     def record_complete(self, key: str) -> bool:
         """True when every chunk of the record is written (data, state and marker)."""
-        key = self.key(key)
         return len(self.completed_chunks(key)) == self.n_chunks(key)
 
+    def progress(self) -> dict:
+        """Counts of records, positions and units, in all and done (without a per-record loop
+        over packed records)."""
+        records = records_done = positions = positions_done = units = units_done = 0
+        for key, info in self._meta["records"].items():
+            n, length = int(info["n_chunks"]), int(info["length"])
+            done = self.completed_chunks(key)
+            records += 1
+            records_done += len(done) == n
+            positions += length
+            positions_done += sum(b - a for a, b in (self.chunk_range(key, i) for i in done))
+            units += n
+            units_done += len(done)
+        p = self._packed
+        if p is not None and p.n_records:
+            lengths, br, ok = p.lengths(), p.batch_row, self.batches_done()
+            per_batch = np.add.reduceat(lengths, br[:-1]) if p.n_batches else np.zeros(0, np.int64)
+            rows_done = sum(int(br[b + 1] - br[b]) for b in np.flatnonzero(ok))
+            records += p.n_records
+            records_done += rows_done + (p.n_records - int(br[-1]))  # empty records need no work
+            positions += int(lengths.sum())
+            positions_done += int(per_batch[ok].sum())
+            units += p.n_batches
+            units_done += int(ok.sum())
+        return {"records": records, "records_done": records_done, "positions": positions,
+                "positions_done": positions_done, "units": units, "units_done": units_done,
+                "complete": self.is_complete()}
+
     def finalize(self) -> bool:
-        """Mark the store complete when every chunk of every record is done; True if it is.
+        """Mark the store complete when every unit is done; True if it is.
 
         Consolidates the record groups' metadata into the root document first (they never change
         again), so xarray opens a record without listing the store, and only then sets `complete`:
@@ -504,9 +839,10 @@ class OutputStore:
         """
         import zarr
 
-        if self.mode == "r":
-            raise StoreError(f"{self.path}: opened read-only")
-        if not all(self.record_complete(key) for key in self.records):
+        self._writable()
+        if not all(self.record_complete(key) for key in self._meta["records"]):
+            return False
+        if not self.batches_done().all():
             return False
         meta = {**self._group.attrs["linpipe"], "complete": True}
         self._remove_partial_files()
@@ -516,6 +852,8 @@ class OutputStore:
         root.update_attributes({"linpipe": meta})
         self._group = zarr.open_group(store=self.zarr_store, mode="r+", zarr_format=3, use_consolidated=False)
         self._arrays.clear()
+        if self._packed is not None:
+            self._packed = _Packed(self._group[PACKED], meta["packed"], self.chunk_size)
         self._meta = meta
         return True
 
@@ -534,6 +872,82 @@ class OutputStore:
 
     def close(self):
         self._arrays.clear()
+        self._resolved.clear()
+
+
+class PackedSlice:
+    """One packed record's part of a packed array: slices along the first axis like a zarr
+    array over [0, length)."""
+
+    def __init__(self, array, offset: int, length: int):
+        self._array = array
+        self.offset = offset
+        self.shape = (length,) + tuple(array.shape[1:])
+        self.dtype = array.dtype
+        self.ndim = array.ndim
+        self.attrs = array.attrs
+        self.fill_value = array.fill_value
+
+    @property
+    def dims(self) -> tuple[str, ...]:
+        return tuple(self._array.metadata.dimension_names)
+
+    def __len__(self):
+        return self.shape[0]
+
+    def __getitem__(self, sel):
+        rest = ()
+        if isinstance(sel, tuple):
+            sel, rest = sel[0], sel[1:]
+        if not isinstance(sel, slice) or sel.step not in (None, 1):
+            raise TypeError("a packed record reads by contiguous slices, e.g. values[start:end]")
+        s, e, _ = sel.indices(self.shape[0])
+        e = max(e, s)
+        return self._array[(slice(self.offset + s, self.offset + e),) + rest]
+
+
+def _check_outputs(where, modality, outputs, feature_dim, channels):
+    for name in outputs:
+        if name not in OUTPUT_KINDS[modality]:
+            raise StoreError(f"{where}: output {name!r} is not a {modality} output "
+                             f"(one of {', '.join(OUTPUT_KINDS[modality])})")
+        kind = OUTPUT_KINDS[modality][name]
+        if kind.trailing == "feature" and not feature_dim:
+            raise StoreError(f"{where}: output {name!r} needs feature_dim")
+        if kind.trailing == "channel" and not channels:
+            raise StoreError(f"{where}: output {name!r} needs channels")
+
+
+def _check_unique(where, long_ids, packed: PackedRecords, packed_hashes: np.ndarray):
+    """Record ids are unique across long and packed records (the plan checks inputs earlier
+    with file names; this guards the store's own contract). Only equal hashes are compared."""
+    ids = np.concatenate([np.asarray(list(long_ids), dtype=object), packed.ids])
+    if len(ids) < 2:
+        return
+    hashes = np.concatenate([id_hashes(list(long_ids)), packed_hashes])
+    order = np.argsort(hashes, kind="stable")
+    same = np.flatnonzero(hashes[order][1:] == hashes[order][:-1])
+    for j in same.tolist():
+        a, b = ids[order[j]], ids[order[j + 1]]
+        if a == b:
+            raise StoreError(f"{where}: duplicate record id {a!r}")
+
+
+def _write_table(created: dict, packed: PackedRecords, hashes: np.ndarray, order: np.ndarray):
+    """The record table, the batch edges and the id index (written once, by create)."""
+    group = {p.split("/", 1)[1]: a for p, a in created.items() if p.startswith(f"{PACKED}/")}
+    group[BATCH_ROW][:] = packed.batch_row
+    if packed.n_records == 0:
+        return
+    columns = {ROW_ID: packed.ids, ROW_DESCRIPTION: packed.descriptions,
+               ROW_LENGTH: packed.lengths, ROW_OFFSET: packed.offsets(),
+               LOOKUP_HASH: hashes[order], LOOKUP_ROW: order.astype(np.int64)}
+
+    def put(item):
+        name, values = item
+        group[name][:] = values
+
+    list(_pool().map(put, columns.items()))
 
 
 def _check_overwrite(location: _Location, overwrite: bool):
@@ -581,7 +995,7 @@ def _open_root(location: _Location):
         raise StoreError(f"{where}: a Zarr store, but not a linpipe output store "
                          "(no 'linpipe' root attributes)")
     version = meta.get("format_version")
-    if not isinstance(version, int) or version > FORMAT_VERSION:
+    if version not in READABLE_VERSIONS:
         raise StoreError(f"{where}: written in linpipe output format {version}, newer than this "
                          f"linpipe ({__version__}) reads (up to {FORMAT_VERSION}); upgrade linpipe")
     return group
