@@ -275,8 +275,8 @@ class OutputReader:
                 stored += a.nbytes_stored()
             first = []  # a glimpse of the packed records (there can be millions)
             for _lo, cols in p.columns((ROW_ID, ROW_LENGTH)):
-                first = [{"id": str(i), "length": int(n)} for i, n in zip(cols[ROW_ID][:SHOWN],
-                                                                          cols[ROW_LENGTH][:SHOWN], strict=True)]
+                ids, lengths = cols[ROW_ID][:SHOWN], cols[ROW_LENGTH][:SHOWN]
+                first = [{"id": str(i), "length": int(n)} for i, n in zip(ids, lengths, strict=True)]
                 break
             packed = {"records": p.n_records, "positions": p.positions, "batches": p.n_batches,
                       "batches_done": int(ok.sum()), "first": first}

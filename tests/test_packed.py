@@ -1,0 +1,269 @@
+"""Many short records (issue 13): packed batches beside long records, on real genome pieces.
+
+The inputs are cut from real genomes (the soft-masked, N-bearing human chr1 and a lowercase
+draft assembly) into hundreds of records of random length, with the edge cases a planner gets
+wrong: an empty record, a record of one base, records of exactly one work unit and one more.
+"""
+from __future__ import annotations
+
+import gzip
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from _pipeline_data import assert_same_bytes, make_tiny_model, record_outputs, store_arrays
+from click.testing import CliRunner
+
+from linpipe.cli import cli
+from linpipe.errors import StoreError
+from linpipe.store import OutputStore
+from linpipe.store.table import PackedRecords
+
+CHUNK = 2_048
+EDGE = {"empty": 0, "one_base": 1, "one_unit": CHUNK, "unit_plus_one": CHUNK + 1}
+
+
+def _sequences(genomes: Path) -> list[str]:
+    seqs, cur = [], []
+    with gzip.open(genomes / "korflab_hg19_chr1_first3Mb.fa.gz", "rt") as f:
+        for line in f:
+            if not line.startswith(">"):
+                cur.append(line.strip())
+            if sum(map(len, cur)) > 700_000:
+                break
+    seqs.append("".join(cur))
+    cur = []
+    with open(genomes / "abricate_Sepidermidis_ST14_assembly.fa") as f:
+        for line in f:
+            if line.startswith(">"):
+                if cur:
+                    seqs.append("".join(cur))
+                cur = []
+            else:
+                cur.append(line.strip())
+    seqs.append("".join(cur))
+    return [s for s in seqs if len(s) > 3 * CHUNK]
+
+
+def write_contigs(genomes: Path, dest: Path, n: int, seed: int, long: int = 3) -> dict[str, int]:
+    """n random pieces (20-1,500 bp) of real genomes, `long` pieces of 2-4 units, and the edge
+    cases; ids carry ':' and '|' as real assemblies' do. Returns id -> length."""
+    rng = np.random.default_rng(seed)
+    sources = _sequences(genomes)
+    lengths = dict(EDGE)
+    for i in range(n):
+        lengths[f"ctg{i}|len:{i}"] = int(rng.integers(20, 1_500))
+    for i in range(long):
+        lengths[f"chrL{i}"] = int(rng.integers(2 * CHUNK, 4 * CHUNK))
+    order = list(lengths)
+    rng.shuffle(order)
+    with open(dest, "w") as f:
+        for rid in order:
+            src = sources[int(rng.integers(len(sources)))]
+            start = int(rng.integers(0, len(src) - lengths[rid]))
+            seq = src[start:start + lengths[rid]]
+            f.write(f">{rid} piece of a real genome\n")
+            for i in range(0, len(seq), 70):
+                f.write(seq[i:i + 70] + "\n")
+    return {rid: lengths[rid] for rid in order}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return make_tiny_model(tmp_path_factory.mktemp("model") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def contigs(genomes, tmp_path_factory):
+    path = tmp_path_factory.mktemp("contigs") / "contigs.fa"
+    return path, write_contigs(genomes, path, 300, seed=13)
+
+
+def _submit(fasta, model, out, *extra):
+    return [sys.executable, "-c", "from linpipe.cli import cli; cli()", "submit", str(fasta), "--model",
+            str(model), "--chunk-size", str(CHUNK), "--outputs", "logprob,entropy,softmask",
+            "--out", str(out), *extra]
+
+
+# ------------------------------------------------------------------------------------- plan
+def test_plan_packs_short_records_and_streams_long_ones(contigs, tiny):
+    from linpipe.jobs.plan import plan_job
+    from linpipe.jobs.request import JobRequest
+
+    path, lengths = contigs
+    plan = plan_job(JobRequest(inputs=(str(path),), model=tiny, chunk_size=CHUNK))
+    long = {rid for rid, n in lengths.items() if n > CHUNK}
+    assert {r.id for r in plan.records} == long == {"unit_plus_one", "chrL0", "chrL1", "chrL2"}
+    assert plan.n_records == len(lengths) and plan.total_positions == sum(lengths.values())
+    p = plan.packed
+    assert set(p.ids.tolist()) == set(lengths) - long and "one_unit" in set(p.ids.tolist())
+    assert p.ids[p.batch_row[-1]:].tolist() == ["empty"]  # no work, but a row in the table
+    chunks = [c for b in range(p.n_batches) for c in plan.batch_chunks(b)]
+    assert sorted((c.record_id, c.end) for c in chunks) == sorted(
+        (rid, n) for rid, n in lengths.items() if 0 < n <= CHUNK)
+    assert all(sum(c.positions for c in plan.batch_chunks(b)) <= CHUNK for b in range(p.n_batches))
+    assert plan.n_units == sum(-(-lengths[r] // CHUNK) for r in long) + p.n_batches
+
+
+def test_duplicate_ids_name_both_places(contigs, tiny, tmp_path):
+    """In two inputs: both files. In one FASTA: both header lines."""
+    path, _ = contigs
+    other = tmp_path / "other.fa"
+    other.write_text(">ctg7|len:7 again\nACGT\n")
+    r = CliRunner().invoke(cli, ["submit", str(path), str(other), "--model", tiny, "--dry-run",
+                                 "--chunk-size", str(CHUNK)])
+    assert r.exit_code != 0 and "Traceback" not in r.output
+    assert "'ctg7|len:7'" in r.output and str(path) in r.output and str(other) in r.output
+    twice = tmp_path / "twice.fa"
+    twice.write_text(">a\nACGT\n>b\nAC\n>a\nGG\n")
+    r = CliRunner().invoke(cli, ["submit", str(twice), "--model", tiny, "--dry-run"])
+    assert r.exit_code != 0 and "duplicate record id 'a'" in r.output and "line 1" in r.output
+    assert "line 5" in r.output
+    with pytest.raises(StoreError, match="duplicate record id 'x'"):
+        OutputStore.create(tmp_path / "d.zarr", meta={}, records=[{"id": "x", "length": 5000},
+                                                                  {"id": "x", "length": 5}], chunk_size=100)
+
+
+def test_packed_records_hold_at_most_one_unit_each():
+    p = PackedRecords.build(["a", "b"], ["", ""], [3, 10], [0, 0], chunk_size=10)
+    assert p.n_batches == 2 and p.offsets().tolist() == [0, 10]  # b (longest) first
+    with pytest.raises(ValueError, match="longer than one work unit"):
+        PackedRecords.build(["a"], [""], [11], [0], chunk_size=10)
+
+
+# ------------------------------------------------------------------------------------- a million
+@pytest.mark.slow
+def test_a_million_records_store_is_laid_out_in_seconds_and_finds_any_id(tmp_path):
+    n = 1_000_000
+    rng = np.random.default_rng(1)
+    lengths = rng.integers(80, 600, size=n)
+    ids = [f"read_{i}/{j}" for i, j in zip(range(n), rng.integers(1, 3, size=n), strict=True)]
+    packed = PackedRecords.build(ids, [""] * n, lengths, np.zeros(n), chunk_size=262_144)
+    store = OutputStore.create(tmp_path / "m.zarr", meta={}, records=[], packed=packed, modality="dna",
+                               outputs=["logprob"], chunk_size=262_144)
+    files = [f for f in (tmp_path / "m.zarr").rglob("*") if f.is_file()]
+    assert len(files) < 100  # the table is chunked arrays: no file per record
+    target = ids[765_432]
+    info = store.record(target)
+    b = info["batch"]
+    rids = store.packed.batch_ids(b)
+    values = [np.full(int(lengths[ids.index(r)] if r != target else info["length"]), k, np.float32)
+              for k, r in enumerate(rids)]
+    store.write_batch(b, {"logprob": np.concatenate(values)})
+    import linpipe
+
+    out = linpipe.open_output(tmp_path / "m.zarr")
+    ds = out.dataset(target)
+    assert ds.sizes["position"] == lengths[765_432] and ds.attrs["record_id"] == target
+    assert (ds["logprob"].values == rids.index(target)).all()
+    assert len(out.records) == n and target in out.records and "read_x/1" not in out.records
+
+
+# ------------------------------------------------------------------------------------- end to end
+@pytest.mark.slow
+def test_packed_and_long_records_equal_the_model_on_each_record_alone(contigs, tiny, tmp_path):
+    import linpipe
+
+    path, lengths = contigs
+    out = tmp_path / "out.zarr"
+    r = CliRunner().invoke(cli, ["submit", str(path), "--model", tiny, "--chunk-size", str(CHUNK),
+                                 "--workers", "2", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    res = linpipe.open_output(out)
+    assert res.complete and len(res.records) == len(lengths)
+    assert res.store.packed.n_records == sum(1 for n in lengths.values() if n <= CHUNK)
+    model = linpipe.load_model(tiny)
+    inp = linpipe.open_input(str(path))
+    got = record_outputs(out)
+    for rid, n in lengths.items():
+        tokens, mask = inp.read(rid, 0, n)
+        ds = res.dataset(rid)
+        assert ds.sizes["position"] == n and ds.attrs["record_id"] == rid
+        np.testing.assert_array_equal(got[f"{rid}/softmask"], mask)
+        state, parts = model.init_state(), []
+        for s in range(0, n, CHUNK):  # the bare model on this record alone
+            o, state = model.forward(tokens[s:s + CHUNK], state, outputs=["logprob", "entropy"])
+            parts.append(o)
+        if n:
+            for name in ("logprob", "entropy"):
+                want = np.concatenate([p[name] for p in parts])
+                np.testing.assert_allclose(got[f"{rid}/{name}"], want, rtol=1e-5, atol=1e-5, err_msg=rid)
+    soft = np.concatenate([got[f"{rid}/softmask"] for rid in lengths])
+    assert 0 < soft.mean() < 1  # soft-masked and unmasked bases both present
+    # inspect, export and plot on the packed store
+    r = CliRunner().invoke(cli, ["inspect", str(out), "--json"])
+    assert r.exit_code == 0
+    import json
+
+    s = json.loads(r.output)
+    assert s["n_records"] == len(lengths) and s["packed"]["batches_done"] == s["packed"]["batches"]
+    bg = tmp_path / "lp.bedgraph"
+    r = CliRunner().invoke(cli, ["export", str(out), "--format", "bedgraph", "--output", "softmask",
+                                 "-o", str(bg)])
+    assert r.exit_code == 0, r.output
+    covered: dict[str, int] = {}
+    for line in bg.read_text().splitlines()[1:]:
+        chrom, a, b, v = line.split("\t")
+        covered[chrom] = covered.get(chrom, 0) + int(b) - int(a)
+        assert float(v) == got[f"{chrom}/softmask"][int(a)]
+    assert covered == {rid: n for rid, n in lengths.items() if n}  # every base of every record
+    bw = tmp_path / "lp.bw"
+    r = CliRunner().invoke(cli, ["export", str(out), "--format", "bigwig", "--output", "logprob",
+                                 "-o", str(bw)])
+    assert r.exit_code == 0, r.output
+    import pyBigWig
+
+    f = pyBigWig.open(str(bw))
+    assert f.chroms() == {rid: n for rid, n in lengths.items() if n}
+    np.testing.assert_allclose(f.values("ctg5|len:5", 0, lengths["ctg5|len:5"]), got["ctg5|len:5/logprob"],
+                               rtol=1e-6)
+    png = tmp_path / "one.png"
+    r = CliRunner().invoke(cli, ["plot", str(out), "--record", "ctg9|len:9", "--output", "logprob",
+                                 "-o", str(png)])
+    assert r.exit_code == 0 and png.stat().st_size > 0
+
+
+def _units_done(out) -> int:
+    try:
+        return OutputStore.open(str(out), mode="r").progress()["units_done"]
+    except Exception:  # not created yet: poll again
+        return 0
+
+
+@pytest.mark.slow
+def test_sigkilled_driver_on_a_packed_store_resumes_bit_identical(genomes, tiny, tmp_path):
+    fasta = tmp_path / "many.fa"
+    write_contigs(genomes, fasta, 1_500, seed=5, long=1)
+    out, clean = tmp_path / "killed.zarr", tmp_path / "clean.zarr"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(_submit(fasta, tiny, out, "--workers", "1"), env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 180
+        while _units_done(out) < 5 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proc.poll() is None, "the job finished before it could be killed"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        progress = OutputStore.open(str(out), mode="r").progress()
+        assert 5 <= progress["units_done"] < progress["units"]
+        res = subprocess.run(_submit(fasta, tiny, out, "--workers", "1"), env=env, capture_output=True,
+                             text=True, timeout=300)
+        assert res.returncode == 0, res.stderr
+    finally:
+        for d in os.listdir("/proc"):  # only what our own killed subprocess started
+            if d.isdigit():
+                try:
+                    if os.getsid(int(d)) == proc.pid:
+                        os.kill(int(d), signal.SIGKILL)
+                except OSError:
+                    pass
+    res = subprocess.run(_submit(fasta, tiny, clean, "--workers", "1"), env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert_same_bytes(store_arrays(clean), store_arrays(out))
