@@ -257,16 +257,8 @@ def store_progress(out: str | None) -> dict[str, Any] | None:
     except (LinpipeError, OSError, ValueError, KeyError):
         return None
     try:
-        records = positions = records_done = positions_done = 0
-        for key, info in store.records.items():
-            n, done = store.n_chunks(key), store.completed_chunks(key)
-            records += 1
-            positions += int(info["length"])
-            records_done += len(done) >= n
-            positions_done += sum(b - a for a, b in map(lambda c: store.chunk_range(key, c),
-                                                        done))
-        return {"records": records, "records_done": records_done, "positions": positions,
-                "positions_done": positions_done, "complete": store.is_complete()}
+        p = store.progress()
+        return {k: p[k] for k in ("records", "records_done", "positions", "positions_done", "complete")}
     except (LinpipeError, OSError, ValueError, KeyError):
         return None  # a store still being created by the job
     finally:
