@@ -267,3 +267,56 @@ def test_sigkilled_driver_on_a_packed_store_resumes_bit_identical(genomes, tiny,
                          text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     assert_same_bytes(store_arrays(clean), store_arrays(out))
+
+
+@pytest.mark.slow
+def test_many_series_under_an_id_column_are_packed_too(timeseries, tmp_path):
+    """400 short and 2 long sensor series cut from the real 2-lead ECG, with time stamps."""
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import linpipe
+
+    ecg = pq.read_table(timeseries / "mitdb_100_ecg.parquet").to_pandas()
+    rng = np.random.default_rng(3)
+    lengths = [int(n) for n in rng.integers(20, 700, size=400)] + [CHUNK + 500, 2 * CHUNK + 7]
+    ids, rows = [], []
+    start = 0
+    for i, n in enumerate(lengths):
+        ids += [f"sensor-{i:03d}"] * n
+        at = start % (len(ecg) - 5_000)
+        rows.append(ecg.iloc[at:at + n])
+        start += n
+    frame = pd.concat(rows, ignore_index=True)
+    t = np.datetime64("2026-01-01", "ns") + (np.arange(len(frame)) * 2_777_778).astype("timedelta64[ns]")
+    table = pa.table({"sensor": ids, "t": t, "MLII_mV": frame["MLII_mV"].to_numpy(np.float32),
+                      "V5_mV": frame["V5_mV"].to_numpy(np.float32)})
+    path = tmp_path / "fleet.parquet"
+    pq.write_table(table, path)
+    model_dir = tmp_path / "ts_model"
+    r = CliRunner().invoke(cli, ["model", "init", str(model_dir), "--modality", "timeseries",
+                                 "--channels", "2", "--d-model", "16", "--n-layers", "1", "--n-heads", "2",
+                                 "--mlp-hidden", "32"])
+    assert r.exit_code == 0, r.output
+    out = tmp_path / "fleet.zarr"
+    r = CliRunner().invoke(cli, ["submit", str(path), "--model", str(model_dir), "--id-column", "sensor",
+                                 "--time-column", "t", "--chunk-size", str(CHUNK), "--workers", "2",
+                                 "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    res = linpipe.open_output(out)
+    assert res.store.packed.n_records == 400 and len(res.store.long_records) == 2
+    model = linpipe.load_model(str(model_dir))
+    x = np.stack([table["MLII_mV"].to_numpy(), table["V5_mV"].to_numpy()], axis=1)
+    sensors = np.asarray(ids)
+    for i in list(range(0, 400, 37)) + [400, 401]:
+        sel = sensors == f"sensor-{i:03d}"
+        ds = res.dataset(f"sensor-{i:03d}")
+        assert ds.sizes == {"time": lengths[i], "channel": 2}
+        assert list(ds["channel"].values) == ["MLII_mV", "V5_mV"]
+        np.testing.assert_array_equal(ds["time"].values, t[sel])
+        state, parts = model.init_state(), []
+        for s in range(0, lengths[i], CHUNK):
+            o, state = model.forward(x[sel][s:s + CHUNK], state, outputs=["forecast"])
+            parts.append(o["forecast"])
+        np.testing.assert_allclose(ds["forecast"].values, np.concatenate(parts), rtol=1e-5, atol=1e-4)
