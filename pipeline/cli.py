@@ -273,6 +273,43 @@ def inspect(store, as_json):
 
 @cli.command()
 @click.argument("store", type=click.Path())
+@click.option("--repair", is_flag=True,
+              help="Recompute the corrupt and missing units from their boundary states (needs the "
+                   "job's inputs and model where they were), then verify again.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (for scripts).")
+def verify(store, repair, as_json):
+    """Re-read every unit of an output store and check it against the checksums written with it.
+
+    Each corrupt or missing unit is named by record and position range (or packed batch and its
+    records); the exit status is 1 when any remains. Example: linpipe verify OUT.zarr --repair
+    """
+    import json
+
+    from linpipe.store.verify import verify_store
+
+    report = verify_store(store)
+    repaired = 0
+    if repair and report.problems:
+        from linpipe.jobs.repair import repair_units
+
+        for p in report.problems:
+            click.echo(f"repairing {p.describe()}", err=True)
+        repaired = repair_units(store, report.problems)
+        report = verify_store(store)
+    if as_json:
+        click.echo(json.dumps({**report.as_dict(), "repaired": repaired}, indent=2))
+    else:
+        for p in report.problems:
+            click.echo(p.describe())
+        state = "ok" if report.ok else f"{len(report.problems)} unit(s) corrupt or missing"
+        fixed = f", {repaired} repaired" if repaired else ""
+        click.echo(f"{report.path}: {report.units:,} units checked{fixed}: {state}")
+    if not report.ok:
+        raise SystemExit(1)
+
+
+@cli.command()
+@click.argument("store", type=click.Path())
 @click.option("--format", "fmt", type=click.Choice(["bigwig", "bedgraph", "parquet"]), required=True)
 @click.option("--output", "output", required=True,
               help="Output to export, e.g. logprob (parquet: a comma list).")
@@ -280,16 +317,25 @@ def inspect(store, as_json):
 @click.option("-o", "dest", required=True, type=click.Path(), help="File to write.")
 def export(store, fmt, output, records, dest):
     """Export an output as a genome-browser track (bigWig, bedGraph) or a Parquet table."""
+    import warnings
+
     from linpipe.outputs.export import export_parquet, export_track
+    from linpipe.store.reader import CorruptUnitWarning
 
     reader = _open_reader(store)
-    if fmt == "parquet":
-        n = export_parquet(reader, [o.strip() for o in output.split(",") if o.strip()], dest,
-                           records=list(records))
-        click.echo(f"Wrote {n:,} rows to {dest}")
-    else:
-        n = export_track(reader, output, dest, fmt=fmt, records=list(records))
-        click.echo(f"Wrote {n:,} intervals to {dest}")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", CorruptUnitWarning)
+        if fmt == "parquet":
+            n = export_parquet(reader, [o.strip() for o in output.split(",") if o.strip()], dest,
+                               records=list(records))
+            done = f"Wrote {n:,} rows to {dest}"
+        else:
+            n = export_track(reader, output, dest, fmt=fmt, records=list(records))
+            done = f"Wrote {n:,} intervals to {dest}"
+    for w in caught:
+        if issubclass(w.category, CorruptUnitWarning):
+            click.echo(f"Warning: {w.message}", err=True)
+    click.echo(done)
 
 
 @cli.command()

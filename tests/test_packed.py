@@ -6,71 +6,28 @@ wrong: an empty record, a record of one base, records of exactly one work unit a
 """
 from __future__ import annotations
 
-import gzip
 import os
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
-from _pipeline_data import assert_same_bytes, make_tiny_model, record_outputs, store_arrays
+from _pipeline_data import CONTIG_CHUNK as CHUNK
+from _pipeline_data import (
+    assert_same_bytes,
+    make_tiny_model,
+    record_outputs,
+    store_arrays,
+    write_contigs,
+)
 from click.testing import CliRunner
 
 from linpipe.cli import cli
 from linpipe.errors import StoreError
 from linpipe.store import OutputStore
 from linpipe.store.table import PackedRecords
-
-CHUNK = 2_048
-EDGE = {"empty": 0, "one_base": 1, "one_unit": CHUNK, "unit_plus_one": CHUNK + 1}
-
-
-def _sequences(genomes: Path) -> list[str]:
-    seqs, cur = [], []
-    with gzip.open(genomes / "korflab_hg19_chr1_first3Mb.fa.gz", "rt") as f:
-        for line in f:
-            if not line.startswith(">"):
-                cur.append(line.strip())
-            if sum(map(len, cur)) > 700_000:
-                break
-    seqs.append("".join(cur))
-    cur = []
-    with open(genomes / "abricate_Sepidermidis_ST14_assembly.fa") as f:
-        for line in f:
-            if line.startswith(">"):
-                if cur:
-                    seqs.append("".join(cur))
-                cur = []
-            else:
-                cur.append(line.strip())
-    seqs.append("".join(cur))
-    return [s for s in seqs if len(s) > 3 * CHUNK]
-
-
-def write_contigs(genomes: Path, dest: Path, n: int, seed: int, long: int = 3) -> dict[str, int]:
-    """n random pieces (20-1,500 bp) of real genomes, `long` pieces of 2-4 units, and the edge
-    cases; ids carry ':' and '|' as real assemblies' do. Returns id -> length."""
-    rng = np.random.default_rng(seed)
-    sources = _sequences(genomes)
-    lengths = dict(EDGE)
-    for i in range(n):
-        lengths[f"ctg{i}|len:{i}"] = int(rng.integers(20, 1_500))
-    for i in range(long):
-        lengths[f"chrL{i}"] = int(rng.integers(2 * CHUNK, 4 * CHUNK))
-    order = list(lengths)
-    rng.shuffle(order)
-    with open(dest, "w") as f:
-        for rid in order:
-            src = sources[int(rng.integers(len(sources)))]
-            start = int(rng.integers(0, len(src) - lengths[rid]))
-            seq = src[start:start + lengths[rid]]
-            f.write(f">{rid} piece of a real genome\n")
-            for i in range(0, len(seq), 70):
-                f.write(seq[i:i + 70] + "\n")
-    return {rid: lengths[rid] for rid in order}
 
 
 @pytest.fixture(scope="module")

@@ -31,6 +31,7 @@ DIM_CHANNEL = CHANNEL
 DIM_CHUNK = "chunk"  # progress markers: one per work unit
 DIM_BYTE = "byte"  # boundary states: a safetensors blob
 DIM_RECORD = "record"  # rows of the packed record table
+DIM_CHECKSUM = "array"  # a unit's checksums: one per array it wrote, then its state
 DIM_BATCH_EDGE = "batch_edge"  # first table row of each batch, and the end
 DIM_LOOKUP = "lookup"  # the id index (sorted hashes)
 POSITION_DIM = {DNA: DIM_POSITION, TIMESERIES: DIM_TIME}
@@ -174,6 +175,17 @@ def state_array(nbytes: int) -> ArraySpec:
     """`_linpipe/<key>/state/<chunk>`: the boundary state after a chunk, as one safetensors blob."""
     return ArraySpec("state", "uint8", (DIM_BYTE,), (nbytes,), (nbytes,), 0, "none",
                      {"encoding": "safetensors"})
+
+
+def checksum_array(n_units: int, n_arrays: int) -> ArraySpec:
+    """`_linpipe/<key>/sum`, `_linpipe/_packed/sum`: per unit, CHECKSUM_SET | crc32 of each array
+    the unit wrote (its values over the unit's range, as stored), in the order of the store's
+    output names, then of the boundary state's bytes (0: no state). One Zarr chunk per unit."""
+    width = n_arrays + 1
+    return ArraySpec("sum", "uint64", (DIM_CHUNK, DIM_CHECKSUM), (n_units, width), (1, width), 0, "none")
+
+
+CHECKSUM_SET = 1 << 32  # marks a recorded checksum (a crc32 may itself be 0)
 
 
 def packed_done_array(n_batches: int) -> ArraySpec:

@@ -20,13 +20,17 @@ from linpipe.store.layout import (
     TIME,
     packed_dim,
 )
-from linpipe.store.writer import OutputStore, PackedSlice
+from linpipe.store.writer import OutputStore, PackedSlice, checksum
 
 SHOWN = 20  # packed records listed by summary() (the record table has them all)
 
 
 class IncompleteStoreWarning(UserWarning):
     """The store is readable, but some chunks were never written (their values read as NaN)."""
+
+
+class CorruptUnitWarning(UserWarning):
+    """A unit read back does not match the checksum written with it (`linpipe verify --repair`)."""
 
 
 class _MissingRanges(collections.abc.Mapping):
@@ -184,33 +188,52 @@ class OutputReader:
         the number of records in it). `output` a list: values is a dict name -> values.
         `records`: ids to restrict to (in this order)."""
         names = [output] if isinstance(output, str) else list(output)
+        sums: dict = {}
 
         def pick(d):
             return d[names[0]] if isinstance(output, str) else d
 
+        def checked(info, unit, values):  # every unit read whole is held to its checksum
+            key = None if info["packed"] else info["key"]
+            if self._out.format_version < 2:
+                return values
+            if key not in sums:
+                sums[key] = (self._out.unit_sums(key), self._out.output_names(key))
+            recorded, order = sums[key]
+            for n, v in values.items():
+                want = int(recorded[unit, order.index(n)])
+                if want and checksum(v) != want:
+                    where = (f"record {info['id']!r} chunk {unit}" if key is not None
+                             else f"packed batch {unit}")
+                    warnings.warn(f"{self.path}: {where}: {n} does not match its checksum; run "
+                                  f"linpipe verify {self.path} --repair", CorruptUnitWarning, stacklevel=3)
+            return values
+
+        cs = self._out.chunk_size
+
+        def long_blocks(info):
+            for s, e in self.completed_ranges(info["id"]):
+                values = {n: self.read(info["id"], n, s, e) for n in names}
+                yield info, s, pick(checked(info, s // cs, values) if not info["packed"] else values)
+
         if records is not None:
             for rid in records:
-                info = self.record(rid)
-                for s, e in self.completed_ranges(info["id"]):
-                    yield info, s, pick({n: self.read(info["id"], n, s, e) for n in names})
+                yield from long_blocks(self.record(rid))
             return
         for rid in self._out.long_records.values():
-            info = self.record(rid["id"])
-            for s, e in self.completed_ranges(info["id"]):
-                yield info, s, pick({n: self.read(info["id"], n, s, e) for n in names})
+            yield from long_blocks(self.record(rid["id"]))
         p = self._out.packed
         if p is None or p.n_batches == 0:
             return
         arrays = {n: p.array(n) for n in names}
         ok = self._out.batches_done()
-        cs = self._out.chunk_size
         cached, chunk = None, {}
         for info in self.records.values():
             b = info["batch"] if info["packed"] else None
             if b is None or not info["length"] or not ok[b]:
                 continue
             if cached != b:
-                cached, chunk = b, {n: a[b * cs:(b + 1) * cs] for n, a in arrays.items()}
+                cached, chunk = b, checked(info, b, {n: a[b * cs:(b + 1) * cs] for n, a in arrays.items()})
             lo = info["offset"] - b * cs
             yield info, 0, pick({n: v[lo:lo + info["length"]] for n, v in chunk.items()})
 
@@ -321,4 +344,4 @@ def open_output(path) -> OutputReader:
     return reader
 
 
-__all__ = ["open_output", "as_reader", "OutputReader", "IncompleteStoreWarning"]
+__all__ = ["open_output", "as_reader", "OutputReader", "IncompleteStoreWarning", "CorruptUnitWarning"]

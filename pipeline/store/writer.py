@@ -37,6 +37,7 @@ from linpipe.store.keys import make_keys
 from linpipe.store.layout import (
     BATCH_ROW,
     CHANNEL_NAMES,
+    CHECKSUM_SET,
     CREATING,
     DEFAULT_OUTPUTS,
     FORMAT,
@@ -56,6 +57,7 @@ from linpipe.store.layout import (
     TABLE_CHUNK,
     TIME,
     channel_array,
+    checksum_array,
     done_array,
     packed_arrays,
     packed_done_array,
@@ -197,6 +199,7 @@ class _Templates:
         self._mem = MemoryStore()
         self.group = zarr.create_group(store=self._mem, zarr_format=3).metadata
         self.done = self._array(done_array(1))
+        self._sums: dict[int, object] = {}
         self._arrays: dict[tuple, dict] = {}
 
     def _array(self, spec):
@@ -204,6 +207,11 @@ class _Templates:
 
         return zarr.create_array(store=self._mem, name=spec.name, zarr_format=3, overwrite=True,
                                  **spec.create_kwargs()).metadata
+
+    def sums(self, n_units: int, n_arrays: int):
+        if n_arrays not in self._sums:
+            self._sums[n_arrays] = self._array(checksum_array(1, n_arrays))
+        return self._sums[n_arrays].update_shape((n_units, n_arrays + 1))
 
     def record_nodes(self, key: str, info: dict) -> dict:
         """path -> metadata of the record's group, its arrays, its progress group and markers."""
@@ -217,6 +225,8 @@ class _Templates:
             nodes[record_path(key, s.name)] = arrays[s.name].update_shape(s.shape)
         nodes[progress_path(key)] = dataclasses.replace(self.group, attributes={"id": info["id"]})
         nodes[progress_path(key, "done")] = self.done.update_shape((int(info["n_chunks"]),))
+        nodes[progress_path(key, "sum")] = self.sums(int(info["n_chunks"]), len(specs) - (
+            1 if any(sp.name == CHANNEL_NAMES for sp in specs) else 0))
         return nodes
 
     def packed_nodes(self, modality: str, packed: PackedRecords, *, time_dtype: str | None,
@@ -233,6 +243,8 @@ class _Templates:
             nodes[f"{PACKED}/{spec.name}"] = self._array(spec)
         nodes[progress_path(PACKED)] = dataclasses.replace(self.group, attributes={"about": "batch markers"})
         nodes[progress_path(PACKED, "done")] = self._array(packed_done_array(packed.n_batches))
+        n_arrays = len(self.outputs) + (1 if time_dtype else 0)
+        nodes[progress_path(PACKED, "sum")] = self.sums(packed.n_batches, n_arrays)
         return nodes
 
 
@@ -664,7 +676,7 @@ class OutputStore:
         prepared = self._prepare(arrays, self.output_names(key), lambda name: record_path(key, name),
                                  end - start, what, f"for positions {start}-{end}")
         done = self._array(progress_path(key, "done"))
-        self._write_unit(prepared, start, end, done, chunk_index,
+        self._write_unit(prepared, start, end, done, self._array(progress_path(key, "sum")), chunk_index,
                          lambda: self._write_state(key, chunk_index, state) if state is not None
                          else self._drop_state(key, chunk_index))
 
@@ -686,8 +698,8 @@ class OutputStore:
             full = np.full((self.chunk_size,) + data.shape[1:], arr.fill_value, dtype=arr.dtype)
             full[:used] = data
             padded[name] = (arr, full)
-        self._write_unit(padded, start, start + self.chunk_size, self._group[f"{PROGRESS}/{PACKED}/done"],
-                         batch, lambda: None)
+        self._write_unit(padded, start, start + self.chunk_size, self._group[progress_path(PACKED, "done")],
+                         self._group[progress_path(PACKED, "sum")], batch, lambda: None)
 
     def _prepare(self, arrays: dict, expected: list[str], path_of, n: int, what: str, where: str) -> dict:
         if set(arrays) != set(expected):
@@ -706,8 +718,8 @@ class OutputStore:
             prepared[name] = (arr, data.astype(arr.dtype, copy=False))
         return prepared
 
-    def _write_unit(self, prepared: dict, start: int, end: int, done, index: int, write_state):
-        """Data, then the state, then the marker, each durable before the next."""
+    def _write_unit(self, prepared: dict, start: int, end: int, done, sums, index: int, write_state):
+        """Data, then the state, then the checksum and the marker, each durable before the next."""
         if done[index]:  # rewriting a finished unit: it is not finished while we do
             done[index] = 0
             self._sync([(done, (index,))])
@@ -715,13 +727,36 @@ class OutputStore:
         for arr, data in prepared.values():  # 1. data: whole Zarr chunks only
             arr[start:end] = data
         self._sync([(arr, (chunk,) + (0,) * (arr.ndim - 1)) for arr, _ in prepared.values()])
-        write_state()  # 2. the boundary state after this unit
-        done[index] = 1  # 3. the marker, last
-        self._sync([(done, (index,))])
+        blob = write_state()  # 2. the boundary state after this unit (its bytes, or None)
+        sums[index] = unit_checksums([data for _, data in prepared.values()], blob)  # 3. checksums
+        done[index] = 1  # 4. the marker, last
+        self._sync([(sums, (index,)), (done, (index,))])
 
     def _drop_state(self, key: str, chunk_index: int):
         """No stale state from an earlier attempt may outlive a write without one."""
         del self._group[state_path(key, chunk_index)]
+        return None
+
+    def state_blob(self, key: str, chunk_index: int) -> bytes | None:
+        """The stored bytes of a long record's boundary state after a chunk (None if absent)."""
+        import zarr
+
+        try:
+            path = state_path(self.record(key)["key"], chunk_index)
+            arr = zarr.open_array(store=self.zarr_store, path=path, mode="r", zarr_format=3)
+        except (FileNotFoundError, KeyError, ValueError):
+            return None
+        return arr[:].tobytes()
+
+    def unit_sums(self, key: str | None) -> np.ndarray:
+        """(units, arrays + 1) recorded checksums of a long record's units (key None: the packed
+        batches), columns in output_names order, then the state; 0 where none was recorded."""
+        path = progress_path(PACKED, "sum") if key is None else progress_path(self.record(key)["key"], "sum")
+        try:
+            return np.asarray(self._group[path][:], dtype=np.uint64)
+        except KeyError:  # format 1 records none
+            n = self._packed.n_batches if key is None else self.n_chunks(key)
+            return np.zeros((n, len(self.output_names(key)) + 1), dtype=np.uint64)
 
     def _write_state(self, key: str, chunk_index: int, state: dict):
         """One uint8 array per boundary holding the state as a safetensors blob (names, dtypes
@@ -736,6 +771,7 @@ class OutputStore:
                                 **state_array(blob.size).create_kwargs())
         arr[:] = blob
         self._sync([(arr, (0,))], also=[f"{path}/zarr.json"])
+        return blob.tobytes()
 
     def _sync(self, chunks, also=()):
         """fsync the files just written (local stores), so 'done' never outruns the data."""
@@ -873,6 +909,21 @@ class OutputStore:
     def close(self):
         self._arrays.clear()
         self._resolved.clear()
+
+
+def checksum(values) -> int:
+    """CHECKSUM_SET | crc32 of an array's bytes as stored (its dtype, C order), or of bytes."""
+    import zlib
+
+    if isinstance(values, bytes):
+        return CHECKSUM_SET | zlib.crc32(values)
+    return CHECKSUM_SET | zlib.crc32(np.ascontiguousarray(values).view(np.uint8).reshape(-1))
+
+
+def unit_checksums(values, state_blob: bytes | None = None) -> np.ndarray:
+    """One checksum per array a unit wrote, then its state's (0: no state)."""
+    return np.array([checksum(v) for v in values] + [checksum(state_blob) if state_blob is not None else 0],
+                    dtype=np.uint64)
 
 
 class PackedSlice:

@@ -1,0 +1,55 @@
+"""`linpipe verify --repair`: recompute exactly the units that verify found corrupt or missing.
+
+A long record's chunk is recomputed from the boundary state stored after the chunk before it
+(units are repaired in position order, so a repaired state serves the next one); a packed batch
+is rerun whole. The work runs in this process through the same PipelineWorker code and thread
+count as a job's actors, so a repaired unit holds the bytes an uninterrupted run wrote.
+"""
+from __future__ import annotations
+
+from linpipe.errors import LinpipeError
+from linpipe.store import OutputStore
+from linpipe.store.verify import UnitProblem
+
+from .actor import PipelineWorker
+from .plan import plan_job
+from .request import JobRequest
+
+
+def request_of(store: OutputStore) -> JobRequest:
+    """The request that made a store, from its metadata (inputs, model, options)."""
+    m = store.meta
+    opts = dict(m.get("input_options") or {})
+    if opts.get("columns"):
+        opts["columns"] = tuple(opts["columns"])
+    inputs = tuple(i["path"] if isinstance(i, dict) else i for i in m.get("inputs") or ())
+    return JobRequest(inputs=inputs, model=m.get("model") or "default", out=store.path,
+                      chunk_size=int(m["chunk_size"]), outputs=tuple(m["outputs"]), **opts)
+
+
+def repair_units(path: str, problems: list[UnitProblem], *, on_unit=None) -> int:
+    """Recompute the given units of the store at path; returns how many were rewritten."""
+    store = OutputStore.open(path, mode="r+")
+    plan = plan_job(request_of(store))
+    if plan.job_id != store.meta.get("job_id"):
+        raise LinpipeError(f"{path}: the inputs or the model changed since this job ran (job "
+                           f"{store.meta.get('job_id')}, now {plan.job_id}); its units cannot be recomputed "
+                           "exactly: submit the job again with --overwrite")
+    worker = PipelineWorker(plan.model_ref, path, list(plan.outputs), device="cpu", threads=1,
+                            input_options=plan.input_options)
+    records = {r.id: r for r in plan.records}
+    n = 0
+    try:
+        for p in sorted(problems, key=lambda p: (p.record is None, p.record or "", p.unit)):
+            if p.record is None:
+                worker.run_batch(p.unit, plan.batch_chunks(p.unit))
+            else:
+                worker.run_chunk(records[p.record].chunk(p.unit), last=True)  # state from the store
+            n += 1
+            if on_unit:
+                on_unit(n)
+    finally:
+        worker.close()
+    store = OutputStore.open(path, mode="r+")
+    store.finalize()
+    return n
