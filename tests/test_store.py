@@ -354,11 +354,12 @@ def test_format_2_layout_files_grow_with_batches_not_records(tmp_path):
                                       "softmask": np.ones(e - s, np.uint8)})
     assert store.finalize()
     files = [f for f in (tmp_path / "many.zarr").rglob("*") if f.is_file()]
-    # long record: 2 outputs x 3 chunks + 3 markers; packed: 2 outputs and a marker per batch;
-    # the table: at most 7 single-chunk arrays (id, description, length, offset, batch edges,
-    # the id index's two); metadata documents: a fixed number, whatever the number of records
+    # long record: 2 outputs x 3 chunks + 3 markers + 3 checksums; packed: 2 outputs, a marker
+    # and a checksum per batch; the table: at most 7 single-chunk arrays (id, description,
+    # length, offset, batch edges, the id index's two); metadata documents: a fixed number,
+    # whatever the number of records
     data = [f for f in files if f.name != "zarr.json"]
-    assert 9 + 3 * p.n_batches <= len(data) <= 9 + 3 * p.n_batches + 7
+    assert 12 + 4 * p.n_batches <= len(data) <= 12 + 4 * p.n_batches + 7
     assert len(files) - len(data) < 30
     out = open_output(tmp_path / "many.zarr")
     for i in (0, 777, 1999):
