@@ -2,12 +2,14 @@
 
     python benchmarks/bench_many_records.py compare              # 100k records of 80-600 bp vs one
                                                                    record of a tenth of their size
-    python benchmarks/bench_many_records.py million              # 1,000,000 records (~340 Mb)
-    python benchmarks/bench_many_records.py overhead [--plot F]  # per-record overhead, 1k..100k (..1M)
+    python benchmarks/bench_many_records.py million [--model tiny]   # 1,000,000 records (~340 Mb)
+    python benchmarks/bench_many_records.py overhead [--model tiny] [--plot F] [--counts 1000,...]
 
-Each job runs `run_job` with the shipped default model and --workers 2 in a fresh Python process
-(so the driver's peak memory is its own). Inputs are random pieces of the real genomes in
-../shared/data (LINPIPE_SHARED_DATA), written to bench-out/. Ratios are within one run.
+Each job runs `run_job` with --workers 2 in a fresh Python process (so the driver's peak memory is
+its own), with the shipped default model, or `--model tiny` (D=16, one layer: the model's cost
+small beside the pipeline's, to measure what a record costs the pipeline itself). Inputs are
+random pieces of the real genomes in ../shared/data (LINPIPE_SHARED_DATA), written to
+bench-out/. Ratios are within one run.
 """
 from __future__ import annotations
 
@@ -73,8 +75,8 @@ import json, sys, time, os
 t0 = time.perf_counter()
 from linpipe.jobs.driver import run_job
 from linpipe.jobs.request import JobRequest
-fasta, out = sys.argv[1], sys.argv[2]
-s = run_job(JobRequest(inputs=(fasta,), out=out, workers=2, overwrite=True))
+fasta, out, model = sys.argv[1], sys.argv[2], sys.argv[3]
+s = run_job(JobRequest(inputs=(fasta,), out=out, workers=2, overwrite=True, model=model))
 wall = time.perf_counter() - t0
 files = sum(len(f) for _, _, f in os.walk(out))
 import linpipe
@@ -91,8 +93,22 @@ print(json.dumps({"wall_s": wall, "records": s.records, "positions": s.positions
 """
 
 
+MODEL = ["default"]
+
+
+def tiny_model() -> str:
+    path = OUT / "tiny-model"
+    if not path.exists():
+        from linpipe.model import ModelConfig, init_net, save_model
+
+        cfg = ModelConfig(modality="dna", d_model=16, n_layers=1, n_heads=2, mlp_hidden=32)
+        save_model(init_net(cfg, seed=0), cfg, path)
+    return str(path)
+
+
 def run(fasta: Path, out: Path) -> dict:
-    res = subprocess.run([sys.executable, "-c", JOB, str(fasta), str(out)], capture_output=True, text=True)
+    res = subprocess.run([sys.executable, "-c", JOB, str(fasta), str(out), MODEL[0]], capture_output=True,
+                         text=True)
     if res.returncode != 0:
         raise SystemExit(res.stderr[-3000:])
     return json.loads(res.stdout.strip().splitlines()[-1])
@@ -142,8 +158,8 @@ def overhead(counts: list[int], plot: str | None) -> None:
     show("reference: one long record", ref)
     points = []
     for n in counts:
-        fasta = OUT / f"records_{n}.fa"
-        write_records(fasta, n, seed=2)
+        fasta = OUT / ("records_1M.fa" if n == 1_000_000 else f"records_{n}.fa")
+        write_records(fasta, n, seed=1 if n == 1_000_000 else 2)
         r = run(fasta, OUT / f"n{n}.zarr")
         show(f"{n:,} records", r)
         extra = r["wall_s"] - start_up - r["positions"] / rate
@@ -172,8 +188,11 @@ def main() -> None:
     ap.add_argument("what", choices=["compare", "million", "overhead"])
     ap.add_argument("--counts", default="1000,10000,100000")
     ap.add_argument("--plot", default=None)
+    ap.add_argument("--model", default="default", help="a model directory or name, or 'tiny'")
     a = ap.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
+    MODEL[0] = tiny_model() if a.model == "tiny" else a.model
+    print(f"model: {MODEL[0]}", flush=True)
     t = time.time()
     if a.what == "compare":
         compare()
