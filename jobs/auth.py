@@ -1,7 +1,8 @@
 """Ray's token authentication as a client sees it: where the token is, and the header.
 
-Ray 2.52+ can put a cluster (its GCS and its dashboard/job server) behind a shared token
-(`RAY_AUTH_MODE=token` on the nodes; Ray 2.59+ turns it on by default for a local ray.init()).
+Recent Ray (2.58 and 2.60 measured) can put a cluster (its GCS and its dashboard/job server)
+behind a shared token (`RAY_AUTH_MODE=token` on the nodes; Ray 2.59+ turns it on by default
+for a local ray.init()).
 Ray's job SDK adds the token only when `RAY_AUTH_MODE=token` is set in the client's own
 environment, so a laptop holding just the token would be refused; linpipe finds the token
 where Ray does and sends it itself. The token is only ever put in a request header: never
