@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import tempfile
 
 from linpipe.errors import LinpipeError
@@ -55,7 +56,8 @@ def start_ray(address: str | None, workers: int | None) -> bool:
         check_cluster(address)
         # Before `import ray`, which reads the mode once: a token-authenticated cluster joined
         # by HOST:PORT with the token at hand (Ray auto-enables this only for "auto").
-        enable_token_mode_for_join(address)
+        if "ray" not in sys.modules:
+            enable_token_mode_for_join(address)
     import ray
 
     if ray.is_initialized():  # a caller (a test, a notebook) already joined a cluster
