@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import tempfile
 
 from linpipe.errors import LinpipeError
@@ -49,10 +50,16 @@ def check_cluster(address: str | None) -> str:
 def start_ray(address: str | None, workers: int | None) -> bool:
     """Join a cluster, or start an embedded local Ray; returns True if this call started it
     (and so must shut it down)."""
-    import ray
+    from .auth import MODE_ENV, WHERE, enable_token_mode_for_join
 
     if address:
         check_cluster(address)
+        # Before `import ray`, which reads the mode once: a token-authenticated cluster joined
+        # by HOST:PORT with the token at hand (Ray auto-enables this only for "auto").
+        if "ray" not in sys.modules:
+            enable_token_mode_for_join(address)
+    import ray
+
     if ray.is_initialized():  # a caller (a test, a notebook) already joined a cluster
         return False
     common = {"logging_level": "WARNING", "log_to_driver": False, "configure_logging": True}
@@ -60,10 +67,19 @@ def start_ray(address: str | None, workers: int | None) -> bool:
         try:
             ray.init(address=address, **common)
         except Exception as e:  # ConnectionError, a GCS that is not Ray, a version mismatch
-            raise ClusterError(f"--address {address}: cannot join the Ray cluster ({e})") from None
+            hint = ""
+            if os.environ.get(MODE_ENV) != "token":
+                hint = (f"; if the cluster uses token authentication, set {MODE_ENV}=token "
+                        f"and give the token in {WHERE}")
+            raise ClusterError(f"--address {address}: cannot join the Ray cluster ({e}){hint}") \
+                from None
     else:
+        # An embedded Ray: no dashboard (nothing here uses one) and, should Ray start one
+        # anyway, on loopback only. Ray 2.59+ puts it behind a token of its own (made in
+        # ~/.ray/auth_token if there is none), which this process holds.
         tmp = tempfile.mkdtemp(prefix="lpray-")
-        ray.init(num_cpus=workers or os.cpu_count() or 1, _temp_dir=tmp, include_dashboard=False, **common)
+        ray.init(num_cpus=workers or os.cpu_count() or 1, _temp_dir=tmp, include_dashboard=False,
+                 dashboard_host="127.0.0.1", **common)
     return True
 
 

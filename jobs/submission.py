@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterator
 
 from linpipe.errors import LinpipeError
 
+from . import auth
 from .cluster import ClusterError
 from .request import JobRequest
 
@@ -86,16 +87,26 @@ def connect(address: str | None = None):
     """A JobSubmissionClient, after checking within seconds that the server answers.
 
     Ray's own client waits on the operating system's connect timeout (minutes for an address
-    that drops packets), so a short probe of /api/version comes first.
+    that drops packets), so a short probe of /api/version comes first. The cluster's token,
+    found where Ray looks (linpipe.jobs.auth), goes on every request as a header, whether or
+    not RAY_AUTH_MODE is set here.
     """
     import requests
 
     url = resolve_address(address)
+    token = auth.find_token()
+    headers = auth.auth_headers(token)
     try:
-        r = requests.get(f"{url.rstrip('/')}/api/version", timeout=CONNECT_TIMEOUT_S)
+        r = requests.get(f"{url.rstrip('/')}/api/version", headers=headers,
+                         timeout=CONNECT_TIMEOUT_S)
         r.raise_for_status()
     except requests.exceptions.HTTPError as e:
-        raise ClusterError(f"{url} answered HTTP {e.response.status_code} to /api/version: "
+        code = e.response.status_code
+        if code == 401:
+            raise ClusterError(auth.missing_token_message(url)) from None
+        if code == 403:
+            raise ClusterError(auth.wrong_token_message(url, token)) from None
+        raise ClusterError(f"{url} answered HTTP {code} to /api/version: "
                            "not a Ray job server (the dashboard port, 8265 by default)") \
             from None
     except requests.exceptions.RequestException as e:
@@ -106,7 +117,9 @@ def connect(address: str | None = None):
     from ray.job_submission import JobSubmissionClient
 
     try:
-        return JobSubmissionClient(url)
+        # An explicit Authorization header: the SDK adds its own only with RAY_AUTH_MODE=token
+        # set here, and leaves one it was given alone.
+        return JobSubmissionClient(url, headers=headers or None)
     except (ConnectionError, RuntimeError) as e:
         raise ClusterError(f"the Ray job server at {url} refused the connection: {e}") from None
 
@@ -195,8 +208,15 @@ def logs(client, submission_id: str) -> str:
     return client.get_job_logs(submission_id)
 
 
-def follow_logs(client, submission_id: str) -> Iterator[str]:
-    """The job's log as it is written, until the job ends."""
+def follow_logs(client, submission_id: str, poll_s: float = 1.0) -> Iterator[str]:
+    """The job's log as it is written, until the job ends.
+
+    Through the SDK's websocket tail; where the server refuses that (an SDK that sends no
+    token on the websocket to a token-authenticated server), by polling the whole log and
+    yielding what is new.
+    """
+    import aiohttp
+
     loop = asyncio.new_event_loop()
     agen = client.tail_job_logs(submission_id).__aiter__()
     try:
@@ -205,9 +225,28 @@ def follow_logs(client, submission_id: str) -> Iterator[str]:
                 yield loop.run_until_complete(agen.__anext__())
             except StopAsyncIteration:
                 return
+            except aiohttp.WSServerHandshakeError as e:
+                if e.status not in (401, 403):
+                    raise
+                break
     finally:
         loop.run_until_complete(agen.aclose())
         loop.close()
+    yield from poll_logs(client, submission_id, poll_s)
+
+
+def poll_logs(client, submission_id: str, poll_s: float = 1.0) -> Iterator[str]:
+    """The job's log, polled: what was added since the last look, until the job ends."""
+    seen = 0
+    while True:
+        ended = _status(client, submission_id) in ENDED  # before reading: nothing is missed
+        text = client.get_job_logs(submission_id)
+        if len(text) > seen:
+            yield text[seen:]
+            seen = len(text)
+        if ended:
+            return
+        time.sleep(poll_s)
 
 
 def wait(client, submission_id: str, timeout: float | None = None,
@@ -309,6 +348,11 @@ def runtime_env_from(path: str | None, env_vars: tuple[str, ...] = ()) -> dict |
         if not sep or not k:
             raise LinpipeError(f"--env {item!r}: expected KEY=VALUE")
         pairs[k] = v
+    for where, names in ((f"{path}: env_vars", env.get("env_vars") or {}), ("--env", pairs)):
+        if auth.TOKEN_ENV in names:
+            # A runtime_env is stored with the job, readable by anyone who can list jobs.
+            raise LinpipeError(f"{where}: {auth.TOKEN_ENV}: the cluster's token is not passed "
+                               "to a job; the nodes have it already (docs/jobs.md)")
     if not env and not pairs:
         return None
     merged = default_runtime_env({**(env.get("env_vars") or {}), **pairs})

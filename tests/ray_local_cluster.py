@@ -60,7 +60,8 @@ def _node_ports() -> list[str]:
 class LocalCluster:
     """`ray start --head` with the dashboard/job server on 127.0.0.1, plus `num_workers` nodes."""
 
-    def __init__(self, num_workers: int = 1, cpus_per_node: int = 1):
+    def __init__(self, num_workers: int = 1, cpus_per_node: int = 1,
+                 env: dict[str, str] | None = None):
         self.num_workers = num_workers
         self.cpus = cpus_per_node
         self.tmp = Path(tempfile.mkdtemp(prefix="lpray", dir="/tmp"))  # short: unix socket paths
@@ -72,6 +73,10 @@ class LocalCluster:
                         RAY_DASHBOARD_STARTUP_TIMEOUT_S="240",
                         RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT="240")
         self.env.pop("RAY_ADDRESS", None)
+        # Token authentication off unless asked: Ray 2.59+ would turn it on for `ray start`
+        # whenever ~/.ray/auth_token exists (any earlier ray.init() here writes one).
+        self.env["RAY_AUTH_MODE"] = "disabled"
+        self.env.update(env or {})  # e.g. RAY_AUTH_MODE=token and RAY_AUTH_TOKEN for every node
         self.gcs_address = ""
         self.dashboard_url = ""
         self.procs: list[subprocess.Popen] = []
@@ -102,12 +107,20 @@ class LocalCluster:
         self._wait_for_nodes(1 + self.num_workers)
         return self
 
-    def _wait_for_job_server(self, timeout: float = 300) -> None:
+    def _get(self, path: str, timeout: float):
         import urllib.request
+
+        # The cluster's own token, for a cluster started with token authentication.
+        token = self.env.get("RAY_AUTH_TOKEN")
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return urllib.request.urlopen(urllib.request.Request(f"{self.dashboard_url}{path}",
+                                                             headers=headers), timeout=timeout)
+
+    def _wait_for_job_server(self, timeout: float = 300) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
-                with urllib.request.urlopen(f"{self.dashboard_url}/api/version", timeout=2):
+                with self._get("/api/version", timeout=2):
                     return
             except OSError:
                 self._check_alive()
@@ -122,15 +135,13 @@ class LocalCluster:
 
     def _wait_for_nodes(self, n: int, timeout: float = 120) -> None:
         import json
-        import urllib.request
 
         from ray.job_submission import JobSubmissionClient  # noqa: F401  (ray is here anyway)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             self._check_alive()
             try:
-                with urllib.request.urlopen(f"{self.dashboard_url}/nodes?view=summary",
-                                            timeout=5) as r:
+                with self._get("/nodes?view=summary", timeout=5) as r:
                     nodes = json.load(r)["data"]["summary"]
                 if sum(1 for x in nodes if x.get("raylet", {}).get("state") == "ALIVE") >= n:
                     return

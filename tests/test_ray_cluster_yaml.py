@@ -57,6 +57,8 @@ def test_setup_installs_linpipe_and_mounts_shared_storage(config):
     head = " ".join(config["head_start_ray_commands"])
     assert "--head" in head and "--dashboard-port=8265" in head
     for remote, local in config["file_mounts"].items():
+        if local.startswith("~"):  # the user's own file (the cluster token), not the repo's
+            continue
         assert (REPO / local).exists(), f"file_mounts {remote}: {local} is not in the repo"
     text = CONFIG.read_text()
     assert "MUST BE REACHABLE BY EVERY NODE" in text
@@ -73,3 +75,15 @@ def test_the_documented_local_provider_variant_validates(config):
     assert prepared["provider"]["type"] == "local"
     # the launcher turns the listed hosts into its node types
     assert prepared["available_node_types"]["local.cluster.node"]["max_workers"] == 2
+
+
+def test_token_authentication_on_every_node_with_one_shared_token(config):
+    # Each node gets the token file where Ray looks for it, from the machine running `ray up`
+    # (the same file linpipe reads there), and starts Ray with token authentication on.
+    mounts = config["file_mounts"]
+    node_token = [r for r in mounts if r.endswith("/.ray/auth_token")]
+    assert node_token and mounts[node_token[0]] == "~/.ray/auth_token"
+    assert node_token[0].startswith(f"/home/{config['auth']['ssh_user']}/")
+    for key in ("head_start_ray_commands", "worker_start_ray_commands"):
+        start = [c for c in config[key] if "ray start" in c]
+        assert start and all("RAY_AUTH_MODE=token ray start" in c for c in start), key
