@@ -623,12 +623,13 @@ def _command_line() -> str:
 @click.option("--checkpoint-every", type=click.IntRange(1), default=200, show_default=True)
 @click.option("--threads", type=click.IntRange(1), default=1, show_default=True,
               help="CPU threads for torch (more rarely helps models this small).")
-@click.option("--resume", is_flag=True, help="Continue from MODEL_DIR/checkpoint (same inputs).")
+@click.option("--resume", is_flag=True, help="Continue from the checkpoint in --out (same inputs).")
+@click.option("--force", is_flag=True, help="Overwrite a model (or any files) already in --out.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @_timeseries_options
 def train_cmd(inputs, out, d_model, n_layers, n_heads, mlp_hidden, conv_width, feature_map, no_normalize,
               decay, steps, batch, window, lr, seed, device, val_records, checkpoint_every, threads, resume,
-              quiet, time_column, columns, id_column):
+              force, quiet, time_column, columns, id_column):
     """Train a model on INPUTS (FASTA or time series) by next-position prediction into --out."""
     import numpy as np
 
@@ -651,7 +652,7 @@ def train_cmd(inputs, out, d_model, n_layers, n_heads, mlp_hidden, conv_width, f
     try:
         res = train(inputs, out, kw, cfg, decay=_decay_values(decay), resume=resume,
                     command=_command_line(), progress=None if quiet else show,
-                    ts_options=_ts_options(time_column, columns, id_column))
+                    ts_options=_ts_options(time_column, columns, id_column), force=force)
     finally:
         if bar is not None:
             bar.close()
