@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from linpipe.errors import LinpipeError, StoreError
 
 from .actor import PipelineWorker, UnitResult, peak_rss
-from .cluster import ClusterError, start_ray, worker_slots
+from .cluster import ClusterError, check_cluster, start_ray, worker_slots
 from .plan import Chunk, JobPlan, Record, plan_job
 from .request import JobRequest
 
@@ -362,6 +362,8 @@ def run_job(request: JobRequest, *, address: str | None = None, device: str | No
     events = events or JobEvents()
     plan = plan_job(request)
     out = request.out_path
+    if address:  # every check before the store exists: a refusal must leave nothing behind
+        check_cluster(address)
     try:
         store = open_or_create_store(plan, out, overwrite=request.overwrite)
     except OSError as e:  # a full disk or a read-only place before any work ran

@@ -61,3 +61,55 @@ def test_train_refuses_a_folder_with_other_files(tmp_path, genomes):
     (tmp_path / "empty").mkdir()
     assert run("train", genomes / "minimap2_MT-human.fa", "--out", tmp_path / "empty",
                *TINY_TRAIN).exit_code == 0
+
+
+# ---------------------------------------------------------------------- 2: an address that is not Ray's GCS
+@pytest.fixture
+def http_server():
+    """A real HTTP server on 127.0.0.1 (what the dashboard port is to a GCS client)."""
+    import http.server
+    import threading
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    yield srv.server_address[1]
+    srv.shutdown()
+    srv.server_close()
+
+
+@pytest.fixture
+def silent_listener():
+    """A plain TCP listener that accepts and never answers."""
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(8)
+    yield s.getsockname()[1]
+    s.close()
+
+
+def submit_subprocess(*args, cwd, timeout=60):
+    """`linpipe submit` as a real process; a hang fails the test through the timeout."""
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "linpipe.cli", "submit", *map(str, args)], cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("kind", ["http", "silent"])
+def test_submit_to_a_port_that_is_not_the_gcs_ends_in_seconds(kind, http_server, silent_listener, genomes,
+                                                             tmp_path):
+    port = http_server if kind == "http" else silent_listener
+    out = tmp_path / "mt.zarr"
+    for extra in (["--dry-run"], []):
+        r = submit_subprocess(genomes / "minimap2_MT-human.fa", "--out", out, "--address",
+                              f"127.0.0.1:{port}", *extra, cwd=tmp_path)
+        assert r.returncode == 1, r.stderr
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("Error: --address 127.0.0.1:"), r.stderr
+        assert "6379" in lines[0] and "http://127.0.0.1:" in lines[0]  # both ways out, named
+        assert "Traceback" not in r.stderr + r.stdout
+        assert not out.exists()  # a refused address leaves no store behind
