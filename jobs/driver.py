@@ -105,16 +105,24 @@ def open_or_create_store(plan: JobPlan, out: str, *, overwrite: bool = False):
     if exists and not overwrite:
         store = OutputStore.open(out, mode="r+")
         old = store.meta.get("job_id")
-        if old != plan.job_id:
+        if old == plan.job_id:
+            return store
+        if not never_received_a_unit(store):
             raise StoreError(
                 f"{out}: holds the outputs of another job ({old}: a different model, inputs or "
                 f"options than job {plan.job_id}); use --overwrite to replace it or choose another --out")
-        return store
+        overwrite = True  # a failed start's empty store holds no work: the corrected job takes it
     meta = {"job_id": plan.job_id, "model_sha256": plan.model_sha256, "model": plan.model_ref,
             "inputs": list(plan.inputs), "chunk_size": plan.chunk_size, "input_options": plan.input_options}
     return OutputStore.create(out, meta=meta, records=plan.store_records(), outputs=list(plan.outputs),
                               chunk_size=plan.chunk_size, feature_dim=plan.d_model,
                               channels=list(plan.channels) if plan.channels else None, overwrite=overwrite)
+
+
+def never_received_a_unit(store) -> bool:
+    """True for a store that no chunk was ever written to (a submit that failed after creating
+    it): nothing in it is worth keeping, so another job may replace it without --overwrite."""
+    return not store.is_complete() and not any(store.completed_chunks(key) for key in store.records)
 
 
 def _finalize(store) -> bool:

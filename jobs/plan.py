@@ -14,8 +14,9 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from linpipe.errors import InputError, LinpipeError, ModelError
+from linpipe.errors import InputError, LinpipeError
 
+from .checks import check_channels, fit_channels, modality_error
 from .request import JobRequest
 
 # A batch of short records holds at most this many records and about one chunk of positions.
@@ -165,6 +166,8 @@ def plan_job(request: JobRequest) -> JobPlan:
     model_ref = request.model
     if os.path.isdir(os.fspath(model_ref)):  # actors may run elsewhere: an absolute path
         model_ref = os.path.abspath(os.fspath(model_ref))
+    input_options = fit_channels(os.path.abspath(os.fspath(request.inputs[0])), m.config, input_options,
+                                 open_input)
     found: list[tuple[str, Any, str | None]] = []  # (input path, RecordInfo, time dtype)
     fingerprints: list[str] = []
     seen: dict[str, str] = {}
@@ -174,8 +177,8 @@ def plan_job(request: JobRequest) -> JobPlan:
         inp = open_input(p, **input_options)
         try:
             if inp.modality != m.modality:
-                raise ModelError(f"{path}: a {inp.modality} input, but model {request.model} is a "
-                                 f"{m.modality} model")
+                raise modality_error(path, inp.modality, request.model, m.modality)
+            check_channels(path, inp, m.config, request.model, input_options)
             fingerprints.append(inp.fingerprint())
             if inp.modality == "timeseries":
                 channels = tuple(inp.channel_names)

@@ -113,3 +113,63 @@ def test_submit_to_a_port_that_is_not_the_gcs_ends_in_seconds(kind, http_server,
         assert "6379" in lines[0] and "http://127.0.0.1:" in lines[0]  # both ways out, named
         assert "Traceback" not in r.stderr + r.stdout
         assert not out.exists()  # a refused address leaves no store behind
+
+
+# ------------------------------------------------------------ 3: checks before any store is created
+@pytest.fixture(scope="module")
+def one_channel_model(tmp_path_factory):
+    d = tmp_path_factory.mktemp("models") / "ts1"
+    r = run("model", "init", d, "--modality", "timeseries", "--channels", "1", "--d-model", "8",
+            "--n-layers", "1", "--n-heads", "1")
+    assert r.exit_code == 0, r.output
+    return d
+
+
+@pytest.mark.parametrize("dry", [True, False])
+def test_channel_count_mismatch_is_refused_before_any_store(dry, one_channel_model, timeseries, tmp_path):
+    csv = timeseries / "heartpy_data2_ppg.csv"  # columns timer, hr: 2 channels by default
+    out = tmp_path / "ppg.zarr"
+    r = run("submit", csv, "--model", one_channel_model, "--out", out, *(["--dry-run"] if dry else []))
+    one_line_error(r, str(csv), "timer", "hr", "--columns", "--time-column timer")
+    assert not out.exists()
+    # the fix the message names works, and the store appears only now
+    r = run("submit", csv, "--model", one_channel_model, "--out", out, "--time-column", "timer", "--dry-run")
+    assert r.exit_code == 0, r.output
+    parquet = timeseries / "mitdb_100_ecg.parquet"  # 3 numeric columns against 1 channel
+    one_line_error(run("submit", parquet, "--model", one_channel_model, "--out", out, "--dry-run"),
+                   str(parquet), "sample, MLII_mV, V5_mV", "--time-column sample")
+
+
+def test_model_channel_names_pick_the_columns_by_name(tmp_path, timeseries):
+    from linpipe.jobs.plan import plan_job
+    from linpipe.jobs.request import JobRequest
+
+    ecg = timeseries / "mitdb_100_ecg.parquet"
+    model = tmp_path / "ecg"
+    # trained on the two leads in the reverse of the file's order
+    r = run("train", ecg, "--out", model, "--time-column", "sample", "--columns", "V5_mV,MLII_mV",
+            *TINY_TRAIN)
+    assert r.exit_code == 0, r.output
+    r = run("submit", ecg, "--model", model, "--out", tmp_path / "ecg.zarr", "--dry-run")
+    assert r.exit_code == 0, r.output
+    plan = plan_job(JobRequest(inputs=(str(ecg),), model=str(model)))
+    assert plan.input_options["columns"] == ["V5_mV", "MLII_mV"] and plan.channels == ("V5_mV", "MLII_mV")
+
+
+def test_a_store_that_never_received_a_unit_is_replaced_without_overwrite(tmp_path, genomes):
+    from linpipe.jobs.driver import open_or_create_store
+    from linpipe.jobs.plan import plan_job
+    from linpipe.jobs.request import JobRequest
+    from linpipe.store import open_output
+
+    mt, out = genomes / "minimap2_MT-human.fa", tmp_path / "mt.zarr"
+    # what a submit that failed after creating its store left: a store of another job, no unit
+    first = plan_job(JobRequest(inputs=(str(mt),), chunk_size=5000))
+    open_or_create_store(first, str(out))
+    r = run("submit", mt, "--out", out, "--chunk-size", "8192", "--workers", "1")
+    assert r.exit_code == 0, r.output
+    done = open_output(out)
+    assert done.complete and done.meta["job_id"] != first.job_id
+    # a store that did receive work is still protected
+    r = run("submit", mt, "--out", out, "--chunk-size", "5000", "--workers", "1")
+    one_line_error(r, "holds the outputs of another job", "--overwrite")

@@ -56,6 +56,9 @@ class Input:
     modality: str
     records: list[RecordInfo]
     channel_names: "list[str] | None" = None
+    column_names: "list[str] | None" = None  # time series: every column of the file
+    # time series: a first column read as a channel that looks like a sample index (say so)
+    index_column: "str | None" = None
 
     def __init__(self, path: Path):
         self.path = Path(path)

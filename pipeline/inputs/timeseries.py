@@ -158,10 +158,12 @@ class TimeSeriesInput(Input):
     def _open(self, columns) -> None:
         self.table_path, self._kind = self._table_file(columns)
         table = _Table(self.table_path, self._kind)
+        self.column_names = list(table.schema.names)  # every column of the file, in order
         self.channel_names = self._resolve_columns(table.schema, columns)
         if table.num_rows == 0:
             raise InputError(f"{self.path}: no rows: a zero-length series")
         self._table = table
+        self.index_column = self._index_like_first_column()
         order_error = self._build_index()
         if order_error is not None:
             if not self.sort:
@@ -399,6 +401,21 @@ class TimeSeriesInput(Input):
             other = ", ".join(f"{f.name} ({f.type})" for f in schema if f.name not in reserved) or "none"
             raise InputError(f"{self.path}: no numeric column to use as a channel (other columns: {other})")
         return chosen
+
+    def _index_like_first_column(self) -> "str | None":
+        """The file's first column when it is read as a channel but looks like a sample index
+        (whole numbers rising by exactly 1 over the first rows): likely meant as --time-column."""
+        if self.time_column or not self.channel_names or self.channel_names[0] != self.column_names[0]:
+            return None
+        col = self.column_names[0]
+        n = min(self._table.num_rows, 4096)
+        if n < 3:
+            return None
+        v = np.concatenate([b.column(0).to_numpy(zero_copy_only=False).astype(np.float64)
+                            for b in self._table.rows(0, n, [col])])
+        if np.isfinite(v).all() and (v == np.round(v)).all() and (np.diff(v) == 1).all():
+            return col
+        return None
 
     # -- index: runs of rows per series, and the time-order check
     def _build_index(self) -> "str | None":
