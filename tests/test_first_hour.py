@@ -4,6 +4,7 @@ import hashlib
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -173,3 +174,81 @@ def test_a_store_that_never_received_a_unit_is_replaced_without_overwrite(tmp_pa
     # a store that did receive work is still protected
     r = run("submit", mt, "--out", out, "--chunk-size", "5000", "--workers", "1")
     one_line_error(r, "holds the outputs of another job", "--overwrite")
+
+
+# ------------------------------------------------------------ 5 and 9: bigWig without pyBigWig, = bedGraph
+@pytest.fixture(scope="module")
+def mt_store(tmp_path_factory, genomes):
+    out = tmp_path_factory.mktemp("mt") / "mt.zarr"
+    r = run("submit", genomes / "minimap2_MT-human.fa", "--out", out, "--chunk-size", "5000",
+            "--workers", "1")
+    assert r.exit_code == 0, r.output
+    return out
+
+
+def bedgraph_intervals(path):
+    lines = Path(path).read_text().splitlines()[1:]
+    return [(c, int(s), int(e), float(v)) for c, s, e, v in (line.split("\t") for line in lines)]
+
+
+def test_bigwig_export_needs_no_pybigwig(mt_store, tmp_path):
+    import subprocess
+    import sys
+
+    bw = tmp_path / "logprob.bw"
+    # as after a plain `pip install linpipe`: pyBigWig cannot be imported
+    code = ("import sys; sys.modules['pyBigWig'] = None; from linpipe.cli import main; "
+            f"sys.argv = ['linpipe', 'export', {str(mt_store)!r}, '--format', 'bigwig', "
+            f"'--output', 'logprob', '-o', {str(bw)!r}]; main()")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    import pyBigWig  # an independent reader (test dependency) reads it back
+
+    f = pyBigWig.open(str(bw))
+    assert f.chroms() == {"MT_human": 16569} and f.header()["nLevels"] > 0
+
+
+@pytest.mark.parametrize("output", ["logprob", "softmask"])
+def test_bigwig_and_bedgraph_hold_the_same_intervals(output, mt_store, tmp_path):
+    import pyBigWig
+
+    from linpipe.store import open_output
+
+    bw, bg = tmp_path / "t.bw", tmp_path / "t.bedGraph"
+    r1 = run("export", mt_store, "--format", "bigwig", "--output", output, "-o", bw)
+    r2 = run("export", mt_store, "--format", "bedgraph", "--output", output, "-o", bg)
+    assert r1.exit_code == 0 and r2.exit_code == 0, r1.output + r2.output
+    count = [int(o.split()[1].replace(",", "")) for o in (r1.output, r2.output)]
+    want = bedgraph_intervals(bg)
+    assert count[0] == count[1] == len(want)
+    f = pyBigWig.open(str(bw))
+    got = [("MT_human", s, e, v) for s, e, v in f.intervals("MT_human")]
+    assert [g[:3] for g in got] == [w[:3] for w in want]
+    np.testing.assert_allclose([g[3] for g in got], [w[3] for w in want], rtol=1e-6)
+    # the zoom levels summarise the same values (a browser's zoomed-out view)
+    values = open_output(mt_store).dataset("MT_human")[output].values.astype(np.float64)
+    assert f.stats("MT_human", 0, 16569, type="max", exact=False)[0] == pytest.approx(np.nanmax(values))
+    assert f.stats("MT_human", 0, 16569, type="mean", exact=False)[0] == pytest.approx(np.nanmean(values),
+                                                                                       rel=1e-4)
+
+
+@pytest.mark.slow
+def test_bigwig_of_many_records_reads_back(tmp_path):
+    """70,000 records: a chromosome B+ tree of three leaves under a root, and an R-tree of three
+    tiers (one data block per record), as a draft assembly of many contigs gives."""
+    import pyBigWig
+
+    from linpipe.outputs.bigwig import write_bigwig
+
+    n = 70_000
+    chroms = [(f"contig{i}", 50 + i % 7) for i in range(n)]
+
+    def runs(name):
+        i = int(name[6:])
+        yield np.array([0, 10]), np.array([5, 30]), np.array([i, -i], float)
+
+    assert write_bigwig(tmp_path / "many.bw", chroms, runs) == 2 * n
+    f = pyBigWig.open(str(tmp_path / "many.bw"))
+    assert f.chroms() == dict(chroms)
+    for i in (0, 5, 32_767, 32_768, n - 1):
+        assert f.intervals(f"contig{i}") == ((0, 5, float(i)), (10, 30, float(-i)))

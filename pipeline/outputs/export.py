@@ -82,10 +82,12 @@ def _track_runs(reader, key, output):
 
 
 def export_track(store, output: str, dest, *, fmt: str = "bigwig", records=None) -> int:
-    """Write one per-base output as a bigWig or bedGraph track; returns the number of entries.
+    """Write one per-base output as a bigWig or bedGraph track; returns the number of intervals.
 
     Chromosome names are the original record ids and their sizes the record lengths; positions
     with NaN (e.g. logprob at N bases) and chunks never completed are left out of the track.
+    Both formats hold the same intervals: runs of equal adjacent values merged into one (also
+    across chunk boundaries). bigWig needs no extra package (linpipe.outputs.bigwig).
     """
     if fmt not in TRACK_FORMATS:
         raise StoreError(f"unknown track format {fmt!r} (one of {', '.join(TRACK_FORMATS)})")
@@ -107,43 +109,16 @@ def export_track(store, output: str, dest, *, fmt: str = "bigwig", records=None)
                     n += len(lines)
         return n
 
-    try:
-        import pyBigWig
-    except ImportError:
-        raise StoreError("bigWig export needs pyBigWig: pip install 'linpipe[bigwig]'") from None
-    bw = pyBigWig.open(dest, "w")
-    if bw is None:
-        raise StoreError(f"{dest}: cannot create the bigWig file")
-    try:
-        # the header fixes chromosome order; entries must then come in that same order
-        bw.addHeader([(reader.records[k]["id"], int(reader.records[k]["length"])) for k in keys])
-        for key in keys:
-            n += _bigwig_record(bw, reader, key, output)
-    finally:
-        bw.close()
-    return n
+    from linpipe.outputs.bigwig import write_bigwig
 
-
-def _bigwig_record(bw, reader, key: str, output: str) -> int:
-    """Add one record: runs of equal values where they are long (masks), otherwise fixed-step
-    stretches of per-base values between NaN gaps (4 bytes a base instead of 12 per run)."""
-    chrom = reader.records[key]["id"]
-    n = 0
-    for start, vals in _completed_blocks(reader, key, output):
-        v = np.asarray(vals, dtype=np.float64)
-        s, e, rv = value_runs(v, start)
-        if s.size == 0:
-            continue
-        if s.size * 4 <= v.size:
-            bw.addEntries([chrom] * s.size, s.tolist(), ends=e.tolist(), values=rv.tolist())
-            n += s.size
-            continue
-        ok = ~np.isnan(v)
-        edges = np.flatnonzero(np.diff(np.r_[0, ok.astype(np.int8), 0]))
-        for a, b in zip(edges[::2].tolist(), edges[1::2].tolist(), strict=True):
-            bw.addEntries(chrom, start + a, values=v[a:b], span=1, step=1)
-            n += b - a
-    return n
+    by_id = {reader.records[k]["id"]: k for k in keys}
+    chroms = [(reader.records[k]["id"], int(reader.records[k]["length"])) for k in keys]
+    try:
+        return write_bigwig(dest, chroms, lambda chrom: _track_runs(reader, by_id[chrom], output))
+    except OSError as e:
+        raise StoreError(f"{dest}: cannot write the bigWig file: {e.strerror or e}") from None
+    except ValueError as e:
+        raise StoreError(f"{dest}: {e}") from None
 
 
 def export_parquet(store, output, dest, *, records=None) -> int:
