@@ -7,25 +7,14 @@ picks those columns by name when the user gave no --columns.
 """
 from __future__ import annotations
 
-import shlex
 from typing import Any
 
-from linpipe.errors import InputError, ModelError
-
-
-def _quote(text: str) -> str:
-    return shlex.quote(str(text))
+from linpipe.errors import InputError, ModelError, modality_mismatch
 
 
 def modality_error(path, input_modality: str, model_ref: str, model_modality: str) -> ModelError:
     """A one-line refusal that says how to get a model for this input."""
-    if input_modality == "timeseries":
-        how = (f"train a time-series model first: linpipe train {_quote(path)} --out MODEL_DIR "
-               f"[--time-column COL] [--columns A,B], then pass --model MODEL_DIR")
-    else:
-        how = "use --model default (the shipped DNA model) or a DNA model directory"
-    return ModelError(f"{path}: a {input_modality} input, but model {model_ref} is a {model_modality} "
-                      f"model; {how}")
+    return modality_mismatch(path, input_modality, model_ref, model_modality)
 
 
 def model_channel_names(config) -> tuple[str, ...]:

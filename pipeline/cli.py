@@ -84,13 +84,16 @@ def _timeseries_options(f):
                           "columns]."),
         click.option("--id-column", default=None, metavar="COL",
                      help="Time series: column whose value names the series (record) of each row."),
+        click.option("--time-format", default=None, metavar="FORMAT",
+                     help="CSV: how the time column writes dates, in strptime codes, e.g. "
+                          "'%d.%m.%Y %H:%M' [default: ISO 8601 and forms such as 2010/01/01 00:00]."),
     ]):
         f = opt(f)
     return f
 
 
-def _ts_options(time_column, columns, id_column) -> dict:
-    opts = dict(time_column=time_column, columns=columns, id_column=id_column)
+def _ts_options(time_column, columns, id_column, time_format=None) -> dict:
+    opts = dict(time_column=time_column, columns=columns, id_column=id_column, time_format=time_format)
     return {k: v for k, v in opts.items() if v}
 
 
@@ -169,19 +172,20 @@ def model_info(model, as_json):
               help="Where indexes go when the input's folder is read-only "
                    "(default $LINPIPE_CACHE or ~/.cache/linpipe).")
 @click.option("--json", "as_json", is_flag=True, help="Print the records as JSON.")
-def index_cmd(input_path, time_column, columns, id_column, sort, cache_dir, as_json):
+def index_cmd(input_path, time_column, columns, id_column, time_format, sort, cache_dir, as_json):
     """Build (or reuse) the index of INPUT and print its records and lengths."""
     import json
 
     from linpipe.inputs import open_input
 
     with open_input(input_path, sort=sort, cache_dir=cache_dir,
-                    **_ts_options(time_column, columns, id_column)) as inp:
+                    **_ts_options(time_column, columns, id_column, time_format)) as inp:
         index = getattr(inp, "index_path", None) or getattr(inp, "table_path", None)
         if as_json:
             click.echo(json.dumps({
                 "path": str(inp.path), "modality": inp.modality, "index": str(index) if index else None,
-                "channels": inp.channel_names, "fingerprint": inp.fingerprint(),
+                "channels": inp.channel_names, "index_column": inp.index_column,
+                "fingerprint": inp.fingerprint(),
                 "records": [{"id": r.id, "description": r.description, "length": r.length}
                             for r in inp.records],
             }, indent=2))
@@ -191,6 +195,9 @@ def index_cmd(input_path, time_column, columns, id_column, sort, cache_dir, as_j
             click.echo(f"index: {index}")
         if inp.channel_names is not None:
             click.echo(f"channels: {', '.join(inp.channel_names)}")
+        if inp.index_column is not None:
+            click.echo(f"note: column {inp.index_column!r} counts up by 1 like a sample index and is read "
+                       f"as a channel; pass --time-column {inp.index_column} to make it the time axis")
         if getattr(inp, "fmt", None) == "fasta-gzip":
             click.echo("note: plain gzip cannot be sought; every read streams from the start. "
                        "For random access: zcat FILE | bgzip > FILE.bgz")
@@ -352,7 +359,8 @@ def _parse_outputs(value):
 @click.option("--env", "env_vars", multiple=True, metavar="KEY=VALUE",
               help="With --address http://...: an environment variable for the job (repeatable).")
 def submit(inputs, spec, model, out, chunk_size, outputs, workers, address, overwrite,
-           id_column, time_column, columns, actor_resources, dry_run, wait, runtime_env, env_vars):
+           id_column, time_column, columns, time_format, actor_resources, dry_run, wait, runtime_env,
+           env_vars):
     """Stream INPUT... through a model and write per-position outputs to Zarr, on Ray.
 
     The same job submitted again resumes where it stopped, or says it is complete.
@@ -365,6 +373,7 @@ def submit(inputs, spec, model, out, chunk_size, outputs, workers, address, over
     reqs, address = build_requests(inputs, spec, dict(
         model=model, out=out, chunk_size=chunk_size, outputs=_parse_outputs(outputs),
         workers=workers, address=address, overwrite=overwrite, id_column=id_column,
+        time_format=time_format,
         time_column=time_column, columns=columns, actor_resources=actor_resources))
     if dry_run:
         for req in reqs:
@@ -629,7 +638,7 @@ def _command_line() -> str:
 @_timeseries_options
 def train_cmd(inputs, out, d_model, n_layers, n_heads, mlp_hidden, conv_width, feature_map, no_normalize,
               decay, steps, batch, window, lr, seed, device, val_records, checkpoint_every, threads, resume,
-              force, quiet, time_column, columns, id_column):
+              force, quiet, time_column, columns, id_column, time_format):
     """Train a model on INPUTS (FASTA or time series) by next-position prediction into --out."""
     import numpy as np
 
@@ -652,7 +661,7 @@ def train_cmd(inputs, out, d_model, n_layers, n_heads, mlp_hidden, conv_width, f
     try:
         res = train(inputs, out, kw, cfg, decay=_decay_values(decay), resume=resume,
                     command=_command_line(), progress=None if quiet else show,
-                    ts_options=_ts_options(time_column, columns, id_column), force=force)
+                    ts_options=_ts_options(time_column, columns, id_column, time_format), force=force)
     finally:
         if bar is not None:
             bar.close()
@@ -674,7 +683,8 @@ def train_cmd(inputs, out, d_model, n_layers, n_heads, mlp_hidden, conv_width, f
               help="timeseries: seasonal-naive period (default: the lag of peak autocorrelation).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @_timeseries_options
-def eval_cmd(model_dir, inputs, baseline_train, season, as_json, time_column, columns, id_column):
+def eval_cmd(model_dir, inputs, baseline_train, season, as_json, time_column, columns, id_column,
+             time_format):
     """Score a model on INPUTS next to simple baselines on the same positions (MODEL_DIR: a
     directory or a shipped model's name)."""
     import json
@@ -682,7 +692,7 @@ def eval_cmd(model_dir, inputs, baseline_train, season, as_json, time_column, co
     from linpipe.training.evaluate import evaluate_inputs
 
     report = evaluate_inputs(model_dir, inputs, baseline_train=baseline_train, season=season,
-                             ts_options=_ts_options(time_column, columns, id_column))
+                             ts_options=_ts_options(time_column, columns, id_column, time_format))
     if as_json:
         click.echo(json.dumps(report, indent=2))
         return

@@ -252,3 +252,61 @@ def test_bigwig_of_many_records_reads_back(tmp_path):
     assert f.chroms() == dict(chroms)
     for i in (0, 5, 32_767, 32_768, n - 1):
         assert f.intervals(f"contig{i}") == ((0, 5, float(i)), (10, 30, float(-i)))
+
+
+# ---------------------------------------------------------------------------------- 6: time series
+def test_index_says_when_the_first_column_looks_like_a_sample_index(timeseries):
+    for name, col in (("statsmodels_sunspots_yearly.csv", "YEAR"), ("mitdb_100_ecg.parquet", "sample")):
+        r = run("index", timeseries / name)
+        assert r.exit_code == 0, r.output
+        assert f"--time-column {col}" in r.output
+        assert json.loads(run("index", timeseries / name, "--json").output)["index_column"] == col
+        # once it is the time column, nothing to say
+        r = run("index", timeseries / name, "--time-column", col, "--json")
+        assert json.loads(r.output)["index_column"] is None
+    # a column of measurements is not mistaken for one
+    assert json.loads(run("index", timeseries / "statsmodels_co2_weekly.csv", "--json").output)[
+        "index_column"] is None
+
+
+def reformat_dates(src: Path, dest: Path, how) -> Path:
+    """The real hourly demand series with its ISO dates ('2012-01-01 00:00:00') rewritten."""
+    lines = src.read_text().splitlines()
+    out = [lines[0]]
+    for line in lines[1:]:
+        stamp, value = line.split(",")
+        out.append(f"{how(stamp[:4], stamp[5:7], stamp[8:10], stamp[11:16])},{value}")
+    dest.write_text("\n".join(out) + "\n")
+    return dest
+
+
+def test_common_date_formats_and_time_format(timeseries, tmp_path, one_channel_model):
+    import pandas as pd
+
+    from linpipe.store import open_output
+
+    src = timeseries / "statsmodels_mstl_elec_vic.csv"
+    want = pd.to_datetime(pd.read_csv(src)["ds"]).to_numpy()
+    slash = reformat_dates(src, tmp_path / "slash.csv", lambda y, m, d, hm: f"{y}/{m}/{d} {hm}")
+    out = tmp_path / "slash.zarr"
+    r = run("submit", slash, "--model", one_channel_model, "--time-column", "ds", "--out", out,
+            "--workers", "1")
+    assert r.exit_code == 0, r.output
+    ds = open_output(out).dataset("slash")
+    np.testing.assert_array_equal(ds["time"].values.astype("datetime64[ns]"), want)
+    # day-first dates are ambiguous: refused with the flag that reads them, which then works
+    dots = reformat_dates(src, tmp_path / "dots.csv", lambda y, m, d, hm: f"{d}.{m}.{y} {hm}")
+    one_line_error(run("index", dots, "--time-column", "ds"), str(dots), "'ds'", "--time-format")
+    r = run("index", dots, "--time-column", "ds", "--time-format", "%d.%m.%Y %H:%M", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["records"][0]["length"] == len(want)
+    one_line_error(run("index", slash, "--time-column", "ds", "--time-format", "%d.%m.%Y %H:%M"),
+                   str(slash), "'ds'", "2012/01/01 00:00", "%d.%m.%Y %H:%M")
+
+
+def test_dna_model_on_a_series_says_how_to_get_a_time_series_model(timeseries, tmp_path):
+    csv = timeseries / "statsmodels_co2_weekly.csv"
+    r = run("submit", csv, "--out", tmp_path / "co2.zarr", "--dry-run")
+    one_line_error(r, str(csv), "dna model", "linpipe train", "--model MODEL_DIR")
+    r = run("eval", "default", csv)
+    one_line_error(r, str(csv), "linpipe train")

@@ -225,6 +225,7 @@ def open_input(
     id_column: "str | None" = None,
     time_column: "str | None" = None,
     columns: "Sequence[str] | str | None" = None,
+    time_format: "str | None" = None,
     sort: bool = False,
     cache_dir: "str | os.PathLike | None" = None,
 ) -> Input:
@@ -239,9 +240,10 @@ def open_input(
     if isinstance(columns, str):
         columns = [c.strip() for c in columns.split(",") if c.strip()]
     if fmt.startswith("fasta"):
-        if id_column or time_column or columns or sort:
+        if id_column or time_column or columns or sort or time_format:
             raise InputError(
-                f"{path}: --id-column/--time-column/--columns/--sort apply to time series, not FASTA"
+                f"{path}: --id-column/--time-column/--columns/--time-format/--sort apply to time "
+                "series, not FASTA"
             )
         from linpipe.inputs.fasta import FastaInput
 
@@ -254,6 +256,7 @@ def open_input(
         id_column=id_column,
         time_column=time_column,
         columns=list(columns) if columns else None,
+        time_format=time_format,
         sort=sort,
         cache_dir=cache_dir,
     )

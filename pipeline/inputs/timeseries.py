@@ -33,6 +33,10 @@ from linpipe.inputs.cache import cache_root
 
 BATCH_ROWS = 1 << 16  # rows per batch in converted files and Parquet reads
 CSV_BLOCK = 4 << 20  # bytes per CSV block; column types are inferred from the first one
+# Date and time formats CSV columns are read as (besides ISO 8601, which Arrow always reads);
+# day-first and month-first formats are ambiguous, so those need --time-format.
+DATE_FORMATS = ("%Y/%m/%d %H:%M:%S", "%Y/%m/%d %H:%M", "%Y/%m/%d", "%Y-%m-%d %H:%M", "%Y.%m.%d %H:%M:%S",
+                "%Y.%m.%d %H:%M", "%Y.%m.%d", "%Y%m%dT%H%M%S")
 _NUMBER = r"^\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*$|^\s*[-+]?(nan|NaN|NAN|inf|Inf|INF)\s*$"
 
 
@@ -139,11 +143,15 @@ class TimeSeriesInput(Input):
         id_column: "str | None" = None,
         time_column: "str | None" = None,
         columns: "Sequence[str] | None" = None,
+        time_format: "str | None" = None,
         sort: bool = False,
         cache_dir=None,
     ):
         super().__init__(Path(path))
         self.fmt = fmt
+        self.time_format = time_format
+        if time_format and fmt != "csv":
+            raise InputError(f"{self.path}: --time-format applies to CSV files ({fmt} stores its types)")
         self.id_column, self.time_column = id_column, time_column
         self.sort, self.cache_dir = sort, cache_dir
         self._columns_opt = list(columns) if columns else None
@@ -182,6 +190,7 @@ class TimeSeriesInput(Input):
         key = (
             f"{self.path.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\0{tag}\0"
             f"{self.id_column}\0{self.time_column}\0{columns}"
+            + (f"\0{self.time_format}" if self.time_format else "")
         )
         digest = hashlib.sha256(key.encode()).hexdigest()[:24]
         return cache_root(self.cache_dir) / "tables" / f"{stem(self.path)}-{digest}.arrow"
@@ -229,7 +238,9 @@ class TimeSeriesInput(Input):
             read_options=pcsv.ReadOptions(block_size=CSV_BLOCK),
             parse_options=pcsv.ParseOptions(delimiter=delimiter),
             convert_options=pcsv.ConvertOptions(
-                column_types=column_types or {}, include_columns=include or []
+                column_types=column_types or {}, include_columns=include or [],
+                # the user's format alone when given: a date it does not match is an error
+                timestamp_parsers=[self.time_format] if self.time_format else [pcsv.ISO8601, *DATE_FORMATS],
             ),
         )
 
@@ -252,13 +263,18 @@ class TimeSeriesInput(Input):
         types = {c: pa.float64() for c in chosen if _is_numeric(schema.field(c).type)}
         if self.id_column:
             types[self.id_column] = pa.string()
+        if self.time_format and self.time_column:  # the user's format, or an error naming the line
+            types[self.time_column] = pa.timestamp("s")
         mixed_check = [
             f.name
             for f in schema
             if f.type == pa.string() and f.name not in types and f.name != self.time_column
         ]
         rows = 0
-        reader = pcsv.open_csv(self.path, **self._csv_options(types))
+        try:  # the first block is converted as the file opens
+            reader = pcsv.open_csv(self.path, **self._csv_options(types))
+        except pa.ArrowInvalid as e:
+            raise self._csv_error(e, 0) from None
 
         def batches():
             nonlocal rows
@@ -295,11 +311,15 @@ class TimeSeriesInput(Input):
         import pyarrow.csv as pcsv
 
         msg = _short(err)
-        m = re.search(r"In CSV column #(\d+): CSV conversion error to (\w+): invalid value '(.*)'", msg)
+        m = re.search(r"In CSV column #(\d+): CSV conversion error to ([\w\[\]]+): invalid value '(.*)'",
+                      msg)
         if not m:
             return InputError(f"{self.path}: CSV error after line {rows_before + 1}: {msg}")
         names = pcsv.open_csv(self.path, **self._csv_options()).schema.names
         col, value = names[int(m.group(1))], m.group(3)
+        if m.group(2).startswith("timestamp"):
+            return InputError(f"{self.path}: column {col!r}, after line {rows_before + 1}: value {value!r} "
+                              f"does not match --time-format {self.time_format!r}")
         line = None
         import pyarrow as pa
 
@@ -362,9 +382,13 @@ class TimeSeriesInput(Input):
         if self.time_column is not None and check_types:
             t = schema.field(self.time_column).type
             if not _is_time(t):
+                hint = ""
+                if self.fmt == "csv":
+                    hint = ("; give their format with --time-format, e.g. --time-format "
+                            "'%d/%m/%Y %H:%M' (strptime codes)")
                 raise InputError(
                     f"{self.path}: time column {self.time_column!r} holds {t}, "
-                    "not numbers, dates or timestamps"
+                    f"not numbers, dates or timestamps linpipe reads{hint}"
                 )
         reserved = {self.id_column, self.time_column}
         if columns:
@@ -566,6 +590,7 @@ class TimeSeriesInput(Input):
                     id_column=self.id_column,
                     time_column=self.time_column,
                     columns=self._columns_opt,
+                    time_format=self.time_format,
                     sort=self.sort,
                     cache_dir=self.cache_dir,
                 )
