@@ -88,3 +88,13 @@ def index_like_column(inp) -> str | None:
     if is_first and first.strip().lower() in _TIME_NAMES:
         return first
     return None
+
+
+def check_has_positions(inputs, records) -> None:
+    """A job whose inputs hold no position at all (a FASTA of headers only) is a mistake to
+    report, not a job that is already complete."""
+    if any(r.length > 0 for r in records):
+        return
+    what = f"{len(records)} record{'s' if len(records) != 1 else ''}, all empty" if records else "no record"
+    kind = "sequence" if not records or records[0].time_dtype is None else "rows"
+    raise InputError(f"{', '.join(map(str, inputs))}: the input has no {kind} ({what}); nothing to run")

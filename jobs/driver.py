@@ -71,12 +71,16 @@ class JobStart:
     positions_done: int
     work_items: int
     workers: int
+    workers_possible: int = 0  # what --workers or the cluster allowed, before capping at work_items
 
 
 class JobEvents:
     """What run_job reports while it runs. This base ignores everything; the CLI renders the
     events, tests override unit_done to interrupt a job (an exception raised there ends the
     job, and the store stays resumable)."""
+
+    def preparing(self, address: str | None) -> None:
+        """About to start (or join) Ray and start the workers: seconds of silence otherwise."""
 
     def started(self, start: JobStart) -> None:
         pass
@@ -385,12 +389,13 @@ def run_job(request: JobRequest, *, address: str | None = None, device: str | No
                           nothing_to_do=True)
 
     t_start = time.monotonic()
+    events.preparing(address)
     started = start_ray(address, request.workers)
     try:
         import ray
 
-        n_workers, options = worker_slots(request.workers, request.actor_resources)
-        n_workers = max(1, min(n_workers, len(todo)))  # no idle actors for a small job
+        possible, options = worker_slots(request.workers, request.actor_resources)
+        n_workers = max(1, min(possible, len(todo)))  # no idle actors for a small job
         # torch threads: the CPUs an actor asked for (a GPU actor leaves it to torch)
         threads = None if options.get("num_gpus") else max(1, int(options.get("num_cpus", 1)))
         actor = ray.remote(PipelineWorker).options(max_restarts=0, scheduling_strategy="SPREAD", **options)
@@ -400,7 +405,8 @@ def run_job(request: JobRequest, *, address: str | None = None, device: str | No
                                 input_options=plan.input_options)
 
         sched = Scheduler(new_actor, todo, n_workers, events)
-        events.started(JobStart(plan.job_id, out, n_records, total, done_positions, len(todo), n_workers))
+        events.started(JobStart(plan.job_id, out, n_records, total, done_positions, len(todo), n_workers,
+                                possible))
         sched.run()
         events.finished()
         sched.stop(ray)

@@ -16,7 +16,7 @@ from typing import Any
 
 from linpipe.errors import InputError, LinpipeError
 
-from .checks import check_channels, fit_channels, modality_error
+from .checks import check_channels, check_has_positions, fit_channels, modality_error
 from .request import JobRequest
 
 # A batch of short records holds at most this many records and about one chunk of positions.
@@ -205,6 +205,7 @@ def plan_job(request: JobRequest) -> JobPlan:
     keys = make_keys([r.id for _, r, _ in found])
     records = tuple(Record(p, r.id, keys[r.id], int(r.length), chunk_size, r.description, t)
                     for p, r, t in found)
+    check_has_positions(request.inputs, records)
     streams, batches = split_work(records)
     return JobPlan(jid, tuple(os.path.abspath(os.fspath(p)) for p in request.inputs), model_ref,
                    m.sha256, modality, tuple(outputs), chunk_size, input_options, int(m.config.d_model),

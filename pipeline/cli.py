@@ -358,9 +358,11 @@ def _parse_outputs(value):
               help="With --address http://...: a runtime_env YAML (pip, env_vars) for the job.")
 @click.option("--env", "env_vars", multiple=True, metavar="KEY=VALUE",
               help="With --address http://...: an environment variable for the job (repeatable).")
+@click.option("--quiet", "-q", is_flag=True,
+              help="No start-up, start line or progress on stderr; only the summary and errors.")
 def submit(inputs, spec, model, out, chunk_size, outputs, workers, address, overwrite,
            id_column, time_column, columns, time_format, actor_resources, dry_run, wait, runtime_env,
-           env_vars):
+           env_vars, quiet):
     """Stream INPUT... through a model and write per-position outputs to Zarr, on Ray.
 
     The same job submitted again resumes where it stopped, or says it is complete.
@@ -385,7 +387,7 @@ def submit(inputs, spec, model, out, chunk_size, outputs, workers, address, over
     if wait or runtime_env or env_vars:
         raise click.UsageError("--wait, --runtime-env and --env go with --address http://HEAD:8265")
     for req in reqs:
-        _run_here(req, address)
+        _run_here(req, address, quiet)
 
 
 def _print_dry_run(report: dict) -> None:
@@ -438,8 +440,13 @@ def _follow_until_done(client, submission_id: str) -> int:
     return sub.exit_code(status)
 
 
-def _job_events():
-    """The driver's events rendered on stderr: a start line, a progress bar or log lines."""
+def _plural(n: int, word: str) -> str:
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
+
+
+def _job_events(quiet: bool = False):
+    """The driver's events rendered on stderr: what it is doing, a start line, a progress bar or
+    log lines (quiet: only what goes wrong)."""
     import time
 
     from linpipe.jobs.driver import JobEvents
@@ -448,45 +455,56 @@ def _job_events():
     class CliEvents(JobEvents):
         progress = None
 
+        def preparing(self, address):
+            if not quiet:
+                where = f"joining the Ray cluster at {address}" if address else "starting a local Ray"
+                click.echo(f"{where} and its workers (the model loads on each; this takes seconds)...",
+                           err=True)
+
         def started(self, s):
-            if not s.work_items:
-                click.echo(f"job {s.job_id}: all {s.records} records ({s.positions:,} positions) are "
-                           f"complete in {s.out}; nothing to do", err=True)
-                return
-            click.echo(f"job {s.job_id}: {s.records} records, {s.positions:,} positions "
-                       f"({s.positions - s.positions_done:,} to run) in {s.work_items} work items, on "
-                       f"{s.workers} worker{'' if s.workers == 1 else 's'}; outputs -> {s.out}", err=True)
+            if not s.work_items or quiet:
+                return  # nothing to do: the summary line says so, once
+            why = ""
+            if s.workers_possible > s.workers:
+                why = (f" ({s.workers_possible} possible, but a record's chunks run in order on one worker "
+                       "and short records run together: one worker per work item)")
+            left = s.positions - s.positions_done
+            click.echo(f"job {s.job_id}: {_plural(s.records, 'record')}, {s.positions:,} positions "
+                       f"({left:,} to run) in {_plural(s.work_items, 'work item')}, "
+                       f"on {_plural(s.workers, 'worker')}{why}; outputs -> {s.out}", err=True)
             self.progress = Progress(s.positions, done=s.positions_done)
 
         def workers_ready(self):
-            self.progress.t0 = time.monotonic()  # rates count from the first worker ready
+            if self.progress is not None:
+                self.progress.t0 = time.monotonic()  # rates count from the first worker ready
 
         def unit_done(self, result, units_done):
-            self.progress.update(result.positions)
+            if self.progress is not None:
+                self.progress.update(result.positions)
 
         def worker_died(self, node, error):
             click.echo(f"worker {node} died ({error}); its work resumes from the last boundary state "
                        "on another worker", err=True)
 
         def finished(self):
-            self.progress.close()
+            if self.progress is not None:
+                self.progress.close()
 
     return CliEvents()
 
 
-def _run_here(req, address):
+def _run_here(req, address, quiet=False):
     """One job with its driver in this process (an embedded local Ray, or joined to a cluster)."""
     from linpipe.jobs.driver import run_job
     from linpipe.progress import human_bytes, human_count, human_time
 
-    s = run_job(req, address=address, events=_job_events())
+    s = run_job(req, address=address, events=_job_events(quiet))
     if s.nothing_to_do:
         click.echo(f"Nothing to do: job {s.job_id} is complete. Outputs: {s.out}")
         return
-    click.echo(f"Done: job {s.job_id}: {s.records} records, {s.positions:,} positions "
+    click.echo(f"Done: job {s.job_id}: {_plural(s.records, 'record')}, {s.positions:,} positions "
                f"({human_count(s.positions_run)} run) in {human_time(s.seconds)} "
-               f"({human_count(s.positions_per_s)} positions/s on {s.workers} "
-               f"worker{'' if s.workers == 1 else 's'}; "
+               f"({human_count(s.positions_per_s)} positions/s on {_plural(s.workers, 'worker')}; "
                f"start-up {s.startup_s:.1f} s), {human_bytes(s.output_bytes)} written.")
     busy = s.read_s + s.model_s + s.write_s
     if busy > 0:

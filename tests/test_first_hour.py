@@ -310,3 +310,38 @@ def test_dna_model_on_a_series_says_how_to_get_a_time_series_model(timeseries, t
     one_line_error(r, str(csv), "dna model", "linpipe train", "--model MODEL_DIR")
     r = run("eval", "default", csv)
     one_line_error(r, str(csv), "linpipe train")
+
+
+# ---------------------------------------------------------------------------------- 7: silent surprises
+@pytest.mark.slow  # two embedded Ray start-ups in real processes
+def test_one_record_on_two_workers_says_why_and_counts_in_words(genomes, tmp_path):
+    out = tmp_path / "mt.zarr"
+    r = submit_subprocess(genomes / "minimap2_MT-human.fa", "--out", out, "--workers", "2",
+                          cwd=tmp_path, timeout=300)
+    assert r.returncode == 0, r.stderr
+    start = next(line for line in r.stderr.splitlines() if line.startswith("job "))
+    assert "1 record," in start and "1 work item," in start and "on 1 worker (2 possible" in start
+    assert "1 work items" not in r.stderr and "1 records" not in r.stdout + r.stderr
+    # Ray's start-up is announced before the seconds it takes
+    assert r.stderr.index("starting a local Ray") < r.stderr.index(start)
+    # the second run: "Nothing to do" once, on stdout
+    r = submit_subprocess(genomes / "minimap2_MT-human.fa", "--out", out, cwd=tmp_path, timeout=300)
+    assert r.returncode == 0 and r.stdout.count("Nothing to do") == 1, r.stdout
+    assert "nothing to do" not in r.stderr.lower(), r.stderr
+
+
+@pytest.mark.slow
+def test_submit_quiet_prints_only_the_summary(genomes, tmp_path):
+    r = submit_subprocess(genomes / "minimap2_MT-human.fa", "--out", tmp_path / "q.zarr", "--quiet",
+                          cwd=tmp_path, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("Done: job ") and r.stderr.strip() == ""
+
+
+def test_a_fasta_of_headers_only_has_no_sequence(tmp_path):
+    fa = tmp_path / "empty.fa"
+    fa.write_text(">chr1 nothing here\n")
+    out = tmp_path / "empty.zarr"
+    for extra in ([], ["--dry-run"]):
+        one_line_error(run("submit", fa, "--out", out, *extra), str(fa), "no sequence")
+    assert not out.exists()
