@@ -257,16 +257,22 @@ def inspect(store, as_json):
                f"(outputs {human_bytes(s['output_bytes_raw'])} raw -> "
                f"{human_bytes(s['output_bytes_stored'])}, compression {ratio})")
     shown = s["records"][:20]
-    width = max([len(r["id"]) for r in shown] + [6])
+    renamed = any(r["key"] != r["id"] for r in s["records"])
+    names = {r["id"]: (f"{r['id']} -> {r['key']}" if r["key"] != r["id"] else r["id"]) for r in shown}
+    width = max([len(n) for n in names.values()] + [6])
     for r in shown:
         done = "done" if r["chunks_done"] == r["chunks"] else f"{r['chunks_done']}/{r['chunks']} chunks"
         miss = ""
         if r["missing_ranges"]:
             miss = "  missing " + ", ".join(f"{a:,}-{b:,}" for a, b in r["missing_ranges"][:3])
             miss += " ..." if len(r["missing_ranges"]) > 3 else ""
-        click.echo(f"    {r['id']:<{width}} {r['length']:>14,}  {r['modality']:<10} {done}{miss}")
+        click.echo(f"    {names[r['id']]:<{width}} {r['length']:>14,}  {r['modality']:<10} {done}{miss}")
     if len(s["records"]) > len(shown):
         click.echo(f"    ... and {len(s['records']) - len(shown)} more records (--json lists all)")
+    if renamed:
+        click.echo("  Ids with characters other than letters, digits and ._+- are stored under a key "
+                   "(ID -> KEY): open a record with linpipe.open_output(STORE).dataset(ID), which takes "
+                   "either, or xarray.open_zarr(STORE, group=KEY).")
 
 
 @cli.command()

@@ -345,3 +345,26 @@ def test_a_fasta_of_headers_only_has_no_sequence(tmp_path):
     for extra in ([], ["--dry-run"]):
         one_line_error(run("submit", fa, "--out", out, *extra), str(fa), "no sequence")
     assert not out.exists()
+
+
+# ---------------------------------------------------------------------------------- 8: ids vs keys
+def test_inspect_shows_the_key_of_an_id_that_is_not_a_safe_name(genomes, tmp_path):
+    import xarray as xr
+
+    from linpipe.store import open_output
+
+    seq = "".join(genomes.joinpath("minimap2_MT-human.fa").read_text().splitlines()[1:])
+    fa = tmp_path / "region.fa"
+    fa.write_text(">chr13:75549820-75551819 a region\n" + seq[:2000] + "\n>plain\n" + seq[2000:3000] + "\n")
+    out = tmp_path / "region.zarr"
+    assert run("submit", fa, "--out", out, "--workers", "1").exit_code == 0
+    key = open_output(out).key("chr13:75549820-75551819")
+    assert key != "chr13:75549820-75551819"
+    r = run("inspect", out)
+    assert r.exit_code == 0, r.output
+    assert f"chr13:75549820-75551819 -> {key}" in r.output and "plain ->" not in r.output
+    assert ".dataset(ID)" in r.output
+    assert json.loads(run("inspect", out, "--json").output)["records"][0]["key"] == key
+    # the ways the message names work
+    assert xr.open_zarr(out, group=key).sizes["position"] == 2000
+    assert open_output(out).dataset("chr13:75549820-75551819").sizes["position"] == 2000
