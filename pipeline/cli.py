@@ -56,16 +56,20 @@ def _decay_values(text):
 def _model_size_options(f):
     """The model-size flags shared by `model init` and `train`."""
     for opt in reversed([
-        click.option("--d-model", type=click.IntRange(1), default=64, show_default=True),
-        click.option("--n-layers", type=click.IntRange(1), default=2, show_default=True),
-        click.option("--n-heads", type=click.IntRange(1), default=4, show_default=True),
+        click.option("--d-model", type=click.IntRange(1), default=64, show_default=True,
+                     help="Width of the model (features per position)."),
+        click.option("--n-layers", type=click.IntRange(1), default=2, show_default=True,
+                     help="Linear-attention layers."),
+        click.option("--n-heads", type=click.IntRange(1), default=4, show_default=True,
+                     help="Attention heads per layer (must divide --d-model)."),
         click.option("--mlp-hidden", type=click.IntRange(1), default=None, help="Default: 4 x d-model."),
         click.option("--conv-width", type=click.IntRange(1), default=4, show_default=True,
                      help="1: no convolution."),
         click.option("--feature-map", type=click.Choice(["elu1", "relu", "identity"]), default="elu1",
-                     show_default=True),
+                     show_default=True, help="The positive map applied to queries and keys."),
         click.option("--no-normalize", is_flag=True, help="Drop the attention normaliser q.z."),
-        click.option("--decay", default=None, help="One value for every head, or one per head "
+        click.option("--decay", default=None, metavar="VALUE[,VALUE...]",
+                     help="One value for every head, or one per head "
                      "(comma-separated), each in (0, 1]. Default: spread from 1-1/16 to 1-1/65536."),
     ]):
         f = opt(f)
@@ -99,11 +103,12 @@ def _ts_options(time_column, columns, id_column, time_format=None) -> dict:
 
 @model_group.command("init")
 @click.argument("directory", type=click.Path(file_okay=False))
-@click.option("--modality", type=click.Choice(["dna", "timeseries"]), default="dna", show_default=True)
+@click.option("--modality", type=click.Choice(["dna", "timeseries"]), default="dna", show_default=True,
+              help="What the model reads: DNA bases or a multichannel time series.")
 @_model_size_options
 @click.option("--channels", type=click.IntRange(1), default=None,
               help="Timeseries: number of input channels.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True, help="Random seed of the initial weights.")
 @click.option("--force", is_flag=True, help="Overwrite a model already in DIRECTORY.")
 def model_init(directory, modality, d_model, n_layers, n_heads, mlp_hidden, conv_width, feature_map,
                no_normalize, decay, channels, seed, force):
@@ -168,7 +173,7 @@ def model_info(model, as_json):
 @_timeseries_options
 @click.option("--sort", is_flag=True,
               help="Time series: sort rows by time (in a cached copy) instead of refusing unsorted input.")
-@click.option("--cache-dir", default=None, type=click.Path(file_okay=False),
+@click.option("--cache-dir", default=None, type=click.Path(file_okay=False), metavar="DIR",
               help="Where indexes go when the input's folder is read-only "
                    "(default $LINPIPE_CACHE or ~/.cache/linpipe).")
 @click.option("--json", "as_json", is_flag=True, help="Print the records as JSON.")
@@ -277,10 +282,12 @@ def inspect(store, as_json):
 
 @cli.command()
 @click.argument("store", type=click.Path())
-@click.option("--format", "fmt", type=click.Choice(["bigwig", "bedgraph", "parquet"]), required=True)
-@click.option("--output", "output", required=True,
+@click.option("--format", "fmt", type=click.Choice(["bigwig", "bedgraph", "parquet"]), required=True,
+              help="bigwig or bedgraph: a genome-browser track of one per-base output; parquet: a table.")
+@click.option("--output", "output", required=True, metavar="NAME[,NAME...]",
               help="Output to export, e.g. logprob (parquet: a comma list).")
-@click.option("--record", "records", multiple=True, help="Record id to export (repeatable; default all).")
+@click.option("--record", "records", multiple=True, metavar="ID",
+              help="Record id to export (repeatable; default all).")
 @click.option("-o", "dest", required=True, type=click.Path(), help="File to write.")
 def export(store, fmt, output, records, dest):
     """Export an output as a genome-browser track (bigWig, bedGraph) or a Parquet table."""
@@ -298,9 +305,10 @@ def export(store, fmt, output, records, dest):
 
 @cli.command()
 @click.argument("store", type=click.Path())
-@click.option("--record", required=True, help="Record id.")
-@click.option("--output", "output", required=True, help="Output to plot, e.g. logprob.")
-@click.option("--region", default=None, help="START-END, 0-based, end exclusive (default: whole record).")
+@click.option("--record", required=True, metavar="ID", help="Record id.")
+@click.option("--output", "output", required=True, metavar="NAME", help="Output to plot, e.g. logprob.")
+@click.option("--region", default=None, metavar="START-END",
+              help="0-based, end exclusive (default: the whole record).")
 @click.option("-o", "dest", required=True, type=click.Path(), help="PNG file to write.")
 @click.option("--width", default=1600, show_default=True, type=click.IntRange(200, 20000),
               help="Width in pixels.")
@@ -647,13 +655,17 @@ def _command_line() -> str:
 @click.option("--batch", type=click.IntRange(1), default=8, show_default=True, help="Parallel lanes.")
 @click.option("--window", type=click.IntRange(2), default=512, show_default=True,
               help="Positions per lane per step.")
-@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=3e-3, show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--device", default="auto", show_default=True,
+@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=3e-3, show_default=True,
+              help="Peak learning rate (Adam; linear warm-up, then cosine decay to a tenth).")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Random seed of the initial weights and the lanes' starting points.")
+@click.option("--device", default="auto", show_default=True, metavar="DEVICE",
               help="auto (a CUDA GPU when there is one, else cpu), cpu, cuda, cuda:1, ...")
-@click.option("--val-records", default=None, help="Comma-separated record ids to hold out whole "
-              "(default: the last 5%% of every record).")
-@click.option("--checkpoint-every", type=click.IntRange(1), default=200, show_default=True)
+@click.option("--val-records", default=None, metavar="ID[,ID...]",
+              help="Comma-separated record ids to hold out whole "
+              "(default: the last 5% of every record).")
+@click.option("--checkpoint-every", type=click.IntRange(1), default=200, show_default=True,
+              help="Steps between checkpoints in --out/checkpoint (what --resume continues from).")
 @click.option("--threads", type=click.IntRange(1), default=1, show_default=True,
               help="CPU threads for torch (more rarely helps models this small).")
 @click.option("--resume", is_flag=True, help="Continue from the checkpoint in --out (same inputs).")
@@ -701,7 +713,7 @@ def train_cmd(inputs, out, d_model, n_layers, n_heads, mlp_hidden, conv_width, f
 @click.argument("model_dir")
 @click.argument("inputs", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option("--baseline-train", multiple=True, type=click.Path(dir_okay=False),
-              help="dna: fit the Markov baselines on these files (k chosen on their last 5%%) instead "
+              help="dna: fit the Markov baselines on these files (k chosen on their last 5%) instead "
               "of the ones stored with the model. Repeatable.")
 @click.option("--season", type=click.IntRange(1), default=None,
               help="timeseries: seasonal-naive period (default: the lag of peak autocorrelation).")
@@ -734,6 +746,48 @@ def eval_cmd(model_dir, inputs, baseline_train, season, as_json, time_column, co
 
 # end of section: training
 # ---------------------------------------------------------------------------------------------
+
+
+# One or two runnable examples per command, shown at the end of its --help (the files are the
+# ones shipped in examples/, so they run from a clone).
+EXAMPLES = {
+    (): ["linpipe submit examples/MT-human.fa --out MT-human.zarr",
+         "linpipe inspect MT-human.zarr"],
+    ("model",): ["linpipe model info", "linpipe model init my-model --d-model 32"],
+    ("model", "init"): ["linpipe model init my-model --d-model 32 --n-layers 2",
+                        "linpipe model init ecg-model --modality timeseries --channels 2"],
+    ("model", "info"): ["linpipe model info", "linpipe model info examples/models/ecg --json"],
+    ("index",): ["linpipe index examples/MT-human.fa",
+                 "linpipe index examples/ecg-mitdb100.parquet --time-column sample"],
+    ("inspect",): ["linpipe inspect MT-human.zarr", "linpipe inspect MT-human.zarr --json"],
+    ("export",): ["linpipe export MT-human.zarr --format bigwig --output logprob -o logprob.bw",
+                  "linpipe export ecg.zarr --format parquet --output forecast,residual -o ecg.parquet"],
+    ("plot",): ["linpipe plot MT-human.zarr --record MT_human --output logprob --region 0-5000 -o mt.png"],
+    ("submit",): ["linpipe submit examples/MT-human.fa --out MT-human.zarr",
+                  "linpipe submit examples/ecg-mitdb100.parquet --model examples/models/ecg "
+                  "--time-column sample --out ecg.zarr",
+                  "linpipe submit --spec jobs/assemblies.yaml --dry-run",
+                  "linpipe submit genome.fa --address http://HEAD:8265 --out /shared/genome.zarr"],
+    ("status",): ["linpipe status --address http://HEAD:8265", "linpipe status lp-3f9c"],
+    ("logs",): ["linpipe logs lp-3f9c --follow"],
+    ("cancel",): ["linpipe cancel lp-3f9c"],
+    ("list",): ["linpipe list --address http://HEAD:8265"],
+    ("train",): ["linpipe train examples/MT-human.fa examples/MT-orang.fa --out my-model --steps 200",
+                 "linpipe train examples/ecg-mitdb100.parquet --time-column sample --out ecg-model"],
+    ("eval",): ["linpipe eval default examples/MT-orang.fa",
+                "linpipe eval examples/models/ecg examples/ecg-mitdb100.parquet --time-column sample"],
+}
+
+
+def _add_examples() -> None:
+    for path, lines in EXAMPLES.items():
+        cmd = cli
+        for name in path:
+            cmd = cmd.commands[name]
+        cmd.epilog = "\b\nExamples:\n" + "\n".join(f"  {line}" for line in lines)
+
+
+_add_examples()
 
 
 def main():

@@ -2,6 +2,7 @@
 examples that run from a clone, clear messages. Each test failed before its fix."""
 import hashlib
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -368,3 +369,74 @@ def test_inspect_shows_the_key_of_an_id_that_is_not_a_safe_name(genomes, tmp_pat
     # the ways the message names work
     assert xr.open_zarr(out, group=key).sizes["position"] == 2000
     assert open_output(out).dataset("chr13:75549820-75551819").sizes["position"] == 2000
+
+
+# ---------------------------------------------------------------------------------- 9: small defects
+def test_index_files_follow_the_umask(genomes, timeseries, tmp_path):
+    import os
+    import shutil
+    import stat
+
+    fa = shutil.copy(genomes / "abricate_Sepidermidis_ST14_assembly.fa.bgz", tmp_path / "a.fa.bgz")
+    csv = shutil.copy(timeseries / "statsmodels_sunspots_yearly.csv", tmp_path / "s.csv")
+    old = os.umask(0o022)
+    try:
+        assert run("index", fa).exit_code == 0
+        r = run("index", csv, "--json", env={"LINPIPE_CACHE": str(tmp_path / "cache")})
+        assert r.exit_code == 0, r.output
+    finally:
+        os.umask(old)
+    written = [p for p in tmp_path.iterdir() if p.suffix in (".fai", ".gzi", ".lpi")]
+    written.append(Path(json.loads(r.output)["index"]))  # the CSV's converted table
+    assert len(written) >= 3
+    for p in written:
+        assert stat.S_IMODE(p.stat().st_mode) == 0o644, p
+
+
+def all_commands():
+    import click
+
+    def walk(cmd, path):
+        yield path, cmd
+        if isinstance(cmd, click.Group):
+            for name, sub in cmd.commands.items():
+                yield from walk(sub, path + [name])
+
+    return list(walk(cli, []))
+
+
+@pytest.mark.parametrize("path", [p for p, _ in all_commands()], ids=lambda p: " ".join(p) or "linpipe")
+def test_every_help_has_an_example_and_every_option_says_what_it_does(path):
+    import click
+
+    cmd = dict((tuple(p), c) for p, c in all_commands())[tuple(path)]
+    r = run(*path, "--help")
+    assert r.exit_code == 0, r.output
+    assert re.search(r"Examples:\n\s+linpipe ", r.output), r.output
+    assert "%%" not in r.output and " TEXT" not in r.output, r.output
+    for p in cmd.params:
+        if isinstance(p, click.Option):
+            assert p.help, (path, p.opts)
+    # each example parses: its options exist and take the values given
+    import shlex
+
+    for line in r.output.split("Examples:\n", 1)[1].strip().splitlines():
+        argv = shlex.split(line)[1:]
+        target, rest = cli, list(argv)
+        while isinstance(target, click.Group) and rest and rest[0] in target.commands:
+            target = target.commands[rest.pop(0)]
+        target.make_context(target.name, rest)
+
+
+def test_train_progress_in_a_log_file_is_lines_not_a_bar(genomes, tmp_path):
+    import subprocess
+    import sys
+
+    log = tmp_path / "train.log"
+    with open(log, "w") as f:
+        argv = [sys.executable, "-m", "linpipe.cli", "train", str(genomes / "minimap2_MT-human.fa"),
+                "--out", str(tmp_path / "m"), *TINY_TRAIN[:-1]]  # without --quiet
+        r = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT, timeout=300)
+    text = log.read_text()
+    assert r.returncode == 0, text
+    assert "\r" not in text and "progress: 2/2 steps (100.0%)" in text

@@ -29,7 +29,7 @@ import numpy as np
 
 from linpipe.errors import InputError
 from linpipe.inputs.base import Input, RecordInfo, stem
-from linpipe.inputs.cache import cache_root
+from linpipe.inputs.cache import cache_root, file_mode
 
 BATCH_ROWS = 1 << 16  # rows per batch in converted files and Parquet reads
 CSV_BLOCK = 4 << 20  # bytes per CSV block; column types are inferred from the first one
@@ -213,6 +213,7 @@ class TimeSeriesInput(Input):
 
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-", suffix=".arrow")
+        os.fchmod(fd, file_mode())
         os.close(fd)
         try:
             with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
