@@ -318,6 +318,10 @@ def plot(store, record, output, region, dest, width):
 
     info = plot_region(_open_reader(store), record, output, dest, region=region, width_px=width)
     how = "min/max envelope" if info["downsampled"] else "every position"
+    if info.get("input_drawn"):
+        how += "; with the input signal"
+    if info.get("input_note"):
+        click.echo(f"Warning: {info['input_note']}", err=True)
     click.echo(f"Wrote {dest}: {info['record']}:{info['start']}-{info['end']} ({how})")
 
 

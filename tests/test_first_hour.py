@@ -440,3 +440,27 @@ def test_train_progress_in_a_log_file_is_lines_not_a_bar(genomes, tmp_path):
     text = log.read_text()
     assert r.returncode == 0, text
     assert "\r" not in text and "progress: 2/2 steps (100.0%)" in text
+
+
+@pytest.fixture(scope="module")
+def ecg_store(tmp_path_factory):
+    """The shipped ECG example run through the shipped ECG model (a few seconds)."""
+    examples = Path(__file__).resolve().parents[1] / "examples"
+    out = tmp_path_factory.mktemp("ecg") / "ecg.zarr"
+    r = run("submit", examples / "ecg-mitdb100.parquet", "--model", examples / "models" / "ecg",
+            "--time-column", "sample", "--out", out, "--workers", "1")
+    assert r.exit_code == 0, r.output
+    return out
+
+
+@pytest.mark.parametrize("output", ["forecast", "residual"])
+def test_plot_draws_the_input_beside_forecast_and_residual(output, ecg_store, tmp_path):
+    from linpipe.outputs.plot import plot_region
+
+    png = tmp_path / f"{output}.png"
+    r = run("plot", ecg_store, "--record", "ecg-mitdb100", "--output", output, "--region", "0-3000",
+            "-o", png)
+    assert r.exit_code == 0 and "with the input signal" in r.output, r.output
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    info = plot_region(ecg_store, "ecg-mitdb100", output, tmp_path / "again.png", region="0-3000")
+    assert info["input_drawn"] and info["input_note"] is None
