@@ -91,20 +91,20 @@ def plot_region(store, record: str, output: str, dest, *, region: str | None = N
             inputs = inputs[:, :values.shape[1]]
 
     dpi = 100
-    rows = []  # (values of one panel, label, overlay or None)
+    rows = []  # (values of one panel, label, colour, input overlay or None)
     for j in range(values.shape[1]):
         if inputs is not None and output == "residual":
-            rows.append((inputs[:, j], f"input {labels[j].split(' ', 1)[-1]}", None))
-        rows.append((values[:, j], labels[j], inputs[:, j] if inputs is not None and output == "forecast"
-                     else None))
+            rows.append((inputs[:, j], f"input {labels[j].split(' ', 1)[-1]}", "0.35", None))
+        rows.append((values[:, j], labels[j], "tab:blue",
+                     inputs[:, j] if inputs is not None and output == "forecast" else None))
     fig, axes = plt.subplots(len(rows), 1, figsize=(width_px / dpi, height_px * len(rows) / dpi), dpi=dpi,
                              sharex=True, squeeze=False)
     downsampled = n > width_px
     units = arr.attrs.get("units")
-    for ax, (col, label, overlay) in zip(axes[:, 0], rows, strict=True):
+    for ax, (col, label, colour, overlay) in zip(axes[:, 0], rows, strict=True):
         if overlay is not None:
             _draw(ax, overlay, xs, width_px, downsampled, "0.45", "input")
-        _draw(ax, col, xs, width_px, downsampled, "tab:blue", output if overlay is not None else None)
+        _draw(ax, col, xs, width_px, downsampled, colour, output if overlay is not None else None)
         if overlay is not None or downsampled:
             ax.legend(loc="upper right", fontsize="small")
         ax.set_ylabel(label + (f" ({units})" if units else ""))
