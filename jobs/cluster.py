@@ -39,12 +39,75 @@ def check_cluster(address: str | None) -> str:
     host, _, port = address.split("://", 1)[-1].rstrip("/").rpartition(":")
     if not host or not port.isdigit():
         raise ClusterError(f"--address {address}: expected HOST:PORT (the Ray head's GCS address)")
-    try:
-        socket.create_connection((host, int(port)), timeout=GCS_CONNECT_TIMEOUT_S).close()
-    except OSError as e:
-        raise ClusterError(f"--address {address}: the Ray cluster does not answer "
-                           f"({e.strerror or e})") from None
+    problem = probe_gcs(host, int(port))
+    if problem:
+        raise ClusterError(f"--address {address}: {problem}")
     return f"Ray cluster {address} answers"
+
+
+# The client's HTTP/2 connection preface and an empty SETTINGS frame: a gRPC server (Ray's GCS)
+# answers with its own SETTINGS frame at once; an HTTP/1 server (the dashboard) answers "HTTP/1.x
+# 400"; anything else stays silent or hangs up. ray.init itself would retry such a port forever.
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+_FRAME_SETTINGS = 0x04
+
+
+def probe_gcs(host: str, port: int, timeout: float = GCS_CONNECT_TIMEOUT_S) -> str | None:
+    """None when HOST:PORT answers like Ray's GCS (a gRPC server), else what it looks like, in
+    words. Bounded: at most a connect and one read, `timeout` seconds each (and one short HTTP
+    request when the port speaks HTTP)."""
+    use_tls = os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true")
+    try:
+        sock = socket.create_connection((host, port), timeout=timeout)
+    except OSError as e:
+        return f"the Ray cluster does not answer ({e.strerror or e})"
+    try:
+        if use_tls:  # a TLS GCS answers only a TLS handshake; ray.init does that one
+            return None
+        sock.settimeout(timeout)
+        sock.sendall(_H2_PREFACE)
+        reply = b""
+        while len(reply) < 9 and not reply.startswith(b"HTTP/"):
+            part = sock.recv(9 - len(reply))
+            if not part:
+                break
+            reply += part
+    except socket.timeout:
+        reply = None
+    except OSError:
+        reply = b""
+    finally:
+        sock.close()
+    if reply and len(reply) >= 9 and reply[3] == _FRAME_SETTINGS:
+        return None
+    gcs_hint = f"{host}:6379 (the head's GCS port, Ray's default) to join the cluster"
+    if reply and reply.startswith(b"HTTP/"):
+        if _is_ray_dashboard(host, port, timeout):
+            return (f"this is Ray's dashboard port, not the cluster's GCS: use http://{host}:{port} "
+                    f"to submit through the job server, or {gcs_hint}")
+        return (f"answers HTTP, not Ray's GCS: use http://{host}:{port} if it is Ray's job server "
+                f"(dashboard, 8265 by default), or {gcs_hint}")
+    how = f"sent nothing back within {timeout:.0f} s" if reply is None else "closed the connection"
+    return (f"accepts connections but is not Ray's GCS (it {how}); give {gcs_hint}, or "
+            f"http://{host}:8265 for the job server")
+
+
+def _is_ray_dashboard(host: str, port: int, timeout: float) -> bool:
+    """True when the HTTP server at HOST:PORT is Ray's dashboard (it serves /api/version)."""
+    import http.client
+    import json
+
+    try:
+        conn = http.client.HTTPConnection(host, port, timeout=timeout)
+        try:
+            conn.request("GET", "/api/version")
+            resp = conn.getresponse()
+            body = resp.read(4096) if resp.status == 200 else b""
+        finally:
+            conn.close()
+        return "ray_version" in json.loads(body or b"{}")
+    except (OSError, ValueError, http.client.HTTPException):
+        return False
 
 
 def start_ray(address: str | None, workers: int | None) -> bool:

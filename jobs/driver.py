@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from linpipe.errors import LinpipeError, StoreError
 
 from .actor import PipelineWorker, UnitResult, peak_rss
-from .cluster import ClusterError, start_ray, worker_slots
+from .cluster import ClusterError, check_cluster, start_ray, worker_slots
 from .plan import Chunk, JobPlan, Record, plan_job
 from .request import JobRequest
 
@@ -71,12 +71,16 @@ class JobStart:
     positions_done: int
     work_items: int
     workers: int
+    workers_possible: int = 0  # what --workers or the cluster allowed, before capping at work_items
 
 
 class JobEvents:
     """What run_job reports while it runs. This base ignores everything; the CLI renders the
     events, tests override unit_done to interrupt a job (an exception raised there ends the
     job, and the store stays resumable)."""
+
+    def preparing(self, address: str | None) -> None:
+        """About to start (or join) Ray and start the workers: seconds of silence otherwise."""
 
     def started(self, start: JobStart) -> None:
         pass
@@ -102,11 +106,13 @@ def open_or_create_store(plan: JobPlan, out: str, *, overwrite: bool = False):
     if OutputStore.exists(out) and not overwrite:
         store = OutputStore.open(out, mode="r+")
         old = store.meta.get("job_id")
-        if old != plan.job_id:
+        if old == plan.job_id:
+            return store
+        if not never_received_a_unit(store):
             raise StoreError(
                 f"{out}: holds the outputs of another job ({old}: a different model, inputs or "
                 f"options than job {plan.job_id}); use --overwrite to replace it or choose another --out")
-        return store
+        overwrite = True  # a failed start's empty store holds no work: the corrected job takes it
     meta = {"job_id": plan.job_id, "model_sha256": plan.model_sha256, "model": plan.model_ref,
             "inputs": list(plan.inputs), "chunk_size": plan.chunk_size, "input_options": plan.input_options}
     return OutputStore.create(out, meta=meta, records=plan.store_records(), outputs=list(plan.outputs),
@@ -114,6 +120,12 @@ def open_or_create_store(plan: JobPlan, out: str, *, overwrite: bool = False):
                               channels=list(plan.channels) if plan.channels else None, overwrite=overwrite,
                               packed=plan.packed, modality=plan.modality,
                               packed_time_dtype=plan.packed_time_dtype)
+
+
+def never_received_a_unit(store) -> bool:
+    """True for a store that no chunk was ever written to (a submit that failed after creating
+    it): nothing in it is worth keeping, so another job may replace it without --overwrite."""
+    return not store.is_complete() and store.progress()["units_done"] == 0
 
 
 def _finalize(store) -> bool:
@@ -364,6 +376,8 @@ def run_job(request: JobRequest, *, address: str | None = None, device: str | No
     events = events or JobEvents()
     plan = plan_job(request)
     out = request.out_path
+    if address:  # every check before the store exists: a refusal must leave nothing behind
+        check_cluster(address)
     try:
         store = open_or_create_store(plan, out, overwrite=request.overwrite)
     except OSError as e:  # a full disk or a read-only place before any work ran
@@ -377,12 +391,13 @@ def run_job(request: JobRequest, *, address: str | None = None, device: str | No
                           nothing_to_do=True)
 
     t_start = time.monotonic()
+    events.preparing(address)
     started = start_ray(address, request.workers)
     try:
         import ray
 
-        n_workers, options = worker_slots(request.workers, request.actor_resources)
-        n_workers = max(1, min(n_workers, len(todo)))  # no idle actors for a small job
+        possible, options = worker_slots(request.workers, request.actor_resources)
+        n_workers = max(1, min(possible, len(todo)))  # no idle actors for a small job
         # torch threads: the CPUs an actor asked for (a GPU actor leaves it to torch)
         threads = None if options.get("num_gpus") else max(1, int(options.get("num_cpus", 1)))
         actor = ray.remote(PipelineWorker).options(max_restarts=0, scheduling_strategy="SPREAD", **options)
@@ -392,7 +407,8 @@ def run_job(request: JobRequest, *, address: str | None = None, device: str | No
                                 input_options=plan.input_options)
 
         sched = Scheduler(new_actor, todo, n_workers, events, plan.batch_chunks)
-        events.started(JobStart(plan.job_id, out, n_records, total, done_positions, len(todo), n_workers))
+        events.started(JobStart(plan.job_id, out, n_records, total, done_positions, len(todo), n_workers,
+                                possible))
         sched.run()
         events.finished()
         sched.stop(ray)

@@ -16,9 +16,10 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from linpipe.errors import InputError, LinpipeError, ModelError
+from linpipe.errors import InputError, LinpipeError
 from linpipe.store.table import PackedRecords
 
+from .checks import check_channels, check_has_positions, fit_channels, modality_error
 from .request import JobRequest
 
 
@@ -154,6 +155,8 @@ def plan_job(request: JobRequest) -> JobPlan:
     model_ref = request.model
     if os.path.isdir(os.fspath(model_ref)):  # actors may run elsewhere: an absolute path
         model_ref = os.path.abspath(os.fspath(model_ref))
+    input_options = fit_channels(os.path.abspath(os.fspath(request.inputs[0])), m.config, input_options,
+                                 open_input)
     long_found: list[tuple[str, Any, str | None]] = []  # (input path, RecordInfo, time dtype)
     short_ids, short_desc, short_len, short_src = [], [], [], []
     short_times: set[str] = set()
@@ -165,8 +168,8 @@ def plan_job(request: JobRequest) -> JobPlan:
         inp = open_input(p, **input_options)
         try:
             if inp.modality != m.modality:
-                raise ModelError(f"{path}: a {inp.modality} input, but model {request.model} is a "
-                                 f"{m.modality} model")
+                raise modality_error(path, inp.modality, request.model, m.modality)
+            check_channels(path, inp, m.config, request.model, input_options)
             fingerprints.append(inp.fingerprint())
             time_dtype = None
             if inp.modality == "timeseries":
@@ -206,9 +209,11 @@ def plan_job(request: JobRequest) -> JobPlan:
     keys = make_keys([r.id for _, r, _ in long_found])
     records = tuple(Record(p, r.id, keys[r.id], int(r.length), chunk_size, r.description, t)
                     for p, r, t in long_found)
+    packed = PackedRecords.build(short_ids, short_desc, short_len, short_src, chunk_size=chunk_size)
+    check_has_positions(request.inputs, len(records) + packed.n_records,
+                        sum(r.length for r in records) + packed.positions, modality)
     # longest first: the long records bound the makespan (ties keep input order: deterministic)
     streams = tuple(sorted(records, key=lambda r: -r.length))
-    packed = PackedRecords.build(short_ids, short_desc, short_len, short_src, chunk_size=chunk_size)
     return JobPlan(jid, tuple(os.path.abspath(os.fspath(p)) for p in request.inputs), model_ref,
                    m.sha256, modality, tuple(outputs), chunk_size, input_options, int(m.config.d_model),
                    channels, records, streams, packed, short_times.pop() if short_times else None)

@@ -101,13 +101,15 @@ class JobRequest:
     id_column: str | None = None
     time_column: str | None = None
     columns: tuple[str, ...] | None = None
+    time_format: str | None = None  # CSV: strptime codes of the time column
     actor_resources: ActorResources = field(default_factory=ActorResources)
 
     @property
     def input_options(self) -> dict[str, Any]:
         """open_input's keyword options (only those given)."""
         return {k: v for k, v in (("id_column", self.id_column), ("time_column", self.time_column),
-                                  ("columns", list(self.columns) if self.columns else None))
+                                  ("columns", list(self.columns) if self.columns else None),
+                                  ("time_format", self.time_format))
                 if v is not None}
 
     @property
@@ -119,7 +121,7 @@ class JobRequest:
     def with_flags(self, flags: dict[str, Any]) -> JobRequest:
         """This request with the flags the user gave (None: not given) taking precedence."""
         changes: dict[str, Any] = {k: flags[k] for k in ("model", "out", "chunk_size", "workers",
-                                                         "id_column", "time_column")
+                                                         "id_column", "time_column", "time_format")
                                    if flags.get(k) is not None}
         for key in ("outputs", "columns"):
             if flags.get(key):
@@ -140,6 +142,7 @@ class JobRequest:
                         ("--outputs", ",".join(self.outputs) if self.outputs else None),
                         ("--id-column", self.id_column), ("--time-column", self.time_column),
                         ("--columns", ",".join(self.columns) if self.columns else None),
+                        ("--time-format", self.time_format),
                         ("--actor-resources", self.actor_resources.flag() or None),
                         ("--address", address)):
             if v is not None:

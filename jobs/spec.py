@@ -43,7 +43,7 @@ _TOP = {
     "workers": ((int,), "a positive integer"),
     "address": ((str,), "a Ray address such as http://HEAD:8265"),
     "resources": ((dict,), "a mapping with num_cpus, num_gpus, memory, custom"),
-    "timeseries": ((dict,), "a mapping with id_column, time_column, columns"),
+    "timeseries": ((dict,), "a mapping with id_column, time_column, columns, time_format"),
 }
 _RESOURCES = {
     "num_cpus": ((int, float), "a non-negative number of CPUs per actor"),
@@ -55,6 +55,7 @@ _TIMESERIES = {
     "id_column": ((str,), "a column name"),
     "time_column": ((str,), "a column name"),
     "columns": ((list, str), "a list of column names"),
+    "time_format": ((str,), "strptime codes of a CSV time column, e.g. '%d.%m.%Y %H:%M'"),
 }
 
 
@@ -155,6 +156,7 @@ def parse_spec(text: str, path: Path) -> JobSpec:
         inputs=(), model=model, outputs=_names(data.get("outputs"), "outputs", fail),
         chunk_size=data.get("chunk_size", DEFAULT_CHUNK_SIZE), overwrite=data.get("overwrite", False),
         workers=data.get("workers"), id_column=ts.get("id_column"), time_column=ts.get("time_column"),
+        time_format=ts.get("time_format"),
         columns=_names(ts.get("columns"), "timeseries.columns", fail),
         actor_resources=ActorResources(num_cpus=res.get("num_cpus"), num_gpus=res.get("num_gpus"),
                                        memory=memory, custom=tuple(sorted(custom.items()))))

@@ -56,16 +56,20 @@ def _decay_values(text):
 def _model_size_options(f):
     """The model-size flags shared by `model init` and `train`."""
     for opt in reversed([
-        click.option("--d-model", type=click.IntRange(1), default=64, show_default=True),
-        click.option("--n-layers", type=click.IntRange(1), default=2, show_default=True),
-        click.option("--n-heads", type=click.IntRange(1), default=4, show_default=True),
+        click.option("--d-model", type=click.IntRange(1), default=64, show_default=True,
+                     help="Width of the model (features per position)."),
+        click.option("--n-layers", type=click.IntRange(1), default=2, show_default=True,
+                     help="Linear-attention layers."),
+        click.option("--n-heads", type=click.IntRange(1), default=4, show_default=True,
+                     help="Attention heads per layer (must divide --d-model)."),
         click.option("--mlp-hidden", type=click.IntRange(1), default=None, help="Default: 4 x d-model."),
         click.option("--conv-width", type=click.IntRange(1), default=4, show_default=True,
                      help="1: no convolution."),
         click.option("--feature-map", type=click.Choice(["elu1", "relu", "identity"]), default="elu1",
-                     show_default=True),
+                     show_default=True, help="The positive map applied to queries and keys."),
         click.option("--no-normalize", is_flag=True, help="Drop the attention normaliser q.z."),
-        click.option("--decay", default=None, help="One value for every head, or one per head "
+        click.option("--decay", default=None, metavar="VALUE[,VALUE...]",
+                     help="One value for every head, or one per head "
                      "(comma-separated), each in (0, 1]. Default: spread from 1-1/16 to 1-1/65536."),
     ]):
         f = opt(f)
@@ -84,23 +88,27 @@ def _timeseries_options(f):
                           "columns]."),
         click.option("--id-column", default=None, metavar="COL",
                      help="Time series: column whose value names the series (record) of each row."),
+        click.option("--time-format", default=None, metavar="FORMAT",
+                     help="CSV: how the time column writes dates, in strptime codes, e.g. "
+                          "'%d.%m.%Y %H:%M' [default: ISO 8601 and forms such as 2010/01/01 00:00]."),
     ]):
         f = opt(f)
     return f
 
 
-def _ts_options(time_column, columns, id_column) -> dict:
-    opts = dict(time_column=time_column, columns=columns, id_column=id_column)
+def _ts_options(time_column, columns, id_column, time_format=None) -> dict:
+    opts = dict(time_column=time_column, columns=columns, id_column=id_column, time_format=time_format)
     return {k: v for k, v in opts.items() if v}
 
 
 @model_group.command("init")
 @click.argument("directory", type=click.Path(file_okay=False))
-@click.option("--modality", type=click.Choice(["dna", "timeseries"]), default="dna", show_default=True)
+@click.option("--modality", type=click.Choice(["dna", "timeseries"]), default="dna", show_default=True,
+              help="What the model reads: DNA bases or a multichannel time series.")
 @_model_size_options
 @click.option("--channels", type=click.IntRange(1), default=None,
               help="Timeseries: number of input channels.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True, help="Random seed of the initial weights.")
 @click.option("--force", is_flag=True, help="Overwrite a model already in DIRECTORY.")
 def model_init(directory, modality, d_model, n_layers, n_heads, mlp_hidden, conv_width, feature_map,
                no_normalize, decay, channels, seed, force):
@@ -165,23 +173,24 @@ def model_info(model, as_json):
 @_timeseries_options
 @click.option("--sort", is_flag=True,
               help="Time series: sort rows by time (in a cached copy) instead of refusing unsorted input.")
-@click.option("--cache-dir", default=None, type=click.Path(file_okay=False),
+@click.option("--cache-dir", default=None, type=click.Path(file_okay=False), metavar="DIR",
               help="Where indexes go when the input's folder is read-only "
                    "(default $LINPIPE_CACHE or ~/.cache/linpipe).")
 @click.option("--json", "as_json", is_flag=True, help="Print the records as JSON.")
-def index_cmd(input_path, time_column, columns, id_column, sort, cache_dir, as_json):
+def index_cmd(input_path, time_column, columns, id_column, time_format, sort, cache_dir, as_json):
     """Build (or reuse) the index of INPUT and print its records and lengths."""
     import json
 
     from linpipe.inputs import open_input
 
     with open_input(input_path, sort=sort, cache_dir=cache_dir,
-                    **_ts_options(time_column, columns, id_column)) as inp:
+                    **_ts_options(time_column, columns, id_column, time_format)) as inp:
         index = getattr(inp, "index_path", None) or getattr(inp, "table_path", None)
         if as_json:
             click.echo(json.dumps({
                 "path": str(inp.path), "modality": inp.modality, "index": str(index) if index else None,
-                "channels": inp.channel_names, "fingerprint": inp.fingerprint(),
+                "channels": inp.channel_names, "index_column": inp.index_column,
+                "fingerprint": inp.fingerprint(),
                 "records": [{"id": r.id, "description": r.description, "length": r.length}
                             for r in inp.records],
             }, indent=2))
@@ -191,6 +200,9 @@ def index_cmd(input_path, time_column, columns, id_column, sort, cache_dir, as_j
             click.echo(f"index: {index}")
         if inp.channel_names is not None:
             click.echo(f"channels: {', '.join(inp.channel_names)}")
+        if inp.index_column is not None:
+            click.echo(f"note: column {inp.index_column!r} counts up by 1 like a sample index and is read "
+                       f"as a channel; pass --time-column {inp.index_column} to make it the time axis")
         if getattr(inp, "fmt", None) == "fasta-gzip":
             click.echo("note: plain gzip cannot be sought; every read streams from the start. "
                        "For random access: zcat FILE | bgzip > FILE.bgz")
@@ -250,16 +262,22 @@ def inspect(store, as_json):
                f"(outputs {human_bytes(s['output_bytes_raw'])} raw -> "
                f"{human_bytes(s['output_bytes_stored'])}, compression {ratio})")
     shown = s["records"][:20]
-    width = max([len(r["id"]) for r in shown] + [6])
+    renamed = any(r["key"] != r["id"] for r in s["records"])
+    names = {r["id"]: (f"{r['id']} -> {r['key']}" if r["key"] != r["id"] else r["id"]) for r in shown}
+    width = max([len(n) for n in names.values()] + [6])
     for r in shown:
         done = "done" if r["chunks_done"] == r["chunks"] else f"{r['chunks_done']}/{r['chunks']} chunks"
         miss = ""
         if r["missing_ranges"]:
             miss = "  missing " + ", ".join(f"{a:,}-{b:,}" for a, b in r["missing_ranges"][:3])
             miss += " ..." if len(r["missing_ranges"]) > 3 else ""
-        click.echo(f"    {r['id']:<{width}} {r['length']:>14,}  {r['modality']:<10} {done}{miss}")
+        click.echo(f"    {names[r['id']]:<{width}} {r['length']:>14,}  {r['modality']:<10} {done}{miss}")
     if len(s["records"]) > len(shown):
         click.echo(f"    ... and {len(s['records']) - len(shown)} more long records (--json lists all)")
+    if renamed:
+        click.echo("  Ids with characters other than letters, digits and ._+- are stored under a key "
+                   "(ID -> KEY): open a record with linpipe.open_output(STORE).dataset(ID), which takes "
+                   "either, or xarray.open_zarr(STORE, group=KEY).")
     p = s.get("packed")
     if p and p["records"]:
         done = "done" if p["batches_done"] == p["batches"] else f"{p['batches_done']}/{p['batches']} batches"
@@ -281,7 +299,7 @@ def verify(store, repair, as_json):
     """Re-read every unit of an output store and check it against the checksums written with it.
 
     Each corrupt or missing unit is named by record and position range (or packed batch and its
-    records); the exit status is 1 when any remains. Example: linpipe verify OUT.zarr --repair
+    records); the exit status is 1 when any remains.
     """
     import json
 
@@ -310,10 +328,12 @@ def verify(store, repair, as_json):
 
 @cli.command()
 @click.argument("store", type=click.Path())
-@click.option("--format", "fmt", type=click.Choice(["bigwig", "bedgraph", "parquet"]), required=True)
-@click.option("--output", "output", required=True,
+@click.option("--format", "fmt", type=click.Choice(["bigwig", "bedgraph", "parquet"]), required=True,
+              help="bigwig or bedgraph: a genome-browser track of one per-base output; parquet: a table.")
+@click.option("--output", "output", required=True, metavar="NAME[,NAME...]",
               help="Output to export, e.g. logprob (parquet: a comma list).")
-@click.option("--record", "records", multiple=True, help="Record id to export (repeatable; default all).")
+@click.option("--record", "records", multiple=True, metavar="ID",
+              help="Record id to export (repeatable; default all).")
 @click.option("-o", "dest", required=True, type=click.Path(), help="File to write.")
 def export(store, fmt, output, records, dest):
     """Export an output as a genome-browser track (bigWig, bedGraph) or a Parquet table."""
@@ -340,9 +360,10 @@ def export(store, fmt, output, records, dest):
 
 @cli.command()
 @click.argument("store", type=click.Path())
-@click.option("--record", required=True, help="Record id.")
-@click.option("--output", "output", required=True, help="Output to plot, e.g. logprob.")
-@click.option("--region", default=None, help="START-END, 0-based, end exclusive (default: whole record).")
+@click.option("--record", required=True, metavar="ID", help="Record id.")
+@click.option("--output", "output", required=True, metavar="NAME", help="Output to plot, e.g. logprob.")
+@click.option("--region", default=None, metavar="START-END",
+              help="0-based, end exclusive (default: the whole record).")
 @click.option("-o", "dest", required=True, type=click.Path(), help="PNG file to write.")
 @click.option("--width", default=1600, show_default=True, type=click.IntRange(200, 20000),
               help="Width in pixels.")
@@ -352,6 +373,10 @@ def plot(store, record, output, region, dest, width):
 
     info = plot_region(_open_reader(store), record, output, dest, region=region, width_px=width)
     how = "min/max envelope" if info["downsampled"] else "every position"
+    if info.get("input_drawn"):
+        how += "; with the input signal"
+    if info.get("input_note"):
+        click.echo(f"Warning: {info['input_note']}", err=True)
     click.echo(f"Wrote {dest}: {info['record']}:{info['start']}-{info['end']} ({how})")
 
 
@@ -406,8 +431,11 @@ def _parse_outputs(value):
               help="With --address http://...: a runtime_env YAML (pip, env_vars) for the job.")
 @click.option("--env", "env_vars", multiple=True, metavar="KEY=VALUE",
               help="With --address http://...: an environment variable for the job (repeatable).")
+@click.option("--quiet", "-q", is_flag=True,
+              help="No start-up, start line or progress on stderr; only the summary and errors.")
 def submit(inputs, spec, model, out, chunk_size, outputs, workers, address, overwrite,
-           id_column, time_column, columns, actor_resources, dry_run, wait, runtime_env, env_vars):
+           id_column, time_column, columns, time_format, actor_resources, dry_run, wait, runtime_env,
+           env_vars, quiet):
     """Stream INPUT... through a model and write per-position outputs to Zarr, on Ray.
 
     The same job submitted again resumes where it stopped, or says it is complete.
@@ -420,6 +448,7 @@ def submit(inputs, spec, model, out, chunk_size, outputs, workers, address, over
     reqs, address = build_requests(inputs, spec, dict(
         model=model, out=out, chunk_size=chunk_size, outputs=_parse_outputs(outputs),
         workers=workers, address=address, overwrite=overwrite, id_column=id_column,
+        time_format=time_format,
         time_column=time_column, columns=columns, actor_resources=actor_resources))
     if dry_run:
         for req in reqs:
@@ -431,7 +460,7 @@ def submit(inputs, spec, model, out, chunk_size, outputs, workers, address, over
     if wait or runtime_env or env_vars:
         raise click.UsageError("--wait, --runtime-env and --env go with --address http://HEAD:8265")
     for req in reqs:
-        _run_here(req, address)
+        _run_here(req, address, quiet)
 
 
 def _print_dry_run(report: dict) -> None:
@@ -484,8 +513,13 @@ def _follow_until_done(client, submission_id: str) -> int:
     return sub.exit_code(status)
 
 
-def _job_events():
-    """The driver's events rendered on stderr: a start line, a progress bar or log lines."""
+def _plural(n: int, word: str) -> str:
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
+
+
+def _job_events(quiet: bool = False):
+    """The driver's events rendered on stderr: what it is doing, a start line, a progress bar or
+    log lines (quiet: only what goes wrong)."""
     import time
 
     from linpipe.jobs.driver import JobEvents
@@ -494,45 +528,56 @@ def _job_events():
     class CliEvents(JobEvents):
         progress = None
 
+        def preparing(self, address):
+            if not quiet:
+                where = f"joining the Ray cluster at {address}" if address else "starting a local Ray"
+                click.echo(f"{where} and its workers (the model loads on each; this takes seconds)...",
+                           err=True)
+
         def started(self, s):
-            if not s.work_items:
-                click.echo(f"job {s.job_id}: all {s.records} records ({s.positions:,} positions) are "
-                           f"complete in {s.out}; nothing to do", err=True)
-                return
-            click.echo(f"job {s.job_id}: {s.records} records, {s.positions:,} positions "
-                       f"({s.positions - s.positions_done:,} to run) in {s.work_items} work items, on "
-                       f"{s.workers} worker{'' if s.workers == 1 else 's'}; outputs -> {s.out}", err=True)
+            if not s.work_items or quiet:
+                return  # nothing to do: the summary line says so, once
+            why = ""
+            if s.workers_possible > s.workers:
+                why = (f" ({s.workers_possible} possible, but a record's chunks run in order on one worker "
+                       "and short records run together: one worker per work item)")
+            left = s.positions - s.positions_done
+            click.echo(f"job {s.job_id}: {_plural(s.records, 'record')}, {s.positions:,} positions "
+                       f"({left:,} to run) in {_plural(s.work_items, 'work item')}, "
+                       f"on {_plural(s.workers, 'worker')}{why}; outputs -> {s.out}", err=True)
             self.progress = Progress(s.positions, done=s.positions_done)
 
         def workers_ready(self):
-            self.progress.t0 = time.monotonic()  # rates count from the first worker ready
+            if self.progress is not None:
+                self.progress.t0 = time.monotonic()  # rates count from the first worker ready
 
         def unit_done(self, result, units_done):
-            self.progress.update(result.positions)
+            if self.progress is not None:
+                self.progress.update(result.positions)
 
         def worker_died(self, node, error):
             click.echo(f"worker {node} died ({error}); its work resumes from the last boundary state "
                        "on another worker", err=True)
 
         def finished(self):
-            self.progress.close()
+            if self.progress is not None:
+                self.progress.close()
 
     return CliEvents()
 
 
-def _run_here(req, address):
+def _run_here(req, address, quiet=False):
     """One job with its driver in this process (an embedded local Ray, or joined to a cluster)."""
     from linpipe.jobs.driver import run_job
     from linpipe.progress import human_bytes, human_count, human_time
 
-    s = run_job(req, address=address, events=_job_events())
+    s = run_job(req, address=address, events=_job_events(quiet))
     if s.nothing_to_do:
         click.echo(f"Nothing to do: job {s.job_id} is complete. Outputs: {s.out}")
         return
-    click.echo(f"Done: job {s.job_id}: {s.records} records, {s.positions:,} positions "
+    click.echo(f"Done: job {s.job_id}: {_plural(s.records, 'record')}, {s.positions:,} positions "
                f"({human_count(s.positions_run)} run) in {human_time(s.seconds)} "
-               f"({human_count(s.positions_per_s)} positions/s on {s.workers} "
-               f"worker{'' if s.workers == 1 else 's'}; "
+               f"({human_count(s.positions_per_s)} positions/s on {_plural(s.workers, 'worker')}; "
                f"start-up {s.startup_s:.1f} s), {human_bytes(s.output_bytes)} written.")
     busy = s.read_s + s.model_s + s.write_s
     if busy > 0:
@@ -669,21 +714,26 @@ def _command_line() -> str:
 @click.option("--batch", type=click.IntRange(1), default=8, show_default=True, help="Parallel lanes.")
 @click.option("--window", type=click.IntRange(2), default=512, show_default=True,
               help="Positions per lane per step.")
-@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=3e-3, show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--device", default="auto", show_default=True,
+@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=3e-3, show_default=True,
+              help="Peak learning rate (Adam; linear warm-up, then cosine decay to a tenth).")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Random seed of the initial weights and the lanes' starting points.")
+@click.option("--device", default="auto", show_default=True, metavar="DEVICE",
               help="auto (a CUDA GPU when there is one, else cpu), cpu, cuda, cuda:1, ...")
-@click.option("--val-records", default=None, help="Comma-separated record ids to hold out whole "
-              "(default: the last 5%% of every record).")
-@click.option("--checkpoint-every", type=click.IntRange(1), default=200, show_default=True)
+@click.option("--val-records", default=None, metavar="ID[,ID...]",
+              help="Comma-separated record ids to hold out whole "
+              "(default: the last 5% of every record).")
+@click.option("--checkpoint-every", type=click.IntRange(1), default=200, show_default=True,
+              help="Steps between checkpoints in --out/checkpoint (what --resume continues from).")
 @click.option("--threads", type=click.IntRange(1), default=1, show_default=True,
               help="CPU threads for torch (more rarely helps models this small).")
-@click.option("--resume", is_flag=True, help="Continue from MODEL_DIR/checkpoint (same inputs).")
+@click.option("--resume", is_flag=True, help="Continue from the checkpoint in --out (same inputs).")
+@click.option("--force", is_flag=True, help="Overwrite a model (or any files) already in --out.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @_timeseries_options
 def train_cmd(inputs, out, d_model, n_layers, n_heads, mlp_hidden, conv_width, feature_map, no_normalize,
               decay, steps, batch, window, lr, seed, device, val_records, checkpoint_every, threads, resume,
-              quiet, time_column, columns, id_column):
+              force, quiet, time_column, columns, id_column, time_format):
     """Train a model on INPUTS (FASTA or time series) by next-position prediction into --out."""
     import numpy as np
 
@@ -706,7 +756,7 @@ def train_cmd(inputs, out, d_model, n_layers, n_heads, mlp_hidden, conv_width, f
     try:
         res = train(inputs, out, kw, cfg, decay=_decay_values(decay), resume=resume,
                     command=_command_line(), progress=None if quiet else show,
-                    ts_options=_ts_options(time_column, columns, id_column))
+                    ts_options=_ts_options(time_column, columns, id_column, time_format), force=force)
     finally:
         if bar is not None:
             bar.close()
@@ -722,13 +772,14 @@ def train_cmd(inputs, out, d_model, n_layers, n_heads, mlp_hidden, conv_width, f
 @click.argument("model_dir")
 @click.argument("inputs", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option("--baseline-train", multiple=True, type=click.Path(dir_okay=False),
-              help="dna: fit the Markov baselines on these files (k chosen on their last 5%%) instead "
+              help="dna: fit the Markov baselines on these files (k chosen on their last 5%) instead "
               "of the ones stored with the model. Repeatable.")
 @click.option("--season", type=click.IntRange(1), default=None,
               help="timeseries: seasonal-naive period (default: the lag of peak autocorrelation).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @_timeseries_options
-def eval_cmd(model_dir, inputs, baseline_train, season, as_json, time_column, columns, id_column):
+def eval_cmd(model_dir, inputs, baseline_train, season, as_json, time_column, columns, id_column,
+             time_format):
     """Score a model on INPUTS next to simple baselines on the same positions (MODEL_DIR: a
     directory or a shipped model's name)."""
     import json
@@ -736,7 +787,7 @@ def eval_cmd(model_dir, inputs, baseline_train, season, as_json, time_column, co
     from linpipe.training.evaluate import evaluate_inputs
 
     report = evaluate_inputs(model_dir, inputs, baseline_train=baseline_train, season=season,
-                             ts_options=_ts_options(time_column, columns, id_column))
+                             ts_options=_ts_options(time_column, columns, id_column, time_format))
     if as_json:
         click.echo(json.dumps(report, indent=2))
         return
@@ -754,6 +805,49 @@ def eval_cmd(model_dir, inputs, baseline_train, season, as_json, time_column, co
 
 # end of section: training
 # ---------------------------------------------------------------------------------------------
+
+
+# One or two runnable examples per command, shown at the end of its --help (the files are the
+# ones shipped in examples/, so they run from a clone).
+EXAMPLES = {
+    (): ["linpipe submit examples/MT-human.fa --out MT-human.zarr",
+         "linpipe inspect MT-human.zarr"],
+    ("model",): ["linpipe model info", "linpipe model init my-model --d-model 32"],
+    ("model", "init"): ["linpipe model init my-model --d-model 32 --n-layers 2",
+                        "linpipe model init ecg-model --modality timeseries --channels 2"],
+    ("model", "info"): ["linpipe model info", "linpipe model info examples/models/ecg --json"],
+    ("index",): ["linpipe index examples/MT-human.fa",
+                 "linpipe index examples/ecg-mitdb100.parquet --time-column sample"],
+    ("inspect",): ["linpipe inspect MT-human.zarr", "linpipe inspect MT-human.zarr --json"],
+    ("verify",): ["linpipe verify MT-human.zarr", "linpipe verify MT-human.zarr --repair"],
+    ("export",): ["linpipe export MT-human.zarr --format bigwig --output logprob -o logprob.bw",
+                  "linpipe export ecg.zarr --format parquet --output forecast,residual -o ecg.parquet"],
+    ("plot",): ["linpipe plot MT-human.zarr --record MT_human --output logprob --region 0-5000 -o mt.png"],
+    ("submit",): ["linpipe submit examples/MT-human.fa --out MT-human.zarr",
+                  "linpipe submit examples/ecg-mitdb100.parquet --model examples/models/ecg "
+                  "--time-column sample --out ecg.zarr",
+                  "linpipe submit --spec jobs/assemblies.yaml --dry-run",
+                  "linpipe submit genome.fa --address http://HEAD:8265 --out /shared/genome.zarr"],
+    ("status",): ["linpipe status --address http://HEAD:8265", "linpipe status lp-3f9c"],
+    ("logs",): ["linpipe logs lp-3f9c --follow"],
+    ("cancel",): ["linpipe cancel lp-3f9c"],
+    ("list",): ["linpipe list --address http://HEAD:8265"],
+    ("train",): ["linpipe train examples/MT-human.fa examples/MT-orang.fa --out my-model --steps 200",
+                 "linpipe train examples/ecg-mitdb100.parquet --time-column sample --out ecg-model"],
+    ("eval",): ["linpipe eval default examples/MT-orang.fa",
+                "linpipe eval examples/models/ecg examples/ecg-mitdb100.parquet --time-column sample"],
+}
+
+
+def _add_examples() -> None:
+    for path, lines in EXAMPLES.items():
+        cmd = cli
+        for name in path:
+            cmd = cmd.commands[name]
+        cmd.epilog = "\b\nExamples:\n" + "\n".join(f"  {line}" for line in lines)
+
+
+_add_examples()
 
 
 def main():

@@ -20,3 +20,16 @@ class ModelError(LinpipeError):
 
 class StoreError(LinpipeError):
     """An output store that cannot be created, opened or written."""
+
+
+def modality_mismatch(path, input_modality: str, model_ref, model_modality: str) -> ModelError:
+    """A series given to a DNA model (or the reverse), with how to get the right model."""
+    import shlex
+
+    if input_modality == "timeseries":
+        how = (f"train a time-series model first: linpipe train {shlex.quote(str(path))} --out MODEL_DIR "
+               "[--time-column COL] [--columns A,B], then pass --model MODEL_DIR")
+    else:
+        how = "use --model default (the shipped DNA model) or a DNA model directory"
+    return ModelError(f"{path}: a {input_modality} input, but model {model_ref} is a {model_modality} "
+                      f"model; {how}")

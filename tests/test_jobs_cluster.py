@@ -93,6 +93,17 @@ def test_unreachable_address_fails_fast(genomes):
     assert r.exit_code == 1 and "cannot reach the Ray job server at http://192.0.2.123:8265" in r.output
 
 
+def test_plain_address_of_the_dashboard_port_is_named_and_the_gcs_port_passes(cluster, genomes, tmp_path):
+    """Issue 21: HOST:DASHBOARD_PORT without http:// made ray.init retry forever."""
+    mt, out = genomes / "minimap2_MT-human.fa", tmp_path / "mt.zarr"
+    dash = cluster.dashboard_url.removeprefix("http://")
+    r = run("submit", mt, "--out", out, "--address", dash)
+    assert r.exit_code == 1 and "dashboard port" in r.output and cluster.dashboard_url in r.output, r.output
+    assert not out.exists()
+    r = run("submit", mt, "--out", out, "--address", cluster.gcs_address, "--dry-run")
+    assert r.exit_code == 0 and f"Ray cluster {cluster.gcs_address} answers" in r.output, r.output
+
+
 # ---------------------------------------------------------------- linpipe submit on the cluster
 def cli_env():
     # What a real cluster gets from ray_cluster.yaml's setup: linpipe on the nodes' PATH.

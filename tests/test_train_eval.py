@@ -103,7 +103,7 @@ def test_eval_cli_errors(tmp_path, genomes, timeseries, random_dna_model, ts_mod
     if case == "no-markov":
         args, expect = ["eval", str(random_dna_model), mt], "no markov.safetensors"
     elif case == "wrong-modality":
-        args, expect = ["eval", str(ts_model.out), mt], "is dna, but the model"
+        args, expect = ["eval", str(ts_model.out), mt], "a dna input, but model"
     elif case == "missing-file":
         args, expect = ["eval", str(random_dna_model), str(tmp_path / "x.fa")], "x.fa: no such file"
     else:

@@ -56,6 +56,9 @@ class Input:
     modality: str
     records: list[RecordInfo]
     channel_names: "list[str] | None" = None
+    column_names: "list[str] | None" = None  # time series: every column of the file
+    # time series: a first column read as a channel that looks like a sample index (say so)
+    index_column: "str | None" = None
 
     def __init__(self, path: Path):
         self.path = Path(path)
@@ -222,6 +225,7 @@ def open_input(
     id_column: "str | None" = None,
     time_column: "str | None" = None,
     columns: "Sequence[str] | str | None" = None,
+    time_format: "str | None" = None,
     sort: bool = False,
     cache_dir: "str | os.PathLike | None" = None,
 ) -> Input:
@@ -236,9 +240,10 @@ def open_input(
     if isinstance(columns, str):
         columns = [c.strip() for c in columns.split(",") if c.strip()]
     if fmt.startswith("fasta"):
-        if id_column or time_column or columns or sort:
+        if id_column or time_column or columns or sort or time_format:
             raise InputError(
-                f"{path}: --id-column/--time-column/--columns/--sort apply to time series, not FASTA"
+                f"{path}: --id-column/--time-column/--columns/--time-format/--sort apply to time "
+                "series, not FASTA"
             )
         from linpipe.inputs.fasta import FastaInput
 
@@ -251,6 +256,7 @@ def open_input(
         id_column=id_column,
         time_column=time_column,
         columns=list(columns) if columns else None,
+        time_format=time_format,
         sort=sort,
         cache_dir=cache_dir,
     )

@@ -61,6 +61,14 @@ def find_fresh(path: Path, suffix: str, cache_dir=None) -> "list[Path]":
     return found
 
 
+def file_mode() -> int:
+    """The mode a plain new file gets under this process's umask (mkstemp's files are 0600,
+    which other users and Ray workers running as another user could not read)."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 def write_sidecar(path: Path, suffix: str, data: bytes, cache_dir=None) -> Path:
     """Write atomically (temp file + rename) next to path, or in the cache dir if that fails."""
     targets = sidecar_candidates(path, suffix, cache_dir)
@@ -77,6 +85,7 @@ def write_sidecar(path: Path, suffix: str, data: bytes, cache_dir=None) -> Path:
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-", suffix=suffix)
+            os.fchmod(fd, file_mode())
             with os.fdopen(fd, "wb") as fh:
                 fh.write(data)
             os.replace(tmp, target)

@@ -29,10 +29,14 @@ import numpy as np
 
 from linpipe.errors import InputError
 from linpipe.inputs.base import Input, RecordInfo, stem
-from linpipe.inputs.cache import cache_root
+from linpipe.inputs.cache import cache_root, file_mode
 
 BATCH_ROWS = 1 << 16  # rows per batch in converted files and Parquet reads
 CSV_BLOCK = 4 << 20  # bytes per CSV block; column types are inferred from the first one
+# Date and time formats CSV columns are read as (besides ISO 8601, which Arrow always reads);
+# day-first and month-first formats are ambiguous, so those need --time-format.
+DATE_FORMATS = ("%Y/%m/%d %H:%M:%S", "%Y/%m/%d %H:%M", "%Y/%m/%d", "%Y-%m-%d %H:%M", "%Y.%m.%d %H:%M:%S",
+                "%Y.%m.%d %H:%M", "%Y.%m.%d", "%Y%m%dT%H%M%S")
 _NUMBER = r"^\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*$|^\s*[-+]?(nan|NaN|NAN|inf|Inf|INF)\s*$"
 
 
@@ -139,11 +143,15 @@ class TimeSeriesInput(Input):
         id_column: "str | None" = None,
         time_column: "str | None" = None,
         columns: "Sequence[str] | None" = None,
+        time_format: "str | None" = None,
         sort: bool = False,
         cache_dir=None,
     ):
         super().__init__(Path(path))
         self.fmt = fmt
+        self.time_format = time_format
+        if time_format and fmt != "csv":
+            raise InputError(f"{self.path}: --time-format applies to CSV files ({fmt} stores its types)")
         self.id_column, self.time_column = id_column, time_column
         self.sort, self.cache_dir = sort, cache_dir
         self._columns_opt = list(columns) if columns else None
@@ -158,10 +166,12 @@ class TimeSeriesInput(Input):
     def _open(self, columns) -> None:
         self.table_path, self._kind = self._table_file(columns)
         table = _Table(self.table_path, self._kind)
+        self.column_names = list(table.schema.names)  # every column of the file, in order
         self.channel_names = self._resolve_columns(table.schema, columns)
         if table.num_rows == 0:
             raise InputError(f"{self.path}: no rows: a zero-length series")
         self._table = table
+        self.index_column = self._index_like_first_column()
         order_error = self._build_index()
         if order_error is not None:
             if not self.sort:
@@ -180,6 +190,7 @@ class TimeSeriesInput(Input):
         key = (
             f"{self.path.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\0{tag}\0"
             f"{self.id_column}\0{self.time_column}\0{columns}"
+            + (f"\0{self.time_format}" if self.time_format else "")
         )
         digest = hashlib.sha256(key.encode()).hexdigest()[:24]
         return cache_root(self.cache_dir) / "tables" / f"{stem(self.path)}-{digest}.arrow"
@@ -202,6 +213,7 @@ class TimeSeriesInput(Input):
 
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-", suffix=".arrow")
+        os.fchmod(fd, file_mode())
         os.close(fd)
         try:
             with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
@@ -227,7 +239,9 @@ class TimeSeriesInput(Input):
             read_options=pcsv.ReadOptions(block_size=CSV_BLOCK),
             parse_options=pcsv.ParseOptions(delimiter=delimiter),
             convert_options=pcsv.ConvertOptions(
-                column_types=column_types or {}, include_columns=include or []
+                column_types=column_types or {}, include_columns=include or [],
+                # the user's format alone when given: a date it does not match is an error
+                timestamp_parsers=[self.time_format] if self.time_format else [pcsv.ISO8601, *DATE_FORMATS],
             ),
         )
 
@@ -250,13 +264,18 @@ class TimeSeriesInput(Input):
         types = {c: pa.float64() for c in chosen if _is_numeric(schema.field(c).type)}
         if self.id_column:
             types[self.id_column] = pa.string()
+        if self.time_format and self.time_column:  # the user's format, or an error naming the line
+            types[self.time_column] = pa.timestamp("s")
         mixed_check = [
             f.name
             for f in schema
             if f.type == pa.string() and f.name not in types and f.name != self.time_column
         ]
         rows = 0
-        reader = pcsv.open_csv(self.path, **self._csv_options(types))
+        try:  # the first block is converted as the file opens
+            reader = pcsv.open_csv(self.path, **self._csv_options(types))
+        except pa.ArrowInvalid as e:
+            raise self._csv_error(e, 0) from None
 
         def batches():
             nonlocal rows
@@ -293,11 +312,15 @@ class TimeSeriesInput(Input):
         import pyarrow.csv as pcsv
 
         msg = _short(err)
-        m = re.search(r"In CSV column #(\d+): CSV conversion error to (\w+): invalid value '(.*)'", msg)
+        m = re.search(r"In CSV column #(\d+): CSV conversion error to ([\w\[\]]+): invalid value '(.*)'",
+                      msg)
         if not m:
             return InputError(f"{self.path}: CSV error after line {rows_before + 1}: {msg}")
         names = pcsv.open_csv(self.path, **self._csv_options()).schema.names
         col, value = names[int(m.group(1))], m.group(3)
+        if m.group(2).startswith("timestamp"):
+            return InputError(f"{self.path}: column {col!r}, after line {rows_before + 1}: value {value!r} "
+                              f"does not match --time-format {self.time_format!r}")
         line = None
         import pyarrow as pa
 
@@ -360,9 +383,13 @@ class TimeSeriesInput(Input):
         if self.time_column is not None and check_types:
             t = schema.field(self.time_column).type
             if not _is_time(t):
+                hint = ""
+                if self.fmt == "csv":
+                    hint = ("; give their format with --time-format, e.g. --time-format "
+                            "'%d/%m/%Y %H:%M' (strptime codes)")
                 raise InputError(
                     f"{self.path}: time column {self.time_column!r} holds {t}, "
-                    "not numbers, dates or timestamps"
+                    f"not numbers, dates or timestamps linpipe reads{hint}"
                 )
         reserved = {self.id_column, self.time_column}
         if columns:
@@ -399,6 +426,21 @@ class TimeSeriesInput(Input):
             other = ", ".join(f"{f.name} ({f.type})" for f in schema if f.name not in reserved) or "none"
             raise InputError(f"{self.path}: no numeric column to use as a channel (other columns: {other})")
         return chosen
+
+    def _index_like_first_column(self) -> "str | None":
+        """The file's first column when it is read as a channel but looks like a sample index
+        (whole numbers rising by exactly 1 over the first rows): likely meant as --time-column."""
+        if self.time_column or not self.channel_names or self.channel_names[0] != self.column_names[0]:
+            return None
+        col = self.column_names[0]
+        n = min(self._table.num_rows, 4096)
+        if n < 3:
+            return None
+        v = np.concatenate([b.column(0).to_numpy(zero_copy_only=False).astype(np.float64)
+                            for b in self._table.rows(0, n, [col])])
+        if np.isfinite(v).all() and (v == np.round(v)).all() and (np.diff(v) == 1).all():
+            return col
+        return None
 
     # -- index: runs of rows per series, and the time-order check
     def _build_index(self) -> "str | None":
@@ -549,6 +591,7 @@ class TimeSeriesInput(Input):
                     id_column=self.id_column,
                     time_column=self.time_column,
                     columns=self._columns_opt,
+                    time_format=self.time_format,
                     sort=self.sort,
                     cache_dir=self.cache_dir,
                 )

@@ -85,11 +85,12 @@ def _check_track(reader: OutputReader, ids, output: str):
 
 
 def export_track(store, output: str, dest, *, fmt: str = "bigwig", records=None) -> int:
-    """Write one per-base output as a bigWig or bedGraph track; returns the number of entries.
+    """Write one per-base output as a bigWig or bedGraph track; returns the number of intervals.
 
     Chromosome names are the original record ids and their sizes the record lengths; positions
     with NaN (e.g. logprob at N bases) and chunks never completed are left out of the track.
-    Both formats hold the same intervals: runs of equal values, merged across chunk edges.
+    Both formats hold the same intervals: runs of equal adjacent values merged into one (also
+    across chunk boundaries). bigWig needs no extra package (linpipe.outputs.bigwig).
     """
     if fmt not in TRACK_FORMATS:
         raise StoreError(f"unknown track format {fmt!r} (one of {', '.join(TRACK_FORMATS)})")
@@ -111,43 +112,21 @@ def export_track(store, output: str, dest, *, fmt: str = "bigwig", records=None)
                     n += len(lines)
         return n
 
-    try:
-        import pyBigWig
-    except ImportError:
-        raise StoreError("bigWig export needs pyBigWig: pip install 'linpipe[bigwig]'") from None
-    bw = pyBigWig.open(dest, "w")
-    if bw is None:
-        raise StoreError(f"{dest}: cannot create the bigWig file")
-    try:
-        # the header fixes chromosome order; entries must then come in that same order (blocks
-        # and _infos walk the store in one order)
-        bw.addHeader([(i["id"], int(i["length"])) for i in _infos(reader, ids) if i["length"] > 0])
+    from linpipe.outputs.bigwig import write_bigwig
+
+    chroms = [(i["id"], int(i["length"])) for i in _infos(reader, ids) if i["length"] > 0]
+
+    def runs():  # every record's merged runs, in store order (each packed chunk read once)
         for info, parts in _by_record(blocks):
-            n += _bigwig_record(bw, info["id"], parts)
-    finally:
-        bw.close()
-    return n
+            for s, e, v in _merge_blocks(value_runs(vals, start) for start, vals in parts):
+                yield info["id"], s, e, v
 
-
-def _bigwig_record(bw, chrom: str, parts) -> int:
-    """Add one record: runs of equal values where they are long (masks), otherwise fixed-step
-    stretches of per-base values between NaN gaps (4 bytes a base instead of 12 per run)."""
-    n = 0
-    for start, vals in parts:
-        v = np.asarray(vals, dtype=np.float64)
-        s, e, rv = value_runs(v, start)
-        if s.size == 0:
-            continue
-        if s.size * 4 <= v.size:
-            bw.addEntries([chrom] * s.size, s.tolist(), ends=e.tolist(), values=rv.tolist())
-            n += s.size
-            continue
-        ok = ~np.isnan(v)
-        edges = np.flatnonzero(np.diff(np.r_[0, ok.astype(np.int8), 0]))
-        for a, b in zip(edges[::2].tolist(), edges[1::2].tolist(), strict=True):
-            bw.addEntries(chrom, start + a, values=v[a:b], span=1, step=1)
-            n += b - a
-    return n
+    try:
+        return write_bigwig(dest, chroms, runs())
+    except OSError as e:
+        raise StoreError(f"{dest}: cannot write the bigWig file: {e.strerror or e}") from None
+    except ValueError as e:
+        raise StoreError(f"{dest}: {e}") from None
 
 
 def export_parquet(store, output, dest, *, records=None) -> int:

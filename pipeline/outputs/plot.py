@@ -83,23 +83,31 @@ def plot_region(store, record: str, output: str, dest, *, region: str | None = N
         idx = np.clip(np.round(offsets).astype(np.int64), 0, n - 1)
         return idx + start if times is None else times[idx]
 
+    # a forecast or residual means little without the signal it is about: read the input too
+    inputs, input_note = None, None
+    if info["modality"] == TIMESERIES and output in ("forecast", "residual"):
+        inputs, input_note = _read_input(reader, info, start, end)
+        if inputs is not None:
+            inputs = inputs[:, :values.shape[1]]
+
     dpi = 100
-    nplots = values.shape[1]
-    fig, axes = plt.subplots(nplots, 1, figsize=(width_px / dpi, height_px * nplots / dpi), dpi=dpi,
+    rows = []  # (values of one panel, label, colour, input overlay or None)
+    for j in range(values.shape[1]):
+        if inputs is not None and output == "residual":
+            rows.append((inputs[:, j], f"input {labels[j].split(' ', 1)[-1]}", "0.35", None))
+        rows.append((values[:, j], labels[j], "tab:blue",
+                     inputs[:, j] if inputs is not None and output == "forecast" else None))
+    fig, axes = plt.subplots(len(rows), 1, figsize=(width_px / dpi, height_px * len(rows) / dpi), dpi=dpi,
                              sharex=True, squeeze=False)
     downsampled = n > width_px
-    for j, ax in enumerate(axes[:, 0]):
-        col = values[:, j]
-        if downsampled:
-            x, lo, hi, mean = envelope(col, width_px)
-            ax.fill_between(xs(x), lo, hi, step="mid", color="tab:blue", alpha=0.35, linewidth=0,
-                            label="min-max per bin")
-            ax.plot(xs(x), mean, color="tab:blue", linewidth=0.7, label="bin mean")
+    units = arr.attrs.get("units")
+    for ax, (col, label, colour, overlay) in zip(axes[:, 0], rows, strict=True):
+        if overlay is not None:
+            _draw(ax, overlay, xs, width_px, downsampled, "0.45", "input")
+        _draw(ax, col, xs, width_px, downsampled, colour, output if overlay is not None else None)
+        if overlay is not None or downsampled:
             ax.legend(loc="upper right", fontsize="small")
-        else:
-            ax.plot(xs(np.arange(n)), col, color="tab:blue", linewidth=0.7)
-        units = arr.attrs.get("units")
-        ax.set_ylabel(f"{labels[j]}" + (f" ({units})" if units else ""))
+        ax.set_ylabel(label + (f" ({units})" if units else ""))
     dim = ("time" if times is not None else "time index") if info["modality"] == TIMESERIES \
         else "position (0-based)"
     axes[-1, 0].set_xlabel(dim)
@@ -114,4 +122,33 @@ def plot_region(store, record: str, output: str, dest, *, region: str | None = N
     fig.savefig(os.fspath(dest), format="png")
     plt.close(fig)
     return {"record": info["id"], "start": start, "end": end, "downsampled": downsampled,
-            "missing": missing}
+            "missing": missing, "input_drawn": inputs is not None, "input_note": input_note}
+
+
+def _draw(ax, col, xs, width_px: int, downsampled: bool, color: str, name: str | None) -> None:
+    """One series on one axes: every position, or the min/max envelope and mean per pixel."""
+    n = col.shape[0]
+    if downsampled:
+        x, lo, hi, mean = envelope(col, width_px)
+        ax.fill_between(xs(x), lo, hi, step="mid", color=color, alpha=0.35, linewidth=0,
+                        label=f"{name + ' ' if name else ''}min-max per bin")
+        ax.plot(xs(x), mean, color=color, linewidth=0.7, label=f"{name + ' ' if name else ''}bin mean")
+    else:
+        ax.plot(xs(np.arange(n)), col, color=color, linewidth=0.7, label=name)
+
+
+def _read_input(reader, info: dict, start: int, end: int):
+    """The record's input values over [start, end), or (None, why not) when the input file is
+    not readable here (moved, another machine's path) or no longer matches the store."""
+    from linpipe.errors import LinpipeError
+    from linpipe.inputs import open_input
+
+    path = info.get("input")
+    if not path:
+        return None, "the store does not name its input"
+    try:
+        with open_input(path, **(reader.meta.get("input_options") or {})) as inp:
+            values, _ = inp.read(info["id"], start, end)
+    except (LinpipeError, OSError) as e:
+        return None, f"input {path} not drawn: {str(e).splitlines()[0]}"
+    return values, None

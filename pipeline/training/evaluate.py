@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from linpipe.errors import ModelError
+from linpipe.errors import ModelError, modality_mismatch
 from linpipe.training.markov import MarkovModel
 from linpipe.training.threads import torch_threads
 
@@ -155,17 +155,18 @@ def _evaluate_inputs(model_dir, inputs, baseline_train, season, ts_options) -> d
         for p in inputs:
             mod, recs, _ = read_records(p)
             if mod != "dna":
-                raise ModelError(f"{p}: is {mod}, but the model {model_dir} is a dna model")
+                raise modality_mismatch(p, mod, model_dir, "dna")
             score = evaluate_dna(model, recs, markov)
             report["inputs"].append({"input": str(p), "positions": score.n, "scores": score.bits()})
     else:
         for p in inputs:
             mod, recs, names = read_records(p, **(ts_options or {}))
             if mod != "timeseries":
-                raise ModelError(f"{p}: is {mod}, but the model {model_dir} is a timeseries model")
+                raise modality_mismatch(p, mod, model_dir, "timeseries")
             if len(names) != model.config.channels:
-                raise ModelError(f"{p}: has {len(names)} channels, the model {model_dir} expects "
-                                 f"{model.config.channels}")
+                raise ModelError(f"{p}: has {len(names)} channels ({', '.join(names)}), the model "
+                                 f"{model_dir} expects {model.config.channels}; choose them with "
+                                 "--columns, or take the time column out with --time-column")
             s = season or auto_season(recs[0][1])
             scores = evaluate_timeseries(model, recs, s)
             report["inputs"].append({"input": str(p), "positions": next(iter(scores.values()))["n"],

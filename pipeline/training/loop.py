@@ -200,16 +200,20 @@ def _reset_lanes(net, state, resets):
 def train(inputs, out, model_kwargs: dict | None = None, cfg: TrainConfig = TrainConfig(), *,
           decay=None, resume: bool = False, command: str = "",
           progress: Callable[[StepInfo], None] | None = None,
-          stop_at: int | None = None, ts_options: dict | None = None) -> TrainResult | None:
+          stop_at: int | None = None, ts_options: dict | None = None,
+          force: bool = False) -> TrainResult | None:
     """Trains (or resumes) a model on `inputs` into directory `out`; see the module docstring.
 
     `progress` is called with a StepInfo after every step (the CLI draws its bar from it).
     `stop_at` ends this session after that step with a checkpoint (as an interruption would),
-    returning None; `resume=True` continues from it.
+    returning None; `resume=True` continues from it. Without resume, an `out` that already
+    holds anything is refused unless `force` (a trained model is hours of work).
     """
     import torch
 
     out = Path(out)
+    if not resume:
+        check_out_free(out, force=force)
     if cfg.steps < 1 or cfg.batch < 1 or cfg.window < 1 or not cfg.lr > 0:
         raise LinpipeError(f"--steps, --batch, --window must be >= 1 and --lr > 0 "
                            f"(got {cfg.steps}, {cfg.batch}, {cfg.window}, {cfg.lr})")
@@ -225,6 +229,21 @@ def train(inputs, out, model_kwargs: dict | None = None, cfg: TrainConfig = Trai
     with torch_threads(cfg.threads):
         return _train(inputs, out, model_kwargs, cfg, decay, resume, command, progress, stop_at, device,
                       ts_options or {})
+
+
+def check_out_free(out: Path, *, force: bool = False) -> None:
+    """Refuse to train into a directory that already holds a model or other files."""
+    if out.exists() and not out.is_dir():
+        raise LinpipeError(f"{out}: exists and is not a directory; choose another --out")
+    if force or not out.is_dir() or not any(out.iterdir()):
+        return
+    if (out / CHECKPOINT_DIR / "trainer.json").is_file():
+        what = "already holds a model and its training checkpoint (--resume continues it)"
+    elif (out / "config.json").is_file():
+        what = "already holds a model"
+    else:
+        what = "is not empty"
+    raise LinpipeError(f"{out}: {what}; use --force to overwrite it, or choose another --out")
 
 
 def _train(inputs, out, model_kwargs, cfg, decay, resume, command, progress, stop_at, device, ts_options):
