@@ -355,13 +355,18 @@ def _parse_outputs(value):
                    "positions, work units, estimated output size); run nothing.")
 @click.option("--wait", is_flag=True,
               help="With --address http://...: follow the job's log until it ends; exit with "
-                   "its status.")
+                   "its status. Otherwise, when another driver is running this job: wait until "
+                   "it ends, then finish (or report) the job instead of refusing.")
+@click.option("--force-takeover", is_flag=True,
+              help="Take the job's lease from the driver that holds it (one that is gone, "
+                   "without waiting for its lease to expire); that driver, if alive, stops.")
 @click.option("--runtime-env", default=None, metavar="FILE", type=click.Path(dir_okay=False),
               help="With --address http://...: a runtime_env YAML (pip, env_vars) for the job.")
 @click.option("--env", "env_vars", multiple=True, metavar="KEY=VALUE",
               help="With --address http://...: an environment variable for the job (repeatable).")
 def submit(inputs, spec, model, out, chunk_size, outputs, workers, address, overwrite,
-           id_column, time_column, columns, actor_resources, dry_run, wait, runtime_env, env_vars):
+           id_column, time_column, columns, actor_resources, dry_run, wait, force_takeover, runtime_env,
+           env_vars):
     """Stream INPUT... through a model and write per-position outputs to Zarr, on Ray.
 
     The same job submitted again resumes where it stopped, or says it is complete.
@@ -382,10 +387,10 @@ def submit(inputs, spec, model, out, chunk_size, outputs, workers, address, over
     if is_job_server_address(address):
         env = sub.runtime_env_from(runtime_env, env_vars)
         sys.exit(max(_submit_to_job_server(r, address, wait=wait, runtime_env=env) for r in reqs))
-    if wait or runtime_env or env_vars:
-        raise click.UsageError("--wait, --runtime-env and --env go with --address http://HEAD:8265")
+    if runtime_env or env_vars:
+        raise click.UsageError("--runtime-env and --env go with --address http://HEAD:8265")
     for req in reqs:
-        _run_here(req, address)
+        _run_here(req, address, wait=wait, force_takeover=force_takeover)
 
 
 def _print_dry_run(report: dict) -> None:
@@ -471,15 +476,19 @@ def _job_events():
         def finished(self):
             self.progress.close()
 
+        def waiting(self, owner):
+            click.echo(f"job {owner.get('job_id')} is already running (driver pid {owner.get('pid')} on "
+                       f"{owner.get('host')}); waiting for it to end", err=True)
+
     return CliEvents()
 
 
-def _run_here(req, address):
+def _run_here(req, address, *, wait=False, force_takeover=False):
     """One job with its driver in this process (an embedded local Ray, or joined to a cluster)."""
     from linpipe.jobs.driver import run_job
     from linpipe.progress import human_bytes, human_count, human_time
 
-    s = run_job(req, address=address, events=_job_events())
+    s = run_job(req, address=address, events=_job_events(), wait=wait, force_takeover=force_takeover)
     if s.nothing_to_do:
         click.echo(f"Nothing to do: job {s.job_id} is complete. Outputs: {s.out}")
         return
