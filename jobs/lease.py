@@ -157,8 +157,8 @@ class Lease:
         while not self._stop.wait(HEARTBEAT_S):
             try:
                 cur = self.read()
-                if cur is not None and not self._is_ours(cur):
-                    self.lost = cur
+                if not self._is_ours(cur):  # taken over (and maybe released since): never re-take it
+                    self.lost = cur or {"pid": "?", "host": "?"}
                     return
                 self._write()
             except Exception:  # a store hiccup: the next beat tries again, well before expiry
@@ -169,7 +169,8 @@ class Lease:
         if self.lost is not None:
             o = self.lost
             raise LeaseLost(f"{self.out}: another driver (pid {o.get('pid')} on {o.get('host')}) took "
-                            "over this job's lease; this driver stops (the store stays resumable)")
+                            "over this job's lease (or it was removed); this driver stops (the store "
+                            "stays resumable)")
 
     def stop_heartbeat(self) -> None:
         self._stop.set()

@@ -124,7 +124,11 @@ class _Location:
     def _fs(self):
         from fsspec.core import url_to_fs
 
-        return url_to_fs(self.url, **(self.options or {}))
+        fs, p = url_to_fs(self.url, **(self.options or {}))
+        # other processes (workers, another driver) write here: a cached listing from a while
+        # ago would hide their objects, or make s3fs deny that a new one exists
+        fs.invalidate_cache()  # all of it: s3fs forgets a path and its parents, not its children
+        return fs, p
 
     def exists(self) -> bool:
         if self.root is not None:
@@ -201,7 +205,8 @@ class _Location:
     def size(self) -> int:
         if self.root is None:
             fs, p = self._fs()
-            return int(fs.du(p, total=True)) if fs.exists(p) else 0
+            # one listing with sizes (du would ask for each object again)
+            return sum(int(i.get("size") or 0) for i in fs.find(p, detail=True).values())
         total = 0
         for f in self.files():
             try:
