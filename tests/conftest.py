@@ -105,10 +105,11 @@ def s3_server(tmp_path_factory):
         server.stop()
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.slow)])
 def store_place(request, tmp_path):
-    """Where a test's output stores go: a local folder, or a fresh bucket on the S3 server.
-    Call it with a name; it returns a path or an s3:// URL."""
+    """Where a test's output stores go: a local folder, or a fresh bucket on the S3 server
+    (slow: laying out a store is hundreds of requests to moto). Call it with a name; it
+    returns a path or an s3:// URL."""
     if request.param == "local":
         return lambda name: str(tmp_path / name)
     server = request.getfixturevalue("s3_server")

@@ -328,6 +328,7 @@ def _is_chunk(key: str) -> bool:
     return "/c/" in key  # every chunk: outputs, table, boundary states, completion markers
 
 
+@pytest.mark.slow
 def test_throttled_writes_are_retried_and_the_store_is_bit_identical(s3_server, mixed_fasta, tiny_dna,
                                                                      reference, monkeypatch):
     import linpipe.store.retry as retry
@@ -342,6 +343,7 @@ def test_throttled_writes_are_retried_and_the_store_is_bit_identical(s3_server, 
     assert_same_bytes(reference[0], store_arrays(out))
 
 
+@pytest.mark.slow
 def test_a_permanent_error_is_not_retried_and_leaves_the_unit_unmarked(s3_server, mixed_fasta, tiny_dna,
                                                                         monkeypatch):
     from linpipe.jobs.driver import _user_error
@@ -425,42 +427,54 @@ def _session_pids(sid: int) -> list[int]:
     return pids
 
 
+@pytest.fixture(scope="module")
+def ce_fasta(genomes, tmp_path_factory):
+    """7 real C. elegans records cut at 60 kb (one of 60 kb, six of 5 kb): 51 units of 2,048,
+    enough that a driver is surely mid-job when the test looks."""
+    path = tmp_path_factory.mktemp("ce") / "ce_slice.fa"
+    write_fasta_slice(genomes / "htslib_ce.fa", path, 60_000)
+    return path
+
+
 @pytest.mark.slow
-def test_twin_refused_then_sigkilled_driver_resumes_bit_identical(store_place, mixed_fasta, tiny_dna,
-                                                                   reference):
-    """A driver runs the job: a second submit is refused naming its pid; the driver is SIGKILLed
-    mid-job; the same submit then takes over at once (its owner is gone from this host) and
-    ends with the bytes of the uninterrupted local run."""
+def test_twin_refused_then_sigkilled_driver_resumes_bit_identical(store_place, ce_fasta, tiny_dna,
+                                                                   tmp_path):
+    """A driver runs the job: a second submit is refused naming its pid and host; the driver is
+    SIGKILLed mid-job; the same submit then takes over at once (its owner is gone from this
+    host) and ends with the bytes of the uninterrupted local run."""
+    import socket
+
     out = store_place("killed.zarr")
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "LINPIPE_LEASE_HEARTBEAT_S": "1",
-           "LINPIPE_LEASE_SETTLE_S": "0.2"}
-    # a slow first driver: every unit waits, so it is surely mid-job when we look
-    proc = subprocess.Popen(_submit_cmd(mixed_fasta, tiny_dna, out), env=env, start_new_session=True,
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "LINPIPE_LEASE_HEARTBEAT_S": "1"}
+    proc = subprocess.Popen(_submit_cmd(ce_fasta, tiny_dna, out), env=env, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 180
-        while _units_done(out) < 2 and proc.poll() is None and time.monotonic() < deadline:
+        while _units_done(out) < 3 and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
         assert proc.poll() is None, "the job finished before it could be killed"
-        twin = subprocess.run(_submit_cmd(mixed_fasta, tiny_dna, out), env=env, capture_output=True,
-                              text=True, timeout=120)
+        twin = _submit(ce_fasta, tiny_dna, out)  # in this process: refused before any Ray starts
+        assert proc.poll() is None, "the job finished while the twin asked"
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
-        assert twin.returncode == 1, twin.stdout + twin.stderr
-        assert "already running" in twin.stderr and f"pid {proc.pid}" in twin.stderr
+        assert twin.exit_code == 1, twin.output
+        assert "already running" in twin.output and f"pid {proc.pid}" in twin.output
+        assert socket.gethostname() in twin.output
         done = _units_done(out)
-        assert 2 <= done < 16  # killed mid-job (9 long units + 7 batches)
-        res = subprocess.run(_submit_cmd(mixed_fasta, tiny_dna, out), env=env, capture_output=True,
+        assert 3 <= done < 51  # killed mid-job
+        res = subprocess.run(_submit_cmd(ce_fasta, tiny_dna, out), env=env, capture_output=True,
                              text=True, timeout=300)
         assert res.returncode == 0, res.stderr
     finally:
-        for pid in _session_pids(proc.pid):
+        for pid in _session_pids(proc.pid):  # only what our own killed subprocess started
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
     assert "Done: job lp-" in res.stdout
-    assert_same_bytes(reference[0], store_arrays(out))
+    ref = str(tmp_path / "reference.zarr")
+    _run_units(ce_fasta, tiny_dna, ref)
+    assert_same_bytes(store_arrays(ref), store_arrays(out))
 
 
 @pytest.mark.slow
