@@ -230,6 +230,28 @@ def test_force_takeover_takes_a_live_lease(store_place, mixed_fasta, tiny_dna):
     assert holder.read() is None
 
 
+def test_wait_follows_the_running_driver(store_place, mixed_fasta, tiny_dna):
+    """--wait: while another driver holds the lease, submit waits (and says so); once that
+    driver releases it, the submit goes on and finds the job complete."""
+    import threading
+
+    from linpipe.jobs.lease import Lease
+
+    out = store_place("mt.zarr")
+    _run_units(mixed_fasta, tiny_dna, out)
+    holder = Lease(out, _job_id(mixed_fasta, tiny_dna), host="node-3", pid=77)
+    holder.acquire()
+    ends = threading.Timer(1.5, holder.release)
+    ends.start()
+    try:
+        res = _submit(mixed_fasta, tiny_dna, out, "--wait")
+    finally:
+        ends.join()
+    assert res.exit_code == 0, res.output
+    assert "already running" in res.output and "node-3" in res.output and "waiting" in res.output
+    assert "Nothing to do" in res.output
+
+
 def test_a_stale_lease_is_taken_over_after_its_expiry(store_place, mixed_fasta, tiny_dna):
     """A driver on another host that stopped renewing (it died): refused until its lease
     expires, then the next submit takes over."""

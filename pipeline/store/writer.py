@@ -250,6 +250,31 @@ def _records_only(store):
     return RecordsOnly(store)
 
 
+def _keep_lease(store):
+    """The store, where clearing the root (zarr's mode="w") deletes everything but the lease."""
+    from zarr.storage import WrapperStore
+
+    class KeepLease(WrapperStore):
+        async def delete_dir(self, prefix: str):
+            if prefix.strip("/"):
+                return await super().delete_dir(prefix)
+            await self._clear("", keep=PROGRESS)
+            await self._clear(f"{PROGRESS}/", keep=None)
+
+        async def _clear(self, parent: str, keep):
+            names = [n async for n in self.list_dir(parent)]
+            for name in names:
+                if name == keep or (keep is None and _is_lease(name)):
+                    continue
+                path = f"{parent}{name}"
+                if await self.exists(path):
+                    await self.delete(path)
+                else:
+                    await super().delete_dir(path)
+
+    return KeepLease(store)
+
+
 class _Templates:
     """Zarr metadata documents for every node of a record, made once per kind of record.
 
@@ -543,12 +568,11 @@ class OutputStore:
 
         location = _Location(path, read_only=False)
         _check_overwrite(location, overwrite)
-        lease = location.read_bytes(LEASE_PATH)  # the creating driver's: it survives the clearing
         # the `linpipe` attributes go in last: a store whose creation was interrupted is
-        # recognisably half-made (CREATING), never taken for a valid empty store
-        root = zarr.open_group(store=location.store, mode="w", zarr_format=3, attributes={CREATING: True})
-        if lease is not None:
-            location.write_bytes(LEASE_PATH, lease)
+        # recognisably half-made (CREATING), never taken for a valid empty store. Clearing the
+        # location keeps the creating driver's lease (never absent while it holds it).
+        root = zarr.open_group(store=_keep_lease(location.store), mode="w", zarr_format=3,
+                               attributes={CREATING: True})
         root.create_group(PROGRESS, attributes={"about": PROGRESS_ABOUT})
         templates = _Templates(outputs, chunk_size=chunk_size, feature_dim=feature_dim, channels=channels,
                                hidden_dtype=hidden_dtype)
