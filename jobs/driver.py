@@ -22,6 +22,7 @@ from linpipe.errors import LinpipeError, StoreError
 
 from .actor import PipelineWorker, UnitResult, peak_rss
 from .cluster import ClusterError, check_cluster, start_ray, worker_slots
+from .lease import Lease
 from .plan import Chunk, JobPlan, Record, plan_job
 from .request import JobRequest
 
@@ -96,6 +97,9 @@ class JobEvents:
 
     def finished(self) -> None:
         pass
+
+    def waiting(self, owner: dict) -> None:
+        """Another driver holds the job's lease; this one waits for it (run_job(wait=True))."""
 
 
 # ------------------------------------------------------------------------------ the store
@@ -366,18 +370,61 @@ def init_error(e: BaseException) -> LinpipeError:
 
 # ------------------------------------------------------------------------------ the job
 def run_job(request: JobRequest, *, address: str | None = None, device: str | None = None,
-            events: JobEvents | None = None) -> JobSummary:
+            events: JobEvents | None = None, force_takeover: bool = False,
+            wait: bool = False) -> JobSummary:
     """Run (or resume) one job to completion and return its summary.
 
     address: a Ray cluster's HOST:PORT or "auto"; None starts an embedded local Ray (or uses
     the one the caller already joined). device: the actors' torch device (default: CUDA when
-    the actor has a GPU, else CPU).
+    the actor has a GPU, else CPU). The driver holds the store's lease (jobs/lease.py) from
+    before the store is opened until it returns: another live driver's lease raises
+    AlreadyRunning, unless force_takeover, or wait (poll until it is released or expires).
     """
     events = events or JobEvents()
     plan = plan_job(request)
     out = request.out_path
     if address:  # every check before the store exists: a refusal must leave nothing behind
         check_cluster(address)
+    try:
+        lease = Lease(out, plan.job_id)
+        lease.acquire(force=force_takeover, wait=wait, on_wait=events.waiting)
+    except OSError as e:  # an unreachable or read-only store location
+        raise StoreError(f"{e.filename or out}: cannot write the output store: {e.strerror or e}") from None
+    try:
+        return _run_leased(plan, request, out, address, device, _LeaseChecked(events, lease))
+    finally:
+        lease.release()
+
+
+class _LeaseChecked(JobEvents):
+    """The caller's events, and a stop once our lease was taken over (an exception raised from
+    unit_done ends the job; the store stays resumable)."""
+
+    def __init__(self, inner: JobEvents, lease: Lease):
+        self.inner, self.lease = inner, lease
+
+    def preparing(self, address):
+        self.inner.preparing(address)
+
+    def started(self, start):
+        self.inner.started(start)
+
+    def workers_ready(self):
+        self.inner.workers_ready()
+
+    def unit_done(self, result, units_done):
+        self.inner.unit_done(result, units_done)
+        self.lease.check()
+
+    def worker_died(self, node, error):
+        self.inner.worker_died(node, error)
+
+    def finished(self):
+        self.inner.finished()
+        self.lease.check()
+
+
+def _run_leased(plan, request, out, address, device, events) -> JobSummary:
     try:
         store = open_or_create_store(plan, out, overwrite=request.overwrite)
     except OSError as e:  # a full disk or a read-only place before any work ran

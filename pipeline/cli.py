@@ -426,7 +426,11 @@ def _parse_outputs(value):
                    "positions, work units, estimated output size); run nothing.")
 @click.option("--wait", is_flag=True,
               help="With --address http://...: follow the job's log until it ends; exit with "
-                   "its status.")
+                   "its status. Otherwise, when another driver is running this job: wait until "
+                   "it ends, then finish (or report) the job instead of refusing.")
+@click.option("--force-takeover", is_flag=True,
+              help="Take the job's lease from the driver that holds it (one that is gone, "
+                   "without waiting for its lease to expire); that driver, if alive, stops.")
 @click.option("--runtime-env", default=None, metavar="FILE", type=click.Path(dir_okay=False),
               help="With --address http://...: a runtime_env YAML (pip, env_vars) for the job.")
 @click.option("--env", "env_vars", multiple=True, metavar="KEY=VALUE",
@@ -434,8 +438,8 @@ def _parse_outputs(value):
 @click.option("--quiet", "-q", is_flag=True,
               help="No start-up, start line or progress on stderr; only the summary and errors.")
 def submit(inputs, spec, model, out, chunk_size, outputs, workers, address, overwrite,
-           id_column, time_column, columns, time_format, actor_resources, dry_run, wait, runtime_env,
-           env_vars, quiet):
+           id_column, time_column, columns, time_format, actor_resources, dry_run, wait, force_takeover,
+           runtime_env, env_vars, quiet):
     """Stream INPUT... through a model and write per-position outputs to Zarr, on Ray.
 
     The same job submitted again resumes where it stopped, or says it is complete.
@@ -457,10 +461,10 @@ def submit(inputs, spec, model, out, chunk_size, outputs, workers, address, over
     if is_job_server_address(address):
         env = sub.runtime_env_from(runtime_env, env_vars)
         sys.exit(max(_submit_to_job_server(r, address, wait=wait, runtime_env=env) for r in reqs))
-    if wait or runtime_env or env_vars:
-        raise click.UsageError("--wait, --runtime-env and --env go with --address http://HEAD:8265")
+    if runtime_env or env_vars:
+        raise click.UsageError("--runtime-env and --env go with --address http://HEAD:8265")
     for req in reqs:
-        _run_here(req, address, quiet)
+        _run_here(req, address, quiet, wait=wait, force_takeover=force_takeover)
 
 
 def _print_dry_run(report: dict) -> None:
@@ -563,15 +567,19 @@ def _job_events(quiet: bool = False):
             if self.progress is not None:
                 self.progress.close()
 
+        def waiting(self, owner):
+            click.echo(f"job {owner.get('job_id')} is already running (driver pid {owner.get('pid')} on "
+                       f"{owner.get('host')}); waiting for it to end", err=True)
+
     return CliEvents()
 
 
-def _run_here(req, address, quiet=False):
+def _run_here(req, address, quiet=False, *, wait=False, force_takeover=False):
     """One job with its driver in this process (an embedded local Ray, or joined to a cluster)."""
     from linpipe.jobs.driver import run_job
     from linpipe.progress import human_bytes, human_count, human_time
 
-    s = run_job(req, address=address, events=_job_events(quiet))
+    s = run_job(req, address=address, events=_job_events(quiet), wait=wait, force_takeover=force_takeover)
     if s.nothing_to_do:
         click.echo(f"Nothing to do: job {s.job_id} is complete. Outputs: {s.out}")
         return

@@ -85,3 +85,33 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """A moto S3 server on 127.0.0.1 for the session, and the environment a user would set for
+    MinIO (dummy keys, AWS_ENDPOINT_URL), inherited by the Ray workers the tests start."""
+    from _s3 import S3Server, clear_fsspec_cache
+
+    server = S3Server(tmp_path_factory.mktemp("moto"))
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            for k, v in server.env.items():
+                mp.setenv(k, v)
+            clear_fsspec_cache()
+            yield server
+        clear_fsspec_cache()
+    finally:
+        server.stop()
+
+
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.slow)])
+def store_place(request, tmp_path):
+    """Where a test's output stores go: a local folder, or a fresh bucket on the S3 server
+    (slow: laying out a store is hundreds of requests to moto). Call it with a name; it
+    returns a path or an s3:// URL."""
+    if request.param == "local":
+        return lambda name: str(tmp_path / name)
+    server = request.getfixturevalue("s3_server")
+    bucket = server.new_bucket()
+    return lambda name: f"{bucket}/{name}"

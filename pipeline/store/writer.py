@@ -24,6 +24,7 @@ import json
 import math
 import os
 import re
+import uuid
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -83,6 +84,16 @@ def _pool() -> ThreadPoolExecutor:
 
 
 # ---------------------------------------------------------------------------------- locations
+# The driver's lease (linpipe.jobs.lease): one small JSON object beside the progress markers.
+# It is not a zarr node; creating the store keeps it, and an otherwise empty location holding
+# only a lease counts as empty.
+LEASE_PATH = f"{PROGRESS}/lease.json"
+
+
+def _is_lease(name: str) -> bool:
+    return name == "lease.json" or name.startswith("lease.json.")
+
+
 class _Location:
     """Where a store lives: a local folder or an fsspec URL (s3://, gs://, file://, memory://).
 
@@ -92,6 +103,8 @@ class _Location:
 
     def __init__(self, path, *, read_only: bool):
         from zarr.storage import FsspecStore, LocalStore
+
+        from linpipe.store.retry import RetryingStore
 
         self.where = os.fspath(path)
         self.url = self.where if "://" in self.where else None
@@ -103,15 +116,21 @@ class _Location:
             return
         self.root = None
         try:
-            self.store = FsspecStore.from_url(self.url, read_only=read_only, storage_options=self.options)
+            inner = FsspecStore.from_url(self.url, read_only=read_only, storage_options=self.options)
         except Exception as e:  # missing fsspec backend, bad URL
             raise StoreError(f"{self.where}: cannot open the output location ({e}); check the URL, "
                              "and install the fsspec backend for its scheme (e.g. s3fs, gcsfs)") from None
+        # object stores throttle and drop connections: each request is retried (retry.py)
+        self.store = RetryingStore(inner)
 
     def _fs(self):
         from fsspec.core import url_to_fs
 
-        return url_to_fs(self.url, **(self.options or {}))
+        fs, p = url_to_fs(self.url, **(self.options or {}))
+        # other processes (workers, another driver) write here: a cached listing from a while
+        # ago would hide their objects, or make s3fs deny that a new one exists
+        fs.invalidate_cache()  # all of it: s3fs forgets a path and its parents, not its children
+        return fs, p
 
     def exists(self) -> bool:
         if self.root is not None:
@@ -120,10 +139,62 @@ class _Location:
         return fs.exists(p)
 
     def is_empty(self) -> bool:
+        """Nothing stored here but, at most, a driver's lease (taken before the store is made)."""
         if self.root is not None:
-            return not self.root.exists() or not any(self.root.iterdir())
+            if not self.root.exists():
+                return True
+            top = [e.name for e in self.root.iterdir()]
+            if top != [PROGRESS]:
+                return not top
+            return all(_is_lease(e.name) for e in (self.root / PROGRESS).iterdir())
         fs, p = self._fs()
-        return not fs.exists(p) or not fs.find(p, withdirs=True, maxdepth=1)
+        if not fs.exists(p):
+            return True
+        top = [n.rstrip("/").rsplit("/", 1)[-1] for n in fs.ls(p, detail=False)]
+        if top != [PROGRESS]:
+            return not top
+        return all(_is_lease(n.rstrip("/").rsplit("/", 1)[-1])
+                   for n in fs.ls(f"{p.rstrip('/')}/{PROGRESS}", detail=False))
+
+    # Small bookkeeping objects outside zarr (the driver's lease): whole-object reads and
+    # writes through the file system or fsspec, at a path relative to the store's root.
+    def read_bytes(self, rel: str) -> bytes | None:
+        """The object's bytes, or None when there is none."""
+        if self.root is not None:
+            try:
+                return (self.root / rel).read_bytes()
+            except (FileNotFoundError, NotADirectoryError):
+                return None
+        fs, p = self._fs()
+        try:
+            return fs.cat_file(f"{p.rstrip('/')}/{rel}")
+        except FileNotFoundError:
+            return None
+
+    def write_bytes(self, rel: str, data: bytes) -> None:
+        """Replace the object whole (a local file is written aside and renamed: never half there)."""
+        if self.root is not None:
+            target = self.root / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_name(f"{target.name}.{uuid.uuid4().hex}.partial")
+            tmp.write_bytes(data)
+            os.replace(tmp, target)
+            return
+        fs, p = self._fs()
+        fs.pipe_file(f"{p.rstrip('/')}/{rel}", data)
+
+    def delete(self, rel: str) -> None:
+        if self.root is not None:
+            try:
+                (self.root / rel).unlink()
+            except FileNotFoundError:
+                pass
+            return
+        fs, p = self._fs()
+        try:
+            fs.rm_file(f"{p.rstrip('/')}/{rel}")
+        except FileNotFoundError:
+            pass
 
     def files(self):
         """Paths of every file under a local store (nothing for a URL)."""
@@ -136,7 +207,8 @@ class _Location:
     def size(self) -> int:
         if self.root is None:
             fs, p = self._fs()
-            return int(fs.du(p, total=True)) if fs.exists(p) else 0
+            # one listing with sizes (du would ask for each object again)
+            return sum(int(i.get("size") or 0) for i in fs.find(p, detail=True).values())
         total = 0
         for f in self.files():
             try:
@@ -178,6 +250,31 @@ def _records_only(store):
                     yield name
 
     return RecordsOnly(store)
+
+
+def _keep_lease(store):
+    """The store, where clearing the root (zarr's mode="w") deletes everything but the lease."""
+    from zarr.storage import WrapperStore
+
+    class KeepLease(WrapperStore):
+        async def delete_dir(self, prefix: str):
+            if prefix.strip("/"):
+                return await super().delete_dir(prefix)
+            await self._clear("", keep=PROGRESS)
+            await self._clear(f"{PROGRESS}/", keep=None)
+
+        async def _clear(self, parent: str, keep):
+            names = [n async for n in self.list_dir(parent)]
+            for name in names:
+                if name == keep or (keep is None and _is_lease(name)):
+                    continue
+                path = f"{parent}{name}"
+                if await self.exists(path):
+                    await self.delete(path)
+                else:
+                    await super().delete_dir(path)
+
+    return KeepLease(store)
 
 
 class _Templates:
@@ -484,8 +581,10 @@ class OutputStore:
         location = _Location(path, read_only=False)
         _check_overwrite(location, overwrite)
         # the `linpipe` attributes go in last: a store whose creation was interrupted is
-        # recognisably half-made (CREATING), never taken for a valid empty store
-        root = zarr.open_group(store=location.store, mode="w", zarr_format=3, attributes={CREATING: True})
+        # recognisably half-made (CREATING), never taken for a valid empty store. Clearing the
+        # location keeps the creating driver's lease (never absent while it holds it).
+        root = zarr.open_group(store=_keep_lease(location.store), mode="w", zarr_format=3,
+                               attributes={CREATING: True})
         root.create_group(PROGRESS, attributes={"about": PROGRESS_ABOUT})
         templates = _Templates(outputs, chunk_size=chunk_size, feature_dim=feature_dim, channels=channels,
                                hidden_dtype=hidden_dtype)
@@ -517,11 +616,11 @@ class OutputStore:
     @staticmethod
     def exists(path) -> bool:
         """True when anything is stored at path (a local folder or an object-store prefix)."""
-        location = _Location(path, read_only=True) if "://" in os.fspath(path) else None
-        if location is None:
+        if "://" not in os.fspath(path):
             p = Path(os.fspath(path))
-            return p.exists() and (not p.is_dir() or any(p.iterdir()))
-        return not location.is_empty()
+            if p.exists() and not p.is_dir():
+                return True
+        return not _Location(path, read_only=True).is_empty()
 
     @classmethod
     def open(cls, path, mode: str = "r+") -> "OutputStore":

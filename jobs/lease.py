@@ -1,0 +1,196 @@
+"""One driver per job: a lease object in the output store.
+
+A driver takes the lease before it creates, overwrites or resumes a store, renews it from a
+background thread every HEARTBEAT_S, and removes it when it ends (finished or failed). The lease
+is one small JSON document, `_linpipe/lease.json`, written whole through the store's location (a
+file renamed into place locally, one PUT on an object store):
+
+    {"host", "pid", "token", "job_id", "since", "heartbeat", "expires"}   (times: Unix seconds)
+
+Another driver may take it only when it is released, has expired (`expires` passed: its owner
+stopped renewing, e.g. it was SIGKILLed, or its node was lost), its owner is a process on this
+same host that no longer exists (no need to wait out the expiry then), or when asked to
+(`--force-takeover`).
+
+Object stores have no locks (and linpipe does not rely on conditional writes, which not every
+S3-compatible server has), so taking a lease is: read it, write ours, wait SETTLE_S, read it
+again, and go on only if it is still ours. Two drivers that start within the same moment both
+write, and the later write wins; the other sees it at its re-read and stops. What remains is a
+driver whose read-to-write gap is longer than SETTLE_S (a stalled process): then both may go
+on, and the one whose lease was overwritten notices at its next renewal (at most HEARTBEAT_S
+later) and stops, its store left resumable. Twin work in that window is harmless to the data
+(every unit write is idempotent: same unit, same bytes); it only costs time. Expiry compares
+wall clocks of different hosts: keep the cluster's clocks in sync (NTP) to well within EXPIRY_S.
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import threading
+import time
+from dataclasses import dataclass
+
+from linpipe.errors import LinpipeError
+
+HEARTBEAT_S = float(os.environ.get("LINPIPE_LEASE_HEARTBEAT_S", "10"))
+EXPIRY_S = float(os.environ.get("LINPIPE_LEASE_EXPIRY_S", "60"))
+SETTLE_S = float(os.environ.get("LINPIPE_LEASE_SETTLE_S", "1"))
+WAIT_POLL_S = float(os.environ.get("LINPIPE_LEASE_POLL_S", "5"))
+
+
+class AlreadyRunning(LinpipeError):
+    """Another live driver holds the job's lease."""
+
+    def __init__(self, out: str, owner: dict):
+        self.owner = owner
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(owner.get("since", 0))))
+        age = max(0.0, time.time() - float(owner.get("heartbeat", 0)))
+        super().__init__(
+            f"{out}: job {owner.get('job_id')} is already running (driver pid {owner.get('pid')} on "
+            f"{owner.get('host')}, since {since}, alive {age:.0f} s ago); use --wait to follow it, or "
+            f"--force-takeover if that driver is gone (its lease expires on its own "
+            f"{EXPIRY_S:.0f} s after its last renewal)")
+
+
+class LeaseLost(LinpipeError):
+    """Our lease was taken by another driver while we ran."""
+
+
+@dataclass(frozen=True)
+class Holder:
+    host: str
+    pid: int
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
+
+
+class Lease:
+    """The lease of the store at `out` for job `job_id`, held by this process once acquire()d."""
+
+    def __init__(self, out: str, job_id: str, *, host: str | None = None, pid: int | None = None):
+        from linpipe.store.writer import LEASE_PATH, _Location
+
+        self.out = out
+        self.job_id = job_id
+        self.holder = Holder(host or socket.gethostname(), pid if pid is not None else os.getpid())
+        self.token = secrets.token_hex(16)
+        self._path = LEASE_PATH
+        self._location = _Location(out, read_only=False)
+        self._since = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.lost: dict | None = None  # the lease that replaced ours, once the heartbeat sees one
+
+    # ------------------------------------------------------------------ reading
+    def read(self) -> dict | None:
+        """The lease as stored (None: no lease, or an unreadable one, which counts as none)."""
+        data = self._location.read_bytes(self._path)
+        if not data:
+            return None
+        try:
+            doc = json.loads(data)
+        except ValueError:
+            return None
+        return doc if isinstance(doc, dict) else None
+
+    def _is_ours(self, doc: dict | None) -> bool:
+        return bool(doc) and doc.get("token") == self.token
+
+    def is_live(self, doc: dict | None) -> bool:
+        """Held by a driver that may still be running."""
+        if not doc or self._is_ours(doc):
+            return False
+        if float(doc.get("expires", 0)) <= time.time():
+            return False
+        if doc.get("host") == self.holder.host and not _pid_alive(int(doc.get("pid", -1))):
+            return False  # its owner on this host is gone: no need to wait out the expiry
+        return True
+
+    # ------------------------------------------------------------------ holding
+    def _doc(self) -> dict:
+        now = time.time()
+        return {"host": self.holder.host, "pid": self.holder.pid, "token": self.token,
+                "job_id": self.job_id, "since": self._since, "heartbeat": now, "expires": now + EXPIRY_S}
+
+    def _write(self) -> None:
+        self._location.write_bytes(self._path, json.dumps(self._doc(), indent=1).encode())
+
+    def acquire(self, *, force: bool = False, wait: bool = False, on_wait=None) -> None:
+        """Take the lease (see the module's text), or raise AlreadyRunning.
+
+        force: take it even from a live driver. wait: poll every WAIT_POLL_S until it is
+        free, calling on_wait(owner) once when it starts waiting."""
+        waited = False
+        while True:
+            cur = self.read()
+            if not force and self.is_live(cur):
+                if not wait:
+                    raise AlreadyRunning(self.out, cur)
+                if not waited and on_wait is not None:
+                    on_wait(cur)
+                waited = True
+                time.sleep(WAIT_POLL_S)
+                continue
+            self._since = time.time()
+            self._write()
+            time.sleep(SETTLE_S)  # a driver that wrote just after us wins; we see it here
+            again = self.read()
+            if self._is_ours(again):
+                break
+            if not wait:
+                raise AlreadyRunning(self.out, again or cur or {})
+            force = False  # the other one won: never take a lease from a racing twin
+        self._thread = threading.Thread(target=self._heartbeat, name="linpipe-lease", daemon=True)
+        self._thread.start()
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(HEARTBEAT_S):
+            try:
+                cur = self.read()
+                if not self._is_ours(cur):  # taken over (and maybe released since): never re-take it
+                    self.lost = cur or {"pid": "?", "host": "?"}
+                    return
+                self._write()
+            except Exception:  # a store hiccup: the next beat tries again, well before expiry
+                continue
+
+    def check(self) -> None:
+        """Raise LeaseLost once another driver has taken our lease."""
+        if self.lost is not None:
+            o = self.lost
+            raise LeaseLost(f"{self.out}: another driver (pid {o.get('pid')} on {o.get('host')}) took "
+                            "over this job's lease (or it was removed); this driver stops (the store "
+                            "stays resumable)")
+
+    def stop_heartbeat(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=HEARTBEAT_S + 30)
+
+    def release(self) -> None:
+        """Stop renewing and remove the lease if it is still ours."""
+        self.stop_heartbeat()
+        try:
+            if self._is_ours(self.read()):
+                self._location.delete(self._path)
+        except Exception:  # it expires on its own
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+
+__all__ = ["Lease", "AlreadyRunning", "LeaseLost", "HEARTBEAT_S", "EXPIRY_S", "SETTLE_S"]

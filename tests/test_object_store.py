@@ -1,0 +1,514 @@
+"""Output stores on a local path and on a real S3-protocol server (moto, on 127.0.0.1), alike:
+create, resume, "Nothing to do", --overwrite, inspect, export, plot, open_output; one driver per
+job (the lease); object-store requests retried on transient errors.
+
+The quick tests fill stores in this process with the worker class itself (no Ray); the slow ones
+run `linpipe submit` as a user does (Ray, subprocess drivers, SIGKILL).
+"""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from _pipeline_data import assert_same_bytes, make_tiny_model, record_outputs, store_arrays, write_fasta_slice
+from _s3 import ACCESS_KEY, SECRET_KEY, all_objects
+from click.testing import CliRunner
+
+from linpipe.cli import cli
+
+CHUNK = 2_048
+OUTPUTS = "logprob,entropy,softmask"
+
+
+@pytest.fixture(scope="module")
+def tiny_dna(tmp_path_factory):
+    return make_tiny_model(tmp_path_factory.mktemp("dna_model") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def mixed_fasta(genomes, tmp_path_factory):
+    """Real sequence: the whole human mitochondrion (16,569 bases: a long record, 9 units) and
+    the first 1,500 bases of 7 C. elegans records (short: packed)."""
+    path = tmp_path_factory.mktemp("mixed") / "mixed.fa"
+    write_fasta_slice(genomes / "htslib_ce.fa", path, 1_500)
+    with open(path, "a") as f:
+        f.write((genomes / "minimap2_MT-human.fa").read_text())
+    return path
+
+
+def _plan(fasta, model, outputs=OUTPUTS):
+    from linpipe.jobs.plan import plan_job
+    from linpipe.jobs.request import JobRequest
+
+    return plan_job(JobRequest(inputs=(str(fasta),), model=str(model), chunk_size=CHUNK,
+                               outputs=tuple(outputs.split(","))))
+
+
+def _run_units(fasta, model, out, *, stop_after: int | None = None) -> int:
+    """Create (or reopen) the job's store and run its units here, as the workers would (the
+    same class, one thread), stopping after `stop_after` units; returns the units run."""
+    from linpipe.jobs.actor import PipelineWorker
+    from linpipe.jobs.driver import open_or_create_store, work_left
+
+    plan = _plan(fasta, model)
+    store = open_or_create_store(plan, out)
+    todo, _ = work_left(plan, store)
+    w = PipelineWorker(plan.model_ref, out, list(plan.outputs), device="cpu", threads=1)
+    n = 0
+    for item in todo:
+        if hasattr(item, "record"):
+            for i in range(item.next, item.record.n_chunks):
+                if stop_after is not None and n >= stop_after:
+                    return n
+                w.run_chunk(item.record.chunk(i), last=i == item.record.n_chunks - 1)
+                n += 1
+        else:
+            if stop_after is not None and n >= stop_after:
+                return n
+            w.run_batch(item.index, plan.batch_chunks(item.index))
+            n += 1
+    store.finalize()
+    return n
+
+
+def _submit(fasta, model, out, *extra):
+    return CliRunner().invoke(cli, ["submit", str(fasta), "--model", str(model), "--chunk-size", str(CHUNK),
+                                    "--outputs", OUTPUTS, "--out", out, *extra])
+
+
+@pytest.fixture(scope="module")
+def reference(mixed_fasta, tiny_dna, tmp_path_factory):
+    """The job run uninterrupted into a local store: every array, and every record's outputs."""
+    out = str(tmp_path_factory.mktemp("ref") / "ref.zarr")
+    _run_units(mixed_fasta, tiny_dna, out)
+    return store_arrays(out), record_outputs(out)
+
+
+@pytest.fixture(autouse=True)
+def _quick_lease(monkeypatch):
+    """Lease timings of seconds, not a minute (jobs/lease.py reads them at call time)."""
+    import linpipe.jobs.lease as lease
+
+    monkeypatch.setattr(lease, "HEARTBEAT_S", 0.3)
+    monkeypatch.setattr(lease, "EXPIRY_S", 2.0)
+    monkeypatch.setattr(lease, "SETTLE_S", 0.2)
+    monkeypatch.setattr(lease, "WAIT_POLL_S", 0.2)
+
+
+# ----------------------------------------------------------------------------- store operations
+def test_resumed_store_is_bit_identical_and_reads_alike(store_place, mixed_fasta, tiny_dna, reference,
+                                                        tmp_path):
+    """A job stopped after 5 units and resumed ends with the bytes of the uninterrupted local run;
+    submitting it again says "Nothing to do"; inspect, export, plot and open_output work on it."""
+    import pyBigWig
+
+    import linpipe
+    from linpipe.store.reader import IncompleteStoreWarning
+
+    out = store_place("mt.zarr")
+    assert _run_units(mixed_fasta, tiny_dna, out, stop_after=5) == 5
+    with pytest.warns(IncompleteStoreWarning):
+        linpipe.open_output(out)
+    res = CliRunner().invoke(cli, ["inspect", out, "--json"])
+    assert res.exit_code == 0, res.output
+    partial = json.loads(res.stdout)
+    _run_units(mixed_fasta, tiny_dna, out)  # the resume: the rest of the units, from the store
+    ref_arrays, ref_outputs = reference
+    assert_same_bytes(ref_arrays, store_arrays(out))
+    assert_same_bytes(ref_outputs, record_outputs(out))
+
+    res = _submit(mixed_fasta, tiny_dna, out)
+    assert res.exit_code == 0, res.output
+    assert "Nothing to do" in res.output and out in res.output
+
+    res = CliRunner().invoke(cli, ["inspect", out, "--json"])
+    assert res.exit_code == 0, res.output
+    info = json.loads(res.stdout)
+    mt = next(r for r in partial["records"] if r["id"].startswith("MT"))
+    assert partial["complete"] is False and mt["chunks_done"] == 5
+    assert mt["missing_ranges"] == [[5 * CHUNK, mt["length"]]]
+    assert info["complete"] is True and info["packed"]["batches_done"] == info["packed"]["batches"] == 7
+    assert [r["chunks_done"] for r in info["records"]] == [9] and info["size_on_disk"] > 0
+
+    bg = tmp_path / "t.bedgraph"
+    res = CliRunner().invoke(cli, ["export", out, "--format", "bedgraph", "--output", "logprob",
+                                   "-o", str(bg)])
+    assert res.exit_code == 0, res.output
+    rows = [line.split("\t") for line in bg.read_text().splitlines() if not line.startswith("track")]
+    mt_id = next(k.split("/")[0] for k in ref_outputs if k.startswith("MT"))
+    mt_rows = [r for r in rows if r[0] == mt_id]
+    assert mt_rows and int(mt_rows[-1][2]) == ref_outputs[f"{mt_id}/logprob"].size
+    bw = tmp_path / "t.bw"
+    res = CliRunner().invoke(cli, ["export", out, "--format", "bigwig", "--output", "logprob", "-o", str(bw)])
+    assert res.exit_code == 0, res.output
+    with pyBigWig.open(str(bw)) as f:
+        assert f.chroms()[mt_id] == ref_outputs[f"{mt_id}/logprob"].size
+        got = np.array(f.values(mt_id, 0, 100), dtype=np.float32)
+        np.testing.assert_allclose(got, ref_outputs[f"{mt_id}/logprob"][:100], rtol=1e-6)
+    pq = tmp_path / "t.parquet"
+    res = CliRunner().invoke(cli, ["export", out, "--format", "parquet", "--output", "logprob",
+                                   "--record", mt_id, "-o", str(pq)])
+    assert res.exit_code == 0, res.output
+    import pyarrow.parquet as papq
+
+    table = papq.read_table(pq)
+    np.testing.assert_array_equal(table.column("logprob").to_numpy(), ref_outputs[f"{mt_id}/logprob"])
+    png = tmp_path / "t.png"
+    res = CliRunner().invoke(cli, ["plot", out, "--record", mt_id, "--output", "logprob", "-o", str(png)])
+    assert res.exit_code == 0, res.output
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    if out.startswith("s3://"):  # the credentials are nowhere in the store
+        for name, data in all_objects(out).items():
+            assert ACCESS_KEY.encode() not in data and SECRET_KEY.encode() not in data, name
+
+
+def test_another_job_on_the_store_is_refused(store_place, mixed_fasta, tiny_dna):
+    out = store_place("mt.zarr")
+    _run_units(mixed_fasta, tiny_dna, out)
+    res = CliRunner().invoke(cli, ["submit", str(mixed_fasta), "--model", str(tiny_dna), "--chunk-size",
+                                   str(CHUNK), "--outputs", "logprob", "--out", out])
+    assert res.exit_code == 1 and "Traceback" not in res.output
+    assert res.output.startswith("Error: ") and "another job" in res.output and out in res.output
+
+
+# ----------------------------------------------------------------------------- the lease
+def _job_id(fasta, model):
+    return _plan(fasta, model).job_id
+
+
+def test_a_live_lease_refuses_a_second_driver_and_overwrite(store_place, mixed_fasta, tiny_dna):
+    """While another driver holds the job's lease, submit (with or without --overwrite) says
+    `already running` with the owner and exits non-zero, and the store is untouched."""
+    from linpipe.jobs.lease import Lease
+
+    out = store_place("mt.zarr")
+    _run_units(mixed_fasta, tiny_dna, out)
+    before = store_arrays(out)
+    holder = Lease(out, _job_id(mixed_fasta, tiny_dna), host="node-7", pid=4242)
+    holder.acquire()
+    try:
+        for extra in ((), ("--overwrite",)):
+            res = _submit(mixed_fasta, tiny_dna, out, *extra)
+            assert res.exit_code == 1 and "Traceback" not in res.output, res.output
+            assert res.output.startswith("Error: ") and len(res.output.strip().splitlines()) == 1
+            assert "already running" in res.output and "pid 4242" in res.output and "node-7" in res.output
+        assert holder.lost is None  # nobody took it
+    finally:
+        holder.release()
+    assert_same_bytes(before, store_arrays(out))
+    assert holder.read() is None  # released: the object is gone
+
+
+def test_force_takeover_takes_a_live_lease(store_place, mixed_fasta, tiny_dna):
+    from linpipe.jobs.lease import Lease, LeaseLost
+
+    out = store_place("mt.zarr")
+    _run_units(mixed_fasta, tiny_dna, out)
+    holder = Lease(out, _job_id(mixed_fasta, tiny_dna), host="node-7", pid=4242)
+    holder.acquire()
+    try:
+        res = _submit(mixed_fasta, tiny_dna, out, "--force-takeover")
+        assert res.exit_code == 0, res.output
+        assert "Nothing to do" in res.output
+        # the taker released its lease when it ended: the old holder's next beat finds a lease
+        # that is not its own (or none) and gives up, never writing its lease back
+        deadline = time.monotonic() + 30
+        while holder.lost is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        holder.stop_heartbeat()
+    with pytest.raises(LeaseLost):
+        holder.check()
+    assert holder.read() is None
+
+
+def test_wait_follows_the_running_driver(store_place, mixed_fasta, tiny_dna):
+    """--wait: while another driver holds the lease, submit waits (and says so); once that
+    driver releases it, the submit goes on and finds the job complete."""
+    import threading
+
+    from linpipe.jobs.lease import Lease
+
+    out = store_place("mt.zarr")
+    _run_units(mixed_fasta, tiny_dna, out)
+    holder = Lease(out, _job_id(mixed_fasta, tiny_dna), host="node-3", pid=77)
+    holder.acquire()
+    ends = threading.Timer(1.5, holder.release)
+    ends.start()
+    try:
+        res = _submit(mixed_fasta, tiny_dna, out, "--wait")
+    finally:
+        ends.join()
+    assert res.exit_code == 0, res.output
+    assert "already running" in res.output and "node-3" in res.output and "waiting" in res.output
+    assert "Nothing to do" in res.output
+
+
+def test_a_stale_lease_is_taken_over_after_its_expiry(store_place, mixed_fasta, tiny_dna):
+    """A driver on another host that stopped renewing (it died): refused until its lease
+    expires, then the next submit takes over."""
+    import linpipe.jobs.lease as lease_mod
+    from linpipe.jobs.lease import Lease
+
+    out = store_place("mt.zarr")
+    _run_units(mixed_fasta, tiny_dna, out)
+    dead = Lease(out, _job_id(mixed_fasta, tiny_dna), host="node-9", pid=99)
+    dead.acquire()
+    dead.stop_heartbeat()  # its process is gone: no more renewals, no release
+    expires = dead.read()["expires"]
+    res = _submit(mixed_fasta, tiny_dna, out)
+    if time.time() < expires - lease_mod.SETTLE_S:  # still live while we asked
+        assert res.exit_code == 1 and "already running" in res.output and "node-9" in res.output
+    while time.time() < expires:
+        time.sleep(0.1)
+    res = _submit(mixed_fasta, tiny_dna, out)
+    assert res.exit_code == 0, res.output
+    assert "Nothing to do" in res.output
+    assert dead.read() is None  # the taker released its own lease
+
+
+def test_lease_of_a_dead_process_on_this_host_needs_no_expiry(store_place, mixed_fasta, tiny_dna):
+    from linpipe.jobs.lease import Lease
+
+    out = store_place("mt.zarr")
+    _run_units(mixed_fasta, tiny_dna, out)
+    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)
+    gone = Lease(out, _job_id(mixed_fasta, tiny_dna), pid=int(proc.stdout))  # this host, exited pid
+    gone.acquire()
+    gone.stop_heartbeat()
+    assert gone.read()["expires"] > time.time() + 0.5
+    res = _submit(mixed_fasta, tiny_dna, out)
+    assert res.exit_code == 0, res.output
+    assert "Nothing to do" in res.output
+
+
+def test_a_lease_alone_is_not_a_store(store_place, mixed_fasta, tiny_dna):
+    """The lease is taken before the store exists: a location holding only a lease counts as
+    empty, and creating the store keeps the creator's lease."""
+    from linpipe.jobs.lease import Lease
+    from linpipe.store import OutputStore
+
+    out = store_place("new.zarr")
+    mine = Lease(out, _job_id(mixed_fasta, tiny_dna))
+    mine.acquire()
+    try:
+        assert not OutputStore.exists(out)
+        _run_units(mixed_fasta, tiny_dna, out, stop_after=1)
+        assert OutputStore.exists(out)
+        assert mine.read()["token"] == mine.token
+    finally:
+        mine.release()
+    assert mine.read() is None
+
+
+# ----------------------------------------------------------------------------- retries
+def _slow_down_error(key):
+    """What s3fs raises when S3 answers 503 SlowDown (its own translation of the client error)."""
+    from botocore.exceptions import ClientError
+    from s3fs.errors import translate_boto_error
+
+    err = ClientError({"Error": {"Code": "SlowDown", "Message": "Please reduce your request rate."},
+                       "ResponseMetadata": {"HTTPStatusCode": 503}}, "PutObject")
+    return translate_boto_error(err, message=key)
+
+
+def _faulty_stores(monkeypatch, make_error, failures: int, match):
+    """Every URL store opened from now on fails its first `failures` writes of each key that
+    `match` picks, with make_error(key): a fault below linpipe's retrying layer."""
+    import zarr.storage
+    from zarr.storage import WrapperStore
+
+    attempts: dict[str, int] = {}
+
+    class Faulty(WrapperStore):
+        async def set(self, key, value):
+            if match(key):
+                attempts[key] = attempts.get(key, 0) + 1
+                if attempts[key] <= failures:
+                    raise make_error(key)
+            await super().set(key, value)
+
+    original = zarr.storage.FsspecStore.from_url.__func__
+
+    def from_url(cls, *args, **kwargs):
+        return Faulty(original(cls, *args, **kwargs))
+
+    monkeypatch.setattr(zarr.storage.FsspecStore, "from_url", classmethod(from_url))
+    return attempts
+
+
+def _is_chunk(key: str) -> bool:
+    return "/c/" in key  # every chunk: outputs, table, boundary states, completion markers
+
+
+@pytest.mark.slow
+def test_throttled_writes_are_retried_and_the_store_is_bit_identical(s3_server, mixed_fasta, tiny_dna,
+                                                                     reference, monkeypatch):
+    import linpipe.store.retry as retry
+
+    monkeypatch.setattr(retry, "BASE_DELAY_S", 0.01)
+    out = f"{s3_server.new_bucket()}/throttled.zarr"
+    attempts = _faulty_stores(monkeypatch, _slow_down_error, 2, _is_chunk)
+    _run_units(mixed_fasta, tiny_dna, out)
+    assert any(k.startswith("_linpipe/") and "/done/" in k for k in attempts)  # markers too
+    assert attempts and all(n >= 3 for n in attempts.values())  # two SlowDowns, then the write
+    monkeypatch.undo()
+    assert_same_bytes(reference[0], store_arrays(out))
+
+
+@pytest.mark.slow
+def test_a_permanent_error_is_not_retried_and_leaves_the_unit_unmarked(s3_server, mixed_fasta, tiny_dna,
+                                                                        monkeypatch):
+    from linpipe.jobs.driver import _user_error
+    from linpipe.store import OutputStore
+
+    out = f"{s3_server.new_bucket()}/denied.zarr"
+    _run_units(mixed_fasta, tiny_dna, out, stop_after=0)  # the store, laid out
+    store = OutputStore.open(out, mode="r")
+    mt = next(k for k in store.long_records)
+
+    def denied(key):
+        return PermissionError(errno.EACCES, "Access Denied", key)
+
+    attempts = _faulty_stores(monkeypatch, denied, 10**6, lambda k: k.startswith(f"{mt}/logprob/c/"))
+    with pytest.raises(PermissionError) as caught:
+        _run_units(mixed_fasta, tiny_dna, out, stop_after=1)
+    assert list(attempts.values()) == [1]  # one attempt, no retry
+    monkeypatch.undo()
+    assert OutputStore.open(out, mode="r").completed_chunks(mt) == set()
+    line = str(_user_error(caught.value, f"record {mt!r} positions 0-{CHUNK}"))
+    assert "\n" not in line and f"{mt}/logprob/c/0" in line and "Access Denied" in line
+
+
+def test_transient_errors_are_told_from_permanent_ones():
+    from linpipe.store.retry import TransientStoreError, is_transient
+
+    assert is_transient(_slow_down_error("k"))
+    assert is_transient(TimeoutError("read timed out"))
+    assert is_transient(ConnectionResetError(errno.ECONNRESET, "Connection reset by peer"))
+    assert is_transient(TransientStoreError("injected"))
+    assert not is_transient(PermissionError(errno.EACCES, "Access Denied"))
+    assert not is_transient(FileNotFoundError(errno.ENOENT, "NoSuchBucket"))
+    assert not is_transient(ValueError("bad request"))
+
+
+def test_s3fs_reads_the_endpoint_from_the_environment(s3_server):
+    """AWS_ENDPOINT_URL (what the tests set) and fsspec's FSSPEC_S3_ENDPOINT_URL both point s3fs
+    at a MinIO-like server, with no storage options in linpipe's calls."""
+    import fsspec
+    from _s3 import clear_fsspec_cache
+
+    bucket = s3_server.new_bucket()
+    clear_fsspec_cache()
+    fs, path = fsspec.core.url_to_fs(f"{bucket}/probe")
+    fs.pipe_file(path, b"x")
+    assert fs.cat_file(path) == b"x"
+    code = (f"import fsspec; fs, p = fsspec.core.url_to_fs('{bucket}/probe'); "
+            "print(fs.cat_file(p).decode())")
+    env = {k: v for k, v in os.environ.items() if k != "AWS_ENDPOINT_URL"}
+    env["FSSPEC_S3_ENDPOINT_URL"] = s3_server.endpoint
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and res.stdout.strip() == "x", res.stderr
+
+
+# ----------------------------------------------------------------------------- whole jobs (Ray)
+def _submit_cmd(fasta, model, out, *extra):
+    return [sys.executable, "-c", "from linpipe.cli import cli; cli()", "submit", str(fasta),
+            "--model", str(model), "--chunk-size", str(CHUNK), "--outputs", OUTPUTS,
+            "--workers", "1", "--out", out, *extra]
+
+
+def _units_done(out) -> int:
+    from linpipe.store import OutputStore
+
+    try:
+        p = OutputStore.open(out, mode="r").progress()
+        return p["units_done"]
+    except Exception:  # not created yet: poll again
+        return 0
+
+
+def _session_pids(sid: int) -> list[int]:
+    pids = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                if os.getsid(int(d)) == sid:
+                    pids.append(int(d))
+            except OSError:
+                pass
+    return pids
+
+
+@pytest.fixture(scope="module")
+def ce_fasta(genomes, tmp_path_factory):
+    """7 real C. elegans records cut at 60 kb (one of 60 kb, six of 5 kb): 51 units of 2,048,
+    enough that a driver is surely mid-job when the test looks."""
+    path = tmp_path_factory.mktemp("ce") / "ce_slice.fa"
+    write_fasta_slice(genomes / "htslib_ce.fa", path, 60_000)
+    return path
+
+
+@pytest.mark.slow
+def test_twin_refused_then_sigkilled_driver_resumes_bit_identical(store_place, ce_fasta, tiny_dna,
+                                                                   tmp_path):
+    """A driver runs the job: a second submit is refused naming its pid and host; the driver is
+    SIGKILLed mid-job; the same submit then takes over at once (its owner is gone from this
+    host) and ends with the bytes of the uninterrupted local run."""
+    import socket
+
+    out = store_place("killed.zarr")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "LINPIPE_LEASE_HEARTBEAT_S": "1"}
+    proc = subprocess.Popen(_submit_cmd(ce_fasta, tiny_dna, out), env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 180
+        while _units_done(out) < 3 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proc.poll() is None, "the job finished before it could be killed"
+        twin = _submit(ce_fasta, tiny_dna, out)  # in this process: refused before any Ray starts
+        assert proc.poll() is None, "the job finished while the twin asked"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        assert twin.exit_code == 1, twin.output
+        assert "already running" in twin.output and f"pid {proc.pid}" in twin.output
+        assert socket.gethostname() in twin.output
+        done = _units_done(out)
+        assert 3 <= done < 51  # killed mid-job
+        res = subprocess.run(_submit_cmd(ce_fasta, tiny_dna, out), env=env, capture_output=True,
+                             text=True, timeout=300)
+        assert res.returncode == 0, res.stderr
+    finally:
+        for pid in _session_pids(proc.pid):  # only what our own killed subprocess started
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+    assert "Done: job lp-" in res.stdout
+    ref = str(tmp_path / "reference.zarr")
+    _run_units(ce_fasta, tiny_dna, ref)
+    assert_same_bytes(store_arrays(ref), store_arrays(out))
+
+
+@pytest.mark.slow
+def test_overwrite_replaces_another_jobs_store(store_place, mixed_fasta, tiny_dna):
+    from linpipe.store import OutputStore
+
+    out = store_place("mt.zarr")
+    _run_units(mixed_fasta, tiny_dna, out)
+    res = CliRunner().invoke(cli, ["submit", str(mixed_fasta), "--model", str(tiny_dna), "--chunk-size",
+                                   str(CHUNK), "--outputs", "logprob", "--workers", "1", "--out", out,
+                                   "--overwrite"])
+    assert res.exit_code == 0, res.output
+    store = OutputStore.open(out, mode="r")
+    assert store.meta["outputs"] == ["logprob"] and store.is_complete()
+    assert store.meta["job_id"] == _plan(mixed_fasta, tiny_dna, "logprob").job_id
