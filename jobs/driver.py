@@ -123,7 +123,7 @@ def open_or_create_store(plan: JobPlan, out: str, *, overwrite: bool = False):
                               chunk_size=plan.chunk_size, feature_dim=plan.d_model,
                               channels=list(plan.channels) if plan.channels else None, overwrite=overwrite,
                               packed=plan.packed, modality=plan.modality,
-                              packed_time_dtype=plan.packed_time_dtype)
+                              packed_time_dtype=plan.packed_time_dtype, packed_inputs=list(plan.inputs))
 
 
 def never_received_a_unit(store) -> bool:

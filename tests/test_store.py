@@ -205,14 +205,14 @@ def test_round_trip_every_array_and_attribute(dna_store):
     assert meta["chunk_size"] == CHUNK and meta["outputs"] == ["logprob", "entropy", "softmask", "hidden"]
     # the long record has its own group; the two short ones (at most one unit) are packed
     assert {info["id"] for info in meta["records"].values()} == {"chr1"}
-    assert meta["packed"] == {"records": 2, "batches": 1,
+    assert meta["packed"] == {"records": 2, "batches": 1, "inputs": ["genome.fa"],
                               "positions": sum(len(full[r]["logprob"]) for r in full if r != "chr1")}
     assert set(store.records) == set(full) and len(store.records) == 3
     root = zarr.open_group(path, mode="r")
     for rid, arrays in full.items():
         info = store.record(rid)
-        assert (info["length"], info["modality"], info["description"]) == \
-            (len(arrays["logprob"]), "dna", f"{rid} test")
+        assert (info["length"], info["modality"], info["description"], info["input"]) == \
+            (len(arrays["logprob"]), "dna", f"{rid} test", "genome.fa")
         assert info["packed"] == (rid != "chr1")
         for name, want in arrays.items():
             got = store.array(rid, name)[:]
@@ -224,7 +224,7 @@ def test_round_trip_every_array_and_attribute(dna_store):
             assert store.boundary_state(rid, 0) is None  # a whole record needs no resume point
             continue
         key = info["key"]
-        assert info["input"] == "genome.fa" and root[key].attrs["linpipe_record"]["id"] == rid
+        assert root[key].attrs["linpipe_record"]["id"] == rid
         for name in arrays:
             arr = root[f"{key}/{name}"]
             assert arr.chunks[0] == CHUNK

@@ -40,6 +40,7 @@ PACKED = "_packed"  # root group of the short records
 TABLE_CHUNK = 65_536  # rows per Zarr chunk of the record table and the id index
 # record table columns (one row per short record, rows of one batch contiguous, in batch order)
 ROW_ID, ROW_DESCRIPTION, ROW_LENGTH, ROW_OFFSET = "record_id", "description", "length", "offset"
+ROW_SOURCE = "source"  # which input holds the record: an index into the root's packed.inputs
 BATCH_ROW = "batch_row"  # (n_batches + 1,): batch b holds rows batch_row[b]:batch_row[b+1]
 LOOKUP_HASH, LOOKUP_ROW = "lookup_hash", "lookup_row"  # sorted 64-bit id hashes -> table row
 
@@ -155,6 +156,8 @@ def table_arrays(n_rows: int, n_batches: int) -> list[ArraySpec]:
         ArraySpec(ROW_LENGTH, "int64", (DIM_RECORD,), (rows,), chunk, 0, "zstd-3"),
         ArraySpec(ROW_OFFSET, "int64", (DIM_RECORD,), (rows,), chunk, 0, "zstd-3",
                   {"long_name": "start of the record on the packed axis"}),
+        ArraySpec(ROW_SOURCE, "int32", (DIM_RECORD,), (rows,), chunk, 0, "zstd-3",
+                  {"long_name": "index of the record's input in the root attributes' packed.inputs"}),
         ArraySpec(BATCH_ROW, "int64", (DIM_BATCH_EDGE,), (n_batches + 1,), None, 0, "zstd-3"),
         ArraySpec(LOOKUP_HASH, "uint64", (DIM_LOOKUP,), (rows,), chunk, 0, "zstd-3"),
         ArraySpec(LOOKUP_ROW, "int64", (DIM_LOOKUP,), (rows,), chunk, 0, "zstd-3"),

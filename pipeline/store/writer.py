@@ -55,6 +55,7 @@ from linpipe.store.layout import (
     ROW_ID,
     ROW_LENGTH,
     ROW_OFFSET,
+    ROW_SOURCE,
     TABLE_CHUNK,
     TIME,
     channel_array,
@@ -357,6 +358,7 @@ class _Packed:
         self.n_batches = int(info["batches"])
         self.positions = int(info["positions"])
         self.time_dtype = info.get("time_dtype")
+        self.inputs = list(info.get("inputs") or [])
         self.chunk_size = chunk_size
         self._arrays: dict[str, object] = {}
         self._batch_row = None
@@ -395,9 +397,11 @@ class _Packed:
     def info(self, row: int) -> dict:
         length = int(self.array(ROW_LENGTH)[row])
         batch = int(np.searchsorted(self.batch_row, row, side="right")) - 1
+        source = int(self.array(ROW_SOURCE)[row])
         return {"id": str(self.array(ROW_ID)[row]), "description": str(self.array(ROW_DESCRIPTION)[row]),
                 "length": length, "n_chunks": 1 if length else 0, "packed": True, "row": row,
                 "offset": int(self.array(ROW_OFFSET)[row]),
+                "input": self.inputs[source] if source < len(self.inputs) else None,
                 "batch": batch if batch < self.n_batches else None}
 
     def batch_ids(self, batch: int) -> list[str]:
@@ -462,7 +466,7 @@ class RecordMap(collections.abc.Mapping):
             return
         br = p.batch_row
         modality = self._store.modality
-        for lo, cols in p.columns():
+        for lo, cols in p.columns((ROW_ID, ROW_DESCRIPTION, ROW_LENGTH, ROW_OFFSET, ROW_SOURCE)):
             batches = np.searchsorted(br, np.arange(lo, lo + len(cols[ROW_ID])), side="right") - 1
             for j, rid in enumerate(cols[ROW_ID]):
                 length = int(cols[ROW_LENGTH][j])
@@ -470,6 +474,8 @@ class RecordMap(collections.abc.Mapping):
                 yield str(rid), {"id": str(rid), "description": str(cols[ROW_DESCRIPTION][j]),
                                  "length": length, "modality": modality, "n_chunks": 1 if length else 0,
                                  "packed": True, "row": lo + j, "offset": int(cols[ROW_OFFSET][j]),
+                                 "input": (p.inputs[int(cols[ROW_SOURCE][j])]
+                                           if int(cols[ROW_SOURCE][j]) < len(p.inputs) else None),
                                  "batch": b if b < p.n_batches else None}
 
     def values(self):
@@ -498,7 +504,8 @@ class OutputStore:
     def create(cls, path, *, meta: dict, records: list[dict], outputs=None, chunk_size: int,
                feature_dim: int | None = None, channels=None, overwrite: bool = False,
                hidden_dtype: str = "float16", packed: PackedRecords | None = None,
-               modality: str | None = None, packed_time_dtype: str | None = None) -> "OutputStore":
+               modality: str | None = None, packed_time_dtype: str | None = None,
+               packed_inputs=None) -> "OutputStore":
         """Lay out a new store: root metadata, one group per long record, the packed group with
         the short records' table, every output array empty.
 
@@ -550,9 +557,11 @@ class OutputStore:
                 raise StoreError(f"{where}: short records have different time types "
                                  f"({sorted(map(str, dtypes))})")
             packed_time_dtype = dtypes.pop() if dtypes else None
+            packed_inputs = sorted({str(i["input"]) for i in short if i.get("input")})
+            where_from = {p: n for n, p in enumerate(packed_inputs)}
+            sources = [where_from.get(str(i.get("input")), len(packed_inputs)) for i in short]
             packed = PackedRecords.build([i["id"] for i in short], [i["description"] for i in short],
-                                         [i["length"] for i in short], np.zeros(len(short)),
-                                         chunk_size=chunk_size)
+                                         [i["length"] for i in short], sources, chunk_size=chunk_size)
         else:
             for i in rec_infos:
                 if i["length"] <= chunk_size:
@@ -564,7 +573,7 @@ class OutputStore:
         keys = make_keys([i["id"] for i in rec_infos])
         rec_meta = {keys[i["id"]]: i for i in rec_infos}
         packed_meta = {"records": packed.n_records, "batches": packed.n_batches,
-                       "positions": packed.positions}
+                       "positions": packed.positions, "inputs": [str(p) for p in packed_inputs or []]}
         if packed_time_dtype:
             packed_meta["time_dtype"] = str(np.dtype(packed_time_dtype))
 
@@ -1089,7 +1098,7 @@ def _write_table(created: dict, packed: PackedRecords, hashes: np.ndarray, order
     group[BATCH_ROW][:] = packed.batch_row
     if packed.n_records == 0:
         return
-    columns = {ROW_ID: packed.ids, ROW_DESCRIPTION: packed.descriptions,
+    columns = {ROW_ID: packed.ids, ROW_DESCRIPTION: packed.descriptions, ROW_SOURCE: packed.sources,
                ROW_LENGTH: packed.lengths, ROW_OFFSET: packed.offsets(),
                LOOKUP_HASH: hashes[order], LOOKUP_ROW: order.astype(np.int64)}
 
