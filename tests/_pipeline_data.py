@@ -124,3 +124,39 @@ def write_contigs(genomes: Path, dest: Path, n: int, seed: int, long: int = 3) -
             for i in range(0, len(seq), 70):
                 f.write(seq[i:i + 70] + "\n")
     return {rid: lengths[rid] for rid in order}
+
+
+def write_in_process(fasta, model, out, *, chunk_size: int, outputs=("logprob", "entropy", "softmask")):
+    """A job run in this process by the actor class itself (no Ray): the same code, plan and
+    thread count as a worker, so the bytes of an uninterrupted run. Returns the plan."""
+    from linpipe.jobs.actor import PipelineWorker
+    from linpipe.jobs.driver import open_or_create_store
+    from linpipe.jobs.plan import plan_job
+    from linpipe.jobs.request import JobRequest
+
+    plan = plan_job(JobRequest(inputs=(str(fasta),), model=str(model), chunk_size=chunk_size,
+                               outputs=tuple(outputs)))
+    store = open_or_create_store(plan, str(out))
+    w = PipelineWorker(plan.model_ref, str(out), list(plan.outputs), device="cpu", threads=1)
+    for r in plan.streams:
+        for c in r.chunks():
+            w.run_chunk(c, last=c.index == r.n_chunks - 1)
+    for b in range(plan.packed.n_batches):
+        w.run_batch(b, plan.batch_chunks(b))
+    assert store.finalize()
+    return plan
+
+
+def kill_session(sid: int) -> None:
+    """SIGKILL what is left of the process session a killed subprocess led (its embedded Ray):
+    only processes of that session, nothing else on the machine."""
+    import os
+    import signal
+
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                if os.getsid(int(d)) == sid:
+                    os.kill(int(d), signal.SIGKILL)
+            except OSError:
+                pass

@@ -17,7 +17,14 @@ import time
 
 import numpy as np
 import pytest
-from _pipeline_data import assert_same_bytes, make_tiny_model, record_outputs, store_arrays, write_fasta_slice
+from _pipeline_data import (
+    assert_same_bytes,
+    kill_session,
+    make_tiny_model,
+    record_outputs,
+    store_arrays,
+    write_fasta_slice,
+)
 from _s3 import ACCESS_KEY, SECRET_KEY, all_objects
 from click.testing import CliRunner
 
@@ -437,18 +444,6 @@ def _units_done(out) -> int:
         return 0
 
 
-def _session_pids(sid: int) -> list[int]:
-    pids = []
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                if os.getsid(int(d)) == sid:
-                    pids.append(int(d))
-            except OSError:
-                pass
-    return pids
-
-
 @pytest.fixture(scope="module")
 def ce_fasta(genomes, tmp_path_factory):
     """7 real C. elegans records cut at 60 kb (one of 60 kb, six of 5 kb): 51 units of 2,048,
@@ -488,11 +483,7 @@ def test_twin_refused_then_sigkilled_driver_resumes_bit_identical(store_place, c
                              text=True, timeout=300)
         assert res.returncode == 0, res.stderr
     finally:
-        for pid in _session_pids(proc.pid):  # only what our own killed subprocess started
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+        kill_session(proc.pid)  # only what our own killed subprocess started
     assert "Done: job lp-" in res.stdout
     ref = str(tmp_path / "reference.zarr")
     _run_units(ce_fasta, tiny_dna, ref)

@@ -17,6 +17,7 @@ import pytest
 from _pipeline_data import CONTIG_CHUNK as CHUNK
 from _pipeline_data import (
     assert_same_bytes,
+    kill_session,
     make_tiny_model,
     record_outputs,
     store_arrays,
@@ -213,13 +214,7 @@ def test_sigkilled_driver_on_a_packed_store_resumes_bit_identical(genomes, tiny,
                              text=True, timeout=300)
         assert res.returncode == 0, res.stderr
     finally:
-        for d in os.listdir("/proc"):  # only what our own killed subprocess started
-            if d.isdigit():
-                try:
-                    if os.getsid(int(d)) == proc.pid:
-                        os.kill(int(d), signal.SIGKILL)
-                except OSError:
-                    pass
+        kill_session(proc.pid)  # only what our own killed subprocess started
     res = subprocess.run(_submit(fasta, tiny, clean, "--workers", "1"), env=env, capture_output=True,
                          text=True, timeout=300)
     assert res.returncode == 0, res.stderr

@@ -13,7 +13,14 @@ import time
 
 import numpy as np
 import pytest
-from _pipeline_data import assert_same_bytes, make_tiny_model, store_arrays, write_fasta_slice
+from _pipeline_data import (
+    assert_same_bytes,
+    kill_session,
+    make_tiny_model,
+    store_arrays,
+    write_fasta_slice,
+    write_in_process,
+)
 from click.testing import CliRunner
 
 from linpipe.cli import cli
@@ -117,37 +124,9 @@ def _chunks_done(out) -> int:
 
 
 def _reference_store(fasta, model, out):
-    """The uninterrupted job, run in this process by the actor class itself (no Ray): the same
-    code, plan and thread count as a worker, so the same bytes."""
-    from linpipe.jobs.actor import PipelineWorker
-    from linpipe.jobs.driver import open_or_create_store
-    from linpipe.jobs.plan import plan_job
-    from linpipe.jobs.request import JobRequest
-
-    plan = plan_job(JobRequest(inputs=(str(fasta),), model=str(model), chunk_size=KILL_CHUNK,
-                               outputs=tuple(DNA_OUTPUTS.split(","))))
-    store = open_or_create_store(plan, str(out))
-    w = PipelineWorker(plan.model_ref, str(out), list(plan.outputs), device="cpu", threads=1)
-    for r in plan.streams:
-        for c in r.chunks():
-            w.run_chunk(c, last=c.index == r.n_chunks - 1)
-    for b in range(plan.packed.n_batches):
-        w.run_batch(b, plan.batch_chunks(b))
-    assert store.finalize()
+    """The uninterrupted job, run in this process (the bytes a worker writes)."""
+    write_in_process(fasta, model, out, chunk_size=KILL_CHUNK, outputs=DNA_OUTPUTS.split(","))
     return store_arrays(out)
-
-
-def _session_pids(sid: int) -> list[int]:
-    """Processes still alive in the session the killed driver led (its embedded Ray's)."""
-    pids = []
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                if os.getsid(int(d)) == sid:
-                    pids.append(int(d))
-            except OSError:
-                pass
-    return pids
 
 
 def test_sigkilled_driver_resumes_to_the_bytes_of_an_uninterrupted_run(ce_slice, tiny_dna, tmp_path):
@@ -170,11 +149,7 @@ def test_sigkilled_driver_resumes_to_the_bytes_of_an_uninterrupted_run(ce_slice,
                              text=True, timeout=180)
         assert res.returncode == 0, res.stderr
     finally:
-        for pid in _session_pids(proc.pid):  # only what our own killed subprocess started
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+        kill_session(proc.pid)  # only what our own killed subprocess started
     assert "Done: job lp-" in res.stdout and f"{90_000:,} positions" in res.stdout
     ran = res.stdout.split("positions (", 1)[1].split(" run)", 1)[0]
     assert ran != "90.00k"  # the chunks of the killed run were kept, not redone

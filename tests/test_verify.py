@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from _pipeline_data import CONTIG_CHUNK, make_tiny_model, write_contigs
+from _pipeline_data import CONTIG_CHUNK, make_tiny_model, write_contigs, write_in_process
 from click.testing import CliRunner
 
 from linpipe.cli import cli
@@ -25,26 +25,11 @@ def _tree(root: Path) -> dict[str, bytes]:
 
 @pytest.fixture(scope="module")
 def written(genomes, tmp_path_factory):
-    from linpipe.jobs.actor import PipelineWorker
-    from linpipe.jobs.driver import open_or_create_store
-    from linpipe.jobs.plan import plan_job
-    from linpipe.jobs.request import JobRequest
-
     base = tmp_path_factory.mktemp("verify")
     fasta = base / "contigs.fa"
     write_contigs(genomes, fasta, 120, seed=19, long=2)
-    model = make_tiny_model(base / "tiny")
     out = base / "good.zarr"
-    plan = plan_job(JobRequest(inputs=(str(fasta),), model=model, chunk_size=CONTIG_CHUNK,
-                               outputs=("logprob", "entropy", "softmask")))
-    store = open_or_create_store(plan, str(out))
-    w = PipelineWorker(plan.model_ref, str(out), list(plan.outputs), device="cpu", threads=1)
-    for r in plan.streams:
-        for c in r.chunks():
-            w.run_chunk(c, last=c.index == r.n_chunks - 1)
-    for b in range(plan.packed.n_batches):
-        w.run_batch(b, plan.batch_chunks(b))
-    assert store.finalize()
+    plan = write_in_process(fasta, make_tiny_model(base / "tiny"), out, chunk_size=CONTIG_CHUNK)
     return out, plan
 
 
