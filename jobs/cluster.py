@@ -141,8 +141,19 @@ def start_ray(address: str | None, workers: int | None) -> bool:
         # anyway, on loopback only. Ray 2.59+ puts it behind a token of its own (made in
         # ~/.ray/auth_token if there is none), which this process holds.
         tmp = tempfile.mkdtemp(prefix="lpray-")
-        ray.init(num_cpus=workers or os.cpu_count() or 1, _temp_dir=tmp, include_dashboard=False,
-                 dashboard_host="127.0.0.1", **common)
+        # Ray 2.60 announces on stderr that it turned token auth on for this private cluster;
+        # that is Ray's default, not news for a linpipe user (and it broke `--quiet`). Only
+        # that one logger is quietened, only while this process starts its own Ray.
+        import logging
+
+        announcer = logging.getLogger("ray._private.authentication.authentication_token_setup")
+        level = announcer.level
+        announcer.setLevel(logging.ERROR)
+        try:
+            ray.init(num_cpus=workers or os.cpu_count() or 1, _temp_dir=tmp, include_dashboard=False,
+                     dashboard_host="127.0.0.1", **common)
+        finally:
+            announcer.setLevel(level)
     return True
 
 

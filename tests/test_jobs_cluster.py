@@ -10,6 +10,7 @@ import sys
 import time
 
 import pytest
+from _pipeline_data import record_outputs
 from click.testing import CliRunner
 from ray_local_cluster import LocalCluster
 
@@ -114,12 +115,8 @@ def cli_env():
 
 
 def store_bytes(path) -> dict:
-    import zarr
-
-    root = zarr.open_group(str(path), mode="r")
-    meta = root.attrs["linpipe"]
-    return {f"{k}/{o}": root[f"{k}/{o}"][...].tobytes()
-            for k in meta["records"] for o in meta["outputs"]}
+    """Every output of every record (long or packed), as bytes, keyed 'record id/output'."""
+    return {k: v.tobytes() for k, v in record_outputs(path).items()}
 
 
 def submitted_id(output: str) -> str:

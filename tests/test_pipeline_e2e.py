@@ -172,7 +172,8 @@ def test_spec_resources_size_the_actors(ce_slice, tiny_dna, tmp_path):
     res = CliRunner().invoke(cli, ["submit", "--spec", str(spec), "--overwrite",
                                    "--actor-resources", "num_cpus=1,tpu_pod=1"])
     assert res.exit_code == 1 and "Traceback" not in res.output
-    assert res.output.startswith("Error: each actor asks for") and "tpu_pod" in res.output
+    errors = [line for line in res.output.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and errors[0].startswith("Error: each actor asks for") and "tpu_pod" in errors[0]
 
 
 # ----------------------------------------------------------------------------- full disk
