@@ -281,8 +281,8 @@ def inspect(store, as_json):
     p = s.get("packed")
     if p and p["records"]:
         done = "done" if p["batches_done"] == p["batches"] else f"{p['batches_done']}/{p['batches']} batches"
-        click.echo(f"  packed       {p['records']:,} short records in {p['batches']:,} batches, "
-                   f"{p['positions']:,} positions: {done}")
+        click.echo(f"  packed       {_plural(p['records'], 'short record')} in "
+                   f"{_plural(p['batches'], 'batch', 'batches')}, {p['positions']:,} positions: {done}")
         for r in p["first"][:max(0, 20 - len(shown))]:
             click.echo(f"    {r['id']:<{width}} {r['length']:>14,}  packed")
         if p["records"] > len(p["first"][:max(0, 20 - len(shown))]):
@@ -319,9 +319,9 @@ def verify(store, repair, as_json):
     else:
         for p in report.problems:
             click.echo(p.describe())
-        state = "ok" if report.ok else f"{len(report.problems)} unit(s) corrupt or missing"
+        state = "ok" if report.ok else f"{_plural(len(report.problems), 'unit')} corrupt or missing"
         fixed = f", {repaired} repaired" if repaired else ""
-        click.echo(f"{report.path}: {report.units:,} units checked{fixed}: {state}")
+        click.echo(f"{report.path}: {_plural(report.units, 'unit')} checked{fixed}: {state}")
     if not report.ok:
         raise SystemExit(1)
 
@@ -517,8 +517,8 @@ def _follow_until_done(client, submission_id: str) -> int:
     return sub.exit_code(status)
 
 
-def _plural(n: int, word: str) -> str:
-    return f"{n:,} {word}{'' if n == 1 else 's'}"
+def _plural(n: int, word: str, many: str | None = None) -> str:
+    return f"{n:,} {word if n == 1 else (many or word + 's')}"
 
 
 def _job_events(quiet: bool = False):
