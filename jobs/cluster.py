@@ -100,7 +100,8 @@ def _is_ray_dashboard(host: str, port: int, timeout: float) -> bool:
     try:
         conn = http.client.HTTPConnection(host, port, timeout=timeout)
         try:
-            conn.request("GET", "/api/version")
+            # a User-Agent: Ray 2.40's dashboard answers 500 to a request without one
+            conn.request("GET", "/api/version", headers={"User-Agent": "linpipe"})
             resp = conn.getresponse()
             body = resp.read(4096) if resp.status == 200 else b""
         finally:
