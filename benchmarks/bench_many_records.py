@@ -4,6 +4,7 @@
                                                                    record of a tenth of their size
     python benchmarks/bench_many_records.py million [--model tiny]   # 1,000,000 records (~340 Mb)
     python benchmarks/bench_many_records.py overhead [--model tiny] [--plot F] [--counts 1000,...]
+    python benchmarks/bench_many_records.py create               # OutputStore.create, 1M records
 
 Each job runs `run_job` with --workers 2 in a fresh Python process (so the driver's peak memory is
 its own), with the shipped default model, or `--model tiny` (D=16, one layer: the model's cost
@@ -146,6 +147,24 @@ def million() -> None:
     show("1M short records", run(fasta, OUT / "million.zarr"))
 
 
+def create(n: int = 1_000_000) -> None:
+    """Laying out a store for n short records (the plan's table given), in this process."""
+    from linpipe.store import OutputStore
+    from linpipe.store.table import PackedRecords
+
+    rng = np.random.default_rng(1)
+    lengths = rng.integers(80, 601, size=n)
+    ids = [f"contig_{i}" for i in range(n)]
+    t0 = time.perf_counter()
+    packed = PackedRecords.build(ids, [""] * n, lengths, np.zeros(n), chunk_size=262_144)
+    t1 = time.perf_counter()
+    OutputStore.create(OUT / "create.zarr", meta={}, records=[], packed=packed, modality="dna",
+                       chunk_size=262_144, overwrite=True)
+    t2 = time.perf_counter()
+    files = sum(len(f) for _, _, f in os.walk(OUT / "create.zarr"))
+    print(f"{n:,} records: batching {t1 - t0:.1f} s, OutputStore.create {t2 - t1:.1f} s, {files} files")
+
+
 def overhead(counts: list[int], plot: str | None) -> None:
     """Per-record overhead: the wall time of a job of N short records that is neither Ray's
     start-up, nor the fixed cost of any job (imports, a store's metadata: measured on two long
@@ -190,7 +209,7 @@ def overhead(counts: list[int], plot: str | None) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["compare", "million", "overhead"])
+    ap.add_argument("what", choices=["compare", "million", "overhead", "create"])
     ap.add_argument("--counts", default="1000,10000,100000")
     ap.add_argument("--plot", default=None)
     ap.add_argument("--model", default="default", help="a model directory or name, or 'tiny'")
@@ -203,6 +222,8 @@ def main() -> None:
         compare()
     elif a.what == "million":
         million()
+    elif a.what == "create":
+        create()
     else:
         overhead([int(x) for x in a.counts.split(",")], a.plot)
     print(f"({time.time() - t:.0f} s)")

@@ -170,7 +170,8 @@ def channel_array(channels: list[str]) -> ArraySpec:
 
 
 def done_array(n_chunks: int) -> ArraySpec:
-    """`_linpipe/<key>/done`: one uncompressed Zarr chunk per work unit, so each has one writer."""
+    """`_linpipe/<key>/done`, `_linpipe/_packed/done`: one uncompressed Zarr chunk per work unit
+    (a long record's chunk, or a batch), so each has one writer."""
     return ArraySpec("done", "uint8", (DIM_CHUNK,), (n_chunks,), (1,), 0, "none")
 
 
@@ -189,11 +190,6 @@ def checksum_array(n_units: int, n_arrays: int) -> ArraySpec:
 
 
 CHECKSUM_SET = 1 << 32  # marks a recorded checksum (a crc32 may itself be 0)
-
-
-def packed_done_array(n_batches: int) -> ArraySpec:
-    """`_linpipe/_packed/done`: one marker per batch, one Zarr chunk each (one writer each)."""
-    return done_array(n_batches)
 
 
 def record_path(key: str, name: str | None = None) -> str:

@@ -77,10 +77,6 @@ class PackedRecords:
         return cls(ids[order], descriptions[order], ls, np.asarray(sources, dtype=np.int32)[order],
                    np.asarray(edges, dtype=np.int64), int(chunk_size))
 
-    @classmethod
-    def empty(cls, chunk_size: int) -> "PackedRecords":
-        return cls.build([], [], [], [], chunk_size=chunk_size)
-
     @property
     def n_records(self) -> int:
         return int(self.lengths.size)

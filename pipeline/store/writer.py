@@ -62,7 +62,6 @@ from linpipe.store.layout import (
     checksum_array,
     done_array,
     packed_arrays,
-    packed_done_array,
     progress_path,
     record_arrays,
     record_path,
@@ -340,7 +339,7 @@ class _Templates:
                 spec = dataclasses.replace(spec, attributes={**spec.attributes, "fences": fences})
             nodes[f"{PACKED}/{spec.name}"] = self._array(spec)
         nodes[progress_path(PACKED)] = dataclasses.replace(self.group, attributes={"about": "batch markers"})
-        nodes[progress_path(PACKED, "done")] = self._array(packed_done_array(packed.n_batches))
+        nodes[progress_path(PACKED, "done")] = self._array(done_array(packed.n_batches))
         n_arrays = len(self.outputs) + (1 if time_dtype else 0)
         nodes[progress_path(PACKED, "sum")] = self.sums(packed.n_batches, n_arrays)
         return nodes
