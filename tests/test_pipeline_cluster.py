@@ -12,8 +12,6 @@ from _pipeline_data import assert_same_bytes, make_tiny_model, store_arrays, wri
 from linpipe.jobs.driver import JobEvents, run_job
 from linpipe.jobs.request import JobRequest
 
-pytestmark = pytest.mark.slow
-
 pytestmark = pytest.mark.slow  # a multi-process Ray run
 CHUNK = 8_192
 OUTPUTS = ["logprob", "entropy", "softmask"]
@@ -34,7 +32,9 @@ def genome(genomes, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def cluster(tiny):
+def cluster(tiny, s3_server):
+    """Started after the S3 server, so every node's workers inherit its endpoint and keys from
+    the environment, as workers on a real cluster get them from theirs."""
     import ray
     from ray.cluster_utils import Cluster
 
@@ -84,8 +84,10 @@ def test_job_spreads_across_both_worker_nodes(reference):
     assert s.positions_run == s.positions == 80_000 and s.worker_deaths == 0
 
 
-def test_worker_killed_mid_record_resumes_to_the_same_bytes(genome, cluster, reference, tmp_path):
-    out = tmp_path / "killed.zarr"
+def test_worker_killed_mid_record_resumes_to_the_same_bytes(genome, cluster, reference, store_place):
+    """On a local path and on the S3 server: the worker that just finished a chunk of the long
+    record is SIGKILLed while it runs its next unit (one is queued on each worker)."""
+    out = store_place("killed.zarr")
     killed = []
 
     def kill_worker(result, n):
