@@ -85,15 +85,40 @@ def wrong_token_message(url: str, token: Token | None) -> str:
             f"token): use the cluster's token, in {WHERE}")
 
 
+def gcs_requires_token(address: str, timeout: float = 5.0) -> bool | None:
+    """Whether the GCS at HOST:PORT refuses calls without a token: True, False, or None when
+    its answer says neither (an older Ray without the probed call, a timeout). One unary gRPC
+    call with an empty message to the GCS's liveness service: a token-authenticated GCS
+    answers UNAUTHENTICATED before it looks at the call, an open one answers it."""
+    try:
+        import grpc  # Ray's own dependency
+    except ImportError:
+        return None
+    target = address.split("://", 1)[-1].rstrip("/")
+    with grpc.insecure_channel(target) as channel:
+        call = channel.unary_unary("/ray.rpc.NodeInfoGcsService/CheckAlive")
+        try:
+            call(b"", timeout=timeout)
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.UNAUTHENTICATED:
+                return True
+            return None
+    return False
+
+
 def enable_token_mode_for_join(address: str | None) -> Token | None:
-    """Before `import ray` joins a cluster at an explicit HOST:PORT: when a token is found and
-    RAY_AUTH_MODE is unset, turn token mode on for this process, as Ray does itself only for
-    address "auto". A token sent to a cluster without authentication is ignored there, so
-    this is safe either way. Ray reads the mode once, when it is imported: a process that
-    imported ray before this sees no effect (the join error then says to set it)."""
+    """Before `import ray` joins a cluster at an explicit HOST:PORT: when a token is found,
+    RAY_AUTH_MODE is unset and the cluster asks for a token (or cannot tell), turn token mode
+    on for this process, as Ray does itself only for address "auto". A cluster that answers
+    without a token is joined without token mode: Ray 2.59+ writes ~/.ray/auth_token for any
+    local ray.init(), so a token at hand says nothing about the cluster, and a driver in token
+    mode on an open cluster (Ray 2.60, measured) has every actor it creates cancelled. Ray
+    reads the mode once, when it is imported: a process that imported ray before this sees no
+    effect (the join error then says to set it)."""
     if not address or address in ("auto", "local") or os.environ.get(MODE_ENV):
         return None
     token = find_token()
-    if token is not None:
-        os.environ[MODE_ENV] = "token"
+    if token is None or gcs_requires_token(address) is False:
+        return None
+    os.environ[MODE_ENV] = "token"
     return token

@@ -82,17 +82,23 @@ def test_no_token_in_a_runtime_env(clean_env, tmp_path):
 
 
 def test_joining_by_host_port_turns_token_mode_on_only_with_a_token(clean_env, monkeypatch):
-    assert auth.enable_token_mode_for_join("10.0.0.1:6379") is None  # no token: untouched
+    # A closed loopback port: the cluster cannot say whether it wants a token, so a token at
+    # hand turns token mode on (an open cluster is tested in test_jobs_cluster.py).
+    from ray_local_cluster import free_ports
+
+    closed = f"127.0.0.1:{free_ports(1)[0]}"
+    assert auth.gcs_requires_token(closed, timeout=2) is None
+    assert auth.enable_token_mode_for_join(closed) is None  # no token: untouched
     assert auth.MODE_ENV not in os.environ
     monkeypatch.setenv(auth.TOKEN_ENV, TOKEN)
     for address in (None, "auto", "local"):  # Ray's own rules apply there
         assert auth.enable_token_mode_for_join(address) is None
         assert auth.MODE_ENV not in os.environ
     monkeypatch.setenv(auth.MODE_ENV, "disabled")  # an explicit choice wins
-    assert auth.enable_token_mode_for_join("10.0.0.1:6379") is None
+    assert auth.enable_token_mode_for_join(closed) is None
     assert os.environ[auth.MODE_ENV] == "disabled"
     monkeypatch.delenv(auth.MODE_ENV)
-    assert auth.enable_token_mode_for_join("10.0.0.1:6379").source == "$RAY_AUTH_TOKEN"
+    assert auth.enable_token_mode_for_join(closed).source == "$RAY_AUTH_TOKEN"
     assert os.environ[auth.MODE_ENV] == "token"
 
 
@@ -255,7 +261,8 @@ def test_no_token_or_a_wrong_one_is_one_clear_line(cluster, enforced, case, geno
 
 
 @pytest.mark.slow
-def test_driver_joins_a_token_cluster_by_host_port(cluster, genomes, tmp_path):
+def test_driver_joins_a_token_cluster_by_host_port(cluster, enforced, genomes, tmp_path):
+    assert auth.gcs_requires_token(cluster.gcs_address) is enforced  # Ray 2.40: no authentication
     # A user on the head: the token in ~/.ray/auth_token, RAY_AUTH_MODE not set in the shell.
     (tmp_path / ".ray").mkdir()
     (tmp_path / ".ray" / "auth_token").write_text(TOKEN)

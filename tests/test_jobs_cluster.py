@@ -6,6 +6,7 @@ genomes: detached, no twin, cancel, resume, nothing to do, and a scheduled spec 
 """
 import os
 import shutil
+import subprocess
 import sys
 import time
 
@@ -103,6 +104,27 @@ def test_plain_address_of_the_dashboard_port_is_named_and_the_gcs_port_passes(cl
     assert not out.exists()
     r = run("submit", mt, "--out", out, "--address", cluster.gcs_address, "--dry-run")
     assert r.exit_code == 0 and f"Ray cluster {cluster.gcs_address} answers" in r.output, r.output
+
+
+def test_an_open_cluster_is_joined_by_host_port_with_a_token_at_hand(cluster, genomes, tmp_path):
+    """Ray 2.59+ writes ~/.ray/auth_token for any local ray.init(). Joining a cluster without
+    authentication must not turn token mode on: on Ray 2.60 every actor the driver created was
+    cancelled ("workers died 4 times"), found by the chaos run of issue 19."""
+    from linpipe.jobs.auth import gcs_requires_token
+
+    assert gcs_requires_token(cluster.gcs_address) is False
+    home = tmp_path / "home"
+    (home / ".ray").mkdir(parents=True)
+    (home / ".ray" / "auth_token").write_text("0123456789abcdef" * 4)
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("RAY_AUTH") and k not in ("RAY_ADDRESS", "LINPIPE_ADDRESS")}
+    env["HOME"] = str(home)
+    out = tmp_path / "mt.zarr"
+    r = subprocess.run([os.path.join(VENV_BIN, "linpipe"), "submit", str(genomes / "minimap2_MT-human.fa"),
+                        "--out", str(out), "--workers", "1", "--address", cluster.gcs_address],
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "died" not in r.stderr, r.stderr
+    assert sub.store_progress(str(out))["complete"]
 
 
 # ---------------------------------------------------------------- linpipe submit on the cluster
