@@ -64,9 +64,12 @@ def read_fasta(path: Path) -> list[tuple[str, str]]:
 
 
 def write_input(dest: Path, long_bp: int, n_short: int) -> dict:
-    """The 7 C. elegans records cut to long_bp (streamed, many units each) and the first n_short
-    S. epidermidis contigs cut to 500-3,000 bp (packed): real sequence, a mixed job."""
-    recs = [(n, s[:long_bp]) for n, s in read_fasta(DATA / "htslib_ce.fa")]
+    """A mixed job of real sequence: A. thaliana Chr1-5 cut to long_bp (streamed, several units
+    each), its ChrM and ChrC, the six 5 kb C. elegans records, and the first n_short
+    S. epidermidis contigs cut to 500-3,000 bp (short records: packed)."""
+    tair = read_fasta(DATA / "korflab_Athaliana_TAIR_1pct.fa")
+    recs = [(n, s[:long_bp]) for n, s in tair[:5]] + tair[5:]
+    recs += [(n, s) for n, s in read_fasta(DATA / "htslib_ce.fa") if len(s) < long_bp]
     rng = random.Random(19)
     for n, s in read_fasta(DATA / "abricate_Sepidermidis_ST14_assembly.fa")[:n_short]:
         recs.append((n, s[:rng.randint(500, 3000)]))
@@ -169,13 +172,18 @@ class Cluster:
 
 
 def worker_pids() -> list[int]:
+    """PipelineWorker actor processes of this script's own cluster (its raylets are our children):
+    never another cluster's on a shared machine."""
     import psutil
 
     pids = []
-    for p in psutil.process_iter(["pid", "cmdline"]):
-        cmd = p.info["cmdline"] or []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            cmd = p.cmdline()
+        except psutil.Error:
+            continue
         if cmd and cmd[0].startswith("ray::PipelineWorker"):
-            pids.append(p.info["pid"])
+            pids.append(p.pid)
     return pids
 
 
@@ -294,7 +302,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--model", default="default")
     ap.add_argument("--chunk-size", type=int, default=16_384)
-    ap.add_argument("--long-bp", type=int, default=100_000, help="C. elegans records cut to this length")
+    ap.add_argument("--long-bp", type=int, default=48_000, help="A. thaliana chromosomes cut to this length")
     ap.add_argument("--short", type=int, default=30, help="S. epidermidis contigs (packed records)")
     ap.add_argument("--json", help="write the report here too")
     args = ap.parse_args()
