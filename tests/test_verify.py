@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import json
 import shutil
+import warnings
 from pathlib import Path
 
 import pytest
 from _pipeline_data import CONTIG_CHUNK, make_tiny_model, write_contigs, write_in_process
 from click.testing import CliRunner
 
+import linpipe
 from linpipe.cli import cli
 from linpipe.store import OutputStore
+from linpipe.store.reader import CorruptUnitWarning
 from linpipe.store.verify import verify_store
 
 
@@ -79,6 +82,19 @@ def test_corruption_is_named_by_unit_and_repaired_bit_identically(written, tmp_p
     r = CliRunner().invoke(cli, ["export", str(out), "--format", "bedgraph", "--output",
                                                  "entropy", "-o", str(tmp_path / "e.bedgraph")])
     assert r.exit_code == 0 and "packed batch 1: entropy does not match its checksum" in r.stderr
+
+    # and so does opening a record: a packed one always, a long one when asked to check
+    reader = linpipe.open_output(out)
+    with pytest.warns(CorruptUnitWarning, match=f"record '{long.id}' chunk 1: logprob"):
+        ds = reader.dataset(long.id, check=True)
+    assert ds["logprob"].shape == (long.length,)
+    in_batch_1 = str(plan.packed.ids[plan.packed.rows(1)[0]])
+    with pytest.warns(CorruptUnitWarning, match="packed batch 1: entropy"):
+        reader.dataset(in_batch_1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CorruptUnitWarning)
+        reader.dataset(str(plan.packed.ids[plan.packed.rows(0)[0]]))
+        reader.dataset(plan.streams[2].id, check=True)
 
     r = CliRunner().invoke(cli, ["verify", str(out), "--repair", "--json"])
     assert r.exit_code == 0, r.output

@@ -91,9 +91,12 @@ class OutputReader:
         self.record(record_id_or_key)
         return self._out.key(record_id_or_key)
 
-    def dataset(self, record_id_or_key: str):
+    def dataset(self, record_id_or_key: str, check: bool = False):
         """One record's outputs with named dims: lazily for a long record (values load when you
-        index them), read at once for a packed one (it is at most one work unit)."""
+        index them), read at once for a packed one (it is at most one work unit, and its batch
+        is held to its checksums: a CorruptUnitWarning when it fails). check=True reads a long
+        record whole, now, and holds every completed unit to its checksums the same way
+        (`linpipe verify` does this for a whole store)."""
         import pandas as pd
         import xarray as xr
 
@@ -101,6 +104,7 @@ class OutputReader:
         dim = POSITION_DIM[info["modality"]]
         if info["packed"]:
             ds = self._packed_record(info)
+            self._check_batch(info)
         else:
             try:
                 ds = xr.open_zarr(self._out.zarr_store, group=info["key"],
@@ -108,12 +112,32 @@ class OutputReader:
             except (FileNotFoundError, KeyError) as e:  # a record group deleted or damaged after the job
                 raise StoreError(f"{self.path}: record {info['id']!r} cannot be read ({type(e).__name__}: "
                                  f"{e}); the store is damaged: run the job again with --overwrite") from None
+            if check:
+                self._check_long(info)
+                ds = ds.load()
         if dim not in ds.coords:  # positions from 0, as a lazy range (no big int array in memory)
             ds = ds.assign_coords(xr.Coordinates({dim: pd.RangeIndex(info["length"], name=dim)}))
         ds.attrs.update({"record_id": info["id"], "description": info["description"],
                          "record_key": info.get("key"), "packed": info["packed"],
                          "missing_ranges": [list(r) for r in self.missing_ranges[info["id"]]]})
         return ds
+
+    def _check_long(self, info: dict) -> None:
+        """Every completed unit of a long record, read as stored, held to its checksums."""
+        cs, sums = self._out.chunk_size, {}
+        names = self._out.output_names(info["key"])
+        for s, e in self.completed_ranges(info["id"]):
+            for lo in range(s, e, cs):
+                hi = min(lo + cs, e)
+                self._checked(info, lo // cs, {n: self.read(info["id"], n, lo, hi) for n in names}, sums)
+
+    def _check_batch(self, info: dict) -> None:
+        b, p = info.get("batch"), self._out.packed
+        if b is None or p is None or not info["length"] or not self._out.batches_done()[b]:
+            return
+        cs = self._out.chunk_size
+        names = self._out.output_names(None)
+        self._checked(info, b, {n: p.array(n)[b * cs:(b + 1) * cs] for n in names}, {})
 
     def _packed_record(self, info: dict):
         """A packed record as an xarray.Dataset with the dims of a long record."""
@@ -182,6 +206,23 @@ class OutputReader:
             arr = self._out.array(long, TIME) if long else None
         return values.astype("datetime64[ns]") if arr is not None and "units" in arr.attrs else values
 
+    def _checked(self, info, unit, values: dict, sums: dict) -> dict:
+        """Hold one unit read whole to its checksums (a CorruptUnitWarning per output that does
+        not match); sums caches each record's table of sums."""
+        key = None if info["packed"] else info["key"]
+        if self._out.format_version < 2:
+            return values
+        if key not in sums:
+            sums[key] = (self._out.unit_sums(key), self._out.output_names(key))
+        recorded, order = sums[key]
+        for n, v in values.items():
+            want = int(recorded[unit, order.index(n)])
+            if want and checksum(v) != want:
+                where = f"record {info['id']!r} chunk {unit}" if key is not None else f"packed batch {unit}"
+                warnings.warn(f"{self.path}: {where}: {n} does not match its checksum; run "
+                              f"linpipe verify {self.path} --repair", CorruptUnitWarning, stacklevel=4)
+        return values
+
     def blocks(self, output, records=None):
         """Yield (record info, start, values) for every completed unit of one output: long records
         chunk by chunk, packed records batch by batch (each packed chunk is read once, whatever
@@ -193,21 +234,8 @@ class OutputReader:
         def pick(d):
             return d[names[0]] if isinstance(output, str) else d
 
-        def checked(info, unit, values):  # every unit read whole is held to its checksum
-            key = None if info["packed"] else info["key"]
-            if self._out.format_version < 2:
-                return values
-            if key not in sums:
-                sums[key] = (self._out.unit_sums(key), self._out.output_names(key))
-            recorded, order = sums[key]
-            for n, v in values.items():
-                want = int(recorded[unit, order.index(n)])
-                if want and checksum(v) != want:
-                    where = (f"record {info['id']!r} chunk {unit}" if key is not None
-                             else f"packed batch {unit}")
-                    warnings.warn(f"{self.path}: {where}: {n} does not match its checksum; run "
-                                  f"linpipe verify {self.path} --repair", CorruptUnitWarning, stacklevel=3)
-            return values
+        def checked(info, unit, values):
+            return self._checked(info, unit, values, sums)
 
         cs = self._out.chunk_size
 
