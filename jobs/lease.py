@@ -12,10 +12,12 @@ stopped renewing, e.g. it was SIGKILLed, or its node was lost), its owner is a p
 same host that no longer exists (no need to wait out the expiry then), or when asked to
 (`--force-takeover`).
 
-Object stores have no locks (and linpipe does not rely on conditional writes, which not every
-S3-compatible server has), so taking a lease is: read it, write ours, wait SETTLE_S, read it
-again, and go on only if it is still ours. Two drivers that start within the same moment both
-write, and the later write wins; the other sees it at its re-read and stops. What remains is a
+Object stores have no locks, so taking a lease is: read it, write ours, wait SETTLE_S, read it
+again, and go on only if it is still ours. Where there is no lease yet, ours is created with a
+conditional write (a local hard link; on S3, MinIO and the like a PUT with If-None-Match: *),
+so of two drivers that start at the same moment on a new store exactly one creates it; on a
+server that ignores the condition the later write wins and the other sees it at its re-read
+and stops. An expired lease is overwritten, with the same re-read. What remains is a
 driver whose read-to-write gap is longer than SETTLE_S (a stalled process): then both may go
 on, and the one whose lease was overwritten notices at its next renewal (at most HEARTBEAT_S
 later) and stops, its store left resumable. Twin work in that window is harmless to the data
@@ -122,8 +124,11 @@ class Lease:
         return {"host": self.holder.host, "pid": self.holder.pid, "token": self.token,
                 "job_id": self.job_id, "since": self._since, "heartbeat": now, "expires": now + EXPIRY_S}
 
+    def _encoded(self) -> bytes:
+        return json.dumps(self._doc(), indent=1).encode()
+
     def _write(self) -> None:
-        self._location.write_bytes(self._path, json.dumps(self._doc(), indent=1).encode())
+        self._location.write_bytes(self._path, self._encoded())
 
     def acquire(self, *, force: bool = False, wait: bool = False, on_wait=None) -> None:
         """Take the lease (see the module's text), or raise AlreadyRunning.
@@ -142,7 +147,13 @@ class Lease:
                 time.sleep(WAIT_POLL_S)
                 continue
             self._since = time.time()
-            self._write()
+            if cur is None and not self._location.create_bytes(self._path, self._encoded()):
+                if self.read() is not None:
+                    force = False  # another driver created it just now: never take it from a twin
+                    continue
+                self._write()  # an unreadable lease object counts as none
+            elif cur is not None:
+                self._write()
             time.sleep(SETTLE_S)  # a driver that wrote just after us wins; we see it here
             again = self.read()
             if self._is_ours(again):

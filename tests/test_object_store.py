@@ -282,6 +282,42 @@ def test_a_stale_lease_is_taken_over_after_its_expiry(store_place, mixed_fasta, 
     assert dead.read() is None  # the taker released its own lease
 
 
+def test_drivers_racing_for_a_new_store_leave_exactly_one_owner(store_place, monkeypatch):
+    """Eight drivers (on "other hosts", so none is judged dead) take the lease of a store that
+    has none, all at once, with no settle time to hide the race: the conditional create lets
+    exactly one hold it; every other one is refused naming that one."""
+    import threading
+
+    import linpipe.jobs.lease as lease_mod
+    from linpipe.jobs.lease import AlreadyRunning, Lease
+
+    monkeypatch.setattr(lease_mod, "SETTLE_S", 0.0)
+    out = store_place("race.zarr")
+    leases = [Lease(out, "lp-race", host=f"node-{i}", pid=1000 + i) for i in range(8)]
+    start, results = threading.Barrier(len(leases)), {}
+
+    def take(lease):
+        start.wait()
+        try:
+            lease.acquire()
+            results[lease.holder.host] = "owner"
+        except AlreadyRunning as e:
+            results[lease.holder.host] = e.owner["host"]
+
+    threads = [threading.Thread(target=take, args=(le,)) for le in leases]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    owners = [h for h, r in results.items() if r == "owner"]
+    assert len(results) == 8 and len(owners) == 1, results
+    assert {r for r in results.values() if r != "owner"} == set(owners)
+    assert leases[0].read()["host"] == owners[0]
+    for le in leases:
+        le.release()
+    assert leases[0].read() is None
+
+
 def test_lease_of_a_dead_process_on_this_host_needs_no_expiry(store_place, mixed_fasta, tiny_dna):
     from linpipe.jobs.lease import Lease
 
