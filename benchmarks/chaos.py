@@ -322,7 +322,13 @@ def main() -> int:
         ref_s = time.monotonic() - t0
         if ref.returncode != 0:
             raise SystemExit(f"the reference run failed: {err.strip()[-500:]}")
-        ref_rewrites = rewrites(s3.versions(REF_PREFIX))
+        ref_versions = s3.versions(REF_PREFIX)
+        ref_rewrites = rewrites(ref_versions)
+        # proof that the bucket keeps every version: the lease is rewritten at each heartbeat
+        lease_versions = len(ref_versions.get(LEASE, []))
+        if lease_versions < 2:
+            raise SystemExit(f"the bucket kept {lease_versions} version(s) of the lease: rewrites "
+                             "would not be counted")
         print(f"input: {size['records']} records, {size['positions']:,} positions; reference run "
               f"{ref_s:.1f} s (rewrites {ref_rewrites})", flush=True)
         deadline = time.monotonic() + 60 * args.minutes
@@ -344,7 +350,7 @@ def main() -> int:
         "bytes_lost": sum(r.get("bytes_lost", 0) for r in rounds),
         "units_recomputed_after_durable": sum(r.get("units_recomputed_after_durable", 0) for r in rounds),
         "inflight_chunks_rewritten": sum(r.get("inflight_chunks_rewritten", 0) for r in rounds),
-        "reference_rewrites": list(ref_rewrites),
+        "reference_rewrites": list(ref_rewrites), "reference_lease_versions": lease_versions,
     }
     print(json.dumps(summary, indent=1))
     if args.json:
