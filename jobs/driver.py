@@ -107,7 +107,9 @@ def open_or_create_store(plan: JobPlan, out: str, *, overwrite: bool = False):
     """The job's store: a new one, the same job's existing one (resume), or a refusal."""
     from linpipe.store import OutputStore
 
-    if OutputStore.exists(out) and not overwrite:
+    if OutputStore.creation_interrupted(out):
+        overwrite = True  # a driver killed while laying it out; we hold the job's lease now
+    elif OutputStore.exists(out) and not overwrite:
         store = OutputStore.open(out, mode="r+")
         old = store.meta.get("job_id")
         if old == plan.job_id:

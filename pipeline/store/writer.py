@@ -658,6 +658,22 @@ class OutputStore:
                 return True
         return not _Location(path, read_only=True).is_empty()
 
+    @staticmethod
+    def creation_interrupted(path) -> bool:
+        """True when path holds a store whose create() never finished (its driver was killed
+        while laying it out): it holds no work, and the job's next driver lays it out anew."""
+        import zarr
+
+        location = _Location(path, read_only=True)
+        if location.is_empty():
+            return False
+        try:
+            root = zarr.open_group(store=location.store, mode="r", zarr_format=3, use_consolidated=False)
+            attrs = root.attrs
+        except Exception:
+            return False
+        return CREATING in attrs and "linpipe" not in attrs
+
     @classmethod
     def open(cls, path, mode: str = "r+") -> "OutputStore":
         """Open an existing store; refuses non-linpipe stores and newer format versions."""
