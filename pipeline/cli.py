@@ -815,6 +815,48 @@ def eval_cmd(model_dir, inputs, baseline_train, season, as_json, time_column, co
 # ---------------------------------------------------------------------------------------------
 
 
+# ---------------------------------------------------------------------------------------------
+# section: variants (linpipe score-variants); the library is linpipe.outputs.variants
+# ---------------------------------------------------------------------------------------------
+
+
+@cli.command("score-variants")
+@click.argument("store", type=click.Path(file_okay=False))
+@click.argument("vcf", type=click.Path(dir_okay=False))
+@click.option("-o", "--out", "out", required=True, type=click.Path(dir_okay=False),
+              help="Effects table to write: .tsv or .parquet (columns chrom pos ref alt llr, VCF order).")
+@click.option("--window", type=click.IntRange(1), default=128, show_default=True,
+              help="W: score the allele and the W-1 bases after it (W positions for an SNV).")
+@click.option("--input", "genome", default=None, type=click.Path(dir_okay=False),
+              help="The genome FASTA (default: the store's own input; must have the same content).")
+@click.option("--skip-mismatch", is_flag=True,
+              help="Skip (and count) lines with a REF mismatch, an unknown contig or a malformed "
+              "allele instead of stopping at the first.")
+@click.option("--workers", type=click.IntRange(0), default=0, show_default=True,
+              help="Ray actors for the replay units (0: in this process).")
+@click.option("--address", default=None, metavar="HOST:PORT",
+              help="Ray cluster to join with --workers (default: an embedded local Ray).")
+@click.option("--device", default=None, metavar="DEVICE",
+              help="cpu, cuda, cuda:1, ... (default: a CUDA GPU when there is one).")
+@click.option("--model", default=None, help="The store's model, if it moved (checked by sha256).")
+def score_variants_cmd(store, vcf, out, window, genome, skip_mismatch, workers, address, device, model):
+    """Log-likelihood ratio (nats) of each VCF variant with the whole record before it as
+    context: replays at most one chunk from the store's boundary state (docs/variants.md)."""
+    from linpipe.outputs.variants import score_variants
+
+    s = score_variants(store, vcf, out, window=window, genome=genome, skip_mismatch=skip_mismatch,
+                       workers=workers, address=address, device=device, model=model)
+    skipped = sum(s.skipped.values())
+    click.echo(f"Scored {_plural(s.scored, 'variant')} in {_plural(s.units, 'replay unit')} "
+               f"({s.replayed_positions:,} positions replayed) -> {out}")
+    if skipped:
+        click.echo(f"Skipped {_plural(skipped, 'allele')}: " + ", ".join(
+            f"{n} {why}" for why, n in sorted(s.skipped.items())), err=True)
+
+
+# end of section: variants
+
+
 # One or two runnable examples per command, shown at the end of its --help (the files are the
 # ones shipped in examples/, so they run from a clone).
 EXAMPLES = {
@@ -842,6 +884,9 @@ EXAMPLES = {
     ("list",): ["linpipe list --address http://HEAD:8265"],
     ("train",): ["linpipe train examples/MT-human.fa examples/MT-orang.fa --out my-model --steps 200",
                  "linpipe train examples/ecg-mitdb100.parquet --time-column sample --out ecg-model"],
+    ("score-variants",): ["linpipe score-variants MT-human.zarr variants.vcf.gz -o effects.tsv",
+                          "linpipe score-variants genome.zarr calls.vcf.gz -o effects.parquet --window 512 "
+                          "--workers 8 --skip-mismatch"],
     ("eval",): ["linpipe eval default examples/MT-orang.fa",
                 "linpipe eval examples/models/ecg examples/ecg-mitdb100.parquet --time-column sample"],
 }
