@@ -137,3 +137,18 @@ def test_bad_lines_are_named_or_counted(case):
     bad.write_text(vcf.read_text().replace("chr2\t701\t", "chr2\tsevenhundred\t"))
     r = CliRunner().invoke(cli, ["score-variants", str(out), str(bad), "-o", str(tsv)])
     assert r.exit_code != 0 and f"{bad}:7:" in r.output and "Traceback" not in r.output
+
+
+@pytest.mark.slow
+def test_ray_workers_give_the_same_table(case):
+    """The units on Ray actors (an embedded local Ray): the same rows and values as in process."""
+    from linpipe.outputs.variants import score_variants
+
+    base, _fasta, out, _model, seqs = case
+    vcf = _vcf(base / "ray.vcf", _variants(seqs), {k: len(v) for k, v in seqs.items()})
+    here, there = base / "here.parquet", base / "there.parquet"
+    a = score_variants(str(out), str(vcf), str(here), window=WINDOW)
+    b = score_variants(str(out), str(vcf), str(there), window=WINDOW, workers=2)
+    assert (a.scored, a.units, a.replayed_positions) == (b.scored, b.units, b.replayed_positions)
+    assert a.units == 5  # chunks 0-3 of chr2 and the packed record
+    pd.testing.assert_frame_equal(pd.read_parquet(here), pd.read_parquet(there))

@@ -362,7 +362,8 @@ def _score_on_ray(store_path, units, order, *, window, genome, model, device, th
         actor_cls = ray.remote(**opts)(_RayScorer)
         store_path = os.path.abspath(store_path)
         genome = os.path.abspath(genome) if genome else None
-        actors = [actor_cls.remote(store_path, window, genome, model, device, threads) for _ in range(workers)]
+        actors = [actor_cls.remote(store_path, window, genome, model, device, threads)
+                  for _ in range(workers)]
         pending, results = {}, []
         todo = list(order)
         free = [a for a in actors for _ in range(2)]
