@@ -167,10 +167,11 @@ def work_left(plan: JobPlan, store) -> tuple[collections.deque, int]:
     unfinished chunk; packed batches whole, unless marked done."""
     todo: collections.deque[Stream | Batch] = collections.deque()
     done = 0
-    for r in plan.streams:
-        completed = store.completed_chunks(r.key)
-        first = next((i for i in range(r.n_chunks) if i not in completed), r.n_chunks)
-        done += min(first * r.chunk_size, r.length)
+    for r in plan.streams:  # a reverse strand's stream counts its steps from the record's end
+        completed = store.completed_chunks(r.key, r.strand)
+        first = next((i for i in range(r.n_chunks) if r.chunk(i).index not in completed), r.n_chunks)
+        if r.strand == "+":
+            done += min(first * r.chunk_size, r.length)
         if first < r.n_chunks:
             todo.append(Stream(r, first))
     batch_done = store.batches_done()
@@ -267,7 +268,7 @@ class Scheduler:
         if isinstance(item, Batch):
             self.todo.appendleft(item)
         elif isinstance(item, Stream):
-            first = slot.calls[0].chunk.index if slot.calls else item.next
+            first = item.record.step(slot.calls[0].chunk) if slot.calls else item.next
             if first < item.record.n_chunks:
                 self.todo.appendleft(Stream(item.record, first))
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from linpipe.errors import InputError, LinpipeError
@@ -32,7 +32,8 @@ class Chunk:
     key: str  # the record's node name in the output store
     start: int
     end: int
-    index: int
+    index: int  # the Zarr chunk it writes (positions [start, end))
+    strand: str = "+"  # "-": the reverse complement of [start, end), read from end to start
 
     @property
     def positions(self) -> int:
@@ -50,15 +51,27 @@ class Record:
     chunk_size: int
     description: str = ""
     time_dtype: str | None = None  # time series: the dtype of the time column
+    # "-": the reverse strand's stream of the same record: its steps run over the chunks from
+    # the last to the first (step k writes chunk n-1-k), with a state carried of its own
+    strand: str = "+"
 
     @property
     def n_chunks(self) -> int:
         return -(-self.length // self.chunk_size)
 
-    def chunk(self, index: int) -> Chunk:
+    def chunk(self, step: int) -> Chunk:
+        """The stream's step-th unit (for the forward strand, chunk `step`)."""
+        return self.at(step if self.strand == "+" else self.n_chunks - 1 - step)
+
+    def at(self, index: int) -> Chunk:
+        """This strand's unit that writes Zarr chunk `index`."""
         start = index * self.chunk_size
         return Chunk(self.input_path, self.id, self.key, start,
-                     min(start + self.chunk_size, self.length), index)
+                     min(start + self.chunk_size, self.length), index, self.strand)
+
+    def step(self, chunk: Chunk) -> int:
+        """The inverse of chunk(): where in the stream a chunk comes."""
+        return chunk.index if self.strand == "+" else self.n_chunks - 1 - chunk.index
 
     def chunks(self, first: int = 0) -> list[Chunk]:
         return [self.chunk(i) for i in range(first, self.n_chunks)]
@@ -80,7 +93,7 @@ class JobPlan:
     d_model: int
     channels: tuple[str, ...] | None  # time series: the input's channel names
     records: tuple[Record, ...]  # the long records (2+ chunks), in input order
-    streams: tuple[Record, ...]  # the same, longest first
+    streams: tuple[Record, ...]  # the same, longest first (and each one's reverse strand after it)
     packed: PackedRecords  # records of at most one chunk, batched
     packed_time_dtype: str | None = None  # time series: the packed records' time column dtype
 
@@ -89,12 +102,18 @@ class JobPlan:
         return len(self.records) + self.packed.n_records
 
     @property
+    def strands(self) -> tuple[str, ...]:
+        from linpipe.store.layout import is_rc
+
+        return ("+", "-") if any(is_rc(o) for o in self.outputs) else ("+",)
+
+    @property
     def total_positions(self) -> int:
         return sum(r.length for r in self.records) + self.packed.positions
 
     @property
     def n_units(self) -> int:
-        return sum(r.n_chunks for r in self.records) + self.packed.n_batches
+        return sum(r.n_chunks for r in self.streams) + self.packed.n_batches
 
     def batch_chunks(self, batch: int) -> list[Chunk]:
         """The records of one packed batch as whole-record chunks, in table order."""
@@ -144,6 +163,7 @@ def plan_job(request: JobRequest) -> JobPlan:
     from linpipe.model import load_model
     from linpipe.model.outputs import output_names
     from linpipe.store.keys import make_keys
+    from linpipe.store.layout import RC, RC_OUTPUTS, base_output, is_rc
 
     if not request.inputs:
         raise InputError("no input given")
@@ -202,8 +222,12 @@ def plan_job(request: JobRequest) -> JobPlan:
     outputs = list(request.outputs) if request.outputs else list(output_names(modality, default=True))
     known = output_names(modality)
     for o in outputs:
-        if o not in known:
+        if o not in known and not (is_rc(o) and base_output(o) in RC_OUTPUTS and base_output(o) in known):
             raise LinpipeError(f"--outputs: unknown {modality} output {o!r} (one of {', '.join(known)})")
+    if request.strand == "both":
+        if modality != "dna":
+            raise LinpipeError(f"--strand both: a {modality} model has no reverse strand (DNA only)")
+        outputs += [o + RC for o in outputs if o in RC_OUTPUTS and o + RC not in outputs]
     options = {"chunk_size": chunk_size, "outputs": sorted(outputs), "input_options": input_options}
     jid = job_id(fingerprints, m.sha256, options)
     keys = make_keys([r.id for _, r, _ in long_found])
@@ -214,6 +238,8 @@ def plan_job(request: JobRequest) -> JobPlan:
                         sum(r.length for r in records) + packed.positions, modality)
     # longest first: the long records bound the makespan (ties keep input order: deterministic)
     streams = tuple(sorted(records, key=lambda r: -r.length))
+    if any(is_rc(o) for o in outputs):  # both strands: each record's reverse stream right after it
+        streams = tuple(s for r in streams for s in (r, replace(r, strand="-")))
     return JobPlan(jid, tuple(os.path.abspath(os.fspath(p)) for p in request.inputs), model_ref,
                    m.sha256, modality, tuple(outputs), chunk_size, input_options, int(m.config.d_model),
                    channels, records, streams, packed, short_times.pop() if short_times else None)

@@ -97,6 +97,7 @@ class JobRequest:
     outputs: tuple[str, ...] | None = None  # None: the modality's defaults
     workers: int | None = None
     overwrite: bool = False
+    strand: str = "forward"  # "both": also the reverse strand (the _rc outputs; DNA)
     # time series
     id_column: str | None = None
     time_column: str | None = None
@@ -131,6 +132,8 @@ class JobRequest:
             changes["actor_resources"] = ActorResources.parse(flags["actor_resources"])
         if flags.get("overwrite"):
             changes["overwrite"] = True
+        if flags.get("strand"):
+            changes["strand"] = flags["strand"]
         return replace(self, **changes)
 
     def argv(self, address: str | None = None) -> list[str]:
@@ -149,6 +152,8 @@ class JobRequest:
                 a += [flag, str(v)]
         if self.overwrite:
             a.append("--overwrite")
+        if self.strand != "forward":
+            a += ["--strand", self.strand]
         return a
 
 
