@@ -16,6 +16,8 @@ import socket
 import time
 from dataclasses import dataclass
 
+from linpipe.inputs.alphabet import reverse_complement
+
 from .plan import Chunk
 
 
@@ -53,27 +55,6 @@ def _node_id() -> str:
     except Exception:
         pass
     return socket.gethostname()
-
-
-def reverse_complement(tokens):
-    """Tokens of the reverse strand read 5'->3': complemented (A<->T, C<->G, N stays) and
-    reversed (a new array of one chunk, never of the whole record)."""
-    import numpy as np
-
-    return COMPLEMENT[np.asarray(tokens)[::-1]]
-
-
-def _complement_table():
-    import numpy as np
-
-    from linpipe.inputs.alphabet import A, C, G, N, T
-
-    t = np.arange(256, dtype=np.uint8)
-    t[[A, C, G, T, N]] = [T, G, C, A, N]
-    return t
-
-
-COMPLEMENT = _complement_table()
 
 
 class PipelineWorker:

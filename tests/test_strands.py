@@ -6,8 +6,7 @@ import zarr
 from _pipeline_data import make_tiny_model, write_in_process
 
 import linpipe
-from linpipe.inputs.alphabet import tokenize
-from linpipe.jobs.actor import reverse_complement
+from linpipe.inputs.alphabet import reverse_complement, tokenize
 from linpipe.store.verify import verify_store
 
 CHUNK = 512
@@ -102,3 +101,40 @@ def test_submit_both_strands_on_ray(both, tmp_path):
     reader = linpipe.open_output(str(ray_out))
     assert reader.complete and reader.meta["job_id"] == plan.job_id
     assert_same_bytes(record_outputs(ray_out), record_outputs(out))
+
+
+def test_score_variants_reports_each_strand(both):
+    """llr_fwd and llr_rc each equal the model run directly over the whole haplotypes of their
+    strand (the reverse one: reverse-complemented, so its context is everything after the
+    allele), at the edges of both strands' chunks and windows; llr is their mean."""
+    import pandas as pd
+    from click.testing import CliRunner
+    from test_variants import WINDOW, _direct, _variants, _vcf
+
+    from linpipe.cli import cli
+    from linpipe.model import load_model
+
+    base, _fasta, model_dir, out, _plan, seqs = both
+    rows = _variants(seqs) + [("chr2", 2 * CHUNK, seqs["chr2"][2 * CHUNK - 1].upper(), "N"),
+                              ("chr2", 6, seqs["chr2"][5:8].upper(), "G")]
+    rows = sorted(set(rows), key=lambda r: (r[0] != "chr2", r[1], r[2], r[3]))
+    vcf = _vcf(base / "both.vcf", rows, {k: len(v) for k, v in seqs.items()})
+    tsv = base / "both.tsv"
+    r = CliRunner().invoke(cli, ["score-variants", str(out), str(vcf), "-o", str(tsv),
+                                 "--window", str(WINDOW)])
+    assert r.exit_code == 0, r.output
+    got = pd.read_csv(tsv, sep="\t")
+    assert list(got.columns) == ["chrom", "pos", "ref", "alt", "llr", "llr_fwd", "llr_rc"]
+    model = load_model(model_dir, device="cpu")
+    comp = str.maketrans("ACGTN", "TGCAN")
+
+    def rc(s):
+        return s.upper().translate(comp)[::-1]
+
+    fwd = [_direct(model, seqs[c], p - 1, ref, alt, WINDOW) for c, p, ref, alt in rows]
+    rev = [_direct(model, rc(seqs[c]), len(seqs[c]) - (p - 1 + len(ref)), rc(ref), rc(alt), WINDOW)
+           for c, p, ref, alt in rows]
+    np.testing.assert_allclose(got.llr_fwd.to_numpy(), fwd, rtol=1e-4, atol=2e-4)
+    np.testing.assert_allclose(got.llr_rc.to_numpy(), rev, rtol=1e-4, atol=2e-4)
+    np.testing.assert_allclose(got.llr.to_numpy(), (np.array(fwd) + np.array(rev)) / 2, rtol=1e-4, atol=2e-4)
+    assert np.abs(np.array(fwd) - np.array(rev)).max() > 1e-2  # the strands really differ

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from linpipe.errors import LinpipeError
-from linpipe.inputs.alphabet import tokenize
+from linpipe.inputs.alphabet import reverse_complement, tokenize
 
 DEFAULT_WINDOW = 128
 MAX_BATCH_POSITIONS = 1 << 16  # alternative haplotypes' positions per batched model call
@@ -157,6 +157,7 @@ class VariantScorer:
         self.window = int(window)
         self.genome, self._opened = _genome_inputs(self.store, genome)
         self.chunk_size = self.store.chunk_size
+        self.strands = self.store.strands
 
     def close(self):
         for inp in self._opened:
@@ -168,49 +169,81 @@ class VariantScorer:
         c = pos // self.chunk_size
         return Unit(info["id"], c, c * self.chunk_size)
 
-    def _state_at(self, unit: Unit):
+    def _stored_state(self, record: str, chunk: int, strand: str):
+        """The state stored after `chunk` on a strand (the fresh state past either end)."""
         from linpipe.model import ModelState
 
-        if unit.chunk <= 0:
+        info = self.store.record(record)
+        if chunk < 0 or info["packed"] or chunk >= int(info["n_chunks"]):
             return self.model.init_state()
-        info = self.store.record(unit.record)
-        arrays = self.store.boundary_state(info["key"], unit.chunk - 1)
+        arrays = self.store.boundary_state(info["key"], chunk, strand)
         if arrays is None:
-            raise LinpipeError(f"{self.store.path}: record {unit.record!r}: chunk {unit.chunk - 1} is not "
-                               "written yet (no boundary state); finish the job first")
+            what = "" if strand == "+" else " of the reverse strand"
+            raise LinpipeError(f"{self.store.path}: record {record!r}: chunk {chunk}{what} is not written "
+                               "yet (no boundary state); finish the job first")
         return ModelState.from_arrays(arrays)
 
-    def score(self, unit: Unit, variants: list[tuple[int, int, str, str]]) -> list[tuple[int, float]]:
-        """variants: (row, pos0, ref, alt), REF already checked. Returns (row, llr) for each."""
+    def score(self, unit: Unit, variants: list[tuple[int, int, str, str]]) -> dict[int, tuple]:
+        """variants: (row, pos0, ref, alt), REF already checked. Returns row -> (llr,) or, when
+        the store holds both strands, row -> (llr forward, llr reverse)."""
         rid = unit.record
         length = int(self.store.record(rid)["length"])
         W = self.window
-        spans = []  # (row, p, ref_len, downstream end, alt tokens)
+        # forward: the unit's chunk from the state stored before it, through the last window
+        items = []  # (row, local position, ref length, local end of the window, alt tokens)
+        end = max(min(p + len(ref) + W - 1, length) for _, p, ref, _ in variants)
         for row, p, ref, alt in variants:
-            rend = p + len(ref)
-            dend = min(rend + W - 1, length)
-            spans.append((row, p, len(ref), dend, tokenize(alt)))
-        end = max(s[3] for s in spans)
+            items.append((row, p - unit.start, len(ref), min(p + len(ref) + W - 1, length) - unit.start,
+                          tokenize(alt)))
         tokens, _ = self.genome[rid].read(rid, unit.start, end)
-        # the reference, once, split at the variants' positions to keep the state before each
-        state = self._state_at(unit)
-        cut_set = {s[1] for s in spans}
-        cuts = sorted(cut_set)
-        ref_lp, states, at = [], {}, unit.start
-        for p in cuts + [end]:
-            out, new = self.model.forward(tokens[at - unit.start:p - unit.start], state, outputs=["logprob"])
+        fwd = self._replay(tokens, self._stored_state(rid, unit.chunk - 1, "+"), items)
+        self.replayed = end - unit.start
+        if self.strands == ("+",):
+            return {row: (v,) for row, v in fwd.items()}
+        # reverse: read from the record's end, so the context of a variant is everything after
+        # its allele. Variants are grouped by the chunk holding their allele's last base; each
+        # group replays that chunk backwards from the reverse state stored after the chunk
+        # beyond it, down through the last window (which may run into the chunk before).
+        C = self.chunk_size
+        groups = defaultdict(list)
+        for v in variants:
+            _, p, ref, _ = v
+            groups[(p + len(ref) - 1) // C if unit.chunk >= 0 else -1].append(v)
+        rc = {}
+        for c, vs in groups.items():
+            hi = length if c < 0 else min((c + 1) * C, length)
+            lo = max(0, min(p for _, p, _, _ in vs) - W + 1)
+            seq, _ = self.genome[rid].read(rid, lo, hi)
+            rtokens = reverse_complement(seq)
+            items = []
+            for row, p, ref, alt in vs:
+                at = hi - (p + len(ref))  # the allele's first base on the reverse strand
+                items.append((row, at, len(ref), min(at + len(ref) + W - 1, hi - lo),
+                               reverse_complement(tokenize(alt))))
+            state = self.model.init_state() if c < 0 else self._stored_state(rid, c + 1, "-")
+            rc.update(self._replay(rtokens, state, items))
+            self.replayed += hi - lo
+        return {row: (v, rc[row]) for row, v in fwd.items()}
+
+    def _replay(self, tokens: np.ndarray, state, items) -> dict[int, float]:
+        """The reference `tokens` read once from `state`, split at the variants' positions to keep
+        the state before each; then every alternative haplotype (its allele and the reference
+        after it, to the window's end) from that state, as batches. Returns row -> llr."""
+        cut_set = {it[1] for it in items}
+        end = len(tokens)
+        ref_lp, states, at = [], {}, 0
+        for p in sorted(cut_set) + [end]:
+            out, state = self.model.forward(tokens[at:p], state, outputs=["logprob"])
             ref_lp.append(out["logprob"])
-            state, at = new, p
+            at = p
             if p in cut_set:
                 states[p] = state
         ref_lp = np.concatenate(ref_lp)
-        # the alternative haplotypes, as batches, each from the reference's state at its variant
-        results = []
         todo = []
-        for row, p, rlen, dend, alt_tok in spans:
-            down = tokens[p + rlen - unit.start:dend - unit.start]
-            ref_sum = float(np.nansum(ref_lp[p - unit.start:dend - unit.start], dtype=np.float64))
-            todo.append((row, p, np.concatenate([alt_tok, down]), ref_sum))
+        for row, p, rlen, dend, alt_tok in items:
+            ref_sum = float(np.nansum(ref_lp[p:dend], dtype=np.float64))
+            todo.append((row, p, np.concatenate([alt_tok, tokens[p + rlen:dend]]), ref_sum))
+        results = {}
         i = 0
         while i < len(todo):
             j, size = i, 0
@@ -221,9 +254,8 @@ class VariantScorer:
             outs = self.model.forward_batch([t[2] for t in batch], [states[t[1]] for t in batch],
                                             outputs=["logprob"])
             for (row, _p, _x, ref_sum), o in zip(batch, outs, strict=True):
-                results.append((row, float(np.nansum(o["logprob"], dtype=np.float64)) - ref_sum))
+                results[row] = float(np.nansum(o["logprob"], dtype=np.float64)) - ref_sum
             i = j
-        self.replayed = end - unit.start
         return results
 
 
@@ -297,24 +329,25 @@ def score_variants(store_path: str, vcf: str, out: str, *, window: int = DEFAULT
                            threads=threads)
     try:
         units, variants = collect(scorer, vcf, skip_mismatch=skip_mismatch, summary=summary)
-        llr = np.full(len(variants), np.nan)
+        llr = np.full((len(variants), len(scorer.strands)), np.nan)
         order = sorted(units, key=lambda u: (u.record, u.chunk))
         if workers and len(order) > 1:
             done = _score_on_ray(store_path, units, order, window=window, genome=genome, model=model,
                                  device=device, threads=threads, workers=workers, address=address,
                                  on_unit=on_unit)
             for rows, replayed in done:
-                for row, value in rows:
+                for row, value in rows.items():
                     llr[row] = value
                 summary.replayed_positions += replayed
         else:
             for u in order:
-                for row, value in scorer.score(u, units[u]):
+                for row, value in scorer.score(u, units[u]).items():
                     llr[row] = value
                 summary.replayed_positions += scorer.replayed
                 if on_unit:
                     on_unit(len(units[u]))
         summary.units = len(order)
+        summary.strands = scorer.strands
         summary.scored = len(variants)
     finally:
         scorer.close()
@@ -323,12 +356,16 @@ def score_variants(store_path: str, vcf: str, out: str, *, window: int = DEFAULT
 
 
 def _write(out: str, variants: list[Variant], llr: np.ndarray) -> None:
+    """One row per allele; with both strands, llr is their mean and llr_fwd, llr_rc each one."""
     import pandas as pd
 
-    df = pd.DataFrame({"chrom": [v.chrom for v in variants],
-                       "pos": np.array([v.pos + 1 for v in variants], np.int64),
-                       "ref": [v.ref for v in variants], "alt": [v.alt for v in variants],
-                       "llr": llr})
+    cols = {"chrom": [v.chrom for v in variants], "pos": np.array([v.pos + 1 for v in variants], np.int64),
+            "ref": [v.ref for v in variants], "alt": [v.alt for v in variants]}
+    if llr.shape[1] == 1:
+        cols["llr"] = llr[:, 0]
+    else:
+        cols.update({"llr": llr.mean(axis=1), "llr_fwd": llr[:, 0], "llr_rc": llr[:, 1]})
+    df = pd.DataFrame(cols)
     if out.endswith(".parquet"):
         df.to_parquet(out, index=False)
     else:
