@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from linpipe.inputs.alphabet import reverse_complement
 
 from .plan import Chunk
+from .regions import mask_outside
 
 
 @dataclass(frozen=True)
@@ -152,8 +153,10 @@ class PipelineWorker:
         else:
             out, state = self.model.forward(x, state, outputs=self.outputs)
         t2 = time.perf_counter()
-        self.store.write_chunk(chunk.key, chunk.index, {**out, **extra}, state=state.to_arrays(),
-                               strand=chunk.strand)
+        arrays = {**out, **extra}
+        if chunk.keep is not None:  # --regions: only what overlaps a region (nothing: no data)
+            arrays = mask_outside(arrays, chunk.keep, chunk.start) if chunk.keep else None
+        self.store.write_chunk(chunk.key, chunk.index, arrays, state=state.to_arrays(), strand=chunk.strand)
         t3 = time.perf_counter()
         step = 1 if chunk.strand == "+" else -1
         self._stream = None if last else (chunk.key, chunk.strand, chunk.index + step, state)
@@ -182,6 +185,8 @@ class PipelineWorker:
             outs = self.model.forward_records(xs, outputs=self.outputs)
         t2 = time.perf_counter()
         merged = [{**out, **extra} for out, (_, extra) in zip(outs, read, strict=True)]
+        merged = [m if c.keep is None else mask_outside(m, c.keep, 0)  # --regions
+                  for m, c in zip(merged, chunks, strict=True)]
         arrays = {name: np.concatenate([m[name] for m in merged]) for name in merged[0]}
         self.store.write_batch(batch, arrays)
         t3 = time.perf_counter()

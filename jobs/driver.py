@@ -119,6 +119,9 @@ def open_or_create_store(plan: JobPlan, out: str, *, overwrite: bool = False):
         overwrite = True  # a failed start's empty store holds no work: the corrected job takes it
     meta = {"job_id": plan.job_id, "model_sha256": plan.model_sha256, "model": plan.model_ref,
             "inputs": list(plan.inputs), "chunk_size": plan.chunk_size, "input_options": plan.input_options}
+    if plan.regions is not None:  # what the store holds: docs/regions.md
+        meta["regions"] = {"path": plan.regions_path, "records": len(plan.regions),
+                           "positions": sum(e - s for ivs in plan.regions.values() for s, e in ivs)}
     return OutputStore.create(out, meta=meta, records=plan.store_records(), outputs=list(plan.outputs),
                               chunk_size=plan.chunk_size, feature_dim=plan.d_model,
                               channels=list(plan.channels) if plan.channels else None, overwrite=overwrite,

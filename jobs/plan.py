@@ -20,6 +20,7 @@ from linpipe.errors import InputError, LinpipeError
 from linpipe.store.table import PackedRecords
 
 from .checks import check_channels, check_has_positions, fit_channels, modality_error
+from .regions import clip
 from .request import JobRequest
 
 
@@ -34,6 +35,7 @@ class Chunk:
     end: int
     index: int  # the Zarr chunk it writes (positions [start, end))
     strand: str = "+"  # "-": the reverse complement of [start, end), read from end to start
+    keep: tuple[tuple[int, int], ...] | None = None  # --regions: what to store (None: everything)
 
     @property
     def positions(self) -> int:
@@ -54,6 +56,7 @@ class Record:
     # "-": the reverse strand's stream of the same record: its steps run over the chunks from
     # the last to the first (step k writes chunk n-1-k), with a state carried of its own
     strand: str = "+"
+    regions: tuple[tuple[int, int], ...] | None = None  # --regions: the stored intervals
 
     @property
     def n_chunks(self) -> int:
@@ -66,8 +69,9 @@ class Record:
     def at(self, index: int) -> Chunk:
         """This strand's unit that writes Zarr chunk `index`."""
         start = index * self.chunk_size
-        return Chunk(self.input_path, self.id, self.key, start,
-                     min(start + self.chunk_size, self.length), index, self.strand)
+        end = min(start + self.chunk_size, self.length)
+        keep = None if self.regions is None else clip(self.regions, start, end)
+        return Chunk(self.input_path, self.id, self.key, start, end, index, self.strand, keep)
 
     def step(self, chunk: Chunk) -> int:
         """The inverse of chunk(): where in the stream a chunk comes."""
@@ -96,6 +100,8 @@ class JobPlan:
     streams: tuple[Record, ...]  # the same, longest first (and each one's reverse strand after it)
     packed: PackedRecords  # records of at most one chunk, batched
     packed_time_dtype: str | None = None  # time series: the packed records' time column dtype
+    regions: dict | None = None  # --regions: record id -> merged intervals (records without one left out)
+    regions_path: str | None = None
 
     @property
     def n_records(self) -> int:
@@ -118,7 +124,9 @@ class JobPlan:
     def batch_chunks(self, batch: int) -> list[Chunk]:
         """The records of one packed batch as whole-record chunks, in table order."""
         p = self.packed
-        return [Chunk(self.inputs[int(p.sources[i])], str(p.ids[i]), str(p.ids[i]), 0, int(p.lengths[i]), 0)
+        regions = self.regions
+        return [Chunk(self.inputs[int(p.sources[i])], str(p.ids[i]), str(p.ids[i]), 0, int(p.lengths[i]), 0,
+                      keep=None if regions is None else regions.get(str(p.ids[i]), ()))
                 for i in p.rows(batch)]
 
     def store_records(self) -> list[dict]:
@@ -215,6 +223,17 @@ def plan_job(request: JobRequest) -> JobPlan:
         finally:
             inp.close()
     seen.clear()
+    regions = None
+    if request.regions:  # only the records with a region, each streamed whole
+        from .regions import read_bed
+
+        lengths = {r.id: int(r.length) for _, r, _ in long_found}
+        lengths.update(zip(short_ids, short_len, strict=True))
+        regions = read_bed(os.fspath(request.regions), lengths)
+        long_found = [f for f in long_found if f[1].id in regions]
+        keep = [i for i, rid in enumerate(short_ids) if rid in regions]
+        short_ids, short_desc, short_len, short_src = ([col[i] for i in keep] for col in
+                                                        (short_ids, short_desc, short_len, short_src))
     if len(short_times) > 1:
         raise InputError(f"the inputs' time columns have different types ({', '.join(sorted(short_times))}); "
                          "one job's short series must share one time type")
@@ -229,9 +248,14 @@ def plan_job(request: JobRequest) -> JobPlan:
             raise LinpipeError(f"--strand both: a {modality} model has no reverse strand (DNA only)")
         outputs += [o + RC for o in outputs if o in RC_OUTPUTS and o + RC not in outputs]
     options = {"chunk_size": chunk_size, "outputs": sorted(outputs), "input_options": input_options}
+    if regions is not None:
+        from .regions import regions_digest
+
+        options["regions"] = regions_digest(regions)
     jid = job_id(fingerprints, m.sha256, options)
     keys = make_keys([r.id for _, r, _ in long_found])
-    records = tuple(Record(p, r.id, keys[r.id], int(r.length), chunk_size, r.description, t)
+    records = tuple(Record(p, r.id, keys[r.id], int(r.length), chunk_size, r.description, t,
+                           regions=None if regions is None else regions[r.id])
                     for p, r, t in long_found)
     packed = PackedRecords.build(short_ids, short_desc, short_len, short_src, chunk_size=chunk_size)
     check_has_positions(request.inputs, len(records) + packed.n_records,
@@ -242,4 +266,5 @@ def plan_job(request: JobRequest) -> JobPlan:
         streams = tuple(s for r in streams for s in (r, replace(r, strand="-")))
     return JobPlan(jid, tuple(os.path.abspath(os.fspath(p)) for p in request.inputs), model_ref,
                    m.sha256, modality, tuple(outputs), chunk_size, input_options, int(m.config.d_model),
-                   channels, records, streams, packed, short_times.pop() if short_times else None)
+                   channels, records, streams, packed, short_times.pop() if short_times else None, regions,
+                   os.path.abspath(os.fspath(request.regions)) if request.regions else None)

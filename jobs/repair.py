@@ -25,8 +25,9 @@ def request_of(store: OutputStore) -> JobRequest:
     if opts.get("columns"):
         opts["columns"] = tuple(opts["columns"])
     inputs = tuple(i["path"] if isinstance(i, dict) else i for i in m.get("inputs") or ())
+    regions = (m.get("regions") or {}).get("path")
     return JobRequest(inputs=inputs, model=m.get("model") or "default", out=store.path,
-                      chunk_size=int(m["chunk_size"]), outputs=tuple(m["outputs"]), **opts)
+                      chunk_size=int(m["chunk_size"]), outputs=tuple(m["outputs"]), regions=regions, **opts)
 
 
 def repair_units(path: str, problems: list[UnitProblem], *, on_unit=None) -> int:

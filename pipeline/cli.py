@@ -419,6 +419,9 @@ def _parse_outputs(value):
 @click.option("--strand", type=click.Choice(["forward", "both"]), default=None,
               help="both: also the reverse strand, as logprob_rc, entropy_rc (hidden_rc) at the "
               "forward positions (DNA; docs/strands.md) [default: forward].")
+@click.option("--regions", default=None, metavar="BED", type=click.Path(dir_okay=False),
+              help="Store outputs only inside these regions (BED, 0-based); records with a region "
+              "are still streamed from their start, so the context is exact (docs/regions.md).")
 @_timeseries_options
 @click.option("--actor-resources", default=None, metavar="LIST",
               help="What each worker actor asks Ray for, e.g. num_cpus=2,num_gpus=1,memory=4GiB "
@@ -440,7 +443,7 @@ def _parse_outputs(value):
               help="With --address http://...: an environment variable for the job (repeatable).")
 @click.option("--quiet", "-q", is_flag=True,
               help="No start-up, start line or progress on stderr; only the summary and errors.")
-def submit(inputs, spec, model, out, chunk_size, outputs, workers, address, overwrite, strand,
+def submit(inputs, spec, model, out, chunk_size, outputs, workers, address, overwrite, strand, regions,
            id_column, time_column, columns, time_format, actor_resources, dry_run, wait, force_takeover,
            runtime_env, env_vars, quiet):
     """Stream INPUT... through a model and write per-position outputs to Zarr, on Ray.
@@ -454,7 +457,8 @@ def submit(inputs, spec, model, out, chunk_size, outputs, workers, address, over
 
     reqs, address = build_requests(inputs, spec, dict(
         model=model, out=out, chunk_size=chunk_size, outputs=_parse_outputs(outputs),
-        workers=workers, address=address, overwrite=overwrite, strand=strand, id_column=id_column,
+        workers=workers, address=address, overwrite=overwrite, strand=strand, regions=regions,
+        id_column=id_column,
         time_format=time_format,
         time_column=time_column, columns=columns, actor_resources=actor_resources))
     if dry_run:

@@ -793,8 +793,12 @@ class OutputStore:
         start, end = self.chunk_range(key, chunk_index)
         what = f"record {info['id']!r} chunk {chunk_index}" + (" (reverse strand)" if strand == "-" else "")
         self._check_strand(strand)
-        prepared = self._prepare(arrays, self.unit_names(key, strand), lambda name: record_path(key, name),
-                                 end - start, what, f"for positions {start}-{end}")
+        names = self.unit_names(key, strand)
+        if arrays is None:  # a unit that stores no outputs (outside a job's --regions): state and marker
+            prepared = {n: None for n in names}
+        else:
+            prepared = self._prepare(arrays, names, lambda name: record_path(key, name), end - start, what,
+                                     f"for positions {start}-{end}")
         done = self._array(progress_path(key, progress_name("done", strand)))
         sums = self._array(progress_path(key, progress_name("sum", strand)))
         self._write_unit(prepared, start, end, done, sums, chunk_index,
@@ -860,11 +864,13 @@ class OutputStore:
             done[index] = 0
             self._sync([(done, (index,))])
         chunk = start // self.chunk_size
-        for arr, data in prepared.values():  # 1. data: whole Zarr chunks only
+        written = [v for v in prepared.values() if v is not None]
+        for arr, data in written:  # 1. data: whole Zarr chunks only
             arr[start:end] = data
-        self._sync([(arr, (chunk,) + (0,) * (arr.ndim - 1)) for arr, _ in prepared.values()])
+        self._sync([(arr, (chunk,) + (0,) * (arr.ndim - 1)) for arr, _ in written])
         blob = write_state()  # 2. the boundary state after this unit (its bytes, or None)
-        sums[index] = unit_checksums([data for _, data in prepared.values()], blob)  # 3. checksums
+        sums[index] = unit_checksums([None if v is None else v[1] for v in prepared.values()],
+                                     blob)  # 3. checksums
         done[index] = 1  # 4. the marker, last
         self._sync([(sums, (index,)), (done, (index,))])
 
@@ -1064,8 +1070,9 @@ def checksum(values) -> int:
 
 
 def unit_checksums(values, state_blob: bytes | None = None) -> np.ndarray:
-    """One checksum per array a unit wrote, then its state's (0: no state)."""
-    return np.array([checksum(v) for v in values] + [checksum(state_blob) if state_blob is not None else 0],
+    """One checksum per array a unit wrote (0: an array it did not write), then its state's (0: no state)."""
+    return np.array([0 if v is None else checksum(v) for v in values]
+                    + [checksum(state_blob) if state_blob is not None else 0],
                     dtype=np.uint64)
 
 
