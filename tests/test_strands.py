@@ -56,6 +56,12 @@ def test_reverse_strand_equals_the_model_over_the_reverse_complement(both):
         assert np.array_equal(np.isnan(lp), x == 4)  # N on one strand is N on the other
     report = verify_store(str(out))
     assert report.ok and report.units == plan.n_units
+    import warnings
+
+    with warnings.catch_warnings():  # streaming reads (exports) check each strand's own checksums
+        warnings.simplefilter("error")
+        blocks = list(reader.blocks(["logprob", "logprob_rc"]))
+    assert sum(len(v["logprob_rc"]) for _, _, v in blocks) == sum(map(len, seqs.values()))
 
 
 def test_reverse_units_resume_from_their_own_states(both, tmp_path):
