@@ -152,3 +152,17 @@ def test_ray_workers_give_the_same_table(case):
     assert (a.scored, a.units, a.replayed_positions) == (b.scored, b.units, b.replayed_positions)
     assert a.units == 5  # chunks 0-3 of chr2 and the packed record
     pd.testing.assert_frame_equal(pd.read_parquet(here), pd.read_parquet(there))
+
+
+def test_another_genome_is_refused(case):
+    """--input with other content than the store's genome: refused, since the stored states
+    belong to the sequence they were computed on."""
+    base, fasta, out, _model, _seqs = case
+    other = base / "other.fa"
+    text = fasta.read_text()
+    i = text.index("\n", text.index("mt")) + 1
+    other.write_text(text[:i] + ("A" if text[i] != "A" else "C") + text[i + 1:])  # one base changed
+    vcf = _vcf(base / "one.vcf", [("mt", 2, text[i + 1], "A" if text[i + 1] != "A" else "C")], {"mt": 300})
+    r = CliRunner().invoke(cli, ["score-variants", str(out), str(vcf), "-o", str(base / "o.tsv"),
+                                 "--input", str(other)])
+    assert r.exit_code != 0 and "not the genome the store" in r.output and str(other) in r.output

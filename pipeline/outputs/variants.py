@@ -96,15 +96,18 @@ def read_vcf(path: str):
         vf.close()
 
 
-def _genome_inputs(store, override: str | None):
-    """record id -> (path, fingerprint checked) of the FASTA the store was made from."""
+def _genome_inputs(store, override: str | None, model_sha256: str):
+    """record id -> open input, for the FASTA the store was made from (or `override`), checked
+    to be that content: the store's job id is recomputed from the inputs' fingerprints (a copy
+    elsewhere keeps them), so the stored states are known to belong to this sequence."""
     from linpipe.inputs import open_input
+    from linpipe.jobs.plan import job_id
 
-    paths = [override] if override else [i["path"] if isinstance(i, dict) else i
-                                         for i in store.meta.get("inputs") or ()]
+    meta = store.meta
+    own = [i["path"] if isinstance(i, dict) else i for i in meta.get("inputs") or ()]
+    paths = [override] if override else own
     if not paths:
         raise LinpipeError(f"{store.path}: the store names no input; give the genome with --input")
-    known = {i.get("fingerprint") for i in store.meta.get("inputs") or () if isinstance(i, dict)}
     where, opened = {}, []
     for p in paths:
         if not os.path.isfile(p):
@@ -112,12 +115,15 @@ def _genome_inputs(store, override: str | None):
         inp = open_input(p)
         if inp.modality != "dna":
             raise LinpipeError(f"{p}: not a FASTA file (variants need a genome)")
-        if known and inp.fingerprint() not in known:
-            raise LinpipeError(f"{p}: this is not the genome the store was made from (its content "
-                               "differs); the stored states would not match it")
         opened.append(inp)
         for r in inp.records:
             where.setdefault(r.id, inp)
+    if len(paths) == len(own) and "regions" not in meta and meta.get("job_id"):
+        options = {"chunk_size": int(meta["chunk_size"]), "outputs": sorted(meta["outputs"]),
+                   "input_options": meta.get("input_options") or {}}
+        if job_id([i.fingerprint() for i in opened], model_sha256, options) != meta["job_id"]:
+            raise LinpipeError(f"{', '.join(paths)}: not the genome the store {store.path} was made from "
+                               "(its content differs); the stored states would not match it")
     return where, opened
 
 
@@ -155,7 +161,7 @@ class VariantScorer:
             raise LinpipeError(f"{store_path}: the model found ({self.model.path}) is not the one the "
                                f"store was made with (sha256 {want[:12]}...); give it with --model")
         self.window = int(window)
-        self.genome, self._opened = _genome_inputs(self.store, genome)
+        self.genome, self._opened = _genome_inputs(self.store, genome, self.model.sha256)
         self.chunk_size = self.store.chunk_size
         self.strands = self.store.strands
 
@@ -268,6 +274,10 @@ def _check_variant(scorer: VariantScorer, path, line, chrom, pos, ref, alt, leng
             return "unknown contig", f"contig {chrom!r} is not a record of the store {scorer.store.path}"
         if chrom not in scorer.genome:
             return "unknown contig", f"contig {chrom!r} is not in the genome input"
+        have = next(r.length for r in scorer.genome[chrom].records if r.id == chrom)
+        if int(have) != int(info["length"]):
+            raise LinpipeError(f"{scorer.genome[chrom].path}: record {chrom!r} has {have:,} bases, the store "
+                               f"{info['length']:,}: not the genome the store was made from")
         lengths[chrom] = (info, int(info["length"]))
     info, length = lengths[chrom]
     if alt is None or alt in (".", "*") or alt.startswith("<") or "[" in alt or "]" in alt:
