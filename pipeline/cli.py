@@ -845,7 +845,8 @@ def eval_cmd(model_dir, inputs, baseline_train, season, as_json, time_column, co
               help="Ray cluster to join with --workers (default: an embedded local Ray).")
 @click.option("--device", default=None, metavar="DEVICE",
               help="cpu, cuda, cuda:1, ... (default: a CUDA GPU when there is one).")
-@click.option("--model", default=None, help="The store's model, if it moved (checked by sha256).")
+@click.option("--model", default=None, metavar="DIR|NAME",
+              help="The store's model, if it moved (checked by sha256).")
 def score_variants_cmd(store, vcf, out, window, genome, skip_mismatch, workers, address, device, model):
     """Log-likelihood ratio (nats) of each VCF variant with the whole record before it as
     context: replays at most one chunk from the store's boundary state (docs/variants.md)."""
