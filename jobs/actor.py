@@ -16,7 +16,10 @@ import socket
 import time
 from dataclasses import dataclass
 
+from linpipe.inputs.alphabet import reverse_complement
+
 from .plan import Chunk
+from .regions import mask_outside
 
 
 @dataclass(frozen=True)
@@ -74,11 +77,17 @@ class PipelineWorker:
         # softmask comes from the input, not the model: the model computes the rest.
         self.want_softmask = bool(outputs) and "softmask" in outputs
         self.outputs = [o for o in outputs if o != "softmask"] if outputs else None
+        # --strand both: the reverse strand's outputs, by the names the model computes them under
+        from linpipe.store.layout import base_output, is_rc
+
+        self.rc_outputs = [base_output(o) for o in self.outputs or () if is_rc(o)]
+        if self.outputs is not None:
+            self.outputs = [o for o in self.outputs if not is_rc(o)]
         self.input_options = dict(input_options or {})
         self._inputs: dict[str, object] = {}
         self._stats: dict[str, tuple[int, int]] = {}  # path -> (size, mtime_ns) when opened
-        # (store key, index of the next chunk, ModelState after the previous chunk)
-        self._stream: tuple[str, int, object] | None = None
+        # (store key, strand, index of the next chunk, ModelState after the previous chunk)
+        self._stream: tuple[str, str, int, object] | None = None
         self.node = f"{_node_id()}:{os.getpid()}"
 
     def ready(self) -> str:
@@ -119,26 +128,38 @@ class PipelineWorker:
         return data, extra
 
     def _state_before(self, chunk: Chunk):
-        if self._stream is not None and self._stream[:2] == (chunk.key, chunk.index):
-            return self._stream[2]
-        if chunk.index == 0:
+        if self._stream is not None and self._stream[:3] == (chunk.key, chunk.strand, chunk.index):
+            return self._stream[3]
+        # the chunk read before this one: the previous on the forward strand, the next on the reverse
+        before = chunk.index - 1 if chunk.strand == "+" else chunk.index + 1
+        if before < 0 or before >= self.store.n_chunks(chunk.key):
             return self.model.init_state()
         from linpipe.model import ModelState
 
-        arrays = self.store.boundary_state(chunk.key, chunk.index - 1)
+        arrays = self.store.boundary_state(chunk.key, before, chunk.strand)
         return ModelState.from_arrays(arrays)
 
     def run_chunk(self, chunk: Chunk, last: bool = False) -> UnitResult:
-        """Run one chunk of a streamed record and write it with its boundary state."""
+        """Run one chunk of a streamed record and write it with its boundary state. A reverse
+        strand's chunk reads the same slice, complemented and backwards, and stores its outputs
+        back at the forward positions."""
         t0 = time.perf_counter()
         x, extra = self._read(chunk)
         t1 = time.perf_counter()
         state = self._state_before(chunk)
-        out, state = self.model.forward(x, state, outputs=self.outputs)
+        if chunk.strand == "-":
+            out, state = self.model.forward(reverse_complement(x), state, outputs=self.rc_outputs)
+            out, extra = {f"{k}_rc": v[::-1] for k, v in out.items()}, {}
+        else:
+            out, state = self.model.forward(x, state, outputs=self.outputs)
         t2 = time.perf_counter()
-        self.store.write_chunk(chunk.key, chunk.index, {**out, **extra}, state=state.to_arrays())
+        arrays = {**out, **extra}
+        if chunk.keep is not None:  # --regions: only what overlaps a region (nothing: no data)
+            arrays = mask_outside(arrays, chunk.keep, chunk.start) if chunk.keep else None
+        self.store.write_chunk(chunk.key, chunk.index, arrays, state=state.to_arrays(), strand=chunk.strand)
         t3 = time.perf_counter()
-        self._stream = None if last else (chunk.key, chunk.index + 1, state)
+        step = 1 if chunk.strand == "+" else -1
+        self._stream = None if last else (chunk.key, chunk.strand, chunk.index + step, state)
         if last:
             self.store.close()  # drop the finished record's cached array handles (refilled lazily)
         return UnitResult(chunk.key, chunk.index, chunk.positions, t1 - t0, t2 - t1, t3 - t2,
@@ -152,9 +173,20 @@ class PipelineWorker:
         t0 = time.perf_counter()
         read = [self._read(c) for c in chunks]
         t1 = time.perf_counter()
-        outs = self.model.forward_records([x for x, _ in read], outputs=self.outputs)
+        xs = [x for x, _ in read]
+        if self.rc_outputs:  # both strands of every record in the one batched call
+            both = list(dict.fromkeys(list(self.outputs or self.model.output_names) + self.rc_outputs))
+            res = self.model.forward_records(xs + [reverse_complement(x) for x in xs], outputs=both)
+            n = len(xs)
+            outs = [{**{k: f[k] for k in (self.outputs or self.model.output_names)},
+                     **{f"{k}_rc": r[k][::-1] for k in self.rc_outputs}} for f, r in zip(res[:n], res[n:],
+                                                                                     strict=True)]
+        else:
+            outs = self.model.forward_records(xs, outputs=self.outputs)
         t2 = time.perf_counter()
         merged = [{**out, **extra} for out, (_, extra) in zip(outs, read, strict=True)]
+        merged = [m if c.keep is None else mask_outside(m, c.keep, 0)  # --regions
+                  for m, c in zip(merged, chunks, strict=True)]
         arrays = {name: np.concatenate([m[name] for m in merged]) for name in merged[0]}
         self.store.write_batch(batch, arrays)
         t3 = time.perf_counter()

@@ -121,6 +121,9 @@ def open_or_create_store(plan: JobPlan, out: str, *, overwrite: bool = False):
         overwrite = True  # a failed start's empty store holds no work: the corrected job takes it
     meta = {"job_id": plan.job_id, "model_sha256": plan.model_sha256, "model": plan.model_ref,
             "inputs": list(plan.inputs), "chunk_size": plan.chunk_size, "input_options": plan.input_options}
+    if plan.regions is not None:  # what the store holds: docs/regions.md
+        meta["regions"] = {"path": plan.regions_path, "records": len(plan.regions),
+                           "positions": sum(e - s for ivs in plan.regions.values() for s, e in ivs)}
     return OutputStore.create(out, meta=meta, records=plan.store_records(), outputs=list(plan.outputs),
                               chunk_size=plan.chunk_size, feature_dim=plan.d_model,
                               channels=list(plan.channels) if plan.channels else None, overwrite=overwrite,
@@ -169,10 +172,11 @@ def work_left(plan: JobPlan, store) -> tuple[collections.deque, int]:
     unfinished chunk; packed batches whole, unless marked done."""
     todo: collections.deque[Stream | Batch] = collections.deque()
     done = 0
-    for r in plan.streams:
-        completed = store.completed_chunks(r.key)
-        first = next((i for i in range(r.n_chunks) if i not in completed), r.n_chunks)
-        done += min(first * r.chunk_size, r.length)
+    for r in plan.streams:  # a reverse strand's stream counts its steps from the record's end
+        completed = store.completed_chunks(r.key, r.strand)
+        first = next((i for i in range(r.n_chunks) if r.chunk(i).index not in completed), r.n_chunks)
+        if r.strand == "+":
+            done += min(first * r.chunk_size, r.length)
         if first < r.n_chunks:
             todo.append(Stream(r, first))
     batch_done = store.batches_done()
@@ -269,7 +273,7 @@ class Scheduler:
         if isinstance(item, Batch):
             self.todo.appendleft(item)
         elif isinstance(item, Stream):
-            first = slot.calls[0].chunk.index if slot.calls else item.next
+            first = item.record.step(slot.calls[0].chunk) if slot.calls else item.next
             if first < item.record.n_chunks:
                 self.todo.appendleft(Stream(item.record, first))
 

@@ -13,13 +13,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from linpipe.errors import InputError, LinpipeError
 from linpipe.store.table import PackedRecords
 
 from .checks import check_channels, check_has_positions, fit_channels, modality_error
+from .regions import clip
 from .request import JobRequest
 
 
@@ -32,7 +33,9 @@ class Chunk:
     key: str  # the record's node name in the output store
     start: int
     end: int
-    index: int
+    index: int  # the Zarr chunk it writes (positions [start, end))
+    strand: str = "+"  # "-": the reverse complement of [start, end), read from end to start
+    keep: tuple[tuple[int, int], ...] | None = None  # --regions: what to store (None: everything)
 
     @property
     def positions(self) -> int:
@@ -50,15 +53,29 @@ class Record:
     chunk_size: int
     description: str = ""
     time_dtype: str | None = None  # time series: the dtype of the time column
+    # "-": the reverse strand's stream of the same record: its steps run over the chunks from
+    # the last to the first (step k writes chunk n-1-k), with a state carried of its own
+    strand: str = "+"
+    regions: tuple[tuple[int, int], ...] | None = None  # --regions: the stored intervals
 
     @property
     def n_chunks(self) -> int:
         return -(-self.length // self.chunk_size)
 
-    def chunk(self, index: int) -> Chunk:
+    def chunk(self, step: int) -> Chunk:
+        """The stream's step-th unit (for the forward strand, chunk `step`)."""
+        return self.at(step if self.strand == "+" else self.n_chunks - 1 - step)
+
+    def at(self, index: int) -> Chunk:
+        """This strand's unit that writes Zarr chunk `index`."""
         start = index * self.chunk_size
-        return Chunk(self.input_path, self.id, self.key, start,
-                     min(start + self.chunk_size, self.length), index)
+        end = min(start + self.chunk_size, self.length)
+        keep = None if self.regions is None else clip(self.regions, start, end)
+        return Chunk(self.input_path, self.id, self.key, start, end, index, self.strand, keep)
+
+    def step(self, chunk: Chunk) -> int:
+        """The inverse of chunk(): where in the stream a chunk comes."""
+        return chunk.index if self.strand == "+" else self.n_chunks - 1 - chunk.index
 
     def chunks(self, first: int = 0) -> list[Chunk]:
         return [self.chunk(i) for i in range(first, self.n_chunks)]
@@ -80,13 +97,21 @@ class JobPlan:
     d_model: int
     channels: tuple[str, ...] | None  # time series: the input's channel names
     records: tuple[Record, ...]  # the long records (2+ chunks), in input order
-    streams: tuple[Record, ...]  # the same, longest first
+    streams: tuple[Record, ...]  # the same, longest first (and each one's reverse strand after it)
     packed: PackedRecords  # records of at most one chunk, batched
     packed_time_dtype: str | None = None  # time series: the packed records' time column dtype
+    regions: dict | None = None  # --regions: record id -> merged intervals (records without one left out)
+    regions_path: str | None = None
 
     @property
     def n_records(self) -> int:
         return len(self.records) + self.packed.n_records
+
+    @property
+    def strands(self) -> tuple[str, ...]:
+        from linpipe.store.layout import is_rc
+
+        return ("+", "-") if any(is_rc(o) for o in self.outputs) else ("+",)
 
     @property
     def total_positions(self) -> int:
@@ -94,12 +119,14 @@ class JobPlan:
 
     @property
     def n_units(self) -> int:
-        return sum(r.n_chunks for r in self.records) + self.packed.n_batches
+        return sum(r.n_chunks for r in self.streams) + self.packed.n_batches
 
     def batch_chunks(self, batch: int) -> list[Chunk]:
         """The records of one packed batch as whole-record chunks, in table order."""
         p = self.packed
-        return [Chunk(self.inputs[int(p.sources[i])], str(p.ids[i]), str(p.ids[i]), 0, int(p.lengths[i]), 0)
+        regions = self.regions
+        return [Chunk(self.inputs[int(p.sources[i])], str(p.ids[i]), str(p.ids[i]), 0, int(p.lengths[i]), 0,
+                      keep=None if regions is None else regions.get(str(p.ids[i]), ()))
                 for i in p.rows(batch)]
 
     def store_records(self) -> list[dict]:
@@ -144,6 +171,7 @@ def plan_job(request: JobRequest) -> JobPlan:
     from linpipe.model import load_model
     from linpipe.model.outputs import output_names
     from linpipe.store.keys import make_keys
+    from linpipe.store.layout import RC, RC_OUTPUTS, base_output, is_rc
 
     if not request.inputs:
         raise InputError("no input given")
@@ -195,6 +223,17 @@ def plan_job(request: JobRequest) -> JobPlan:
         finally:
             inp.close()
     seen.clear()
+    regions = None
+    if request.regions:  # only the records with a region, each streamed whole
+        from .regions import read_bed
+
+        lengths = {r.id: int(r.length) for _, r, _ in long_found}
+        lengths.update(zip(short_ids, short_len, strict=True))
+        regions = read_bed(os.fspath(request.regions), lengths)
+        long_found = [f for f in long_found if f[1].id in regions]
+        keep = [i for i, rid in enumerate(short_ids) if rid in regions]
+        short_ids, short_desc, short_len, short_src = ([col[i] for i in keep] for col in
+                                                        (short_ids, short_desc, short_len, short_src))
     if len(short_times) > 1:
         raise InputError(f"the inputs' time columns have different types ({', '.join(sorted(short_times))}); "
                          "one job's short series must share one time type")
@@ -202,18 +241,30 @@ def plan_job(request: JobRequest) -> JobPlan:
     outputs = list(request.outputs) if request.outputs else list(output_names(modality, default=True))
     known = output_names(modality)
     for o in outputs:
-        if o not in known:
+        if o not in known and not (is_rc(o) and base_output(o) in RC_OUTPUTS and base_output(o) in known):
             raise LinpipeError(f"--outputs: unknown {modality} output {o!r} (one of {', '.join(known)})")
+    if request.strand == "both":
+        if modality != "dna":
+            raise LinpipeError(f"--strand both: a {modality} model has no reverse strand (DNA only)")
+        outputs += [o + RC for o in outputs if o in RC_OUTPUTS and o + RC not in outputs]
     options = {"chunk_size": chunk_size, "outputs": sorted(outputs), "input_options": input_options}
+    if regions is not None:
+        from .regions import regions_digest
+
+        options["regions"] = regions_digest(regions)
     jid = job_id(fingerprints, m.sha256, options)
     keys = make_keys([r.id for _, r, _ in long_found])
-    records = tuple(Record(p, r.id, keys[r.id], int(r.length), chunk_size, r.description, t)
+    records = tuple(Record(p, r.id, keys[r.id], int(r.length), chunk_size, r.description, t,
+                           regions=None if regions is None else regions[r.id])
                     for p, r, t in long_found)
     packed = PackedRecords.build(short_ids, short_desc, short_len, short_src, chunk_size=chunk_size)
     check_has_positions(request.inputs, len(records) + packed.n_records,
                         sum(r.length for r in records) + packed.positions, modality)
     # longest first: the long records bound the makespan (ties keep input order: deterministic)
     streams = tuple(sorted(records, key=lambda r: -r.length))
+    if any(is_rc(o) for o in outputs):  # both strands: each record's reverse stream right after it
+        streams = tuple(s for r in streams for s in (r, replace(r, strand="-")))
     return JobPlan(jid, tuple(os.path.abspath(os.fspath(p)) for p in request.inputs), model_ref,
                    m.sha256, modality, tuple(outputs), chunk_size, input_options, int(m.config.d_model),
-                   channels, records, streams, packed, short_times.pop() if short_times else None)
+                   channels, records, streams, packed, short_times.pop() if short_times else None, regions,
+                   os.path.abspath(os.fspath(request.regions)) if request.regions else None)

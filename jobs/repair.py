@@ -7,6 +7,8 @@ count as a job's actors, so a repaired unit holds the bytes an uninterrupted run
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from linpipe.errors import LinpipeError
 from linpipe.store import OutputStore
 from linpipe.store.verify import UnitProblem
@@ -23,8 +25,9 @@ def request_of(store: OutputStore) -> JobRequest:
     if opts.get("columns"):
         opts["columns"] = tuple(opts["columns"])
     inputs = tuple(i["path"] if isinstance(i, dict) else i for i in m.get("inputs") or ())
+    regions = (m.get("regions") or {}).get("path")
     return JobRequest(inputs=inputs, model=m.get("model") or "default", out=store.path,
-                      chunk_size=int(m["chunk_size"]), outputs=tuple(m["outputs"]), **opts)
+                      chunk_size=int(m["chunk_size"]), outputs=tuple(m["outputs"]), regions=regions, **opts)
 
 
 def repair_units(path: str, problems: list[UnitProblem], *, on_unit=None) -> int:
@@ -40,11 +43,14 @@ def repair_units(path: str, problems: list[UnitProblem], *, on_unit=None) -> int
     records = {r.id: r for r in plan.records}
     n = 0
     try:
-        for p in sorted(problems, key=lambda p: (p.record is None, p.record or "", p.unit)):
+        # in reading order: a reverse strand's chunks from the record's end
+        for p in sorted(problems, key=lambda p: (p.record is None, p.record or "", p.strand,
+                                                 p.unit if p.strand == "+" else -p.unit)):
             if p.record is None:
                 worker.run_batch(p.unit, plan.batch_chunks(p.unit))
             else:
-                worker.run_chunk(records[p.record].chunk(p.unit), last=True)  # state from the store
+                chunk = replace(records[p.record], strand=p.strand).at(p.unit)
+                worker.run_chunk(chunk, last=True)  # the state before it from the store
             n += 1
             if on_unit:
                 on_unit(n)

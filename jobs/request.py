@@ -97,6 +97,8 @@ class JobRequest:
     outputs: tuple[str, ...] | None = None  # None: the modality's defaults
     workers: int | None = None
     overwrite: bool = False
+    strand: str = "forward"  # "both": also the reverse strand (the _rc outputs; DNA)
+    regions: str | None = None  # a BED file: store outputs only there (jobs/regions.py)
     # time series
     id_column: str | None = None
     time_column: str | None = None
@@ -131,6 +133,10 @@ class JobRequest:
             changes["actor_resources"] = ActorResources.parse(flags["actor_resources"])
         if flags.get("overwrite"):
             changes["overwrite"] = True
+        if flags.get("regions"):
+            changes["regions"] = flags["regions"]
+        if flags.get("strand"):
+            changes["strand"] = flags["strand"]
         return replace(self, **changes)
 
     def argv(self, address: str | None = None) -> list[str]:
@@ -149,6 +155,10 @@ class JobRequest:
                 a += [flag, str(v)]
         if self.overwrite:
             a.append("--overwrite")
+        if self.regions:
+            a += ["--regions", os.path.abspath(self.regions)]
+        if self.strand != "forward":
+            a += ["--strand", self.strand]
         return a
 
 

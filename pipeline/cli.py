@@ -416,6 +416,12 @@ def _parse_outputs(value):
                    "http://HEAD:8265 to submit through the job server and return at once "
                    "[default: an embedded local Ray].")
 @click.option("--overwrite", is_flag=True, help="Replace an existing store of a different job.")
+@click.option("--strand", type=click.Choice(["forward", "both"]), default=None,
+              help="both: also the reverse strand, as logprob_rc, entropy_rc (hidden_rc) at the "
+              "forward positions (DNA; docs/strands.md) [default: forward].")
+@click.option("--regions", default=None, metavar="BED", type=click.Path(dir_okay=False),
+              help="Store outputs only inside these regions (BED, 0-based); records with a region "
+              "are still streamed from their start, so the context is exact (docs/regions.md).")
 @_timeseries_options
 @click.option("--actor-resources", default=None, metavar="LIST",
               help="What each worker actor asks Ray for, e.g. num_cpus=2,num_gpus=1,memory=4GiB "
@@ -437,7 +443,7 @@ def _parse_outputs(value):
               help="With --address http://...: an environment variable for the job (repeatable).")
 @click.option("--quiet", "-q", is_flag=True,
               help="No start-up, start line or progress on stderr; only the summary and errors.")
-def submit(inputs, spec, model, out, chunk_size, outputs, workers, address, overwrite,
+def submit(inputs, spec, model, out, chunk_size, outputs, workers, address, overwrite, strand, regions,
            id_column, time_column, columns, time_format, actor_resources, dry_run, wait, force_takeover,
            runtime_env, env_vars, quiet):
     """Stream INPUT... through a model and write per-position outputs to Zarr, on Ray.
@@ -451,7 +457,8 @@ def submit(inputs, spec, model, out, chunk_size, outputs, workers, address, over
 
     reqs, address = build_requests(inputs, spec, dict(
         model=model, out=out, chunk_size=chunk_size, outputs=_parse_outputs(outputs),
-        workers=workers, address=address, overwrite=overwrite, id_column=id_column,
+        workers=workers, address=address, overwrite=overwrite, strand=strand, regions=regions,
+        id_column=id_column,
         time_format=time_format,
         time_column=time_column, columns=columns, actor_resources=actor_resources))
     if dry_run:
@@ -815,6 +822,49 @@ def eval_cmd(model_dir, inputs, baseline_train, season, as_json, time_column, co
 # ---------------------------------------------------------------------------------------------
 
 
+# ---------------------------------------------------------------------------------------------
+# section: variants (linpipe score-variants); the library is linpipe.outputs.variants
+# ---------------------------------------------------------------------------------------------
+
+
+@cli.command("score-variants")
+@click.argument("store", type=click.Path(file_okay=False))
+@click.argument("vcf", type=click.Path(dir_okay=False))
+@click.option("-o", "--out", "out", required=True, type=click.Path(dir_okay=False),
+              help="Effects table to write: .tsv or .parquet (columns chrom pos ref alt llr, VCF order).")
+@click.option("--window", type=click.IntRange(1), default=128, show_default=True,
+              help="W: score the allele and the W-1 bases after it (W positions for an SNV).")
+@click.option("--input", "genome", default=None, type=click.Path(dir_okay=False),
+              help="The genome FASTA (default: the store's own input; must have the same content).")
+@click.option("--skip-mismatch", is_flag=True,
+              help="Skip (and count) lines with a REF mismatch, an unknown contig or a malformed "
+              "allele instead of stopping at the first.")
+@click.option("--workers", type=click.IntRange(0), default=0, show_default=True,
+              help="Ray actors for the replay units (0: in this process).")
+@click.option("--address", default=None, metavar="HOST:PORT",
+              help="Ray cluster to join with --workers (default: an embedded local Ray).")
+@click.option("--device", default=None, metavar="DEVICE",
+              help="cpu, cuda, cuda:1, ... (default: a CUDA GPU when there is one).")
+@click.option("--model", default=None, metavar="DIR|NAME",
+              help="The store's model, if it moved (checked by sha256).")
+def score_variants_cmd(store, vcf, out, window, genome, skip_mismatch, workers, address, device, model):
+    """Log-likelihood ratio (nats) of each VCF variant with the whole record before it as
+    context: replays at most one chunk from the store's boundary state (docs/variants.md)."""
+    from linpipe.outputs.variants import score_variants
+
+    s = score_variants(store, vcf, out, window=window, genome=genome, skip_mismatch=skip_mismatch,
+                       workers=workers, address=address, device=device, model=model)
+    skipped = sum(s.skipped.values())
+    click.echo(f"Scored {_plural(s.scored, 'variant')} in {_plural(s.units, 'replay unit')} "
+               f"({s.replayed_positions:,} positions replayed) -> {out}")
+    if skipped:
+        click.echo(f"Skipped {_plural(skipped, 'allele')}: " + ", ".join(
+            f"{n} {why}" for why, n in sorted(s.skipped.items())), err=True)
+
+
+# end of section: variants
+
+
 # One or two runnable examples per command, shown at the end of its --help (the files are the
 # ones shipped in examples/, so they run from a clone).
 EXAMPLES = {
@@ -842,6 +892,9 @@ EXAMPLES = {
     ("list",): ["linpipe list --address http://HEAD:8265"],
     ("train",): ["linpipe train examples/MT-human.fa examples/MT-orang.fa --out my-model --steps 200",
                  "linpipe train examples/ecg-mitdb100.parquet --time-column sample --out ecg-model"],
+    ("score-variants",): ["linpipe score-variants MT-human.zarr variants.vcf.gz -o effects.tsv",
+                          "linpipe score-variants genome.zarr calls.vcf.gz -o effects.parquet --window 512 "
+                          "--workers 8 --skip-mismatch"],
     ("eval",): ["linpipe eval default examples/MT-orang.fa",
                 "linpipe eval examples/models/ecg examples/ecg-mitdb100.parquet --time-column sample"],
 }

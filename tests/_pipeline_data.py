@@ -126,16 +126,18 @@ def write_contigs(genomes: Path, dest: Path, n: int, seed: int, long: int = 3) -
     return {rid: lengths[rid] for rid in order}
 
 
-def write_in_process(fasta, model, out, *, chunk_size: int, outputs=("logprob", "entropy", "softmask")):
+def write_in_process(fasta, model, out, *, chunk_size: int, outputs=("logprob", "entropy", "softmask"),
+                     **options):
     """A job run in this process by the actor class itself (no Ray): the same code, plan and
-    thread count as a worker, so the bytes of an uninterrupted run. Returns the plan."""
+    thread count as a worker, so the bytes of an uninterrupted run. Returns the plan. options:
+    more JobRequest fields (regions=...)."""
     from linpipe.jobs.actor import PipelineWorker
     from linpipe.jobs.driver import open_or_create_store
     from linpipe.jobs.plan import plan_job
     from linpipe.jobs.request import JobRequest
 
     plan = plan_job(JobRequest(inputs=(str(fasta),), model=str(model), chunk_size=chunk_size,
-                               outputs=tuple(outputs)))
+                               outputs=tuple(outputs), **options))
     store = open_or_create_store(plan, str(out))
     w = PipelineWorker(plan.model_ref, str(out), list(plan.outputs), device="cpu", threads=1)
     for r in plan.streams:

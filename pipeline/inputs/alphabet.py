@@ -36,3 +36,13 @@ def tokenize(seq: "bytes | str") -> np.ndarray:
         i = int(bad[0])
         raise ValueError(f"invalid sequence character {chr(raw[i])!r} at offset {i}")
     return tok
+
+
+# token -> its complement (A<->T, C<->G; N and BOS stay)
+COMPLEMENT = np.arange(256, dtype=np.uint8)
+COMPLEMENT[[A, C, G, T]] = [T, G, C, A]
+
+
+def reverse_complement(tokens: np.ndarray) -> np.ndarray:
+    """Tokens of the reverse strand read 5'->3': complemented and reversed (a new array)."""
+    return COMPLEMENT[np.asarray(tokens)[::-1]]

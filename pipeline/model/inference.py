@@ -188,3 +188,36 @@ class Model:
             res = {k: v.to("cpu", torch.float32).numpy() for k, v in self._heads(xt, prev, y, outs).items()}
         return [{o: res[o][r, :len(xs[k])].copy() for o in outs} for r, k in enumerate(idx)]
 
+
+    def forward_batch(self, xs, states: list[ModelState], outputs=None) -> list[dict]:
+        """Many chunks, each continuing its own carried state, in one batched (end-padded) call:
+        xs[i] is read after states[i] (B = 1 states, e.g. from `forward` or a boundary state).
+        Returns per-position outputs only (no final states): variant scoring runs every
+        alternative allele from the reference's state at the variant in one call."""
+        outs = self._outputs(outputs)
+        if len(xs) != len(states):
+            raise ModelError(f"forward_batch got {len(xs)} inputs and {len(states)} states")
+        if not xs:
+            return []
+        xs = [np.asarray(x) for x in xs]
+        c = self.config
+        longest = max(len(x) for x in xs)
+        B = len(xs)
+        if c.modality == "dna":
+            pad = np.full((B, longest), TOKEN_N, np.int64)
+        else:
+            pad = np.zeros((B, longest, c.channels), np.float32)
+        for r, x in enumerate(xs):
+            self._inputs(x)  # validate each chunk
+            pad[r, :len(x)] = x
+        for s in states:
+            self._check_state(s)
+        st = [s.to(self.device) for s in states]
+        state = ModelState(torch.cat([s.S for s in st]), torch.cat([s.z for s in st]),
+                           torch.cat([s.conv for s in st]), torch.cat([s.y for s in st]))
+        xt = torch.from_numpy(pad).to(self.device)
+        with torch.inference_mode():
+            y, _ = self.net(xt, state)
+            prev = torch.cat([state.y.unsqueeze(1), y[:, :-1]], dim=1)[:, :longest]
+            res = {k: v.to("cpu", torch.float32).numpy() for k, v in self._heads(xt, prev, y, outs).items()}
+        return [{o: res[o][r, :len(x)].copy() for o in outs} for r, x in enumerate(xs)]

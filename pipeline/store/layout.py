@@ -50,6 +50,32 @@ TIME_UNITS = "nanoseconds since 1970-01-01"
 TIME_CODEC = "blosc-zstd-5-bitshuffle"  # chosen in benchmarks/store_compression.py
 
 DEFAULT_OUTPUTS = {m: list(output_names(m, default=True)) for m in MODALITIES}
+
+# The reverse strand (`submit --strand both`): output NAME_rc holds NAME computed on the reverse
+# complement, read from the record's end toward 0, stored at the forward position. Its units
+# have their own markers, checksums and boundary states (`done_rc`, `sum_rc`, `state_rc/<i>`).
+RC = "_rc"
+STRANDS = ("+", "-")
+RC_OUTPUTS = ("logprob", "entropy", "hidden")  # what the model computes (softmask comes from the input)
+
+
+def is_rc(name: str) -> bool:
+    return name.endswith(RC)
+
+
+def base_output(name: str) -> str:
+    """logprob_rc -> logprob (the kind it shares dtype, dims and codec with)."""
+    return name[:-len(RC)] if is_rc(name) else name
+
+
+def strand_outputs(outputs, strand: str) -> list[str]:
+    """The outputs one strand's units write: the forward ones, or the _rc ones."""
+    return [o for o in outputs if is_rc(o) == (strand == "-")]
+
+
+def progress_name(name: str, strand: str = "+") -> str:
+    """done/sum/state for the forward strand's units, done_rc/sum_rc/state_rc for the reverse's."""
+    return name if strand == "+" else name + RC
 OUTPUT_KINDS = {m: {s.name: s for s in OUTPUTS[m]} for m in MODALITIES}
 CODEC_CHOICE = {s.name: s.codec for m in MODALITIES for s in OUTPUTS[m]} | {TIME: TIME_CODEC}
 HIDDEN_DTYPES = ("float16", "float32")
@@ -101,14 +127,16 @@ def record_arrays(info: dict, outputs, *, chunk_size: int, feature_dim: int | No
     dim = POSITION_DIM[modality]
     specs = []
     for name in outputs:
-        kind = OUTPUT_KINDS[modality][name]
-        dtype = hidden_dtype if name == "hidden" else kind.dtype
+        kind = OUTPUT_KINDS[modality][base_output(name)]
+        dtype = hidden_dtype if base_output(name) == "hidden" else kind.dtype
         width = kind.width(feature_dim, len(channels) if channels else 0)
         trailing = () if width is None else (width,)
         attrs = {k: v for k, v in (("units", kind.units), ("long_name", kind.long_name)) if v}
+        if is_rc(name) and "long_name" in attrs:
+            attrs["long_name"] += " (reverse strand, at the forward position)"
         specs.append(ArraySpec(name, dtype, (dim,) + ((kind.trailing,) if trailing else ()),
                                (length,) + trailing, (chunk_size,) + trailing,
-                               0 if dtype == "uint8" else np.nan, CODEC_CHOICE[name], attrs))
+                               0 if dtype == "uint8" else np.nan, CODEC_CHOICE[base_output(name)], attrs))
     if info.get("time_dtype"):
         tdt = np.dtype(info["time_dtype"])
         attrs = {}
@@ -200,5 +228,5 @@ def progress_path(key: str, name: str | None = None) -> str:
     return f"{PROGRESS}/{key}" if name is None else f"{PROGRESS}/{key}/{name}"
 
 
-def state_path(key: str, chunk_index: int) -> str:
-    return f"{PROGRESS}/{key}/state/{chunk_index}"
+def state_path(key: str, chunk_index: int, strand: str = "+") -> str:
+    return f"{PROGRESS}/{key}/{progress_name('state', strand)}/{chunk_index}"

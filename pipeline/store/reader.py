@@ -18,6 +18,7 @@ from linpipe.store.layout import (
     ROW_LENGTH,
     ROW_OFFSET,
     TIME,
+    is_rc,
     packed_dim,
 )
 from linpipe.store.writer import OutputStore, PackedSlice, checksum
@@ -208,14 +209,17 @@ class OutputReader:
 
     def _checked(self, info, unit, values: dict, sums: dict) -> dict:
         """Hold one unit read whole to its checksums (a CorruptUnitWarning per output that does
-        not match); sums caches each record's table of sums."""
+        not match); sums caches each record's tables of sums (a long record's strands record
+        their own arrays' checksums)."""
         key = None if info["packed"] else info["key"]
         if self._out.format_version < 2:
             return values
         if key not in sums:
-            sums[key] = (self._out.unit_sums(key), self._out.output_names(key))
-        recorded, order = sums[key]
+            sums[key] = {s: (self._out.unit_sums(key, s), self._out.unit_names(key, s))
+                         for s in self._out.strands} if key is not None else \
+                {"+": (self._out.unit_sums(None), self._out.output_names(None))}
         for n, v in values.items():
+            recorded, order = sums[key]["-" if key is not None and is_rc(n) else "+"]
             want = int(recorded[unit, order.index(n)])
             if want and checksum(v) != want:
                 where = f"record {info['id']!r} chunk {unit}" if key is not None else f"packed batch {unit}"

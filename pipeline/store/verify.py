@@ -25,10 +25,12 @@ class UnitProblem:
     end: int
     records: tuple[str, ...] = ()  # a batch: the ids of its records
     detail: str = ""
+    strand: str = "+"  # "-": the reverse strand's unit of that chunk (submit --strand both)
 
     def describe(self) -> str:
         if self.record is not None:
-            where = f"record {self.record!r} positions {self.start:,}-{self.end:,} (chunk {self.unit})"
+            where = f"record {self.record!r} positions {self.start:,}-{self.end:,} (chunk {self.unit}" + (
+                ", reverse strand)" if self.strand == "-" else ")")
         else:
             shown = ", ".join(repr(r) for r in self.records[:3])
             more = f" and {len(self.records) - 3} more" if len(self.records) > 3 else ""
@@ -49,7 +51,8 @@ class VerifyReport:
     def as_dict(self) -> dict:
         return {"path": self.path, "units_checked": self.units, "ok": self.ok,
                 "problems": [{"kind": p.kind, "unit": p.unit, "record": p.record, "start": p.start,
-                              "end": p.end, "records": list(p.records), "detail": p.detail}
+                              "end": p.end, "records": list(p.records), "detail": p.detail,
+                              "strand": p.strand}
                              for p in self.problems]}
 
 
@@ -77,22 +80,24 @@ def verify_store(path, *, on_unit=None) -> VerifyReport:
                          "no checksums; nothing to verify")
     report = VerifyReport(store.path)
     for key, info in store.long_records.items():
-        names = store.output_names(key)
-        sums = store.unit_sums(key)
-        done = store.completed_chunks(key)
-        for i in range(int(info["n_chunks"])):
-            s, e = store.chunk_range(key, i)
-            if i not in done:
-                report.problems.append(UnitProblem("missing", i, info["id"], s, e))
-                continue
-            values = [(n, lambda n=n, k=key, s=s, e=e: store.array(k, n)[s:e]) for n in names]
-            values.append(("state", lambda k=key, i=i: store.state_blob(k, i) or b""))
-            detail = _compare(values, sums[i])
-            report.units += 1
-            if detail:
-                report.problems.append(UnitProblem("corrupt", i, info["id"], s, e, detail=detail))
-            if on_unit:
-                on_unit(report.units)
+        for strand in store.strands:
+            names = store.unit_names(key, strand)
+            sums = store.unit_sums(key, strand)
+            done = store.completed_chunks(key, strand)
+            for i in range(int(info["n_chunks"])):
+                s, e = store.chunk_range(key, i)
+                if i not in done:
+                    report.problems.append(UnitProblem("missing", i, info["id"], s, e, strand=strand))
+                    continue
+                values = [(n, lambda n=n, k=key, s=s, e=e: store.array(k, n)[s:e]) for n in names]
+                values.append(("state", lambda k=key, i=i, st=strand: store.state_blob(k, i, st) or b""))
+                detail = _compare(values, sums[i])
+                report.units += 1
+                if detail:
+                    report.problems.append(UnitProblem("corrupt", i, info["id"], s, e, detail=detail,
+                                                       strand=strand))
+                if on_unit:
+                    on_unit(report.units)
     p = store.packed
     if p is not None and p.n_batches:
         names = store.output_names(None)

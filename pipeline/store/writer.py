@@ -50,6 +50,7 @@ from linpipe.store.layout import (
     PACKED,
     PROGRESS,
     PROGRESS_ABOUT,
+    RC_OUTPUTS,
     READABLE_VERSIONS,
     ROW_DESCRIPTION,
     ROW_ID,
@@ -58,10 +59,13 @@ from linpipe.store.layout import (
     ROW_SOURCE,
     TABLE_CHUNK,
     TIME,
+    base_output,
     channel_array,
     checksum_array,
     done_array,
+    is_rc,
     packed_arrays,
+    progress_name,
     progress_path,
     record_arrays,
     record_path,
@@ -349,9 +353,14 @@ class _Templates:
         for s in specs:
             nodes[record_path(key, s.name)] = arrays[s.name].update_shape(s.shape)
         nodes[progress_path(key)] = dataclasses.replace(self.group, attributes={"id": info["id"]})
-        nodes[progress_path(key, "done")] = self.done.update_shape((int(info["n_chunks"]),))
-        nodes[progress_path(key, "sum")] = self.sums(int(info["n_chunks"]), len(specs) - (
-            1 if any(sp.name == CHANNEL_NAMES for sp in specs) else 0))
+        n = int(info["n_chunks"])
+        written = [sp for sp in specs if sp.name != CHANNEL_NAMES]
+        for strand in ("+", "-"):
+            mine = [sp for sp in written if is_rc(sp.name) == (strand == "-")]
+            if strand == "-" and not mine:
+                continue  # one strand only: no reverse markers
+            nodes[progress_path(key, progress_name("done", strand))] = self.done.update_shape((n,))
+            nodes[progress_path(key, progress_name("sum", strand))] = self.sums(n, len(mine))
         return nodes
 
     def packed_nodes(self, modality: str, packed: PackedRecords, *, time_dtype: str | None,
@@ -804,13 +813,16 @@ class OutputStore:
         if self.mode == "r":
             raise StoreError(f"{self.path}: opened read-only")
 
-    def write_chunk(self, key: str, chunk_index: int, arrays: dict, state: dict | None = None):
+    def write_chunk(self, key: str, chunk_index: int, arrays: dict, state: dict | None = None,
+                    strand: str = "+"):
         """Write one work unit of a long record: every output over the chunk's range, then its
         state, then done.
 
         arrays: name -> array over exactly [chunk_index*chunk_size, min(length, (i+1)*chunk_size))
         (and `time`, when the record was created with a time_dtype). state: the boundary state
-        after this chunk, as plain numpy arrays (ModelState.to_arrays()).
+        after this chunk, as plain numpy arrays (ModelState.to_arrays()). strand "-": the
+        reverse strand's unit over the same range (its `_rc` outputs, and the state after
+        reading the chunk backwards), with its own marker, checksums and state.
         """
         self._writable()
         info = self.record(key)
@@ -823,13 +835,34 @@ class OutputStore:
             raise StoreError(f"{self.path}: record {info['id']!r}: chunk {chunk_index} out of range "
                              f"(the record has {n} chunks)")
         start, end = self.chunk_range(key, chunk_index)
-        what = f"record {info['id']!r} chunk {chunk_index}"
-        prepared = self._prepare(arrays, self.output_names(key), lambda name: record_path(key, name),
-                                 end - start, what, f"for positions {start}-{end}")
-        done = self._array(progress_path(key, "done"))
-        self._write_unit(prepared, start, end, done, self._array(progress_path(key, "sum")), chunk_index,
-                         lambda: self._write_state(key, chunk_index, state) if state is not None
-                         else self._drop_state(key, chunk_index))
+        what = f"record {info['id']!r} chunk {chunk_index}" + (" (reverse strand)" if strand == "-" else "")
+        self._check_strand(strand)
+        names = self.unit_names(key, strand)
+        if arrays is None:  # a unit that stores no outputs (outside a job's --regions): state and marker
+            prepared = {n: None for n in names}
+        else:
+            prepared = self._prepare(arrays, names, lambda name: record_path(key, name), end - start, what,
+                                     f"for positions {start}-{end}")
+        done = self._array(progress_path(key, progress_name("done", strand)))
+        sums = self._array(progress_path(key, progress_name("sum", strand)))
+        self._write_unit(prepared, start, end, done, sums, chunk_index,
+                         lambda: self._write_state(key, chunk_index, state, strand) if state is not None
+                         else self._drop_state(key, chunk_index, strand))
+
+    @property
+    def strands(self) -> tuple[str, ...]:
+        """("+",) or ("+", "-") when the store holds the reverse strand's `_rc` outputs."""
+        return ("+", "-") if any(is_rc(o) for o in self._meta["outputs"]) else ("+",)
+
+    def _check_strand(self, strand: str):
+        if strand not in self.strands:
+            raise StoreError(f"{self.path}: no {strand!r} strand in this store (strands: "
+                             f"{', '.join(self.strands)})")
+
+    def unit_names(self, key: str, strand: str = "+") -> list[str]:
+        """The arrays one strand's unit of a long record writes (output_names of that strand)."""
+        names = self.output_names(key)
+        return [n for n in names if n == TIME and strand == "+" or n != TIME and is_rc(n) == (strand == "-")]
 
     def write_batch(self, batch: int, arrays: dict):
         """Write one batch of packed records: each output's values of the batch's records back
@@ -875,41 +908,44 @@ class OutputStore:
             done[index] = 0
             self._sync([(done, (index,))])
         chunk = start // self.chunk_size
-        for arr, data in prepared.values():  # 1. data: whole Zarr chunks only
+        written = [v for v in prepared.values() if v is not None]
+        for arr, data in written:  # 1. data: whole Zarr chunks only
             arr[start:end] = data
-        self._sync([(arr, (chunk,) + (0,) * (arr.ndim - 1)) for arr, _ in prepared.values()])
+        self._sync([(arr, (chunk,) + (0,) * (arr.ndim - 1)) for arr, _ in written])
         blob = write_state()  # 2. the boundary state after this unit (its bytes, or None)
-        sums[index] = unit_checksums([data for _, data in prepared.values()], blob)  # 3. checksums
+        sums[index] = unit_checksums([None if v is None else v[1] for v in prepared.values()],
+                                     blob)  # 3. checksums
         done[index] = 1  # 4. the marker, last
         self._sync([(sums, (index,)), (done, (index,))])
 
-    def _drop_state(self, key: str, chunk_index: int):
+    def _drop_state(self, key: str, chunk_index: int, strand: str = "+"):
         """No stale state from an earlier attempt may outlive a write without one."""
-        del self._group[state_path(key, chunk_index)]
+        del self._group[state_path(key, chunk_index, strand)]
         return None
 
-    def state_blob(self, key: str, chunk_index: int) -> bytes | None:
+    def state_blob(self, key: str, chunk_index: int, strand: str = "+") -> bytes | None:
         """The stored bytes of a long record's boundary state after a chunk (None if absent)."""
         import zarr
 
         try:
-            path = state_path(self.record(key)["key"], chunk_index)
+            path = state_path(self.record(key)["key"], chunk_index, strand)
             arr = zarr.open_array(store=self.zarr_store, path=path, mode="r", zarr_format=3)
         except (FileNotFoundError, KeyError, ValueError):
             return None
         return arr[:].tobytes()
 
-    def unit_sums(self, key: str | None) -> np.ndarray:
+    def unit_sums(self, key: str | None, strand: str = "+") -> np.ndarray:
         """(units, arrays + 1) recorded checksums of a long record's units (key None: the packed
-        batches), columns in output_names order, then the state; 0 where none was recorded."""
-        path = progress_path(PACKED, "sum") if key is None else progress_path(self.record(key)["key"], "sum")
+        batches), columns in unit_names order, then the state; 0 where none was recorded."""
+        path = progress_path(PACKED, "sum") if key is None else \
+            progress_path(self.record(key)["key"], progress_name("sum", strand))
         try:
             return np.asarray(self._group[path][:], dtype=np.uint64)
         except KeyError:  # format 1 records none
             n = self._packed.n_batches if key is None else self.n_chunks(key)
             return np.zeros((n, len(self.output_names(key)) + 1), dtype=np.uint64)
 
-    def _write_state(self, key: str, chunk_index: int, state: dict):
+    def _write_state(self, key: str, chunk_index: int, state: dict, strand: str = "+"):
         """One uint8 array per boundary holding the state as a safetensors blob (names, dtypes
         and shapes included): one metadata file and one chunk, whatever the model's layers."""
         import zarr
@@ -917,7 +953,7 @@ class OutputStore:
 
         tensors = {str(k): np.ascontiguousarray(np.asarray(v)) for k, v in state.items()}
         blob = np.frombuffer(save(tensors), dtype=np.uint8)
-        path = state_path(key, chunk_index)
+        path = state_path(key, chunk_index, strand)
         arr = zarr.create_array(store=self.zarr_store, name=path, overwrite=True, zarr_format=3,
                                 **state_array(blob.size).create_kwargs())
         arr[:] = blob
@@ -936,14 +972,19 @@ class OutputStore:
         list(_pool().map(_fsync, targets))
 
     # ------------------------------------------------------------------ progress
-    def completed_chunks(self, key: str) -> set[int]:
+    def completed_chunks(self, key: str, strand: str | None = None) -> set[int]:
+        """The chunks written; strand None: on every strand the store holds (what readers see)."""
         info = self.record(key)
         if info["packed"]:
             b = info["batch"]
             done = b is None or bool(self._group[f"{PROGRESS}/{PACKED}/done"][b])
             return {0} if done and info["length"] else set()
-        done = self._array(progress_path(info["key"], "done"))
-        return set(np.flatnonzero(done[:]).tolist())
+        out = None
+        for s in self.strands if strand is None else (strand,):
+            done = self._array(progress_path(info["key"], progress_name("done", s)))
+            mine = set(np.flatnonzero(done[:]).tolist())
+            out = mine if out is None else out & mine
+        return out
 
     def batches_done(self) -> np.ndarray:
         """(n_batches,) bool: which batches of packed records are written."""
@@ -965,18 +1006,19 @@ class OutputStore:
                 out.append((s, e))
         return out
 
-    def boundary_state(self, key: str, chunk_index: int) -> dict | None:
+    def boundary_state(self, key: str, chunk_index: int, strand: str = "+") -> dict | None:
         """The state saved after `chunk_index`, or None when that chunk is not complete (or was
-        written without a state; packed records have none)."""
+        written without a state; packed records have none). strand "-": the reverse strand's
+        state after reading chunk `chunk_index` (from the record's end down to its start)."""
         import zarr
         from safetensors.numpy import load
 
         info = self.record(key)
-        if info["packed"] or chunk_index not in self.completed_chunks(key):
+        if info["packed"] or chunk_index not in self.completed_chunks(key, strand):
             return None
         try:
-            arr = zarr.open_array(store=self.zarr_store, path=state_path(info["key"], chunk_index), mode="r",
-                                  zarr_format=3)
+            arr = zarr.open_array(store=self.zarr_store, path=state_path(info["key"], chunk_index, strand),
+                                  mode="r", zarr_format=3)
         except (FileNotFoundError, KeyError, ValueError):
             return None
         return load(arr[:].tobytes())
@@ -1072,8 +1114,9 @@ def checksum(values) -> int:
 
 
 def unit_checksums(values, state_blob: bytes | None = None) -> np.ndarray:
-    """One checksum per array a unit wrote, then its state's (0: no state)."""
-    return np.array([checksum(v) for v in values] + [checksum(state_blob) if state_blob is not None else 0],
+    """One checksum per array a unit wrote (0: an array it did not write), then its state's (0: no state)."""
+    return np.array([0 if v is None else checksum(v) for v in values]
+                    + [checksum(state_blob) if state_blob is not None else 0],
                     dtype=np.uint64)
 
 
@@ -1110,6 +1153,11 @@ class PackedSlice:
 
 def _check_outputs(where, modality, outputs, feature_dim, channels):
     for name in outputs:
+        if is_rc(name) and base_output(name) not in RC_OUTPUTS:
+            raise StoreError(f"{where}: output {name!r}: only {', '.join(RC_OUTPUTS)} have a reverse strand")
+        if is_rc(name) and modality != "dna":
+            raise StoreError(f"{where}: output {name!r}: a {modality} store has no reverse strand")
+        name = base_output(name)
         if name not in OUTPUT_KINDS[modality]:
             raise StoreError(f"{where}: output {name!r} is not a {modality} output "
                              f"(one of {', '.join(OUTPUT_KINDS[modality])})")

@@ -1,0 +1,454 @@
+"""Variant effects with the whole record before each variant as context (`linpipe score-variants`).
+
+For a variant at 0-based position p with reference allele R and alternative allele A, and a
+window W, both haplotypes are scored on the allele plus the W-1 reference bases that follow it
+(in each haplotype's own coordinates, clipped at the record's end):
+
+    llr = sum(logprob_alt over A + downstream) - sum(logprob_ref over R + downstream)
+
+in nats, where downstream = genome[p+len(R) : p+len(R)+W-1] and each logprob is the model's
+log-probability of a base given the whole record before it. For an SNV that is exactly
+sum_{j=p}^{p+W-1} (logprob_alt[j] - logprob_ref[j]). N bases (and other IUPAC codes) have no
+log-probability and add 0 to their haplotype's sum. The anchor base that VCF indels carry is
+the same in both haplotypes and cancels.
+
+How the context is kept cheap: the store holds the exact model state after every chunk of a long
+record, so a variant in chunk c is scored by replaying the reference from the state stored
+after chunk c-1 (the fresh state after BOS for chunk 0 and for packed short records, which are
+at most one chunk long) up to the end of its window (which may run into the next chunk: the
+replay simply carries on). All variants of one chunk share one reference replay, split at the
+variants' positions to pick up the state before each, and their alternative haplotypes run from
+those states as one batch (`Model.forward_batch`).
+"""
+from __future__ import annotations
+
+import os
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from linpipe.errors import LinpipeError
+from linpipe.inputs.alphabet import reverse_complement, tokenize
+
+DEFAULT_WINDOW = 128
+MAX_BATCH_POSITIONS = 1 << 16  # alternative haplotypes' positions per batched model call
+TOKEN_CHARS = np.array(list("ACGTN"))
+
+
+class VariantError(LinpipeError):
+    """A VCF line that cannot be scored: malformed, an unknown contig, a REF that does not match."""
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One ALT allele of one VCF line; `row` is its place in the output (VCF order)."""
+
+    row: int
+    line: int  # 1-based line of the VCF file
+    chrom: str
+    pos: int  # 0-based
+    ref: str
+    alt: str
+
+
+@dataclass
+class Summary:
+    """What score_variants did: counts, and why lines were skipped (with --skip-mismatch)."""
+
+    scored: int = 0
+    skipped: Counter = field(default_factory=Counter)
+    units: int = 0
+    replayed_positions: int = 0
+    strands: tuple[str, ...] = ("+",)
+
+
+def _vcf_error(path, line, what):
+    return VariantError(f"{path}:{line}: {what}")
+
+
+def read_vcf(path: str):
+    """Yields (line, chrom, pos0, ref, alts) per data line, with pysam (plain or bgzip VCF; a
+    tabix index is not needed). A line pysam cannot parse raises VariantError naming it."""
+    import pysam
+
+    if not os.path.isfile(path):
+        raise VariantError(f"{path}: no such VCF file")
+    pysam.set_verbosity(0)  # htslib's own warnings would go to stderr; errors are ours to word
+    try:
+        vf = pysam.VariantFile(path)
+    except (OSError, ValueError) as e:
+        raise VariantError(f"{path}: not a readable VCF ({e})") from None
+    header_lines = str(vf.header).count("\n")
+    line = header_lines
+    it = iter(vf)
+    try:
+        while True:
+            line += 1
+            try:
+                rec = next(it)
+            except StopIteration:
+                return
+            except (OSError, ValueError) as e:
+                raise _vcf_error(path, line, f"malformed VCF line: htslib cannot parse it ({e})") from None
+            yield line, rec.chrom, rec.pos - 1, rec.ref, rec.alts
+    finally:
+        vf.close()
+
+
+def _genome_inputs(store, override: str | None, model_sha256: str):
+    """record id -> open input, for the FASTA the store was made from (or `override`), checked
+    to be that content: the store's job id is recomputed from the inputs' fingerprints (a copy
+    elsewhere keeps them), so the stored states are known to belong to this sequence."""
+    from linpipe.inputs import open_input
+    from linpipe.jobs.plan import job_id
+
+    meta = store.meta
+    own = [i["path"] if isinstance(i, dict) else i for i in meta.get("inputs") or ()]
+    paths = [override] if override else own
+    if not paths:
+        raise LinpipeError(f"{store.path}: the store names no input; give the genome with --input")
+    where, opened = {}, []
+    for p in paths:
+        if not os.path.isfile(p):
+            raise LinpipeError(f"{p}: the store's input is not here; give the genome with --input")
+        inp = open_input(p)
+        if inp.modality != "dna":
+            raise LinpipeError(f"{p}: not a FASTA file (variants need a genome)")
+        opened.append(inp)
+        for r in inp.records:
+            where.setdefault(r.id, inp)
+    if len(paths) == len(own) and "regions" not in meta and meta.get("job_id"):
+        options = {"chunk_size": int(meta["chunk_size"]), "outputs": sorted(meta["outputs"]),
+                   "input_options": meta.get("input_options") or {}}
+        if job_id([i.fingerprint() for i in opened], model_sha256, options) != meta["job_id"]:
+            raise LinpipeError(f"{', '.join(paths)}: not the genome the store {store.path} was made from "
+                               "(its content differs); the stored states would not match it")
+    return where, opened
+
+
+@dataclass(frozen=True)
+class Unit:
+    """The variants that share one replay: a long record's chunk, or a whole packed record."""
+
+    record: str
+    chunk: int  # -1 for a packed record (replayed from its start)
+    start: int  # first position replayed
+
+
+class VariantScorer:
+    """Scores the variants of one replay unit at a time; holds the model, the store and the
+    genome (a Ray worker holds one)."""
+
+    def __init__(self, store_path: str, *, window: int = DEFAULT_WINDOW, genome: str | None = None,
+                 model: str | None = None, device: str | None = None, threads: int | None = None):
+        import torch
+
+        from linpipe.model import load_model
+        from linpipe.store import OutputStore
+
+        if threads:
+            torch.set_num_threads(threads)
+        if device is None:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.store = OutputStore.open(store_path, mode="r")
+        meta = self.store.meta
+        if meta.get("modality") != "dna":
+            raise LinpipeError(f"{store_path}: a {meta.get('modality')} store; variants need a DNA store")
+        self.model = load_model(model or meta.get("model") or "default", device=device)
+        want = meta.get("model_sha256")
+        if want and self.model.sha256 != want:
+            raise LinpipeError(f"{store_path}: the model found ({self.model.path}) is not the one the "
+                               f"store was made with (sha256 {want[:12]}...); give it with --model")
+        self.window = int(window)
+        self.genome, self._opened = _genome_inputs(self.store, genome, self.model.sha256)
+        self.chunk_size = self.store.chunk_size
+        self.strands = self.store.strands
+
+    def close(self):
+        for inp in self._opened:
+            inp.close()
+
+    def unit_of(self, info: dict, pos: int) -> Unit:
+        if info["packed"]:
+            return Unit(info["id"], -1, 0)
+        c = pos // self.chunk_size
+        return Unit(info["id"], c, c * self.chunk_size)
+
+    def _stored_state(self, record: str, chunk: int, strand: str):
+        """The state stored after `chunk` on a strand (the fresh state past either end)."""
+        from linpipe.model import ModelState
+
+        info = self.store.record(record)
+        if chunk < 0 or info["packed"] or chunk >= int(info["n_chunks"]):
+            return self.model.init_state()
+        arrays = self.store.boundary_state(info["key"], chunk, strand)
+        if arrays is None:
+            what = "" if strand == "+" else " of the reverse strand"
+            raise LinpipeError(f"{self.store.path}: record {record!r}: chunk {chunk}{what} is not written "
+                               "yet (no boundary state); finish the job first")
+        return ModelState.from_arrays(arrays)
+
+    def score(self, unit: Unit, variants: list[tuple[int, int, str, str]]) -> dict[int, tuple]:
+        """variants: (row, pos0, ref, alt), REF already checked. Returns row -> (llr,) or, when
+        the store holds both strands, row -> (llr forward, llr reverse)."""
+        rid = unit.record
+        length = int(self.store.record(rid)["length"])
+        W = self.window
+        # forward: the unit's chunk from the state stored before it, through the last window
+        items = []  # (row, local position, ref length, local end of the window, alt tokens)
+        end = max(min(p + len(ref) + W - 1, length) for _, p, ref, _ in variants)
+        for row, p, ref, alt in variants:
+            items.append((row, p - unit.start, len(ref), min(p + len(ref) + W - 1, length) - unit.start,
+                          tokenize(alt)))
+        tokens, _ = self.genome[rid].read(rid, unit.start, end)
+        fwd = self._replay(tokens, self._stored_state(rid, unit.chunk - 1, "+"), items)
+        self.replayed = end - unit.start
+        if self.strands == ("+",):
+            return {row: (v,) for row, v in fwd.items()}
+        # reverse: read from the record's end, so the context of a variant is everything after
+        # its allele. Variants are grouped by the chunk holding their allele's last base; each
+        # group replays that chunk backwards from the reverse state stored after the chunk
+        # beyond it, down through the last window (which may run into the chunk before).
+        C = self.chunk_size
+        groups = defaultdict(list)
+        for v in variants:
+            _, p, ref, _ = v
+            groups[(p + len(ref) - 1) // C if unit.chunk >= 0 else -1].append(v)
+        rc = {}
+        for c, vs in groups.items():
+            hi = length if c < 0 else min((c + 1) * C, length)
+            lo = max(0, min(p for _, p, _, _ in vs) - W + 1)
+            seq, _ = self.genome[rid].read(rid, lo, hi)
+            rtokens = reverse_complement(seq)
+            items = []
+            for row, p, ref, alt in vs:
+                at = hi - (p + len(ref))  # the allele's first base on the reverse strand
+                items.append((row, at, len(ref), min(at + len(ref) + W - 1, hi - lo),
+                               reverse_complement(tokenize(alt))))
+            state = self.model.init_state() if c < 0 else self._stored_state(rid, c + 1, "-")
+            rc.update(self._replay(rtokens, state, items))
+            self.replayed += hi - lo
+        return {row: (v, rc[row]) for row, v in fwd.items()}
+
+    def _replay(self, tokens: np.ndarray, state, items) -> dict[int, float]:
+        """The reference `tokens` read once from `state`, split at the variants' positions to keep
+        the state before each; then every alternative haplotype (its allele and the reference
+        after it, to the window's end) from that state, as batches. Returns row -> llr."""
+        cut_set = {it[1] for it in items}
+        end = len(tokens)
+        ref_lp, states, at = [], {}, 0
+        for p in sorted(cut_set) + [end]:
+            out, state = self.model.forward(tokens[at:p], state, outputs=["logprob"])
+            ref_lp.append(out["logprob"])
+            at = p
+            if p in cut_set:
+                states[p] = state
+        ref_lp = np.concatenate(ref_lp)
+        todo = []
+        for row, p, rlen, dend, alt_tok in items:
+            ref_sum = float(np.nansum(ref_lp[p:dend], dtype=np.float64))
+            todo.append((row, p, np.concatenate([alt_tok, tokens[p + rlen:dend]]), ref_sum))
+        results = {}
+        i = 0
+        while i < len(todo):
+            j, size = i, 0
+            while j < len(todo) and (j == i or size + len(todo[j][2]) <= MAX_BATCH_POSITIONS):
+                size += len(todo[j][2])
+                j += 1
+            batch = todo[i:j]
+            outs = self.model.forward_batch([t[2] for t in batch], [states[t[1]] for t in batch],
+                                            outputs=["logprob"])
+            for (row, _p, _x, ref_sum), o in zip(batch, outs, strict=True):
+                results[row] = float(np.nansum(o["logprob"], dtype=np.float64)) - ref_sum
+            i = j
+        return results
+
+
+def _check_variant(scorer: VariantScorer, path, line, chrom, pos, ref, alt, lengths: dict):
+    """None if the variant can be scored, else (reason, message)."""
+    if chrom not in lengths:
+        try:
+            info = scorer.store.record(chrom, by_key=False)
+        except LinpipeError:
+            return "unknown contig", f"contig {chrom!r} is not a record of the store {scorer.store.path}"
+        if chrom not in scorer.genome:
+            return "unknown contig", f"contig {chrom!r} is not in the genome input"
+        have = next(r.length for r in scorer.genome[chrom].records if r.id == chrom)
+        if int(have) != int(info["length"]):
+            raise LinpipeError(f"{scorer.genome[chrom].path}: record {chrom!r} has {have:,} bases, the store "
+                               f"{info['length']:,}: not the genome the store was made from")
+        lengths[chrom] = (info, int(info["length"]))
+    info, length = lengths[chrom]
+    if alt is None or alt in (".", "*") or alt.startswith("<") or "[" in alt or "]" in alt:
+        return "symbolic ALT", f"ALT {alt!r} is not a sequence (symbolic and missing alleles are not scored)"
+    for what, allele in (("REF", ref), ("ALT", alt)):
+        try:
+            tokenize(allele)
+        except ValueError:
+            return "malformed", f"{what} {allele!r} is not a DNA sequence"
+    if pos < 0 or pos + len(ref) > length:
+        return "out of range", (f"{chrom}:{pos + 1} (REF {len(ref)} bp) lies outside the record "
+                                f"({length:,} bp)")
+    got, _ = scorer.genome[chrom].read(chrom, pos, pos + len(ref))
+    want = tokenize(ref.upper())
+    if not np.array_equal(got, want):
+        return "REF mismatch", (f"REF {ref} does not match the genome at {chrom}:{pos + 1} "
+                                f"({''.join(TOKEN_CHARS[got])})")
+    return None
+
+
+def collect(scorer: VariantScorer, vcf: str, *, skip_mismatch: bool, summary: Summary):
+    """Reads and checks the VCF: returns the variants grouped by replay unit, and all of them."""
+    units: dict[Unit, list] = defaultdict(list)
+    variants: list[Variant] = []
+    lengths: dict = {}
+    for line, chrom, pos, ref, alts in read_vcf(vcf):
+        if ref is None or not alts:
+            problem = ("malformed", "no REF or ALT allele")
+        else:
+            problem = None
+        for alt in alts or (None,):
+            if problem is None:
+                bad = _check_variant(scorer, vcf, line, chrom, pos, ref, alt, lengths)
+            else:
+                bad = problem
+            if bad is not None:
+                if not skip_mismatch:
+                    raise _vcf_error(vcf, line, bad[1])
+                summary.skipped[bad[0]] += 1
+                continue
+            v = Variant(len(variants), line, chrom, pos, ref, alt)
+            variants.append(v)
+            units[scorer.unit_of(lengths[chrom][0], pos)].append((v.row, pos, ref.upper(), alt.upper()))
+    return units, variants
+
+
+def score_variants(store_path: str, vcf: str, out: str, *, window: int = DEFAULT_WINDOW,
+                   genome: str | None = None, skip_mismatch: bool = False, workers: int = 0,
+                   address: str | None = None, device: str | None = None, model: str | None = None,
+                   threads: int | None = 1, on_unit=None) -> Summary:
+    """Scores every variant of `vcf` against the store's genome and model; writes `out` (.tsv or
+    .parquet) in VCF order. workers > 0 runs the replay units on that many Ray actors."""
+    if window < 1:
+        raise LinpipeError(f"--window must be at least 1, got {window}")
+    if not (out.endswith(".tsv") or out.endswith(".parquet")):
+        raise LinpipeError(f"{out}: the output must end in .tsv or .parquet")
+    summary = Summary()
+    scorer = VariantScorer(store_path, window=window, genome=genome, model=model, device=device,
+                           threads=threads)
+    try:
+        units, variants = collect(scorer, vcf, skip_mismatch=skip_mismatch, summary=summary)
+        llr = np.full((len(variants), len(scorer.strands)), np.nan)
+        order = sorted(units, key=lambda u: (u.record, u.chunk))
+        if workers and len(order) > 1:
+            done = _score_on_ray(store_path, units, order, window=window, genome=genome, model=model,
+                                 device=device, threads=threads, workers=workers, address=address,
+                                 on_unit=on_unit)
+            for rows, replayed in done:
+                for row, value in rows.items():
+                    llr[row] = value
+                summary.replayed_positions += replayed
+        else:
+            for u in order:
+                for row, value in scorer.score(u, units[u]).items():
+                    llr[row] = value
+                summary.replayed_positions += scorer.replayed
+                if on_unit:
+                    on_unit(len(units[u]))
+        summary.units = len(order)
+        summary.strands = scorer.strands
+        summary.scored = len(variants)
+    finally:
+        scorer.close()
+    _write(out, variants, llr)
+    return summary
+
+
+def _write(out: str, variants: list[Variant], llr: np.ndarray) -> None:
+    """One row per allele; with both strands, llr is their mean and llr_fwd, llr_rc each one."""
+    import pandas as pd
+
+    cols = {"chrom": [v.chrom for v in variants], "pos": np.array([v.pos + 1 for v in variants], np.int64),
+            "ref": [v.ref for v in variants], "alt": [v.alt for v in variants]}
+    if llr.shape[1] == 1:
+        cols["llr"] = llr[:, 0]
+    else:
+        cols.update({"llr": llr.mean(axis=1), "llr_fwd": llr[:, 0], "llr_rc": llr[:, 1]})
+    df = pd.DataFrame(cols)
+    if out.endswith(".parquet"):
+        df.to_parquet(out, index=False)
+    else:
+        df.to_csv(out, sep="\t", index=False, float_format="%.6g")
+
+
+class _RayScorer:
+    """A Ray actor around VariantScorer (one per CPU slot or GPU)."""
+
+    def __init__(self, store_path, window, genome, model, device, threads):
+        self.scorer = VariantScorer(store_path, window=window, genome=genome, model=model,
+                                    device=device, threads=threads)
+
+    def score(self, unit, variants):
+        rows = self.scorer.score(unit, variants)
+        return rows, self.scorer.replayed
+
+
+def _score_on_ray(store_path, units, order, *, window, genome, model, device, threads, workers, address,
+                  on_unit):
+    """Units on `workers` actors, at most two calls in flight per actor (ray.wait)."""
+    from linpipe.jobs.cluster import start_ray
+
+    started = start_ray(address, workers)
+    import ray
+
+    try:
+        opts = {"num_cpus": 1}
+        if device is None and int(ray.cluster_resources().get("GPU", 0)):
+            opts = {"num_gpus": 1, "num_cpus": 1}
+        actor_cls = ray.remote(**opts)(_RayScorer)
+        store_path = os.path.abspath(store_path)
+        genome = os.path.abspath(genome) if genome else None
+        actors = [actor_cls.remote(store_path, window, genome, model, device, threads)
+                  for _ in range(workers)]
+        pending, results = {}, []
+        todo = list(order)
+        free = [a for a in actors for _ in range(2)]
+        while todo or pending:
+            while todo and free:
+                u = todo.pop(0)
+                a = free.pop()
+                pending[a.score.remote(u, units[u])] = (a, u)
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            for ref in ready:
+                a, u = pending.pop(ref)
+                try:
+                    results.append(ray.get(ref))
+                except ray.exceptions.RayTaskError as e:
+                    cause = e.cause if isinstance(getattr(e, "cause", None), LinpipeError) else None
+                    if cause is not None:
+                        raise cause from None
+                    raise
+                free.append(a)
+                if on_unit:
+                    on_unit(len(units[u]))
+        return results
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def direct_llr(model, tokens: np.ndarray, pos: int, ref: str, alt: str, window: int) -> float:
+    """The definition, computed the slow way: both whole haplotypes from the record's start
+    (the reference for tests and for the naive baseline in benchmarks)."""
+    length = len(tokens)
+    rend = pos + len(ref)
+    dend = min(rend + window - 1, length)
+    alt_seq = np.concatenate([tokens[:pos], tokenize(alt.upper()), tokens[rend:dend]])
+    ref_lp = model.forward(tokens[:dend], model.init_state(), outputs=["logprob"])[0]["logprob"]
+    alt_lp = model.forward(alt_seq, model.init_state(), outputs=["logprob"])[0]["logprob"]
+    return float(np.nansum(alt_lp[pos:], dtype=np.float64) - np.nansum(ref_lp[pos:], dtype=np.float64))
+
+
+__all__ = ["DEFAULT_WINDOW", "Summary", "Variant", "VariantError", "VariantScorer", "direct_llr",
+           "read_vcf", "score_variants"]

@@ -1,0 +1,146 @@
+"""submit --strand both: logprob_rc[i] is the model's log-probability of the complement of base i
+when the record is read from its end toward 0, against the model run directly (no store)."""
+import numpy as np
+import pytest
+import zarr
+from _pipeline_data import make_tiny_model, write_in_process
+
+import linpipe
+from linpipe.inputs.alphabet import reverse_complement, tokenize
+from linpipe.store.verify import verify_store
+
+CHUNK = 512
+
+
+def _read_fasta(path):
+    out, name = {}, None
+    for line in path.read_text().splitlines():
+        if line.startswith(">"):
+            name = line[1:].split()[0]
+            out[name] = []
+        elif name:
+            out[name].append(line.strip())
+    return {k: "".join(v) for k, v in out.items()}
+
+
+@pytest.fixture(scope="module")
+def both(genomes, tmp_path_factory, one_torch_thread):
+    base = tmp_path_factory.mktemp("strands")
+    at = _read_fasta(genomes / "korflab_Athaliana_TAIR_1pct.fa")["Chr2"][27_600:29_200]  # has an N run
+    mt = next(iter(_read_fasta(genomes / "minimap2_MT-human.fa").values()))[:300]
+    seqs = {"chr2": at, "mt": mt}
+    fasta = base / "g.fa"
+    fasta.write_text("".join(f">{k}\n{v}\n" for k, v in seqs.items()))
+    model = make_tiny_model(base / "tiny")
+    out = base / "both.zarr"
+    plan = write_in_process(fasta, model, out, chunk_size=CHUNK,
+                            outputs=("logprob", "entropy", "logprob_rc", "entropy_rc"))
+    return base, fasta, model, out, plan, seqs
+
+
+def test_reverse_strand_equals_the_model_over_the_reverse_complement(both):
+    from linpipe.model import load_model
+
+    _base, _fasta, model_dir, out, plan, seqs = both
+    assert len(plan.streams) == 2 and plan.n_units == 2 * 4 + 1  # each strand's 4 chunks, 1 batch
+    model = load_model(model_dir, device="cpu")
+    reader = linpipe.open_output(str(out))
+    for rid, seq in seqs.items():
+        x = tokenize(seq)
+        fwd = model.forward(x, model.init_state())[0]
+        rc = model.forward(reverse_complement(x), model.init_state())[0]
+        for name in ("logprob", "entropy"):
+            np.testing.assert_allclose(reader.read(rid, name), fwd[name], rtol=1e-4, atol=1e-4)
+            np.testing.assert_allclose(reader.read(rid, f"{name}_rc"), rc[name][::-1], rtol=1e-4, atol=1e-4)
+        lp = reader.read(rid, "logprob_rc")
+        assert np.array_equal(np.isnan(lp), x == 4)  # N on one strand is N on the other
+    report = verify_store(str(out))
+    assert report.ok and report.units == plan.n_units
+    import warnings
+
+    with warnings.catch_warnings():  # streaming reads (exports) check each strand's own checksums
+        warnings.simplefilter("error")
+        blocks = list(reader.blocks(["logprob", "logprob_rc"]))
+    assert sum(len(v["logprob_rc"]) for _, _, v in blocks) == sum(map(len, seqs.values()))
+
+
+def test_reverse_units_resume_from_their_own_states(both, tmp_path):
+    """Chunks 1 and 0 of the reverse strand (its last two) dropped and rerun by the repair path:
+    they start from the reverse state stored after chunk 2, and give the same bytes."""
+    import shutil
+
+    from linpipe.jobs.repair import repair_units
+
+    _base, _fasta, _model, out, plan, _seqs = both
+    copy = tmp_path / "copy.zarr"
+    shutil.copytree(out, copy)
+    key = plan.records[0].key
+    done_rc = zarr.open_array(str(copy / "_linpipe" / key / "done_rc"), mode="r+")
+    done_rc[0:2] = 0
+    for name in ("logprob_rc", "entropy_rc"):  # and their data gone
+        zarr.open_array(str(copy / key / name), mode="r+")[:2 * CHUNK] = np.nan
+    before = zarr.open_array(str(out / key / "logprob_rc"), mode="r")[:]
+    report = verify_store(str(copy))
+    missing = [(p.unit, p.strand) for p in report.problems]
+    assert sorted(missing) == [(0, "-"), (1, "-")]
+    assert repair_units(str(copy), report.problems) == 2
+    after = zarr.open_array(str(copy / key / "logprob_rc"), mode="r")[:]
+    assert after.tobytes() == before.tobytes() and verify_store(str(copy)).ok
+
+
+@pytest.mark.slow
+def test_submit_both_strands_on_ray(both, tmp_path):
+    """`linpipe submit --strand both` on 2 Ray workers (the strands as parallel streams): the
+    same values as the in-process run, and a complete, verified store."""
+    import subprocess
+    import sys
+
+    from _pipeline_data import assert_same_bytes, record_outputs
+
+    _base, fasta, model, out, plan, _seqs = both
+    ray_out = tmp_path / "ray.zarr"
+    r = subprocess.run([sys.executable, "-m", "linpipe.cli", "submit", str(fasta), "--model", model,
+                        "--out", str(ray_out), "--chunk-size", str(CHUNK), "--workers", "2", "--quiet",
+                        "--outputs", "logprob,entropy", "--strand", "both"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    reader = linpipe.open_output(str(ray_out))
+    assert reader.complete and reader.meta["job_id"] == plan.job_id
+    assert_same_bytes(record_outputs(ray_out), record_outputs(out))
+
+
+def test_score_variants_reports_each_strand(both):
+    """llr_fwd and llr_rc each equal the model run directly over the whole haplotypes of their
+    strand (the reverse one: reverse-complemented, so its context is everything after the
+    allele), at the edges of both strands' chunks and windows; llr is their mean."""
+    import pandas as pd
+    from click.testing import CliRunner
+    from test_variants import WINDOW, _direct, _variants, _vcf
+
+    from linpipe.cli import cli
+    from linpipe.model import load_model
+
+    base, _fasta, model_dir, out, _plan, seqs = both
+    rows = _variants(seqs) + [("chr2", 2 * CHUNK, seqs["chr2"][2 * CHUNK - 1].upper(), "N"),
+                              ("chr2", 6, seqs["chr2"][5:8].upper(), "G")]
+    rows = sorted(set(rows), key=lambda r: (r[0] != "chr2", r[1], r[2], r[3]))
+    vcf = _vcf(base / "both.vcf", rows, {k: len(v) for k, v in seqs.items()})
+    tsv = base / "both.tsv"
+    r = CliRunner().invoke(cli, ["score-variants", str(out), str(vcf), "-o", str(tsv),
+                                 "--window", str(WINDOW)])
+    assert r.exit_code == 0, r.output
+    got = pd.read_csv(tsv, sep="\t")
+    assert list(got.columns) == ["chrom", "pos", "ref", "alt", "llr", "llr_fwd", "llr_rc"]
+    model = load_model(model_dir, device="cpu")
+    comp = str.maketrans("ACGTN", "TGCAN")
+
+    def rc(s):
+        return s.upper().translate(comp)[::-1]
+
+    fwd = [_direct(model, seqs[c], p - 1, ref, alt, WINDOW) for c, p, ref, alt in rows]
+    rev = [_direct(model, rc(seqs[c]), len(seqs[c]) - (p - 1 + len(ref)), rc(ref), rc(alt), WINDOW)
+           for c, p, ref, alt in rows]
+    np.testing.assert_allclose(got.llr_fwd.to_numpy(), fwd, rtol=1e-4, atol=2e-4)
+    np.testing.assert_allclose(got.llr_rc.to_numpy(), rev, rtol=1e-4, atol=2e-4)
+    np.testing.assert_allclose(got.llr.to_numpy(), (np.array(fwd) + np.array(rev)) / 2, rtol=1e-4, atol=2e-4)
+    assert np.abs(np.array(fwd) - np.array(rev)).max() > 1e-2  # the strands really differ

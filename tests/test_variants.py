@@ -1,0 +1,168 @@
+"""score-variants: llr from the stored boundary states equals the model run directly over both
+whole haplotypes from the record's start (no store), at the edges that matter."""
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from _pipeline_data import make_tiny_model, write_in_process
+from click.testing import CliRunner
+
+from linpipe.cli import cli
+from linpipe.inputs.alphabet import tokenize
+
+CHUNK = 512
+WINDOW = 40
+
+
+def _read_fasta(path: Path) -> dict[str, str]:
+    out, name = {}, None
+    for line in path.read_text().splitlines():
+        if line.startswith(">"):
+            name = line[1:].split()[0]
+            out[name] = []
+        elif name:
+            out[name].append(line.strip())
+    return {k: "".join(v) for k, v in out.items()}
+
+
+@pytest.fixture(scope="module")
+def case(genomes, tmp_path_factory, one_torch_thread):
+    """A long record (4 chunks of 512) holding a real N run (A. thaliana Chr2 28030-28150), and a
+    short packed record (the first 300 bp of human MT), in a store written by the pipeline."""
+    base = tmp_path_factory.mktemp("variants")
+    at = _read_fasta(genomes / "korflab_Athaliana_TAIR_1pct.fa")["Chr2"][27_600:29_200]
+    mt = _read_fasta(genomes / "minimap2_MT-human.fa")
+    mt = next(iter(mt.values()))[:300]
+    seqs = {"chr2": at, "mt": mt}
+    fasta = base / "g.fa"
+    fasta.write_text("".join(f">{k}\n{v}\n" for k, v in seqs.items()))
+    model = make_tiny_model(base / "tiny")
+    out = base / "g.zarr"
+    write_in_process(fasta, model, out, chunk_size=CHUNK, outputs=("logprob",))
+    return base, fasta, out, model, seqs
+
+
+def _direct(model, seq: str, pos: int, ref: str, alt: str, window: int) -> float:
+    """Both haplotypes from the record's start through the model, no store, no replay."""
+    x = tokenize(seq)
+    rend = pos + len(ref)
+    dend = min(rend + window - 1, len(x))
+    alt_x = np.concatenate([x[:pos], tokenize(alt), x[rend:dend]])
+    lp_ref = model.forward(x[:dend], model.init_state(), outputs=["logprob"])[0]["logprob"]
+    lp_alt = model.forward(alt_x, model.init_state(), outputs=["logprob"])[0]["logprob"]
+    return float(np.nansum(lp_alt[pos:], dtype=np.float64) - np.nansum(lp_ref[pos:], dtype=np.float64))
+
+
+def _vcf(path: Path, rows, contigs) -> Path:
+    lines = ["##fileformat=VCFv4.2"] + [f"##contig=<ID={k},length={n}>" for k, n in contigs.items()]
+    lines.append("#CHROM\tPOS\tID\tREF\tALT\tQUAL\tFILTER\tINFO")
+    lines += [f"{c}\t{p}\t.\t{r}\t{a}\t.\tPASS\t." for c, p, r, a in rows]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _variants(seqs):
+    """(chrom, 1-based pos, ref, alt) at position 0, around and on the chunk edges, in and next
+    to the N run, within W of the record's end, indels and an MNV across an edge."""
+    s, mt = seqs["chr2"], seqs["mt"]
+    alt = {"A": "C", "C": "G", "G": "T", "T": "A", "N": "A"}
+    rows = []
+    for p in (0, 1, CHUNK - 20, CHUNK - 1, CHUNK, CHUNK + 1, 2 * CHUNK, 3 * CHUNK - 1, 3 * CHUNK,
+              400, 430 + 60, 430 + 121, len(s) - WINDOW + 3, len(s) - 1):
+        b = s[p].upper()
+        rows.append(("chr2", p + 1, b, alt[b]))
+    p = CHUNK - 2  # a deletion across the first edge, an insertion on the second, an MNV across the third
+    rows.append(("chr2", p + 1, s[p:p + 4].upper(), s[p].upper()))
+    rows.append(("chr2", 2 * CHUNK + 1, s[2 * CHUNK].upper(), s[2 * CHUNK].upper() + "GATTACA"))
+    rows.append(("chr2", 3 * CHUNK, s[3 * CHUNK - 1:3 * CHUNK + 1].upper(), "TT"))
+    for p in (0, 150, len(mt) - 2):
+        rows.append(("mt", p + 1, mt[p].upper(), alt[mt[p].upper()]))
+    return sorted(rows, key=lambda r: (r[0] != "chr2", r[1]))  # sorted, as tabix needs
+
+
+def test_llr_equals_the_model_run_directly(case):
+    from linpipe.model import load_model
+
+    base, fasta, out, model_dir, seqs = case
+    assert "N" * 100 in seqs["chr2"]  # the N run is really there
+    rows = _variants(seqs)
+    vcf = _vcf(base / "v.vcf", rows, {k: len(v) for k, v in seqs.items()})
+    tsv = base / "effects.tsv"
+    r = CliRunner().invoke(cli, ["score-variants", str(out), str(vcf), "-o", str(tsv),
+                                 "--window", str(WINDOW)])
+    assert r.exit_code == 0, r.output
+    got = pd.read_csv(tsv, sep="\t")
+    assert list(got.columns[:5]) == ["chrom", "pos", "ref", "alt", "llr"]
+    assert list(zip(got.chrom, got.pos, got.ref, got.alt, strict=True)) == rows
+    model = load_model(model_dir, device="cpu")
+    want = [_direct(model, seqs[c], p - 1, ref, alt, WINDOW) for c, p, ref, alt in rows]
+    np.testing.assert_allclose(got.llr.to_numpy(), want, rtol=1e-4, atol=2e-4)
+    assert np.isfinite(want).all() and np.abs(want).min() > 0  # every variant moved the likelihood
+
+    # the same file bgzipped and tabix-indexed, to Parquet: the same values
+    import pysam
+
+    gz = pysam.tabix_index(str(vcf), preset="vcf", force=True, keep_original=True)
+    pq = base / "effects.parquet"
+    r = CliRunner().invoke(cli, ["score-variants", str(out), gz, "-o", str(pq), "--window", str(WINDOW),
+                                 "--input", str(fasta)])
+    assert r.exit_code == 0, r.output
+    # (the TSV holds 6 significant digits, the Parquet file the float64 itself)
+    np.testing.assert_allclose(pd.read_parquet(pq).llr.to_numpy(), got.llr.to_numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_bad_lines_are_named_or_counted(case):
+    base, _fasta, out, _model, seqs = case
+    s = seqs["chr2"]
+    wrong = {"A": "C", "C": "G", "G": "T", "T": "A"}[s[700].upper()]
+    rows = [("chr2", 11, s[10].upper(), "T" if s[10].upper() != "T" else "A"),
+            ("chr2", 701, wrong, s[700].upper()),          # line 7: REF does not match the genome
+            ("chr9", 5, "A", "C"),                         # an unknown contig
+            ("mt", 20, seqs["mt"][19].upper(), "<DEL>")]   # a symbolic allele
+    vcf = _vcf(base / "bad.vcf", rows, {"chr2": len(s), "mt": len(seqs["mt"])})
+    tsv = base / "bad.tsv"
+    r = CliRunner().invoke(cli, ["score-variants", str(out), str(vcf), "-o", str(tsv)])
+    assert r.exit_code != 0
+    err = [ln for ln in r.output.splitlines() if ln.startswith("Error:")]
+    assert len(err) == 1 and f"{vcf}:7:" in err[0] and "REF" in err[0] and "Traceback" not in r.output
+    assert not tsv.exists()
+    r = CliRunner().invoke(cli, ["score-variants", str(out), str(vcf), "-o", str(tsv), "--skip-mismatch"])
+    assert r.exit_code == 0, r.output
+    got = pd.read_csv(tsv, sep="\t")
+    assert list(got.pos) == [11]
+    assert "1 REF mismatch" in r.output and "1 unknown contig" in r.output and "1 symbolic ALT" in r.output
+    # a malformed line (a position that is not a number) is named by its line
+    bad = base / "malformed.vcf"
+    bad.write_text(vcf.read_text().replace("chr2\t701\t", "chr2\tsevenhundred\t"))
+    r = CliRunner().invoke(cli, ["score-variants", str(out), str(bad), "-o", str(tsv)])
+    assert r.exit_code != 0 and f"{bad}:7:" in r.output and "Traceback" not in r.output
+
+
+@pytest.mark.slow
+def test_ray_workers_give_the_same_table(case):
+    """The units on Ray actors (an embedded local Ray): the same rows and values as in process."""
+    from linpipe.outputs.variants import score_variants
+
+    base, _fasta, out, _model, seqs = case
+    vcf = _vcf(base / "ray.vcf", _variants(seqs), {k: len(v) for k, v in seqs.items()})
+    here, there = base / "here.parquet", base / "there.parquet"
+    a = score_variants(str(out), str(vcf), str(here), window=WINDOW)
+    b = score_variants(str(out), str(vcf), str(there), window=WINDOW, workers=2)
+    assert (a.scored, a.units, a.replayed_positions) == (b.scored, b.units, b.replayed_positions)
+    assert a.units == 5  # chunks 0-3 of chr2 and the packed record
+    pd.testing.assert_frame_equal(pd.read_parquet(here), pd.read_parquet(there))
+
+
+def test_another_genome_is_refused(case):
+    """--input with other content than the store's genome: refused, since the stored states
+    belong to the sequence they were computed on."""
+    base, fasta, out, _model, _seqs = case
+    other = base / "other.fa"
+    text = fasta.read_text()
+    i = text.index("\n", text.index("mt")) + 1
+    other.write_text(text[:i] + ("A" if text[i] != "A" else "C") + text[i + 1:])  # one base changed
+    vcf = _vcf(base / "one.vcf", [("mt", 2, text[i + 1], "A" if text[i + 1] != "A" else "C")], {"mt": 300})
+    r = CliRunner().invoke(cli, ["score-variants", str(out), str(vcf), "-o", str(base / "o.tsv"),
+                                 "--input", str(other)])
+    assert r.exit_code != 0 and "not the genome the store" in r.output and str(other) in r.output
