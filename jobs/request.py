@@ -97,6 +97,7 @@ class JobRequest:
     outputs: tuple[str, ...] | None = None  # None: the modality's defaults
     workers: int | None = None
     overwrite: bool = False
+    split: str = "auto"  # one long record over several workers: auto, never or N segments
     # time series
     id_column: str | None = None
     time_column: str | None = None
@@ -121,7 +122,8 @@ class JobRequest:
     def with_flags(self, flags: dict[str, Any]) -> JobRequest:
         """This request with the flags the user gave (None: not given) taking precedence."""
         changes: dict[str, Any] = {k: flags[k] for k in ("model", "out", "chunk_size", "workers",
-                                                         "id_column", "time_column", "time_format")
+                                                         "id_column", "time_column", "time_format",
+                                                         "split")
                                    if flags.get(k) is not None}
         for key in ("outputs", "columns"):
             if flags.get(key):
@@ -143,6 +145,7 @@ class JobRequest:
                         ("--id-column", self.id_column), ("--time-column", self.time_column),
                         ("--columns", ",".join(self.columns) if self.columns else None),
                         ("--time-format", self.time_format),
+                        ("--split", None if self.split == "auto" else self.split),
                         ("--actor-resources", self.actor_resources.flag() or None),
                         ("--address", address)):
             if v is not None:
