@@ -133,6 +133,10 @@ class JobRequest:
             changes["actor_resources"] = ActorResources.parse(flags["actor_resources"])
         if flags.get("overwrite"):
             changes["overwrite"] = True
+        if "split" in changes:
+            from .split import parse_split  # here: split.py imports the plan, which imports us
+
+            changes["split"] = str(parse_split(changes["split"]))
         return replace(self, **changes)
 
     def argv(self, address: str | None = None) -> list[str]:

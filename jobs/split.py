@@ -24,8 +24,9 @@ from .actor import PipelineWorker, UnitResult, peak_rss
 from .plan import Chunk, Record
 
 SPLIT_CHOICES = ("auto", "never")
-# auto: split a record when it is this many times longer than an even share of the job.
-AUTO_FACTOR = 2.0
+# auto: split a record when it is this many times longer than an even share of the job (its
+# stream alone would outlast the other workers by half a share or more).
+AUTO_FACTOR = 1.5
 # Group restarts per record before giving up (a node that keeps failing).
 MAX_GROUP_RESTARTS = 3
 

@@ -130,3 +130,30 @@ def test_segment_bounds_deal_chunks():
     b = segment_bounds(10_001, 1000, 3)
     assert b == [(0, 3000), (3000, 7000), (7000, 10_001)]
     assert segment_bounds(1500, 1000, 5) == [(0, 1000), (1000, 1500)]  # no more segments than chunks
+
+
+def test_planner_splits_only_long_records():
+    from linpipe.jobs.plan import Record
+    from linpipe.jobs.split import split_parts
+
+    chr1 = Record("in.fa", "chr1", "chr1", 8_000_000, 262_144)
+    short = Record("in.fa", "ctg", "ctg", 600_000, 262_144)
+    # auto: a record 1.5x or more of a worker's even share of the job is spread over the workers
+    assert split_parts(chr1, 8_600_000, 2, "auto") == 2
+    assert split_parts(chr1, 8_600_000, 64, "auto") == 31  # no more segments than chunks
+    assert split_parts(short, 8_600_000, 2, "auto") == 1  # short records keep the stream path
+    assert split_parts(chr1, 8_000_000 * 3, 2, "auto") == 1  # many records as long: no gain
+    assert split_parts(chr1, 8_000_000, 1, "auto") == 1
+    assert split_parts(chr1, 8_600_000, 2, "never") == 1
+    assert split_parts(short, 8_600_000, 1, "5") == 3  # forced: capped by the record's chunks
+
+
+def test_cli_refuses_a_bad_split(tmp_path, genomes):
+    from click.testing import CliRunner
+
+    from linpipe.cli import cli
+
+    res = CliRunner().invoke(cli, ["submit", str(genomes / "minimap2_MT-human.fa"), "--split", "many",
+                                   "--out", str(tmp_path / "x.zarr")])
+    assert res.exit_code == 1 and res.output.startswith("Error: ") and "--split" in res.output
+    assert "Traceback" not in res.output and not (tmp_path / "x.zarr").exists()

@@ -1,6 +1,6 @@
 """--split on an embedded local Ray: a real record over a group of actors (jobs/split.py).
 
-One module-scoped Ray (3 CPUs) serves every test; run_job joins it.
+One module-scoped Ray (3 CPUs) serves both tests; run_job joins it.
 """
 from __future__ import annotations
 
@@ -131,43 +131,30 @@ def test_auto_split_equals_serial_one_writer_per_chunk(split_one, one_record, mo
             assert d <= 1e-5 * max(np.abs(want_s[name]).max(), 1e-30), name
 
 
-def test_worker_killed_between_layers_restarts_bit_identical(split_one, one_record, model2, tmp_path):
-    """SIGKILL of segment 1's actor after layer 0: the group restarts from the store (nothing
-    durable yet) with the same segments; the store's bytes equal the uninterrupted run's."""
-    ref = split_one[0]
-    out = tmp_path / "killed.zarr"
-    events = Watch(kill_at=(0, 1))
-    summary = run_job(JobRequest(inputs=(str(one_record),), model=model2, out=str(out), chunk_size=CHUNK,
-                                 outputs=OUTPUTS, workers=3, split="3"), events=events)
-    assert summary.worker_deaths == 1
-    assert [layer for _, layer, _ in events.layers] == [0, 0, 1]  # layer 0 twice: the restart
-    assert_same_bytes(store_arrays(out), store_arrays(ref))
-    key = OutputStore.open(str(out), mode="r").record_key(LONG)
-    for a, b in zip(states(out, key, 8), states(ref, key, 8), strict=True):
-        assert_same_bytes(a, b)
-
-
-def test_resume_from_stored_segment_edge_bit_identical(split_one, one_record, model2, tmp_path):
-    """A store whose last two segments were lost (their done markers cleared, their outputs
-    zeroed) resumes from the state stored at segment 1's start: same bytes as uninterrupted."""
+def test_resume_and_worker_killed_mid_run_bit_identical(split_one, one_record, model2, tmp_path):
+    """A store whose segments 1 and 2 were lost after chunk 3 (done markers cleared from there,
+    outputs zeroed) resumes from the state stored at segment 1's start (after chunk 2), the fold's
+    value; then segment 2's actor is SIGKILLed after layer 0 and the group of two restarts from
+    the store again. The store's bytes equal the uninterrupted run's."""
     import zarr
 
     ref = split_one[0]
     out = tmp_path / "resume.zarr"
     shutil.copytree(ref, out)
     root = zarr.open_group(str(out), mode="r+", use_consolidated=False)
-    meta = dict(root.attrs["linpipe"])
     key = OutputStore.open(str(out), mode="r").record_key(LONG)
-    root.attrs["linpipe"] = {**meta, "complete": False}
+    root.attrs["linpipe"] = {**root.attrs["linpipe"], "complete": False}
     done = root[progress_path(key, "done")]
     assert done[:].all()
-    done[2:] = 0
+    done[4:] = 0
     for name in OUTPUTS:
-        arr = root[f"{key}/{name}"]
-        arr[2 * CHUNK:] = 0
-    events = Watch()
+        root[f"{key}/{name}"][4 * CHUNK:] = 0
+    events = Watch(kill_at=(0, 1))
     summary = run_job(JobRequest(inputs=(str(one_record),), model=model2, out=str(out), chunk_size=CHUNK,
-                                 outputs=OUTPUTS, workers=3), events=events)
-    assert summary.positions_run == 60_000 - 2 * CHUNK
-    assert len(events.layers[0][2]) == 2  # segments 1 and 2 only
+                                 outputs=OUTPUTS, workers=3, split="3"), events=events)
+    assert summary.worker_deaths == 1
+    assert summary.positions_run == 60_000 - 4 * CHUNK  # chunk 3 recomputed, not rewritten
+    assert [(layer, len(nodes)) for _, layer, nodes in events.layers] == [(0, 2), (0, 2), (1, 2)]
     assert_same_bytes(store_arrays(out), store_arrays(ref))
+    for a, b in zip(states(out, key, 8), states(ref, key, 8), strict=True):
+        assert_same_bytes(a, b)
