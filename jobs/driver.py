@@ -102,8 +102,9 @@ class JobEvents:
     def waiting(self, owner: dict) -> None:
         """Another driver holds the job's lease; this one waits for it (run_job(wait=True))."""
 
-    def split_layer(self, record_id: str, layer: int, nodes: list[str]) -> None:
-        """A split record's segment group finished `layer` (nodes: its actors, "node:pid")."""
+    def split_layer(self, record_id: str, layer: int, nodes: list[str], timing: dict) -> None:
+        """A split record's segment group finished `layer` (nodes: its actors, "node:pid";
+        timing: wall_s, compute_s of the slowest segment, exchange_s, bytes via the driver)."""
 
 
 # ------------------------------------------------------------------------------ the store
@@ -426,8 +427,8 @@ class _LeaseChecked(JobEvents):
     def worker_died(self, node, error):
         self.inner.worker_died(node, error)
 
-    def split_layer(self, record_id, layer, nodes):
-        self.inner.split_layer(record_id, layer, nodes)
+    def split_layer(self, record_id, layer, nodes, timing):
+        self.inner.split_layer(record_id, layer, nodes, timing)
         self.lease.check()
 
     def finished(self):
@@ -486,8 +487,7 @@ def _run_leased(plan, request, out, address, device, events) -> JobSummary:
         for item, parts in splits:
             t_split = t_split or time.monotonic()
             split_stats.append(run_split(item.record, parts, store, new_segment_actor, events,
-                                         on_layer=lambda r, layer, nodes: events.split_layer(r.id, layer,
-                                                                                              nodes)))
+                                         on_layer=lambda r, *a: events.split_layer(r.id, *a)))
         # then the other records as before (no actor at all when nothing is left)
         sched = Scheduler(new_actor, todo, min(n_workers, len(todo)), events, plan.batch_chunks)
         sched.run()

@@ -64,7 +64,11 @@ class SegmentWorker(PipelineWorker):
 
     def __init__(self, *args, spill_dir: str | None = None, **kw):
         super().__init__(*args, **kw)
-        self.spill_dir = spill_dir
+        import tempfile
+
+        # the residual stream of the segment: a file on the node's local disk (page cache,
+        # evictable), so the actor's own memory stays a few sub-chunks whatever the length
+        self.spill_dir = spill_dir or tempfile.gettempdir()
         self.runner = None
         self.record: Record | None = None
 
@@ -86,14 +90,19 @@ class SegmentWorker(PipelineWorker):
         """(layers, the state after BOS as arrays): the driver folds from it."""
         return self.model.config.n_layers, self.model.init_state().to_arrays()
 
+    # The per-layer calls return (result, compute seconds): the driver tells the exchange's
+    # own cost (barrier wall time less the slowest segment's compute) from the work.
     def begin(self):
-        return self.runner.begin()
+        t = time.perf_counter()
+        return self.runner.begin(), time.perf_counter() - t
 
     def contribution(self, layer, halo):
-        return self.runner.contribution(layer, halo)
+        t = time.perf_counter()
+        return self.runner.contribution(layer, halo), time.perf_counter() - t
 
     def apply(self, layer, S_in, z_in, halo):
-        return self.runner.apply(layer, S_in, z_in, halo)
+        t = time.perf_counter()
+        return self.runner.apply(layer, S_in, z_in, halo), time.perf_counter() - t
 
     def write(self, y_prev, final_arrays: dict, skip: list[int]) -> list[UnitResult]:
         """Writes the segment's chunks (those not in skip) with their boundary states."""
@@ -122,14 +131,22 @@ class GroupLost(Exception):
 class RayGroup:
     """Calls one method on every segment's actor at once and waits for all (a barrier)."""
 
+    TIMED = ("begin", "contribution", "apply")
+
     def __init__(self, handles):
         self.handles = handles
-        self.exchange_s = 0.0  # driver time between the last result and the next calls
-        self.calls = 0
+        self.timing = {"wall_s": 0.0, "compute_s": 0.0, "bytes": 0}  # since the last take()
+
+    def take(self) -> dict:
+        t, self.timing = self.timing, {"wall_s": 0.0, "compute_s": 0.0, "bytes": 0}
+        return {**t, "exchange_s": t["wall_s"] - t["compute_s"]}
 
     def call(self, method: str, args: list[tuple]) -> list:
+        import pickle
+
         import ray
 
+        t0 = time.perf_counter()
         refs = [getattr(h, method).remote(*a) for h, a in zip(self.handles, args, strict=True)]
         try:
             out = ray.get(refs)
@@ -139,7 +156,12 @@ class RayGroup:
 
                 raise init_error(e) from None
             raise GroupLost(type(e).__name__) from None
-        self.calls += 1
+        if method not in self.TIMED:
+            return out
+        self.timing["wall_s"] += time.perf_counter() - t0
+        self.timing["compute_s"] += max(sec for _, sec in out)
+        out = [v for v, _ in out]
+        self.timing["bytes"] += len(pickle.dumps(args)) + len(pickle.dumps(out))  # to and from the driver
         return out
 
 
@@ -155,8 +177,10 @@ def first_incomplete_segment(store, record: Record, bounds) -> int:
 
 def run_split(record: Record, parts: int, store, new_actor, events, *, on_layer=None) -> dict:
     """Runs one record as `parts` segments on a group of new actors; restarts the group from
-    the store after an actor is lost. on_layer(record, layer, nodes) is called after every
-    layer's last barrier (tests kill a worker there). Returns counts for the job summary."""
+    the store after an actor is lost. on_layer(record, layer, nodes, timing) is called after
+    every layer's last barrier (timing: wall, slowest-segment compute and exchange seconds, and
+    bytes through the driver, since the previous call (layer 0 includes the embedding); tests
+    kill a worker there). Returns counts for the job summary."""
     import ray
 
     from linpipe.model import ModelState
@@ -180,7 +204,8 @@ def run_split(record: Record, parts: int, store, new_actor, events, *, on_layer=
             else:  # the fold's value, stored with the last chunk of the segment before
                 first_chunk = bounds[k0][0] // record.chunk_size
                 state0 = ModelState.from_arrays(store.boundary_state(record.key, first_chunk - 1))
-            hook = None if on_layer is None else (lambda layer, nodes=nodes: on_layer(record, layer, nodes))
+            hook = None if on_layer is None else (
+                lambda layer, nodes=nodes, group=group: on_layer(record, layer, nodes, group.take()))
             states = run_layers(_Timed(group, stats, hook), state0, layers, len(todo))
             done = sorted(store.completed_chunks(record.key))
             results = group.call("write", [(states[k].y[0], states[k + 1].to_arrays(), done)

@@ -72,8 +72,9 @@ class Watch(JobEvents):
     def unit_done(self, result, units_done):
         self.writers.setdefault((result.key, result.chunk_index), []).append(result.node)
 
-    def split_layer(self, record_id, layer, nodes):
+    def split_layer(self, record_id, layer, nodes, timing):
         self.layers.append((record_id, layer, list(nodes)))
+        assert timing["bytes"] > 0 and timing["wall_s"] >= timing["compute_s"] > 0
         if self.kill_at and self.kill_at[0] == layer:
             pid = int(nodes[self.kill_at[1]].rsplit(":", 1)[1])
             os.kill(pid, signal.SIGKILL)  # an actor of this test's own Ray session

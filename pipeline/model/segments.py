@@ -12,8 +12,9 @@ needs the last W-1 normalised layer inputs before the segment (a halo); they are
 way from each segment's tail (`fold_halos`), as is the last y before the segment (the output
 shift). The MLP between layers is nonlinear, so there is one such exchange per layer.
 
-Memory: a segment's residual stream lives in one (T, D) float32 spill file (numpy memmap) that
-pass B updates in place, sub-chunk by sub-chunk, so resident memory is a few sub-chunks
+Memory: a segment's residual stream lives in one (T, D) float32 spill file (plain reads and
+writes, so the page cache is not the worker's memory) that pass B updates in place, sub-chunk
+by sub-chunk, so resident memory is a few sub-chunks
 whatever the segment's length (spilling costs one read and one write of T*D floats per layer;
 recomputing earlier layers instead would cost O(L^2) layer passes).
 
@@ -111,17 +112,22 @@ class SegmentRunner:
             a = b
         self.spans = [(s, min(s + step, b)) for a, b in self.pieces for s in range(a, b, step)]
         T = end - start
+        self._file = None
+        self._spill = None
         if spill_dir is None:
             self.h = np.empty((T, self.D), np.float32)
-            self._spill = None
-        else:
+        else:  # plain reads and writes (not a memmap): the page cache is not this process's RSS
             fd, self._spill = tempfile.mkstemp(prefix="linpipe-seg-", suffix=".f32", dir=spill_dir)
-            os.close(fd)
-            self.h = np.memmap(self._spill, np.float32, "w+", shape=(T, self.D))
+            self._file = os.fdopen(fd, "r+b", buffering=0)
+            self._file.truncate(T * self.D * 4)
+            self.h = None
         self.edge_states: dict[int, list] = {}  # chunk index -> per layer (S, z, window)
 
     def close(self):
         self.h = None
+        if self._file is not None:
+            self._file.close()
+            self._file = None
         if self._spill:
             try:
                 os.unlink(self._spill)
@@ -134,10 +140,21 @@ class SegmentRunner:
 
     def _h(self, a: int, b: int) -> torch.Tensor:
         """(1, b-a, D) float32 copy of the residual stream at record positions [a, b)."""
-        return torch.from_numpy(np.array(self.h[a - self.start:b - self.start])).to(self.model.device)[None]
+        if self._file is None:
+            x = np.array(self.h[a - self.start:b - self.start])
+        else:
+            x = np.empty((b - a, self.D), np.float32)
+            self._file.seek((a - self.start) * self.D * 4)
+            self._file.readinto(memoryview(x).cast("B"))
+        return torch.from_numpy(x).to(self.model.device)[None]
 
     def _put(self, a: int, b: int, h: torch.Tensor) -> None:
-        self.h[a - self.start:b - self.start] = h[0].to("cpu").numpy()
+        x = np.ascontiguousarray(h[0].to("cpu").numpy(), dtype=np.float32)
+        if self._file is None:
+            self.h[a - self.start:b - self.start] = x
+        else:
+            self._file.seek((a - self.start) * self.D * 4)
+            self._file.write(memoryview(x).cast("B"))
 
     def _next_tail(self, l_next: int) -> torch.Tensor:
         """After layer l_next - 1: the last W-1 normalised inputs of layer l_next, or (when
