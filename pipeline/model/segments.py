@@ -190,14 +190,15 @@ class SegmentRunner:
         S = torch.zeros((H, K, K), device=dev, dtype=torch.float64)
         z = torch.zeros((H, K), device=dev, dtype=torch.float64)
         lg = None if bool((attn.decay == 1).all()) else torch.log(attn.decay.double())
-        wk, wv = attn.k_proj.weight, attn.v_proj.weight
+        wkv = torch.cat([attn.k_proj.weight, attn.v_proj.weight])  # (2D, D): one matmul for k and v
         for s, e in self.spans:
             a = blk.attn_norm(self._h(s, e))
             if attn.conv is not None:
                 a, window = attn.conv(a, window)
             n = e - s
-            kf = phi((a[0] @ wk.t()).view(n, H, K)).transpose(0, 1).double()  # (H, n, K)
-            v = (a[0] @ wv.t()).view(n, H, K).transpose(0, 1).double()  # (H, n, V)
+            kv = (a[0] @ wkv.t()).view(n, 2, H, K)
+            kf = phi(kv[:, 0]).transpose(0, 1).double()  # (H, n, K)
+            v = kv[:, 1].transpose(0, 1).double()  # (H, n, V)
             if lg is not None:
                 pos = torch.arange(n, device=dev, dtype=torch.float64)
                 kf = kf * torch.exp((n - 1 - pos) * lg.view(H, 1)).unsqueeze(-1)  # g^(n-1-j) phi(k_j)
