@@ -9,6 +9,7 @@ Stages (each appends to a JSON file, so they run apart on a busy machine):
   cluster   the same on a loopback cluster (tests/ray_local_cluster.py): head + 2 worker nodes of
             1 CPU; 1 worker vs 2 workers
   barrier   the driver's barrier latency with P = 1..16 trivial actors (the exchange's floor)
+  profile   one process, one thread: serial vs the split's passes on 500 kb (the extra work f)
   model     a cost model fitted to the above; chr1 (249 Mb) makespan predictions, the plot
 
 Usage: python benchmarks/bench_split.py STAGE [--out /tmp/bench15] [--length 8000000]
@@ -137,11 +138,27 @@ def stage_embedded(out: Path, length: int) -> None:
 
 def stage_cluster(out: Path, length: int) -> None:
     sys.path.insert(0, str(REPO / "tests"))
-    from ray_local_cluster import LocalCluster
+    import ray_local_cluster as rlc
+
+    class OneByOne(rlc.LocalCluster):
+        """Worker nodes started one after another: two raylets starting at once on a loaded
+        2-core machine miss Ray's fixed 30 s registration window."""
+
+        def _start(self):
+            n, self.num_workers = self.num_workers, 0
+            super()._start()
+            for i in range(n):
+                args = ["start", f"--address={self.gcs_address}", "--node-ip-address=127.0.0.1",
+                        f"--num-cpus={self.cpus}", "--num-gpus=0", "--object-store-memory=100000000",
+                        *rlc._node_ports()]
+                self.procs.append(rlc._ray_block(args, self.env, self.tmp / f"worker{i}.log"))
+                self._wait_for_nodes(2 + i)
+            self.num_workers = n
+            return self
 
     fa = build(out, length)
     res = {}
-    with LocalCluster(num_workers=2, cpus_per_node=1) as c:
+    with OneByOne(num_workers=2, cpus_per_node=1) as c:
         for workers, split in ((1, "never"), (2, "2"), (3, "3")):
             r = run(fa, out / f"c{workers}.zarr", workers, split, address=c.gcs_address)
             print(json.dumps({k: v for k, v in r.items() if k != "layers"}), flush=True)
@@ -159,7 +176,8 @@ def stage_barrier(out: Path) -> None:
     import ray
     import torch
 
-    ray.init(num_cpus=16, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
+    ray.init(address="local", num_cpus=16, include_dashboard=False, logging_level="WARNING",
+             log_to_driver=False)
 
     @ray.remote(num_cpus=1)
     class Echo:
@@ -206,9 +224,56 @@ def stage_barrier(out: Path) -> None:
     save(out, "barrier", {"per_P": res, "big_payload": big, "loadavg": os.getloadavg()})
 
 
+def stage_profile(out: Path, length: int = 500_000) -> None:
+    """In one process, one thread: the serial run vs the split passes of one segment (pass A =
+    contribution, pass B = the layer from the incoming state), the split's extra work f."""
+    import torch
+
+    from linpipe.inputs import open_input
+    from linpipe.model import load_model
+    from linpipe.model.segments import SegmentRunner
+
+    torch.set_num_threads(1)
+    m = load_model("default", device="cpu")
+    inp = open_input(str(build(out, 8_000_000)))
+    x = inp.read(inp.records[0].id, 0, length)[0]
+    chunk = 262_144
+    reps = []
+    for _ in range(3):
+        t = time.perf_counter()
+        st = m.init_state()
+        for a in range(0, length, chunk):
+            _o, st = m.forward(x[a:a + chunk], st, outputs=["logprob", "entropy"])
+        serial = time.perf_counter() - t
+        r = SegmentRunner(m, lambda a, b: x[a:b], 0, length, chunk, spill_dir=str(out),
+                          outputs=["logprob", "entropy"])
+        st0 = m.init_state()
+        tA = tB = 0.0
+        t = time.perf_counter()
+        r.begin()
+        t_begin = time.perf_counter() - t
+        for layer in range(m.config.n_layers):
+            t = time.perf_counter()
+            r.contribution(layer, st0.conv[0, layer])
+            tA += time.perf_counter() - t
+            t = time.perf_counter()
+            r.apply(layer, st0.S[0, layer], st0.z[0, layer], st0.conv[0, layer])
+            tB += time.perf_counter() - t
+        t = time.perf_counter()
+        list(r.pieces_out(st0.y[0], st0))
+        t_out = time.perf_counter() - t
+        r.close()
+        reps.append({"serial_s": serial, "pass_a_s": tA, "pass_b_s": tB, "begin_s": t_begin, "out_s": t_out,
+                     "split_total_s": tA + tB + t_begin + t_out, "loadavg": os.getloadavg()[0]})
+        print(reps[-1], flush=True)
+    f = float(np.median([(r["split_total_s"] - r["serial_s"]) / r["serial_s"] for r in reps]))
+    fa = float(np.median([r["pass_a_s"] / r["pass_b_s"] for r in reps]))
+    save(out, "profile", {"positions": length, "reps": reps, "f_total": f, "pass_a_over_b": fa})
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("stage", choices=["build", "embedded", "cluster", "barrier", "model"])
+    ap.add_argument("stage", choices=["build", "embedded", "cluster", "barrier", "profile", "model"])
     ap.add_argument("--out", default="/tmp/bench15")
     ap.add_argument("--length", type=int, default=8_000_000)
     a = ap.parse_args()
@@ -222,6 +287,8 @@ def main():
         stage_cluster(out, a.length)
     elif a.stage == "barrier":
         stage_barrier(out)
+    elif a.stage == "profile":
+        stage_profile(out)
     else:
         from bench_split_model import fit_and_plot  # noqa: E402  (the model stage, beside this file)
 

@@ -1,6 +1,6 @@
 """The cost model of `--split` (issue 15), fitted to bench_split.py's measurements.
 
-    makespan(P) = t_start + N L c (1 + f) / P + L (2 (a + b P) + P s / B)
+    makespan(P) = t_start + N L c (1 + f) / P + L (2 (a + b P) + P s / B)    (P > 1; P = 1: t_start + N L c)
 
 N positions, L layers; c: seconds per position per layer on one worker (measured, whole job:
 read, model, heads, write); f: the split's extra work per position (pass A and the spill),
@@ -27,6 +27,9 @@ MODELS = {"default (D=64, L=2)": dict(D=64, L=2, H=4, M=128, W=4),
 GPU_FLOPS = 67e12 * 0.25  # H100 SXM fp32 peak (non tensor core) at 25% efficiency: assumption
 GPU_BYTES = 3.35e12 * 0.5  # H100 HBM3 at 50%: assumption
 GPU_START_S = 20.0  # actor start + model load + CUDA context: assumption
+# The issue's figure for the default model on one idle CPU worker (200k positions/s), per
+# position per layer: this machine was loaded 8-15 during the measurements, ~5x slower.
+C_UNLOADED = 1 / 200_000 / 2
 
 
 def flops(D, L, H, M, W, block=32):
@@ -44,6 +47,8 @@ def state_bytes(D, H, W, **_):
 
 
 def makespan(N, m, c, f, a, b, bw, P, t_start):
+    if P == 1:  # the ordinary stream: no pass A, no exchange
+        return t_start + N * m["L"] * c
     return t_start + N * m["L"] * c * (1 + f) / P + m["L"] * (2 * (a + b * P) + P * state_bytes(**m) / bw)
 
 
@@ -67,20 +72,24 @@ def fit_and_plot(out: Path, docs: Path) -> dict:
     b = max(b, 1e-6)
     big = r["barrier"].get("big_payload", {})
     bw = big.get("bytes_per_s", 1e9)
-    # f from the 2-worker split: its time less the measured exchange, against N L c / 2
+    # f: the split's extra work per position, measured in one process on one thread (pass A,
+    # the spill, the separate heads pass), not from the 2-worker run, whose time on this shared
+    # 2-core machine is mostly the other jobs' load
+    f = r["profile"]["f_total"]
     exch = sum(t["exchange_s"] for t in w2["layers"])
-    f = max(0.0, (w2["seconds"] - exch) / (N * dm["L"] * c / 2) - 1)
+    f_embedded = (w2["seconds"] - exch) / (N * dm["L"] * c / 2) - 1
     t_start = w1["startup_s"]
-    fit = {"c_s_per_pos_layer": c, "f": f, "a_s": a, "b_s_per_P": b, "driver_bytes_per_s": bw,
-           "t_start_s": t_start, "N_measured": N}
+    fit = {"c_s_per_pos_layer": c, "f": f, "f_seen_in_embedded_2_workers": f_embedded, "a_s": a,
+           "b_s_per_P": b, "driver_bytes_per_s": bw, "t_start_s": t_start, "N_measured": N,
+           "c_unloaded_issue": C_UNLOADED}
     pred = {}
     f0 = flops(**dm)
     Pgrid = np.unique(np.round(np.logspace(0, np.log10(CHR1 // CHUNK), 60)).astype(int))
     fig, ax = plt.subplots(figsize=(8, 5))
     for name, m in MODELS.items():
-        for dev in ("CPU", "GPU"):
-            if dev == "CPU":
-                cm = c * flops(**m) / f0
+        for dev in ("CPU (measured here, loaded)", "CPU (idle: 200k pos/s default)", "GPU"):
+            if dev.startswith("CPU"):
+                cm = (c if "measured" in dev else C_UNLOADED) * flops(**m) / f0
                 ts = t_start
             else:  # compute- or bandwidth-bound, whichever is slower; ~20 floats of activations in and out
                 cm = max(flops(**m) / GPU_FLOPS, 20 * m["D"] * 4 / GPU_BYTES)

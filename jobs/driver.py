@@ -485,7 +485,6 @@ def _run_leased(plan, request, out, address, device, events) -> JobSummary:
         events.started(JobStart(plan.job_id, out, n_records, total, done_positions, len(todo) + len(splits),
                                 n_workers, possible))
         for item, parts in splits:
-            t_split = t_split or time.monotonic()
             split_stats.append(run_split(item.record, parts, store, new_segment_actor, events,
                                          on_layer=lambda r, *a: events.split_layer(r.id, *a)))
         # then the other records as before (no actor at all when nothing is left)
@@ -498,6 +497,7 @@ def _run_leased(plan, request, out, address, device, events) -> JobSummary:
             raise StoreError(f"{out}: the job ended but some chunks are not marked complete; "
                              "submit it again to finish them")
         for st in split_stats:
+            t_split = min(t_split or st.get("t_ready", t_end), st.get("t_ready", t_end))
             sched.positions_run += st["positions"]
             sched.deaths += st["deaths"]
             sched.nodes.update(st["nodes"])

@@ -197,6 +197,7 @@ def run_split(record: Record, parts: int, store, new_actor, events, *, on_layer=
         group = RayGroup(handles)
         try:
             nodes = group.call("setup", [(record, a, b) for a, b in todo])
+            stats.setdefault("t_ready", time.monotonic())  # rates count from the actors' readiness
             stats["nodes"].update(n.rsplit(":", 1)[0] for n in nodes)
             layers, init = ray.get(handles[0].model_info.remote())
             if k0 == 0:
