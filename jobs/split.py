@@ -216,9 +216,13 @@ def run_split(record: Record, parts: int, store, new_actor, events, *, on_layer=
                     stats["positions"] += u.positions
                     stats["units"].append(u)
                     events.unit_done(u, len(stats["units"]))
-        except GroupLost as e:
+        except (GroupLost, ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as e:
+            if getattr(e, "actor_init_failed", False):
+                from .driver import init_error
+
+                raise init_error(e) from None
             stats["deaths"] += 1
-            events.worker_died(f"segment group of record {record.id}", str(e))
+            events.worker_died(f"segment group of record {record.id}", str(e) or type(e).__name__)
             if stats["deaths"] > MAX_GROUP_RESTARTS:
                 raise LinpipeError(f"record {record.id!r}: its segment group lost a worker "
                                    f"{stats['deaths']} times; giving up (the store stays resumable)"
