@@ -25,6 +25,7 @@ from .cluster import ClusterError, check_cluster, start_ray, worker_slots
 from .lease import Lease
 from .plan import Chunk, JobPlan, Record, plan_job
 from .request import JobRequest
+from .split import SegmentWorker, run_split, split_parts
 
 IN_FLIGHT = 2  # calls queued per actor: the next chunk is waiting when one finishes
 # An actor that dies this many times per worker slot means something is wrong with the job.
@@ -100,6 +101,10 @@ class JobEvents:
 
     def waiting(self, owner: dict) -> None:
         """Another driver holds the job's lease; this one waits for it (run_job(wait=True))."""
+
+    def split_layer(self, record_id: str, layer: int, nodes: list[str], timing: dict) -> None:
+        """A split record's segment group finished `layer` (nodes: its actors, "node:pid";
+        timing: wall_s, compute_s of the slowest segment, exchange_s, bytes via the driver)."""
 
 
 # ------------------------------------------------------------------------------ the store
@@ -386,7 +391,13 @@ def run_job(request: JobRequest, *, address: str | None = None, device: str | No
     before the store is opened until it returns: another live driver's lease raises
     AlreadyRunning, unless force_takeover, or wait (poll until it is released or expires).
     """
+    from .split import parse_split
+
     events = events or JobEvents()
+    # a bad --split fails before anything starts
+    if parse_split(request.split) != "never" and request.regions:
+        raise LinpipeError("--split with --regions: a split record would store outputs outside the "
+                           "regions; use one of them")
     plan = plan_job(request)
     out = request.out_path
     if address:  # every check before the store exists: a refusal must leave nothing behind
@@ -425,6 +436,10 @@ class _LeaseChecked(JobEvents):
     def worker_died(self, node, error):
         self.inner.worker_died(node, error)
 
+    def split_layer(self, record_id, layer, nodes, timing):
+        self.inner.split_layer(record_id, layer, nodes, timing)
+        self.lease.check()
+
     def finished(self):
         self.inner.finished()
         self.lease.check()
@@ -459,9 +474,31 @@ def _run_leased(plan, request, out, address, device, events) -> JobSummary:
             return actor.remote(plan.model_ref, out, list(plan.outputs), device=device, threads=threads,
                                 input_options=plan.input_options)
 
-        sched = Scheduler(new_actor, todo, n_workers, events, plan.batch_chunks)
-        events.started(JobStart(plan.job_id, out, n_records, total, done_positions, len(todo), n_workers,
-                                possible))
+        # Records much longer than a worker's share run first, each over a group of actors.
+        # (the forward strand only: a segment reads its input forwards)
+        splits = [(item, split_parts(item.record, total, possible, request.split)) for item in todo
+                  if isinstance(item, Stream) and item.record.strand == "+"]
+        splits = [(item, parts) for item, parts in splits if parts > 1]
+        for item, _parts in splits:
+            todo.remove(item)
+        split_stats = []
+        t_split = None
+        if splits:
+            n_workers = max(n_workers, max(parts for _, parts in splits))
+            seg_actor = ray.remote(SegmentWorker).options(max_restarts=0, scheduling_strategy="SPREAD",
+                                                          **options)
+
+            def new_segment_actor():
+                return seg_actor.remote(plan.model_ref, out, list(plan.outputs), device=device,
+                                        threads=threads, input_options=plan.input_options)
+
+        events.started(JobStart(plan.job_id, out, n_records, total, done_positions, len(todo) + len(splits),
+                                n_workers, possible))
+        for item, parts in splits:
+            split_stats.append(run_split(item.record, parts, store, new_segment_actor, events,
+                                         on_layer=lambda r, *a: events.split_layer(r.id, *a)))
+        # then the other records as before (no actor at all when nothing is left)
+        sched = Scheduler(new_actor, todo, min(n_workers, len(todo)), events, plan.batch_chunks)
         sched.run()
         events.finished()
         sched.stop(ray)
@@ -469,6 +506,16 @@ def _run_leased(plan, request, out, address, device, events) -> JobSummary:
         if not _finalize(store):
             raise StoreError(f"{out}: the job ended but some chunks are not marked complete; "
                              "submit it again to finish them")
+        for st in split_stats:
+            t_split = min(t_split or st.get("t_ready", t_end), st.get("t_ready", t_end))
+            sched.positions_run += st["positions"]
+            sched.deaths += st["deaths"]
+            sched.nodes.update(st["nodes"])
+            for u in st["units"]:
+                sched.timings.add(u)
+                sched.worker_rss = max(sched.worker_rss, u.peak_rss)
+        if t_split is not None:
+            sched.t_ready = t_split
         t0 = sched.t_ready or t_end
         t = sched.timings
         return JobSummary(plan.job_id, out, n_records, total, sched.positions_run, t_end - t0, t0 - t_start,

@@ -99,6 +99,7 @@ class JobRequest:
     overwrite: bool = False
     strand: str = "forward"  # "both": also the reverse strand (the _rc outputs; DNA)
     regions: str | None = None  # a BED file: store outputs only there (jobs/regions.py)
+    split: str = "never"  # one long record over several workers: auto, never or N segments
     # time series
     id_column: str | None = None
     time_column: str | None = None
@@ -123,7 +124,8 @@ class JobRequest:
     def with_flags(self, flags: dict[str, Any]) -> JobRequest:
         """This request with the flags the user gave (None: not given) taking precedence."""
         changes: dict[str, Any] = {k: flags[k] for k in ("model", "out", "chunk_size", "workers",
-                                                         "id_column", "time_column", "time_format")
+                                                         "id_column", "time_column", "time_format",
+                                                         "split")
                                    if flags.get(k) is not None}
         for key in ("outputs", "columns"):
             if flags.get(key):
@@ -137,6 +139,10 @@ class JobRequest:
             changes["regions"] = flags["regions"]
         if flags.get("strand"):
             changes["strand"] = flags["strand"]
+        if "split" in changes:
+            from .split import parse_split  # here: split.py imports the plan, which imports us
+
+            changes["split"] = str(parse_split(changes["split"]))
         return replace(self, **changes)
 
     def argv(self, address: str | None = None) -> list[str]:
@@ -149,6 +155,7 @@ class JobRequest:
                         ("--id-column", self.id_column), ("--time-column", self.time_column),
                         ("--columns", ",".join(self.columns) if self.columns else None),
                         ("--time-format", self.time_format),
+                        ("--split", None if self.split == "never" else self.split),
                         ("--actor-resources", self.actor_resources.flag() or None),
                         ("--address", address)):
             if v is not None:

@@ -411,6 +411,12 @@ def _parse_outputs(value):
                    "[default: the modality's defaults].")
 @click.option("--workers", type=click.IntRange(min=1), default=None, metavar="N",
               help="Worker actors (CPU slots of the local Ray) [default: one per CPU, or per GPU].")
+@click.option("--split", default=None, metavar="auto|never|N",
+              help="Run one long record over several workers at once (exact sequence "
+                   "parallelism, docs/sequence-parallel.md): auto splits a record much longer "
+                   "than the job's share per worker; N forces N segments; never streams every "
+                   "record on one worker [default: never: on the CPUs measured a split record "
+                   "ran slower than one worker's stream, BENCHMARKS.md].")
 @click.option("--address", default=None, metavar="ADDR",
               help="Ray cluster: HOST:PORT of the head (the driver runs here), or "
                    "http://HEAD:8265 to submit through the job server and return at once "
@@ -443,7 +449,8 @@ def _parse_outputs(value):
               help="With --address http://...: an environment variable for the job (repeatable).")
 @click.option("--quiet", "-q", is_flag=True,
               help="No start-up, start line or progress on stderr; only the summary and errors.")
-def submit(inputs, spec, model, out, chunk_size, outputs, workers, address, overwrite, strand, regions,
+def submit(inputs, spec, model, out, chunk_size, outputs, workers, split, address, overwrite, strand,
+           regions,
            id_column, time_column, columns, time_format, actor_resources, dry_run, wait, force_takeover,
            runtime_env, env_vars, quiet):
     """Stream INPUT... through a model and write per-position outputs to Zarr, on Ray.
@@ -457,8 +464,8 @@ def submit(inputs, spec, model, out, chunk_size, outputs, workers, address, over
 
     reqs, address = build_requests(inputs, spec, dict(
         model=model, out=out, chunk_size=chunk_size, outputs=_parse_outputs(outputs),
-        workers=workers, address=address, overwrite=overwrite, strand=strand, regions=regions,
-        id_column=id_column,
+        workers=workers, split=split, address=address, overwrite=overwrite, strand=strand,
+        regions=regions, id_column=id_column,
         time_format=time_format,
         time_column=time_column, columns=columns, actor_resources=actor_resources))
     if dry_run:

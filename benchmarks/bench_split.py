@@ -1,0 +1,299 @@
+"""Sequence parallelism (issue 15): one long record over several workers (`--split`).
+
+Stages (each appends to a JSON file, so they run apart on a busy machine):
+  build     an 8,000,000 bp single-record FASTA from /work/shared/data/genomes: hg19 chr1 first
+            3 Mb, S. epidermidis ST14 (42 contigs), A. thaliana 1%, C. elegans pieces and the two
+            mitochondria, concatenated in that order, then hg19's start again up to 8 Mb
+  embedded  `submit` on an embedded local Ray: --workers 1 --split never, then --workers 2
+            --split auto; positions/s, per-layer exchange latency and bytes; outputs compared
+  cluster   the same on a loopback cluster (tests/ray_local_cluster.py): head + 2 worker nodes of
+            1 CPU; 1 worker vs 2 workers
+  barrier   the driver's barrier latency with P = 1..16 trivial actors (the exchange's floor)
+  profile   one process, one thread: serial vs the split's passes on 500 kb (the extra work f)
+  model     a cost model fitted to the above; chr1 (249 Mb) makespan predictions, the plot
+
+Usage: python benchmarks/bench_split.py STAGE [--out /tmp/bench15] [--length 8000000]
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+DATA = Path("/work/shared/data/genomes")
+REPO = Path(__file__).resolve().parents[1]
+
+
+def load(out: Path) -> dict:
+    f = out / "results.json"
+    return json.loads(f.read_text()) if f.exists() else {}
+
+
+def save(out: Path, key: str, value) -> None:
+    d = load(out)
+    d[key] = value
+    (out / "results.json").write_text(json.dumps(d, indent=1))
+
+
+def _seqs(path: Path) -> list[str]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    out, cur = [], []
+    with opener(path, "rt") as f:
+        for line in f:
+            if line.startswith(">"):
+                if cur:
+                    out.append("".join(cur))
+                cur = []
+            else:
+                cur.append(line.strip())
+    if cur:
+        out.append("".join(cur))
+    return out
+
+
+def build(out: Path, length: int) -> Path:
+    fa = out / f"concat{length // 1_000_000}M.fa"
+    if fa.exists():
+        return fa
+    parts = []
+    for name in ("korflab_hg19_chr1_first3Mb.fa.gz", "abricate_Sepidermidis_ST14_assembly.fa",
+                 "korflab_Athaliana_TAIR_1pct.fa", "htslib_ce.fa", "minimap2_MT-human.fa",
+                 "minimap2_MT-orang.fa"):
+        parts += _seqs(DATA / name)
+    seq = "".join(parts)
+    while len(seq) < length:
+        seq += seq[:length - len(seq)]
+    seq = seq[:length]
+    with open(fa, "w") as f:
+        f.write(f">concat{length} hg19 chr1 3Mb + S.epidermidis + A.thaliana 1pct + C.elegans + MT\n")
+        for i in range(0, len(seq), 80):
+            f.write(seq[i:i + 80] + "\n")
+    return fa
+
+
+class Layers:
+    """Collects split_layer timings (and the load average) from run_job."""
+
+    def __init__(self):
+        from linpipe.jobs.driver import JobEvents
+
+        class E(JobEvents):
+            def __init__(s):
+                s.timings = []
+
+            def split_layer(s, record_id, layer, nodes, timing):
+                s.timings.append({"layer": layer, "segments": len(nodes), **timing})
+
+        self.events = E()
+
+
+def run(fa: Path, store: Path, workers: int, split: str, address=None, chunk=262_144) -> dict:
+    from linpipe.jobs.driver import run_job
+    from linpipe.jobs.request import JobRequest
+
+    ev = Layers().events
+    load0 = os.getloadavg()
+    t = time.perf_counter()
+    s = run_job(JobRequest(inputs=(str(fa),), out=str(store), workers=workers, split=split, chunk_size=chunk,
+                           overwrite=True, outputs=("logprob", "entropy")), address=address, events=ev)
+    wall = time.perf_counter() - t
+    return {"workers": workers, "split": split, "positions": s.positions_run, "seconds": s.seconds,
+            "wall_s": wall, "startup_s": s.startup_s, "positions_per_s": s.positions_per_s,
+            "model_s": s.model_s, "write_s": s.write_s, "read_s": s.read_s, "nodes": list(s.nodes),
+            "worker_peak_rss": s.worker_peak_rss, "layers": ev.timings,
+            "loadavg_before": load0, "loadavg_after": os.getloadavg()}
+
+
+def compare(a: Path, b: Path) -> dict:
+    import linpipe
+
+    ra, rb = linpipe.open_output(str(a)), linpipe.open_output(str(b))
+    worst = {}
+    for rid in ra.records:
+        for name in ra.meta["outputs"]:
+            x = np.nan_to_num(ra.read(rid, name).astype(np.float64))
+            y = np.nan_to_num(rb.read(rid, name).astype(np.float64))
+            worst[name] = float(np.abs(x - y).max() / max(np.abs(y).max(), 1e-30))
+    return worst
+
+
+def stage_embedded(out: Path, length: int) -> None:
+    fa = build(out, length)
+    r1 = run(fa, out / "w1.zarr", 1, "never")
+    print(json.dumps({k: v for k, v in r1.items() if k != "layers"}), flush=True)
+    r2 = run(fa, out / "w2.zarr", 2, "auto")
+    print(json.dumps(r2), flush=True)
+    rel = compare(out / "w2.zarr", out / "w1.zarr")
+    save(out, "embedded", {"record": fa.name, "length": length, "w1": r1, "w2": r2, "rel_diff": rel,
+                           "speedup_positions_per_s": r2["positions_per_s"] / r1["positions_per_s"],
+                           "speedup_wall": r1["wall_s"] / r2["wall_s"]})
+    print("speedup", r2["positions_per_s"] / r1["positions_per_s"], "wall", r1["wall_s"] / r2["wall_s"], rel)
+
+
+def stage_cluster(out: Path, length: int) -> None:
+    sys.path.insert(0, str(REPO / "tests"))
+    import ray_local_cluster as rlc
+
+    class OneByOne(rlc.LocalCluster):
+        """Worker nodes started one after another: two raylets starting at once on a loaded
+        2-core machine miss Ray's fixed 30 s registration window."""
+
+        def _start(self):
+            n, self.num_workers = self.num_workers, 0
+            super()._start()
+            for i in range(n):
+                args = ["start", f"--address={self.gcs_address}", "--node-ip-address=127.0.0.1",
+                        f"--num-cpus={self.cpus}", "--num-gpus=0", "--object-store-memory=100000000",
+                        *rlc._node_ports()]
+                self.procs.append(rlc._ray_block(args, self.env, self.tmp / f"worker{i}.log"))
+                self._wait_for_nodes(2 + i)
+            self.num_workers = n
+            return self
+
+    fa = build(out, length)
+    res = {}
+    with OneByOne(num_workers=2, cpus_per_node=1) as c:
+        for workers, split in ((1, "never"), (2, "2"), (3, "3")):
+            r = run(fa, out / f"c{workers}.zarr", workers, split, address=c.gcs_address)
+            print(json.dumps({k: v for k, v in r.items() if k != "layers"}), flush=True)
+            res[f"w{workers}"] = r
+    res["rel_diff_w2"] = compare(out / "c2.zarr", out / "c1.zarr")
+    res["record"], res["length"] = fa.name, length
+    save(out, "cluster", res)
+
+
+def stage_barrier(out: Path) -> None:
+    """A driver barrier (P calls out, P results back) with the payloads of one default-model
+    layer, on actors that do nothing: the exchange cost without compute."""
+    import pickle
+
+    import ray
+    import torch
+
+    ray.init(address="local", num_cpus=16, include_dashboard=False, logging_level="WARNING",
+             log_to_driver=False)
+
+    @ray.remote(num_cpus=1)
+    class Echo:
+        def f(self, *a):
+            return a
+
+    res = {}
+    H, K, D, W = 4, 16, 64, 4  # the default model
+    up = (torch.zeros(H, K, K, dtype=torch.float64), torch.zeros(H, K, dtype=torch.float64))
+    down = (0, torch.zeros(H, K, K), torch.zeros(H, K), torch.zeros(W - 1, D))
+    for P in (1, 2, 4, 8, 16):
+        actors = [Echo.remote() for _ in range(P)]
+        ray.get([a.f.remote() for a in actors])
+        times = []
+        for _ in range(30):
+            t = time.perf_counter()
+            ray.get([a.f.remote(*down) for a in actors])
+            ray.get([a.f.remote(*up) for a in actors])
+            times.append(time.perf_counter() - t)
+        res[P] = {"two_barriers_median_s": float(np.median(times)), "min_s": float(np.min(times)),
+                  "bytes": P * (len(pickle.dumps(down)) + len(pickle.dumps(up))) * 2}
+        print(P, res[P], flush=True)
+        for a in actors:
+            ray.kill(a)
+    # the D=512 model's payloads (H=8, K=64): the driver's bandwidth for states
+    H, K, D = 8, 64, 512
+    up = (torch.zeros(H, K, K, dtype=torch.float64), torch.zeros(H, K, dtype=torch.float64))
+    down = (0, torch.zeros(H, K, K), torch.zeros(H, K), torch.zeros(W - 1, D))
+    P = 8
+    actors = [Echo.remote() for _ in range(P)]
+    ray.get([a.f.remote() for a in actors])
+    times = []
+    for _ in range(10):
+        t = time.perf_counter()
+        ray.get([a.f.remote(*down) for a in actors])
+        ray.get([a.f.remote(*up) for a in actors])
+        times.append(time.perf_counter() - t)
+    nbytes = P * (len(pickle.dumps(down)) + len(pickle.dumps(up))) * 2
+    med = float(np.median(times))
+    big = {"P": P, "bytes": nbytes, "median_s": med,
+           "bytes_per_s": nbytes / max(med - 2 * res[8]["two_barriers_median_s"] / 2, 1e-6)}
+    print("big", big, flush=True)
+    ray.shutdown()
+    save(out, "barrier", {"per_P": res, "big_payload": big, "loadavg": os.getloadavg()})
+
+
+def stage_profile(out: Path, length: int = 500_000) -> None:
+    """In one process, one thread: the serial run vs the split passes of one segment (pass A =
+    contribution, pass B = the layer from the incoming state), the split's extra work f."""
+    import torch
+
+    from linpipe.inputs import open_input
+    from linpipe.model import load_model
+    from linpipe.model.segments import SegmentRunner
+
+    torch.set_num_threads(1)
+    m = load_model("default", device="cpu")
+    inp = open_input(str(build(out, 8_000_000)))
+    x = inp.read(inp.records[0].id, 0, length)[0]
+    chunk = 262_144
+    reps = []
+    for _ in range(3):
+        t = time.perf_counter()
+        st = m.init_state()
+        for a in range(0, length, chunk):
+            _o, st = m.forward(x[a:a + chunk], st, outputs=["logprob", "entropy"])
+        serial = time.perf_counter() - t
+        r = SegmentRunner(m, lambda a, b: x[a:b], 0, length, chunk, spill_dir=str(out),
+                          outputs=["logprob", "entropy"])
+        st0 = m.init_state()
+        tA = tB = 0.0
+        t = time.perf_counter()
+        r.begin()
+        t_begin = time.perf_counter() - t
+        for layer in range(m.config.n_layers):
+            t = time.perf_counter()
+            r.contribution(layer, st0.conv[0, layer])
+            tA += time.perf_counter() - t
+            t = time.perf_counter()
+            r.apply(layer, st0.S[0, layer], st0.z[0, layer], st0.conv[0, layer])
+            tB += time.perf_counter() - t
+        t = time.perf_counter()
+        list(r.pieces_out(st0.y[0], st0))
+        t_out = time.perf_counter() - t
+        r.close()
+        reps.append({"serial_s": serial, "pass_a_s": tA, "pass_b_s": tB, "begin_s": t_begin, "out_s": t_out,
+                     "split_total_s": tA + tB + t_begin + t_out, "loadavg": os.getloadavg()[0]})
+        print(reps[-1], flush=True)
+    f = float(np.median([(r["split_total_s"] - r["serial_s"]) / r["serial_s"] for r in reps]))
+    fa = float(np.median([r["pass_a_s"] / r["pass_b_s"] for r in reps]))
+    save(out, "profile", {"positions": length, "reps": reps, "f_total": f, "pass_a_over_b": fa})
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("stage", choices=["build", "embedded", "cluster", "barrier", "profile", "model"])
+    ap.add_argument("--out", default="/tmp/bench15")
+    ap.add_argument("--length", type=int, default=8_000_000)
+    a = ap.parse_args()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if a.stage == "build":
+        print(build(out, a.length))
+    elif a.stage == "embedded":
+        stage_embedded(out, a.length)
+    elif a.stage == "cluster":
+        stage_cluster(out, a.length)
+    elif a.stage == "barrier":
+        stage_barrier(out)
+    elif a.stage == "profile":
+        stage_profile(out)
+    else:
+        from bench_split_model import fit_and_plot  # noqa: E402  (the model stage, beside this file)
+
+        fit_and_plot(out, REPO / "docs")
+
+
+if __name__ == "__main__":
+    main()

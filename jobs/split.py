@@ -1,0 +1,255 @@
+"""One long record over a group of actors: the Ray side of sequence parallelism.
+
+The algebra is pipeline/model/segments.py. Here: which records to split (`split_parts`), the
+actor that holds one segment (`SegmentWorker`: it reads its own input slice, keeps its residual
+stream in a local spill file and writes its own Zarr chunks with their boundary states), and
+the driver's loop (`run_split`): per layer pass A on every segment, the fold in the driver
+(per layer P states of H*K*(K+1) floats and P halos of (W-1)*D floats come and go), pass B.
+
+Segments are whole chunks, so every chunk has one writer. A lost actor loses only its spill
+and memory: the group is rebuilt from what is durable (done markers and the boundary state
+stored at the last complete segment's end, which is the fold's value), with the same segment
+boundaries, so the restarted run folds the same numbers in the same order and its bytes equal
+an uninterrupted split run's.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from linpipe.errors import LinpipeError
+
+from .actor import PipelineWorker, UnitResult, peak_rss
+from .plan import Chunk, Record
+
+SPLIT_CHOICES = ("auto", "never")
+# auto: split a record when it is this many times longer than an even share of the job (its
+# stream alone would outlast the other workers by half a share or more).
+AUTO_FACTOR = 1.5
+# Group restarts per record before giving up (a node that keeps failing).
+MAX_GROUP_RESTARTS = 3
+
+
+def parse_split(value: str | int | None) -> str | int:
+    """--split auto|never|N (N >= 1 segments; 1 means never). The default is never: on the CPUs
+    measured (BENCHMARKS.md, issue 15) a split record ran slower than its one-actor stream."""
+    if value is None:
+        return "never"
+    if isinstance(value, int) or str(value).strip().isdigit():
+        n = int(value)
+        if n < 1:
+            raise LinpipeError(f"--split: N must be at least 1, got {n}")
+        return n
+    v = str(value).strip().lower()
+    if v not in SPLIT_CHOICES:
+        raise LinpipeError(f"--split: expected auto, never or a number of segments, got {value!r}")
+    return v
+
+
+def split_parts(record: Record, total_positions: int, n_workers: int, split: str | int) -> int:
+    """How many segments a streamed record runs in (1: the ordinary one-actor stream)."""
+    split = parse_split(split)
+    if split == "never" or record.n_chunks < 2:
+        return 1
+    if isinstance(split, int):
+        return max(1, min(split, record.n_chunks))
+    if n_workers < 2 or record.length < AUTO_FACTOR * total_positions / n_workers:
+        return 1
+    return min(n_workers, record.n_chunks)
+
+
+class SegmentWorker(PipelineWorker):
+    """One segment of one record; the driver calls begin, then per layer contribution and
+    apply, then write."""
+
+    def __init__(self, *args, spill_dir: str | None = None, **kw):
+        super().__init__(*args, **kw)
+        import tempfile
+
+        # the residual stream of the segment: a file on the node's local disk (page cache,
+        # evictable), so the actor's own memory stays a few sub-chunks whatever the length
+        self.spill_dir = spill_dir or tempfile.gettempdir()
+        self.runner = None
+        self.record: Record | None = None
+
+    def setup(self, record: Record, start: int, end: int) -> str:
+        from linpipe.model.segments import SegmentRunner
+
+        if self.runner is not None:
+            self.runner.close()
+        self.record = record
+        self.runner = SegmentRunner(self.model, self._read_model_input, start, end, record.chunk_size,
+                                    spill_dir=self.spill_dir, outputs=self.outputs)
+        return self.node
+
+    def _read_model_input(self, a: int, b: int):
+        r = self.record
+        return self._read(Chunk(r.input_path, r.id, r.key, a, b, a // r.chunk_size))[0]
+
+    def model_info(self):
+        """(layers, the state after BOS as arrays): the driver folds from it."""
+        return self.model.config.n_layers, self.model.init_state().to_arrays()
+
+    # The per-layer calls return (result, compute seconds): the driver tells the exchange's
+    # own cost (barrier wall time less the slowest segment's compute) from the work.
+    def begin(self):
+        t = time.perf_counter()
+        return self.runner.begin(), time.perf_counter() - t
+
+    def contribution(self, layer, halo):
+        t = time.perf_counter()
+        return self.runner.contribution(layer, halo), time.perf_counter() - t
+
+    def apply(self, layer, S_in, z_in, halo):
+        t = time.perf_counter()
+        return self.runner.apply(layer, S_in, z_in, halo), time.perf_counter() - t
+
+    def write(self, y_prev, final_arrays: dict, skip: list[int]) -> list[UnitResult]:
+        """Writes the segment's chunks (those not in skip) with their boundary states."""
+        from linpipe.model import ModelState
+
+        r = self.record
+        final = ModelState.from_arrays({k: np.array(v) for k, v in final_arrays.items()})  # writable
+        results = []
+        t0 = time.perf_counter()
+        for idx, a, b, out, state in self.runner.pieces_out(y_prev, final, skip=set(skip)):
+            t1 = time.perf_counter()
+            _x, extra = self._read(Chunk(r.input_path, r.id, r.key, a, b, idx))
+            self.store.write_chunk(r.key, idx, {**out, **extra}, state=state.to_arrays())
+            t2 = time.perf_counter()
+            results.append(UnitResult(r.key, idx, b - a, 0.0, t1 - t0, t2 - t1, self.node, peak_rss()))
+            t0 = time.perf_counter()
+        self.runner.close()
+        self.runner = None
+        return results
+
+
+class GroupLost(Exception):
+    """An actor of the group died: the group restarts from what is durable."""
+
+
+class RayGroup:
+    """Calls one method on every segment's actor at once and waits for all (a barrier)."""
+
+    TIMED = ("begin", "contribution", "apply")
+
+    def __init__(self, handles):
+        self.handles = handles
+        self.timing = {"wall_s": 0.0, "compute_s": 0.0, "bytes": 0}  # since the last take()
+
+    def take(self) -> dict:
+        t, self.timing = self.timing, {"wall_s": 0.0, "compute_s": 0.0, "bytes": 0}
+        return {**t, "exchange_s": t["wall_s"] - t["compute_s"]}
+
+    def call(self, method: str, args: list[tuple]) -> list:
+        import pickle
+
+        import ray
+
+        t0 = time.perf_counter()
+        refs = [getattr(h, method).remote(*a) for h, a in zip(self.handles, args, strict=True)]
+        try:
+            out = ray.get(refs)
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as e:
+            if getattr(e, "actor_init_failed", False):
+                from .driver import init_error
+
+                raise init_error(e) from None
+            raise GroupLost(type(e).__name__) from None
+        if method not in self.TIMED:
+            return out
+        self.timing["wall_s"] += time.perf_counter() - t0
+        self.timing["compute_s"] += max(sec for _, sec in out)
+        out = [v for v, _ in out]
+        self.timing["bytes"] += len(pickle.dumps(args)) + len(pickle.dumps(out))  # to and from the driver
+        return out
+
+
+def first_incomplete_segment(store, record: Record, bounds) -> int:
+    """The first segment with a chunk not marked done (len(bounds): all done)."""
+    done = store.completed_chunks(record.key)
+    for k, (a, b) in enumerate(bounds):
+        chunks = range(a // record.chunk_size, -(-b // record.chunk_size))
+        if any(i not in done for i in chunks):
+            return k
+    return len(bounds)
+
+
+def run_split(record: Record, parts: int, store, new_actor, events, *, on_layer=None) -> dict:
+    """Runs one record as `parts` segments on a group of new actors; restarts the group from
+    the store after an actor is lost. on_layer(record, layer, nodes, timing) is called after
+    every layer's last barrier (timing: wall, slowest-segment compute and exchange seconds, and
+    bytes through the driver, since the previous call (layer 0 includes the embedding); tests
+    kill a worker there). Returns counts for the job summary."""
+    import ray
+
+    from linpipe.model import ModelState
+    from linpipe.model.segments import run_layers, segment_bounds
+
+    bounds = segment_bounds(record.length, record.chunk_size, parts)
+    stats = {"deaths": 0, "positions": 0, "units": [], "layer_s": [], "nodes": set(), "segments": len(bounds)}
+    while True:
+        k0 = first_incomplete_segment(store, record, bounds)
+        if k0 == len(bounds):
+            return stats
+        todo = bounds[k0:]
+        handles = [new_actor() for _ in todo]
+        group = RayGroup(handles)
+        try:
+            nodes = group.call("setup", [(record, a, b) for a, b in todo])
+            stats.setdefault("t_ready", time.monotonic())  # rates count from the actors' readiness
+            stats["nodes"].update(n.rsplit(":", 1)[0] for n in nodes)
+            layers, init = ray.get(handles[0].model_info.remote())
+            if k0 == 0:
+                state0 = ModelState.from_arrays({k: np.array(v) for k, v in init.items()})
+            else:  # the fold's value, stored with the last chunk of the segment before
+                first_chunk = bounds[k0][0] // record.chunk_size
+                state0 = ModelState.from_arrays(store.boundary_state(record.key, first_chunk - 1))
+            hook = None if on_layer is None else (
+                lambda layer, nodes=nodes, group=group: on_layer(record, layer, nodes, group.take()))
+            states = run_layers(_Timed(group, stats, hook), state0, layers, len(todo))
+            done = sorted(store.completed_chunks(record.key))
+            results = group.call("write", [(states[k].y[0], states[k + 1].to_arrays(), done)
+                                           for k in range(len(todo))])
+            for res in results:
+                for u in res:
+                    stats["positions"] += u.positions
+                    stats["units"].append(u)
+                    events.unit_done(u, len(stats["units"]))
+        except (GroupLost, ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as e:
+            if getattr(e, "actor_init_failed", False):
+                from .driver import init_error
+
+                raise init_error(e) from None
+            stats["deaths"] += 1
+            events.worker_died(f"segment group of record {record.id}", str(e) or type(e).__name__)
+            if stats["deaths"] > MAX_GROUP_RESTARTS:
+                raise LinpipeError(f"record {record.id!r}: its segment group lost a worker "
+                                   f"{stats['deaths']} times; giving up (the store stays resumable)"
+                                   ) from None
+        except ray.exceptions.RayTaskError as e:
+            from .driver import _user_error
+
+            raise _user_error(e, f"record {record.id!r} of {record.input_path} (split)") from None
+        finally:
+            for h in handles:
+                ray.kill(h)
+
+
+class _Timed:
+    """A group whose apply barrier marks the end of a layer (timings, test hooks)."""
+
+    def __init__(self, group, stats, on_layer):
+        self.group, self.stats, self.on_layer = group, stats, on_layer
+        self.t = time.perf_counter()
+
+    def call(self, method, args):
+        out = self.group.call(method, args)
+        if method == "apply":
+            now = time.perf_counter()
+            self.stats["layer_s"].append(now - self.t)
+            self.t = now
+            if self.on_layer is not None:
+                self.on_layer(args[0][0])
+        return out

@@ -1,0 +1,159 @@
+"""Sequence parallelism (pipeline/model/segments.py): a record split into P segments, each
+layer's state folded across segments, equals the serial chunk-by-chunk run."""
+import copy
+import gzip
+
+import numpy as np
+import pytest
+
+from linpipe.inputs.alphabet import tokenize
+from linpipe.model import Model, ModelConfig, init_net
+from linpipe.model.segments import forward_split, segment_bounds
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+# hg19 chr1 starts with 10,000 N: [9,000, 11,600) holds the N run's end and real sequence
+N_END = 10_000
+LO, HI = 9_000, 11_600
+
+
+@pytest.fixture(scope="module")
+def tokens(genomes):
+    with gzip.open(genomes / "korflab_hg19_chr1_first3Mb.fa.gz", "rt") as f:
+        seq = "".join(line.strip() for line in f if not line.startswith(">"))[:HI]
+    x = tokenize(seq[LO:])
+    assert (x[:N_END - LO] == 4).all() and (x[N_END - LO:] < 4).all()  # N run, then ACGT
+    return x
+
+
+def tiny(decay, normalize, feature_map, conv_width, n_layers=2):
+    cfg = ModelConfig(modality="dna", d_model=16, n_layers=n_layers, n_heads=2, mlp_hidden=32,
+                      feature_map=feature_map, normalize=normalize, conv_width=conv_width)
+    return Model(init_net(cfg, seed=3, decay=None if decay else 1.0), cfg, device="cpu")
+
+
+def serial(model, x, chunk_size):
+    state = model.init_state()
+    parts, states = {}, {}
+    for i, a in enumerate(range(0, len(x), chunk_size)):
+        out, state = model.forward(x[a:a + chunk_size], state)
+        for k, v in out.items():
+            parts.setdefault(k, []).append(v)
+        states[i] = state
+    return {k: np.concatenate(v) for k, v in parts.items()}, states
+
+
+def rel(a, b):
+    a, b = np.nan_to_num(a, nan=0.0), np.nan_to_num(b, nan=0.0)
+    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
+
+
+def check(model, x, bounds, chunk_size):
+    """Split outputs and chunk-edge states equal the serial run's to rel 1e-5. Identity
+    features with the normaliser divide by phi(q).z, which crosses zero: there the serial fp32
+    run is itself ~1e-5 off the exact (float64) answer, so the split run must be as close to
+    the float64 run as the serial one is (within 3x its distance, plus 1e-5)."""
+    want, want_states = serial(model, x, chunk_size)
+    got, got_states, _ = forward_split(model, x, bounds, chunk_size)
+    ill = model.config.normalize and model.config.feature_map == "identity"
+    if ill:
+        exact, exact_states = serial(Model(copy.deepcopy(model.net).double(), model.config, device="cpu"),
+                                     x, chunk_size)
+
+    def close(a, b, e, what):
+        if not ill:
+            assert rel(a, b) < 1e-5, (what, rel(a, b))
+        else:
+            assert rel(a, e) <= 3 * rel(b, e) + 1e-5, (what, rel(a, e), rel(b, e))
+
+    assert got.keys() == want.keys()
+    for k in want:
+        assert got[k].shape == want[k].shape, k
+        assert np.array_equal(np.isnan(got[k]), np.isnan(want[k])), k  # logprob NaN at N, both
+        close(got[k], want[k], exact[k] if ill else None, k)
+    assert got_states.keys() == want_states.keys()
+    for i, st in want_states.items():
+        g = got_states[i].to_arrays()
+        e = exact_states[i].to_arrays() if ill else {}
+        for name, v in st.to_arrays().items():
+            close(g[name], v, e.get(name), (i, name))
+
+
+GRID = [(d, n, f, w) for d in (True, False) for n in (True, False)
+        for f in ("elu1", "relu", "identity") for w in (1, 4)]
+
+
+@pytest.mark.parametrize("decay,normalize,feature_map,conv_width", GRID)
+def test_split_equals_serial_chunk_edges(tokens, decay, normalize, feature_map, conv_width):
+    """Segments on chunk edges (the Ray path's layout), P = 2, 3, 5; the N run's end at 1,000."""
+    model = tiny(decay, normalize, feature_map, conv_width)
+    chunk = 500
+    for parts in (2, 3, 5):
+        bounds = segment_bounds(len(tokens), chunk, parts)
+        assert len(bounds) == parts
+        check(model, tokens, bounds, chunk)
+
+
+@pytest.mark.parametrize("decay,conv_width", [(True, 4), (False, 4), (True, 1)])
+def test_split_short_segments_and_n_runs(tokens, decay, conv_width):
+    """Segments shorter than the conv window (1 and 2 positions: the halo reaches back over
+    them), edges inside the N run, on its last N, on its first base, and off chunk edges."""
+    model = tiny(decay, True, "elu1", conv_width)
+    e = N_END - LO
+    for cuts in ([e - 1, e, e + 2], [700, 701, e, e + 1, 2300], [e - 300, e + 300, 2049]):
+        edges = [0] + sorted(cuts) + [len(tokens)]
+        bounds = list(zip(edges[:-1], edges[1:], strict=True))
+        check(model, tokens, bounds, 1024)
+
+
+def test_split_spills_to_disk(tokens, tmp_path):
+    """The residual stream goes through a memmap file per segment (removed after)."""
+    model = tiny(True, True, "elu1", 4, n_layers=3)
+    want, _ = serial(model, tokens, 700)
+    got, _, _ = forward_split(model, tokens, segment_bounds(len(tokens), 700, 3), 700, spill_dir=tmp_path)
+    for k in want:
+        assert rel(got[k], want[k]) < 1e-5
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_one_segment_is_the_serial_run(tokens):
+    """P = 1 runs the same blocks with the same state as the serial run: identical bytes, so
+    the only difference P > 1 makes is the fold's round-off."""
+    model = tiny(True, True, "elu1", 4)
+    want, _ = serial(model, tokens, 1000)
+    got, _, _ = forward_split(model, tokens, [(0, len(tokens))], 1000)
+    for k in want:
+        assert got[k].tobytes() == want[k].tobytes(), k
+
+
+def test_segment_bounds_deal_chunks():
+    b = segment_bounds(10_001, 1000, 3)
+    assert b == [(0, 3000), (3000, 7000), (7000, 10_001)]
+    assert segment_bounds(1500, 1000, 5) == [(0, 1000), (1000, 1500)]  # no more segments than chunks
+
+
+def test_planner_splits_only_long_records():
+    from linpipe.jobs.plan import Record
+    from linpipe.jobs.split import split_parts
+
+    chr1 = Record("in.fa", "chr1", "chr1", 8_000_000, 262_144)
+    short = Record("in.fa", "ctg", "ctg", 600_000, 262_144)
+    # auto: a record 1.5x or more of a worker's even share of the job is spread over the workers
+    assert split_parts(chr1, 8_600_000, 2, "auto") == 2
+    assert split_parts(chr1, 8_600_000, 64, "auto") == 31  # no more segments than chunks
+    assert split_parts(short, 8_600_000, 2, "auto") == 1  # short records keep the stream path
+    assert split_parts(chr1, 8_000_000 * 3, 2, "auto") == 1  # many records as long: no gain
+    assert split_parts(chr1, 8_000_000, 1, "auto") == 1
+    assert split_parts(chr1, 8_600_000, 2, "never") == 1
+    assert split_parts(short, 8_600_000, 1, "5") == 3  # forced: capped by the record's chunks
+
+
+def test_cli_refuses_a_bad_split(tmp_path, genomes):
+    from click.testing import CliRunner
+
+    from linpipe.cli import cli
+
+    res = CliRunner().invoke(cli, ["submit", str(genomes / "minimap2_MT-human.fa"), "--split", "many",
+                                   "--out", str(tmp_path / "x.zarr")])
+    assert res.exit_code == 1 and res.output.startswith("Error: ") and "--split" in res.output
+    assert "Traceback" not in res.output and not (tmp_path / "x.zarr").exists()

@@ -1,0 +1,161 @@
+"""--split on an embedded local Ray: a real record over a group of actors (jobs/split.py).
+
+One module-scoped Ray (3 CPUs) serves both tests; run_job joins it.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+
+import numpy as np
+import pytest
+from _pipeline_data import (
+    assert_same_bytes,
+    record_outputs,
+    store_arrays,
+    write_fasta_slice,
+    write_in_process,
+)
+
+from linpipe.jobs.driver import JobEvents, run_job
+from linpipe.jobs.request import JobRequest
+from linpipe.store import OutputStore
+from linpipe.store.layout import progress_path
+
+pytestmark = pytest.mark.slow
+
+CHUNK = 8_192
+OUTPUTS = ("logprob", "entropy", "softmask", "hidden")
+LONG = "CHROMOSOME_I"  # C. elegans chromosome I, its first 60 kb: 8 chunks
+
+
+@pytest.fixture(scope="module")
+def model2(tmp_path_factory):
+    """A tiny two-layer DNA model, so a worker can be lost between layers."""
+    from linpipe.model import ModelConfig, init_net, save_model
+
+    cfg = ModelConfig(modality="dna", d_model=16, n_layers=2, n_heads=2, mlp_hidden=32)
+    path = tmp_path_factory.mktemp("model") / "tiny2"
+    save_model(init_net(cfg, seed=1), cfg, path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def one_record(genomes, tmp_path_factory):
+    """The long record alone (no packed batches, so no other actors start)."""
+    path = tmp_path_factory.mktemp("genome") / "ce_I.fa"
+    assert write_fasta_slice(genomes / "htslib_ce.fa", path, {LONG: 60_000}) == {LONG: 60_000}
+    return path
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    import tempfile
+
+    import ray
+
+    ray.init(num_cpus=3, include_dashboard=False, _temp_dir=tempfile.mkdtemp(prefix="lps-"),
+             logging_level="WARNING", log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+class Watch(JobEvents):
+    """Records who wrote each chunk and the split layers; kill_at: (layer, segment) to SIGKILL."""
+
+    def __init__(self, kill_at=None):
+        self.writers: dict[tuple[str, int], list[str]] = {}
+        self.layers: list[tuple[str, int, list[str]]] = []
+        self.kill_at = kill_at
+
+    def unit_done(self, result, units_done):
+        self.writers.setdefault((result.key, result.chunk_index), []).append(result.node)
+
+    def split_layer(self, record_id, layer, nodes, timing):
+        self.layers.append((record_id, layer, list(nodes)))
+        assert timing["bytes"] > 0 and timing["wall_s"] >= timing["compute_s"] > 0
+        if self.kill_at and self.kill_at[0] == layer:
+            pid = int(nodes[self.kill_at[1]].rsplit(":", 1)[1])
+            os.kill(pid, signal.SIGKILL)  # an actor of this test's own Ray session
+            self.kill_at = None
+
+
+def states(path, key, n):
+    store = OutputStore.open(str(path), mode="r")
+    return [store.boundary_state(key, i) for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def split_one(local_ray, one_record, model2, tmp_path_factory):
+    """The record split by --split auto over 3 workers, uninterrupted (the restarts' reference)."""
+    out = tmp_path_factory.mktemp("split1") / "split.zarr"
+    events = Watch()
+    summary = run_job(JobRequest(inputs=(str(one_record),), model=model2, out=str(out), chunk_size=CHUNK,
+                                 outputs=OUTPUTS, workers=3, split="auto"), events=events)
+    return out, events, summary
+
+
+def test_auto_split_equals_serial_one_writer_per_chunk(split_one, one_record, model2, tmp_path):
+    out, events, summary = split_one
+    assert summary.positions_run == 60_000 and summary.worker_deaths == 0
+    # auto: one record, 3 workers: 3 segments, one exchange per layer (2 layers)
+    assert [(r, layer) for r, layer, _ in events.layers] == [(LONG, 0), (LONG, 1)]
+    assert len(set(events.layers[0][2])) == 3
+    serial = tmp_path / "serial.zarr"
+    write_in_process(one_record, model2, serial, chunk_size=CHUNK, outputs=OUTPUTS)
+    got, want = record_outputs(out), record_outputs(serial)
+    assert got.keys() == want.keys()
+    for k in want:
+        a, b = np.nan_to_num(got[k].astype(np.float64)), np.nan_to_num(want[k].astype(np.float64))
+        assert np.array_equal(np.isnan(got[k].astype(float)), np.isnan(want[k].astype(float))), k
+        if want[k].dtype == np.float16:  # hidden is stored as float16: one rounding step more
+            step = np.spacing(np.maximum(np.abs(got[k]), np.abs(want[k]))).astype(np.float64)
+            assert (np.abs(a - b) <= step + 1e-5 * np.abs(b).max()).all(), k
+        else:
+            assert np.abs(a - b).max() <= 1e-5 * max(np.abs(b).max(), 1e-30), k
+    # every chunk of the long record written once, by one actor; segments are whole chunks
+    store = OutputStore.open(str(out), mode="r")
+    key = store.record_key(LONG)
+    long_writes = {i: w for (k, i), w in events.writers.items() if k == key}
+    assert sorted(long_writes) == list(range(8)) and all(len(w) == 1 for w in long_writes.values())
+    by_writer = {}
+    for i, (w,) in long_writes.items():
+        by_writer.setdefault(w, []).append(i)
+    assert sorted(map(sorted, by_writer.values())) == [[0, 1], [2, 3, 4], [5, 6, 7]]
+    # boundary states stored at every chunk edge, close to the serial run's
+    want_states = states(serial, key, 8)
+    for got_s, want_s in zip(states(out, key, 8), want_states, strict=True):
+        assert got_s.keys() == want_s.keys()
+        for name in want_s:
+            d = np.abs(got_s[name] - want_s[name]).max()
+            assert d <= 1e-5 * max(np.abs(want_s[name]).max(), 1e-30), name
+
+
+def test_resume_and_worker_killed_mid_run_bit_identical(split_one, one_record, model2, tmp_path):
+    """A store whose segments 1 and 2 were lost after chunk 3 (done markers cleared from there,
+    outputs zeroed) resumes from the state stored at segment 1's start (after chunk 2), the fold's
+    value; then segment 2's actor is SIGKILLed after layer 0 and the group of two restarts from
+    the store again. The store's bytes equal the uninterrupted run's."""
+    import zarr
+
+    ref = split_one[0]
+    out = tmp_path / "resume.zarr"
+    shutil.copytree(ref, out)
+    root = zarr.open_group(str(out), mode="r+", use_consolidated=False)
+    key = OutputStore.open(str(out), mode="r").record_key(LONG)
+    root.attrs["linpipe"] = {**root.attrs["linpipe"], "complete": False}
+    done = root[progress_path(key, "done")]
+    assert done[:].all()
+    done[4:] = 0
+    for name in OUTPUTS:
+        root[f"{key}/{name}"][4 * CHUNK:] = 0
+    events = Watch(kill_at=(0, 1))
+    summary = run_job(JobRequest(inputs=(str(one_record),), model=model2, out=str(out), chunk_size=CHUNK,
+                                 outputs=OUTPUTS, workers=3, split="3"), events=events)
+    assert summary.worker_deaths == 1
+    assert summary.positions_run == 60_000 - 4 * CHUNK  # chunk 3 recomputed, not rewritten
+    assert [(layer, len(nodes)) for _, layer, nodes in events.layers] == [(0, 2), (0, 2), (1, 2)]
+    assert_same_bytes(store_arrays(out), store_arrays(ref))
+    for a, b in zip(states(out, key, 8), states(ref, key, 8), strict=True):
+        assert_same_bytes(a, b)
