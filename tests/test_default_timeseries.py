@@ -169,17 +169,29 @@ def test_csv_with_a_text_value_names_column_and_row(tmp_path):
     assert "'value'" in lines[0] and "row 151" in lines[0] and "'n/a?'" in lines[0]
 
 
-@pytest.mark.slow  # one embedded Ray start-up
-def test_submit_without_model_then_parquet_with_time_and_a_three_panel_plot(timeseries, tmp_path):
+def test_job_without_model_then_parquet_with_time_and_a_forecast_anomaly_plot(timeseries, tmp_path):
+    """The job `linpipe submit elec.csv --time-column ds` plans, run here by the worker class
+    itself (no Ray start-up: the Ray path is tested elsewhere), then export and plot."""
     import pyarrow.parquet as pq
 
+    from linpipe.jobs.actor import PipelineWorker
+    from linpipe.jobs.driver import open_or_create_store
+    from linpipe.jobs.plan import plan_job
+    from linpipe.jobs.request import JobRequest
     from linpipe.outputs.plot import plot_region
 
     csv = timeseries / "statsmodels_mstl_elec_vic.csv"  # columns ds (datetime), y
     out = tmp_path / "elec.zarr"
-    r = CliRunner().invoke(cli, ["submit", str(csv), "--time-column", "ds", "--out", str(out),
-                                 "--workers", "1", "--chunk-size", "1000", "--quiet"])
-    assert r.exit_code == 0, r.output
+    plan = plan_job(JobRequest(inputs=(str(csv),), time_column="ds", chunk_size=1000))
+    assert Path(plan.model_ref).name == "default-timeseries"
+    assert plan.outputs == ("forecast", "residual", "anomaly")
+    store = open_or_create_store(plan, str(out))
+    w = PipelineWorker(plan.model_ref, str(out), list(plan.outputs), device="cpu", threads=1,
+                       input_options=plan.input_options)
+    (r,) = plan.streams
+    for c in r.chunks():  # 4 chunks, the state carried between them
+        w.run_chunk(c, last=c.index == r.n_chunks - 1)
+    assert store.finalize()
     table = tmp_path / "elec.parquet"
     r = CliRunner().invoke(cli, ["export", str(out), "--format", "parquet", "--output",
                                  "forecast,residual,anomaly", "-o", str(table)])
@@ -190,7 +202,7 @@ def test_submit_without_model_then_parquet_with_time_and_a_three_panel_plot(time
     import pandas as pd
 
     np.testing.assert_array_equal(t["time"].to_numpy(), pd.to_datetime(pd.read_csv(csv)["ds"]).to_numpy())
-    # the stored outputs (4 chunks, the state carried between them) equal one pass of the model
+    # the stored outputs equal one pass of the model
     m = linpipe.load_model("default-timeseries")
     whole, _ = m.forward(src[:, None], m.init_state())
     np.testing.assert_allclose(t["forecast_y"], whole["forecast"][:, 0], rtol=1e-5)
