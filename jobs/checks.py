@@ -25,7 +25,8 @@ def fit_channels(first_input: str, config, input_options: dict[str, Any], open_i
     """The input options to read a series with, for a time-series model: as given, or, with no
     --columns, the model's own channel names when the file has them all as columns."""
     names = model_channel_names(config)
-    if config.modality != "timeseries" or input_options.get("columns") or not names:
+    if (config.modality != "timeseries" or getattr(config, "series_norm", False)
+            or input_options.get("columns") or not names):
         return input_options
     try:
         inp = open_input(first_input, **input_options)

@@ -399,6 +399,9 @@ def run_job(request: JobRequest, *, address: str | None = None, device: str | No
         raise LinpipeError("--split with --regions: a split record would store outputs outside the "
                            "regions; use one of them")
     plan = plan_job(request)
+    if parse_split(request.split) != "never" and plan.modality != "dna":
+        raise LinpipeError(f"--split {request.split}: splitting a record is implemented and tested for "
+                           f"DNA models only; this is a {plan.modality} job (use --split never)")
     out = request.out_path
     if address:  # every check before the store exists: a refusal must leave nothing behind
         check_cluster(address)

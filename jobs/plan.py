@@ -169,6 +169,7 @@ def plan_job(request: JobRequest) -> JobPlan:
     Reads only indexes (the driver, `--dry-run` and the job-server path all start here)."""
     from linpipe.inputs import open_input
     from linpipe.model import load_model
+    from linpipe.model.files import DEFAULT_MODEL, default_model_for
     from linpipe.model.outputs import output_names
     from linpipe.store.keys import make_keys
     from linpipe.store.layout import RC, RC_OUTPUTS, base_output, is_rc
@@ -179,8 +180,10 @@ def plan_job(request: JobRequest) -> JobPlan:
     if chunk_size < 1:
         raise LinpipeError(f"--chunk-size must be a positive number of positions, got {chunk_size}")
     input_options = request.input_options
-    m = load_model(request.model, device="cpu")
     model_ref = request.model
+    if model_ref == DEFAULT_MODEL and not os.path.isdir(model_ref):  # the shipped one for the modality
+        model_ref = default_model_for(os.fspath(request.inputs[0]))
+    m = load_model(model_ref, device="cpu")
     if os.path.isdir(os.fspath(model_ref)):  # actors may run elsewhere: an absolute path
         model_ref = os.path.abspath(os.fspath(model_ref))
     input_options = fit_channels(os.path.abspath(os.fspath(request.inputs[0])), m.config, input_options,
@@ -196,8 +199,9 @@ def plan_job(request: JobRequest) -> JobPlan:
         inp = open_input(p, **input_options)
         try:
             if inp.modality != m.modality:
-                raise modality_error(path, inp.modality, request.model, m.modality)
-            check_channels(path, inp, m.config, request.model, input_options)
+                raise modality_error(path, inp.modality, model_ref, m.modality)
+            if not m.config.series_norm:  # a series_norm model reads any number of channels
+                check_channels(path, inp, m.config, model_ref, input_options)
             fingerprints.append(inp.fingerprint())
             time_dtype = None
             if inp.modality == "timeseries":
@@ -238,8 +242,10 @@ def plan_job(request: JobRequest) -> JobPlan:
         raise InputError(f"the inputs' time columns have different types ({', '.join(sorted(short_times))}); "
                          "one job's short series must share one time type")
     modality = m.modality
-    outputs = list(request.outputs) if request.outputs else list(output_names(modality, default=True))
-    known = output_names(modality)
+    cannot = m.config.unavailable_outputs
+    outputs = list(request.outputs) if request.outputs else [o for o in output_names(modality, default=True)
+                                                             if o not in cannot]
+    known = [o for o in output_names(modality) if o not in cannot]
     for o in outputs:
         if o not in known and not (is_rc(o) and base_output(o) in RC_OUTPUTS and base_output(o) in known):
             raise LinpipeError(f"--outputs: unknown {modality} output {o!r} (one of {', '.join(known)})")

@@ -361,7 +361,9 @@ def export(store, fmt, output, records, dest):
 @cli.command()
 @click.argument("store", type=click.Path())
 @click.option("--record", required=True, metavar="ID", help="Record id.")
-@click.option("--output", "output", required=True, metavar="NAME", help="Output to plot, e.g. logprob.")
+@click.option("--output", "output", required=True, metavar="NAME[,NAME...]",
+              help="Output(s) to plot, e.g. logprob, or forecast,anomaly (stacked panels; a "
+                   "forecast is drawn over the input series).")
 @click.option("--region", default=None, metavar="START-END",
               help="0-based, end exclusive (default: the whole record).")
 @click.option("-o", "dest", required=True, type=click.Path(), help="PNG file to write.")
@@ -371,7 +373,9 @@ def plot(store, record, output, region, dest, width):
     """Plot one output over a region as a PNG (min/max envelope when downsampled)."""
     from linpipe.outputs.plot import plot_region
 
-    info = plot_region(_open_reader(store), record, output, dest, region=region, width_px=width)
+    names = [o.strip() for o in output.split(",") if o.strip()]
+    info = plot_region(_open_reader(store), record, names if len(names) > 1 else output, dest, region=region,
+                       width_px=width)
     how = "min/max envelope" if info["downsampled"] else "every position"
     if info.get("input_drawn"):
         how += "; with the input signal"
@@ -752,10 +756,14 @@ def _command_line() -> str:
 @click.option("--resume", is_flag=True, help="Continue from the checkpoint in --out (same inputs).")
 @click.option("--force", is_flag=True, help="Overwrite a model (or any files) already in --out.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
+@click.option("--series-norm", is_flag=True,
+              help="Time series: causal per-series normalisation, each channel its own lane, "
+                   "forecasting the change from the last value (the shipped default-timeseries "
+                   "model; docs/default-model.md). Trains on files with any channels.")
 @_timeseries_options
 def train_cmd(inputs, out, d_model, n_layers, n_heads, mlp_hidden, conv_width, feature_map, no_normalize,
               decay, steps, batch, window, lr, seed, device, val_records, checkpoint_every, threads, resume,
-              force, quiet, time_column, columns, id_column, time_format):
+              force, quiet, series_norm, time_column, columns, id_column, time_format):
     """Train a model on INPUTS (FASTA or time series) by next-position prediction into --out."""
     import numpy as np
 
@@ -767,6 +775,8 @@ def train_cmd(inputs, out, d_model, n_layers, n_heads, mlp_hidden, conv_width, f
                       val_records=tuple(v for v in (val_records or "").split(",") if v))
     kw = dict(d_model=d_model, n_layers=n_layers, n_heads=n_heads, mlp_hidden=mlp_hidden or 4 * d_model,
               feature_map=feature_map, normalize=not no_normalize, conv_width=conv_width)
+    if series_norm:
+        kw["series_norm"] = True
     bar = None
 
     def show(info):
@@ -786,6 +796,8 @@ def train_cmd(inputs, out, d_model, n_layers, n_heads, mlp_hidden, conv_width, f
     if "bits_per_base" in res.val:
         click.echo("validation bits per base: " + ", ".join(
             f"{k} {v:.4f}" for k, v in res.val["bits_per_base"].items()))
+    elif "mae_ratio_vs_last_value" in res.val:
+        click.echo(f"validation MAE / last-value MAE: {res.val['mae_ratio_vs_last_value']:.4f}")
     elif "mse_normalised" in res.val:
         click.echo(f"validation MSE (normalised): {res.val['mse_normalised']:.4f}")
 
@@ -798,18 +810,22 @@ def train_cmd(inputs, out, d_model, n_layers, n_heads, mlp_hidden, conv_width, f
               "of the ones stored with the model. Repeatable.")
 @click.option("--season", type=click.IntRange(1), default=None,
               help="timeseries: seasonal-naive period (default: the lag of peak autocorrelation).")
+@click.option("--reset-every", type=click.IntRange(1), default=None, metavar="N",
+              help="timeseries: also score the model with its state reset every N rows (what "
+                   "its long context is worth).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @_timeseries_options
-def eval_cmd(model_dir, inputs, baseline_train, season, as_json, time_column, columns, id_column,
+def eval_cmd(model_dir, inputs, baseline_train, season, reset_every, as_json, time_column, columns, id_column,
              time_format):
     """Score a model on INPUTS next to simple baselines on the same positions (MODEL_DIR: a
-    directory or a shipped model's name)."""
+    directory or a shipped model's name; `default` is the shipped model of the inputs' modality)."""
     import json
 
     from linpipe.training.evaluate import evaluate_inputs
 
     report = evaluate_inputs(model_dir, inputs, baseline_train=baseline_train, season=season,
-                             ts_options=_ts_options(time_column, columns, id_column, time_format))
+                             ts_options=_ts_options(time_column, columns, id_column, time_format),
+                             reset_every=reset_every)
     if as_json:
         click.echo(json.dumps(report, indent=2))
         return
@@ -820,7 +836,8 @@ def eval_cmd(model_dir, inputs, baseline_train, season, as_json, time_column, co
             if report["modality"] == "dna":
                 click.echo(f"  {name:<24} {v:.4f} bits/base")
             else:
-                click.echo(f"  {name:<24} MAE {v['mae']:.6g}  RMSE {v['rmse']:.6g}")
+                click.echo(f"  {name:<34} MAE {v['mae']:.6g}  RMSE {v['rmse']:.6g}  "
+                           f"MAE/last-value {v['ratio']:.4f}")
     if report["modality"] == "dna":
         click.echo(f"Markov order k chosen on training data: {report['markov_best_k']}")
 
@@ -887,7 +904,8 @@ EXAMPLES = {
     ("verify",): ["linpipe verify MT-human.zarr", "linpipe verify MT-human.zarr --repair"],
     ("export",): ["linpipe export MT-human.zarr --format bigwig --output logprob -o logprob.bw",
                   "linpipe export ecg.zarr --format parquet --output forecast,residual -o ecg.parquet"],
-    ("plot",): ["linpipe plot MT-human.zarr --record MT_human --output logprob --region 0-5000 -o mt.png"],
+    ("plot",): ["linpipe plot MT-human.zarr --record MT_human --output logprob --region 0-5000 -o mt.png",
+                "linpipe plot ecg.zarr --record ecg --output forecast,anomaly --region 0-3000 -o ecg.png"],
     ("submit",): ["linpipe submit examples/MT-human.fa --out MT-human.zarr",
                   "linpipe submit examples/ecg-mitdb100.parquet --model examples/models/ecg "
                   "--time-column sample --out ecg.zarr",

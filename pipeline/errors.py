@@ -27,8 +27,9 @@ def modality_mismatch(path, input_modality: str, model_ref, model_modality: str)
     import shlex
 
     if input_modality == "timeseries":
-        how = (f"train a time-series model first: linpipe train {shlex.quote(str(path))} --out MODEL_DIR "
-               "[--time-column COL] [--columns A,B], then pass --model MODEL_DIR")
+        how = ("use --model default-timeseries (the shipped time-series model), or train one: "
+               f"linpipe train {shlex.quote(str(path))} --out MODEL_DIR [--time-column COL], "
+               "then pass --model MODEL_DIR")
     else:
         how = "use --model default (the shipped DNA model) or a DNA model directory"
     return ModelError(f"{path}: a {input_modality} input, but model {model_ref} is a {model_modality} "

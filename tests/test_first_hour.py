@@ -307,11 +307,15 @@ def test_common_date_formats_and_time_format(timeseries, tmp_path, one_channel_m
 
 
 def test_dna_model_on_a_series_says_how_to_get_a_time_series_model(timeseries, tmp_path):
+    from linpipe.model import SHIPPED_MODELS
+
     csv = timeseries / "statsmodels_co2_weekly.csv"
-    r = run("submit", csv, "--out", tmp_path / "co2.zarr", "--dry-run")
-    one_line_error(r, str(csv), "dna model", "linpipe train", "--model MODEL_DIR")
-    r = run("eval", "default", csv)
-    one_line_error(r, str(csv), "linpipe train")
+    dna_model = SHIPPED_MODELS / "default"  # named as a directory: no choice by modality
+    r = run("submit", csv, "--model", dna_model, "--out", tmp_path / "co2.zarr", "--dry-run")
+    one_line_error(r, str(csv), "dna model", "--model default-timeseries", "linpipe train",
+                   "--model MODEL_DIR")
+    r = run("eval", dna_model, csv)
+    one_line_error(r, str(csv), "default-timeseries", "linpipe train")
 
 
 # ---------------------------------------------------------------------------------- 7: silent surprises

@@ -86,13 +86,15 @@ def test_eval_cli_timeseries_baselines(ts_model, timeseries):
                                  "--json"])
     assert r.exit_code == 0, r.output
     scores = json.loads(r.output)["inputs"][0]["scores"]
-    assert set(scores) == {"model", "last-value", "seasonal-naive-24"}
+    assert set(scores) == {"model", "last-value", "seasonal-naive-24", "exp-smoothing"}
     v = read_records(f, time_column="ds")[1][0][1][:, 0].astype(np.float64)
     t = np.arange(24, len(v))
     assert scores["last-value"]["mae"] == pytest.approx(np.abs(v[t] - v[t - 1]).mean(), rel=1e-9)
     seasonal_rmse = np.sqrt(((v[t] - v[t - 24]) ** 2).mean())
     assert scores["seasonal-naive-24"]["rmse"] == pytest.approx(seasonal_rmse, rel=1e-9)
     assert scores["model"]["n"] == len(t)
+    assert scores["seasonal-naive-24"]["ratio"] == pytest.approx(
+        np.abs(v[t] - v[t - 24]).mean() / np.abs(v[t] - v[t - 1]).mean(), rel=1e-9)
     text = CliRunner().invoke(cli, ["eval", str(ts_model.out), str(f), "--time-column", "ds"])
     assert text.exit_code == 0 and "last-value" in text.output and "seasonal-naive-24" in text.output
 

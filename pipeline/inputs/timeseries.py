@@ -423,9 +423,42 @@ class TimeSeriesInput(Input):
                         "choose channels with --columns"
                     )
         if not chosen:
+            if self.fmt == "csv":  # a column of numbers with some text in it: name where
+                self._raise_text_among_numbers([f.name for f in schema if f.name not in reserved
+                                                and f.type == pa.string()])
             other = ", ".join(f"{f.name} ({f.type})" for f in schema if f.name not in reserved) or "none"
             raise InputError(f"{self.path}: no numeric column to use as a channel (other columns: {other})")
         return chosen
+
+    def _raise_text_among_numbers(self, names: list[str]) -> None:
+        """For CSV text columns that are mostly numbers: an error naming the first value that is
+        not one, by column, data row (1-based) and file line."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+        import pyarrow.csv as pcsv
+
+        if not names:
+            return
+        opts = self._csv_options({n: pa.string() for n in names})
+        opts["convert_options"].include_columns = names
+        counts = {n: [0, 0, None] for n in names}  # numbers, texts, first text (row, value)
+        row = 0
+        for b in pcsv.open_csv(self.path, **opts):
+            for n in names:
+                c = b.column(n)
+                num = pc.match_substring_regex(c, _NUMBER).fill_null(False).to_numpy(zero_copy_only=False)
+                text = pc.not_equal(c, "").fill_null(False).to_numpy(zero_copy_only=False) & ~num
+                counts[n][0] += int(num.sum())
+                counts[n][1] += int(text.sum())
+                if counts[n][2] is None and text.any():
+                    i = int(np.argmax(text))
+                    counts[n][2] = (row + i + 1, c[i].as_py())
+            row += b.num_rows
+        for n, (nums, texts, first) in counts.items():
+            if nums > texts and first is not None:
+                r, value = first
+                raise InputError(f"{self.path}: column {n!r}, row {r} (line {r + 1}): value {value!r} is not "
+                                 "a number; fix it, or leave the column out with --columns")
 
     def _index_like_first_column(self) -> "str | None":
         """The file's first column when it is read as a channel but looks like a sample index

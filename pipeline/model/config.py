@@ -32,6 +32,10 @@ class ModelConfig:
     channel_names: tuple = ()
     mean: tuple = ()
     std: tuple = ()
+    # timeseries only: causal per-series normalisation (linpipe.model.series). Channels run as
+    # independent lanes of one univariate network, so any number of channels of any scale fits;
+    # `channels` is then 1 and mean/std are unused. Absent from config.json when off.
+    series_norm: bool = False
 
     def __post_init__(self):
         err = _config_problem(self)
@@ -50,7 +54,14 @@ class ModelConfig:
     @property
     def output_names(self) -> tuple:
         """The outputs the model computes, in order (docs/model-format.md)."""
-        return output_names(self.modality, from_model=True)
+        return tuple(n for n in output_names(self.modality, from_model=True)
+                     if n not in self.unavailable_outputs)
+
+    @property
+    def unavailable_outputs(self) -> tuple:
+        """Outputs of the modality this model cannot compute (the anomaly score needs the causal
+        running scales that only series_norm models carry)."""
+        return ("anomaly",) if self.modality == "timeseries" and not self.series_norm else ()
 
     @property
     def output_dims(self) -> dict:
@@ -70,6 +81,8 @@ class ModelConfig:
         if self.modality == "timeseries":
             d.update(channels=self.channels, channel_names=list(self.channel_names),
                      mean=list(self.mean), std=list(self.std))
+            if self.series_norm:
+                d["series_norm"] = True
         return d
 
     @classmethod
@@ -125,6 +138,9 @@ class ModelConfig:
                 raise ModelError(f"{where}: 'channel_names' must be a list of strings")
             kw.update(channels=integer("channels"), channel_names=tuple(names),
                       mean=number_list("mean"), std=number_list("std"))
+            if not isinstance(d.get("series_norm", False), bool):
+                raise ModelError(f"{where}: 'series_norm' must be true or false, got {d['series_norm']!r}")
+            kw["series_norm"] = d.get("series_norm", False)
         try:
             return cls(**kw)
         except ModelError as e:
@@ -157,6 +173,10 @@ def _config_problem(c: ModelConfig) -> str | None:
             return "'mean' must be finite"
         if not all(math.isfinite(x) and x > 0 for x in c.std):
             return "'std' entries must be finite and > 0"
+        if c.series_norm and c.channels != 1:
+            return f"a series_norm model reads one channel per lane ('channels' 1), got {c.channels}"
+    elif c.series_norm:
+        return "'series_norm' is for timeseries models only"
     elif c.channels or c.channel_names or c.mean or c.std:
         return "channels/channel_names/mean/std are for timeseries models only"
     return None
@@ -167,6 +187,10 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple]:
     D, M, W, H = c.d_model, c.mlp_hidden, c.conv_width, c.n_heads
     if c.modality == "dna":
         shapes = {"embed.weight": (VOCAB_SIZE, D)}
+    elif c.series_norm:
+        from linpipe.model.series import N_FEATURES
+
+        shapes = {"embed.weight": (D, N_FEATURES), "embed.bias": (D,), "bos": (D,)}
     else:
         shapes = {"embed.weight": (D, c.channels), "embed.bias": (D,), "bos": (D,)}
     for i in range(c.n_layers):

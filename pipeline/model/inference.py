@@ -15,6 +15,7 @@ import torch
 
 from linpipe.errors import ModelError
 from linpipe.inputs.alphabet import N as TOKEN_N
+from linpipe.model import series
 from linpipe.model.config import WEIGHTS_FILE, ModelConfig, expected_shapes
 from linpipe.model.files import file_sha256, read_config, read_tensors, resolve_model_path
 from linpipe.model.network import LinpipeNet, ModelState
@@ -87,6 +88,10 @@ class Model:
             if x.size and (int(x.max()) > TOKEN_N or int(x.min()) < 0):
                 raise ModelError(f"dna tokens must be 0..{TOKEN_N} (A C G T N), got {int(x.max())}")
             return torch.from_numpy(x.astype(np.int64, copy=False)).to(self.device)[None]
+        if c.series_norm:  # any number of channels, each its own lane: (C, T, 1), float64 kept
+            if x.ndim != 2 or x.shape[1] < 1:
+                raise ModelError(f"timeseries input must have shape (T, channels), got {x.shape}")
+            return torch.from_numpy(np.ascontiguousarray(x.T, dtype=np.float64)).to(self.device)[..., None]
         if x.ndim != 2 or x.shape[1] != c.channels:
             raise ModelError(f"timeseries input must have shape (T, {c.channels}), got {x.shape}")
         return torch.from_numpy(x.astype(np.float32, copy=False)).to(self.device)[None]
@@ -99,6 +104,28 @@ class Model:
             got = tuple(getattr(state, k).shape[1:])
             if got != shape:
                 raise ModelError(f"model state {k!r} has shape {list(got)}, this model needs {list(shape)}")
+
+    def _series_heads(self, x, before, prev, y, new, outs) -> dict:
+        """series_norm: outputs per lane (C, T[, D]); fills the residual scale into new.norm."""
+        nz = self.net.series_inputs(x, before)
+        p = self.net.head(prev)[..., 0].to(torch.float64)  # the change, in units of the running scale
+        w, new.norm = series.calibrate(p, nz["target"], before.norm, new.norm)
+        fc = nz["base"] + nz["scale"] * (w * p)  # NaN: nothing observed yet
+        r = x[..., 0] - fc
+        res = {}
+        if "hidden" in outs:
+            if x.shape[0] != 1:
+                raise ModelError(f"output 'hidden' of a per-channel (series_norm) model needs a "
+                                 f"one-channel input, got {x.shape[0]} channels")
+            res["hidden"] = y
+        if "forecast" in outs:
+            res["forecast"] = fc
+        if "residual" in outs:
+            res["residual"] = r
+        score, new.norm = series.anomaly(r, before.norm, new.norm)
+        if "anomaly" in outs:
+            res["anomaly"] = score
+        return res
 
     def _heads(self, x, prev, y, outs) -> dict:
         """Per-position outputs from y before each position (prev) and y after it."""
@@ -130,6 +157,15 @@ class Model:
         T = xt.shape[1]
         parts = {o: [] for o in outs}
         state = state.to(self.device)
+        lanes = self.config.series_norm
+        if lanes and outputs is None and xt.shape[0] > 1:  # hidden is per channel: asked for only
+            outs = tuple(o for o in outs if o != "hidden")
+            parts = {o: [] for o in outs}
+        if lanes and state.batch_size != xt.shape[0]:
+            if state.batch_size != 1 or bool(state.norm.any()):
+                raise ModelError(f"model state has {state.batch_size} channel lanes, the input "
+                                 f"{xt.shape[0]} channels")
+            state = state._map(lambda t: t.expand(xt.shape[0], *t.shape[1:]).clone())  # a fresh state
         # CPU: blocks of FORWARD_BLOCK positions; a GPU takes the whole chunk in one call.
         step = FORWARD_BLOCK if self.device.type == "cpu" else max(T, 1)
         with torch.inference_mode():
@@ -137,8 +173,13 @@ class Model:
                 xb = xt[:, a:a + step]
                 y, new = self.net(xb, state)
                 prev = torch.cat([state.y.unsqueeze(1), y[:, :-1]], dim=1)
-                for k, v in self._heads(xb, prev, y, outs).items():
-                    parts[k].append(v[0].to("cpu", torch.float32).numpy())
+                if lanes:
+                    for k, v in self._series_heads(xb, state, prev, y, new, outs).items():
+                        v = v.to("cpu", torch.float32).numpy()
+                        parts[k].append(v[0] if k == "hidden" else v.T)
+                else:
+                    for k, v in self._heads(xb, prev, y, outs).items():
+                        parts[k].append(v[0].to("cpu", torch.float32).numpy())
                 state = new
         res = {}
         for k in outs:
@@ -146,6 +187,8 @@ class Model:
                 res[k] = parts[k][0] if len(parts[k]) == 1 else np.concatenate(parts[k])
             else:
                 dim = self.config.output_dims[k]
+                if lanes and k != "hidden":
+                    dim = xt.shape[0]
                 res[k] = np.zeros((0,) if dim is None else (0, dim), np.float32)
         return res, state
 
@@ -154,6 +197,8 @@ class Model:
         after a record cannot change it). Records of similar length share a batch."""
         outs = self._outputs(outputs)
         xs = [np.asarray(x) for x in xs]
+        if self.config.series_norm and outputs is None and any(x.ndim == 2 and x.shape[1] > 1 for x in xs):
+            outs = tuple(o for o in outs if o != "hidden")
         results = [None] * len(xs)
         order = sorted(range(len(xs)), key=lambda i: len(xs[i]))
         i = 0
@@ -173,6 +218,8 @@ class Model:
     def _batch(self, xs, idx, longest, outs) -> list[dict]:
         c = self.config
         B = len(idx)
+        if c.series_norm:
+            return self._series_batch(xs, idx, longest, outs)
         if c.modality == "dna":
             pad = np.full((B, longest), TOKEN_N, np.int64)
         else:
@@ -221,3 +268,31 @@ class Model:
             prev = torch.cat([state.y.unsqueeze(1), y[:, :-1]], dim=1)[:, :longest]
             res = {k: v.to("cpu", torch.float32).numpy() for k, v in self._heads(xt, prev, y, outs).items()}
         return [{o: res[o][r, :len(x)].copy() for o in outs} for r, x in enumerate(xs)]
+
+    def _series_batch(self, xs, idx, longest, outs) -> list[dict]:
+        """series_norm: every channel of every record is a lane (end padding is causal)."""
+        B = len(idx)
+        C = max(np.asarray(xs[k]).shape[1] if np.asarray(xs[k]).ndim == 2 else 1 for k in idx)
+        pad = np.zeros((B, C, longest), np.float64)
+        for r, k in enumerate(idx):
+            x = np.asarray(xs[k])
+            self._inputs(x)
+            if x.shape[1] != C:
+                raise ModelError(f"records batched together have {x.shape[1]} and {C} channels")
+            pad[r, :, :len(x)] = x.T
+        xt = torch.from_numpy(pad.reshape(B * C, longest, 1)).to(self.device)
+        with torch.inference_mode():
+            state = self.net.initial_state(B * C)
+            y, new = self.net(xt, state)
+            prev = torch.cat([state.y.unsqueeze(1), y[:, :-1]], dim=1)[:, :longest]
+            got = self._series_heads(xt, state, prev, y, new, [o for o in outs if o != "hidden"])
+        if "hidden" in outs:
+            if C != 1:
+                raise ModelError("output 'hidden' of a per-channel (series_norm) model needs one channel")
+            got["hidden"] = y
+        res = {}
+        for k, v in got.items():
+            v = v.to("cpu", torch.float32).numpy()
+            res[k] = v if k == "hidden" else v.reshape(B, C, longest).transpose(0, 2, 1)
+        return [{o: res[o][r, :len(xs[k])].copy() for o in outs} for r, k in enumerate(idx)]
+

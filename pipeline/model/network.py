@@ -22,6 +22,7 @@ from linpipe.errors import ModelError
 from linpipe.inputs.alphabet import BOS, VOCAB_SIZE
 from linpipe.kernels import chunk_linear_attn
 from linpipe.kernels.linear_attn.scratch import Scratch
+from linpipe.model import series
 from linpipe.model.config import ModelConfig
 
 # Most positions (batch x length) per block call that CPU inference keeps in reused buffers;
@@ -32,49 +33,66 @@ INFER_BUFFERED = 8192
 @dataclass
 class ModelState:
     """The whole memory of the past: per layer S, z and the conv window, plus y of the last
-    position read. Batched (B leading) torch tensors; inference uses B = 1."""
+    position read. Batched (B leading) torch tensors; inference uses B = 1, or one lane per
+    channel for series_norm models, which also carry `norm` (linpipe.model.series)."""
 
     S: torch.Tensor  # (B, L, H, K, K) float32
     z: torch.Tensor  # (B, L, H, K) float32
     conv: torch.Tensor  # (B, L, W-1, D): the last W-1 normalised inputs of each conv
     y: torch.Tensor  # (B, D): final representation of the last position read
+    norm: torch.Tensor | None = None  # (B, NORM_SIZE) float64: series_norm models only
+
+    def _map(self, f) -> "ModelState":
+        return ModelState(f(self.S), f(self.z), f(self.conv), f(self.y),
+                          None if self.norm is None else f(self.norm))
 
     def detach(self) -> "ModelState":
-        return ModelState(self.S.detach(), self.z.detach(), self.conv.detach(), self.y.detach())
+        return self._map(lambda t: t.detach())
 
     def to(self, device) -> "ModelState":
-        return ModelState(self.S.to(device), self.z.to(device), self.conv.to(device), self.y.to(device))
+        return self._map(lambda t: t.to(device))
 
     @property
     def batch_size(self) -> int:
         return self.S.shape[0]
 
     def to_arrays(self) -> dict[str, np.ndarray]:
-        """Plain float32 arrays of a single-sequence state (conv only when W > 1)."""
-        if self.batch_size != 1:
+        """Plain arrays (float32; norm float64) of a single-sequence state (conv only when
+        W > 1). A series_norm state keeps its lane axis (one lane per channel)."""
+        lanes = self.norm is not None
+        if not lanes and self.batch_size != 1:
             raise ValueError(f"to_arrays needs a single-sequence state, got batch {self.batch_size}")
-        d = {"S": self.S[0], "z": self.z[0], "y": self.y[0]}
+        pick = (lambda t: t) if lanes else (lambda t: t[0])
+        d = {"S": pick(self.S), "z": pick(self.z), "y": pick(self.y)}
         if self.conv.shape[2] > 0:
-            d["conv"] = self.conv[0]
-        return {k: v.detach().to("cpu", torch.float32).numpy().copy() for k, v in d.items()}
+            d["conv"] = pick(self.conv)
+        out = {k: v.detach().to("cpu", torch.float32).numpy().copy() for k, v in d.items()}
+        if lanes:
+            out["norm"] = self.norm.detach().to("cpu", torch.float64).numpy().copy()
+        return out
 
     @classmethod
     def from_arrays(cls, d: dict, device=None) -> "ModelState":
         """Inverse of to_arrays (shapes are checked against the model in Model.forward)."""
+        lanes = "norm" in d
         try:
             S = torch.as_tensor(np.asarray(d["S"], dtype=np.float32), device=device)
             z = torch.as_tensor(np.asarray(d["z"], dtype=np.float32), device=device)
             y = torch.as_tensor(np.asarray(d["y"], dtype=np.float32), device=device)
         except KeyError as e:
             raise ModelError(f"model state arrays lack {e.args[0]!r}") from None
-        if S.ndim != 4 or z.ndim != 3 or y.ndim != 1:
+        if not lanes:
+            S, z, y = S[None], z[None], y[None]
+        if S.ndim != 5 or z.ndim != 4 or y.ndim != 2:
             raise ModelError(f"model state arrays have wrong ranks: S {tuple(S.shape)}, "
                              f"z {tuple(z.shape)}, y {tuple(y.shape)}")
         if "conv" in d:
             conv = torch.as_tensor(np.asarray(d["conv"], dtype=np.float32), device=device)
+            conv = conv if lanes else conv[None]
         else:
-            conv = torch.zeros((S.shape[0], 0, y.shape[0]), device=device)
-        return cls(S[None], z[None], conv[None], y[None])
+            conv = torch.zeros((S.shape[0], S.shape[1], 0, y.shape[1]), device=device)
+        norm = torch.as_tensor(np.asarray(d["norm"], dtype=np.float64), device=device) if lanes else None
+        return cls(S, z, conv, y, norm)
 
 
 class RMSNorm(nn.Module):
@@ -200,7 +218,7 @@ class LinpipeNet(nn.Module):
         if c.modality == "dna":
             self.embed = nn.Embedding(VOCAB_SIZE, D)
         else:
-            self.embed = nn.Linear(c.channels, D)
+            self.embed = nn.Linear(series.N_FEATURES if c.series_norm else c.channels, D)
             self.bos = nn.Parameter(torch.zeros(D))
             self.register_buffer("mean", torch.tensor(c.mean, dtype=torch.float32), persistent=False)
             self.register_buffer("std", torch.tensor(c.std, dtype=torch.float32), persistent=False)
@@ -227,7 +245,8 @@ class LinpipeNet(nn.Module):
         return ModelState(p.new_zeros((batch_size, L, H, K, K), dtype=torch.float32),
                           p.new_zeros((batch_size, L, H, K), dtype=torch.float32),
                           p.new_zeros((batch_size, L, c.conv_width - 1, D)),
-                          p.new_zeros((batch_size, D)))
+                          p.new_zeros((batch_size, D)),
+                          series.zero_norm(batch_size, p.device) if c.series_norm else None)
 
     def initial_state(self, batch_size: int = 1) -> ModelState:
         """The state after reading BOS (differentiable)."""
@@ -250,11 +269,21 @@ class LinpipeNet(nn.Module):
             ws.append(w)
         y = self.norm(h)  # (B, T, D)
         new = ModelState(torch.stack(Ss, 1), torch.stack(zs, 1), torch.stack(ws, 1),
-                         y[:, -1] if y.shape[1] else state.y)
+                         y[:, -1] if y.shape[1] else state.y, state.norm)
         return y, new
+
+    def series_inputs(self, x, state: ModelState) -> dict:
+        """series_norm: (B, T, 1) raw values -> linpipe.model.series.normalise's dict."""
+        with torch.no_grad():
+            return series.normalise(x[..., 0], state.norm)
 
     def forward(self, x, state: ModelState):
         """x (B, T) tokens or (B, T, C) raw values -> (y (B, T, D), new state)."""
+        if self.config.series_norm:
+            nz = self.series_inputs(x, state)
+            y, new = self._run(self.embed(nz["features"]), state)
+            new.norm = nz["norm"]
+            return y, new
         return self._run(self._embed(x), state)
 
     def predict(self, x, state: ModelState):
@@ -292,7 +321,8 @@ def init_net(config: ModelConfig, *, seed: int = 0, decay=None) -> LinpipeNet:
             t.copy_(torch.randn(t.shape, generator=gen) * std)
 
     with torch.no_grad():
-        normal(net.embed.weight, 1.0 if c.modality == "dna" else 1.0 / math.sqrt(c.channels))
+        width = series.N_FEATURES if c.series_norm else c.channels
+        normal(net.embed.weight, 1.0 if c.modality == "dna" else 1.0 / math.sqrt(width))
         if c.modality == "timeseries":
             net.embed.bias.zero_()
             normal(net.bos, 1.0)
@@ -308,5 +338,7 @@ def init_net(config: ModelConfig, *, seed: int = 0, decay=None) -> LinpipeNet:
             normal(layer.mlp.fc1.weight, 1.0 / math.sqrt(D))
             normal(layer.mlp.fc2.weight, 1.0 / math.sqrt(M * 2 * L))
         normal(net.head.weight, 1.0 / math.sqrt(D))
+        if c.series_norm:  # a zero head predicts no change: the untrained model is last-value
+            net.head.weight.zero_()
         net.head.bias.zero_()
     return net

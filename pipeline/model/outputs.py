@@ -50,6 +50,9 @@ OUTPUTS: dict[str, tuple[OutputSpec, ...]] = {
                    default=True),
         OutputSpec("residual", "float32", CHANNEL, None, "observed minus forecast", "blosc-zstd-5-bitshuffle",
                    default=True),
+        # series_norm models only (ModelConfig.unavailable_outputs): residual / causal running scale
+        OutputSpec("anomaly", "float32", CHANNEL, "residual standard deviations",
+                   "standardised anomaly score", "blosc-zstd-5-bitshuffle", default=True),
         _HIDDEN,
     ),
 }

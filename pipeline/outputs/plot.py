@@ -52,29 +52,22 @@ def envelope(values: np.ndarray, bins: int):
     return centre, lo, hi, mean
 
 
-def plot_region(store, record: str, output: str, dest, *, region: str | None = None,
+def plot_region(store, record: str, output, dest, *, region: str | None = None,
                 width_px: int = 1600, height_px: int = 400) -> dict:
-    """Plot one output of one record over a region to a PNG; returns what was drawn."""
+    """Plot outputs of one record over a region to a PNG; returns what was drawn.
+
+    `output`: one name or a list (e.g. forecast,anomaly): one panel per output and channel,
+    stacked on a shared x axis; a time series' forecast is drawn over its input."""
     import matplotlib
 
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
+    names = [output] if isinstance(output, str) else list(output)
     reader = as_reader(store)
     key = reader.key(record)
     info = reader.records[key]
-    arr = reader.array(key, output)
     start, end = parse_region(region, int(info["length"]), f"{reader.path}: record {info['id']!r}: ")
-    values = arr[start:end]
-    if values.ndim == 2 and reader.dims(key, output)[1] == DIM_FEATURE:
-        raise StoreError(f"{reader.path}: output {output!r} has a feature axis; plot a per-position "
-                         "output (logprob, entropy, softmask, forecast, residual)")
-    if values.ndim == 1:
-        values = values[:, None]
-        labels = [output]
-    else:
-        channels = reader.meta.get("channels") or [str(j) for j in range(values.shape[1])]
-        values, labels = values[:, :MAX_CHANNELS], [f"{output} {c}" for c in channels[:MAX_CHANNELS]]
     n = end - start
     # x axis: the record's own time stamps when it has them, else positions
     times = reader.time(key, start, end)
@@ -85,26 +78,44 @@ def plot_region(store, record: str, output: str, dest, *, region: str | None = N
 
     # a forecast or residual means little without the signal it is about: read the input too
     inputs, input_note = None, None
-    if info["modality"] == TIMESERIES and output in ("forecast", "residual"):
+    if info["modality"] == TIMESERIES and any(o in ("forecast", "residual", "anomaly") for o in names):
         inputs, input_note = _read_input(reader, info, start, end)
-        if inputs is not None:
-            inputs = inputs[:, :values.shape[1]]
+
+    rows = []  # (values of one panel, label, colour, input overlay or None, units)
+    input_shown = False
+    for name in names:
+        arr = reader.array(key, name)
+        values = arr[start:end]
+        if values.ndim == 2 and reader.dims(key, name)[1] == DIM_FEATURE:
+            raise StoreError(f"{reader.path}: output {name!r} has a feature axis; plot a per-position "
+                             "output (logprob, entropy, softmask, forecast, residual, anomaly)")
+        if values.ndim == 1:
+            values, labels = values[:, None], [name]
+        else:
+            channels = reader.meta.get("channels") or [str(j) for j in range(values.shape[1])]
+            values, labels = values[:, :MAX_CHANNELS], [f"{name} {c}" for c in channels[:MAX_CHANNELS]]
+        units = arr.attrs.get("units")
+        ins = inputs[:, :values.shape[1]] if inputs is not None else None
+        for j in range(values.shape[1]):
+            if ins is not None and name != "forecast" and "forecast" not in names and not input_shown:
+                rows.append((ins[:, j], f"input {labels[j].split(' ', 1)[-1]}", "0.35", None, None))
+            overlay = ins[:, j] if ins is not None and name == "forecast" else None
+            colour = "tab:red" if name == "anomaly" else "tab:blue"
+            rows.append((values[:, j], labels[j], colour, overlay, units))
+        input_shown = input_shown or ins is not None
 
     dpi = 100
-    rows = []  # (values of one panel, label, colour, input overlay or None)
-    for j in range(values.shape[1]):
-        if inputs is not None and output == "residual":
-            rows.append((inputs[:, j], f"input {labels[j].split(' ', 1)[-1]}", "0.35", None))
-        rows.append((values[:, j], labels[j], "tab:blue",
-                     inputs[:, j] if inputs is not None and output == "forecast" else None))
     fig, axes = plt.subplots(len(rows), 1, figsize=(width_px / dpi, height_px * len(rows) / dpi), dpi=dpi,
                              sharex=True, squeeze=False)
     downsampled = n > width_px
-    units = arr.attrs.get("units")
-    for ax, (col, label, colour, overlay) in zip(axes[:, 0], rows, strict=True):
+    for ax, (col, label, colour, overlay, units) in zip(axes[:, 0], rows, strict=True):
         if overlay is not None:
             _draw(ax, overlay, xs, width_px, downsampled, "0.45", "input")
-        _draw(ax, col, xs, width_px, downsampled, colour, output if overlay is not None else None)
+        name = label.split(" ", 1)[0] if overlay is not None else None
+        _draw(ax, col, xs, width_px, downsampled, colour, name)
+        if label.startswith("anomaly"):
+            for level in (-3, 3):  # three residual standard deviations
+                ax.axhline(level, color="0.5", linewidth=0.6, linestyle="--")
         if overlay is not None or downsampled:
             ax.legend(loc="upper right", fontsize="small")
         ax.set_ylabel(label + (f" ({units})" if units else ""))
@@ -112,7 +123,7 @@ def plot_region(store, record: str, output: str, dest, *, region: str | None = N
         else "position (0-based)"
     axes[-1, 0].set_xlabel(dim)
     note = f", min/max envelope over {width_px} bins of ~{n / width_px:.0f}" if downsampled else ""
-    axes[0, 0].set_title(f"{info['id']}:{start}-{end} {output}{note}")
+    axes[0, 0].set_title(f"{info['id']}:{start}-{end} {','.join(names)}{note}")
     missing = [(s, e) for s, e in reader.missing_ranges[key] if s < end and e > start]
     for s, e in missing:  # chunks never written are shown, not silently blank
         for ax in axes[:, 0]:
@@ -122,7 +133,8 @@ def plot_region(store, record: str, output: str, dest, *, region: str | None = N
     fig.savefig(os.fspath(dest), format="png")
     plt.close(fig)
     return {"record": info["id"], "start": start, "end": end, "downsampled": downsampled,
-            "missing": missing, "input_drawn": inputs is not None, "input_note": input_note}
+            "missing": missing, "input_drawn": inputs is not None, "input_note": input_note,
+            "panels": [r[1] for r in rows]}
 
 
 def _draw(ax, col, xs, width_px: int, downsampled: bool, color: str, name: str | None) -> None:

@@ -3,7 +3,9 @@ simple baselines computed on exactly the same positions.
 
 dna: order-0 and order-k Markov models fitted on the model's training data (stored by
 `linpipe train` in MODEL_DIR/markov.safetensors, k chosen there on the validation parts), or
-fitted on `baseline_train` files. timeseries: last-value and seasonal-naive forecasts.
+fitted on `baseline_train` files. timeseries: last-value, seasonal-naive and Holt
+exponential-smoothing forecasts, and optionally the model with its state reset every N rows
+(how much its long context is worth).
 """
 from __future__ import annotations
 
@@ -87,58 +89,167 @@ def evaluate_dna(model, records, markov: MarkovModel, chunk: int = 65536) -> Dna
 
 
 # --- time series -----------------------------------------------------------------------------
-def auto_season(values: np.ndarray, max_lag: int = 2000) -> int:
-    """The lag (>= 2) of the highest autocorrelation of the first channel, for seasonal-naive."""
-    x = np.asarray(values[:, 0], dtype=np.float64)
-    x = x[~np.isnan(x)]
+def _ac_peak(x: np.ndarray, max_lag: int) -> int | None:
+    """The lag (>= 2) of the highest autocorrelation of x after its trivial start: up to its
+    first negative value (half a cycle), else its first dip."""
     x = x - x.mean()
     n = len(x)
     max_lag = min(max_lag, n // 2)
     if max_lag < 3:
-        return 1
+        return None
     f = np.fft.rfft(x, 2 * n)
     ac = np.fft.irfft(f * np.conj(f))[: max_lag + 1]
-    # skip the lags where the series is still correlated with itself trivially (first dip)
+    negative = np.flatnonzero(ac[1:] < 0)
     dips = np.flatnonzero(np.diff(ac[1:]) > 0)
-    start = int(dips[0]) + 1 if dips.size else 2
+    start = int(negative[0]) + 1 if negative.size else int(dips[0]) + 1 if dips.size else 2
     start = max(start, 2)
+    if start >= len(ac):
+        return None
     return int(start + np.argmax(ac[start:]))
 
 
-def evaluate_timeseries(model, records, season: int, chunk: int = 65536) -> dict:
-    """MAE and RMSE per predictor over positions where the target and every forecast exist."""
-    err = {"model": [], "last-value": [], f"seasonal-naive-{season}": []}
-    for _, values in records:
-        state = model.init_state()
-        fc = []
-        for s in range(0, len(values), chunk):
-            o, state = model.forward(values[s : s + chunk], state, outputs=["forecast"])
+def auto_season(values: np.ndarray, max_lag: int = 2000) -> int:
+    """A season for seasonal-naive, from the first channel: the autocorrelation peaks of its
+    levels and of its changes (a drifting baseline can swamp the first, a sharp waveform the
+    second) are the candidates, and the one whose seasonal-naive forecast errs least wins."""
+    x = np.asarray(values[:, 0], dtype=np.float64)
+    x = x[~np.isnan(x)]
+    cands = {c for c in (_ac_peak(x, max_lag), _ac_peak(np.diff(x), max_lag) if x.size > 1 else None) if c}
+    if not cands:
+        return 1
+    return min(sorted(cands), key=lambda s: float(np.abs(x[s:] - x[:-s]).mean()))
+
+
+def last_observed(v: np.ndarray) -> np.ndarray:
+    """Last-value forecasts of v (T, C): the last non-NaN value before each row (NaN before any)."""
+    out = np.full(v.shape, np.nan)
+    for c in range(v.shape[1]):
+        col = v[:, c]
+        idx = np.maximum.accumulate(np.where(~np.isnan(col), np.arange(len(col)), -1))
+        prev = np.concatenate([[-1], idx[:-1]])
+        out[:, c] = np.where(prev >= 0, col[np.maximum(prev, 0)], np.nan)
+    return out
+
+
+def _holt(col: np.ndarray, alpha: float, beta: float) -> np.ndarray:
+    """One-step forecasts of Holt's linear exponential smoothing (level + trend) over one
+    channel; a NaN row is skipped (the forecast runs on along the trend)."""
+    out = np.full(len(col), np.nan)
+    level = trend = None
+    for t, x in enumerate(col.tolist()):
+        if level is not None:
+            out[t] = level + trend
+        if x != x:  # NaN: no update
+            if level is not None:
+                level += trend
+            continue
+        if level is None:
+            level, trend = x, 0.0
+            continue
+        prev = level
+        level = alpha * x + (1 - alpha) * (level + trend)
+        trend = beta * (level - prev) + (1 - beta) * trend
+    return out
+
+
+HOLT_GRID = [(a, b) for a in (0.1, 0.3, 0.5, 0.7, 0.9, 1.0) for b in (0.0, 0.1, 0.3)]
+HOLT_FIT_ROWS = 20_000
+
+
+def exp_smoothing(v: np.ndarray, fit_fraction: float = 0.2) -> tuple[np.ndarray, list]:
+    """Holt forecasts of v (T, C), per channel with (alpha, beta) of HOLT_GRID chosen by one-step
+    MAE on the series' first `fit_fraction` (at most HOLT_FIT_ROWS rows)."""
+    out = np.full(v.shape, np.nan)
+    params = []
+    for c in range(v.shape[1]):
+        col = v[:, c]
+        head = col[: max(10, min(HOLT_FIT_ROWS, int(len(col) * fit_fraction)))]
+
+        def mae(ab, head=head):
+            e = np.abs(_holt(head, *ab) - head)
+            return np.nanmean(e) if np.isfinite(e).any() else np.inf
+
+        best = min(HOLT_GRID, key=mae)
+        params.append(list(best))
+        out[:, c] = _holt(col, *best)
+    return out, params
+
+
+def model_forecast(model, values: np.ndarray, chunk: int = 65536, reset_every: int | None = None,
+                   keep_norm: bool = False) -> np.ndarray:
+    """The model's one-step forecasts over a whole record, streamed chunk by chunk with the state
+    carried; reset_every N: the state starts afresh every N rows (keep_norm: only the network's
+    memory does, a series_norm model keeps its running normalisation)."""
+    step = chunk if not reset_every else reset_every
+    state = model.init_state()
+    fc = []
+    for s in range(0, len(values), step):
+        if reset_every and s:
+            fresh = model.init_state()
+            if keep_norm and state.norm is not None:
+                lanes = state.batch_size
+                fresh = fresh._map(lambda t, lanes=lanes: t.expand(lanes, *t.shape[1:]).clone())
+                fresh.norm = state.norm
+            state = fresh
+        for a in range(s, min(s + step, len(values)), chunk):
+            o, state = model.forward(values[a : min(a + chunk, s + step)], state, outputs=["forecast"])
             fc.append(np.asarray(o["forecast"], dtype=np.float64))
-        fc = np.concatenate(fc)
+    return np.concatenate(fc) if fc else np.zeros(values.shape)
+
+
+def evaluate_timeseries(model, records, season: int, chunk: int = 65536,
+                        reset_every: int | None = None) -> dict:
+    """MAE and RMSE per predictor over the positions where the target and every forecast exist:
+    the model, last-value (the last observed value), seasonal-naive (the value `season` rows
+    back) and Holt exponential smoothing; with reset_every, the model again with its state reset
+    every that many rows (all of it, and, for series_norm models, the network's memory only).
+    `ratio` is each predictor's MAE over last-value's."""
+    names = ["model", "last-value", f"seasonal-naive-{season}", "exp-smoothing"]
+    if reset_every:
+        names.append(f"model-reset-{reset_every}")
+        if model.config.series_norm:
+            names.append(f"model-reset-{reset_every}-network-only")
+    err = {k: [] for k in names}
+    holt_params = []
+    for _, values in records:
         v = values.astype(np.float64)
-        t = np.arange(len(v))
-        sel = t >= season  # positions every baseline can forecast
-        last = np.roll(v, 1, axis=0)
-        seas = np.roll(v, season, axis=0)
-        preds = {"model": fc, "last-value": last, f"seasonal-naive-{season}": seas}
-        ok = sel[:, None] & ~np.isnan(v) & ~np.isnan(last) & ~np.isnan(seas)
+        seasonal = np.full(v.shape, np.nan)
+        if season < len(v):
+            seasonal[season:] = v[:-season]
+        preds = {"model": model_forecast(model, values, chunk), "last-value": last_observed(v),
+                 f"seasonal-naive-{season}": seasonal}
+        preds["exp-smoothing"], params = exp_smoothing(v)
+        holt_params.append(params)
+        if reset_every:
+            preds[f"model-reset-{reset_every}"] = model_forecast(model, values, chunk, reset_every)
+            if model.config.series_norm:
+                preds[f"model-reset-{reset_every}-network-only"] = model_forecast(
+                    model, values, chunk, reset_every, keep_norm=True)
+        ok = ~np.isnan(v)
+        for p in preds.values():
+            ok &= ~np.isnan(p)
         for k, p in preds.items():
             err[k].append((p - v)[ok])
     out = {}
     for k, e in err.items():
         e = np.concatenate(e) if e else np.zeros(0)
-        out[k] = {"mae": float(np.abs(e).mean()), "rmse": float(np.sqrt((e**2).mean())), "n": int(e.size)}
+        out[k] = {"mae": float(np.abs(e).mean()) if e.size else float("nan"),
+                  "rmse": float(np.sqrt((e**2).mean())) if e.size else float("nan"), "n": int(e.size)}
+    base = out["last-value"]["mae"]
+    for k in out:
+        out[k]["ratio"] = out[k]["mae"] / base if base > 0 else float("nan")
+    out["exp-smoothing"]["alpha_beta"] = holt_params
     return out
 
 
 def evaluate_inputs(model_dir, inputs, *, baseline_train=(), season=None, ts_options=None,
-                    threads: int = 1) -> dict:
+                    threads: int = 1, reset_every: int | None = None) -> dict:
     """`linpipe eval` as a library call: one row of scores per input file."""
     with torch_threads(threads):
-        return _evaluate_inputs(model_dir, inputs, baseline_train, season, ts_options)
+        return _evaluate_inputs(model_dir, inputs, baseline_train, season, ts_options, reset_every)
 
 
-def _evaluate_inputs(model_dir, inputs, baseline_train, season, ts_options) -> dict:
+def _evaluate_inputs(model_dir, inputs, baseline_train, season, ts_options, reset_every=None) -> dict:
     from linpipe.errors import InputError
     from linpipe.model import load_model, resolve_model_path
     from linpipe.training.data import read_dna_records, read_records
@@ -146,6 +257,10 @@ def _evaluate_inputs(model_dir, inputs, baseline_train, season, ts_options) -> d
     for p in list(inputs) + list(baseline_train):
         if not Path(p).is_file():
             raise InputError(f"{p}: no such file")
+    from linpipe.model.files import DEFAULT_MODEL, default_model_for
+
+    if model_dir == DEFAULT_MODEL and inputs and not Path(model_dir).is_dir():  # by the input's modality
+        model_dir = default_model_for(inputs[0])
     model = load_model(model_dir)
     report = {"model": str(model.path), "sha256": model.sha256, "modality": model.modality, "inputs": []}
     if model.modality == "dna":
@@ -163,12 +278,12 @@ def _evaluate_inputs(model_dir, inputs, baseline_train, season, ts_options) -> d
             mod, recs, names = read_records(p, **(ts_options or {}))
             if mod != "timeseries":
                 raise modality_mismatch(p, mod, model_dir, "timeseries")
-            if len(names) != model.config.channels:
+            if len(names) != model.config.channels and not model.config.series_norm:
                 raise ModelError(f"{p}: has {len(names)} channels ({', '.join(names)}), the model "
                                  f"{model_dir} expects {model.config.channels}; choose them with "
                                  "--columns, or take the time column out with --time-column")
             s = season or auto_season(recs[0][1])
-            scores = evaluate_timeseries(model, recs, s)
+            scores = evaluate_timeseries(model, recs, s, reset_every=reset_every)
             report["inputs"].append({"input": str(p), "positions": next(iter(scores.values()))["n"],
                                      "scores": scores, "season": s})
     return report

@@ -26,6 +26,7 @@ from typing import Callable
 import numpy as np
 
 from linpipe.errors import InputError, LinpipeError, ModelError
+from linpipe.model.series import CLIP_TARGET
 from linpipe.training.data import LaneWalker, read_records, split_records
 from linpipe.training.evaluate import LN2, MARKOV_FILE, fit_markov, model_log2prob
 from linpipe.training.markov import MarkovModel
@@ -78,24 +79,53 @@ class TrainResult:
 # --------------------------------------------------------------------------------------------
 # data
 # --------------------------------------------------------------------------------------------
-def load_training_data(inputs, **ts_options) -> tuple[str, list, list]:
-    """(modality, [(file:record, data)], channel names) of all inputs; one modality only."""
+def load_training_data(inputs, per_channel: bool = False, **ts_options) -> tuple[str, list, list]:
+    """(modality, [(file:record, data)], channel names) of all inputs; one modality only.
+    per_channel (series_norm models): every channel of every series is its own univariate
+    record `file:record:channel` (T, 1), so the files need not share their channels."""
     paths = [Path(p) for p in inputs]
     if not paths:
         raise InputError("no training inputs given")
     records, channels, modality = [], None, None
     for p in paths:
-        mod, recs, names = read_records(p, **ts_options) if ts_options else read_records(p)
+        opts = _file_time_column(p, ts_options)
+        mod, recs, names = read_records(p, **opts) if opts else read_records(p)
         if modality is not None and mod != modality:
             raise InputError(f"{p}: training inputs mix dna and timeseries files "
                              f"({paths[0].name} is {modality}, {p.name} is {mod})")
         modality = mod
+        if mod == "timeseries" and per_channel:
+            records += [(f"{p.name}:{rid}:{name}", data[:, c:c + 1]) for rid, data in recs if len(data)
+                        for c, name in enumerate(names)]
+            channels = ["value"]
+            continue
         if mod == "timeseries":
             if channels is not None and names != channels:
                 raise InputError(f"{p}: channels {names} differ from {channels} of {paths[0].name}")
             channels = names
         records += [(f"{p.name}:{rid}", data) for rid, data in recs if len(data)]
     return modality, records, channels or []
+
+
+def _file_time_column(path: Path, ts_options: dict) -> dict:
+    """A comma list of time columns (files of different layouts in one training run): each
+    file gets the first of them that it has, or none."""
+    tc = ts_options.get("time_column")
+    if not tc or "," not in tc:
+        return ts_options
+    from linpipe.inputs import open_input
+
+    if not path.is_file():
+        raise InputError(f"{path}: no such file")
+    rest = {k: v for k, v in ts_options.items() if k not in ("time_column", "columns")}
+    inp = open_input(path, **rest)
+    try:
+        have = list(getattr(inp, "column_names", []) or [])
+    finally:
+        inp.close()
+    pick = next((c for c in tc.split(",") if c in have), None)
+    return {**ts_options, "time_column": pick} if pick else {k: v for k, v in ts_options.items()
+                                                            if k != "time_column"}
 
 
 def _fingerprint(inputs) -> list:
@@ -124,7 +154,8 @@ def save_checkpoint(ckpt: Path, net, config, opt, state, walker, step, losses, m
             if "step" in st:
                 tensors[f"{names[id(p)]}.step"] = torch.as_tensor(st["step"], dtype=torch.float32).reshape(1)
     save_file(tensors, str(ckpt / "optimizer.safetensors"))
-    lanes = {k: getattr(state, k).detach().cpu().contiguous() for k in ("S", "z", "conv", "y")}
+    lanes = {k: getattr(state, k).detach().cpu().contiguous() for k in ("S", "z", "conv", "y", "norm")
+             if getattr(state, k) is not None}
     save_file(lanes, str(ckpt / "lanes.safetensors"))
     (ckpt / "trainer.json").write_text(json.dumps(
         {"step": step, "cursor": walker.get_state(), "losses": losses, **meta}, indent=1) + "\n")
@@ -173,6 +204,11 @@ def _loss(net, x, mask, state, modality):
         nll = nll.view_as(x)[ok]
         n = ok.sum()
         return nll.sum() / n.clamp(min=1) / LN2, int(n), new
+    if net.config.series_norm:  # L1 (the MAE the model is judged by) of the change in units of s
+        target = net.series_inputs(x, state)["target"].clamp(-CLIP_TARGET, CLIP_TARGET)
+        ok = mask & ~torch.isnan(target)
+        err = (pred[..., 0].to(torch.float64) - target)[ok]
+        return err.abs().sum() / ok.sum().clamp(min=1), int(ok.sum()), new
     target = net.normalize_inputs(x)
     ok = mask.unsqueeze(-1) & ~torch.isnan(x)
     err = (pred - target)[ok]
@@ -194,7 +230,7 @@ def _reset_lanes(net, state, resets):
         return torch.where(r.view(-1, *([1] * (a.dim() - 1))), a, b)
 
     return ModelState(pick(init.S, state.S), pick(init.z, state.z), pick(init.conv, state.conv),
-                      pick(init.y, state.y))
+                      pick(init.y, state.y), None if state.norm is None else pick(init.norm, state.norm))
 
 
 def train(inputs, out, model_kwargs: dict | None = None, cfg: TrainConfig = TrainConfig(), *,
@@ -252,7 +288,12 @@ def _train(inputs, out, model_kwargs, cfg, decay, resume, command, progress, sto
     from linpipe.model import ModelConfig, ModelState, init_net, save_model
 
     ckpt = out / CHECKPOINT_DIR
-    modality, records, channels = load_training_data(inputs, **ts_options)
+    per_channel = bool((model_kwargs or {}).get("series_norm"))
+    if resume:
+        from linpipe.model.files import read_config
+
+        per_channel = read_config(ckpt).series_norm if (ckpt / "config.json").is_file() else per_channel
+    modality, records, channels = load_training_data(inputs, per_channel, **ts_options)
     splits = split_records(records, cfg.val_fraction, cfg.val_records)
     parts = [s.train for s in splits if s.val_start > 0]
 
@@ -276,7 +317,11 @@ def _train(inputs, out, model_kwargs, cfg, decay, resume, command, progress, sto
     else:
         torch.manual_seed(cfg.seed)
         kw = dict(model_kwargs or {})
-        if modality == "timeseries":
+        if kw.get("series_norm") and modality != "timeseries":
+            raise LinpipeError("--series-norm is for time-series inputs")
+        if kw.get("series_norm"):  # causal normalisation: nothing fitted on the training data
+            kw.update(channels=1, channel_names=("value",), mean=(0.0,), std=(1.0,))
+        elif modality == "timeseries":
             allv = np.concatenate([p for p in parts])
             with np.errstate(all="ignore"):
                 mean, std = np.nanmean(allv, axis=0), np.nanstd(allv, axis=0)
@@ -298,7 +343,7 @@ def _train(inputs, out, model_kwargs, cfg, decay, resume, command, progress, sto
     if resume:
         _restore_optimizer(opt, net, opt_t)
         walker.set_state(saved["cursor"])
-        state = ModelState(lane_t["S"], lane_t["z"], lane_t["conv"], lane_t["y"])
+        state = ModelState(lane_t["S"], lane_t["z"], lane_t["conv"], lane_t["y"], lane_t.get("norm"))
     else:
         state = net.zero_state(cfg.batch)  # every lane resets on its first window
         if modality == "dna":
@@ -383,6 +428,21 @@ def validate(net, config, splits, markov_dir) -> dict:
             n = max(res["positions"], 1)
             res["bits_per_base"] = {k: v / n for k, v in sums.items()}
             res["markov_best_k"] = markov.best_k
+        elif config.series_norm:  # MAE next to last-value on the same positions
+            ratios, n = {}, 0
+            for s, lo, state in _held_out_parts(model, splits, "forecast"):
+                o, _ = model.forward(s.data[s.val_start:], state, outputs=["residual"])
+                v = s.data[lo:].astype(np.float64)
+                last = _last_observed(v)[s.val_start - lo:]
+                ok = ~np.isnan(o["residual"]) & ~np.isnan(last - v[s.val_start - lo:])
+                el = np.abs((v[s.val_start - lo:] - last)[ok]).sum()
+                if el > 0:
+                    ratios[s.name] = float(np.abs(o["residual"][ok]).sum() / el)
+                n += int(ok.sum())
+            res["positions"] = n
+            # records' scales differ by orders of magnitude: the mean of per-record ratios
+            res["mae_ratio_per_record"] = ratios
+            res["mae_ratio_vs_last_value"] = float(np.mean(list(ratios.values()))) if ratios else float("nan")
         else:
             se, n = 0.0, 0
             for s, _, state in _held_out_parts(model, splits, "forecast"):
@@ -399,6 +459,18 @@ def validate(net, config, splits, markov_dir) -> dict:
         net.train()
 
 
+def _last_observed(v: np.ndarray) -> np.ndarray:
+    """The last-value forecast of every row of v (T, C): the last non-NaN value before it."""
+    out = np.full_like(v, np.nan)
+    for c in range(v.shape[1]):
+        col = v[:, c]
+        idx = np.where(~np.isnan(col), np.arange(len(col)), -1)
+        idx = np.maximum.accumulate(idx)
+        prev = np.concatenate([[-1], idx[:-1]])
+        out[:, c] = np.where(prev >= 0, col[np.maximum(prev, 0)], np.nan)
+    return out
+
+
 def write_report(result: TrainResult, meta: dict, config) -> None:
     import matplotlib
 
@@ -406,7 +478,8 @@ def write_report(result: TrainResult, meta: dict, config) -> None:
     import matplotlib.pyplot as plt
 
     out = result.out
-    unit = "bits per base" if config.modality == "dna" else "MSE (normalised)"
+    unit = ("bits per base" if config.modality == "dna" else
+            "MAE (units of the running scale)" if config.series_norm else "MSE (normalised)")
     losses = np.asarray(result.losses, dtype=float)
     if np.isnan(losses).all():
         losses = np.zeros_like(losses)
@@ -444,6 +517,9 @@ def write_report(result: TrainResult, meta: dict, config) -> None:
         lines += [f"| {k} | {v:.4f} |" for k, v in result.val.get("bits_per_base", {}).items()]
         lines += ["", f"Markov order chosen on validation: k = {result.val.get('markov_best_k')}; "
                   f"{result.val['positions']} scored positions."]
+    elif "mae_ratio_vs_last_value" in result.val:
+        lines += [f"MAE / last-value MAE: {result.val['mae_ratio_vs_last_value']:.4f} "
+                  f"over {result.val['positions']} values."]
     else:
         lines += [f"MSE in normalised units: {result.val.get('mse_normalised', float('nan')):.4f} "
                   f"over {result.val['positions']} values."]

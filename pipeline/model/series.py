@@ -1,0 +1,167 @@
+"""Causal per-series normalisation of `series_norm` time-series models (docs/default-model.md).
+
+Every channel is its own lane of a univariate network. Per lane, the carried `norm` vector
+(float64, ModelState.norm) holds the last observed value and the running sums of four
+debiased exponential moving averages, so statistics at step t use values up to t only and a
+chunked run continues exactly where the previous chunk stopped:
+
+- scale s_t: EMA of |x_t - previous observed value| (the typical one-step change; half-life
+  ~710 steps). It sets the units of everything else, so any scale of input looks alike.
+- fast and slow level EMAs (half-lives ~5 and ~89 steps).
+- residual scale: EMA of |residual| (filled in by inference, for the anomaly score).
+- the online calibration of the network's predicted change p against the change a that came
+  (EMA sums of a p and p^2, half-life ~710 steps): the forecast uses w p with
+  w = (sum a p + CAL_PRIOR) / (sum p^2 + CAL_PRIOR) clipped to [0, 1], from steps before t only.
+  Where the network's changes carry no information (a random walk) w falls towards 0 and the
+  forecast towards last-value; where they do, w stays near 1. Training sees the raw p.
+- lag-1 autocorrelation of the changes (EMA of d_t d_{t-1} over EMA of d_t^2, half-life ~180
+  steps): near 0 for a random walk, where no change is predictable, near 1 for smooth signals.
+
+The network reads, per step, N_FEATURES numbers: the change from the last observed value,
+the distance from the fast and slow level EMAs (all in units of s, clipped), and a missing
+flag. It predicts the next change in units of s, so forecast = last + s * head: a zero head
+is exactly the last-value forecast. NaN inputs are skipped by every statistic (the forecast
+keeps going from the last observed value); timestamps are not read: rows are steps.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+N_FEATURES = 5
+NORM_SIZE = 16
+(LAST, HAS, SD_N, SD_D, LF_N, LF_D, LS_N, LS_D, RS_N, RS_D, DPREV, DPREV_OK, AC_P, AC_Q,
+ CAL_P, CAL_Q) = range(NORM_SIZE)
+AC_DECAY = 1 - 1 / 256
+CAL_DECAY = 1 - 1 / 1024
+CAL_PRIOR = 1.0  # weight (in squared units of s) of the prior that the network's change is right
+SCALE_DECAY = 1 - 1 / 1024
+FAST_DECAY = 1 - 1 / 8
+SLOW_DECAY = 1 - 1 / 128
+RESID_DECAY = 1 - 1 / 1024
+RESID_MIN_WEIGHT = 8.0  # anomaly is NaN until the residual scale has this much (EMA) weight
+MAE_TO_SD = math.sqrt(math.pi / 2)  # sd = sqrt(pi/2) * mean |r| for a normal residual
+_SUB = 128  # EMA sub-block: a^-128 stays far from overflow for every decay above
+CLIP_CHANGE, CLIP_FAST, CLIP_SLOW, CLIP_TARGET = 20.0, 20.0, 50.0, 50.0
+
+
+def ema(u, w, a: float, num0, den0):
+    """Debiased EMA sums along T: num_t = a num_{t-1} + w_t u_t, den_t = a den_{t-1} + w_t.
+    u, w (B, T) float64 (u may be NaN where w = 0); num0, den0 (B,) carries. -> num, den (B, T)."""
+    B, T = u.shape
+    u = torch.where(w > 0, u, torch.zeros_like(u))
+    nums, dens = [], []
+    for s in range(0, T, _SUB):
+        ub, wb = u[:, s:s + _SUB], w[:, s:s + _SUB]
+        j = torch.arange(ub.shape[1], dtype=torch.float64, device=u.device)
+        p, inv = a ** j, a ** -j
+        num = p * (a * num0[:, None] + torch.cumsum(wb * ub * inv, 1))
+        den = p * (a * den0[:, None] + torch.cumsum(wb * inv, 1))
+        nums.append(num)
+        dens.append(den)
+        num0, den0 = num[:, -1], den[:, -1]
+    return torch.cat(nums, 1), torch.cat(dens, 1)
+
+
+def _scale(num, den, last):
+    """Mean |change| from the EMA sums; before any change (or for a constant series) a
+    stand-in that keeps the features finite: 1e-3 of the level, or 1."""
+    s = num / torch.where(den > 0, den, torch.ones_like(den))
+    fallback = torch.where(last.abs() > 0, last.abs() * 1e-3, torch.ones_like(last))
+    return torch.where((den > 0) & (s > 0), s, fallback)
+
+
+def zero_norm(batch: int, device=None) -> torch.Tensor:
+    return torch.zeros((batch, NORM_SIZE), dtype=torch.float64, device=device)
+
+
+def normalise(x, norm):
+    """x (B, T) raw values (NaN = missing), norm (B, NORM_SIZE) before them ->
+    dict with features (B, T, N_FEATURES) float32, base (B, T): the last observed value before
+    each step, scale (B, T): s before each step, target (B, T): (x - base) / scale (NaN where
+    x is missing or nothing was observed yet), and norm: the carried vector after x."""
+    x = x.to(torch.float64)
+    B, T = x.shape
+    if T == 0:
+        e = x.new_zeros((B, 0))
+        return {"features": x.new_zeros((B, 0, N_FEATURES), dtype=torch.float32), "base": e, "scale": e,
+                "target": e, "norm": norm}
+    valid = ~torch.isnan(x)
+    pos = torch.arange(T, device=x.device).expand(B, T)
+    idx = torch.cummax(torch.where(valid, pos, torch.full_like(pos, -1)), 1).values
+    seen = idx >= 0
+    last = torch.where(seen, x.gather(1, idx.clamp(min=0)), norm[:, LAST:LAST + 1].expand(B, T))
+    has = seen | (norm[:, HAS:HAS + 1] > 0)
+    base = torch.cat([norm[:, LAST:LAST + 1], last[:, :-1]], 1)  # last observed before t
+    base_has = torch.cat([norm[:, HAS:HAS + 1] > 0, has[:, :-1]], 1)
+    d = x - base
+    dvalid = valid & base_has
+    wd, wv = dvalid.to(torch.float64), valid.to(torch.float64)
+    sd_n, sd_d = ema(d.abs(), wd, SCALE_DECAY, norm[:, SD_N], norm[:, SD_D])
+    lf_n, lf_d = ema(x, wv, FAST_DECAY, norm[:, LF_N], norm[:, LF_D])
+    ls_n, ls_d = ema(x, wv, SLOW_DECAY, norm[:, LS_N], norm[:, LS_D])
+    s = _scale(sd_n, sd_d, last)
+    s_before = torch.cat([_scale(norm[:, SD_N:SD_N + 1], norm[:, SD_D:SD_D + 1], norm[:, LAST:LAST + 1]),
+                          s[:, :-1]], 1)
+    zero = torch.zeros_like(x)
+    f_change = torch.where(dvalid, (d / s).clamp(-CLIP_CHANGE, CLIP_CHANGE), zero)
+    lf = lf_n / lf_d.clamp(min=1e-300)
+    ls = ls_n / ls_d.clamp(min=1e-300)
+    f_fast = torch.where(valid, ((x - lf) / s).clamp(-CLIP_FAST, CLIP_FAST) / 4, zero)
+    f_slow = torch.where(valid, ((x - ls) / s).clamp(-CLIP_SLOW, CLIP_SLOW) / 10, zero)
+    # lag-1 autocorrelation of consecutive changes (both rows observed and the one before)
+    d_prev = torch.cat([norm[:, DPREV:DPREV + 1], torch.where(dvalid, d, zero)[:, :-1]], 1)
+    prev_ok = torch.cat([norm[:, DPREV_OK:DPREV_OK + 1] > 0, dvalid[:, :-1]], 1)
+    wac = (dvalid & prev_ok).to(torch.float64)
+    dz = torch.where(dvalid, d, zero)
+    ac_p, _ = ema(dz * d_prev, wac, AC_DECAY, norm[:, AC_P], norm[:, AC_P] * 0)
+    ac_q, _ = ema(dz * dz, wac, AC_DECAY, norm[:, AC_Q], norm[:, AC_Q] * 0)
+    f_ac = torch.where(ac_q > 0, ac_p / ac_q.clamp(min=1e-300), zero).clamp(-1, 1)
+    features = torch.stack([f_change, f_fast, f_slow, (~valid).to(torch.float64), f_ac], -1).to(torch.float32)
+    nan = torch.full_like(x, float("nan"))
+    target = torch.where(dvalid, d / s_before, nan)
+    base = torch.where(base_has, base, nan)
+    new = norm.clone()
+    new[:, LAST], new[:, HAS] = last[:, -1], has[:, -1].to(torch.float64)
+    new[:, SD_N], new[:, SD_D] = sd_n[:, -1], sd_d[:, -1]
+    new[:, LF_N], new[:, LF_D] = lf_n[:, -1], lf_d[:, -1]
+    new[:, LS_N], new[:, LS_D] = ls_n[:, -1], ls_d[:, -1]
+    new[:, DPREV], new[:, DPREV_OK] = dz[:, -1], dvalid[:, -1].to(torch.float64)
+    new[:, AC_P], new[:, AC_Q] = ac_p[:, -1], ac_q[:, -1]
+    return {"features": features, "base": base, "scale": s_before, "target": target, "norm": new}
+
+
+def anomaly(residual, norm_before, norm_after):
+    """Residual (B, T) float64 -> (score (B, T), norm_after with the residual-scale sums).
+    score_t = r_t / (sqrt(pi/2) * EMA|r| up to t-1): residual standard deviations for a normal
+    residual; NaN where r is NaN or the scale has less than RESID_MIN_WEIGHT weight."""
+    w = (~torch.isnan(residual)).to(torch.float64)
+    rn, rd = ema(residual.abs(), w, RESID_DECAY, norm_before[:, RS_N], norm_before[:, RS_D])
+    prev_n = torch.cat([norm_before[:, RS_N:RS_N + 1], rn[:, :-1]], 1)
+    prev_d = torch.cat([norm_before[:, RS_D:RS_D + 1], rd[:, :-1]], 1)
+    scale = MAE_TO_SD * prev_n / prev_d.clamp(min=1e-300)
+    ok = (prev_d >= RESID_MIN_WEIGHT) & (scale > 0)
+    score = torch.where(ok, residual / torch.where(ok, scale, torch.ones_like(scale)),
+                        torch.full_like(residual, float("nan")))
+    new = norm_after.clone()
+    if residual.shape[1]:
+        new[:, RS_N], new[:, RS_D] = rn[:, -1], rd[:, -1]
+    return score, new
+
+
+def calibrate(pred, target, norm_before, norm_after):
+    """pred (B, T): the network's change in units of s; target (B, T): the change that came (NaN
+    where none) -> (w (B, T) from the sums before each step, norm_after with the sums after)."""
+    ok = ~torch.isnan(target)
+    a = torch.where(ok, target.clamp(-CLIP_TARGET, CLIP_TARGET), torch.zeros_like(target))
+    w_ok = ok.to(torch.float64)
+    cp, _ = ema(a * pred, w_ok, CAL_DECAY, norm_before[:, CAL_P], norm_before[:, CAL_P] * 0)
+    cq, _ = ema(pred * pred, w_ok, CAL_DECAY, norm_before[:, CAL_Q], norm_before[:, CAL_Q] * 0)
+    prev_p = torch.cat([norm_before[:, CAL_P:CAL_P + 1], cp[:, :-1]], 1)
+    prev_q = torch.cat([norm_before[:, CAL_Q:CAL_Q + 1], cq[:, :-1]], 1)
+    w = ((prev_p + CAL_PRIOR) / (prev_q + CAL_PRIOR)).clamp(0, 1)
+    new = norm_after.clone()
+    if pred.shape[1]:
+        new[:, CAL_P], new[:, CAL_Q] = cp[:, -1], cq[:, -1]
+    return w, new
