@@ -163,3 +163,17 @@ def test_cli_refuses_a_bad_split(tmp_path, genomes):
                                    "--regions", str(bed), "--out", str(tmp_path / "x.zarr")])
     assert res.exit_code == 1 and "--split with --regions" in res.output, res.output
     assert not (tmp_path / "x.zarr").exists()
+
+
+def test_split_is_refused_for_a_time_series_job(tmp_path):
+    from pathlib import Path
+
+    from click.testing import CliRunner
+
+    from linpipe.cli import cli
+
+    ecg = Path(__file__).resolve().parents[1] / "examples" / "ecg-mitdb100.parquet"
+    res = CliRunner().invoke(cli, ["submit", str(ecg), "--time-column", "sample", "--split", "2",
+                                   "--out", str(tmp_path / "e.zarr")])
+    assert res.exit_code == 1 and "--split 2" in res.output and "timeseries" in res.output, res.output
+    assert not (tmp_path / "e.zarr").exists()
