@@ -162,3 +162,15 @@ def kill_session(sid: int) -> None:
                     os.kill(int(d), signal.SIGKILL)
             except OSError:
                 pass
+
+
+def read_fasta(path) -> dict[str, str]:
+    """A small plain FASTA file as {record id: sequence} (tests' own reader, independent of linpipe's)."""
+    out, name = {}, None
+    for line in Path(path).read_text().splitlines():
+        if line.startswith(">"):
+            name = line[1:].split()[0]
+            out[name] = []
+        elif name:
+            out[name].append(line.strip())
+    return {k: "".join(v) for k, v in out.items()}

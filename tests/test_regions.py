@@ -1,7 +1,7 @@
 """submit --regions BED: records streamed from their start, outputs stored only in the regions."""
 import numpy as np
 import pytest
-from _pipeline_data import make_tiny_model, write_in_process
+from _pipeline_data import make_tiny_model, read_fasta, write_in_process
 
 import linpipe
 from linpipe.errors import InputError
@@ -10,23 +10,13 @@ from linpipe.store.verify import verify_store
 CHUNK = 512
 
 
-def _read_fasta(path):
-    out, name = {}, None
-    for line in path.read_text().splitlines():
-        if line.startswith(">"):
-            name = line[1:].split()[0]
-            out[name] = []
-        elif name:
-            out[name].append(line.strip())
-    return {k: "".join(v) for k, v in out.items()}
-
 
 @pytest.fixture(scope="module")
 def stores(genomes, tmp_path_factory, one_torch_thread):
     base = tmp_path_factory.mktemp("regions")
-    seqs = {"chr2": _read_fasta(genomes / "korflab_Athaliana_TAIR_1pct.fa")["Chr2"][27_600:29_200],
-            "mt": next(iter(_read_fasta(genomes / "minimap2_MT-human.fa").values()))[:300],
-            "orang": next(iter(_read_fasta(genomes / "minimap2_MT-orang.fa").values()))[:200]}
+    seqs = {"chr2": read_fasta(genomes / "korflab_Athaliana_TAIR_1pct.fa")["Chr2"][27_600:29_200],
+            "mt": next(iter(read_fasta(genomes / "minimap2_MT-human.fa").values()))[:300],
+            "orang": next(iter(read_fasta(genomes / "minimap2_MT-orang.fa").values()))[:200]}
     fasta = base / "g.fa"
     fasta.write_text("".join(f">{k}\n{v}\n" for k, v in seqs.items()))
     model = make_tiny_model(base / "tiny")

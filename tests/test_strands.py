@@ -3,7 +3,7 @@ when the record is read from its end toward 0, against the model run directly (n
 import numpy as np
 import pytest
 import zarr
-from _pipeline_data import make_tiny_model, write_in_process
+from _pipeline_data import make_tiny_model, read_fasta, write_in_process
 
 import linpipe
 from linpipe.inputs.alphabet import reverse_complement, tokenize
@@ -12,22 +12,12 @@ from linpipe.store.verify import verify_store
 CHUNK = 512
 
 
-def _read_fasta(path):
-    out, name = {}, None
-    for line in path.read_text().splitlines():
-        if line.startswith(">"):
-            name = line[1:].split()[0]
-            out[name] = []
-        elif name:
-            out[name].append(line.strip())
-    return {k: "".join(v) for k, v in out.items()}
-
 
 @pytest.fixture(scope="module")
 def both(genomes, tmp_path_factory, one_torch_thread):
     base = tmp_path_factory.mktemp("strands")
-    at = _read_fasta(genomes / "korflab_Athaliana_TAIR_1pct.fa")["Chr2"][27_600:29_200]  # has an N run
-    mt = next(iter(_read_fasta(genomes / "minimap2_MT-human.fa").values()))[:300]
+    at = read_fasta(genomes / "korflab_Athaliana_TAIR_1pct.fa")["Chr2"][27_600:29_200]  # has an N run
+    mt = next(iter(read_fasta(genomes / "minimap2_MT-human.fa").values()))[:300]
     seqs = {"chr2": at, "mt": mt}
     fasta = base / "g.fa"
     fasta.write_text("".join(f">{k}\n{v}\n" for k, v in seqs.items()))

@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from _pipeline_data import make_tiny_model, write_in_process
+from _pipeline_data import make_tiny_model, read_fasta, write_in_process
 from click.testing import CliRunner
 
 from linpipe.cli import cli
@@ -15,24 +15,14 @@ CHUNK = 512
 WINDOW = 40
 
 
-def _read_fasta(path: Path) -> dict[str, str]:
-    out, name = {}, None
-    for line in path.read_text().splitlines():
-        if line.startswith(">"):
-            name = line[1:].split()[0]
-            out[name] = []
-        elif name:
-            out[name].append(line.strip())
-    return {k: "".join(v) for k, v in out.items()}
-
 
 @pytest.fixture(scope="module")
 def case(genomes, tmp_path_factory, one_torch_thread):
     """A long record (4 chunks of 512) holding a real N run (A. thaliana Chr2 28030-28150), and a
     short packed record (the first 300 bp of human MT), in a store written by the pipeline."""
     base = tmp_path_factory.mktemp("variants")
-    at = _read_fasta(genomes / "korflab_Athaliana_TAIR_1pct.fa")["Chr2"][27_600:29_200]
-    mt = _read_fasta(genomes / "minimap2_MT-human.fa")
+    at = read_fasta(genomes / "korflab_Athaliana_TAIR_1pct.fa")["Chr2"][27_600:29_200]
+    mt = read_fasta(genomes / "minimap2_MT-human.fa")
     mt = next(iter(mt.values()))[:300]
     seqs = {"chr2": at, "mt": mt}
     fasta = base / "g.fa"
