@@ -73,6 +73,9 @@ class OutputReader:
         self.records = self._out.records
         self.complete = self._out.is_complete()
         self.missing_ranges = _MissingRanges(self)
+        self._batches_checked: set[int] = set()  # dataset() checks a packed batch once per reader
+        self._sums: dict = {}
+        self._batches_done = None  # read once, when dataset() first checks a batch
 
     @property
     def store(self) -> OutputStore:
@@ -134,11 +137,16 @@ class OutputReader:
 
     def _check_batch(self, info: dict) -> None:
         b, p = info.get("batch"), self._out.packed
-        if b is None or p is None or not info["length"] or not self._out.batches_done()[b]:
+        if b is None or p is None or not info["length"] or b in self._batches_checked:
+            return
+        self._batches_checked.add(b)
+        if self._batches_done is None:
+            self._batches_done = self._out.batches_done()
+        if not self._batches_done[b]:
             return
         cs = self._out.chunk_size
         names = self._out.output_names(None)
-        self._checked(info, b, {n: p.array(n)[b * cs:(b + 1) * cs] for n in names}, {})
+        self._checked(info, b, {n: p.array(n)[b * cs:(b + 1) * cs] for n in names}, self._sums)
 
     def _packed_record(self, info: dict):
         """A packed record as an xarray.Dataset with the dims of a long record."""
