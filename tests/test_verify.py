@@ -115,22 +115,25 @@ def test_missing_units_and_format_1(written, tmp_path):
 
 
 @pytest.mark.slow
-def test_verify_and_repair_on_an_object_store(written, s3_server):
-    """The same store written by the worker code to the S3 server: it verifies; a flipped byte
-    in a chunk object and a deleted boundary-state object are named; --repair puts back every
-    byte of every object."""
+def test_verify_and_repair_on_an_object_store(genomes, s3_server, tmp_path):
+    """A store written by the worker code to the S3 server: it verifies; a flipped byte in a
+    chunk object and a deleted boundary-state object are named; --repair puts back every byte
+    of every object."""
     import fsspec
     from _s3 import all_objects, clear_fsspec_cache
 
-    good, plan = written
+    fasta, model = tmp_path / "contigs.fa", make_tiny_model(tmp_path / "tiny")
+    write_contigs(genomes, fasta, 16, seed=19, long=2)  # few objects: each is a request to moto
     out = f"{s3_server.new_bucket()}/store.zarr"
-    write_in_process(good.parent / "contigs.fa", good.parent / "tiny", out, chunk_size=CONTIG_CHUNK)
+    plan = write_in_process(fasta, model, out, chunk_size=CONTIG_CHUNK)
+    local = tmp_path / "local.zarr"
+    write_in_process(fasta, model, local, chunk_size=CONTIG_CHUNK)
     r = CliRunner().invoke(cli, ["verify", out, "--json"])
     assert r.exit_code == 0 and json.loads(r.output)["units_checked"] == plan.n_units
     before = all_objects(out)
-    # the object store holds the bytes the local run wrote, object for object
-    local = {k: v for k, v in _tree(good).items()}
-    assert {k: v for k, v in before.items() if "/c/" in k} == {k: v for k, v in local.items() if "/c/" in k}
+    # the object store holds the bytes the local run wrote, chunk object for chunk object
+    chunks = {k: v for k, v in _tree(local).items() if "/c/" in k}
+    assert {k: v for k, v in before.items() if "/c/" in k} == chunks
 
     long = plan.streams[0]
     key = OutputStore.open(out, mode="r").record(long.id)["key"]
