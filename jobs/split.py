@@ -3,8 +3,9 @@
 The algebra is pipeline/model/segments.py. Here: which records to split (`split_parts`), the
 actor that holds one segment (`SegmentWorker`: it reads its own input slice, keeps its residual
 stream in a local spill file and writes its own Zarr chunks with their boundary states), and
-the driver's loop (`run_split`): per layer pass A on every segment, the fold in the driver
-(per layer P states of H*K*(K+1) floats and P halos of (W-1)*D floats come and go), pass B.
+the driver's loop (`run_split`): per layer one exchange, the fold in the driver (per layer
+P partial states of H*K*(K+1) floats and P heads and tails of (W-1)*D floats come, P states
+and halos go).
 
 Segments are whole chunks, so every chunk has one writer. A lost actor loses only its spill
 and memory: the group is rebuilt from what is durable (done markers and the boundary state
@@ -60,8 +61,7 @@ def split_parts(record: Record, total_positions: int, n_workers: int, split: str
 
 
 class SegmentWorker(PipelineWorker):
-    """One segment of one record; the driver calls begin, then per layer contribution and
-    apply, then write."""
+    """One segment of one record; the driver calls begin, then apply per layer, then write."""
 
     def __init__(self, *args, spill_dir: str | None = None, **kw):
         super().__init__(*args, **kw)
@@ -88,18 +88,16 @@ class SegmentWorker(PipelineWorker):
         return self._read(Chunk(r.input_path, r.id, r.key, a, b, a // r.chunk_size))[0]
 
     def model_info(self):
-        """(layers, the state after BOS as arrays): the driver folds from it."""
-        return self.model.config.n_layers, self.model.init_state().to_arrays()
+        """(what the fold needs of each layer, the state after BOS as arrays)."""
+        from linpipe.model.segments import layer_weights
+
+        return layer_weights(self.model.net), self.model.init_state().to_arrays()
 
     # The per-layer calls return (result, compute seconds): the driver tells the exchange's
     # own cost (barrier wall time less the slowest segment's compute) from the work.
     def begin(self):
         t = time.perf_counter()
         return self.runner.begin(), time.perf_counter() - t
-
-    def contribution(self, layer, halo):
-        t = time.perf_counter()
-        return self.runner.contribution(layer, halo), time.perf_counter() - t
 
     def apply(self, layer, S_in, z_in, halo):
         t = time.perf_counter()
@@ -132,7 +130,7 @@ class GroupLost(Exception):
 class RayGroup:
     """Calls one method on every segment's actor at once and waits for all (a barrier)."""
 
-    TIMED = ("begin", "contribution", "apply")
+    TIMED = ("begin", "apply")
 
     def __init__(self, handles):
         self.handles = handles
@@ -179,7 +177,7 @@ def first_incomplete_segment(store, record: Record, bounds) -> int:
 def run_split(record: Record, parts: int, store, new_actor, events, *, on_layer=None) -> dict:
     """Runs one record as `parts` segments on a group of new actors; restarts the group from
     the store after an actor is lost. on_layer(record, layer, nodes, timing) is called after
-    every layer's last barrier (timing: wall, slowest-segment compute and exchange seconds, and
+    every layer's barrier (timing: wall, slowest-segment compute and exchange seconds, and
     bytes through the driver, since the previous call (layer 0 includes the embedding); tests
     kill a worker there). Returns counts for the job summary."""
     import ray
@@ -200,7 +198,7 @@ def run_split(record: Record, parts: int, store, new_actor, events, *, on_layer=
             nodes = group.call("setup", [(record, a, b) for a, b in todo])
             stats.setdefault("t_ready", time.monotonic())  # rates count from the actors' readiness
             stats["nodes"].update(n.rsplit(":", 1)[0] for n in nodes)
-            layers, init = ray.get(handles[0].model_info.remote())
+            weights, init = ray.get(handles[0].model_info.remote())
             if k0 == 0:
                 state0 = ModelState.from_arrays({k: np.array(v) for k, v in init.items()})
             else:  # the fold's value, stored with the last chunk of the segment before
@@ -208,7 +206,7 @@ def run_split(record: Record, parts: int, store, new_actor, events, *, on_layer=
                 state0 = ModelState.from_arrays(store.boundary_state(record.key, first_chunk - 1))
             hook = None if on_layer is None else (
                 lambda layer, nodes=nodes, group=group: on_layer(record, layer, nodes, group.take()))
-            states = run_layers(_Timed(group, stats, hook), state0, layers, len(todo))
+            states = run_layers(_Timed(group, stats, hook), state0, weights, len(todo))
             done = sorted(store.completed_chunks(record.key))
             results = group.call("write", [(states[k].y[0], states[k + 1].to_arrays(), done)
                                            for k in range(len(todo))])

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .chunk import DEFAULT_CHUNK_SIZE, chunk_linear_attn_torch
+from .chunk import DEFAULT_CHUNK_SIZE, chunk_linear_attn_torch, features
 from .naive import FEATURE_MAPS, feature_map_fn, naive_recurrent_linear_attn
 
 _triton_fn = None  # the Triton form, once imported
@@ -53,4 +53,4 @@ def chunk_linear_attn(q, k, v, *, decay=None, feature_map="elu1", normalize=True
 
 
 __all__ = ["DEFAULT_CHUNK_SIZE", "FEATURE_MAPS", "chunk_linear_attn", "chunk_linear_attn_torch",
-           "feature_map_fn", "naive_recurrent_linear_attn"]
+           "feature_map_fn", "features", "naive_recurrent_linear_attn"]

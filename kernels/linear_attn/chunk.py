@@ -121,7 +121,7 @@ def _strict_lower_powers(n, lg):
     return (torch.exp(k.clamp(min=0) * lg.view(-1, 1, 1)) * (k >= 0)).unsqueeze(0)
 
 
-def _features(x, phi_name, out=None, tmp=None):
+def features(x, phi_name, out=None, tmp=None):
     """phi(x) for a strided view x, into out when given (tmp: scratch like out)."""
     if phi_name == "elu1":
         # elu(x) + 1 = 2^(min(x, 0) log2 e) + max(x, 0): torch's vectorised exp2 is about twice
@@ -157,8 +157,8 @@ def _run_blocks(q, k, v, S, z, log_g, phi_name, normalize, eps, need_z, n, c, sc
     cs = _block_consts(log_g, H, n, c, q.dtype, q.device)
     blocks = lambda x: x.transpose(1, 2).reshape(B, H, n, c, x.shape[-1])  # noqa: E731 (a view for scratch)
     t = scratch("la_tmp", B, H, n, c, K)
-    qf = _features(blocks(q), phi_name, scratch("la_q", B, H, n, c, K), t)  # (B, H, n, c, K)
-    kf = _features(blocks(k), phi_name, scratch("la_k", B, H, n, c, K), t)
+    qf = features(blocks(q), phi_name, scratch("la_q", B, H, n, c, K), t)  # (B, H, n, c, K)
+    kf = features(blocks(k), phi_name, scratch("la_k", B, H, n, c, K), t)
     vb = blocks(v)
     if scratch.reuse:  # contiguous, for the matmuls
         vb = scratch("la_v", B, H, n, c, V).copy_(vb)

@@ -4,27 +4,31 @@ Per layer l the recurrence of one head is affine in the state entering a segment
 
     S_out = g^T S_in + S_loc,    S_loc = sum_j g^(T-1-j) phi(k_j) v_j^T   (z alike, with phi(k_j))
 
-so every segment computes S_loc, z_loc from a zero state (pass A: norm, conv, k and v only, no
-queries, no scores, no MLP), a driver folds them left to right in a fixed order into each
-segment's exact incoming state (`fold_states`), and every segment then runs the real layer from
-that state (pass B: the same Block code, on the same sub-chunks, as the serial run). The conv
-needs the last W-1 normalised layer inputs before the segment (a halo); they are folded the same
-way from each segment's tail (`fold_halos`), as is the last y before the segment (the output
-shift). The MLP between layers is nonlinear, so there is one such exchange per layer.
+A layer splits into a half that needs no state (`Attention.project`: norm, conv, q, k, v) and
+a half that does (`Block.from_qkv`: the attention from the state, o_proj, the MLP). Every
+segment runs the first half of layer l+1 right behind the second half of layer l, on the same
+sub-chunk while it is in cache: it stores q, k, v in a spill and sums S_loc, z_loc of layer l+1
+from a zero state over its positions from W-1 on (earlier ones read the conv halo, which is
+not known yet). That is the segment's message for layer l+1: the partial sums, its first and
+its last W-1 normalised inputs. The driver folds the P messages left to right in a fixed
+order (`fold_layer`): the halos from the tails, the first W-1 positions' share of S_loc from
+the halo and the head (a (W-1)-row conv and matmul), then every segment's exact incoming
+state. The segments then run the second half from that state, reading q, k, v back (the first
+W-1 positions are projected again with the real halo). One exchange per layer, and per
+position the only work the serial run does not do is the S_loc sum (sub-chunk matmuls in
+float32, summed in float64) and the spill's reads and writes.
 
-Memory: a segment's residual stream lives in one (T, D) float32 spill file (plain reads and
-writes, so the page cache is not the worker's memory) that pass B updates in place, sub-chunk
-by sub-chunk, so resident memory is a few sub-chunks
-whatever the segment's length (spilling costs one read and one write of T*D floats per layer;
-recomputing earlier layers instead would cost O(L^2) layer passes).
+Memory: a segment's residual stream (T, D) and its q, k, v (T, 3D) live in float32 spill files
+(plain reads and writes, so the page cache is not the worker's memory): resident memory is a
+few sub-chunks whatever the segment's length, and the local disk holds 16 D bytes per position.
 
 Sub-chunks are cut at the segment start, at every chunk edge and every FORWARD_BLOCK positions
 after a chunk edge: exactly the serial run's blocks when segment edges are chunk edges. The
-state at every chunk edge inside a segment is recorded in pass B, so the full ModelState of
-every chunk edge can be stored as the streaming path stores it. The state stored at a segment's
-last edge is the fold's value (the next segment's incoming state), so a run restarted from
-that stored state folds the same numbers in the same order: bit-identical to an uninterrupted
-split run with the same segment boundaries.
+state at every chunk edge inside a segment is recorded on the way, so the full ModelState of
+every chunk edge can be stored as the streaming path stores it. The state stored at a
+segment's last edge is the fold's value (the next segment's incoming state), so a run
+restarted from that stored state folds the same numbers in the same order: bit-identical to an
+uninterrupted split run with the same segment boundaries.
 """
 from __future__ import annotations
 
@@ -35,9 +39,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from linpipe.kernels.linear_attn.naive import feature_map_fn
+from linpipe.kernels.linear_attn import features
 from linpipe.model.inference import FORWARD_BLOCK, Model
-from linpipe.model.network import ModelState
+from linpipe.model.network import Block, ModelState
 
 
 def segment_bounds(length: int, chunk_size: int, parts: int) -> list[tuple[int, int]]:
@@ -61,6 +65,88 @@ class Contribution:
     S: torch.Tensor  # (H, K, V) float64
     z: torch.Tensor  # (H, K) float64
     decay: torch.Tensor | None  # (H,) float64 g^T per head, None without decay
+
+
+@dataclass
+class Message:
+    """What one segment sends the fold for one layer (or, after the last layer, y alone)."""
+
+    length: int = 0  # T, the segment's positions
+    S: torch.Tensor | None = None  # (H, K, V) float64: S_loc over positions W-1.. from a zero state
+    z: torch.Tensor | None = None  # (H, K) float64
+    head: torch.Tensor | None = None  # (min(W-1, T), D): the first normalised inputs
+    tail: torch.Tensor | None = None  # (min(W-1, T), D): the last ones (the next segment's halo)
+    y: torch.Tensor | None = None  # (D,): after the last layer, y of the segment's last position
+
+
+@dataclass
+class LayerWeights:
+    """What the fold needs of one layer to finish the head positions' share of S_loc."""
+
+    conv: torch.Tensor | None  # (D, W) float32, None for W = 1
+    wkv: torch.Tensor  # (2D, D) float32: k_proj then v_proj
+    log_decay: torch.Tensor | None  # (H,) float64, None without decay
+    feature_map: str
+    n_heads: int
+
+
+def layer_weights(net) -> list[LayerWeights]:
+    out = []
+    for blk in net.layers:
+        a = blk.attn
+        out.append(LayerWeights(
+            None if a.conv is None else a.conv.weight.detach().float().cpu().clone(),
+            torch.cat([a.k_proj.weight, a.v_proj.weight]).detach().float().cpu().clone(),
+            None if bool((a.decay == 1).all()) else torch.log(a.decay.detach().double().cpu()),
+            a.feature_map, a.n_heads))
+    return out
+
+
+def _decay_weights(log_decay, n: int, skip: int = 0) -> torch.Tensor:
+    """(H, n - skip) float64 g^(n-1-j) for positions j = skip .. n-1 of a run of n."""
+    pos = torch.arange(skip, n, dtype=torch.float64)
+    return torch.exp((n - 1 - pos) * log_decay.view(-1, 1))
+
+
+SUM_BLOCK = 32  # positions per float32 partial sum of S_loc, as the kernel's state update; added in float64
+
+
+def _kv_sums(kv: torch.Tensor, feature_map: str, weights):
+    """sum_j weights_j phi(k_j) v_j^T and sum_j weights_j phi(k_j) for kv (n, 2, H, K) float32,
+    in float64 (S (H, K, K), z (H, K)): float32 products summed over blocks of SUM_BLOCK
+    positions by one batched matmul, as exact as the serial kernel's own state updates, and the
+    block sums added in float64. weights: (H, n) float32 or None (all ones)."""
+    n, _, H, K = kv.shape
+    kf = features(kv[:, 0], feature_map)  # (n, H, K)
+    if weights is not None:
+        kf = kf * weights.t().unsqueeze(-1)
+    v = kv[:, 1]
+    m = n - n % SUM_BLOCK
+    nb = m // SUM_BLOCK
+    kb = kf[:m].reshape(nb, SUM_BLOCK, H, K).permute(2, 0, 3, 1)  # (H, nb, K, c)
+    vb = v[:m].reshape(nb, SUM_BLOCK, H, K).permute(2, 0, 1, 3)  # (H, nb, c, V)
+    S = torch.matmul(kb, vb).sum(1, dtype=torch.float64)  # (H, K, V)
+    if m < n:
+        S += torch.bmm(kf[m:].permute(1, 2, 0), v[m:].permute(1, 0, 2)).double()
+    return S, kf.sum(0, dtype=torch.float64)
+
+
+def head_share(w: LayerWeights, halo: torch.Tensor, head: torch.Tensor, length: int):
+    """The first n = head rows' share of S_loc, z_loc (float64) for a segment of `length`
+    positions entering with conv window `halo` (W-1, D)."""
+    n, D = head.shape
+    H = w.n_heads
+    if n == 0:
+        return 0.0, 0.0
+    if w.conv is None:
+        c = head.float()
+    else:
+        W = w.conv.shape[1]
+        x = torch.cat([halo.float(), head.float()])  # position t of head is row W-1+t
+        c = sum(x[j:j + n] * w.conv[:, j] for j in range(W))  # (n, D): tap j reads t-(W-1-j)
+    kv = (c @ w.wkv.t()).view(n, 2, H, D // H)
+    weights = None if w.log_decay is None else _decay_weights(w.log_decay, length)[:, :n].float()
+    return _kv_sums(kv, w.feature_map, weights)
 
 
 def fold_states(S0, z0, contribs: list[Contribution]):
@@ -88,10 +174,122 @@ def fold_halos(window0: torch.Tensor, tails: list[torch.Tensor]) -> list[torch.T
     return out
 
 
+def fold_layer(w: LayerWeights, S0, z0, window0, msgs: list[Message]):
+    """One layer's exchange: from the state (S0, z0, window0) entering the first segment and
+    every segment's message, the (S, z, halo) entering each segment and after the last
+    (three lists of P + 1)."""
+    halos = fold_halos(window0.float(), [m.tail for m in msgs])
+    contribs = []
+    for k, m in enumerate(msgs):
+        hS, hz = head_share(w, halos[k], m.head, m.length)
+        total = None if w.log_decay is None else torch.exp(m.length * w.log_decay)
+        contribs.append(Contribution(m.S + hS, m.z + hz, total))
+    Ss, zs = fold_states(S0, z0, contribs)
+    return Ss, zs, halos
+
+
+class _Spill:
+    """(T, width) float32 rows of a segment: in memory, or in a file on local disk (plain
+    reads and writes, not a memmap: the page cache is not this process's memory)."""
+
+    def __init__(self, T: int, width: int, spill_dir=None):
+        self.width = width
+        self.file = self.path = self.mem = None
+        if spill_dir is None:
+            self.mem = np.empty((T, width), np.float32)
+        else:
+            fd, self.path = tempfile.mkstemp(prefix="linpipe-seg-", suffix=".f32", dir=spill_dir)
+            self.file = os.fdopen(fd, "r+b", buffering=0)
+            self.file.truncate(T * width * 4)
+
+    def get(self, i: int, j: int) -> np.ndarray:
+        if self.file is None:
+            return np.array(self.mem[i:j])
+        x = np.empty((j - i, self.width), np.float32)
+        self.file.seek(i * self.width * 4)
+        self.file.readinto(memoryview(x).cast("B"))
+        return x
+
+    def put(self, i: int, x: np.ndarray) -> None:
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        if self.file is None:
+            self.mem[i:i + x.shape[0]] = x
+        else:
+            self.file.seek(i * self.width * 4)
+            self.file.write(memoryview(x).cast("B"))
+
+    def close(self):
+        self.mem = None
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+        if self.path:
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+            self.path = None
+
+
+class _Ahead:
+    """The state-free half of one layer run over a segment, sub-chunk after sub-chunk: stores
+    q, k, v, sums S_loc, z_loc over positions W-1.., keeps the head, the tail and the conv
+    window at every chunk edge (for the stored edge states)."""
+
+    def __init__(self, runner: "SegmentRunner", layer: int):
+        r = self.r = runner
+        self.blk = r.net.layers[layer]
+        attn = self.blk.attn
+        self.H, self.K = attn.n_heads, attn.head_dim
+        self.feature_map = attn.feature_map
+        self.lg = None if bool((attn.decay == 1).all()) else torch.log(attn.decay.detach().double())
+        dev = r.model.device
+        self.window = torch.zeros((1, r.W - 1, r.D), device=dev)  # stands in for the unknown halo
+        self.S = torch.zeros((self.H, self.K, self.K), dtype=torch.float64, device=dev)
+        self.z = torch.zeros((self.H, self.K), dtype=torch.float64, device=dev)
+        self.head = self.tail = torch.zeros((0, r.D), device=dev)
+        self.windows: dict[int, torch.Tensor] = {}  # chunk edge -> conv window there
+        self._w: dict[tuple[int, int], torch.Tensor] = {}
+
+    def span(self, s: int, e: int, h: torch.Tensor, scratch) -> None:
+        r = self.r
+        a = self.blk.attn_input(h, scratch)  # (1, n, D)
+        keep = r.W - 1
+        if self.head.shape[0] < keep:
+            self.head = torch.cat([self.head, a[0, :keep - self.head.shape[0]]])
+        self.tail = _tail(torch.cat([self.tail, a[0, -keep:] if keep else a[0, :0]]), keep)
+        qkv, self.window = self.blk.attn.project(a, self.window, scratch)  # (1, n, 3, H, K)
+        n = e - s
+        r.qkv.put(s - r.start, qkv[0].reshape(n, -1).cpu().numpy())
+        if e % r.chunk_size == 0 and e < r.end and keep:
+            self.windows[e] = self.window.clone()  # (1, W-1, D)
+        skip = min(n, max(0, r.start + keep - s))  # positions that read the unknown halo
+        if skip < n:
+            kv = qkv[0, skip:, 1:]  # (n - skip, 2, H, K)
+            weights = None
+            if self.lg is not None:
+                weights = self._w.get((n, skip))
+                if weights is None:
+                    weights = self._w[(n, skip)] = _decay_weights(self.lg, n, skip).float()
+                self.S *= torch.exp(n * self.lg).view(-1, 1, 1)
+                self.z *= torch.exp(n * self.lg).view(-1, 1)
+            dS, dz = _kv_sums(kv, self.feature_map, weights)
+            self.S += dS
+            self.z += dz
+        elif self.lg is not None:
+            self.S *= torch.exp(n * self.lg).view(-1, 1, 1)
+            self.z *= torch.exp(n * self.lg).view(-1, 1)
+
+    def message(self) -> Message:
+        r = self.r
+        return Message(r.end - r.start, self.S.cpu(), self.z.cpu(), self.head.cpu().clone(),
+                       self.tail.cpu().clone())
+
+
 class SegmentRunner:
     """One segment [start, end) of one record on one worker. `read(a, b)` returns the model
-    input (numpy) of record positions [a, b). Methods run in this order: begin, then per layer
-    contribution and apply, then pieces (the outputs)."""
+    input (numpy) of record positions [a, b). Methods run in this order: begin, then apply per
+    layer, then pieces_out (the outputs)."""
 
     def __init__(self, model: Model, read, start: int, end: int, chunk_size: int, *, spill_dir=None,
                  outputs=None):
@@ -112,119 +310,73 @@ class SegmentRunner:
             a = b
         self.spans = [(s, min(s + step, b)) for a, b in self.pieces for s in range(a, b, step)]
         T = end - start
-        self._file = None
-        self._spill = None
-        if spill_dir is None:
-            self.h = np.empty((T, self.D), np.float32)
-        else:  # plain reads and writes (not a memmap): the page cache is not this process's RSS
-            fd, self._spill = tempfile.mkstemp(prefix="linpipe-seg-", suffix=".f32", dir=spill_dir)
-            self._file = os.fdopen(fd, "r+b", buffering=0)
-            self._file.truncate(T * self.D * 4)
-            self.h = None
+        self.h = _Spill(T, self.D, spill_dir)
+        self.qkv = _Spill(T, 3 * self.D, spill_dir)
+        self.windows: dict[int, torch.Tensor] = {}  # of the next layer to apply
         self.edge_states: dict[int, list] = {}  # chunk index -> per layer (S, z, window)
 
     def close(self):
-        self.h = None
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-        if self._spill:
-            try:
-                os.unlink(self._spill)
-            except FileNotFoundError:
-                pass
-            self._spill = None
+        self.h.close()
+        self.qkv.close()
 
     def __del__(self):
         self.close()
 
     def _h(self, a: int, b: int) -> torch.Tensor:
         """(1, b-a, D) float32 copy of the residual stream at record positions [a, b)."""
-        if self._file is None:
-            x = np.array(self.h[a - self.start:b - self.start])
-        else:
-            x = np.empty((b - a, self.D), np.float32)
-            self._file.seek((a - self.start) * self.D * 4)
-            self._file.readinto(memoryview(x).cast("B"))
-        return torch.from_numpy(x).to(self.model.device)[None]
+        return torch.from_numpy(self.h.get(a - self.start, b - self.start)).to(self.model.device)[None]
 
-    def _put(self, a: int, b: int, h: torch.Tensor) -> None:
-        x = np.ascontiguousarray(h[0].to("cpu").numpy(), dtype=np.float32)
-        if self._file is None:
-            self.h[a - self.start:b - self.start] = x
-        else:
-            self._file.seek((a - self.start) * self.D * 4)
-            self._file.write(memoryview(x).cast("B"))
+    def _put(self, a: int, h: torch.Tensor) -> None:
+        self.h.put(a - self.start, h[0].to("cpu").numpy())
 
-    def _next_tail(self, l_next: int) -> torch.Tensor:
-        """After layer l_next - 1: the last W-1 normalised inputs of layer l_next, or (when
-        l_next == L) y of the last position (the output shift's halo)."""
-        last = self._h(max(self.start, self.end - max(self.W - 1, 1)), self.end)
-        if l_next == self.L:
-            return self.net.norm(last[:, -1:])[0].cpu()
-        if self.W == 1:
-            return last.new_zeros((0, self.D)).cpu()
-        return self.net.layers[l_next].attn_norm(last)[0].cpu()
+    def _finish(self, ahead: _Ahead | None) -> Message:
+        if ahead is not None:
+            self.windows = ahead.windows
+            return ahead.message()
+        last = self._h(self.end - 1, self.end)
+        return Message(self.end - self.start, y=self.net.norm(last)[0, -1].cpu())
 
     @torch.inference_mode()
-    def begin(self) -> torch.Tensor:
-        """Embeds the segment's inputs into the spill; returns layer 0's tail."""
+    def begin(self) -> Message:
+        """Embeds the segment's inputs into the spill and runs layer 0's first half: its message."""
+        ahead = _Ahead(self, 0)
         for a, b in self.pieces:
             x = self.model._inputs(self.read(a, b))
             for s, e in self.spans:
                 if a <= s < b:
-                    self._put(s, e, self.net._embed(x[:, s - a:e - a]))
-        return self._next_tail(0)
+                    h = self.net._embed(x[:, s - a:e - a])
+                    self._put(s, h)
+                    ahead.span(s, e, h, Block.scratch(h))
+        return self._finish(ahead)
 
     @torch.inference_mode()
-    def contribution(self, layer: int, halo: torch.Tensor) -> Contribution:
-        """Pass A: S_loc, z_loc of this segment at `layer` from a zero state."""
-        blk = self.net.layers[layer]
-        attn = blk.attn
-        H, K = attn.n_heads, attn.head_dim
-        phi = feature_map_fn(attn.feature_map)
-        dev = self.model.device
-        window = halo.to(dev)[None]
-        # Accumulated in float64 (the projections stay float32, as in the serial run): one
-        # sum over a whole sub-chunk must not be less exact than the kernel's 32-position blocks.
-        S = torch.zeros((H, K, K), device=dev, dtype=torch.float64)
-        z = torch.zeros((H, K), device=dev, dtype=torch.float64)
-        lg = None if bool((attn.decay == 1).all()) else torch.log(attn.decay.double())
-        wkv = torch.cat([attn.k_proj.weight, attn.v_proj.weight])  # (2D, D): one matmul for k and v
-        for s, e in self.spans:
-            a = blk.attn_norm(self._h(s, e))
-            if attn.conv is not None:
-                a, window = attn.conv(a, window)
-            n = e - s
-            kv = (a[0] @ wkv.t()).view(n, 2, H, K)
-            kf = phi(kv[:, 0]).transpose(0, 1).double()  # (H, n, K)
-            v = kv[:, 1].transpose(0, 1).double()  # (H, n, V)
-            if lg is not None:
-                pos = torch.arange(n, device=dev, dtype=torch.float64)
-                kf = kf * torch.exp((n - 1 - pos) * lg.view(H, 1)).unsqueeze(-1)  # g^(n-1-j) phi(k_j)
-                g = torch.exp(n * lg)
-                S = S * g.view(H, 1, 1) + torch.bmm(kf.transpose(1, 2), v)
-                z = z * g.view(H, 1) + kf.sum(1)
-            else:
-                S = S + torch.bmm(kf.transpose(1, 2), v)
-                z = z + kf.sum(1)
-        total = None if lg is None else torch.exp((self.end - self.start) * lg)
-        return Contribution(S.cpu(), z.cpu(), None if total is None else total.cpu())
-
-    @torch.inference_mode()
-    def apply(self, layer: int, S_in: torch.Tensor, z_in: torch.Tensor, halo: torch.Tensor) -> torch.Tensor:
-        """Pass B: runs `layer` over the segment from its exact incoming state (in place on the
-        spill), records the state at chunk edges inside the segment, returns the next tail."""
+    def apply(self, layer: int, S_in: torch.Tensor, z_in: torch.Tensor, halo: torch.Tensor) -> Message:
+        """Runs `layer` over the segment from its exact incoming state and halo (the residual
+        stream in place in the spill), recording the state at chunk edges inside the segment,
+        and the next layer's first half right behind it. Returns the next layer's message (after
+        the last layer: y of the last position)."""
         blk = self.net.layers[layer]
         dev = self.model.device
+        H, K = blk.attn.n_heads, blk.attn.head_dim
+        ahead = _Ahead(self, layer + 1) if layer + 1 < self.L else None
         S, z, window = S_in.to(dev)[None], z_in.to(dev)[None], halo.to(dev)[None]
         for s, e in self.spans:
-            h, S, z, window = blk(self._h(s, e), S, z, window)
-            self._put(s, e, h)
+            h = self._h(s, e)
+            scratch = Block.scratch(h)
+            if s < self.start + self.W - 1:  # reads the halo: projected again, with the real one
+                qkv, window = blk.attn.project(blk.attn_input(h, scratch), window, scratch)
+            else:
+                qkv = torch.from_numpy(self.qkv.get(s - self.start, e - self.start)).to(dev)
+                qkv = qkv.view(1, e - s, 3, H, K)
+                window = self.windows.get(e, window)
+            h, S, z = blk.from_qkv(h, qkv, S, z, scratch)
+            self._put(s, h)
             if e % self.chunk_size == 0 and e < self.end:  # a chunk edge inside the segment
                 states = self.edge_states.setdefault(e // self.chunk_size - 1, [None] * self.L)
                 states[layer] = (S[0].cpu().clone(), z[0].cpu().clone(), window[0].cpu().clone())
-        return self._next_tail(layer + 1)
+            if ahead is not None:
+                ahead.span(s, e, h, scratch)
+        return self._finish(ahead)
 
     @torch.inference_mode()
     def pieces_out(self, y_prev: torch.Tensor, final: ModelState, skip=()):
@@ -275,22 +427,22 @@ class InProcess:
         return [getattr(r, method)(*a) for r, a in zip(self.runners, args, strict=True)]
 
 
-def run_layers(group, state0: ModelState, n_layers: int, n_segments: int) -> list[ModelState]:
-    """The driver's side of a split run: per layer, pass A on every segment, the fold, pass B.
-    group.call(method, per-segment args) runs one method on every segment and returns the
-    results in segment order. Returns the state entering every segment and after the last
-    (n_segments + 1 states), from state0 entering the first."""
-    tails = group.call("begin", [()] * n_segments)
+def run_layers(group, state0: ModelState, weights: list[LayerWeights], n_segments: int) -> list[ModelState]:
+    """The driver's side of a split run: the segments' first messages, then per layer the fold
+    and one call that runs the layer (and the next one's first half). group.call(method,
+    per-segment args) runs one method on every segment and returns the results in segment
+    order. Returns the state entering every segment and after the last (n_segments + 1
+    states), from state0 entering the first."""
+    msgs = group.call("begin", [()] * n_segments)
     Ss, zs, halos = [], [], []
-    for layer in range(n_layers):
-        hl = fold_halos(state0.conv[0, layer].cpu(), tails)
-        contribs = group.call("contribution", [(layer, hl[k]) for k in range(n_segments)])
-        S_l, z_l = fold_states(state0.S[0, layer].cpu(), state0.z[0, layer].cpu(), contribs)
-        tails = group.call("apply", [(layer, S_l[k], z_l[k], hl[k]) for k in range(n_segments)])
+    for layer, w in enumerate(weights):
+        S_l, z_l, h_l = fold_layer(w, state0.S[0, layer].cpu(), state0.z[0, layer].cpu(),
+                                   state0.conv[0, layer].cpu(), msgs)
+        msgs = group.call("apply", [(layer, S_l[k], z_l[k], h_l[k]) for k in range(n_segments)])
         Ss.append(S_l)
         zs.append(z_l)
-        halos.append(hl)
-    ys = [state0.y[0].cpu()] + [t.view(-1) for t in tails]
+        halos.append(h_l)
+    ys = [state0.y[0].cpu()] + [m.y for m in msgs]
     return [edge_state(Ss, zs, halos, ys[k], k) for k in range(n_segments + 1)]
 
 
@@ -304,7 +456,7 @@ def forward_split(model: Model, x, bounds: list[tuple[int, int]], chunk_size: in
     runners = [SegmentRunner(model, lambda a, b: x[a:b], s, e, chunk_size, spill_dir=spill_dir,
                              outputs=outputs) for s, e in bounds]
     try:
-        states = run_layers(InProcess(runners), state0, model.config.n_layers, len(runners))
+        states = run_layers(InProcess(runners), state0, layer_weights(model.net), len(runners))
         parts: dict[str, list] = {}
         chunk_states = {}
         for k, r in enumerate(runners):
