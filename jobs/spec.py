@@ -41,6 +41,7 @@ _TOP = {
     "per_input": ((bool,), "true or false"),
     "overwrite": ((bool,), "true or false"),
     "workers": ((int,), "a positive integer"),
+    "split": ((str, int), "auto, never or a number of segments (one long record over several workers)"),
     "address": ((str,), "a Ray address such as http://HEAD:8265"),
     "resources": ((dict,), "a mapping with num_cpus, num_gpus, memory, custom"),
     "timeseries": ((dict,), "a mapping with id_column, time_column, columns, time_format"),
@@ -143,6 +144,14 @@ def parse_spec(text: str, path: Path) -> JobSpec:
     if per_input and (out is None or ("{stem}" not in out and "{name}" not in out)):
         raise fail("per_input", "needs out with {stem} or {name}, so each input gets its "
                    "own store (e.g. out: results/{stem}.zarr)")
+    split = "never"
+    if "split" in data:
+        from .split import parse_split  # here: split.py imports the plan, which imports us
+
+        try:
+            split = str(parse_split(data["split"]))
+        except LinpipeError as e:
+            raise fail("split", str(e).removeprefix("--split: ")) from None
     model = data.get("model", "default")
     if os.sep in model or model.startswith("."):  # a directory, not a shipped name
         model = _resolve(model, base)
@@ -155,7 +164,7 @@ def parse_spec(text: str, path: Path) -> JobSpec:
     template = JobRequest(
         inputs=(), model=model, outputs=_names(data.get("outputs"), "outputs", fail),
         chunk_size=data.get("chunk_size", DEFAULT_CHUNK_SIZE), overwrite=data.get("overwrite", False),
-        workers=data.get("workers"), id_column=ts.get("id_column"), time_column=ts.get("time_column"),
+        workers=data.get("workers"), split=split, id_column=ts.get("id_column"), time_column=ts.get("time_column"),
         time_format=ts.get("time_format"),
         columns=_names(ts.get("columns"), "timeseries.columns", fail),
         actor_resources=ActorResources(num_cpus=res.get("num_cpus"), num_gpus=res.get("num_gpus"),

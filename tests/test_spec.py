@@ -56,6 +56,7 @@ model: ./models/ecg
 outputs: forecast,residual
 chunk_size: 65536
 workers: 2
+split: 4
 overwrite: true
 resources: {{num_cpus: 2, num_gpus: 1, memory: 4GiB}}
 timeseries: {{time_column: sample, columns: [MLII_mV, V5_mV]}}
@@ -68,9 +69,10 @@ out: ecg.zarr
     assert req.outputs == ("forecast", "residual")
     assert req.columns == ("MLII_mV", "V5_mV") and req.time_column == "sample"
     assert req.input_options == {"time_column": "sample", "columns": ["MLII_mV", "V5_mV"]}
-    assert (req.chunk_size, req.workers, req.overwrite) == (65536, 2, True)
+    assert (req.chunk_size, req.workers, req.overwrite, req.split) == (65536, 2, True, "4")
     argv = req.argv()
     assert argv[argv.index("--columns") + 1] == "MLII_mV,V5_mV" and "--overwrite" in argv
+    assert argv[argv.index("--split") + 1] == "4"
 
 
 @pytest.mark.parametrize("text, key", [
@@ -105,6 +107,8 @@ def test_bad_glob_names_the_key(tmp_path, pattern, why):
     ("inputs: [a.fa]\nchunk_size: -5\n", "chunk_size"),
     ("inputs: [a.fa]\nchunk_size: true\n", "chunk_size"),
     ("inputs: [a.fa]\nworkers: two\n", "workers"),
+    ("inputs: [a.fa]\nsplit: sometimes\n", "split"),
+    ("inputs: [a.fa]\nsplit: 0\n", "split"),
     ("inputs: [a.fa]\nresources: {memory: lots}\n", "resources.memory"),
     ("inputs: [a.fa]\nper_input: true\nout: one.zarr\n", "per_input"),
     ("inputs: [a.fa]\nout: '{sample}.zarr'\n", "out"),

@@ -177,3 +177,40 @@ def test_split_is_refused_for_a_time_series_job(tmp_path):
                                    "--out", str(tmp_path / "e.zarr")])
     assert res.exit_code == 1 and "--split 2" in res.output and "timeseries" in res.output, res.output
     assert not (tmp_path / "e.zarr").exists()
+
+
+_PEAK_RSS = """
+import resource, sys
+import numpy as np
+import torch
+from linpipe.model import Model, ModelConfig, init_net
+from linpipe.model.segments import forward_split, segment_bounds
+torch.set_num_threads(1)
+n, spill = int(sys.argv[1]), sys.argv[2]
+cfg = ModelConfig(modality="dna", d_model=32, n_layers=2, n_heads=2, mlp_hidden=32)
+model = Model(init_net(cfg, seed=0), cfg, device="cpu")
+x = np.load(sys.argv[3])[:n]
+out, _, _ = forward_split(model, x, segment_bounds(n, 65_536, 2), 65_536, outputs=["logprob"], spill_dir=spill)
+assert out["logprob"].shape == (n,)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+"""
+
+
+@pytest.mark.slow
+def test_split_memory_is_flat_as_the_record_grows(genomes, tmp_path):
+    """Peak RSS of a split run over 4x the positions grows by far less than the activations
+    it spills (T x 4D floats per segment; 4x the record adds ~150 MB of them)."""
+    import subprocess
+    import sys
+
+    with gzip.open(genomes / "korflab_hg19_chr1_first3Mb.fa.gz", "rt") as f:
+        seq = "".join(line.strip() for line in f if not line.startswith(">"))[1_000_000:1_300_000]
+    np.save(tmp_path / "x.npy", tokenize(seq))
+    peaks = {}
+    for n in (75_000, 300_000):
+        res = subprocess.run([sys.executable, "-c", _PEAK_RSS, str(n), str(tmp_path), str(tmp_path / "x.npy")],
+                             capture_output=True, text=True, check=True)
+        peaks[n] = int(res.stdout.split()[-1])
+    spilled = (300_000 - 75_000) * 4 * 32 * 4  # h and q, k, v in float32, both segments
+    assert peaks[300_000] - peaks[75_000] < spilled / 8, (peaks, spilled)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.npy"]  # spill files removed
