@@ -9,7 +9,7 @@ Stages (each appends to a JSON file, so they run apart on a busy machine):
   cluster   the same on a loopback cluster (tests/ray_local_cluster.py): head + 2 worker nodes of
             1 CPU; 1 worker vs 2 workers
   barrier   the driver's barrier latency with P = 1..16 trivial actors (the exchange's floor)
-  profile   one process, one thread: serial vs the split's passes on 500 kb (the extra work f)
+  profile   one process, one thread: serial vs one segment's calls on 500 kb (the extra work f)
   model     a cost model fitted to the above; chr1 (249 Mb) makespan predictions, the plot
 
 Usage: python benchmarks/bench_split.py STAGE [--out /tmp/bench15] [--length 8000000]
@@ -225,8 +225,10 @@ def stage_barrier(out: Path) -> None:
 
 
 def stage_profile(out: Path, length: int = 500_000) -> None:
-    """In one process, one thread: the serial run vs the split passes of one segment (pass A =
-    contribution, pass B = the layer from the incoming state), the split's extra work f."""
+    """In one process, one thread: the serial run vs one segment's calls over the same
+    positions (begin: embedding and layer 0's first half; apply per layer: the layer from the
+    incoming state with the next layer's first half behind it; the outputs), the split's extra
+    work f."""
     import torch
 
     from linpipe.inputs import open_input
@@ -248,27 +250,22 @@ def stage_profile(out: Path, length: int = 500_000) -> None:
         r = SegmentRunner(m, lambda a, b: x[a:b], 0, length, chunk, spill_dir=str(out),
                           outputs=["logprob", "entropy"])
         st0 = m.init_state()
-        tA = tB = 0.0
         t = time.perf_counter()
         r.begin()
         t_begin = time.perf_counter() - t
+        t = time.perf_counter()
         for layer in range(m.config.n_layers):
-            t = time.perf_counter()
-            r.contribution(layer, st0.conv[0, layer])
-            tA += time.perf_counter() - t
-            t = time.perf_counter()
             r.apply(layer, st0.S[0, layer], st0.z[0, layer], st0.conv[0, layer])
-            tB += time.perf_counter() - t
+        t_apply = time.perf_counter() - t
         t = time.perf_counter()
         list(r.pieces_out(st0.y[0], st0))
         t_out = time.perf_counter() - t
         r.close()
-        reps.append({"serial_s": serial, "pass_a_s": tA, "pass_b_s": tB, "begin_s": t_begin, "out_s": t_out,
-                     "split_total_s": tA + tB + t_begin + t_out, "loadavg": os.getloadavg()[0]})
+        reps.append({"serial_s": serial, "begin_s": t_begin, "apply_s": t_apply, "out_s": t_out,
+                     "split_total_s": t_begin + t_apply + t_out, "loadavg": os.getloadavg()[0]})
         print(reps[-1], flush=True)
     f = float(np.median([(r["split_total_s"] - r["serial_s"]) / r["serial_s"] for r in reps]))
-    fa = float(np.median([r["pass_a_s"] / r["pass_b_s"] for r in reps]))
-    save(out, "profile", {"positions": length, "reps": reps, "f_total": f, "pass_a_over_b": fa})
+    save(out, "profile", {"positions": length, "reps": reps, "f_total": f})
 
 
 def main():

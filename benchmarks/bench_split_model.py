@@ -1,12 +1,13 @@
 """The cost model of `--split` (issue 15), fitted to bench_split.py's measurements.
 
-    makespan(P) = t_start + N L c (1 + f) / P + L (2 (a + b P) + P s / B)    (P > 1; P = 1: t_start + N L c)
+    makespan(P) = t_start + N L c (1 + f) / P + L (a + b P + P s / B)    (P > 1; P = 1: t_start + N L c)
 
 N positions, L layers; c: seconds per position per layer on one worker (measured, whole job:
 read, model, heads, write); f: the split's extra work per position (pass A and the spill),
-from the 2-worker run; a + b P: one driver barrier with P segments (measured on trivial
-actors); two barriers per layer; s: bytes one segment moves through the driver per layer
-(S, z up in float64, S, z and the conv halo down in float32, the tail up); B: the driver's
+measured in one process; a + b P: one driver barrier with P segments (measured on trivial
+actors); one barrier per layer; s: bytes one segment moves through the driver per layer
+(S, z up in float64 with the first and last W-1 normalised inputs, S, z and the conv halo down
+in float32); B: the driver's
 bandwidth for them (measured with the big model's payloads in the barrier stage).
 
 Scaling to other models and to GPUs uses FLOPs per position per layer (see flops()). The GPU
@@ -41,7 +42,7 @@ def flops(D, L, H, M, W, block=32):
 
 def state_bytes(D, H, W, **_):
     K = D // H
-    up = (H * K * K + H * K + H) * 8 + (W - 1) * D * 4  # contribution in float64, the tail
+    up = (H * K * K + H * K) * 8 + 2 * (W - 1) * D * 4  # partial sums in float64, head and tail
     down = (H * K * K + H * K) * 4 + (W - 1) * D * 4  # incoming S, z and the halo in float32
     return up + down
 
@@ -49,7 +50,7 @@ def state_bytes(D, H, W, **_):
 def makespan(N, m, c, f, a, b, bw, P, t_start):
     if P == 1:  # the ordinary stream: no pass A, no exchange
         return t_start + N * m["L"] * c
-    return t_start + N * m["L"] * c * (1 + f) / P + m["L"] * (2 * (a + b * P) + P * state_bytes(**m) / bw)
+    return t_start + N * m["L"] * c * (1 + f) / P + m["L"] * (a + b * P + P * state_bytes(**m) / bw)
 
 
 def fit_and_plot(out: Path, docs: Path) -> dict:
@@ -72,9 +73,9 @@ def fit_and_plot(out: Path, docs: Path) -> dict:
     b = max(b, 1e-6)
     big = r["barrier"].get("big_payload", {})
     bw = big.get("bytes_per_s", 1e9)
-    # f: the split's extra work per position, measured in one process on one thread (pass A,
-    # the spill, the separate heads pass), not from the 2-worker run, whose time on this shared
-    # 2-core machine is mostly the other jobs' load
+    # f: the split's extra work per position, measured in one process on one thread (the S_loc
+    # sums, the q, k, v spill, the separate heads pass), not from the 2-worker run, whose time
+    # on a shared 2-core machine includes the other jobs' load
     f = r["profile"]["f_total"]
     exch = sum(t["exchange_s"] for t in w2["layers"])
     f_embedded = (w2["seconds"] - exch) / (N * dm["L"] * c / 2) - 1
@@ -96,7 +97,7 @@ def fit_and_plot(out: Path, docs: Path) -> dict:
                 ts = GPU_START_S
             T = np.array([makespan(CHR1, m, cm, f, a, b, bw, P, ts) for P in Pgrid])
             best = int(Pgrid[int(np.argmin(T))])
-            Pstar = float(np.sqrt(CHR1 * cm * (1 + f) / (2 * b + state_bytes(**m) / bw)))
+            Pstar = float(np.sqrt(CHR1 * cm * (1 + f) / (b + state_bytes(**m) / bw)))
             pred[f"{name} {dev}"] = {
                 "c_s_per_pos_layer": cm,
                 "makespan_s": {P: makespan(CHR1, m, cm, f, a, b, bw, P, ts) for P in (1, 16, 64, 256)},
