@@ -104,7 +104,7 @@ def layer_weights(net) -> list[LayerWeights]:
 
 def _decay_weights(log_decay, n: int, skip: int = 0) -> torch.Tensor:
     """(H, n - skip) float64 g^(n-1-j) for positions j = skip .. n-1 of a run of n."""
-    pos = torch.arange(skip, n, dtype=torch.float64)
+    pos = torch.arange(skip, n, dtype=torch.float64, device=log_decay.device)
     return torch.exp((n - 1 - pos) * log_decay.view(-1, 1))
 
 
