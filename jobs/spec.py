@@ -164,8 +164,8 @@ def parse_spec(text: str, path: Path) -> JobSpec:
     template = JobRequest(
         inputs=(), model=model, outputs=_names(data.get("outputs"), "outputs", fail),
         chunk_size=data.get("chunk_size", DEFAULT_CHUNK_SIZE), overwrite=data.get("overwrite", False),
-        workers=data.get("workers"), split=split, id_column=ts.get("id_column"), time_column=ts.get("time_column"),
-        time_format=ts.get("time_format"),
+        workers=data.get("workers"), split=split, id_column=ts.get("id_column"),
+        time_column=ts.get("time_column"), time_format=ts.get("time_format"),
         columns=_names(ts.get("columns"), "timeseries.columns", fail),
         actor_resources=ActorResources(num_cpus=res.get("num_cpus"), num_gpus=res.get("num_gpus"),
                                        memory=memory, custom=tuple(sorted(custom.items()))))

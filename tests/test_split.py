@@ -190,7 +190,8 @@ n, spill = int(sys.argv[1]), sys.argv[2]
 cfg = ModelConfig(modality="dna", d_model=32, n_layers=2, n_heads=2, mlp_hidden=32)
 model = Model(init_net(cfg, seed=0), cfg, device="cpu")
 x = np.load(sys.argv[3])[:n]
-out, _, _ = forward_split(model, x, segment_bounds(n, 65_536, 2), 65_536, outputs=["logprob"], spill_dir=spill)
+bounds = segment_bounds(n, 65_536, 2)
+out, _, _ = forward_split(model, x, bounds, 65_536, outputs=["logprob"], spill_dir=spill)
 assert out["logprob"].shape == (n,)
 print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
 """
@@ -208,8 +209,8 @@ def test_split_memory_is_flat_as_the_record_grows(genomes, tmp_path):
     np.save(tmp_path / "x.npy", tokenize(seq))
     peaks = {}
     for n in (75_000, 300_000):
-        res = subprocess.run([sys.executable, "-c", _PEAK_RSS, str(n), str(tmp_path), str(tmp_path / "x.npy")],
-                             capture_output=True, text=True, check=True)
+        argv = [sys.executable, "-c", _PEAK_RSS, str(n), str(tmp_path), str(tmp_path / "x.npy")]
+        res = subprocess.run(argv, capture_output=True, text=True, check=True)
         peaks[n] = int(res.stdout.split()[-1])
     spilled = (300_000 - 75_000) * 4 * 32 * 4  # h and q, k, v in float32, both segments
     assert peaks[300_000] - peaks[75_000] < spilled / 8, (peaks, spilled)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import threading
 
 import numpy as np
 import pytest
@@ -62,7 +63,8 @@ def local_ray():
 
 
 class Watch(JobEvents):
-    """Records who wrote each chunk and the split layers; kill_at: (layer, segment) to SIGKILL."""
+    """Records who wrote each chunk and the split layers; kill_at: (layer, segment, delay):
+    SIGKILL that segment's actor `delay` seconds after that layer's barrier."""
 
     def __init__(self, kill_at=None):
         self.writers: dict[tuple[str, int], list[str]] = {}
@@ -77,7 +79,9 @@ class Watch(JobEvents):
         assert timing["bytes"] > 0 and timing["wall_s"] >= timing["compute_s"] > 0
         if self.kill_at and self.kill_at[0] == layer:
             pid = int(nodes[self.kill_at[1]].rsplit(":", 1)[1])
-            os.kill(pid, signal.SIGKILL)  # an actor of this test's own Ray session
+            # an actor of this test's own Ray session, a moment after the driver sent the next
+            # layer's call: while it runs that layer
+            threading.Timer(self.kill_at[2], os.kill, (pid, signal.SIGKILL)).start()
             self.kill_at = None
 
 
@@ -135,8 +139,9 @@ def test_auto_split_equals_serial_one_writer_per_chunk(split_one, one_record, mo
 def test_resume_and_worker_killed_mid_run_bit_identical(split_one, one_record, model2, tmp_path):
     """A store whose segments 1 and 2 were lost after chunk 3 (done markers cleared from there,
     outputs zeroed) resumes from the state stored at segment 1's start (after chunk 2), the fold's
-    value; then segment 2's actor is SIGKILLed after layer 0 and the group of two restarts from
-    the store again. The store's bytes equal the uninterrupted run's."""
+    value; then segment 2's actor is SIGKILLed while it runs layer 1 (a moment after the
+    driver sent the call) and the group of two restarts from the store again. The store's bytes
+    equal the uninterrupted run's."""
     import zarr
 
     ref = split_one[0]
@@ -150,11 +155,12 @@ def test_resume_and_worker_killed_mid_run_bit_identical(split_one, one_record, m
     done[4:] = 0
     for name in OUTPUTS:
         root[f"{key}/{name}"][4 * CHUNK:] = 0
-    events = Watch(kill_at=(0, 1))
+    events = Watch(kill_at=(0, 1, 0.005))
     summary = run_job(JobRequest(inputs=(str(one_record),), model=model2, out=str(out), chunk_size=CHUNK,
                                  outputs=OUTPUTS, workers=3, split="3"), events=events)
     assert summary.worker_deaths == 1
     assert summary.positions_run == 60_000 - 4 * CHUNK  # chunk 3 recomputed, not rewritten
+    # layer 1 of the first group never completed: the second group ran both layers
     assert [(layer, len(nodes)) for _, layer, nodes in events.layers] == [(0, 2), (0, 2), (1, 2)]
     assert_same_bytes(store_arrays(out), store_arrays(ref))
     for a, b in zip(states(out, key, 8), states(ref, key, 8), strict=True):
