@@ -257,28 +257,27 @@ class _Ahead:
         keep = r.W - 1
         if self.head.shape[0] < keep:
             self.head = torch.cat([self.head, a[0, :keep - self.head.shape[0]]])
-        self.tail = _tail(torch.cat([self.tail, a[0, -keep:] if keep else a[0, :0]]), keep)
+        if keep:
+            self.tail = _tail(torch.cat([self.tail, a[0, -keep:]]), keep)
         qkv, self.window = self.blk.attn.project(a, self.window, scratch)  # (1, n, 3, H, K)
         n = e - s
         r.qkv.put(s - r.start, qkv[0].reshape(n, -1).cpu().numpy())
         if e % r.chunk_size == 0 and e < r.end and keep:
             self.windows[e] = self.window.clone()  # (1, W-1, D)
+        if self.lg is not None:  # what was summed so far ages by the span's length
+            g = torch.exp(n * self.lg)
+            self.S *= g.view(-1, 1, 1)
+            self.z *= g.view(-1, 1)
         skip = min(n, max(0, r.start + keep - s))  # positions that read the unknown halo
         if skip < n:
-            kv = qkv[0, skip:, 1:]  # (n - skip, 2, H, K)
             weights = None
-            if self.lg is not None:
+            if self.lg is not None:  # g^(n-1-j): one table per span shape
                 weights = self._w.get((n, skip))
                 if weights is None:
                     weights = self._w[(n, skip)] = _decay_weights(self.lg, n, skip).float()
-                self.S *= torch.exp(n * self.lg).view(-1, 1, 1)
-                self.z *= torch.exp(n * self.lg).view(-1, 1)
-            dS, dz = _kv_sums(kv, self.feature_map, weights)
+            dS, dz = _kv_sums(qkv[0, skip:, 1:], self.feature_map, weights)  # k, v of (n - skip)
             self.S += dS
             self.z += dz
-        elif self.lg is not None:
-            self.S *= torch.exp(n * self.lg).view(-1, 1, 1)
-            self.z *= torch.exp(n * self.lg).view(-1, 1)
 
     def message(self) -> Message:
         r = self.r
