@@ -111,15 +111,19 @@ def _decay_weights(log_decay, n: int, skip: int = 0) -> torch.Tensor:
 SUM_BLOCK = 32  # positions per float32 partial sum of S_loc, as the kernel's state update; added in float64
 
 
-def _kv_sums(kv: torch.Tensor, feature_map: str, weights):
+def _kv_sums(kv: torch.Tensor, feature_map: str, weights, scratch=None):
     """sum_j weights_j phi(k_j) v_j^T and sum_j weights_j phi(k_j) for kv (n, 2, H, K) float32,
     in float64 (S (H, K, K), z (H, K)): float32 products summed over blocks of SUM_BLOCK
     positions by one batched matmul, as exact as the serial kernel's own state updates, and the
-    block sums added in float64. weights: (H, n) float32 or None (all ones)."""
+    block sums added in float64. weights: (H, n) float32 or None (all ones). scratch: reused
+    buffers for phi(k) (fresh ones cost more in page faults than the arithmetic)."""
     n, _, H, K = kv.shape
-    kf = features(kv[:, 0], feature_map)  # (n, H, K)
+    out = tmp = None
+    if scratch is not None:
+        out, tmp = scratch("seg_kf", n, H, K), scratch("seg_tmp", n, H, K)
+    kf = features(kv[:, 0], feature_map, out=out, tmp=tmp)  # (n, H, K)
     if weights is not None:
-        kf = kf * weights.t().unsqueeze(-1)
+        kf = torch.mul(kf, weights.t().unsqueeze(-1), out=out)
     v = kv[:, 1]
     m = n - n % SUM_BLOCK
     nb = m // SUM_BLOCK
@@ -275,7 +279,7 @@ class _Ahead:
                 weights = self._w.get((n, skip))
                 if weights is None:
                     weights = self._w[(n, skip)] = _decay_weights(self.lg, n, skip).float()
-            dS, dz = _kv_sums(qkv[0, skip:, 1:], self.feature_map, weights)  # k, v of (n - skip)
+            dS, dz = _kv_sums(qkv[0, skip:, 1:], self.feature_map, weights, scratch)  # k, v of n - skip
             self.S += dS
             self.z += dz
 
