@@ -10,10 +10,11 @@ chunked run continues exactly where the previous chunk stopped:
 - fast and slow level EMAs (half-lives ~5 and ~89 steps).
 - residual scale: EMA of |residual| (filled in by inference, for the anomaly score).
 - the online calibration of the network's predicted change p against the change a that came
-  (EMA sums of a p and p^2, half-life ~710 steps): the forecast uses w p with
-  w = (sum a p + CAL_PRIOR) / (sum p^2 + CAL_PRIOR) clipped to [0, 1], from steps before t only.
-  Where the network's changes carry no information (a random walk) w falls towards 0 and the
-  forecast towards last-value; where they do, w stays near 1. Training sees the raw p.
+  (EMA sums of a p, p^2 and (a p)^2, half-life ~2,840 steps): the forecast uses w p, w the
+  least-squares slope of a on p shrunk towards 0 unless the past shows it is real (`calibrate`),
+  from steps before t only. It starts at 0 (last-value); where the network's changes carry no
+  information (a random walk) it stays at 0; where they do, it rises towards 1 within a few
+  hundred steps (once the past shows it). Training sees the raw p.
 - lag-1 autocorrelation of the changes (EMA of d_t d_{t-1} over EMA of d_t^2, half-life ~180
   steps): near 0 for a random walk, where no change is predictable, near 1 for smooth signals.
 
@@ -30,12 +31,12 @@ import math
 import torch
 
 N_FEATURES = 5
-NORM_SIZE = 16
+NORM_SIZE = 17
 (LAST, HAS, SD_N, SD_D, LF_N, LF_D, LS_N, LS_D, RS_N, RS_D, DPREV, DPREV_OK, AC_P, AC_Q,
- CAL_P, CAL_Q) = range(NORM_SIZE)
+ CAL_P, CAL_Q, CAL_R) = range(NORM_SIZE)
 AC_DECAY = 1 - 1 / 256
-CAL_DECAY = 1 - 1 / 1024
-CAL_PRIOR = 1.0  # weight (in squared units of s) of the prior that the network's change is right
+CAL_DECAY = 1 - 1 / 4096
+CAL_SHRINK = 6.0  # k of the positive-part James-Stein shrinkage of w (chosen on synthetic walks)
 SCALE_DECAY = 1 - 1 / 1024
 FAST_DECAY = 1 - 1 / 8
 SLOW_DECAY = 1 - 1 / 128
@@ -152,16 +153,27 @@ def anomaly(residual, norm_before, norm_after):
 
 def calibrate(pred, target, norm_before, norm_after):
     """pred (B, T): the network's change in units of s; target (B, T): the change that came (NaN
-    where none) -> (w (B, T) from the sums before each step, norm_after with the sums after)."""
+    where none) -> (w (B, T) from the sums before each step, norm_after with the sums after).
+
+    w is the least-squares slope of a on p over the past (EMA sums, half-life ~2,840 steps), shrunk
+    by max(0, 1 - k / z^2), z the slope over its standard error (heteroscedasticity-robust; the
+    EMA weights squared for the variance): a slope the past cannot tell from 0 (a random walk,
+    where no change is predictable) gives w = 0 exactly, the last-value forecast; a well-supported
+    one (z^2 >> k) is kept. Nothing seen yet: w = 0."""
     ok = ~torch.isnan(target)
     a = torch.where(ok, target.clamp(-CLIP_TARGET, CLIP_TARGET), torch.zeros_like(target))
     w_ok = ok.to(torch.float64)
-    cp, _ = ema(a * pred, w_ok, CAL_DECAY, norm_before[:, CAL_P], norm_before[:, CAL_P] * 0)
-    cq, _ = ema(pred * pred, w_ok, CAL_DECAY, norm_before[:, CAL_Q], norm_before[:, CAL_Q] * 0)
-    prev_p = torch.cat([norm_before[:, CAL_P:CAL_P + 1], cp[:, :-1]], 1)
-    prev_q = torch.cat([norm_before[:, CAL_Q:CAL_Q + 1], cq[:, :-1]], 1)
-    w = ((prev_p + CAL_PRIOR) / (prev_q + CAL_PRIOR)).clamp(0, 1)
+    zero = norm_before[:, CAL_P] * 0
+    cp, _ = ema(a * pred, w_ok, CAL_DECAY, norm_before[:, CAL_P], zero)
+    cq, _ = ema(pred * pred, w_ok, CAL_DECAY, norm_before[:, CAL_Q], zero)
+    cr, _ = ema((a * pred) ** 2, w_ok, CAL_DECAY ** 2, norm_before[:, CAL_R], zero)
+    prev_p, prev_q, prev_r = (torch.cat([norm_before[:, i:i + 1], c[:, :-1]], 1)
+                              for i, c in ((CAL_P, cp), (CAL_Q, cq), (CAL_R, cr)))
+    slope = prev_p / prev_q.clamp(min=1e-300)
+    # z^2 = slope^2 / var(slope) = (sum a p)^2 / sum' (a p)^2, sum' with the weights squared
+    keep = (1 - CAL_SHRINK * prev_r / (prev_p * prev_p).clamp(min=1e-300)).clamp(min=0)
+    w = torch.where((prev_q > 0) & (prev_p > 0), slope * keep, torch.zeros_like(slope)).clamp(0, 1)
     new = norm_after.clone()
     if pred.shape[1]:
-        new[:, CAL_P], new[:, CAL_Q] = cp[:, -1], cq[:, -1]
+        new[:, CAL_P], new[:, CAL_Q], new[:, CAL_R] = cp[:, -1], cq[:, -1], cr[:, -1]
     return w, new
