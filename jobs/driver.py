@@ -491,9 +491,13 @@ def _run_leased(plan, request, out, address, device, events) -> JobSummary:
             seg_actor = ray.remote(SegmentWorker).options(max_restarts=0, scheduling_strategy="SPREAD",
                                                           **options)
 
+            mem = request.actor_resources.memory
+            budget = None if mem is None else mem // 2
+
             def new_segment_actor():
                 return seg_actor.remote(plan.model_ref, out, list(plan.outputs), device=device,
-                                        threads=threads, input_options=plan.input_options)
+                                        threads=threads, input_options=plan.input_options,
+                                        spill_budget=budget)
 
         events.started(JobStart(plan.job_id, out, n_records, total, done_positions, len(todo) + len(splits),
                                 n_workers, possible))

@@ -15,6 +15,7 @@ an uninterrupted split run's.
 """
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -30,6 +31,23 @@ SPLIT_CHOICES = ("auto", "never")
 AUTO_FACTOR = 1.5
 # Group restarts per record before giving up (a node that keeps failing).
 MAX_GROUP_RESTARTS = 3
+# A segment's activations (residual stream and q, k, v: 16 D bytes per position) up to this
+# many bytes per actor go to RAM-backed files (/dev/shm), beyond it to the local temp directory
+# on disk. A Ray `memory` resource per actor sets it to half of that. On the development VM a
+# 4 Mb segment (4 GB) took 53 s from disk against 37 s from /dev/shm: the kernel throttles
+# writers once dirty pages pass its threshold (BENCHMARKS.md, issue 15).
+SPILL_MEMORY_BUDGET = 4 << 30
+SHM = "/dev/shm"
+
+
+def spill_dirs(nbytes: int, budget: int) -> list[str]:
+    """Where a segment's spill files go, in order of preference (the first with room is used)."""
+    import tempfile
+
+    disk = tempfile.gettempdir()
+    if nbytes <= budget and os.path.isdir(SHM) and os.access(SHM, os.W_OK):
+        return [SHM, disk]
+    return [disk]
 
 
 def parse_split(value: str | int | None) -> str | int:
@@ -63,24 +81,21 @@ def split_parts(record: Record, total_positions: int, n_workers: int, split: str
 class SegmentWorker(PipelineWorker):
     """One segment of one record; the driver calls begin, then apply per layer, then write."""
 
-    def __init__(self, *args, spill_dir: str | None = None, **kw):
+    def __init__(self, *args, spill_budget: int | None = None, **kw):
         super().__init__(*args, **kw)
-        import tempfile
-
-        # the residual stream of the segment: a file on the node's local disk (page cache,
-        # evictable), so the actor's own memory stays a few sub-chunks whatever the length
-        self.spill_dir = spill_dir or tempfile.gettempdir()
+        self.spill_budget = SPILL_MEMORY_BUDGET if spill_budget is None else spill_budget
         self.runner = None
         self.record: Record | None = None
 
     def setup(self, record: Record, start: int, end: int) -> str:
-        from linpipe.model.segments import SegmentRunner
+        from linpipe.model.segments import SegmentRunner, spill_bytes
 
         if self.runner is not None:
             self.runner.close()
         self.record = record
+        dirs = spill_dirs(spill_bytes(self.model.config, end - start), self.spill_budget)
         self.runner = SegmentRunner(self.model, self._read_model_input, start, end, record.chunk_size,
-                                    spill_dir=self.spill_dir, outputs=self.outputs)
+                                    spill_dir=dirs, outputs=self.outputs)
         return self.node
 
     def _read_model_input(self, a: int, b: int):

@@ -2,6 +2,7 @@
 layer's state folded across segments, equals the serial chunk-by-chunk run."""
 import copy
 import gzip
+import os
 
 import numpy as np
 import pytest
@@ -215,3 +216,28 @@ def test_split_memory_is_flat_as_the_record_grows(genomes, tmp_path):
     spilled = (300_000 - 75_000) * 4 * 32 * 4  # h and q, k, v in float32, both segments
     assert peaks[300_000] - peaks[75_000] < spilled / 8, (peaks, spilled)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["x.npy"]  # spill files removed
+
+
+def test_spill_goes_to_the_first_folder_with_room(tokens, tmp_path):
+    """A segment's spill files go to RAM-backed /dev/shm within the actor's budget, else to
+    disk; a folder that cannot take them is passed over (the space is reserved up front)."""
+    import tempfile
+
+    from linpipe.jobs.split import SHM, spill_dirs
+    from linpipe.model.segments import spill_bytes
+
+    model = tiny(True, True, "elu1", 4)
+    assert spill_bytes(model.config, 1000) == 1000 * 16 * 16  # h and q, k, v: 4 D float32
+    assert spill_dirs(10 << 20, 4 << 30)[-1] == tempfile.gettempdir()
+    assert spill_dirs(5 << 30, 4 << 30) == [tempfile.gettempdir()]
+    if os.path.isdir(SHM) and os.access(SHM, os.W_OK):
+        assert spill_dirs(10 << 20, 4 << 30)[0] == SHM
+    (tmp_path / "not-a-folder").write_text("")
+    ok = tmp_path / "ok"
+    ok.mkdir()
+    want, _ = serial(model, tokens, 700)
+    got, _, _ = forward_split(model, tokens, segment_bounds(len(tokens), 700, 3), 700,
+                              spill_dir=[tmp_path / "not-a-folder", ok])
+    for k in want:
+        assert rel(got[k], want[k]) < 1e-5
+    assert list(ok.iterdir()) == []  # used, then removed

@@ -53,6 +53,12 @@ def segment_bounds(length: int, chunk_size: int, parts: int) -> list[tuple[int, 
     return [(a, b) for a, b in zip(edges[:-1], edges[1:], strict=True)]
 
 
+def spill_bytes(config, positions: int) -> int:
+    """Bytes a segment of `positions` keeps outside its sub-chunks: the residual stream (D) and
+    q, k, v (3D) in float32."""
+    return positions * 4 * config.d_model * 4
+
+
 def _tail(x: torch.Tensor, keep: int) -> torch.Tensor:
     """The last `keep` rows of (R, D) x (all of them when fewer; none when keep == 0)."""
     return x[max(0, x.shape[0] - keep):]
@@ -193,18 +199,34 @@ def fold_layer(w: LayerWeights, S0, z0, window0, msgs: list[Message]):
 
 
 class _Spill:
-    """(T, width) float32 rows of a segment: in memory, or in a file on local disk (plain
-    reads and writes, not a memmap: the page cache is not this process's memory)."""
+    """(T, width) float32 rows of a segment: in memory (spill_dirs None), or in a file in the
+    first of spill_dirs with room for all of it (the space is reserved up front, so a full
+    disk is found at the start, not mid-run). Files are read and written with plain calls,
+    not mapped: touching GBs of fresh mapped or anonymous pages cost ~3 µs per 4 KB page here."""
 
-    def __init__(self, T: int, width: int, spill_dir=None):
+    def __init__(self, T: int, width: int, spill_dirs=None):
         self.width = width
         self.file = self.path = self.mem = None
-        if spill_dir is None:
+        if spill_dirs is None:
             self.mem = np.empty((T, width), np.float32)
-        else:
-            fd, self.path = tempfile.mkstemp(prefix="linpipe-seg-", suffix=".f32", dir=spill_dir)
+            return
+        dirs = [spill_dirs] if isinstance(spill_dirs, (str, os.PathLike)) else list(spill_dirs)
+        for k, d in enumerate(dirs):
+            fd = path = None
+            try:
+                fd, path = tempfile.mkstemp(prefix="linpipe-seg-", suffix=".f32", dir=d)
+                if T * width:
+                    os.posix_fallocate(fd, 0, T * width * 4)
+            except OSError:  # no room (or no such folder): the next one
+                if fd is not None:
+                    os.close(fd)
+                    os.unlink(path)
+                if k == len(dirs) - 1:
+                    raise
+                continue
+            self.path = path
             self.file = os.fdopen(fd, "r+b", buffering=0)
-            self.file.truncate(T * width * 4)
+            return
 
     def get(self, i: int, j: int) -> np.ndarray:
         if self.file is None:
