@@ -156,35 +156,21 @@ class Attention(nn.Module):
     def forward(self, a, S, z, window, residual, scratch):
         """residual + o_proj(attention(a)); a, residual (B, T, D); S (B, H, K, K); z (B, H, K);
         window (B, W-1, D). Returns that sum and the new S, z, window."""
-        qkv, window = self.project(a, window, scratch)
-        h, S, z = self.mix(qkv, S, z, residual, scratch)
-        return h, S, z, window
-
-    def project(self, a, window, scratch):
-        """The state-free half: normalised inputs a (B, T, D) through the conv and one matmul
-        for q, k, v -> (qkv (B, T, 3, H, K), the new conv window). Sequence parallelism runs it
-        ahead of the state (linpipe.model.segments)."""
         B, T, D = a.shape
         H, K = self.n_heads, self.head_dim
         if self.conv is not None:
             a, window = self.conv(a, window, out=scratch("conv", B, T, D))
-        # One matmul for q, k, v (weights concatenated), handed to the kernel as (B, T, H, K)
-        # views: no split pass. Position-major rows make the kernel's one transpose into
-        # (B, H, T, K) read contiguous K-runs.
+        # One matmul for q, k, v (weights concatenated), (B, T, 3, H, K), handed to the kernel
+        # as (B, T, H, K) views: no split pass. Position-major rows make the kernel's one
+        # transpose into (B, H, T, K) read contiguous K-runs.
         w = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])  # (3D, D)
         qkv = torch.mm(a.reshape(B * T, D), w.t(), out=scratch("qkv", B * T, 3 * D)).view(B, T, 3, H, K)
-        return qkv, window
-
-    def mix(self, qkv, S, z, residual, scratch):
-        """The half that reads the state: residual + o_proj(attention of qkv (B, T, 3, H, K)
-        from S, z) -> (that sum, the new S, z)."""
-        B, T = qkv.shape[:2]
         decay = None if bool((self.decay == 1).all()) else self.decay
         o, (S, z) = chunk_linear_attn(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], decay=decay,
                                       feature_map=self.feature_map, normalize=self.normalize,
                                       eps=self.eps, initial_state=(S, z), output_final_state=True)
-        h = add_linear(residual, o.reshape(B, T, -1), self.o_proj.weight, out=scratch.same(residual))
-        return h, S, z
+        h = add_linear(residual, o.reshape(B, T, D), self.o_proj.weight, out=scratch.same(residual))
+        return h, S, z, window
 
 
 class MLP(nn.Module):
@@ -213,25 +199,18 @@ class Block(nn.Module):
 
     def forward(self, h, S, z, window):
         """h (B, T, D) -> h + attention, then + MLP; without autograd h is updated in place."""
+        B, T, D = h.shape
         scratch = self.scratch(h)
-        qkv, window = self.attn.project(self.attn_input(h, scratch), window, scratch)
-        h, S, z = self.from_qkv(h, qkv, S, z, scratch)
+        h, S, z, window = self.attn(self.attn_norm(h, out=scratch("attn_in", B, T, D)), S, z, window,
+                                    residual=h, scratch=scratch)
+        h = self.mlp(self.mlp_norm(h, out=scratch("mlp_in", B, T, D)), residual=h, scratch=scratch)
         return h, S, z, window
 
     @staticmethod
     def scratch(h) -> Scratch:
+        """Temporaries for a call on h (B, T, D): reused per-thread buffers in CPU inference."""
         B, T, _ = h.shape
         return Scratch(h, not torch.is_grad_enabled() and h.device.type == "cpu" and B * T <= INFER_BUFFERED)
-
-    def attn_input(self, h, scratch):
-        """The attention's normalised input (B, T, D)."""
-        return self.attn_norm(h, out=scratch("attn_in", *h.shape))
-
-    def from_qkv(self, h, qkv, S, z, scratch):
-        """The rest of the layer once q, k, v are known: attention from (S, z), then the MLP."""
-        h, S, z = self.attn.mix(qkv, S, z, residual=h, scratch=scratch)
-        h = self.mlp(self.mlp_norm(h, out=scratch("mlp_in", *h.shape)), residual=h, scratch=scratch)
-        return h, S, z
 
 
 class LinpipeNet(nn.Module):

@@ -4,23 +4,25 @@ Per layer l the recurrence of one head is affine in the state entering a segment
 
     S_out = g^T S_in + S_loc,    S_loc = sum_j g^(T-1-j) phi(k_j) v_j^T   (z alike, with phi(k_j))
 
-A layer splits into a half that needs no state (`Attention.project`: norm, conv, q, k, v) and
-a half that does (`Block.from_qkv`: the attention from the state, o_proj, the MLP). Every
-segment runs the first half of layer l+1 right behind the second half of layer l, on the same
-sub-chunk while it is in cache: it stores q, k, v in a spill and sums S_loc, z_loc of layer l+1
-from a zero state over its positions from W-1 on (earlier ones read the conv halo, which is
-not known yet). That is the segment's message for layer l+1: the partial sums, its first and
-its last W-1 normalised inputs. The driver folds the P messages left to right in a fixed
-order (`fold_layer`): the halos from the tails, the first W-1 positions' share of S_loc from
-the halo and the head (a (W-1)-row conv and matmul), then every segment's exact incoming
-state. The segments then run the second half from that state, reading q, k, v back (the first
-W-1 positions are projected again with the real halo). One exchange per layer, and per
-position the only work the serial run does not do is the S_loc sum (sub-chunk matmuls in
-float32, summed in float64) and the spill's reads and writes.
+Every segment runs, right behind layer l on each sub-chunk (while it is in cache), the part of
+layer l+1 that needs no state: the RMSNorm, the conv, the k and v projections, and the sums
+S_loc, z_loc from a zero state over its positions from W-1 on (the first W-1 read the conv
+halo, which is not known yet). That is the segment's message for layer l+1, with its first and
+last W-1 normalised inputs. The driver folds the P messages left to right in a fixed order
+(`fold_layer`): the halos from the tails, the first W-1 positions' share of S_loc from the halo
+and the head (a (W-1)-row conv and matmul), then every segment's exact incoming state. The
+segments then run the real layer l+1 from that state (the same `Block` code on the same
+sub-chunks as the serial run). So there is one exchange per layer, and per position the work
+the serial run does not do is the norm, conv and k, v projections once more, and the sums.
 
-Memory: a segment's residual stream (T, D) and its q, k, v (T, 3D) live in float32 spill files
-(plain reads and writes, so the page cache is not the worker's memory): resident memory is a
-few sub-chunks whatever the segment's length, and the local disk holds 16 D bytes per position.
+Keeping q, k, v from the first pass instead of projecting again (3D more floats per position)
+was measured slower on the development VM: touching GBs of fresh memory cost more than the
+projections (BENCHMARKS.md, issue 15).
+
+Memory: a segment's residual stream (T, D) lives in a float32 spill, updated in place layer by
+layer, sub-chunk by sub-chunk; resident memory is a few sub-chunks whatever the segment's
+length when the spill is a file (jobs/split.py puts it in /dev/shm within a budget, else on
+local disk; plain reads and writes, not mapped).
 
 Sub-chunks are cut at the segment start, at every chunk edge and every FORWARD_BLOCK positions
 after a chunk edge: exactly the serial run's blocks when segment edges are chunk edges. The
@@ -54,9 +56,8 @@ def segment_bounds(length: int, chunk_size: int, parts: int) -> list[tuple[int, 
 
 
 def spill_bytes(config, positions: int) -> int:
-    """Bytes a segment of `positions` keeps outside its sub-chunks: the residual stream (D) and
-    q, k, v (3D) in float32."""
-    return positions * 4 * config.d_model * 4
+    """Bytes a segment of `positions` keeps outside its sub-chunks: its residual stream."""
+    return positions * config.d_model * 4
 
 
 def _tail(x: torch.Tensor, keep: int) -> torch.Tensor:
@@ -258,9 +259,8 @@ class _Spill:
 
 
 class _Ahead:
-    """The state-free half of one layer run over a segment, sub-chunk after sub-chunk: stores
-    q, k, v, sums S_loc, z_loc over positions W-1.., keeps the head, the tail and the conv
-    window at every chunk edge (for the stored edge states)."""
+    """The state-free part of one layer over a segment, sub-chunk after sub-chunk: the sums
+    S_loc, z_loc over positions W-1.. from a zero state, the head and the tail."""
 
     def __init__(self, runner: "SegmentRunner", layer: int):
         r = self.r = runner
@@ -269,41 +269,42 @@ class _Ahead:
         self.H, self.K = attn.n_heads, attn.head_dim
         self.feature_map = attn.feature_map
         self.lg = None if bool((attn.decay == 1).all()) else torch.log(attn.decay.detach().double())
+        self.wkv = torch.cat([attn.k_proj.weight, attn.v_proj.weight])  # (2D, D): k and v in one matmul
         dev = r.model.device
         self.window = torch.zeros((1, r.W - 1, r.D), device=dev)  # stands in for the unknown halo
         self.S = torch.zeros((self.H, self.K, self.K), dtype=torch.float64, device=dev)
         self.z = torch.zeros((self.H, self.K), dtype=torch.float64, device=dev)
         self.head = self.tail = torch.zeros((0, r.D), device=dev)
-        self.windows: dict[int, torch.Tensor] = {}  # chunk edge -> conv window there
         self._w: dict[tuple[int, int], torch.Tensor] = {}
 
     def span(self, s: int, e: int, h: torch.Tensor, scratch) -> None:
+        """h (1, n, D): this layer's input at record positions [s, e)."""
         r = self.r
-        a = self.blk.attn_input(h, scratch)  # (1, n, D)
+        n, D = e - s, r.D
+        a = self.blk.attn_norm(h, out=scratch("attn_in", 1, n, D))  # (1, n, D)
         keep = r.W - 1
         if self.head.shape[0] < keep:
             self.head = torch.cat([self.head, a[0, :keep - self.head.shape[0]]])
         if keep:
             self.tail = _tail(torch.cat([self.tail, a[0, -keep:]]), keep)
-        qkv, self.window = self.blk.attn.project(a, self.window, scratch)  # (1, n, 3, H, K)
-        n = e - s
-        r.qkv.put(s - r.start, qkv[0].reshape(n, -1).cpu().numpy())
-        if e % r.chunk_size == 0 and e < r.end and keep:
-            self.windows[e] = self.window.clone()  # (1, W-1, D)
+        if self.blk.attn.conv is not None:
+            a, self.window = self.blk.attn.conv(a, self.window, out=scratch("conv", 1, n, D))
         if self.lg is not None:  # what was summed so far ages by the span's length
             g = torch.exp(n * self.lg)
             self.S *= g.view(-1, 1, 1)
             self.z *= g.view(-1, 1)
         skip = min(n, max(0, r.start + keep - s))  # positions that read the unknown halo
-        if skip < n:
-            weights = None
-            if self.lg is not None:  # g^(n-1-j): one table per span shape
-                weights = self._w.get((n, skip))
-                if weights is None:
-                    weights = self._w[(n, skip)] = _decay_weights(self.lg, n, skip).float()
-            dS, dz = _kv_sums(qkv[0, skip:, 1:], self.feature_map, weights, scratch)  # k, v of n - skip
-            self.S += dS
-            self.z += dz
+        if skip == n:
+            return
+        kv = torch.mm(a[0, skip:], self.wkv.t(), out=scratch("seg_kv", n - skip, 2 * D))
+        weights = None
+        if self.lg is not None:  # g^(n-1-j): one table per span shape
+            weights = self._w.get((n, skip))
+            if weights is None:
+                weights = self._w[(n, skip)] = _decay_weights(self.lg, n, skip).float()
+        dS, dz = _kv_sums(kv.view(n - skip, 2, self.H, self.K), self.feature_map, weights, scratch)
+        self.S += dS
+        self.z += dz
 
     def message(self) -> Message:
         r = self.r
@@ -336,13 +337,10 @@ class SegmentRunner:
         self.spans = [(s, min(s + step, b)) for a, b in self.pieces for s in range(a, b, step)]
         T = end - start
         self.h = _Spill(T, self.D, spill_dir)
-        self.qkv = _Spill(T, 3 * self.D, spill_dir)
-        self.windows: dict[int, torch.Tensor] = {}  # of the next layer to apply
         self.edge_states: dict[int, list] = {}  # chunk index -> per layer (S, z, window)
 
     def close(self):
         self.h.close()
-        self.qkv.close()
 
     def __del__(self):
         self.close()
@@ -356,7 +354,6 @@ class SegmentRunner:
 
     def _finish(self, ahead: _Ahead | None) -> Message:
         if ahead is not None:
-            self.windows = ahead.windows
             return ahead.message()
         last = self._h(self.end - 1, self.end)
         return Message(self.end - self.start, y=self.net.norm(last)[0, -1].cpu())
@@ -378,29 +375,20 @@ class SegmentRunner:
     def apply(self, layer: int, S_in: torch.Tensor, z_in: torch.Tensor, halo: torch.Tensor) -> Message:
         """Runs `layer` over the segment from its exact incoming state and halo (the residual
         stream in place in the spill), recording the state at chunk edges inside the segment,
-        and the next layer's first half right behind it. Returns the next layer's message (after
-        the last layer: y of the last position)."""
+        and the next layer's state-free part right behind it. Returns the next layer's message
+        (after the last layer: y of the last position)."""
         blk = self.net.layers[layer]
         dev = self.model.device
-        H, K = blk.attn.n_heads, blk.attn.head_dim
         ahead = _Ahead(self, layer + 1) if layer + 1 < self.L else None
         S, z, window = S_in.to(dev)[None], z_in.to(dev)[None], halo.to(dev)[None]
         for s, e in self.spans:
-            h = self._h(s, e)
-            scratch = Block.scratch(h)
-            if s < self.start + self.W - 1:  # reads the halo: projected again, with the real one
-                qkv, window = blk.attn.project(blk.attn_input(h, scratch), window, scratch)
-            else:
-                qkv = torch.from_numpy(self.qkv.get(s - self.start, e - self.start)).to(dev)
-                qkv = qkv.view(1, e - s, 3, H, K)
-                window = self.windows.get(e, window)
-            h, S, z = blk.from_qkv(h, qkv, S, z, scratch)
+            h, S, z, window = blk(self._h(s, e), S, z, window)
             self._put(s, h)
             if e % self.chunk_size == 0 and e < self.end:  # a chunk edge inside the segment
                 states = self.edge_states.setdefault(e // self.chunk_size - 1, [None] * self.L)
                 states[layer] = (S[0].cpu().clone(), z[0].cpu().clone(), window[0].cpu().clone())
             if ahead is not None:
-                ahead.span(s, e, h, scratch)
+                ahead.span(s, e, h, Block.scratch(h))
         return self._finish(ahead)
 
     @torch.inference_mode()
