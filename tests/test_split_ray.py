@@ -8,6 +8,7 @@ import os
 import shutil
 import signal
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,6 +22,7 @@ from _pipeline_data import (
 
 from linpipe.jobs.driver import JobEvents, run_job
 from linpipe.jobs.request import JobRequest
+from linpipe.jobs.split import SHM
 from linpipe.store import OutputStore
 from linpipe.store.layout import progress_path
 
@@ -165,3 +167,5 @@ def test_resume_and_worker_killed_mid_run_bit_identical(split_one, one_record, m
     assert_same_bytes(store_arrays(out), store_arrays(ref))
     for a, b in zip(states(out, key, 8), states(ref, key, 8), strict=True):
         assert_same_bytes(a, b)
+    # the killed actor's spill (RAM-backed /dev/shm) went with it: nothing left behind
+    assert not list(Path(SHM).glob("linpipe-seg-*"))

@@ -201,31 +201,31 @@ def fold_layer(w: LayerWeights, S0, z0, window0, msgs: list[Message]):
 
 class _Spill:
     """(T, width) float32 rows of a segment: in memory (spill_dirs None), or in a file in the
-    first of spill_dirs with room for all of it (the space is reserved up front, so a full
-    disk is found at the start, not mid-run). Files are read and written with plain calls,
-    not mapped: touching GBs of fresh mapped or anonymous pages cost ~3 µs per 4 KB page here."""
+    first of spill_dirs with room for all of it. The space is reserved up front (a full disk is
+    found at the start, not mid-run) and the file is unlinked at once: only the open descriptor
+    holds it, so even a SIGKILLed worker leaves nothing behind. Read and written with plain
+    calls, not mapped: touching GBs of fresh mapped pages cost ~3 µs per 4 KB page here."""
 
     def __init__(self, T: int, width: int, spill_dirs=None):
         self.width = width
-        self.file = self.path = self.mem = None
+        self.file = self.mem = None
         if spill_dirs is None:
             self.mem = np.empty((T, width), np.float32)
             return
         dirs = [spill_dirs] if isinstance(spill_dirs, (str, os.PathLike)) else list(spill_dirs)
         for k, d in enumerate(dirs):
-            fd = path = None
+            fd = None
             try:
                 fd, path = tempfile.mkstemp(prefix="linpipe-seg-", suffix=".f32", dir=d)
+                os.unlink(path)
                 if T * width:
                     os.posix_fallocate(fd, 0, T * width * 4)
             except OSError:  # no room (or no such folder): the next one
                 if fd is not None:
                     os.close(fd)
-                    os.unlink(path)
                 if k == len(dirs) - 1:
                     raise
                 continue
-            self.path = path
             self.file = os.fdopen(fd, "r+b", buffering=0)
             return
 
@@ -250,12 +250,6 @@ class _Spill:
         if self.file is not None:
             self.file.close()
             self.file = None
-        if self.path:
-            try:
-                os.unlink(self.path)
-            except FileNotFoundError:
-                pass
-            self.path = None
 
 
 class _Ahead:
