@@ -31,11 +31,11 @@ SPLIT_CHOICES = ("auto", "never")
 AUTO_FACTOR = 1.5
 # Group restarts per record before giving up (a node that keeps failing).
 MAX_GROUP_RESTARTS = 3
-# A segment's activations (residual stream and q, k, v: 16 D bytes per position) up to this
-# many bytes per actor go to RAM-backed files (/dev/shm), beyond it to the local temp directory
-# on disk. A Ray `memory` resource per actor sets it to half of that. On the development VM a
-# 4 Mb segment (4 GB) took 53 s from disk against 37 s from /dev/shm: the kernel throttles
-# writers once dirty pages pass its threshold (BENCHMARKS.md, issue 15).
+# A segment's spilled activations (its residual stream, 4 D bytes per position) up to this many
+# bytes per actor go to RAM-backed files (/dev/shm), beyond it to the local temp directory on
+# disk. A Ray `memory` resource per actor sets it to half of that. On the development VM 4 GB
+# of spill for one 4 Mb segment (a variant that also kept q, k, v) took 53 s on disk against
+# 37 s in /dev/shm: the kernel throttles writers once dirty pages pass its threshold.
 SPILL_MEMORY_BUDGET = 4 << 30
 SHM = "/dev/shm"
 
