@@ -184,38 +184,36 @@ def stage_barrier(out: Path) -> None:
         def f(self, *a):
             return a
 
-    res = {}
-    H, K, D, W = 4, 16, 64, 4  # the default model
-    up = (torch.zeros(H, K, K, dtype=torch.float64), torch.zeros(H, K, dtype=torch.float64))
-    down = (0, torch.zeros(H, K, K), torch.zeros(H, K), torch.zeros(W - 1, D))
-    for P in (1, 2, 4, 8, 16):
+    def payloads(H, K, D, W=4):
+        """One layer's states: up (float64 S, z) and down (layer, S, z, halo)."""
+        up = (torch.zeros(H, K, K, dtype=torch.float64), torch.zeros(H, K, dtype=torch.float64))
+        return up, (0, torch.zeros(H, K, K), torch.zeros(H, K), torch.zeros(W - 1, D))
+
+    def barriers(P, up, down, reps):
+        """Times of `reps` rounds of two barriers (down, then up) over P fresh actors, and the
+        bytes one round pickles."""
         actors = [Echo.remote() for _ in range(P)]
         ray.get([a.f.remote() for a in actors])
         times = []
-        for _ in range(30):
+        for _ in range(reps):
             t = time.perf_counter()
             ray.get([a.f.remote(*down) for a in actors])
             ray.get([a.f.remote(*up) for a in actors])
             times.append(time.perf_counter() - t)
-        res[P] = {"two_barriers_median_s": float(np.median(times)), "min_s": float(np.min(times)),
-                  "bytes": P * (len(pickle.dumps(down)) + len(pickle.dumps(up))) * 2}
-        print(P, res[P], flush=True)
         for a in actors:
             ray.kill(a)
+        return times, P * (len(pickle.dumps(down)) + len(pickle.dumps(up))) * 2
+
+    res = {}
+    up, down = payloads(4, 16, 64)  # the default model
+    for P in (1, 2, 4, 8, 16):
+        times, nbytes = barriers(P, up, down, 30)
+        res[P] = {"two_barriers_median_s": float(np.median(times)), "min_s": float(np.min(times)),
+                  "bytes": nbytes}
+        print(P, res[P], flush=True)
     # the D=512 model's payloads (H=8, K=64): the driver's bandwidth for states
-    H, K, D = 8, 64, 512
-    up = (torch.zeros(H, K, K, dtype=torch.float64), torch.zeros(H, K, dtype=torch.float64))
-    down = (0, torch.zeros(H, K, K), torch.zeros(H, K), torch.zeros(W - 1, D))
     P = 8
-    actors = [Echo.remote() for _ in range(P)]
-    ray.get([a.f.remote() for a in actors])
-    times = []
-    for _ in range(10):
-        t = time.perf_counter()
-        ray.get([a.f.remote(*down) for a in actors])
-        ray.get([a.f.remote(*up) for a in actors])
-        times.append(time.perf_counter() - t)
-    nbytes = P * (len(pickle.dumps(down)) + len(pickle.dumps(up))) * 2
+    times, nbytes = barriers(P, *payloads(8, 64, 512), 10)
     med = float(np.median(times))
     big = {"P": P, "bytes": nbytes, "median_s": med,
            "bytes_per_s": nbytes / max(med - 2 * res[8]["two_barriers_median_s"] / 2, 1e-6)}

@@ -43,7 +43,7 @@ import torch
 
 from linpipe.kernels.linear_attn import features
 from linpipe.model.inference import FORWARD_BLOCK, Model
-from linpipe.model.network import Block, ModelState
+from linpipe.model.network import Block, ModelState, causal_conv
 
 
 def segment_bounds(length: int, chunk_size: int, parts: int) -> list[tuple[int, int]]:
@@ -109,9 +109,9 @@ def layer_weights(net) -> list[LayerWeights]:
     return out
 
 
-def _decay_weights(log_decay, n: int, skip: int = 0) -> torch.Tensor:
-    """(H, n - skip) float64 g^(n-1-j) for positions j = skip .. n-1 of a run of n."""
-    pos = torch.arange(skip, n, dtype=torch.float64, device=log_decay.device)
+def _decay_weights(log_decay, n: int, skip: int = 0, stop: int | None = None) -> torch.Tensor:
+    """(H, stop - skip) float64 g^(n-1-j) for positions j = skip .. stop-1 of a run of n."""
+    pos = torch.arange(skip, n if stop is None else stop, dtype=torch.float64, device=log_decay.device)
     return torch.exp((n - 1 - pos) * log_decay.view(-1, 1))
 
 
@@ -149,14 +149,11 @@ def head_share(w: LayerWeights, halo: torch.Tensor, head: torch.Tensor, length: 
     H = w.n_heads
     if n == 0:
         return 0.0, 0.0
-    if w.conv is None:
-        c = head.float()
-    else:
-        W = w.conv.shape[1]
-        x = torch.cat([halo.float(), head.float()])  # position t of head is row W-1+t
-        c = sum(x[j:j + n] * w.conv[:, j] for j in range(W))  # (n, D): tap j reads t-(W-1-j)
+    c = head.float()
+    if w.conv is not None:
+        c = causal_conv(c[None], halo.float()[None], w.conv)[0][0]  # (n, D)
     kv = (c @ w.wkv.t()).view(n, 2, H, D // H)
-    weights = None if w.log_decay is None else _decay_weights(w.log_decay, length)[:, :n].float()
+    weights = None if w.log_decay is None else _decay_weights(w.log_decay, length, stop=n).float()
     return _kv_sums(kv, w.feature_map, weights)
 
 
