@@ -3,12 +3,14 @@
     makespan(P) = t_start + N L c (1 + f) / P + L (a + b P + P s / B)    (P > 1; P = 1: t_start + N L c)
 
 N positions, L layers; c: seconds per position per layer on one worker (measured, whole job:
-read, model, heads, write); f: the split's extra work per position (pass A and the spill),
-measured in one process; a + b P: one driver barrier with P segments (measured on trivial
-actors); one barrier per layer; s: bytes one segment moves through the driver per layer
-(S, z up in float64 with the first and last W-1 normalised inputs, S, z and the conv halo down
-in float32); B: the driver's
-bandwidth for them (measured with the big model's payloads in the barrier stage).
+read, model, heads, write); f: the split's extra work per position in a segment after the
+first (pass 1's q, numerators and denominators written and read back, the correction, the
+residual stream's spill), measured in one process; the first segment is weighted to take
+(1 + f) times the others' positions, so every segment takes about the same time. a + b P: one
+driver barrier with P segments (measured on trivial actors); one barrier per layer; s: bytes
+one segment moves through the driver per layer (S, z up in float64 with the first and last
+W-1 normalised inputs; S, z and the conv halo down in float32); B: the driver's bandwidth for
+them (measured with the big model's payloads in the barrier stage).
 
 Scaling to other models and to GPUs uses FLOPs per position per layer (see flops()). The GPU
 rate is an assumption, not a measurement (no GPU was lent): an H100's fp32 matmul rate at a
@@ -48,7 +50,7 @@ def state_bytes(D, H, W, **_):
 
 
 def makespan(N, m, c, f, a, b, bw, P, t_start):
-    if P == 1:  # the ordinary stream: no pass A, no exchange
+    if P == 1:  # the ordinary stream: no second pass, no exchange
         return t_start + N * m["L"] * c
     return t_start + N * m["L"] * c * (1 + f) / P + m["L"] * (a + b * P + P * state_bytes(**m) / bw)
 
@@ -73,10 +75,9 @@ def fit_and_plot(out: Path, docs: Path) -> dict:
     b = max(b, 1e-6)
     big = r["barrier"].get("big_payload", {})
     bw = big.get("bytes_per_s", 1e9)
-    # f: the split's extra work per position, measured in one process on one thread (the S_loc
-    # sums, the q, k, v spill, the separate heads pass), not from the 2-worker run, whose time
-    # on a shared 2-core machine includes the other jobs' load
-    f = r["profile"]["f_total"]
+    # f: the split's extra work per position, measured in one process on one thread, not from
+    # the 2-worker run, whose time on a 2-core machine includes the two workers' contention
+    f = r["profile"]["f"]["later"]  # a later segment's; the first runs the layers themselves
     exch = sum(t["exchange_s"] for t in w2["layers"])
     f_embedded = (w2["seconds"] - exch) / (N * dm["L"] * c / 2) - 1
     t_start = w1["startup_s"]

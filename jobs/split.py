@@ -87,15 +87,17 @@ class SegmentWorker(PipelineWorker):
         self.runner = None
         self.record: Record | None = None
 
-    def setup(self, record: Record, start: int, end: int) -> str:
+    def setup(self, record: Record, start: int, end: int, exact: bool) -> str:
+        """exact: the record's first segment (it runs the layers itself, from the state it is
+        given in begin)."""
         from linpipe.model.segments import SegmentRunner, spill_bytes
 
         if self.runner is not None:
             self.runner.close()
         self.record = record
-        dirs = spill_dirs(spill_bytes(self.model.config, end - start), self.spill_budget)
+        dirs = spill_dirs(spill_bytes(self.model.config, end - start, exact), self.spill_budget)
         self.runner = SegmentRunner(self.model, self._read_model_input, start, end, record.chunk_size,
-                                    spill_dir=dirs, outputs=self.outputs)
+                                    spill_dir=dirs, outputs=self.outputs, exact=exact)
         return self.node
 
     def _read_model_input(self, a: int, b: int):
@@ -110,9 +112,9 @@ class SegmentWorker(PipelineWorker):
 
     # The per-layer calls return (result, compute seconds): the driver tells the exchange's
     # own cost (barrier wall time less the slowest segment's compute) from the work.
-    def begin(self):
+    def begin(self, initial):
         t = time.perf_counter()
-        return self.runner.begin(), time.perf_counter() - t
+        return self.runner.begin(initial), time.perf_counter() - t
 
     def apply(self, layer, S_in, z_in, halo):
         t = time.perf_counter()
@@ -210,7 +212,9 @@ def run_split(record: Record, parts: int, store, new_actor, events, *, on_layer=
         handles = [new_actor() for _ in todo]
         group = RayGroup(handles)
         try:
-            nodes = group.call("setup", [(record, a, b) for a, b in todo])
+            # the record's first segment runs its layers from the state after BOS; a restarted
+            # group's first segment is not it: it corrects, as in the run it replaces (same bits)
+            nodes = group.call("setup", [(record, a, b, a == 0) for a, b in todo])
             stats.setdefault("t_ready", time.monotonic())  # rates count from the actors' readiness
             stats["nodes"].update(n.rsplit(":", 1)[0] for n in nodes)
             weights, init = ray.get(handles[0].model_info.remote())
@@ -221,7 +225,7 @@ def run_split(record: Record, parts: int, store, new_actor, events, *, on_layer=
                 state0 = ModelState.from_arrays(store.boundary_state(record.key, first_chunk - 1))
             hook = None if on_layer is None else (
                 lambda layer, nodes=nodes, group=group: on_layer(record, layer, nodes, group.take()))
-            states = run_layers(_Timed(group, stats, hook), state0, weights, len(todo))
+            states = run_layers(_Timed(group, stats, hook), state0, weights, len(todo), exact_first=k0 == 0)
             done = sorted(store.completed_chunks(record.key))
             results = group.call("write", [(states[k].y[0], states[k + 1].to_arrays(), done)
                                            for k in range(len(todo))])

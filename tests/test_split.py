@@ -128,9 +128,20 @@ def test_one_segment_is_the_serial_run(tokens):
 
 
 def test_segment_bounds_deal_chunks():
-    b = segment_bounds(10_001, 1000, 3)
-    assert b == [(0, 3000), (3000, 7000), (7000, 10_001)]
+    from linpipe.model.segments import FIRST_WEIGHT
+
+    # 11 chunks over weights 1.25, 1, 1 (the first segment does less per position): 4, 4, 3
+    assert FIRST_WEIGHT == 1.25
+    assert segment_bounds(10_001, 1000, 3) == [(0, 4000), (4000, 8000), (8000, 10_001)]
     assert segment_bounds(1500, 1000, 5) == [(0, 1000), (1000, 1500)]  # no more segments than chunks
+    for n in range(1, 40):  # every chunk in exactly one segment, none empty, in order
+        for parts in range(1, n + 2):
+            b = segment_bounds(n * 100 - 7, 100, parts)
+            assert len(b) == min(parts, n) and b[0][0] == 0 and b[-1][1] == n * 100 - 7
+            assert all(e > s and s % 100 == 0 for s, e in b)
+            assert all(b[k][1] == b[k + 1][0] for k in range(len(b) - 1))
+    sizes = [e - s for s, e in segment_bounds(8_000_000, 262_144, 2)]
+    assert sizes == [17 * 262_144, 8_000_000 - 17 * 262_144]  # 31 chunks: 17 and 14
 
 
 def test_planner_splits_only_long_records():
@@ -213,7 +224,7 @@ def test_split_memory_is_flat_as_the_record_grows(genomes, tmp_path):
         argv = [sys.executable, "-c", _PEAK_RSS, str(n), str(tmp_path), str(tmp_path / "x.npy")]
         res = subprocess.run(argv, capture_output=True, text=True, check=True)
         peaks[n] = int(res.stdout.split()[-1])
-    spilled = (300_000 - 75_000) * 128 * 4  # the residual stream in float32, both segments
+    spilled = (300_000 - 75_000) * 128 * 4  # the residual stream in float32 alone, both segments
     assert peaks[300_000] - peaks[75_000] < spilled / 8, (peaks, spilled)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["x.npy"]  # spill files removed
 
@@ -227,7 +238,10 @@ def test_spill_goes_to_the_first_folder_with_room(tokens, tmp_path):
     from linpipe.model.segments import spill_bytes
 
     model = tiny(True, True, "elu1", 4)
-    assert spill_bytes(model.config, 1000) == 1000 * 16 * 4  # the residual stream, D float32
+    # the first segment: its residual stream and o (D float32 each); the others: q, numerators
+    # and denominators (H (V + 1) float32)
+    assert spill_bytes(model.config, 1000, exact=True) == 1000 * (16 + 16) * 4
+    assert spill_bytes(model.config, 1000) == 1000 * (16 + 16 + 2 * 9) * 4
     assert spill_dirs(10 << 20, 4 << 30)[-1] == tempfile.gettempdir()
     assert spill_dirs(5 << 30, 4 << 30) == [tempfile.gettempdir()]
     if os.path.isdir(SHM) and os.access(SHM, os.W_OK):

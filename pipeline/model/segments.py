@@ -41,23 +41,39 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from linpipe.kernels import chunk_linear_attn
 from linpipe.kernels.linear_attn import features
 from linpipe.model.inference import FORWARD_BLOCK, Model
-from linpipe.model.network import Block, ModelState, causal_conv
+from linpipe.model.network import Block, ModelState, add_linear, causal_conv
+
+# The record's first segment runs its layers itself; every later one also writes pass 1's rows
+# and reads them back with the correction, ~1.2-1.3x the first one's work per position
+# (BENCHMARKS.md, issue 15). So the first segment gets that much more of the record.
+FIRST_WEIGHT = 1.25
 
 
 def segment_bounds(length: int, chunk_size: int, parts: int) -> list[tuple[int, int]]:
-    """Chunk-aligned segments of a record: the chunks dealt out evenly (in order) over at most
-    `parts` segments, so every Zarr chunk belongs to exactly one segment (one writer)."""
+    """Chunk-aligned segments of a record: its chunks dealt out in order over at most `parts`
+    segments, the first weighted FIRST_WEIGHT and the others 1, so every Zarr chunk belongs to
+    exactly one segment (one writer). A function of its arguments alone: a restarted group
+    cuts the record where the lost one did."""
     n = -(-length // chunk_size)
     parts = max(1, min(parts, n))
-    edges = [min(length, (k * n // parts) * chunk_size) for k in range(parts)] + [length]
+    total = FIRST_WEIGHT + parts - 1
+    cuts = [0]
+    for k in range(1, parts):  # at least one chunk each
+        c = int(n * (FIRST_WEIGHT + k - 1) / total + 0.5)
+        cuts.append(min(max(c, cuts[-1] + 1), n - (parts - k)))
+    edges = [min(length, c * chunk_size) for c in cuts] + [length]
     return [(a, b) for a, b in zip(edges[:-1], edges[1:], strict=True)]
 
 
-def spill_bytes(config, positions: int) -> int:
-    """Bytes a segment of `positions` keeps outside its sub-chunks: its residual stream."""
-    return positions * config.d_model * 4
+def spill_bytes(config, positions: int, exact: bool = False) -> int:
+    """Bytes a segment of `positions` keeps outside its sub-chunks: its residual stream, and
+    what pass 1 leaves for pass 2 (the first segment: o; the others: q, the numerators and
+    the denominators)."""
+    width = config.d_model + (config.d_model if exact else 2 * config.d_model + config.n_heads)
+    return positions * width * 4
 
 
 def _tail(x: torch.Tensor, keep: int) -> torch.Tensor:
@@ -72,6 +88,7 @@ class Contribution:
     S: torch.Tensor  # (H, K, V) float64
     z: torch.Tensor  # (H, K) float64
     decay: torch.Tensor | None  # (H,) float64 g^T per head, None without decay
+    absolute: bool = False  # S, z are the state after the segment itself
 
 
 @dataclass
@@ -84,6 +101,7 @@ class Message:
     head: torch.Tensor | None = None  # (min(W-1, T), D): the first normalised inputs
     tail: torch.Tensor | None = None  # (min(W-1, T), D): the last ones (the next segment's halo)
     y: torch.Tensor | None = None  # (D,): after the last layer, y of the segment's last position
+    absolute: bool = False  # S, z are the state after the segment (the first one), not S_loc
 
 
 @dataclass
@@ -163,6 +181,10 @@ def fold_states(S0, z0, contribs: list[Contribution]):
     the float32 S_in(k) alone, so a run restarted from a stored edge state folds the same bits."""
     Ss, zs = [S0.float()], [z0.float()]
     for c in contribs:
+        if c.absolute:
+            Ss.append(c.S.float())
+            zs.append(c.z.float())
+            continue
         S, z = Ss[-1].double(), zs[-1].double()
         if c.decay is not None:
             S = S * c.decay.view(-1, 1, 1)
@@ -189,6 +211,9 @@ def fold_layer(w: LayerWeights, S0, z0, window0, msgs: list[Message]):
     halos = fold_halos(window0.float(), [m.tail for m in msgs])
     contribs = []
     for k, m in enumerate(msgs):
+        if m.absolute:
+            contribs.append(Contribution(m.S, m.z, None, absolute=True))
+            continue
         hS, hz = head_share(w, halos[k], m.head, m.length)
         total = None if w.log_decay is None else torch.exp(m.length * w.log_decay)
         contribs.append(Contribution(m.S + hS, m.z + hz, total))
@@ -249,74 +274,253 @@ class _Spill:
             self.file = None
 
 
-class _Ahead:
-    """The state-free part of one layer over a segment, sub-chunk after sub-chunk: the sums
-    S_loc, z_loc over positions W-1.. from a zero state, the head and the tail."""
+def _buf(scratch, slot: str, like: torch.Tensor, *shape: int) -> torch.Tensor:
+    """A scratch buffer when the call reuses them (CPU inference), else a fresh tensor."""
+    out = scratch(slot, *shape)
+    return like.new_empty(shape) if out is None else out
+
+
+class _LayerW:
+    """One layer's modules and the views of its weights the runner uses."""
+
+    def __init__(self, blk: Block):
+        a = self.attn = blk.attn
+        self.blk = blk
+        self.H, self.K = a.n_heads, a.head_dim
+        self.decay = None if bool((a.decay == 1).all()) else a.decay
+        self.lg = None if self.decay is None else torch.log(a.decay.detach().double())
+        self.wqkv = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])  # (3D, D), as Attention
+        self.wq = a.q_proj.weight  # (D, D)
+        # phi(q).z can near zero only with identity features and the normaliser: there float32
+        # partial sums lost up to 5x the serial run's distance from exact, so the split's two
+        # passes run in float64 (pass 1's numerators spilled as two float32 parts)
+        self.wide = a.normalize and a.feature_map == "identity"
+
+    def kernel(self, q, k, v, S, z, normalize: bool):
+        a = self.attn
+        return chunk_linear_attn(q, k, v, decay=self.decay, feature_map=a.feature_map, normalize=normalize,
+                                 eps=a.eps, initial_state=(S, z), output_final_state=True)
+
+
+def _project(w: _LayerW, h, o, scratch):
+    """The rest of the layer after its attention o (1, n, D): h + o_proj(o), then + MLP, in
+    place, as Block does."""
+    D = h.shape[-1]
+    h = add_linear(h, o, w.attn.o_proj.weight, out=scratch.same(h))
+    return w.blk.mlp(w.blk.mlp_norm(h, out=scratch("mlp_in", 1, h.shape[1], D)), residual=h, scratch=scratch)
+
+
+class _Attend:
+    """The record's first segment, pass 1 of one layer: its attention from the state it knows
+    (the layer's own code up to o, on the serial run's sub-chunks, so its bytes are the serial
+    run's), o to the spill, the state at chunk edges recorded; the state after the segment is
+    its message. Its pass 2 (`_Project`) is the rest of the layer. So it runs in the same two
+    phases around each exchange as the other segments, with as much work in each."""
+
+    def __init__(self, runner: "SegmentRunner", layer: int, S, z, window):
+        self.r, self.layer, self.w = runner, layer, runner.lw[layer]
+        self.S, self.z, self.window = S, z, window  # (1, ...) carried
+
+    def span(self, s: int, e: int, h: torch.Tensor) -> None:
+        r, w = self.r, self.w
+        n, D, H, K = e - s, r.D, w.H, w.K
+        scratch = Block.scratch(h)
+        a = w.blk.attn_norm(h, out=scratch("attn_in", 1, n, D))
+        if w.attn.conv is not None:
+            a, self.window = w.attn.conv(a, self.window, out=scratch("conv", 1, n, D))
+        qkv = torch.mm(a.reshape(n, D), w.wqkv.t(), out=scratch("qkv", n, 3 * D)).view(1, n, 3, H, K)
+        o, (self.S, self.z) = w.kernel(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], self.S, self.z,
+                                       normalize=w.attn.normalize)
+        r.num.put(s - r.start, o[0].reshape(n, D).to("cpu").numpy())
+        if r.is_edge(e):
+            r.record_edge(e, self.layer, self.S[0], self.z[0], self.window[0])
+
+    def message(self) -> Message:
+        return Message(self.r.end - self.r.start, self.S[0].double().cpu(), self.z[0].double().cpu(),
+                       tail=self.window[0].cpu().clone(), absolute=True)
+
+
+class _Project:
+    """The record's first segment, pass 2 of one layer: o from the spill, then o_proj and MLP."""
+
+    def __init__(self, runner: "SegmentRunner", layer: int):
+        self.r, self.w = runner, runner.lw[layer]
+
+    def span(self, s: int, e: int, h: torch.Tensor) -> torch.Tensor:
+        r = self.r
+        o = torch.from_numpy(r.num.get(s - r.start, e - r.start)).to(h.device)[None]  # (1, n, D)
+        return _project(self.w, h, o, Block.scratch(h))
+
+
+class _Local:
+    """Pass 1 of one layer over a segment that is not first: the attention from a zero state,
+    the first W-1 positions left out (their conv reads the halo, which is not known yet). Per
+    position q and the numerator phi(q)^T S_loc with, as column V, the denominator
+    phi(q).z_loc (v gets a column of ones, so one kernel call gives both) go to the runner's
+    spill; the local state [S, z] and the conv window are kept at every chunk edge, the state
+    at the end, with the first and last W-1 normalised inputs: the segment's message."""
 
     def __init__(self, runner: "SegmentRunner", layer: int):
         r = self.r = runner
-        self.blk = r.net.layers[layer]
-        attn = self.blk.attn
-        self.H, self.K = attn.n_heads, attn.head_dim
-        self.feature_map = attn.feature_map
-        self.lg = None if bool((attn.decay == 1).all()) else torch.log(attn.decay.detach().double())
-        self.wkv = torch.cat([attn.k_proj.weight, attn.v_proj.weight])  # (2D, D): k and v in one matmul
+        w = self.w = r.lw[layer]
         dev = r.model.device
         self.window = torch.zeros((1, r.W - 1, r.D), device=dev)  # stands in for the unknown halo
-        self.S = torch.zeros((self.H, self.K, self.K), dtype=torch.float64, device=dev)
-        self.z = torch.zeros((self.H, self.K), dtype=torch.float64, device=dev)
+        dt = torch.float64 if w.wide else torch.float32
+        self.S = torch.zeros((1, w.H, w.K, w.K + 1), device=dev, dtype=dt)  # (1, H, K, V+1): [S_loc, z_loc]
+        self.z = torch.zeros((1, w.H, w.K), device=dev)  # the kernel's own z, unused
         self.head = self.tail = torch.zeros((0, r.D), device=dev)
-        self._w: dict[tuple[int, int], torch.Tensor] = {}
+        self.edges: dict[int, tuple] = {}  # chunk edge position -> ((H, K, V+1) state, window)
 
-    def span(self, s: int, e: int, h: torch.Tensor, scratch) -> None:
-        """h (1, n, D): this layer's input at record positions [s, e)."""
-        r = self.r
-        n, D = e - s, r.D
-        a = self.blk.attn_norm(h, out=scratch("attn_in", 1, n, D))  # (1, n, D)
+    def span(self, s: int, e: int, h: torch.Tensor) -> None:
+        """h (1, n, D): the layer's input at record positions [s, e) (exact)."""
+        r, w = self.r, self.w
+        n, D, H, K = e - s, r.D, w.H, w.K
+        scratch = Block.scratch(h)
+        a = w.blk.attn_norm(h, out=scratch("attn_in", 1, n, D))  # (1, n, D)
         keep = r.W - 1
         if self.head.shape[0] < keep:
             self.head = torch.cat([self.head, a[0, :keep - self.head.shape[0]]])
         if keep:
             self.tail = _tail(torch.cat([self.tail, a[0, -keep:]]), keep)
-        if self.blk.attn.conv is not None:
-            a, self.window = self.blk.attn.conv(a, self.window, out=scratch("conv", 1, n, D))
-        if self.lg is not None:  # what was summed so far ages by the span's length
-            g = torch.exp(n * self.lg)
-            self.S *= g.view(-1, 1, 1)
-            self.z *= g.view(-1, 1)
-        skip = min(n, max(0, r.start + keep - s))  # positions that read the unknown halo
-        if skip == n:
-            return
-        kv = torch.mm(a[0, skip:], self.wkv.t(), out=scratch("seg_kv", n - skip, 2 * D))
-        weights = None
-        if self.lg is not None:  # g^(n-1-j): one table per span shape
-            weights = self._w.get((n, skip))
-            if weights is None:
-                weights = self._w[(n, skip)] = _decay_weights(self.lg, n, skip).float()
-        dS, dz = _kv_sums(kv.view(n - skip, 2, self.H, self.K), self.feature_map, weights, scratch)
-        self.S += dS
-        self.z += dz
+        if w.attn.conv is not None:
+            a, self.window = w.attn.conv(a, self.window, out=scratch("conv", 1, n, D))
+        qkv = torch.mm(a[0], w.wqkv.t(), out=scratch("qkv", n, 3 * D)).view(1, n, 3, H, K)
+        row = _buf(scratch, "seg_row", h, n, r.row_width)  # what pass 2 reads: q, then num
+        q, v1 = row[:, :D].view(1, n, H, K), row[:, D:D + H * (K + 1)].view(1, n, H, K + 1)
+        q.copy_(qkv[:, :, 0])
+        v1[..., :K] = qkv[:, :, 2]  # v, then a column of ones: numerator and denominator at once
+        v1[..., K] = 1.0
+        skip = min(n, max(0, r.base - s))  # positions whose conv read the unknown halo
+        if skip:
+            v1[:, :skip] = 0.0
+        if w.wide:  # each span from zero in float64, the state before it added here in float64
+            zero = torch.zeros_like(self.S)
+            num, (Sd, _) = w.kernel(q.double(), qkv[:, :, 1].double(), v1.double(), zero, self.z,
+                                    normalize=False)
+            qf = features(q[0].double(), w.attn.feature_map)  # (n, H, K)
+            corr = torch.einsum("nhk,hkv->nhv", qf, self.S[0])
+            if w.lg is not None:  # g^(j+1) for the span's j-th position; the carry ages by g^n
+                pos = torch.arange(1, n + 1, dtype=torch.float64, device=h.device)
+                corr *= torch.exp(pos.view(-1, 1) * w.lg.view(1, -1)).unsqueeze(-1)
+                self.S = self.S * torch.exp(n * w.lg).view(1, -1, 1, 1)
+            num = num[0] + corr  # (n, H, V+1)
+            self.S = self.S + Sd.double()
+            row[:, D + H * (K + 1):].view(n, H, K + 1).copy_(num - num.float().double())  # the low part
+        else:
+            num, (self.S, self.z) = w.kernel(q, qkv[:, :, 1], v1, self.S, self.z, normalize=False)
+        v1.copy_(num)
+        r.num.put(s - r.start, row.to("cpu").numpy())
+        if r.is_edge(e):
+            self.edges[e] = (self.S[0].clone(), self.window[0].clone())
 
     def message(self) -> Message:
-        r = self.r
-        return Message(r.end - r.start, self.S.cpu(), self.z.cpu(), self.head.cpu().clone(),
-                       self.tail.cpu().clone())
+        r, K = self.r, self.w.K
+        S = self.S[0].double().cpu()
+        return Message(r.end - r.start, S[..., :K].contiguous(), S[..., K].contiguous(),
+                       self.head.cpu().clone(), self.tail.cpu().clone())
+
+
+class _Correct:
+    """Pass 2 of one layer over a segment that is not first, from its exact incoming state and
+    halo: the first W-1 positions run the layer's attention from that state; every later
+    position's numerator and denominator from pass 1 get phi(q)^T g^(i+1) S_h added, S_h the
+    state after those first positions (S and z in one (K, V+1) matrix, so one matmul per
+    head); then the output projection and the MLP, as the layer's own code."""
+
+    def __init__(self, runner: "SegmentRunner", layer: int, S_in, z_in, halo, local: _Local):
+        r = self.r = runner
+        self.layer, self.w, self.local = layer, r.lw[layer], local
+        dev = r.model.device
+        self.S, self.z = S_in.to(dev)[None], z_in.to(dev)[None]
+        self.halo = self.window = halo.to(dev)[None]  # (1, W-1, D), the window carried through the head rows
+        # (H, K, V+1) float64: [S, z] after the head rows (at once without a conv: none)
+        self.Sh = self._joined() if r.base == r.start else None
+        self._g: dict[int, torch.Tensor] = {}
+        self.wide = self.w.wide
+
+    def _joined(self) -> torch.Tensor:
+        return torch.cat([self.S[0], self.z[0].unsqueeze(-1)], -1).double()  # (H, K, V+1)
+
+    def _aged(self, steps: int) -> torch.Tensor:
+        """S_h decayed over `steps` positions, float64."""
+        if self.w.lg is None or steps == 0:
+            return self.Sh
+        return self.Sh * torch.exp(steps * self.w.lg).view(-1, 1, 1)
+
+    def span(self, s: int, e: int, h: torch.Tensor) -> torch.Tensor:
+        r, w = self.r, self.w
+        n, D, H, K = e - s, r.D, w.H, w.K
+        scratch = Block.scratch(h)
+        row = torch.from_numpy(r.num.get(s - r.start, e - r.start)).to(h.device)  # (n, D + H (V+1))
+        o = _buf(scratch, "seg_o", h, n, H, K)  # (n, H, V)
+        nh = min(n, max(0, r.base - s))  # head rows in this span
+        if nh:  # the layer's attention from the incoming state, on the true conv window
+            a = self.local.head[s - r.start:s - r.start + nh][None]  # (1, nh, D) normalised inputs
+            if w.attn.conv is not None:
+                a, self.window = w.attn.conv(a, self.window)
+            qkv = torch.mm(a[0], w.wqkv.t()).view(1, nh, 3, H, K)
+            oh, (self.S, self.z) = w.kernel(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], self.S, self.z,
+                                            normalize=w.attn.normalize)
+            o[:nh] = oh[0]
+            if s + nh == r.base:
+                self.Sh = self._joined()
+        if nh < n:
+            m, i0 = n - nh, s + nh
+            qf = features(row[nh:, :D].view(m, H, K), w.attn.feature_map, out=scratch("seg_qf", m, H, K),
+                          tmp=scratch("seg_tmp", m, H, K))
+            dt = torch.float64 if self.wide else torch.float32
+            corr = torch.bmm(qf.transpose(0, 1).to(dt), self._aged(i0 - r.base).to(dt),
+                             out=None if self.wide else scratch("seg_corr", H, m, K + 1))  # (H, m, V+1)
+            if w.lg is not None:  # g^(j+1) for the span's j-th position: S_h ages one step more
+                g = self._g.get(m)
+                if g is None:
+                    pos = torch.arange(1, m + 1, dtype=torch.float64, device=h.device)
+                    g = self._g[m] = torch.exp(pos * w.lg.view(-1, 1)).unsqueeze(-1).to(dt)  # (H, m, 1)
+                corr.mul_(g)
+            num = corr.transpose(0, 1).add_(row[nh:, D:D + H * (K + 1)].view(m, H, K + 1))  # (m, H, V+1)
+            if self.wide:
+                num.add_(row[nh:, D + H * (K + 1):].view(m, H, K + 1))
+            if w.attn.normalize:  # as the kernel: num * 1 / (den + eps)
+                o[nh:] = num[..., :K] * num[..., K:].add_(w.attn.eps).reciprocal_()
+            else:
+                o[nh:] = num[..., :K]
+        h = _project(w, h, o.view(1, n, D), scratch)
+        if r.is_edge(e):
+            if e <= r.base:
+                S, z, win = self.S[0], self.z[0], self.window[0]
+            else:
+                S_loc, win = self.local.edges[e]
+                Se = (self._aged(e - r.base) + S_loc.double()).float()
+                S, z = Se[..., :K], Se[..., K]
+                if e - r.start < r.W - 1:  # the window still reaches into the halo
+                    win = _tail(torch.cat([self.halo[0], self.local.head[:e - r.start]]), r.W - 1)
+            r.record_edge(e, self.layer, S, z, win)
+        return h
 
 
 class SegmentRunner:
     """One segment [start, end) of one record on one worker. `read(a, b)` returns the model
     input (numpy) of record positions [a, b). Methods run in this order: begin, then apply per
-    layer, then pieces_out (the outputs)."""
+    layer, then pieces_out (the outputs).
+
+    Every segment runs each layer in two passes around the exchange: pass 1 (in begin for layer
+    0, else right behind pass 2 of the layer before) and pass 2 (in apply). The record's first
+    segment (`exact`) knows the state entering it: its pass 1 is the layer's attention
+    (`_Attend`), its pass 2 the rest (`_Project`), and its messages carry its final state. The
+    others' pass 1 runs from a zero state (`_Local`), their pass 2 corrects it once the state
+    entering them is known (`_Correct`)."""
 
     def __init__(self, model: Model, read, start: int, end: int, chunk_size: int, *, spill_dir=None,
-                 outputs=None):
+                 outputs=None, exact: bool = False):
         if end <= start:
             raise ValueError(f"empty segment [{start}, {end})")
         self.model, self.net, self.read = model, model.net, read
-        self.start, self.end, self.chunk_size = start, end, chunk_size
+        self.start, self.end, self.chunk_size, self.exact = start, end, chunk_size, exact
         self.outputs = model._outputs(outputs)
         c = model.config
         self.L, self.W, self.D = c.n_layers, c.conv_width, c.d_model
+        self.lw = [_LayerW(blk) for blk in self.net.layers]
+        self.base = min(end, start + self.W - 1)  # positions before it read the halo
         step = FORWARD_BLOCK if model.device.type == "cpu" else chunk_size
         # pieces: (a, b) record positions of one chunk inside this segment; spans: sub-chunks
         self.pieces = []
@@ -327,14 +531,30 @@ class SegmentRunner:
             a = b
         self.spans = [(s, min(s + step, b)) for a, b in self.pieces for s in range(a, b, step)]
         T = end - start
-        self.h = _Spill(T, self.D, spill_dir)
+        self.h = _Spill(T, self.D, spill_dir)  # the residual stream
+        # what pass 1 leaves for pass 2, rewritten layer after layer: the first segment's o
+        # (T, D); the others' q, numerators and denominators (T, D + H (V+1))
+        wide = self.lw[0].wide  # the same feature map and normaliser in every layer
+        self.row_width = self.D + c.n_heads * (c.head_dim + 1) * (2 if wide else 1)
+        self.num = _Spill(T, self.D if exact else self.row_width, spill_dir)
         self.edge_states: dict[int, list] = {}  # chunk index -> per layer (S, z, window)
+        self.pass1 = None  # the layer whose pass 1 ran last
+        self.initial = None  # exact: per layer (S, z, window) entering the segment, each (1, ...)
 
     def close(self):
         self.h.close()
+        self.num.close()
 
     def __del__(self):
         self.close()
+
+    def is_edge(self, e: int) -> bool:
+        """Whether e is a chunk edge inside the segment (its state is stored)."""
+        return e % self.chunk_size == 0 and e < self.end
+
+    def record_edge(self, e: int, layer: int, S, z, window) -> None:
+        states = self.edge_states.setdefault(e // self.chunk_size - 1, [None] * self.L)
+        states[layer] = (S.cpu().clone(), z.cpu().clone(), window.cpu().clone())
 
     def _h(self, a: int, b: int) -> torch.Tensor:
         """(1, b-a, D) float32 copy of the residual stream at record positions [a, b)."""
@@ -343,44 +563,55 @@ class SegmentRunner:
     def _put(self, a: int, h: torch.Tensor) -> None:
         self.h.put(a - self.start, h[0].to("cpu").numpy())
 
-    def _finish(self, ahead: _Ahead | None) -> Message:
-        if ahead is not None:
-            return ahead.message()
+    def _pass1(self, layer: int):
+        if self.exact:
+            return _Attend(self, layer, *self.initial[layer])
+        return _Local(self, layer)
+
+    def _message(self, layer: int) -> Message:
+        """The message for `layer` (past the last layer: y of the last position)."""
+        if layer < self.L:
+            return self.pass1.message()
         last = self._h(self.end - 1, self.end)
         return Message(self.end - self.start, y=self.net.norm(last)[0, -1].cpu())
 
     @torch.inference_mode()
-    def begin(self) -> Message:
-        """Embeds the segment's inputs into the spill and runs layer 0's first half: its message."""
-        ahead = _Ahead(self, 0)
+    def begin(self, initial=None) -> Message:
+        """Embeds the segment's inputs into the spill and runs layer 0's pass 1 (exact: from
+        `initial`, the state entering the segment as (S (L, H, K, V), z (L, H, K), conv (L, W-1,
+        D))). Returns layer 0's message."""
+        dev = self.model.device
+        if self.exact:
+            if initial is None:
+                raise ValueError("the first segment needs the state entering it")
+            self.initial = [(S.to(dev)[None], z.to(dev)[None], w.to(dev)[None])
+                            for S, z, w in zip(*initial, strict=True)]
+        first = self.pass1 = self._pass1(0)
         for a, b in self.pieces:
             x = self.model._inputs(self.read(a, b))
             for s, e in self.spans:
                 if a <= s < b:
                     h = self.net._embed(x[:, s - a:e - a])
+                    first.span(s, e, h)
                     self._put(s, h)
-                    ahead.span(s, e, h, Block.scratch(h))
-        return self._finish(ahead)
+        return self._message(0)
 
     @torch.inference_mode()
     def apply(self, layer: int, S_in: torch.Tensor, z_in: torch.Tensor, halo: torch.Tensor) -> Message:
-        """Runs `layer` over the segment from its exact incoming state and halo (the residual
-        stream in place in the spill), recording the state at chunk edges inside the segment,
-        and the next layer's state-free part right behind it. Returns the next layer's message
-        (after the last layer: y of the last position)."""
-        blk = self.net.layers[layer]
-        dev = self.model.device
-        ahead = _Ahead(self, layer + 1) if layer + 1 < self.L else None
-        S, z, window = S_in.to(dev)[None], z_in.to(dev)[None], halo.to(dev)[None]
+        """Pass 2 of `layer` from the exact state (S_in, z_in, halo) entering the segment (the
+        first segment knows it already), and pass 1 of the next layer right behind it,
+        sub-chunk by sub-chunk. The residual stream is updated in place in the spill, the state
+        at chunk edges inside the segment recorded. Returns the next layer's message (after the
+        last layer: y of the last position)."""
+        nxt = layer + 1
+        fix = _Project(self, layer) if self.exact else _Correct(self, layer, S_in, z_in, halo, self.pass1)
+        local = self.pass1 = self._pass1(nxt) if nxt < self.L else None
         for s, e in self.spans:
-            h, S, z, window = blk(self._h(s, e), S, z, window)
+            h = fix.span(s, e, self._h(s, e))
+            if local is not None:
+                local.span(s, e, h)
             self._put(s, h)
-            if e % self.chunk_size == 0 and e < self.end:  # a chunk edge inside the segment
-                states = self.edge_states.setdefault(e // self.chunk_size - 1, [None] * self.L)
-                states[layer] = (S[0].cpu().clone(), z[0].cpu().clone(), window[0].cpu().clone())
-            if ahead is not None:
-                ahead.span(s, e, h, Block.scratch(h))
-        return self._finish(ahead)
+        return self._message(nxt)
 
     @torch.inference_mode()
     def pieces_out(self, y_prev: torch.Tensor, final: ModelState, skip=()):
@@ -431,13 +662,15 @@ class InProcess:
         return [getattr(r, method)(*a) for r, a in zip(self.runners, args, strict=True)]
 
 
-def run_layers(group, state0: ModelState, weights: list[LayerWeights], n_segments: int) -> list[ModelState]:
+def run_layers(group, state0: ModelState, weights: list[LayerWeights], n_segments: int,
+               exact_first: bool = True) -> list[ModelState]:
     """The driver's side of a split run: the segments' first messages, then per layer the fold
     and one call that runs the layer (and the next one's first half). group.call(method,
     per-segment args) runs one method on every segment and returns the results in segment
     order. Returns the state entering every segment and after the last (n_segments + 1
     states), from state0 entering the first."""
-    msgs = group.call("begin", [()] * n_segments)
+    first = (state0.S[0].cpu(), state0.z[0].cpu(), state0.conv[0].cpu())
+    msgs = group.call("begin", [(first if k == 0 and exact_first else None,) for k in range(n_segments)])
     Ss, zs, halos = [], [], []
     for layer, w in enumerate(weights):
         S_l, z_l, h_l = fold_layer(w, state0.S[0, layer].cpu(), state0.z[0, layer].cpu(),
@@ -458,7 +691,7 @@ def forward_split(model: Model, x, bounds: list[tuple[int, int]], chunk_size: in
     x = np.asarray(x)
     state0 = model.init_state() if state0 is None else state0
     runners = [SegmentRunner(model, lambda a, b: x[a:b], s, e, chunk_size, spill_dir=spill_dir,
-                             outputs=outputs) for s, e in bounds]
+                             outputs=outputs, exact=k == 0) for k, (s, e) in enumerate(bounds)]
     try:
         states = run_layers(InProcess(runners), state0, layer_weights(model.net), len(runners))
         parts: dict[str, list] = {}
