@@ -394,12 +394,14 @@ def run_job(request: JobRequest, *, address: str | None = None, device: str | No
     from .split import parse_split
 
     events = events or JobEvents()
-    # a bad --split fails before anything starts
-    if parse_split(request.split) != "never" and request.regions:
+    # a bad --split fails before anything starts; auto (the default) splits only where it is
+    # built and measured, a forced N elsewhere is refused
+    forced = isinstance(parse_split(request.split), int)
+    if forced and request.regions:
         raise LinpipeError("--split with --regions: a split record would store outputs outside the "
                            "regions; use one of them")
     plan = plan_job(request)
-    if parse_split(request.split) != "never" and plan.modality != "dna":
+    if forced and plan.modality != "dna":
         raise LinpipeError(f"--split {request.split}: splitting a record is implemented and tested for "
                            f"DNA models only; this is a {plan.modality} job (use --split never)")
     out = request.out_path
@@ -479,7 +481,10 @@ def _run_leased(plan, request, out, address, device, events) -> JobSummary:
 
         # Records much longer than a worker's share run first, each over a group of actors.
         # (the forward strand only: a segment reads its input forwards)
-        splits = [(item, split_parts(item.record, total, possible, request.split)) for item in todo
+        split = request.split
+        if split == "auto" and (request.regions or plan.modality != "dna" or options.get("num_gpus")):
+            split = "never"  # auto: CPU actors on DNA only (no GPU was lent to measure it on)
+        splits = [(item, split_parts(item.record, total, possible, split)) for item in todo
                   if isinstance(item, Stream) and item.record.strand == "+"]
         splits = [(item, parts) for item, parts in splits if parts > 1]
         for item, _parts in splits:

@@ -99,7 +99,7 @@ class JobRequest:
     overwrite: bool = False
     strand: str = "forward"  # "both": also the reverse strand (the _rc outputs; DNA)
     regions: str | None = None  # a BED file: store outputs only there (jobs/regions.py)
-    split: str = "never"  # one long record over several workers: auto, never or N segments
+    split: str = "auto"  # one long record over several workers: auto, never or N segments
     # time series
     id_column: str | None = None
     time_column: str | None = None
@@ -155,7 +155,7 @@ class JobRequest:
                         ("--id-column", self.id_column), ("--time-column", self.time_column),
                         ("--columns", ",".join(self.columns) if self.columns else None),
                         ("--time-format", self.time_format),
-                        ("--split", None if self.split == "never" else self.split),
+                        ("--split", None if self.split == "auto" else self.split),
                         ("--actor-resources", self.actor_resources.flag() or None),
                         ("--address", address)):
             if v is not None:

@@ -144,7 +144,7 @@ def parse_spec(text: str, path: Path) -> JobSpec:
     if per_input and (out is None or ("{stem}" not in out and "{name}" not in out)):
         raise fail("per_input", "needs out with {stem} or {name}, so each input gets its "
                    "own store (e.g. out: results/{stem}.zarr)")
-    split = "never"
+    split = "auto"
     if "split" in data:
         from .split import parse_split  # here: split.py imports the plan, which imports us
 

@@ -31,11 +31,12 @@ SPLIT_CHOICES = ("auto", "never")
 AUTO_FACTOR = 1.5
 # Group restarts per record before giving up (a node that keeps failing).
 MAX_GROUP_RESTARTS = 3
-# A segment's spilled activations (its residual stream, 4 D bytes per position) up to this many
-# bytes per actor go to RAM-backed files (/dev/shm), beyond it to the local temp directory on
-# disk. A Ray `memory` resource per actor sets it to half of that. On the development VM 4 GB
-# of spill for one 4 Mb segment (a variant that also kept q, k, v) took 53 s on disk against
-# 37 s in /dev/shm: the kernel throttles writers once dirty pages pass its threshold.
+# A segment's spilled activations (its residual stream and what pass 1 leaves for pass 2:
+# 4 (3 D + H) bytes per position, 8 D for the record's first segment; spill_bytes) up to this
+# many bytes per actor go to RAM-backed files (/dev/shm), beyond it to the local temp directory
+# on disk. A Ray `memory` resource per actor sets it to half of that. On the development VM 4 GB
+# of spill for one 4 Mb segment (an earlier design's) took 53 s on disk against 37 s in
+# /dev/shm: the kernel throttles writers once dirty pages pass its threshold.
 SPILL_MEMORY_BUDGET = 4 << 30
 SHM = "/dev/shm"
 
@@ -51,10 +52,9 @@ def spill_dirs(nbytes: int, budget: int) -> list[str]:
 
 
 def parse_split(value: str | int | None) -> str | int:
-    """--split auto|never|N (N >= 1 segments; 1 means never). The default is never: on the CPUs
-    measured (BENCHMARKS.md, issue 15) a split record ran slower than its one-actor stream."""
+    """--split auto|never|N (N >= 1 segments; 1 means never). The default is auto."""
     if value is None:
-        return "never"
+        return "auto"
     if isinstance(value, int) or str(value).strip().isdigit():
         n = int(value)
         if n < 1:

@@ -419,8 +419,8 @@ def _parse_outputs(value):
               help="Run one long record over several workers at once (exact sequence "
                    "parallelism, docs/sequence-parallel.md): auto splits a record much longer "
                    "than the job's share per worker; N forces N segments; never streams every "
-                   "record on one worker [default: never: on the CPUs measured a split record "
-                   "ran slower than one worker's stream, BENCHMARKS.md].")
+                   "record on one worker [default: auto; CPU actors and DNA models only: "
+                   "GPU actors, time series and --regions stream].")
 @click.option("--address", default=None, metavar="ADDR",
               help="Ray cluster: HOST:PORT of the head (the driver runs here), or "
                    "http://HEAD:8265 to submit through the job server and return at once "

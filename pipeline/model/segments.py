@@ -1,28 +1,40 @@
 """Exact sequence parallelism for inference: one record split into P contiguous segments.
 
-Per layer l the recurrence of one head is affine in the state entering a segment:
+Per layer and head the attention is affine in the state entering a segment:
 
-    S_out = g^T S_in + S_loc,    S_loc = sum_j g^(T-1-j) phi(k_j) v_j^T   (z alike, with phi(k_j))
+    S_t = g^(t+1) S_in + S_loc_t,   S_loc_t = sum_{j<=t} g^(t-j) phi(k_j) v_j^T   (z alike)
+    o_t = phi(q_t)^T S_t / (phi(q_t) . z_t + eps)
 
-Every segment runs, right behind layer l on each sub-chunk (while it is in cache), the part of
-layer l+1 that needs no state: the RMSNorm, the conv, the k and v projections, and the sums
-S_loc, z_loc from a zero state over its positions from W-1 on (the first W-1 read the conv
-halo, which is not known yet). That is the segment's message for layer l+1, with its first and
-last W-1 normalised inputs. The driver folds the P messages left to right in a fixed order
-(`fold_layer`): the halos from the tails, the first W-1 positions' share of S_loc from the halo
-and the head (a (W-1)-row conv and matmul), then every segment's exact incoming state. The
-segments then run the real layer l+1 from that state (the same `Block` code on the same
-sub-chunks as the serial run). So there is one exchange per layer, and per position the work
-the serial run does not do is the norm, conv and k, v projections once more, and the sums.
+so every segment runs each layer in two passes around one exchange:
 
-Keeping q, k, v from the first pass instead of projecting again (3D more floats per position)
-was measured slower on the development VM: touching GBs of fresh memory cost more than the
-projections (BENCHMARKS.md, issue 15).
+1. Pass 1 (right behind pass 2 of the layer before, on the same sub-chunk while it is in
+   cache; for layer 0 behind the embedding): the layer's attention from a zero state, with v
+   widened by a column of ones so one kernel call gives each position's numerator
+   phi(q)^T S_loc and, as that column, its denominator phi(q).z_loc. q and both go to the
+   spill. The first W-1 positions are left out (their conv reads the halo, the previous
+   segment's last inputs, not known yet). The segment's message: S_loc, z_loc at its end and
+   its first and last W-1 normalised inputs.
+2. The fold (`fold_layer`, the driver): the halos from the tails, the first W-1 positions'
+   share of S_loc (a (W-1)-row conv and matmul with the layer's weights), then every segment's
+   exact incoming state, an exclusive prefix in float64 in a fixed order.
+3. Pass 2: the first W-1 positions run the attention from that state; every later position's
+   numerator and denominator get phi(q_t)^T g^(t-b+1) S_h added (S_h: the state after those
+   first positions, b: the first position after them); then the output projection and the
+   MLP, the layer's own code.
 
-Memory: a segment's residual stream (T, D) lives in a float32 spill, updated in place layer by
-layer, sub-chunk by sub-chunk; resident memory is a few sub-chunks whatever the segment's
-length when the spill is a file (jobs/split.py puts it in /dev/shm within a budget, else on
-local disk; plain reads and writes, not mapped).
+So per position no projection runs twice: the split's extra work is pass 1's rows written and
+read back and one (K, V+1) matmul per head. The record's first segment knows its incoming
+state: its pass 1 is the layer's attention itself and its pass 2 the rest, the serial run's ops
+on the serial run's sub-chunks (P = 1 gives the serial bytes), and its message is its exact
+final state. An earlier design computed the next layer's k, v projections and sums a second
+time instead of keeping numerators; it did 12-33% more work per position and reached 1.16x on
+two workers against this one's 1.63x (BENCHMARKS.md, issue 15).
+
+Memory: a segment's residual stream (T, D) and pass 1's rows (T, D + H (V+1); the first
+segment's o, (T, D)) live in float32 spills, updated in place layer by layer, sub-chunk by
+sub-chunk; resident memory is a few sub-chunks whatever the segment's length when the spills
+are files (jobs/split.py puts them in /dev/shm within a budget, else on local disk; plain
+reads and writes, not mapped).
 
 Sub-chunks are cut at the segment start, at every chunk edge and every FORWARD_BLOCK positions
 after a chunk edge: exactly the serial run's blocks when segment edges are chunk edges. The
