@@ -183,7 +183,7 @@ class RayGroup:
 
 def first_incomplete_segment(store, record: Record, bounds) -> int:
     """The first segment with a chunk not marked done (len(bounds): all done)."""
-    done = store.completed_chunks(record.key)
+    done = store.completed_chunks(record.key, "+")  # the forward strand's (--strand both streams the other)
     for k, (a, b) in enumerate(bounds):
         chunks = range(a // record.chunk_size, -(-b // record.chunk_size))
         if any(i not in done for i in chunks):
@@ -226,7 +226,7 @@ def run_split(record: Record, parts: int, store, new_actor, events, *, on_layer=
             hook = None if on_layer is None else (
                 lambda layer, nodes=nodes, group=group: on_layer(record, layer, nodes, group.take()))
             states = run_layers(_Timed(group, stats, hook), state0, weights, len(todo), exact_first=k0 == 0)
-            done = sorted(store.completed_chunks(record.key))
+            done = sorted(store.completed_chunks(record.key, "+"))
             results = group.call("write", [(states[k].y[0], states[k + 1].to_arrays(), done)
                                            for k in range(len(todo))])
             for res in results:
@@ -234,6 +234,9 @@ def run_split(record: Record, parts: int, store, new_actor, events, *, on_layer=
                     stats["positions"] += u.positions
                     stats["units"].append(u)
                     events.unit_done(u, len(stats["units"]))
+            if first_incomplete_segment(store, record, bounds) <= k0:  # never loop on a store that
+                raise LinpipeError(f"record {record.id!r}: its split run ended but chunks of segment "
+                                   f"{k0} are not marked done in the store")
         except (GroupLost, ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as e:
             if getattr(e, "actor_init_failed", False):
                 from .driver import init_error
