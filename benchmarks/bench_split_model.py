@@ -5,7 +5,7 @@
 N positions, L layers; c: seconds per position per layer on one worker (measured, whole job:
 read, model, heads, write); f: the split's extra work per position in a segment after the
 first (pass 1's q, numerators and denominators written and read back, the correction, the
-residual stream's spill), measured in one process; the first segment is weighted to take
+residual stream's spill), measured in the 2-worker run; the first segment is weighted to take
 (1 + f) times the others' positions, so every segment takes about the same time. a + b P: one
 driver barrier with P segments (measured on trivial actors); one barrier per layer; s: bytes
 one segment moves through the driver per layer (S, z up in float64 with the first and last
@@ -31,7 +31,7 @@ GPU_FLOPS = 67e12 * 0.25  # H100 SXM fp32 peak (non tensor core) at 25% efficien
 GPU_BYTES = 3.35e12 * 0.5  # H100 HBM3 at 50%: assumption
 GPU_START_S = 20.0  # actor start + model load + CUDA context: assumption
 # The issue's figure for the default model on one idle CPU worker (200k positions/s), per
-# position per layer: this machine was loaded 8-15 during the measurements, ~5x slower.
+# position per layer (this VM's 1-worker run measures c itself: ~130-145k positions/s).
 C_UNLOADED = 1 / 200_000 / 2
 
 
@@ -75,13 +75,15 @@ def fit_and_plot(out: Path, docs: Path) -> dict:
     b = max(b, 1e-6)
     big = r["barrier"].get("big_payload", {})
     bw = big.get("bytes_per_s", 1e9)
-    # f: the split's extra work per position, measured in one process on one thread, not from
-    # the 2-worker run, whose time on a 2-core machine includes the two workers' contention
-    f = r["profile"]["f"]["later"]  # a later segment's; the first runs the layers themselves
+    # f: the split's extra work per position, from the 2-worker run itself (its work seconds
+    # less the exchange, against half the 1-worker run's): every overhead of the real path, and
+    # the two workers slowing each other on this 2-core VM (so an upper bound for P workers on
+    # P cores). The one-process profile stage moved from -0.1 to 0.5 between repetitions.
     exch = sum(t["exchange_s"] for t in w2["layers"])
-    f_embedded = (w2["seconds"] - exch) / (N * dm["L"] * c / 2) - 1
+    f = (w2["seconds"] - exch) / (N * dm["L"] * c / 2) - 1
+    f_profile = r.get("profile", {}).get("f")
     t_start = w1["startup_s"]
-    fit = {"c_s_per_pos_layer": c, "f": f, "f_seen_in_embedded_2_workers": f_embedded, "a_s": a,
+    fit = {"c_s_per_pos_layer": c, "f": f, "f_profile_one_process": f_profile, "a_s": a,
            "b_s_per_P": b, "driver_bytes_per_s": bw, "t_start_s": t_start, "N_measured": N,
            "c_unloaded_issue": C_UNLOADED}
     pred = {}
@@ -89,7 +91,7 @@ def fit_and_plot(out: Path, docs: Path) -> dict:
     Pgrid = np.unique(np.round(np.logspace(0, np.log10(CHR1 // CHUNK), 60)).astype(int))
     fig, ax = plt.subplots(figsize=(8, 5))
     for name, m in MODELS.items():
-        for dev in ("CPU (measured here, loaded)", "CPU (idle: 200k pos/s default)", "GPU"):
+        for dev in ("CPU (c measured here)", "CPU (idle: 200k pos/s default)", "GPU"):
             if dev.startswith("CPU"):
                 cm = (c if "measured" in dev else C_UNLOADED) * flops(**m) / f0
                 ts = t_start

@@ -139,42 +139,10 @@ def layer_weights(net) -> list[LayerWeights]:
     return out
 
 
-def _decay_weights(log_decay, n: int, skip: int = 0, stop: int | None = None) -> torch.Tensor:
-    """(H, stop - skip) float64 g^(n-1-j) for positions j = skip .. stop-1 of a run of n."""
-    pos = torch.arange(skip, n if stop is None else stop, dtype=torch.float64, device=log_decay.device)
-    return torch.exp((n - 1 - pos) * log_decay.view(-1, 1))
-
-
-SUM_BLOCK = 32  # positions per float32 partial sum of S_loc, as the kernel's state update; added in float64
-
-
-def _kv_sums(kv: torch.Tensor, feature_map: str, weights, scratch=None):
-    """sum_j weights_j phi(k_j) v_j^T and sum_j weights_j phi(k_j) for kv (n, 2, H, K) float32,
-    in float64 (S (H, K, K), z (H, K)): float32 products summed over blocks of SUM_BLOCK
-    positions by one batched matmul, as exact as the serial kernel's own state updates, and the
-    block sums added in float64. weights: (H, n) float32 or None (all ones). scratch: reused
-    buffers for phi(k) (fresh ones cost more in page faults than the arithmetic)."""
-    n, _, H, K = kv.shape
-    out = tmp = None
-    if scratch is not None:
-        out, tmp = scratch("seg_kf", n, H, K), scratch("seg_tmp", n, H, K)
-    kf = features(kv[:, 0], feature_map, out=out, tmp=tmp)  # (n, H, K)
-    if weights is not None:
-        kf = torch.mul(kf, weights.t().unsqueeze(-1), out=out)
-    v = kv[:, 1]
-    m = n - n % SUM_BLOCK
-    nb = m // SUM_BLOCK
-    kb = kf[:m].reshape(nb, SUM_BLOCK, H, K).permute(2, 0, 3, 1)  # (H, nb, K, c)
-    vb = v[:m].reshape(nb, SUM_BLOCK, H, K).permute(2, 0, 1, 3)  # (H, nb, c, V)
-    S = torch.matmul(kb, vb).sum(1, dtype=torch.float64)  # (H, K, V)
-    if m < n:
-        S += torch.bmm(kf[m:].permute(1, 2, 0), v[m:].permute(1, 0, 2)).double()
-    return S, kf.sum(0, dtype=torch.float64)
-
-
 def head_share(w: LayerWeights, halo: torch.Tensor, head: torch.Tensor, length: int):
     """The first n = head rows' share of S_loc, z_loc (float64) for a segment of `length`
-    positions entering with conv window `halo` (W-1, D)."""
+    positions entering with conv window `halo` (W-1, D): sum_j g^(length-1-j) phi(k_j) v_j^T
+    and sum_j g^(length-1-j) phi(k_j) over those rows."""
     n, D = head.shape
     H = w.n_heads
     if n == 0:
@@ -183,8 +151,11 @@ def head_share(w: LayerWeights, halo: torch.Tensor, head: torch.Tensor, length: 
     if w.conv is not None:
         c = causal_conv(c[None], halo.float()[None], w.conv)[0][0]  # (n, D)
     kv = (c @ w.wkv.t()).view(n, 2, H, D // H)
-    weights = None if w.log_decay is None else _decay_weights(w.log_decay, length, stop=n).float()
-    return _kv_sums(kv, w.feature_map, weights)
+    kf = features(kv[:, 0], w.feature_map).double()  # (n, H, K)
+    if w.log_decay is not None:
+        pos = torch.arange(n, dtype=torch.float64)
+        kf = kf * torch.exp((length - 1 - pos).view(-1, 1) * w.log_decay.view(1, -1)).unsqueeze(-1)
+    return torch.einsum("nhk,nhv->hkv", kf, kv[:, 1].double()), kf.sum(0)
 
 
 def fold_states(S0, z0, contribs: list[Contribution]):
