@@ -28,7 +28,7 @@ state: its pass 1 is the layer's attention itself and its pass 2 the rest, the s
 on the serial run's sub-chunks (P = 1 gives the serial bytes), and its message is its exact
 final state. An earlier design computed the next layer's k, v projections and sums a second
 time instead of keeping numerators; it did 12-33% more work per position and reached 1.16x on
-two workers against this one's 1.63x (BENCHMARKS.md, issue 15).
+two workers against this one's 1.62x (BENCHMARKS.md, issue 15).
 
 Memory: a segment's residual stream (T, D) and pass 1's rows (T, D + H (V+1); the first
 segment's o, (T, D)) live in float32 spills, updated in place layer by layer, sub-chunk by
