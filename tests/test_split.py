@@ -242,6 +242,15 @@ def test_spill_goes_to_the_first_folder_with_room(tokens, tmp_path):
     # and denominators (H (V + 1) float32)
     assert spill_bytes(model.config, 1000, exact=True) == 1000 * (16 + 16) * 4
     assert spill_bytes(model.config, 1000) == 1000 * (16 + 16 + 2 * 9) * 4
+    ill = tiny(True, True, "identity", 4)  # float64 numerators, spilled as two float32 parts
+    assert spill_bytes(ill.config, 1000) == 1000 * (16 + 16 + 2 * 2 * 9) * 4
+    from linpipe.model.segments import SegmentRunner
+
+    for m in (model, ill):  # what a runner holds is what the planner budgets for
+        for exact in (True, False):
+            r = SegmentRunner(m, lambda a, b: tokens[a:b], 0, 1000, 500, exact=exact)
+            assert r.h.mem.nbytes + r.num.mem.nbytes == spill_bytes(m.config, 1000, exact)
+            r.close()
     assert spill_dirs(10 << 20, 4 << 30)[-1] == tempfile.gettempdir()
     assert spill_dirs(5 << 30, 4 << 30) == [tempfile.gettempdir()]
     if os.path.isdir(SHM) and os.access(SHM, os.W_OK):

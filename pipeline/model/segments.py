@@ -58,9 +58,10 @@ from linpipe.kernels.linear_attn import features
 from linpipe.model.inference import FORWARD_BLOCK, Model
 from linpipe.model.network import Block, ModelState, add_linear, causal_conv
 
-# The record's first segment runs its layers itself; every later one also writes pass 1's rows
-# and reads them back with the correction, ~1.2-1.3x the first one's work per position
-# (BENCHMARKS.md, issue 15). So the first segment gets that much more of the record.
+# The record's first segment runs the layer's own attention; every later one also carries a
+# column of ones, spills wider rows and corrects them: 1.0-1.5x the first one's time per
+# position in one process (noisy), and with 1.25 two workers reached 1.47-1.69x one worker's
+# rate (BENCHMARKS.md, issue 15). So the first segment gets that much more of the record.
 FIRST_WEIGHT = 1.25
 
 
@@ -84,8 +85,10 @@ def spill_bytes(config, positions: int, exact: bool = False) -> int:
     """Bytes a segment of `positions` keeps outside its sub-chunks: its residual stream, and
     what pass 1 leaves for pass 2 (the first segment: o; the others: q, the numerators and
     the denominators)."""
-    width = config.d_model + (config.d_model if exact else 2 * config.d_model + config.n_heads)
-    return positions * width * 4
+    if exact:
+        return positions * 2 * config.d_model * 4
+    wide = config.normalize and config.feature_map == "identity"  # numerators in two parts
+    return positions * (2 * config.d_model + config.n_heads * (config.head_dim + 1) * (2 if wide else 1)) * 4
 
 
 def _tail(x: torch.Tensor, keep: int) -> torch.Tensor:
