@@ -11,6 +11,8 @@ Stages (each appends to a JSON file, so they run apart on a busy machine):
             1 CPU; 1 worker vs 2 workers
   barrier   the driver's barrier latency with P = 1..16 trivial actors (the exchange's floor)
   profile   one process, one thread: serial vs one segment's calls on 500 kb (the extra work f)
+  accuracy  identity features with the normaliser: the split's and the serial run's distance
+            from the float64 run
   model     a cost model fitted to the above; chr1 (249 Mb) makespan predictions, the plot
 
 Usage: python benchmarks/bench_split.py STAGE [--out /tmp/bench15] [--length 8000000]
@@ -273,9 +275,53 @@ def stage_profile(out: Path, length: int = 500_000) -> None:
     print("f", f)
 
 
+def stage_accuracy(out: Path) -> None:
+    """Distance from the exact (float64) run of the serial float32 run and of the split, for
+    identity features with the normaliser (where phi(q).z crosses zero), on hg19 chr1
+    [9,000, 11,600) (the N run's end and real sequence): tests/test_split.py's small models and
+    segment layouts, the worst position of `hidden` (max abs difference over the largest value)."""
+    import copy
+
+    import torch
+
+    from linpipe.inputs.alphabet import tokenize
+    from linpipe.model import Model, ModelConfig, init_net
+    from linpipe.model.segments import forward_split, segment_bounds
+
+    torch.set_num_threads(1)
+    x = tokenize(_seqs(DATA / "korflab_hg19_chr1_first3Mb.fa.gz")[0][9_000:11_600])
+    chunk = 500
+
+    def serial(model):
+        state, parts = model.init_state(), []
+        for a in range(0, len(x), chunk):
+            o, state = model.forward(x[a:a + chunk], state, outputs=["hidden"])
+            parts.append(o["hidden"])
+        return np.concatenate(parts).astype(np.float64)
+
+    res = []
+    for decay in (True, False):
+        for width in (1, 4):
+            cfg = ModelConfig(modality="dna", d_model=16, n_layers=2, n_heads=2, mlp_hidden=32,
+                              feature_map="identity", normalize=True, conv_width=width)
+            model = Model(init_net(cfg, seed=3, decay=None if decay else 1.0), cfg, device="cpu")
+            exact = serial(Model(copy.deepcopy(model.net).double(), cfg, device="cpu"))
+            scale = np.abs(exact).max()
+            d_serial = float(np.abs(serial(model) - exact).max() / scale)
+            for parts in (2, 3, 5):
+                bounds = segment_bounds(len(x), chunk, parts)
+                got = forward_split(model, x, bounds, chunk, outputs=["hidden"])[0]
+                d = float(np.abs(got["hidden"].astype(np.float64) - exact).max() / scale)
+                res.append({"decay": decay, "conv_width": width, "P": parts, "serial": d_serial, "split": d,
+                            "ratio": d / d_serial})
+                print(res[-1], flush=True)
+    save(out, "accuracy", res)
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("stage", choices=["build", "embedded", "cluster", "barrier", "profile", "model"])
+    ap.add_argument("stage", choices=["build", "embedded", "cluster", "barrier", "profile", "accuracy",
+                                      "model"])
     ap.add_argument("--out", default="/tmp/bench15")
     ap.add_argument("--length", type=int, default=8_000_000)
     ap.add_argument("--reps", type=int, default=1, help="embedded: pairs of runs (the median is kept)")
@@ -292,6 +338,8 @@ def main():
         stage_barrier(out)
     elif a.stage == "profile":
         stage_profile(out)
+    elif a.stage == "accuracy":
+        stage_accuracy(out)
     else:
         from bench_split_model import fit_and_plot  # noqa: E402  (the model stage, beside this file)
 

@@ -159,24 +159,33 @@ class Attention(nn.Module):
         # Fixed per-head decay in (0, 1]; not trained by default (training may opt in).
         self.decay = nn.Parameter(torch.ones(c.n_heads), requires_grad=False)
 
-    def forward(self, a, S, z, window, residual, scratch):
-        """residual + o_proj(attention(a)); a, residual (B, T, D); S (B, H, K, K); z (B, H, K);
-        window (B, W-1, D). Returns that sum and the new S, z, window."""
+    def qkv(self, a, window, scratch):
+        """Normalised inputs a (B, T, D) through the conv and one matmul -> (qkv (B, T, 3, H, K),
+        the new conv window). The split (linpipe.model.segments) runs it with its own kernel
+        call."""
         B, T, D = a.shape
-        H, K = self.n_heads, self.head_dim
         if self.conv is not None:
             a, window = self.conv(a, window, out=scratch("conv", B, T, D))
-        # One matmul for q, k, v (weights concatenated), (B, T, 3, H, K), handed to the kernel
-        # as (B, T, H, K) views: no split pass. Position-major rows make the kernel's one
-        # transpose into (B, H, T, K) read contiguous K-runs.
+        # One matmul for q, k, v (weights concatenated), handed to the kernel as (B, T, H, K)
+        # views: no split pass. Position-major rows make the kernel's one transpose into
+        # (B, H, T, K) read contiguous K-runs.
         w = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])  # (3D, D)
-        qkv = torch.mm(a.reshape(B * T, D), w.t(), out=scratch("qkv", B * T, 3 * D)).view(B, T, 3, H, K)
+        qkv = torch.mm(a.reshape(B * T, D), w.t(), out=scratch("qkv", B * T, 3 * D))
+        return qkv.view(B, T, 3, self.n_heads, self.head_dim), window
+
+    def kernel(self, q, k, v, S, z, normalize=None):
+        """The linear attention of (B, T, H, K) q, k, v from (S, z): (o, (S, z) after)."""
         decay = None if bool((self.decay == 1).all()) else self.decay
-        o, (S, z) = chunk_linear_attn(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], decay=decay,
-                                      feature_map=self.feature_map, normalize=self.normalize,
-                                      eps=self.eps, initial_state=(S, z), output_final_state=True)
-        h = add_linear(residual, o.reshape(B, T, D), self.o_proj.weight, out=scratch.same(residual))
-        return h, S, z, window
+        return chunk_linear_attn(q, k, v, decay=decay, feature_map=self.feature_map,
+                                 normalize=self.normalize if normalize is None else normalize,
+                                 eps=self.eps, initial_state=(S, z), output_final_state=True)
+
+    def forward(self, a, S, z, window, scratch):
+        """The attention of normalised inputs a (B, T, D) from S (B, H, K, K), z (B, H, K) and the
+        conv window (B, W-1, D): (o (B, T, H, V), the new S, z, window); o_proj is Block.finish's."""
+        qkv, window = self.qkv(a, window, scratch)
+        o, (S, z) = self.kernel(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], S, z)
+        return o, S, z, window
 
 
 class MLP(nn.Module):
@@ -207,10 +216,15 @@ class Block(nn.Module):
         """h (B, T, D) -> h + attention, then + MLP; without autograd h is updated in place."""
         B, T, D = h.shape
         scratch = self.scratch(h)
-        h, S, z, window = self.attn(self.attn_norm(h, out=scratch("attn_in", B, T, D)), S, z, window,
-                                    residual=h, scratch=scratch)
-        h = self.mlp(self.mlp_norm(h, out=scratch("mlp_in", B, T, D)), residual=h, scratch=scratch)
-        return h, S, z, window
+        o, S, z, window = self.attn(self.attn_norm(h, out=scratch("attn_in", B, T, D)), S, z, window, scratch)
+        return self.finish(h, o.reshape(B, T, D), scratch), S, z, window
+
+    def finish(self, h, o, scratch):
+        """The layer after its attention o (B, T, D): h + o_proj(o), then + MLP (in place on h
+        when scratch reuses buffers)."""
+        B, T, D = h.shape
+        h = add_linear(h, o, self.attn.o_proj.weight, out=scratch.same(h))
+        return self.mlp(self.mlp_norm(h, out=scratch("mlp_in", B, T, D)), residual=h, scratch=scratch)
 
     @staticmethod
     def scratch(h) -> Scratch:

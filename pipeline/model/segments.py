@@ -53,10 +53,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from linpipe.kernels import chunk_linear_attn
 from linpipe.kernels.linear_attn import features
 from linpipe.model.inference import FORWARD_BLOCK, Model
-from linpipe.model.network import Block, ModelState, add_linear, causal_conv
+from linpipe.model.network import Block, ModelState, causal_conv
 
 # The record's first segment runs the layer's own attention; every later one also carries a
 # column of ones, spills wider rows and corrects them: 1.0-1.5x the first one's time per
@@ -267,33 +266,17 @@ def _buf(scratch, slot: str, like: torch.Tensor, *shape: int) -> torch.Tensor:
 
 
 class _LayerW:
-    """One layer's modules and the views of its weights the runner uses."""
+    """One layer's modules, and what the runner derives from them once."""
 
     def __init__(self, blk: Block):
         a = self.attn = blk.attn
         self.blk = blk
         self.H, self.K = a.n_heads, a.head_dim
-        self.decay = None if bool((a.decay == 1).all()) else a.decay
-        self.lg = None if self.decay is None else torch.log(a.decay.detach().double())
-        self.wqkv = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])  # (3D, D), as Attention
-        self.wq = a.q_proj.weight  # (D, D)
+        self.lg = None if bool((a.decay == 1).all()) else torch.log(a.decay.detach().double())
         # phi(q).z can near zero only with identity features and the normaliser: there float32
-        # partial sums lost up to 5x the serial run's distance from exact, so the split's two
+        # partial sums lost up to 5.4x the serial run's distance from exact, so the split's two
         # passes run in float64 (pass 1's numerators spilled as two float32 parts)
         self.wide = a.normalize and a.feature_map == "identity"
-
-    def kernel(self, q, k, v, S, z, normalize: bool):
-        a = self.attn
-        return chunk_linear_attn(q, k, v, decay=self.decay, feature_map=a.feature_map, normalize=normalize,
-                                 eps=a.eps, initial_state=(S, z), output_final_state=True)
-
-
-def _project(w: _LayerW, h, o, scratch):
-    """The rest of the layer after its attention o (1, n, D): h + o_proj(o), then + MLP, in
-    place, as Block does."""
-    D = h.shape[-1]
-    h = add_linear(h, o, w.attn.o_proj.weight, out=scratch.same(h))
-    return w.blk.mlp(w.blk.mlp_norm(h, out=scratch("mlp_in", 1, h.shape[1], D)), residual=h, scratch=scratch)
 
 
 class _Attend:
@@ -309,14 +292,10 @@ class _Attend:
 
     def span(self, s: int, e: int, h: torch.Tensor) -> None:
         r, w = self.r, self.w
-        n, D, H, K = e - s, r.D, w.H, w.K
+        n, D = e - s, r.D
         scratch = Block.scratch(h)
         a = w.blk.attn_norm(h, out=scratch("attn_in", 1, n, D))
-        if w.attn.conv is not None:
-            a, self.window = w.attn.conv(a, self.window, out=scratch("conv", 1, n, D))
-        qkv = torch.mm(a.reshape(n, D), w.wqkv.t(), out=scratch("qkv", n, 3 * D)).view(1, n, 3, H, K)
-        o, (self.S, self.z) = w.kernel(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], self.S, self.z,
-                                       normalize=w.attn.normalize)
+        o, self.S, self.z, self.window = w.attn(a, self.S, self.z, self.window, scratch)
         r.num.put(s - r.start, o[0].reshape(n, D).to("cpu").numpy())
         if r.is_edge(e):
             r.record_edge(e, self.layer, self.S[0], self.z[0], self.window[0])
@@ -335,7 +314,7 @@ class _Project:
     def span(self, s: int, e: int, h: torch.Tensor) -> torch.Tensor:
         r = self.r
         o = torch.from_numpy(r.num.get(s - r.start, e - r.start)).to(h.device)[None]  # (1, n, D)
-        return _project(self.w, h, o, Block.scratch(h))
+        return self.w.blk.finish(h, o, Block.scratch(h))
 
 
 class _Local:
@@ -368,9 +347,7 @@ class _Local:
             self.head = torch.cat([self.head, a[0, :keep - self.head.shape[0]]])
         if keep:
             self.tail = _tail(torch.cat([self.tail, a[0, -keep:]]), keep)
-        if w.attn.conv is not None:
-            a, self.window = w.attn.conv(a, self.window, out=scratch("conv", 1, n, D))
-        qkv = torch.mm(a[0], w.wqkv.t(), out=scratch("qkv", n, 3 * D)).view(1, n, 3, H, K)
+        qkv, self.window = w.attn.qkv(a, self.window, scratch)  # (1, n, 3, H, K)
         row = _buf(scratch, "seg_row", h, n, r.row_width)  # what pass 2 reads: q, then num
         q, v1 = row[:, :D].view(1, n, H, K), row[:, D:D + H * (K + 1)].view(1, n, H, K + 1)
         q.copy_(qkv[:, :, 0])
@@ -381,8 +358,8 @@ class _Local:
             v1[:, :skip] = 0.0
         if w.wide:  # each span from zero in float64, the state before it added here in float64
             zero = torch.zeros_like(self.S)
-            num, (Sd, _) = w.kernel(q.double(), qkv[:, :, 1].double(), v1.double(), zero, self.z,
-                                    normalize=False)
+            num, (Sd, _) = w.attn.kernel(q.double(), qkv[:, :, 1].double(), v1.double(), zero, self.z,
+                                         normalize=False)
             qf = features(q[0].double(), w.attn.feature_map)  # (n, H, K)
             corr = torch.einsum("nhk,hkv->nhv", qf, self.S[0])
             if w.lg is not None:  # g^(j+1) for the span's j-th position; the carry ages by g^n
@@ -393,7 +370,7 @@ class _Local:
             self.S = self.S + Sd.double()
             row[:, D + H * (K + 1):].view(n, H, K + 1).copy_(num - num.float().double())  # the low part
         else:
-            num, (self.S, self.z) = w.kernel(q, qkv[:, :, 1], v1, self.S, self.z, normalize=False)
+            num, (self.S, self.z) = w.attn.kernel(q, qkv[:, :, 1], v1, self.S, self.z, normalize=False)
         v1.copy_(num)
         r.num.put(s - r.start, row.to("cpu").numpy())
         if r.is_edge(e):
@@ -422,7 +399,6 @@ class _Correct:
         # (H, K, V+1) float64: [S, z] after the head rows (at once without a conv: none)
         self.Sh = self._joined() if r.base == r.start else None
         self._g: dict[int, torch.Tensor] = {}
-        self.wide = self.w.wide
 
     def _joined(self) -> torch.Tensor:
         return torch.cat([self.S[0], self.z[0].unsqueeze(-1)], -1).double()  # (H, K, V+1)
@@ -442,11 +418,7 @@ class _Correct:
         nh = min(n, max(0, r.base - s))  # head rows in this span
         if nh:  # the layer's attention from the incoming state, on the true conv window
             a = self.local.head[s - r.start:s - r.start + nh][None]  # (1, nh, D) normalised inputs
-            if w.attn.conv is not None:
-                a, self.window = w.attn.conv(a, self.window)
-            qkv = torch.mm(a[0], w.wqkv.t()).view(1, nh, 3, H, K)
-            oh, (self.S, self.z) = w.kernel(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], self.S, self.z,
-                                            normalize=w.attn.normalize)
+            oh, self.S, self.z, self.window = w.attn(a, self.S, self.z, self.window, scratch)
             o[:nh] = oh[0]
             if s + nh == r.base:
                 self.Sh = self._joined()
@@ -454,9 +426,9 @@ class _Correct:
             m, i0 = n - nh, s + nh
             qf = features(row[nh:, :D].view(m, H, K), w.attn.feature_map, out=scratch("seg_qf", m, H, K),
                           tmp=scratch("seg_tmp", m, H, K))
-            dt = torch.float64 if self.wide else torch.float32
+            dt = torch.float64 if w.wide else torch.float32
             corr = torch.bmm(qf.transpose(0, 1).to(dt), self._aged(i0 - r.base).to(dt),
-                             out=None if self.wide else scratch("seg_corr", H, m, K + 1))  # (H, m, V+1)
+                             out=None if w.wide else scratch("seg_corr", H, m, K + 1))  # (H, m, V+1)
             if w.lg is not None:  # g^(j+1) for the span's j-th position: S_h ages one step more
                 g = self._g.get(m)
                 if g is None:
@@ -464,13 +436,13 @@ class _Correct:
                     g = self._g[m] = torch.exp(pos * w.lg.view(-1, 1)).unsqueeze(-1).to(dt)  # (H, m, 1)
                 corr.mul_(g)
             num = corr.transpose(0, 1).add_(row[nh:, D:D + H * (K + 1)].view(m, H, K + 1))  # (m, H, V+1)
-            if self.wide:
+            if w.wide:
                 num.add_(row[nh:, D + H * (K + 1):].view(m, H, K + 1))
             if w.attn.normalize:  # as the kernel: num * 1 / (den + eps)
                 o[nh:] = num[..., :K] * num[..., K:].add_(w.attn.eps).reciprocal_()
             else:
                 o[nh:] = num[..., :K]
-        h = _project(w, h, o.view(1, n, D), scratch)
+        h = w.blk.finish(h, o.view(1, n, D), scratch)
         if r.is_edge(e):
             if e <= r.base:
                 S, z, win = self.S[0], self.z[0], self.window[0]
