@@ -151,25 +151,9 @@ def stage_cluster(out: Path, length: int) -> None:
     sys.path.insert(0, str(REPO / "tests"))
     import ray_local_cluster as rlc
 
-    class OneByOne(rlc.LocalCluster):
-        """Worker nodes started one after another: two raylets starting at once on a loaded
-        2-core machine miss Ray's fixed 30 s registration window."""
-
-        def _start(self):
-            n, self.num_workers = self.num_workers, 0
-            super()._start()
-            for i in range(n):
-                args = ["start", f"--address={self.gcs_address}", "--node-ip-address=127.0.0.1",
-                        f"--num-cpus={self.cpus}", "--num-gpus=0", "--object-store-memory=100000000",
-                        *rlc._node_ports()]
-                self.procs.append(rlc._ray_block(args, self.env, self.tmp / f"worker{i}.log"))
-                self._wait_for_nodes(2 + i)
-            self.num_workers = n
-            return self
-
     fa = build(out, length)
     res = {}
-    with OneByOne(num_workers=2, cpus_per_node=1) as c:
+    with rlc.LocalCluster(num_workers=2, cpus_per_node=1) as c:  # nodes start one by one
         for workers, split in ((1, "never"), (2, "2"), (3, "3")):
             r = run(fa, out / f"c{workers}.zarr", workers, split, address=c.gcs_address)
             print(json.dumps({k: v for k, v in r.items() if k != "layers"}), flush=True)

@@ -6,6 +6,7 @@ same time and Ray's defaults (10001, 52365, 6379, workers from 10002) would coll
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -15,25 +16,54 @@ import tempfile
 import time
 from pathlib import Path
 
+# A node whose `ray start` exits before the node is up is started again, with fresh ports, at
+# most this many times in all. `ray start` gives a node a fixed 30 s to register with the
+# cluster (ray._private.services), which a 2-core machine running a whole test suite beside
+# this one can miss; a node that fails every time is still an error.
+START_ATTEMPTS = 3
 
-def free_ports(n: int, avoid: range = range(0)) -> list[int]:
-    socks, ports = [], []
+
+def _ephemeral_start() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+# Ports below the kernel's ephemeral range (where every outgoing connection takes its local
+# port, so a port found free there can be taken before Ray binds it) and above Ray's default
+# worker ports (10002-19999).
+PRIVATE_PORTS = range(20000, max(_ephemeral_start(), 20000 + 2000))
+_rng = random.SystemRandom()
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("", port))  # every interface: Ray binds some ports on 0.0.0.0
+        except OSError:
+            return False
+    return True
+
+
+def free_ports(n: int, avoid: range | set = frozenset()) -> list[int]:
+    """`n` distinct ports that nothing is bound to now, at random in PRIVATE_PORTS."""
+    ports: list[int] = []
     while len(ports) < n:
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)  # held open until all are chosen, so no port comes twice
-        if s.getsockname()[1] not in avoid:
-            ports.append(s.getsockname()[1])
-    for s in socks:
-        s.close()
+        p = _rng.randrange(PRIVATE_PORTS.start, PRIVATE_PORTS.stop)
+        if p not in avoid and p not in ports and _bindable(p):
+            ports.append(p)
     return ports
 
 
-def _worker_port_block(size: int = 150) -> range:
-    # Below the kernel's ephemeral range (32768+) and above Ray's default 10002-19999, at a
-    # place that differs between processes, so concurrent clusters rarely share a block.
-    lo = 20000 + (os.getpid() * 7919 + int(time.time())) % (12000 - size)
-    return range(lo, lo + size + 1)
+def _worker_port_block(avoid: set[int], size: int = 150) -> range:
+    """A block of ports for one node's worker processes, at a random place in PRIVATE_PORTS
+    (so that concurrent clusters rarely share one) that holds none of `avoid`."""
+    while True:
+        lo = _rng.randrange(PRIVATE_PORTS.start, PRIVATE_PORTS.stop - size - 1)
+        block = range(lo, lo + size + 1)
+        if not avoid.intersection(block):
+            return block
 
 
 def _ray_block(args: list[str], env: dict, log: Path) -> subprocess.Popen:
@@ -46,19 +76,34 @@ def _ray_block(args: list[str], env: dict, log: Path) -> subprocess.Popen:
                                 start_new_session=True)
 
 
-def _node_ports() -> list[str]:
-    block = _worker_port_block()
-    (nm, om, agent_http, agent_grpc, rt_agent, metrics) = free_ports(6, avoid=block)
-    lo = block.start
-    return ["--node-manager-port", str(nm), "--object-manager-port", str(om),
-            "--dashboard-agent-listen-port", str(agent_http),
-            "--dashboard-agent-grpc-port", str(agent_grpc),
-            "--runtime-env-agent-port", str(rt_agent), "--metrics-export-port", str(metrics),
-            "--min-worker-port", str(lo), "--max-worker-port", str(block.stop - 1)]
+def _stop_group(p: subprocess.Popen) -> None:
+    # A node drains for up to 30 s on SIGTERM; a test cluster has nothing worth draining.
+    try:
+        os.killpg(p.pid, signal.SIGTERM)
+        p.wait(timeout=3)
+    except ProcessLookupError:
+        return
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    p.wait()
+
+
+class NodeExited(RuntimeError):
+    """A node's `ray start` exited while the cluster was coming up."""
+
+    def __init__(self, message: str, proc: subprocess.Popen):
+        super().__init__(message)
+        self.proc = proc
 
 
 class LocalCluster:
-    """`ray start --head` with the dashboard/job server on 127.0.0.1, plus `num_workers` nodes."""
+    """`ray start --head` with the dashboard/job server on 127.0.0.1, plus `num_workers` nodes,
+    started one after another (two raylets registering at once on a loaded 2-core machine
+    miss the registration window more often)."""
 
     def __init__(self, num_workers: int = 1, cpus_per_node: int = 1,
                  env: dict[str, str] | None = None):
@@ -80,6 +125,11 @@ class LocalCluster:
         self.gcs_address = ""
         self.dashboard_url = ""
         self.procs: list[subprocess.Popen] = []
+        self._logs: dict[int, Path] = {}  # pid -> that node's `ray start` output
+        self._used: set[int] = set()  # every port given to a node of this cluster
+        # pid -> that node's node-manager port, by which the cluster's node list names it (a
+        # node stopped after a failed start may be listed ALIVE for a while: it must not count)
+        self._node_port: dict[int, int] = {}
 
     def start(self) -> "LocalCluster":
         try:
@@ -89,23 +139,83 @@ class LocalCluster:
             raise
 
     def _start(self) -> "LocalCluster":
-        gcs, dash, client = free_ports(3, avoid=range(20000, 32000))
-        self.procs.append(_ray_block(["start", "--head", "--node-ip-address=127.0.0.1", f"--port={gcs}",
-                     "--include-dashboard=true", "--dashboard-host=127.0.0.1",
-                     f"--dashboard-port={dash}", f"--ray-client-server-port={client}",
-                     f"--num-cpus={self.cpus}", "--num-gpus=0",
-                     "--object-store-memory=100000000", f"--temp-dir={self.tmp}",
-                     "--disable-usage-stats", *_node_ports()], self.env, self.tmp / "head.log"))
+        self._with_retries("head", self._start_head)
+        for i in range(self.num_workers):
+            self._with_retries(f"worker{i}", lambda i=i: self._start_worker(i))
+        return self
+
+    def _with_retries(self, name: str, start) -> None:
+        for attempt in range(1, START_ATTEMPTS + 1):
+            try:
+                return start()
+            except NodeExited as e:
+                if attempt == START_ATTEMPTS:
+                    raise
+                # Said on stderr, so that a test run's output shows every restart.
+                last = str(e).strip().splitlines()[-1] if str(e).strip() else ""
+                print(f"ray_local_cluster: {name} exited while starting (attempt {attempt} of "
+                      f"{START_ATTEMPTS}); starting it again on fresh ports: {last}",
+                      file=sys.stderr, flush=True)
+
+    def _ports(self, n: int) -> list[int]:
+        ports = free_ports(n, avoid=self._used)
+        self._used.update(ports)
+        return ports
+
+    def _node_ports(self) -> tuple[list[str], int]:
+        """A node's `ray start` port arguments, and its node-manager port."""
+        block = _worker_port_block(self._used)
+        self._used.update(block)
+        nm, om, agent_http, agent_grpc, rt_agent, metrics = self._ports(6)
+        return ["--node-manager-port", str(nm), "--object-manager-port", str(om),
+                "--dashboard-agent-listen-port", str(agent_http),
+                "--dashboard-agent-grpc-port", str(agent_grpc),
+                "--runtime-env-agent-port", str(rt_agent), "--metrics-export-port", str(metrics),
+                "--min-worker-port", str(block.start), "--max-worker-port", str(block.stop - 1)], nm
+
+    def _launch(self, args: list[str], log: Path) -> subprocess.Popen:
+        ports, node_port = self._node_ports()
+        p = _ray_block([*args, *ports], self.env, log)
+        self.procs.append(p)
+        self._logs[p.pid] = log
+        self._node_port[p.pid] = node_port
+        return p
+
+    def _start_head(self) -> None:
+        gcs, dash, client = self._ports(3)
+        p = self._launch(["start", "--head", "--node-ip-address=127.0.0.1", f"--port={gcs}",
+                          "--include-dashboard=true", "--dashboard-host=127.0.0.1",
+                          f"--dashboard-port={dash}", f"--ray-client-server-port={client}",
+                          f"--num-cpus={self.cpus}", "--num-gpus=0",
+                          "--object-store-memory=100000000", f"--temp-dir={self.tmp}",
+                          "--disable-usage-stats"], self.tmp / "head.log")
         self.gcs_address = f"127.0.0.1:{gcs}"
         self.dashboard_url = f"http://127.0.0.1:{dash}"
-        self._wait_for_job_server()
-        for i in range(self.num_workers):
-            args = ["start", f"--address={self.gcs_address}", "--node-ip-address=127.0.0.1",
-                    f"--num-cpus={self.cpus}", "--num-gpus=0", "--object-store-memory=100000000",
-                    *_node_ports()]
-            self.procs.append(_ray_block(args, self.env, self.tmp / f"worker{i}.log"))
-        self._wait_for_nodes(1 + self.num_workers)
-        return self
+        try:
+            self._wait_for_job_server()
+            self._wait_for_nodes()
+        except NodeExited as e:
+            if e.proc is not p:  # an earlier node died: starting this one again cannot help
+                raise RuntimeError(str(e)) from None
+            self._drop(p)
+            raise
+
+    def _start_worker(self, i: int) -> None:
+        p = self._launch(["start", f"--address={self.gcs_address}", "--node-ip-address=127.0.0.1",
+                          f"--num-cpus={self.cpus}", "--num-gpus=0",
+                          "--object-store-memory=100000000"],
+                         self.tmp / f"worker{i}.log")
+        try:
+            self._wait_for_nodes()
+        except NodeExited as e:
+            if e.proc is not p:  # an earlier node died: starting this one again cannot help
+                raise RuntimeError(str(e)) from None
+            self._drop(p)
+            raise
+
+    def _drop(self, p: subprocess.Popen) -> None:
+        _stop_group(p)  # what it started may outlive it
+        self.procs.remove(p)
 
     def _get(self, path: str, timeout: float):
         import urllib.request
@@ -130,42 +240,34 @@ class LocalCluster:
     def _check_alive(self) -> None:
         for p in self.procs:
             if p.poll() is not None:
-                log = (self.tmp / "head.log").read_text()[-3000:]
-                raise RuntimeError(f"a ray node exited ({p.returncode}):\n{log}")
+                log = self._logs[p.pid]
+                text = log.read_text()[-3000:] if log.exists() else ""
+                raise NodeExited(f"a ray node exited ({p.returncode}), {log.name}:\n{text}", p)
 
-    def _wait_for_nodes(self, n: int, timeout: float = 120) -> None:
+    def _wait_for_nodes(self, timeout: float = 120) -> None:
+        """Until every node started (and not dropped) is ALIVE in the cluster's node list."""
         import json
 
-        from ray.job_submission import JobSubmissionClient  # noqa: F401  (ray is here anyway)
+        want = {self._node_port[p.pid] for p in self.procs}
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             self._check_alive()
             try:
                 with self._get("/nodes?view=summary", timeout=5) as r:
                     nodes = json.load(r)["data"]["summary"]
-                if sum(1 for x in nodes if x.get("raylet", {}).get("state") == "ALIVE") >= n:
+                alive = {x["raylet"].get("nodeManagerPort") for x in nodes
+                         if x.get("raylet", {}).get("state") == "ALIVE"}
+                if want <= alive:
                     return
             except (OSError, KeyError, ValueError):
                 pass
             time.sleep(0.5)
-        raise RuntimeError(f"{n} ray nodes did not come up in {timeout}s")
+        raise RuntimeError(f"ray nodes on ports {sorted(want)} did not come up in {timeout}s")
 
     def stop(self) -> None:
-        # Workers first, then the head; each by its own process group id. A node drains for up
-        # to 30 s on SIGTERM; a test cluster has nothing worth draining, so it gets 3 s.
+        # Workers first, then the head; each by its own process group id.
         for p in reversed(self.procs):
-            try:
-                os.killpg(p.pid, signal.SIGTERM)
-                p.wait(timeout=3)
-            except ProcessLookupError:
-                continue
-            except subprocess.TimeoutExpired:
-                pass
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            p.wait()
+            _stop_group(p)
         self.procs.clear()
         shutil.rmtree(self.tmp, ignore_errors=True)
 
