@@ -1,10 +1,12 @@
 """Ray set-up for a job: the one cluster probe, joining or starting Ray, and sizing the actors.
 
-Nothing here runs at import; ray.init happens only in start_ray, called by the driver.
+Nothing here runs at import; ray.init happens only in start_ray, called by the driver, which
+ends with stop_ray.
 """
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import sys
 import tempfile
@@ -14,6 +16,8 @@ from linpipe.errors import LinpipeError
 from .request import ActorResources
 
 GCS_CONNECT_TIMEOUT_S = 5.0
+
+_embedded_dir: str | None = None  # the folder of the embedded Ray that start_ray started
 
 
 class ClusterError(LinpipeError):
@@ -141,7 +145,8 @@ def start_ray(address: str | None, workers: int | None) -> bool:
         # An embedded Ray: no dashboard (nothing here uses one) and, should Ray start one
         # anyway, on loopback only. Ray 2.59+ puts it behind a token of its own (made in
         # ~/.ray/auth_token if there is none), which this process holds.
-        tmp = tempfile.mkdtemp(prefix="lpray-")
+        global _embedded_dir
+        tmp = _embedded_dir = tempfile.mkdtemp(prefix="lpray-")
         # Ray 2.60 announces on stderr that it turned token auth on for this private cluster;
         # that is Ray's default, not news for a linpipe user (and it broke `--quiet`). Only
         # that one logger is quietened, only while this process starts its own Ray.
@@ -153,9 +158,25 @@ def start_ray(address: str | None, workers: int | None) -> bool:
         try:
             ray.init(num_cpus=workers or os.cpu_count() or 1, _temp_dir=tmp, include_dashboard=False,
                      dashboard_host="127.0.0.1", **common)
+        except BaseException:
+            stop_ray()
+            raise
         finally:
             announcer.setLevel(level)
     return True
+
+
+def stop_ray() -> None:
+    """Shut down the Ray that start_ray started, and remove an embedded Ray's folder: its
+    session logs and sockets (a scheduled job would otherwise leave one more in the temporary
+    folder each run). linpipe reports what went wrong itself, so nothing in it is needed later."""
+    global _embedded_dir
+    import ray
+
+    ray.shutdown()
+    if _embedded_dir is not None:
+        shutil.rmtree(_embedded_dir, ignore_errors=True)
+        _embedded_dir = None
 
 
 def worker_slots(workers: int | None, resources: ActorResources) -> tuple[int, dict]:

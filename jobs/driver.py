@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from linpipe.errors import LinpipeError, StoreError
 
 from .actor import PipelineWorker, UnitResult, peak_rss
-from .cluster import ClusterError, check_cluster, start_ray, worker_slots
+from .cluster import ClusterError, check_cluster, start_ray, stop_ray, worker_slots
 from .lease import Lease
 from .plan import Chunk, JobPlan, Record, plan_job
 from .request import JobRequest
@@ -537,6 +537,4 @@ def _run_leased(plan, request, out, address, device, events) -> JobSummary:
                           write_s=t.write_s)
     finally:
         if started:
-            import ray
-
-            ray.shutdown()
+            stop_ray()

@@ -183,29 +183,27 @@ class LocalCluster:
 
     def _start_head(self) -> None:
         gcs, dash, client = self._ports(3)
-        p = self._launch(["start", "--head", "--node-ip-address=127.0.0.1", f"--port={gcs}",
+        self.gcs_address = f"127.0.0.1:{gcs}"
+        self.dashboard_url = f"http://127.0.0.1:{dash}"
+        self._start_node(["start", "--head", "--node-ip-address=127.0.0.1", f"--port={gcs}",
                           "--include-dashboard=true", "--dashboard-host=127.0.0.1",
                           f"--dashboard-port={dash}", f"--ray-client-server-port={client}",
                           f"--num-cpus={self.cpus}", "--num-gpus=0",
                           "--object-store-memory=100000000", f"--temp-dir={self.tmp}",
-                          "--disable-usage-stats"], self.tmp / "head.log")
-        self.gcs_address = f"127.0.0.1:{gcs}"
-        self.dashboard_url = f"http://127.0.0.1:{dash}"
-        try:
-            self._wait_for_job_server()
-            self._wait_for_nodes()
-        except NodeExited as e:
-            if e.proc is not p:  # an earlier node died: starting this one again cannot help
-                raise RuntimeError(str(e)) from None
-            self._drop(p)
-            raise
+                          "--disable-usage-stats"], "head")
 
     def _start_worker(self, i: int) -> None:
-        p = self._launch(["start", f"--address={self.gcs_address}", "--node-ip-address=127.0.0.1",
+        self._start_node(["start", f"--address={self.gcs_address}", "--node-ip-address=127.0.0.1",
                           f"--num-cpus={self.cpus}", "--num-gpus=0",
-                          "--object-store-memory=100000000"],
-                         self.tmp / f"worker{i}.log")
+                          "--object-store-memory=100000000"], f"worker{i}")
+
+    def _start_node(self, args: list[str], name: str) -> None:
+        """One node, up and registered (the head also with its job server answering); a node
+        that exits meanwhile is stopped and dropped, and NodeExited raised for a retry."""
+        p = self._launch(args, self.tmp / f"{name}.log")
         try:
+            if name == "head":
+                self._wait_for_job_server()
             self._wait_for_nodes()
         except NodeExited as e:
             if e.proc is not p:  # an earlier node died: starting this one again cannot help

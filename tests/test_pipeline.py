@@ -44,15 +44,18 @@ def genome(genomes, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def local_ray(tiny):
+    import shutil
     import tempfile
 
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=tempfile.mkdtemp(prefix="lpt-"),
+    tmp = tempfile.mkdtemp(prefix="lpt-")
+    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=tmp,
              logging_level="WARNING", log_to_driver=False)
     TINY[:] = [tiny]
     yield
     ray.shutdown()
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 class OnUnit(JobEvents):

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -145,9 +146,14 @@ def test_sigkilled_driver_resumes_to_the_bytes_of_an_uninterrupted_run(ce_slice,
         assert 3 <= done < 51  # killed mid-job
         # Ray's head processes die with the driver; its agents may linger a while. The same
         # submit, run now beside them, starts a fresh embedded Ray and resumes.
-        res = subprocess.run(_submit_cmd(ce_slice, tiny_dna, out), env=env, capture_output=True,
-                             text=True, timeout=180)
+        # Its own temporary folder (short: Ray's socket paths): an embedded Ray's session folder
+        # goes with it when the job ends (the killed run's cannot).
+        tmpdir = tempfile.mkdtemp(prefix="lpt", dir="/tmp")
+        res = subprocess.run(_submit_cmd(ce_slice, tiny_dna, out), env={**env, "TMPDIR": tmpdir},
+                             capture_output=True, text=True, timeout=180)
         assert res.returncode == 0, res.stderr
+        assert os.listdir(tmpdir) == []
+        os.rmdir(tmpdir)
     finally:
         kill_session(proc.pid)  # only what our own killed subprocess started
     assert "Done: job lp-" in res.stdout and f"{90_000:,} positions" in res.stdout

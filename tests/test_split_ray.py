@@ -54,14 +54,17 @@ def one_record(genomes, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def local_ray():
+    import shutil
     import tempfile
 
     import ray
 
-    ray.init(num_cpus=3, include_dashboard=False, _temp_dir=tempfile.mkdtemp(prefix="lps-"),
+    tmp = tempfile.mkdtemp(prefix="lps-")
+    ray.init(num_cpus=3, include_dashboard=False, _temp_dir=tmp,
              logging_level="WARNING", log_to_driver=False)
     yield
     ray.shutdown()
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 class Watch(JobEvents):

@@ -397,7 +397,7 @@ class _RayScorer:
 def _score_on_ray(store_path, units, order, *, window, genome, model, device, threads, workers, address,
                   on_unit):
     """Units on `workers` actors, at most two calls in flight per actor (ray.wait)."""
-    from linpipe.jobs.cluster import start_ray
+    from linpipe.jobs.cluster import start_ray, stop_ray
 
     started = start_ray(address, workers)
     import ray
@@ -435,7 +435,7 @@ def _score_on_ray(store_path, units, order, *, window, genome, model, device, th
         return results
     finally:
         if started:
-            ray.shutdown()
+            stop_ray()
 
 
 def direct_llr(model, tokens: np.ndarray, pos: int, ref: str, alt: str, window: int) -> float:
