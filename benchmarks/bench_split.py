@@ -7,12 +7,17 @@ Stages (each appends to a JSON file, so they run apart on a busy machine):
   embedded  `submit` on an embedded local Ray: --workers 1 --split never, then --workers 2
             --split auto (--reps pairs); positions/s, per-layer exchange latency and bytes;
             outputs compared
+  weights   the default model's config with identity features (later segments in float64):
+            1 worker vs 2 workers with the first segment weighted 1.25, 2.2 and 3.0
   cluster   the same on a loopback cluster (tests/ray_local_cluster.py): head + 2 worker nodes of
             1 CPU; 1 worker vs 2 workers
   barrier   the driver's barrier latency with P = 1..16 trivial actors (the exchange's floor)
   profile   one process, one thread: serial vs one segment's calls on 500 kb (the extra work f)
   accuracy  identity features with the normaliser: the split's and the serial run's distance
             from the float64 run
+  wide      the cost of that configuration's float64 passes: the first and a later segment's
+            calls over the serial run's, for identity features with the normaliser (float64) and
+            for elu1 (float32), models of the default model's size, one thread, interleaved reps
   model     a cost model fitted to the above; chr1 (249 Mb) makespan predictions, the plot
 
 Usage: python benchmarks/bench_split.py STAGE [--out /tmp/bench15] [--length 8000000]
@@ -96,7 +101,7 @@ class Layers:
         self.events = E()
 
 
-def run(fa: Path, store: Path, workers: int, split: str, address=None, chunk=262_144) -> dict:
+def run(fa: Path, store: Path, workers: int, split: str, address=None, chunk=262_144, model=None) -> dict:
     from linpipe.jobs.driver import run_job
     from linpipe.jobs.request import JobRequest
 
@@ -104,7 +109,8 @@ def run(fa: Path, store: Path, workers: int, split: str, address=None, chunk=262
     load0 = os.getloadavg()
     t = time.perf_counter()
     s = run_job(JobRequest(inputs=(str(fa),), out=str(store), workers=workers, split=split, chunk_size=chunk,
-                           overwrite=True, outputs=("logprob", "entropy")), address=address, events=ev)
+                           overwrite=True, outputs=("logprob", "entropy"), model=model or "default"),
+                address=address, events=ev)
     wall = time.perf_counter() - t
     return {"workers": workers, "split": split, "positions": s.positions_run, "seconds": s.seconds,
             "wall_s": wall, "startup_s": s.startup_s, "positions_per_s": s.positions_per_s,
@@ -126,6 +132,20 @@ def compare(a: Path, b: Path) -> dict:
     return worst
 
 
+def float64_model(out: Path) -> str:
+    """The default model's config with identity features (and its normaliser), random weights:
+    a model whose later segments run their passes in float64."""
+    import dataclasses
+
+    from linpipe.model import init_net, load_model, save_model
+
+    path = out / "identity-model"
+    if not (path / "config.json").exists():
+        cfg = dataclasses.replace(load_model("default", device="cpu").config, feature_map="identity")
+        save_model(init_net(cfg, seed=3), cfg, path)
+    return str(path)
+
+
 def stage_embedded(out: Path, length: int, reps: int = 1) -> None:
     """`reps` pairs, one after the other: 1 worker streamed, then 2 workers split; the ratio
     of each pair (the machine's state drifts between pairs), and their median."""
@@ -145,6 +165,65 @@ def stage_embedded(out: Path, length: int, reps: int = 1) -> None:
     med = sorted(pairs, key=lambda p: p["speedup_positions_per_s"])[len(pairs) // 2]
     save(out, "embedded", {"record": fa.name, "length": length, **med, "pairs": pairs,
                            "speedups_positions_per_s": [p["speedup_positions_per_s"] for p in pairs]})
+
+
+def stage_weights(out: Path, length: int, weights=(1.25, 2.2, 3.0, 1.25, 2.2)) -> None:
+    """float64_model on the embedded Ray: 1 worker, then 2 workers split with the first
+    segment weighted each of `weights` in turn (FIRST_WEIGHT_FLOAT64 set in this process,
+    where the driver cuts the record), then 1 worker again; every run's positions/s. Then the
+    stream's and the last split's distance from the float64 run (phi(q).z crosses zero)."""
+    import linpipe.model.segments as segments
+
+    fa, model = build(out, length), float64_model(out)
+    default = segments.FIRST_WEIGHT_FLOAT64
+    runs = [run(fa, out / "f1.zarr", 1, "never", model=model)]
+    try:
+        for w in weights:
+            segments.FIRST_WEIGHT_FLOAT64 = w
+            runs.append({"first_weight": w, **run(fa, out / "f2.zarr", 2, "auto", model=model)})
+            print(json.dumps({k: v for k, v in runs[-1].items() if k != "layers"}), flush=True)
+    finally:
+        segments.FIRST_WEIGHT_FLOAT64 = default
+    runs.append(run(fa, out / "f1.zarr", 1, "never", model=model))
+    one = float(np.mean([runs[0]["positions_per_s"], runs[-1]["positions_per_s"]]))
+    ratios = [(r["first_weight"], r["positions_per_s"] / one) for r in runs[1:-1]]
+    print("2 workers over 1, by first weight:", ratios)
+    dist = distance_from_float64(model, fa, {"stream": out / "f1.zarr", "split": out / "f2.zarr"})
+    print(dist)
+    save(out, "weights", {"record": fa.name, "length": length, "model": model, "runs": runs,
+                          "one_worker_positions_per_s": one, "ratios": ratios, "from_float64": dist})
+
+
+def distance_from_float64(model: str, fa: Path, stores: dict, chunk: int = 262_144) -> dict:
+    """Each store's max distance from the float64 run of the model (relative to that run's
+    largest value), and at how many positions it is over 1e-3 of it; logprob and entropy."""
+    import copy
+
+    import torch
+
+    import linpipe
+    from linpipe.inputs import open_input
+    from linpipe.model import Model, load_model
+
+    m = load_model(model, device="cpu")
+    m64 = Model(copy.deepcopy(m.net).double(), m.config, device="cpu")
+    inp = open_input(str(fa))
+    rid, n = inp.records[0].id, inp.records[0].length
+    torch.set_num_threads(2)
+    st, parts = m64.init_state(), {"logprob": [], "entropy": []}
+    for a in range(0, n, chunk):
+        o, st = m64.forward(inp.read(rid, a, min(n, a + chunk))[0], st, outputs=list(parts))
+        for k in parts:
+            parts[k].append(o[k])
+    res = {}
+    for name, path in stores.items():
+        got = linpipe.open_output(str(path))
+        for k, p in parts.items():
+            e = np.nan_to_num(np.concatenate(p).astype(np.float64))
+            d = np.abs(np.nan_to_num(got.read(rid, k).astype(np.float64)) - e)
+            top = np.abs(e).max()
+            res[f"{name}/{k}"] = {"max": float(d.max() / top), "over_1e-3": int((d > 1e-3 * top).sum())}
+    return res
 
 
 def stage_cluster(out: Path, length: int) -> None:
@@ -302,10 +381,64 @@ def stage_accuracy(out: Path) -> None:
     save(out, "accuracy", res)
 
 
+def stage_wide(out: Path, length: int = 300_000, reps: int = 5) -> None:
+    """What the float64 passes cost: per rep, the first and a later segment's calls over the
+    serial run on the same positions, for a float64 configuration (identity features with the
+    normaliser) and a float32 one (elu1), both of the default model's size, random weights;
+    the medians, and a later segment's time over the first's (the first segment's weight)."""
+    import dataclasses
+
+    import torch
+
+    from linpipe.inputs import open_input
+    from linpipe.model import Model, init_net, load_model
+    from linpipe.model.segments import SegmentRunner
+
+    torch.set_num_threads(1)
+    base = load_model("default", device="cpu").config
+    models = {}
+    for fm in ("elu1", "identity"):
+        cfg = dataclasses.replace(base, feature_map=fm, normalize=True)
+        models[fm] = Model(init_net(cfg, seed=3), cfg, device="cpu")
+    inp = open_input(str(build(out, 8_000_000)))
+    x = inp.read(inp.records[0].id, 0, length)[0]
+    chunk = 65_536
+    rows = []
+    for _ in range(reps):
+        row = {"loadavg": os.getloadavg()[0]}
+        for fm, m in models.items():
+            t = time.perf_counter()
+            st = m.init_state()
+            for a in range(0, length, chunk):
+                _o, st = m.forward(x[a:a + chunk], st, outputs=["logprob", "entropy"])
+            serial = time.perf_counter() - t
+            st0 = m.init_state()
+            row[fm] = {"serial_s": serial}
+            for kind, exact in (("first", True), ("later", False)):
+                r = SegmentRunner(m, lambda a, b: x[a:b], 0, length, chunk, spill_dir=str(out),
+                                  outputs=["logprob", "entropy"], exact=exact)
+                t = time.perf_counter()
+                r.begin((st0.S[0], st0.z[0], st0.conv[0]) if exact else None)
+                for layer in range(m.config.n_layers):
+                    r.apply(layer, st0.S[0, layer], st0.z[0, layer], st0.conv[0, layer])
+                list(r.pieces_out(st0.y[0], st0))
+                row[fm][f"{kind}_s"] = time.perf_counter() - t
+                r.close()
+        rows.append(row)
+        print(row, flush=True)
+    med = {fm: {kind: float(np.median([r[fm][f"{kind}_s"] / r[fm]["serial_s"] for r in rows]))
+                for kind in ("first", "later")} for fm in models}
+    # the first segment's share that evens the work: a later segment's time over the first's
+    weight = {fm: float(np.median([r[fm]["later_s"] / r[fm]["first_s"] for r in rows])) for fm in models}
+    save(out, "wide", {"positions": length, "chunk": chunk, "reps": rows, "over_serial": med,
+                       "later_over_first": weight})
+    print("over serial", med, "later / first", weight)
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("stage", choices=["build", "embedded", "cluster", "barrier", "profile", "accuracy",
-                                      "model"])
+    ap.add_argument("stage", choices=["build", "embedded", "weights", "cluster", "barrier",
+                                      "profile", "accuracy", "wide", "model"])
     ap.add_argument("--out", default="/tmp/bench15")
     ap.add_argument("--length", type=int, default=8_000_000)
     ap.add_argument("--reps", type=int, default=1, help="embedded: pairs of runs (the median is kept)")
@@ -316,6 +449,8 @@ def main():
         print(build(out, a.length))
     elif a.stage == "embedded":
         stage_embedded(out, a.length, a.reps)
+    elif a.stage == "weights":
+        stage_weights(out, a.length)
     elif a.stage == "cluster":
         stage_cluster(out, a.length)
     elif a.stage == "barrier":
@@ -324,6 +459,8 @@ def main():
         stage_profile(out)
     elif a.stage == "accuracy":
         stage_accuracy(out)
+    elif a.stage == "wide":
+        stage_wide(out)
     else:
         from bench_split_model import fit_and_plot  # noqa: E402  (the model stage, beside this file)
 

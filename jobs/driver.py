@@ -508,6 +508,7 @@ def _run_leased(plan, request, out, address, device, events) -> JobSummary:
                                 n_workers, possible))
         for item, parts in splits:
             split_stats.append(run_split(item.record, parts, store, new_segment_actor, events,
+                                         first_weight=plan.split_first_weight,
                                          on_layer=lambda r, *a: events.split_layer(r.id, *a)))
         # then the other records as before (no actor at all when nothing is left)
         sched = Scheduler(new_actor, todo, min(n_workers, len(todo)), events, plan.batch_chunks)

@@ -95,6 +95,7 @@ class JobPlan:
     chunk_size: int
     input_options: dict[str, Any]
     d_model: int
+    split_first_weight: float  # a split record's first segment's share (segments.first_weight)
     channels: tuple[str, ...] | None  # time series: the input's channel names
     records: tuple[Record, ...]  # the long records (2+ chunks), in input order
     streams: tuple[Record, ...]  # the same, longest first (and each one's reverse strand after it)
@@ -171,6 +172,7 @@ def plan_job(request: JobRequest) -> JobPlan:
     from linpipe.model import load_model
     from linpipe.model.files import DEFAULT_MODEL, default_model_for
     from linpipe.model.outputs import output_names
+    from linpipe.model.segments import first_weight
     from linpipe.store.keys import make_keys
     from linpipe.store.layout import RC, RC_OUTPUTS, base_output, is_rc
 
@@ -272,5 +274,6 @@ def plan_job(request: JobRequest) -> JobPlan:
         streams = tuple(s for r in streams for s in (r, replace(r, strand="-")))
     return JobPlan(jid, tuple(os.path.abspath(os.fspath(p)) for p in request.inputs), model_ref,
                    m.sha256, modality, tuple(outputs), chunk_size, input_options, int(m.config.d_model),
+                   first_weight(m.config),
                    channels, records, streams, packed, short_times.pop() if short_times else None, regions,
                    os.path.abspath(os.fspath(request.regions)) if request.regions else None)

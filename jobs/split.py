@@ -191,9 +191,11 @@ def first_incomplete_segment(store, record: Record, bounds) -> int:
     return len(bounds)
 
 
-def run_split(record: Record, parts: int, store, new_actor, events, *, on_layer=None) -> dict:
-    """Runs one record as `parts` segments on a group of new actors; restarts the group from
-    the store after an actor is lost. on_layer(record, layer, nodes, timing) is called after
+def run_split(record: Record, parts: int, store, new_actor, events, *, first_weight: float,
+              on_layer=None) -> dict:
+    """Runs one record as `parts` segments on a group of new actors, the first weighted
+    `first_weight` (the model's, segments.first_weight); restarts the group from the store
+    after an actor is lost. on_layer(record, layer, nodes, timing) is called after
     every layer's barrier (timing: wall, slowest-segment compute and exchange seconds, and
     bytes through the driver, since the previous call (layer 0 includes the embedding); tests
     kill a worker there). Returns counts for the job summary."""
@@ -202,7 +204,7 @@ def run_split(record: Record, parts: int, store, new_actor, events, *, on_layer=
     from linpipe.model import ModelState
     from linpipe.model.segments import run_layers, segment_bounds
 
-    bounds = segment_bounds(record.length, record.chunk_size, parts)
+    bounds = segment_bounds(record.length, record.chunk_size, parts, first_weight)
     stats = {"deaths": 0, "positions": 0, "units": [], "layer_s": [], "nodes": set(), "segments": len(bounds)}
     while True:
         k0 = first_incomplete_segment(store, record, bounds)

@@ -1,6 +1,7 @@
 """Sequence parallelism (pipeline/model/segments.py): a record split into P segments, each
 layer's state folded across segments, equals the serial chunk-by-chunk run."""
 import copy
+import dataclasses
 import gzip
 import os
 
@@ -142,6 +143,38 @@ def test_segment_bounds_deal_chunks():
             assert all(b[k][1] == b[k + 1][0] for k in range(len(b) - 1))
     sizes = [e - s for s, e in segment_bounds(8_000_000, 262_144, 2)]
     assert sizes == [17 * 262_144, 8_000_000 - 17 * 262_144]  # 31 chunks: 17 and 14
+    for n in range(1, 40):  # any weight: still every chunk once, in order
+        for parts in range(1, n + 2):
+            b = segment_bounds(n * 100 - 7, 100, parts, 2.2)
+            assert len(b) == min(parts, n) and all(e > s for s, e in b)
+            assert [s for s, _ in b[1:]] == [e for _, e in b[:-1]] and b[-1][1] == n * 100 - 7
+    # 31 chunks over weights 2.2 and 1: 21 and 10
+    assert [e - s for s, e in segment_bounds(8_000_000, 262_144, 2, 2.2)][0] == 21 * 262_144
+
+
+@pytest.mark.parametrize("feature_map,normalize,float64", [
+    ("identity", True, True), ("identity", False, False), ("elu1", True, False), ("relu", True, False)])
+def test_float64_passes_give_the_first_segment_a_larger_share(feature_map, normalize, float64):
+    """Only identity features with the normaliser run a later segment's passes in float64
+    (about twice the time): the first segment's weight follows, and the spill holds the
+    numerators' second float32 part."""
+    from linpipe.model.segments import (
+        FIRST_WEIGHT,
+        FIRST_WEIGHT_FLOAT64,
+        first_weight,
+        passes_in_float64,
+        spill_bytes,
+    )
+
+    cfg = ModelConfig(modality="dna", d_model=16, n_layers=2, n_heads=2, mlp_hidden=32,
+                      feature_map=feature_map, normalize=normalize)
+    assert passes_in_float64(cfg) is float64
+    assert passes_in_float64(tiny(False, normalize, feature_map, 4).net.layers[0].attn) is float64
+    assert first_weight(cfg) == (FIRST_WEIGHT_FLOAT64 if float64 else FIRST_WEIGHT)
+    assert FIRST_WEIGHT_FLOAT64 > FIRST_WEIGHT > 1
+    numerators = cfg.n_heads * (cfg.head_dim + 1) * 4  # bytes per position, one float32 part
+    assert spill_bytes(cfg, 10) - spill_bytes(dataclasses.replace(cfg, normalize=False), 10) == \
+        (10 * numerators if float64 else 0)
 
 
 def test_planner_splits_only_long_records():

@@ -62,19 +62,36 @@ from linpipe.model.network import Block, ModelState, causal_conv
 # position in one process (noisy), and with 1.25 two workers reached 1.47-1.69x one worker's
 # rate (BENCHMARKS.md, issue 15). So the first segment gets that much more of the record.
 FIRST_WEIGHT = 1.25
+# Where a later segment's passes run in float64 (passes_in_float64), they take 1.9-2.4x the
+# first segment's time per position (bench_split.py wide, default-size model; 1.15-1.48x in
+# float32 in the same run): with 1.25, two workers would be no faster than one.
+FIRST_WEIGHT_FLOAT64 = 2.2
 
 
-def segment_bounds(length: int, chunk_size: int, parts: int) -> list[tuple[int, int]]:
+def passes_in_float64(attn) -> bool:
+    """Whether a later segment's two passes run in float64, for a model config or Attention:
+    with identity features and the normaliser phi(q).z can near zero, and float32 partial sums
+    there lost up to 5.4x the serial run's distance from exact (BENCHMARKS.md, issue 15)."""
+    return bool(attn.normalize) and attn.feature_map == "identity"
+
+
+def first_weight(config) -> float:
+    """The first segment's share of a record against each later segment's 1 (segment_bounds)."""
+    return FIRST_WEIGHT_FLOAT64 if passes_in_float64(config) else FIRST_WEIGHT
+
+
+def segment_bounds(length: int, chunk_size: int, parts: int,
+                   first: float = FIRST_WEIGHT) -> list[tuple[int, int]]:
     """Chunk-aligned segments of a record: its chunks dealt out in order over at most `parts`
-    segments, the first weighted FIRST_WEIGHT and the others 1, so every Zarr chunk belongs to
-    exactly one segment (one writer). A function of its arguments alone: a restarted group
-    cuts the record where the lost one did."""
+    segments, the first weighted `first` (first_weight of the model) and the others 1, so every
+    Zarr chunk belongs to exactly one segment (one writer). A function of its arguments alone:
+    a restarted group cuts the record where the lost one did."""
     n = -(-length // chunk_size)
     parts = max(1, min(parts, n))
-    total = FIRST_WEIGHT + parts - 1
+    total = first + parts - 1
     cuts = [0]
     for k in range(1, parts):  # at least one chunk each
-        c = int(n * (FIRST_WEIGHT + k - 1) / total + 0.5)
+        c = int(n * (first + k - 1) / total + 0.5)
         cuts.append(min(max(c, cuts[-1] + 1), n - (parts - k)))
     edges = [min(length, c * chunk_size) for c in cuts] + [length]
     return [(a, b) for a, b in zip(edges[:-1], edges[1:], strict=True)]
@@ -86,8 +103,8 @@ def spill_bytes(config, positions: int, exact: bool = False) -> int:
     the denominators)."""
     if exact:
         return positions * 2 * config.d_model * 4
-    wide = config.normalize and config.feature_map == "identity"  # numerators in two parts
-    return positions * (2 * config.d_model + config.n_heads * (config.head_dim + 1) * (2 if wide else 1)) * 4
+    parts = 2 if passes_in_float64(config) else 1  # float64 numerators in two float32 parts
+    return positions * (2 * config.d_model + config.n_heads * (config.head_dim + 1) * parts) * 4
 
 
 def _tail(x: torch.Tensor, keep: int) -> torch.Tensor:
@@ -273,10 +290,7 @@ class _LayerW:
         self.blk = blk
         self.H, self.K = a.n_heads, a.head_dim
         self.lg = None if bool((a.decay == 1).all()) else torch.log(a.decay.detach().double())
-        # phi(q).z can near zero only with identity features and the normaliser: there float32
-        # partial sums lost up to 5.4x the serial run's distance from exact, so the split's two
-        # passes run in float64 (pass 1's numerators spilled as two float32 parts)
-        self.wide = a.normalize and a.feature_map == "identity"
+        self.wide = passes_in_float64(a)  # pass 1's numerators spilled as two float32 parts
 
 
 class _Attend:
