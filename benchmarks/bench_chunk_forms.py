@@ -40,7 +40,8 @@ if side == "fla":
     call = lambda: mod.naive_chunk_linear_attn(qf, kf, v, scale=1.0, normalize=True)
 else:
     from linpipe.kernels import chunk_linear_attn_torch
-    decay = None if form == "none" else torch.tensor([1 - 2.0 ** -(4 + 12 * h / max(H - 1, 1)) for h in range(H)])
+    spread = [1 - 2.0 ** -(4 + 12 * h / max(H - 1, 1)) for h in range(H)]  # the default model's
+    decay = None if form == "none" else torch.tensor(spread)
     call = lambda: chunk_linear_attn_torch(q, k, v, decay=decay, output_final_state=True)
 with torch.inference_mode():
     call()
@@ -77,7 +78,8 @@ def main():
     args = ap.parse_args()
     runs = [("new", "none", None), ("new", "decay", None)]
     if args.old_site:
-        runs += [("old", "none", os.path.abspath(args.old_site)), ("old", "decay", os.path.abspath(args.old_site))]
+        old = os.path.abspath(args.old_site)
+        runs += [("old", "none", old), ("old", "decay", old)]
     if args.fla_site:
         runs.append(("fla", "none", os.path.abspath(args.fla_site)))
     times = {(s, f): [] for s, f, _ in runs}

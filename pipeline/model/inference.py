@@ -235,7 +235,7 @@ class Model:
             while j < len(order) and len(xs[order[j]]) * (j - i + 1) <= max_batch_positions:
                 j += 1
             idx = order[i:j]
-            for k, r in zip(idx, self._padded([xs[k] for k in idx], None, outs), strict=True):
+            for k, r in zip(idx, self._padded([xs[k] for k in idx], None, outputs, outs), strict=True):
                 results[k] = r
             i = j
         return results
@@ -252,11 +252,11 @@ class Model:
             return []
         for s in states:
             self._check_state(s)
-        return self._padded([np.asarray(x) for x in xs], states, outs)
+        return self._padded([np.asarray(x) for x in xs], states, outputs, outs)
 
-    def _padded(self, xs, states, outs) -> list[dict]:
+    def _padded(self, xs, states, outputs, outs) -> list[dict]:
         """Records or chunks xs, end-padded into one batch, through the core from `states` (B = 1
-        each; None: fresh) -> per-record outputs."""
+        each; None: fresh) -> per-record outputs (outs, from the caller's `outputs`)."""
         c = self.config
         B, longest = len(xs), max(len(x) for x in xs)
         for x in xs:
@@ -270,7 +270,7 @@ class Model:
                     raise ModelError(f"records batched together have {x.shape[1]} and {lanes} channels")
                 pad[r, :, :len(x)] = x.T
             pad = pad.reshape(B * lanes, longest, 1)
-            outs = self._lanes_outputs(outs, outs, lanes)
+            outs = self._lanes_outputs(outputs, outs, lanes)
         elif c.modality == "dna":
             pad = np.full((B, longest), TOKEN_N, np.int64)
         else:
