@@ -24,7 +24,7 @@ import subprocess
 import sys
 
 CHILD = r"""
-import json, sys, time
+import json, statistics, sys, time
 import torch
 torch.set_num_threads(1)
 side, form, T, H, K, repeat = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:7])
