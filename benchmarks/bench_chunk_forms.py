@@ -32,6 +32,7 @@ g = torch.Generator().manual_seed(0)
 q, k, v = (torch.randn(1, T, H, K, generator=g) for _ in range(3))
 if side == "fla":
     import importlib.util, os
+    sys.path.insert(0, sys.argv[7])  # for einops
     path = os.path.join(sys.argv[7], "fla", "ops", "linear_attn", "naive.py")
     spec = importlib.util.spec_from_file_location("fla_naive", path)  # not fla/__init__ (Triton)
     mod = importlib.util.module_from_spec(spec)
