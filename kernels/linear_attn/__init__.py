@@ -2,7 +2,9 @@
 
 Every form shares one contract (see naive.py): raw q, k, v of shape (B, T, H, K|V), optional
 per-head decay, the feature map applied inside, optional normaliser, float32 state
-(S (B, H, K, V), z (B, H, K)) in via `initial_state` and out via `output_final_state`.
+(S (B, H, K, V), z (B, H, K)) in via `initial_state` and out via `output_final_state`. The
+state algebra's stages (stages.py: local state, fold, output pass) are public too, for callers
+that compose their own pass (the sequence-parallel split).
 """
 from __future__ import annotations
 
