@@ -1,7 +1,10 @@
 """linpipe.jobs: the Ray side of linpipe.
 
-request (what the user asked for) -> spec (YAML into requests) -> plan (what work exists) ->
-cluster (Ray set-up) -> driver (Scheduler over actor) -> the store; dryrun and submission (the
-job-server client) reuse the request and the plan. Nothing here calls ray.init() at import
-time, imports click or prints.
+Read top-down (each module imports only those after it): detached (a job for the job server)
+and driver (run_job: the Scheduler over actors; split: one record over a group of them) ->
+repair -> preflight (every check before a run) -> cluster (Ray set-up), submission (the
+job-server client), lease -> plan (what work a request stands for) -> actor, regions, checks ->
+spec (YAML into requests) -> request (JobRequest, RunOptions) -> options (every option declared
+once) -> errors, ray_compat (leaves). Nothing here calls ray.init() at import time, imports
+click or prints.
 """
