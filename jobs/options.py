@@ -229,14 +229,18 @@ class Names(Kind):
         self.unordered = unordered
 
     def parse(self, text: str) -> tuple[str, ...]:
-        return self.from_yaml(text.split(","))
+        names = tuple(x.strip() for x in text.split(","))
+        if not all(names):
+            raise InvalidValue(f"must be names separated by commas, not {text!r}")
+        return names
 
     def from_yaml(self, value: Any) -> tuple[str, ...]:
-        items = value.split(",") if isinstance(value, str) else value
-        if not items or any(not isinstance(x, (str, int)) or isinstance(x, bool) or not str(x).strip()
-                            for x in items):
-            raise InvalidValue(f"must be names separated by commas (or a list), not {value!r}")
-        return tuple(str(x).strip() for x in items)
+        if isinstance(value, str):
+            return self.parse(value)
+        if not value or any(not isinstance(x, (str, int)) or isinstance(x, bool) or not str(x).strip()
+                            for x in value):
+            raise InvalidValue(f"must be {self.what}, not {value!r}")
+        return tuple(str(x).strip() for x in value)
 
     def coerce(self, value: Any) -> tuple[str, ...]:
         return self.parse(value) if isinstance(value, str) else tuple(value)
