@@ -16,7 +16,7 @@ from typing import Any
 from linpipe.errors import LinpipeError, option
 from linpipe.inputs.base import stem
 
-from .options import BY_NAME, REQUEST_OPTIONS, RUN_OPTIONS, ActorResources, Option
+from .options import BY_NAME, REQUEST_OPTIONS, RUN_OPTIONS, ActorResources, InvalidValue, Option
 
 __all__ = ["ActorResources", "JobRequest", "RunOptions", "default_out", "is_job_server_address"]
 
@@ -25,7 +25,22 @@ def _fields(options: tuple[Option, ...]) -> list[tuple[str, Any, Any]]:
     return [(o.name, Any, field(default=o.default)) for o in options]
 
 
+def _coerce(obj, options: tuple[Option, ...]) -> None:
+    """Each given value as its option's kind holds it: text parsed once, here (a flag's or a
+    spec's value arrives parsed already)."""
+    for o in options:
+        v = getattr(obj, o.name)
+        if v is not None:
+            try:
+                object.__setattr__(obj, o.name, o.kind.coerce(v))
+            except InvalidValue as e:
+                raise LinpipeError(f"{option(o.name)}: {e}") from None
+
+
 class _Request:
+    def __post_init__(self):
+        _coerce(self, REQUEST_OPTIONS)
+
     @property
     def input_options(self) -> dict[str, Any]:
         """open_input's keyword options (only those given)."""
@@ -55,6 +70,9 @@ class _Request:
 
 
 class _Run:
+    def __post_init__(self):
+        _coerce(self, RUN_OPTIONS)
+
     def check(self) -> None:
         """Options that go with a job server only: refused (in one line) without one."""
         if (self.runtime_env or self.env) and not is_job_server_address(self.address):

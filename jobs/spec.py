@@ -86,14 +86,7 @@ def build_requests(inputs: tuple[str, ...], spec_path: str | None,
     flags: options by name (options.py), None (or False, or empty) where the user gave none;
     text is parsed as the option's kind parses it. With a spec, given flags override the
     spec's values (e.g. an address for a spec that names none)."""
-    given = {}
-    for name, value in flags.items():
-        if value is None or value is False or value == ():
-            continue
-        try:
-            given[name] = BY_NAME[name].kind.coerce(value)
-        except InvalidValue as e:
-            raise LinpipeError(f"{option(name)}: {e}") from None
+    given = {k: v for k, v in flags.items() if v is not None and v is not False and v != ()}
     job = {k: v for k, v in given.items() if not BY_NAME[k].run}
     run = {k: v for k, v in given.items() if BY_NAME[k].run}
     if spec_path:
