@@ -6,6 +6,8 @@ and stop their own embedded Ray, as a user's `linpipe submit` does.
 """
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from _pipeline_data import (
@@ -243,8 +245,11 @@ def test_other_options_against_an_existing_store_are_refused(genome, reference, 
     out = tmp_path / "o.zarr"
     shutil.copytree(reference[0], out)  # a finished store of this job
     assert _run(genome, out).nothing_to_do
-    with pytest.raises(StoreError, match="another job.*--overwrite"):
+    from linpipe.cli.common import spell
+
+    with pytest.raises(StoreError, match="another job.*overwrite") as refused:
         _run(genome, out, chunk_size=CHUNK * 2)
+    assert re.search("another job.*--overwrite", refused.value.render(spell))  # as the CLI says it
     s = _run(genome, out, chunk_size=CHUNK * 2, overwrite=True)
     assert s.positions_run == 90_000
 
