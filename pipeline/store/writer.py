@@ -31,7 +31,6 @@ from pathlib import Path
 
 import numpy as np
 
-from linpipe import __version__
 from linpipe.errors import StoreError
 from linpipe.model.outputs import DNA
 from linpipe.store.keys import make_keys
@@ -74,6 +73,7 @@ from linpipe.store.layout import (
     table_arrays,
 )
 from linpipe.store.table import PackedRecords, id_hashes
+from linpipe.version import __version__
 
 _PARTIAL = re.compile(r"\.[0-9a-f]{32}\.partial$")  # zarr's LocalStore temp name before the rename
 _POOL: ThreadPoolExecutor | None = None
