@@ -199,7 +199,7 @@ def test_csv_with_a_text_value_names_column_and_row(tmp_path):
     r = CliRunner().invoke(cli, ["submit", str(bad), "--time-column", "t", "--dry-run"])
     assert r.exit_code == 1
     lines = r.output.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("Error: ") and "Traceback" not in r.output
+    assert len(lines) == 1 and lines[0].startswith("Error: ") and isinstance(r.exception, SystemExit)
     assert "'value'" in lines[0] and "row 151" in lines[0] and "'n/a?'" in lines[0]
 
 

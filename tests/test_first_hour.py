@@ -22,7 +22,7 @@ def run(*args, **kw):
 
 def one_line_error(r, *facts):
     assert r.exit_code != 0, r.output
-    assert r.output.startswith("Error: ") and "Traceback" not in r.output, r.output
+    assert r.output.startswith("Error: ") and isinstance(r.exception, SystemExit), r.output
     assert len(r.output.strip().splitlines()) == 1, r.output
     for f in facts:
         assert f in r.output, (f, r.output)
