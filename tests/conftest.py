@@ -115,3 +115,25 @@ def store_place(request, tmp_path):
     server = request.getfixturevalue("s3_server")
     bucket = server.new_bucket()
     return lambda name: f"{bucket}/{name}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """The quick suite (`-m "not slow"`) starts no Ray in this process: a test that does, or a
+    fixture it sets up, fails here naming the fix. (Ray in a subprocess is not seen.)"""
+    if item.get_closest_marker("slow"):
+        yield
+        return
+    import ray
+
+    real = ray.init
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError(f"{item.nodeid} starts Ray (ray.init) but is not marked slow: mark it "
+                           "@pytest.mark.slow, or run its work in this process (write_in_process)")
+
+    ray.init = refuse
+    try:
+        yield
+    finally:
+        ray.init = real

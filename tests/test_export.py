@@ -166,7 +166,7 @@ def test_cli_inspect(dna, partial, tmp_path):
     assert "Warning:" in r.output
 
     r = CliRunner().invoke(cli, ["inspect", str(tmp_path)])
-    assert r.exit_code == 1 and r.output.startswith("Error: ") and "Traceback" not in r.output
+    assert r.exit_code == 1 and r.output.startswith("Error: ") and isinstance(r.exception, SystemExit)
 
 
 def test_cli_export_and_plot(dna, ts, tmp_path):

@@ -35,7 +35,7 @@ def _both(path, pattern, **opts):
     res = CliRunner().invoke(cli, args)
     assert res.exit_code == 1, res.output
     lines = res.output.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("Error: ") and "Traceback" not in res.output
+    assert len(lines) == 1 and lines[0].startswith("Error: ") and isinstance(res.exception, SystemExit)
     assert lines[0] == f"Error: {msg}"
     return msg
 

@@ -100,11 +100,12 @@ def reference(mixed_fasta, tiny_dna, tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def _quick_lease(monkeypatch):
-    """Lease timings of seconds, not a minute (jobs/lease.py reads them at call time)."""
+    """Renewals, settling and polling in fractions of a second (jobs/lease.py reads them at call
+    time). The expiry stays a minute, so that no lease expires while a slow machine runs a test;
+    the test of expiry steps the lease clock instead."""
     import linpipe.jobs.lease as lease
 
     monkeypatch.setattr(lease, "HEARTBEAT_S", 0.3)
-    monkeypatch.setattr(lease, "EXPIRY_S", 2.0)
     monkeypatch.setattr(lease, "SETTLE_S", 0.2)
     monkeypatch.setattr(lease, "WAIT_POLL_S", 0.2)
 
@@ -182,7 +183,7 @@ def test_another_job_on_the_store_is_refused(store_place, mixed_fasta, tiny_dna)
     _run_units(mixed_fasta, tiny_dna, out)
     res = CliRunner().invoke(cli, ["submit", str(mixed_fasta), "--model", str(tiny_dna), "--chunk-size",
                                    str(CHUNK), "--outputs", "logprob", "--out", out])
-    assert res.exit_code == 1 and "Traceback" not in res.output
+    assert res.exit_code == 1 and isinstance(res.exception, SystemExit)
     assert res.output.startswith("Error: ") and "another job" in res.output and out in res.output
 
 
@@ -204,7 +205,7 @@ def test_a_live_lease_refuses_a_second_driver_and_overwrite(store_place, mixed_f
     try:
         for extra in ((), ("--overwrite",)):
             res = _submit(mixed_fasta, tiny_dna, out, *extra)
-            assert res.exit_code == 1 and "Traceback" not in res.output, res.output
+            assert res.exit_code == 1 and isinstance(res.exception, SystemExit), res.output
             assert res.output.startswith("Error: ") and len(res.output.strip().splitlines()) == 1
             assert "already running" in res.output and "pid 4242" in res.output and "node-7" in res.output
         assert holder.lost is None  # nobody took it
@@ -237,9 +238,10 @@ def test_force_takeover_takes_a_live_lease(store_place, mixed_fasta, tiny_dna):
     assert holder.read() is None
 
 
-def test_wait_follows_the_running_driver(store_place, mixed_fasta, tiny_dna):
+def test_wait_follows_the_running_driver(store_place, mixed_fasta, tiny_dna, monkeypatch):
     """--wait: while another driver holds the lease, submit waits (and says so); once that
-    driver releases it, the submit goes on and finds the job complete."""
+    driver releases it, the submit goes on and finds the job complete. The holder releases
+    only once the submit has said it waits, so the wait always happens."""
     import threading
 
     from linpipe.jobs.lease import Lease
@@ -248,20 +250,38 @@ def test_wait_follows_the_running_driver(store_place, mixed_fasta, tiny_dna):
     _run_units(mixed_fasta, tiny_dna, out)
     holder = Lease(out, _job_id(mixed_fasta, tiny_dna), host="node-3", pid=77)
     holder.acquire()
-    ends = threading.Timer(1.5, holder.release)
+    waiting = threading.Event()
+    acquire = Lease.acquire
+
+    def acquire_telling_us(self, *, on_wait=None, **kw):
+        def waits(owner):
+            on_wait(owner)
+            waiting.set()
+        return acquire(self, on_wait=waits, **kw)
+
+    monkeypatch.setattr(Lease, "acquire", acquire_telling_us)
+
+    def holder_ends():
+        if waiting.wait(timeout=120):
+            holder.release()
+
+    ends = threading.Thread(target=holder_ends)
     ends.start()
     try:
         res = _submit(mixed_fasta, tiny_dna, out, "--wait")
+        waited = waiting.is_set()
     finally:
+        waiting.set()  # a submit that never waited: let the holder end too
         ends.join()
-    assert res.exit_code == 0, res.output
+    assert waited and res.exit_code == 0, res.output
     assert "already running" in res.output and "node-3" in res.output and "waiting" in res.output
     assert "Nothing to do" in res.output
 
 
-def test_a_stale_lease_is_taken_over_after_its_expiry(store_place, mixed_fasta, tiny_dna):
-    """A driver on another host that stopped renewing (it died): refused until its lease
-    expires, then the next submit takes over."""
+def test_a_stale_lease_is_taken_over_after_its_expiry(store_place, mixed_fasta, tiny_dna, monkeypatch):
+    """A driver on another host that stopped renewing (it died): refused up to the last moment
+    its lease is live, taken over by the next submit from its expiry on. The lease clock is
+    stepped to those moments, not waited for."""
     import linpipe.jobs.lease as lease_mod
     from linpipe.jobs.lease import Lease
 
@@ -270,12 +290,13 @@ def test_a_stale_lease_is_taken_over_after_its_expiry(store_place, mixed_fasta, 
     dead = Lease(out, _job_id(mixed_fasta, tiny_dna), host="node-9", pid=99)
     dead.acquire()
     dead.stop_heartbeat()  # its process is gone: no more renewals, no release
-    expires = dead.read()["expires"]
+    doc = dead.read()
+    now = [doc["expires"] - 0.001]
+    monkeypatch.setattr(lease_mod, "clock", lambda: now[0])
     res = _submit(mixed_fasta, tiny_dna, out)
-    if time.time() < expires - lease_mod.SETTLE_S:  # still live while we asked
-        assert res.exit_code == 1 and "already running" in res.output and "node-9" in res.output
-    while time.time() < expires:
-        time.sleep(0.1)
+    assert res.exit_code == 1 and "already running" in res.output and "node-9" in res.output, res.output
+    assert dead.read() == doc  # the refused driver left the lease as it was
+    now[0] = doc["expires"]
     res = _submit(mixed_fasta, tiny_dna, out)
     assert res.exit_code == 0, res.output
     assert "Nothing to do" in res.output
@@ -285,7 +306,8 @@ def test_a_stale_lease_is_taken_over_after_its_expiry(store_place, mixed_fasta, 
 def test_a_store_whose_creation_was_interrupted_is_laid_out_anew(store_place, mixed_fasta, tiny_dna,
                                                                    reference):
     """A driver SIGKILLed while create() laid the store out leaves the root group marked as
-    being created (found by the chaos run: every resubmit then refused the store)."""
+    being created (found by the chaos run: every resubmit then refused the store); the next
+    driver's open_or_create_store (what submit calls) lays it out anew."""
     import zarr
 
     from linpipe.store import OutputStore
@@ -298,8 +320,7 @@ def test_a_store_whose_creation_was_interrupted_is_laid_out_anew(store_place, mi
     assert OutputStore.creation_interrupted(out)
     r = CliRunner().invoke(cli, ["inspect", out])
     assert r.exit_code == 1 and "creation of this output store was interrupted" in r.output
-    res = _submit(mixed_fasta, tiny_dna, out)
-    assert res.exit_code == 0, res.output
+    _run_units(mixed_fasta, tiny_dna, out)  # the driver's open_or_create_store, then every unit
     assert not OutputStore.creation_interrupted(out)
     assert_same_bytes(reference[0], store_arrays(out))
 

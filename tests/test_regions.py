@@ -38,13 +38,18 @@ def test_only_the_regions_are_stored(stores):
     a, b = linpipe.open_output(str(full)), linpipe.open_output(str(part))
     assert b.complete and set(b.records) == {"chr2", "mt"}  # orang has no region: not in the job
     assert b.meta["regions"]["positions"] == 200 + 60 + 30
+    streamed = {r.id for r in plan.streams}
+    assert streamed == {"chr2"}  # mt (300) is packed: one unit of CHUNK holds it
     for rid, ivs in keep.items():
         inside = np.zeros(len(seqs[rid]), bool)
         for s, e in ivs:
             inside[s:e] = True
         for name in ("logprob", "softmask"):
             want, got = a.read(rid, name), b.read(rid, name)
-            assert np.array_equal(got[inside], want[inside], equal_nan=True)  # the whole record's context
+            if rid in streamed or name == "softmask":  # the same units from the same state: the same bits
+                assert np.array_equal(got[inside], want[inside], equal_nan=True)  # the whole record's context
+            else:  # packed: orang left the job, so mt's batch differs: float32 round-off
+                np.testing.assert_allclose(got[inside], want[inside], rtol=1e-6, atol=0, err_msg=rid)
             assert np.isnan(got[~inside]).all() if name == "logprob" else not got[~inside].any()
     key = b.key("chr2")
     # chunk 1 holds no region: no output chunk on disk, but its boundary state is there

@@ -156,7 +156,7 @@ def test_cli_reports_spec_errors_in_one_line(tmp_path, genomes):
     r = CliRunner().invoke(cli, ["submit", "--spec", str(bad), "--dry-run"])
     assert r.exit_code == 1 and r.output.startswith("Error: ")
     assert "line 2: chunk-size: unknown key (did you mean chunk_size?)" in r.output
-    assert "Traceback" not in r.output and len(r.output.strip().splitlines()) == 1
+    assert isinstance(r.exception, SystemExit) and len(r.output.strip().splitlines()) == 1
     bad = write(tmp_path, "inputs: ['[x.fa']\n")
     r = CliRunner().invoke(cli, ["submit", "--spec", str(bad)])
     assert r.exit_code == 1 and "inputs[0] '[x.fa' is not a usable glob" in r.output

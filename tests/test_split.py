@@ -201,7 +201,7 @@ def test_cli_refuses_a_bad_split(tmp_path, genomes):
     res = CliRunner().invoke(cli, ["submit", str(genomes / "minimap2_MT-human.fa"), "--split", "many",
                                    "--out", str(tmp_path / "x.zarr")])
     assert res.exit_code == 1 and res.output.startswith("Error: ") and "--split" in res.output
-    assert "Traceback" not in res.output and not (tmp_path / "x.zarr").exists()
+    assert isinstance(res.exception, SystemExit) and not (tmp_path / "x.zarr").exists()
     bed = tmp_path / "r.bed"
     bed.write_text("MT_human\t100\t200\n")
     res = CliRunner().invoke(cli, ["submit", str(genomes / "minimap2_MT-human.fa"), "--split", "2",
@@ -286,8 +286,8 @@ def test_spill_goes_to_the_first_folder_with_room(tokens, tmp_path):
             r.close()
     assert spill_dirs(10 << 20, 4 << 30)[-1] == tempfile.gettempdir()
     assert spill_dirs(5 << 30, 4 << 30) == [tempfile.gettempdir()]
-    if os.path.isdir(SHM) and os.access(SHM, os.W_OK):
-        assert spill_dirs(10 << 20, 4 << 30)[0] == SHM
+    shm = os.path.isdir(SHM) and os.access(SHM, os.W_OK)  # Linux: RAM first, then the disk
+    assert spill_dirs(10 << 20, 4 << 30) == ([SHM] if shm else []) + [tempfile.gettempdir()]
     (tmp_path / "not-a-folder").write_text("")
     ok = tmp_path / "ok"
     ok.mkdir()

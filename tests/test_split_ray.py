@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -68,8 +67,9 @@ def local_ray():
 
 
 class Watch(JobEvents):
-    """Records who wrote each chunk and the split layers; kill_at: (layer, segment, delay):
-    SIGKILL that segment's actor `delay` seconds after that layer's barrier."""
+    """Records who wrote each chunk and the split layers; kill_at: (layer, segment): SIGKILL
+    that segment's actor at that layer's barrier (in the driver's hook, before the next
+    layer's calls go out: the actor is gone before it can run any of that layer)."""
 
     def __init__(self, kill_at=None):
         self.writers: dict[tuple[str, int], list[str]] = {}
@@ -84,9 +84,7 @@ class Watch(JobEvents):
         assert timing["bytes"] > 0 and timing["wall_s"] >= timing["compute_s"] > 0
         if self.kill_at and self.kill_at[0] == layer:
             pid = int(nodes[self.kill_at[1]].rsplit(":", 1)[1])
-            # an actor of this test's own Ray session, a moment after the driver sent the next
-            # layer's call: while it runs that layer
-            threading.Timer(self.kill_at[2], os.kill, (pid, signal.SIGKILL)).start()
+            os.kill(pid, signal.SIGKILL)  # an actor of this test's own Ray session
             self.kill_at = None
 
 
@@ -197,8 +195,8 @@ def test_a_float64_model_gives_the_first_segment_a_larger_share(local_ray, one_r
 def test_resume_and_worker_killed_mid_run_bit_identical(split_one, one_record, model2, tmp_path):
     """A store whose segments 1 and 2 were lost after chunk 3 (done markers cleared from there,
     outputs zeroed) resumes from the state stored at segment 1's start (after chunk 2), the fold's
-    value; then segment 2's actor is SIGKILLed while it runs layer 1 (a moment after the
-    driver sent the call) and the group of two restarts from the store again. The store's bytes
+    value; then segment 2's actor is SIGKILLed at layer 0's barrier, so that layer 1's call
+    finds it dead, and the group of two restarts from the store again. The store's bytes
     equal the uninterrupted run's."""
     import zarr
 
@@ -213,7 +211,7 @@ def test_resume_and_worker_killed_mid_run_bit_identical(split_one, one_record, m
     done[4:] = 0
     for name in OUTPUTS:
         root[f"{key}/{name}"][4 * CHUNK:] = 0
-    events = Watch(kill_at=(0, 1, 0.005))
+    events = Watch(kill_at=(0, 1))
     summary = run_job(JobRequest(inputs=(str(one_record),), model=model2, out=str(out), chunk_size=CHUNK,
                                  outputs=OUTPUTS, workers=3, split="3"), events=events)
     assert summary.worker_deaths == 1

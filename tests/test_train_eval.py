@@ -112,4 +112,4 @@ def test_eval_cli_errors(tmp_path, genomes, timeseries, random_dna_model, ts_mod
         args, expect = ["eval", str(tmp_path / "none"), mt], "no such model directory"
     r = CliRunner().invoke(cli, args)
     assert r.exit_code == 1, r.output
-    assert r.output.startswith("Error: ") and expect in r.output and "Traceback" not in r.output
+    assert r.output.startswith("Error: ") and expect in r.output and isinstance(r.exception, SystemExit)

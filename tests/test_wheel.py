@@ -11,11 +11,6 @@ from conftest import REPO
 
 pytestmark = pytest.mark.slow  # builds and installs a wheel
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10: the package-data check below is skipped
-    tomllib = None
-
 ROOTS = {"pipeline": "linpipe", "kernels": "linpipe/kernels", "jobs": "linpipe/jobs"}
 
 
@@ -25,14 +20,18 @@ def _source_folder(pkg: str, package_dir: dict) -> Path:
     return REPO / package_dir[parent] / pkg[len(parent) :].lstrip(".").replace(".", "/")
 
 
-@pytest.mark.slow
-def test_wheel_has_every_subpackage_and_the_default_model(tmp_path):
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    dest = tmp_path_factory.mktemp("wheel")
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path), str(REPO)],
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dest), str(REPO)],
         check=True,
         capture_output=True,
     )
-    wheel = next(tmp_path.glob("linpipe-*.whl"))
+    return next(dest.glob("linpipe-*.whl"))
+
+
+def test_wheel_has_every_subpackage_and_the_default_model(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     for folder, pkg in ROOTS.items():
         for d, _, files in os.walk(REPO / folder):
@@ -46,10 +45,13 @@ def test_wheel_has_every_subpackage_and_the_default_model(tmp_path):
         assert f"linpipe/model/shipped/default/{f}" in names
     for f in ("whole_genome.yaml", "assemblies.yaml", "timeseries.yaml"):
         assert f"linpipe/jobs/{f}" in names
-    # every package-data glob names real files, and the wheel holds each of them
-    setuptools = {"package-data": {}}
-    if tomllib is not None:
-        setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+
+
+def test_every_package_data_glob_names_files_the_wheel_holds(wheel):
+    tomllib = pytest.importorskip("tomllib", reason="Python 3.10 has no tomllib to read pyproject.toml")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert setuptools["package-data"]
     for pkg, globs in setuptools["package-data"].items():
         folder = _source_folder(pkg, setuptools["package-dir"])
         for pattern in globs:
@@ -58,7 +60,8 @@ def test_wheel_has_every_subpackage_and_the_default_model(tmp_path):
             for f in found:
                 assert f"{pkg.replace('.', '/')}/{f}" in names, (pkg, f)
 
-    # Installed into a scratch folder and imported from outside the repo, it loads the default model.
+
+def test_the_installed_wheel_loads_the_default_model_outside_the_repo(wheel, tmp_path):
     target = tmp_path / "site"
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)],
