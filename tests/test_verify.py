@@ -50,7 +50,7 @@ def test_corruption_is_named_by_unit_and_repaired_bit_identically(written, tmp_p
     shutil.copytree(good, out)
     store = OutputStore.open(str(out), mode="r")
     long = plan.streams[0]
-    key = store.record(long.id)["key"]
+    key = store.record(long.id).key
     # 1. a bit flipped in the middle of a long record's chunk 1
     f = out / key / "logprob" / "c" / "1"
     data = bytearray(f.read_bytes())
@@ -60,7 +60,7 @@ def test_corruption_is_named_by_unit_and_repaired_bit_identically(written, tmp_p
     packed = out / "_packed" / "entropy" / "c"
     (packed / "1").write_bytes((packed / "0").read_bytes())
     # 3. the second long record's boundary state after chunk 0 lost
-    other = store.record(plan.streams[1].id)["key"]
+    other = store.record(plan.streams[1].id).key
     shutil.rmtree(out / "_linpipe" / other / "state" / "0")
 
     r = CliRunner().invoke(cli, ["verify", str(out), "--json"])
@@ -136,7 +136,7 @@ def test_verify_and_repair_on_an_object_store(genomes, s3_server, tmp_path):
     assert {k: v for k, v in before.items() if "/c/" in k} == chunks
 
     long = plan.streams[0]
-    key = OutputStore.open(out, mode="r").record(long.id)["key"]
+    key = OutputStore.open(out, mode="r").record(long.id).key
     fs, root = fsspec.core.url_to_fs(out)
     chunk = f"{root}/{key}/logprob/c/2"
     data = bytearray(fs.cat_file(chunk))
