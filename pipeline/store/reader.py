@@ -8,7 +8,7 @@ import warnings
 import numpy as np
 
 from linpipe.errors import StoreError
-from linpipe.store.checksums import UnitCheck
+from linpipe.store.checksums import STATE, UnitCheck
 from linpipe.store.layout import (
     CHANNEL_NAMES,
     DIM_CHANNEL,
@@ -109,8 +109,8 @@ class OutputReader:
         info = self.record(record_id_or_key)
         dim = POSITION_DIM[info.modality]
         if info.packed:
-            ds = self._packed_record(info)
             self._check_batch(info)
+            ds = self._packed_record(info)
         else:
             try:
                 ds = xr.open_zarr(self._out.zarr_store, group=info.key,
@@ -207,15 +207,16 @@ class OutputReader:
 
     def _unit(self, info: StoredRecord, unit: int, names) -> dict:
         """One unit read whole (a long record's chunk, or a packed batch's chunk), held to its
-        checksums (checksums.UnitCheck, the rule `linpipe verify` applies): a CorruptUnitWarning
-        when its data or state do not match, a StoreError when an array cannot be decoded.
-        Returns its values of `names` (None: all)."""
+        checksums by the rule `linpipe verify` applies (checksums.UnitCheck): a StoreError when
+        an array asked for cannot be decoded (there are no values to give), else a
+        CorruptUnitWarning per array or state that is bad. Returns its values of `names` (None:
+        all)."""
         where = f"packed batch {unit}" if info.packed else f"record {info.id!r} chunk {unit}"
         if info.packed:
             values, faults = self._check.batch(unit, names)
         else:
             values, faults = self._check.long_unit(info.key, unit, names)
-        unreadable = [str(f) for f in faults if f.error]
+        unreadable = [str(f) for f in faults if f.error and f.name != STATE]
         if unreadable:
             raise StoreError(f"{self.path}: {where}: {'; '.join(unreadable)}; run "
                              f"linpipe verify {self.path} --repair")
