@@ -615,6 +615,49 @@ def test_fsspec_url(tmp_path):
     assert json.loads((tmp_path / "url.zarr" / "zarr.json").read_text())["attributes"]["linpipe"]["complete"]
 
 
+@pytest.mark.parametrize("place", ["local", "file-url", pytest.param("s3", marks=pytest.mark.slow)])
+def test_an_exclusive_write_refuses_an_object_that_is_there(place, tmp_path, request):
+    """create_bytes (the driver's lease) writes an object only where none is, on every kind of
+    place: a hard link locally, fsspec's exclusive write at a file:// URL and a conditional PUT
+    on the S3 server; the object keeps the first writer's bytes."""
+    from linpipe.store.location import Location
+
+    where = {"local": lambda: str(tmp_path / "x.zarr"), "file-url": lambda: f"file://{tmp_path / 'x.zarr'}",
+             "s3": lambda: f"{request.getfixturevalue('s3_server').new_bucket()}/x.zarr"}[place]()
+    loc = Location(where, read_only=False)
+    assert loc.read_bytes("_linpipe/lease.json") is None
+    assert loc.create_bytes("_linpipe/lease.json", b"first") is True
+    assert loc.create_bytes("_linpipe/lease.json", b"second") is False
+    assert loc.read_bytes("_linpipe/lease.json") == b"first" and loc.is_empty()  # a lease alone
+    loc.write_bytes("_linpipe/lease.json", b"third")  # replacing is another call
+    assert loc.read_bytes("_linpipe/lease.json") == b"third"
+    loc.delete("_linpipe/lease.json")
+    assert loc.create_bytes("_linpipe/lease.json", b"fourth") is True
+
+
+def test_a_refused_conditional_put_is_told_from_other_errors():
+    """s3fs turns an S3 412 into FileExistsError only when the answer names its condition; one
+    that does not arrives as OSError, and so does a permission error: only the 412 means that
+    the object is there."""
+    from botocore.exceptions import ClientError
+    from s3fs.errors import translate_boto_error
+
+    from linpipe.store.s3fs_internals import create_refused
+
+    def answer(code, status, **error):
+        response = {"Error": {"Code": code, "Message": code, **error},
+                    "ResponseMetadata": {"HTTPStatusCode": status}}
+        return translate_boto_error(ClientError(response, "PutObject"))
+
+    named = answer("PreconditionFailed", 412, Condition="If-None-Match")
+    unnamed = answer("PreconditionFailed", 412)
+    assert isinstance(named, FileExistsError) and create_refused(named)
+    assert isinstance(unnamed, OSError) and not isinstance(unnamed, FileExistsError)
+    assert create_refused(unnamed)
+    assert not create_refused(answer("AccessDenied", 403)) and not create_refused(answer("SlowDown", 503))
+    assert not create_refused(OSError(5, "Input/output error"))
+
+
 def test_assembly_of_many_contigs(tmp_path, genomes):
     """42 real contigs, long ones in their own groups and short ones packed, read back one by one."""
     seqs = read_fasta(genomes / "abricate_Sepidermidis_ST14_assembly.fa")
