@@ -76,7 +76,7 @@ def _check_track(reader: OutputReader, ids, output: str):
     if first is None:
         return
     if first.modality != DNA:
-        raise StoreError(f"{reader.path}: record {first['id']!r} is a time series; genome tracks "
+        raise StoreError(f"{reader.path}: record {first.id!r} is a time series; genome tracks "
                          "need dna outputs (use --format parquet)")
     dims = reader.dims(first.id, output)
     if len(dims) != 1:

@@ -17,7 +17,6 @@ from linpipe.errors import StoreError
 from linpipe.model.outputs import DNA
 from linpipe.store.keys import make_keys
 from linpipe.store.layout import (
-    BATCH_ROW,
     CHANNEL_NAMES,
     CREATING,
     DEFAULT_OUTPUTS,
@@ -25,17 +24,11 @@ from linpipe.store.layout import (
     FORMAT_VERSION,
     HIDDEN_DTYPES,
     LOOKUP_HASH,
-    LOOKUP_ROW,
     OUTPUT_KINDS,
     PACKED,
     PROGRESS,
     PROGRESS_ABOUT,
     RC_OUTPUTS,
-    ROW_DESCRIPTION,
-    ROW_ID,
-    ROW_LENGTH,
-    ROW_OFFSET,
-    ROW_SOURCE,
     TABLE_CHUNK,
     base_output,
     checksum_array,
@@ -49,6 +42,7 @@ from linpipe.store.layout import (
     table_arrays,
 )
 from linpipe.store.location import Location, keep_lease, pool
+from linpipe.store.packed import write_table
 from linpipe.store.records import StoredRecord
 from linpipe.store.table import PackedRecords, id_hashes
 from linpipe.store.zarr_internals import with_attributes, with_shape
@@ -146,7 +140,8 @@ def lay_out(path, *, meta: dict, records: list[dict], outputs, chunk_size: int, 
         arr[:] = labels
 
     list(pool().map(fill, coords))
-    _write_table(created, packed, hashes, order)
+    write_table({p.split("/", 1)[1]: a for p, a in created.items() if p.startswith(f"{PACKED}/")},
+                packed, hashes, order)
     root.attrs.put({"linpipe": root_meta})
     return location, root
 
@@ -277,23 +272,6 @@ def _check_unique(where, long_ids, packed: PackedRecords, packed_hashes: np.ndar
         a, b = ids[order[j]], ids[order[j + 1]]
         if a == b:
             raise StoreError(f"{where}: duplicate record id {a!r}")
-
-
-def _write_table(created: dict, packed: PackedRecords, hashes: np.ndarray, order: np.ndarray):
-    """The record table, the batch edges and the id index (written once, by create)."""
-    group = {p.split("/", 1)[1]: a for p, a in created.items() if p.startswith(f"{PACKED}/")}
-    group[BATCH_ROW][:] = packed.batch_row
-    if packed.n_records == 0:
-        return
-    columns = {ROW_ID: packed.ids, ROW_DESCRIPTION: packed.descriptions, ROW_SOURCE: packed.sources,
-               ROW_LENGTH: packed.lengths, ROW_OFFSET: packed.offsets(),
-               LOOKUP_HASH: hashes[order], LOOKUP_ROW: order.astype(np.int64)}
-
-    def put(item):
-        name, values = item
-        group[name][:] = values
-
-    list(pool().map(put, columns.items()))
 
 
 def _check_overwrite(location: Location, overwrite: bool):

@@ -1,4 +1,4 @@
-"""The short records of an open store: the `_packed/` group, its record table and id index.
+"""The short records of a store: the `_packed/` group, its record table and id index.
 
 Everything is read lazily and by chunk, so finding one record among a million reads a few small
 chunks (no scan), and iterating the table streams it.
@@ -19,8 +19,9 @@ from linpipe.store.layout import (
     ROW_SOURCE,
     TABLE_CHUNK,
 )
+from linpipe.store.location import pool
 from linpipe.store.records import StoredRecord
-from linpipe.store.table import id_hashes
+from linpipe.store.table import PackedRecords, id_hashes
 
 RECORD_COLUMNS = (ROW_ID, ROW_DESCRIPTION, ROW_LENGTH, ROW_OFFSET, ROW_SOURCE)
 
@@ -118,6 +119,23 @@ class PackedGroup:
         if self.n_batches == 0:
             return np.zeros(0, dtype=bool)
         return np.asarray(progress_group[f"{PACKED}/done"][:], dtype=bool)
+
+
+def write_table(group: dict, packed: PackedRecords, hashes: np.ndarray, order: np.ndarray):
+    """The record table, the batch edges and the id index (written once, by create), into the
+    new `_packed/` arrays (name -> zarr array); order: the rows by id hash."""
+    group[BATCH_ROW][:] = packed.batch_row
+    if packed.n_records == 0:
+        return
+    columns = {ROW_ID: packed.ids, ROW_DESCRIPTION: packed.descriptions, ROW_SOURCE: packed.sources,
+               ROW_LENGTH: packed.lengths, ROW_OFFSET: packed.offsets(),
+               LOOKUP_HASH: hashes[order], LOOKUP_ROW: order.astype(np.int64)}
+
+    def put(item):
+        name, values = item
+        group[name][:] = values
+
+    list(pool().map(put, columns.items()))
 
 
 class PackedSlice:

@@ -68,27 +68,27 @@ class RecordMap(collections.abc.Mapping):
     records first, then packed order)."""
 
     def __init__(self, store):
-        self._store = store
+        self._out = store
 
     def __getitem__(self, record_id) -> StoredRecord:
-        return self._store.record(record_id)
+        return self._out.record(record_id)
 
     def __iter__(self):
-        for info in self._store.long_records.values():
+        for info in self._out.long_records.values():
             yield info.id
-        p = self._store.packed
+        p = self._out.packed
         if p is not None:
             yield from p.ids()
 
     def __len__(self):
-        p = self._store.packed
-        return len(self._store.long_records) + (p.n_records if p is not None else 0)
+        p = self._out.packed
+        return len(self._out.long_records) + (p.n_records if p is not None else 0)
 
     def __contains__(self, record_id):
         from linpipe.errors import StoreError
 
         try:
-            self._store.record(record_id)
+            self._out.record(record_id)
             return True
         except StoreError:
             return False
@@ -99,7 +99,7 @@ class RecordMap(collections.abc.Mapping):
             yield info.id, info
 
     def values(self):
-        yield from self._store.long_records.values()
-        p = self._store.packed
+        yield from self._out.long_records.values()
+        p = self._out.packed
         if p is not None:
-            yield from p.records(self._store.modality)
+            yield from p.records(self._out.modality)
