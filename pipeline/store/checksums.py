@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from linpipe.store.layout import CHECKSUM_SET, is_rc
+from linpipe.store.location import pool
 
 STATE = "state"  # the last column of a unit's checksums
 
@@ -76,8 +77,11 @@ class UnitCheck:
         out, faults = {}, []
         for strand in strands:
             order, sums = self._sums_of(key, strand)
+            # the state (two small reads: its metadata and its chunk) is read while the data are
+            state = pool().submit(lambda st=strand: s.state_blob(key, chunk, st) or b"") \
+                if sums[chunk][-1] else None
             got, bad = _hold(order, sums[chunk], names, values, lambda n: s.array(key, n)[start:end],
-                             lambda st=strand: s.state_blob(key, chunk, st) or b"")
+                             state.result if state is not None else bytes)
             out.update(got)
             faults += bad
         return out, faults
