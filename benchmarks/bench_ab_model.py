@@ -4,9 +4,11 @@ The old code is an installed copy of an earlier linpipe (`pip install --no-deps 
 OLD_CHECKOUT`); each round runs one child process per side, old and new alternated, so that
 a noisy neighbour hits both alike. Each child streams real bases through Model.forward at one
 thread and reports positions/s of its best pass. Two models: bench_model.py's (D=128, L=4,
-M=512, W=4) and the shipped default.
+M=512, W=4) and the shipped default. With --split, a third row: the shipped default model's
+later segment of a split record (linpipe.model.segments: pass 1 from a zero state, pass 2
+correcting it, the outputs), the split's own path, over the same positions.
 
-Usage: python benchmarks/bench_ab_model.py OLD_SITE_DIR [--rounds 5] [--positions 65536]
+Usage: python benchmarks/bench_ab_model.py OLD_SITE_DIR [--rounds 5] [--positions 65536] [--split]
 """
 from __future__ import annotations
 
@@ -36,12 +38,34 @@ for i, b in enumerate("ACGT"):
     lut[ord(b)] = lut[ord(b.lower())] = i
 x = np.resize(lut[np.frombuffer(seq.encode(), np.uint8)], positions)
 state = model.init_state()
-model.forward(x[:chunk], state)  # warm-up
+
+
+def split_later():  # a later segment of a split record, over the same positions
+    from linpipe.model.segments import SegmentRunner
+    r = SegmentRunner(model, lambda a, b: x[a:b], 0, positions, chunk, exact=False)
+    r.begin(None)
+    for layer in range(model.config.n_layers):
+        r.apply(layer, state.S[0, layer], state.z[0, layer], state.conv[0, layer])
+    list(r.pieces_out(state.y[0], state))
+    r.close()
+
+
+def stream():
+    global state
+    for a in range(0, positions, chunk):
+        _, state = model.forward(x[a:a + chunk], state)
+
+
+if which == "split":
+    run = split_later
+    run()  # warm-up
+else:
+    run = stream
+    model.forward(x[:chunk], state)  # warm-up
 best = float("inf")
 for _ in range(passes):
     t = time.perf_counter()
-    for a in range(0, positions, chunk):
-        _, state = model.forward(x[a:a + chunk], state)
+    run()
     best = min(best, time.perf_counter() - t)
 print(json.dumps({"positions_per_s": positions / best, "file": __import__("linpipe").__file__}))
 """
@@ -64,12 +88,13 @@ def main():
     ap.add_argument("--positions", type=int, default=65536)
     ap.add_argument("--chunk", type=int, default=65536)
     ap.add_argument("--passes", type=int, default=3)
+    ap.add_argument("--split", action="store_true", help="also a later segment of a split record")
     args = ap.parse_args()
     here = os.path.dirname(os.path.abspath(__file__))
     root = os.environ.get("LINPIPE_SHARED_DATA", os.path.join(here, "..", "..", "shared", "data"))
     genome = os.path.join(root, "genomes", "htslib_ce.fa")
     report = {"load_before": os.getloadavg()}
-    for which in ("bench", "default"):
+    for which in ("bench", "default") + (("split",) if args.split else ()):
         rates = {"old": [], "new": []}
         files = {}
         for _ in range(args.rounds):

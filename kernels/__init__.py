@@ -6,10 +6,11 @@ imports on CPU-only machines and macOS.
 from .linear_attn import (
                           FEATURE_MAPS,
                           chunk_linear_attn,
+                          chunk_linear_attn_parts,
                           chunk_linear_attn_torch,
                           feature_map_fn,
                           naive_recurrent_linear_attn,
 )
 
-__all__ = ["FEATURE_MAPS", "chunk_linear_attn", "chunk_linear_attn_torch", "feature_map_fn",
-           "naive_recurrent_linear_attn"]
+__all__ = ["FEATURE_MAPS", "chunk_linear_attn", "chunk_linear_attn_parts", "chunk_linear_attn_torch",
+           "feature_map_fn", "naive_recurrent_linear_attn"]

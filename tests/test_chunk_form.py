@@ -203,3 +203,59 @@ def test_cuda_tensor_without_triton_is_a_clear_error(monkeypatch):
     assert isinstance(err.value.__cause__, ImportError)
     o, _ = linear_attn.chunk_linear_attn(q, q, q)  # CPU tensors never need Triton
     assert o.shape == q.shape
+
+
+@pytest.mark.parametrize("decay", [None, (0.8, 0.999)])
+@pytest.mark.parametrize("t", [1, 40, 97])
+def test_stages_compose_a_split_sequence(decay, t):
+    """The public stages rebuild a sequence cut at t from its two halves run from zero: the
+    first half's local state folded onto the initial state is the state at t (span_state,
+    advance), and the second half's parts from zero plus that state's share (state_outputs)
+    give the recurrence's outputs and final state; the parts divided are the normalised form."""
+    from linpipe.kernels.linear_attn import (
+        advance,
+        chunk_linear_attn_parts,
+        feature_map_fn,
+        log_decay,
+        span_state,
+        state_outputs,
+    )
+
+    T, H, K = 130, 2, 16
+    q, k, v, (S0, z0) = _inputs(1, T, H, K, K, "elu1", True, seed=t)
+    d = None if decay is None else torch.tensor(decay, dtype=torch.float64)
+    lg = None if d is None else log_decay(d)
+    o_ref, (S_ref, z_ref) = naive_recurrent_linear_attn(q, k, v, decay=d, initial_state=(S0, z0),
+                                                        output_final_state=True)
+    _, (S_t, z_t) = naive_recurrent_linear_attn(q[:, :t], k[:, :t], v[:, :t], decay=d, initial_state=(S0, z0),
+                                                output_final_state=True, dtype=torch.float64)
+    phi = feature_map_fn("elu1")
+    dS, dz = span_state(phi(k[0, :t]), v[0, :t], lg)
+    S, z = advance(S0[0].double(), z0[0].double(), dS, dz, lg, t)
+    _close(S, S_t[0].double(), 1e-6)  # the recurrence's state is float32
+    _close(z, z_t[0].double(), 1e-6)
+    zero = (torch.zeros(1, H, K, K, dtype=torch.float64), torch.zeros(1, H, K, dtype=torch.float64))
+    num, den, (S2, z2) = chunk_linear_attn_parts(q[:, t:], k[:, t:], v[:, t:], decay=d, initial_state=zero,
+                                                 chunk_size=32)
+    assert num.dtype == den.dtype == S2.dtype == torch.float64  # the compute dtype, the state too
+    n_in, d_in = state_outputs(phi(q[0, t:]), S, z, lg)
+    o = (num[0] + n_in) / (den[0] + d_in + 1e-6).unsqueeze(-1)
+    _close(o, o_ref[0, t:], 1e-10)
+    S_end, z_end = advance(S, z, S2[0], z2[0], lg, T - t)
+    _close(S_end, S_ref[0].double(), 1e-6)
+    _close(z_end, z_ref[0].double(), 1e-6)
+    num, den, _ = chunk_linear_attn_parts(q, k, v, decay=d, initial_state=(S0, z0))
+    _close(num / (den + 1e-6).unsqueeze(-1), o_ref, 1e-10)
+    unnormalised = chunk_linear_attn_torch(q, k, v, decay=d, initial_state=(S0, z0), normalize=False)[0]
+    _close(num, unnormalised, 1e-12)
+
+
+def test_no_decay_is_the_decay_of_one():
+    """decay None and a decay of 1 for every head are one form (the zero gate): the same bytes,
+    through the dispatcher and the chunked form, in float32 over several segments."""
+    q, k, v, init = _inputs(1, 2 * chunk_mod.SEGMENT + 77, 2, 16, 16, "elu1", True, seed=9)
+    q, k, v = q.float(), k.float(), v.float()
+    for fn in (chunk_linear_attn, chunk_linear_attn_torch):
+        a, (Sa, za) = fn(q, k, v, initial_state=init, output_final_state=True)
+        b, (Sb, zb) = fn(q, k, v, decay=torch.ones(2), initial_state=init, output_final_state=True)
+        assert torch.equal(a, b) and torch.equal(Sa, Sb) and torch.equal(za, zb)

@@ -324,3 +324,35 @@ def test_big_batched_calls_match_the_buffered_path(tmp_path, genomes):
     for x, got in zip(xs, batched, strict=False):
         want, _ = model.forward(x, model.init_state())
         _assert_outputs_close(got, want, 1e-5)
+
+
+def test_forward_batch_continues_each_state(tmp_path, genomes):
+    """forward_batch: chunks of different lengths, each read after its own state, in one
+    end-padded call, give what forward gives continuing from that state (the first position's
+    prediction comes from the state's y)."""
+    model = _dna_model(tmp_path, decay=[0.95, 1.0])
+    x = _genome_slice(genomes, 177417 - 600, 900)  # into the N run at 600
+    cuts = [(0, 300), (100, 101), (450, 900)]
+    states = [model.forward(x[:a], model.init_state())[1] for a, _ in cuts]
+    got = model.forward_batch([x[a:b] for a, b in cuts], states)
+    for (a, b), state, g in zip(cuts, states, got, strict=True):
+        want, _ = model.forward(x[a:b], state)
+        _assert_outputs_close(g, want, 1e-5)
+        assert g["logprob"].shape == (b - a,)
+
+
+def test_forward_batch_of_per_channel_models(genomes, timeseries):
+    """A series_norm model reads every channel as a lane with its carried norm: forward_batch
+    from two-channel states equals forward continuing from them."""
+    import pyarrow.parquet as pq
+
+    model = load_model("default-timeseries")
+    t = pq.read_table(timeseries / "mitdb_100_ecg.parquet")
+    x = np.stack([t.column(c).to_numpy()[:3000] for c in ("MLII_mV", "V5_mV")], 1)
+    states = [model.forward(x[:a], model.init_state())[1] for a in (1000, 2200)]
+    chunks = [x[1000:1800], x[2200:2300]]
+    got = model.forward_batch(chunks, states)
+    for c, state, g in zip(chunks, states, got, strict=True):
+        want, _ = model.forward(c, state)
+        assert g.keys() == want.keys() and "hidden" not in g  # per channel: not with two
+        _assert_outputs_close(g, want, 1e-5)

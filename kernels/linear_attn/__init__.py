@@ -2,14 +2,17 @@
 
 Every form shares one contract (see naive.py): raw q, k, v of shape (B, T, H, K|V), optional
 per-head decay, the feature map applied inside, optional normaliser, float32 state
-(S (B, H, K, V), z (B, H, K)) in via `initial_state` and out via `output_final_state`.
+(S (B, H, K, V), z (B, H, K)) in via `initial_state` and out via `output_final_state`. The
+state algebra's stages (stages.py: local state, fold, output pass) are public too, for callers
+that compose their own pass (the sequence-parallel split).
 """
 from __future__ import annotations
 
 import torch
 
-from .chunk import DEFAULT_CHUNK_SIZE, chunk_linear_attn_torch, features
+from .chunk import DEFAULT_CHUNK_SIZE, chunk_linear_attn_parts, chunk_linear_attn_torch, features
 from .naive import FEATURE_MAPS, feature_map_fn, naive_recurrent_linear_attn
+from .stages import advance, log_decay, span_state, state_outputs
 
 _triton_fn = None  # the Triton form, once imported
 
@@ -41,7 +44,10 @@ def chunk_linear_attn(q, k, v, *, decay=None, feature_map="elu1", normalize=True
     otherwise (and whenever autograd needs a backward, which the Triton form does not promise).
 
     q, k: (B, T, H, K); v: (B, T, H, V). Returns (o (B, T, H, V), (S, z) float32 or None).
+    A decay of 1 for every head is no decay (both forms then skip the gates).
     """
+    if decay is not None and log_decay(decay) is None:
+        decay = None
     kwargs = dict(decay=decay, feature_map=feature_map, normalize=normalize, eps=eps,
                   initial_state=initial_state, output_final_state=output_final_state,
                   cu_seqlens=cu_seqlens)
@@ -52,5 +58,6 @@ def chunk_linear_attn(q, k, v, *, decay=None, feature_map="elu1", normalize=True
     return chunk_linear_attn_torch(q, k, v, **kwargs)
 
 
-__all__ = ["DEFAULT_CHUNK_SIZE", "FEATURE_MAPS", "chunk_linear_attn", "chunk_linear_attn_torch",
-           "feature_map_fn", "features", "naive_recurrent_linear_attn"]
+__all__ = ["DEFAULT_CHUNK_SIZE", "FEATURE_MAPS", "advance", "chunk_linear_attn", "chunk_linear_attn_parts",
+           "chunk_linear_attn_torch", "feature_map_fn", "features", "log_decay",
+           "naive_recurrent_linear_attn", "span_state", "state_outputs"]

@@ -18,7 +18,7 @@ from linpipe.inputs.alphabet import N as TOKEN_N
 from linpipe.model import series
 from linpipe.model.config import WEIGHTS_FILE, ModelConfig, expected_shapes
 from linpipe.model.files import file_sha256, read_config, read_tensors, resolve_model_path
-from linpipe.model.network import LinpipeNet, ModelState
+from linpipe.model.network import LinpipeNet, ModelState, y_before
 
 # Positions per network call on the CPU: bounds peak memory for any chunk length, and keeps the
 # temporaries (e.g. the (T, M) MLP hidden) small enough to stay in cache: 16,384 was measured
@@ -68,7 +68,9 @@ class Model:
         with torch.inference_mode():
             return self.net.initial_state(1)
 
-    def _outputs(self, outputs) -> tuple:
+    # -- the public surface the entry points and the split (segments.py) share ---------------
+    def select_outputs(self, outputs) -> tuple:
+        """The validated output names of `outputs` (None: all of the modality's)."""
         if outputs is None:
             return self.output_names
         outputs = tuple(outputs)
@@ -78,8 +80,9 @@ class Model:
                              f"(expected some of {', '.join(self.output_names)})")
         return outputs
 
-    def _inputs(self, x) -> torch.Tensor:
-        """numpy chunk -> (B=1, T[, C]) tensor on the device, validated."""
+    def to_tensor(self, x) -> torch.Tensor:
+        """A numpy chunk of one record, validated -> the network's input on the device: (1, T)
+        tokens, (1, T, C) values, or for series_norm models one lane per channel (C, T, 1)."""
         c = self.config
         x = np.asarray(x)
         if c.modality == "dna":
@@ -96,39 +99,11 @@ class Model:
             raise ModelError(f"timeseries input must have shape (T, {c.channels}), got {x.shape}")
         return torch.from_numpy(x.astype(np.float32, copy=False)).to(self.device)[None]
 
-    def _check_state(self, state: ModelState):
-        c = self.config
-        L, H, K, D, W = c.n_layers, c.n_heads, c.head_dim, c.d_model, c.conv_width
-        want = {"S": (L, H, K, K), "z": (L, H, K), "conv": (L, W - 1, D), "y": (D,)}
-        for k, shape in want.items():
-            got = tuple(getattr(state, k).shape[1:])
-            if got != shape:
-                raise ModelError(f"model state {k!r} has shape {list(got)}, this model needs {list(shape)}")
-
-    def _series_heads(self, x, before, prev, y, new, outs) -> dict:
-        """series_norm: outputs per lane (C, T[, D]); fills the residual scale into new.norm."""
-        nz = self.net.series_inputs(x, before)
-        p = self.net.head(prev)[..., 0].to(torch.float64)  # the change, in units of the running scale
-        w, new.norm = series.calibrate(p, nz["target"], before.norm, new.norm)
-        fc = nz["base"] + nz["scale"] * (w * p)  # NaN: nothing observed yet
-        r = x[..., 0] - fc
-        res = {}
-        if "hidden" in outs:
-            if x.shape[0] != 1:
-                raise ModelError(f"output 'hidden' of a per-channel (series_norm) model needs a "
-                                 f"one-channel input, got {x.shape[0]} channels")
-            res["hidden"] = y
-        if "forecast" in outs:
-            res["forecast"] = fc
-        if "residual" in outs:
-            res["residual"] = r
-        score, new.norm = series.anomaly(r, before.norm, new.norm)
-        if "anomaly" in outs:
-            res["anomaly"] = score
-        return res
-
-    def _heads(self, x, prev, y, outs) -> dict:
-        """Per-position outputs from y before each position (prev) and y after it."""
+    def heads(self, x, y, y0, outs) -> dict:
+        """Per-position outputs {name: (B, T[, ...]) tensor} of inputs x (B, T[, C]) from y (B, T,
+        D) after each position and y0 (B, D) of the position before the first (not for
+        series_norm models, whose outputs also need the carried norm: `run`)."""
+        prev = y_before(y, y0)
         res = {}
         if "hidden" in outs:
             res["hidden"] = y
@@ -149,53 +124,105 @@ class Model:
                     res["residual"] = x - fc  # NaN where x is NaN
         return res
 
-    def forward(self, x, state: ModelState, outputs=None):
-        """One chunk of one record -> (dict of float32 numpy arrays, state after the chunk)."""
-        outs = self._outputs(outputs)
-        self._check_state(state)
-        xt = self._inputs(x)
-        T = xt.shape[1]
+    def _lane_heads(self, x, y, before, new, outs) -> dict:
+        """series_norm: outputs per lane (lanes, T[, D]); fills the residual scale into new.norm."""
+        nz = self.net.series_inputs(x, before)
+        p = self.net.head(y_before(y, before.y))[..., 0].to(torch.float64)  # the change, in running scales
+        w, new.norm = series.calibrate(p, nz["target"], before.norm, new.norm)
+        fc = nz["base"] + nz["scale"] * (w * p)  # NaN: nothing observed yet
+        r = x[..., 0] - fc
+        res = {"hidden": y} if "hidden" in outs else {}
+        if "forecast" in outs:
+            res["forecast"] = fc
+        if "residual" in outs:
+            res["residual"] = r
+        score, new.norm = series.anomaly(r, before.norm, new.norm)
+        if "anomaly" in outs:
+            res["anomaly"] = score
+        return res
+
+    def run(self, xt: torch.Tensor, state: ModelState, outs: tuple, block: int | None = None):
+        """The forward core every entry point calls: the network's inputs xt (B, T[, C]; lanes
+        (B, T, 1) for series_norm models) read after `state` (B on the device) -> ({output:
+        (B, T[, ...]) tensor}, state after). The network runs `block` positions a call (None:
+        all at once), each call's outputs from y before and after its positions."""
+        B, T = xt.shape[:2]
+        step = block or max(T, 1)
         parts = {o: [] for o in outs}
-        state = state.to(self.device)
-        lanes = self.config.series_norm
-        if lanes and outputs is None and xt.shape[0] > 1:  # hidden is per channel: asked for only
-            outs = tuple(o for o in outs if o != "hidden")
-            parts = {o: [] for o in outs}
-        if lanes and state.batch_size != xt.shape[0]:
-            if state.batch_size != 1 or bool(state.norm.any()):
-                raise ModelError(f"model state has {state.batch_size} channel lanes, the input "
-                                 f"{xt.shape[0]} channels")
-            state = state._map(lambda t: t.expand(xt.shape[0], *t.shape[1:]).clone())  # a fresh state
-        # CPU: blocks of FORWARD_BLOCK positions; a GPU takes the whole chunk in one call.
-        step = FORWARD_BLOCK if self.device.type == "cpu" else max(T, 1)
         with torch.inference_mode():
             for a in range(0, T, step):
                 xb = xt[:, a:a + step]
                 y, new = self.net(xb, state)
-                prev = torch.cat([state.y.unsqueeze(1), y[:, :-1]], dim=1)
-                if lanes:
-                    for k, v in self._series_heads(xb, state, prev, y, new, outs).items():
-                        v = v.to("cpu", torch.float32).numpy()
-                        parts[k].append(v[0] if k == "hidden" else v.T)
+                if self.config.series_norm:
+                    got = self._lane_heads(xb, y, state, new, outs)
                 else:
-                    for k, v in self._heads(xb, prev, y, outs).items():
-                        parts[k].append(v[0].to("cpu", torch.float32).numpy())
+                    got = self.heads(xb, y, state.y, outs)
+                for k, v in got.items():
+                    parts[k].append(v)
                 state = new
         res = {}
-        for k in outs:
-            if parts[k]:
-                res[k] = parts[k][0] if len(parts[k]) == 1 else np.concatenate(parts[k])
+        for k, v in parts.items():
+            if v:
+                res[k] = v[0] if len(v) == 1 else torch.cat(v, 1)
             else:
-                dim = self.config.output_dims[k]
-                if lanes and k != "hidden":
-                    dim = xt.shape[0]
-                res[k] = np.zeros((0,) if dim is None else (0, dim), np.float32)
+                dim = None if self.config.series_norm and k != "hidden" else self.config.output_dims[k]
+                res[k] = torch.zeros((B, 0) if dim is None else (B, 0, dim))
         return res, state
+
+    def _check_state(self, state: ModelState):
+        c = self.config
+        L, H, K, D, W = c.n_layers, c.n_heads, c.head_dim, c.d_model, c.conv_width
+        want = {"S": (L, H, K, K), "z": (L, H, K), "conv": (L, W - 1, D), "y": (D,)}
+        for k, shape in want.items():
+            got = tuple(getattr(state, k).shape[1:])
+            if got != shape:
+                raise ModelError(f"model state {k!r} has shape {list(got)}, this model needs {list(shape)}")
+
+    def _lanes_outputs(self, outputs, outs, channels: int) -> tuple:
+        """series_norm: `hidden` is per channel, so with several channels it is dropped when no
+        outputs were named, and an error when it was."""
+        if not self.config.series_norm or channels == 1 or "hidden" not in outs:
+            return outs
+        if outputs is None:
+            return tuple(o for o in outs if o != "hidden")
+        raise ModelError(f"output 'hidden' of a per-channel (series_norm) model needs a "
+                         f"one-channel input, got {channels} channels")
+
+    @staticmethod
+    def _numpy(res: dict, lanes: int | None = None) -> dict:
+        """The core's (B, T[, ...]) tensors as float32 numpy; with `lanes` channels per record,
+        per-lane (B*lanes, T) outputs come back as (B, T, lanes)."""
+        out = {}
+        for k, v in res.items():
+            v = v.to("cpu", torch.float32).numpy()
+            if lanes is not None and k != "hidden":
+                v = v.reshape(v.shape[0] // lanes, lanes, v.shape[1]).transpose(0, 2, 1)
+            out[k] = v
+        return out
+
+    # -- entry points ---------------------------------------------------------------------
+    def forward(self, x, state: ModelState, outputs=None):
+        """One chunk of one record -> (dict of float32 numpy arrays, state after the chunk)."""
+        outs = self.select_outputs(outputs)
+        self._check_state(state)
+        xt = self.to_tensor(x)
+        state = state.to(self.device)
+        lanes = xt.shape[0] if self.config.series_norm else None
+        if lanes is not None:
+            outs = self._lanes_outputs(outputs, outs, lanes)
+            if state.batch_size != lanes:
+                if state.batch_size != 1 or bool(state.norm.any()):
+                    raise ModelError(f"model state has {state.batch_size} channel lanes, the input "
+                                     f"{lanes} channels")
+                state = state._map(lambda t: t.expand(lanes, *t.shape[1:]).clone())  # a fresh state
+        # CPU: blocks of FORWARD_BLOCK positions; a GPU takes the whole chunk in one call.
+        res, state = self.run(xt, state, outs, FORWARD_BLOCK if self.device.type == "cpu" else None)
+        return {k: v[0] for k, v in self._numpy(res, lanes).items()}, state
 
     def forward_records(self, xs, outputs=None, max_batch_positions: int = 1 << 18) -> list[dict]:
         """Whole short records from a fresh state, batched with end padding (causal: padding
         after a record cannot change it). Records of similar length share a batch."""
-        outs = self._outputs(outputs)
+        outs = self.select_outputs(outputs)
         xs = [np.asarray(x) for x in xs]
         if self.config.series_norm and outputs is None and any(x.ndim == 2 and x.shape[1] > 1 for x in xs):
             outs = tuple(o for o in outs if o != "hidden")
@@ -208,91 +235,56 @@ class Model:
             while j < len(order) and len(xs[order[j]]) * (j - i + 1) <= max_batch_positions:
                 j += 1
             idx = order[i:j]
-            longest = max(len(xs[k]) for k in idx)
-            results_batch = self._batch(xs, idx, longest, outs)
-            for k, r in zip(idx, results_batch, strict=False):
+            for k, r in zip(idx, self._padded([xs[k] for k in idx], None, outputs, outs), strict=True):
                 results[k] = r
             i = j
         return results
-
-    def _batch(self, xs, idx, longest, outs) -> list[dict]:
-        c = self.config
-        B = len(idx)
-        if c.series_norm:
-            return self._series_batch(xs, idx, longest, outs)
-        if c.modality == "dna":
-            pad = np.full((B, longest), TOKEN_N, np.int64)
-        else:
-            pad = np.zeros((B, longest, c.channels), np.float32)
-        for r, k in enumerate(idx):
-            self._inputs(xs[k])  # validate each record
-            pad[r, :len(xs[k])] = xs[k]
-        xt = torch.from_numpy(pad).to(self.device)
-        with torch.inference_mode():
-            state = self.net.initial_state(B)
-            y, _ = self.net(xt, state)
-            prev = torch.cat([state.y.unsqueeze(1), y[:, :-1]], dim=1)[:, :longest]
-            res = {k: v.to("cpu", torch.float32).numpy() for k, v in self._heads(xt, prev, y, outs).items()}
-        return [{o: res[o][r, :len(xs[k])].copy() for o in outs} for r, k in enumerate(idx)]
-
 
     def forward_batch(self, xs, states: list[ModelState], outputs=None) -> list[dict]:
         """Many chunks, each continuing its own carried state, in one batched (end-padded) call:
         xs[i] is read after states[i] (B = 1 states, e.g. from `forward` or a boundary state).
         Returns per-position outputs only (no final states): variant scoring runs every
         alternative allele from the reference's state at the variant in one call."""
-        outs = self._outputs(outputs)
+        outs = self.select_outputs(outputs)
         if len(xs) != len(states):
             raise ModelError(f"forward_batch got {len(xs)} inputs and {len(states)} states")
         if not xs:
             return []
-        xs = [np.asarray(x) for x in xs]
+        for s in states:
+            self._check_state(s)
+        return self._padded([np.asarray(x) for x in xs], states, outputs, outs)
+
+    def _padded(self, xs, states, outputs, outs) -> list[dict]:
+        """Records or chunks xs, end-padded into one batch, through the core from `states` (B = 1
+        each; None: fresh) -> per-record outputs (outs, from the caller's `outputs`)."""
         c = self.config
-        longest = max(len(x) for x in xs)
-        B = len(xs)
-        if c.modality == "dna":
+        B, longest = len(xs), max(len(x) for x in xs)
+        for x in xs:
+            self.to_tensor(x)  # validate each record
+        lanes = None
+        if c.series_norm:  # every channel of every record is a lane (end padding is causal)
+            lanes = max(x.shape[1] if x.ndim == 2 else 1 for x in xs)
+            pad = np.zeros((B, lanes, longest), np.float64)
+            for r, x in enumerate(xs):
+                if x.shape[1] != lanes:
+                    raise ModelError(f"records batched together have {x.shape[1]} and {lanes} channels")
+                pad[r, :, :len(x)] = x.T
+            pad = pad.reshape(B * lanes, longest, 1)
+            outs = self._lanes_outputs(outputs, outs, lanes)
+        elif c.modality == "dna":
             pad = np.full((B, longest), TOKEN_N, np.int64)
         else:
             pad = np.zeros((B, longest, c.channels), np.float32)
-        for r, x in enumerate(xs):
-            self._inputs(x)  # validate each chunk
-            pad[r, :len(x)] = x
-        for s in states:
-            self._check_state(s)
-        st = [s.to(self.device) for s in states]
-        state = ModelState(torch.cat([s.S for s in st]), torch.cat([s.z for s in st]),
-                           torch.cat([s.conv for s in st]), torch.cat([s.y for s in st]))
+        if lanes is None:
+            for r, x in enumerate(xs):
+                pad[r, :len(x)] = x
         xt = torch.from_numpy(pad).to(self.device)
-        with torch.inference_mode():
-            y, _ = self.net(xt, state)
-            prev = torch.cat([state.y.unsqueeze(1), y[:, :-1]], dim=1)[:, :longest]
-            res = {k: v.to("cpu", torch.float32).numpy() for k, v in self._heads(xt, prev, y, outs).items()}
+        if states is None:
+            with torch.inference_mode():
+                state = self.net.initial_state(xt.shape[0])
+        else:
+            st = [s.to(self.device) for s in states]
+            state = ModelState(*(torch.cat([getattr(s, f) for s in st]) for f in ("S", "z", "conv", "y")),
+                               norm=torch.cat([s.norm for s in st]) if c.series_norm else None)
+        res = self._numpy(self.run(xt, state, outs)[0], lanes)
         return [{o: res[o][r, :len(x)].copy() for o in outs} for r, x in enumerate(xs)]
-
-    def _series_batch(self, xs, idx, longest, outs) -> list[dict]:
-        """series_norm: every channel of every record is a lane (end padding is causal)."""
-        B = len(idx)
-        C = max(np.asarray(xs[k]).shape[1] if np.asarray(xs[k]).ndim == 2 else 1 for k in idx)
-        pad = np.zeros((B, C, longest), np.float64)
-        for r, k in enumerate(idx):
-            x = np.asarray(xs[k])
-            self._inputs(x)
-            if x.shape[1] != C:
-                raise ModelError(f"records batched together have {x.shape[1]} and {C} channels")
-            pad[r, :, :len(x)] = x.T
-        xt = torch.from_numpy(pad.reshape(B * C, longest, 1)).to(self.device)
-        with torch.inference_mode():
-            state = self.net.initial_state(B * C)
-            y, new = self.net(xt, state)
-            prev = torch.cat([state.y.unsqueeze(1), y[:, :-1]], dim=1)[:, :longest]
-            got = self._series_heads(xt, state, prev, y, new, [o for o in outs if o != "hidden"])
-        if "hidden" in outs:
-            if C != 1:
-                raise ModelError("output 'hidden' of a per-channel (series_norm) model needs one channel")
-            got["hidden"] = y
-        res = {}
-        for k, v in got.items():
-            v = v.to("cpu", torch.float32).numpy()
-            res[k] = v if k == "hidden" else v.reshape(B, C, longest).transpose(0, 2, 1)
-        return [{o: res[o][r, :len(xs[k])].copy() for o in outs} for r, k in enumerate(idx)]
-

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from linpipe.errors import ModelError
 from linpipe.inputs.alphabet import BOS, VOCAB_SIZE
-from linpipe.kernels import chunk_linear_attn
+from linpipe.kernels import chunk_linear_attn, chunk_linear_attn_parts
 from linpipe.kernels.linear_attn.scratch import Scratch
 from linpipe.model import series
 from linpipe.model.config import ModelConfig
@@ -173,12 +173,23 @@ class Attention(nn.Module):
         qkv = torch.mm(a.reshape(B * T, D), w.t(), out=scratch("qkv", B * T, 3 * D))
         return qkv.view(B, T, 3, self.n_heads, self.head_dim), window
 
-    def kernel(self, q, k, v, S, z, normalize=None):
+    def kernel(self, q, k, v, S, z):
         """The linear attention of (B, T, H, K) q, k, v from (S, z): (o, (S, z) after)."""
-        decay = None if bool((self.decay == 1).all()) else self.decay
-        return chunk_linear_attn(q, k, v, decay=decay, feature_map=self.feature_map,
-                                 normalize=self.normalize if normalize is None else normalize,
-                                 eps=self.eps, initial_state=(S, z), output_final_state=True)
+        return chunk_linear_attn(q, k, v, decay=self.decay, feature_map=self.feature_map,
+                                 normalize=self.normalize, eps=self.eps, initial_state=(S, z),
+                                 output_final_state=True)
+
+    def kernel_parts(self, q, k, v, S, z, dtype=None):
+        """The kernel's numerator and denominator apart, in `dtype` (default float32), with the
+        state after in that dtype too: (num (B, T, H, V), den (B, T, H), (S, z)). The split
+        (linpipe.model.segments) adds an entering state's share to them before dividing."""
+        return chunk_linear_attn_parts(q, k, v, decay=self.decay, feature_map=self.feature_map,
+                                       initial_state=(S, z), dtype=dtype)
+
+    def divide(self, num, den):
+        """o from the kernel's parts, as the kernel divides: num / (den + eps) with the
+        normaliser, else num."""
+        return num * (den + self.eps).reciprocal_().unsqueeze(-1) if self.normalize else num
 
     def forward(self, a, S, z, window, scratch):
         """The attention of normalised inputs a (B, T, D) from S (B, H, K, K), z (B, H, K) and the
@@ -257,7 +268,9 @@ class LinpipeNet(nn.Module):
         xn = (x.to(self.std.dtype) - self.mean) / self.std
         return torch.nan_to_num(xn, nan=0.0)
 
-    def _embed(self, x):
+    def embed_inputs(self, x):
+        """x (B, T) tokens or (B, T, C) raw values -> (B, T, D) embeddings (series_norm models
+        embed `series_inputs`' features instead)."""
         if self.config.modality == "dna":
             return self.embed(x.long())  # (B, T, D)
         return self.embed(self.normalize_inputs(x))
@@ -309,13 +322,18 @@ class LinpipeNet(nn.Module):
             y, new = self._run(self.embed(nz["features"]), state)
             new.norm = nz["norm"]
             return y, new
-        return self._run(self._embed(x), state)
+        return self._run(self.embed_inputs(x), state)
 
     def predict(self, x, state: ModelState):
         """(pred (B, T, 4|C), y, new_state): pred[:, i] is the head's output before reading x_i."""
         y, new = self.forward(x, state)
-        prev = torch.cat([state.y.unsqueeze(1), y[:, :-1]], dim=1)[:, :y.shape[1]]  # (B, T, D)
-        return self.head(prev), y, new
+        return self.head(y_before(y, state.y)), y, new
+
+
+def y_before(y, y0):
+    """y (B, T, D) of positions 0..T-1 and y0 (B, D) of the position before them -> (B, T, D): y
+    of the position before each (the head's input: the prediction of x_i comes from y before it)."""
+    return torch.cat([y0.unsqueeze(1), y[:, :-1]], dim=1)[:, :y.shape[1]]
 
 
 def default_decay(n_heads: int) -> list[float]:

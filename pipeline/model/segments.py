@@ -1,6 +1,7 @@
 """Exact sequence parallelism for inference: one record split into P contiguous segments.
 
-Per layer and head the attention is affine in the state entering a segment:
+Per layer and head the attention is affine in the state entering a segment (the kernel's
+stages, linpipe.kernels.linear_attn.stages):
 
     S_t = g^(t+1) S_in + S_loc_t,   S_loc_t = sum_{j<=t} g^(t-j) phi(k_j) v_j^T   (z alike)
     o_t = phi(q_t)^T S_t / (phi(q_t) . z_t + eps)
@@ -8,27 +9,23 @@ Per layer and head the attention is affine in the state entering a segment:
 so every segment runs each layer in two passes around one exchange:
 
 1. Pass 1 (right behind pass 2 of the layer before, on the same sub-chunk while it is in
-   cache; for layer 0 behind the embedding): the layer's attention from a zero state, with v
-   widened by a column of ones so one kernel call gives each position's numerator
-   phi(q)^T S_loc and, as that column, its denominator phi(q).z_loc. q and both go to the
-   spill. The first W-1 positions are left out (their conv reads the halo, the previous
-   segment's last inputs, not known yet). The segment's message: S_loc, z_loc at its end and
-   its first and last W-1 normalised inputs.
-2. The fold (`fold_layer`, the driver): the halos from the tails, the first W-1 positions'
-   share of S_loc (a (W-1)-row conv and matmul with the layer's weights), then every segment's
-   exact incoming state, an exclusive prefix in float64 in a fixed order.
+   cache; for layer 0 behind the embedding): the layer's attention from a zero state, the
+   kernel's numerator phi(q)^T S_loc and denominator phi(q).z_loc kept apart
+   (`Attention.kernel_parts`); q and both go to the spill. The first W-1 positions are left
+   out (their conv reads the halo, the previous segment's last inputs, not known yet). The
+   segment's message: S_loc, z_loc at its end and its first and last W-1 normalised inputs.
+2. The fold (linpipe.model.exchange, the driver): the halos from the tails, the first W-1
+   positions' local state (a (W-1)-row conv and matmul with the layer's weights), then every
+   segment's exact incoming state, an exclusive fold in float64 in a fixed order.
 3. Pass 2: the first W-1 positions run the attention from that state; every later position's
-   numerator and denominator get phi(q_t)^T g^(t-b+1) S_h added (S_h: the state after those
-   first positions, b: the first position after them); then the output projection and the
-   MLP, the layer's own code.
+   numerator and denominator get the share of (S_h, z_h), the state after those first
+   positions (`state_outputs`); then the output projection and the MLP, the layer's own code.
 
 So per position no projection runs twice: the split's extra work is pass 1's rows written and
-read back and one (K, V+1) matmul per head. The record's first segment knows its incoming
-state: its pass 1 is the layer's attention itself and its pass 2 the rest, the serial run's ops
-on the serial run's sub-chunks (P = 1 gives the serial bytes), and its message is its exact
-final state. An earlier design computed the next layer's k, v projections and sums a second
-time instead of keeping numerators; it did 12-33% more work per position and reached 1.16x on
-two workers against this one's 1.62x (BENCHMARKS.md, issue 15).
+read back and one (K, V) matmul and a matrix-vector product per head. The record's first
+segment knows its incoming state: its pass 1 is the layer's attention itself and its pass 2 the
+rest, the serial run's ops on the serial run's sub-chunks (P = 1 gives the serial bytes), and
+its message is its exact final state.
 
 Memory: a segment's residual stream (T, D) and pass 1's rows (T, D + H (V+1); the first
 segment's o, (T, D)) live in float32 spills, updated in place layer by layer, sub-chunk by
@@ -48,17 +45,17 @@ from __future__ import annotations
 
 import os
 import tempfile
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from linpipe.kernels.linear_attn import features
+from linpipe.kernels.linear_attn import advance, features, log_decay, state_outputs
+from linpipe.model.exchange import LayerWeights, Message, fold_layer, layer_weights, tail_rows
 from linpipe.model.inference import FORWARD_BLOCK, Model
-from linpipe.model.network import Block, ModelState, causal_conv
+from linpipe.model.network import Block, ModelState
 
-# The record's first segment runs the layer's own attention; every later one also carries a
-# column of ones, spills wider rows and corrects them: 1.0-1.5x the first one's time per
+# The record's first segment runs the layer's own attention; every later one also keeps the
+# normaliser's parts, spills wider rows and corrects them: 1.0-1.5x the first one's time per
 # position in one process (noisy), and with 1.25 two workers reached 1.47-1.69x one worker's
 # rate (BENCHMARKS.md, issue 15). So the first segment gets that much more of the record.
 FIRST_WEIGHT = 1.25
@@ -105,122 +102,6 @@ def spill_bytes(config, positions: int, exact: bool = False) -> int:
         return positions * 2 * config.d_model * 4
     parts = 2 if passes_in_float64(config) else 1  # float64 numerators in two float32 parts
     return positions * (2 * config.d_model + config.n_heads * (config.head_dim + 1) * parts) * 4
-
-
-def _tail(x: torch.Tensor, keep: int) -> torch.Tensor:
-    """The last `keep` rows of (R, D) x (all of them when fewer; none when keep == 0)."""
-    return x[max(0, x.shape[0] - keep):]
-
-
-@dataclass
-class Contribution:
-    """A segment's effect on one layer's state from a zero state, and its total decay."""
-
-    S: torch.Tensor  # (H, K, V) float64
-    z: torch.Tensor  # (H, K) float64
-    decay: torch.Tensor | None  # (H,) float64 g^T per head, None without decay
-    absolute: bool = False  # S, z are the state after the segment itself
-
-
-@dataclass
-class Message:
-    """What one segment sends the fold for one layer (or, after the last layer, y alone)."""
-
-    length: int = 0  # T, the segment's positions
-    S: torch.Tensor | None = None  # (H, K, V) float64: S_loc over positions W-1.. from a zero state
-    z: torch.Tensor | None = None  # (H, K) float64
-    head: torch.Tensor | None = None  # (min(W-1, T), D): the first normalised inputs
-    tail: torch.Tensor | None = None  # (min(W-1, T), D): the last ones (the next segment's halo)
-    y: torch.Tensor | None = None  # (D,): after the last layer, y of the segment's last position
-    absolute: bool = False  # S, z are the state after the segment (the first one), not S_loc
-
-
-@dataclass
-class LayerWeights:
-    """What the fold needs of one layer to finish the head positions' share of S_loc."""
-
-    conv: torch.Tensor | None  # (D, W) float32, None for W = 1
-    wkv: torch.Tensor  # (2D, D) float32: k_proj then v_proj
-    log_decay: torch.Tensor | None  # (H,) float64, None without decay
-    feature_map: str
-    n_heads: int
-
-
-def layer_weights(net) -> list[LayerWeights]:
-    out = []
-    for blk in net.layers:
-        a = blk.attn
-        out.append(LayerWeights(
-            None if a.conv is None else a.conv.weight.detach().float().cpu().clone(),
-            torch.cat([a.k_proj.weight, a.v_proj.weight]).detach().float().cpu().clone(),
-            None if bool((a.decay == 1).all()) else torch.log(a.decay.detach().double().cpu()),
-            a.feature_map, a.n_heads))
-    return out
-
-
-def head_share(w: LayerWeights, halo: torch.Tensor, head: torch.Tensor, length: int):
-    """The first n = head rows' share of S_loc, z_loc (float64) for a segment of `length`
-    positions entering with conv window `halo` (W-1, D): sum_j g^(length-1-j) phi(k_j) v_j^T
-    and sum_j g^(length-1-j) phi(k_j) over those rows."""
-    n, D = head.shape
-    H = w.n_heads
-    if n == 0:
-        return 0.0, 0.0
-    c = head.float()
-    if w.conv is not None:
-        c = causal_conv(c[None], halo.float()[None], w.conv)[0][0]  # (n, D)
-    kv = (c @ w.wkv.t()).view(n, 2, H, D // H)
-    kf = features(kv[:, 0], w.feature_map).double()  # (n, H, K)
-    if w.log_decay is not None:
-        pos = torch.arange(n, dtype=torch.float64)
-        kf = kf * torch.exp((length - 1 - pos).view(-1, 1) * w.log_decay.view(1, -1)).unsqueeze(-1)
-    return torch.einsum("nhk,nhv->hkv", kf, kv[:, 1].double()), kf.sum(0)
-
-
-def fold_states(S0, z0, contribs: list[Contribution]):
-    """Exclusive left fold: the float32 state entering each segment, and after the last one.
-    S_in(k+1) = float32(g^T(k) S_in(k) + S_loc(k)) in float64, in segment order: a function of
-    the float32 S_in(k) alone, so a run restarted from a stored edge state folds the same bits."""
-    Ss, zs = [S0.float()], [z0.float()]
-    for c in contribs:
-        if c.absolute:
-            Ss.append(c.S.float())
-            zs.append(c.z.float())
-            continue
-        S, z = Ss[-1].double(), zs[-1].double()
-        if c.decay is not None:
-            S = S * c.decay.view(-1, 1, 1)
-            z = z * c.decay.view(-1, 1)
-        Ss.append((S + c.S).float())
-        zs.append((z + c.z).float())
-    return Ss, zs
-
-
-def fold_halos(window0: torch.Tensor, tails: list[torch.Tensor]) -> list[torch.Tensor]:
-    """The conv window (W-1, D) entering each segment, and after the last one: the last W-1
-    normalised inputs before it, which may reach back over segments shorter than W-1."""
-    keep = window0.shape[0]
-    out = [window0]
-    for t in tails:
-        out.append(_tail(torch.cat([out[-1], t]), keep))
-    return out
-
-
-def fold_layer(w: LayerWeights, S0, z0, window0, msgs: list[Message]):
-    """One layer's exchange: from the state (S0, z0, window0) entering the first segment and
-    every segment's message, the (S, z, halo) entering each segment and after the last
-    (three lists of P + 1)."""
-    halos = fold_halos(window0.float(), [m.tail for m in msgs])
-    contribs = []
-    for k, m in enumerate(msgs):
-        if m.absolute:
-            contribs.append(Contribution(m.S, m.z, None, absolute=True))
-            continue
-        hS, hz = head_share(w, halos[k], m.head, m.length)
-        total = None if w.log_decay is None else torch.exp(m.length * w.log_decay)
-        contribs.append(Contribution(m.S + hS, m.z + hz, total))
-    Ss, zs = fold_states(S0, z0, contribs)
-    return Ss, zs, halos
 
 
 class _Spill:
@@ -289,8 +170,33 @@ class _LayerW:
         a = self.attn = blk.attn
         self.blk = blk
         self.H, self.K = a.n_heads, a.head_dim
-        self.lg = None if bool((a.decay == 1).all()) else torch.log(a.decay.detach().double())
+        self.lg = log_decay(a.decay.detach().double())
         self.wide = passes_in_float64(a)  # pass 1's numerators spilled as two float32 parts
+        self.dtype = torch.float64 if self.wide else torch.float32  # of a later segment's passes
+
+    def put_parts(self, row, num, den) -> None:
+        """Pass 1's numerators (m, H, V) and denominators (m, H) into its spill rows (m, width)
+        after q: [q | num | den], then in float64 a second float32 part of each."""
+        D, H, K = self.H * self.K, self.H, self.K
+        parts = [(num.reshape(-1, H * K), den)]
+        if self.wide:
+            parts.append((num.reshape(-1, H * K) - num.float().double().reshape(-1, H * K),
+                          den - den.float().double()))
+        for i, (n, d) in enumerate(parts):
+            at = D + i * H * (K + 1)
+            row[:, at:at + H * K] = n
+            row[:, at + H * K:at + H * (K + 1)] = d
+
+    def get_parts(self, row):
+        """The numerators (m, H, V) and denominators (m, H) put_parts left in rows (m, width)."""
+        D, H, K = self.H * self.K, self.H, self.K
+        num = row[:, D:D + H * K].view(-1, H, K).to(self.dtype)
+        den = row[:, D + H * K:D + H * (K + 1)].to(self.dtype)
+        if self.wide:
+            at = D + H * (K + 1)
+            num = num + row[:, at:at + H * K].view(-1, H, K).double()
+            den = den + row[:, at + H * K:].double()
+        return num, den
 
 
 class _Attend:
@@ -332,77 +238,58 @@ class _Project:
 
 
 class _Local:
-    """Pass 1 of one layer over a segment that is not first: the attention from a zero state,
-    the first W-1 positions left out (their conv reads the halo, which is not known yet). Per
-    position q and the numerator phi(q)^T S_loc with, as column V, the denominator
-    phi(q).z_loc (v gets a column of ones, so one kernel call gives both) go to the runner's
-    spill; the local state [S, z] and the conv window are kept at every chunk edge, the state
-    at the end, with the first and last W-1 normalised inputs: the segment's message."""
+    """Pass 1 of one layer over a segment that is not first: the attention from a zero state
+    (from the first position after the first W-1, whose conv reads the halo, not known yet).
+    Per position q and the kernel's numerator phi(q)^T S_loc and denominator phi(q).z_loc go
+    to the runner's spill; the local state (S, z) and the conv window are kept at every chunk
+    edge, the state at the end, with the first and last W-1 normalised inputs: the segment's
+    message. In float64 where passes_in_float64 (the state carried between sub-chunks too)."""
 
     def __init__(self, runner: "SegmentRunner", layer: int):
         r = self.r = runner
         w = self.w = r.lw[layer]
         dev = r.model.device
         self.window = torch.zeros((1, r.W - 1, r.D), device=dev)  # stands in for the unknown halo
-        dt = torch.float64 if w.wide else torch.float32
-        self.S = torch.zeros((1, w.H, w.K, w.K + 1), device=dev, dtype=dt)  # (1, H, K, V+1): [S_loc, z_loc]
-        self.z = torch.zeros((1, w.H, w.K), device=dev)  # the kernel's own z, unused
+        self.S = torch.zeros((1, w.H, w.K, w.K), device=dev, dtype=w.dtype)  # (1, H, K, V)
+        self.z = torch.zeros((1, w.H, w.K), device=dev, dtype=w.dtype)
         self.head = self.tail = torch.zeros((0, r.D), device=dev)
-        self.edges: dict[int, tuple] = {}  # chunk edge position -> ((H, K, V+1) state, window)
+        self.edges: dict[int, tuple] = {}  # chunk edge position -> (S, z, window)
 
     def span(self, s: int, e: int, h: torch.Tensor) -> None:
         """h (1, n, D): the layer's input at record positions [s, e) (exact)."""
         r, w = self.r, self.w
-        n, D, H, K = e - s, r.D, w.H, w.K
+        n, D = e - s, r.D
         scratch = Block.scratch(h)
         a = w.blk.attn_norm(h, out=scratch("attn_in", 1, n, D))  # (1, n, D)
         keep = r.W - 1
         if self.head.shape[0] < keep:
             self.head = torch.cat([self.head, a[0, :keep - self.head.shape[0]]])
         if keep:
-            self.tail = _tail(torch.cat([self.tail, a[0, -keep:]]), keep)
+            self.tail = tail_rows(torch.cat([self.tail, a[0, -keep:]]), keep)
         qkv, self.window = w.attn.qkv(a, self.window, scratch)  # (1, n, 3, H, K)
-        row = _buf(scratch, "seg_row", h, n, r.row_width)  # what pass 2 reads: q, then num
-        q, v1 = row[:, :D].view(1, n, H, K), row[:, D:D + H * (K + 1)].view(1, n, H, K + 1)
-        q.copy_(qkv[:, :, 0])
-        v1[..., :K] = qkv[:, :, 2]  # v, then a column of ones: numerator and denominator at once
-        v1[..., K] = 1.0
+        row = _buf(scratch, "seg_row", h, n, r.row_width)  # what pass 2 reads: q, then num, den
+        row[:, :D] = qkv[0, :, 0].reshape(n, D)
         skip = min(n, max(0, r.base - s))  # positions whose conv read the unknown halo
-        if skip:
-            v1[:, :skip] = 0.0
-        if w.wide:  # each span from zero in float64, the state before it added here in float64
-            zero = torch.zeros_like(self.S)
-            num, (Sd, _) = w.attn.kernel(q.double(), qkv[:, :, 1].double(), v1.double(), zero, self.z,
-                                         normalize=False)
-            qf = features(q[0].double(), w.attn.feature_map)  # (n, H, K)
-            corr = torch.einsum("nhk,hkv->nhv", qf, self.S[0])
-            if w.lg is not None:  # g^(j+1) for the span's j-th position; the carry ages by g^n
-                pos = torch.arange(1, n + 1, dtype=torch.float64, device=h.device)
-                corr *= torch.exp(pos.view(-1, 1) * w.lg.view(1, -1)).unsqueeze(-1)
-                self.S = self.S * torch.exp(n * w.lg).view(1, -1, 1, 1)
-            num = num[0] + corr  # (n, H, V+1)
-            self.S = self.S + Sd.double()
-            row[:, D + H * (K + 1):].view(n, H, K + 1).copy_(num - num.float().double())  # the low part
-        else:
-            num, (self.S, self.z) = w.attn.kernel(q, qkv[:, :, 1], v1, self.S, self.z, normalize=False)
-        v1.copy_(num)
+        if skip < n:
+            q, k, v = (qkv[:, skip:, i].to(w.dtype) for i in range(3))
+            num, den, (self.S, self.z) = w.attn.kernel_parts(q, k, v, self.S, self.z, dtype=w.dtype)
+            w.put_parts(row[skip:], num[0], den[0])
         r.num.put(s - r.start, row.to("cpu").numpy())
         if r.is_edge(e):
-            self.edges[e] = (self.S[0].clone(), self.window[0].clone())
+            self.edges[e] = (self.S[0].clone(), self.z[0].clone(), self.window[0].clone())
 
     def message(self) -> Message:
-        r, K = self.r, self.w.K
-        S = self.S[0].double().cpu()
-        return Message(r.end - r.start, S[..., :K].contiguous(), S[..., K].contiguous(),
+        r = self.r
+        return Message(r.end - r.start, self.S[0].double().cpu(), self.z[0].double().cpu(),
                        self.head.cpu().clone(), self.tail.cpu().clone())
 
 
 class _Correct:
     """Pass 2 of one layer over a segment that is not first, from its exact incoming state and
     halo: the first W-1 positions run the layer's attention from that state; every later
-    position's numerator and denominator from pass 1 get phi(q)^T g^(i+1) S_h added, S_h the
-    state after those first positions (S and z in one (K, V+1) matrix, so one matmul per
-    head); then the output projection and the MLP, as the layer's own code."""
+    position's numerator and denominator from pass 1 get the share of (S_h, z_h), the state
+    after those first positions (kernel stage 3's state term); then the output projection and
+    the MLP, as the layer's own code."""
 
     def __init__(self, runner: "SegmentRunner", layer: int, S_in, z_in, halo, local: _Local):
         r = self.r = runner
@@ -410,24 +297,16 @@ class _Correct:
         dev = r.model.device
         self.S, self.z = S_in.to(dev)[None], z_in.to(dev)[None]
         self.halo = self.window = halo.to(dev)[None]  # (1, W-1, D), the window carried through the head rows
-        # (H, K, V+1) float64: [S, z] after the head rows (at once without a conv: none)
-        self.Sh = self._joined() if r.base == r.start else None
-        self._g: dict[int, torch.Tensor] = {}
+        self.Sh = self._after_head() if r.base == r.start else None  # float64 (S_h, z_h)
 
-    def _joined(self) -> torch.Tensor:
-        return torch.cat([self.S[0], self.z[0].unsqueeze(-1)], -1).double()  # (H, K, V+1)
-
-    def _aged(self, steps: int) -> torch.Tensor:
-        """S_h decayed over `steps` positions, float64."""
-        if self.w.lg is None or steps == 0:
-            return self.Sh
-        return self.Sh * torch.exp(steps * self.w.lg).view(-1, 1, 1)
+    def _after_head(self):
+        return self.S[0].double(), self.z[0].double()
 
     def span(self, s: int, e: int, h: torch.Tensor) -> torch.Tensor:
         r, w = self.r, self.w
         n, D, H, K = e - s, r.D, w.H, w.K
         scratch = Block.scratch(h)
-        row = torch.from_numpy(r.num.get(s - r.start, e - r.start)).to(h.device)  # (n, D + H (V+1))
+        row = torch.from_numpy(r.num.get(s - r.start, e - r.start)).to(h.device)  # (n, width)
         o = _buf(scratch, "seg_o", h, n, H, K)  # (n, H, V)
         nh = min(n, max(0, r.base - s))  # head rows in this span
         if nh:  # the layer's attention from the incoming state, on the true conv window
@@ -435,37 +314,22 @@ class _Correct:
             oh, self.S, self.z, self.window = w.attn(a, self.S, self.z, self.window, scratch)
             o[:nh] = oh[0]
             if s + nh == r.base:
-                self.Sh = self._joined()
+                self.Sh = self._after_head()
         if nh < n:
-            m, i0 = n - nh, s + nh
-            qf = features(row[nh:, :D].view(m, H, K), w.attn.feature_map, out=scratch("seg_qf", m, H, K),
-                          tmp=scratch("seg_tmp", m, H, K))
-            dt = torch.float64 if w.wide else torch.float32
-            corr = torch.bmm(qf.transpose(0, 1).to(dt), self._aged(i0 - r.base).to(dt),
-                             out=None if w.wide else scratch("seg_corr", H, m, K + 1))  # (H, m, V+1)
-            if w.lg is not None:  # g^(j+1) for the span's j-th position: S_h ages one step more
-                g = self._g.get(m)
-                if g is None:
-                    pos = torch.arange(1, m + 1, dtype=torch.float64, device=h.device)
-                    g = self._g[m] = torch.exp(pos * w.lg.view(-1, 1)).unsqueeze(-1).to(dt)  # (H, m, 1)
-                corr.mul_(g)
-            num = corr.transpose(0, 1).add_(row[nh:, D:D + H * (K + 1)].view(m, H, K + 1))  # (m, H, V+1)
-            if w.wide:
-                num.add_(row[nh:, D + H * (K + 1):].view(m, H, K + 1))
-            if w.attn.normalize:  # as the kernel: num * 1 / (den + eps)
-                o[nh:] = num[..., :K] * num[..., K:].add_(w.attn.eps).reciprocal_()
-            else:
-                o[nh:] = num[..., :K]
+            qf = features(row[nh:, :D].view(n - nh, H, K), w.attn.feature_map).to(w.dtype)
+            num, den = state_outputs(qf, *self.Sh, w.lg, s + nh - r.base)
+            got_num, got_den = w.get_parts(row[nh:])
+            o[nh:] = w.attn.divide(num.add_(got_num), den.add_(got_den))
         h = w.blk.finish(h, o.view(1, n, D), scratch)
         if r.is_edge(e):
             if e <= r.base:
                 S, z, win = self.S[0], self.z[0], self.window[0]
             else:
-                S_loc, win = self.local.edges[e]
-                Se = (self._aged(e - r.base) + S_loc.double()).float()
-                S, z = Se[..., :K], Se[..., K]
+                S_loc, z_loc, win = self.local.edges[e]
+                S, z = advance(*self.Sh, S_loc.double(), z_loc.double(), w.lg, e - r.base)
+                S, z = S.float(), z.float()
                 if e - r.start < r.W - 1:  # the window still reaches into the halo
-                    win = _tail(torch.cat([self.halo[0], self.local.head[:e - r.start]]), r.W - 1)
+                    win = tail_rows(torch.cat([self.halo[0], self.local.head[:e - r.start]]), r.W - 1)
             r.record_edge(e, self.layer, S, z, win)
         return h
 
@@ -488,7 +352,7 @@ class SegmentRunner:
             raise ValueError(f"empty segment [{start}, {end})")
         self.model, self.net, self.read = model, model.net, read
         self.start, self.end, self.chunk_size, self.exact = start, end, chunk_size, exact
-        self.outputs = model._outputs(outputs)
+        self.outputs = model.select_outputs(outputs)
         c = model.config
         self.L, self.W, self.D = c.n_layers, c.conv_width, c.d_model
         self.lw = [_LayerW(blk) for blk in self.net.layers]
@@ -560,10 +424,10 @@ class SegmentRunner:
                             for S, z, w in zip(*initial, strict=True)]
         first = self.pass1 = self._pass1(0)
         for a, b in self.pieces:
-            x = self.model._inputs(self.read(a, b))
+            x = self.model.to_tensor(self.read(a, b))
             for s, e in self.spans:
                 if a <= s < b:
-                    h = self.net._embed(x[:, s - a:e - a])
+                    h = self.net.embed_inputs(x[:, s - a:e - a])
                     first.span(s, e, h)
                     self._put(s, h)
         return self._message(0)
@@ -590,23 +454,22 @@ class SegmentRunner:
         """Yields (chunk index, start, end, outputs dict of numpy, ModelState after the piece)
         for every chunk piece of the segment not in `skip`. y_prev (D,): y before the segment;
         final: the state after the segment (the fold's, so a restart reproduces it)."""
-        prev_y = y_prev.to(self.model.device).view(1, 1, -1)
+        prev_y = y_prev.to(self.model.device).view(1, -1)  # (1, D): y before the next position
         for a, b in self.pieces:
             idx = a // self.chunk_size
-            if idx in skip:  # its last block's y still feeds the next piece's shift (same op)
+            if idx in skip:  # its last block's y still feeds the next piece's outputs (same op)
                 s, e = [sp for sp in self.spans if a <= sp[0] < b][-1]
-                prev_y = self.net.norm(self._h(s, e))[:, -1:]
+                prev_y = self.net.norm(self._h(s, e))[:, -1]
                 continue
-            xt = self.model._inputs(self.read(a, b))
+            xt = self.model.to_tensor(self.read(a, b))
             parts: dict[str, list] = {o: [] for o in self.outputs}
             for s, e in self.spans:
                 if not a <= s < b:
                     continue
                 y = self.net.norm(self._h(s, e))
-                prev = torch.cat([prev_y, y[:, :-1]], dim=1)
-                for k, v in self.model._heads(xt[:, s - a:e - a], prev, y, self.outputs).items():
+                for k, v in self.model.heads(xt[:, s - a:e - a], y, prev_y, self.outputs).items():
                     parts[k].append(v[0].to("cpu", torch.float32).numpy())
-                prev_y = y[:, -1:]
+                prev_y = y[:, -1]
             out = {k: v[0] if len(v) == 1 else np.concatenate(v) for k, v in parts.items()}
             if b == self.end:
                 state = final
@@ -614,7 +477,7 @@ class SegmentRunner:
                 per_layer = self.edge_states[idx]
                 state = ModelState(torch.stack([p[0] for p in per_layer])[None],
                                    torch.stack([p[1] for p in per_layer])[None],
-                                   torch.stack([p[2] for p in per_layer])[None], prev_y[0].cpu())
+                                   torch.stack([p[2] for p in per_layer])[None], prev_y.cpu())
             yield idx, a, b, out, state
 
 

@@ -1,0 +1,223 @@
+"""The stages causal linear attention is composed from, in PyTorch: the chunked form (chunk.py)
+runs them over blocks; the sequence-parallel split (linpipe.model.segments) runs them over
+segments. The Triton kernel implements the same three stages as its three passes.
+
+Per head, with a log-gate g_t per position (a fixed decay gamma is the constant gate
+log(gamma), no decay the zero gate):
+
+    S_t = exp(g_t) S_{t-1} + phi(k_t) v_t^T          z_t = exp(g_t) z_{t-1} + phi(k_t)
+    num_t = phi(q_t)^T S_t      den_t = phi(q_t) . z_t      o_t = num_t / (den_t + eps)
+
+(o_t = num_t without the normaliser). Over a span of positions 0..n-1 entering with (S, z),
+b_i = g_0 + ... + g_i is the cumulative log-gate from the span's start, and:
+
+1. the local state of the span (`local_states` per block, `span_state` for one span): what it
+   adds from a zero state, weighted to its end, dS = sum_j exp(b_{n-1} - b_j) phi(k_j) v_j^T
+   and dz alike;
+2. the fold (`Gates.fold` over all blocks at once, `advance` for one span): the state after the
+   span is affine in the state entering it, S' = exp(b_{n-1}) S + dS (z alike), so a span's
+   summary is (exp(b_{n-1}), dS, dz) and states chain by folding summaries;
+3. the output pass (`block_outputs`; the entering state's share alone: `state_outputs`):
+   num_i = sum_{j<=i} exp(b_i - b_j) (phi(q_i) . phi(k_j)) v_j + exp(b_i) phi(q_i)^T S, and
+   den_i the same with z for S and 1 for v_j.
+
+The normaliser has one representation: z beside S and den beside num, apart; dividing is the
+last step. Only constant gates are built here (`Gates`), but every stage reads the gates
+through `Gates`' weights (or the cumulative log-gate of a span), so a per-position gate
+(B, T, H) needs new weights, not new algebra.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+# Blocks per group of the two-level prefix over blocks.
+PREFIX_GROUP = 16
+
+
+def log_decay(decay: torch.Tensor | None) -> torch.Tensor | None:
+    """log(decay) per head, or None where there is no decay to apply (None, or 1 for every head:
+    the zero gate, whose weights are all 1 and are skipped)."""
+    if decay is None or bool((decay == 1).all()):
+        return None
+    return torch.log(decay)
+
+
+def _view(t, *shape):
+    return None if t is None else t.view(shape)
+
+
+def _strict_lower_powers(n, lg):
+    """(1, H, n, n) matrix of g^(i-1-m) for m < i, 0 elsewhere; lg (H,) = log g."""
+    i = torch.arange(n, device=lg.device, dtype=lg.dtype)
+    k = i[:, None] - 1 - i[None, :]
+    return (torch.exp(k.clamp(min=0) * lg.view(-1, 1, 1)) * (k >= 0)).unsqueeze(0)
+
+
+class Gates:
+    """The gate weights of n blocks of c positions for H heads, from the cumulative log-gate b_i
+    of each block (from the block's start, i = 0..c-1):
+
+        mask[i, j] = exp(b_i - b_j) for i >= j, else 0   the intra-block scores' weights
+        q_scale[i] = exp(b_i)                            the entering state's weight at row i
+        k_scale[j] = exp(b_{c-1} - b_j)                  row j's weight at the block's end
+        total      = exp(b_{c-1})                        the block's decay of the state entering it
+
+    A constant gate (b_i = (i+1) log gamma) gives the same weights in every block, computed as
+    powers of gamma with exponents >= 0 (nothing overflows); the zero gate (no decay) gives the
+    causal mask and no scales (`decayed` False). `fold` chains the blocks' summaries."""
+
+    def __init__(self, log_g, H, n, c, dtype, device):
+        pos = torch.arange(c, device=device, dtype=dtype)
+        causal = pos[:, None] >= pos[None, :]  # (c, c)
+        self.decayed = log_g is not None
+        if log_g is None:
+            self.mask = causal.to(dtype)  # (c, c)
+            lg = torch.zeros(H, device=device, dtype=dtype)  # prefix weights of exactly 1
+        else:
+            lg = log_g.to(dtype)  # (H,)
+            self.mask = (torch.exp((pos[:, None] - pos[None, :]).clamp(min=0) * lg.view(H, 1, 1))
+                         * causal).view(1, H, 1, c, c)
+            self.q_scale = torch.exp((pos + 1) * lg.view(H, 1)).view(1, H, 1, c, 1)  # gamma^(i+1)
+            self.k_scale = torch.exp((c - 1 - pos) * lg.view(H, 1)).view(1, H, 1, c, 1)  # gamma^(c-1-j)
+            self.total = torch.exp(c * lg).view(1, H, 1)
+        # The fold over the n blocks as grouped matmuls, two levels: groups of G blocks, then groups.
+        G = PREFIX_GROUP
+        self.two_level = n > G and n % G == 0
+        step = c * lg  # log decay per block
+        if not self.two_level:
+            self.lm = _strict_lower_powers(n, step)  # (1, H, n, n)
+            steps = torch.arange(n, device=device, dtype=dtype)
+            self.pw = torch.exp(steps * step.view(H, 1)).view(1, H, n, 1)
+            return
+        ng = n // G
+        i = torch.arange(G, device=device, dtype=dtype)
+        j = torch.arange(ng, device=device, dtype=dtype)
+        self.ng, self.G = ng, G
+        self.lm_group = _strict_lower_powers(G, step).view(1, H, 1, G, G)
+        self.w = torch.exp((G - 1 - i) * step.view(H, 1)).view(1, H, 1, 1, G)  # to the group's end
+        self.lc = _strict_lower_powers(ng, G * step)  # (1, H, ng, ng), over groups
+        self.pc = torch.exp(j * (G * step).view(H, 1)).view(1, H, ng, 1)
+        self.pw = torch.exp(i * step.view(H, 1)).view(1, H, 1, G, 1)  # gamma_block^i inside a group
+
+    def scale_queries(self, qf, out=None):
+        """phi(q) (B, H, n, c, K) weighted for the entering state (itself without decay)."""
+        return torch.mul(qf, self.q_scale, out=out) if self.decayed else qf
+
+    def scale_keys(self, kf, out=None):
+        """phi(k) (B, H, n, c, K) weighted to the block's end (itself without decay)."""
+        return torch.mul(kf, self.k_scale, out=out) if self.decayed else kf
+
+    def fold(self, d, s0, out=None):
+        """(starts, final): starts[:, :, i] = the state entering block i = total^i s0 + sum_{m<i}
+        total^(i-1-m) d[:, :, m] for the blocks' local states d (B, H, n, X) and s0 (B, H, X);
+        final = the state after the last block. starts is written into out (like d) when given.
+        Grouped matmuls: no Python loop over blocks, and no cumulative sum (slow on the CPU
+        along a middle axis)."""
+        B, H, n, X = d.shape
+        if not self.two_level:
+            lm = self.lm.expand(B, H, n, n).reshape(B * H, n, n)
+            starts = torch.bmm(lm, d.reshape(B * H, n, X), out=_view(out, B * H, n, X)).view(B, H, n, X)
+            starts = torch.addcmul(starts, self.pw, s0.unsqueeze(2), out=out)
+        else:
+            ng, G = self.ng, self.G
+            dg = d.reshape(-1, G, X)  # (B*H*ng, G, X)
+            lm = self.lm_group.expand(B, H, ng, G, G).reshape(-1, G, G)
+            local = torch.bmm(lm, dg, out=_view(out, -1, G, X))  # each group's prefix from zero
+            w = self.w.expand(B, H, ng, 1, G).reshape(-1, 1, G)
+            totals = torch.bmm(w, dg).view(B, H, ng, X)  # each group's change from zero
+            carry = torch.matmul(self.lc, totals).addcmul_(self.pc, s0.unsqueeze(2))  # (B, H, ng, X)
+            starts = torch.addcmul(local.view(B, H, ng, G, X), self.pw, carry.unsqueeze(3),
+                                   out=_view(out, B, H, ng, G, X)).view(B, H, n, X)
+        if not self.decayed:
+            return starts, d[:, :, -1] + starts[:, :, -1]
+        return starts, torch.addcmul(d[:, :, -1], starts[:, :, -1], self.total)
+
+
+@functools.lru_cache(maxsize=32)
+def _cached_gates(lg_key, H, n, c, dtype, device):
+    """Gates by value of the log decays (a tuple): the model makes the same few calls block
+    after block, and building them costs ~0.4 ms."""
+    with torch.inference_mode(False), torch.no_grad():  # usable in and out of inference mode
+        log_g = None if lg_key is None else torch.tensor(lg_key, dtype=torch.float64, device=device)
+        return Gates(log_g, H, n, c, dtype, device)
+
+
+def constant_gates(log_g, H, n, c, dtype, device) -> Gates:
+    """The Gates of a fixed per-head decay (log_g (H,) or None), cached by value; a decay that
+    requires grad (trained) is built in the graph instead."""
+    if log_g is not None and log_g.requires_grad:
+        return Gates(log_g, H, n, c, dtype, device)
+    lg_key = None if log_g is None else tuple(log_g.tolist())
+    return _cached_gates(lg_key, H, n, c, dtype, device)
+
+
+def local_states(k_end, v, out_S=None, out_z=None, need_z=True):
+    """Stage 1 over blocks: phi(k) weighted to each block's end (Gates.scale_keys) (B, H, n, c, K)
+    and v (B, H, n, c, V) -> each block's local state dS (B, H, n, K, V), dz (B, H, n, K) (None
+    unless need_z)."""
+    B, H, n, c, K = k_end.shape
+    V = v.shape[-1]
+    m = B * H * n
+    dS = torch.bmm(k_end.reshape(m, c, K).transpose(1, 2), v.reshape(m, c, V), out=out_S)
+    dz = torch.sum(k_end, dim=3, out=out_z) if need_z else None
+    return dS.view(B, H, n, K, V), dz
+
+
+def block_outputs(qf, kf, q_in, v, S_starts, z_starts, gates: Gates, scratch, tmp=None):
+    """Stage 3 over blocks: phi(q), phi(k) (B, H, n, c, K), phi(q) weighted for the entering
+    state (Gates.scale_queries), v (B, H, n, c, V) and the state entering each block (S_starts
+    (B, H, n, K, V), z_starts (B, H, n, K) or None) -> num (B, H, n, c, V) and den (B, H, n, c)
+    (None without z_starts). tmp: scratch like qf, free to overwrite."""
+    B, H, n, c, K = qf.shape
+    V = v.shape[-1]
+    m = B * H * n
+    A = torch.bmm(qf.reshape(m, c, K), kf.reshape(m, c, K).transpose(1, 2), out=scratch("la_A", m, c, c))
+    A = A.view(B, H, n, c, c).mul_(gates.mask)  # gated causal scores (in place: mul's backward needs not A)
+    num = torch.bmm(A.view(m, c, c), v.reshape(m, c, V), out=scratch("la_num", m, c, V))
+    num = num.baddbmm_(q_in.reshape(m, c, K), S_starts.reshape(m, K, V)).view(B, H, n, c, V)  # + the past
+    if z_starts is None:
+        return num, None
+    den = torch.sum(A, dim=-1, out=scratch("la_den", B, H, n, c))  # the scores' row sums ...
+    qz = torch.mul(q_in, z_starts.unsqueeze(3), out=tmp)
+    return num, den.add_(qz.sum(dim=-1))  # ... plus phi(q) . z entering the block
+
+
+def span_state(kf, v, log_g=None, end=None):
+    """Stage 1 over one span: phi(k) (T, H, K) and v (T, H, V) -> its local state weighted to
+    position end - 1 (default T - 1): (S (H, K, V), z (H, K)), in kf's dtype."""
+    T = kf.shape[0]
+    end = T if end is None else end
+    if log_g is not None:
+        pos = torch.arange(T, dtype=log_g.dtype, device=kf.device)
+        w = torch.exp((end - 1 - pos).view(-1, 1) * log_g.view(1, -1)).to(kf.dtype)  # (T, H)
+        kf = kf * w.unsqueeze(-1)
+    return torch.einsum("thk,thv->hkv", kf, v.to(kf.dtype)), kf.sum(0)
+
+
+def advance(S, z, dS, dz, log_g=None, steps=0):
+    """Stage 2 over one span: the state (S (..., H, K, V), z (..., H, K)) after `steps` positions
+    whose local state is (dS, dz): gamma^steps S + dS, gamma^steps z + dz."""
+    if log_g is not None and steps:
+        g = torch.exp(steps * log_g).to(S.dtype)  # (H,)
+        S = S * g.view(-1, 1, 1)
+        z = z * g.view(-1, 1)
+    return S + dS, z + dz
+
+
+def state_outputs(qf, S, z, log_g=None, steps=0):
+    """Stage 3's share of an entering state alone: a state (S (H, K, V), z (H, K)) that entered
+    `steps` positions before the first of m positions adds, to their numerators and denominators,
+    num_j = gamma^(steps+j+1) phi(q_j)^T S and den_j = gamma^(steps+j+1) phi(q_j) . z, for
+    phi(q) (m, H, K) -> num (m, H, V), den (m, H), in qf's dtype."""
+    m = qf.shape[0]
+    qh = qf.transpose(0, 1)  # (H, m, K)
+    num = torch.bmm(qh, S.to(qf.dtype))  # (H, m, V)
+    den = torch.bmm(qh, z.to(qf.dtype).unsqueeze(-1))[..., 0]  # (H, m)
+    if log_g is not None:
+        pos = torch.arange(steps + 1, steps + m + 1, dtype=log_g.dtype, device=qf.device)
+        w = torch.exp(log_g.view(-1, 1) * pos).to(qf.dtype)  # (H, m)
+        num.mul_(w.unsqueeze(-1))
+        den.mul_(w)
+    return num.transpose(0, 1), den.transpose(0, 1)
