@@ -219,7 +219,7 @@ def memory(chunk_size: int, sizes=(10, 100)):
 if __name__ == "__main__":
     OUT.mkdir(exist_ok=True)
     what = sys.argv[1] if len(sys.argv) > 1 else "overhead"
-    from linpipe.jobs.request import DEFAULT_CHUNK_SIZE
+    from linpipe.jobs.options import DEFAULT_CHUNK_SIZE
 
     chunk = int(sys.argv[2]) if len(sys.argv) > 2 else DEFAULT_CHUNK_SIZE
     {"overhead": overhead, "scaling": scaling, "memory": memory}[what](chunk)

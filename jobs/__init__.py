@@ -1,7 +1,15 @@
 """linpipe.jobs: the Ray side of linpipe.
 
-request (what the user asked for) -> spec (YAML into requests) -> plan (what work exists) ->
-cluster (Ray set-up) -> driver (Scheduler over actor) -> the store; dryrun and submission (the
-job-server client) reuse the request and the plan. Nothing here calls ray.init() at import
-time, imports click or prints.
+Each module imports only modules further down this list (tests/test_imports.py keeps the graph
+acyclic):
+
+    detached (a job for the job server), driver (run_job), repair (verify --repair)
+    split (one record over a group of actors), preflight (every check before a run)
+    actor (the worker), cluster (Ray set-up)
+    plan (what work a request stands for), submission (the job-server client), lease
+    spec (YAML into requests), checks, regions, auth
+    request (JobRequest, RunOptions)
+    options (every option, declared once), errors, ray_compat (the leaves)
+
+Nothing here calls ray.init() at import time, imports click or prints.
 """

@@ -8,16 +8,24 @@ The recurrent state of the record being streamed lives here between calls. A cal
 that does not follow the one this worker ran last (a record that moved here from a dead
 worker, or a resumed job) takes the state from the store's boundary state of the previous
 chunk, so any worker can continue any record exactly where it stopped.
+
+`as_actor(cls)` is what the driver wraps: an error in __init__ comes back from the actor's
+first call as that call's exception (Ray reports an __init__ error only as the actor's death,
+in text).
 """
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 import socket
 import time
 from dataclasses import dataclass
 
+from linpipe.errors import option
 from linpipe.inputs.alphabet import reverse_complement
 
+from .errors import WorkerStartError
 from .plan import Chunk
 from .regions import mask_outside
 
@@ -112,7 +120,7 @@ class PipelineWorker:
             inp = self._inputs[path] = open_input(path, **self.input_options)
             self._stats[path] = sig
         elif self._stats[path] != sig:
-            raise InputError(f"{path}: the input changed mid-job; submit again (with --overwrite "
+            raise InputError(f"{path}: the input changed mid-job; submit again (with {option('overwrite')} "
                              "for the new content)")
         return inp
 
@@ -197,3 +205,28 @@ class PipelineWorker:
         for inp in self._inputs.values():
             inp.close()
         self._inputs.clear()
+
+
+def as_actor(cls: type) -> type:
+    """`cls` for ray.remote: an exception its __init__ raises is kept, and every public method
+    raises it as a WorkerStartError, so the driver gets the worker's own error from its first
+    call (ready, or a split's setup) instead of Ray's report of a dead actor."""
+
+    def __init__(self, *args, **kw):
+        self._start_error = None
+        try:
+            cls.__init__(self, *args, **kw)
+        except Exception as e:
+            self._start_error = WorkerStartError.of(e)
+
+    def checked(method):
+        @functools.wraps(method)
+        def call(self, *args, **kw):
+            if self._start_error is not None:
+                raise self._start_error
+            return method(self, *args, **kw)
+        return call
+
+    methods = {name: checked(f) for name, f in inspect.getmembers(cls, inspect.isfunction)
+               if not name.startswith("_")}
+    return type(cls.__name__, (cls,), {"__init__": __init__, "__module__": cls.__module__, **methods})

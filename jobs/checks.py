@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from linpipe.errors import InputError, ModelError, modality_mismatch
+from linpipe.errors import InputError, ModelError, modality_mismatch, option
 
 
 def modality_error(path, input_modality: str, model_ref: str, model_modality: str) -> ModelError:
@@ -64,10 +64,10 @@ def check_channels(path, inp, config, model_ref: str, input_options: dict[str, A
         pick = [c for c in got if c != time_col][:want] or ["COL"]
     hints = []
     if time_col:
-        hints.append(f"--time-column {time_col} (it looks like the time axis, not a channel)")
-    hints.append(f"--columns {','.join(pick)} (the channels, in the model's order)")
+        hints.append(f"{option('time_column')} {time_col} (it looks like the time axis, not a channel)")
+    hints.append(f"{option('columns')} {','.join(pick)} (the channels, in the model's order)")
     if not time_col and not input_options.get("time_column"):
-        hints.append("--time-column COL")
+        hints.append(f"{option('time_column')} COL")
     # the time column out alone fixes it, or the channels must be named as well
     joiner = " and " if time_col and len(got) - 1 != want else " or "
     raise InputError(f"{path}: {len(got)} channel column{'s' if len(got) != 1 else ''} "

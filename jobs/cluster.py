@@ -11,22 +11,16 @@ import socket
 import sys
 import tempfile
 
-from linpipe.errors import LinpipeError
+from linpipe.errors import option
 
-from .request import ActorResources
+from .errors import ClusterError
+from .options import ActorResources
+from .ray_compat import init_local
+from .request import is_job_server_address
 
 GCS_CONNECT_TIMEOUT_S = 5.0
 
 _embedded_dir: str | None = None  # the folder of the embedded Ray that start_ray started
-
-
-class ClusterError(LinpipeError):
-    """The Ray cluster or its job server cannot be reached, or cannot run the job."""
-
-
-def is_job_server_address(address: str | None) -> bool:
-    """True for an http(s) address: submit through the job server rather than ray.init."""
-    return bool(address) and address.startswith(("http://", "https://"))
 
 
 def check_cluster(address: str | None) -> str:
@@ -42,10 +36,10 @@ def check_cluster(address: str | None) -> str:
         return f"job server {connect(address).get_address()} answers"
     host, _, port = address.split("://", 1)[-1].rstrip("/").rpartition(":")
     if not host or not port.isdigit():
-        raise ClusterError(f"--address {address}: expected HOST:PORT (the Ray head's GCS address)")
+        raise ClusterError(f"{option('address')} {address}: expected HOST:PORT (the Ray head's GCS address)")
     problem = probe_gcs(host, int(port))
     if problem:
-        raise ClusterError(f"--address {address}: {problem}")
+        raise ClusterError(f"{option('address')} {address}: {problem}")
     return f"Ray cluster {address} answers"
 
 
@@ -139,30 +133,20 @@ def start_ray(address: str | None, workers: int | None) -> bool:
             if os.environ.get(MODE_ENV) != "token":
                 hint = (f"; if the cluster uses token authentication, set {MODE_ENV}=token "
                         f"and give the token in {WHERE}")
-            raise ClusterError(f"--address {address}: cannot join the Ray cluster ({e}){hint}") \
+            raise ClusterError(f"{option('address')} {address}: cannot join the Ray cluster ({e}){hint}") \
                 from None
     else:
         # An embedded Ray: no dashboard (nothing here uses one) and, should Ray start one
         # anyway, on loopback only. Ray 2.59+ puts it behind a token of its own (made in
         # ~/.ray/auth_token if there is none), which this process holds.
         global _embedded_dir
-        tmp = _embedded_dir = tempfile.mkdtemp(prefix="lpray-")
-        # Ray 2.60 announces on stderr that it turned token auth on for this private cluster;
-        # that is Ray's default, not news for a linpipe user (and it broke `--quiet`). Only
-        # that one logger is quietened, only while this process starts its own Ray.
-        import logging
-
-        announcer = logging.getLogger("ray._private.authentication.authentication_token_setup")
-        level = announcer.level
-        announcer.setLevel(logging.ERROR)
+        _embedded_dir = tempfile.mkdtemp(prefix="lpray-")
         try:
-            ray.init(num_cpus=workers or os.cpu_count() or 1, _temp_dir=tmp, include_dashboard=False,
-                     dashboard_host="127.0.0.1", **common)
+            init_local(_embedded_dir, num_cpus=workers or os.cpu_count() or 1, include_dashboard=False,
+                       dashboard_host="127.0.0.1", **common)
         except BaseException:
             stop_ray()
             raise
-        finally:
-            announcer.setLevel(level)
     return True
 
 

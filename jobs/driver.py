@@ -13,18 +13,20 @@ The driver prints nothing: it reports to a JobEvents object, which the CLI rende
 from __future__ import annotations
 
 import collections
-import re
 import time
 import warnings
 from dataclasses import dataclass, field
 
-from linpipe.errors import LinpipeError, StoreError
+from linpipe.errors import StoreError
 
-from .actor import PipelineWorker, UnitResult, peak_rss
-from .cluster import ClusterError, check_cluster, start_ray, stop_ray, worker_slots
+from .actor import PipelineWorker, UnitResult, as_actor, peak_rss
+from .cluster import start_ray, stop_ray, worker_slots
+from .errors import ClusterError, worker_error
 from .lease import Lease
-from .plan import Chunk, JobPlan, Record, plan_job
-from .request import JobRequest
+from .options import recorded
+from .plan import Chunk, JobPlan, Record
+from .preflight import another_job, never_received_a_unit, preflight
+from .request import JobRequest, RunOptions
 from .split import SegmentWorker, run_split, split_parts
 
 IN_FLIGHT = 2  # calls queued per actor: the next chunk is waiting when one finishes
@@ -120,26 +122,22 @@ def open_or_create_store(plan: JobPlan, out: str, *, overwrite: bool = False):
         if old == plan.job_id:
             return store
         if not never_received_a_unit(store):
-            raise StoreError(
-                f"{out}: holds the outputs of another job ({old}: a different model, inputs or "
-                f"options than job {plan.job_id}); use --overwrite to replace it or choose another --out")
+            raise another_job(out, old, plan.job_id)
         overwrite = True  # a failed start's empty store holds no work: the corrected job takes it
-    meta = {"job_id": plan.job_id, "model_sha256": plan.model_sha256, "model": plan.model_ref,
-            "inputs": list(plan.inputs), "chunk_size": plan.chunk_size, "input_options": plan.input_options}
+    options = recorded({"model": plan.model_ref, "chunk_size": plan.chunk_size, "outputs": list(plan.outputs),
+                        **plan.input_options, "regions": plan.regions_path})
+    meta = {"job_id": plan.job_id, "model_sha256": plan.model_sha256, "model": options.pop("model"),
+            "inputs": list(plan.inputs)}
+    meta.update(options)
+    outputs = meta.pop("outputs")  # the store records them with its arrays
     if plan.regions is not None:  # what the store holds: docs/regions.md
-        meta["regions"] = {"path": plan.regions_path, "records": len(plan.regions),
-                           "positions": sum(e - s for ivs in plan.regions.values() for s, e in ivs)}
-    return OutputStore.create(out, meta=meta, records=plan.store_records(), outputs=list(plan.outputs),
+        meta["regions"].update(records=len(plan.regions),
+                               positions=sum(e - s for ivs in plan.regions.values() for s, e in ivs))
+    return OutputStore.create(out, meta=meta, records=plan.store_records(), outputs=outputs,
                               chunk_size=plan.chunk_size, feature_dim=plan.d_model,
                               channels=list(plan.channels) if plan.channels else None, overwrite=overwrite,
                               packed=plan.packed, modality=plan.modality,
                               packed_time_dtype=plan.packed_time_dtype, packed_inputs=list(plan.inputs))
-
-
-def never_received_a_unit(store) -> bool:
-    """True for a store that no chunk was ever written to (a submit that failed after creating
-    it): nothing in it is worth keeping, so another job may replace it without --overwrite."""
-    return not store.is_complete() and store.progress()["units_done"] == 0
 
 
 def _finalize(store) -> bool:
@@ -317,15 +315,13 @@ class Scheduler:
         try:
             result = ray.get(ref)
         except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as e:
-            if getattr(e, "actor_init_failed", False):  # __init__ raised: not a crash
-                raise init_error(e) from None
-            self._replace(ray, slot, e)
+            self._replace(ray, slot, e)  # the actor died (an error in __init__ comes as a task's)
             return
         except ray.exceptions.RayTaskError as e:
             c = call.chunk if call else None
             what = (f"record {c.record_id!r} positions {c.start}-{c.end} of {c.input_path}" if c
-                    else f"packed batch {slot.item.index} of short records")
-            raise _user_error(e, what) from None
+                    else f"packed batch {slot.item.index} of short records" if call else "starting a worker")
+            raise worker_error(e, what) from None
         if call is None:  # the ready() call
             slot.ready, slot.node = True, result
             if self.t_ready is None:
@@ -357,28 +353,6 @@ class Scheduler:
             ray.kill(s.handle)
 
 
-def _user_error(e: BaseException, what: str) -> LinpipeError:
-    """A worker's exception as a one-line LinpipeError (the original type is kept in the text)."""
-    cause = getattr(e, "cause", None) or e
-    if isinstance(cause, LinpipeError):
-        return cause
-    if isinstance(cause, OSError):  # a full disk, a vanished file, a lost mount
-        where = cause.filename or "the output store"
-        return StoreError(f"{where}: {what}: {cause.strerror or cause}; the store stays resumable")
-    return LinpipeError(f"{what}: {type(cause).__name__}: {cause}")
-
-
-def init_error(e: BaseException) -> LinpipeError:
-    """A worker whose __init__ raised (a model or store it cannot open on its node): the
-    original error's last 'Type: message' line from Ray's report."""
-    found = re.findall(r"^\s*(?:[\w.]+\.)?(\w*(?:Error|Exception)): (.+)$", str(e), re.M)
-    if found:
-        kind, msg = found[-1]
-        return LinpipeError(f"a worker could not start: {msg}" if "Error" in kind and msg else
-                            f"a worker could not start: {kind}")
-    return LinpipeError("a worker could not start (see the Ray logs)")
-
-
 # ------------------------------------------------------------------------------ the job
 def run_job(request: JobRequest, *, address: str | None = None, device: str | None = None,
             events: JobEvents | None = None, force_takeover: bool = False,
@@ -391,22 +365,10 @@ def run_job(request: JobRequest, *, address: str | None = None, device: str | No
     before the store is opened until it returns: another live driver's lease raises
     AlreadyRunning, unless force_takeover, or wait (poll until it is released or expires).
     """
-    from .split import parse_split
-
     events = events or JobEvents()
-    # a bad --split fails before anything starts; auto (the default) splits only where it is
-    # built and measured, a forced N elsewhere is refused
-    forced = isinstance(parse_split(request.split), int)
-    if forced and request.regions:
-        raise LinpipeError("--split with --regions: a split record would store outputs outside the "
-                           "regions; use one of them")
-    plan = plan_job(request)
-    if forced and plan.modality != "dna":
-        raise LinpipeError(f"--split {request.split}: splitting a record is implemented and tested for "
-                           f"DNA models only; this is a {plan.modality} job (use --split never)")
-    out = request.out_path
-    if address:  # every check before the store exists: a refusal must leave nothing behind
-        check_cluster(address)
+    # every check before Ray starts or a store exists: a refusal must leave nothing behind
+    checked = preflight(request, RunOptions(address=address))
+    plan, out = checked.plan, checked.out
     try:
         lease = Lease(out, plan.job_id)
         lease.acquire(force=force_takeover, wait=wait, on_wait=events.waiting)
@@ -473,7 +435,8 @@ def _run_leased(plan, request, out, address, device, events) -> JobSummary:
         n_workers = max(1, min(possible, len(todo)))  # no idle actors for a small job
         # torch threads: the CPUs an actor asked for (a GPU actor leaves it to torch)
         threads = None if options.get("num_gpus") else max(1, int(options.get("num_cpus", 1)))
-        actor = ray.remote(PipelineWorker).options(max_restarts=0, scheduling_strategy="SPREAD", **options)
+        placement = dict(max_restarts=0, scheduling_strategy="SPREAD", **options)
+        actor = ray.remote(as_actor(PipelineWorker)).options(**placement)
 
         def new_actor():
             return actor.remote(plan.model_ref, out, list(plan.outputs), device=device, threads=threads,
@@ -493,8 +456,7 @@ def _run_leased(plan, request, out, address, device, events) -> JobSummary:
         t_split = None
         if splits:
             n_workers = max(n_workers, max(parts for _, parts in splits))
-            seg_actor = ray.remote(SegmentWorker).options(max_restarts=0, scheduling_strategy="SPREAD",
-                                                          **options)
+            seg_actor = ray.remote(as_actor(SegmentWorker)).options(**placement)
 
             mem = request.actor_resources.memory
             budget = None if mem is None else mem // 2

@@ -34,7 +34,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from linpipe.errors import LinpipeError
+from linpipe.errors import LinpipeError, option
 
 HEARTBEAT_S = float(os.environ.get("LINPIPE_LEASE_HEARTBEAT_S", "10"))
 EXPIRY_S = float(os.environ.get("LINPIPE_LEASE_EXPIRY_S", "60"))
@@ -51,8 +51,8 @@ class AlreadyRunning(LinpipeError):
         age = max(0.0, time.time() - float(owner.get("heartbeat", 0)))
         super().__init__(
             f"{out}: job {owner.get('job_id')} is already running (driver pid {owner.get('pid')} on "
-            f"{owner.get('host')}, since {since}, alive {age:.0f} s ago); use --wait to follow it, or "
-            f"--force-takeover if that driver is gone (its lease expires on its own "
+            f"{owner.get('host')}, since {since}, alive {age:.0f} s ago); use {option('wait')} to follow it, "
+            f"or {option('force_takeover')} if that driver is gone (its lease expires on its own "
             f"{EXPIRY_S:.0f} s after its last renewal)")
 
 

@@ -16,10 +16,11 @@ import os
 from dataclasses import dataclass, replace
 from typing import Any
 
-from linpipe.errors import InputError, LinpipeError
+from linpipe.errors import InputError, LinpipeError, option
 from linpipe.store.table import PackedRecords
 
 from .checks import check_channels, check_has_positions, fit_channels, modality_error
+from .options import identity
 from .regions import clip
 from .request import JobRequest
 
@@ -167,7 +168,8 @@ def job_id(fingerprints: list[str], model_sha256: str, options: dict) -> str:
 def plan_job(request: JobRequest) -> JobPlan:
     """Validate the request's inputs, model and options, and plan its work.
 
-    Reads only indexes (the driver, `--dry-run` and the job-server path all start here)."""
+    Reads only indexes (the driver, the dry run and the job-server path all start here, through
+    preflight.py). Every refusal of the request itself is made here."""
     from linpipe.inputs import open_input
     from linpipe.model import load_model
     from linpipe.model.files import DEFAULT_MODEL, default_model_for
@@ -180,7 +182,12 @@ def plan_job(request: JobRequest) -> JobPlan:
         raise InputError("no input given")
     chunk_size = request.chunk_size
     if chunk_size < 1:
-        raise LinpipeError(f"--chunk-size must be a positive number of positions, got {chunk_size}")
+        raise LinpipeError(f"{option('chunk_size')} must be a positive number of positions, got {chunk_size}")
+    # a forced split is built and measured for whole DNA records only
+    forced_split = isinstance(request.split, int)
+    if forced_split and request.regions:
+        raise LinpipeError(f"{option('split')} with {option('regions')}: a split record would store outputs "
+                           f"outside the regions; use one of them")
     input_options = request.input_options
     model_ref = request.model
     if model_ref == DEFAULT_MODEL and not os.path.isdir(model_ref):  # the shipped one for the modality
@@ -250,17 +257,22 @@ def plan_job(request: JobRequest) -> JobPlan:
     known = [o for o in output_names(modality) if o not in cannot]
     for o in outputs:
         if o not in known and not (is_rc(o) and base_output(o) in RC_OUTPUTS and base_output(o) in known):
-            raise LinpipeError(f"--outputs: unknown {modality} output {o!r} (one of {', '.join(known)})")
+            raise LinpipeError(f"{option('outputs')}: unknown {modality} output {o!r} "
+                               f"(one of {', '.join(known)})")
     if request.strand == "both":
         if modality != "dna":
-            raise LinpipeError(f"--strand both: a {modality} model has no reverse strand (DNA only)")
+            raise LinpipeError(f"{option('strand')} both: a {modality} model has no reverse strand "
+                               "(DNA only)")
         outputs += [o + RC for o in outputs if o in RC_OUTPUTS and o + RC not in outputs]
-    options = {"chunk_size": chunk_size, "outputs": sorted(outputs), "input_options": input_options}
+    if forced_split and modality != "dna":
+        raise LinpipeError(f"{option('split')} {request.split}: splitting a record is implemented and tested "
+                           f"for DNA models only; this is a {modality} job (use {option('split')} never)")
+    planned = {"chunk_size": chunk_size, "outputs": outputs, **input_options}
     if regions is not None:
         from .regions import regions_digest
 
-        options["regions"] = regions_digest(regions)
-    jid = job_id(fingerprints, m.sha256, options)
+        planned["regions"] = regions_digest(regions)
+    jid = job_id(fingerprints, m.sha256, identity(planned))
     keys = make_keys([r.id for _, r, _ in long_found])
     records = tuple(Record(p, r.id, keys[r.id], int(r.length), chunk_size, r.description, t,
                            regions=None if regions is None else regions[r.id])

@@ -11,14 +11,14 @@ from __future__ import annotations
 import hashlib
 import os
 
-from linpipe.errors import InputError
+from linpipe.errors import InputError, option
 
 
 def read_bed(path: str, lengths: dict[str, int]) -> dict[str, tuple[tuple[int, int], ...]]:
     """record id -> sorted, merged [start, end) intervals (0-based, BED). Header, track and
     browser lines and comments are skipped; a bad line is named by file and line."""
     if not os.path.isfile(path):
-        raise InputError(f"{path}: no such BED file (--regions)")
+        raise InputError(f"{path}: no such BED file ({option('regions')})")
     found: dict[str, list[tuple[int, int]]] = {}
     with open(path, encoding="utf-8", errors="replace") as f:
         for n, line in enumerate(f, 1):

@@ -9,25 +9,21 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from linpipe.errors import LinpipeError
+from linpipe.errors import LinpipeError, option
 from linpipe.store import OutputStore
 from linpipe.store.verify import UnitProblem
 
 from .actor import PipelineWorker
+from .options import stored_values
 from .plan import plan_job
 from .request import JobRequest
 
 
 def request_of(store: OutputStore) -> JobRequest:
-    """The request that made a store, from its metadata (inputs, model, options)."""
+    """The request that made a store, from its metadata: its inputs and its recorded options."""
     m = store.meta
-    opts = dict(m.get("input_options") or {})
-    if opts.get("columns"):
-        opts["columns"] = tuple(opts["columns"])
     inputs = tuple(i["path"] if isinstance(i, dict) else i for i in m.get("inputs") or ())
-    regions = (m.get("regions") or {}).get("path")
-    return JobRequest(inputs=inputs, model=m.get("model") or "default", out=store.path,
-                      chunk_size=int(m["chunk_size"]), outputs=tuple(m["outputs"]), regions=regions, **opts)
+    return JobRequest(inputs=inputs, out=store.path, **stored_values(m))
 
 
 def repair_units(path: str, problems: list[UnitProblem], *, on_unit=None) -> int:
@@ -37,7 +33,7 @@ def repair_units(path: str, problems: list[UnitProblem], *, on_unit=None) -> int
     if plan.job_id != store.meta.get("job_id"):
         raise LinpipeError(f"{path}: the inputs or the model changed since this job ran (job "
                            f"{store.meta.get('job_id')}, now {plan.job_id}); its units cannot be recomputed "
-                           "exactly: submit the job again with --overwrite")
+                           f"exactly: submit the job again with {option('overwrite')}")
     worker = PipelineWorker(plan.model_ref, path, list(plan.outputs), device="cpu", threads=1,
                             input_options=plan.input_options)
     records = {r.id: r for r in plan.records}

@@ -5,69 +5,67 @@
     out: results/{stem}.zarr
     per_input: true                 # one job (one store) per matched input
 
-Validation is strict: an unknown key, a wrong type or a malformed glob is refused with a
-message naming the spec file, the key and its line, because a typo in a nightly job would
-otherwise be silently ignored for months.
+Every option of `linpipe submit` is a key, under its name (options.py; older keys such as
+`resources` and `timeseries: {time_column: ...}` still work); `inputs`, `per_input` and `name`
+are the spec's own. Validation is strict: an unknown key, a wrong type or a malformed glob is
+refused with a message naming the spec file, the key and its line, because a typo in a nightly
+job would otherwise be silently ignored for months.
 """
 from __future__ import annotations
 
 import glob
 import os
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from linpipe.errors import LinpipeError
+from linpipe.errors import LinpipeError, option
 from linpipe.inputs.base import stem
 
-from .request import DEFAULT_CHUNK_SIZE, ActorResources, JobRequest, parse_size
+from .options import BY_NAME, OPTIONS, InvalidValue, Option, unknown_key
+from .request import JobRequest, RunOptions
 
 
 class SpecError(LinpipeError):
     """A job spec that cannot be used as written."""
 
 
-# key -> (accepted python types, what to say when it is wrong)
-_TOP = {
-    "name": ((str,), "a string"),
-    "inputs": ((list, str), "a path or glob, or a list of them"),
-    "model": ((str,), "a model directory or a shipped model's name"),
-    "outputs": ((list, str), "a list of output names"),
-    "chunk_size": ((int,), "a positive integer (positions per work unit)"),
-    "out": ((str,), "an output path (may hold {stem} or {name} when per_input is true)"),
-    "per_input": ((bool,), "true or false"),
-    "overwrite": ((bool,), "true or false"),
-    "workers": ((int,), "a positive integer"),
-    "split": ((str, int), "auto, never or a number of segments (one long record over several workers)"),
-    "address": ((str,), "a Ray address such as http://HEAD:8265"),
-    "resources": ((dict,), "a mapping with num_cpus, num_gpus, memory, custom"),
-    "timeseries": ((dict,), "a mapping with id_column, time_column, columns, time_format"),
+# The spec's own keys (not options of submit): key -> (YAML types, what they must be, meaning)
+SPEC_KEYS = {
+    "inputs": ((list, str), "a path or glob, or a list of them",
+               "paths or globs, relative to the spec's folder (`**` for subfolders); index files "
+               "beside inputs (`.fai`, `.gzi`, `.lpi`) are skipped"),
+    "per_input": ((bool,), "true or false",
+                  "one job (one store) per matched input file; `out` must then hold `{stem}` or `{name}`"),
+    "name": ((str,), "a string", "a label"),
 }
-_RESOURCES = {
-    "num_cpus": ((int, float), "a non-negative number of CPUs per actor"),
-    "num_gpus": ((int, float), "a non-negative number of GPUs per actor"),
-    "memory": ((int, str), "bytes per actor, as an integer or like 4GiB"),
-    "custom": ((dict,), "a mapping of custom Ray resource names to amounts per actor"),
-}
-_TIMESERIES = {
-    "id_column": ((str,), "a column name"),
-    "time_column": ((str,), "a column name"),
-    "columns": ((list, str), "a list of column names"),
-    "time_format": ((str,), "strptime codes of a CSV time column, e.g. '%d.%m.%Y %H:%M'"),
-}
+
+
+def _option_keys() -> dict[str, Option]:
+    """Every spec key that gives an option: its name, older names, older spec keys (dotted:
+    inside a mapping)."""
+    return {key: o for o in OPTIONS for key in (o.name, *o.aliases, *o.spec_aliases)}
+
+
+KEYS = _option_keys()
+GROUPS = {key.split(".")[0] for key in KEYS if "." in key}  # older mappings (timeseries:)
 
 
 @dataclass(frozen=True)
 class JobSpec:
-    """A validated spec file: the jobs it asks for, and the cluster it names."""
+    """A validated spec file: the jobs it asks for, and how to run them."""
 
     path: Path
     requests: tuple[JobRequest, ...]  # one, or one per input file with per_input: true
-    address: str | None = None
+    run: RunOptions = field(default_factory=RunOptions)
     name: str | None = None
+
+    @property
+    def address(self) -> str | None:
+        return self.run.address
 
 
 def load_spec(path: str | os.PathLike) -> JobSpec:
@@ -79,6 +77,30 @@ def load_spec(path: str | os.PathLike) -> JobSpec:
     except OSError as e:
         raise SpecError(f"{path}: cannot read the job spec: {e.strerror or e}") from None
     return parse_spec(text, path)
+
+
+def build_requests(inputs: tuple[str, ...], spec_path: str | None,
+                   flags: dict[str, Any]) -> tuple[list[JobRequest], RunOptions]:
+    """The jobs `linpipe submit` is asked to run, and how to run them.
+
+    flags: options by name (options.py), None (or False, or empty) where the user gave none;
+    text is parsed as the option's kind parses it. With a spec, given flags override the
+    spec's values (e.g. an address for a spec that names none)."""
+    given = {k: v for k, v in flags.items() if v is not None and v is not False and v != ()}
+    job = {k: v for k, v in given.items() if not BY_NAME[k].run}
+    run = {k: v for k, v in given.items() if BY_NAME[k].run}
+    if spec_path:
+        if inputs:
+            raise LinpipeError(f"give {option('inputs')} or {option('spec')} {spec_path}, not both")
+        spec = load_spec(spec_path)
+        requests, run = [replace(r, **job) for r in spec.requests], replace(spec.run, **run)
+    elif not inputs:
+        raise LinpipeError(f"no input given: name {option('inputs')} files or a job spec with "
+                           f"{option('spec')} FILE")
+    else:
+        requests, run = [JobRequest(inputs=tuple(inputs), **job)], RunOptions(**run)
+    run.check()
+    return requests, run
 
 
 def parse_spec(text: str, path: Path) -> JobSpec:
@@ -95,80 +117,33 @@ def parse_spec(text: str, path: Path) -> JobSpec:
         raise SpecError(f"{path}: a job spec is a YAML mapping of keys (inputs, model, out, ...)")
 
     def fail(key: str, msg: str) -> SpecError:
-        line = lines.get(key)
+        parts = key.split(".")  # a key inside a value's mapping: the line of the nearest one
+        line = next((lines[k] for k in (".".join(parts[:i]) for i in range(len(parts), 0, -1))
+                     if k in lines), None)
         return SpecError(f"{path}:{f' line {line}:' if line else ''} {key}: {msg}")
 
-    _check_keys(data, _TOP, "", fail)
+    values = _option_values(data, fail)
     base = path.resolve().parent
-    if "inputs" not in data:
-        raise fail("inputs", "missing; name the input files or globs to run on")
-    raw_inputs = data["inputs"]
-    raw_inputs = [raw_inputs] if isinstance(raw_inputs, str) else raw_inputs
-    if not raw_inputs:
-        raise fail("inputs", "empty; name at least one input file or glob")
-    patterns = []
-    for i, item in enumerate(raw_inputs):
-        key = f"inputs[{i}]"
-        if not isinstance(item, str) or not item.strip():
-            raise fail("inputs", f"{key} must be a path or glob, not {item!r}")
-        problem = _glob_problem(item)
-        if problem:
-            raise fail("inputs", f"{key} {item!r} is not a usable glob: {problem}")
-        patterns.append(_resolve(item, base))
-
-    res = data.get("resources") or {}
-    _check_keys(res, _RESOURCES, "resources.", fail)
-    for k in ("num_cpus", "num_gpus"):
-        if k in res and res[k] < 0:
-            raise fail(f"resources.{k}", f"must not be negative, not {res[k]}")
-    custom = res.get("custom") or {}
-    for name, amount in custom.items():
-        if (not isinstance(name, str) or isinstance(amount, bool)
-                or not isinstance(amount, (int, float)) or amount < 0):
-            raise fail(f"resources.custom.{name}", f"must be a non-negative number, not {amount!r}")
-    ts = data.get("timeseries") or {}
-    _check_keys(ts, _TIMESERIES, "timeseries.", fail)
-
-    for k in ("chunk_size", "workers"):
-        if k in data and data[k] <= 0:
-            raise fail(k, f"must be a positive integer, not {data[k]}")
+    patterns = _input_patterns(data, base, fail)
     per_input = data.get("per_input", False)
-    out = data.get("out")
+    out = values.pop("out", None)
     if out is not None:
         try:
             out.format(stem="x", name="x")
         except (KeyError, IndexError, ValueError) as e:
-            raise fail("out", f"{out!r}: only {{stem}} and {{name}} may be filled in ({e})") \
-                from None
+            raise fail("out", f"{out!r}: only {{stem}} and {{name}} may be filled in ({e})") from None
         out = _resolve(out, base)
     if per_input and (out is None or ("{stem}" not in out and "{name}" not in out)):
         raise fail("per_input", "needs out with {stem} or {name}, so each input gets its "
                    "own store (e.g. out: results/{stem}.zarr)")
-    split = "auto"
-    if "split" in data:
-        from .split import parse_split  # here: split.py imports the plan, which imports us
-
-        try:
-            split = str(parse_split(data["split"]))
-        except LinpipeError as e:
-            raise fail("split", str(e).removeprefix("--split: ")) from None
-    model = data.get("model", "default")
+    for name, v in values.items():
+        if BY_NAME[name].path:
+            values[name] = _resolve(v, base)
+    model = values.get("model", "")
     if os.sep in model or model.startswith("."):  # a directory, not a shipped name
-        model = _resolve(model, base)
-
-    memory = res.get("memory")
-    if isinstance(memory, str):
-        memory = parse_size(memory)
-        if memory is None:
-            raise fail("resources.memory", f"{res['memory']!r} is not a size such as 4GiB or 512MB")
-    template = JobRequest(
-        inputs=(), model=model, outputs=_names(data.get("outputs"), "outputs", fail),
-        chunk_size=data.get("chunk_size", DEFAULT_CHUNK_SIZE), overwrite=data.get("overwrite", False),
-        workers=data.get("workers"), split=split, id_column=ts.get("id_column"),
-        time_column=ts.get("time_column"), time_format=ts.get("time_format"),
-        columns=_names(ts.get("columns"), "timeseries.columns", fail),
-        actor_resources=ActorResources(num_cpus=res.get("num_cpus"), num_gpus=res.get("num_gpus"),
-                                       memory=memory, custom=tuple(sorted(custom.items()))))
+        values["model"] = _resolve(model, base)
+    template = JobRequest(inputs=(), **{k: v for k, v in values.items() if not BY_NAME[k].run})
+    run = RunOptions(**{k: v for k, v in values.items() if BY_NAME[k].run})
     files = input_files(path, patterns)
     if not per_input:
         out = out.format(stem=stem(files[0]), name=files[0].name) if out else None
@@ -181,7 +156,66 @@ def parse_spec(text: str, path: Path) -> JobSpec:
         if dup:
             raise SpecError(f"{path}: out: {out!r} gives the same store {dup} to "
                             "two inputs; use {name} or {stem} so each input gets its own")
-    return JobSpec(path, tuple(requests), address=data.get("address"), name=data.get("name"))
+    return JobSpec(path, tuple(requests), run=run, name=data.get("name"))
+
+
+def _option_values(data: dict, fail) -> dict[str, Any]:
+    """The options a spec gives, by name, each read by its kind; refuses unknown keys (with a
+    suggestion), values of the wrong type and an option given under two keys."""
+    found: dict[str, tuple[str, Any]] = {}  # option name -> (the key it was given under, value)
+    for key, value in data.items():
+        if key in SPEC_KEYS:
+            types, what, _ = SPEC_KEYS[key]
+            _check_type(key, value, types, what, fail)
+            continue
+        if key in GROUPS:  # an older mapping (timeseries: {time_column: ...})
+            if not isinstance(value, dict):
+                raise fail(key, "must be a mapping")
+            members = [k.split(".", 1)[1] for k in KEYS if k.startswith(f"{key}.")]
+            entries = [(f"{key}.{k}", v, members) for k, v in value.items()]
+        else:
+            entries = [(str(key), value, [k for k in [*SPEC_KEYS, *KEYS, *GROUPS] if "." not in k])]
+        for dotted, v, known in entries:
+            o = KEYS.get(dotted)
+            if o is None:
+                raise fail(dotted, unknown_key(dotted.rsplit(".", 1)[-1], known))
+            if o.name in found:
+                raise fail(dotted, f"gives {o.name} again (given as {found[o.name][0]})")
+            found[o.name] = (dotted, v)
+    values = {}
+    for name, (key, value) in found.items():
+        kind = BY_NAME[name].kind
+        _check_type(key, value, kind.types, kind.what, fail)
+        try:
+            values[name] = kind.from_yaml(value)
+        except InvalidValue as e:
+            raise fail(f"{key}.{e.key}" if e.key else key, str(e)) from None
+    return values
+
+
+def _check_type(key: str, value: Any, types: tuple, what: str, fail) -> None:
+    # bool is an int in Python; a `chunk_size: true` is still a mistake
+    if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+        raise fail(key, f"must be {what}, not {value!r}")
+
+
+def _input_patterns(data: dict, base: Path, fail) -> list[str]:
+    """The spec's inputs as absolute paths or globs, each checked to be a usable glob."""
+    if "inputs" not in data:
+        raise fail("inputs", "missing; name the input files or globs to run on")
+    raw = [data["inputs"]] if isinstance(data["inputs"], str) else data["inputs"]
+    if not raw:
+        raise fail("inputs", "empty; name at least one input file or glob")
+    patterns = []
+    for i, item in enumerate(raw):
+        key = f"inputs[{i}]"
+        if not isinstance(item, str) or not item.strip():
+            raise fail("inputs", f"{key} must be a path or glob, not {item!r}")
+        problem = _glob_problem(item)
+        if problem:
+            raise fail("inputs", f"{key} {item!r} is not a usable glob: {problem}")
+        patterns.append(_resolve(item, base))
+    return patterns
 
 
 def input_files(path: Path, patterns: list[str]) -> list[Path]:
@@ -207,37 +241,9 @@ def input_files(path: Path, patterns: list[str]) -> list[Path]:
     return sorted(found.values())
 
 
-def _check_keys(data: Any, schema: dict, prefix: str, fail) -> None:
-    if not isinstance(data, dict):
-        raise fail(prefix.rstrip("."), "must be a mapping")
-    for key, value in data.items():
-        if key not in schema:
-            hint = _closest(str(key), schema)
-            raise fail(f"{prefix}{key}", "unknown key" + (f" (did you mean {hint}?)" if hint
-                       else f"; known keys: {', '.join(schema)}"))
-        types, what = schema[key]
-        # bool is an int in Python; a `chunk_size: true` is still a mistake
-        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
-            raise fail(f"{prefix}{key}", f"must be {what}, not {value!r}")
-
-
-def _closest(key: str, schema: dict) -> str | None:
-    import difflib
-    m = difflib.get_close_matches(key, list(schema), n=1, cutoff=0.6)
-    return m[0] if m else None
-
-
-def _names(value: Any, key: str, fail) -> tuple[str, ...] | None:
-    if value is None:
-        return None
-    items = value.split(",") if isinstance(value, str) else value
-    names = tuple(str(x).strip() for x in items)
-    if not names or any(not isinstance(x, (str, int)) or not str(x).strip() for x in items):
-        raise fail(key, f"must be a list of names, not {value!r}")
-    return names
-
-
 def _resolve(p: str, base: Path) -> str:
+    if "://" in p:  # a URL (s3://bucket/run.zarr) is where it says
+        return p
     p = os.path.expanduser(os.path.expandvars(p))
     return p if os.path.isabs(p) else str(base / p)
 

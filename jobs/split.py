@@ -23,9 +23,9 @@ import numpy as np
 from linpipe.errors import LinpipeError
 
 from .actor import PipelineWorker, UnitResult, peak_rss
+from .errors import worker_error
 from .plan import Chunk, Record
 
-SPLIT_CHOICES = ("auto", "never")
 # auto: split a record when it is this many times longer than an even share of the job (its
 # stream alone would outlast the other workers by half a share or more).
 AUTO_FACTOR = 1.5
@@ -51,24 +51,9 @@ def spill_dirs(nbytes: int, budget: int) -> list[str]:
     return [disk]
 
 
-def parse_split(value: str | int | None) -> str | int:
-    """--split auto|never|N (N >= 1 segments; 1 means never). The default is auto."""
-    if value is None:
-        return "auto"
-    if isinstance(value, int) or str(value).strip().isdigit():
-        n = int(value)
-        if n < 1:
-            raise LinpipeError(f"--split: N must be at least 1, got {n}")
-        return n
-    v = str(value).strip().lower()
-    if v not in SPLIT_CHOICES:
-        raise LinpipeError(f"--split: expected auto, never or a number of segments, got {value!r}")
-    return v
-
-
 def split_parts(record: Record, total_positions: int, n_workers: int, split: str | int) -> int:
-    """How many segments a streamed record runs in (1: the ordinary one-actor stream)."""
-    split = parse_split(split)
+    """How many segments a streamed record runs in (1: the ordinary one-actor stream); split:
+    the request's, "auto", "never" or a number of segments."""
     if split == "never" or record.n_chunks < 2:
         return 1
     if isinstance(split, int):
@@ -167,10 +152,6 @@ class RayGroup:
         try:
             out = ray.get(refs)
         except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as e:
-            if getattr(e, "actor_init_failed", False):
-                from .driver import init_error
-
-                raise init_error(e) from None
             raise GroupLost(type(e).__name__) from None
         if method not in self.TIMED:
             return out
@@ -240,10 +221,6 @@ def run_split(record: Record, parts: int, store, new_actor, events, *, first_wei
                 raise LinpipeError(f"record {record.id!r}: its split run ended but chunks of segment "
                                    f"{k0} are not marked done in the store")
         except (GroupLost, ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as e:
-            if getattr(e, "actor_init_failed", False):
-                from .driver import init_error
-
-                raise init_error(e) from None
             stats["deaths"] += 1
             events.worker_died(f"segment group of record {record.id}", str(e) or type(e).__name__)
             if stats["deaths"] > MAX_GROUP_RESTARTS:
@@ -251,9 +228,7 @@ def run_split(record: Record, parts: int, store, new_actor, events, *, first_wei
                                    f"{stats['deaths']} times; giving up (the store stays resumable)"
                                    ) from None
         except ray.exceptions.RayTaskError as e:
-            from .driver import _user_error
-
-            raise _user_error(e, f"record {record.id!r} of {record.input_path} (split)") from None
+            raise worker_error(e, f"record {record.id!r} of {record.input_path} (split)") from None
         finally:
             for h in handles:
                 ray.kill(h)

@@ -20,11 +20,10 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
-from linpipe.errors import LinpipeError
+from linpipe.errors import LinpipeError, option
 
 from . import auth
-from .cluster import ClusterError
-from .request import JobRequest
+from .errors import ClusterError
 
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
 PREFIX = "linpipe-"
@@ -112,7 +111,7 @@ def connect(address: str | None = None):
     except requests.exceptions.RequestException as e:
         why = type(e).__name__
         raise ClusterError(f"cannot reach the Ray job server at {url} ({why}); start one with "
-                           "`ray start --head` or `ray up ray_cluster.yaml`, or pass --address "
+                           f"`ray start --head` or `ray up ray_cluster.yaml`, or pass {option('address')} "
                            "http://HEAD:8265") from None
     from ray.job_submission import JobSubmissionClient
 
@@ -311,19 +310,6 @@ def store_is_complete(out: str | None) -> bool:
     return bool(p and p["complete"])
 
 
-def submit_request(client, request: JobRequest, *,
-                   runtime_env: dict[str, Any] | None = None) -> SubmitOutcome:
-    """Plan a request here (inputs readable, model valid: the job id) and submit it detached;
-    its entrypoint runs `linpipe submit ... --address auto` on the cluster."""
-    from .plan import plan_job
-
-    plan = plan_job(request)
-    out = request.out_path
-    command = ["linpipe", "submit", *request.argv(address="auto")]
-    return submit_job(client, job_id=plan.job_id, command=command, out=out,
-                      is_complete=lambda: store_is_complete(out), runtime_env=runtime_env)
-
-
 def runtime_env_from(path: str | None, env_vars: tuple[str, ...] = ()) -> dict | None:
     """A runtime_env from a YAML/JSON file (pip, env_vars, ...) plus KEY=VALUE variables."""
     env: dict[str, Any] = {}
@@ -346,9 +332,9 @@ def runtime_env_from(path: str | None, env_vars: tuple[str, ...] = ()) -> dict |
     for item in env_vars:
         k, sep, v = item.partition("=")
         if not sep or not k:
-            raise LinpipeError(f"--env {item!r}: expected KEY=VALUE")
+            raise LinpipeError(f"{option('env')} {item!r}: expected KEY=VALUE")
         pairs[k] = v
-    for where, names in ((f"{path}: env_vars", env.get("env_vars") or {}), ("--env", pairs)):
+    for where, names in ((f"{path}: env_vars", env.get("env_vars") or {}), (option("env"), pairs)):
         if auth.TOKEN_ENV in names:
             # A runtime_env is stored with the job, readable by anyone who can list jobs.
             raise LinpipeError(f"{where}: {auth.TOKEN_ENV}: the cluster's token is not passed "

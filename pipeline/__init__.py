@@ -5,7 +5,7 @@ Public API (imports are lazy so that `import linpipe` stays fast and works witho
     linpipe.open_input(path, ...)      -> DNA or time-series input with random access
     linpipe.open_output(path)          -> a finished (or partial) output store
 """
-__version__ = "0.1.0"
+from linpipe.version import __version__
 
 
 def load_model(path_or_name="default", device=None):

@@ -3,11 +3,29 @@
 Anything a user can cause (a bad file, a bad flag, a bad model directory) raises
 LinpipeError with a one-line message that names the file, the record and the place.
 The CLI prints it as `Error: ...` and exits non-zero; it never shows a traceback.
+
+A message that names an option writes it with `option(name)`: each front end spells it its own
+way (the CLI as its flag, a spec file as its key); str() spells it as the library keyword.
 """
+import re
+
+_OPTION = re.compile(r"\{option:(\w+)\}")
+
+
+def option(name: str) -> str:
+    """An option named in a message (`name`: its keyword, e.g. "chunk_size")."""
+    return f"{{option:{name}}}"
 
 
 class LinpipeError(Exception):
     """An error caused by the user's input or environment, with a message that says what to fix."""
+
+    def render(self, spell=lambda name: name) -> str:
+        """The message with each option spelt by `spell(name)`."""
+        return _OPTION.sub(lambda m: spell(m.group(1)), super().__str__())
+
+    def __str__(self) -> str:
+        return self.render()
 
 
 class InputError(LinpipeError):
@@ -27,10 +45,10 @@ def modality_mismatch(path, input_modality: str, model_ref, model_modality: str)
     import shlex
 
     if input_modality == "timeseries":
-        how = ("use --model default-timeseries (the shipped time-series model), or train one: "
+        how = (f"use {option('model')} default-timeseries (the shipped time-series model), or train one: "
                f"linpipe train {shlex.quote(str(path))} --out MODEL_DIR [--time-column COL], "
-               "then pass --model MODEL_DIR")
+               f"then pass {option('model')} MODEL_DIR")
     else:
-        how = "use --model default (the shipped DNA model) or a DNA model directory"
+        how = f"use {option('model')} default (the shipped DNA model) or a DNA model directory"
     return ModelError(f"{path}: a {input_modality} input, but model {model_ref} is a {model_modality} "
                       f"model; {how}")

@@ -73,8 +73,11 @@ def test_the_token_never_shows_in_its_repr_or_messages(clean_env, monkeypatch):
 
 
 def test_no_token_in_a_runtime_env(clean_env, tmp_path):
-    with pytest.raises(LinpipeError, match="--env: RAY_AUTH_TOKEN"):
+    from linpipe.cli.common import spell
+
+    with pytest.raises(LinpipeError, match="env: RAY_AUTH_TOKEN") as e:
         sub.runtime_env_from(None, (f"RAY_AUTH_TOKEN={TOKEN}",))
+    assert e.value.render(spell).startswith("--env: RAY_AUTH_TOKEN")  # as the command line says it
     f = tmp_path / "env.yaml"
     f.write_text(f"env_vars: {{RAY_AUTH_TOKEN: {TOKEN}}}\n")
     with pytest.raises(LinpipeError, match="env.yaml: env_vars: RAY_AUTH_TOKEN"):

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from _pipeline_data import record_outputs
@@ -74,6 +75,56 @@ def test_dry_run_checks_the_job_server(cluster, genomes, tmp_path):
     assert "positions:   16,569" in r.output and not (tmp_path / "mt.zarr").exists()
     assert not [j for j in sub.list_jobs(sub.connect(cluster.dashboard_url))
                 if j.out == str(tmp_path / "mt.zarr")]
+
+
+@pytest.fixture(scope="module")
+def other_jobs_store(genomes, tmp_path_factory):
+    """A complete store of MT-human at a chunk size other than the default: another job's."""
+    from _pipeline_data import write_in_process
+
+    out = tmp_path_factory.mktemp("other") / "mt.zarr"
+    plan = write_in_process(genomes / "minimap2_MT-human.fa", "default", out, chunk_size=5000)
+    return out, plan.job_id
+
+
+REFUSED = {  # a job every path refuses while planning: its arguments, and what the refusal says
+    "split with regions": (["mt", "--split", "2", "--regions", "bed"], "--split with --regions"),
+    "split of a series": (["ecg", "--time-column", "sample", "--split", "2"],
+                          "--split 2: splitting a record"),
+    "unknown output": (["mt", "--outputs", "logprob,nope"], "--outputs: unknown dna output 'nope'"),
+    "strand of a series": (["ecg", "--time-column", "sample", "--strand", "both"],
+                           "--strand both: a timeseries"),
+    "another job's store": (["mt"], "holds the outputs of another job"),
+}
+
+
+@pytest.mark.parametrize("case", REFUSED)
+def test_dry_run_job_server_and_driver_refuse_the_same_jobs(case, cluster, client, genomes, tmp_path,
+                                                            other_jobs_store):
+    """The same one-line refusal from `--dry-run`, the job-server path and the driver, before Ray
+    starts or a store exists (or, for another job's store, with that store untouched), and no job
+    on the job server."""
+    from linpipe.store import open_output
+
+    bed = tmp_path / "r.bed"
+    bed.write_text("MT_human\t100\t200\n")
+    files = {"mt": genomes / "minimap2_MT-human.fa", "bed": bed,
+             "ecg": Path(__file__).resolve().parents[1] / "examples" / "ecg-mitdb100.parquet"}
+    words, says = REFUSED[case]
+    args = [files.get(w, w) for w in words]
+    out = other_jobs_store[0] if case == "another job's store" else tmp_path / "x.zarr"
+    said = set()
+    for path in (["--dry-run"], ["--address", cluster.dashboard_url, *cli_env()], []):
+        r = run("submit", *args, "--out", out, *path)
+        assert r.exit_code == 1 and r.output.startswith("Error: ") and says in r.output, (path, r.output)
+        assert len(r.output.strip().splitlines()) == 1 and "Traceback" not in r.output
+        said.add(r.output)
+        if case == "another job's store":
+            assert open_output(out).meta["job_id"] == other_jobs_store[1] and open_output(out).complete
+        else:
+            assert not out.exists()
+    assert len(said) == 1, said
+    assert not [j for j in sub.list_jobs(client) if j.out == str(out)]
 
 
 def test_unknown_job_id(cluster):

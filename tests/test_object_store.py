@@ -433,7 +433,7 @@ def test_throttled_writes_are_retried_and_the_store_is_bit_identical(s3_server, 
 @pytest.mark.slow
 def test_a_permanent_error_is_not_retried_and_leaves_the_unit_unmarked(s3_server, mixed_fasta, tiny_dna,
                                                                         monkeypatch):
-    from linpipe.jobs.driver import _user_error
+    from linpipe.jobs.errors import worker_error
     from linpipe.store import OutputStore
 
     out = f"{s3_server.new_bucket()}/denied.zarr"
@@ -450,7 +450,7 @@ def test_a_permanent_error_is_not_retried_and_leaves_the_unit_unmarked(s3_server
     assert list(attempts.values()) == [1]  # one attempt, no retry
     monkeypatch.undo()
     assert OutputStore.open(out, mode="r").completed_chunks(mt) == set()
-    line = str(_user_error(caught.value, f"record {mt!r} positions 0-{CHUNK}"))
+    line = str(worker_error(caught.value, f"record {mt!r} positions 0-{CHUNK}"))
     assert "\n" not in line and f"{mt}/logprob/c/0" in line and "Access Denied" in line
 
 

@@ -6,6 +6,8 @@ and stop their own embedded Ray, as a user's `linpipe submit` does.
 """
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from _pipeline_data import (
@@ -243,8 +245,11 @@ def test_other_options_against_an_existing_store_are_refused(genome, reference, 
     out = tmp_path / "o.zarr"
     shutil.copytree(reference[0], out)  # a finished store of this job
     assert _run(genome, out).nothing_to_do
-    with pytest.raises(StoreError, match="another job.*--overwrite"):
+    from linpipe.cli.common import spell
+
+    with pytest.raises(StoreError, match="another job.*overwrite") as refused:
         _run(genome, out, chunk_size=CHUNK * 2)
+    assert re.search("another job.*--overwrite", refused.value.render(spell))  # as the CLI says it
     s = _run(genome, out, chunk_size=CHUNK * 2, overwrite=True)
     assert s.positions_run == 90_000
 
@@ -334,13 +339,13 @@ def test_a_worker_that_cannot_start_is_reported_in_one_line(local_ray, tmp_path)
     it) ends the job with the worker's own error, not Ray's traceback."""
     import ray
 
-    from linpipe.jobs.actor import PipelineWorker
-    from linpipe.jobs.driver import init_error
+    from linpipe.jobs.actor import PipelineWorker, as_actor
+    from linpipe.jobs.errors import WorkerStartError, worker_error
 
-    h = ray.remote(PipelineWorker).options(num_cpus=0, max_restarts=0).remote(
+    h = ray.remote(as_actor(PipelineWorker)).options(num_cpus=0, max_restarts=0).remote(
         str(tmp_path / "no_model"), str(tmp_path / "no.zarr"), None)
-    with pytest.raises(ray.exceptions.RayActorError) as info:
+    with pytest.raises(ray.exceptions.RayTaskError) as info:
         ray.get(h.ready.remote(), timeout=120)
-    assert info.value.actor_init_failed
-    msg = str(init_error(info.value))
+    assert isinstance(info.value.cause, WorkerStartError)
+    msg = str(worker_error(info.value, "starting a worker"))
     assert msg.startswith("a worker could not start: ") and "no_model" in msg and "\n" not in msg

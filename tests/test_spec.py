@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from linpipe.errors import LinpipeError
-from linpipe.jobs.request import ActorResources, JobRequest, build_requests
-from linpipe.jobs.spec import SpecError, load_spec
+from linpipe.jobs.request import ActorResources, JobRequest
+from linpipe.jobs.spec import SpecError, build_requests, load_spec
 
 
 def write(tmp_path: Path, text: str, name: str = "job.yaml") -> Path:
@@ -69,7 +69,7 @@ out: ecg.zarr
     assert req.outputs == ("forecast", "residual")
     assert req.columns == ("MLII_mV", "V5_mV") and req.time_column == "sample"
     assert req.input_options == {"time_column": "sample", "columns": ["MLII_mV", "V5_mV"]}
-    assert (req.chunk_size, req.workers, req.overwrite, req.split) == (65536, 2, True, "4")
+    assert (req.chunk_size, req.workers, req.overwrite, req.split) == (65536, 2, True, 4)
     argv = req.argv()
     assert argv[argv.index("--columns") + 1] == "MLII_mV,V5_mV" and "--overwrite" in argv
     assert argv[argv.index("--split") + 1] == "4"
@@ -169,8 +169,8 @@ def test_cli_reports_spec_errors_in_one_line(tmp_path, genomes):
 def test_spec_resources_travel_to_the_job_server_command_line(tmp_path):
     (tmp_path / "a.fa").write_text(">a\nACGT\n")
     spec = write(tmp_path, "inputs: [a.fa]\nresources: {num_gpus: 1, memory: 2GiB, custom: {a100: 0.5}}\n")
-    (req,), address = build_requests((), str(spec), {})
-    assert address is None
+    (req,), run = build_requests((), str(spec), {})
+    assert run.address is None
     res = ActorResources(num_gpus=1, memory=2 * 2**30, custom=(("a100", 0.5),))
     assert req.actor_resources == res
     assert res.ray_options() == {"num_gpus": 1, "memory": 2 * 2**30, "resources": {"a100": 0.5}}
@@ -179,16 +179,16 @@ def test_spec_resources_travel_to_the_job_server_command_line(tmp_path):
     with pytest.raises(LinpipeError, match="num_cpus='two' is not a number"):
         ActorResources.parse("num_cpus=two")
     assert ActorResources.parse("memory=4GiB,x=1") == ActorResources(memory=4 * 2**30, custom=(("x", 1),))
-    assert not ActorResources() and ActorResources().flag() == ""
+    assert not ActorResources() and ActorResources().text() == ""
 
 
 def test_flags_override_the_spec(tmp_path):
     (tmp_path / "a.fa").write_text(">a\nACGT\n")
     spec = write(tmp_path, "inputs: [a.fa]\nchunk_size: 100\naddress: 10.0.0.1:6379\nworkers: 2\n")
-    (req,), address = build_requests((), str(spec), {"chunk_size": 50, "outputs": ["logprob"],
-                                                     "actor_resources": "num_cpus=2", "workers": None})
-    assert address == "10.0.0.1:6379"
+    (req,), run = build_requests((), str(spec), {"chunk_size": 50, "outputs": ["logprob"],
+                                                 "actor_resources": "num_cpus=2", "workers": None})
+    assert run.address == "10.0.0.1:6379"
     assert (req.chunk_size, req.workers, req.outputs) == (50, 2, ("logprob",))
     assert req.actor_resources == ActorResources(num_cpus=2)
-    (req,), address = build_requests(("x.fa",), None, {"address": "http://h:8265", "columns": "a,b"})
-    assert address == "http://h:8265" and req == JobRequest(inputs=("x.fa",), columns=("a", "b"))
+    (req,), run = build_requests(("x.fa",), None, {"address": "http://h:8265", "columns": "a,b"})
+    assert run.address == "http://h:8265" and req == JobRequest(inputs=("x.fa",), columns=("a", "b"))

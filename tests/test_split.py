@@ -190,7 +190,7 @@ def test_planner_splits_only_long_records():
     assert split_parts(chr1, 8_000_000 * 3, 2, "auto") == 1  # many records as long: no gain
     assert split_parts(chr1, 8_000_000, 1, "auto") == 1
     assert split_parts(chr1, 8_600_000, 2, "never") == 1
-    assert split_parts(short, 8_600_000, 1, "5") == 3  # forced: capped by the record's chunks
+    assert split_parts(short, 8_600_000, 1, 5) == 3  # forced: capped by the record's chunks
 
 
 def test_cli_refuses_a_bad_split(tmp_path, genomes):

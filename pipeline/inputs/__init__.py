@@ -1,4 +1,54 @@
 """Inputs: one random-access reader per file format (FASTA, time series), chosen by `open_input`."""
-from linpipe.inputs.base import Input, RecordInfo, open_input, stem
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Sequence
+
+from linpipe.errors import InputError
+from linpipe.inputs.base import Input, RecordInfo, sniff_format, stem
 
 __all__ = ["Input", "RecordInfo", "open_input", "stem"]
+
+
+def open_input(
+    path: "str | os.PathLike",
+    *,
+    id_column: "str | None" = None,
+    time_column: "str | None" = None,
+    columns: "Sequence[str] | str | None" = None,
+    time_format: "str | None" = None,
+    sort: bool = False,
+    cache_dir: "str | os.PathLike | None" = None,
+) -> Input:
+    """Open a genome (FASTA, optionally gzip/bgzip) or a time series (Parquet, Arrow IPC, CSV).
+
+    FASTA builds (or reuses) its .fai index; the time-series options group rows into series
+    (id_column), keep a time coordinate (time_column) and choose channels (columns, default:
+    every numeric column but those two). Errors raise InputError naming file, record and place.
+    """
+    path = Path(path)
+    fmt = sniff_format(path)
+    if isinstance(columns, str):
+        columns = [c.strip() for c in columns.split(",") if c.strip()]
+    if fmt.startswith("fasta"):
+        if id_column or time_column or columns or sort or time_format:
+            raise InputError(
+                f"{path}: --id-column/--time-column/--columns/--time-format/--sort apply to time "
+                "series, not FASTA"
+            )
+        from linpipe.inputs.fasta import FastaInput
+
+        return FastaInput(path, fmt=fmt, cache_dir=cache_dir)
+    from linpipe.inputs.timeseries import TimeSeriesInput
+
+    return TimeSeriesInput(
+        path,
+        fmt=fmt,
+        id_column=id_column,
+        time_column=time_column,
+        columns=list(columns) if columns else None,
+        time_format=time_format,
+        sort=sort,
+        cache_dir=cache_dir,
+    )

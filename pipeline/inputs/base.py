@@ -16,7 +16,7 @@ import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Iterator
 
 from linpipe.errors import InputError
 
@@ -216,47 +216,4 @@ def sniff_format(path: Path) -> str:
     line = head.split(b"\n", 1)[0][:60].decode("utf-8", errors="replace")
     raise InputError(
         f"{path}: line 1: unknown input format (no FASTA '>' header, not CSV/Parquet/Arrow): {line!r}"
-    )
-
-
-def open_input(
-    path: "str | os.PathLike",
-    *,
-    id_column: "str | None" = None,
-    time_column: "str | None" = None,
-    columns: "Sequence[str] | str | None" = None,
-    time_format: "str | None" = None,
-    sort: bool = False,
-    cache_dir: "str | os.PathLike | None" = None,
-) -> Input:
-    """Open a genome (FASTA, optionally gzip/bgzip) or a time series (Parquet, Arrow IPC, CSV).
-
-    FASTA builds (or reuses) its .fai index; the time-series options group rows into series
-    (id_column), keep a time coordinate (time_column) and choose channels (columns, default:
-    every numeric column but those two). Errors raise InputError naming file, record and place.
-    """
-    path = Path(path)
-    fmt = sniff_format(path)
-    if isinstance(columns, str):
-        columns = [c.strip() for c in columns.split(",") if c.strip()]
-    if fmt.startswith("fasta"):
-        if id_column or time_column or columns or sort or time_format:
-            raise InputError(
-                f"{path}: --id-column/--time-column/--columns/--time-format/--sort apply to time "
-                "series, not FASTA"
-            )
-        from linpipe.inputs.fasta import FastaInput
-
-        return FastaInput(path, fmt=fmt, cache_dir=cache_dir)
-    from linpipe.inputs.timeseries import TimeSeriesInput
-
-    return TimeSeriesInput(
-        path,
-        fmt=fmt,
-        id_column=id_column,
-        time_column=time_column,
-        columns=list(columns) if columns else None,
-        time_format=time_format,
-        sort=sort,
-        cache_dir=cache_dir,
     )

@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 
 from linpipe.errors import InputError
-from linpipe.inputs import Input, RecordInfo
 from linpipe.inputs.alphabet import INVALID, SOFTMASK_LUT, TOKEN_LUT
+from linpipe.inputs.base import Input, RecordInfo
 from linpipe.inputs.cache import find_fresh, write_sidecar
 from linpipe.inputs.fasta_index import (
     IndexEntry,

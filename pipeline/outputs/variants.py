@@ -101,6 +101,7 @@ def _genome_inputs(store, override: str | None, model_sha256: str):
     to be that content: the store's job id is recomputed from the inputs' fingerprints (a copy
     elsewhere keeps them), so the stored states are known to belong to this sequence."""
     from linpipe.inputs import open_input
+    from linpipe.jobs.options import stored_identity
     from linpipe.jobs.plan import job_id
 
     meta = store.meta
@@ -118,9 +119,8 @@ def _genome_inputs(store, override: str | None, model_sha256: str):
         opened.append(inp)
         for r in inp.records:
             where.setdefault(r.id, inp)
-    if len(paths) == len(own) and "regions" not in meta and meta.get("job_id"):
-        options = {"chunk_size": int(meta["chunk_size"]), "outputs": sorted(meta["outputs"]),
-                   "input_options": meta.get("input_options") or {}}
+    options = stored_identity(meta)  # None: not recomputable from the store (a regions job)
+    if len(paths) == len(own) and options is not None and meta.get("job_id"):
         if job_id([i.fingerprint() for i in opened], model_sha256, options) != meta["job_id"]:
             raise LinpipeError(f"{', '.join(paths)}: not the genome the store {store.path} was made from "
                                "(its content differs); the stored states would not match it")

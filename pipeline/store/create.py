@@ -12,7 +12,6 @@ import os
 
 import numpy as np
 
-from linpipe import __version__
 from linpipe.errors import StoreError
 from linpipe.model.outputs import DNA
 from linpipe.store.keys import make_keys
@@ -46,6 +45,7 @@ from linpipe.store.packed import write_table
 from linpipe.store.records import StoredRecord
 from linpipe.store.table import PackedRecords, id_hashes
 from linpipe.store.zarr_internals import with_attributes, with_shape
+from linpipe.version import __version__
 
 
 def lay_out(path, *, meta: dict, records: list[dict], outputs, chunk_size: int, feature_dim: int | None,

@@ -27,7 +27,6 @@ from pathlib import Path
 
 import numpy as np
 
-from linpipe import __version__
 from linpipe.errors import StoreError
 from linpipe.model.outputs import DNA
 from linpipe.store.checksums import unit_checksums
@@ -51,6 +50,7 @@ from linpipe.store.location import Location, records_only
 from linpipe.store.packed import PackedGroup, PackedSlice
 from linpipe.store.records import RecordMap, StoredRecord
 from linpipe.store.table import PackedRecords
+from linpipe.version import __version__
 
 
 class OutputStore:

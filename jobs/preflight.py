@@ -1,0 +1,117 @@
+"""Every check a job gets before anything runs: the one path of the dry run, the job-server
+submit and the driver, so that the three refuse the same jobs with the same message, before Ray
+starts and before a store exists.
+
+preflight(request, run): how this submit runs it (a job server's options only with a job
+server), the cluster answers, the request plans (inputs, model, options: plan_job), the output
+location accepts a file, and a store already there is this job's (or may be replaced).
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from linpipe.errors import LinpipeError, StoreError, option
+
+from .cluster import check_cluster
+from .plan import JobPlan, plan_job
+from .request import JobRequest, RunOptions, is_job_server_address
+from .submission import runtime_env_from, store_progress
+
+
+@dataclass(frozen=True)
+class Checked:
+    """A job that passed every check."""
+
+    plan: JobPlan
+    out: str
+    cluster: str  # what was checked, in words
+    progress: dict | None  # the job's own store's progress; None: no store of this job yet
+    runtime_env: dict | None  # for a job server: what the job runs with
+
+
+def check_writable(out: str) -> None:
+    """The output location accepts a file now (before hours of work, not after)."""
+    if "://" in out:
+        try:
+            import fsspec
+
+            fs, path = fsspec.core.url_to_fs(out)
+            probe = f"{path.rstrip('/')}.linpipe-probe-{uuid.uuid4().hex[:8]}"
+            fs.pipe_file(probe, b"")
+            fs.rm_file(probe)
+        except Exception as e:  # any backend's failure is the user's to fix
+            raise StoreError(f"{out}: the output location is not writable ({e})") from None
+        return
+    existing = os.path.dirname(os.path.abspath(out)) or "."
+    while not os.path.isdir(existing):
+        existing = os.path.dirname(existing)
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".linpipe-probe-", dir=existing)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise StoreError(f"{out}: the output location is not writable "
+                         f"({existing}: {e.strerror or e})") from None
+
+
+def never_received_a_unit(store) -> bool:
+    """True for a store that no chunk was ever written to (a submit that failed after creating
+    it): nothing in it is worth keeping, so another job may replace it without overwrite."""
+    return not store.is_complete() and store.progress()["units_done"] == 0
+
+
+def another_job(out: str, old: str | None, new: str) -> StoreError:
+    return StoreError(
+        f"{out}: holds the outputs of another job ({old}: a different model, inputs or options than "
+        f"job {new}); use {option('overwrite')} to replace it or choose another {option('out')}")
+
+
+def check_store(plan: JobPlan, out: str, overwrite: bool) -> dict | None:
+    """A store already at `out` (one readable here) must be this job's, or one that a run
+    replaces: with overwrite, or one that never received a unit, or one whose creation was
+    interrupted. Returns the progress of the job's own store (None: a run starts afresh)."""
+    from linpipe.store import OutputStore
+
+    if "://" not in out and not os.path.exists(out):
+        return None
+    try:
+        if OutputStore.creation_interrupted(out) or not OutputStore.exists(out):
+            return None
+        store = OutputStore.open(out, mode="r")
+    except (LinpipeError, OSError, ValueError, KeyError):
+        return None  # not readable from here (a cluster's storage): the driver checks it there
+    old = store.meta.get("job_id")
+    if old != plan.job_id:
+        if overwrite or never_received_a_unit(store):
+            return None
+        raise another_job(out, old, plan.job_id)
+    return store_progress(out)
+
+
+def preflight(request: JobRequest, run: RunOptions | None = None) -> Checked:
+    """Every check before a run (see the module's docstring); raises the first refusal."""
+    run = run or RunOptions()
+    run.check()
+    cluster = check_cluster(run.address)  # first: a cluster that does not answer fails in seconds
+    runtime_env = runtime_env_from(run.runtime_env, run.env) if is_job_server_address(run.address) else None
+    plan = plan_job(request)
+    out = request.out_path
+    check_writable(out)
+    progress = check_store(plan, out, request.overwrite)
+    return Checked(plan, out, cluster, progress, runtime_env)
+
+
+def dry_run(request: JobRequest, run: RunOptions | None = None) -> dict[str, Any]:
+    """Check everything a run needs and describe the plan, without running anything."""
+    checked = preflight(request, run)
+    plan, done = checked.plan, checked.progress
+    return {"job_id": plan.job_id, "inputs": list(plan.inputs), "records": plan.n_records,
+            "positions": plan.total_positions, "work_units": plan.n_units,
+            "chunk_size": plan.chunk_size, "outputs": list(plan.outputs), "out": checked.out,
+            "estimated_output_bytes": plan.estimated_output_bytes(), "cluster": checked.cluster,
+            "positions_done": done["positions_done"] if done else 0,
+            "complete": bool(done and done["complete"])}

@@ -1,0 +1,49 @@
+"""linpipe index: an input's records and lengths (its index built or reused)."""
+from __future__ import annotations
+
+import click
+
+from .common import examples, input_options, timeseries_options
+
+
+@click.command("index", epilog=examples("linpipe index examples/MT-human.fa",
+                                        "linpipe index examples/ecg-mitdb100.parquet --time-column sample"))
+@click.argument("input_path", metavar="INPUT", type=click.Path(path_type=str))
+@timeseries_options
+@click.option("--sort", is_flag=True,
+              help="Time series: sort rows by time (in a cached copy) instead of refusing unsorted input.")
+@click.option("--cache-dir", default=None, type=click.Path(file_okay=False), metavar="DIR",
+              help="Where indexes go when the input's folder is read-only "
+                   "(default $LINPIPE_CACHE or ~/.cache/linpipe).")
+@click.option("--json", "as_json", is_flag=True, help="Print the records as JSON.")
+def index_cmd(input_path, sort, cache_dir, as_json, **ts):
+    """Build (or reuse) the index of INPUT and print its records and lengths."""
+    import json
+
+    from linpipe.inputs import open_input
+
+    with open_input(input_path, sort=sort, cache_dir=cache_dir, **input_options(ts)) as inp:
+        index = getattr(inp, "index_path", None) or getattr(inp, "table_path", None)
+        if as_json:
+            click.echo(json.dumps({
+                "path": str(inp.path), "modality": inp.modality, "index": str(index) if index else None,
+                "channels": inp.channel_names, "index_column": inp.index_column,
+                "fingerprint": inp.fingerprint(),
+                "records": [{"id": r.id, "description": r.description, "length": r.length}
+                            for r in inp.records],
+            }, indent=2))
+            return
+        click.echo(f"{inp.path}: {inp.modality}, {len(inp.records)} records, {inp.total_length:,} positions")
+        if index is not None and str(index) != str(inp.path):
+            click.echo(f"index: {index}")
+        if inp.channel_names is not None:
+            click.echo(f"channels: {', '.join(inp.channel_names)}")
+        if inp.index_column is not None:
+            click.echo(f"note: column {inp.index_column!r} counts up by 1 like a sample index and is read "
+                       f"as a channel; pass --time-column {inp.index_column} to make it the time axis")
+        if getattr(inp, "fmt", None) == "fasta-gzip":
+            click.echo("note: plain gzip cannot be sought; every read streams from the start. "
+                       "For random access: zcat FILE | bgzip > FILE.bgz")
+        width = max(len(r.id) for r in inp.records)
+        for r in inp.records:
+            click.echo(f"{r.id:<{width}}  {r.length:>12,}  {r.description}".rstrip())

@@ -1,0 +1,74 @@
+"""linpipe model init|info: create and inspect models (format v1, docs/model-format.md)."""
+from __future__ import annotations
+
+import click
+
+from .common import decay_values, examples, model_shape, model_size_options
+
+
+@click.group("model", epilog=examples("linpipe model info", "linpipe model init my-model --d-model 32"))
+def model_group():
+    """Create and inspect linpipe models (format v1, docs/model-format.md)."""
+
+
+@model_group.command("init", epilog=examples(
+    "linpipe model init my-model --d-model 32 --n-layers 2",
+    "linpipe model init ecg-model --modality timeseries --channels 2"))
+@click.argument("directory", type=click.Path(file_okay=False))
+@click.option("--modality", type=click.Choice(["dna", "timeseries"]), default="dna", show_default=True,
+              help="What the model reads: DNA bases or a multichannel time series.")
+@model_size_options
+@click.option("--channels", type=click.IntRange(1), default=None,
+              help="Timeseries: number of input channels.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Random seed of the initial weights.")
+@click.option("--force", is_flag=True, help="Overwrite a model already in DIRECTORY.")
+def model_init(directory, modality, d_model, n_layers, n_heads, mlp_hidden, conv_width, feature_map,
+               no_normalize, decay, channels, seed, force):
+    """Write a randomly initialised model to DIRECTORY."""
+    from pathlib import Path
+
+    from linpipe.model import CONFIG_FILE, ModelConfig, init_net, save_model
+
+    if modality == "timeseries" and channels is None:
+        raise click.BadParameter("timeseries models need --channels", param_hint="--channels")
+    if modality == "dna" and channels is not None:
+        raise click.BadParameter("dna models have no channels", param_hint="--channels")
+    if (Path(directory) / CONFIG_FILE).exists() and not force:
+        raise click.ClickException(f"{directory}: already holds a model (use --force to overwrite)")
+    extra = {}
+    if modality == "timeseries":
+        extra = dict(channels=channels, channel_names=tuple(f"ch{i}" for i in range(channels)),
+                     mean=(0.0,) * channels, std=(1.0,) * channels)
+    config = ModelConfig(modality=modality, **model_shape(d_model, n_layers, n_heads, mlp_hidden, conv_width,
+                                                          feature_map, no_normalize), **extra)
+    net = init_net(config, seed=seed, decay=decay_values(decay))
+    sha = save_model(net, config, directory)
+    click.echo(f"wrote {directory} ({modality}, sha256 {sha})")
+
+
+@model_group.command("info", epilog=examples("linpipe model info",
+                                             "linpipe model info examples/models/ecg --json"))
+@click.argument("model", default="default")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def model_info(model, as_json):
+    """Print a model's config, parameter count and weights sha256 (MODEL: a directory or a
+    shipped model's name; default: the shipped default)."""
+    import json
+
+    from linpipe.model import count_parameters, load_model
+
+    m = load_model(model)
+    info = {"path": str(m.path), "sha256": m.sha256, "parameters": count_parameters(m.config),
+            "config": m.config.to_json(),
+            "decay": {f"layer {i}": [round(float(g), 8) for g in layer.attn.decay]
+                      for i, layer in enumerate(m.net.layers)}}
+    if as_json:
+        click.echo(json.dumps(info, indent=2))
+        return
+    click.echo(f"model       {info['path']}")
+    click.echo(f"sha256      {info['sha256']}")
+    click.echo(f"parameters  {info['parameters']:,}")
+    for k, v in info["config"].items():
+        click.echo(f"{k:<12}{json.dumps(v)}")
+    for k, v in info["decay"].items():
+        click.echo(f"decay {k}: {', '.join(f'{g:g}' for g in v)}")

@@ -1,0 +1,163 @@
+"""linpipe inspect|verify|export|plot: read an output store."""
+from __future__ import annotations
+
+import click
+
+from .common import examples, open_reader, plural
+
+
+@click.command(epilog=examples("linpipe inspect MT-human.zarr", "linpipe inspect MT-human.zarr --json"))
+@click.argument("store", type=click.Path())
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON (for scripts).")
+def inspect(store, as_json):
+    """Summarise an output store: records, outputs, completion, model, size, compression."""
+    import json
+
+    from linpipe.progress import human_bytes
+
+    s = open_reader(store).summary()
+    if as_json:
+        click.echo(json.dumps(s, indent=2, default=str))
+        return
+    state = "complete" if s["complete"] else "INCOMPLETE (the job did not finish; resumable)"
+    ratio = f"{s['compression_ratio']:.2f}x" if s["compression_ratio"] else "n/a"
+    click.echo(f"{s['path']}: linpipe output format {s['format_version']} (linpipe {s['linpipe_version']})")
+    click.echo(f"  status       {state}")
+    click.echo(f"  job          {s['job_id'] or '-'}")
+    cfg = s["model"].get("config") if isinstance(s["model"], dict) else None
+    brief = ""
+    if isinstance(cfg, dict):
+        brief = " ".join(f"{k}={cfg[k]}" for k in ("modality", "d_model", "n_layers", "n_heads") if k in cfg)
+    click.echo(f"  model        sha256 {s['model_sha256'] or '-'}" + (f" ({brief})" if brief else ""))
+    for inp in s["inputs"] or []:
+        click.echo(f"  input        {inp.get('path', inp) if isinstance(inp, dict) else inp}")
+    click.echo(f"  outputs      {', '.join(s['outputs'])} (chunk length {s['chunk_size']:,})")
+    click.echo(f"  records      {s['n_records']:,}, {s['positions']:,} positions")
+    click.echo(f"  size on disk {human_bytes(s['size_on_disk'])} "
+               f"(outputs {human_bytes(s['output_bytes_raw'])} raw -> "
+               f"{human_bytes(s['output_bytes_stored'])}, compression {ratio})")
+    shown = s["records"][:20]
+    renamed = any(r["key"] != r["id"] for r in s["records"])
+    names = {r["id"]: (f"{r['id']} -> {r['key']}" if r["key"] != r["id"] else r["id"]) for r in shown}
+    width = max([len(n) for n in names.values()] + [6])
+    for r in shown:
+        done = "done" if r["chunks_done"] == r["chunks"] else f"{r['chunks_done']}/{r['chunks']} chunks"
+        miss = ""
+        if r["missing_ranges"]:
+            miss = "  missing " + ", ".join(f"{a:,}-{b:,}" for a, b in r["missing_ranges"][:3])
+            miss += " ..." if len(r["missing_ranges"]) > 3 else ""
+        click.echo(f"    {names[r['id']]:<{width}} {r['length']:>14,}  {r['modality']:<10} {done}{miss}")
+    if len(s["records"]) > len(shown):
+        click.echo(f"    ... and {len(s['records']) - len(shown)} more long records (--json lists all)")
+    if renamed:
+        click.echo("  Ids with characters other than letters, digits and ._+- are stored under a key "
+                   "(ID -> KEY): open a record with linpipe.open_output(STORE).dataset(ID), which takes "
+                   "either, or xarray.open_zarr(STORE, group=KEY).")
+    p = s.get("packed")
+    if p and p["records"]:
+        done = "done" if p["batches_done"] == p["batches"] else f"{p['batches_done']}/{p['batches']} batches"
+        click.echo(f"  packed       {plural(p['records'], 'short record')} in "
+                   f"{plural(p['batches'], 'batch', 'batches')}, {p['positions']:,} positions: {done}")
+        for r in p["first"][:max(0, 20 - len(shown))]:
+            click.echo(f"    {r['id']:<{width}} {r['length']:>14,}  packed")
+        if p["records"] > len(p["first"][:max(0, 20 - len(shown))]):
+            click.echo("    (open_output(STORE).record_table() lists every record)")
+
+
+@click.command(epilog=examples("linpipe verify MT-human.zarr", "linpipe verify MT-human.zarr --repair"))
+@click.argument("store", type=click.Path())
+@click.option("--repair", is_flag=True,
+              help="Recompute the corrupt and missing units from their boundary states (needs the "
+                   "job's inputs and model where they were), then verify again.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (for scripts).")
+def verify(store, repair, as_json):
+    """Re-read every unit of an output store and check it against the checksums written with it.
+
+    Each corrupt or missing unit is named by record and position range (or packed batch and its
+    records); the exit status is 1 when any remains.
+    """
+    import json
+
+    from linpipe.store.verify import verify_store
+
+    report = verify_store(store)
+    repaired = 0
+    if repair and report.problems:
+        from linpipe.jobs.repair import repair_units
+
+        for p in report.problems:
+            click.echo(f"repairing {p.describe()}", err=True)
+        repaired = repair_units(store, report.problems)
+        report = verify_store(store)
+    if as_json:
+        click.echo(json.dumps({**report.as_dict(), "repaired": repaired}, indent=2))
+    else:
+        for p in report.problems:
+            click.echo(p.describe())
+        state = "ok" if report.ok else f"{plural(len(report.problems), 'unit')} corrupt or missing"
+        fixed = f", {repaired} repaired" if repaired else ""
+        click.echo(f"{report.path}: {plural(report.units, 'unit')} checked{fixed}: {state}")
+    if not report.ok:
+        raise SystemExit(1)
+
+
+@click.command(epilog=examples(
+    "linpipe export MT-human.zarr --format bigwig --output logprob -o logprob.bw",
+    "linpipe export ecg.zarr --format parquet --output forecast,residual -o ecg.parquet"))
+@click.argument("store", type=click.Path())
+@click.option("--format", "fmt", type=click.Choice(["bigwig", "bedgraph", "parquet"]), required=True,
+              help="bigwig or bedgraph: a genome-browser track of one per-base output; parquet: a table.")
+@click.option("--output", "output", required=True, metavar="NAME[,NAME...]",
+              help="Output to export, e.g. logprob (parquet: a comma list).")
+@click.option("--record", "records", multiple=True, metavar="ID",
+              help="Record id to export (repeatable; default all).")
+@click.option("-o", "dest", required=True, type=click.Path(), help="File to write.")
+def export(store, fmt, output, records, dest):
+    """Export an output as a genome-browser track (bigWig, bedGraph) or a Parquet table."""
+    import warnings
+
+    from linpipe.outputs.export import export_parquet, export_track
+    from linpipe.store.reader import CorruptUnitWarning
+
+    reader = open_reader(store)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", CorruptUnitWarning)
+        if fmt == "parquet":
+            n = export_parquet(reader, [o.strip() for o in output.split(",") if o.strip()], dest,
+                               records=list(records))
+            done = f"Wrote {n:,} rows to {dest}"
+        else:
+            n = export_track(reader, output, dest, fmt=fmt, records=list(records))
+            done = f"Wrote {n:,} intervals to {dest}"
+    for w in caught:
+        if issubclass(w.category, CorruptUnitWarning):
+            click.echo(f"Warning: {w.message}", err=True)
+    click.echo(done)
+
+
+@click.command(epilog=examples(
+    "linpipe plot MT-human.zarr --record MT_human --output logprob --region 0-5000 -o mt.png",
+    "linpipe plot ecg.zarr --record ecg --output forecast,anomaly --region 0-3000 -o ecg.png"))
+@click.argument("store", type=click.Path())
+@click.option("--record", required=True, metavar="ID", help="Record id.")
+@click.option("--output", "output", required=True, metavar="NAME[,NAME...]",
+              help="Output(s) to plot, e.g. logprob, or forecast,anomaly (stacked panels; a "
+                   "forecast is drawn over the input series).")
+@click.option("--region", default=None, metavar="START-END",
+              help="0-based, end exclusive (default: the whole record).")
+@click.option("-o", "dest", required=True, type=click.Path(), help="PNG file to write.")
+@click.option("--width", default=1600, show_default=True, type=click.IntRange(200, 20000),
+              help="Width in pixels.")
+def plot(store, record, output, region, dest, width):
+    """Plot one output over a region as a PNG (min/max envelope when downsampled)."""
+    from linpipe.outputs.plot import plot_region
+
+    names = [o.strip() for o in output.split(",") if o.strip()]
+    info = plot_region(open_reader(store), record, names if len(names) > 1 else output, dest, region=region,
+                       width_px=width)
+    how = "min/max envelope" if info["downsampled"] else "every position"
+    if info.get("input_drawn"):
+        how += "; with the input signal"
+    if info.get("input_note"):
+        click.echo(f"Warning: {info['input_note']}", err=True)
+    click.echo(f"Wrote {dest}: {info['record']}:{info['start']}-{info['end']} ({how})")

@@ -1,0 +1,128 @@
+"""linpipe train|eval: train a model by next-position prediction; score it against baselines."""
+from __future__ import annotations
+
+import sys
+
+import click
+
+from .common import decay_values, examples, input_options, model_shape, model_size_options, timeseries_options
+
+
+def _command_line() -> str:
+    import shlex
+
+    return "linpipe " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+
+
+@click.command("train", epilog=examples(
+    "linpipe train examples/MT-human.fa examples/MT-orang.fa --out my-model --steps 200",
+    "linpipe train examples/ecg-mitdb100.parquet --time-column sample --out ecg-model"))
+@click.argument("inputs", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("--out", "out", required=True, type=click.Path(file_okay=False),
+              help="Model directory to write.")
+@model_size_options
+@click.option("--steps", type=click.IntRange(1), default=1000, show_default=True,
+              help="Total optimizer steps.")
+@click.option("--batch", type=click.IntRange(1), default=8, show_default=True, help="Parallel lanes.")
+@click.option("--window", type=click.IntRange(2), default=512, show_default=True,
+              help="Positions per lane per step.")
+@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=3e-3, show_default=True,
+              help="Peak learning rate (Adam; linear warm-up, then cosine decay to a tenth).")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Random seed of the initial weights and the lanes' starting points.")
+@click.option("--device", default="auto", show_default=True, metavar="DEVICE",
+              help="auto (a CUDA GPU when there is one, else cpu), cpu, cuda, cuda:1, ...")
+@click.option("--val-records", default=None, metavar="ID[,ID...]",
+              help="Comma-separated record ids to hold out whole "
+              "(default: the last 5% of every record).")
+@click.option("--checkpoint-every", type=click.IntRange(1), default=200, show_default=True,
+              help="Steps between checkpoints in --out/checkpoint (what --resume continues from).")
+@click.option("--threads", type=click.IntRange(1), default=1, show_default=True,
+              help="CPU threads for torch (more rarely helps models this small).")
+@click.option("--resume", is_flag=True, help="Continue from the checkpoint in --out (same inputs).")
+@click.option("--force", is_flag=True, help="Overwrite a model (or any files) already in --out.")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+@click.option("--series-norm", is_flag=True,
+              help="Time series: causal per-series normalisation, each channel its own lane, "
+                   "forecasting the change from the last value (the shipped default-timeseries "
+                   "model; docs/default-model.md). Trains on files with any channels.")
+@timeseries_options
+def train_cmd(inputs, out, d_model, n_layers, n_heads, mlp_hidden, conv_width, feature_map, no_normalize,
+              decay, steps, batch, window, lr, seed, device, val_records, checkpoint_every, threads, resume,
+              force, quiet, series_norm, **ts):
+    """Train a model on INPUTS (FASTA or time series) by next-position prediction into --out."""
+    import numpy as np
+
+    from linpipe.progress import Progress
+    from linpipe.training.loop import TrainConfig, train
+
+    cfg = TrainConfig(steps=steps, batch=batch, window=window, lr=lr, seed=seed, device=device,
+                      checkpoint_every=checkpoint_every, threads=threads,
+                      val_records=tuple(v for v in (val_records or "").split(",") if v))
+    kw = model_shape(d_model, n_layers, n_heads, mlp_hidden, conv_width, feature_map, no_normalize)
+    if series_norm:
+        kw["series_norm"] = True
+    bar = None
+
+    def show(info):
+        nonlocal bar
+        if bar is None:
+            bar = Progress(info.total, done=info.start, label="steps")
+        bar.update(info.step - bar.done, note=f"loss {info.loss:.4f}")
+
+    try:
+        res = train(inputs, out, kw, cfg, decay=decay_values(decay), resume=resume,
+                    command=_command_line(), progress=None if quiet else show,
+                    ts_options=input_options(ts), force=force)
+    finally:
+        if bar is not None:
+            bar.close()
+    click.echo(f"wrote {out} (sha256 {res.sha256}); final loss {np.nanmean(res.losses[-50:]):.4f}")
+    if "bits_per_base" in res.val:
+        click.echo("validation bits per base: " + ", ".join(
+            f"{k} {v:.4f}" for k, v in res.val["bits_per_base"].items()))
+    elif "mae_ratio_vs_last_value" in res.val:
+        click.echo(f"validation MAE / last-value MAE: {res.val['mae_ratio_vs_last_value']:.4f}")
+    elif "mse_normalised" in res.val:
+        click.echo(f"validation MSE (normalised): {res.val['mse_normalised']:.4f}")
+
+
+@click.command("eval", epilog=examples(
+    "linpipe eval default examples/MT-orang.fa",
+    "linpipe eval examples/models/ecg examples/ecg-mitdb100.parquet --time-column sample"))
+@click.argument("model_dir")
+@click.argument("inputs", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("--baseline-train", multiple=True, type=click.Path(dir_okay=False),
+              help="dna: fit the Markov baselines on these files (k chosen on their last 5%) instead "
+              "of the ones stored with the model. Repeatable.")
+@click.option("--season", type=click.IntRange(1), default=None,
+              help="timeseries: seasonal-naive period (default: the lag of peak autocorrelation).")
+@click.option("--reset-every", type=click.IntRange(1), default=None, metavar="N",
+              help="timeseries: also score the model with its state reset every N rows (what "
+                   "its long context is worth).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@timeseries_options
+def eval_cmd(model_dir, inputs, baseline_train, season, reset_every, as_json, **ts):
+    """Score a model on INPUTS next to simple baselines on the same positions (MODEL_DIR: a
+    directory or a shipped model's name; `default` is the shipped model of the inputs' modality)."""
+    import json
+
+    from linpipe.training.evaluate import evaluate_inputs
+
+    report = evaluate_inputs(model_dir, inputs, baseline_train=baseline_train, season=season,
+                             ts_options=input_options(ts),
+                             reset_every=reset_every)
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+        return
+    click.echo(f"model {report['model']} (sha256 {report['sha256'][:12]}...)")
+    for row in report["inputs"]:
+        click.echo(f"{row['input']}: {row['positions']:,} positions")
+        for name, v in row["scores"].items():
+            if report["modality"] == "dna":
+                click.echo(f"  {name:<24} {v:.4f} bits/base")
+            else:
+                click.echo(f"  {name:<34} MAE {v['mae']:.6g}  RMSE {v['rmse']:.6g}  "
+                           f"MAE/last-value {v['ratio']:.4f}")
+    if report["modality"] == "dna":
+        click.echo(f"Markov order k chosen on training data: {report['markov_best_k']}")

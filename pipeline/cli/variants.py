@@ -1,0 +1,44 @@
+"""linpipe score-variants; the library is linpipe.outputs.variants."""
+from __future__ import annotations
+
+import click
+
+from .common import examples, plural
+
+
+@click.command("score-variants", epilog=examples(
+    "linpipe score-variants MT-human.zarr variants.vcf.gz -o effects.tsv",
+    "linpipe score-variants genome.zarr calls.vcf.gz -o effects.parquet --window 512 "
+    "--workers 8 --skip-mismatch"))
+@click.argument("store", type=click.Path(file_okay=False))
+@click.argument("vcf", type=click.Path(dir_okay=False))
+@click.option("-o", "--out", "out", required=True, type=click.Path(dir_okay=False),
+              help="Effects table to write: .tsv or .parquet (columns chrom pos ref alt llr, VCF order).")
+@click.option("--window", type=click.IntRange(1), default=128, show_default=True,
+              help="W: score the allele and the W-1 bases after it (W positions for an SNV).")
+@click.option("--input", "genome", default=None, type=click.Path(dir_okay=False),
+              help="The genome FASTA (default: the store's own input; must have the same content).")
+@click.option("--skip-mismatch", is_flag=True,
+              help="Skip (and count) lines with a REF mismatch, an unknown contig or a malformed "
+              "allele instead of stopping at the first.")
+@click.option("--workers", type=click.IntRange(0), default=0, show_default=True,
+              help="Ray actors for the replay units (0: in this process).")
+@click.option("--address", default=None, metavar="HOST:PORT",
+              help="Ray cluster to join with --workers (default: an embedded local Ray).")
+@click.option("--device", default=None, metavar="DEVICE",
+              help="cpu, cuda, cuda:1, ... (default: a CUDA GPU when there is one).")
+@click.option("--model", default=None, metavar="DIR|NAME",
+              help="The store's model, if it moved (checked by sha256).")
+def score_variants_cmd(store, vcf, out, window, genome, skip_mismatch, workers, address, device, model):
+    """Log-likelihood ratio (nats) of each VCF variant with the whole record before it as
+    context: replays at most one chunk from the store's boundary state (docs/variants.md)."""
+    from linpipe.outputs.variants import score_variants
+
+    s = score_variants(store, vcf, out, window=window, genome=genome, skip_mismatch=skip_mismatch,
+                       workers=workers, address=address, device=device, model=model)
+    skipped = sum(s.skipped.values())
+    click.echo(f"Scored {plural(s.scored, 'variant')} in {plural(s.units, 'replay unit')} "
+               f"({s.replayed_positions:,} positions replayed) -> {out}")
+    if skipped:
+        click.echo(f"Skipped {plural(skipped, 'allele')}: " + ", ".join(
+            f"{n} {why}" for why, n in sorted(s.skipped.items())), err=True)

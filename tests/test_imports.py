@@ -1,0 +1,92 @@
+"""The packages' imports form no cycle: every module under pipeline/, jobs/ and kernels/, by its
+linpipe name, with every import it makes, at the top of the file or inside a function."""
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+FOLDERS = {"pipeline": "linpipe", "jobs": "linpipe.jobs", "kernels": "linpipe.kernels"}
+
+
+def modules() -> dict[str, tuple[Path, bool]]:
+    """linpipe name -> (file, whether it is a package's __init__)."""
+    found = {}
+    for folder, package in FOLDERS.items():
+        for path in sorted((REPO / folder).rglob("*.py")):
+            parts = list(path.relative_to(REPO / folder).with_suffix("").parts)
+            is_package = parts[-1] == "__init__"
+            if is_package:
+                parts = parts[:-1]
+            found[".".join([package, *parts])] = (path, is_package)
+    return found
+
+
+def imported(name: str, is_package: bool, node: ast.AST, known) -> list[str]:
+    """The linpipe modules an import statement names (`from a import b`: the module a.b when
+    there is one, else a)."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names if a.name in known]
+    base = node.module or ""
+    if node.level:  # relative: from the module's package, one level up per extra dot
+        package = name.split(".") if is_package else name.split(".")[:-1]
+        package = package[:len(package) - (node.level - 1)]
+        base = ".".join(package + ([base] if base else []))
+    return [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names
+            if f"{base}.{a.name}" in known or base in known]
+
+
+def import_graph() -> dict[str, set[str]]:
+    known = modules()
+    graph = {}
+    for name, (path, is_package) in known.items():
+        graph[name] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                graph[name].update(m for m in imported(name, is_package, node, known) if m != name)
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle (its modules, the first repeated at the end), or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(m):
+        state[m] = 1
+        path.append(m)
+        for n in sorted(graph[m]):
+            if state.get(n) == 1:
+                return path[path.index(n):] + [n]
+            if n not in state:
+                found = visit(n)
+                if found:
+                    return found
+        state[m] = 2
+        path.pop()
+        return None
+
+    for m in sorted(graph):
+        if m not in state:
+            found = visit(m)
+            if found:
+                return found
+    return None
+
+
+def test_the_graph_sees_every_kind_of_import():
+    graph = import_graph()
+    assert "linpipe.jobs.options" in graph["linpipe.jobs.request"]  # from .options import ...
+    assert "linpipe.jobs.submission" in graph["linpipe.jobs.cluster"]  # inside a function
+    assert "linpipe.inputs.fasta" in graph["linpipe.inputs"]  # a package's __init__, in a function
+    assert "linpipe.jobs.submission" in graph["linpipe.cli.jobs"]  # from linpipe.jobs import submission
+    assert "linpipe.kernels.linear_attn" in graph["linpipe.kernels"]  # from .linear_attn import X
+
+
+def test_no_import_cycle():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_a_cycle_is_found_and_named():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert find_cycle(graph) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
