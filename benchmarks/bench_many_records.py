@@ -83,7 +83,7 @@ files = sum(len(f) for _, _, f in os.walk(out))
 import linpipe
 t1 = time.perf_counter()
 r = linpipe.open_output(out)
-rid = next(iter(r.store.long_records.values()), {"id": None})["id"] or "contig_%d" % (s.records // 2)
+rid = next((i.id for i in r.store.long_records.values()), None) or "contig_%d" % (s.records // 2)
 ds = r.dataset(rid)
 ds.logprob.values
 t_open = time.perf_counter() - t1

@@ -86,14 +86,14 @@ class Lease:
     """The lease of the store at `out` for job `job_id`, held by this process once acquire()d."""
 
     def __init__(self, out: str, job_id: str, *, host: str | None = None, pid: int | None = None):
-        from linpipe.store.writer import LEASE_PATH, _Location
+        from linpipe.store.location import LEASE_PATH, Location
 
         self.out = out
         self.job_id = job_id
         self.holder = Holder(host or socket.gethostname(), pid if pid is not None else os.getpid())
         self.token = secrets.token_hex(16)
         self._path = LEASE_PATH
-        self._location = _Location(out, read_only=False)
+        self._location = Location(out, read_only=False)
         self._since = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

@@ -189,9 +189,9 @@ def test_zero_length_series(tmp_path):
 
 
 def test_mixed_dtypes_in_csv(tmp_path, monkeypatch):
-    from linpipe.inputs import timeseries
+    from linpipe.inputs import csvfile
 
-    monkeypatch.setattr(timeseries, "CSV_BLOCK", 1 << 14)  # types inferred from the first 16 KiB
+    monkeypatch.setattr(csvfile, "CSV_BLOCK", 1 << 14)  # types inferred from the first 16 KiB
     rows = "".join(f"{i},{i * 0.5}\n" for i in range(20_000))
     (tmp_path / "mixed.csv").write_text("t,x\n" + rows + "20000,oops\n" + "20001,3\n")
     _both(

@@ -20,7 +20,7 @@ def test_progress_counts_completed_chunks(tmp_path):
                                    "softmask": np.zeros(b - a, np.uint8)})
 
     write("chrA", 2)  # the short last chunk: 500 positions
-    assert store.record("chrB")["packed"]  # one unit: written with its batch
+    assert store.record("chrB").packed  # one unit: written with its batch
     store.write_batch(0, {"logprob": np.full(700, -1.1, np.float32), "softmask": np.zeros(700, np.uint8)})
     p = store_progress(str(out))
     assert (p["records_done"], p["positions_done"], p["complete"]) == (1, 1200, False)

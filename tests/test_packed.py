@@ -109,9 +109,9 @@ def test_a_million_records_store_is_laid_out_in_seconds_and_finds_any_id(tmp_pat
     assert len(files) < 100  # the table is chunked arrays: no file per record
     target = ids[765_432]
     info = store.record(target)
-    b = info["batch"]
+    b = info.batch
     rids = store.packed.batch_ids(b)
-    values = [np.full(int(lengths[ids.index(r)] if r != target else info["length"]), k, np.float32)
+    values = [np.full(int(lengths[ids.index(r)] if r != target else info.length), k, np.float32)
               for k, r in enumerate(rids)]
     store.write_batch(b, {"logprob": np.concatenate(values)})
     import linpipe

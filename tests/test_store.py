@@ -136,9 +136,9 @@ def write_records(store, full, outputs, *, skip=()):
     records and ("batch", b) of batches to leave unwritten."""
     for rid, arrays in full.items():
         info = store.record(rid)
-        if info["packed"]:
+        if info.packed:
             continue
-        for i in range(info["n_chunks"]):
+        for i in range(info.n_chunks):
             if (rid, i) not in skip:
                 s, e = store.chunk_range(rid, i)
                 state = state_after(arrays, e) if "hidden" in arrays else None
@@ -211,19 +211,19 @@ def test_round_trip_every_array_and_attribute(dna_store):
     root = zarr.open_group(path, mode="r")
     for rid, arrays in full.items():
         info = store.record(rid)
-        assert (info["length"], info["modality"], info["description"], info["input"]) == \
+        assert (info.length, info.modality, info.description, info.input) == \
             (len(arrays["logprob"]), "dna", f"{rid} test", "genome.fa")
-        assert info["packed"] == (rid != "chr1")
+        assert info.packed == (rid != "chr1")
         for name, want in arrays.items():
             got = store.array(rid, name)[:]
             assert got.dtype == {"hidden": np.float16, "softmask": np.uint8}.get(name, np.float32)
             np.testing.assert_array_equal(got, want.astype(got.dtype))
         assert store.completed_chunks(rid) == set(range(store.n_chunks(rid)))
         assert store.missing_ranges(rid) == []
-        if info["packed"]:
+        if info.packed:
             assert store.boundary_state(rid, 0) is None  # a whole record needs no resume point
             continue
-        key = info["key"]
+        key = info.key
         assert root[key].attrs["linpipe_record"]["id"] == rid
         for name in arrays:
             arr = root[f"{key}/{name}"]
@@ -365,7 +365,7 @@ def test_format_2_layout_files_grow_with_batches_not_records(tmp_path):
     for i in (0, 777, 1999):
         rid = f"contig_{i}"
         assert out.dataset(rid).sizes["position"] == lengths[i]
-        assert (out.dataset(rid)["logprob"].values == out.record(rid)["batch"]).all()
+        assert (out.dataset(rid)["logprob"].values == out.record(rid).batch).all()
 
 
 # ------------------------------------------------------------------------------------- keys
@@ -411,7 +411,7 @@ path, data, me, nproc = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv
 full = np.load(data)
 store = OutputStore.open(path)
 OUTS = ("logprob", "entropy", "softmask", "hidden")
-ids = sorted(r["id"] for r in store.records.values() if not r["packed"])
+ids = sorted(r.id for r in store.records.values() if not r.packed)
 units = [(rid, i) for rid in ids for i in range(store.n_chunks(rid))]
 units += [("batch", b) for b in range(store.packed.n_batches)]
 rng = np.random.default_rng(me)
@@ -448,7 +448,7 @@ def test_four_concurrent_writers_lose_nothing(tmp_path, genomes):
         for name, want in arrays.items():
             got = store.array(rid, name)[:]
             np.testing.assert_array_equal(got, want.astype(got.dtype))
-        if store.record(rid)["packed"]:
+        if store.record(rid).packed:
             continue
         for i in range(store.n_chunks(rid)):
             _, e = store.chunk_range(rid, i)
@@ -613,6 +613,49 @@ def test_fsspec_url(tmp_path):
         OutputStore.create(f"file://{tmp_path / 'other'}", meta={}, records=[], chunk_size=5, overwrite=True)
     assert (tmp_path / "other" / "keep.txt").read_text() == "data"
     assert json.loads((tmp_path / "url.zarr" / "zarr.json").read_text())["attributes"]["linpipe"]["complete"]
+
+
+@pytest.mark.parametrize("place", ["local", "file-url", pytest.param("s3", marks=pytest.mark.slow)])
+def test_an_exclusive_write_refuses_an_object_that_is_there(place, tmp_path, request):
+    """create_bytes (the driver's lease) writes an object only where none is, on every kind of
+    place: a hard link locally, fsspec's exclusive write at a file:// URL and a conditional PUT
+    on the S3 server; the object keeps the first writer's bytes."""
+    from linpipe.store.location import Location
+
+    where = {"local": lambda: str(tmp_path / "x.zarr"), "file-url": lambda: f"file://{tmp_path / 'x.zarr'}",
+             "s3": lambda: f"{request.getfixturevalue('s3_server').new_bucket()}/x.zarr"}[place]()
+    loc = Location(where, read_only=False)
+    assert loc.read_bytes("_linpipe/lease.json") is None
+    assert loc.create_bytes("_linpipe/lease.json", b"first") is True
+    assert loc.create_bytes("_linpipe/lease.json", b"second") is False
+    assert loc.read_bytes("_linpipe/lease.json") == b"first" and loc.is_empty()  # a lease alone
+    loc.write_bytes("_linpipe/lease.json", b"third")  # replacing is another call
+    assert loc.read_bytes("_linpipe/lease.json") == b"third"
+    loc.delete("_linpipe/lease.json")
+    assert loc.create_bytes("_linpipe/lease.json", b"fourth") is True
+
+
+def test_a_refused_conditional_put_is_told_from_other_errors():
+    """s3fs turns an S3 412 into FileExistsError only when the answer names its condition; one
+    that does not arrives as OSError, and so does a permission error: only the 412 means that
+    the object is there."""
+    from botocore.exceptions import ClientError
+    from s3fs.errors import translate_boto_error
+
+    from linpipe.store.s3fs_internals import create_refused
+
+    def answer(code, status, **error):
+        response = {"Error": {"Code": code, "Message": code, **error},
+                    "ResponseMetadata": {"HTTPStatusCode": status}}
+        return translate_boto_error(ClientError(response, "PutObject"))
+
+    named = answer("PreconditionFailed", 412, Condition="If-None-Match")
+    unnamed = answer("PreconditionFailed", 412)
+    assert isinstance(named, FileExistsError) and create_refused(named)
+    assert isinstance(unnamed, OSError) and not isinstance(unnamed, FileExistsError)
+    assert create_refused(unnamed)
+    assert not create_refused(answer("AccessDenied", 403)) and not create_refused(answer("SlowDown", 503))
+    assert not create_refused(OSError(5, "Input/output error"))
 
 
 def test_assembly_of_many_contigs(tmp_path, genomes):

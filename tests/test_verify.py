@@ -7,10 +7,12 @@ flipped bit, a chunk object replaced by another, a lost boundary state.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 from _pipeline_data import CONTIG_CHUNK, make_tiny_model, write_contigs, write_in_process
 from click.testing import CliRunner
@@ -50,7 +52,7 @@ def test_corruption_is_named_by_unit_and_repaired_bit_identically(written, tmp_p
     shutil.copytree(good, out)
     store = OutputStore.open(str(out), mode="r")
     long = plan.streams[0]
-    key = store.record(long.id)["key"]
+    key = store.record(long.id).key
     # 1. a bit flipped in the middle of a long record's chunk 1
     f = out / key / "logprob" / "c" / "1"
     data = bytearray(f.read_bytes())
@@ -60,7 +62,7 @@ def test_corruption_is_named_by_unit_and_repaired_bit_identically(written, tmp_p
     packed = out / "_packed" / "entropy" / "c"
     (packed / "1").write_bytes((packed / "0").read_bytes())
     # 3. the second long record's boundary state after chunk 0 lost
-    other = store.record(plan.streams[1].id)["key"]
+    other = store.record(plan.streams[1].id).key
     shutil.rmtree(out / "_linpipe" / other / "state" / "0")
 
     r = CliRunner().invoke(cli, ["verify", str(out), "--json"])
@@ -114,6 +116,80 @@ def test_missing_units_and_format_1(written, tmp_path):
     assert r.exit_code == 1 and r.output.startswith("Error: ") and "no checksums" in r.output
 
 
+def _damage(f: Path, how: str) -> None:
+    if how == "flip":  # one byte of the middle
+        data = bytearray(f.read_bytes())
+        data[len(data) // 2] ^= 0x20
+        f.write_bytes(bytes(data))
+    elif how == "truncate":  # the second half lost
+        f.write_bytes(f.read_bytes()[:len(f.read_bytes()) // 2])
+    else:
+        f.unlink()
+
+
+# what each damage reads as, where it is certain (a flipped byte in compressed data may or may
+# not still decode: either way the unit is bad, and both readers must say the same)
+EXPECTED = {("logprob", "truncate"): "logprob unreadable", ("logprob", "delete"): "logprob does not match",
+            ("state", "flip"): "state does not match", ("state", "truncate"): "state unreadable",
+            ("state", "delete"): "state does not match"}
+
+
+@pytest.mark.parametrize("how", ["flip", "truncate", "delete"])
+@pytest.mark.parametrize("where", ["long", "packed", "state"])
+def test_a_damaged_unit_is_bad_alike_for_verify_and_for_checked_reads(written, tmp_path, where, how):
+    """One chunk file of a real store damaged (a byte flipped, truncated, deleted): `linpipe
+    verify`, the reader's checked reads (dataset, blocks) and `linpipe export` name the same unit
+    with the same fault; data that cannot be decoded fails the read with one line, and a bad
+    state (the data still read) warns."""
+    good, plan = written
+    out = tmp_path / "damaged.zarr"
+    shutil.copytree(good, out)
+    long = plan.streams[0]
+    key = OutputStore.open(str(out), mode="r").record(long.id).key
+    target = {"long": out / key / "logprob" / "c" / "1", "packed": out / "_packed" / "logprob" / "c" / "1",
+              "state": out / "_linpipe" / key / "state" / "1" / "c" / "0"}[where]
+    _damage(target, how)
+
+    report = verify_store(str(out))
+    assert len(report.problems) == 1, report.problems
+    problem = report.problems[0]
+    owner = None if where == "packed" else long.id
+    assert (problem.kind, problem.record, problem.unit) == ("corrupt", owner, 1)
+    fault = problem.detail
+    name = "state" if where == "state" else "logprob"
+    assert fault.startswith(name) and ";" not in fault
+    assert EXPECTED.get((name, how), fault) in fault
+
+    reader = linpipe.open_output(out)
+    record = str(plan.packed.ids[plan.packed.rows(1)[0]]) if where == "packed" else long.id
+    unreadable = "unreadable" in fault and name != "state"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", CorruptUnitWarning)
+        if unreadable:
+            with pytest.raises(linpipe.errors.StoreError, match=re.escape(fault)):
+                reader.dataset(record, check=True)
+        else:
+            reader.dataset(record, check=True)
+        entropy = [(info.id, s, v) for info, s, v in reader.blocks("entropy")]  # another output
+    said = [str(w.message) for w in caught if issubclass(w.category, CorruptUnitWarning)]
+    unit = "packed batch 1" if where == "packed" else f"record '{long.id}' chunk 1"
+    if unreadable:
+        assert said == []
+    else:  # dataset() and blocks("entropy"): a bad state spoils its unit whatever is read of it
+        assert said and all(f"{unit}: {fault}" in m for m in said)
+        assert len(said) == (2 if where == "state" else 1)
+    want = [(info.id, s, v) for info, s, v in linpipe.open_output(good).blocks("entropy")]
+    assert [(i, s) for i, s, _v in entropy] == [(i, s) for i, s, _v in want]
+    assert all(np.array_equal(a[2], b[2], equal_nan=True) for a, b in zip(entropy, want, strict=True))
+
+    r = CliRunner().invoke(cli, ["export", str(out), "--format", "bedgraph", "--output", "logprob",
+                                 "-o", str(tmp_path / "t.bedgraph")])
+    assert "Traceback" not in r.output and f"{unit}: {fault}" in r.output
+    assert r.exit_code == (1 if unreadable else 0)
+    if unreadable:
+        assert r.output.startswith("Error: ") and "--repair" in r.output
+
+
 @pytest.mark.slow
 def test_verify_and_repair_on_an_object_store(genomes, s3_server, tmp_path):
     """A store written by the worker code to the S3 server: it verifies; a flipped byte in a
@@ -136,7 +212,7 @@ def test_verify_and_repair_on_an_object_store(genomes, s3_server, tmp_path):
     assert {k: v for k, v in before.items() if "/c/" in k} == chunks
 
     long = plan.streams[0]
-    key = OutputStore.open(out, mode="r").record(long.id)["key"]
+    key = OutputStore.open(out, mode="r").record(long.id).key
     fs, root = fsspec.core.url_to_fs(out)
     chunk = f"{root}/{key}/logprob/c/2"
     data = bytearray(fs.cat_file(chunk))

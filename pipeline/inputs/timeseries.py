@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import tempfile
 from pathlib import Path
 from typing import Sequence
@@ -30,15 +29,9 @@ import numpy as np
 from linpipe.errors import InputError
 from linpipe.inputs.base import Input, RecordInfo, stem
 from linpipe.inputs.cache import cache_root, file_mode
+from linpipe.inputs.csvfile import CsvFile, first_line
 
 BATCH_ROWS = 1 << 16  # rows per batch in converted files and Parquet reads
-CSV_BLOCK = 4 << 20  # bytes per CSV block; column types are inferred from the first one
-# Date and time formats CSV columns are read as (besides ISO 8601, which Arrow always reads);
-# day-first and month-first formats are ambiguous, so those need --time-format.
-DATE_FORMATS = ("%Y/%m/%d %H:%M:%S", "%Y/%m/%d %H:%M", "%Y/%m/%d", "%Y-%m-%d %H:%M", "%Y.%m.%d %H:%M:%S",
-                "%Y.%m.%d %H:%M", "%Y.%m.%d", "%Y%m%dT%H%M%S")
-_NUMBER = r"^\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*$|^\s*[-+]?(nan|NaN|NAN|inf|Inf|INF)\s*$"
-
 
 def _is_numeric(t) -> bool:
     import pyarrow as pa
@@ -161,7 +154,7 @@ class TimeSeriesInput(Input):
         except InputError:
             raise
         except Exception as e:  # pyarrow's own errors on a corrupt or unreadable file
-            raise InputError(f"{self.path}: cannot read as {fmt}: {_short(e)}") from None
+            raise InputError(f"{self.path}: cannot read as {fmt}: {first_line(e)}") from None
 
     def _open(self, columns) -> None:
         self.table_path, self._kind = self._table_file(columns)
@@ -231,33 +224,11 @@ class TimeSeriesInput(Input):
             reader = pa.ipc.open_stream(src)
             self._write_atomic(target, reader.schema, reader)
 
-    def _csv_options(self, column_types=None, include=None):
-        import pyarrow.csv as pcsv
-
-        delimiter = "\t" if ".tsv" in [s.lower() for s in self.path.suffixes] else ","
-        return dict(
-            read_options=pcsv.ReadOptions(block_size=CSV_BLOCK),
-            parse_options=pcsv.ParseOptions(delimiter=delimiter),
-            convert_options=pcsv.ConvertOptions(
-                column_types=column_types or {}, include_columns=include or [],
-                # the user's format alone when given: a date it does not match is an error
-                timestamp_parsers=[self.time_format] if self.time_format else [pcsv.ISO8601, *DATE_FORMATS],
-            ),
-        )
-
     def _convert_csv(self, target: Path, columns) -> None:
         import pyarrow as pa
-        import pyarrow.compute as pc
-        import pyarrow.csv as pcsv
 
-        try:
-            first = pcsv.open_csv(self.path, **self._csv_options())
-        except pa.ArrowInvalid as e:
-            raise InputError(f"{self.path}: not a readable CSV file: {_short(e)}") from None
-        schema = first.schema
-        first.close()
-        if all(f.type == pa.null() for f in schema):
-            raise InputError(f"{self.path}: no rows: a zero-length series")
+        csv = CsvFile(self.path, self.time_format)
+        schema = csv.schema()
         # channels parse as float64 whatever the first block looked like: numbers that turn
         # into text later (mixed dtypes) then fail with the column named
         chosen = self._resolve_columns(schema, columns, check_types=False)
@@ -266,79 +237,13 @@ class TimeSeriesInput(Input):
             types[self.id_column] = pa.string()
         if self.time_format and self.time_column:  # the user's format, or an error naming the line
             types[self.time_column] = pa.timestamp("s")
-        mixed_check = [
+        mixed_check = [  # text columns left out of the default channels
             f.name
             for f in schema
             if f.type == pa.string() and f.name not in types and f.name != self.time_column
+            and (columns is None or f.name in columns)
         ]
-        rows = 0
-        try:  # the first block is converted as the file opens
-            reader = pcsv.open_csv(self.path, **self._csv_options(types))
-        except pa.ArrowInvalid as e:
-            raise self._csv_error(e, 0) from None
-
-        def batches():
-            nonlocal rows
-            while True:
-                try:
-                    b = reader.read_next_batch()
-                except StopIteration:
-                    return
-                except pa.ArrowInvalid as e:
-                    raise self._csv_error(e, rows) from None
-                for name in mixed_check:  # text columns left out of the default channels
-                    if columns is not None and name not in columns:
-                        continue
-                    col = b.column(name)
-                    num = (
-                        pc.match_substring_regex(col, _NUMBER).fill_null(False).to_numpy(zero_copy_only=False)
-                    )
-                    text = pc.not_equal(col, "").fill_null(False).to_numpy(zero_copy_only=False) & ~num
-                    if num.any() and text.any():
-                        i = int(np.argmax(text))
-                        raise InputError(
-                            f"{self.path}: column {name!r}, line {rows + i + 2}: value "
-                            f"{col[i].as_py()!r} is not a number (the column mixes dtypes: numbers "
-                            "and text); fix it or choose channels with --columns"
-                        )
-                rows += b.num_rows
-                yield b
-
-        self._write_atomic(target, reader.schema, batches())
-
-    def _csv_error(self, err, rows_before: int) -> InputError:
-        """Turn pyarrow's CSV error into one naming the column and the line."""
-        import pyarrow.compute as pc
-        import pyarrow.csv as pcsv
-
-        msg = _short(err)
-        m = re.search(r"In CSV column #(\d+): CSV conversion error to ([\w\[\]]+): invalid value '(.*)'",
-                      msg)
-        if not m:
-            return InputError(f"{self.path}: CSV error after line {rows_before + 1}: {msg}")
-        names = pcsv.open_csv(self.path, **self._csv_options()).schema.names
-        col, value = names[int(m.group(1))], m.group(3)
-        if m.group(2).startswith("timestamp"):
-            return InputError(f"{self.path}: column {col!r}, after line {rows_before + 1}: value {value!r} "
-                              f"does not match --time-format {self.time_format!r}")
-        line = None
-        import pyarrow as pa
-
-        reader = pcsv.open_csv(self.path, **self._csv_options({col: pa.string()}, [col]))
-        row = 0
-        for b in reader:
-            c = b.column(0)
-            ok = pc.or_kleene(pc.match_substring_regex(c, _NUMBER), pc.equal(c, ""))
-            bad = np.flatnonzero(~ok.fill_null(True).to_numpy(zero_copy_only=False))
-            if bad.size:
-                line = row + int(bad[0]) + 2
-                break
-            row += b.num_rows
-        where = f"line {line}" if line else f"after line {rows_before + 1}"
-        return InputError(
-            f"{self.path}: column {col!r}, {where}: value {value!r} is not a number "
-            "(the column mixes dtypes: numbers and text)"
-        )
+        csv.convert(types, mixed_check, lambda schema, batches: self._write_atomic(target, schema, batches))
 
     def _sorted_copy(self) -> Path:
         import pyarrow as pa
@@ -424,41 +329,11 @@ class TimeSeriesInput(Input):
                     )
         if not chosen:
             if self.fmt == "csv":  # a column of numbers with some text in it: name where
-                self._raise_text_among_numbers([f.name for f in schema if f.name not in reserved
-                                                and f.type == pa.string()])
+                CsvFile(self.path, self.time_format).raise_text_among_numbers(
+                    [f.name for f in schema if f.name not in reserved and f.type == pa.string()])
             other = ", ".join(f"{f.name} ({f.type})" for f in schema if f.name not in reserved) or "none"
             raise InputError(f"{self.path}: no numeric column to use as a channel (other columns: {other})")
         return chosen
-
-    def _raise_text_among_numbers(self, names: list[str]) -> None:
-        """For CSV text columns that are mostly numbers: an error naming the first value that is
-        not one, by column, data row (1-based) and file line."""
-        import pyarrow as pa
-        import pyarrow.compute as pc
-        import pyarrow.csv as pcsv
-
-        if not names:
-            return
-        opts = self._csv_options({n: pa.string() for n in names})
-        opts["convert_options"].include_columns = names
-        counts = {n: [0, 0, None] for n in names}  # numbers, texts, first text (row, value)
-        row = 0
-        for b in pcsv.open_csv(self.path, **opts):
-            for n in names:
-                c = b.column(n)
-                num = pc.match_substring_regex(c, _NUMBER).fill_null(False).to_numpy(zero_copy_only=False)
-                text = pc.not_equal(c, "").fill_null(False).to_numpy(zero_copy_only=False) & ~num
-                counts[n][0] += int(num.sum())
-                counts[n][1] += int(text.sum())
-                if counts[n][2] is None and text.any():
-                    i = int(np.argmax(text))
-                    counts[n][2] = (row + i + 1, c[i].as_py())
-            row += b.num_rows
-        for n, (nums, texts, first) in counts.items():
-            if nums > texts and first is not None:
-                r, value = first
-                raise InputError(f"{self.path}: column {n!r}, row {r} (line {r + 1}): value {value!r} is not "
-                                 "a number; fix it, or leave the column out with --columns")
 
     def _index_like_first_column(self) -> "str | None":
         """The file's first column when it is read as a channel but looks like a sample index
@@ -582,7 +457,7 @@ class TimeSeriesInput(Input):
             raise
         except Exception as e:  # pyarrow's errors on a file damaged since it was opened
             raise InputError(
-                f"{self.path}: series {record_id!r}, rows {start}-{end}: cannot read: {_short(e)}"
+                f"{self.path}: series {record_id!r}, rows {start}-{end}: cannot read: {first_line(e)}"
             ) from None
 
     def _read(self, record_id, start, end, n, values, times):
@@ -661,7 +536,3 @@ def _stable_sort_indices(table, keys) -> np.ndarray:
 
     # pyarrow's sort_indices is stable
     return pc.sort_indices(table, sort_keys=keys).to_numpy()
-
-
-def _short(e: Exception) -> str:
-    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

@@ -22,7 +22,7 @@ def _select(reader: OutputReader, records) -> list[str] | None:
     """Record ids to export, in the order asked (None: every record, in store order)."""
     if not records:
         return None
-    return [reader.record(r)["id"] for r in records]
+    return [reader.record(r).id for r in records]
 
 
 def _infos(reader: OutputReader, ids):
@@ -31,7 +31,7 @@ def _infos(reader: OutputReader, ids):
 
 def _by_record(blocks):
     """Group (info, start, values) blocks into (info, [(start, values), ...]) per record."""
-    for _rid, group in itertools.groupby(blocks, key=lambda b: b[0]["id"]):
+    for _rid, group in itertools.groupby(blocks, key=lambda b: b[0].id):
         group = list(group)
         yield group[0][0], [(s, v) for _i, s, v in group]
 
@@ -75,10 +75,10 @@ def _check_track(reader: OutputReader, ids, output: str):
     first = next((i for i in _infos(reader, ids)), None)
     if first is None:
         return
-    if first["modality"] != DNA:
-        raise StoreError(f"{reader.path}: record {first['id']!r} is a time series; genome tracks "
+    if first.modality != DNA:
+        raise StoreError(f"{reader.path}: record {first.id!r} is a time series; genome tracks "
                          "need dna outputs (use --format parquet)")
-    dims = reader.dims(first["id"], output)
+    dims = reader.dims(first.id, output)
     if len(dims) != 1:
         raise StoreError(f"{reader.path}: output {output!r} has a {dims[1]} "
                          "axis; tracks take one value per base (logprob, entropy, softmask)")
@@ -99,12 +99,12 @@ def export_track(store, output: str, dest, *, fmt: str = "bigwig", records=None)
     _check_track(reader, ids, output)
     dest = os.fspath(dest)
     n = 0
-    blocks = (b for b in reader.blocks(output, ids) if b[0]["length"] > 0)
+    blocks = (b for b in reader.blocks(output, ids) if b[0].length > 0)
     if fmt == "bedgraph":
         with open(dest, "w") as f:
             f.write(f'track type=bedGraph name="{output}"\n')
             for info, parts in _by_record(blocks):
-                chrom = info["id"]
+                chrom = info.id
                 for s, e, v in _merge_blocks(value_runs(vals, start) for start, vals in parts):
                     lines = [f"{chrom}\t{a}\t{b}\t{c:.9g}\n"
                              for a, b, c in zip(s.tolist(), e.tolist(), v.tolist(), strict=True)]
@@ -114,12 +114,12 @@ def export_track(store, output: str, dest, *, fmt: str = "bigwig", records=None)
 
     from linpipe.outputs.bigwig import write_bigwig
 
-    chroms = [(i["id"], int(i["length"])) for i in _infos(reader, ids) if i["length"] > 0]
+    chroms = [(i.id, i.length) for i in _infos(reader, ids) if i.length > 0]
 
     def runs():  # every record's merged runs, in store order (each packed chunk read once)
         for info, parts in _by_record(blocks):
             for s, e, v in _merge_blocks(value_runs(vals, start) for start, vals in parts):
-                yield info["id"], s, e, v
+                yield info.id, s, e, v
 
     try:
         return write_bigwig(dest, chroms, runs())
@@ -145,9 +145,9 @@ def export_parquet(store, output, dest, *, records=None) -> int:
     labels = {}
     if first is not None:
         for name in names:
-            dims = reader.dims(first["id"], name)
+            dims = reader.dims(first.id, name)
             labels[name] = dims[1] if len(dims) > 1 else None
-    has_time = first is not None and reader.time(first["id"], 0, 0) is not None
+    has_time = first is not None and reader.time(first.id, 0, 0) is not None
     writer = None
     rows = 0
     try:
@@ -155,12 +155,12 @@ def export_parquet(store, output, dest, *, records=None) -> int:
             e = s + len(values[names[0]])
             if e == s:
                 continue
-            cols = {"record": pa.array([info["id"]] * (e - s), pa.string())}
+            cols = {"record": pa.array([info.id] * (e - s), pa.string())}
             # the record's own time stamps when it has them, else the position/time index
             if has_time:
                 cols["time"] = pa.array(reader.decode_time(values[TIME]))
             else:
-                cols[POSITION_DIM[info["modality"]]] = pa.array(np.arange(s, e))
+                cols[POSITION_DIM[info.modality]] = pa.array(np.arange(s, e))
             for name in names:
                 v = values[name]
                 if v.ndim == 1:

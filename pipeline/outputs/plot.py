@@ -67,7 +67,7 @@ def plot_region(store, record: str, output, dest, *, region: str | None = None,
     reader = as_reader(store)
     key = reader.key(record)
     info = reader.records[key]
-    start, end = parse_region(region, int(info["length"]), f"{reader.path}: record {info['id']!r}: ")
+    start, end = parse_region(region, info.length, f"{reader.path}: record {info.id!r}: ")
     n = end - start
     # x axis: the record's own time stamps when it has them, else positions
     times = reader.time(key, start, end)
@@ -78,7 +78,7 @@ def plot_region(store, record: str, output, dest, *, region: str | None = None,
 
     # a forecast or residual means little without the signal it is about: read the input too
     inputs, input_note = None, None
-    if info["modality"] == TIMESERIES and any(o in ("forecast", "residual", "anomaly") for o in names):
+    if info.modality == TIMESERIES and any(o in ("forecast", "residual", "anomaly") for o in names):
         inputs, input_note = _read_input(reader, info, start, end)
 
     rows = []  # (values of one panel, label, colour, input overlay or None, units)
@@ -119,11 +119,11 @@ def plot_region(store, record: str, output, dest, *, region: str | None = None,
         if overlay is not None or downsampled:
             ax.legend(loc="upper right", fontsize="small")
         ax.set_ylabel(label + (f" ({units})" if units else ""))
-    dim = ("time" if times is not None else "time index") if info["modality"] == TIMESERIES \
+    dim = ("time" if times is not None else "time index") if info.modality == TIMESERIES \
         else "position (0-based)"
     axes[-1, 0].set_xlabel(dim)
     note = f", min/max envelope over {width_px} bins of ~{n / width_px:.0f}" if downsampled else ""
-    axes[0, 0].set_title(f"{info['id']}:{start}-{end} {','.join(names)}{note}")
+    axes[0, 0].set_title(f"{info.id}:{start}-{end} {','.join(names)}{note}")
     missing = [(s, e) for s, e in reader.missing_ranges[key] if s < end and e > start]
     for s, e in missing:  # chunks never written are shown, not silently blank
         for ax in axes[:, 0]:
@@ -132,7 +132,7 @@ def plot_region(store, record: str, output, dest, *, region: str | None = None,
     fig.tight_layout()
     fig.savefig(os.fspath(dest), format="png")
     plt.close(fig)
-    return {"record": info["id"], "start": start, "end": end, "downsampled": downsampled,
+    return {"record": info.id, "start": start, "end": end, "downsampled": downsampled,
             "missing": missing, "input_drawn": inputs is not None, "input_note": input_note,
             "panels": [r[1] for r in rows]}
 
@@ -149,18 +149,18 @@ def _draw(ax, col, xs, width_px: int, downsampled: bool, color: str, name: str |
         ax.plot(xs(np.arange(n)), col, color=color, linewidth=0.7, label=name)
 
 
-def _read_input(reader, info: dict, start: int, end: int):
+def _read_input(reader, info, start: int, end: int):
     """The record's input values over [start, end), or (None, why not) when the input file is
     not readable here (moved, another machine's path) or no longer matches the store."""
     from linpipe.errors import LinpipeError
     from linpipe.inputs import open_input
 
-    path = info.get("input")
+    path = info.input
     if not path:
         return None, "the store does not name its input"
     try:
         with open_input(path, **(reader.meta.get("input_options") or {})) as inp:
-            values, _ = inp.read(info["id"], start, end)
+            values, _ = inp.read(info.id, start, end)
     except (LinpipeError, OSError) as e:
         return None, f"input {path} not drawn: {str(e).splitlines()[0]}"
     return values, None

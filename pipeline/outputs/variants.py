@@ -169,20 +169,20 @@ class VariantScorer:
         for inp in self._opened:
             inp.close()
 
-    def unit_of(self, info: dict, pos: int) -> Unit:
-        if info["packed"]:
-            return Unit(info["id"], -1, 0)
+    def unit_of(self, info, pos: int) -> Unit:
+        if info.packed:
+            return Unit(info.id, -1, 0)
         c = pos // self.chunk_size
-        return Unit(info["id"], c, c * self.chunk_size)
+        return Unit(info.id, c, c * self.chunk_size)
 
     def _stored_state(self, record: str, chunk: int, strand: str):
         """The state stored after `chunk` on a strand (the fresh state past either end)."""
         from linpipe.model import ModelState
 
         info = self.store.record(record)
-        if chunk < 0 or info["packed"] or chunk >= int(info["n_chunks"]):
+        if chunk < 0 or info.packed or chunk >= info.n_chunks:
             return self.model.init_state()
-        arrays = self.store.boundary_state(info["key"], chunk, strand)
+        arrays = self.store.boundary_state(info.key, chunk, strand)
         if arrays is None:
             what = "" if strand == "+" else " of the reverse strand"
             raise LinpipeError(f"{self.store.path}: record {record!r}: chunk {chunk}{what} is not written "
@@ -193,7 +193,7 @@ class VariantScorer:
         """variants: (row, pos0, ref, alt), REF already checked. Returns row -> (llr,) or, when
         the store holds both strands, row -> (llr forward, llr reverse)."""
         rid = unit.record
-        length = int(self.store.record(rid)["length"])
+        length = self.store.record(rid).length
         W = self.window
         # forward: the unit's chunk from the state stored before it, through the last window
         items = []  # (row, local position, ref length, local end of the window, alt tokens)
@@ -275,10 +275,10 @@ def _check_variant(scorer: VariantScorer, path, line, chrom, pos, ref, alt, leng
         if chrom not in scorer.genome:
             return "unknown contig", f"contig {chrom!r} is not in the genome input"
         have = next(r.length for r in scorer.genome[chrom].records if r.id == chrom)
-        if int(have) != int(info["length"]):
+        if int(have) != info.length:
             raise LinpipeError(f"{scorer.genome[chrom].path}: record {chrom!r} has {have:,} bases, the store "
-                               f"{info['length']:,}: not the genome the store was made from")
-        lengths[chrom] = (info, int(info["length"]))
+                               f"{info.length:,}: not the genome the store was made from")
+        lengths[chrom] = (info, info.length)
     info, length = lengths[chrom]
     if alt is None or alt in (".", "*") or alt.startswith("<") or "[" in alt or "]" in alt:
         return "symbolic ALT", f"ALT {alt!r} is not a sequence (symbolic and missing alleles are not scored)"

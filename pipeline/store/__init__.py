@@ -14,8 +14,9 @@ from linpipe.store.layout import (
     codecs_for,
 )
 from linpipe.store.reader import IncompleteStoreWarning, OutputReader, open_output
+from linpipe.store.records import StoredRecord
 from linpipe.store.writer import OutputStore
 
 __all__ = ["CODEC_CHOICE", "DEFAULT_OUTPUTS", "DIM_CHANNEL", "DIM_FEATURE", "DIM_POSITION", "DIM_TIME",
            "FORMAT", "FORMAT_VERSION", "OUTPUT_KINDS", "POSITION_DIM", "ArraySpec", "IncompleteStoreWarning",
-           "OutputReader", "OutputStore", "codecs_for", "open_output"]
+           "OutputReader", "OutputStore", "StoredRecord", "codecs_for", "open_output"]

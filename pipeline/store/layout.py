@@ -120,10 +120,10 @@ class ArraySpec:
         return kw
 
 
-def record_arrays(info: dict, outputs, *, chunk_size: int, feature_dim: int | None,
-                  channels: list[str] | None, hidden_dtype: str) -> list[ArraySpec]:
+def record_arrays(modality: str, length: int, time_dtype: str | None, outputs, *, chunk_size: int,
+                  feature_dim: int | None, channels: list[str] | None, hidden_dtype: str) -> list[ArraySpec]:
     """The arrays of one record's group: its outputs, then `time` and `channel` where it has them."""
-    modality, length = info["modality"], int(info["length"])
+    length = int(length)
     dim = POSITION_DIM[modality]
     specs = []
     for name in outputs:
@@ -137,8 +137,8 @@ def record_arrays(info: dict, outputs, *, chunk_size: int, feature_dim: int | No
         specs.append(ArraySpec(name, dtype, (dim,) + ((kind.trailing,) if trailing else ()),
                                (length,) + trailing, (chunk_size,) + trailing,
                                0 if dtype == "uint8" else np.nan, CODEC_CHOICE[base_output(name)], attrs))
-    if info.get("time_dtype"):
-        tdt = np.dtype(info["time_dtype"])
+    if time_dtype:
+        tdt = np.dtype(time_dtype)
         attrs = {}
         if np.issubdtype(tdt, np.datetime64):  # stored as int64 ns; xarray decodes it back
             tdt = np.dtype("int64")
@@ -161,11 +161,8 @@ def packed_arrays(modality: str, outputs, *, n_batches: int, chunk_size: int, fe
     [b*chunk_size, (b+1)*chunk_size)), its records back to back from the chunk's start, the rest
     of the chunk left at the fill value. The dims of a long record's arrays, with the position
     axis renamed, so the two never align by accident in xarray."""
-    info = {"modality": modality, "length": n_batches * chunk_size}
-    if time_dtype:
-        info["time_dtype"] = time_dtype
-    specs = record_arrays(info, outputs, chunk_size=chunk_size, feature_dim=feature_dim,
-                          channels=channels, hidden_dtype=hidden_dtype)
+    specs = record_arrays(modality, n_batches * chunk_size, time_dtype, outputs, chunk_size=chunk_size,
+                          feature_dim=feature_dim, channels=channels, hidden_dtype=hidden_dtype)
     dim = packed_dim(modality)
     own = POSITION_DIM[modality]
     return [s if s.name == CHANNEL_NAMES else

@@ -8,6 +8,7 @@ import warnings
 import numpy as np
 
 from linpipe.errors import StoreError
+from linpipe.store.checksums import STATE, UnitCheck
 from linpipe.store.layout import (
     CHANNEL_NAMES,
     DIM_CHANNEL,
@@ -18,10 +19,11 @@ from linpipe.store.layout import (
     ROW_LENGTH,
     ROW_OFFSET,
     TIME,
-    is_rc,
     packed_dim,
 )
-from linpipe.store.writer import OutputStore, PackedSlice, checksum
+from linpipe.store.packed import PackedSlice
+from linpipe.store.records import StoredRecord
+from linpipe.store.writer import OutputStore
 
 SHOWN = 20  # packed records listed by summary() (the record table has them all)
 
@@ -31,7 +33,7 @@ class IncompleteStoreWarning(UserWarning):
 
 
 class CorruptUnitWarning(UserWarning):
-    """A unit read back does not match the checksum written with it (`linpipe verify --repair`)."""
+    """A unit read back does not match the checksums written with it (`linpipe verify --repair`)."""
 
 
 class _MissingRanges(collections.abc.Mapping):
@@ -58,7 +60,7 @@ class OutputReader:
     """A read-only view of one job's outputs.
 
     .meta      the root `linpipe` attributes (model, inputs, outputs, chunk length, job id ...)
-    .records   record id -> {id, description, length, modality, n_chunks, packed, key | offset}
+    .records   record id -> StoredRecord(id, description, length, modality, n_chunks, packed, key | offset)
     .dataset(record_id) -> xarray.Dataset with named dims and coordinates (long and packed alike)
     .record_table() -> pandas.DataFrame of every record; .packed_dataset() -> the packed arrays
     .missing_ranges   record id -> [(start, end), ...] positions not written yet
@@ -74,15 +76,15 @@ class OutputReader:
         self.complete = self._out.is_complete()
         self.missing_ranges = _MissingRanges(self)
         self._batches_checked: set[int] = set()  # dataset() checks a packed batch once per reader
-        self._sums: dict = {}
+        self._check = UnitCheck(self._out)
         self._batches_done = None  # read once, when dataset() first checks a batch
 
     @property
     def store(self) -> OutputStore:
         return self._out
 
-    def record(self, record_id_or_key: str) -> dict:
-        """One record's info, given its id (or a long record's group key)."""
+    def record(self, record_id_or_key: str) -> StoredRecord:
+        """One record, given its id (or a long record's group key)."""
         try:
             return self._out.record(record_id_or_key)
         except StoreError:
@@ -105,57 +107,46 @@ class OutputReader:
         import xarray as xr
 
         info = self.record(record_id_or_key)
-        dim = POSITION_DIM[info["modality"]]
-        if info["packed"]:
-            ds = self._packed_record(info)
+        dim = POSITION_DIM[info.modality]
+        if info.packed:
             self._check_batch(info)
+            ds = self._packed_record(info)
         else:
             try:
-                ds = xr.open_zarr(self._out.zarr_store, group=info["key"],
+                ds = xr.open_zarr(self._out.zarr_store, group=info.key,
                                   consolidated=None if self.complete else False, zarr_format=3, chunks=None)
             except (FileNotFoundError, KeyError) as e:  # a record group deleted or damaged after the job
-                raise StoreError(f"{self.path}: record {info['id']!r} cannot be read ({type(e).__name__}: "
+                raise StoreError(f"{self.path}: record {info.id!r} cannot be read ({type(e).__name__}: "
                                  f"{e}); the store is damaged: run the job again with --overwrite") from None
             if check:
-                self._check_long(info)
+                for s, _e in self.completed_ranges(info.id):
+                    self._unit(info, s // self._out.chunk_size, None)
                 ds = ds.load()
         if dim not in ds.coords:  # positions from 0, as a lazy range (no big int array in memory)
-            ds = ds.assign_coords(xr.Coordinates({dim: pd.RangeIndex(info["length"], name=dim)}))
-        ds.attrs.update({"record_id": info["id"], "description": info["description"],
-                         "record_key": info.get("key"), "packed": info["packed"],
-                         "missing_ranges": [list(r) for r in self.missing_ranges[info["id"]]]})
+            ds = ds.assign_coords(xr.Coordinates({dim: pd.RangeIndex(info.length, name=dim)}))
+        ds.attrs.update({"record_id": info.id, "description": info.description,
+                         "record_key": info.key, "packed": info.packed,
+                         "missing_ranges": [list(r) for r in self.missing_ranges[info.id]]})
         return ds
 
-    def _check_long(self, info: dict) -> None:
-        """Every completed unit of a long record, read as stored, held to its checksums."""
-        cs, sums = self._out.chunk_size, {}
-        names = self._out.output_names(info["key"])
-        for s, e in self.completed_ranges(info["id"]):
-            for lo in range(s, e, cs):
-                hi = min(lo + cs, e)
-                self._checked(info, lo // cs, {n: self.read(info["id"], n, lo, hi) for n in names}, sums)
-
-    def _check_batch(self, info: dict) -> None:
-        b, p = info.get("batch"), self._out.packed
-        if b is None or p is None or not info["length"] or b in self._batches_checked:
+    def _check_batch(self, info: StoredRecord) -> None:
+        b = info.batch
+        if b is None or not info.length or b in self._batches_checked:
             return
         self._batches_checked.add(b)
         if self._batches_done is None:
             self._batches_done = self._out.batches_done()
-        if not self._batches_done[b]:
-            return
-        cs = self._out.chunk_size
-        names = self._out.output_names(None)
-        self._checked(info, b, {n: p.array(n)[b * cs:(b + 1) * cs] for n in names}, self._sums)
+        if self._batches_done[b]:
+            self._unit(info, b, None)
 
-    def _packed_record(self, info: dict):
+    def _packed_record(self, info: StoredRecord):
         """A packed record as an xarray.Dataset with the dims of a long record."""
         import xarray as xr
 
-        dim = POSITION_DIM[info["modality"]]
+        dim = POSITION_DIM[info.modality]
         data_vars, coords = {}, {}
-        for name in self._out.output_names(info["id"]):
-            view = self._out.array(info["id"], name)
+        for name in self._out.output_names(info.id):
+            view = self._out.array(info.id, name)
             values = view[:]
             attrs = dict(view.attrs)
             dims = (dim,) + tuple(view.dims[1:])
@@ -167,7 +158,7 @@ class OutputReader:
             else:
                 data_vars[name] = xr.Variable(dims, values, attrs)
         channels = self.meta.get("channels")
-        if info["modality"] == "timeseries" and channels:
+        if info.modality == "timeseries" and channels:
             coords[CHANNEL_NAMES] = xr.Variable((DIM_CHANNEL,), np.asarray(channels, dtype=object))
         return xr.Dataset(data_vars, coords)
 
@@ -175,7 +166,7 @@ class OutputReader:
         """One output of a record, sliceable like a zarr array (for streaming reads without
         xarray): the zarr array of a long record, a view of the packed array for a packed one."""
         info = self.record(record_id_or_key)
-        return self._out.array(info["id"] if info["packed"] else info["key"], output)
+        return self._out.array(info.id if info.packed else info.key, output)
 
     def read(self, record_id_or_key: str, output: str, start: int = 0, end: int | None = None):
         """The values of one output over [start, end) of a record (numpy)."""
@@ -186,24 +177,23 @@ class OutputReader:
         arr = self.array(record_id_or_key, output)
         if isinstance(arr, PackedSlice):
             info = self.record(record_id_or_key)
-            own = POSITION_DIM[info["modality"]]
-            return tuple(own if d == packed_dim(info["modality"]) else d for d in arr.dims)
+            own = POSITION_DIM[info.modality]
+            return tuple(own if d == packed_dim(info.modality) else d for d in arr.dims)
         return tuple(arr.metadata.dimension_names)
 
     def completed_ranges(self, record_id_or_key: str) -> list[tuple[int, int]]:
         """[start, end) of every completed work unit, in position order."""
-        info = self.record(record_id_or_key)
-        rid = info["id"]
+        rid = self.record(record_id_or_key).id
         done = self._out.completed_chunks(rid)
         return [self._out.chunk_range(rid, i) for i in range(self._out.n_chunks(rid)) if i in done]
 
     def time(self, record_id_or_key: str, start: int, end: int):
         """The record's time stamps over [start, end) (datetime64 when the input had dates), or
         None when the record has none (its positions are plain indices)."""
-        info = self.record(record_id_or_key)
-        if TIME not in self._out.output_names(info["id"]):
+        rid = self.record(record_id_or_key).id
+        if TIME not in self._out.output_names(rid):
             return None
-        arr = self.array(info["id"], TIME)
+        arr = self.array(rid, TIME)
         return self.decode_time(arr[start:end])
 
     def decode_time(self, values):
@@ -211,71 +201,67 @@ class OutputReader:
         p = self._out.packed
         arr = p.array(TIME) if p is not None and p.time_dtype else None
         if arr is None:
-            long = next((k for k, i in self._out.long_records.items() if i.get("time_dtype")), None)
+            long = next((k for k, i in self._out.long_records.items() if i.time_dtype), None)
             arr = self._out.array(long, TIME) if long else None
         return values.astype("datetime64[ns]") if arr is not None and "units" in arr.attrs else values
 
-    def _checked(self, info, unit, values: dict, sums: dict) -> dict:
-        """Hold one unit read whole to its checksums (a CorruptUnitWarning per output that does
-        not match); sums caches each record's tables of sums (a long record's strands record
-        their own arrays' checksums)."""
-        key = None if info["packed"] else info["key"]
-        if self._out.format_version < 2:
-            return values
-        if key not in sums:
-            sums[key] = {s: (self._out.unit_sums(key, s), self._out.unit_names(key, s))
-                         for s in self._out.strands} if key is not None else \
-                {"+": (self._out.unit_sums(None), self._out.output_names(None))}
-        for n, v in values.items():
-            recorded, order = sums[key]["-" if key is not None and is_rc(n) else "+"]
-            want = int(recorded[unit, order.index(n)])
-            if want and checksum(v) != want:
-                where = f"record {info['id']!r} chunk {unit}" if key is not None else f"packed batch {unit}"
-                warnings.warn(f"{self.path}: {where}: {n} does not match its checksum; run "
-                              f"linpipe verify {self.path} --repair", CorruptUnitWarning, stacklevel=4)
+    def _unit(self, info: StoredRecord, unit: int, names) -> dict:
+        """One unit read whole (a long record's chunk, or a packed batch's chunk), held to its
+        checksums by the rule `linpipe verify` applies (checksums.UnitCheck): a StoreError when
+        an array asked for cannot be decoded (there are no values to give), else a
+        CorruptUnitWarning per array or state that is bad. Returns its values of `names` (None:
+        all)."""
+        where = f"packed batch {unit}" if info.packed else f"record {info.id!r} chunk {unit}"
+        if info.packed:
+            values, faults = self._check.batch(unit, names)
+        else:
+            values, faults = self._check.long_unit(info.key, unit, names)
+        unreadable = [str(f) for f in faults if f.error and f.name != STATE]
+        if unreadable:
+            raise StoreError(f"{self.path}: {where}: {'; '.join(unreadable)}; run "
+                             f"linpipe verify {self.path} --repair")
+        for f in faults:
+            warnings.warn(f"{self.path}: {where}: {f}; run linpipe verify {self.path} --repair",
+                          CorruptUnitWarning, stacklevel=4)
         return values
 
     def blocks(self, output, records=None):
-        """Yield (record info, start, values) for every completed unit of one output: long records
-        chunk by chunk, packed records batch by batch (each packed chunk is read once, whatever
-        the number of records in it). `output` a list: values is a dict name -> values.
-        `records`: ids to restrict to (in this order)."""
+        """Yield (record, start, values) for every completed unit of one output, each held to
+        its checksums as it is read: long records chunk by chunk, packed records batch by batch
+        (each packed chunk is read once, whatever the number of records in it). `output` a
+        list: values is a dict name -> values. `records`: ids to restrict to (in this order)."""
         names = [output] if isinstance(output, str) else list(output)
-        sums: dict = {}
 
         def pick(d):
             return d[names[0]] if isinstance(output, str) else d
 
-        def checked(info, unit, values):
-            return self._checked(info, unit, values, sums)
-
         cs = self._out.chunk_size
+        ok = self._out.batches_done()
+        batch = [None, {}]  # the packed batch read last, and its values
 
-        def long_blocks(info):
-            for s, e in self.completed_ranges(info["id"]):
-                values = {n: self.read(info["id"], n, s, e) for n in names}
-                yield info, s, pick(checked(info, s // cs, values) if not info["packed"] else values)
+        def units(info):
+            if not info.packed:
+                for s, _e in self.completed_ranges(info.id):
+                    yield info, s, pick(self._unit(info, s // cs, names))
+                return
+            b = info.batch
+            if b is None or not info.length or not ok[b]:
+                return
+            if batch[0] != b:
+                batch[:] = b, self._unit(info, b, names)
+            lo = info.offset - b * cs
+            yield info, 0, pick({n: v[lo:lo + info.length] for n, v in batch[1].items()})
 
         if records is not None:
             for rid in records:
-                yield from long_blocks(self.record(rid))
+                yield from units(self.record(rid))
             return
-        for rid in self._out.long_records.values():
-            yield from long_blocks(self.record(rid["id"]))
+        for info in self._out.long_records.values():
+            yield from units(info)
         p = self._out.packed
-        if p is None or p.n_batches == 0:
-            return
-        arrays = {n: p.array(n) for n in names}
-        ok = self._out.batches_done()
-        cached, chunk = None, {}
-        for info in self.records.values():
-            b = info["batch"] if info["packed"] else None
-            if b is None or not info["length"] or not ok[b]:
-                continue
-            if cached != b:
-                cached, chunk = b, checked(info, b, {n: a[b * cs:(b + 1) * cs] for n, a in arrays.items()})
-            lo = info["offset"] - b * cs
-            yield info, 0, pick({n: v[lo:lo + info["length"]] for n, v in chunk.items()})
+        if p is not None and p.n_batches:
+            for info in p.records(self._out.modality):
+                yield from units(info)
 
     def record_table(self):
         """Every record as one row of a pandas.DataFrame: id, description, length, packed, and the
@@ -286,8 +272,8 @@ class OutputReader:
         long = list(self._out.long_records.items())
         if long:
             parts.append(pd.DataFrame({
-                "id": [i["id"] for _, i in long], "description": [i["description"] for _, i in long],
-                "length": np.array([i["length"] for _, i in long], dtype=np.int64),
+                "id": [i.id for _, i in long], "description": [i.description for _, i in long],
+                "length": np.array([i.length for _, i in long], dtype=np.int64),
                 "packed": False, "key": [k for k, _ in long], "offset": -1}))
         p = self._out.packed
         if p is not None and p.n_records:
@@ -316,16 +302,16 @@ class OutputReader:
         raw = stored = 0
         records = []
         for key, info in self._out.long_records.items():
-            n = int(info["n_chunks"])
+            n = info.n_chunks
             done = n if self.complete else len(self._out.completed_chunks(key))
             frac = done / n if n else 1.0
             for name in self._out.output_names(key):
                 a = self._out.array(key, name)
                 raw += int(a.nbytes * frac)
                 stored += a.nbytes_stored()
-            records.append({"key": key, "id": info["id"], "length": info["length"],
-                            "modality": info["modality"], "chunks_done": done, "chunks": n,
-                            "missing_ranges": [list(r) for r in self.missing_ranges[info["id"]]]})
+            records.append({"key": key, "id": info.id, "length": info.length,
+                            "modality": info.modality, "chunks_done": done, "chunks": n,
+                            "missing_ranges": [list(r) for r in self.missing_ranges[info.id]]})
         progress = self._out.progress()
         packed = None
         p = self._out.packed
@@ -373,7 +359,7 @@ def open_output(path) -> OutputReader:
         parts = []
         for key, info in reader.store.long_records.items():
             for s, e in reader.store.missing_ranges(key):
-                parts.append(f"{info['id']}:{s}-{e}")
+                parts.append(f"{info.id}:{s}-{e}")
         shown = ", ".join(parts[:3]) + (f" and {len(parts) - 3} more ranges" if len(parts) > 3 else "")
         ok = reader.store.batches_done()
         if ok.size and not ok.all():

@@ -78,42 +78,43 @@ async def _retry(call, *args):
 
 class RetryingStore(WrapperStore):
     """A zarr store whose requests are retried on transient errors (see the module's text).
+    Each request goes to the wrapped store through WrapperStore's own method (super()).
 
     Listing is retried only until it yields its first name (a listing cut off midway is
     not restarted, so nothing is ever listed twice)."""
 
     async def get(self, key, prototype, byte_range=None):
-        return await _retry(self._store.get, key, prototype, byte_range)
+        return await _retry(super().get, key, prototype, byte_range)
 
     async def get_partial_values(self, prototype, key_ranges):
-        return await _retry(self._store.get_partial_values, prototype, key_ranges)
+        return await _retry(super().get_partial_values, prototype, key_ranges)
 
     async def exists(self, key):
-        return await _retry(self._store.exists, key)
+        return await _retry(super().exists, key)
 
     async def set(self, key, value):
-        return await _retry(self._store.set, key, value)
+        return await _retry(super().set, key, value)
 
     async def set_if_not_exists(self, key, value):
-        return await _retry(self._store.set_if_not_exists, key, value)
+        return await _retry(super().set_if_not_exists, key, value)
 
     async def delete(self, key):
-        return await _retry(self._store.delete, key)
+        return await _retry(super().delete, key)
 
     async def delete_dir(self, prefix):
-        return await _retry(self._store.delete_dir, prefix)
+        return await _retry(super().delete_dir, prefix)
 
     async def is_empty(self, prefix):
-        return await _retry(self._store.is_empty, prefix)
+        return await _retry(super().is_empty, prefix)
 
     def list(self):
-        return self._retry_listing(self._store.list)
+        return self._retry_listing(super().list)
 
     def list_prefix(self, prefix):
-        return self._retry_listing(self._store.list_prefix, prefix)
+        return self._retry_listing(super().list_prefix, prefix)
 
     def list_dir(self, prefix):
-        return self._retry_listing(self._store.list_dir, prefix)
+        return self._retry_listing(super().list_dir, prefix)
 
     async def _retry_listing(self, make, *args):
         for attempt in range(ATTEMPTS):

@@ -1,19 +1,18 @@
-"""End-to-end integrity: re-read every unit of a store and compare it with the checksums its
-writer recorded (`_linpipe/.../sum`, docs/output-format.md).
+"""End-to-end integrity: re-read every unit of a store and hold it to the checksums its writer
+recorded (`_linpipe/.../sum`, docs/output-format.md), by the one rule of `checksums.UnitCheck`.
 
-A unit is *corrupt* when an array or its boundary state no longer hashes to what was written
-(a flipped bit, a truncated or replaced object) or cannot be decoded at all, and *missing* when
-it was never marked complete. Each problem names the record and the positions it covers, so
+A complete unit is *corrupt* when an array or its boundary state cannot be decoded or no longer
+hashes to what was written (a flipped bit, a truncated, replaced or lost object), and *missing*
+when it was never marked complete. Each problem names the record and the positions it covers, so
 `linpipe verify --repair` can recompute exactly those units.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-import numpy as np
+from dataclasses import dataclass, field, replace
 
 from linpipe.errors import StoreError
-from linpipe.store.writer import OutputStore, checksum
+from linpipe.store.checksums import UnitCheck
+from linpipe.store.writer import OutputStore
 
 
 @dataclass(frozen=True)
@@ -56,22 +55,6 @@ class VerifyReport:
                              for p in self.problems]}
 
 
-def _compare(values: list[tuple[str, object]], recorded: np.ndarray) -> str:
-    """'' when every array matches its recorded checksum, else what does not."""
-    bad = []
-    for (name, read), want in zip(values, recorded.tolist(), strict=True):
-        if want == 0:
-            continue  # nothing recorded (no state written for this unit)
-        try:
-            got = checksum(read() if callable(read) else read)
-        except Exception as e:  # undecodable chunk: a compressor error, a truncated object
-            bad.append(f"{name} unreadable ({type(e).__name__})")
-            continue
-        if got != want:
-            bad.append(f"{name} does not match its checksum")
-    return "; ".join(bad)
-
-
 def verify_store(path, *, on_unit=None) -> VerifyReport:
     """Check every unit of the store at path (or an open OutputStore); on_unit(n) after each."""
     store = path if isinstance(path, OutputStore) else OutputStore.open(path, mode="r")
@@ -79,41 +62,35 @@ def verify_store(path, *, on_unit=None) -> VerifyReport:
         raise StoreError(f"{store.path}: written in output format {store.format_version}, which records "
                          "no checksums; nothing to verify")
     report = VerifyReport(store.path)
+    check = UnitCheck(store)
+
+    def count(faults, unit):
+        """One unit checked; unit() describes it, only when it has faults."""
+        report.units += 1
+        if faults:
+            report.problems.append(replace(unit(), kind="corrupt", detail="; ".join(map(str, faults))))
+        if on_unit:
+            on_unit(report.units)
+
     for key, info in store.long_records.items():
         for strand in store.strands:
-            names = store.unit_names(key, strand)
-            sums = store.unit_sums(key, strand)
             done = store.completed_chunks(key, strand)
-            for i in range(int(info["n_chunks"])):
-                s, e = store.chunk_range(key, i)
+            for i in range(info.n_chunks):
+                unit = UnitProblem("missing", i, info.id, *store.chunk_range(key, i), strand=strand)
                 if i not in done:
-                    report.problems.append(UnitProblem("missing", i, info["id"], s, e, strand=strand))
-                    continue
-                values = [(n, lambda n=n, k=key, s=s, e=e: store.array(k, n)[s:e]) for n in names]
-                values.append(("state", lambda k=key, i=i, st=strand: store.state_blob(k, i, st) or b""))
-                detail = _compare(values, sums[i])
-                report.units += 1
-                if detail:
-                    report.problems.append(UnitProblem("corrupt", i, info["id"], s, e, detail=detail,
-                                                       strand=strand))
-                if on_unit:
-                    on_unit(report.units)
+                    report.problems.append(unit)
+                else:
+                    count(check.long_unit(key, i, strands=(strand,), values=False)[1], lambda u=unit: u)
     p = store.packed
     if p is not None and p.n_batches:
-        names = store.output_names(None)
-        sums = store.unit_sums(None)
         ok = store.batches_done()
         cs = store.chunk_size
         for b in range(p.n_batches):
-            s, e = b * cs, (b + 1) * cs
+            def batch(b=b):  # its records' ids: read only for a batch with a fault
+                return UnitProblem("missing", b, None, b * cs, (b + 1) * cs, tuple(p.batch_ids(b)))
+
             if not ok[b]:
-                report.problems.append(UnitProblem("missing", b, None, s, e, tuple(p.batch_ids(b))))
-                continue
-            values = [(n, lambda n=n, s=s, e=e: p.array(n)[s:e]) for n in names] + [("state", b"")]
-            detail = _compare(values, sums[b])
-            report.units += 1
-            if detail:
-                report.problems.append(UnitProblem("corrupt", b, None, s, e, tuple(p.batch_ids(b)), detail))
-            if on_unit:
-                on_unit(report.units)
+                report.problems.append(batch())
+            else:
+                count(check.batch(b, values=False)[1], batch)
     return report

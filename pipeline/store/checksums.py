@@ -1,0 +1,119 @@
+"""Per-unit checksums (docs/output-format.md, Integrity): what writers record, and the one rule
+that holds a unit to them, for `linpipe verify` and for the reader's checked reads alike.
+
+A complete unit is *bad* when any array it wrote cannot be decoded, or decodes to values whose
+checksum differs from the recorded one, or when its boundary state's bytes differ from theirs (a
+state that is gone counts as no bytes). An I/O error (a lost mount, a refused request) says
+nothing about the unit and passes through. Only what was recorded is checked: a 0 records
+nothing (an array the unit did not write, a unit without a state, a format-1 store).
+"""
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from linpipe.store.layout import CHECKSUM_SET, is_rc
+from linpipe.store.location import pool
+
+STATE = "state"  # the last column of a unit's checksums
+
+
+def checksum(values) -> int:
+    """CHECKSUM_SET | crc32 of an array's bytes as stored (its dtype, C order), or of bytes."""
+    if isinstance(values, bytes):
+        return CHECKSUM_SET | zlib.crc32(values)
+    return CHECKSUM_SET | zlib.crc32(np.ascontiguousarray(values).view(np.uint8).reshape(-1))
+
+
+def unit_checksums(values, state_blob: bytes | None = None) -> np.ndarray:
+    """One checksum per array a unit wrote (0: an array it did not write), then its state's (0: no state)."""
+    return np.array([0 if v is None else checksum(v) for v in values]
+                    + [checksum(state_blob) if state_blob is not None else 0],
+                    dtype=np.uint64)
+
+
+@dataclass(frozen=True)
+class Fault:
+    """What is wrong with one array (or the state) of a unit."""
+
+    name: str  # an array of the unit, or STATE
+    error: str | None = None  # the decode error's type: nothing could be read
+
+    def __str__(self) -> str:
+        if self.error:
+            return f"{self.name} unreadable ({self.error})"
+        return f"{self.name} does not match its checksum"
+
+
+class UnitCheck:
+    """Reads units of one store and holds them to their recorded checksums; caches each
+    record's (each strand's) table of checksums, so a unit costs the reads of its own data.
+
+    Each check returns (values, faults): the unit's values of the arrays asked for (with
+    values=False, only the arrays with a recorded checksum are read, and none is kept), and a
+    Fault per bad array or state."""
+
+    def __init__(self, store):
+        self.store = store
+        self._sums: dict = {}
+
+    def _sums_of(self, key: str | None, strand: str):
+        if (key, strand) not in self._sums:
+            s = self.store
+            names = s.unit_names(key, strand) if key is not None else s.output_names(None)
+            self._sums[key, strand] = (names, s.unit_sums(key, strand))
+        return self._sums[key, strand]
+
+    def long_unit(self, key: str, chunk: int, names=None, *, strands=None, values: bool = True):
+        """Chunk `chunk` of a long record, over `names` (default: every array of its strands).
+        strands: whose units to check (default: those of the names asked for, or all)."""
+        s = self.store
+        if strands is None:
+            strands = s.strands if names is None else \
+                tuple(st for st in s.strands if any(_strand_of(n) == st for n in names))
+        start, end = s.chunk_range(key, chunk)
+        out, faults = {}, []
+        for strand in strands:
+            order, sums = self._sums_of(key, strand)
+            # the state (two small reads: its metadata and its chunk) is read while the data are
+            state = pool().submit(lambda st=strand: s.state_blob(key, chunk, st) or b"") \
+                if sums[chunk][-1] else None
+            got, bad = _hold(order, sums[chunk], names, values, lambda n: s.array(key, n)[start:end],
+                             state.result if state is not None else bytes)
+            out.update(got)
+            faults += bad
+        return out, faults
+
+    def batch(self, batch: int, names=None, *, values: bool = True):
+        """A packed batch, its whole chunk, over `names` (default: every array). No state."""
+        p, cs = self.store.packed, self.store.chunk_size
+        order, sums = self._sums_of(None, "+")
+        return _hold(order, sums[batch], names, values, lambda n: p.array(n)[batch * cs:(batch + 1) * cs],
+                     lambda: b"")
+
+
+def _strand_of(name: str) -> str:
+    return "-" if is_rc(name) else "+"
+
+
+def _hold(order: list[str], recorded: np.ndarray, names, keep: bool, read, read_state):
+    """Read one unit's arrays (those of `order` in `names`) and its state, and compare each
+    with its recorded checksum: (values, faults)."""
+    want = dict(zip(order + [STATE], recorded.tolist(), strict=True))
+    wanted = [n for n in order if (names is None or n in names) and (keep or want[n])]
+    values, faults = {}, []
+    for name in wanted + ([STATE] if want[STATE] else []):
+        try:
+            got = read_state() if name == STATE else read(name)
+        except OSError:
+            raise
+        except Exception as e:  # an undecodable chunk: a compressor error, a truncated object
+            faults.append(Fault(name, type(e).__name__))
+            continue
+        if keep and name != STATE:
+            values[name] = got
+        if want[name] and checksum(got) != want[name]:
+            faults.append(Fault(name))
+    return values, faults

@@ -1,0 +1,299 @@
+"""Laying out a new store (`OutputStore.create`): checks, metadata templates, the record table.
+
+The driver alone creates a store, once per job. It refuses to clobber anything that is not a
+linpipe store, writes the root's `linpipe` attributes last (until then the root carries only
+`linpipe_creating`), and writes every node's metadata in one concurrent `zarr.create_hierarchy`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import numpy as np
+
+from linpipe.errors import StoreError
+from linpipe.model.outputs import DNA
+from linpipe.store.keys import make_keys
+from linpipe.store.layout import (
+    CHANNEL_NAMES,
+    CREATING,
+    DEFAULT_OUTPUTS,
+    FORMAT,
+    FORMAT_VERSION,
+    HIDDEN_DTYPES,
+    LOOKUP_HASH,
+    OUTPUT_KINDS,
+    PACKED,
+    PROGRESS,
+    PROGRESS_ABOUT,
+    RC_OUTPUTS,
+    TABLE_CHUNK,
+    base_output,
+    checksum_array,
+    done_array,
+    is_rc,
+    packed_arrays,
+    progress_name,
+    progress_path,
+    record_arrays,
+    record_path,
+    table_arrays,
+)
+from linpipe.store.location import Location, keep_lease, pool
+from linpipe.store.packed import write_table
+from linpipe.store.records import StoredRecord
+from linpipe.store.table import PackedRecords, id_hashes
+from linpipe.store.zarr_internals import with_attributes, with_shape
+from linpipe.version import __version__
+
+
+def lay_out(path, *, meta: dict, records: list[dict], outputs, chunk_size: int, feature_dim: int | None,
+            channels, overwrite: bool, hidden_dtype: str, packed: PackedRecords | None, modality: str | None,
+            packed_time_dtype: str | None, packed_inputs):
+    """Create the store at path (OutputStore.create documents the arguments): (location, root group)."""
+    import zarr
+
+    where = os.fspath(path)
+    if not isinstance(chunk_size, int) or chunk_size < 1:
+        raise StoreError(f"{where}: chunk_size must be a positive integer, got {chunk_size!r}")
+    if hidden_dtype not in HIDDEN_DTYPES:
+        raise StoreError(f"{where}: hidden dtype must be float16 or float32, got {hidden_dtype!r}")
+    records = list(records)
+    if modality is None:
+        modality = records[0].get("modality", DNA) if records else DNA
+    if outputs is None:  # the default for the records' modality (hidden is large: opt in)
+        outputs = DEFAULT_OUTPUTS.get(modality, []) if (records or packed is not None) else []
+    outputs = list(outputs)
+    if isinstance(channels, int):
+        channels = [str(i) for i in range(channels)]
+    channels = None if channels is None else [str(c) for c in channels]
+
+    infos = [_record(where, r, modality, chunk_size) for r in records]
+    _check_outputs(where, modality, outputs, feature_dim, channels)
+    if packed is None:
+        short = [i for i in infos if i.length <= chunk_size]
+        infos = [i for i in infos if i.length > chunk_size]
+        dtypes = {i.time_dtype for i in short if i.length}
+        if len(dtypes) > 1:
+            raise StoreError(f"{where}: short records have different time types "
+                             f"({sorted(map(str, dtypes))})")
+        packed_time_dtype = dtypes.pop() if dtypes else None
+        packed_inputs = sorted({str(i.input) for i in short if i.input})
+        where_from = {p: n for n, p in enumerate(packed_inputs)}
+        sources = [where_from.get(str(i.input), len(packed_inputs)) for i in short]
+        packed = PackedRecords.build([i.id for i in short], [i.description for i in short],
+                                     [i.length for i in short], sources, chunk_size=chunk_size)
+    else:
+        for i in infos:
+            if i.length <= chunk_size:
+                raise StoreError(f"{where}: record {i.id!r} ({i.length} positions) belongs in "
+                                 f"the packed table (at most {chunk_size} positions)")
+    hashes = id_hashes(packed.ids)
+    _check_unique(where, [i.id for i in infos], packed, hashes)
+
+    keys = make_keys([i.id for i in infos])
+    long = {keys[i.id]: i for i in infos}
+    packed_meta = {"records": packed.n_records, "batches": packed.n_batches,
+                   "positions": packed.positions, "inputs": [str(p) for p in packed_inputs or []]}
+    if packed_time_dtype:
+        packed_meta["time_dtype"] = str(np.dtype(packed_time_dtype))
+
+    root_meta = _jsonable(dict(meta), where)
+    root_meta.update({
+        "format": FORMAT, "format_version": FORMAT_VERSION,
+        "linpipe_version": root_meta.get("version", __version__), "modality": modality,
+        "outputs": outputs, "chunk_size": chunk_size, "feature_dim": feature_dim,
+        "channels": channels, "hidden_dtype": hidden_dtype,
+        "records": {key: i.stored() for key, i in long.items()},
+        "packed": packed_meta, "complete": False,
+    })
+    root_meta = _jsonable(root_meta, where)
+
+    location = Location(path, read_only=False)
+    _check_overwrite(location, overwrite)
+    # the `linpipe` attributes go in last: a store whose creation was interrupted is
+    # recognisably half-made (CREATING), never taken for a valid empty store. Clearing the
+    # location keeps the creating driver's lease (never absent while it holds it).
+    root = zarr.open_group(store=keep_lease(location.store), mode="w", zarr_format=3,
+                           attributes={CREATING: True})
+    root.create_group(PROGRESS, attributes={"about": PROGRESS_ABOUT})
+    templates = _Templates(outputs, chunk_size=chunk_size, feature_dim=feature_dim, channels=channels,
+                           hidden_dtype=hidden_dtype)
+    nodes = {}
+    for key, info in long.items():
+        nodes.update(templates.record_nodes(key, info))
+    order = np.argsort(hashes, kind="stable")
+    fences = [int(h) for h in hashes[order][::TABLE_CHUNK]]
+    nodes.update(templates.packed_nodes(modality, packed, time_dtype=packed_meta.get("time_dtype"),
+                                        fences=fences))
+    # overwrite=True: the location was just emptied, so zarr need not first read every path
+    # to see whether a node is already there (it only clears paths that do not exist)
+    with zarr.config.set({"async.concurrency": 64}):
+        created = dict(zarr.create_hierarchy(store=location.store, nodes=nodes, overwrite=True))
+    # the channel names are the one output-side array that holds data from the start
+    paths = [record_path(k, CHANNEL_NAMES) for k in long] + [f"{PACKED}/{CHANNEL_NAMES}"]
+    coords = [created[p] for p in paths if p in created]
+    labels = np.array(channels or [])
+
+    def fill(arr):
+        arr[:] = labels
+
+    list(pool().map(fill, coords))
+    write_table({p.split("/", 1)[1]: a for p, a in created.items() if p.startswith(f"{PACKED}/")},
+                packed, hashes, order)
+    root.attrs.put({"linpipe": root_meta})
+    return location, root
+
+
+def _record(where: str, r: dict, modality: str, chunk_size: int) -> StoredRecord:
+    """One record given to create, checked."""
+    rmod = r.get("modality", modality)
+    if rmod not in OUTPUT_KINDS:
+        raise StoreError(f"{where}: record {r['id']!r}: unknown modality {rmod!r}")
+    if rmod != modality:
+        raise StoreError(f"{where}: record {r['id']!r} is {rmod}, the others {modality}; "
+                         "one store holds one modality")
+    length = int(r["length"])
+    if length < 0:
+        raise StoreError(f"{where}: record {r['id']!r}: negative length {length}")
+    return StoredRecord.long(id=r["id"], description=r.get("description", ""), length=length,
+                             modality=modality, input=r.get("input"), chunk_size=chunk_size,
+                             time_dtype=r.get("time_dtype"))
+
+
+class _Templates:
+    """Zarr metadata documents for every node of a record, made once per kind of record.
+
+    zarr's per-node create calls cost tens of ms each, which is minutes for an assembly of
+    thousands of contigs. So zarr lays out one record of each kind in memory, and each record
+    gets those metadata objects with its own shape and attributes; zarr.create_hierarchy then
+    writes them all concurrently.
+    """
+
+    def __init__(self, outputs, *, chunk_size, feature_dim, channels, hidden_dtype):
+        import zarr
+        from zarr.storage import MemoryStore
+
+        self.layout = {"chunk_size": chunk_size, "feature_dim": feature_dim, "channels": channels,
+                       "hidden_dtype": hidden_dtype}
+        self.outputs = outputs
+        self._mem = MemoryStore()
+        self.group = zarr.create_group(store=self._mem, zarr_format=3).metadata
+        self.done = self._array(done_array(1))
+        self._sums: dict[int, object] = {}
+        self._arrays: dict[tuple, dict] = {}
+
+    def _array(self, spec):
+        import zarr
+
+        return zarr.create_array(store=self._mem, name=spec.name, zarr_format=3, overwrite=True,
+                                 **spec.create_kwargs()).metadata
+
+    def sums(self, n_units: int, n_arrays: int):
+        if n_arrays not in self._sums:
+            self._sums[n_arrays] = self._array(checksum_array(1, n_arrays))
+        return with_shape(self._sums[n_arrays], (n_units, n_arrays + 1))
+
+    def record_nodes(self, key: str, info: StoredRecord) -> dict:
+        """path -> metadata of the record's group, its arrays, its progress group and markers."""
+        specs = record_arrays(info.modality, info.length, info.time_dtype, self.outputs, **self.layout)
+        kind = (info.modality, info.time_dtype)
+        if kind not in self._arrays:
+            self._arrays[kind] = {s.name: self._array(s) for s in specs}
+        arrays = self._arrays[kind]
+        nodes = {record_path(key): with_attributes(self.group, {"linpipe_record": info.stored()})}
+        for s in specs:
+            nodes[record_path(key, s.name)] = with_shape(arrays[s.name], s.shape)
+        nodes[progress_path(key)] = with_attributes(self.group, {"id": info.id})
+        written = [sp for sp in specs if sp.name != CHANNEL_NAMES]
+        for strand in ("+", "-"):
+            mine = [sp for sp in written if is_rc(sp.name) == (strand == "-")]
+            if strand == "-" and not mine:
+                continue  # one strand only: no reverse markers
+            nodes[progress_path(key, progress_name("done", strand))] = with_shape(self.done, (info.n_chunks,))
+            nodes[progress_path(key, progress_name("sum", strand))] = self.sums(info.n_chunks, len(mine))
+        return nodes
+
+    def packed_nodes(self, modality: str, packed: PackedRecords, *, time_dtype: str | None,
+                     fences: list[int]) -> dict:
+        """path -> metadata of the packed group, its outputs and table, and its markers."""
+        specs = packed_arrays(modality, self.outputs, n_batches=packed.n_batches, time_dtype=time_dtype,
+                              **self.layout)
+        specs += table_arrays(packed.n_records, packed.n_batches)
+        nodes = {PACKED: with_attributes(self.group, {
+            "about": "linpipe: short records, packed (docs/output-format.md)"})}
+        for spec in specs:
+            if spec.name == LOOKUP_HASH:  # the first hash of every chunk: one read finds the chunk
+                spec = dataclasses.replace(spec, attributes={**spec.attributes, "fences": fences})
+            nodes[f"{PACKED}/{spec.name}"] = self._array(spec)
+        nodes[progress_path(PACKED)] = with_attributes(self.group, {"about": "batch markers"})
+        nodes[progress_path(PACKED, "done")] = self._array(done_array(packed.n_batches))
+        n_arrays = len(self.outputs) + (1 if time_dtype else 0)
+        nodes[progress_path(PACKED, "sum")] = self.sums(packed.n_batches, n_arrays)
+        return nodes
+
+
+def _jsonable(obj, where: str):
+    try:
+        return json.loads(json.dumps(obj))
+    except (TypeError, ValueError) as e:
+        raise StoreError(f"{where}: metadata is not JSON-serialisable ({e}); pass plain "
+                         "str/int/float/bool/list/dict values") from None
+
+
+def _check_outputs(where, modality, outputs, feature_dim, channels):
+    for name in outputs:
+        if is_rc(name) and base_output(name) not in RC_OUTPUTS:
+            raise StoreError(f"{where}: output {name!r}: only {', '.join(RC_OUTPUTS)} have a reverse strand")
+        if is_rc(name) and modality != "dna":
+            raise StoreError(f"{where}: output {name!r}: a {modality} store has no reverse strand")
+        name = base_output(name)
+        if name not in OUTPUT_KINDS[modality]:
+            raise StoreError(f"{where}: output {name!r} is not a {modality} output "
+                             f"(one of {', '.join(OUTPUT_KINDS[modality])})")
+        kind = OUTPUT_KINDS[modality][name]
+        if kind.trailing == "feature" and not feature_dim:
+            raise StoreError(f"{where}: output {name!r} needs feature_dim")
+        if kind.trailing == "channel" and not channels:
+            raise StoreError(f"{where}: output {name!r} needs channels")
+
+
+def _check_unique(where, long_ids, packed: PackedRecords, packed_hashes: np.ndarray):
+    """Record ids are unique across long and packed records (the plan checks inputs earlier
+    with file names; this guards the store's own contract). Only equal hashes are compared."""
+    ids = np.concatenate([np.asarray(list(long_ids), dtype=object), packed.ids])
+    if len(ids) < 2:
+        return
+    hashes = np.concatenate([id_hashes(list(long_ids)), packed_hashes])
+    order = np.argsort(hashes, kind="stable")
+    same = np.flatnonzero(hashes[order][1:] == hashes[order][:-1])
+    for j in same.tolist():
+        a, b = ids[order[j]], ids[order[j + 1]]
+        if a == b:
+            raise StoreError(f"{where}: duplicate record id {a!r}")
+
+
+def _check_overwrite(location: Location, overwrite: bool):
+    """Refuse to clobber an existing store unless asked, and never clobber anything that is not a
+    linpipe store (creating empties the location: a mistyped --out must not cost a home
+    directory or a bucket prefix)."""
+    import zarr
+
+    where = location.where
+    if location.root is not None and location.root.exists() and not location.root.is_dir():
+        raise StoreError(f"{where}: exists and is not a directory")
+    if location.is_empty():
+        return
+    try:
+        existing = zarr.open_group(store=location.store, mode="r", zarr_format=3, use_consolidated=False)
+        is_ours = isinstance(existing.attrs.get("linpipe"), dict)
+        if CREATING in existing.attrs and not is_ours:
+            return  # linpipe's own half-made store: safe to lay out again
+    except Exception:  # not a Zarr group at all
+        is_ours = False
+    if not is_ours:
+        raise StoreError(f"{where}: exists and is not a linpipe output store; "
+                         "refusing to overwrite it (choose another --out)")
+    if not overwrite:
+        raise StoreError(f"{where}: an output store already exists (use --overwrite to replace it)")
