@@ -13,7 +13,7 @@ _OPTION = re.compile(r"\{option:(\w+)\}")
 
 
 def option(name: str) -> str:
-    """An option named in a message (`name`: its keyword, e.g. "chunk_size")."""
+    """An option named in a message (`name`: its keyword, e.g. "unit_size")."""
     return f"{{option:{name}}}"
 
 

@@ -58,7 +58,7 @@ def test_timeseries_submit_matches_the_bare_model_and_opens_in_xarray(elec_two_s
     assert res.exit_code == 0, res.output
     out = tmp_path / "elec.zarr"
     res = CliRunner().invoke(cli, ["submit", str(path), "--model", str(model_dir), "--id-column",
-                                   "site", "--time-column", "ds", "--chunk-size", str(TS_CHUNK),
+                                   "site", "--time-column", "ds", "--unit-size", str(TS_CHUNK),
                                    "--workers", "2", "--out", str(out)])
     assert res.exit_code == 0, res.output
     assert "2 records, 3,000 positions" in res.output
@@ -108,7 +108,7 @@ def ce_slice(genomes, tmp_path_factory):
 
 def _submit_cmd(fasta, model, out, *extra):
     return [sys.executable, "-c", "from linpipe.cli import cli; cli()", "submit", str(fasta),
-            "--model", str(model), "--chunk-size", str(KILL_CHUNK), "--outputs", DNA_OUTPUTS,
+            "--model", str(model), "--unit-size", str(KILL_CHUNK), "--outputs", DNA_OUTPUTS,
             "--workers", "1", "--out", str(out), *extra]
 
 
@@ -117,14 +117,14 @@ def _chunks_done(out) -> int:
 
     try:
         store = OutputStore.open(str(out), mode="r")
-        return sum(len(store.completed_chunks(key)) for key in store.meta["records"])
+        return sum(len(store.completed_units(key)) for key in store.meta["records"])
     except Exception:  # not created yet, or metadata being written: poll again
         return 0
 
 
 def _reference_store(fasta, model, out):
     """The uninterrupted job, run in this process (the bytes a worker writes)."""
-    write_in_process(fasta, model, out, chunk_size=KILL_CHUNK, outputs=DNA_OUTPUTS.split(","))
+    write_in_process(fasta, model, out, unit_size=KILL_CHUNK, outputs=DNA_OUTPUTS.split(","))
     return store_arrays(out)
 
 
@@ -166,7 +166,7 @@ def test_spec_resources_size_the_actors(ce_slice, tiny_dna, tmp_path):
     """A spec asking 2 CPUs per actor on a 2-CPU local Ray gets one actor (two threads), and the
     same job again with custom resources the cluster lacks is refused in one line."""
     spec = tmp_path / "job.yaml"
-    spec.write_text(f"inputs: [{ce_slice}]\nmodel: {tiny_dna}\nchunk_size: 16384\n"
+    spec.write_text(f"inputs: [{ce_slice}]\nmodel: {tiny_dna}\nunit_size: 16384\n"
                     f"outputs: [logprob]\nworkers: 2\nout: {tmp_path / 'r.zarr'}\n"
                     "resources: {num_cpus: 2, memory: 256MiB}\n")
     res = CliRunner().invoke(cli, ["submit", "--spec", str(spec)])
@@ -202,7 +202,7 @@ def test_full_disk_is_one_error_line_and_the_job_resumes_once_space_is_freed(
     free = os.statvfs(small_disk).f_bavail * os.statvfs(small_disk).f_frsize
     ballast.write_bytes(b"\0" * (free - 400 * 1024))  # 400 KiB: the store (~180) starts, then fills
     out = small_disk / "full.zarr"
-    args = ["submit", str(ce_slice), "--model", tiny_dna, "--chunk-size", str(KILL_CHUNK),
+    args = ["submit", str(ce_slice), "--model", tiny_dna, "--unit-size", str(KILL_CHUNK),
             "--outputs", DNA_OUTPUTS, "--workers", "2", "--out", str(out)]
     res = CliRunner().invoke(cli, args)
     # exit status 1 through sys.exit, not an exception that escaped the CLI

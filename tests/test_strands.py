@@ -28,7 +28,7 @@ def both(genomes, tmp_path_factory, one_torch_thread):
     fasta.write_text("".join(f">{k}\n{v}\n" for k, v in seqs.items()))
     model = make_tiny_model(base / "tiny")
     out = base / "both.zarr"
-    plan = write_in_process(fasta, model, out, chunk_size=CHUNK,
+    plan = write_in_process(fasta, model, out, unit_size=CHUNK,
                             outputs=("logprob", "entropy", "logprob_rc", "entropy_rc"))
     return base, fasta, model, out, plan, seqs
 
@@ -55,7 +55,7 @@ def test_reverse_strand_equals_the_model_over_the_reverse_complement(both):
 
     with warnings.catch_warnings():  # streaming reads (exports) check each strand's own checksums
         warnings.simplefilter("error")
-        blocks = list(reader.blocks(["logprob", "logprob_rc"]))
+        blocks = list(reader.units(["logprob", "logprob_rc"]))
     assert sum(len(v["logprob_rc"]) for _, _, v in blocks) == sum(map(len, seqs.values()))
 
 
@@ -98,7 +98,7 @@ def test_submit_both_strands_on_ray(both, tmp_path, split):
     _base, fasta, model, out, plan, _seqs = both
     ray_out = tmp_path / "ray.zarr"
     r = subprocess.run([sys.executable, "-m", "linpipe.cli", "submit", str(fasta), "--model", model,
-                        "--out", str(ray_out), "--chunk-size", str(CHUNK), "--workers", "2",
+                        "--out", str(ray_out), "--unit-size", str(CHUNK), "--workers", "2",
                         "--outputs", "logprob,entropy", "--strand", "both", "--split", split],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr

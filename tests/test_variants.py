@@ -29,7 +29,7 @@ def case(genomes, tmp_path_factory, one_torch_thread):
     fasta.write_text("".join(f">{k}\n{v}\n" for k, v in seqs.items()))
     model = make_tiny_model(base / "tiny")
     out = base / "g.zarr"
-    write_in_process(fasta, model, out, chunk_size=CHUNK, outputs=("logprob",))
+    write_in_process(fasta, model, out, unit_size=CHUNK, outputs=("logprob",))
     return base, fasta, out, model, seqs
 
 

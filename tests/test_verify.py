@@ -34,7 +34,7 @@ def written(genomes, tmp_path_factory):
     fasta = base / "contigs.fa"
     write_contigs(genomes, fasta, 120, seed=19, long=2)
     out = base / "good.zarr"
-    plan = write_in_process(fasta, make_tiny_model(base / "tiny"), out, chunk_size=CONTIG_CHUNK)
+    plan = write_in_process(fasta, make_tiny_model(base / "tiny"), out, unit_size=CONTIG_CHUNK)
     return out, plan
 
 
@@ -170,7 +170,7 @@ def test_a_damaged_unit_is_bad_alike_for_verify_and_for_checked_reads(written, t
                 reader.dataset(record, check=True)
         else:
             reader.dataset(record, check=True)
-        entropy = [(info.id, s, v) for info, s, v in reader.blocks("entropy")]  # another output
+        entropy = [(info.id, s, v) for info, s, v in reader.units("entropy")]  # another output
     said = [str(w.message) for w in caught if issubclass(w.category, CorruptUnitWarning)]
     unit = "packed batch 1" if where == "packed" else f"record '{long.id}' chunk 1"
     if unreadable:
@@ -178,7 +178,7 @@ def test_a_damaged_unit_is_bad_alike_for_verify_and_for_checked_reads(written, t
     else:  # dataset() and blocks("entropy"): a bad state spoils its unit whatever is read of it
         assert said and all(f"{unit}: {fault}" in m for m in said)
         assert len(said) == (2 if where == "state" else 1)
-    want = [(info.id, s, v) for info, s, v in linpipe.open_output(good).blocks("entropy")]
+    want = [(info.id, s, v) for info, s, v in linpipe.open_output(good).units("entropy")]
     assert [(i, s) for i, s, _v in entropy] == [(i, s) for i, s, _v in want]
     assert all(np.array_equal(a[2], b[2], equal_nan=True) for a, b in zip(entropy, want, strict=True))
 
@@ -201,9 +201,9 @@ def test_verify_and_repair_on_an_object_store(genomes, s3_server, tmp_path):
     fasta, model = tmp_path / "contigs.fa", make_tiny_model(tmp_path / "tiny")
     write_contigs(genomes, fasta, 16, seed=19, long=2)  # few objects: each is a request to moto
     out = f"{s3_server.new_bucket()}/store.zarr"
-    plan = write_in_process(fasta, model, out, chunk_size=CONTIG_CHUNK)
+    plan = write_in_process(fasta, model, out, unit_size=CONTIG_CHUNK)
     local = tmp_path / "local.zarr"
-    write_in_process(fasta, model, local, chunk_size=CONTIG_CHUNK)
+    write_in_process(fasta, model, local, unit_size=CONTIG_CHUNK)
     r = CliRunner().invoke(cli, ["verify", out, "--json"])
     assert r.exit_code == 0 and json.loads(r.output)["units_checked"] == plan.n_units
     before = all_objects(out)

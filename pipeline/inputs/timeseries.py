@@ -229,7 +229,7 @@ class TimeSeriesInput(Input):
 
         csv = CsvFile(self.path, self.time_format)
         schema = csv.schema()
-        # channels parse as float64 whatever the first block looked like: numbers that turn
+        # channels parse as float64 whatever the first CSV block looked like: numbers that turn
         # into text later (mixed dtypes) then fail with the column named
         chosen = self._resolve_columns(schema, columns, check_types=False)
         types = {c: pa.float64() for c in chosen if _is_numeric(schema.field(c).type)}

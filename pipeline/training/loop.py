@@ -3,7 +3,7 @@
 The network is `linpipe.model.LinpipeNet` (the same layers `Model.forward` runs). B lanes walk
 the training parts of the records in order, `window` positions per step, and carry the
 recurrent state (detached) from one window to the next, exactly as inference carries it from
-chunk to chunk; a lane restarts from the state after BOS at every record start.
+unit to unit; a lane restarts from the state after BOS at every record start.
 
 Losses: dna, cross-entropy over A/C/G/T in bits (targets that are N are skipped); timeseries,
 mean squared error of the forecast in normalised units ((x - mean) / std, with the channel
