@@ -36,7 +36,7 @@ MAX_GROUP_RESTARTS = 3
 # 4 (3 D + H) bytes per position, 8 D for the record's first segment; spill_bytes) up to this
 # many bytes per actor go to RAM-backed files (/dev/shm), beyond it to the local temp directory
 # on disk. A Ray `memory` resource per actor sets it to half of that. On the development VM 4 GB
-# of spill for one 4 Mb segment (an earlier design's) took 53 s on disk against 37 s in
+# of spill for one 4 Mb segment took 53 s on disk against 37 s in
 # /dev/shm: the kernel throttles writers once dirty pages pass its threshold.
 SPILL_MEMORY_BUDGET = 4 << 30
 SHM = "/dev/shm"

@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from linpipe.errors import ModelError
+from linpipe.errors import ModelError, option
 from linpipe.inputs.alphabet import BOS, VOCAB_SIZE
 from linpipe.kernels import chunk_linear_attn, chunk_linear_attn_parts
 from linpipe.kernels.linear_attn.scratch import Scratch
@@ -352,9 +352,10 @@ def init_net(config: ModelConfig, *, seed: int = 0, decay=None) -> LinpipeNet:
         decay = [float(decay)] * c.n_heads
     decay = [float(g) for g in decay]
     if len(decay) != c.n_heads:
-        raise ModelError(f"--decay: got {len(decay)} values for {c.n_heads} heads (give 1 or {c.n_heads})")
+        raise ModelError(f"{option('decay')}: got {len(decay)} values for {c.n_heads} heads "
+                         f"(give 1 or {c.n_heads})")
     if not all(0 < g <= 1 for g in decay):
-        raise ModelError(f"--decay: every value must be in (0, 1], got {decay}")
+        raise ModelError(f"{option('decay')}: every value must be in (0, 1], got {decay}")
     gen = torch.Generator().manual_seed(seed)
     net = LinpipeNet(c)
     D, M, L = c.d_model, c.mlp_hidden, c.n_layers

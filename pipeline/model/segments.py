@@ -57,7 +57,8 @@ from linpipe.model.network import Layer, ModelState
 # The record's first segment runs the layer's own attention; every later one also keeps the
 # normaliser's parts, spills wider rows and corrects them: 1.0-1.5x the first one's time per
 # position in one process (noisy), and with 1.25 two workers reached 1.47-1.69x one worker's
-# rate (BENCHMARKS.md, issue 15). So the first segment gets that much more of the record.
+# rate (BENCHMARKS.md, "One record over many workers"). So the first segment gets that much
+# more of the record.
 FIRST_WEIGHT = 1.25
 # Where a later segment's passes run in float64 (passes_in_float64), they take 1.9-2.4x the
 # first segment's time per position (bench_split.py wide, default-size model; 1.15-1.48x in
@@ -68,7 +69,8 @@ FIRST_WEIGHT_FLOAT64 = 2.2
 def passes_in_float64(attn) -> bool:
     """Whether a later segment's two passes run in float64, for a model config or Attention:
     with identity features and the normaliser phi(q).z can near zero, and float32 partial sums
-    there lost up to 5.4x the serial run's distance from exact (BENCHMARKS.md, issue 15)."""
+    there lost up to 5.4x the serial run's distance from exact (BENCHMARKS.md, "One record over
+    many workers")."""
     return bool(attn.normalize) and attn.feature_map == "identity"
 
 

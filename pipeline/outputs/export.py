@@ -10,7 +10,7 @@ import os
 
 import numpy as np
 
-from linpipe.errors import StoreError
+from linpipe.errors import StoreError, option
 from linpipe.model.outputs import DNA
 from linpipe.store.layout import DIM_CHANNEL, POSITION_DIM, TIME
 from linpipe.store.reader import OutputReader, as_reader
@@ -77,7 +77,7 @@ def _check_track(reader: OutputReader, ids, output: str):
         return
     if first.modality != DNA:
         raise StoreError(f"{reader.path}: record {first.id!r} is a time series; genome tracks "
-                         "need dna outputs (use --format parquet)")
+                         f"need dna outputs (use {option('format')} parquet)")
     dims = reader.dims(first.id, output)
     if len(dims) != 1:
         raise StoreError(f"{reader.path}: output {output!r} has a {dims[1]} "

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from linpipe.errors import LinpipeError
+from linpipe.errors import LinpipeError, option
 from linpipe.inputs.alphabet import reverse_complement, tokenize
 from linpipe.strands import FORWARD, REVERSE
 
@@ -109,11 +109,11 @@ def _genome_inputs(store, override: str | None, model_sha256: str):
     own = [i["path"] if isinstance(i, dict) else i for i in meta.get("inputs") or ()]
     paths = [override] if override else own
     if not paths:
-        raise LinpipeError(f"{store.path}: the store names no input; give the genome with --input")
+        raise LinpipeError(f"{store.path}: the store names no input; give the genome with {option('input')}")
     where, opened = {}, []
     for p in paths:
         if not os.path.isfile(p):
-            raise LinpipeError(f"{p}: the store's input is not here; give the genome with --input")
+            raise LinpipeError(f"{p}: the store's input is not here; give the genome with {option('input')}")
         inp = open_input(p)
         if inp.modality != "dna":
             raise LinpipeError(f"{p}: not a FASTA file (variants need a genome)")
@@ -160,7 +160,7 @@ class VariantScorer:
         want = meta.get("model_sha256")
         if want and self.model.sha256 != want:
             raise LinpipeError(f"{store_path}: the model found ({self.model.path}) is not the one the "
-                               f"store was made with (sha256 {want[:12]}...); give it with --model")
+                               f"store was made with (sha256 {want[:12]}...); give it with {option('model')}")
         self.window = int(window)
         self.genome, self._opened = _genome_inputs(self.store, genome, self.model.sha256)
         self.unit_size = self.store.unit_size
@@ -332,7 +332,7 @@ def score_variants(store_path: str, vcf: str, out: str, *, window: int = DEFAULT
     """Scores every variant of `vcf` against the store's genome and model; writes `out` (.tsv or
     .parquet) in VCF order. workers > 0 runs the replay units on that many Ray actors."""
     if window < 1:
-        raise LinpipeError(f"--window must be at least 1, got {window}")
+        raise LinpipeError(f"{option('window')} must be at least 1, got {window}")
     if not (out.endswith(".tsv") or out.endswith(".parquet")):
         raise LinpipeError(f"{out}: the output must end in .tsv or .parquet")
     summary = Summary()

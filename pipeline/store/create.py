@@ -12,7 +12,7 @@ import os
 
 import numpy as np
 
-from linpipe.errors import StoreError
+from linpipe.errors import StoreError, option
 from linpipe.model.outputs import DNA
 from linpipe.store.keys import make_keys
 from linpipe.store.layout import (
@@ -295,6 +295,6 @@ def _check_overwrite(location: Location, overwrite: bool):
         is_ours = False
     if not is_ours:
         raise StoreError(f"{where}: exists and is not a linpipe output store; "
-                         "refusing to overwrite it (choose another --out)")
+                         f"refusing to overwrite it (choose another {option('out')})")
     if not overwrite:
-        raise StoreError(f"{where}: an output store already exists (use --overwrite to replace it)")
+        raise StoreError(f"{where}: an output store already exists (use {option('overwrite')} to replace it)")

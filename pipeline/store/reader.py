@@ -7,7 +7,7 @@ import warnings
 
 import numpy as np
 
-from linpipe.errors import StoreError
+from linpipe.errors import StoreError, option
 from linpipe.store.checksums import STATE, UnitCheck
 from linpipe.store.layout import (
     CHANNEL_NAMES,
@@ -117,7 +117,8 @@ class OutputReader:
                                   consolidated=None if self.complete else False, zarr_format=3, chunks=None)
             except (FileNotFoundError, KeyError) as e:  # a record group deleted or damaged after the job
                 raise StoreError(f"{self.path}: record {info.id!r} cannot be read ({type(e).__name__}: "
-                                 f"{e}); the store is damaged: run the job again with --overwrite") from None
+                                 f"{e}); the store is damaged: run the job again with "
+                                 f"{option('overwrite')}") from None
             if check:
                 for s, _e in self.completed_ranges(info.id):
                     self._unit(info, s // self._out.unit_size, None)
@@ -219,9 +220,9 @@ class OutputReader:
         unreadable = [str(f) for f in faults if f.error and f.name != STATE]
         if unreadable:
             raise StoreError(f"{self.path}: {where}: {'; '.join(unreadable)}; run "
-                             f"linpipe verify {self.path} --repair")
+                             f"linpipe verify {self.path} with {option('repair')}")
         for f in faults:
-            warnings.warn(f"{self.path}: {where}: {f}; run linpipe verify {self.path} --repair",
+            warnings.warn(f"{self.path}: {where}: {f}; run linpipe verify {self.path} with repair",
                           CorruptUnitWarning, stacklevel=4)
         return values
 

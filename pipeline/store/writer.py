@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from linpipe.errors import StoreError
+from linpipe.errors import StoreError, option
 from linpipe.model.outputs import DNA
 from linpipe.store.checksums import unit_checksums
 from linpipe.store.layout import (
@@ -129,8 +129,8 @@ class OutputStore:
         if mode == "r+" and store.format_version != FORMAT_VERSION:
             raise StoreError(f"{store.path}: written by linpipe {store.meta.get('linpipe_version')} in "
                              f"output format {store.format_version}; it can be read (linpipe.open_output) "
-                             "but not written to: use --overwrite to run the job anew, or choose another "
-                             "--out")
+                             f"but not written to: use {option('overwrite')} to run the job anew, or "
+                             f"choose another {option('out')}")
         return store
 
     # ------------------------------------------------------------------ metadata

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from linpipe.errors import InputError
+from linpipe.errors import InputError, option
 
 
 def read_records(path, **ts_options) -> tuple[str, list[tuple[str, np.ndarray]], list[str]]:
@@ -65,7 +65,7 @@ def split_records(records, val_fraction=0.05, val_records=()) -> list[Split]:
             vs = len(data) - int(round(len(data) * val_fraction))
         out.append(Split(name, data, vs))
     if val_records and not any(s.val_start == 0 for s in out):
-        raise InputError(f"--val-records {','.join(val_records)}: no such record in the inputs")
+        raise InputError(f"{option('val_records')} {','.join(val_records)}: no such record in the inputs")
     if not any(s.val_start > 0 for s in out):
         raise InputError("no training positions left after holding out the validation records")
     return out
@@ -85,8 +85,8 @@ class LaneWalker:
         lengths = np.array([len(p) for p in parts], dtype=np.int64)
         total = int(lengths.sum())
         if total < batch * 2:
-            raise InputError(f"only {total} training positions for --batch {batch} lanes "
-                             "(give more data or a smaller --batch)")
+            raise InputError(f"only {total} training positions for {option('batch')} {batch} lanes "
+                             f"(give more data or a smaller {option('batch')})")
         ends = np.cumsum(lengths)
         # each lane: its stretch as (part index, start, end) runs, one per training part it crosses
         self.runs = []

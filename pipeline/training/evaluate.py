@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from linpipe.errors import ModelError, modality_mismatch
+from linpipe.errors import ModelError, modality_mismatch, option
 from linpipe.training.markov import MarkovModel
 from linpipe.training.threads import torch_threads
 
@@ -64,7 +64,7 @@ def markov_baselines(model_dir: Path, baseline_train=None) -> MarkovModel:
     path = Path(model_dir) / MARKOV_FILE
     if not path.is_file():
         raise ModelError(f"{model_dir}: no {MARKOV_FILE} (Markov baselines of its training data); "
-                         "pass --baseline-train FASTA to fit them")
+                         f"pass {option('baseline_train')} FASTA to fit them")
     m = MarkovModel.load(path)
     if m.best_k is None:
         raise ModelError(f"{path}: no chosen order recorded in {path.with_suffix('.json').name}")
@@ -281,7 +281,8 @@ def _evaluate_inputs(model_dir, inputs, baseline_train, season, ts_options, rese
             if len(names) != model.config.channels and not model.config.series_norm:
                 raise ModelError(f"{p}: has {len(names)} channels ({', '.join(names)}), the model "
                                  f"{model_dir} expects {model.config.channels}; choose them with "
-                                 "--columns, or take the time column out with --time-column")
+                                 f"{option('columns')}, or take the time column out with "
+                                 f"{option('time_column')}")
             s = season or auto_season(recs[0][1])
             scores = evaluate_timeseries(model, recs, s, reset_every=reset_every)
             report["inputs"].append({"input": str(p), "positions": next(iter(scores.values()))["n"],
