@@ -6,9 +6,9 @@ from pathlib import Path
 
 import numpy as np
 
-CONTIG_CHUNK = 2_048  # the work unit of the contig tests: records up to it are packed
-CHUNK = CONTIG_CHUNK
-EDGE = {"empty": 0, "one_base": 1, "one_unit": CHUNK, "unit_plus_one": CHUNK + 1}
+CONTIG_UNIT = 2_048  # the work unit of the contig tests: records up to it are packed
+UNIT = CONTIG_UNIT
+EDGE = {"empty": 0, "one_base": 1, "one_unit": UNIT, "unit_plus_one": UNIT + 1}
 
 
 def write_fasta_slice(src: Path, dst: Path, lengths: dict[str, int] | int) -> dict[str, int]:
@@ -100,7 +100,7 @@ def _sequences(genomes: Path) -> list[str]:
             else:
                 cur.append(line.strip())
     seqs.append("".join(cur))
-    return [s for s in seqs if len(s) > 3 * CHUNK]
+    return [s for s in seqs if len(s) > 3 * UNIT]
 
 
 def write_contigs(genomes: Path, dest: Path, n: int, seed: int, long: int = 3) -> dict[str, int]:
@@ -112,7 +112,7 @@ def write_contigs(genomes: Path, dest: Path, n: int, seed: int, long: int = 3) -
     for i in range(n):
         lengths[f"ctg{i}|len:{i}"] = int(rng.integers(20, 1_500))
     for i in range(long):
-        lengths[f"chrL{i}"] = int(rng.integers(2 * CHUNK, 4 * CHUNK))
+        lengths[f"chrL{i}"] = int(rng.integers(2 * UNIT, 4 * UNIT))
     order = list(lengths)
     rng.shuffle(order)
     with open(dest, "w") as f:

@@ -13,7 +13,7 @@ from linpipe.jobs.driver import JobEvents, run_job
 from linpipe.jobs.request import JobRequest
 
 pytestmark = pytest.mark.slow  # a multi-process Ray run
-CHUNK = 8_192
+UNIT = 8_192
 OUTPUTS = ["logprob", "entropy", "softmask"]
 TINY: list[str] = []
 
@@ -62,7 +62,7 @@ class OnUnit(JobEvents):
 
 
 def _run(genome, out, cluster, on_unit=None):
-    req = JobRequest(inputs=(str(genome),), out=str(out), model=TINY[0], unit_size=CHUNK,
+    req = JobRequest(inputs=(str(genome),), out=str(out), model=TINY[0], unit_size=UNIT,
                      outputs=tuple(OUTPUTS))
     return run_job(req, address=cluster.address, events=OnUnit(on_unit) if on_unit else None)
 

@@ -128,7 +128,7 @@ def test_one_segment_is_the_serial_run(tokens):
         assert got[k].tobytes() == want[k].tobytes(), k
 
 
-def test_segment_bounds_deal_chunks():
+def test_segment_bounds_deal_units():
     from linpipe.model.segments import FIRST_WEIGHT
 
     # 11 chunks over weights 1.25, 1, 1 (the first segment does less per position): 4, 4, 3

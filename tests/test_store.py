@@ -28,7 +28,7 @@ from linpipe.store.reader import IncompleteStoreWarning, open_output
 
 FORMAT_V1 = Path(__file__).parent / "data" / "store_v1"  # metadata written by the format-1 writer
 HUMAN_BASES = 300_000  # holds the N run at 177,417-227,417 and part of the one at 267,719
-CHUNK = 40_000
+UNIT = 40_000
 FEATURES = 8
 _LUT = np.full(256, 4, dtype=np.uint8)
 for _i, _c in enumerate(b"ACGT"):
@@ -120,8 +120,8 @@ def build_dna_store(path: Path, genomes: Path, *, write: bool = True, finalize: 
     full = {rid: markov_outputs(s) for rid, s in seqs.items()}
     records = [{"id": rid, "description": f"{rid} test", "length": len(s), "modality": "dna",
                 "input": "genome.fa"} for rid, s in seqs.items()]
-    store = OutputStore.create(path, meta={**DNA_META, "outputs": list(outputs), "chunk_size": CHUNK},
-                               records=records, outputs=list(outputs), unit_size=CHUNK,
+    store = OutputStore.create(path, meta={**DNA_META, "outputs": list(outputs), "chunk_size": UNIT},
+                               records=records, outputs=list(outputs), unit_size=UNIT,
                                feature_dim=FEATURES)
     if write:
         write_records(store, full, outputs, skip=skip)
@@ -202,7 +202,7 @@ def test_round_trip_every_array_and_attribute(dna_store):
     assert meta["format"] == "linpipe-output" and meta["format_version"] == FORMAT_VERSION
     for k, v in DNA_META.items():
         assert meta[k] == v
-    assert meta["chunk_size"] == CHUNK and meta["outputs"] == ["logprob", "entropy", "softmask", "hidden"]
+    assert meta["chunk_size"] == UNIT and meta["outputs"] == ["logprob", "entropy", "softmask", "hidden"]
     # the long record has its own group; the two short ones (at most one unit) are packed
     assert {info["id"] for info in meta["records"].values()} == {"chr1"}
     assert meta["packed"] == {"records": 2, "batches": 1, "inputs": ["genome.fa"],
@@ -227,7 +227,7 @@ def test_round_trip_every_array_and_attribute(dna_store):
         assert root[key].attrs["linpipe_record"]["id"] == rid
         for name in arrays:
             arr = root[f"{key}/{name}"]
-            assert arr.chunks[0] == CHUNK
+            assert arr.chunks[0] == UNIT
             want_dims = ["position", "feature"] if name == "hidden" else ["position"]
             assert list(arr.metadata.dimension_names) == want_dims
         for i in range(store.n_units(key)):
@@ -240,7 +240,7 @@ def test_round_trip_every_array_and_attribute(dna_store):
                 assert st[n].dtype == want[n].dtype
     # the packed arrays: one Zarr chunk per batch, dims named apart from a record's own
     packed = root["_packed/hidden"]
-    assert packed.chunks == (CHUNK, FEATURES) and packed.shape == (CHUNK, FEATURES)
+    assert packed.chunks == (UNIT, FEATURES) and packed.shape == (UNIT, FEATURES)
     assert list(packed.metadata.dimension_names) == ["packed_position", "feature"]
     # the real genome's N runs stay NaN (model output undefined there), and soft-masking is kept
     lp = root[f"{store.record_key('chr1')}/logprob"]
@@ -494,16 +494,16 @@ def test_killed_writer_leaves_chunk_incomplete(tmp_path, genomes):
     store = OutputStore.open(path)
     key = store.record_key("chr1")
     # the data of chunk 1 reached the disk, but the chunk is not marked complete
-    assert (zarr.open_group(path, mode="r")[f"{key}/logprob"][CHUNK:2 * CHUNK] == -1.5).all()
+    assert (zarr.open_group(path, mode="r")[f"{key}/logprob"][UNIT:2 * UNIT] == -1.5).all()
     assert 1 not in store.completed_units(key)
     assert store.boundary_state(key, 1) is None
-    assert store.missing_ranges(key) == [(CHUNK, 2 * CHUNK)]
+    assert store.missing_ranges(key) == [(UNIT, 2 * UNIT)]
     assert not store.finalize() and not store.is_complete()
     with pytest.warns(IncompleteStoreWarning, match=r"chr1:40000-80000"):
         out = open_output(path)
-    assert out.missing_ranges[key] == [(CHUNK, 2 * CHUNK)] and not out.complete
-    np.testing.assert_array_equal(out.dataset("chr1")["entropy"].values[:CHUNK],
-                                  full["chr1"]["entropy"][:CHUNK])
+    assert out.missing_ranges[key] == [(UNIT, 2 * UNIT)] and not out.complete
+    np.testing.assert_array_equal(out.dataset("chr1")["entropy"].values[:UNIT],
+                                  full["chr1"]["entropy"][:UNIT])
 
     # resuming rewrites the chunk, and only then is the store complete
     s, e = store.unit_range(key, 1)
