@@ -46,7 +46,7 @@ def split_later():  # a later segment of a split record, over the same positions
     r.begin(None)
     for layer in range(model.config.n_layers):
         r.apply(layer, state.S[0, layer], state.z[0, layer], state.conv[0, layer])
-    list(r.pieces_out(state.y[0], state))
+    list(r.units_out(state.y[0], state))
     r.close()
 
 

@@ -1,6 +1,6 @@
 """What detached submission through Ray's job server costs, on a local two-node cluster.
 
-    python benchmarks/bench_jobs.py [--genome PATH] [--chunk-size N]
+    python benchmarks/bench_jobs.py [--genome PATH] [--unit-size N]
 
 Measures, in one run on the same cluster and input:
   - how long `linpipe submit --address http://...` takes to return (it is detached);
@@ -41,13 +41,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     data = Path(os.environ.get("LINPIPE_SHARED_DATA", REPO.parent / "shared" / "data"))
     ap.add_argument("--genome", default=str(data / "genomes" / "htslib_ce.fa"))
-    ap.add_argument("--chunk-size", type=int, default=65536)
+    ap.add_argument("--unit-size", type=int, default=65536)
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-jobs-"))
     env = ["--env", f"PATH={os.path.dirname(sys.executable)}:{os.environ['PATH']}"]
     if os.environ.get("PYTHONPATH"):
         env += ["--env", f"PYTHONPATH={os.environ['PYTHONPATH']}"]
-    common = [a.genome, "--chunk-size", a.chunk_size, "--workers", 2]
+    common = [a.genome, "--unit-size", a.unit_size, "--workers", 2]
 
     t0 = time.monotonic()
     with LocalCluster(num_workers=1, cpus_per_node=1) as c:
@@ -67,7 +67,7 @@ def main() -> None:
         t_status, _ = linpipe("status", sid, "--address", c.dashboard_url)
 
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}")
-    print(f"input: {a.genome} chunk {a.chunk_size}, 2 workers on 2 single-CPU nodes")
+    print(f"input: {a.genome} chunk {a.unit_size}, 2 workers on 2 single-CPU nodes")
     print(f"cluster start-up (head + worker, job server ready): {startup:.1f} s")
     print(f"submit --address http:// returns after:               {t_return:.1f} s")
     print(f"end to end, driver joined from here (--address GCS):  {t_direct:.1f} s")

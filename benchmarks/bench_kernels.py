@@ -80,7 +80,7 @@ def methods(args, H, K):
         "linpipe triton (segments)":
             lambda q, k, v, cu: chunk_linear_attn_triton(q, k, v, cu_seqlens=cu, **kw),
         "linpipe triton (1 segment/record)": lambda q, k, v, cu: chunk_linear_attn_triton(
-            q, k, v, cu_seqlens=cu, segment_len=64 * ((q.shape[1] + 63) // 64), **kw),
+            q, k, v, cu_seqlens=cu, span_len=64 * ((q.shape[1] + 63) // 64), **kw),
     }
     if not args.skip_torch:
         try:

@@ -156,10 +156,10 @@ def create(n: int = 1_000_000) -> None:
     lengths = rng.integers(80, 601, size=n)
     ids = [f"contig_{i}" for i in range(n)]
     t0 = time.perf_counter()
-    packed = PackedRecords.build(ids, [""] * n, lengths, np.zeros(n), chunk_size=262_144)
+    packed = PackedRecords.build(ids, [""] * n, lengths, np.zeros(n), unit_size=262_144)
     t1 = time.perf_counter()
     OutputStore.create(OUT / "create.zarr", meta={}, records=[], packed=packed, modality="dna",
-                       chunk_size=262_144, overwrite=True)
+                       unit_size=262_144, overwrite=True)
     t2 = time.perf_counter()
     files = sum(len(f) for _, _, f in os.walk(OUT / "create.zarr"))
     print(f"{n:,} records: batching {t1 - t0:.1f} s, OutputStore.create {t2 - t1:.1f} s, {files} files")

@@ -14,7 +14,7 @@ import linpipe
 
 torch.set_num_threads(1)
 PATH = "bench-out/real_4mb.fa"
-CHUNK = 262144
+UNIT = 262144
 
 
 def bare():
@@ -24,8 +24,8 @@ def bare():
     n = 0
     for r in inp.records:
         st = m.init_state()
-        for s in range(0, r.length, CHUNK):
-            tok, _mask = inp.read(r.id, s, min(r.length, s + CHUNK))
+        for s in range(0, r.length, UNIT):
+            tok, _mask = inp.read(r.id, s, min(r.length, s + UNIT))
             _out, st = m.forward(tok, st, outputs=["logprob", "entropy"])
             n += len(tok)
     return time.perf_counter() - t, n

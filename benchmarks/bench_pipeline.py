@@ -81,7 +81,7 @@ def synthetic(total_mb: int) -> Path:
     return path
 
 
-def bare_forward(genome: Path, chunk_size: int, model: str = "default") -> tuple[float, int]:
+def bare_forward(genome: Path, unit_size: int, model: str = "default") -> tuple[float, int]:
     """Seconds of model.forward alone over every record, chunk by chunk, in this process."""
     import torch
 
@@ -93,8 +93,8 @@ def bare_forward(genome: Path, chunk_size: int, model: str = "default") -> tuple
     total_s, positions = 0.0, 0
     for rec in inp.records:
         state = m.init_state()
-        for s in range(0, rec.length, chunk_size):
-            tokens, _ = inp.read(rec.id, s, min(s + chunk_size, rec.length))
+        for s in range(0, rec.length, unit_size):
+            tokens, _ = inp.read(rec.id, s, min(s + unit_size, rec.length))
             t0 = time.perf_counter()
             _, state = m.forward(tokens, state, outputs=["logprob", "entropy"])
             total_s += time.perf_counter() - t0
@@ -122,23 +122,23 @@ def tiny_model() -> str:
     return str(model_dir)
 
 
-def overhead(chunk_size: int, rounds: int = 2):
+def overhead(unit_size: int, rounds: int = 2):
     """Bare forward and submit alternate `rounds` times, so that load changes on a shared
     machine hit both arms alike; the ratio is of the summed times."""
     genome = real_genome_4mb()
     model = os.environ.get("BENCH_MODEL") or tiny_model()
     bare, runs = [], []
     for _ in range(rounds):
-        b, n = bare_forward(genome, chunk_size, model)
+        b, n = bare_forward(genome, unit_size, model)
         bare.append(b)
-        runs.append(submit(genome, OUT / "overhead.zarr", chunk_size=chunk_size, workers=1,
+        runs.append(submit(genome, OUT / "overhead.zarr", unit_size=unit_size, workers=1,
                            model=model, outputs=["logprob", "entropy"]))
     sub = [s.seconds for s in runs]
     s = runs[-1]
     busy = s.read_s + s.model_s + s.write_s
     print(json.dumps({
         "bench": "overhead", "genome": genome.name, "model": Path(model).name, "positions": n,
-        "chunk_size": chunk_size, "bare_forward_s": [round(x, 2) for x in bare],
+        "unit_size": unit_size, "bare_forward_s": [round(x, 2) for x in bare],
         "submit_s_excl_startup": [round(x, 2) for x in sub],
         "ratio": round(sum(sub) / sum(bare), 3),
         "ray_startup_s": [round(r.startup_s, 2) for r in runs],
@@ -148,7 +148,7 @@ def overhead(chunk_size: int, rounds: int = 2):
     }), flush=True)
 
 
-def _cluster_run(genome: Path, n_nodes: int, chunk_size: int, tag: str) -> float:
+def _cluster_run(genome: Path, n_nodes: int, unit_size: int, tag: str) -> float:
     import ray
     from ray.cluster_utils import Cluster
 
@@ -158,7 +158,7 @@ def _cluster_run(genome: Path, n_nodes: int, chunk_size: int, tag: str) -> float
     c.wait_for_nodes()
     ray.init(address=c.address, logging_level="WARNING", log_to_driver=False)
     try:
-        s = submit(genome, OUT / f"scaling_{tag}_{n_nodes}.zarr", chunk_size=chunk_size,
+        s = submit(genome, OUT / f"scaling_{tag}_{n_nodes}.zarr", unit_size=unit_size,
                    address=c.address, outputs=["logprob", "entropy"], model=tiny_model())
         return s.seconds
     finally:
@@ -166,7 +166,7 @@ def _cluster_run(genome: Path, n_nodes: int, chunk_size: int, tag: str) -> float
         c.shutdown()
 
 
-def scaling(chunk_size: int):
+def scaling(unit_size: int):
     balanced = OUT / "sepi.fa"
     recs = read_fasta(DATA / "abricate_Sepidermidis_ST14_assembly.fa")
     if not balanced.exists():
@@ -181,18 +181,18 @@ def scaling(chunk_size: int):
                 rest.append((name, s[max(0, h - acc):]))
             acc += len(s)
         write_fasta(half, [("half", seq[:h])] + rest)
-    one = _cluster_run(balanced, 1, chunk_size, "bal")
-    two = _cluster_run(balanced, 2, chunk_size, "bal")
-    two_half = _cluster_run(half, 2, chunk_size, "half")
+    one = _cluster_run(balanced, 1, unit_size, "bal")
+    two = _cluster_run(balanced, 2, unit_size, "bal")
+    two_half = _cluster_run(half, 2, unit_size, "half")
     print(json.dumps({
-        "bench": "scaling", "genome": balanced.name, "chunk_size": chunk_size,
+        "bench": "scaling", "genome": balanced.name, "unit_size": unit_size,
         "makespan_1_node_s": round(one, 2), "makespan_2_nodes_s": round(two, 2),
         "speedup": round(one / two, 3), "makespan_2_nodes_half_record_s": round(two_half, 2),
         "half_record_vs_balanced": round(two_half / two, 3),
     }), flush=True)
 
 
-def memory(chunk_size: int, sizes=(10, 100)):
+def memory(unit_size: int, sizes=(10, 100)):
     """Each size in a fresh driver process; a tiny model keeps the 100 Mb run short."""
     model_dir = tiny_model()
     rows = []
@@ -201,7 +201,7 @@ def memory(chunk_size: int, sizes=(10, 100)):
         code = ("import json,sys; from linpipe.jobs.driver import run_job; "
                 "from linpipe.jobs.request import JobRequest; "
                 f"s=run_job(JobRequest(inputs=({str(genome)!r},), out={str(OUT / f'mem_{mb}.zarr')!r}, "
-                f"overwrite=True, model={model_dir!r}, chunk_size={chunk_size}, workers=2, "
+                f"overwrite=True, model={model_dir!r}, unit_size={unit_size}, workers=2, "
                 "outputs=('logprob','entropy'))); "
                 "print(json.dumps({'positions': s.positions, 'seconds': s.seconds, "
                 "'driver_peak_rss': s.driver_peak_rss, 'worker_peak_rss': s.worker_peak_rss}))")
@@ -219,7 +219,7 @@ def memory(chunk_size: int, sizes=(10, 100)):
 if __name__ == "__main__":
     OUT.mkdir(exist_ok=True)
     what = sys.argv[1] if len(sys.argv) > 1 else "overhead"
-    from linpipe.jobs.options import DEFAULT_CHUNK_SIZE
+    from linpipe.jobs.options import DEFAULT_UNIT_SIZE
 
-    chunk = int(sys.argv[2]) if len(sys.argv) > 2 else DEFAULT_CHUNK_SIZE
+    chunk = int(sys.argv[2]) if len(sys.argv) > 2 else DEFAULT_UNIT_SIZE
     {"overhead": overhead, "scaling": scaling, "memory": memory}[what](chunk)

@@ -108,7 +108,7 @@ def run(fa: Path, store: Path, workers: int, split: str, address=None, chunk=262
     ev = Layers().events
     load0 = os.getloadavg()
     t = time.perf_counter()
-    s = run_job(JobRequest(inputs=(str(fa),), out=str(store), workers=workers, split=split, chunk_size=chunk,
+    s = run_job(JobRequest(inputs=(str(fa),), out=str(store), workers=workers, split=split, unit_size=chunk,
                            overwrite=True, outputs=("logprob", "entropy"), model=model or "default"),
                 address=address, events=ev)
     wall = time.perf_counter() - t
@@ -326,7 +326,7 @@ def stage_profile(out: Path, length: int = 500_000) -> None:
             r.begin((st0.S[0], st0.z[0], st0.conv[0]) if exact else None)
             for layer in range(m.config.n_layers):
                 r.apply(layer, st0.S[0, layer], st0.z[0, layer], st0.conv[0, layer])
-            list(r.pieces_out(st0.y[0], st0))
+            list(r.units_out(st0.y[0], st0))
             rep[f"{kind}_s"] = time.perf_counter() - t
             r.close()
         rep["loadavg"] = os.getloadavg()[0]
@@ -421,7 +421,7 @@ def stage_wide(out: Path, length: int = 300_000, reps: int = 5) -> None:
                 r.begin((st0.S[0], st0.z[0], st0.conv[0]) if exact else None)
                 for layer in range(m.config.n_layers):
                     r.apply(layer, st0.S[0, layer], st0.z[0, layer], st0.conv[0, layer])
-                list(r.pieces_out(st0.y[0], st0))
+                list(r.units_out(st0.y[0], st0))
                 row[fm][f"{kind}_s"] = time.perf_counter() - t
                 r.close()
         rows.append(row)

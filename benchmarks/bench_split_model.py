@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 CHR1 = 248_956_422  # GRCh38 chr1
-CHUNK = 262_144
+UNIT = 262_144
 MODELS = {"default (D=64, L=2)": dict(D=64, L=2, H=4, M=128, W=4),
           "D=512, L=12": dict(D=512, L=12, H=8, M=2048, W=4)}
 GPU_FLOPS = 67e12 * 0.25  # H100 SXM fp32 peak (non tensor core) at 25% efficiency: assumption
@@ -88,7 +88,7 @@ def fit_and_plot(out: Path, docs: Path) -> dict:
            "c_unloaded_issue": C_UNLOADED}
     pred = {}
     f0 = flops(**dm)
-    Pgrid = np.unique(np.round(np.logspace(0, np.log10(CHR1 // CHUNK), 60)).astype(int))
+    Pgrid = np.unique(np.round(np.logspace(0, np.log10(CHR1 // UNIT), 60)).astype(int))
     fig, ax = plt.subplots(figsize=(8, 5))
     for name, m in MODELS.items():
         for dev in ("CPU (c measured here)", "CPU (idle: 200k pos/s default)", "GPU"):
@@ -107,8 +107,8 @@ def fit_and_plot(out: Path, docs: Path) -> dict:
                 "best_P_on_grid": best, "P_star_unbounded": Pstar,
                 "exchange_bytes_per_layer_P256": 256 * state_bytes(**m)}
             ax.loglog(Pgrid, T, label=f"{name}, {dev}")
-    ax.axvline(CHR1 // CHUNK, color="grey", ls=":", lw=1)
-    ax.text(CHR1 // CHUNK, ax.get_ylim()[1] * 0.5, " one chunk\n per worker", fontsize=8)
+    ax.axvline(CHR1 // UNIT, color="grey", ls=":", lw=1)
+    ax.text(CHR1 // UNIT, ax.get_ylim()[1] * 0.5, " one chunk\n per worker", fontsize=8)
     ax.set_xlabel("workers P (one segment each)")
     ax.set_ylabel("predicted makespan of human chr1 (s)")
     ax.set_title("--split cost model (fitted on a 2-core VM; GPU rate assumed)")

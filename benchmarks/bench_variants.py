@@ -154,7 +154,7 @@ def main():
         t = time.perf_counter()
         r = subprocess.run([sys.executable, "-m", "linpipe.cli", "submit", str(fasta), "--out", str(store),
                             "--model", args.model, "--outputs", "logprob", "--workers", "2", "--quiet",
-                            "--chunk-size", "262144"], capture_output=True, text=True)
+                            "--unit-size", "262144"], capture_output=True, text=True)
         assert r.returncode == 0, r.stderr
         print(f"store: {time.perf_counter() - t:.0f} s: {r.stdout.strip()}")
     vcf = OUT / f"snv{args.variants}.vcf"

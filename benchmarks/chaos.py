@@ -190,7 +190,7 @@ def worker_pids() -> list[int]:
 # ------------------------------------------------------------------ one job
 def submit(fasta: Path, out: str, args, address: str, env: dict) -> subprocess.Popen:
     cmd = [LINPIPE, "submit", str(fasta), "--model", args.model, "--out", out, "--address", address,
-           "--chunk-size", str(args.chunk_size), "--outputs", "logprob,entropy", "--workers", "2", "-q"]
+           "--unit-size", str(args.unit_size), "--outputs", "logprob,entropy", "--workers", "2", "-q"]
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
 
@@ -301,7 +301,7 @@ def main() -> int:
     ap.add_argument("--max-resubmits", type=int, default=6, help="submissions per round at most")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--model", default="default")
-    ap.add_argument("--chunk-size", type=int, default=16_384)
+    ap.add_argument("--unit-size", type=int, default=16_384)
     ap.add_argument("--long-bp", type=int, default=48_000, help="A. thaliana chromosomes cut to this length")
     ap.add_argument("--short", type=int, default=30, help="S. epidermidis contigs (packed records)")
     ap.add_argument("--json", help="write the report here too")
@@ -344,7 +344,7 @@ def main() -> int:
     kills = Counter(k["kind"] for r in rounds for k in r["kills"])
     summary = {
         "machine": f"{os.cpu_count()} cores, {socket.gethostname()}", "date": time.strftime("%Y-%m-%d"),
-        "model": args.model, "chunk_size": args.chunk_size, "input": size, "reference_s": round(ref_s, 1),
+        "model": args.model, "unit_size": args.unit_size, "input": size, "reference_s": round(ref_s, 1),
         "rounds": len(rounds), "rounds_failed": sum(1 for r in rounds if "error" in r or not r["verify_ok"]),
         "kills": dict(kills), "kills_total": sum(kills.values()),
         "bytes_lost": sum(r.get("bytes_lost", 0) for r in rounds),

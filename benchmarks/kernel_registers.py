@@ -49,7 +49,7 @@ def compile_spec(spec: str, arch: int, H: int, K: int, V: int) -> str:
     p = "*" + dt
     prec = "ieee" if dt == "fp32" else "tf32"
     if kern == "scan":
-        fn = tc._segment_scan_kernel
+        fn = tc._span_scan_kernel
         sig = dict.fromkeys(["seg_first_ptr", "seg_ptr"], "*i64")
         sig.update(
             dict.fromkeys(["log2g_ptr", "s0_ptr", "z0_ptr", "ds_ptr", "dz_ptr", "sf_ptr", "zf_ptr"], "*fp32")
@@ -71,7 +71,7 @@ def compile_spec(spec: str, arch: int, H: int, K: int, V: int) -> str:
             INTERPRETED=False,
         )
         if kern == "out":
-            fn = tc._segment_output_kernel
+            fn = tc._span_output_kernel
             sig = dict(
                 q_ptr=p,
                 k_ptr=p,
@@ -87,7 +87,7 @@ def compile_spec(spec: str, arch: int, H: int, K: int, V: int) -> str:
             )
             consts["NORMALIZE"] = norm == "1"
         else:
-            fn = tc._segment_state_kernel
+            fn = tc._span_state_kernel
             sig = dict(
                 k_ptr=p,
                 v_ptr=p,

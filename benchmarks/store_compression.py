@@ -165,25 +165,25 @@ def measure(name: str, arr: np.ndarray, chunk: int, tmp: Path, kind: str):
         print(f"| {cname}{' *' if chosen else ''} | {ratio:.2f} | {w:.0f} | {r:.0f} |")
 
 
-def write_rate(lp, ent, soft, chunk: int, tmp: Path, n_chunks: int = 24):
-    """OutputStore.write_chunk throughput (data + fsync + boundary state + marker), positions/s."""
+def write_rate(lp, ent, soft, chunk: int, tmp: Path, n_units: int = 24):
+    """OutputStore.write_unit throughput (data + fsync + boundary state + marker), positions/s."""
     from linpipe.store import OutputStore
 
-    n = min(lp.size, chunk * n_chunks)
+    n = min(lp.size, chunk * n_units)
     store = OutputStore.create(tmp / "rate.zarr", meta={}, outputs=["logprob", "entropy", "softmask"],
-                               records=[{"id": "chr1", "length": n, "modality": "dna"}], chunk_size=chunk)
+                               records=[{"id": "chr1", "length": n, "modality": "dna"}], unit_size=chunk)
     key = store.record_key("chr1")
     state = {f"layers.{i}.{k}": np.ones(shape, np.float32) for i in range(4)
              for k, shape in (("S", (4, 32, 32)), ("z", (4, 32)), ("conv", (3, 128)))}
     t0 = time.perf_counter()
-    for i in range(store.n_chunks(key)):
-        s, e = store.chunk_range(key, i)
-        store.write_chunk(key, i, {"logprob": lp[s:e], "entropy": ent[s:e], "softmask": soft[s:e]},
+    for i in range(store.n_units(key)):
+        s, e = store.unit_range(key, i)
+        store.write_unit(key, i, {"logprob": lp[s:e], "entropy": ent[s:e], "softmask": soft[s:e]},
                           state=state)
     dt = time.perf_counter() - t0
     assert store.finalize()
-    print(f"\nwrite_chunk (logprob, entropy, softmask + a 4-layer state, fsync'd): {store.n_chunks(key)} "
-          f"chunks of {chunk}: {n / dt:,.0f} positions/s ({dt / store.n_chunks(key) * 1e3:.1f} ms per chunk)")
+    print(f"\nwrite_chunk (logprob, entropy, softmask + a 4-layer state, fsync'd): {store.n_units(key)} "
+          f"chunks of {chunk}: {n / dt:,.0f} positions/s ({dt / store.n_units(key) * 1e3:.1f} ms per chunk)")
 
 
 def main():

@@ -1,13 +1,13 @@
 """The worker: a plain class that the driver wraps with ray.remote (one per GPU or CPU slot).
 
 It loads the model once, opens the output store once, and streams records: each call runs one
-chunk (or one batch of short records), reading its own slice of the input and writing its own
+unit (or one batch of short records), reading its own slice of the input and writing its own
 Zarr chunk with the boundary state after it. Nothing per-position goes back to the driver.
 
-The recurrent state of the record being streamed lives here between calls. A call for a chunk
+The recurrent state of the record being streamed lives here between calls. A call for a unit
 that does not follow the one this worker ran last (a record that moved here from a dead
 worker, or a resumed job) takes the state from the store's boundary state of the previous
-chunk, so any worker can continue any record exactly where it stopped.
+unit, so any worker can continue any record exactly where it stopped.
 
 `as_actor(cls)` is what the driver wraps: an error in __init__ comes back from the actor's
 first call as that call's exception (Ray reports an __init__ error only as the actor's death,
@@ -24,9 +24,10 @@ from dataclasses import dataclass
 
 from linpipe.errors import option
 from linpipe.inputs.alphabet import reverse_complement
+from linpipe.strands import FORWARD, REVERSE
 
 from .errors import WorkerStartError
-from .plan import Chunk
+from .plan import Unit
 from .regions import mask_outside
 
 
@@ -35,7 +36,7 @@ class UnitResult:
     """What a call returns to the driver: counts and timings only."""
 
     key: str
-    chunk_index: int  # for a batch: the number of records in it
+    unit: int  # for a batch: the number of records in it
     positions: int
     read_s: float
     model_s: float
@@ -94,7 +95,7 @@ class PipelineWorker:
         self.input_options = dict(input_options or {})
         self._inputs: dict[str, object] = {}
         self._stats: dict[str, tuple[int, int]] = {}  # path -> (size, mtime_ns) when opened
-        # (store key, strand, index of the next chunk, ModelState after the previous chunk)
+        # (store key, strand, index of the next unit, ModelState after the previous unit)
         self._stream: tuple[str, str, int, object] | None = None
         self.node = f"{_node_id()}:{os.getpid()}"
 
@@ -124,9 +125,9 @@ class PipelineWorker:
                              "for the new content)")
         return inp
 
-    def _read(self, chunk: Chunk) -> tuple[object, dict]:
-        """The model's input for a chunk, and the arrays that come from the input itself."""
-        data, aux = self._input(chunk.input_path).read(chunk.record_id, chunk.start, chunk.end)
+    def _read(self, unit: Unit) -> tuple[object, dict]:
+        """The model's input for a unit, and the arrays that come from the input itself."""
+        data, aux = self._input(unit.input_path).read(unit.record_id, unit.start, unit.end)
         extra = {}
         if self.model.modality == "dna":
             if self.want_softmask:
@@ -135,51 +136,51 @@ class PipelineWorker:
             extra["time"] = aux
         return data, extra
 
-    def _state_before(self, chunk: Chunk):
-        if self._stream is not None and self._stream[:3] == (chunk.key, chunk.strand, chunk.index):
+    def _state_before(self, unit: Unit):
+        if self._stream is not None and self._stream[:3] == (unit.key, unit.strand, unit.index):
             return self._stream[3]
-        # the chunk read before this one: the previous on the forward strand, the next on the reverse
-        before = chunk.index - 1 if chunk.strand == "+" else chunk.index + 1
-        if before < 0 or before >= self.store.n_chunks(chunk.key):
+        # the unit read before this one: the previous on the forward strand, the next on the reverse
+        before = unit.index - 1 if unit.strand == FORWARD else unit.index + 1
+        if before < 0 or before >= self.store.n_units(unit.key):
             return self.model.init_state()
         from linpipe.model import ModelState
 
-        arrays = self.store.boundary_state(chunk.key, before, chunk.strand)
+        arrays = self.store.boundary_state(unit.key, before, unit.strand)
         return ModelState.from_arrays(arrays)
 
-    def run_chunk(self, chunk: Chunk, last: bool = False) -> UnitResult:
-        """Run one chunk of a streamed record and write it with its boundary state. A reverse
-        strand's chunk reads the same slice, complemented and backwards, and stores its outputs
+    def run_unit(self, unit: Unit, last: bool = False) -> UnitResult:
+        """Run one unit of a streamed record and write it with its boundary state. A reverse
+        strand's unit reads the same slice, complemented and backwards, and stores its outputs
         back at the forward positions."""
         t0 = time.perf_counter()
-        x, extra = self._read(chunk)
+        x, extra = self._read(unit)
         t1 = time.perf_counter()
-        state = self._state_before(chunk)
-        if chunk.strand == "-":
+        state = self._state_before(unit)
+        if unit.strand == REVERSE:
             out, state = self.model.forward(reverse_complement(x), state, outputs=self.rc_outputs)
             out, extra = {f"{k}_rc": v[::-1] for k, v in out.items()}, {}
         else:
             out, state = self.model.forward(x, state, outputs=self.outputs)
         t2 = time.perf_counter()
         arrays = {**out, **extra}
-        if chunk.keep is not None:  # --regions: only what overlaps a region (nothing: no data)
-            arrays = mask_outside(arrays, chunk.keep, chunk.start) if chunk.keep else None
-        self.store.write_chunk(chunk.key, chunk.index, arrays, state=state.to_arrays(), strand=chunk.strand)
+        if unit.keep is not None:  # --regions: only what overlaps a region (nothing: no data)
+            arrays = mask_outside(arrays, unit.keep, unit.start) if unit.keep else None
+        self.store.write_unit(unit.key, unit.index, arrays, state=state.to_arrays(), strand=unit.strand)
         t3 = time.perf_counter()
-        step = 1 if chunk.strand == "+" else -1
-        self._stream = None if last else (chunk.key, chunk.strand, chunk.index + step, state)
+        step = 1 if unit.strand == FORWARD else -1
+        self._stream = None if last else (unit.key, unit.strand, unit.index + step, state)
         if last:
             self.store.close()  # drop the finished record's cached array handles (refilled lazily)
-        return UnitResult(chunk.key, chunk.index, chunk.positions, t1 - t0, t2 - t1, t3 - t2,
+        return UnitResult(unit.key, unit.index, unit.positions, t1 - t0, t2 - t1, t3 - t2,
                           self.node, peak_rss())
 
-    def run_batch(self, batch: int, chunks: list[Chunk]) -> UnitResult:
+    def run_batch(self, batch: int, units: list[Unit]) -> UnitResult:
         """Run one packed batch (whole short records, in table order) in one batched model
         call, and write it as one Zarr chunk of the packed arrays."""
         import numpy as np
 
         t0 = time.perf_counter()
-        read = [self._read(c) for c in chunks]
+        read = [self._read(c) for c in units]
         t1 = time.perf_counter()
         xs = [x for x, _ in read]
         if self.rc_outputs:  # both strands of every record in the one batched call
@@ -194,11 +195,11 @@ class PipelineWorker:
         t2 = time.perf_counter()
         merged = [{**out, **extra} for out, (_, extra) in zip(outs, read, strict=True)]
         merged = [m if c.keep is None else mask_outside(m, c.keep, 0)  # --regions
-                  for m, c in zip(merged, chunks, strict=True)]
+                  for m, c in zip(merged, units, strict=True)]
         arrays = {name: np.concatenate([m[name] for m in merged]) for name in merged[0]}
         self.store.write_batch(batch, arrays)
         t3 = time.perf_counter()
-        return UnitResult(f"batch {batch}", len(chunks), sum(c.positions for c in chunks),
+        return UnitResult(f"batch {batch}", len(units), sum(c.positions for c in units),
                           t1 - t0, t2 - t1, t3 - t2, self.node, peak_rss())
 
     def close(self) -> None:

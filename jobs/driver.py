@@ -2,11 +2,11 @@
 
 The driver reads only the inputs' indexes and the store's progress markers. It starts (or joins)
 Ray, creates one PipelineWorker actor per GPU or CPU slot, hands each actor one stream (a
-record longer than a chunk, longest first) or one packed batch of short records at a time, and keeps
+record longer than a unit, longest first) or one packed batch of short records at a time, and keeps
 at most IN_FLIGHT calls queued per actor (ray.wait), so memory stays flat however large the
 input is. A dead actor's record goes back to the front of the queue at its first unfinished
-chunk; the actor that takes it over loads the boundary state from the store. Every write is
-idempotent (same chunk, same bytes), so redoing a chunk is always safe.
+unit; the actor that takes it over loads the boundary state from the store. Every write is
+idempotent (same unit, same bytes), so redoing a unit is always safe.
 
 The driver prints nothing: it reports to a JobEvents object, which the CLI renders.
 """
@@ -18,18 +18,19 @@ import warnings
 from dataclasses import dataclass, field
 
 from linpipe.errors import StoreError
+from linpipe.strands import FORWARD
 
 from .actor import PipelineWorker, UnitResult, as_actor, peak_rss
 from .cluster import start_ray, stop_ray, worker_slots
 from .errors import ClusterError, worker_error
 from .lease import Lease
 from .options import recorded
-from .plan import Chunk, JobPlan, Record
+from .plan import JobPlan, Record, Unit
 from .preflight import another_job, never_received_a_unit, preflight
 from .request import JobRequest, RunOptions
-from .split import SegmentWorker, run_split, split_parts
+from .split import SegmentWorker, run_split, split_segments
 
-IN_FLIGHT = 2  # calls queued per actor: the next chunk is waiting when one finishes
+IN_FLIGHT = 2  # calls queued per actor: the next unit is waiting when one finishes
 # An actor that dies this many times per worker slot means something is wrong with the job.
 MAX_DEATHS_PER_WORKER = 3
 # How long the driver waits with no live worker before giving up (a node that never returns).
@@ -124,7 +125,7 @@ def open_or_create_store(plan: JobPlan, out: str, *, overwrite: bool = False):
         if not never_received_a_unit(store):
             raise another_job(out, old, plan.job_id)
         overwrite = True  # a failed start's empty store holds no work: the corrected job takes it
-    options = recorded({"model": plan.model_ref, "chunk_size": plan.chunk_size, "outputs": list(plan.outputs),
+    options = recorded({"model": plan.model_ref, "unit_size": plan.unit_size, "outputs": list(plan.outputs),
                         **plan.input_options, "regions": plan.regions_path})
     meta = {"job_id": plan.job_id, "model_sha256": plan.model_sha256, "model": options.pop("model"),
             "inputs": list(plan.inputs)}
@@ -134,7 +135,7 @@ def open_or_create_store(plan: JobPlan, out: str, *, overwrite: bool = False):
         meta["regions"].update(records=len(plan.regions),
                                positions=sum(e - s for ivs in plan.regions.values() for s, e in ivs))
     return OutputStore.create(out, meta=meta, records=plan.store_records(), outputs=outputs,
-                              chunk_size=plan.chunk_size, feature_dim=plan.d_model,
+                              unit_size=plan.unit_size, feature_dim=plan.d_model,
                               channels=list(plan.channels) if plan.channels else None, overwrite=overwrite,
                               packed=plan.packed, modality=plan.modality,
                               packed_time_dtype=plan.packed_time_dtype, packed_inputs=list(plan.inputs))
@@ -145,7 +146,7 @@ def _finalize(store) -> bool:
         warnings.simplefilter("ignore")
         try:
             return store.finalize()
-        except OSError as e:  # the disk filled up just as the last chunk was written
+        except OSError as e:  # the disk filled up just as the last unit was written
             raise StoreError(f"{e.filename or store.path}: cannot finish the output store: "
                              f"{e.strerror or e}; the store stays resumable") from None
 
@@ -153,14 +154,14 @@ def _finalize(store) -> bool:
 # ------------------------------------------------------------------------------ work items
 @dataclass
 class Stream:
-    """A record whose chunks run in order on one actor, from `next` on."""
+    """A record whose units run in order on one actor, from `next` on."""
 
     record: Record
-    next: int  # the next chunk to hand out
+    next: int  # the next unit to hand out
 
     @property
     def handed_out(self) -> bool:
-        return self.next >= self.record.n_chunks
+        return self.next >= self.record.n_units
 
 
 @dataclass(frozen=True)
@@ -172,15 +173,15 @@ class Batch:
 
 def work_left(plan: JobPlan, store) -> tuple[collections.deque, int]:
     """What is left to run, and the positions already done: streams from their first
-    unfinished chunk; packed batches whole, unless marked done."""
+    unfinished unit; packed batches whole, unless marked done."""
     todo: collections.deque[Stream | Batch] = collections.deque()
     done = 0
     for r in plan.streams:  # a reverse strand's stream counts its steps from the record's end
-        completed = store.completed_chunks(r.key, r.strand)
-        first = next((i for i in range(r.n_chunks) if r.chunk(i).index not in completed), r.n_chunks)
-        if r.strand == "+":
-            done += min(first * r.chunk_size, r.length)
-        if first < r.n_chunks:
+        completed = store.completed_units(r.key, r.strand)
+        first = next((i for i in range(r.n_units) if r.unit(i).index not in completed), r.n_units)
+        if r.strand == FORWARD:
+            done += min(first * r.unit_size, r.length)
+        if first < r.n_units:
             todo.append(Stream(r, first))
     batch_done = store.batches_done()
     for b in range(plan.packed.n_batches):
@@ -195,7 +196,7 @@ def work_left(plan: JobPlan, store) -> tuple[collections.deque, int]:
 @dataclass
 class _Call:
     ref: object  # a Ray ObjectRef
-    chunk: Chunk | None  # None: a batch
+    unit: Unit | None  # None: a batch
 
 
 @dataclass
@@ -232,9 +233,9 @@ class Scheduler:
     """Hands work items to actors, at most IN_FLIGHT calls each, and replaces dead actors."""
 
     def __init__(self, new_actor, todo: collections.deque, n_workers: int, events: JobEvents,
-                 batch_chunks=None):
+                 batch_units=None):
         self.new_actor = new_actor
-        self.batch_chunks = batch_chunks  # batch index -> the records' chunks (JobPlan.batch_chunks)
+        self.batch_units = batch_units  # batch index -> the records' units (JobPlan.batch_units)
         self.todo = todo
         self.n_workers = n_workers
         self.events = events
@@ -252,32 +253,32 @@ class Scheduler:
         return _Slot(h, h.ready.remote())
 
     def _top_up(self, slot: _Slot) -> None:
-        """Take a new item when idle; queue the next chunks of a stream."""
+        """Take a new item when idle; queue the next units of a stream."""
         if slot.item is None:
             if not self.todo:
                 return
             slot.item = self.todo.popleft()
             if isinstance(slot.item, Batch):
                 b = slot.item.index
-                slot.calls.append(_Call(slot.handle.run_batch.remote(b, self.batch_chunks(b)), None))
+                slot.calls.append(_Call(slot.handle.run_batch.remote(b, self.batch_units(b)), None))
                 return
         s = slot.item
         if not isinstance(s, Stream):
             return
         while len(slot.calls) < IN_FLIGHT and not s.handed_out:
-            chunk = s.record.chunk(s.next)
-            last = s.next == s.record.n_chunks - 1
-            slot.calls.append(_Call(slot.handle.run_chunk.remote(chunk, last=last), chunk))
+            unit = s.record.unit(s.next)
+            last = s.next == s.record.n_units - 1
+            slot.calls.append(_Call(slot.handle.run_unit.remote(unit, last=last), unit))
             s.next += 1
 
     def _requeue(self, slot: _Slot) -> None:
-        """A dead slot's work goes back to the front of the queue, from its first lost chunk."""
+        """A dead slot's work goes back to the front of the queue, from its first lost unit."""
         item = slot.item
         if isinstance(item, Batch):
             self.todo.appendleft(item)
         elif isinstance(item, Stream):
-            first = item.record.step(slot.calls[0].chunk) if slot.calls else item.next
-            if first < item.record.n_chunks:
+            first = item.record.step(slot.calls[0].unit) if slot.calls else item.next
+            if first < item.record.n_units:
                 self.todo.appendleft(Stream(item.record, first))
 
     def run(self) -> None:
@@ -318,7 +319,7 @@ class Scheduler:
             self._replace(ray, slot, e)  # the actor died (an error in __init__ comes as a task's)
             return
         except ray.exceptions.RayTaskError as e:
-            c = call.chunk if call else None
+            c = call.unit if call else None
             what = (f"record {c.record_id!r} positions {c.start}-{c.end} of {c.input_path}" if c
                     else f"packed batch {slot.item.index} of short records" if call else "starting a worker")
             raise worker_error(e, what) from None
@@ -447,15 +448,15 @@ def _run_leased(plan, request, out, address, device, events) -> JobSummary:
         split = request.split
         if split == "auto" and (request.regions or plan.modality != "dna" or options.get("num_gpus")):
             split = "never"  # auto: CPU actors on DNA only (no GPU was lent to measure it on)
-        splits = [(item, split_parts(item.record, total, possible, split)) for item in todo
-                  if isinstance(item, Stream) and item.record.strand == "+"]
-        splits = [(item, parts) for item, parts in splits if parts > 1]
-        for item, _parts in splits:
+        splits = [(item, split_segments(item.record, total, possible, split)) for item in todo
+                  if isinstance(item, Stream) and item.record.strand == FORWARD]
+        splits = [(item, n) for item, n in splits if n > 1]
+        for item, _n in splits:
             todo.remove(item)
         split_stats = []
         t_split = None
         if splits:
-            n_workers = max(n_workers, max(parts for _, parts in splits))
+            n_workers = max(n_workers, max(n for _, n in splits))
             seg_actor = ray.remote(as_actor(SegmentWorker)).options(**placement)
 
             mem = request.actor_resources.memory
@@ -468,18 +469,18 @@ def _run_leased(plan, request, out, address, device, events) -> JobSummary:
 
         events.started(JobStart(plan.job_id, out, n_records, total, done_positions, len(todo) + len(splits),
                                 n_workers, possible))
-        for item, parts in splits:
-            split_stats.append(run_split(item.record, parts, store, new_segment_actor, events,
+        for item, n in splits:
+            split_stats.append(run_split(item.record, n, store, new_segment_actor, events,
                                          first_weight=plan.split_first_weight,
                                          on_layer=lambda r, *a: events.split_layer(r.id, *a)))
         # then the other records as before (no actor at all when nothing is left)
-        sched = Scheduler(new_actor, todo, min(n_workers, len(todo)), events, plan.batch_chunks)
+        sched = Scheduler(new_actor, todo, min(n_workers, len(todo)), events, plan.batch_units)
         sched.run()
         events.finished()
         sched.stop(ray)
         t_end = time.monotonic()
         if not _finalize(store):
-            raise StoreError(f"{out}: the job ended but some chunks are not marked complete; "
+            raise StoreError(f"{out}: the job ended but some units are not marked complete; "
                              "submit it again to finish them")
         for st in split_stats:
             t_split = min(t_split or st.get("t_ready", t_end), st.get("t_ready", t_end))

@@ -22,10 +22,10 @@ from typing import Any
 
 from linpipe.errors import LinpipeError
 
-# Positions per work unit and per Zarr chunk. Measured (BENCHMARKS.md, "Pipeline (issue 6)"):
+# Positions per work unit (and per Zarr chunk along positions). Measured (BENCHMARKS.md, "Pipeline"):
 # large enough that per-call overhead is lost in the model time, small enough that a genome
 # still splits into many units and a worker's memory stays small.
-DEFAULT_CHUNK_SIZE = 262_144
+DEFAULT_UNIT_SIZE = 262_144
 
 SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "B": 1, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
@@ -129,11 +129,14 @@ RESOURCE_KEYS = ("num_cpus", "num_gpus", "memory", "custom")
 
 
 def unknown_key(key: str, known) -> str:
-    """Why a key is refused, with the closest known one (a typo) or the list of them."""
+    """Why a key is refused, with the closest known one (a typo) or the list of them. `known`: the
+    keys, or a mapping of each key to the name to suggest for it (for an older name, the new one)."""
     import difflib
 
-    close = difflib.get_close_matches(str(key), list(known), n=1, cutoff=0.6)
-    return "unknown key" + (f" (did you mean {close[0]}?)" if close else f"; known keys: {', '.join(known)}")
+    names = known if isinstance(known, dict) else {k: k for k in known}
+    close = difflib.get_close_matches(str(key), list(names), n=1, cutoff=0.6)
+    return "unknown key" + (f" (did you mean {names[close[0]]}?)" if close
+                            else f"; known keys: {', '.join(dict.fromkeys(names.values()))}")
 
 
 # ---------------------------------------------------------------------------------- kinds
@@ -333,6 +336,7 @@ class Option:
     example: Any = None  # a value as a spec writes it (docs; tests round-trip it)
     run: bool = False  # how this submit runs (RunOptions), not what the job is (JobRequest)
     identity: bool = False  # it changes the outputs: it enters the job id
+    identity_key: str | None = None  # its key in the job id, where not its name (ids stay as they were)
     # False where the identity is not what the store records (regions: the digest of the
     # regions read from the file, recorded as the file's path)
     identity_recorded: bool = True
@@ -371,8 +375,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("out", Text(), "Output Zarr store (a path or an fsspec URL; in a spec with per_input, "
            "{stem} or {name} of each input).", default_text="INPUTNAME.zarr in the current directory",
            metavar="PATH", example="results/genome.zarr", path=True),
-    Option("chunk_size", Count(), "Positions per work unit and per Zarr chunk.", default=DEFAULT_CHUNK_SIZE,
-           metavar="N", example=65536, identity=True, stored="chunk_size"),
+    Option("unit_size", Count(), "Positions per work unit: what one worker call reads, runs and writes "
+           "(one Zarr chunk along positions).", default=DEFAULT_UNIT_SIZE, metavar="N", example=65536,
+           identity=True, identity_key="chunk_size", stored="chunk_size", aliases=("chunk_size",)),
     Option("outputs", Names(unordered=True), "Comma-separated outputs, e.g. "
            "logprob,entropy,softmask,hidden (docs/output-format.md).",
            default_text="the modality's defaults", metavar="LIST", example=["logprob", "entropy"],
@@ -451,7 +456,7 @@ def identity(values: dict[str, Any]) -> dict[str, Any]:
         if o.input_option:
             doc["input_options"][o.name] = v
         else:
-            doc[o.name] = o.kind.canonical(v) if isinstance(o.kind, Names) else v
+            doc[o.identity_key or o.name] = o.kind.canonical(v) if isinstance(o.kind, Names) else v
     return doc
 
 

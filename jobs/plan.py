@@ -1,8 +1,8 @@
 """The plan: what work a job request stands for, from the inputs' indexes only.
 
 Nothing here reads sequence data (a time-series input's first time value aside, for its
-dtype). A record longer than one chunk is a *stream*: its chunks must meet the model in order
-on one actor. Records of at most one chunk are *packed*: kept as columns (PackedRecords, no
+dtype). A record longer than one unit is a *stream*: its units must meet the model in order
+on one actor. Records of at most one unit are *packed*: kept as columns (PackedRecords, no
 object per record, so a million contigs cost the driver tens of MB) and grouped into batches
 that one actor runs in a single batched model call and writes as one Zarr chunk. The grouping
 is a pure function of the index, so a resumed job re-runs exactly the batches of the first run
@@ -18,6 +18,7 @@ from typing import Any
 
 from linpipe.errors import InputError, LinpipeError, option
 from linpipe.store.table import PackedRecords
+from linpipe.strands import FORWARD, REVERSE
 
 from .checks import check_channels, check_has_positions, fit_channels, modality_error
 from .options import identity
@@ -26,8 +27,8 @@ from .request import JobRequest
 
 
 @dataclass(frozen=True)
-class Chunk:
-    """One chunk of one record: positions [start, end) of `record_id` in `input_path`."""
+class Unit:
+    """One unit of one record: positions [start, end) of `record_id` in `input_path`."""
 
     input_path: str
     record_id: str
@@ -35,7 +36,7 @@ class Chunk:
     start: int
     end: int
     index: int  # the Zarr chunk it writes (positions [start, end))
-    strand: str = "+"  # "-": the reverse complement of [start, end), read from end to start
+    strand: str = FORWARD  # REVERSE: the reverse complement of [start, end), read from end to start
     keep: tuple[tuple[int, int], ...] | None = None  # --regions: what to store (None: everything)
 
     @property
@@ -51,35 +52,35 @@ class Record:
     id: str
     key: str
     length: int
-    chunk_size: int
+    unit_size: int
     description: str = ""
     time_dtype: str | None = None  # time series: the dtype of the time column
-    # "-": the reverse strand's stream of the same record: its steps run over the chunks from
-    # the last to the first (step k writes chunk n-1-k), with a state carried of its own
-    strand: str = "+"
+    # REVERSE: the reverse strand's stream of the same record: its steps run over the units from
+    # the last to the first (step k writes unit n-1-k), with a state carried of its own
+    strand: str = FORWARD
     regions: tuple[tuple[int, int], ...] | None = None  # --regions: the stored intervals
 
     @property
-    def n_chunks(self) -> int:
-        return -(-self.length // self.chunk_size)
+    def n_units(self) -> int:
+        return -(-self.length // self.unit_size)
 
-    def chunk(self, step: int) -> Chunk:
-        """The stream's step-th unit (for the forward strand, chunk `step`)."""
-        return self.at(step if self.strand == "+" else self.n_chunks - 1 - step)
+    def unit(self, step: int) -> Unit:
+        """The stream's step-th unit (for the forward strand, unit `step`)."""
+        return self.at(step if self.strand == FORWARD else self.n_units - 1 - step)
 
-    def at(self, index: int) -> Chunk:
+    def at(self, index: int) -> Unit:
         """This strand's unit that writes Zarr chunk `index`."""
-        start = index * self.chunk_size
-        end = min(start + self.chunk_size, self.length)
+        start = index * self.unit_size
+        end = min(start + self.unit_size, self.length)
         keep = None if self.regions is None else clip(self.regions, start, end)
-        return Chunk(self.input_path, self.id, self.key, start, end, index, self.strand, keep)
+        return Unit(self.input_path, self.id, self.key, start, end, index, self.strand, keep)
 
-    def step(self, chunk: Chunk) -> int:
-        """The inverse of chunk(): where in the stream a chunk comes."""
-        return chunk.index if self.strand == "+" else self.n_chunks - 1 - chunk.index
+    def step(self, unit: Unit) -> int:
+        """The inverse of unit(): where in the stream a unit comes."""
+        return unit.index if self.strand == FORWARD else self.n_units - 1 - unit.index
 
-    def chunks(self, first: int = 0) -> list[Chunk]:
-        return [self.chunk(i) for i in range(first, self.n_chunks)]
+    def units(self, first: int = 0) -> list[Unit]:
+        return [self.unit(i) for i in range(first, self.n_units)]
 
 
 @dataclass(frozen=True)
@@ -93,14 +94,14 @@ class JobPlan:
     model_sha256: str
     modality: str
     outputs: tuple[str, ...]
-    chunk_size: int
+    unit_size: int
     input_options: dict[str, Any]
     d_model: int
     split_first_weight: float  # a split record's first segment's share (segments.first_weight)
     channels: tuple[str, ...] | None  # time series: the input's channel names
-    records: tuple[Record, ...]  # the long records (2+ chunks), in input order
+    records: tuple[Record, ...]  # the long records (2+ units), in input order
     streams: tuple[Record, ...]  # the same, longest first (and each one's reverse strand after it)
-    packed: PackedRecords  # records of at most one chunk, batched
+    packed: PackedRecords  # records of at most one unit, batched
     packed_time_dtype: str | None = None  # time series: the packed records' time column dtype
     regions: dict | None = None  # --regions: record id -> merged intervals (records without one left out)
     regions_path: str | None = None
@@ -113,7 +114,7 @@ class JobPlan:
     def strands(self) -> tuple[str, ...]:
         from linpipe.store.layout import is_rc
 
-        return ("+", "-") if any(is_rc(o) for o in self.outputs) else ("+",)
+        return (FORWARD, REVERSE) if any(is_rc(o) for o in self.outputs) else (FORWARD,)
 
     @property
     def total_positions(self) -> int:
@@ -121,13 +122,13 @@ class JobPlan:
 
     @property
     def n_units(self) -> int:
-        return sum(r.n_chunks for r in self.streams) + self.packed.n_batches
+        return sum(r.n_units for r in self.streams) + self.packed.n_batches
 
-    def batch_chunks(self, batch: int) -> list[Chunk]:
-        """The records of one packed batch as whole-record chunks, in table order."""
+    def batch_units(self, batch: int) -> list[Unit]:
+        """The records of one packed batch as whole-record units, in table order."""
         p = self.packed
         regions = self.regions
-        return [Chunk(self.inputs[int(p.sources[i])], str(p.ids[i]), str(p.ids[i]), 0, int(p.lengths[i]), 0,
+        return [Unit(self.inputs[int(p.sources[i])], str(p.ids[i]), str(p.ids[i]), 0, int(p.lengths[i]), 0,
                       keep=None if regions is None else regions.get(str(p.ids[i]), ()))
                 for i in p.rows(batch)]
 
@@ -159,7 +160,7 @@ class JobPlan:
 def job_id(fingerprints: list[str], model_sha256: str, options: dict) -> str:
     """A deterministic id for a job: the same inputs (by content), model and options give the
     same id wherever and whenever it is computed. `options` holds only what changes outputs
-    (chunk size, output names, input parsing options), never worker counts or addresses."""
+    (unit size, output names, input parsing options), never worker counts or addresses."""
     doc = json.dumps({"inputs": list(fingerprints), "model": model_sha256, "options": options},
                      sort_keys=True, separators=(",", ":"))
     return "lp-" + hashlib.sha256(doc.encode()).hexdigest()[:16]
@@ -180,9 +181,9 @@ def plan_job(request: JobRequest) -> JobPlan:
 
     if not request.inputs:
         raise InputError("no input given")
-    chunk_size = request.chunk_size
-    if chunk_size < 1:
-        raise LinpipeError(f"{option('chunk_size')} must be a positive number of positions, got {chunk_size}")
+    unit_size = request.unit_size
+    if unit_size < 1:
+        raise LinpipeError(f"{option('unit_size')} must be a positive number of positions, got {unit_size}")
     # a forced split is built and measured for whole DNA records only
     forced_split = isinstance(request.split, int)
     if forced_split and request.regions:
@@ -224,7 +225,7 @@ def plan_job(request: JobRequest) -> JobPlan:
                     raise InputError(f"{path}: record {r.id!r} is also in {seen[r.id]}; "
                                      "record ids must be unique across a job's inputs")
                 seen[r.id] = path
-                if r.length > chunk_size:
+                if r.length > unit_size:
                     long_found.append((p, r, time_dtype))
                 else:
                     short_ids.append(r.id)
@@ -267,25 +268,25 @@ def plan_job(request: JobRequest) -> JobPlan:
     if forced_split and modality != "dna":
         raise LinpipeError(f"{option('split')} {request.split}: splitting a record is implemented and tested "
                            f"for DNA models only; this is a {modality} job (use {option('split')} never)")
-    planned = {"chunk_size": chunk_size, "outputs": outputs, **input_options}
+    planned = {"unit_size": unit_size, "outputs": outputs, **input_options}
     if regions is not None:
         from .regions import regions_digest
 
         planned["regions"] = regions_digest(regions)
     jid = job_id(fingerprints, m.sha256, identity(planned))
     keys = make_keys([r.id for _, r, _ in long_found])
-    records = tuple(Record(p, r.id, keys[r.id], int(r.length), chunk_size, r.description, t,
+    records = tuple(Record(p, r.id, keys[r.id], int(r.length), unit_size, r.description, t,
                            regions=None if regions is None else regions[r.id])
                     for p, r, t in long_found)
-    packed = PackedRecords.build(short_ids, short_desc, short_len, short_src, chunk_size=chunk_size)
+    packed = PackedRecords.build(short_ids, short_desc, short_len, short_src, unit_size=unit_size)
     check_has_positions(request.inputs, len(records) + packed.n_records,
                         sum(r.length for r in records) + packed.positions, modality)
     # longest first: the long records bound the makespan (ties keep input order: deterministic)
     streams = tuple(sorted(records, key=lambda r: -r.length))
     if any(is_rc(o) for o in outputs):  # both strands: each record's reverse stream right after it
-        streams = tuple(s for r in streams for s in (r, replace(r, strand="-")))
+        streams = tuple(s for r in streams for s in (r, replace(r, strand=REVERSE)))
     return JobPlan(jid, tuple(os.path.abspath(os.fspath(p)) for p in request.inputs), model_ref,
-                   m.sha256, modality, tuple(outputs), chunk_size, input_options, int(m.config.d_model),
+                   m.sha256, modality, tuple(outputs), unit_size, input_options, int(m.config.d_model),
                    first_weight(m.config),
                    channels, records, streams, packed, short_times.pop() if short_times else None, regions,
                    os.path.abspath(os.fspath(request.regions)) if request.regions else None)

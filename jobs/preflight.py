@@ -59,7 +59,7 @@ def check_writable(out: str) -> None:
 
 
 def never_received_a_unit(store) -> bool:
-    """True for a store that no chunk was ever written to (a submit that failed after creating
+    """True for a store that no unit was ever written to (a submit that failed after creating
     it): nothing in it is worth keeping, so another job may replace it without overwrite."""
     return not store.is_complete() and store.progress()["units_done"] == 0
 
@@ -111,7 +111,7 @@ def dry_run(request: JobRequest, run: RunOptions | None = None) -> dict[str, Any
     plan, done = checked.plan, checked.progress
     return {"job_id": plan.job_id, "inputs": list(plan.inputs), "records": plan.n_records,
             "positions": plan.total_positions, "work_units": plan.n_units,
-            "chunk_size": plan.chunk_size, "outputs": list(plan.outputs), "out": checked.out,
+            "unit_size": plan.unit_size, "outputs": list(plan.outputs), "out": checked.out,
             "estimated_output_bytes": plan.estimated_output_bytes(), "cluster": checked.cluster,
             "positions_done": done["positions_done"] if done else 0,
             "complete": bool(done and done["complete"])}

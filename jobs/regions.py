@@ -1,9 +1,9 @@
 """`submit --regions BED`: store outputs only inside the listed regions.
 
 The model still streams every record that has a region from its start (the context of a
-position is the whole record before it), chunk by chunk with its boundary states; each unit
+position is the whole record before it), unit by unit with its boundary states; each unit
 writes its outputs only where they overlap a region (the fill value, NaN, elsewhere), and a
-unit with no region in it writes no output chunk at all, only its state and marker. Records
+unit with no region in it writes no output at all, only its state and marker. Records
 without any region are left out of the job.
 """
 from __future__ import annotations

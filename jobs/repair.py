@@ -1,6 +1,6 @@
 """`linpipe verify --repair`: recompute exactly the units that verify found corrupt or missing.
 
-A long record's chunk is recomputed from the boundary state stored after the chunk before it
+A long record's unit is recomputed from the boundary state stored after the unit before it
 (units are repaired in position order, so a repaired state serves the next one); a packed batch
 is rerun whole. The work runs in this process through the same PipelineWorker code and thread
 count as a job's actors, so a repaired unit holds the bytes an uninterrupted run wrote.
@@ -12,6 +12,7 @@ from dataclasses import replace
 from linpipe.errors import LinpipeError, option
 from linpipe.store import OutputStore
 from linpipe.store.verify import UnitProblem
+from linpipe.strands import FORWARD
 
 from .actor import PipelineWorker
 from .options import stored_values
@@ -39,14 +40,14 @@ def repair_units(path: str, problems: list[UnitProblem], *, on_unit=None) -> int
     records = {r.id: r for r in plan.records}
     n = 0
     try:
-        # in reading order: a reverse strand's chunks from the record's end
+        # in reading order: a reverse strand's units from the record's end
         for p in sorted(problems, key=lambda p: (p.record is None, p.record or "", p.strand,
-                                                 p.unit if p.strand == "+" else -p.unit)):
+                                                 p.unit if p.strand == FORWARD else -p.unit)):
             if p.record is None:
-                worker.run_batch(p.unit, plan.batch_chunks(p.unit))
+                worker.run_batch(p.unit, plan.batch_units(p.unit))
             else:
-                chunk = replace(records[p.record], strand=p.strand).at(p.unit)
-                worker.run_chunk(chunk, last=True)  # the state before it from the store
+                unit = replace(records[p.record], strand=p.strand).at(p.unit)
+                worker.run_unit(unit, last=True)  # the state before it from the store
             n += 1
             if on_unit:
                 on_unit(n)

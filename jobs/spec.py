@@ -174,7 +174,9 @@ def _option_values(data: dict, fail) -> dict[str, Any]:
             members = [k.split(".", 1)[1] for k in KEYS if k.startswith(f"{key}.")]
             entries = [(f"{key}.{k}", v, members) for k, v in value.items()]
         else:
-            entries = [(str(key), value, [k for k in [*SPEC_KEYS, *KEYS, *GROUPS] if "." not in k])]
+            names = {k: KEYS[k].name if k in KEYS else k  # an older name suggests the new one
+                     for k in [*SPEC_KEYS, *KEYS, *GROUPS] if "." not in k}
+            entries = [(str(key), value, names)]
         for dotted, v, known in entries:
             o = KEYS.get(dotted)
             if o is None:
@@ -194,7 +196,7 @@ def _option_values(data: dict, fail) -> dict[str, Any]:
 
 
 def _check_type(key: str, value: Any, types: tuple, what: str, fail) -> None:
-    # bool is an int in Python; a `chunk_size: true` is still a mistake
+    # bool is an int in Python; a `unit_size: true` is still a mistake
     if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
         raise fail(key, f"must be {what}, not {value!r}")
 

@@ -1,13 +1,13 @@
 """One long record over a group of actors: the Ray side of sequence parallelism.
 
-The algebra is pipeline/model/segments.py. Here: which records to split (`split_parts`), the
+The algebra is pipeline/model/segments.py. Here: which records to split (`split_segments`), the
 actor that holds one segment (`SegmentWorker`: it reads its own input slice, keeps its residual
 stream in a local spill file and writes its own Zarr chunks with their boundary states), and
 the driver's loop (`run_split`): per layer one exchange, the fold in the driver (per layer
 P partial states of H*K*(K+1) floats and P heads and tails of (W-1)*D floats come, P states
 and halos go).
 
-Segments are whole chunks, so every chunk has one writer. A lost actor loses only its spill
+Segments are whole units, so every unit has one writer. A lost actor loses only its spill
 and memory: the group is rebuilt from what is durable (done markers and the boundary state
 stored at the last complete segment's end, which is the fold's value), with the same segment
 boundaries, so the restarted run folds the same numbers in the same order and its bytes equal
@@ -21,10 +21,11 @@ import time
 import numpy as np
 
 from linpipe.errors import LinpipeError
+from linpipe.strands import FORWARD
 
 from .actor import PipelineWorker, UnitResult, peak_rss
 from .errors import worker_error
-from .plan import Chunk, Record
+from .plan import Record, Unit
 
 # auto: split a record when it is this many times longer than an even share of the job (its
 # stream alone would outlast the other workers by half a share or more).
@@ -35,7 +36,7 @@ MAX_GROUP_RESTARTS = 3
 # 4 (3 D + H) bytes per position, 8 D for the record's first segment; spill_bytes) up to this
 # many bytes per actor go to RAM-backed files (/dev/shm), beyond it to the local temp directory
 # on disk. A Ray `memory` resource per actor sets it to half of that. On the development VM 4 GB
-# of spill for one 4 Mb segment (an earlier design's) took 53 s on disk against 37 s in
+# of spill for one 4 Mb segment took 53 s on disk against 37 s in
 # /dev/shm: the kernel throttles writers once dirty pages pass its threshold.
 SPILL_MEMORY_BUDGET = 4 << 30
 SHM = "/dev/shm"
@@ -51,16 +52,16 @@ def spill_dirs(nbytes: int, budget: int) -> list[str]:
     return [disk]
 
 
-def split_parts(record: Record, total_positions: int, n_workers: int, split: str | int) -> int:
+def split_segments(record: Record, total_positions: int, n_workers: int, split: str | int) -> int:
     """How many segments a streamed record runs in (1: the ordinary one-actor stream); split:
     the request's, "auto", "never" or a number of segments."""
-    if split == "never" or record.n_chunks < 2:
+    if split == "never" or record.n_units < 2:
         return 1
     if isinstance(split, int):
-        return max(1, min(split, record.n_chunks))
+        return max(1, min(split, record.n_units))
     if n_workers < 2 or record.length < AUTO_FACTOR * total_positions / n_workers:
         return 1
-    return min(n_workers, record.n_chunks)
+    return min(n_workers, record.n_units)
 
 
 class SegmentWorker(PipelineWorker):
@@ -81,13 +82,13 @@ class SegmentWorker(PipelineWorker):
             self.runner.close()
         self.record = record
         dirs = spill_dirs(spill_bytes(self.model.config, end - start, exact), self.spill_budget)
-        self.runner = SegmentRunner(self.model, self._read_model_input, start, end, record.chunk_size,
+        self.runner = SegmentRunner(self.model, self._read_model_input, start, end, record.unit_size,
                                     spill_dir=dirs, outputs=self.outputs, exact=exact)
         return self.node
 
     def _read_model_input(self, a: int, b: int):
         r = self.record
-        return self._read(Chunk(r.input_path, r.id, r.key, a, b, a // r.chunk_size))[0]
+        return self._read(Unit(r.input_path, r.id, r.key, a, b, a // r.unit_size))[0]
 
     def model_info(self):
         """(what the fold needs of each layer, the state after BOS as arrays)."""
@@ -106,17 +107,17 @@ class SegmentWorker(PipelineWorker):
         return self.runner.apply(layer, S_in, z_in, halo), time.perf_counter() - t
 
     def write(self, y_prev, final_arrays: dict, skip: list[int]) -> list[UnitResult]:
-        """Writes the segment's chunks (those not in skip) with their boundary states."""
+        """Writes the segment's units (those not in skip) with their boundary states."""
         from linpipe.model import ModelState
 
         r = self.record
         final = ModelState.from_arrays({k: np.array(v) for k, v in final_arrays.items()})  # writable
         results = []
         t0 = time.perf_counter()
-        for idx, a, b, out, state in self.runner.pieces_out(y_prev, final, skip=set(skip)):
+        for idx, a, b, out, state in self.runner.units_out(y_prev, final, skip=set(skip)):
             t1 = time.perf_counter()
-            _x, extra = self._read(Chunk(r.input_path, r.id, r.key, a, b, idx))
-            self.store.write_chunk(r.key, idx, {**out, **extra}, state=state.to_arrays())
+            _x, extra = self._read(Unit(r.input_path, r.id, r.key, a, b, idx))
+            self.store.write_unit(r.key, idx, {**out, **extra}, state=state.to_arrays())
             t2 = time.perf_counter()
             results.append(UnitResult(r.key, idx, b - a, 0.0, t1 - t0, t2 - t1, self.node, peak_rss()))
             t0 = time.perf_counter()
@@ -163,18 +164,18 @@ class RayGroup:
 
 
 def first_incomplete_segment(store, record: Record, bounds) -> int:
-    """The first segment with a chunk not marked done (len(bounds): all done)."""
-    done = store.completed_chunks(record.key, "+")  # the forward strand's (--strand both streams the other)
+    """The first segment with a unit not marked done (len(bounds): all done)."""
+    done = store.completed_units(record.key, FORWARD)  # --strand both streams the other one
     for k, (a, b) in enumerate(bounds):
-        chunks = range(a // record.chunk_size, -(-b // record.chunk_size))
-        if any(i not in done for i in chunks):
+        units = range(a // record.unit_size, -(-b // record.unit_size))
+        if any(i not in done for i in units):
             return k
     return len(bounds)
 
 
-def run_split(record: Record, parts: int, store, new_actor, events, *, first_weight: float,
+def run_split(record: Record, n_segments: int, store, new_actor, events, *, first_weight: float,
               on_layer=None) -> dict:
-    """Runs one record as `parts` segments on a group of new actors, the first weighted
+    """Runs one record as `n_segments` segments on a group of new actors, the first weighted
     `first_weight` (the model's, segments.first_weight); restarts the group from the store
     after an actor is lost. on_layer(record, layer, nodes, timing) is called after
     every layer's barrier (timing: wall, slowest-segment compute and exchange seconds, and
@@ -185,7 +186,7 @@ def run_split(record: Record, parts: int, store, new_actor, events, *, first_wei
     from linpipe.model import ModelState
     from linpipe.model.segments import run_layers, segment_bounds
 
-    bounds = segment_bounds(record.length, record.chunk_size, parts, first_weight)
+    bounds = segment_bounds(record.length, record.unit_size, n_segments, first_weight)
     stats = {"deaths": 0, "positions": 0, "units": [], "layer_s": [], "nodes": set(), "segments": len(bounds)}
     while True:
         k0 = first_incomplete_segment(store, record, bounds)
@@ -203,13 +204,13 @@ def run_split(record: Record, parts: int, store, new_actor, events, *, first_wei
             weights, init = ray.get(handles[0].model_info.remote())
             if k0 == 0:
                 state0 = ModelState.from_arrays({k: np.array(v) for k, v in init.items()})
-            else:  # the fold's value, stored with the last chunk of the segment before
-                first_chunk = bounds[k0][0] // record.chunk_size
-                state0 = ModelState.from_arrays(store.boundary_state(record.key, first_chunk - 1))
+            else:  # the fold's value, stored with the last unit of the segment before
+                first_unit = bounds[k0][0] // record.unit_size
+                state0 = ModelState.from_arrays(store.boundary_state(record.key, first_unit - 1))
             hook = None if on_layer is None else (
                 lambda layer, nodes=nodes, group=group: on_layer(record, layer, nodes, group.take()))
             states = run_layers(_Timed(group, stats, hook), state0, weights, len(todo), exact_first=k0 == 0)
-            done = sorted(store.completed_chunks(record.key, "+"))
+            done = sorted(store.completed_units(record.key, FORWARD))
             results = group.call("write", [(states[k].y[0], states[k + 1].to_arrays(), done)
                                            for k in range(len(todo))])
             for res in results:
@@ -218,7 +219,7 @@ def run_split(record: Record, parts: int, store, new_actor, events, *, first_wei
                     stats["units"].append(u)
                     events.unit_done(u, len(stats["units"]))
             if first_incomplete_segment(store, record, bounds) <= k0:  # never loop on a store that
-                raise LinpipeError(f"record {record.id!r}: its split run ended but chunks of segment "
+                raise LinpipeError(f"record {record.id!r}: its split run ended but units of segment "
                                    f"{k0} are not marked done in the store")
         except (GroupLost, ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as e:
             stats["deaths"] += 1

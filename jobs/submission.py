@@ -9,7 +9,7 @@ here copies a working directory onto the workers' import path.
 Submission ids are derived from the linpipe job id (inputs' fingerprints, model sha256,
 options), `linpipe-<job id>-<attempt>`, so the same job submitted twice is recognised: while
 one attempt runs, a second submit reports it; after it ended, the next attempt resumes it
-(the store skips completed chunks) or, when the store is complete, nothing is submitted.
+(the store skips completed units) or, when the store is complete, nothing is submitted.
 """
 from __future__ import annotations
 
@@ -269,7 +269,7 @@ def _status(client, submission_id: str) -> str:
 def cancel(client, submission_id: str, wait_s: float = 30.0) -> str:
     """Stop a job (SIGTERM to its entrypoint, then SIGKILL); returns its status afterwards.
 
-    The output store stays resumable: only chunks that were completely written count.
+    The output store stays resumable: only units that were completely written count.
     """
     client.stop_job(submission_id)
     return wait(client, submission_id, timeout=wait_s, poll_s=0.5)

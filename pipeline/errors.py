@@ -13,7 +13,7 @@ _OPTION = re.compile(r"\{option:(\w+)\}")
 
 
 def option(name: str) -> str:
-    """An option named in a message (`name`: its keyword, e.g. "chunk_size")."""
+    """An option named in a message (`name`: its keyword, e.g. "unit_size")."""
     return f"{{option:{name}}}"
 
 
@@ -45,9 +45,9 @@ def modality_mismatch(path, input_modality: str, model_ref, model_modality: str)
     import shlex
 
     if input_modality == "timeseries":
-        how = (f"use {option('model')} default-timeseries (the shipped time-series model), or train one: "
-               f"linpipe train {shlex.quote(str(path))} --out MODEL_DIR [--time-column COL], "
-               f"then pass {option('model')} MODEL_DIR")
+        how = (f"use {option('model')} default-timeseries (the shipped time-series model), or train one "
+               f"with linpipe train on {shlex.quote(str(path))} ({option('out')} MODEL_DIR, and "
+               f"{option('time_column')} COL if it has one), then pass {option('model')} MODEL_DIR")
     else:
         how = f"use {option('model')} default (the shipped DNA model) or a DNA model directory"
     return ModelError(f"{path}: a {input_modality} input, but model {model_ref} is a {model_modality} "

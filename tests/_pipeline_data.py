@@ -6,9 +6,9 @@ from pathlib import Path
 
 import numpy as np
 
-CONTIG_CHUNK = 2_048  # the work unit of the contig tests: records up to it are packed
-CHUNK = CONTIG_CHUNK
-EDGE = {"empty": 0, "one_base": 1, "one_unit": CHUNK, "unit_plus_one": CHUNK + 1}
+CONTIG_UNIT = 2_048  # the work unit of the contig tests: records up to it are packed
+UNIT = CONTIG_UNIT
+EDGE = {"empty": 0, "one_base": 1, "one_unit": UNIT, "unit_plus_one": UNIT + 1}
 
 
 def write_fasta_slice(src: Path, dst: Path, lengths: dict[str, int] | int) -> dict[str, int]:
@@ -100,7 +100,7 @@ def _sequences(genomes: Path) -> list[str]:
             else:
                 cur.append(line.strip())
     seqs.append("".join(cur))
-    return [s for s in seqs if len(s) > 3 * CHUNK]
+    return [s for s in seqs if len(s) > 3 * UNIT]
 
 
 def write_contigs(genomes: Path, dest: Path, n: int, seed: int, long: int = 3) -> dict[str, int]:
@@ -112,7 +112,7 @@ def write_contigs(genomes: Path, dest: Path, n: int, seed: int, long: int = 3) -
     for i in range(n):
         lengths[f"ctg{i}|len:{i}"] = int(rng.integers(20, 1_500))
     for i in range(long):
-        lengths[f"chrL{i}"] = int(rng.integers(2 * CHUNK, 4 * CHUNK))
+        lengths[f"chrL{i}"] = int(rng.integers(2 * UNIT, 4 * UNIT))
     order = list(lengths)
     rng.shuffle(order)
     with open(dest, "w") as f:
@@ -126,29 +126,29 @@ def write_contigs(genomes: Path, dest: Path, n: int, seed: int, long: int = 3) -
     return {rid: lengths[rid] for rid in order}
 
 
-def write_in_process(fasta, model, out, *, chunk_size: int | None = None,
+def write_in_process(fasta, model, out, *, unit_size: int | None = None,
                      outputs=("logprob", "entropy", "softmask"), **options):
     """A job run in this process by the actor class itself (no Ray): the same code, plan and
     thread count as a worker, so the bytes of an uninterrupted run. Returns the plan.
-    chunk_size None: submit's default; outputs None: the model's defaults; options: more
+    unit_size None: submit's default; outputs None: the model's defaults; options: more
     JobRequest fields (regions=..., time_column=...)."""
     from linpipe.jobs.actor import PipelineWorker
     from linpipe.jobs.driver import open_or_create_store
     from linpipe.jobs.plan import plan_job
     from linpipe.jobs.request import JobRequest
 
-    if chunk_size is not None:
-        options["chunk_size"] = chunk_size
+    if unit_size is not None:
+        options["unit_size"] = unit_size
     plan = plan_job(JobRequest(inputs=(str(fasta),), model=str(model),
                                outputs=None if outputs is None else tuple(outputs), **options))
     store = open_or_create_store(plan, str(out))
     w = PipelineWorker(plan.model_ref, str(out), list(plan.outputs), device="cpu", threads=1,
                        input_options=plan.input_options)
     for r in plan.streams:
-        for c in r.chunks():
-            w.run_chunk(c, last=c.index == r.n_chunks - 1)
+        for c in r.units():
+            w.run_unit(c, last=c.index == r.n_units - 1)
     for b in range(plan.packed.n_batches):
-        w.run_batch(b, plan.batch_chunks(b))
+        w.run_batch(b, plan.batch_units(b))
     assert store.finalize()
     return plan
 

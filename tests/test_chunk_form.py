@@ -37,14 +37,14 @@ def _close(a, b, tol):
 @pytest.mark.parametrize("gamma", ["one", "below_one"])
 def test_chunked_equals_naive_fp64(head_dim, feature_map, normalize, gamma):
     B, H = 2, 3
-    T = 70 + head_dim  # never a multiple of the chunk (32 here, 64 by default)
+    T = 70 + head_dim  # never a multiple of the block (32 here, 64 by default)
     q, k, v, init = _inputs(B, T, H, head_dim, head_dim, feature_map, normalize, seed=head_dim)
     decay = None if gamma == "one" else torch.tensor([0.5, 0.97, 1.0], dtype=torch.float64)
     kw = dict(decay=decay, feature_map=feature_map, normalize=normalize, initial_state=init,
               output_final_state=True)
     o_ref, (S_ref, z_ref) = naive_recurrent_linear_attn(q, k, v, **kw)
-    for chunk_size in (32, 64):
-        o, (S, z) = chunk_linear_attn_torch(q, k, v, chunk_size=chunk_size, dtype=torch.float64, **kw)
+    for block_size in (32, 64):
+        o, (S, z) = chunk_linear_attn_torch(q, k, v, block_size=block_size, dtype=torch.float64, **kw)
         assert o.dtype == torch.float64 and S.dtype == torch.float32 and z.dtype == torch.float32
         _close(o, o_ref, 1e-10)
         _close(S, S_ref, 1e-6)  # final states are float32 in both
@@ -113,13 +113,13 @@ def test_gradients_match_naive():
 
 @pytest.mark.parametrize("decay", [(0.8, 0.9999), (1.0, 1.0)])
 @pytest.mark.parametrize("normalize", [True, False])
-def test_many_blocks_and_segments(decay, normalize):
-    """Several segments of hundreds of blocks (the two-level prefix over blocks), a last segment
+def test_many_blocks_and_spans(decay, normalize):
+    """Several spans of hundreds of blocks (the two-level prefix over blocks), a last span
     whose block count is not a multiple of the prefix group, a ragged tail, strong and no decay,
     against the recurrence; then the same call again (the reused scratch memory) and in
     inference mode (scratch memory shared by both modes)."""
     c = 8
-    seg = (chunk_mod.SEGMENT // c) * c
+    seg = (chunk_mod.SPAN // c) * c
     T = 2 * seg + c * 37 + 5
     q, k, v, init = _inputs(1, T, 2, 8, 8, "elu1", normalize, seed=5)
     kw = dict(decay=torch.tensor(decay, dtype=torch.float64), normalize=normalize,
@@ -127,11 +127,11 @@ def test_many_blocks_and_segments(decay, normalize):
     o_ref, (S_ref, z_ref) = naive_recurrent_linear_attn(q, k, v, **kw)
     for mode in (torch.no_grad, torch.no_grad, torch.inference_mode):
         with mode():
-            o, (S, z) = chunk_linear_attn_torch(q, k, v, chunk_size=c, dtype=torch.float64, **kw)
+            o, (S, z) = chunk_linear_attn_torch(q, k, v, block_size=c, dtype=torch.float64, **kw)
         _close(o, o_ref, 1e-10)
         _close(S, S_ref, 1e-6)
         _close(z, z_ref, 1e-6)
-    short = chunk_linear_attn_torch(q[:, :50], k[:, :50], v[:, :50], chunk_size=c, **kw)[0]
+    short = chunk_linear_attn_torch(q[:, :50], k[:, :50], v[:, :50], block_size=c, **kw)[0]
     _close(short, o_ref[:, :50], 1e-10)  # a smaller call after a larger one reuses a prefix of it
 
 
@@ -236,7 +236,7 @@ def test_stages_compose_a_split_sequence(decay, t):
     _close(z, z_t[0].double(), 1e-6)
     zero = (torch.zeros(1, H, K, K, dtype=torch.float64), torch.zeros(1, H, K, dtype=torch.float64))
     num, den, (S2, z2) = chunk_linear_attn_parts(q[:, t:], k[:, t:], v[:, t:], decay=d, initial_state=zero,
-                                                 chunk_size=32)
+                                                 block_size=32)
     assert num.dtype == den.dtype == S2.dtype == torch.float64  # the compute dtype, the state too
     n_in, d_in = state_outputs(phi(q[0, t:]), S, z, lg)
     o = (num[0] + n_in) / (den[0] + d_in + 1e-6).unsqueeze(-1)
@@ -252,8 +252,8 @@ def test_stages_compose_a_split_sequence(decay, t):
 
 def test_no_decay_is_the_decay_of_one():
     """decay None and a decay of 1 for every head are one form (the zero gate): the same bytes,
-    through the dispatcher and the chunked form, in float32 over several segments."""
-    q, k, v, init = _inputs(1, 2 * chunk_mod.SEGMENT + 77, 2, 16, 16, "elu1", True, seed=9)
+    through the dispatcher and the chunked form, in float32 over several spans."""
+    q, k, v, init = _inputs(1, 2 * chunk_mod.SPAN + 77, 2, 16, 16, "elu1", True, seed=9)
     q, k, v = q.float(), k.float(), v.float()
     for fn in (chunk_linear_attn, chunk_linear_attn_torch):
         a, (Sa, za) = fn(q, k, v, initial_state=init, output_final_state=True)

@@ -1,5 +1,5 @@
 """The shipped default-timeseries model (issue 17): found by name and by the input's modality,
-causal, chunk-size invariant, per-channel (any scale), NaN runs, and better than last-value
+causal, unit-size invariant, per-channel (any scale), NaN runs, and better than last-value
 on a held-out real PPG; its eval figures are computed from the model's own forecasts."""
 import hashlib
 import json
@@ -73,7 +73,7 @@ def test_outputs_at_step_i_ignore_every_later_value(model, ecg):
     assert not np.allclose(out2["forecast"][i + 2:i + 50], out["forecast"][i + 2:i + 50])
 
 
-def test_chunk_size_never_changes_outputs(model, ecg):
+def test_unit_size_never_changes_outputs(model, ecg):
     # pieces of 1-2 rows, cuts on and off the EMA sub-blocks (128) and the forward blocks (2048)
     cuts = [1, 2, 3, 127, 129, 700, 2048, 2049, 2999]
     x = ecg.copy()
@@ -213,10 +213,10 @@ def test_job_without_model_then_parquet_with_time_and_a_forecast_anomaly_plot(ti
 
     csv = timeseries / "statsmodels_mstl_elec_vic.csv"  # columns ds (datetime), y
     out = tmp_path / "elec.zarr"
-    plan = write_in_process(csv, "default", out, chunk_size=1000, outputs=None, time_column="ds")
+    plan = write_in_process(csv, "default", out, unit_size=1000, outputs=None, time_column="ds")
     assert Path(plan.model_ref).name == "default-timeseries"
     assert plan.outputs == ("forecast", "residual", "anomaly")
-    assert [r.n_chunks for r in plan.streams] == [4]  # the state carried between 4 chunks
+    assert [r.n_units for r in plan.streams] == [4]  # the state carried between 4 chunks
     table = tmp_path / "elec.parquet"
     r = CliRunner().invoke(cli, ["export", str(out), "--format", "parquet", "--output",
                                  "forecast,residual,anomaly", "-o", str(table)])

@@ -9,7 +9,7 @@ import pandas as pd
 import pyBigWig
 import pytest
 from click.testing import CliRunner
-from test_store import CHUNK, HUMAN_BASES, build_dna_store, build_ts_store
+from test_store import HUMAN_BASES, UNIT, build_dna_store, build_ts_store
 
 from linpipe.cli import cli
 from linpipe.outputs.export import export_parquet, export_track, value_runs
@@ -95,8 +95,8 @@ def test_track_of_incomplete_store_skips_missing_chunk(partial, tmp_path):
     export_track(path, "softmask", bw_path, fmt="bigwig", records=["chr1"])
     bw = pyBigWig.open(str(bw_path))
     vals = np.array(bw.values("chr1", 0, HUMAN_BASES))
-    assert np.isnan(vals[2 * CHUNK:3 * CHUNK]).all()  # never written: absent, not 0
-    np.testing.assert_array_equal(vals[:2 * CHUNK], full["chr1"]["softmask"][:2 * CHUNK])
+    assert np.isnan(vals[2 * UNIT:3 * UNIT]).all()  # never written: absent, not 0
+    np.testing.assert_array_equal(vals[:2 * UNIT], full["chr1"]["softmask"][:2 * UNIT])
     bw.close()
 
 
@@ -162,7 +162,7 @@ def test_cli_inspect(dna, partial, tmp_path):
     ppath, _ = partial
     r = CliRunner().invoke(cli, ["inspect", str(ppath)])
     assert r.exit_code == 0
-    assert "INCOMPLETE" in r.output and f"missing {2 * CHUNK:,}-{3 * CHUNK:,}" in r.output
+    assert "INCOMPLETE" in r.output and f"missing {2 * UNIT:,}-{3 * UNIT:,}" in r.output
     assert "Warning:" in r.output
 
     r = CliRunner().invoke(cli, ["inspect", str(tmp_path)])

@@ -266,7 +266,7 @@ def test_pickled_input_reopens_in_another_process(genomes):
             "print(i.read('Chr3',1000,1100)[0].tolist())")
     out = subprocess.run([sys.executable, "-c", code], input=blob, capture_output=True, check=True).stdout
     assert out.decode().strip() == str(expect)
-    chunks = list(inp.iter_chunks("ChrM", 1000))
+    chunks = list(inp.iter_units("ChrM", 1000))
     assert [(s, e) for s, e, _ in chunks][-1] == (3000, inp.record("ChrM").length)
     np.testing.assert_array_equal(np.concatenate([d[0] for _, _, d in chunks]), inp.read("ChrM")[0])
     inp.close()

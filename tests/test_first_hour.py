@@ -168,23 +168,23 @@ def test_a_store_that_never_received_a_unit_is_replaced_without_overwrite(tmp_pa
 
     mt, out = genomes / "minimap2_MT-human.fa", tmp_path / "mt.zarr"
     # what a submit that failed after creating its store left: a store of another job, no unit
-    first = plan_job(JobRequest(inputs=(str(mt),), chunk_size=5000))
+    first = plan_job(JobRequest(inputs=(str(mt),), unit_size=5000))
     open_or_create_store(first, str(out))
     # the corrected job's driver (open_or_create_store, in this process: no Ray) takes it
-    second = write_in_process(mt, "default", out, chunk_size=8192, outputs=None)
+    second = write_in_process(mt, "default", out, unit_size=8192, outputs=None)
     done = open_output(out)
     assert done.complete and done.meta["job_id"] == second.job_id != first.job_id
     # a store that did receive work is still protected: submit refuses it before any worker starts
-    r = run("submit", mt, "--out", out, "--chunk-size", "5000", "--workers", "1")
+    r = run("submit", mt, "--out", out, "--unit-size", "5000", "--workers", "1")
     one_line_error(r, "holds the outputs of another job", "--overwrite")
 
 
 # ------------------------------------------------------------ 5 and 9: bigWig without pyBigWig, = bedGraph
 @pytest.fixture(scope="module")
 def mt_store(tmp_path_factory, genomes):
-    """What `submit MT-human.fa --chunk-size 5000` writes (run in this process: no Ray)."""
+    """What `submit MT-human.fa --unit-size 5000` writes (run in this process: no Ray)."""
     out = tmp_path_factory.mktemp("mt") / "mt.zarr"
-    write_in_process(genomes / "minimap2_MT-human.fa", "default", out, chunk_size=5000, outputs=None)
+    write_in_process(genomes / "minimap2_MT-human.fa", "default", out, unit_size=5000, outputs=None)
     return out
 
 
@@ -363,7 +363,7 @@ def test_inspect_shows_the_key_of_an_id_that_is_not_a_safe_name(genomes, tmp_pat
     fa.write_text(">chr13:75549820-75551819 a region\n" + seq[:2000] + "\n>plain\n" + seq[2000:3000] + "\n")
     out = tmp_path / "region.zarr"
     # records longer than a unit get a group (and a key); shorter ones are packed, with no group
-    write_in_process(fa, "default", out, chunk_size=500, outputs=None)  # what submit writes; no Ray
+    write_in_process(fa, "default", out, unit_size=500, outputs=None)  # what submit writes; no Ray
     key = open_output(out).key("chr13:75549820-75551819")
     assert key != "chr13:75549820-75551819"
     r = run("inspect", out)

@@ -23,7 +23,10 @@ def _cache(tmp_path, monkeypatch):
 
 
 def _both(path, pattern, **opts):
-    """The error through the API and through `linpipe index`; returns the message."""
+    """The error through the API (options named as keywords) and through `linpipe index` (the
+    same message, options spelt as flags); returns the API's message."""
+    from linpipe.cli.common import spell
+
     with pytest.raises(InputError) as ei:
         linpipe.open_input(path, **opts).close()
     msg = str(ei.value)
@@ -36,7 +39,7 @@ def _both(path, pattern, **opts):
     assert res.exit_code == 1, res.output
     lines = res.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error: ") and isinstance(res.exception, SystemExit)
-    assert lines[0] == f"Error: {msg}"
+    assert lines[0] == f"Error: {ei.value.render(spell)}" and "{option:" not in lines[0]
     return msg
 
 
@@ -172,11 +175,13 @@ def test_missing_and_non_numeric_columns(tmp_path):
     pq.write_table(pa.table({"t": [1, 2], "x": [1.0, 2.0], "label": ["a", "b"]}), tmp_path / "t.parquet")
     _both(
         tmp_path / "t.parquet",
-        r"--time-column 'ts': no such column \(columns: t, x, label\)",
+        r"time_column 'ts': no such column \(columns: t, x, label\)",
         time_column="ts",
     )
-    _both(tmp_path / "t.parquet", r"--id-column 'sensor': no such column", id_column="sensor")
-    _both(tmp_path / "t.parquet", r"column 'y' \(--columns\): no such column", columns=["x", "y"])
+    r = CliRunner().invoke(cli, ["index", str(tmp_path / "t.parquet"), "--time-column", "ts"])
+    assert "--time-column 'ts': no such column" in r.output  # the CLI spells the option as its flag
+    _both(tmp_path / "t.parquet", r"id_column 'sensor': no such column", id_column="sensor")
+    _both(tmp_path / "t.parquet", r"column 'y' \(columns\): no such column", columns=["x", "y"])
     _both(tmp_path / "t.parquet", r"column 'label' is string, not numeric", columns=["x", "label"])
     _both(tmp_path / "t.parquet", r"time column 'label' holds string", time_column="label")
 
@@ -222,7 +227,7 @@ def test_unsorted_series_is_refused(tmp_path):
     (tmp_path / "u.csv").write_text("sensor,t,x\na,1,1\na,2,2\nb,5,3\nb,4,4\n")
     _both(
         tmp_path / "u.csv",
-        r"series 'b': row 3 has time 4 after 5: rows are not in time order \(column 't'\).*--sort",
+        r"series 'b': row 3 has time 4 after 5: rows are not in time order \(column 't'\).*pass sort",
         id_column="sensor",
         time_column="t",
     )

@@ -173,7 +173,7 @@ def test_submit_wait_logs_status_list_cancel_with_the_token_in_env(cluster, geno
     env, url = user_env(tmp_path, TOKEN), cluster.dashboard_url
     out = tmp_path / "mt.zarr"
     rc, text = linpipe(env, "submit", genomes / "minimap2_MT-human.fa", "--out", out,
-                       "--chunk-size", 8192, "--workers", 1, "--address", url, "--wait", *node_path())
+                       "--unit-size", 8192, "--workers", 1, "--address", url, "--wait", *node_path())
     assert rc == 0, text
     assert "SUCCEEDED" in text and sub.store_progress(str(out))["complete"]
     client = authed_client(cluster, monkeypatch)
@@ -271,7 +271,7 @@ def test_driver_joins_a_token_cluster_by_host_port(cluster, enforced, genomes, t
     (tmp_path / ".ray" / "auth_token").write_text(TOKEN)
     out = tmp_path / "tair.zarr"
     rc, text = linpipe(user_env(tmp_path), "submit", genomes / "korflab_Athaliana_TAIR_1pct.fa",
-                       "--out", out, "--chunk-size", 16384, "--workers", 2,
+                       "--out", out, "--unit-size", 16384, "--workers", 2,
                        "--address", cluster.gcs_address)
     assert rc == 0, text
     assert "on 2 workers" in text  # 7 records, one CPU per node: an actor on each node

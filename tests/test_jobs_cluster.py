@@ -83,7 +83,7 @@ def other_jobs_store(genomes, tmp_path_factory):
     from _pipeline_data import write_in_process
 
     out = tmp_path_factory.mktemp("other") / "mt.zarr"
-    plan = write_in_process(genomes / "minimap2_MT-human.fa", "default", out, chunk_size=5000)
+    plan = write_in_process(genomes / "minimap2_MT-human.fa", "default", out, unit_size=5000)
     return out, plan.job_id
 
 
@@ -211,7 +211,7 @@ def wait_for_progress(out, timeout=180):
 def test_submit_cancel_resume_matches_an_uninterrupted_run(cluster, client, genomes, tmp_path):
     genome = genomes / "htslib_ce.fa"  # 7 real records, 1,039,800 bp
     # One actor per job, so the uninterrupted reference runs beside the job under test.
-    args = [genome, "--chunk-size", 16384, "--workers", 1, "--address", cluster.dashboard_url,
+    args = [genome, "--unit-size", 16384, "--workers", 1, "--address", cluster.dashboard_url,
             *cli_env()]
     run_out, ref_out = tmp_path / "run.zarr", tmp_path / "ref.zarr"
 
@@ -258,7 +258,7 @@ def test_scheduled_spec_runs_only_what_is_new(cluster, client, genomes, tmp_path
     shutil.copy(genomes / "minimap2_MT-human.fa", landing)
     spec = tmp_path / "nightly.yaml"
     spec.write_text("inputs: [incoming/*.fa]\nper_input: true\nout: 'results/{stem}.zarr'\n"
-                    f"chunk_size: 8192\nworkers: 1\naddress: {cluster.dashboard_url}\n")
+                    f"unit_size: 8192\nworkers: 1\naddress: {cluster.dashboard_url}\n")
     nightly = ["submit", "--spec", spec, *cli_env()]
 
     r = run(*nightly, "--wait")  # night 1: one assembly

@@ -9,14 +9,14 @@ def test_progress_counts_completed_chunks(tmp_path):
     out = tmp_path / "job.zarr"
     records = [{"id": "chrA", "length": 2500}, {"id": "chrB", "length": 700}]
     store = OutputStore.create(out, meta={"job_id": "lp-test"}, records=records,
-                               outputs=["logprob", "softmask"], chunk_size=1000)
+                               outputs=["logprob", "softmask"], unit_size=1000)
     assert store_progress(str(out)) == {"records": 2, "records_done": 0, "positions": 3200,
                                         "positions_done": 0, "complete": False}
 
     def write(rid, i):
         key = store.record_key(rid)
-        a, b = store.chunk_range(key, i)
-        store.write_chunk(key, i, {"logprob": np.full(b - a, -1.3, np.float32),
+        a, b = store.unit_range(key, i)
+        store.write_unit(key, i, {"logprob": np.full(b - a, -1.3, np.float32),
                                    "softmask": np.zeros(b - a, np.uint8)})
 
     write("chrA", 2)  # the short last chunk: 500 positions

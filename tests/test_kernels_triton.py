@@ -23,7 +23,7 @@ from linpipe.kernels.linear_attn.triton_chunk import _row_base, chunk_linear_att
 tl = triton.language
 
 DEV = "cuda" if ON_GPU else "cpu"
-SMALL = dict(block_t=16, segment_len=32)  # several segments and blocks even at T = 65
+SMALL = dict(block_size=16, span_len=32)  # several spans and blocks even at T = 65
 
 
 def _inputs(B, T, H, K, V, *, feature_map="elu1", seed=0, dtype=torch.float32):
@@ -64,7 +64,7 @@ def _check(q, k, v, *, rtol=2e-5, **kw):
 @pytest.mark.parametrize("normalize", [True, False])
 @pytest.mark.parametrize("with_decay", [False, True])
 def test_matches_naive_every_variant(feature_map, normalize, with_decay):
-    q, k, v = _inputs(1, 50, 2, 16, 32, feature_map=feature_map)  # 2 segments, 4 blocks, a tail
+    q, k, v = _inputs(1, 50, 2, 16, 32, feature_map=feature_map)  # 2 spans, 4 blocks, a tail
     decay = torch.tensor([0.95, 0.6], device=DEV) if with_decay else None
     _check(q, k, v, feature_map=feature_map, normalize=normalize, decay=decay,
            initial_state=_state(1, 2, 16, 32))
@@ -82,7 +82,7 @@ def test_head_dims_not_powers_of_two():
 
 
 def test_default_blocks():
-    # the default blocks and segment length (64 positions: 3 segments per batch row), B = 2
+    # the default blocks and span length (64 positions: 3 spans per batch row), B = 2
     q, k, v = _inputs(2, 130, 2, 32, 32)
     o, (S, z) = chunk_linear_attn_triton(q, k, v, output_final_state=True)
     ro, (rS, rz) = naive_recurrent_linear_attn(q, k, v, output_final_state=True)
@@ -91,10 +91,10 @@ def test_default_blocks():
     _close(z, rz, 2e-5)
 
 
-def test_segment_len_must_fit_blocks():
+def test_span_len_must_fit_blocks():
     q, k, v = _inputs(1, 8, 1, 16, 16)
-    with pytest.raises(ValueError, match="multiple of block_t"):
-        chunk_linear_attn_triton(q, k, v, block_t=16, segment_len=40)
+    with pytest.raises(ValueError, match="multiple of block_size"):
+        chunk_linear_attn_triton(q, k, v, block_size=16, span_len=40)
 
 
 def test_varlen_pack_each_record_has_its_own_state():
@@ -137,7 +137,7 @@ def test_rejects_decay_outside_unit_interval():
 
 @pytest.mark.parametrize("normalize", [True, False])
 def test_split_and_resume_equals_one_call(normalize):
-    T, cut = 200, 77  # the cut falls inside a block and inside a segment
+    T, cut = 200, 77  # the cut falls inside a block and inside a span
     q, k, v = _inputs(1, T, 2, 16, 32, seed=7)
     kw = dict(decay=torch.tensor([0.99, 0.9], device=DEV), normalize=normalize, **SMALL)
     whole, (S, z) = chunk_linear_attn_triton(q, k, v, output_final_state=True, **kw)
@@ -175,12 +175,12 @@ def test_offsets_are_int64():
     out = torch.zeros(4, dtype=torch.int64, device=DEV)
     _offsets_kernel[(1,)](pos, out, STRIDE=8 * 128)
     assert out.tolist() == [int(p) * 1024 for p in pos.tolist()]
-    # and the kernels take their q/k/v/o bases from it and their segment ids as int64
-    for kern in ("_segment_state_kernel", "_segment_output_kernel"):
+    # and the kernels take their q/k/v/o bases from it and their span ids as int64
+    for kern in ("_span_state_kernel", "_span_output_kernel"):
         src = inspect.getsource(getattr(triton_chunk, kern).fn)
         assert "pid = tl.program_id(0).to(tl.int64)" in src
-        assert src.count("_row_base(start") == (2 if kern == "_segment_state_kernel" else 4)
-    assert "tl.program_id(0).to(tl.int64)" in inspect.getsource(triton_chunk._segment_scan_kernel.fn)
+        assert src.count("_row_base(start") == (2 if kern == "_span_state_kernel" else 4)
+    assert "tl.program_id(0).to(tl.int64)" in inspect.getsource(triton_chunk._span_scan_kernel.fn)
     for block in ("_state_block", "_output_block"):  # each block's first row, too
         assert "_row_base(t0, H * K)" in inspect.getsource(getattr(triton_chunk, block).fn)
 

@@ -30,7 +30,7 @@ from click.testing import CliRunner
 
 from linpipe.cli import cli
 
-CHUNK = 2_048
+UNIT = 2_048
 OUTPUTS = "logprob,entropy,softmask"
 
 
@@ -54,7 +54,7 @@ def _plan(fasta, model, outputs=OUTPUTS):
     from linpipe.jobs.plan import plan_job
     from linpipe.jobs.request import JobRequest
 
-    return plan_job(JobRequest(inputs=(str(fasta),), model=str(model), chunk_size=CHUNK,
+    return plan_job(JobRequest(inputs=(str(fasta),), model=str(model), unit_size=UNIT,
                                outputs=tuple(outputs.split(","))))
 
 
@@ -71,22 +71,22 @@ def _run_units(fasta, model, out, *, stop_after: int | None = None) -> int:
     n = 0
     for item in todo:
         if hasattr(item, "record"):
-            for i in range(item.next, item.record.n_chunks):
+            for i in range(item.next, item.record.n_units):
                 if stop_after is not None and n >= stop_after:
                     return n
-                w.run_chunk(item.record.chunk(i), last=i == item.record.n_chunks - 1)
+                w.run_unit(item.record.unit(i), last=i == item.record.n_units - 1)
                 n += 1
         else:
             if stop_after is not None and n >= stop_after:
                 return n
-            w.run_batch(item.index, plan.batch_chunks(item.index))
+            w.run_batch(item.index, plan.batch_units(item.index))
             n += 1
     store.finalize()
     return n
 
 
 def _submit(fasta, model, out, *extra):
-    return CliRunner().invoke(cli, ["submit", str(fasta), "--model", str(model), "--chunk-size", str(CHUNK),
+    return CliRunner().invoke(cli, ["submit", str(fasta), "--model", str(model), "--unit-size", str(UNIT),
                                     "--outputs", OUTPUTS, "--out", out, *extra])
 
 
@@ -141,7 +141,7 @@ def test_resumed_store_is_bit_identical_and_reads_alike(store_place, mixed_fasta
     info = json.loads(res.stdout)
     mt = next(r for r in partial["records"] if r["id"].startswith("MT"))
     assert partial["complete"] is False and mt["chunks_done"] == 5
-    assert mt["missing_ranges"] == [[5 * CHUNK, mt["length"]]]
+    assert mt["missing_ranges"] == [[5 * UNIT, mt["length"]]]
     assert info["complete"] is True and info["packed"]["batches_done"] == info["packed"]["batches"] == 7
     assert [r["chunks_done"] for r in info["records"]] == [9] and info["size_on_disk"] > 0
 
@@ -181,8 +181,8 @@ def test_resumed_store_is_bit_identical_and_reads_alike(store_place, mixed_fasta
 def test_another_job_on_the_store_is_refused(store_place, mixed_fasta, tiny_dna):
     out = store_place("mt.zarr")
     _run_units(mixed_fasta, tiny_dna, out)
-    res = CliRunner().invoke(cli, ["submit", str(mixed_fasta), "--model", str(tiny_dna), "--chunk-size",
-                                   str(CHUNK), "--outputs", "logprob", "--out", out])
+    res = CliRunner().invoke(cli, ["submit", str(mixed_fasta), "--model", str(tiny_dna), "--unit-size",
+                                   str(UNIT), "--outputs", "logprob", "--out", out])
     assert res.exit_code == 1 and isinstance(res.exception, SystemExit)
     assert res.output.startswith("Error: ") and "another job" in res.output and out in res.output
 
@@ -470,8 +470,8 @@ def test_a_permanent_error_is_not_retried_and_leaves_the_unit_unmarked(s3_server
         _run_units(mixed_fasta, tiny_dna, out, stop_after=1)
     assert list(attempts.values()) == [1]  # one attempt, no retry
     monkeypatch.undo()
-    assert OutputStore.open(out, mode="r").completed_chunks(mt) == set()
-    line = str(worker_error(caught.value, f"record {mt!r} positions 0-{CHUNK}"))
+    assert OutputStore.open(out, mode="r").completed_units(mt) == set()
+    line = str(worker_error(caught.value, f"record {mt!r} positions 0-{UNIT}"))
     assert "\n" not in line and f"{mt}/logprob/c/0" in line and "Access Denied" in line
 
 
@@ -509,7 +509,7 @@ def test_s3fs_reads_the_endpoint_from_the_environment(s3_server):
 # ----------------------------------------------------------------------------- whole jobs (Ray)
 def _submit_cmd(fasta, model, out, *extra):
     return [sys.executable, "-c", "from linpipe.cli import cli; cli()", "submit", str(fasta),
-            "--model", str(model), "--chunk-size", str(CHUNK), "--outputs", OUTPUTS,
+            "--model", str(model), "--unit-size", str(UNIT), "--outputs", OUTPUTS,
             "--workers", "1", "--out", out, *extra]
 
 
@@ -575,8 +575,8 @@ def test_overwrite_replaces_another_jobs_store(store_place, mixed_fasta, tiny_dn
 
     out = store_place("mt.zarr")
     _run_units(mixed_fasta, tiny_dna, out)
-    res = CliRunner().invoke(cli, ["submit", str(mixed_fasta), "--model", str(tiny_dna), "--chunk-size",
-                                   str(CHUNK), "--outputs", "logprob", "--workers", "1", "--out", out,
+    res = CliRunner().invoke(cli, ["submit", str(mixed_fasta), "--model", str(tiny_dna), "--unit-size",
+                                   str(UNIT), "--outputs", "logprob", "--workers", "1", "--out", out,
                                    "--overwrite"])
     assert res.exit_code == 0, res.output
     store = OutputStore.open(out, mode="r")

@@ -115,7 +115,7 @@ def test_the_example_specs_use_the_options_names():
 @pytest.mark.parametrize("args, says", [
     (["--split", "many"], "Error: --split: expected auto, never or a number of segments, got 'many'"),
     (["--split", "0"], "Error: --split: N must be at least 1, got 0"),
-    (["--chunk-size", "0"], "Error: --chunk-size: must be a positive integer, not 0"),
+    (["--unit-size", "0"], "Error: --unit-size: must be a positive integer, not 0"),
     (["--actor-resources", "memory=lots"], "Error: --actor-resources: memory='lots' is not a size"),
     (["--outputs", ","], "Error: --outputs: must be names separated by commas"),
     (["--strand", "reverse"], "Error: --strand: expected forward or both, not 'reverse'"),
@@ -156,6 +156,22 @@ def _fingerprints(paths, options) -> list[str]:
     return found
 
 
+def test_a_renamed_option_keeps_the_job_id(tmp_path, genomes):
+    """unit_size was chunk_size: the job id keeps its key, so a store made before the rename is
+    the same job (it resumes, it is not refused as another one), whichever name asks for it."""
+    from linpipe.jobs.options import identity
+    from linpipe.jobs.plan import plan_job
+
+    assert identity({"unit_size": 4096, "outputs": ["logprob"]}) == {
+        "input_options": {}, "chunk_size": 4096, "outputs": ["logprob"]}
+    mt = str(genomes / "minimap2_MT-human.fa")
+    # computed by linpipe before the rename (a38af4a) for this file, 4096 positions, both strands
+    assert plan_job(JobRequest(inputs=(mt,), unit_size=4096, strand="both")).job_id == "lp-94ad27df059f184f"
+    old = tmp_path / "old.yaml"
+    old.write_text(yaml.safe_dump({"inputs": [mt], "chunk_size": 4096, "strand": "both"}))
+    assert plan_job(load_spec(old).requests[0]).job_id == "lp-94ad27df059f184f"
+
+
 @pytest.mark.parametrize("case", ["dna", "both strands", "time series", "regions"])
 def test_repair_and_variants_rebuild_the_job_from_the_store(case, tmp_path, genomes, timeseries):
     """verify --repair plans the job again from what the store recorded; the variant scorer
@@ -169,12 +185,12 @@ def test_repair_and_variants_rebuild_the_job_from_the_store(case, tmp_path, geno
     bed = tmp_path / "r.bed"
     bed.write_text("MT_human\t100\t9000\n")
     request = {
-        "dna": JobRequest(inputs=(mt,), chunk_size=5000, outputs=("logprob", "entropy")),
-        "both strands": JobRequest(inputs=(mt,), chunk_size=5000, strand="both"),
+        "dna": JobRequest(inputs=(mt,), unit_size=5000, outputs=("logprob", "entropy")),
+        "both strands": JobRequest(inputs=(mt,), unit_size=5000, strand="both"),
         "time series": JobRequest(inputs=(str(timeseries / "mitdb_100_ecg.parquet"),),
                                   model=str(REPO / "examples" / "models" / "ecg"), time_column="sample",
-                                  chunk_size=8192),
-        "regions": JobRequest(inputs=(mt,), chunk_size=5000, regions=str(bed)),
+                                  unit_size=8192),
+        "regions": JobRequest(inputs=(mt,), unit_size=5000, regions=str(bed)),
     }[case]
     plan = plan_job(request)
     store = open_or_create_store(plan, str(tmp_path / "x.zarr"))
@@ -187,7 +203,7 @@ def test_repair_and_variants_rebuild_the_job_from_the_store(case, tmp_path, geno
     again = request_of(OutputStore.open(store.path, mode="r"))
     assert plan_job(again).job_id == plan.job_id == meta["job_id"]
     assert {k: v for k, v in stored_values(meta).items() if k != "regions"} == {
-        "model": plan.model_ref, "chunk_size": plan.chunk_size, "outputs": plan.outputs,
+        "model": plan.model_ref, "unit_size": plan.unit_size, "outputs": plan.outputs,
         **{k: tuple(v) if isinstance(v, list) else v for k, v in plan.input_options.items()}}
     identity = stored_identity(meta)
     if case == "regions":  # the regions' digest is not in the store: not recomputable from it
@@ -237,7 +253,7 @@ def test_docs_table_matches_the_declaration():
     assert found and found.group(0) == expected, f"docs/jobs.md's options table should read:\n{expected}"
 
 
-def test_the_library_under_jobs_writes_no_flag():
+def test_the_library_writes_no_flag():
     """Messages name options with linpipe.errors.option(name); the CLI spells them as flags."""
     import ast
 
@@ -249,15 +265,17 @@ def test_the_library_under_jobs_writes_no_flag():
         command = stack.pop()
         flags.update(f for p in command.params for f in p.opts + p.secondary_opts if f.startswith("--"))
         stack.extend(getattr(command, "commands", {}).values())
-    assert {"--chunk-size", "--overwrite", "--repair"} <= flags and isinstance(cli, click.Group)
+    assert {"--unit-size", "--overwrite", "--repair"} <= flags and isinstance(cli, click.Group)
     found = []
-    for path in sorted((REPO / "jobs").glob("*.py")):
+    library = [*(REPO / "jobs").glob("*.py"),
+               *(p for p in (REPO / "pipeline").rglob("*.py") if "cli" not in p.relative_to(REPO).parts)]
+    for path in sorted(library):
         tree = ast.parse(path.read_text())
         docstrings = {id(n.body[0].value) for n in ast.walk(tree)
                       if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef)) and n.body
                       and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
         for node in ast.walk(tree):
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
-                found += [f"{path.name}:{node.lineno}: {f}" for f in re.findall(r"--[a-z][a-z-]*", node.value)
-                          if f in flags]
+                found += [f"{path.relative_to(REPO)}:{node.lineno}: {f}"
+                          for f in re.findall(r"--[a-z][a-z-]*", node.value) if f in flags]
     assert not found

@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 import pytest
-from _pipeline_data import CONTIG_CHUNK as CHUNK
+from _pipeline_data import CONTIG_UNIT as UNIT
 from _pipeline_data import (
     assert_same_bytes,
     kill_session,
@@ -45,7 +45,7 @@ def contigs(genomes, tmp_path_factory):
 
 def _submit(fasta, model, out, *extra):
     return [sys.executable, "-c", "from linpipe.cli import cli; cli()", "submit", str(fasta), "--model",
-            str(model), "--chunk-size", str(CHUNK), "--outputs", "logprob,entropy,softmask",
+            str(model), "--unit-size", str(UNIT), "--outputs", "logprob,entropy,softmask",
             "--out", str(out), *extra]
 
 
@@ -55,18 +55,18 @@ def test_plan_packs_short_records_and_streams_long_ones(contigs, tiny):
     from linpipe.jobs.request import JobRequest
 
     path, lengths = contigs
-    plan = plan_job(JobRequest(inputs=(str(path),), model=tiny, chunk_size=CHUNK))
-    long = {rid for rid, n in lengths.items() if n > CHUNK}
+    plan = plan_job(JobRequest(inputs=(str(path),), model=tiny, unit_size=UNIT))
+    long = {rid for rid, n in lengths.items() if n > UNIT}
     assert {r.id for r in plan.records} == long == {"unit_plus_one", "chrL0", "chrL1", "chrL2"}
     assert plan.n_records == len(lengths) and plan.total_positions == sum(lengths.values())
     p = plan.packed
     assert set(p.ids.tolist()) == set(lengths) - long and "one_unit" in set(p.ids.tolist())
     assert p.ids[p.batch_row[-1]:].tolist() == ["empty"]  # no work, but a row in the table
-    chunks = [c for b in range(p.n_batches) for c in plan.batch_chunks(b)]
+    chunks = [c for b in range(p.n_batches) for c in plan.batch_units(b)]
     assert sorted((c.record_id, c.end) for c in chunks) == sorted(
-        (rid, n) for rid, n in lengths.items() if 0 < n <= CHUNK)
-    assert all(sum(c.positions for c in plan.batch_chunks(b)) <= CHUNK for b in range(p.n_batches))
-    assert plan.n_units == sum(-(-lengths[r] // CHUNK) for r in long) + p.n_batches
+        (rid, n) for rid, n in lengths.items() if 0 < n <= UNIT)
+    assert all(sum(c.positions for c in plan.batch_units(b)) <= UNIT for b in range(p.n_batches))
+    assert plan.n_units == sum(-(-lengths[r] // UNIT) for r in long) + p.n_batches
 
 
 def test_duplicate_ids_name_both_places(contigs, tiny, tmp_path):
@@ -75,7 +75,7 @@ def test_duplicate_ids_name_both_places(contigs, tiny, tmp_path):
     other = tmp_path / "other.fa"
     other.write_text(">ctg7|len:7 again\nACGT\n")
     r = CliRunner().invoke(cli, ["submit", str(path), str(other), "--model", tiny, "--dry-run",
-                                 "--chunk-size", str(CHUNK)])
+                                 "--unit-size", str(UNIT)])
     assert r.exit_code != 0 and isinstance(r.exception, SystemExit)
     assert "'ctg7|len:7'" in r.output and str(path) in r.output and str(other) in r.output
     twice = tmp_path / "twice.fa"
@@ -85,14 +85,14 @@ def test_duplicate_ids_name_both_places(contigs, tiny, tmp_path):
     assert "line 5" in r.output
     with pytest.raises(StoreError, match="duplicate record id 'x'"):
         OutputStore.create(tmp_path / "d.zarr", meta={}, records=[{"id": "x", "length": 5000},
-                                                                  {"id": "x", "length": 5}], chunk_size=100)
+                                                                  {"id": "x", "length": 5}], unit_size=100)
 
 
 def test_packed_records_hold_at_most_one_unit_each():
-    p = PackedRecords.build(["a", "b"], ["", ""], [3, 10], [0, 0], chunk_size=10)
+    p = PackedRecords.build(["a", "b"], ["", ""], [3, 10], [0, 0], unit_size=10)
     assert p.n_batches == 2 and p.offsets().tolist() == [0, 10]  # b (longest) first
     with pytest.raises(ValueError, match="longer than one work unit"):
-        PackedRecords.build(["a"], [""], [11], [0], chunk_size=10)
+        PackedRecords.build(["a"], [""], [11], [0], unit_size=10)
 
 
 # ------------------------------------------------------------------------------------- a million
@@ -102,9 +102,9 @@ def test_a_million_records_store_is_laid_out_in_seconds_and_finds_any_id(tmp_pat
     rng = np.random.default_rng(1)
     lengths = rng.integers(80, 600, size=n)
     ids = [f"read_{i}/{j}" for i, j in zip(range(n), rng.integers(1, 3, size=n), strict=True)]
-    packed = PackedRecords.build(ids, [""] * n, lengths, np.zeros(n), chunk_size=262_144)
+    packed = PackedRecords.build(ids, [""] * n, lengths, np.zeros(n), unit_size=262_144)
     store = OutputStore.create(tmp_path / "m.zarr", meta={}, records=[], packed=packed, modality="dna",
-                               outputs=["logprob"], chunk_size=262_144)
+                               outputs=["logprob"], unit_size=262_144)
     files = [f for f in (tmp_path / "m.zarr").rglob("*") if f.is_file()]
     assert len(files) < 100  # the table is chunked arrays: no file per record
     target = ids[765_432]
@@ -130,12 +130,12 @@ def test_packed_and_long_records_equal_the_model_on_each_record_alone(contigs, t
 
     path, lengths = contigs
     out = tmp_path / "out.zarr"
-    r = CliRunner().invoke(cli, ["submit", str(path), "--model", tiny, "--chunk-size", str(CHUNK),
+    r = CliRunner().invoke(cli, ["submit", str(path), "--model", tiny, "--unit-size", str(UNIT),
                                  "--workers", "2", "--out", str(out)])
     assert r.exit_code == 0, r.output
     res = linpipe.open_output(out)
     assert res.complete and len(res.records) == len(lengths)
-    assert res.store.packed.n_records == sum(1 for n in lengths.values() if n <= CHUNK)
+    assert res.store.packed.n_records == sum(1 for n in lengths.values() if n <= UNIT)
     model = linpipe.load_model(tiny)
     inp = linpipe.open_input(str(path))
     got = record_outputs(out)
@@ -145,8 +145,8 @@ def test_packed_and_long_records_equal_the_model_on_each_record_alone(contigs, t
         assert ds.sizes["position"] == n and ds.attrs["record_id"] == rid
         np.testing.assert_array_equal(got[f"{rid}/softmask"], mask)
         state, parts = model.init_state(), []
-        for s in range(0, n, CHUNK):  # the bare model on this record alone
-            o, state = model.forward(tokens[s:s + CHUNK], state, outputs=["logprob", "entropy"])
+        for s in range(0, n, UNIT):  # the bare model on this record alone
+            o, state = model.forward(tokens[s:s + UNIT], state, outputs=["logprob", "entropy"])
             parts.append(o)
         if n:
             for name in ("logprob", "entropy"):
@@ -216,7 +216,7 @@ def test_sigkilled_driver_on_a_packed_store_resumes_bit_identical(genomes, tiny,
         assert res.returncode == 0, res.stderr
     finally:
         kill_session(proc.pid)  # only what our own killed subprocess started
-    write_in_process(fasta, tiny, clean, chunk_size=CHUNK)  # the uninterrupted run, without Ray
+    write_in_process(fasta, tiny, clean, unit_size=UNIT)  # the uninterrupted run, without Ray
     assert_same_bytes(store_arrays(clean), store_arrays(out))
 
 
@@ -231,7 +231,7 @@ def test_many_series_under_an_id_column_are_packed_too(timeseries, tmp_path):
 
     ecg = pq.read_table(timeseries / "mitdb_100_ecg.parquet").to_pandas()
     rng = np.random.default_rng(3)
-    lengths = [int(n) for n in rng.integers(20, 700, size=400)] + [CHUNK + 500, 2 * CHUNK + 7]
+    lengths = [int(n) for n in rng.integers(20, 700, size=400)] + [UNIT + 500, 2 * UNIT + 7]
     ids, rows = [], []
     start = 0
     for i, n in enumerate(lengths):
@@ -252,7 +252,7 @@ def test_many_series_under_an_id_column_are_packed_too(timeseries, tmp_path):
     assert r.exit_code == 0, r.output
     out = tmp_path / "fleet.zarr"
     r = CliRunner().invoke(cli, ["submit", str(path), "--model", str(model_dir), "--id-column", "sensor",
-                                 "--time-column", "t", "--chunk-size", str(CHUNK), "--workers", "2",
+                                 "--time-column", "t", "--unit-size", str(UNIT), "--workers", "2",
                                  "--out", str(out)])
     assert r.exit_code == 0, r.output
     res = linpipe.open_output(out)
@@ -267,7 +267,7 @@ def test_many_series_under_an_id_column_are_packed_too(timeseries, tmp_path):
         assert list(ds["channel"].values) == ["MLII_mV", "V5_mV"]
         np.testing.assert_array_equal(ds["time"].values, t[sel])
         state, parts = model.init_state(), []
-        for s in range(0, lengths[i], CHUNK):
-            o, state = model.forward(x[sel][s:s + CHUNK], state, outputs=["forecast"])
+        for s in range(0, lengths[i], UNIT):
+            o, state = model.forward(x[sel][s:s + UNIT], state, outputs=["forecast"])
             parts.append(o["forecast"])
         np.testing.assert_allclose(ds["forecast"].values, np.concatenate(parts), rtol=1e-5, atol=1e-4)

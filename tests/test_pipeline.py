@@ -25,7 +25,7 @@ from linpipe.jobs.plan import Record, job_id
 from linpipe.jobs.request import JobRequest
 from linpipe.store.table import PackedRecords
 
-CHUNK = 16_384
+UNIT = 16_384
 OUTPUTS = ["logprob", "entropy", "softmask"]
 TINY: list[str] = []  # the module's tiny model directory, set by the local_ray fixture
 
@@ -72,7 +72,7 @@ class OnUnit(JobEvents):
 
 def _run(genome, out, on_unit=None, **kw):
     kw.setdefault("model", TINY[0])
-    kw.setdefault("chunk_size", CHUNK)
+    kw.setdefault("unit_size", UNIT)
     kw.setdefault("outputs", tuple(OUTPUTS))
     req = JobRequest(inputs=(str(genome),), out=str(out), workers=2, **kw)
     return run_job(req, events=OnUnit(on_unit) if on_unit else None)
@@ -100,7 +100,7 @@ def reference(genome, local_ray, tmp_path_factory):
     """The uninterrupted run every other run is compared with, and the events it reported."""
     out = tmp_path_factory.mktemp("ref") / "ref.zarr"
     events = Recorder()
-    req = JobRequest(inputs=(str(genome),), out=str(out), workers=2, model=TINY[0], chunk_size=CHUNK,
+    req = JobRequest(inputs=(str(genome),), out=str(out), workers=2, model=TINY[0], unit_size=UNIT,
                      outputs=tuple(OUTPUTS))
     summary = run_job(req, events=events)
     return out, summary, events.seen
@@ -109,16 +109,16 @@ def reference(genome, local_ray, tmp_path_factory):
 # ----------------------------------------------------------------------------- plan
 def test_records_chunks_and_packed_batches_are_deterministic():
     stream = Record("a.fa", "r3", "r3", 900, 100)
-    chunks = stream.chunks()
-    assert stream.n_chunks == 9
+    chunks = stream.units()
+    assert stream.n_units == 9
     assert [(c.start, c.end, c.index) for c in chunks[-2:]] == [(700, 800, 7), (800, 900, 8)]
-    assert [c.positions for c in Record("a.fa", "r1", "r1", 300, 100).chunks(first=2)] == [100]
+    assert [c.positions for c in Record("a.fa", "r1", "r1", 300, 100).units(first=2)] == [100]
 
     lengths = [5, 40, 30, 20, 0, 100, 60]
     ids = [f"s{i}" for i in range(len(lengths))]
 
     def build():
-        return PackedRecords.build(ids, [""] * len(ids), lengths, [0] * len(ids), chunk_size=100,
+        return PackedRecords.build(ids, [""] * len(ids), lengths, [0] * len(ids), unit_size=100,
                                    max_batch_records=2)
 
     p = build()
@@ -144,7 +144,7 @@ def test_job_id_depends_on_content_model_and_options_only():
 def test_plan_job_reads_indexes_and_the_model(genome, tiny):
     from linpipe.jobs.plan import plan_job
 
-    req = JobRequest(inputs=(str(genome),), model=tiny, chunk_size=CHUNK)
+    req = JobRequest(inputs=(str(genome),), model=tiny, unit_size=UNIT)
     plan = plan_job(req)
     assert plan.job_id == plan_job(req).job_id and plan.job_id.startswith("lp-")
     assert plan.outputs == ("logprob", "entropy", "softmask")  # the DNA defaults
@@ -153,7 +153,7 @@ def test_plan_job_reads_indexes_and_the_model(genome, tiny):
     assert plan.packed.n_batches == 2  # six 5 kb records, three to a chunk
     assert plan.n_units == 4 + 2 and plan.d_model == 16
     assert plan.estimated_output_bytes() == 90_000 * (4 + 4 + 1)
-    assert plan_job(JobRequest(inputs=(str(genome),), model=tiny, chunk_size=CHUNK * 2)).job_id != plan.job_id
+    assert plan_job(JobRequest(inputs=(str(genome),), model=tiny, unit_size=UNIT * 2)).job_id != plan.job_id
 
 
 @pytest.mark.slow
@@ -190,8 +190,8 @@ def test_end_to_end_matches_the_bare_model(genome, reference):
         # The bare model, chunk by chunk in this process: the pipeline must give the same numbers.
         state = model.init_state()
         parts = []
-        for s in range(0, rec.length, CHUNK):
-            o, state = model.forward(tokens[s:s + CHUNK], state, outputs=["logprob", "entropy"])
+        for s in range(0, rec.length, UNIT):
+            o, state = model.forward(tokens[s:s + UNIT], state, outputs=["logprob", "entropy"])
             parts.append(o["logprob"])
         expect = np.concatenate(parts)
         np.testing.assert_allclose(got[f"{key}/logprob"], expect, rtol=1e-5, atol=1e-5)
@@ -200,13 +200,13 @@ def test_end_to_end_matches_the_bare_model(genome, reference):
 
 
 @pytest.mark.slow
-def test_same_options_are_bit_identical_and_chunk_size_does_not_matter(genome, reference, tmp_path):
+def test_same_options_are_bit_identical_and_unit_size_does_not_matter(genome, reference, tmp_path):
     ref_out = reference[0]
     again = tmp_path / "again.zarr"
     _run(genome, again)
     assert_same_bytes(store_arrays(ref_out), store_arrays(again))
     other = tmp_path / "other.zarr"
-    s = _run(genome, other, chunk_size=7_000)  # every record splits and packs differently now
+    s = _run(genome, other, unit_size=7_000)  # every record splits and packs differently now
     assert s.positions_run == 90_000
     a, b = record_outputs(ref_out), record_outputs(other)
     assert a.keys() == b.keys()
@@ -248,9 +248,9 @@ def test_other_options_against_an_existing_store_are_refused(genome, reference, 
     from linpipe.cli.common import spell
 
     with pytest.raises(StoreError, match="another job.*overwrite") as refused:
-        _run(genome, out, chunk_size=CHUNK * 2)
+        _run(genome, out, unit_size=UNIT * 2)
     assert re.search("another job.*--overwrite", refused.value.render(spell))  # as the CLI says it
-    s = _run(genome, out, chunk_size=CHUNK * 2, overwrite=True)
+    s = _run(genome, out, unit_size=UNIT * 2, overwrite=True)
     assert s.positions_run == 90_000
 
 
@@ -279,7 +279,7 @@ def test_cli_submit_two_inputs_then_says_nothing_to_do(genome, genomes, tiny, tm
     runner = CliRunner()
     mt = genomes / "minimap2_MT-human.fa"
     mt_len = sum(r.length for r in linpipe.open_input(str(mt)).records)
-    args = ["submit", str(genome), str(mt), "--model", tiny, "--chunk-size", str(CHUNK),
+    args = ["submit", str(genome), str(mt), "--model", tiny, "--unit-size", str(UNIT),
             "--workers", "2", "--outputs", ",".join(OUTPUTS)]
     from linpipe.cli import cli
 

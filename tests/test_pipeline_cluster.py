@@ -13,7 +13,7 @@ from linpipe.jobs.driver import JobEvents, run_job
 from linpipe.jobs.request import JobRequest
 
 pytestmark = pytest.mark.slow  # a multi-process Ray run
-CHUNK = 8_192
+UNIT = 8_192
 OUTPUTS = ["logprob", "entropy", "softmask"]
 TINY: list[str] = []
 
@@ -62,14 +62,14 @@ class OnUnit(JobEvents):
 
 
 def _run(genome, out, cluster, on_unit=None):
-    req = JobRequest(inputs=(str(genome),), out=str(out), model=TINY[0], chunk_size=CHUNK,
+    req = JobRequest(inputs=(str(genome),), out=str(out), model=TINY[0], unit_size=UNIT,
                      outputs=tuple(OUTPUTS))
     return run_job(req, address=cluster.address, events=OnUnit(on_unit) if on_unit else None)
 
 
 def _mid_record(result) -> bool:
     """A chunk of the long record that is neither its first nor its last."""
-    return result.key == "CHROMOSOME_I" and 1 <= result.chunk_index <= 2
+    return result.key == "CHROMOSOME_I" and 1 <= result.unit <= 2
 
 
 @pytest.fixture(scope="module")

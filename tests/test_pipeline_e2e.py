@@ -26,7 +26,7 @@ from click.testing import CliRunner
 
 from linpipe.cli import cli
 
-TS_CHUNK = 512
+TS_UNIT = 512
 pytestmark = pytest.mark.slow  # whole jobs through the CLI, Ray and subprocesses
 
 
@@ -58,7 +58,7 @@ def test_timeseries_submit_matches_the_bare_model_and_opens_in_xarray(elec_two_s
     assert res.exit_code == 0, res.output
     out = tmp_path / "elec.zarr"
     res = CliRunner().invoke(cli, ["submit", str(path), "--model", str(model_dir), "--id-column",
-                                   "site", "--time-column", "ds", "--chunk-size", str(TS_CHUNK),
+                                   "site", "--time-column", "ds", "--unit-size", str(TS_UNIT),
                                    "--workers", "2", "--out", str(out)])
     assert res.exit_code == 0, res.output
     assert "2 records, 3,000 positions" in res.output
@@ -73,8 +73,8 @@ def test_timeseries_submit_matches_the_bare_model_and_opens_in_xarray(elec_two_s
         # The bare model over the same series, chunk by chunk, state carried across.
         state = model.init_state()
         parts = {"forecast": [], "residual": []}
-        for s in range(0, n, TS_CHUNK):
-            o, state = model.forward(demand[rows][s:s + TS_CHUNK], state,
+        for s in range(0, n, TS_UNIT):
+            o, state = model.forward(demand[rows][s:s + TS_UNIT], state,
                                      outputs=["forecast", "residual"])
             for k in parts:
                 parts[k].append(o[k])
@@ -89,7 +89,7 @@ def test_timeseries_submit_matches_the_bare_model_and_opens_in_xarray(elec_two_s
 
 
 # ----------------------------------------------------------------------------- killed driver
-KILL_CHUNK = 2_048
+KILL_UNIT = 2_048
 DNA_OUTPUTS = "logprob,entropy,softmask"
 
 
@@ -108,23 +108,23 @@ def ce_slice(genomes, tmp_path_factory):
 
 def _submit_cmd(fasta, model, out, *extra):
     return [sys.executable, "-c", "from linpipe.cli import cli; cli()", "submit", str(fasta),
-            "--model", str(model), "--chunk-size", str(KILL_CHUNK), "--outputs", DNA_OUTPUTS,
+            "--model", str(model), "--unit-size", str(KILL_UNIT), "--outputs", DNA_OUTPUTS,
             "--workers", "1", "--out", str(out), *extra]
 
 
-def _chunks_done(out) -> int:
+def _units_done(out) -> int:
     from linpipe.store import OutputStore
 
     try:
         store = OutputStore.open(str(out), mode="r")
-        return sum(len(store.completed_chunks(key)) for key in store.meta["records"])
+        return sum(len(store.completed_units(key)) for key in store.meta["records"])
     except Exception:  # not created yet, or metadata being written: poll again
         return 0
 
 
 def _reference_store(fasta, model, out):
     """The uninterrupted job, run in this process (the bytes a worker writes)."""
-    write_in_process(fasta, model, out, chunk_size=KILL_CHUNK, outputs=DNA_OUTPUTS.split(","))
+    write_in_process(fasta, model, out, unit_size=KILL_UNIT, outputs=DNA_OUTPUTS.split(","))
     return store_arrays(out)
 
 
@@ -135,12 +135,12 @@ def test_sigkilled_driver_resumes_to_the_bytes_of_an_uninterrupted_run(ce_slice,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 120
-        while _chunks_done(out) < 3 and proc.poll() is None and time.monotonic() < deadline:
+        while _units_done(out) < 3 and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
         assert proc.poll() is None, "the job finished before it could be killed"
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
-        done = _chunks_done(out)
+        done = _units_done(out)
         assert 3 <= done < 51  # killed mid-job
         # Ray's head processes die with the driver; its agents may linger a while. The same
         # submit, run now beside them, starts a fresh embedded Ray and resumes.
@@ -166,7 +166,7 @@ def test_spec_resources_size_the_actors(ce_slice, tiny_dna, tmp_path):
     """A spec asking 2 CPUs per actor on a 2-CPU local Ray gets one actor (two threads), and the
     same job again with custom resources the cluster lacks is refused in one line."""
     spec = tmp_path / "job.yaml"
-    spec.write_text(f"inputs: [{ce_slice}]\nmodel: {tiny_dna}\nchunk_size: 16384\n"
+    spec.write_text(f"inputs: [{ce_slice}]\nmodel: {tiny_dna}\nunit_size: 16384\n"
                     f"outputs: [logprob]\nworkers: 2\nout: {tmp_path / 'r.zarr'}\n"
                     "resources: {num_cpus: 2, memory: 256MiB}\n")
     res = CliRunner().invoke(cli, ["submit", "--spec", str(spec)])
@@ -202,7 +202,7 @@ def test_full_disk_is_one_error_line_and_the_job_resumes_once_space_is_freed(
     free = os.statvfs(small_disk).f_bavail * os.statvfs(small_disk).f_frsize
     ballast.write_bytes(b"\0" * (free - 400 * 1024))  # 400 KiB: the store (~180) starts, then fills
     out = small_disk / "full.zarr"
-    args = ["submit", str(ce_slice), "--model", tiny_dna, "--chunk-size", str(KILL_CHUNK),
+    args = ["submit", str(ce_slice), "--model", tiny_dna, "--unit-size", str(KILL_UNIT),
             "--outputs", DNA_OUTPUTS, "--workers", "2", "--out", str(out)]
     res = CliRunner().invoke(cli, args)
     # exit status 1 through sys.exit, not an exception that escaped the CLI
@@ -210,7 +210,7 @@ def test_full_disk_is_one_error_line_and_the_job_resumes_once_space_is_freed(
     lines = [ln for ln in res.output.splitlines() if ln.startswith("Error")]
     assert len(lines) == 1
     assert "No space left on device" in lines[0] and "resumable" in lines[0]
-    assert 0 < _chunks_done(out) < 51
+    assert 0 < _units_done(out) < 51
     ballast.unlink()
     res = CliRunner().invoke(cli, args)
     assert res.exit_code == 0, res.output

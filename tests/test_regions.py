@@ -7,7 +7,7 @@ import linpipe
 from linpipe.errors import InputError
 from linpipe.store.verify import verify_store
 
-CHUNK = 512
+UNIT = 512
 
 
 
@@ -25,8 +25,8 @@ def stores(genomes, tmp_path_factory, one_torch_thread):
     # nothing of orang; unsorted and overlapping, as BED files are
     bed.write_text("track name=test\nchr2\t1500\t1560\nmt\t50\t80\nchr2\t100\t250\nchr2\t200\t300\n")
     full, part = base / "full.zarr", base / "part.zarr"
-    write_in_process(fasta, model, full, chunk_size=CHUNK, outputs=("logprob", "softmask"))
-    plan = write_in_process(fasta, model, part, chunk_size=CHUNK, outputs=("logprob", "softmask"),
+    write_in_process(fasta, model, full, unit_size=UNIT, outputs=("logprob", "softmask"))
+    plan = write_in_process(fasta, model, part, unit_size=UNIT, outputs=("logprob", "softmask"),
                             regions=str(bed))
     return base, fasta, seqs, full, part, plan
 
@@ -39,7 +39,7 @@ def test_only_the_regions_are_stored(stores):
     assert b.complete and set(b.records) == {"chr2", "mt"}  # orang has no region: not in the job
     assert b.meta["regions"]["positions"] == 200 + 60 + 30
     streamed = {r.id for r in plan.streams}
-    assert streamed == {"chr2"}  # mt (300) is packed: one unit of CHUNK holds it
+    assert streamed == {"chr2"}  # mt (300) is packed: one unit of UNIT holds it
     for rid, ivs in keep.items():
         inside = np.zeros(len(seqs[rid]), bool)
         for s, e in ivs:
@@ -84,5 +84,5 @@ def test_a_bad_region_is_named_by_line(stores):
     bad = base / "bad.bed"
     bad.write_text("chr2\t10\t20\nchr2\t1590\t1700\n")
     with pytest.raises(InputError) as e:
-        plan_job(JobRequest(inputs=(str(fasta),), model=plan.model_ref, chunk_size=CHUNK, regions=str(bad)))
+        plan_job(JobRequest(inputs=(str(fasta),), model=plan.model_ref, unit_size=UNIT, regions=str(bad)))
     assert f"{bad}:2:" in str(e.value) and "outside the record" in str(e.value)

@@ -28,14 +28,14 @@ def assemblies(tmp_path, genomes) -> Path:
 
 def test_folder_glob_resolved_from_the_spec_folder_one_job_per_input(tmp_path, assemblies):
     spec = load_spec(write(tmp_path, "inputs: [data/assemblies/*]\nout: out/{stem}.zarr\n"
-                                     "per_input: true\nchunk_size: 4096\n"))
+                                     "per_input: true\nunit_size: 4096\n"))
     reqs = spec.requests
     assert [r.inputs for r in reqs] == [(str(assemblies / "minimap2_MT-human.fa"),),
                                         (str(assemblies / "minimap2_MT-orang.fa"),)]
     assert [r.out for r in reqs] == [str(tmp_path / "out" / "minimap2_MT-human.zarr"),
                                      str(tmp_path / "out" / "minimap2_MT-orang.zarr")]
     argv = reqs[0].argv()
-    assert argv[0] == reqs[0].inputs[0] and argv[argv.index("--chunk-size") + 1] == "4096"
+    assert argv[0] == reqs[0].inputs[0] and argv[argv.index("--unit-size") + 1] == "4096"
     assert argv[argv.index("--out") + 1] == reqs[0].out
     assert "--overwrite" not in argv and "--address" not in argv
 
@@ -54,7 +54,7 @@ name: sensors
 inputs: [{timeseries}/mitdb_100_ecg.parquet]
 model: ./models/ecg
 outputs: forecast,residual
-chunk_size: 65536
+unit_size: 65536
 workers: 2
 split: 4
 overwrite: true
@@ -69,7 +69,7 @@ out: ecg.zarr
     assert req.outputs == ("forecast", "residual")
     assert req.columns == ("MLII_mV", "V5_mV") and req.time_column == "sample"
     assert req.input_options == {"time_column": "sample", "columns": ["MLII_mV", "V5_mV"]}
-    assert (req.chunk_size, req.workers, req.overwrite, req.split) == (65536, 2, True, 4)
+    assert (req.unit_size, req.workers, req.overwrite, req.split) == (65536, 2, True, 4)
     argv = req.argv()
     assert argv[argv.index("--columns") + 1] == "MLII_mV,V5_mV" and "--overwrite" in argv
     assert argv[argv.index("--split") + 1] == "4"
@@ -89,7 +89,9 @@ def test_unknown_key_is_named_with_its_line(tmp_path, text, key):
 
 
 def test_typo_gets_a_suggestion(tmp_path):
-    with pytest.raises(SpecError, match="did you mean chunk_size"):
+    with pytest.raises(SpecError, match="did you mean unit_size"):
+        load_spec(write(tmp_path, "inputs: [a.fa]\nunit_sise: 10\n"))
+    with pytest.raises(SpecError, match="did you mean unit_size"):  # an older name's typo: the new name
         load_spec(write(tmp_path, "inputs: [a.fa]\nchunk_sise: 10\n"))
 
 
@@ -104,8 +106,8 @@ def test_bad_glob_names_the_key(tmp_path, pattern, why):
 
 
 @pytest.mark.parametrize("text, key", [
-    ("inputs: [a.fa]\nchunk_size: -5\n", "chunk_size"),
-    ("inputs: [a.fa]\nchunk_size: true\n", "chunk_size"),
+    ("inputs: [a.fa]\nunit_size: -5\n", "unit_size"),
+    ("inputs: [a.fa]\nunit_size: true\n", "unit_size"),
     ("inputs: [a.fa]\nworkers: two\n", "workers"),
     ("inputs: [a.fa]\nsplit: sometimes\n", "split"),
     ("inputs: [a.fa]\nsplit: 0\n", "split"),
@@ -155,7 +157,7 @@ def test_cli_reports_spec_errors_in_one_line(tmp_path, genomes):
     bad = write(tmp_path, f"inputs: [{genomes}/minimap2_MT-human.fa]\nchunk-size: 100\n")
     r = CliRunner().invoke(cli, ["submit", "--spec", str(bad), "--dry-run"])
     assert r.exit_code == 1 and r.output.startswith("Error: ")
-    assert "line 2: chunk-size: unknown key (did you mean chunk_size?)" in r.output
+    assert "line 2: chunk-size: unknown key (did you mean unit_size?)" in r.output
     assert isinstance(r.exception, SystemExit) and len(r.output.strip().splitlines()) == 1
     bad = write(tmp_path, "inputs: ['[x.fa']\n")
     r = CliRunner().invoke(cli, ["submit", "--spec", str(bad)])
@@ -184,11 +186,11 @@ def test_spec_resources_travel_to_the_job_server_command_line(tmp_path):
 
 def test_flags_override_the_spec(tmp_path):
     (tmp_path / "a.fa").write_text(">a\nACGT\n")
-    spec = write(tmp_path, "inputs: [a.fa]\nchunk_size: 100\naddress: 10.0.0.1:6379\nworkers: 2\n")
-    (req,), run = build_requests((), str(spec), {"chunk_size": 50, "outputs": ["logprob"],
+    spec = write(tmp_path, "inputs: [a.fa]\nunit_size: 100\naddress: 10.0.0.1:6379\nworkers: 2\n")
+    (req,), run = build_requests((), str(spec), {"unit_size": 50, "outputs": ["logprob"],
                                                  "actor_resources": "num_cpus=2", "workers": None})
     assert run.address == "10.0.0.1:6379"
-    assert (req.chunk_size, req.workers, req.outputs) == (50, 2, ("logprob",))
+    assert (req.unit_size, req.workers, req.outputs) == (50, 2, ("logprob",))
     assert req.actor_resources == ActorResources(num_cpus=2)
     (req,), run = build_requests(("x.fa",), None, {"address": "http://h:8265", "columns": "a,b"})
     assert run.address == "http://h:8265" and req == JobRequest(inputs=("x.fa",), columns=("a", "b"))

@@ -76,7 +76,7 @@ def test_assemblies_spec_one_job_per_file(checkout):
     for n in names:
         assert f"results/assemblies/{Path(n).stem}.zarr" in out
     # flags override the spec
-    out = dry_run(checkout / "jobs" / "assemblies.yaml", "--chunk-size", "1000000")
+    out = dry_run(checkout / "jobs" / "assemblies.yaml", "--unit-size", "1000000")
     assert "of 1,000,000 positions" in out
 
 

@@ -34,11 +34,11 @@ def tiny(decay, normalize, feature_map, conv_width, n_layers=2):
     return Model(init_net(cfg, seed=3, decay=None if decay else 1.0), cfg, device="cpu")
 
 
-def serial(model, x, chunk_size):
+def serial(model, x, unit_size):
     state = model.init_state()
     parts, states = {}, {}
-    for i, a in enumerate(range(0, len(x), chunk_size)):
-        out, state = model.forward(x[a:a + chunk_size], state)
+    for i, a in enumerate(range(0, len(x), unit_size)):
+        out, state = model.forward(x[a:a + unit_size], state)
         for k, v in out.items():
             parts.setdefault(k, []).append(v)
         states[i] = state
@@ -50,17 +50,17 @@ def rel(a, b):
     return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
 
 
-def check(model, x, bounds, chunk_size):
+def check(model, x, bounds, unit_size):
     """Split outputs and chunk-edge states equal the serial run's to rel 1e-5. Identity
     features with the normaliser divide by phi(q).z, which crosses zero: there the serial fp32
     run is itself ~1e-5 off the exact (float64) answer, so the split run must be as close to
     the float64 run as the serial one is (within 3x its distance, plus 1e-5)."""
-    want, want_states = serial(model, x, chunk_size)
-    got, got_states, _ = forward_split(model, x, bounds, chunk_size)
+    want, want_states = serial(model, x, unit_size)
+    got, got_states, _ = forward_split(model, x, bounds, unit_size)
     ill = model.config.normalize and model.config.feature_map == "identity"
     if ill:
         exact, exact_states = serial(Model(copy.deepcopy(model.net).double(), model.config, device="cpu"),
-                                     x, chunk_size)
+                                     x, unit_size)
 
     def close(a, b, e, what):
         if not ill:
@@ -128,7 +128,7 @@ def test_one_segment_is_the_serial_run(tokens):
         assert got[k].tobytes() == want[k].tobytes(), k
 
 
-def test_segment_bounds_deal_chunks():
+def test_segment_bounds_deal_units():
     from linpipe.model.segments import FIRST_WEIGHT
 
     # 11 chunks over weights 1.25, 1, 1 (the first segment does less per position): 4, 4, 3
@@ -179,18 +179,18 @@ def test_float64_passes_give_the_first_segment_a_larger_share(feature_map, norma
 
 def test_planner_splits_only_long_records():
     from linpipe.jobs.plan import Record
-    from linpipe.jobs.split import split_parts
+    from linpipe.jobs.split import split_segments
 
     chr1 = Record("in.fa", "chr1", "chr1", 8_000_000, 262_144)
     short = Record("in.fa", "ctg", "ctg", 600_000, 262_144)
     # auto: a record 1.5x or more of a worker's even share of the job is spread over the workers
-    assert split_parts(chr1, 8_600_000, 2, "auto") == 2
-    assert split_parts(chr1, 8_600_000, 64, "auto") == 31  # no more segments than chunks
-    assert split_parts(short, 8_600_000, 2, "auto") == 1  # short records keep the stream path
-    assert split_parts(chr1, 8_000_000 * 3, 2, "auto") == 1  # many records as long: no gain
-    assert split_parts(chr1, 8_000_000, 1, "auto") == 1
-    assert split_parts(chr1, 8_600_000, 2, "never") == 1
-    assert split_parts(short, 8_600_000, 1, 5) == 3  # forced: capped by the record's chunks
+    assert split_segments(chr1, 8_600_000, 2, "auto") == 2
+    assert split_segments(chr1, 8_600_000, 64, "auto") == 31  # no more segments than chunks
+    assert split_segments(short, 8_600_000, 2, "auto") == 1  # short records keep the stream path
+    assert split_segments(chr1, 8_000_000 * 3, 2, "auto") == 1  # many records as long: no gain
+    assert split_segments(chr1, 8_000_000, 1, "auto") == 1
+    assert split_segments(chr1, 8_600_000, 2, "never") == 1
+    assert split_segments(short, 8_600_000, 1, 5) == 3  # forced: capped by the record's chunks
 
 
 def test_cli_refuses_a_bad_split(tmp_path, genomes):

@@ -27,7 +27,7 @@ from linpipe.store.layout import progress_path
 
 pytestmark = pytest.mark.slow
 
-CHUNK = 8_192
+UNIT = 8_192
 OUTPUTS = ("logprob", "entropy", "softmask", "hidden")
 LONG = "CHROMOSOME_I"  # C. elegans chromosome I, its first 60 kb: 8 chunks
 
@@ -77,7 +77,7 @@ class Watch(JobEvents):
         self.kill_at = kill_at
 
     def unit_done(self, result, units_done):
-        self.writers.setdefault((result.key, result.chunk_index), []).append(result.node)
+        self.writers.setdefault((result.key, result.unit), []).append(result.node)
 
     def split_layer(self, record_id, layer, nodes, timing):
         self.layers.append((record_id, layer, list(nodes)))
@@ -107,7 +107,7 @@ def assert_close(out, serial):
             assert np.abs(a - b).max() <= 1e-5 * max(np.abs(b).max(), 1e-30), k
 
 
-def chunks_by_writer(out, events) -> list[list[int]]:
+def units_by_writer(out, events) -> list[list[int]]:
     """The long record's chunks grouped by the actor that wrote them, after checking that every
     chunk was written once, by one actor."""
     key = OutputStore.open(str(out), mode="r").record_key(LONG)
@@ -124,7 +124,7 @@ def split_one(local_ray, one_record, model2, tmp_path_factory):
     """The record split by --split auto over 3 workers, uninterrupted (the restarts' reference)."""
     out = tmp_path_factory.mktemp("split1") / "split.zarr"
     events = Watch()
-    summary = run_job(JobRequest(inputs=(str(one_record),), model=model2, out=str(out), chunk_size=CHUNK,
+    summary = run_job(JobRequest(inputs=(str(one_record),), model=model2, out=str(out), unit_size=UNIT,
                                  outputs=OUTPUTS, workers=3, split="auto"), events=events)
     return out, events, summary
 
@@ -136,10 +136,10 @@ def test_auto_split_equals_serial_one_writer_per_chunk(split_one, one_record, mo
     assert [(r, layer) for r, layer, _ in events.layers] == [(LONG, 0), (LONG, 1)]
     assert len(set(events.layers[0][2])) == 3
     serial = tmp_path / "serial.zarr"
-    write_in_process(one_record, model2, serial, chunk_size=CHUNK, outputs=OUTPUTS)
+    write_in_process(one_record, model2, serial, unit_size=UNIT, outputs=OUTPUTS)
     assert_close(out, serial)
     # the first segment weighs FIRST_WEIGHT (1.25): 8 chunks as 3, 3, 2
-    assert chunks_by_writer(out, events) == [[0, 1, 2], [3, 4, 5], [6, 7]]
+    assert units_by_writer(out, events) == [[0, 1, 2], [3, 4, 5], [6, 7]]
     store = OutputStore.open(str(out), mode="r")
     key = store.record_key(LONG)
     # boundary states stored at every chunk edge, close to the serial run's
@@ -167,18 +167,18 @@ def test_a_float64_model_gives_the_first_segment_a_larger_share(local_ray, one_r
     save_model(init_net(cfg, seed=1), cfg, model)
     out, events = tmp_path / "split.zarr", Watch()
     summary = run_job(JobRequest(inputs=(str(one_record),), model=str(model), out=str(out),
-                                 chunk_size=CHUNK, outputs=OUTPUTS, workers=3, split="auto"),
+                                 unit_size=UNIT, outputs=OUTPUTS, workers=3, split="auto"),
                       events=events)
     assert summary.positions_run == 60_000 and len(set(events.layers[0][2])) == 3
-    assert chunks_by_writer(out, events) == [[0, 1, 2, 3], [4, 5], [6, 7]]
+    assert units_by_writer(out, events) == [[0, 1, 2, 3], [4, 5], [6, 7]]
     serial = tmp_path / "serial.zarr"
-    write_in_process(one_record, str(model), serial, chunk_size=CHUNK, outputs=OUTPUTS)
+    write_in_process(one_record, str(model), serial, unit_size=UNIT, outputs=OUTPUTS)
     m = load_model(str(model), device="cpu")
     exact64 = Model(copy.deepcopy(m.net).double(), m.config, device="cpu")
     x = open_input(str(one_record)).read(LONG, 0, 60_000)[0]
     state, exact = exact64.init_state(), {"logprob": [], "entropy": []}
-    for a in range(0, len(x), CHUNK):
-        o, state = exact64.forward(x[a:a + CHUNK], state, outputs=list(exact))
+    for a in range(0, len(x), UNIT):
+        o, state = exact64.forward(x[a:a + UNIT], state, outputs=list(exact))
         for k in exact:
             exact[k].append(o[k])
     got, want = record_outputs(out), record_outputs(serial)
@@ -210,12 +210,12 @@ def test_resume_and_worker_killed_mid_run_bit_identical(split_one, one_record, m
     assert done[:].all()
     done[4:] = 0
     for name in OUTPUTS:
-        root[f"{key}/{name}"][4 * CHUNK:] = 0
+        root[f"{key}/{name}"][4 * UNIT:] = 0
     events = Watch(kill_at=(0, 1))
-    summary = run_job(JobRequest(inputs=(str(one_record),), model=model2, out=str(out), chunk_size=CHUNK,
+    summary = run_job(JobRequest(inputs=(str(one_record),), model=model2, out=str(out), unit_size=UNIT,
                                  outputs=OUTPUTS, workers=3, split="3"), events=events)
     assert summary.worker_deaths == 1
-    assert summary.positions_run == 60_000 - 4 * CHUNK  # chunk 3 recomputed, not rewritten
+    assert summary.positions_run == 60_000 - 4 * UNIT  # chunk 3 recomputed, not rewritten
     # layer 1 of the first group never completed: the second group ran both layers
     assert [(layer, len(nodes)) for _, layer, nodes in events.layers] == [(0, 2), (0, 2), (1, 2)]
     assert_same_bytes(store_arrays(out), store_arrays(ref))

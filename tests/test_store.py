@@ -28,7 +28,7 @@ from linpipe.store.reader import IncompleteStoreWarning, open_output
 
 FORMAT_V1 = Path(__file__).parent / "data" / "store_v1"  # metadata written by the format-1 writer
 HUMAN_BASES = 300_000  # holds the N run at 177,417-227,417 and part of the one at 267,719
-CHUNK = 40_000
+UNIT = 40_000
 FEATURES = 8
 _LUT = np.full(256, 4, dtype=np.uint8)
 for _i, _c in enumerate(b"ACGT"):
@@ -120,8 +120,8 @@ def build_dna_store(path: Path, genomes: Path, *, write: bool = True, finalize: 
     full = {rid: markov_outputs(s) for rid, s in seqs.items()}
     records = [{"id": rid, "description": f"{rid} test", "length": len(s), "modality": "dna",
                 "input": "genome.fa"} for rid, s in seqs.items()]
-    store = OutputStore.create(path, meta={**DNA_META, "outputs": list(outputs), "chunk_size": CHUNK},
-                               records=records, outputs=list(outputs), chunk_size=CHUNK,
+    store = OutputStore.create(path, meta={**DNA_META, "outputs": list(outputs), "chunk_size": UNIT},
+                               records=records, outputs=list(outputs), unit_size=UNIT,
                                feature_dim=FEATURES)
     if write:
         write_records(store, full, outputs, skip=skip)
@@ -138,11 +138,11 @@ def write_records(store, full, outputs, *, skip=()):
         info = store.record(rid)
         if info.packed:
             continue
-        for i in range(info.n_chunks):
+        for i in range(info.n_units):
             if (rid, i) not in skip:
-                s, e = store.chunk_range(rid, i)
+                s, e = store.unit_range(rid, i)
                 state = state_after(arrays, e) if "hidden" in arrays else None
-                store.write_chunk(rid, i, {o: arrays[o][s:e] for o in outputs}, state=state)
+                store.write_unit(rid, i, {o: arrays[o][s:e] for o in outputs}, state=state)
     p = store.packed
     for b in range(p.n_batches if p else 0):
         if ("batch", b) not in skip:
@@ -169,12 +169,12 @@ def build_ts_store(path: Path, timeseries: Path, chunk: int = 4096):
                                records=[{"id": "mitdb/100", "description": "MIT-BIH 100", "length": n,
                                          "modality": "timeseries", "input": "ecg.parquet",
                                          "time_dtype": "datetime64[ns]"}],
-                               outputs=["forecast", "residual", "hidden"], chunk_size=chunk,
+                               outputs=["forecast", "residual", "hidden"], unit_size=chunk,
                                channels=["MLII_mV", "V5_mV"], feature_dim=6, hidden_dtype="float32")
     key = store.record_key("mitdb/100")
-    for i in range(store.n_chunks(key)):
-        s, e = store.chunk_range(key, i)
-        store.write_chunk(key, i, {k: v[s:e] for k, v in data.items()}, state={"y": data["forecast"][e - 1]})
+    for i in range(store.n_units(key)):
+        s, e = store.unit_range(key, i)
+        store.write_unit(key, i, {k: v[s:e] for k, v in data.items()}, state={"y": data["forecast"][e - 1]})
     assert store.finalize()
     return store, data
 
@@ -202,7 +202,7 @@ def test_round_trip_every_array_and_attribute(dna_store):
     assert meta["format"] == "linpipe-output" and meta["format_version"] == FORMAT_VERSION
     for k, v in DNA_META.items():
         assert meta[k] == v
-    assert meta["chunk_size"] == CHUNK and meta["outputs"] == ["logprob", "entropy", "softmask", "hidden"]
+    assert meta["chunk_size"] == UNIT and meta["outputs"] == ["logprob", "entropy", "softmask", "hidden"]
     # the long record has its own group; the two short ones (at most one unit) are packed
     assert {info["id"] for info in meta["records"].values()} == {"chr1"}
     assert meta["packed"] == {"records": 2, "batches": 1, "inputs": ["genome.fa"],
@@ -218,7 +218,7 @@ def test_round_trip_every_array_and_attribute(dna_store):
             got = store.array(rid, name)[:]
             assert got.dtype == {"hidden": np.float16, "softmask": np.uint8}.get(name, np.float32)
             np.testing.assert_array_equal(got, want.astype(got.dtype))
-        assert store.completed_chunks(rid) == set(range(store.n_chunks(rid)))
+        assert store.completed_units(rid) == set(range(store.n_units(rid)))
         assert store.missing_ranges(rid) == []
         if info.packed:
             assert store.boundary_state(rid, 0) is None  # a whole record needs no resume point
@@ -227,11 +227,11 @@ def test_round_trip_every_array_and_attribute(dna_store):
         assert root[key].attrs["linpipe_record"]["id"] == rid
         for name in arrays:
             arr = root[f"{key}/{name}"]
-            assert arr.chunks[0] == CHUNK
+            assert arr.chunks[0] == UNIT
             want_dims = ["position", "feature"] if name == "hidden" else ["position"]
             assert list(arr.metadata.dimension_names) == want_dims
-        for i in range(store.n_chunks(key)):
-            _, e = store.chunk_range(key, i)
+        for i in range(store.n_units(key)):
+            _, e = store.unit_range(key, i)
             st = store.boundary_state(key, i)
             want = state_after(arrays, e)
             assert st.keys() == want.keys()
@@ -240,7 +240,7 @@ def test_round_trip_every_array_and_attribute(dna_store):
                 assert st[n].dtype == want[n].dtype
     # the packed arrays: one Zarr chunk per batch, dims named apart from a record's own
     packed = root["_packed/hidden"]
-    assert packed.chunks == (CHUNK, FEATURES) and packed.shape == (CHUNK, FEATURES)
+    assert packed.chunks == (UNIT, FEATURES) and packed.shape == (UNIT, FEATURES)
     assert list(packed.metadata.dimension_names) == ["packed_position", "feature"]
     # the real genome's N runs stay NaN (model output undefined there), and soft-masking is kept
     lp = root[f"{store.record_key('chr1')}/logprob"]
@@ -336,7 +336,7 @@ def test_format_2_layout_files_grow_with_batches_not_records(tmp_path):
     records = [{"id": f"contig_{i}", "length": int(n)} for i, n in enumerate(lengths)]
     records.append({"id": "chrL", "length": 25_000})
     store = OutputStore.create(tmp_path / "many.zarr", meta={}, records=records,
-                               outputs=["logprob", "softmask"], chunk_size=10_000)
+                               outputs=["logprob", "softmask"], unit_size=10_000)
     p = store.packed
     assert p.n_records == 2000 and p.positions == lengths.sum()
     per_batch = [sum(int(lengths[int(i.split("_")[1])]) for i in p.batch_ids(b)) for b in range(p.n_batches)]
@@ -349,8 +349,8 @@ def test_format_2_layout_files_grow_with_batches_not_records(tmp_path):
         n = sum(int(lengths[int(i.split("_")[1])]) for i in p.batch_ids(b))
         store.write_batch(b, {"logprob": np.full(n, b, np.float32), "softmask": np.ones(n, np.uint8)})
     for i in range(3):
-        s, e = store.chunk_range("chrL", i)
-        store.write_chunk("chrL", i, {"logprob": np.zeros(e - s, np.float32),
+        s, e = store.unit_range("chrL", i)
+        store.write_unit("chrL", i, {"logprob": np.zeros(e - s, np.float32),
                                       "softmask": np.ones(e - s, np.uint8)})
     assert store.finalize()
     files = [f for f in (tmp_path / "many.zarr").rglob("*") if f.is_file()]
@@ -383,13 +383,13 @@ def test_record_keys_are_safe_and_unique(tmp_path):
     base.mkdir()
     store = OutputStore.create(base / "out.zarr", meta={},
                                records=[{"id": i, "length": 10, "modality": "dna"} for i in ids],
-                               outputs=["logprob"], chunk_size=4)
+                               outputs=["logprob"], unit_size=4)
     for rid in ids:
         key = store.record_key(rid)
         for c in range(3):
-            s, e = store.chunk_range(key, c)
-            store.write_chunk(key, c, {"logprob": np.full(e - s, len(rid), np.float32)})
-    assert all(store.completed_chunks(rid) == {0, 1, 2} for rid in ids)  # ids work as well as keys
+            s, e = store.unit_range(key, c)
+            store.write_unit(key, c, {"logprob": np.full(e - s, len(rid), np.float32)})
+    assert all(store.completed_units(rid) == {0, 1, 2} for rid in ids)  # ids work as well as keys
     assert store.finalize()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["inside"]
     assert sorted(p.name for p in base.iterdir()) == ["out.zarr"]
@@ -412,7 +412,7 @@ full = np.load(data)
 store = OutputStore.open(path)
 OUTS = ("logprob", "entropy", "softmask", "hidden")
 ids = sorted(r.id for r in store.records.values() if not r.packed)
-units = [(rid, i) for rid in ids for i in range(store.n_chunks(rid))]
+units = [(rid, i) for rid in ids for i in range(store.n_units(rid))]
 units += [("batch", b) for b in range(store.packed.n_batches)]
 rng = np.random.default_rng(me)
 mine = [u for j, u in enumerate(units) if j % nproc == me]   # interleaved records and ranges
@@ -421,9 +421,9 @@ for rid, i in [mine[j] for j in rng.permutation(len(mine))]:
         rids = store.packed.batch_ids(i)
         store.write_batch(i, {o: np.concatenate([full[f"{r}.{o}"] for r in rids]) for o in OUTS})
         continue
-    s, e = store.chunk_range(rid, i)
+    s, e = store.unit_range(rid, i)
     arrays = {o: full[f"{rid}.{o}"][s:e] for o in OUTS}
-    store.write_chunk(rid, i, arrays, state={"S": full[f"{rid}.hidden"][e - 1]})
+    store.write_unit(rid, i, arrays, state={"S": full[f"{rid}.hidden"][e - 1]})
 """
 
 
@@ -436,7 +436,7 @@ def test_four_concurrent_writers_lose_nothing(tmp_path, genomes):
     np.savez(tmp_path / "full.npz", **{f"{rid}.{o}": a for rid, d in full.items() for o, a in d.items()})
     records = [{"id": rid, "length": len(s), "modality": "dna"} for rid, s in seqs.items()]
     OutputStore.create(path, meta={"job_id": "conc"}, records=records,
-                       outputs=["logprob", "entropy", "softmask", "hidden"], chunk_size=chunk,
+                       outputs=["logprob", "entropy", "softmask", "hidden"], unit_size=chunk,
                        feature_dim=FEATURES)
     procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(path), str(tmp_path / "full.npz"), str(w),
                                "4"]) for w in range(4)]
@@ -450,8 +450,8 @@ def test_four_concurrent_writers_lose_nothing(tmp_path, genomes):
             np.testing.assert_array_equal(got, want.astype(got.dtype))
         if store.record(rid).packed:
             continue
-        for i in range(store.n_chunks(rid)):
-            _, e = store.chunk_range(rid, i)
+        for i in range(store.n_units(rid)):
+            _, e = store.unit_range(rid, i)
             np.testing.assert_array_equal(store.boundary_state(rid, i)["S"], arrays["hidden"][e - 1])
 
 
@@ -469,9 +469,9 @@ def write_state_then_hang(*a, **k):   # the data are on disk now; the marker is 
     flag.write_text("data written")
     time.sleep(120)
 store._write_state = write_state_then_hang
-s, e = store.chunk_range(key, 1)
+s, e = store.unit_range(key, 1)
 n = e - s
-store.write_chunk(key, 1, {"logprob": np.full(n, -1.5, np.float32), "entropy": np.full(n, 1.2, np.float32),
+store.write_unit(key, 1, {"logprob": np.full(n, -1.5, np.float32), "entropy": np.full(n, 1.2, np.float32),
                            "softmask": np.ones(n, np.uint8), "hidden": np.zeros((n, 8), np.float32)},
                   state={"S": np.ones(3, np.float32)})
 """
@@ -494,20 +494,20 @@ def test_killed_writer_leaves_chunk_incomplete(tmp_path, genomes):
     store = OutputStore.open(path)
     key = store.record_key("chr1")
     # the data of chunk 1 reached the disk, but the chunk is not marked complete
-    assert (zarr.open_group(path, mode="r")[f"{key}/logprob"][CHUNK:2 * CHUNK] == -1.5).all()
-    assert 1 not in store.completed_chunks(key)
+    assert (zarr.open_group(path, mode="r")[f"{key}/logprob"][UNIT:2 * UNIT] == -1.5).all()
+    assert 1 not in store.completed_units(key)
     assert store.boundary_state(key, 1) is None
-    assert store.missing_ranges(key) == [(CHUNK, 2 * CHUNK)]
+    assert store.missing_ranges(key) == [(UNIT, 2 * UNIT)]
     assert not store.finalize() and not store.is_complete()
     with pytest.warns(IncompleteStoreWarning, match=r"chr1:40000-80000"):
         out = open_output(path)
-    assert out.missing_ranges[key] == [(CHUNK, 2 * CHUNK)] and not out.complete
-    np.testing.assert_array_equal(out.dataset("chr1")["entropy"].values[:CHUNK],
-                                  full["chr1"]["entropy"][:CHUNK])
+    assert out.missing_ranges[key] == [(UNIT, 2 * UNIT)] and not out.complete
+    np.testing.assert_array_equal(out.dataset("chr1")["entropy"].values[:UNIT],
+                                  full["chr1"]["entropy"][:UNIT])
 
     # resuming rewrites the chunk, and only then is the store complete
-    s, e = store.chunk_range(key, 1)
-    store.write_chunk(key, 1, {o: a[s:e] for o, a in full["chr1"].items()},
+    s, e = store.unit_range(key, 1)
+    store.write_unit(key, 1, {o: a[s:e] for o, a in full["chr1"].items()},
                       state=state_after(full["chr1"], e))
     assert store.finalize() and OutputStore.open(path, mode="r").is_complete()
     np.testing.assert_array_equal(zarr.open_group(path, mode="r")[f"{key}/logprob"][:],
@@ -532,7 +532,7 @@ def test_opening_errors(tmp_path, dna_store):
     with pytest.raises(StoreError, match="not a Zarr v3 store"):
         open_output(plain)
     with pytest.raises(StoreError, match="refusing to overwrite"):
-        OutputStore.create(plain, meta={}, records=[], outputs=["logprob"], chunk_size=10, overwrite=True)
+        OutputStore.create(plain, meta={}, records=[], outputs=["logprob"], unit_size=10, overwrite=True)
     assert (plain / "notes.txt").read_text() == "mine"
     other = tmp_path / "other.zarr"
     zarr.open_group(other, mode="w", zarr_format=3).create_array("x", shape=(3,), dtype="i4")
@@ -543,11 +543,11 @@ def test_opening_errors(tmp_path, dna_store):
     zarr.open_group(half, mode="w", zarr_format=3, attributes={"linpipe_creating": True})
     with pytest.raises(StoreError, match="creation of this output store was interrupted"):
         OutputStore.open(half)
-    OutputStore.create(half, meta={}, records=[{"id": "r", "length": 5}], chunk_size=5)  # no --overwrite
-    assert OutputStore.open(half).n_chunks("r") == 1
+    OutputStore.create(half, meta={}, records=[{"id": "r", "length": 5}], unit_size=5)  # no --overwrite
+    assert OutputStore.open(half).n_units("r") == 1
 
     newer = tmp_path / "newer.zarr"
-    OutputStore.create(newer, meta={}, records=[{"id": "r", "length": 5}], outputs=["logprob"], chunk_size=5)
+    OutputStore.create(newer, meta={}, records=[{"id": "r", "length": 5}], outputs=["logprob"], unit_size=5)
     g = zarr.open_group(newer, mode="r+")
     g.attrs["linpipe"] = {**g.attrs["linpipe"], "format_version": FORMAT_VERSION + 1}
     with pytest.raises(StoreError, match=rf"format {FORMAT_VERSION + 1}, newer than this linpipe"):
@@ -555,14 +555,14 @@ def test_opening_errors(tmp_path, dna_store):
 
     path, _ = dna_store
     with pytest.raises(StoreError, match="already exists"):
-        OutputStore.create(path, meta={}, records=[], outputs=["logprob"], chunk_size=10)
-    again = OutputStore.create(newer, meta={}, records=[{"id": "r", "length": 5}], chunk_size=5,
+        OutputStore.create(path, meta={}, records=[], outputs=["logprob"], unit_size=10)
+    again = OutputStore.create(newer, meta={}, records=[{"id": "r", "length": 5}], unit_size=5,
                                overwrite=True)
     assert again.meta["outputs"] == ["logprob", "entropy", "softmask"]  # the dna default
-    assert again.completed_chunks("r") == set() and not again.is_complete()
+    assert again.completed_units("r") == set() and not again.is_complete()
     ro = OutputStore.open(path, mode="r")
     with pytest.raises(StoreError, match="read-only"):
-        ro.write_chunk(ro.record_key("chr1"), 0, {})
+        ro.write_unit(ro.record_key("chr1"), 0, {})
     with pytest.raises(StoreError, match="no record 'chrZ'"):
         open_output(path).dataset("chrZ")
 
@@ -570,37 +570,37 @@ def test_opening_errors(tmp_path, dna_store):
 def test_write_chunk_validates(tmp_path):
     store = OutputStore.create(tmp_path / "v.zarr", meta={},
                                records=[{"id": "r", "length": 25, "modality": "dna"}],
-                               outputs=["logprob", "entropy"], chunk_size=10)
+                               outputs=["logprob", "entropy"], unit_size=10)
     key = store.record_key("r")
-    assert store.n_chunks(key) == 3 and store.chunk_range(key, 2) == (20, 25)
+    assert store.n_units(key) == 3 and store.unit_range(key, 2) == (20, 25)
     with pytest.raises(StoreError, match="got outputs"):
-        store.write_chunk(key, 0, {"logprob": np.zeros(10)})
+        store.write_unit(key, 0, {"logprob": np.zeros(10)})
     with pytest.raises(StoreError, match=r"positions 20-25"):
-        store.write_chunk(key, 2, {"logprob": np.zeros(10), "entropy": np.zeros(10)})
+        store.write_unit(key, 2, {"logprob": np.zeros(10), "entropy": np.zeros(10)})
     with pytest.raises(StoreError, match="out of range"):
-        store.write_chunk(key, 3, {"logprob": np.zeros(5), "entropy": np.zeros(5)})
+        store.write_unit(key, 3, {"logprob": np.zeros(5), "entropy": np.zeros(5)})
     with pytest.raises(StoreError, match="not a dna output"):
         OutputStore.create(tmp_path / "w.zarr", meta={}, records=[{"id": "r", "length": 5}],
-                           outputs=["forecast"], chunk_size=10)
+                           outputs=["forecast"], unit_size=10)
     with pytest.raises(StoreError, match="duplicate record id 'r'"):
         OutputStore.create(tmp_path / "d.zarr", meta={}, records=[{"id": "r", "length": 5}] * 2,
-                           outputs=["logprob"], chunk_size=10)
-    assert 1 not in store.completed_chunks(key) and not store.finalize()
+                           outputs=["logprob"], unit_size=10)
+    assert 1 not in store.completed_units(key) and not store.finalize()
     # a chunk rewritten without a state loses the state of the earlier attempt
-    store.write_chunk(key, 0, {"logprob": np.zeros(10), "entropy": np.zeros(10)}, state={"S": np.ones(2)})
+    store.write_unit(key, 0, {"logprob": np.zeros(10), "entropy": np.zeros(10)}, state={"S": np.ones(2)})
     assert store.boundary_state(key, 0)["S"].tolist() == [1, 1]
-    store.write_chunk(key, 0, {"logprob": np.ones(10), "entropy": np.ones(10)})
-    assert store.completed_chunks(key) == {0} and store.boundary_state(key, 0) is None
+    store.write_unit(key, 0, {"logprob": np.ones(10), "entropy": np.ones(10)})
+    assert store.completed_units(key) == {0} and store.boundary_state(key, 0) is None
 
 
 def test_fsspec_url(tmp_path):
     url = f"file://{tmp_path / 'url.zarr'}"
     store = OutputStore.create(url, meta={"job_id": "u"},
                                records=[{"id": "r", "length": 15, "modality": "dna"}],
-                               outputs=["logprob"], chunk_size=10)
+                               outputs=["logprob"], unit_size=10)
     key = store.record_key("r")
-    store.write_chunk(key, 1, {"logprob": np.arange(5, dtype=np.float32)}, state={"S": np.ones(2)})
-    store.write_chunk(key, 0, {"logprob": np.arange(10, dtype=np.float32)})
+    store.write_unit(key, 1, {"logprob": np.arange(5, dtype=np.float32)}, state={"S": np.ones(2)})
+    store.write_unit(key, 0, {"logprob": np.arange(10, dtype=np.float32)})
     assert store.finalize()
     out = open_output(url)
     np.testing.assert_array_equal(out.dataset("r")["logprob"].values, np.r_[np.arange(10), np.arange(5)])
@@ -610,7 +610,7 @@ def test_fsspec_url(tmp_path):
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "keep.txt").write_text("data")
     with pytest.raises(StoreError, match="refusing to overwrite"):  # a URL prefix holding other data
-        OutputStore.create(f"file://{tmp_path / 'other'}", meta={}, records=[], chunk_size=5, overwrite=True)
+        OutputStore.create(f"file://{tmp_path / 'other'}", meta={}, records=[], unit_size=5, overwrite=True)
     assert (tmp_path / "other" / "keep.txt").read_text() == "data"
     assert json.loads((tmp_path / "url.zarr" / "zarr.json").read_text())["attributes"]["linpipe"]["complete"]
 
@@ -663,7 +663,7 @@ def test_assembly_of_many_contigs(tmp_path, genomes):
     seqs = read_fasta(genomes / "abricate_Sepidermidis_ST14_assembly.fa")
     assert len(seqs) == 42
     records = [{"id": rid, "length": len(s), "modality": "dna"} for rid, s in seqs.items()]
-    store = OutputStore.create(tmp_path / "asm.zarr", meta={}, records=records, chunk_size=65_536)
+    store = OutputStore.create(tmp_path / "asm.zarr", meta={}, records=records, unit_size=65_536)
     outs = ("logprob", "entropy", "softmask")
     full = {rid: {o: a for o, a in markov_outputs(seq).items() if o in outs} for rid, seq in seqs.items()}
     write_records(store, full, outs)

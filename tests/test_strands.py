@@ -9,7 +9,7 @@ import linpipe
 from linpipe.inputs.alphabet import tokenize
 from linpipe.store.verify import verify_store
 
-CHUNK = 512
+UNIT = 512
 COMPLEMENT = str.maketrans("ACGTN", "TGCAN")
 
 
@@ -28,7 +28,7 @@ def both(genomes, tmp_path_factory, one_torch_thread):
     fasta.write_text("".join(f">{k}\n{v}\n" for k, v in seqs.items()))
     model = make_tiny_model(base / "tiny")
     out = base / "both.zarr"
-    plan = write_in_process(fasta, model, out, chunk_size=CHUNK,
+    plan = write_in_process(fasta, model, out, unit_size=UNIT,
                             outputs=("logprob", "entropy", "logprob_rc", "entropy_rc"))
     return base, fasta, model, out, plan, seqs
 
@@ -55,7 +55,7 @@ def test_reverse_strand_equals_the_model_over_the_reverse_complement(both):
 
     with warnings.catch_warnings():  # streaming reads (exports) check each strand's own checksums
         warnings.simplefilter("error")
-        blocks = list(reader.blocks(["logprob", "logprob_rc"]))
+        blocks = list(reader.units(["logprob", "logprob_rc"]))
     assert sum(len(v["logprob_rc"]) for _, _, v in blocks) == sum(map(len, seqs.values()))
 
 
@@ -73,7 +73,7 @@ def test_reverse_units_resume_from_their_own_states(both, tmp_path):
     done_rc = zarr.open_array(str(copy / "_linpipe" / key / "done_rc"), mode="r+")
     done_rc[0:2] = 0
     for name in ("logprob_rc", "entropy_rc"):  # and their data gone
-        zarr.open_array(str(copy / key / name), mode="r+")[:2 * CHUNK] = np.nan
+        zarr.open_array(str(copy / key / name), mode="r+")[:2 * UNIT] = np.nan
     before = zarr.open_array(str(out / key / "logprob_rc"), mode="r")[:]
     report = verify_store(str(copy))
     missing = [(p.unit, p.strand) for p in report.problems]
@@ -98,7 +98,7 @@ def test_submit_both_strands_on_ray(both, tmp_path, split):
     _base, fasta, model, out, plan, _seqs = both
     ray_out = tmp_path / "ray.zarr"
     r = subprocess.run([sys.executable, "-m", "linpipe.cli", "submit", str(fasta), "--model", model,
-                        "--out", str(ray_out), "--chunk-size", str(CHUNK), "--workers", "2",
+                        "--out", str(ray_out), "--unit-size", str(UNIT), "--workers", "2",
                         "--outputs", "logprob,entropy", "--strand", "both", "--split", split],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -132,7 +132,7 @@ def test_score_variants_reports_each_strand(both):
     from linpipe.model import load_model
 
     base, _fasta, model_dir, out, _plan, seqs = both
-    rows = _variants(seqs) + [("chr2", 2 * CHUNK, seqs["chr2"][2 * CHUNK - 1].upper(), "N"),
+    rows = _variants(seqs) + [("chr2", 2 * UNIT, seqs["chr2"][2 * UNIT - 1].upper(), "N"),
                               ("chr2", 6, seqs["chr2"][5:8].upper(), "G")]
     rows = sorted(set(rows), key=lambda r: (r[0] != "chr2", r[1], r[2], r[3]))
     vcf = _vcf(base / "both.vcf", rows, {k: len(v) for k, v in seqs.items()})

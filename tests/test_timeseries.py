@@ -125,7 +125,7 @@ def test_many_series_in_one_file_every_format(tmp_path, interleave):
                     v, t = inp.read(rid, s, e)
                     np.testing.assert_array_equal(v, expect[s:e])
                     np.testing.assert_array_equal(t, sub["t"].to_numpy()[s:e])
-                chunks = [d for _, _, d in inp.iter_chunks(rid, 1024)]
+                chunks = [d for _, _, d in inp.iter_units(rid, 1024)]
                 np.testing.assert_array_equal(np.concatenate([c[0] for c in chunks]), expect)
 
 

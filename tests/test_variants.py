@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from linpipe.cli import cli
 from linpipe.inputs.alphabet import tokenize
 
-CHUNK = 512
+UNIT = 512
 WINDOW = 40
 
 
@@ -29,7 +29,7 @@ def case(genomes, tmp_path_factory, one_torch_thread):
     fasta.write_text("".join(f">{k}\n{v}\n" for k, v in seqs.items()))
     model = make_tiny_model(base / "tiny")
     out = base / "g.zarr"
-    write_in_process(fasta, model, out, chunk_size=CHUNK, outputs=("logprob",))
+    write_in_process(fasta, model, out, unit_size=UNIT, outputs=("logprob",))
     return base, fasta, out, model, seqs
 
 
@@ -58,14 +58,14 @@ def _variants(seqs):
     s, mt = seqs["chr2"], seqs["mt"]
     alt = {"A": "C", "C": "G", "G": "T", "T": "A", "N": "A"}
     rows = []
-    for p in (0, 1, CHUNK - 20, CHUNK - 1, CHUNK, CHUNK + 1, 2 * CHUNK, 3 * CHUNK - 1, 3 * CHUNK,
+    for p in (0, 1, UNIT - 20, UNIT - 1, UNIT, UNIT + 1, 2 * UNIT, 3 * UNIT - 1, 3 * UNIT,
               400, 430 + 60, 430 + 121, len(s) - WINDOW + 3, len(s) - 1):
         b = s[p].upper()
         rows.append(("chr2", p + 1, b, alt[b]))
-    p = CHUNK - 2  # a deletion across the first edge, an insertion on the second, an MNV across the third
+    p = UNIT - 2  # a deletion across the first edge, an insertion on the second, an MNV across the third
     rows.append(("chr2", p + 1, s[p:p + 4].upper(), s[p].upper()))
-    rows.append(("chr2", 2 * CHUNK + 1, s[2 * CHUNK].upper(), s[2 * CHUNK].upper() + "GATTACA"))
-    rows.append(("chr2", 3 * CHUNK, s[3 * CHUNK - 1:3 * CHUNK + 1].upper(), "TT"))
+    rows.append(("chr2", 2 * UNIT + 1, s[2 * UNIT].upper(), s[2 * UNIT].upper() + "GATTACA"))
+    rows.append(("chr2", 3 * UNIT, s[3 * UNIT - 1:3 * UNIT + 1].upper(), "TT"))
     for p in (0, 150, len(mt) - 2):
         rows.append(("mt", p + 1, mt[p].upper(), alt[mt[p].upper()]))
     return sorted(rows, key=lambda r: (r[0] != "chr2", r[1]))  # sorted, as tabix needs

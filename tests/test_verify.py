@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _pipeline_data import CONTIG_CHUNK, make_tiny_model, write_contigs, write_in_process
+from _pipeline_data import CONTIG_UNIT, make_tiny_model, write_contigs, write_in_process
 from click.testing import CliRunner
 
 import linpipe
@@ -34,7 +34,7 @@ def written(genomes, tmp_path_factory):
     fasta = base / "contigs.fa"
     write_contigs(genomes, fasta, 120, seed=19, long=2)
     out = base / "good.zarr"
-    plan = write_in_process(fasta, make_tiny_model(base / "tiny"), out, chunk_size=CONTIG_CHUNK)
+    plan = write_in_process(fasta, make_tiny_model(base / "tiny"), out, unit_size=CONTIG_UNIT)
     return out, plan
 
 
@@ -71,13 +71,13 @@ def test_corruption_is_named_by_unit_and_repaired_bit_identically(written, tmp_p
     got = {(p["record"], p["unit"]) for p in problems}
     assert got == {(long.id, 1), (None, 1), (plan.streams[1].id, 0)}
     by = {(p["record"], p["unit"]): p for p in problems}
-    assert (by[(long.id, 1)]["start"], by[(long.id, 1)]["end"]) == (CONTIG_CHUNK, 2 * CONTIG_CHUNK)
+    assert (by[(long.id, 1)]["start"], by[(long.id, 1)]["end"]) == (CONTIG_UNIT, 2 * CONTIG_UNIT)
     assert "logprob" in by[(long.id, 1)]["detail"]
     assert "entropy" in by[(None, 1)]["detail"]
     assert by[(None, 1)]["records"] == [str(plan.packed.ids[i]) for i in plan.packed.rows(1)]
     assert "state" in by[(plan.streams[1].id, 0)]["detail"]
     r = CliRunner().invoke(cli, ["verify", str(out)])
-    assert r.exit_code == 1 and f"record '{long.id}' positions 2,048-4,096 (chunk 1)" in r.output
+    assert r.exit_code == 1 and f"record '{long.id}' positions 2,048-4,096 (unit 1)" in r.output
     assert "packed batch 1" in r.output and isinstance(r.exception, SystemExit)
 
     # reading warns where a unit fails its checksum
@@ -87,7 +87,7 @@ def test_corruption_is_named_by_unit_and_repaired_bit_identically(written, tmp_p
 
     # and so does opening a record: a packed one always, a long one when asked to check
     reader = linpipe.open_output(out)
-    with pytest.warns(CorruptUnitWarning, match=f"record '{long.id}' chunk 1: logprob"):
+    with pytest.warns(CorruptUnitWarning, match=f"record '{long.id}' unit 1: logprob"):
         ds = reader.dataset(long.id, check=True)
     assert ds["logprob"].shape == (long.length,)
     in_batch_1 = str(plan.packed.ids[plan.packed.rows(1)[0]])
@@ -170,15 +170,15 @@ def test_a_damaged_unit_is_bad_alike_for_verify_and_for_checked_reads(written, t
                 reader.dataset(record, check=True)
         else:
             reader.dataset(record, check=True)
-        entropy = [(info.id, s, v) for info, s, v in reader.blocks("entropy")]  # another output
+        entropy = [(info.id, s, v) for info, s, v in reader.units("entropy")]  # another output
     said = [str(w.message) for w in caught if issubclass(w.category, CorruptUnitWarning)]
-    unit = "packed batch 1" if where == "packed" else f"record '{long.id}' chunk 1"
+    unit = "packed batch 1" if where == "packed" else f"record '{long.id}' unit 1"
     if unreadable:
         assert said == []
     else:  # dataset() and blocks("entropy"): a bad state spoils its unit whatever is read of it
         assert said and all(f"{unit}: {fault}" in m for m in said)
         assert len(said) == (2 if where == "state" else 1)
-    want = [(info.id, s, v) for info, s, v in linpipe.open_output(good).blocks("entropy")]
+    want = [(info.id, s, v) for info, s, v in linpipe.open_output(good).units("entropy")]
     assert [(i, s) for i, s, _v in entropy] == [(i, s) for i, s, _v in want]
     assert all(np.array_equal(a[2], b[2], equal_nan=True) for a, b in zip(entropy, want, strict=True))
 
@@ -201,9 +201,9 @@ def test_verify_and_repair_on_an_object_store(genomes, s3_server, tmp_path):
     fasta, model = tmp_path / "contigs.fa", make_tiny_model(tmp_path / "tiny")
     write_contigs(genomes, fasta, 16, seed=19, long=2)  # few objects: each is a request to moto
     out = f"{s3_server.new_bucket()}/store.zarr"
-    plan = write_in_process(fasta, model, out, chunk_size=CONTIG_CHUNK)
+    plan = write_in_process(fasta, model, out, unit_size=CONTIG_UNIT)
     local = tmp_path / "local.zarr"
-    write_in_process(fasta, model, local, chunk_size=CONTIG_CHUNK)
+    write_in_process(fasta, model, local, unit_size=CONTIG_UNIT)
     r = CliRunner().invoke(cli, ["verify", out, "--json"])
     assert r.exit_code == 0 and json.loads(r.output)["units_checked"] == plan.n_units
     before = all_objects(out)

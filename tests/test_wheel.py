@@ -1,6 +1,8 @@
 """The wheel holds every subpackage and the shipped data, and works from outside the repo."""
 
+import ast
 import os
+import re
 import subprocess
 import sys
 import zipfile
@@ -69,11 +71,17 @@ def test_the_installed_wheel_loads_the_default_model_outside_the_repo(wheel, tmp
         capture_output=True,
     )
     code = (
-        "import linpipe, linpipe.jobs.driver, linpipe.kernels.linear_attn.triton_chunk; "
+        "import importlib.metadata, linpipe, linpipe.jobs.driver, linpipe.kernels.linear_attn.triton_chunk; "
         "assert linpipe.__file__.startswith(%r), linpipe.__file__; "
-        "print(linpipe.load_model('default').config.d_model)" % str(target)
+        "print(linpipe.load_model('default').config.d_model, linpipe.__version__, "
+        "importlib.metadata.version('linpipe'))" % str(target)
     )
     env = dict(os.environ, PYTHONPATH=str(target))
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    assert int(out.stdout.strip()) > 0
+    d_model, version, installed = out.stdout.split()
+    assert int(d_model) > 0
+    # the one version, pipeline/version.py's, is what the wheel is named and installed as
+    text = (REPO / "pipeline" / "version.py").read_text()
+    source = ast.literal_eval(re.search(r"__version__ = (.+)", text)[1])
+    assert version == installed == source and wheel.name.startswith(f"linpipe-{source}-")

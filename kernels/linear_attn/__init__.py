@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .chunk import DEFAULT_CHUNK_SIZE, chunk_linear_attn_parts, chunk_linear_attn_torch, features
+from .chunk import BLOCK_SIZE, chunk_linear_attn_parts, chunk_linear_attn_torch, features
 from .naive import FEATURE_MAPS, feature_map_fn, naive_recurrent_linear_attn
 from .stages import advance, log_decay, span_state, state_outputs
 
@@ -58,6 +58,6 @@ def chunk_linear_attn(q, k, v, *, decay=None, feature_map="elu1", normalize=True
     return chunk_linear_attn_torch(q, k, v, **kwargs)
 
 
-__all__ = ["DEFAULT_CHUNK_SIZE", "FEATURE_MAPS", "advance", "chunk_linear_attn", "chunk_linear_attn_parts",
+__all__ = ["BLOCK_SIZE", "FEATURE_MAPS", "advance", "chunk_linear_attn", "chunk_linear_attn_parts",
            "chunk_linear_attn_torch", "feature_map_fn", "features", "log_decay",
            "naive_recurrent_linear_attn", "span_state", "state_outputs"]

@@ -1,15 +1,15 @@
 """The chunked parallel form of causal linear attention in PyTorch (CPU, and autograd anywhere).
 
-Same contract as naive.py. The sequence streams through in segments of SEGMENT positions,
-carrying the state; a segment is cut into n blocks of c positions and runs the three stages of
+Same contract as naive.py. The sequence streams through in spans of SPAN positions,
+carrying the state; a span is cut into n blocks of c positions and runs the three stages of
 stages.py over them (`_run_blocks`): every block's local state, their fold (the state entering
 each block, as grouped matmuls: no Python loop over positions or blocks), and the output pass
 (a masked, gated matmul inside each block plus the entering state's share). The normaliser's z
 is carried apart from S, so every matmul is V wide.
 
 Every temporary is an `out=` of a `Scratch`: under
-autograd each op allocates; in inference it writes into per-thread buffers reused segment
-after segment (on the development VM a first touch of fresh memory costs ~0.5 ms per MB, more
+autograd each op allocates; in inference it writes into per-thread buffers reused span
+after span (on the development VM a first touch of fresh memory costs ~0.5 ms per MB, more
 than the arithmetic on it), and the decay constants are cached by decay value.
 """
 from __future__ import annotations
@@ -20,12 +20,12 @@ from .naive import feature_map_fn
 from .scratch import Scratch, hugepages
 from .stages import block_outputs, constant_gates, local_states, log_decay
 
-# Block length: chosen by measurement (1 thread, K=32): 32 beat 64 and 128 once segments are
+# Positions per block: chosen by measurement (1 thread, K=32): 32 beat 64 and 128 once spans are
 # cache-sized; smaller blocks mean less intra-block work per position (2c(K+V) FLOPs).
-DEFAULT_CHUNK_SIZE = 32
-# Positions per segment: every temporary (about a dozen of SEGMENT * H * K floats) stays in
+BLOCK_SIZE = 32
+# Positions per span: every temporary (about a dozen of SPAN * H * K floats) stays in
 # cache. One pass over T at once was slower on the CPU: every elementwise pass went to DRAM.
-SEGMENT = 2048
+SPAN = 2048
 _LOG2E = 1.4426950408889634  # log2(e)
 _LN2 = 0.6931471805599453  # ln(2) = 1 / log2(e)
 
@@ -73,7 +73,7 @@ def _run_blocks(q, k, v, S, z, log_g, phi_name, need_z, need_den, n, c, scratch)
     return num, den, S.view(B, H, K, V), z
 
 
-def _single(q, k, v, decay, feature_map, normalize, eps, initial_state, need_state, chunk_size, dtype,
+def _single(q, k, v, decay, feature_map, normalize, eps, initial_state, need_state, block_size, dtype,
             parts=False):
     """One batch of independent sequences (no cu_seqlens) -> (o, den or None, S, z): o is the
     normalised output (or the numerator: without the normaliser, or with parts, when den is
@@ -93,8 +93,8 @@ def _single(q, k, v, decay, feature_map, normalize, eps, initial_state, need_sta
         S, z = initial_state[0].to(cd), initial_state[1].to(cd)
     need_den = normalize or parts
     need_z = need_den or need_state
-    c = max(1, int(chunk_size))
-    seg = max(c, (SEGMENT // c) * c)
+    c = max(1, int(block_size))
+    span_len = max(c, (SPAN // c) * c)
     scratch = Scratch(q, reuse=not grad)
     o = den = None
     if scratch.reuse:
@@ -103,7 +103,7 @@ def _single(q, k, v, decay, feature_map, normalize, eps, initial_state, need_sta
         den = q.new_empty((B, T, H)) if parts else None
     outs, dens = [], []
     tail = T % c
-    spans = [(a, min(seg, T - tail - a) // c, c) for a in range(0, T - tail, seg)]
+    spans = [(a, min(span_len, T - tail - a) // c, c) for a in range(0, T - tail, span_len)]
     if tail:  # the ragged end, as one shorter block
         spans.append((T - tail, 1, tail))
     for a, n, cb in spans:
@@ -140,7 +140,7 @@ def chunk_linear_attn_torch(
     initial_state: tuple[torch.Tensor, torch.Tensor] | None = None,  # S (B|N, H, K, V), z (B|N, H, K)
     output_final_state: bool = False,
     cu_seqlens: torch.Tensor | None = None,  # (N+1,) int64 offsets of N records packed in T; B == 1
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    block_size: int = BLOCK_SIZE,
     dtype: torch.dtype | None = None,
 ):
     """Returns (o (B, T, H, V) in q's dtype, final_state (S, z) float32 or None).
@@ -148,7 +148,7 @@ def chunk_linear_attn_torch(
     Computes in float32 (float64 for float64 inputs, or `dtype` when given). Differentiable.
     """
     def one(q, k, v, init, need_state):
-        o, _, S, z = _single(q, k, v, decay, feature_map, normalize, eps, init, need_state, chunk_size, dtype)
+        o, _, S, z = _single(q, k, v, decay, feature_map, normalize, eps, init, need_state, block_size, dtype)
         return o.to(q.dtype), (S.float().contiguous(), z.float().contiguous())
 
     if cu_seqlens is None:
@@ -171,13 +171,13 @@ def chunk_linear_attn_torch(
 
 
 def chunk_linear_attn_parts(q, k, v, *, decay=None, feature_map="elu1", initial_state=None,
-                            chunk_size: int = DEFAULT_CHUNK_SIZE, dtype: torch.dtype | None = None):
+                            block_size: int = BLOCK_SIZE, dtype: torch.dtype | None = None):
     """The normaliser's two parts apart, for callers that add to them before dividing (the
     sequence-parallel split): (num (B, T, H, V), den (B, T, H), (S, z)), where num / (den + eps)
     is chunk_linear_attn_torch's normalised o and num alone its o without the normaliser. All
     three are in the compute dtype (float32; float64 for float64 inputs, or `dtype`), the final
     state included, so that a float64 caller carries its state exactly. Same inputs as
     chunk_linear_attn_torch (no cu_seqlens); runs on any device (the Triton form has no parts)."""
-    num, den, S, z = _single(q, k, v, decay, feature_map, False, 0.0, initial_state, True, chunk_size, dtype,
+    num, den, S, z = _single(q, k, v, decay, feature_map, False, 0.0, initial_state, True, block_size, dtype,
                              parts=True)
     return num, den, (S, z)

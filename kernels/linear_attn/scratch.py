@@ -6,7 +6,7 @@ on that memory). So the chunked form's temporaries live in one buffer per thread
 from call to call, and large buffers ask the kernel for transparent huge pages, as PyTorch does
 for its own allocations when THP_MEM_ALLOC_ENABLE=1 (32 MB first-touched in 4 ms instead of 19).
 
-`Scratch` lets one piece of code serve both autograd and inference: every temporary is written
+`Scratch` lets the same code serve both autograd and inference: every temporary is written
 `torch.op(..., out=scratch("name", *shape))`, and the provider hands out either None (a fresh
 tensor, as autograd needs) or a reused per-thread view.
 """

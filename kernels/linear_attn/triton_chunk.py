@@ -3,14 +3,14 @@
 Same contract as naive.py (raw q, k, v; phi and the normaliser applied inside; float32 state
 in and out) plus `cu_seqlens` for packs of many records. See docs/kernels.md for the design:
 
-1. `_segment_state_kernel`: every segment (up to `segment_len` positions of one record) but
-   the last of its record sums its own state contribution, decayed to the segment end, in
-   parallel over (segments, V tiles, heads). A single long record therefore still fills the GPU.
-2. `_segment_scan_kernel`: a sequential prefix over each record's segments, starting from the
-   record's initial state; it leaves the state *entering* every segment.
-3. `_segment_output_kernel`: every segment starts from its entering state and walks its
-   blocks of `block_t` positions: intra-block masked matmul plus inter-block state, with the
-   normaliser q.z from the float32 z in the same loop; a record's last segment writes the
+1. `_span_state_kernel`: every span (up to `span_len` positions of one record) but
+   the last of its record sums its own state contribution, decayed to the span end, in
+   parallel over (spans, V tiles, heads). A single long record therefore still fills the GPU.
+2. `_span_scan_kernel`: a sequential prefix over each record's spans, starting from the
+   record's initial state; it leaves the state *entering* every span.
+3. `_span_output_kernel`: every span starts from its entering state and walks its
+   blocks of `block_size` positions: intra-block masked matmul plus inter-block state, with the
+   normaliser q.z from the float32 z in the same loop; a record's last span writes the
    record's final state.
 
 This module imports triton at import time; `linpipe.kernels` imports it only lazily.
@@ -30,6 +30,8 @@ _FEATURE_MAP_IDS = {name: i for i, name in enumerate(FEATURE_MAPS)}
 # _phi branches on these ids as literals (a jit function reads no Python globals).
 assert _FEATURE_MAP_IDS["elu1"] == 0 and _FEATURE_MAP_IDS["relu"] == 1
 _SUPPORTED = (torch.float32, torch.bfloat16, torch.float16)
+# Positions per block (the matmul tile along positions) when the autotuner does not choose.
+BLOCK_SIZE = 64
 
 
 @triton.jit
@@ -84,7 +86,7 @@ def _state_block(b_s, b_z, k_base, v_base, t0, n_pos, o_t, o_k, o_v, m_k, m_v, l
                  H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                  FEATURE_MAP: tl.constexpr, HAS_DECAY: tl.constexpr, DOT_PRECISION: tl.constexpr,
                  INTERPRETED: tl.constexpr):
-    # the block's first row in int64 (a segment may be long), offsets within the block in int32
+    # the block's first row in int64 (a span may be long), offsets within the block in int32
     k_blk = k_base + _row_base(t0, H * K)
     v_blk = v_base + _row_base(t0, H * V)
     n = tl.minimum(n_pos - t0, o_t.shape[0])
@@ -97,10 +99,10 @@ def _state_block(b_s, b_z, k_base, v_base, t0, n_pos, o_t, o_k, o_v, m_k, m_v, l
 
 
 @triton.jit
-def _segment_state_kernel(
+def _span_state_kernel(
     k_ptr, v_ptr,  # (T_all, H, K), (T_all, H, V) packed positions
-    seg_ptr,  # (NS, 4) int64: record, start, end, is-last-of-record
-    inner_ptr,  # (NI,) int64: the segments that are not the last of their record
+    span_ptr,  # (NS, 4) int64: record, start, end, is-last-of-record
+    inner_ptr,  # (NI,) int64: the spans that are not the last of their record
     log2g_ptr,  # (H,) float32 log2(decay)
     ds_ptr, dz_ptr,  # (NS, H, K, V), (NS, H, K) float32 out
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
@@ -108,14 +110,14 @@ def _segment_state_kernel(
     FEATURE_MAP: tl.constexpr, HAS_DECAY: tl.constexpr, DOT_PRECISION: tl.constexpr,
     INTERPRETED: tl.constexpr,
 ):
-    # V tiles of one segment are neighbours in launch order, so they run together and the
-    # second read of the segment's q/k rows hits L2
+    # V tiles of one span are neighbours in launch order, so they run together and the
+    # second read of the span's q/k rows hits L2
     pid = tl.program_id(0).to(tl.int64)
-    i_s = tl.load(inner_ptr + pid // tl.cdiv(V, BV))  # last segments need no contribution
+    i_s = tl.load(inner_ptr + pid // tl.cdiv(V, BV))  # last spans need no contribution
     i_v = (pid % tl.cdiv(V, BV)).to(tl.int32)
     i_h = tl.program_id(1)
-    start = tl.load(seg_ptr + i_s * 4 + 1)
-    end = tl.load(seg_ptr + i_s * 4 + 2)
+    start = tl.load(span_ptr + i_s * 4 + 1)
+    end = tl.load(span_ptr + i_s * 4 + 2)
     n_pos = (end - start).to(tl.int32)
 
     o_t = tl.arange(0, BT)
@@ -146,9 +148,9 @@ def _segment_state_kernel(
 
 
 @triton.jit
-def _scan_step(b_s, b_z, i_s, seg_ptr, ds_ptr, dz_ptr, i_h, o_k, o_kv, m_k, m_kv, own_z, lg,
+def _scan_step(b_s, b_z, i_s, span_ptr, ds_ptr, dz_ptr, i_h, o_k, o_kv, m_k, m_kv, own_z, lg,
                H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, HAS_DECAY: tl.constexpr):
-    # Leaves the entering state of segment i_s in its slot and returns the state after it.
+    # Leaves the entering state of span i_s in its slot and returns the state after it.
     s_ptrs = ds_ptr + (i_s * H + i_h) * (K * V) + o_kv
     z_ptrs = dz_ptr + (i_s * H + i_h) * K + o_k
     d_s = tl.load(s_ptrs, mask=m_kv, other=0.0)
@@ -156,7 +158,7 @@ def _scan_step(b_s, b_z, i_s, seg_ptr, ds_ptr, dz_ptr, i_h, o_k, o_kv, m_k, m_kv
     tl.store(s_ptrs, b_s, mask=m_kv)
     tl.store(z_ptrs, b_z, mask=(m_k & own_z) != 0)
     if HAS_DECAY:
-        n = tl.load(seg_ptr + i_s * 4 + 2) - tl.load(seg_ptr + i_s * 4 + 1)
+        n = tl.load(span_ptr + i_s * 4 + 2) - tl.load(span_ptr + i_s * 4 + 1)
         g_n = tl.exp2(n.to(tl.float32) * lg)
         b_s = b_s * g_n
         b_z = b_z * g_n
@@ -164,13 +166,13 @@ def _scan_step(b_s, b_z, i_s, seg_ptr, ds_ptr, dz_ptr, i_h, o_k, o_kv, m_k, m_kv
 
 
 @triton.jit
-def _segment_scan_kernel(
-    seg_first_ptr,  # (N+1,) int64: first segment of each record
-    seg_ptr,  # (NS, 4) int64
+def _span_scan_kernel(
+    span_first_ptr,  # (N+1,) int64: first span of each record
+    span_ptr,  # (NS, 4) int64
     log2g_ptr,
     s0_ptr, z0_ptr,  # (N, H, K, V), (N, H, K) float32 initial states
     ds_ptr, dz_ptr,  # (NS, H, K, V), (NS, H, K): contributions in, entering states out
-    sf_ptr, zf_ptr,  # (N, H, K, V), (N, H, K) float32 final states of records without segments
+    sf_ptr, zf_ptr,  # (N, H, K, V), (N, H, K) float32 final states of records without spans
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr,
     HAS_INITIAL: tl.constexpr, HAS_DECAY: tl.constexpr, INTERPRETED: tl.constexpr,
@@ -195,24 +197,24 @@ def _segment_scan_kernel(
     else:
         b_s = tl.zeros((BK, BV), dtype=tl.float32)
         b_z = tl.zeros((BK,), dtype=tl.float32)
-    first = tl.load(seg_first_ptr + i_n)
-    last = tl.load(seg_first_ptr + i_n + 1)
-    # every segment but the last: entering state in its slot, then add its contribution
+    first = tl.load(span_first_ptr + i_n)
+    last = tl.load(span_first_ptr + i_n + 1)
+    # every span but the last: entering state in its slot, then add its contribution
     if INTERPRETED:
         i_s = first
         while i_s < last - 1:
-            b_s, b_z = _scan_step(b_s, b_z, i_s, seg_ptr, ds_ptr, dz_ptr, i_h, o_k, o_kv, m_k, m_kv,
+            b_s, b_z = _scan_step(b_s, b_z, i_s, span_ptr, ds_ptr, dz_ptr, i_h, o_k, o_kv, m_k, m_kv,
                                   own_z, lg, H, K, V, HAS_DECAY)
             i_s += 1
     else:
         for i_s in range(first, last - 1):
-            b_s, b_z = _scan_step(b_s, b_z, i_s, seg_ptr, ds_ptr, dz_ptr, i_h, o_k, o_kv, m_k, m_kv,
+            b_s, b_z = _scan_step(b_s, b_z, i_s, span_ptr, ds_ptr, dz_ptr, i_h, o_k, o_kv, m_k, m_kv,
                                   own_z, lg, H, K, V, HAS_DECAY)
-    # the last segment only needs its entering state: the output pass ends with the final state
-    has_seg = last > first
+    # the last span only needs its entering state: the output pass ends with the final state
+    has_span = last > first
     i_last = last - 1
-    tl.store(ds_ptr + (i_last * H + i_h) * (K * V) + o_kv, b_s, mask=(m_kv & has_seg) != 0)
-    tl.store(dz_ptr + (i_last * H + i_h) * K + o_k, b_z, mask=(m_k & own_z & has_seg) != 0)
+    tl.store(ds_ptr + (i_last * H + i_h) * (K * V) + o_kv, b_s, mask=(m_kv & has_span) != 0)
+    tl.store(dz_ptr + (i_last * H + i_h) * K + o_k, b_z, mask=(m_k & own_z & has_span) != 0)
     # a record without positions keeps its initial state
     tl.store(sf_ptr + i_nh * (K * V) + o_kv, b_s, mask=(m_kv & (last == first)) != 0)
     tl.store(zf_ptr + i_nh * K + o_k, b_z, mask=(m_k & own_z & (last == first)) != 0)
@@ -276,26 +278,26 @@ def _output_block(b_s, b_z, q_base, k_base, v_base, o_base, t0, n_pos, o_t, o_k,
 
 
 @triton.jit
-def _segment_output_kernel(
+def _span_output_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr,  # (T_all, H, K) x2, (T_all, H, V) x2
-    seg_ptr,  # (NS, 4) int64
+    span_ptr,  # (NS, 4) int64
     log2g_ptr,
     hs_ptr, hz_ptr,  # (NS, H, K, V), (NS, H, K) float32 entering states
-    sf_ptr, zf_ptr,  # (N, H, K, V), (N, H, K) float32 final states, from each record's last segment
+    sf_ptr, zf_ptr,  # (N, H, K, V), (N, H, K) float32 final states, from each record's last span
     eps,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     FEATURE_MAP: tl.constexpr, NORMALIZE: tl.constexpr, HAS_DECAY: tl.constexpr,
     DOT_PRECISION: tl.constexpr, INTERPRETED: tl.constexpr,
 ):
-    # V tiles of one segment are neighbours in launch order, so they run together and the
-    # second read of the segment's q/k rows hits L2
+    # V tiles of one span are neighbours in launch order, so they run together and the
+    # second read of the span's q/k rows hits L2
     pid = tl.program_id(0).to(tl.int64)
     i_s = pid // tl.cdiv(V, BV)
     i_v = (pid % tl.cdiv(V, BV)).to(tl.int32)
     i_h = tl.program_id(1)
-    start = tl.load(seg_ptr + i_s * 4 + 1)
-    end = tl.load(seg_ptr + i_s * 4 + 2)
+    start = tl.load(span_ptr + i_s * 4 + 1)
+    end = tl.load(span_ptr + i_s * 4 + 2)
     n_pos = (end - start).to(tl.int32)
 
     o_t = tl.arange(0, BT)
@@ -324,9 +326,9 @@ def _segment_output_kernel(
             b_s, b_z = _output_block(b_s, b_z, q_base, k_base, v_base, o_base, t0, n_pos, o_t, o_k, o_v,
                                      m_k, m_v, lg, eps, H, K, V,
                                      FEATURE_MAP, NORMALIZE, HAS_DECAY, DOT_PRECISION, INTERPRETED)
-    # the last segment of a record ends with the record's final state
-    is_last = tl.load(seg_ptr + i_s * 4 + 3) != 0
-    i_n = tl.load(seg_ptr + i_s * 4)
+    # the last span of a record ends with the record's final state
+    is_last = tl.load(span_ptr + i_s * 4 + 3) != 0
+    i_n = tl.load(span_ptr + i_s * 4)
     tl.store(sf_ptr + (i_n * H + i_h) * (K * V) + o_k[:, None] * V + o_v[None, :], b_s,
              mask=(m_k[:, None] & m_v[None, :] & is_last) != 0)
     tl.store(zf_ptr + (i_n * H + i_h) * K + o_k, b_z, mask=(m_k & (i_v == 0) & is_last) != 0)
@@ -339,35 +341,35 @@ def _tuned_kernels(fp32: bool):
     """Autotuned wrappers of the two parallel kernels, built on the first GPU call."""
     if fp32 not in _tuned:
         # Ahead-of-time sm_90 builds (K = V = 128) spill registers in the output pass at
-        # block_t = 64 for bf16 and far more for fp32 (no tensor cores with ieee dots): smaller
+        # block_size = 64 for bf16 and far more for fp32 (no tensor cores with ieee dots): smaller
         # tiles are offered there, and the GPU picks by measurement.
         bts, bvs = ((16, 32), (32, 64)) if fp32 else ((32, 64), (64, 128))
         configs = [triton.Config({"BT": bt, "BV": bv}, num_warps=w, num_stages=st)
                    for bt in bts for bv in bvs for w in (4, 8) for st in (2, 3)]
         key = ["H", "K", "V", "FEATURE_MAP", "HAS_DECAY", "DOT_PRECISION"]
-        _tuned[fp32] = (triton.autotune(configs=configs, key=key)(_segment_state_kernel),
-                        triton.autotune(configs=configs, key=key + ["NORMALIZE"])(_segment_output_kernel))
+        _tuned[fp32] = (triton.autotune(configs=configs, key=key)(_span_state_kernel),
+                        triton.autotune(configs=configs, key=key + ["NORMALIZE"])(_span_output_kernel))
     return _tuned[fp32]
 
 
-def _segments(cu: torch.Tensor, seg_len: int):
-    """Cut records into segments of at most seg_len positions.
+def _spans(cu: torch.Tensor, span_len: int):
+    """Cut records into spans of at most span_len positions.
 
-    Returns seg (NS, 4) int64 (record, start, end, 1 if last of its record) and seg_first
+    Returns spans (NS, 4) int64 (record, start, end, 1 if last of its record) and span_first
     (N+1,) int64, on cu's device.
-    One device-to-host copy (the number of segments) sizes the launch grid.
+    One device-to-host copy (the number of spans) sizes the launch grid.
     """
     lengths = cu[1:] - cu[:-1]  # (N,)
-    counts = (lengths + seg_len - 1) // seg_len  # zero-length records own no segment
-    seg_first = torch.zeros(len(counts) + 1, dtype=torch.int64, device=cu.device)
-    torch.cumsum(counts, 0, out=seg_first[1:])
-    ns = int(seg_first[-1].item())
+    counts = (lengths + span_len - 1) // span_len  # zero-length records own no span
+    span_first = torch.zeros(len(counts) + 1, dtype=torch.int64, device=cu.device)
+    torch.cumsum(counts, 0, out=span_first[1:])
+    ns = int(span_first[-1].item())
     rec = torch.repeat_interleave(torch.arange(len(counts), device=cu.device), counts, output_size=ns)
-    local = torch.arange(ns, device=cu.device) - seg_first[rec]
-    start = cu[rec] + local * seg_len
-    end = torch.minimum(start + seg_len, cu[rec + 1])
+    local = torch.arange(ns, device=cu.device) - span_first[rec]
+    start = cu[rec] + local * span_len
+    end = torch.minimum(start + span_len, cu[rec + 1])
     last = (end == cu[rec + 1]).to(torch.int64)
-    return torch.stack([rec, start, end, last], 1).contiguous(), seg_first
+    return torch.stack([rec, start, end, last], 1).contiguous(), span_first
 
 
 def _interpreted() -> bool:
@@ -381,16 +383,16 @@ def _pow2(x: int, lo: int = 16) -> int:
     return max(lo, triton.next_power_of_2(x))
 
 
-def _default_segment_len(total: int, n_records: int, heads: int, v_tiles: int, block_t: int) -> int:
-    # Enough (segment, head, V tile) programs to fill every SM a few times over, but segments
-    # long enough that the per-segment state traffic stays small next to q, k, v and o.
+def _default_span_len(total: int, n_records: int, heads: int, v_tiles: int, block_size: int) -> int:
+    # Enough (span, head, V tile) programs to fill every SM a few times over, but spans
+    # long enough that the per-span state traffic stays small next to q, k, v and o.
     target_programs = 2048
-    per_seg = heads * v_tiles
-    want_segments = max(1, target_programs // per_seg)
-    seg = total // want_segments if total > 0 else block_t
-    seg = max(block_t, min(8192, seg))
-    seg = block_t * max(1, seg // block_t)
-    return seg
+    per_span = heads * v_tiles
+    want_spans = max(1, target_programs // per_span)
+    span = total // want_spans if total > 0 else block_size
+    span = max(block_size, min(8192, span))
+    span = block_size * max(1, span // block_size)
+    return span
 
 
 def chunk_linear_attn_triton(
@@ -405,14 +407,14 @@ def chunk_linear_attn_triton(
     initial_state: tuple[torch.Tensor, torch.Tensor] | None = None,  # (N|B, H, K, V), (N|B, H, K)
     output_final_state: bool = False,
     cu_seqlens: torch.Tensor | None = None,  # (N+1,) int64, with B == 1
-    block_t: int | None = None,
-    segment_len: int | None = None,
-    block_v: int | None = None,
+    block_size: int | None = None,
+    span_len: int | None = None,
+    v_tile: int | None = None,
 ):
     """Fused chunked linear attention in Triton; returns (o in q's dtype, (S, z) float32 or None).
 
-    `block_t` (positions per matmul block), `segment_len` (positions per parallel segment, a
-    multiple of block_t) and `block_v` (V tile) are tuning knobs; the defaults suit a GPU.
+    `block_size` (positions per matmul block), `span_len` (positions per parallel span, a
+    multiple of block_size) and `v_tile` (the tile along V) are tuning knobs; the defaults suit a GPU.
     """
     if feature_map not in _FEATURE_MAP_IDS:
         raise ValueError(f"unknown feature map {feature_map!r}; expected one of {', '.join(FEATURE_MAPS)}")
@@ -439,17 +441,17 @@ def chunk_linear_attn_triton(
     N = cu.numel() - 1
 
     BK = _pow2(K)
-    BV = block_v or min(_pow2(V), 64)
-    BT = block_t or 64
+    BV = v_tile or min(_pow2(V), 64)
+    BT = block_size or BLOCK_SIZE
     v_tiles = triton.cdiv(V, BV)
-    L = segment_len or _default_segment_len(B * T, N, H, v_tiles, BT)
+    L = span_len or _default_span_len(B * T, N, H, v_tiles, BT)
     if L % BT:
-        raise ValueError(f"segment_len {L} must be a multiple of block_t {BT}")
+        raise ValueError(f"span_len {L} must be a multiple of block_size {BT}")
     if decay is not None and (decay.shape != (H,) or not bool(((decay > 0) & (decay <= 1)).all())):
         raise ValueError(f"decay must have shape ({H},) and values in (0, 1]; got {decay.tolist()}")
-    seg, seg_first = _segments(cu, L)
-    NS = seg.shape[0]
-    inner = torch.nonzero(seg[:, 3] == 0).flatten()  # segments followed by one of the same record
+    spans, span_first = _spans(cu, L)
+    NS = spans.shape[0]
+    inner = torch.nonzero(spans[:, 3] == 0).flatten()  # spans followed by one of the same record
     NI = inner.numel()
 
     if decay is not None:
@@ -476,29 +478,29 @@ def chunk_linear_attn_triton(
     zf = torch.empty((N, H, K), device=device, dtype=torch.float32)
     o = torch.empty((B, T, H, V), device=device, dtype=dtype)
 
-    state_args = (k, v, seg, inner, log2g, hs, hz)
+    state_args = (k, v, spans, inner, log2g, hs, hz)
     state_meta = dict(H=H, K=K, V=V, BK=BK, FEATURE_MAP=fm, HAS_DECAY=has_decay,
                       DOT_PRECISION=prec, INTERPRETED=interp)
-    out_args = (q, k, v, o, seg, log2g, hs, hz, sf, zf, float(eps))
+    out_args = (q, k, v, o, spans, log2g, hs, hz, sf, zf, float(eps))
     out_meta = dict(state_meta, NORMALIZE=bool(normalize))
-    tuned = not interp and block_v is None and block_t is None
+    tuned = not interp and v_tile is None and block_size is None
     if tuned:  # block, V tile, warps and stages are autotuned per (H, K, V, variant) on the GPU
         state_kernel, out_kernel = _tuned_kernels(dtype == torch.float32)
     else:
-        state_kernel, out_kernel = _segment_state_kernel, _segment_output_kernel
+        state_kernel, out_kernel = _span_state_kernel, _span_output_kernel
         state_meta.update(BT=BT, BV=BV)
         out_meta.update(BT=BT, BV=BV)
 
-    def grid(n_seg):  # axis 0: segment-major, V tile fastest (2**31 - 1 allowed, unlike axis 1)
-        return lambda meta: (n_seg * triton.cdiv(V, meta["BV"]), H)
+    def grid(n_span):  # axis 0: span-major, V tile fastest (2**31 - 1 allowed, unlike axis 1)
+        return lambda meta: (n_span * triton.cdiv(V, meta["BV"]), H)
 
     if NI > 0:
         state_kernel[grid(NI)](*state_args, **state_meta)
     if N > 0:
         scan_bk = min(BK, 32)
         scan_bv = min(_pow2(V), 32)
-        _segment_scan_kernel[(N * H, triton.cdiv(K, scan_bk), triton.cdiv(V, scan_bv))](
-            seg_first, seg, log2g, s0, z0, hs, hz, sf, zf,
+        _span_scan_kernel[(N * H, triton.cdiv(K, scan_bk), triton.cdiv(V, scan_bv))](
+            span_first, spans, log2g, s0, z0, hs, hz, sf, zf,
             H=H, K=K, V=V, BK=scan_bk, BV=scan_bv,
             HAS_INITIAL=initial_state is not None, HAS_DECAY=has_decay, INTERPRETED=interp,
         )

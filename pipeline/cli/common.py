@@ -158,8 +158,8 @@ def follow_until_done(client, submission_id: str) -> int:
     """Stream the log, then exit with the job's status (0 only if it succeeded)."""
     from linpipe.jobs import submission as sub
 
-    for chunk in sub.follow_logs(client, submission_id):
-        click.echo(chunk, nl=False)
+    for text in sub.follow_logs(client, submission_id):
+        click.echo(text, nl=False)
     status = sub.wait(client, submission_id, timeout=30)
     click.echo(f"job {submission_id} {status}", err=True)
     return sub.exit_code(status)

@@ -31,7 +31,7 @@ def inspect(store, as_json):
     click.echo(f"  model        sha256 {s['model_sha256'] or '-'}" + (f" ({brief})" if brief else ""))
     for inp in s["inputs"] or []:
         click.echo(f"  input        {inp.get('path', inp) if isinstance(inp, dict) else inp}")
-    click.echo(f"  outputs      {', '.join(s['outputs'])} (chunk length {s['chunk_size']:,})")
+    click.echo(f"  outputs      {', '.join(s['outputs'])} (unit size {s['chunk_size']:,})")
     click.echo(f"  records      {s['n_records']:,}, {s['positions']:,} positions")
     click.echo(f"  size on disk {human_bytes(s['size_on_disk'])} "
                f"(outputs {human_bytes(s['output_bytes_raw'])} raw -> "
@@ -41,7 +41,7 @@ def inspect(store, as_json):
     names = {r["id"]: (f"{r['id']} -> {r['key']}" if r["key"] != r["id"] else r["id"]) for r in shown}
     width = max([len(n) for n in names.values()] + [6])
     for r in shown:
-        done = "done" if r["chunks_done"] == r["chunks"] else f"{r['chunks_done']}/{r['chunks']} chunks"
+        done = "done" if r["chunks_done"] == r["chunks"] else f"{r['chunks_done']}/{r['chunks']} units"
         miss = ""
         if r["missing_ranges"]:
             miss = "  missing " + ", ".join(f"{a:,}-{b:,}" for a, b in r["missing_ranges"][:3])

@@ -51,7 +51,7 @@ def _print_dry_run(report: dict) -> None:
     click.echo(f"  inputs:      {len(report['inputs'])} ({', '.join(report['inputs'])})")
     click.echo(f"  records:     {report['records']:,}")
     click.echo(f"  positions:   {report['positions']:,}")
-    click.echo(f"  work units:  {report['work_units']:,} of {report['chunk_size']:,} positions")
+    click.echo(f"  work units:  {report['work_units']:,} of {report['unit_size']:,} positions")
     click.echo(f"  outputs:     {','.join(report['outputs'])}")
     click.echo(f"  output:      {report['out']} (writable)")
     click.echo(f"  est. size:   {human_bytes(report['estimated_output_bytes'])} before compression")
@@ -106,7 +106,7 @@ def _job_events(quiet: bool = False):
                 return  # nothing to do: the summary line says so, once
             why = ""
             if s.workers_possible > s.workers:
-                why = (f" ({s.workers_possible} possible, but a record's chunks run in order on one worker "
+                why = (f" ({s.workers_possible} possible, but a record's units run in order on one worker "
                        "and short records run together: one worker per work item)")
             left = s.positions - s.positions_done
             click.echo(f"job {s.job_id}: {plural(s.records, 'record')}, {s.positions:,} positions "

@@ -31,7 +31,7 @@ from .common import examples, plural
               help="The store's model, if it moved (checked by sha256).")
 def score_variants_cmd(store, vcf, out, window, genome, skip_mismatch, workers, address, device, model):
     """Log-likelihood ratio (nats) of each VCF variant with the whole record before it as
-    context: replays at most one chunk from the store's boundary state (docs/variants.md)."""
+    context: replays at most one unit from the store's boundary state (docs/variants.md)."""
     from linpipe.outputs.variants import score_variants
 
     s = score_variants(store, vcf, out, window=window, genome=genome, skip_mismatch=skip_mismatch,

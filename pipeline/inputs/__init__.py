@@ -5,7 +5,7 @@ import os
 from pathlib import Path
 from typing import Sequence
 
-from linpipe.errors import InputError
+from linpipe.errors import InputError, option
 from linpipe.inputs.base import Input, RecordInfo, sniff_format, stem
 
 __all__ = ["Input", "RecordInfo", "open_input", "stem"]
@@ -33,10 +33,8 @@ def open_input(
         columns = [c.strip() for c in columns.split(",") if c.strip()]
     if fmt.startswith("fasta"):
         if id_column or time_column or columns or sort or time_format:
-            raise InputError(
-                f"{path}: --id-column/--time-column/--columns/--time-format/--sort apply to time "
-                "series, not FASTA"
-            )
+            given = "/".join(map(option, ("id_column", "time_column", "columns", "time_format", "sort")))
+            raise InputError(f"{path}: {given} apply to time series, not FASTA")
         from linpipe.inputs.fasta import FastaInput
 
         return FastaInput(path, fmt=fmt, cache_dir=cache_dir)

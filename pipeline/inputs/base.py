@@ -88,16 +88,19 @@ class Input:
     def read(self, record_id: str, start: int = 0, end: "int | None" = None):
         raise NotImplementedError
 
-    def iter_chunks(
-        self, record_id: str, chunk_size: int, start: int = 0
+    def iter_units(
+        self, record_id: str, unit_size: int, start: int = 0
     ) -> Iterator[tuple[int, int, tuple]]:
-        """(start, end, read(record_id, start, end)) for consecutive chunks of one record."""
-        if chunk_size <= 0:
-            raise ValueError("chunk_size must be positive")
+        """(start, end, read(record_id, start, end)) for consecutive units of unit_size positions
+        of one record, as a job reads it."""
+        if unit_size <= 0:
+            raise ValueError("unit_size must be positive")
         length = self.record(record_id).length
-        for s in range(start, length, chunk_size):
-            e = min(s + chunk_size, length)
+        for s in range(start, length, unit_size):
+            e = min(s + unit_size, length)
             yield s, e, self.read(record_id, s, e)
+
+    iter_chunks = iter_units  # the name analysts' code may still use
 
     @property
     def total_length(self) -> int:
@@ -105,7 +108,7 @@ class Input:
 
     def fingerprint(self) -> str:
         """sha256 of the file's size, sampled content (first/last MiB and 16 spread 64 KiB
-        blocks) and the record index. Cheap on any size; a copy of the file keeps it."""
+        samples) and the record index. Cheap on any size; a copy of the file keeps it."""
         return fingerprint_file(self.path, extra=self._index_text())
 
     def _index_text(self) -> str:

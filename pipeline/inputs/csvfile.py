@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from linpipe.errors import InputError
+from linpipe.errors import InputError, option
 
 CSV_BLOCK = 4 << 20  # bytes per CSV block; column types are inferred from the first one
 # Date and time formats CSV columns are read as (besides ISO 8601, which Arrow always reads);
@@ -104,7 +104,7 @@ class CsvFile:
                         raise InputError(
                             f"{self.path}: column {name!r}, line {rows + i + 2}: value "
                             f"{col[i].as_py()!r} is not a number (the column mixes dtypes: numbers "
-                            "and text); fix it or choose channels with --columns"
+                            f"and text); fix it or choose channels with {option('columns')}"
                         )
                 rows += b.num_rows
                 yield b
@@ -126,7 +126,7 @@ class CsvFile:
         col, value = names[int(m.group(1))], m.group(3)
         if m.group(2).startswith("timestamp"):
             return InputError(f"{self.path}: column {col!r}, after line {rows_before + 1}: value {value!r} "
-                              f"does not match --time-format {self.time_format!r}")
+                              f"does not match {option('time_format')} {self.time_format!r}")
         line = None
         reader = pcsv.open_csv(self.path, **self.options({col: pa.string()}, [col]))
         row = 0
@@ -170,4 +170,4 @@ class CsvFile:
             if nums > texts and first is not None:
                 r, value = first
                 raise InputError(f"{self.path}: column {n!r}, row {r} (line {r + 1}): value {value!r} is not "
-                                 "a number; fix it, or leave the column out with --columns")
+                                 f"a number; fix it, or leave the column out with {option('columns')}")

@@ -4,7 +4,7 @@ A slice is read as raw bytes at offsets computed from the index (samtools' arith
 line but the last of a record holds LINEBASES bases in LINEWIDTH bytes), the line endings are
 cut out with a reshape, and bytes become tokens and the soft-mask through lookup tables: no
 per-base Python anywhere. Records whose lines are not all equal (which samtools refuses) are
-read by scanning the record from its start, with a cursor so that consecutive chunks do not
+read by scanning the record from its start, with a cursor so that consecutive reads do not
 rescan. Plain gzip cannot seek: every read streams forward from the start, or from where the
 last read stopped (bgzip the file for real random access).
 """

@@ -26,7 +26,7 @@ from typing import Sequence
 
 import numpy as np
 
-from linpipe.errors import InputError
+from linpipe.errors import InputError, option
 from linpipe.inputs.base import Input, RecordInfo, stem
 from linpipe.inputs.cache import cache_root, file_mode
 from linpipe.inputs.csvfile import CsvFile, first_line
@@ -144,7 +144,8 @@ class TimeSeriesInput(Input):
         self.fmt = fmt
         self.time_format = time_format
         if time_format and fmt != "csv":
-            raise InputError(f"{self.path}: --time-format applies to CSV files ({fmt} stores its types)")
+            raise InputError(f"{self.path}: {option('time_format')} applies to CSV files "
+                             f"({fmt} stores its types)")
         self.id_column, self.time_column = id_column, time_column
         self.sort, self.cache_dir = sort, cache_dir
         self._columns_opt = list(columns) if columns else None
@@ -169,7 +170,7 @@ class TimeSeriesInput(Input):
         if order_error is not None:
             if not self.sort:
                 raise InputError(
-                    order_error + "; sort the file by time, or pass --sort (sort=True) to sort a cached copy"
+                    order_error + f"; sort the file by time, or pass {option('sort')} to sort a cached copy"
                 )
             self.table_path = self._sorted_copy()
             self._table = _Table(self.table_path, "arrow")
@@ -229,7 +230,7 @@ class TimeSeriesInput(Input):
 
         csv = CsvFile(self.path, self.time_format)
         schema = csv.schema()
-        # channels parse as float64 whatever the first block looked like: numbers that turn
+        # channels parse as float64 whatever the first CSV block looked like: numbers that turn
         # into text later (mixed dtypes) then fail with the column named
         chosen = self._resolve_columns(schema, columns, check_types=False)
         types = {c: pa.float64() for c in chosen if _is_numeric(schema.field(c).type)}
@@ -282,7 +283,7 @@ class TimeSeriesInput(Input):
         import pyarrow as pa
 
         names = schema.names
-        for what, col in (("--id-column", self.id_column), ("--time-column", self.time_column)):
+        for what, col in ((option("id_column"), self.id_column), (option("time_column"), self.time_column)):
             if col is not None and col not in names:
                 raise InputError(f"{self.path}: {what} {col!r}: no such column (columns: {', '.join(names)})")
         if self.time_column is not None and check_types:
@@ -290,7 +291,7 @@ class TimeSeriesInput(Input):
             if not _is_time(t):
                 hint = ""
                 if self.fmt == "csv":
-                    hint = ("; give their format with --time-format, e.g. --time-format "
+                    hint = (f"; give their format with {option('time_format')}, e.g. {option('time_format')} "
                             "'%d/%m/%Y %H:%M' (strptime codes)")
                 raise InputError(
                     f"{self.path}: time column {self.time_column!r} holds {t}, "
@@ -301,7 +302,8 @@ class TimeSeriesInput(Input):
             for c in columns:
                 if c not in names:
                     raise InputError(
-                        f"{self.path}: column {c!r} (--columns): no such column (columns: {', '.join(names)})"
+                        f"{self.path}: column {c!r} ({option('columns')}): no such column "
+                        f"(columns: {', '.join(names)})"
                     )
                 if c in reserved:
                     raise InputError(
@@ -325,7 +327,7 @@ class TimeSeriesInput(Input):
                 if f.name not in reserved and pa.types.is_union(f.type):
                     raise InputError(
                         f"{self.path}: column {f.name!r} mixes dtypes ({f.type}); "
-                        "choose channels with --columns"
+                        f"choose channels with {option('columns')}"
                     )
         if not chosen:
             if self.fmt == "csv":  # a column of numbers with some text in it: name where

@@ -32,8 +32,8 @@ SHIPPED_DEFAULTS = {"dna": "default", "timeseries": "default-timeseries"}
 def file_sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
+        for buf in iter(lambda: f.read(1 << 20), b""):
+            h.update(buf)
     return h.hexdigest()
 
 

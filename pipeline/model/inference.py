@@ -1,4 +1,4 @@
-"""Inference: `Model` runs numpy chunks of one record through the network with a carried
+"""Inference: `Model` runs a record's positions, a run at a time, through the network with a carried
 `ModelState` (or many short records batched); `load_model` reads a model directory.
 
 Position bookkeeping: the network reads u = [BOS, x_0, ..., x_{N-1}]; y_j is its final
@@ -20,10 +20,10 @@ from linpipe.model.config import WEIGHTS_FILE, ModelConfig, expected_shapes
 from linpipe.model.files import file_sha256, read_config, read_tensors, resolve_model_path
 from linpipe.model.network import LinpipeNet, ModelState, y_before
 
-# Positions per network call on the CPU: bounds peak memory for any chunk length, and keeps the
+# Positions per network call on the CPU (a span): bounds peak memory for any unit size, and keeps the
 # temporaries (e.g. the (T, M) MLP hidden) small enough to stay in cache: 16,384 was measured
-# ~25% slower than 2,048 at 1 thread. A GPU call takes a whole chunk.
-FORWARD_BLOCK = 2048
+# ~25% slower than 2,048 at 1 thread. A GPU call takes a whole unit.
+FORWARD_SPAN = 2048
 
 
 def load_model(path_or_name="default", device=None) -> "Model":
@@ -41,7 +41,7 @@ def count_parameters(config: ModelConfig) -> int:
 
 
 class Model:
-    """Inference over numpy chunks with a carried state (see module docstring)."""
+    """Inference over a record's positions, a run at a time, with a carried state (see module docstring)."""
 
     def __init__(self, net: LinpipeNet, config: ModelConfig | None = None, *, sha256: str | None = None,
                  path: Path | None = None, device=None):
@@ -81,7 +81,7 @@ class Model:
         return outputs
 
     def to_tensor(self, x) -> torch.Tensor:
-        """A numpy chunk of one record, validated -> the network's input on the device: (1, T)
+        """Positions of one record (numpy), validated -> the network's input on the device: (1, T)
         tokens, (1, T, C) values, or for series_norm models one lane per channel (C, T, 1)."""
         c = self.config
         x = np.asarray(x)
@@ -141,13 +141,13 @@ class Model:
             res["anomaly"] = score
         return res
 
-    def run(self, xt: torch.Tensor, state: ModelState, outs: tuple, block: int | None = None):
+    def run(self, xt: torch.Tensor, state: ModelState, outs: tuple, span: int | None = None):
         """The forward core every entry point calls: the network's inputs xt (B, T[, C]; lanes
         (B, T, 1) for series_norm models) read after `state` (B on the device) -> ({output:
-        (B, T[, ...]) tensor}, state after). The network runs `block` positions a call (None:
+        (B, T[, ...]) tensor}, state after). The network runs `span` positions a call (None:
         all at once), each call's outputs from y before and after its positions."""
         B, T = xt.shape[:2]
-        step = block or max(T, 1)
+        step = span or max(T, 1)
         parts = {o: [] for o in outs}
         with torch.inference_mode():
             for a in range(0, T, step):
@@ -202,7 +202,8 @@ class Model:
 
     # -- entry points ---------------------------------------------------------------------
     def forward(self, x, state: ModelState, outputs=None):
-        """One chunk of one record -> (dict of float32 numpy arrays, state after the chunk)."""
+        """Consecutive positions of one record (in the pipeline, a unit) after `state` -> (dict of
+        float32 numpy arrays, state after them)."""
         outs = self.select_outputs(outputs)
         self._check_state(state)
         xt = self.to_tensor(x)
@@ -215,8 +216,8 @@ class Model:
                     raise ModelError(f"model state has {state.batch_size} channel lanes, the input "
                                      f"{lanes} channels")
                 state = state._map(lambda t: t.expand(lanes, *t.shape[1:]).clone())  # a fresh state
-        # CPU: blocks of FORWARD_BLOCK positions; a GPU takes the whole chunk in one call.
-        res, state = self.run(xt, state, outs, FORWARD_BLOCK if self.device.type == "cpu" else None)
+        # CPU: spans of FORWARD_SPAN positions; a GPU takes all of x in one call.
+        res, state = self.run(xt, state, outs, FORWARD_SPAN if self.device.type == "cpu" else None)
         return {k: v[0] for k, v in self._numpy(res, lanes).items()}, state
 
     def forward_records(self, xs, outputs=None, max_batch_positions: int = 1 << 18) -> list[dict]:
@@ -241,7 +242,7 @@ class Model:
         return results
 
     def forward_batch(self, xs, states: list[ModelState], outputs=None) -> list[dict]:
-        """Many chunks, each continuing its own carried state, in one batched (end-padded) call:
+        """Many runs of positions, each continuing its own carried state, in one batched (end-padded) call:
         xs[i] is read after states[i] (B = 1 states, e.g. from `forward` or a boundary state).
         Returns per-position outputs only (no final states): variant scoring runs every
         alternative allele from the reference's state at the variant in one call."""
@@ -255,7 +256,7 @@ class Model:
         return self._padded([np.asarray(x) for x in xs], states, outputs, outs)
 
     def _padded(self, xs, states, outputs, outs) -> list[dict]:
-        """Records or chunks xs, end-padded into one batch, through the core from `states` (B = 1
+        """Records or runs of positions xs, end-padded into one batch, through the core from `states` (B = 1
         each; None: fresh) -> per-record outputs (outs, from the caller's `outputs`)."""
         c = self.config
         B, longest = len(xs), max(len(x) for x in xs)

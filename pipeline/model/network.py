@@ -1,9 +1,9 @@
 """The network of format v1 in one file: layers, carried state, initialisation.
 
-One definition serves training (differentiable, batched) and inference (no autograd, chunk by
-chunk with a carried `ModelState`). Each layer writes its temporaries as `out=` of a `Scratch`:
-fresh tensors under autograd; in CPU inference, per-thread buffers reused block after block,
-with the residual stream updated in place (fresh 1-4 MB activations per block made the norms,
+One definition serves training (differentiable, batched) and inference (no autograd, a run of
+positions at a time with a carried `ModelState`). Each layer writes its temporaries as `out=` of a `Scratch`:
+fresh tensors under autograd; in CPU inference, per-thread buffers reused span after span,
+with the residual stream updated in place (fresh 1-4 MB activations per span made the norms,
 the convolution and the residual adds cost several times their arithmetic).
 
 Shapes: B batch, T positions, D = d_model, H heads of K = D / H, M = mlp_hidden, W = conv_width.
@@ -18,14 +18,14 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from linpipe.errors import ModelError
+from linpipe.errors import ModelError, option
 from linpipe.inputs.alphabet import BOS, VOCAB_SIZE
 from linpipe.kernels import chunk_linear_attn, chunk_linear_attn_parts
 from linpipe.kernels.linear_attn.scratch import Scratch
 from linpipe.model import series
 from linpipe.model.config import ModelConfig
 
-# Most positions (batch x length) per block call that CPU inference keeps in reused buffers;
+# Most positions (batch x length) per call that CPU inference keeps in reused buffers;
 # bigger calls (many short records batched) allocate, so that their temporaries are freed.
 INFER_BUFFERED = 8192
 
@@ -124,7 +124,7 @@ def causal_conv(a, window, weight, out=None):
     T = a.shape[1]
     W = weight.shape[1]
     # Shifted multiply-adds in the (B, T, D) layout: no transposes, no concatenated copy.
-    # Measured ~0.5 ms less per (2048, 128) block at 1 thread than a depthwise conv1d, whose
+    # Measured ~0.5 ms less per (2048, 128) span at 1 thread than a depthwise conv1d, whose
     # transposed output also slowed the next matmul. In-place adds into a fresh product
     # are autograd-safe (addcmul's backward does not read its output).
     c = torch.mul(a, weight[:, W - 1], out=out)  # (B, T, D)
@@ -193,7 +193,7 @@ class Attention(nn.Module):
 
     def forward(self, a, S, z, window, scratch):
         """The attention of normalised inputs a (B, T, D) from S (B, H, K, K), z (B, H, K) and the
-        conv window (B, W-1, D): (o (B, T, H, V), the new S, z, window); o_proj is Block.finish's."""
+        conv window (B, W-1, D): (o (B, T, H, V), the new S, z, window); o_proj is Layer.finish's."""
         qkv, window = self.qkv(a, window, scratch)
         o, (S, z) = self.kernel(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], S, z)
         return o, S, z, window
@@ -215,7 +215,7 @@ class MLP(nn.Module):
         return add_linear(residual, g.view(B, T, M), self.fc2.weight, out=scratch.same(residual))
 
 
-class Block(nn.Module):
+class Layer(nn.Module):
     def __init__(self, c: ModelConfig):
         super().__init__()
         self.attn_norm = RMSNorm(c.d_model, c.norm_eps)
@@ -258,7 +258,7 @@ class LinpipeNet(nn.Module):
             self.bos = nn.Parameter(torch.zeros(D))
             self.register_buffer("mean", torch.tensor(c.mean, dtype=torch.float32), persistent=False)
             self.register_buffer("std", torch.tensor(c.std, dtype=torch.float32), persistent=False)
-        self.layers = nn.ModuleList(Block(c) for _ in range(c.n_layers))
+        self.layers = nn.ModuleList(Layer(c) for _ in range(c.n_layers))
         self.norm = RMSNorm(D, c.norm_eps)
         self.head = nn.Linear(D, c.vocab_out)
 
@@ -297,7 +297,7 @@ class LinpipeNet(nn.Module):
 
     # -- forward --------------------------------------------------------------------------
     def _run(self, h, state: ModelState):
-        if not torch.is_grad_enabled():  # inference updates the residual stream in place (Block)
+        if not torch.is_grad_enabled():  # inference updates the residual stream in place (Layer)
             h = h.clone(memory_format=torch.contiguous_format)
         Ss, zs, ws = [], [], []
         for i, layer in enumerate(self.layers):
@@ -352,9 +352,10 @@ def init_net(config: ModelConfig, *, seed: int = 0, decay=None) -> LinpipeNet:
         decay = [float(decay)] * c.n_heads
     decay = [float(g) for g in decay]
     if len(decay) != c.n_heads:
-        raise ModelError(f"--decay: got {len(decay)} values for {c.n_heads} heads (give 1 or {c.n_heads})")
+        raise ModelError(f"{option('decay')}: got {len(decay)} values for {c.n_heads} heads "
+                         f"(give 1 or {c.n_heads})")
     if not all(0 < g <= 1 for g in decay):
-        raise ModelError(f"--decay: every value must be in (0, 1], got {decay}")
+        raise ModelError(f"{option('decay')}: every value must be in (0, 1], got {decay}")
     gen = torch.Generator().manual_seed(seed)
     net = LinpipeNet(c)
     D, M, L = c.d_model, c.mlp_hidden, c.n_layers

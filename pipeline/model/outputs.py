@@ -23,7 +23,7 @@ class OutputSpec:
     units: str | None
     long_name: str
     # Lossless compressor, chosen by measurement (benchmarks/store_compression.py, BENCHMARKS.md
-    # "Outputs (issue 5)"): floats of linpipe's own models favour shuffling before zstd.
+    # "Outputs"): floats of linpipe's own models favour shuffling before zstd.
     codec: str
     default: bool  # written when a job names no outputs
     from_model: bool = True  # False: taken from the input as it is read (softmask)

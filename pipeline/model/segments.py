@@ -8,7 +8,7 @@ stages, linpipe.kernels.linear_attn.stages):
 
 so every segment runs each layer in two passes around one exchange:
 
-1. Pass 1 (right behind pass 2 of the layer before, on the same sub-chunk while it is in
+1. Pass 1 (right behind pass 2 of the layer before, on the same span while it is in
    cache; for layer 0 behind the embedding): the layer's attention from a zero state, the
    kernel's numerator phi(q)^T S_loc and denominator phi(q).z_loc kept apart
    (`Attention.kernel_parts`); q and both go to the spill. The first W-1 positions are left
@@ -24,19 +24,19 @@ so every segment runs each layer in two passes around one exchange:
 So per position no projection runs twice: the split's extra work is pass 1's rows written and
 read back and one (K, V) matmul and a matrix-vector product per head. The record's first
 segment knows its incoming state: its pass 1 is the layer's attention itself and its pass 2 the
-rest, the serial run's ops on the serial run's sub-chunks (P = 1 gives the serial bytes), and
+rest, the serial run's ops on the serial run's spans (P = 1 gives the serial bytes), and
 its message is its exact final state.
 
 Memory: a segment's residual stream (T, D) and pass 1's rows (T, D + H (V+1); the first
-segment's o, (T, D)) live in float32 spills, updated in place layer by layer, sub-chunk by
-sub-chunk; resident memory is a few sub-chunks whatever the segment's length when the spills
+segment's o, (T, D)) live in float32 spills, updated in place layer by layer, span by
+span; resident memory is a few spans whatever the segment's length when the spills
 are files (jobs/split.py puts them in /dev/shm within a budget, else on local disk; plain
 reads and writes, not mapped).
 
-Sub-chunks are cut at the segment start, at every chunk edge and every FORWARD_BLOCK positions
-after a chunk edge: exactly the serial run's blocks when segment edges are chunk edges. The
-state at every chunk edge inside a segment is recorded on the way, so the full ModelState of
-every chunk edge can be stored as the streaming path stores it. The state stored at a
+Spans are cut at the segment start, at every unit edge and every FORWARD_SPAN positions
+after a unit edge: exactly the serial run's spans when segment edges are unit edges. The
+state at every unit edge inside a segment is recorded on the way, so the full ModelState of
+every unit edge can be stored as the streaming path stores it. The state stored at a
 segment's last edge is the fold's value (the next segment's incoming state), so a run
 restarted from that stored state folds the same numbers in the same order: bit-identical to an
 uninterrupted split run with the same segment boundaries.
@@ -51,13 +51,14 @@ import torch
 
 from linpipe.kernels.linear_attn import advance, features, log_decay, state_outputs
 from linpipe.model.exchange import LayerWeights, Message, fold_layer, layer_weights, tail_rows
-from linpipe.model.inference import FORWARD_BLOCK, Model
-from linpipe.model.network import Block, ModelState
+from linpipe.model.inference import FORWARD_SPAN, Model
+from linpipe.model.network import Layer, ModelState
 
 # The record's first segment runs the layer's own attention; every later one also keeps the
 # normaliser's parts, spills wider rows and corrects them: 1.0-1.5x the first one's time per
 # position in one process (noisy), and with 1.25 two workers reached 1.47-1.69x one worker's
-# rate (BENCHMARKS.md, issue 15). So the first segment gets that much more of the record.
+# rate (BENCHMARKS.md, "One record over many workers"). So the first segment gets that much
+# more of the record.
 FIRST_WEIGHT = 1.25
 # Where a later segment's passes run in float64 (passes_in_float64), they take 1.9-2.4x the
 # first segment's time per position (bench_split.py wide, default-size model; 1.15-1.48x in
@@ -68,7 +69,8 @@ FIRST_WEIGHT_FLOAT64 = 2.2
 def passes_in_float64(attn) -> bool:
     """Whether a later segment's two passes run in float64, for a model config or Attention:
     with identity features and the normaliser phi(q).z can near zero, and float32 partial sums
-    there lost up to 5.4x the serial run's distance from exact (BENCHMARKS.md, issue 15)."""
+    there lost up to 5.4x the serial run's distance from exact (BENCHMARKS.md, "One record over
+    many workers")."""
     return bool(attn.normalize) and attn.feature_map == "identity"
 
 
@@ -77,25 +79,25 @@ def first_weight(config) -> float:
     return FIRST_WEIGHT_FLOAT64 if passes_in_float64(config) else FIRST_WEIGHT
 
 
-def segment_bounds(length: int, chunk_size: int, parts: int,
+def segment_bounds(length: int, unit_size: int, n_segments: int,
                    first: float = FIRST_WEIGHT) -> list[tuple[int, int]]:
-    """Chunk-aligned segments of a record: its chunks dealt out in order over at most `parts`
+    """Unit-aligned segments of a record: its units dealt out in order over at most `n_segments`
     segments, the first weighted `first` (first_weight of the model) and the others 1, so every
-    Zarr chunk belongs to exactly one segment (one writer). A function of its arguments alone:
-    a restarted group cuts the record where the lost one did."""
-    n = -(-length // chunk_size)
-    parts = max(1, min(parts, n))
-    total = first + parts - 1
+    unit (its Zarr chunk) belongs to exactly one segment (one writer). A function of its
+    arguments alone: a restarted group cuts the record where the lost one did."""
+    n = -(-length // unit_size)
+    n_segments = max(1, min(n_segments, n))
+    total = first + n_segments - 1
     cuts = [0]
-    for k in range(1, parts):  # at least one chunk each
+    for k in range(1, n_segments):  # at least one unit each
         c = int(n * (first + k - 1) / total + 0.5)
-        cuts.append(min(max(c, cuts[-1] + 1), n - (parts - k)))
-    edges = [min(length, c * chunk_size) for c in cuts] + [length]
+        cuts.append(min(max(c, cuts[-1] + 1), n - (n_segments - k)))
+    edges = [min(length, c * unit_size) for c in cuts] + [length]
     return [(a, b) for a, b in zip(edges[:-1], edges[1:], strict=True)]
 
 
 def spill_bytes(config, positions: int, exact: bool = False) -> int:
-    """Bytes a segment of `positions` keeps outside its sub-chunks: its residual stream, and
+    """Bytes a segment of `positions` keeps outside its spans: its residual stream, and
     what pass 1 leaves for pass 2 (the first segment: o; the others: q, the numerators and
     the denominators)."""
     if exact:
@@ -166,9 +168,9 @@ def _buf(scratch, slot: str, like: torch.Tensor, *shape: int) -> torch.Tensor:
 class _LayerW:
     """One layer's modules, and what the runner derives from them once."""
 
-    def __init__(self, blk: Block):
-        a = self.attn = blk.attn
-        self.blk = blk
+    def __init__(self, layer: Layer):
+        a = self.attn = layer.attn
+        self.layer = layer
         self.H, self.K = a.n_heads, a.head_dim
         self.lg = log_decay(a.decay.detach().double())
         self.wide = passes_in_float64(a)  # pass 1's numerators spilled as two float32 parts
@@ -201,8 +203,8 @@ class _LayerW:
 
 class _Attend:
     """The record's first segment, pass 1 of one layer: its attention from the state it knows
-    (the layer's own code up to o, on the serial run's sub-chunks, so its bytes are the serial
-    run's), o to the spill, the state at chunk edges recorded; the state after the segment is
+    (the layer's own code up to o, on the serial run's spans, so its bytes are the serial
+    run's), o to the spill, the state at unit edges recorded; the state after the segment is
     its message. Its pass 2 (`_Project`) is the rest of the layer. So it runs in the same two
     phases around each exchange as the other segments, with as much work in each."""
 
@@ -213,8 +215,8 @@ class _Attend:
     def span(self, s: int, e: int, h: torch.Tensor) -> None:
         r, w = self.r, self.w
         n, D = e - s, r.D
-        scratch = Block.scratch(h)
-        a = w.blk.attn_norm(h, out=scratch("attn_in", 1, n, D))
+        scratch = Layer.scratch(h)
+        a = w.layer.attn_norm(h, out=scratch("attn_in", 1, n, D))
         o, self.S, self.z, self.window = w.attn(a, self.S, self.z, self.window, scratch)
         r.num.put(s - r.start, o[0].reshape(n, D).to("cpu").numpy())
         if r.is_edge(e):
@@ -234,16 +236,16 @@ class _Project:
     def span(self, s: int, e: int, h: torch.Tensor) -> torch.Tensor:
         r = self.r
         o = torch.from_numpy(r.num.get(s - r.start, e - r.start)).to(h.device)[None]  # (1, n, D)
-        return self.w.blk.finish(h, o, Block.scratch(h))
+        return self.w.layer.finish(h, o, Layer.scratch(h))
 
 
 class _Local:
     """Pass 1 of one layer over a segment that is not first: the attention from a zero state
     (from the first position after the first W-1, whose conv reads the halo, not known yet).
     Per position q and the kernel's numerator phi(q)^T S_loc and denominator phi(q).z_loc go
-    to the runner's spill; the local state (S, z) and the conv window are kept at every chunk
+    to the runner's spill; the local state (S, z) and the conv window are kept at every unit
     edge, the state at the end, with the first and last W-1 normalised inputs: the segment's
-    message. In float64 where passes_in_float64 (the state carried between sub-chunks too)."""
+    message. In float64 where passes_in_float64 (the state carried between spans too)."""
 
     def __init__(self, runner: "SegmentRunner", layer: int):
         r = self.r = runner
@@ -253,14 +255,14 @@ class _Local:
         self.S = torch.zeros((1, w.H, w.K, w.K), device=dev, dtype=w.dtype)  # (1, H, K, V)
         self.z = torch.zeros((1, w.H, w.K), device=dev, dtype=w.dtype)
         self.head = self.tail = torch.zeros((0, r.D), device=dev)
-        self.edges: dict[int, tuple] = {}  # chunk edge position -> (S, z, window)
+        self.edges: dict[int, tuple] = {}  # unit edge position -> (S, z, window)
 
     def span(self, s: int, e: int, h: torch.Tensor) -> None:
         """h (1, n, D): the layer's input at record positions [s, e) (exact)."""
         r, w = self.r, self.w
         n, D = e - s, r.D
-        scratch = Block.scratch(h)
-        a = w.blk.attn_norm(h, out=scratch("attn_in", 1, n, D))  # (1, n, D)
+        scratch = Layer.scratch(h)
+        a = w.layer.attn_norm(h, out=scratch("attn_in", 1, n, D))  # (1, n, D)
         keep = r.W - 1
         if self.head.shape[0] < keep:
             self.head = torch.cat([self.head, a[0, :keep - self.head.shape[0]]])
@@ -305,7 +307,7 @@ class _Correct:
     def span(self, s: int, e: int, h: torch.Tensor) -> torch.Tensor:
         r, w = self.r, self.w
         n, D, H, K = e - s, r.D, w.H, w.K
-        scratch = Block.scratch(h)
+        scratch = Layer.scratch(h)
         row = torch.from_numpy(r.num.get(s - r.start, e - r.start)).to(h.device)  # (n, width)
         o = _buf(scratch, "seg_o", h, n, H, K)  # (n, H, V)
         nh = min(n, max(0, r.base - s))  # head rows in this span
@@ -320,7 +322,7 @@ class _Correct:
             num, den = state_outputs(qf, *self.Sh, w.lg, s + nh - r.base)
             got_num, got_den = w.get_parts(row[nh:])
             o[nh:] = w.attn.divide(num.add_(got_num), den.add_(got_den))
-        h = w.blk.finish(h, o.view(1, n, D), scratch)
+        h = w.layer.finish(h, o.view(1, n, D), scratch)
         if r.is_edge(e):
             if e <= r.base:
                 S, z, win = self.S[0], self.z[0], self.window[0]
@@ -337,7 +339,7 @@ class _Correct:
 class SegmentRunner:
     """One segment [start, end) of one record on one worker. `read(a, b)` returns the model
     input (numpy) of record positions [a, b). Methods run in this order: begin, then apply per
-    layer, then pieces_out (the outputs).
+    layer, then units_out (the outputs).
 
     Every segment runs each layer in two passes around the exchange: pass 1 (in begin for layer
     0, else right behind pass 2 of the layer before) and pass 2 (in apply). The record's first
@@ -346,26 +348,26 @@ class SegmentRunner:
     others' pass 1 runs from a zero state (`_Local`), their pass 2 corrects it once the state
     entering them is known (`_Correct`)."""
 
-    def __init__(self, model: Model, read, start: int, end: int, chunk_size: int, *, spill_dir=None,
+    def __init__(self, model: Model, read, start: int, end: int, unit_size: int, *, spill_dir=None,
                  outputs=None, exact: bool = False):
         if end <= start:
             raise ValueError(f"empty segment [{start}, {end})")
         self.model, self.net, self.read = model, model.net, read
-        self.start, self.end, self.chunk_size, self.exact = start, end, chunk_size, exact
+        self.start, self.end, self.unit_size, self.exact = start, end, unit_size, exact
         self.outputs = model.select_outputs(outputs)
         c = model.config
         self.L, self.W, self.D = c.n_layers, c.conv_width, c.d_model
-        self.lw = [_LayerW(blk) for blk in self.net.layers]
+        self.lw = [_LayerW(layer) for layer in self.net.layers]
         self.base = min(end, start + self.W - 1)  # positions before it read the halo
-        step = FORWARD_BLOCK if model.device.type == "cpu" else chunk_size
-        # pieces: (a, b) record positions of one chunk inside this segment; spans: sub-chunks
-        self.pieces = []
+        step = FORWARD_SPAN if model.device.type == "cpu" else unit_size
+        # units: (a, b) record positions of one unit inside this segment; spans: FORWARD_SPAN or less
+        self.units = []
         a = start
         while a < end:
-            b = min(end, (a // chunk_size + 1) * chunk_size)
-            self.pieces.append((a, b))
+            b = min(end, (a // unit_size + 1) * unit_size)
+            self.units.append((a, b))
             a = b
-        self.spans = [(s, min(s + step, b)) for a, b in self.pieces for s in range(a, b, step)]
+        self.spans = [(s, min(s + step, b)) for a, b in self.units for s in range(a, b, step)]
         T = end - start
         self.h = _Spill(T, self.D, spill_dir)  # the residual stream
         # what pass 1 leaves for pass 2, rewritten layer after layer: the first segment's o
@@ -373,7 +375,7 @@ class SegmentRunner:
         wide = self.lw[0].wide  # the same feature map and normaliser in every layer
         self.row_width = self.D + c.n_heads * (c.head_dim + 1) * (2 if wide else 1)
         self.num = _Spill(T, self.D if exact else self.row_width, spill_dir)
-        self.edge_states: dict[int, list] = {}  # chunk index -> per layer (S, z, window)
+        self.edge_states: dict[int, list] = {}  # unit index -> per layer (S, z, window)
         self.pass1 = None  # the layer whose pass 1 ran last
         self.initial = None  # exact: per layer (S, z, window) entering the segment, each (1, ...)
 
@@ -385,11 +387,11 @@ class SegmentRunner:
         self.close()
 
     def is_edge(self, e: int) -> bool:
-        """Whether e is a chunk edge inside the segment (its state is stored)."""
-        return e % self.chunk_size == 0 and e < self.end
+        """Whether e is a unit edge inside the segment (its state is stored)."""
+        return e % self.unit_size == 0 and e < self.end
 
     def record_edge(self, e: int, layer: int, S, z, window) -> None:
-        states = self.edge_states.setdefault(e // self.chunk_size - 1, [None] * self.L)
+        states = self.edge_states.setdefault(e // self.unit_size - 1, [None] * self.L)
         states[layer] = (S.cpu().clone(), z.cpu().clone(), window.cpu().clone())
 
     def _h(self, a: int, b: int) -> torch.Tensor:
@@ -423,7 +425,7 @@ class SegmentRunner:
             self.initial = [(S.to(dev)[None], z.to(dev)[None], w.to(dev)[None])
                             for S, z, w in zip(*initial, strict=True)]
         first = self.pass1 = self._pass1(0)
-        for a, b in self.pieces:
+        for a, b in self.units:
             x = self.model.to_tensor(self.read(a, b))
             for s, e in self.spans:
                 if a <= s < b:
@@ -436,8 +438,8 @@ class SegmentRunner:
     def apply(self, layer: int, S_in: torch.Tensor, z_in: torch.Tensor, halo: torch.Tensor) -> Message:
         """Pass 2 of `layer` from the exact state (S_in, z_in, halo) entering the segment (the
         first segment knows it already), and pass 1 of the next layer right behind it,
-        sub-chunk by sub-chunk. The residual stream is updated in place in the spill, the state
-        at chunk edges inside the segment recorded. Returns the next layer's message (after the
+        span by span. The residual stream is updated in place in the spill, the state
+        at unit edges inside the segment recorded. Returns the next layer's message (after the
         last layer: y of the last position)."""
         nxt = layer + 1
         fix = _Project(self, layer) if self.exact else _Correct(self, layer, S_in, z_in, halo, self.pass1)
@@ -450,27 +452,27 @@ class SegmentRunner:
         return self._message(nxt)
 
     @torch.inference_mode()
-    def pieces_out(self, y_prev: torch.Tensor, final: ModelState, skip=()):
-        """Yields (chunk index, start, end, outputs dict of numpy, ModelState after the piece)
-        for every chunk piece of the segment not in `skip`. y_prev (D,): y before the segment;
+    def units_out(self, y_prev: torch.Tensor, final: ModelState, skip=()):
+        """Yields (unit index, start, end, outputs dict of numpy, ModelState after the unit)
+        for every unit (its part inside the segment) not in `skip`. y_prev (D,): y before the segment;
         final: the state after the segment (the fold's, so a restart reproduces it)."""
         prev_y = y_prev.to(self.model.device).view(1, -1)  # (1, D): y before the next position
-        for a, b in self.pieces:
-            idx = a // self.chunk_size
-            if idx in skip:  # its last block's y still feeds the next piece's outputs (same op)
+        for a, b in self.units:
+            idx = a // self.unit_size
+            if idx in skip:  # its last span's y still feeds the next unit's outputs (same op)
                 s, e = [sp for sp in self.spans if a <= sp[0] < b][-1]
                 prev_y = self.net.norm(self._h(s, e))[:, -1]
                 continue
             xt = self.model.to_tensor(self.read(a, b))
-            parts: dict[str, list] = {o: [] for o in self.outputs}
+            got: dict[str, list] = {o: [] for o in self.outputs}
             for s, e in self.spans:
                 if not a <= s < b:
                     continue
                 y = self.net.norm(self._h(s, e))
                 for k, v in self.model.heads(xt[:, s - a:e - a], y, prev_y, self.outputs).items():
-                    parts[k].append(v[0].to("cpu", torch.float32).numpy())
+                    got[k].append(v[0].to("cpu", torch.float32).numpy())
                 prev_y = y[:, -1]
-            out = {k: v[0] if len(v) == 1 else np.concatenate(v) for k, v in parts.items()}
+            out = {k: v[0] if len(v) == 1 else np.concatenate(v) for k, v in got.items()}
             if b == self.end:
                 state = final
             else:
@@ -518,26 +520,26 @@ def run_layers(group, state0: ModelState, weights: list[LayerWeights], n_segment
     return [edge_state(Ss, zs, halos, ys[k], k) for k in range(n_segments + 1)]
 
 
-def forward_split(model: Model, x, bounds: list[tuple[int, int]], chunk_size: int, state0=None,
+def forward_split(model: Model, x, bounds: list[tuple[int, int]], unit_size: int, state0=None,
                   outputs=None, spill_dir=None):
     """One record's outputs computed segment by segment (in this process): the split method's
-    reference. Returns (outputs of the whole [bounds[0][0], bounds[-1][1]) range, {chunk
+    reference. Returns (outputs of the whole [bounds[0][0], bounds[-1][1]) range, {unit
     index: ModelState after it}, final state)."""
     x = np.asarray(x)
     state0 = model.init_state() if state0 is None else state0
-    runners = [SegmentRunner(model, lambda a, b: x[a:b], s, e, chunk_size, spill_dir=spill_dir,
+    runners = [SegmentRunner(model, lambda a, b: x[a:b], s, e, unit_size, spill_dir=spill_dir,
                              outputs=outputs, exact=k == 0) for k, (s, e) in enumerate(bounds)]
     try:
         states = run_layers(InProcess(runners), state0, layer_weights(model.net), len(runners))
-        parts: dict[str, list] = {}
-        chunk_states = {}
+        got: dict[str, list] = {}
+        unit_states = {}
         for k, r in enumerate(runners):
-            for idx, _a, b, out, st in r.pieces_out(states[k].y[0], states[k + 1]):
+            for idx, _a, b, out, st in r.units_out(states[k].y[0], states[k + 1]):
                 for name, v in out.items():
-                    parts.setdefault(name, []).append(v)
-                if b % chunk_size == 0 or b == bounds[-1][1]:  # a chunk's end (not a segment's cut)
-                    chunk_states[idx] = st
-        return {k: np.concatenate(v) for k, v in parts.items()}, chunk_states, states[-1]
+                    got.setdefault(name, []).append(v)
+                if b % unit_size == 0 or b == bounds[-1][1]:  # a unit's end (not a segment's cut)
+                    unit_states[idx] = st
+        return {k: np.concatenate(v) for k, v in got.items()}, unit_states, states[-1]
     finally:
         for r in runners:
             r.close()

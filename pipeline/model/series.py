@@ -3,7 +3,7 @@
 Every channel is its own lane of a univariate network. Per lane, the carried `norm` vector
 (float64, ModelState.norm) holds the last observed value and the running sums of four
 debiased exponential moving averages, so statistics at step t use values up to t only and a
-chunked run continues exactly where the previous chunk stopped:
+run resumed from a carried state continues exactly where the previous one stopped:
 
 - scale s_t: EMA of |x_t - previous observed value| (the typical one-step change; half-life
   ~710 steps). It sets the units of everything else, so any scale of input looks alike.
@@ -43,7 +43,7 @@ SLOW_DECAY = 1 - 1 / 128
 RESID_DECAY = 1 - 1 / 1024
 RESID_MIN_WEIGHT = 8.0  # anomaly is NaN until the residual scale has this much (EMA) weight
 MAE_TO_SD = math.sqrt(math.pi / 2)  # sd = sqrt(pi/2) * mean |r| for a normal residual
-_SUB = 128  # EMA sub-block: a^-128 stays far from overflow for every decay above
+_SUB = 128  # positions per EMA span: a^-128 stays far from overflow for every decay above
 CLIP_CHANGE, CLIP_FAST, CLIP_SLOW, CLIP_TARGET = 20.0, 20.0, 50.0, 50.0
 
 

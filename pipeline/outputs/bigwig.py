@@ -58,12 +58,12 @@ class _Summary:
     def add(self, s: np.ndarray, e: np.ndarray, v: np.ndarray) -> None:
         r = self.reduction
         b0, b1 = s // r, (e - 1) // r
-        pieces = b1 - b0 + 1
-        if (pieces == 1).all():
+        n_bins = b1 - b0 + 1
+        if (n_bins == 1).all():
             bins, width, val = b0, e - s, v
         else:  # intervals that cross bin edges are cut at them
-            idx = np.repeat(np.arange(s.size), pieces)
-            k = np.arange(idx.size) - np.repeat(np.cumsum(pieces) - pieces, pieces)
+            idx = np.repeat(np.arange(s.size), n_bins)
+            k = np.arange(idx.size) - np.repeat(np.cumsum(n_bins) - n_bins, n_bins)
             bins = b0[idx] + k
             width = np.minimum(e[idx], (bins + 1) * r) - np.maximum(s[idx], bins * r)
             val = v[idx]
@@ -107,7 +107,7 @@ def write_bigwig(dest, chroms: list[tuple[str, int]], runs) -> int:
     chroms: (name, size) of every chromosome in the header. runs yields (name, starts, ends,
     values): arrays of intervals, sorted and not overlapping within a chromosome, each
     chromosome's in one stretch, chromosomes in any order (a store's order: reading them in name
-    order would decode a packed chunk per record). The chromosome B+ tree holds the names in
+    order would decode a packed batch per record). The chromosome B+ tree holds the names in
     byte order, as the format requires; the data sections are found through the R-tree, whose
     entries are sorted by chromosome and position before it is written.
     """
@@ -188,8 +188,8 @@ def write_bigwig(dest, chroms: list[tuple[str, int]], runs) -> int:
                 f.write(struct.pack("<I", zoom_count[lv]))
                 base = f.tell()
                 zoom_files[lv].seek(0)
-                while chunk := zoom_files[lv].read(1 << 20):
-                    f.write(chunk)
+                while buf := zoom_files[lv].read(1 << 20):
+                    f.write(buf)
                 end = f.tell()
                 rows = [(a, b, c, d, base + off, size) for a, b, c, d, off, size in zoom_index[lv].rows]
                 index_off = f.tell()

@@ -1,7 +1,7 @@
 """Exports of a store's outputs: bigWig / bedGraph tracks for genome browsers, Parquet tables.
 
-Everything streams one work-unit chunk at a time, so memory stays flat on whole genomes.
-Chunks the job never completed are skipped (not exported as zeros or NaN).
+Everything streams one work unit at a time, so memory stays flat on whole genomes.
+Units the job never completed are skipped (not exported as zeros or NaN).
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import os
 
 import numpy as np
 
-from linpipe.errors import StoreError
+from linpipe.errors import StoreError, option
 from linpipe.model.outputs import DNA
 from linpipe.store.layout import DIM_CHANNEL, POSITION_DIM, TIME
 from linpipe.store.reader import OutputReader, as_reader
@@ -29,9 +29,9 @@ def _infos(reader: OutputReader, ids):
     return (reader.record(r) for r in ids) if ids is not None else reader.records.values()
 
 
-def _by_record(blocks):
-    """Group (info, start, values) blocks into (info, [(start, values), ...]) per record."""
-    for _rid, group in itertools.groupby(blocks, key=lambda b: b[0].id):
+def _by_record(units):
+    """Group (info, start, values) of units into (info, [(start, values), ...]) per record."""
+    for _rid, group in itertools.groupby(units, key=lambda b: b[0].id):
         group = list(group)
         yield group[0][0], [(s, v) for _i, s, v in group]
 
@@ -52,10 +52,10 @@ def value_runs(values: np.ndarray, start: int = 0):
     return starts[keep] + start, ends[keep] + start, v[starts[keep]]
 
 
-def _merge_blocks(blocks):
-    """Join runs that continue across chunk boundaries (equal value, adjacent positions)."""
+def _merge_runs(runs):
+    """Join runs that continue across unit boundaries (equal value, adjacent positions)."""
     carry = None
-    for s, e, v in blocks:
+    for s, e, v in runs:
         if carry is not None and s.size and carry[1] == s[0] and carry[2] == v[0]:
             s = s.copy()
             s[0] = carry[0]
@@ -77,7 +77,7 @@ def _check_track(reader: OutputReader, ids, output: str):
         return
     if first.modality != DNA:
         raise StoreError(f"{reader.path}: record {first.id!r} is a time series; genome tracks "
-                         "need dna outputs (use --format parquet)")
+                         f"need dna outputs (use {option('format')} parquet)")
     dims = reader.dims(first.id, output)
     if len(dims) != 1:
         raise StoreError(f"{reader.path}: output {output!r} has a {dims[1]} "
@@ -88,9 +88,9 @@ def export_track(store, output: str, dest, *, fmt: str = "bigwig", records=None)
     """Write one per-base output as a bigWig or bedGraph track; returns the number of intervals.
 
     Chromosome names are the original record ids and their sizes the record lengths; positions
-    with NaN (e.g. logprob at N bases) and chunks never completed are left out of the track.
+    with NaN (e.g. logprob at N bases) and units never completed are left out of the track.
     Both formats hold the same intervals: runs of equal adjacent values merged into one (also
-    across chunk boundaries). bigWig needs no extra package (linpipe.outputs.bigwig).
+    across unit boundaries). bigWig needs no extra package (linpipe.outputs.bigwig).
     """
     if fmt not in TRACK_FORMATS:
         raise StoreError(f"unknown track format {fmt!r} (one of {', '.join(TRACK_FORMATS)})")
@@ -99,13 +99,13 @@ def export_track(store, output: str, dest, *, fmt: str = "bigwig", records=None)
     _check_track(reader, ids, output)
     dest = os.fspath(dest)
     n = 0
-    blocks = (b for b in reader.blocks(output, ids) if b[0].length > 0)
+    units = (b for b in reader.units(output, ids) if b[0].length > 0)
     if fmt == "bedgraph":
         with open(dest, "w") as f:
             f.write(f'track type=bedGraph name="{output}"\n')
-            for info, parts in _by_record(blocks):
+            for info, got in _by_record(units):
                 chrom = info.id
-                for s, e, v in _merge_blocks(value_runs(vals, start) for start, vals in parts):
+                for s, e, v in _merge_runs(value_runs(vals, start) for start, vals in got):
                     lines = [f"{chrom}\t{a}\t{b}\t{c:.9g}\n"
                              for a, b, c in zip(s.tolist(), e.tolist(), v.tolist(), strict=True)]
                     f.writelines(lines)
@@ -116,9 +116,9 @@ def export_track(store, output: str, dest, *, fmt: str = "bigwig", records=None)
 
     chroms = [(i.id, i.length) for i in _infos(reader, ids) if i.length > 0]
 
-    def runs():  # every record's merged runs, in store order (each packed chunk read once)
-        for info, parts in _by_record(blocks):
-            for s, e, v in _merge_blocks(value_runs(vals, start) for start, vals in parts):
+    def runs():  # every record's merged runs, in store order (each packed batch read once)
+        for info, got in _by_record(units):
+            for s, e, v in _merge_runs(value_runs(vals, start) for start, vals in got):
                 yield info.id, s, e, v
 
     try:
@@ -151,7 +151,7 @@ def export_parquet(store, output, dest, *, records=None) -> int:
     writer = None
     rows = 0
     try:
-        for info, s, values in reader.blocks(names + ([TIME] if has_time else []), ids):
+        for info, s, values in reader.units(names + ([TIME] if has_time else []), ids):
             e = s + len(values[names[0]])
             if e == s:
                 continue
@@ -180,5 +180,5 @@ def export_parquet(store, output, dest, *, records=None) -> int:
         if writer is not None:
             writer.close()
     if writer is None:
-        raise StoreError(f"{reader.path}: nothing to export (no completed chunks in the chosen records)")
+        raise StoreError(f"{reader.path}: nothing to export (no completed units in the chosen records)")
     return rows

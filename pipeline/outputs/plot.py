@@ -125,7 +125,7 @@ def plot_region(store, record: str, output, dest, *, region: str | None = None,
     note = f", min/max envelope over {width_px} bins of ~{n / width_px:.0f}" if downsampled else ""
     axes[0, 0].set_title(f"{info.id}:{start}-{end} {','.join(names)}{note}")
     missing = [(s, e) for s, e in reader.missing_ranges[key] if s < end and e > start]
-    for s, e in missing:  # chunks never written are shown, not silently blank
+    for s, e in missing:  # units never written are shown, not silently blank
         for ax in axes[:, 0]:
             a, b = max(s, start) - start, min(e, end) - start - 1
             ax.axvspan(xs(a), xs(b), color="0.85", zorder=0)

@@ -12,11 +12,11 @@ sum_{j=p}^{p+W-1} (logprob_alt[j] - logprob_ref[j]). N bases (and other IUPAC co
 log-probability and add 0 to their haplotype's sum. The anchor base that VCF indels carry is
 the same in both haplotypes and cancels.
 
-How the context is kept cheap: the store holds the exact model state after every chunk of a long
-record, so a variant in chunk c is scored by replaying the reference from the state stored
-after chunk c-1 (the fresh state after BOS for chunk 0 and for packed short records, which are
-at most one chunk long) up to the end of its window (which may run into the next chunk: the
-replay simply carries on). All variants of one chunk share one reference replay, split at the
+How the context is kept cheap: the store holds the exact model state after every unit of a long
+record, so a variant in unit c is scored by replaying the reference from the state stored
+after unit c-1 (the fresh state after BOS for unit 0 and for packed short records, which are
+at most one unit long) up to the end of its window (which may run into the next unit: the
+replay simply carries on). All variants of one unit share one reference replay, split at the
 variants' positions to pick up the state before each, and their alternative haplotypes run from
 those states as one batch (`Model.forward_batch`).
 """
@@ -28,8 +28,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from linpipe.errors import LinpipeError
+from linpipe.errors import LinpipeError, option
 from linpipe.inputs.alphabet import reverse_complement, tokenize
+from linpipe.strands import FORWARD, REVERSE
 
 DEFAULT_WINDOW = 128
 MAX_BATCH_POSITIONS = 1 << 16  # alternative haplotypes' positions per batched model call
@@ -60,7 +61,7 @@ class Summary:
     skipped: Counter = field(default_factory=Counter)
     units: int = 0
     replayed_positions: int = 0
-    strands: tuple[str, ...] = ("+",)
+    strands: tuple[str, ...] = (FORWARD,)
 
 
 def _vcf_error(path, line, what):
@@ -108,11 +109,11 @@ def _genome_inputs(store, override: str | None, model_sha256: str):
     own = [i["path"] if isinstance(i, dict) else i for i in meta.get("inputs") or ()]
     paths = [override] if override else own
     if not paths:
-        raise LinpipeError(f"{store.path}: the store names no input; give the genome with --input")
+        raise LinpipeError(f"{store.path}: the store names no input; give the genome with {option('input')}")
     where, opened = {}, []
     for p in paths:
         if not os.path.isfile(p):
-            raise LinpipeError(f"{p}: the store's input is not here; give the genome with --input")
+            raise LinpipeError(f"{p}: the store's input is not here; give the genome with {option('input')}")
         inp = open_input(p)
         if inp.modality != "dna":
             raise LinpipeError(f"{p}: not a FASTA file (variants need a genome)")
@@ -129,10 +130,10 @@ def _genome_inputs(store, override: str | None, model_sha256: str):
 
 @dataclass(frozen=True)
 class Unit:
-    """The variants that share one replay: a long record's chunk, or a whole packed record."""
+    """The variants that share one replay: a long record's unit, or a whole packed record."""
 
     record: str
-    chunk: int  # -1 for a packed record (replayed from its start)
+    index: int  # the unit's index in its record; -1 for a packed record (replayed from its start)
     start: int  # first position replayed
 
 
@@ -159,10 +160,10 @@ class VariantScorer:
         want = meta.get("model_sha256")
         if want and self.model.sha256 != want:
             raise LinpipeError(f"{store_path}: the model found ({self.model.path}) is not the one the "
-                               f"store was made with (sha256 {want[:12]}...); give it with --model")
+                               f"store was made with (sha256 {want[:12]}...); give it with {option('model')}")
         self.window = int(window)
         self.genome, self._opened = _genome_inputs(self.store, genome, self.model.sha256)
-        self.chunk_size = self.store.chunk_size
+        self.unit_size = self.store.unit_size
         self.strands = self.store.strands
 
     def close(self):
@@ -172,20 +173,20 @@ class VariantScorer:
     def unit_of(self, info, pos: int) -> Unit:
         if info.packed:
             return Unit(info.id, -1, 0)
-        c = pos // self.chunk_size
-        return Unit(info.id, c, c * self.chunk_size)
+        c = pos // self.unit_size
+        return Unit(info.id, c, c * self.unit_size)
 
-    def _stored_state(self, record: str, chunk: int, strand: str):
-        """The state stored after `chunk` on a strand (the fresh state past either end)."""
+    def _stored_state(self, record: str, unit: int, strand: str):
+        """The state stored after unit `unit` on a strand (the fresh state past either end)."""
         from linpipe.model import ModelState
 
         info = self.store.record(record)
-        if chunk < 0 or info.packed or chunk >= info.n_chunks:
+        if unit < 0 or info.packed or unit >= info.n_units:
             return self.model.init_state()
-        arrays = self.store.boundary_state(info.key, chunk, strand)
+        arrays = self.store.boundary_state(info.key, unit, strand)
         if arrays is None:
-            what = "" if strand == "+" else " of the reverse strand"
-            raise LinpipeError(f"{self.store.path}: record {record!r}: chunk {chunk}{what} is not written "
+            what = "" if strand == FORWARD else " of the reverse strand"
+            raise LinpipeError(f"{self.store.path}: record {record!r}: unit {unit}{what} is not written "
                                "yet (no boundary state); finish the job first")
         return ModelState.from_arrays(arrays)
 
@@ -195,26 +196,26 @@ class VariantScorer:
         rid = unit.record
         length = self.store.record(rid).length
         W = self.window
-        # forward: the unit's chunk from the state stored before it, through the last window
+        # forward: the unit from the state stored before it, through the last window
         items = []  # (row, local position, ref length, local end of the window, alt tokens)
         end = max(min(p + len(ref) + W - 1, length) for _, p, ref, _ in variants)
         for row, p, ref, alt in variants:
             items.append((row, p - unit.start, len(ref), min(p + len(ref) + W - 1, length) - unit.start,
                           tokenize(alt)))
         tokens, _ = self.genome[rid].read(rid, unit.start, end)
-        fwd = self._replay(tokens, self._stored_state(rid, unit.chunk - 1, "+"), items)
+        fwd = self._replay(tokens, self._stored_state(rid, unit.index - 1, FORWARD), items)
         self.replayed = end - unit.start
-        if self.strands == ("+",):
+        if self.strands == (FORWARD,):
             return {row: (v,) for row, v in fwd.items()}
         # reverse: read from the record's end, so the context of a variant is everything after
-        # its allele. Variants are grouped by the chunk holding their allele's last base; each
-        # group replays that chunk backwards from the reverse state stored after the chunk
-        # beyond it, down through the last window (which may run into the chunk before).
-        C = self.chunk_size
+        # its allele. Variants are grouped by the unit holding their allele's last base; each
+        # group replays that unit backwards from the reverse state stored after the unit
+        # beyond it, down through the last window (which may run into the unit before).
+        C = self.unit_size
         groups = defaultdict(list)
         for v in variants:
             _, p, ref, _ = v
-            groups[(p + len(ref) - 1) // C if unit.chunk >= 0 else -1].append(v)
+            groups[(p + len(ref) - 1) // C if unit.index >= 0 else -1].append(v)
         rc = {}
         for c, vs in groups.items():
             hi = length if c < 0 else min((c + 1) * C, length)
@@ -226,7 +227,7 @@ class VariantScorer:
                 at = hi - (p + len(ref))  # the allele's first base on the reverse strand
                 items.append((row, at, len(ref), min(at + len(ref) + W - 1, hi - lo),
                                reverse_complement(tokenize(alt))))
-            state = self.model.init_state() if c < 0 else self._stored_state(rid, c + 1, "-")
+            state = self.model.init_state() if c < 0 else self._stored_state(rid, c + 1, REVERSE)
             rc.update(self._replay(rtokens, state, items))
             self.replayed += hi - lo
         return {row: (v, rc[row]) for row, v in fwd.items()}
@@ -331,7 +332,7 @@ def score_variants(store_path: str, vcf: str, out: str, *, window: int = DEFAULT
     """Scores every variant of `vcf` against the store's genome and model; writes `out` (.tsv or
     .parquet) in VCF order. workers > 0 runs the replay units on that many Ray actors."""
     if window < 1:
-        raise LinpipeError(f"--window must be at least 1, got {window}")
+        raise LinpipeError(f"{option('window')} must be at least 1, got {window}")
     if not (out.endswith(".tsv") or out.endswith(".parquet")):
         raise LinpipeError(f"{out}: the output must end in .tsv or .parquet")
     summary = Summary()
@@ -340,7 +341,7 @@ def score_variants(store_path: str, vcf: str, out: str, *, window: int = DEFAULT
     try:
         units, variants = collect(scorer, vcf, skip_mismatch=skip_mismatch, summary=summary)
         llr = np.full((len(variants), len(scorer.strands)), np.nan)
-        order = sorted(units, key=lambda u: (u.record, u.chunk))
+        order = sorted(units, key=lambda u: (u.record, u.index))
         if workers and len(order) > 1:
             done = _score_on_ray(store_path, units, order, window=window, genome=genome, model=model,
                                  device=device, threads=threads, workers=workers, address=address,

@@ -16,6 +16,7 @@ import numpy as np
 
 from linpipe.store.layout import CHECKSUM_SET, is_rc
 from linpipe.store.location import pool
+from linpipe.strands import FORWARD, REVERSE
 
 STATE = "state"  # the last column of a unit's checksums
 
@@ -66,36 +67,36 @@ class UnitCheck:
             self._sums[key, strand] = (names, s.unit_sums(key, strand))
         return self._sums[key, strand]
 
-    def long_unit(self, key: str, chunk: int, names=None, *, strands=None, values: bool = True):
-        """Chunk `chunk` of a long record, over `names` (default: every array of its strands).
+    def long_unit(self, key: str, unit: int, names=None, *, strands=None, values: bool = True):
+        """Unit `unit` of a long record, over `names` (default: every array of its strands).
         strands: whose units to check (default: those of the names asked for, or all)."""
         s = self.store
         if strands is None:
             strands = s.strands if names is None else \
                 tuple(st for st in s.strands if any(_strand_of(n) == st for n in names))
-        start, end = s.chunk_range(key, chunk)
+        start, end = s.unit_range(key, unit)
         out, faults = {}, []
         for strand in strands:
             order, sums = self._sums_of(key, strand)
-            # the state (two small reads: its metadata and its chunk) is read while the data are
-            state = pool().submit(lambda st=strand: s.state_blob(key, chunk, st) or b"") \
-                if sums[chunk][-1] else None
-            got, bad = _hold(order, sums[chunk], names, values, lambda n: s.array(key, n)[start:end],
+            # the state (two small reads: its metadata and its one Zarr chunk) is read while the data are
+            state = pool().submit(lambda st=strand: s.state_blob(key, unit, st) or b"") \
+                if sums[unit][-1] else None
+            got, bad = _hold(order, sums[unit], names, values, lambda n: s.array(key, n)[start:end],
                              state.result if state is not None else bytes)
             out.update(got)
             faults += bad
         return out, faults
 
     def batch(self, batch: int, names=None, *, values: bool = True):
-        """A packed batch, its whole chunk, over `names` (default: every array). No state."""
-        p, cs = self.store.packed, self.store.chunk_size
-        order, sums = self._sums_of(None, "+")
+        """A packed batch, its whole Zarr chunk, over `names` (default: every array). No state."""
+        p, cs = self.store.packed, self.store.unit_size
+        order, sums = self._sums_of(None, FORWARD)
         return _hold(order, sums[batch], names, values, lambda n: p.array(n)[batch * cs:(batch + 1) * cs],
                      lambda: b"")
 
 
 def _strand_of(name: str) -> str:
-    return "-" if is_rc(name) else "+"
+    return REVERSE if is_rc(name) else FORWARD
 
 
 def _hold(order: list[str], recorded: np.ndarray, names, keep: bool, read, read_state):
@@ -109,7 +110,7 @@ def _hold(order: list[str], recorded: np.ndarray, names, keep: bool, read, read_
             got = read_state() if name == STATE else read(name)
         except OSError:
             raise
-        except Exception as e:  # an undecodable chunk: a compressor error, a truncated object
+        except Exception as e:  # an undecodable Zarr chunk: a compressor error, a truncated object
             faults.append(Fault(name, type(e).__name__))
             continue
         if keep and name != STATE:

@@ -12,7 +12,7 @@ import os
 
 import numpy as np
 
-from linpipe.errors import StoreError
+from linpipe.errors import StoreError, option
 from linpipe.model.outputs import DNA
 from linpipe.store.keys import make_keys
 from linpipe.store.layout import (
@@ -45,18 +45,19 @@ from linpipe.store.packed import write_table
 from linpipe.store.records import StoredRecord
 from linpipe.store.table import PackedRecords, id_hashes
 from linpipe.store.zarr_internals import with_attributes, with_shape
+from linpipe.strands import FORWARD, REVERSE
 from linpipe.version import __version__
 
 
-def lay_out(path, *, meta: dict, records: list[dict], outputs, chunk_size: int, feature_dim: int | None,
+def lay_out(path, *, meta: dict, records: list[dict], outputs, unit_size: int, feature_dim: int | None,
             channels, overwrite: bool, hidden_dtype: str, packed: PackedRecords | None, modality: str | None,
             packed_time_dtype: str | None, packed_inputs):
     """Create the store at path (OutputStore.create documents the arguments): (location, root group)."""
     import zarr
 
     where = os.fspath(path)
-    if not isinstance(chunk_size, int) or chunk_size < 1:
-        raise StoreError(f"{where}: chunk_size must be a positive integer, got {chunk_size!r}")
+    if not isinstance(unit_size, int) or unit_size < 1:
+        raise StoreError(f"{where}: unit_size must be a positive integer, got {unit_size!r}")
     if hidden_dtype not in HIDDEN_DTYPES:
         raise StoreError(f"{where}: hidden dtype must be float16 or float32, got {hidden_dtype!r}")
     records = list(records)
@@ -69,11 +70,11 @@ def lay_out(path, *, meta: dict, records: list[dict], outputs, chunk_size: int, 
         channels = [str(i) for i in range(channels)]
     channels = None if channels is None else [str(c) for c in channels]
 
-    infos = [_record(where, r, modality, chunk_size) for r in records]
+    infos = [_record(where, r, modality, unit_size) for r in records]
     _check_outputs(where, modality, outputs, feature_dim, channels)
     if packed is None:
-        short = [i for i in infos if i.length <= chunk_size]
-        infos = [i for i in infos if i.length > chunk_size]
+        short = [i for i in infos if i.length <= unit_size]
+        infos = [i for i in infos if i.length > unit_size]
         dtypes = {i.time_dtype for i in short if i.length}
         if len(dtypes) > 1:
             raise StoreError(f"{where}: short records have different time types "
@@ -83,12 +84,12 @@ def lay_out(path, *, meta: dict, records: list[dict], outputs, chunk_size: int, 
         where_from = {p: n for n, p in enumerate(packed_inputs)}
         sources = [where_from.get(str(i.input), len(packed_inputs)) for i in short]
         packed = PackedRecords.build([i.id for i in short], [i.description for i in short],
-                                     [i.length for i in short], sources, chunk_size=chunk_size)
+                                     [i.length for i in short], sources, unit_size=unit_size)
     else:
         for i in infos:
-            if i.length <= chunk_size:
+            if i.length <= unit_size:
                 raise StoreError(f"{where}: record {i.id!r} ({i.length} positions) belongs in "
-                                 f"the packed table (at most {chunk_size} positions)")
+                                 f"the packed table (at most {unit_size} positions)")
     hashes = id_hashes(packed.ids)
     _check_unique(where, [i.id for i in infos], packed, hashes)
 
@@ -103,7 +104,7 @@ def lay_out(path, *, meta: dict, records: list[dict], outputs, chunk_size: int, 
     root_meta.update({
         "format": FORMAT, "format_version": FORMAT_VERSION,
         "linpipe_version": root_meta.get("version", __version__), "modality": modality,
-        "outputs": outputs, "chunk_size": chunk_size, "feature_dim": feature_dim,
+        "outputs": outputs, "chunk_size": unit_size, "feature_dim": feature_dim,
         "channels": channels, "hidden_dtype": hidden_dtype,
         "records": {key: i.stored() for key, i in long.items()},
         "packed": packed_meta, "complete": False,
@@ -118,7 +119,7 @@ def lay_out(path, *, meta: dict, records: list[dict], outputs, chunk_size: int, 
     root = zarr.open_group(store=keep_lease(location.store), mode="w", zarr_format=3,
                            attributes={CREATING: True})
     root.create_group(PROGRESS, attributes={"about": PROGRESS_ABOUT})
-    templates = _Templates(outputs, chunk_size=chunk_size, feature_dim=feature_dim, channels=channels,
+    templates = _Templates(outputs, unit_size=unit_size, feature_dim=feature_dim, channels=channels,
                            hidden_dtype=hidden_dtype)
     nodes = {}
     for key, info in long.items():
@@ -146,7 +147,7 @@ def lay_out(path, *, meta: dict, records: list[dict], outputs, chunk_size: int, 
     return location, root
 
 
-def _record(where: str, r: dict, modality: str, chunk_size: int) -> StoredRecord:
+def _record(where: str, r: dict, modality: str, unit_size: int) -> StoredRecord:
     """One record given to create, checked."""
     rmod = r.get("modality", modality)
     if rmod not in OUTPUT_KINDS:
@@ -158,7 +159,7 @@ def _record(where: str, r: dict, modality: str, chunk_size: int) -> StoredRecord
     if length < 0:
         raise StoreError(f"{where}: record {r['id']!r}: negative length {length}")
     return StoredRecord.long(id=r["id"], description=r.get("description", ""), length=length,
-                             modality=modality, input=r.get("input"), chunk_size=chunk_size,
+                             modality=modality, input=r.get("input"), unit_size=unit_size,
                              time_dtype=r.get("time_dtype"))
 
 
@@ -171,11 +172,11 @@ class _Templates:
     writes them all concurrently.
     """
 
-    def __init__(self, outputs, *, chunk_size, feature_dim, channels, hidden_dtype):
+    def __init__(self, outputs, *, unit_size, feature_dim, channels, hidden_dtype):
         import zarr
         from zarr.storage import MemoryStore
 
-        self.layout = {"chunk_size": chunk_size, "feature_dim": feature_dim, "channels": channels,
+        self.layout = {"unit_size": unit_size, "feature_dim": feature_dim, "channels": channels,
                        "hidden_dtype": hidden_dtype}
         self.outputs = outputs
         self._mem = MemoryStore()
@@ -207,12 +208,12 @@ class _Templates:
             nodes[record_path(key, s.name)] = with_shape(arrays[s.name], s.shape)
         nodes[progress_path(key)] = with_attributes(self.group, {"id": info.id})
         written = [sp for sp in specs if sp.name != CHANNEL_NAMES]
-        for strand in ("+", "-"):
-            mine = [sp for sp in written if is_rc(sp.name) == (strand == "-")]
-            if strand == "-" and not mine:
+        for strand in (FORWARD, REVERSE):
+            mine = [sp for sp in written if is_rc(sp.name) == (strand == REVERSE)]
+            if strand == REVERSE and not mine:
                 continue  # one strand only: no reverse markers
-            nodes[progress_path(key, progress_name("done", strand))] = with_shape(self.done, (info.n_chunks,))
-            nodes[progress_path(key, progress_name("sum", strand))] = self.sums(info.n_chunks, len(mine))
+            nodes[progress_path(key, progress_name("done", strand))] = with_shape(self.done, (info.n_units,))
+            nodes[progress_path(key, progress_name("sum", strand))] = self.sums(info.n_units, len(mine))
         return nodes
 
     def packed_nodes(self, modality: str, packed: PackedRecords, *, time_dtype: str | None,
@@ -224,7 +225,7 @@ class _Templates:
         nodes = {PACKED: with_attributes(self.group, {
             "about": "linpipe: short records, packed (docs/output-format.md)"})}
         for spec in specs:
-            if spec.name == LOOKUP_HASH:  # the first hash of every chunk: one read finds the chunk
+            if spec.name == LOOKUP_HASH:  # the first hash of every Zarr chunk: one read finds the chunk
                 spec = dataclasses.replace(spec, attributes={**spec.attributes, "fences": fences})
             nodes[f"{PACKED}/{spec.name}"] = self._array(spec)
         nodes[progress_path(PACKED)] = with_attributes(self.group, {"about": "batch markers"})
@@ -294,6 +295,6 @@ def _check_overwrite(location: Location, overwrite: bool):
         is_ours = False
     if not is_ours:
         raise StoreError(f"{where}: exists and is not a linpipe output store; "
-                         "refusing to overwrite it (choose another --out)")
+                         f"refusing to overwrite it (choose another {option('out')})")
     if not overwrite:
-        raise StoreError(f"{where}: an output store already exists (use --overwrite to replace it)")
+        raise StoreError(f"{where}: an output store already exists (use {option('overwrite')} to replace it)")

@@ -5,7 +5,7 @@ A store holds, at its root, one group per *long* record (longer than one work un
 their outputs concatenated along one axis, one batch of records per Zarr chunk, and the record
 table (id, description, length, offset) as arrays. Progress lives in `_linpipe/`: completion
 markers (`<key>/done`, `_packed/done`, one Zarr chunk per work unit) and the long records'
-boundary states (`<key>/state/<chunk>`). Every array is described here by an `ArraySpec`, built
+boundary states (`<key>/state/<unit>`). Every array is described here by an `ArraySpec`, built
 from the per-output facts in `linpipe.model.outputs`; the writer creates arrays from specs only.
 """
 from __future__ import annotations
@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from linpipe.model.outputs import CHANNEL, DNA, FEATURE, MODALITIES, OUTPUTS, TIMESERIES, output_names
+from linpipe.strands import FORWARD, REVERSE
 
 FORMAT = "linpipe-output"
 FORMAT_VERSION = 2
@@ -28,7 +29,7 @@ DIM_POSITION = "position"
 DIM_TIME = "time"
 DIM_FEATURE = FEATURE
 DIM_CHANNEL = CHANNEL
-DIM_CHUNK = "chunk"  # progress markers: one per work unit
+DIM_UNIT = "chunk"  # progress markers: one per work unit (the stored dim keeps its name)
 DIM_BYTE = "byte"  # boundary states: a safetensors blob
 DIM_RECORD = "record"  # rows of the packed record table
 DIM_CHECKSUM = "array"  # a unit's checksums: one per array it wrote, then its state
@@ -55,7 +56,6 @@ DEFAULT_OUTPUTS = {m: list(output_names(m, default=True)) for m in MODALITIES}
 # complement, read from the record's end toward 0, stored at the forward position. Its units
 # have their own markers, checksums and boundary states (`done_rc`, `sum_rc`, `state_rc/<i>`).
 RC = "_rc"
-STRANDS = ("+", "-")
 RC_OUTPUTS = ("logprob", "entropy", "hidden")  # what the model computes (softmask comes from the input)
 
 
@@ -70,12 +70,12 @@ def base_output(name: str) -> str:
 
 def strand_outputs(outputs, strand: str) -> list[str]:
     """The outputs one strand's units write: the forward ones, or the _rc ones."""
-    return [o for o in outputs if is_rc(o) == (strand == "-")]
+    return [o for o in outputs if is_rc(o) == (strand == REVERSE)]
 
 
-def progress_name(name: str, strand: str = "+") -> str:
+def progress_name(name: str, strand: str = FORWARD) -> str:
     """done/sum/state for the forward strand's units, done_rc/sum_rc/state_rc for the reverse's."""
-    return name if strand == "+" else name + RC
+    return name if strand == FORWARD else name + RC
 OUTPUT_KINDS = {m: {s.name: s for s in OUTPUTS[m]} for m in MODALITIES}
 CODEC_CHOICE = {s.name: s.codec for m in MODALITIES for s in OUTPUTS[m]} | {TIME: TIME_CODEC}
 HIDDEN_DTYPES = ("float16", "float32")
@@ -120,7 +120,7 @@ class ArraySpec:
         return kw
 
 
-def record_arrays(modality: str, length: int, time_dtype: str | None, outputs, *, chunk_size: int,
+def record_arrays(modality: str, length: int, time_dtype: str | None, outputs, *, unit_size: int,
                   feature_dim: int | None, channels: list[str] | None, hidden_dtype: str) -> list[ArraySpec]:
     """The arrays of one record's group: its outputs, then `time` and `channel` where it has them."""
     length = int(length)
@@ -135,7 +135,7 @@ def record_arrays(modality: str, length: int, time_dtype: str | None, outputs, *
         if is_rc(name) and "long_name" in attrs:
             attrs["long_name"] += " (reverse strand, at the forward position)"
         specs.append(ArraySpec(name, dtype, (dim,) + ((kind.trailing,) if trailing else ()),
-                               (length,) + trailing, (chunk_size,) + trailing,
+                               (length,) + trailing, (unit_size,) + trailing,
                                0 if dtype == "uint8" else np.nan, CODEC_CHOICE[base_output(name)], attrs))
     if time_dtype:
         tdt = np.dtype(time_dtype)
@@ -143,7 +143,7 @@ def record_arrays(modality: str, length: int, time_dtype: str | None, outputs, *
         if np.issubdtype(tdt, np.datetime64):  # stored as int64 ns; xarray decodes it back
             tdt = np.dtype("int64")
             attrs = {"units": TIME_UNITS, "calendar": "proleptic_gregorian"}
-        specs.append(ArraySpec(TIME, tdt, (DIM_TIME,), (length,), (chunk_size,), 0, CODEC_CHOICE[TIME],
+        specs.append(ArraySpec(TIME, tdt, (DIM_TIME,), (length,), (unit_size,), 0, CODEC_CHOICE[TIME],
                                attrs))
     if modality == TIMESERIES and channels:
         specs.append(channel_array(channels))
@@ -155,13 +155,13 @@ def packed_dim(modality: str) -> str:
     return f"packed_{POSITION_DIM[modality]}"
 
 
-def packed_arrays(modality: str, outputs, *, n_batches: int, chunk_size: int, feature_dim: int | None,
+def packed_arrays(modality: str, outputs, *, n_batches: int, unit_size: int, feature_dim: int | None,
                   channels: list[str] | None, hidden_dtype: str, time_dtype: str | None) -> list[ArraySpec]:
-    """The concatenated outputs of every short record: batch b fills Zarr chunk b (positions
-    [b*chunk_size, (b+1)*chunk_size)), its records back to back from the chunk's start, the rest
-    of the chunk left at the fill value. The dims of a long record's arrays, with the position
+    """The concatenated outputs of every short record: batch b fills unit b (positions
+    [b*unit_size, (b+1)*unit_size), one Zarr chunk), its records back to back from the unit's
+    start, the rest of the unit left at the fill value. The dims of a long record's arrays, with the position
     axis renamed, so the two never align by accident in xarray."""
-    specs = record_arrays(modality, n_batches * chunk_size, time_dtype, outputs, chunk_size=chunk_size,
+    specs = record_arrays(modality, n_batches * unit_size, time_dtype, outputs, unit_size=unit_size,
                           feature_dim=feature_dim, channels=channels, hidden_dtype=hidden_dtype)
     dim = packed_dim(modality)
     own = POSITION_DIM[modality]
@@ -194,14 +194,14 @@ def channel_array(channels: list[str]) -> ArraySpec:
     return ArraySpec(CHANNEL_NAMES, str, (DIM_CHANNEL,), (len(channels),), None, None, None)
 
 
-def done_array(n_chunks: int) -> ArraySpec:
+def done_array(n_units: int) -> ArraySpec:
     """`_linpipe/<key>/done`, `_linpipe/_packed/done`: one uncompressed Zarr chunk per work unit
-    (a long record's chunk, or a batch), so each has one writer."""
-    return ArraySpec("done", "uint8", (DIM_CHUNK,), (n_chunks,), (1,), 0, "none")
+    (a long record's unit, or a batch), so each has one writer."""
+    return ArraySpec("done", "uint8", (DIM_UNIT,), (n_units,), (1,), 0, "none")
 
 
 def state_array(nbytes: int) -> ArraySpec:
-    """`_linpipe/<key>/state/<chunk>`: the boundary state after a chunk, as one safetensors blob."""
+    """`_linpipe/<key>/state/<unit>`: the boundary state after a unit, as one safetensors blob."""
     return ArraySpec("state", "uint8", (DIM_BYTE,), (nbytes,), (nbytes,), 0, "none",
                      {"encoding": "safetensors"})
 
@@ -211,7 +211,7 @@ def checksum_array(n_units: int, n_arrays: int) -> ArraySpec:
     the unit wrote (its values over the unit's range, as stored), in the order of the store's
     output names, then of the boundary state's bytes (0: no state). One Zarr chunk per unit."""
     width = n_arrays + 1
-    return ArraySpec("sum", "uint64", (DIM_CHUNK, DIM_CHECKSUM), (n_units, width), (1, width), 0, "none")
+    return ArraySpec("sum", "uint64", (DIM_UNIT, DIM_CHECKSUM), (n_units, width), (1, width), 0, "none")
 
 
 CHECKSUM_SET = 1 << 32  # marks a recorded checksum (a crc32 may itself be 0)
@@ -225,5 +225,5 @@ def progress_path(key: str, name: str | None = None) -> str:
     return f"{PROGRESS}/{key}" if name is None else f"{PROGRESS}/{key}/{name}"
 
 
-def state_path(key: str, chunk_index: int, strand: str = "+") -> str:
-    return f"{PROGRESS}/{key}/{progress_name('state', strand)}/{chunk_index}"
+def state_path(key: str, unit: int, strand: str = FORWARD) -> str:
+    return f"{PROGRESS}/{key}/{progress_name('state', strand)}/{unit}"

@@ -38,7 +38,7 @@ def is_lease(name: str) -> bool:
 def _fsync(path):
     try:
         fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:  # an all-fill chunk is not stored: nothing to flush
+    except FileNotFoundError:  # an all-fill Zarr chunk is not stored: nothing to flush
         return
     try:
         os.fsync(fd)
@@ -196,7 +196,7 @@ class Location:
         return total
 
     def sync(self, chunks, also=()):
-        """fsync the files just written on a local disk: chunks, as (zarr array, chunk index)
+        """fsync the files just written on a local disk: Zarr chunks, as (zarr array, chunk index)
         pairs, and other objects by their path; then their folders, which hold the renames that
         made them visible. Object stores need nothing: a PUT is durable when it returns."""
         if self.root is None:

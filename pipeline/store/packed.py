@@ -1,7 +1,7 @@
 """The short records of a store: the `_packed/` group, its record table and id index.
 
-Everything is read lazily and by chunk, so finding one record among a million reads a few small
-chunks (no scan), and iterating the table streams it.
+Everything is read lazily and by Zarr chunk, so finding one record among a million reads a few
+small chunks (no scan), and iterating the table streams it.
 """
 from __future__ import annotations
 
@@ -29,14 +29,14 @@ RECORD_COLUMNS = (ROW_ID, ROW_DESCRIPTION, ROW_LENGTH, ROW_OFFSET, ROW_SOURCE)
 class PackedGroup:
     """The `_packed/` group of an open store (`store.packed`)."""
 
-    def __init__(self, group, info: dict, chunk_size: int):
+    def __init__(self, group, info: dict, unit_size: int):
         self.group = group
         self.n_records = int(info["records"])
         self.n_batches = int(info["batches"])
         self.positions = int(info["positions"])
         self.time_dtype = info.get("time_dtype")
         self.inputs = list(info.get("inputs") or [])
-        self.chunk_size = chunk_size
+        self.unit_size = unit_size
         self._arrays: dict[str, object] = {}
         self._batch_row = None
         self._fences = None
@@ -54,7 +54,7 @@ class PackedGroup:
         return self._batch_row
 
     def row_of(self, record_id: str) -> int | None:
-        """The table row of a record id, or None: one chunk of the sorted hashes, then the id."""
+        """The table row of a record id, or None: one Zarr chunk of the sorted hashes, then the id."""
         if self.n_records == 0:
             return None
         if self._fences is None:
@@ -100,7 +100,7 @@ class PackedGroup:
         return [str(x) for x in self.array(ROW_ID)[lo:hi]]
 
     def batch_positions(self, batch: int) -> int:
-        """Positions the batch's records hold (the rest of its chunk keeps the fill value)."""
+        """Positions the batch's records hold (the rest of its unit keeps the fill value)."""
         lo, hi = int(self.batch_row[batch]), int(self.batch_row[batch + 1])
         return int(self.array(ROW_LENGTH)[lo:hi].sum())
 

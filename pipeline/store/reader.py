@@ -7,7 +7,7 @@ import warnings
 
 import numpy as np
 
-from linpipe.errors import StoreError
+from linpipe.errors import StoreError, option
 from linpipe.store.checksums import STATE, UnitCheck
 from linpipe.store.layout import (
     CHANNEL_NAMES,
@@ -29,7 +29,7 @@ SHOWN = 20  # packed records listed by summary() (the record table has them all)
 
 
 class IncompleteStoreWarning(UserWarning):
-    """The store is readable, but some chunks were never written (their values read as NaN)."""
+    """The store is readable, but some units were never written (their values read as NaN)."""
 
 
 class CorruptUnitWarning(UserWarning):
@@ -59,13 +59,13 @@ class _MissingRanges(collections.abc.Mapping):
 class OutputReader:
     """A read-only view of one job's outputs.
 
-    .meta      the root `linpipe` attributes (model, inputs, outputs, chunk length, job id ...)
-    .records   record id -> StoredRecord(id, description, length, modality, n_chunks, packed, key | offset)
+    .meta      the root `linpipe` attributes (model, inputs, outputs, unit size, job id ...)
+    .records   record id -> StoredRecord(id, description, length, modality, n_units, packed, key | offset)
     .dataset(record_id) -> xarray.Dataset with named dims and coordinates (long and packed alike)
     .record_table() -> pandas.DataFrame of every record; .packed_dataset() -> the packed arrays
     .missing_ranges   record id -> [(start, end), ...] positions not written yet
     .array(record, output), .read(record, output, start, end), .dims(record, output),
-    .time(record, start, end), .completed_ranges(record), .blocks(output) for streaming reads
+    .time(record, start, end), .completed_ranges(record), .units(output) for streaming reads
     """
 
     def __init__(self, path):
@@ -117,10 +117,11 @@ class OutputReader:
                                   consolidated=None if self.complete else False, zarr_format=3, chunks=None)
             except (FileNotFoundError, KeyError) as e:  # a record group deleted or damaged after the job
                 raise StoreError(f"{self.path}: record {info.id!r} cannot be read ({type(e).__name__}: "
-                                 f"{e}); the store is damaged: run the job again with --overwrite") from None
+                                 f"{e}); the store is damaged: run the job again with "
+                                 f"{option('overwrite')}") from None
             if check:
                 for s, _e in self.completed_ranges(info.id):
-                    self._unit(info, s // self._out.chunk_size, None)
+                    self._unit(info, s // self._out.unit_size, None)
                 ds = ds.load()
         if dim not in ds.coords:  # positions from 0, as a lazy range (no big int array in memory)
             ds = ds.assign_coords(xr.Coordinates({dim: pd.RangeIndex(info.length, name=dim)}))
@@ -184,8 +185,8 @@ class OutputReader:
     def completed_ranges(self, record_id_or_key: str) -> list[tuple[int, int]]:
         """[start, end) of every completed work unit, in position order."""
         rid = self.record(record_id_or_key).id
-        done = self._out.completed_chunks(rid)
-        return [self._out.chunk_range(rid, i) for i in range(self._out.n_chunks(rid)) if i in done]
+        done = self._out.completed_units(rid)
+        return [self._out.unit_range(rid, i) for i in range(self._out.n_units(rid)) if i in done]
 
     def time(self, record_id_or_key: str, start: int, end: int):
         """The record's time stamps over [start, end) (datetime64 when the input had dates), or
@@ -206,12 +207,12 @@ class OutputReader:
         return values.astype("datetime64[ns]") if arr is not None and "units" in arr.attrs else values
 
     def _unit(self, info: StoredRecord, unit: int, names) -> dict:
-        """One unit read whole (a long record's chunk, or a packed batch's chunk), held to its
+        """One unit read whole (a long record's unit, or a packed batch), held to its
         checksums by the rule `linpipe verify` applies (checksums.UnitCheck): a StoreError when
         an array asked for cannot be decoded (there are no values to give), else a
         CorruptUnitWarning per array or state that is bad. Returns its values of `names` (None:
         all)."""
-        where = f"packed batch {unit}" if info.packed else f"record {info.id!r} chunk {unit}"
+        where = f"packed batch {unit}" if info.packed else f"record {info.id!r} unit {unit}"
         if info.packed:
             values, faults = self._check.batch(unit, names)
         else:
@@ -219,49 +220,51 @@ class OutputReader:
         unreadable = [str(f) for f in faults if f.error and f.name != STATE]
         if unreadable:
             raise StoreError(f"{self.path}: {where}: {'; '.join(unreadable)}; run "
-                             f"linpipe verify {self.path} --repair")
+                             f"linpipe verify {self.path} with {option('repair')}")
         for f in faults:
-            warnings.warn(f"{self.path}: {where}: {f}; run linpipe verify {self.path} --repair",
+            warnings.warn(f"{self.path}: {where}: {f}; run linpipe verify {self.path} with repair",
                           CorruptUnitWarning, stacklevel=4)
         return values
 
-    def blocks(self, output, records=None):
+    def units(self, output, records=None):
         """Yield (record, start, values) for every completed unit of one output, each held to
-        its checksums as it is read: long records chunk by chunk, packed records batch by batch
-        (each packed chunk is read once, whatever the number of records in it). `output` a
+        its checksums as it is read: long records unit by unit, packed records batch by batch
+        (each packed batch is read once, whatever the number of records in it). `output` a
         list: values is a dict name -> values. `records`: ids to restrict to (in this order)."""
         names = [output] if isinstance(output, str) else list(output)
 
         def pick(d):
             return d[names[0]] if isinstance(output, str) else d
 
-        cs = self._out.chunk_size
+        size = self._out.unit_size
         ok = self._out.batches_done()
         batch = [None, {}]  # the packed batch read last, and its values
 
-        def units(info):
+        def of(info):
             if not info.packed:
                 for s, _e in self.completed_ranges(info.id):
-                    yield info, s, pick(self._unit(info, s // cs, names))
+                    yield info, s, pick(self._unit(info, s // size, names))
                 return
             b = info.batch
             if b is None or not info.length or not ok[b]:
                 return
             if batch[0] != b:
                 batch[:] = b, self._unit(info, b, names)
-            lo = info.offset - b * cs
+            lo = info.offset - b * size
             yield info, 0, pick({n: v[lo:lo + info.length] for n, v in batch[1].items()})
 
         if records is not None:
             for rid in records:
-                yield from units(self.record(rid))
+                yield from of(self.record(rid))
             return
         for info in self._out.long_records.values():
-            yield from units(info)
+            yield from of(info)
         p = self._out.packed
         if p is not None and p.n_batches:
             for info in p.records(self._out.modality):
-                yield from units(info)
+                yield from of(info)
+
+    blocks = units  # the name analysts' code may still use
 
     def record_table(self):
         """Every record as one row of a pandas.DataFrame: id, description, length, packed, and the
@@ -302,8 +305,8 @@ class OutputReader:
         raw = stored = 0
         records = []
         for key, info in self._out.long_records.items():
-            n = info.n_chunks
-            done = n if self.complete else len(self._out.completed_chunks(key))
+            n = info.n_units
+            done = n if self.complete else len(self._out.completed_units(key))
             frac = done / n if n else 1.0
             for name in self._out.output_names(key):
                 a = self._out.array(key, name)

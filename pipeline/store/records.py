@@ -22,7 +22,7 @@ class StoredRecord:
     length: int
     modality: str
     input: str | None  # the input file that holds it
-    n_chunks: int  # work units: ceil(length / chunk_size) for a long record, 1 (0 if empty) packed
+    n_units: int  # work units: ceil(length / unit_size) for a long record, 1 (0 if empty) packed
     packed: bool
     key: str | None = None  # a long record's group
     time_dtype: str | None = None  # a long record's time coordinate, as its input has it
@@ -30,19 +30,24 @@ class StoredRecord:
     offset: int | None = None  # a packed record's start on the packed axis
     batch: int | None = None  # a packed record's batch (None: an empty record, in none)
 
+    @property
+    def n_chunks(self) -> int:
+        """n_units under the name the stored attributes give it (kept for analysts' code)."""
+        return self.n_units
+
     @classmethod
-    def long(cls, *, id, description, length: int, modality: str, input, chunk_size: int,
+    def long(cls, *, id, description, length: int, modality: str, input, unit_size: int,
              time_dtype=None) -> "StoredRecord":
         """A record with a group of its own, before its key is known (OutputStore.create)."""
         return cls(str(id), str(description), int(length), modality, input,
-                   math.ceil(int(length) / chunk_size), False,
+                   math.ceil(int(length) / unit_size), False,
                    time_dtype=str(np.dtype(time_dtype)) if time_dtype else None)
 
     @classmethod
     def from_stored(cls, key: str, stored: dict) -> "StoredRecord":
         """A long record from its stored attributes (root `linpipe.records[key]`)."""
         return cls(stored["id"], stored["description"], int(stored["length"]), stored["modality"],
-                   stored.get("input"), int(stored["n_chunks"]), False, key=key,
+                   stored.get("input"), int(stored["n_chunks"]), False, key=key,  # n_units
                    time_dtype=stored.get("time_dtype"))
 
     @classmethod
@@ -55,7 +60,7 @@ class StoredRecord:
     def stored(self) -> dict:
         """A long record's attributes as stored (root `linpipe.records[key]`, group `linpipe_record`)."""
         out = {"id": self.id, "description": self.description, "length": self.length,
-               "modality": self.modality, "input": self.input, "n_chunks": self.n_chunks}
+               "modality": self.modality, "input": self.input, "n_chunks": self.n_units}
         if self.time_dtype:
             out["time_dtype"] = self.time_dtype
         return out

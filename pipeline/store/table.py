@@ -48,17 +48,17 @@ class PackedRecords:
     lengths: np.ndarray  # (N,) int64
     sources: np.ndarray  # (N,) int32: which of the job's inputs holds the record
     batch_row: np.ndarray  # (n_batches + 1,) int64
-    chunk_size: int
+    unit_size: int
 
     @classmethod
-    def build(cls, ids, descriptions, lengths, sources, *, chunk_size: int,
+    def build(cls, ids, descriptions, lengths, sources, *, unit_size: int,
               max_batch_records: int = MAX_BATCH_RECORDS) -> "PackedRecords":
-        """Batch records of at most chunk_size positions: longest first (ties in input order), a
+        """Batch records of at most unit_size positions: longest first (ties in input order), a
         new batch when the next record would overflow the unit or the batch is full. A pure
         function of the index, so a resumed job re-runs exactly the batches of the first run."""
         lengths = np.asarray(lengths, dtype=np.int64)
-        if lengths.size and lengths.max() > chunk_size:
-            raise ValueError(f"a packed record is longer than one work unit ({lengths.max()} > {chunk_size})")
+        if lengths.size and lengths.max() > unit_size:
+            raise ValueError(f"a packed record is longer than one work unit ({lengths.max()} > {unit_size})")
         order = np.argsort(-lengths, kind="stable")
         ls = lengths[order]
         edges = [0]
@@ -66,7 +66,7 @@ class PackedRecords:
         n_nonempty = int(np.count_nonzero(ls))
         for i in range(n_nonempty):
             n = int(ls[i])
-            if i > edges[-1] and (pos + n > chunk_size or i - edges[-1] >= max_batch_records):
+            if i > edges[-1] and (pos + n > unit_size or i - edges[-1] >= max_batch_records):
                 edges.append(i)
                 pos = 0
             pos += n
@@ -75,7 +75,7 @@ class PackedRecords:
         ids = np.asarray(list(ids), dtype=object)
         descriptions = np.asarray(list(descriptions), dtype=object)
         return cls(ids[order], descriptions[order], ls, np.asarray(sources, dtype=np.int32)[order],
-                   np.asarray(edges, dtype=np.int64), int(chunk_size))
+                   np.asarray(edges, dtype=np.int64), int(unit_size))
 
     @property
     def n_records(self) -> int:
@@ -96,11 +96,11 @@ class PackedRecords:
         return int(self.lengths[self.rows(batch).start:self.rows(batch).stop].sum())
 
     def offsets(self) -> np.ndarray:
-        """Each record's start on the packed axis: its batch's chunk start plus the records
+        """Each record's start on the packed axis: its batch's start plus the records
         before it in the batch (empty records: 0)."""
         off = np.zeros(self.n_records, dtype=np.int64)
         for b in range(self.n_batches):
             r = self.rows(b)
             ls = self.lengths[r.start:r.stop]
-            off[r.start:r.stop] = b * self.chunk_size + np.concatenate(([0], np.cumsum(ls)[:-1]))
+            off[r.start:r.stop] = b * self.unit_size + np.concatenate(([0], np.cumsum(ls)[:-1]))
         return off

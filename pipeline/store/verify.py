@@ -13,23 +13,24 @@ from dataclasses import dataclass, field, replace
 from linpipe.errors import StoreError
 from linpipe.store.checksums import UnitCheck
 from linpipe.store.writer import OutputStore
+from linpipe.strands import FORWARD, REVERSE
 
 
 @dataclass(frozen=True)
 class UnitProblem:
     kind: str  # "corrupt" | "missing"
-    unit: int  # the chunk index of a long record, or the batch index
+    unit: int  # the unit's index in a long record, or the batch index
     record: str | None  # a long record's id; None for a packed batch
     start: int  # positions [start, end) of the record (long) or of the packed axis (batch)
     end: int
     records: tuple[str, ...] = ()  # a batch: the ids of its records
     detail: str = ""
-    strand: str = "+"  # "-": the reverse strand's unit of that chunk (submit --strand both)
+    strand: str = FORWARD  # REVERSE: the reverse strand's unit over the same positions (submit --strand both)
 
     def describe(self) -> str:
         if self.record is not None:
-            where = f"record {self.record!r} positions {self.start:,}-{self.end:,} (chunk {self.unit}" + (
-                ", reverse strand)" if self.strand == "-" else ")")
+            where = f"record {self.record!r} positions {self.start:,}-{self.end:,} (unit {self.unit}" + (
+                ", reverse strand)" if self.strand == REVERSE else ")")
         else:
             shown = ", ".join(repr(r) for r in self.records[:3])
             more = f" and {len(self.records) - 3} more" if len(self.records) > 3 else ""
@@ -74,9 +75,9 @@ def verify_store(path, *, on_unit=None) -> VerifyReport:
 
     for key, info in store.long_records.items():
         for strand in store.strands:
-            done = store.completed_chunks(key, strand)
-            for i in range(info.n_chunks):
-                unit = UnitProblem("missing", i, info.id, *store.chunk_range(key, i), strand=strand)
+            done = store.completed_units(key, strand)
+            for i in range(info.n_units):
+                unit = UnitProblem("missing", i, info.id, *store.unit_range(key, i), strand=strand)
                 if i not in done:
                     report.problems.append(unit)
                 else:
@@ -84,7 +85,7 @@ def verify_store(path, *, on_unit=None) -> VerifyReport:
     p = store.packed
     if p is not None and p.n_batches:
         ok = store.batches_done()
-        cs = store.chunk_size
+        cs = store.unit_size
         for b in range(p.n_batches):
             def batch(b=b):  # its records' ids: read only for a batch with a fault
                 return UnitProblem("missing", b, None, b * cs, (b + 1) * cs, tuple(p.batch_ids(b)))

@@ -1,15 +1,15 @@
 """The output store: one Zarr v3 store per job, written by many workers at once.
 
-Safe by construction (docs/output-format.md): every Zarr chunk is exactly one work unit, with no
+Safe by construction (docs/output-format.md): every work unit is exactly one Zarr chunk, with no
 sharding, so each chunk file has one writer. A long record (more than one unit) has its own
 group, whose chunk i along the position/time axis belongs to the worker running unit i of it;
 short records are packed into `_packed/`, whose chunk b belongs to the worker running batch b.
-Progress lives beside the outputs in `_linpipe/`: one marker chunk per unit (`<key>/done[i]`,
+Progress lives beside the outputs in `_linpipe/`: one marker (a Zarr chunk) per unit (`<key>/done[i]`,
 `_packed/done[b]`) and one array per long record's boundary state, each again written only by
 its owner. Root metadata, the record groups and the record table are written only by `create`
 and `finalize` (the driver).
 
-Order inside `write_chunk` and `write_batch`: data, then boundary state, then the completion
+Order inside `write_unit` and `write_batch`: data, then boundary state, then the completion
 marker, each flushed to disk (fsync on local paths) before the next, so a unit marked complete
 is durable and a process killed at any moment leaves its unit unmarked.
 
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from linpipe.errors import StoreError
+from linpipe.errors import StoreError, option
 from linpipe.model.outputs import DNA
 from linpipe.store.checksums import unit_checksums
 from linpipe.store.layout import (
@@ -50,6 +50,7 @@ from linpipe.store.location import Location, records_only
 from linpipe.store.packed import PackedGroup, PackedSlice
 from linpipe.store.records import RecordMap, StoredRecord
 from linpipe.store.table import PackedRecords
+from linpipe.strands import FORWARD, REVERSE
 from linpipe.version import __version__
 
 
@@ -67,13 +68,13 @@ class OutputStore:
                       for key, stored in self._meta["records"].items()}
         self._long_by_id = {info.id: key for key, info in self._long.items()}
         pinfo = self._meta.get("packed")
-        self._packed = PackedGroup(group[PACKED], pinfo, self.chunk_size) if pinfo else None
+        self._packed = PackedGroup(group[PACKED], pinfo, self.unit_size) if pinfo else None
         self._arrays: dict[str, object] = {}
         self._resolved: dict[str, StoredRecord] = {}
 
     # ------------------------------------------------------------------ create / open
     @classmethod
-    def create(cls, path, *, meta: dict, records: list[dict], outputs=None, chunk_size: int,
+    def create(cls, path, *, meta: dict, records: list[dict], outputs=None, unit_size: int,
                feature_dim: int | None = None, channels=None, overwrite: bool = False,
                hidden_dtype: str = "float16", packed: PackedRecords | None = None,
                modality: str | None = None, packed_time_dtype: str | None = None,
@@ -82,12 +83,12 @@ class OutputStore:
         the short records' table, every output array empty.
 
         records: dicts {id, length, description?, modality?, input?, time_dtype?}. Without
-        `packed`, records of at most chunk_size positions are packed here (batched as the plan
+        `packed`, records of at most unit_size positions are packed here (batched as the plan
         does); with `packed` (the plan's table of short records), `records` holds only the
         long ones, and `modality`/`packed_time_dtype` describe the packed ones."""
         from linpipe.store.create import lay_out
 
-        location, root = lay_out(path, meta=meta, records=records, outputs=outputs, chunk_size=chunk_size,
+        location, root = lay_out(path, meta=meta, records=records, outputs=outputs, unit_size=unit_size,
                                  feature_dim=feature_dim, channels=channels, overwrite=overwrite,
                                  hidden_dtype=hidden_dtype, packed=packed, modality=modality,
                                  packed_time_dtype=packed_time_dtype, packed_inputs=packed_inputs)
@@ -128,18 +129,19 @@ class OutputStore:
         if mode == "r+" and store.format_version != FORMAT_VERSION:
             raise StoreError(f"{store.path}: written by linpipe {store.meta.get('linpipe_version')} in "
                              f"output format {store.format_version}; it can be read (linpipe.open_output) "
-                             "but not written to: use --overwrite to run the job anew, or choose another "
-                             "--out")
+                             f"but not written to: use {option('overwrite')} to run the job anew, or "
+                             f"choose another {option('out')}")
         return store
 
     # ------------------------------------------------------------------ metadata
     @property
     def meta(self) -> dict:
-        """The root `linpipe` attributes (model, inputs, outputs, chunk length, job id ...)."""
+        """The root `linpipe` attributes (model, inputs, outputs, unit size, job id ...)."""
         return self._meta
 
     @property
-    def chunk_size(self) -> int:
+    def unit_size(self) -> int:
+        """Positions per work unit (the root attribute `chunk_size`: the stored name stays)."""
         return int(self._meta["chunk_size"])
 
     @property
@@ -200,16 +202,16 @@ class OutputStore:
         info = self.record(key_or_id)
         return info.id if info.packed else info.key
 
-    def n_chunks(self, key: str) -> int:
-        return self.record(key).n_chunks
+    def n_units(self, key: str) -> int:
+        return self.record(key).n_units
 
-    def chunk_range(self, key: str, chunk_index: int) -> tuple[int, int]:
+    def unit_range(self, key: str, unit: int) -> tuple[int, int]:
         """[start, end) positions of one work unit (a packed record is one unit, whole)."""
         length = self.record(key).length
-        return chunk_index * self.chunk_size, min(length, (chunk_index + 1) * self.chunk_size)
+        return unit * self.unit_size, min(length, (unit + 1) * self.unit_size)
 
     def output_names(self, key: str | None = None) -> list[str]:
-        """The arrays of a record that write_chunk/write_batch take: the outputs, and `time` if
+        """The arrays of a record that write_unit/write_batch take: the outputs, and `time` if
         it has one (key None: the packed records)."""
         names = list(self._meta["outputs"])
         if key is None or self.record(key).packed:
@@ -247,16 +249,16 @@ class OutputStore:
         if self.mode == "r":
             raise StoreError(f"{self.path}: opened read-only")
 
-    def write_chunk(self, key: str, chunk_index: int, arrays: dict, state: dict | None = None,
-                    strand: str = "+"):
-        """Write one work unit of a long record: every output over the chunk's range, then its
+    def write_unit(self, key: str, unit: int, arrays: dict, state: dict | None = None,
+                    strand: str = FORWARD):
+        """Write one work unit of a long record: every output over the unit's range, then its
         state, then done.
 
-        arrays: name -> array over exactly [chunk_index*chunk_size, min(length, (i+1)*chunk_size))
+        arrays: name -> array over exactly [unit*unit_size, min(length, (i+1)*unit_size))
         (and `time`, when the record was created with a time_dtype). state: the boundary state
-        after this chunk, as plain numpy arrays (ModelState.to_arrays()). strand "-": the
+        after this unit, as plain numpy arrays (ModelState.to_arrays()). strand REVERSE: the
         reverse strand's unit over the same range (its `_rc` outputs, and the state after
-        reading the chunk backwards), with its own marker, checksums and state.
+        reading the unit backwards), with its own marker, checksums and state.
         """
         self._writable()
         info = self.record(key)
@@ -264,12 +266,12 @@ class OutputStore:
             raise StoreError(f"{self.path}: record {info.id!r} is packed (at most one work unit): "
                              f"it is written whole, with its batch {info.batch}, by write_batch")
         key = info.key
-        n = info.n_chunks
-        if not 0 <= chunk_index < n:
-            raise StoreError(f"{self.path}: record {info.id!r}: chunk {chunk_index} out of range "
-                             f"(the record has {n} chunks)")
-        start, end = self.chunk_range(key, chunk_index)
-        what = f"record {info.id!r} chunk {chunk_index}" + (" (reverse strand)" if strand == "-" else "")
+        n = info.n_units
+        if not 0 <= unit < n:
+            raise StoreError(f"{self.path}: record {info.id!r}: unit {unit} out of range "
+                             f"(the record has {n} units)")
+        start, end = self.unit_range(key, unit)
+        what = f"record {info.id!r} unit {unit}" + (" (reverse strand)" if strand == REVERSE else "")
         self._check_strand(strand)
         names = self.unit_names(key, strand)
         if arrays is None:  # a unit that stores no outputs (outside a job's --regions): state and marker
@@ -279,24 +281,25 @@ class OutputStore:
                                      f"for positions {start}-{end}")
         done = self._array(progress_path(key, progress_name("done", strand)))
         sums = self._array(progress_path(key, progress_name("sum", strand)))
-        self._write_unit(prepared, start, end, done, sums, chunk_index,
-                         lambda: self._write_state(key, chunk_index, state, strand) if state is not None
-                         else self._drop_state(key, chunk_index, strand))
+        self._write_durably(prepared, start, end, done, sums, unit,
+                         lambda: self._write_state(key, unit, state, strand) if state is not None
+                         else self._drop_state(key, unit, strand))
 
     @property
     def strands(self) -> tuple[str, ...]:
-        """("+",) or ("+", "-") when the store holds the reverse strand's `_rc` outputs."""
-        return ("+", "-") if any(is_rc(o) for o in self._meta["outputs"]) else ("+",)
+        """(FORWARD,) or (FORWARD, REVERSE) when the store holds the reverse strand's `_rc` outputs."""
+        return (FORWARD, REVERSE) if any(is_rc(o) for o in self._meta["outputs"]) else (FORWARD,)
 
     def _check_strand(self, strand: str):
         if strand not in self.strands:
             raise StoreError(f"{self.path}: no {strand!r} strand in this store (strands: "
                              f"{', '.join(self.strands)})")
 
-    def unit_names(self, key: str, strand: str = "+") -> list[str]:
+    def unit_names(self, key: str, strand: str = FORWARD) -> list[str]:
         """The arrays one strand's unit of a long record writes (output_names of that strand)."""
         names = self.output_names(key)
-        return [n for n in names if n == TIME and strand == "+" or n != TIME and is_rc(n) == (strand == "-")]
+        return [n for n in names
+                if n == TIME and strand == FORWARD or n != TIME and is_rc(n) == (strand == REVERSE)]
 
     def write_batch(self, batch: int, arrays: dict):
         """Write one batch of packed records: each output's values of the batch's records back
@@ -310,13 +313,13 @@ class OutputStore:
         used = p.batch_positions(batch)
         prepared = self._prepare(arrays, self.output_names(None), lambda name: f"{PACKED}/{name}", used,
                                  f"batch {batch}", f"for its {int(rows[1] - rows[0])} records")
-        start = batch * self.chunk_size
+        start = batch * self.unit_size
         padded = {}
-        for name, (arr, data) in prepared.items():  # whole chunks: the tail keeps the fill value
-            full = np.full((self.chunk_size,) + data.shape[1:], arr.fill_value, dtype=arr.dtype)
+        for name, (arr, data) in prepared.items():  # the whole unit: the tail keeps the fill value
+            full = np.full((self.unit_size,) + data.shape[1:], arr.fill_value, dtype=arr.dtype)
             full[:used] = data
             padded[name] = (arr, full)
-        self._write_unit(padded, start, start + self.chunk_size, self._group[progress_path(PACKED, "done")],
+        self._write_durably(padded, start, start + self.unit_size, self._group[progress_path(PACKED, "done")],
                          self._group[progress_path(PACKED, "sum")], batch, lambda: None)
 
     def _prepare(self, arrays: dict, expected: list[str], path_of, n: int, what: str, where: str) -> dict:
@@ -336,39 +339,39 @@ class OutputStore:
             prepared[name] = (arr, data.astype(arr.dtype, copy=False))
         return prepared
 
-    def _write_unit(self, prepared: dict, start: int, end: int, done, sums, index: int, write_state):
+    def _write_durably(self, prepared: dict, start: int, end: int, done, sums, index: int, write_state):
         """Data, then the state, then the checksum and the marker, each durable before the next."""
         if done[index]:  # rewriting a finished unit: it is not finished while we do
             done[index] = 0
             self._location.sync([(done, (index,))])
-        chunk = start // self.chunk_size
+        index_along = start // self.unit_size  # the Zarr chunk's index along positions
         written = [v for v in prepared.values() if v is not None]
         for arr, data in written:  # 1. data: whole Zarr chunks only
             arr[start:end] = data
-        self._location.sync([(arr, (chunk,) + (0,) * (arr.ndim - 1)) for arr, _ in written])
+        self._location.sync([(arr, (index_along,) + (0,) * (arr.ndim - 1)) for arr, _ in written])
         blob = write_state()  # 2. the boundary state after this unit (its bytes, or None)
         sums[index] = unit_checksums([None if v is None else v[1] for v in prepared.values()],
                                      blob)  # 3. checksums
         done[index] = 1  # 4. the marker, last
         self._location.sync([(sums, (index,)), (done, (index,))])
 
-    def _drop_state(self, key: str, chunk_index: int, strand: str = "+"):
+    def _drop_state(self, key: str, unit: int, strand: str = FORWARD):
         """No stale state from an earlier attempt may outlive a write without one."""
-        del self._group[state_path(key, chunk_index, strand)]
+        del self._group[state_path(key, unit, strand)]
         return None
 
-    def state_blob(self, key: str, chunk_index: int, strand: str = "+") -> bytes | None:
-        """The stored bytes of a long record's boundary state after a chunk (None if absent)."""
+    def state_blob(self, key: str, unit: int, strand: str = FORWARD) -> bytes | None:
+        """The stored bytes of a long record's boundary state after a unit (None if absent)."""
         import zarr
 
         try:
-            path = state_path(self.record(key).key, chunk_index, strand)
+            path = state_path(self.record(key).key, unit, strand)
             arr = zarr.open_array(store=self.zarr_store, path=path, mode="r", zarr_format=3)
         except (FileNotFoundError, KeyError, ValueError):
             return None
         return arr[:].tobytes()
 
-    def unit_sums(self, key: str | None, strand: str = "+") -> np.ndarray:
+    def unit_sums(self, key: str | None, strand: str = FORWARD) -> np.ndarray:
         """(units, arrays + 1) recorded checksums of a long record's units (key None: the packed
         batches), columns in unit_names order, then the state; 0 where none was recorded."""
         path = progress_path(PACKED, "sum") if key is None else \
@@ -376,18 +379,18 @@ class OutputStore:
         try:
             return np.asarray(self._group[path][:], dtype=np.uint64)
         except KeyError:  # format 1 records none
-            n = self._packed.n_batches if key is None else self.n_chunks(key)
+            n = self._packed.n_batches if key is None else self.n_units(key)
             return np.zeros((n, len(self.output_names(key)) + 1), dtype=np.uint64)
 
-    def _write_state(self, key: str, chunk_index: int, state: dict, strand: str = "+"):
+    def _write_state(self, key: str, unit: int, state: dict, strand: str = FORWARD):
         """One uint8 array per boundary holding the state as a safetensors blob (names, dtypes
-        and shapes included): one metadata file and one chunk, whatever the model's layers."""
+        and shapes included): one metadata file and one Zarr chunk, whatever the model's layers."""
         import zarr
         from safetensors.numpy import save
 
         tensors = {str(k): np.ascontiguousarray(np.asarray(v)) for k, v in state.items()}
         blob = np.frombuffer(save(tensors), dtype=np.uint8)
-        path = state_path(key, chunk_index, strand)
+        path = state_path(key, unit, strand)
         arr = zarr.create_array(store=self.zarr_store, name=path, overwrite=True, zarr_format=3,
                                 **state_array(blob.size).create_kwargs())
         arr[:] = blob
@@ -395,8 +398,8 @@ class OutputStore:
         return blob.tobytes()
 
     # ------------------------------------------------------------------ progress
-    def completed_chunks(self, key: str, strand: str | None = None) -> set[int]:
-        """The chunks written; strand None: on every strand the store holds (what readers see)."""
+    def completed_units(self, key: str, strand: str | None = None) -> set[int]:
+        """The units written; strand None: on every strand the store holds (what readers see)."""
         info = self.record(key)
         if info.packed:
             b = info.batch
@@ -416,48 +419,48 @@ class OutputStore:
         return self._packed.batch_done(self._group[PROGRESS])
 
     def missing_ranges(self, key: str) -> list[tuple[int, int]]:
-        """Position ranges [start, end) not yet written, adjacent chunks merged."""
-        done = self.completed_chunks(key)
+        """Position ranges [start, end) not yet written, adjacent units merged."""
+        done = self.completed_units(key)
         out: list[tuple[int, int]] = []
-        for i in range(self.n_chunks(key)):
+        for i in range(self.n_units(key)):
             if i in done:
                 continue
-            s, e = self.chunk_range(key, i)
+            s, e = self.unit_range(key, i)
             if out and out[-1][1] == s:
                 out[-1] = (out[-1][0], e)
             else:
                 out.append((s, e))
         return out
 
-    def boundary_state(self, key: str, chunk_index: int, strand: str = "+") -> dict | None:
-        """The state saved after `chunk_index`, or None when that chunk is not complete (or was
-        written without a state; packed records have none). strand "-": the reverse strand's
-        state after reading chunk `chunk_index` (from the record's end down to its start)."""
+    def boundary_state(self, key: str, unit: int, strand: str = FORWARD) -> dict | None:
+        """The state saved after `unit`, or None when that unit is not complete (or was
+        written without a state; packed records have none). strand REVERSE: the reverse strand's
+        state after reading unit `unit` (from the record's end down to its start)."""
         from safetensors.numpy import load
 
-        if self.record(key).packed or chunk_index not in self.completed_chunks(key, strand):
+        if self.record(key).packed or unit not in self.completed_units(key, strand):
             return None
-        blob = self.state_blob(key, chunk_index, strand)
+        blob = self.state_blob(key, unit, strand)
         return None if blob is None else load(blob)
 
     def is_complete(self) -> bool:
         return bool(self._group.attrs["linpipe"].get("complete", False))
 
     def record_complete(self, key: str) -> bool:
-        """True when every chunk of the record is written (data, state and marker)."""
-        return len(self.completed_chunks(key)) == self.n_chunks(key)
+        """True when every unit of the record is written (data, state and marker)."""
+        return len(self.completed_units(key)) == self.n_units(key)
 
     def progress(self) -> dict:
         """Counts of records, positions and units, in all and done (without a per-record loop
         over packed records)."""
         records = records_done = positions = positions_done = units = units_done = 0
         for key, info in self._long.items():
-            n, length = info.n_chunks, info.length
-            done = self.completed_chunks(key)
+            n, length = info.n_units, info.length
+            done = self.completed_units(key)
             records += 1
             records_done += len(done) == n
             positions += length
-            positions_done += sum(b - a for a, b in (self.chunk_range(key, i) for i in done))
+            positions_done += sum(b - a for a, b in (self.unit_range(key, i) for i in done))
             units += n
             units_done += len(done)
         p = self._packed
@@ -499,7 +502,7 @@ class OutputStore:
         self._group = zarr.open_group(store=self.zarr_store, mode="r+", zarr_format=3, use_consolidated=False)
         self._arrays.clear()
         if self._packed is not None:
-            self._packed = PackedGroup(self._group[PACKED], meta["packed"], self.chunk_size)
+            self._packed = PackedGroup(self._group[PACKED], meta["packed"], self.unit_size)
         self._meta = meta
         return True
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from linpipe.errors import InputError
+from linpipe.errors import InputError, option
 
 
 def read_records(path, **ts_options) -> tuple[str, list[tuple[str, np.ndarray]], list[str]]:
@@ -65,7 +65,7 @@ def split_records(records, val_fraction=0.05, val_records=()) -> list[Split]:
             vs = len(data) - int(round(len(data) * val_fraction))
         out.append(Split(name, data, vs))
     if val_records and not any(s.val_start == 0 for s in out):
-        raise InputError(f"--val-records {','.join(val_records)}: no such record in the inputs")
+        raise InputError(f"{option('val_records')} {','.join(val_records)}: no such record in the inputs")
     if not any(s.val_start > 0 for s in out):
         raise InputError("no training positions left after holding out the validation records")
     return out
@@ -85,20 +85,20 @@ class LaneWalker:
         lengths = np.array([len(p) for p in parts], dtype=np.int64)
         total = int(lengths.sum())
         if total < batch * 2:
-            raise InputError(f"only {total} training positions for --batch {batch} lanes "
-                             "(give more data or a smaller --batch)")
+            raise InputError(f"only {total} training positions for {option('batch')} {batch} lanes "
+                             f"(give more data or a smaller {option('batch')})")
         ends = np.cumsum(lengths)
-        # each lane: list of (part index, start, end) segments covering its stretch
-        self.segments = []
+        # each lane: its stretch as (part index, start, end) runs, one per training part it crosses
+        self.runs = []
         for b in range(batch):
             lo, hi = total * b // batch, total * (b + 1) // batch
-            segs = []
+            runs = []
             for i, (s, e) in enumerate(zip(ends - lengths, ends, strict=True)):
                 a, z = max(lo, s), min(hi, e)
                 if a < z:
-                    segs.append((i, int(a - s), int(z - s)))
-            self.segments.append(segs)
-        self.cursor = [[0, self.segments[b][0][1]] for b in range(batch)]  # (segment, position)
+                    runs.append((i, int(a - s), int(z - s)))
+            self.runs.append(runs)
+        self.cursor = [[0, self.runs[b][0][1]] for b in range(batch)]  # (run, position)
 
     def next_batch(self):
         """(x (B, W), mask (B, W) bool, resets (B,) bool): resets[b] means lane b starts afresh."""
@@ -109,15 +109,15 @@ class LaneWalker:
         resets = np.zeros(self.batch, dtype=bool)
         for b in range(self.batch):
             si, pos = self.cursor[b]
-            part, start, end = self.segments[b][si]
+            part, start, end = self.runs[b][si]
             resets[b] = pos == start
             n = min(self.window, end - pos)
             x[b, :n] = self.parts[part][pos : pos + n]
             mask[b, :n] = True
             pos += n
-            if pos >= end:  # move to the next segment (wrapping): fresh state there
-                si = (si + 1) % len(self.segments[b])
-                pos = self.segments[b][si][1]
+            if pos >= end:  # move to the next run (wrapping): fresh state there
+                si = (si + 1) % len(self.runs[b])
+                pos = self.runs[b][si][1]
             self.cursor[b] = [si, pos]
         return x, mask, resets
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from linpipe.errors import ModelError, modality_mismatch
+from linpipe.errors import ModelError, modality_mismatch, option
 from linpipe.training.markov import MarkovModel
 from linpipe.training.threads import torch_threads
 
@@ -38,13 +38,13 @@ class DnaScore:
         return {k: v / self.n for k, v in self.sums.items()} if self.n else {}
 
 
-def model_log2prob(model, tokens: np.ndarray, chunk: int = 65536, state=None) -> np.ndarray:
-    """log2 p(x_i | x_<i) from the model over a whole record, streamed chunk by chunk."""
+def model_log2prob(model, tokens: np.ndarray, span: int = 65536, state=None) -> np.ndarray:
+    """log2 p(x_i | x_<i) from the model over a whole record, streamed `span` positions a call."""
     state = model.init_state() if state is None else state
     out = np.empty(len(tokens), dtype=np.float64)
-    for s in range(0, len(tokens), chunk):
-        o, state = model.forward(tokens[s : s + chunk], state, outputs=["logprob"])
-        out[s : s + chunk] = np.asarray(o["logprob"], dtype=np.float64) / LN2
+    for s in range(0, len(tokens), span):
+        o, state = model.forward(tokens[s : s + span], state, outputs=["logprob"])
+        out[s : s + span] = np.asarray(o["logprob"], dtype=np.float64) / LN2
     return out
 
 
@@ -64,19 +64,19 @@ def markov_baselines(model_dir: Path, baseline_train=None) -> MarkovModel:
     path = Path(model_dir) / MARKOV_FILE
     if not path.is_file():
         raise ModelError(f"{model_dir}: no {MARKOV_FILE} (Markov baselines of its training data); "
-                         "pass --baseline-train FASTA to fit them")
+                         f"pass {option('baseline_train')} FASTA to fit them")
     m = MarkovModel.load(path)
     if m.best_k is None:
         raise ModelError(f"{path}: no chosen order recorded in {path.with_suffix('.json').name}")
     return m
 
 
-def evaluate_dna(model, records, markov: MarkovModel, chunk: int = 65536) -> DnaScore:
+def evaluate_dna(model, records, markov: MarkovModel, span: int = 65536) -> DnaScore:
     """Score `records` ((name, tokens) pairs): model, order-0, order-2 and order-best_k Markov."""
     score = DnaScore(",".join(n for n, _ in records) if len(records) < 4 else f"{len(records)} records")
     ks = sorted({0, 2, markov.best_k})
     for _, tokens in records:
-        lp = model_log2prob(model, tokens, chunk)
+        lp = model_log2prob(model, tokens, span)
         ok = ~np.isnan(lp)
         score.n += int(ok.sum())
         score.add("model", -lp[ok])
@@ -175,12 +175,12 @@ def exp_smoothing(v: np.ndarray, fit_fraction: float = 0.2) -> tuple[np.ndarray,
     return out, params
 
 
-def model_forecast(model, values: np.ndarray, chunk: int = 65536, reset_every: int | None = None,
+def model_forecast(model, values: np.ndarray, span: int = 65536, reset_every: int | None = None,
                    keep_norm: bool = False) -> np.ndarray:
-    """The model's one-step forecasts over a whole record, streamed chunk by chunk with the state
+    """The model's one-step forecasts over a whole record, streamed `span` positions a call with the state
     carried; reset_every N: the state starts afresh every N rows (keep_norm: only the network's
     memory does, a series_norm model keeps its running normalisation)."""
-    step = chunk if not reset_every else reset_every
+    step = span if not reset_every else reset_every
     state = model.init_state()
     fc = []
     for s in range(0, len(values), step):
@@ -191,13 +191,13 @@ def model_forecast(model, values: np.ndarray, chunk: int = 65536, reset_every: i
                 fresh = fresh._map(lambda t, lanes=lanes: t.expand(lanes, *t.shape[1:]).clone())
                 fresh.norm = state.norm
             state = fresh
-        for a in range(s, min(s + step, len(values)), chunk):
-            o, state = model.forward(values[a : min(a + chunk, s + step)], state, outputs=["forecast"])
+        for a in range(s, min(s + step, len(values)), span):
+            o, state = model.forward(values[a : min(a + span, s + step)], state, outputs=["forecast"])
             fc.append(np.asarray(o["forecast"], dtype=np.float64))
     return np.concatenate(fc) if fc else np.zeros(values.shape)
 
 
-def evaluate_timeseries(model, records, season: int, chunk: int = 65536,
+def evaluate_timeseries(model, records, season: int, span: int = 65536,
                         reset_every: int | None = None) -> dict:
     """MAE and RMSE per predictor over the positions where the target and every forecast exist:
     the model, last-value (the last observed value), seasonal-naive (the value `season` rows
@@ -216,15 +216,15 @@ def evaluate_timeseries(model, records, season: int, chunk: int = 65536,
         seasonal = np.full(v.shape, np.nan)
         if season < len(v):
             seasonal[season:] = v[:-season]
-        preds = {"model": model_forecast(model, values, chunk), "last-value": last_observed(v),
+        preds = {"model": model_forecast(model, values, span), "last-value": last_observed(v),
                  f"seasonal-naive-{season}": seasonal}
         preds["exp-smoothing"], params = exp_smoothing(v)
         holt_params.append(params)
         if reset_every:
-            preds[f"model-reset-{reset_every}"] = model_forecast(model, values, chunk, reset_every)
+            preds[f"model-reset-{reset_every}"] = model_forecast(model, values, span, reset_every)
             if model.config.series_norm:
                 preds[f"model-reset-{reset_every}-network-only"] = model_forecast(
-                    model, values, chunk, reset_every, keep_norm=True)
+                    model, values, span, reset_every, keep_norm=True)
         ok = ~np.isnan(v)
         for p in preds.values():
             ok &= ~np.isnan(p)
@@ -281,7 +281,8 @@ def _evaluate_inputs(model_dir, inputs, baseline_train, season, ts_options, rese
             if len(names) != model.config.channels and not model.config.series_norm:
                 raise ModelError(f"{p}: has {len(names)} channels ({', '.join(names)}), the model "
                                  f"{model_dir} expects {model.config.channels}; choose them with "
-                                 "--columns, or take the time column out with --time-column")
+                                 f"{option('columns')}, or take the time column out with "
+                                 f"{option('time_column')}")
             s = season or auto_season(recs[0][1])
             scores = evaluate_timeseries(model, recs, s, reset_every=reset_every)
             report["inputs"].append({"input": str(p), "positions": next(iter(scores.values()))["n"],

@@ -3,7 +3,7 @@
 The network is `linpipe.model.LinpipeNet` (the same layers `Model.forward` runs). B lanes walk
 the training parts of the records in order, `window` positions per step, and carry the
 recurrent state (detached) from one window to the next, exactly as inference carries it from
-chunk to chunk; a lane restarts from the state after BOS at every record start.
+unit to unit; a lane restarts from the state after BOS at every record start.
 
 Losses: dna, cross-entropy over A/C/G/T in bits (targets that are N are skipped); timeseries,
 mean squared error of the forecast in normalised units ((x - mean) / std, with the channel
@@ -25,7 +25,7 @@ from typing import Callable
 
 import numpy as np
 
-from linpipe.errors import InputError, LinpipeError, ModelError
+from linpipe.errors import InputError, LinpipeError, ModelError, option
 from linpipe.model.series import CLIP_TARGET
 from linpipe.training.data import LaneWalker, read_records, split_records
 from linpipe.training.evaluate import LN2, MARKOV_FILE, fit_markov, model_log2prob
@@ -251,8 +251,8 @@ def train(inputs, out, model_kwargs: dict | None = None, cfg: TrainConfig = Trai
     if not resume:
         check_out_free(out, force=force)
     if cfg.steps < 1 or cfg.batch < 1 or cfg.window < 1 or not cfg.lr > 0:
-        raise LinpipeError(f"--steps, --batch, --window must be >= 1 and --lr > 0 "
-                           f"(got {cfg.steps}, {cfg.batch}, {cfg.window}, {cfg.lr})")
+        raise LinpipeError(f"{option('steps')}, {option('batch')}, {option('window')} must be >= 1 and "
+                           f"{option('lr')} > 0 (got {cfg.steps}, {cfg.batch}, {cfg.window}, {cfg.lr})")
     try:
         name = cfg.device
         if name == "auto":
@@ -260,7 +260,8 @@ def train(inputs, out, model_kwargs: dict | None = None, cfg: TrainConfig = Trai
         device = torch.device(name)
         torch.empty(0, device=device)
     except (RuntimeError, AssertionError) as e:
-        raise LinpipeError(f"--device {cfg.device}: not usable here ({str(e).splitlines()[0]})") from None
+        raise LinpipeError(f"{option('device')} {cfg.device}: not usable here "
+                           f"({str(e).splitlines()[0]})") from None
 
     with torch_threads(cfg.threads):
         return _train(inputs, out, model_kwargs, cfg, decay, resume, command, progress, stop_at, device,
@@ -270,16 +271,17 @@ def train(inputs, out, model_kwargs: dict | None = None, cfg: TrainConfig = Trai
 def check_out_free(out: Path, *, force: bool = False) -> None:
     """Refuse to train into a directory that already holds a model or other files."""
     if out.exists() and not out.is_dir():
-        raise LinpipeError(f"{out}: exists and is not a directory; choose another --out")
+        raise LinpipeError(f"{out}: exists and is not a directory; choose another {option('out')}")
     if force or not out.is_dir() or not any(out.iterdir()):
         return
     if (out / CHECKPOINT_DIR / "trainer.json").is_file():
-        what = "already holds a model and its training checkpoint (--resume continues it)"
+        what = f"already holds a model and its training checkpoint ({option('resume')} continues it)"
     elif (out / "config.json").is_file():
         what = "already holds a model"
     else:
         what = "is not empty"
-    raise LinpipeError(f"{out}: {what}; use --force to overwrite it, or choose another --out")
+    raise LinpipeError(f"{out}: {what}; use {option('force')} to overwrite it, or choose another "
+                       f"{option('out')}")
 
 
 def _train(inputs, out, model_kwargs, cfg, decay, resume, command, progress, stop_at, device, ts_options):
@@ -303,22 +305,23 @@ def _train(inputs, out, model_kwargs, cfg, decay, resume, command, progress, sto
     if resume:
         net, config, opt_t, lane_t, saved = load_checkpoint(ckpt, device)
         if saved.get("inputs") != meta["inputs"]:
-            raise LinpipeError(f"{ckpt}: --resume with different inputs than the checkpoint's "
+            raise LinpipeError(f"{ckpt}: {option('resume')} with different inputs than the checkpoint's "
                                f"({', '.join(Path(i['path']).name for i in saved.get('inputs', []))})")
         old = saved["train_config"]
         for key in ("batch", "window", "val_fraction"):
             if old[key] != getattr(cfg, key):
-                raise LinpipeError(f"{ckpt}: --resume with --{key} {getattr(cfg, key)}, "
+                raise LinpipeError(f"{ckpt}: {option('resume')} with {option(key)} {getattr(cfg, key)}, "
                                    f"but the checkpoint was trained with {old[key]}")
         start, losses = int(saved["step"]), list(saved["losses"])
         if start >= cfg.steps:
-            raise LinpipeError(f"{ckpt}: already at step {start}; give --steps above it to continue")
+            raise LinpipeError(f"{ckpt}: already at step {start}; give {option('steps')} above it to "
+                               "continue")
         meta["command"] = saved.get("command", "") + (f" ; resumed: {command}" if command else "")
     else:
         torch.manual_seed(cfg.seed)
         kw = dict(model_kwargs or {})
         if kw.get("series_norm") and modality != "timeseries":
-            raise LinpipeError("--series-norm is for time-series inputs")
+            raise LinpipeError(f"{option('series_norm')} is for time-series inputs")
         if kw.get("series_norm"):  # causal normalisation: nothing fitted on the training data
             kw.update(channels=1, channel_names=("value",), mean=(0.0,), std=(1.0,))
         elif modality == "timeseries":

@@ -6,7 +6,7 @@ from contextlib import contextmanager
 
 @contextmanager
 def torch_threads(n: int):
-    """Run a block with n torch intra-op threads (small models thrash with more on a busy CPU)."""
+    """Run a `with` body with n torch intra-op threads (small models thrash with more on a busy CPU)."""
     import torch
 
     old = torch.get_num_threads()

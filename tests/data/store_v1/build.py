@@ -3,7 +3,8 @@
 The metadata fixture beside this script (format version 1, written by the linpipe before the
 store was split into layout/writer/reader) was made by running it with that linpipe on the
 path; tests/test_store.py runs it with the current one and compares. It uses only
-OutputStore.create / write_chunk / finalize, which both versions share.
+OutputStore.create / write_unit / finalize (write_chunk, n_chunks, chunk_range and chunk_size=
+in that linpipe: the same calls under their older names).
 """
 import sys
 from pathlib import Path
@@ -21,13 +22,13 @@ def _values(n, width=None, dtype=np.float32, seed=0):
 
 
 def _write_all(store, key, outputs, skip=(), with_state=True):
-    for i in range(store.n_chunks(key)):
+    for i in range(store.n_units(key)):
         if i in skip:
             continue
-        s, e = store.chunk_range(key, i)
+        s, e = store.unit_range(key, i)
         arrays = {name: outputs[name][s:e] for name in store.output_names(key)}
         state = {"S": np.full(2, e, np.float32)} if with_state and i % 2 else None
-        store.write_chunk(key, i, arrays, state=state)
+        store.write_unit(key, i, arrays, state=state)
 
 
 def build(dest: Path):
@@ -35,7 +36,7 @@ def build(dest: Path):
     # dna: a hashed key, an empty record, a 2-D output, written in full and finalized
     dna = [{"id": "chr1/alt", "description": "chr1 alt", "length": 25, "modality": "dna", "input": "g.fa"},
            {"id": "empty", "length": 0, "modality": "dna", "input": "g.fa"}]
-    store = OutputStore.create(dest / "dna.zarr", meta=META, records=dna, chunk_size=10, feature_dim=4,
+    store = OutputStore.create(dest / "dna.zarr", meta=META, records=dna, unit_size=10, feature_dim=4,
                                outputs=["logprob", "softmask", "hidden"])
     for r in dna:
         n = r["length"]
@@ -48,7 +49,7 @@ def build(dest: Path):
     ts = [{"id": "mitdb/100", "length": 12, "modality": "timeseries", "input": "e.parquet",
            "time_dtype": "datetime64[ns]"},
           {"id": "s2", "length": 6, "modality": "timeseries", "input": "e.parquet", "time_dtype": "int64"}]
-    store = OutputStore.create(dest / "ts.zarr", meta=META, records=ts, chunk_size=5, feature_dim=3,
+    store = OutputStore.create(dest / "ts.zarr", meta=META, records=ts, unit_size=5, feature_dim=3,
                                channels=["MLII_mV", "V5_mV"], outputs=["forecast", "hidden"],
                                hidden_dtype="float32")
     for r in ts:
@@ -59,8 +60,8 @@ def build(dest: Path):
         _write_all(store, store.record_key(r["id"]), out)
     assert store.finalize()
 
-    # an unfinished store: one chunk missing, no consolidated metadata
-    store = OutputStore.create(dest / "partial.zarr", meta=META, records=dna[:1], chunk_size=10,
+    # an unfinished store: one unit missing, no consolidated metadata
+    store = OutputStore.create(dest / "partial.zarr", meta=META, records=dna[:1], unit_size=10,
                                outputs=["entropy"])
     _write_all(store, store.record_key("chr1/alt"), {"entropy": _values(25)}, skip={1})
     assert not store.finalize()
