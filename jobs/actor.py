@@ -20,6 +20,7 @@ import inspect
 import os
 import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from linpipe.errors import option
@@ -105,6 +106,10 @@ class PipelineWorker:
         # (store key, strand) -> (index of its next unit, ModelState after the unit before it)
         self._streams: dict[tuple[str, str], tuple[int, object]] = {}
         self._reading, self._modelling = Turns(), Turns()
+        # The model always runs on this one thread, whichever of Ray's threads made the call: on
+        # the CPU a forward's low bits were seen to depend on the thread it ran on (a packed
+        # batch of the tiny model differed by one ulp), and a resumed job must be bit-identical.
+        self._model_thread = ThreadPoolExecutor(1, thread_name_prefix="linpipe-model")
         self.host = HostCopies(self.model)
         # what the store keeps hidden as (cast on the device when it leaves one)
         self._dtypes = {"hidden": self.store.meta.get("hidden_dtype", "float32")}
@@ -175,7 +180,7 @@ class PipelineWorker:
             with self._modelling.turn(seq):
                 modelled = True
                 t3 = time.perf_counter()
-                out = model(got)
+                out = self._model_thread.submit(model, got).result()
             t4 = time.perf_counter()
         finally:
             if not modelled:
@@ -256,6 +261,7 @@ class PipelineWorker:
         for inp in self._inputs.values():
             inp.close()
         self._inputs.clear()
+        self._model_thread.shutdown()
 
 
 def as_actor(cls: type) -> type:
