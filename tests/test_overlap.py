@@ -23,14 +23,11 @@ from linpipe.jobs.overlap import HostCopies, Turns
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return make_tiny_model(tmp_path_factory.mktemp("model") / "tiny")
-
-
-@pytest.fixture(scope="module")
-def contigs(genomes, tmp_path_factory):
-    path = tmp_path_factory.mktemp("contigs") / "contigs.fa"
-    return path, write_contigs(genomes, path, 120, seed=5, long=4)
+def job(genomes, tmp_path_factory):
+    """The tiny model, and 120 pieces of real genomes with 4 records of several units."""
+    folder = tmp_path_factory.mktemp("overlap")
+    lengths = write_contigs(genomes, folder / "contigs.fa", 120, seed=5, long=4)
+    return make_tiny_model(folder / "tiny"), folder / "contigs.fa", lengths
 
 
 def _calls(plan):
@@ -92,9 +89,8 @@ def _take(turns, i, ran):
 
 
 @pytest.mark.parametrize("strand", ["forward", "both"])
-def test_overlapped_calls_write_the_bytes_of_calls_run_one_by_one(contigs, tiny, tmp_path, strand,
-                                                                  one_torch_thread):
-    fasta, _ = contigs
+def test_overlapped_calls_write_the_bytes_of_calls_run_one_by_one(job, tmp_path, strand, one_torch_thread):
+    tiny, fasta, _ = job
     write_in_process(fasta, tiny, tmp_path / "serial.zarr", unit_size=UNIT, strand=strand)
     plan, store, w = _worker(fasta, tiny, tmp_path / "overlapped.zarr", strand=strand)
     calls = _calls(plan)
@@ -108,14 +104,14 @@ def test_overlapped_calls_write_the_bytes_of_calls_run_one_by_one(contigs, tiny,
     assert_same_bytes(store_arrays(tmp_path / "serial.zarr"), store_arrays(tmp_path / "overlapped.zarr"))
 
 
-def test_a_call_that_fails_lets_the_later_calls_go_on(contigs, tiny, tmp_path, one_torch_thread):
+def test_a_call_that_fails_lets_the_later_calls_go_on(job, tmp_path, one_torch_thread):
     """A unit whose input vanished fails alone: the later calls (another record's units, the
     packed batches) still take their turns and are written; the failed record's are not."""
     import shutil
 
     from linpipe.errors import InputError
 
-    fasta, _ = contigs
+    tiny, fasta, _ = job
     plan, store, w = _worker(fasta, tiny, tmp_path / "o.zarr")
     calls = _calls(plan)
     first = plan.streams[0]
@@ -135,11 +131,11 @@ def test_a_call_that_fails_lets_the_later_calls_go_on(contigs, tiny, tmp_path, o
     assert all(len(store.completed_units(r.key)) == r.n_units for r in plan.streams)
 
 
-def test_host_copies_on_the_cpu_are_the_models_outputs(contigs, tiny):
+def test_host_copies_on_the_cpu_are_the_models_outputs(job):
     from linpipe.inputs import open_input
     from linpipe.model import load_model
 
-    fasta, lengths = contigs
+    tiny, fasta, lengths = job
     model = load_model(tiny, device="cpu")
     host = HostCopies(model)
     assert not host.enabled  # no device to copy from: Model.forward's arrays as they are
@@ -192,10 +188,10 @@ def _in_flight(out) -> bool:
 
 @pytest.mark.slow
 def test_killed_with_writes_in_flight_keeps_only_durable_units_and_resumes_bit_identical(
-        contigs, tiny, tmp_path):
+        job, tmp_path):
     from linpipe.store.verify import verify_store
 
-    fasta, _ = contigs
+    tiny, fasta, _ = job
     out = tmp_path / "killed.zarr"
     code = _OVERLAPPED_RUN.format(tests=os.path.dirname(__file__), fasta=str(fasta), model=tiny, out=str(out))
     killed = False
