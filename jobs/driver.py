@@ -46,7 +46,9 @@ class JobSummary:
     out: str
     records: int
     positions: int  # all positions of the job
-    positions_run: int  # positions computed by this run (the rest were already complete)
+    # positions computed by this run (the rest were already complete); on both strands a
+    # position counts half for each strand's unit (UnitResult.share)
+    positions_run: float
     seconds: float  # from the first worker ready to the end
     startup_s: float  # Ray start-up plus actor creation and model loading
     output_bytes: int
@@ -59,6 +61,7 @@ class JobSummary:
     read_s: float = 0.0  # summed over workers: where the time goes
     model_s: float = 0.0
     write_s: float = 0.0
+    strands: int = 1  # 2: --strand both (positions count when run on both)
 
     @property
     def positions_per_s(self) -> float:
@@ -73,10 +76,11 @@ class JobStart:
     out: str
     records: int
     positions: int
-    positions_done: int
+    positions_done: float  # as JobSummary.positions_run counts them
     work_items: int
     workers: int
     workers_possible: int = 0  # what --workers or the cluster allowed, before capping at work_items
+    strands: int = 1
 
 
 class JobEvents:
@@ -175,12 +179,12 @@ def work_left(plan: JobPlan, store) -> tuple[collections.deque, int]:
     """What is left to run, and the positions already done: streams from their first
     unfinished unit; packed batches whole, unless marked done."""
     todo: collections.deque[Stream | Batch] = collections.deque()
-    done = 0
+    done = 0.0
+    share = 1 / len(plan.strands)  # each strand's unit counts for its share of the positions
     for r in plan.streams:  # a reverse strand's stream counts its steps from the record's end
         completed = store.completed_units(r.key, r.strand)
         first = next((i for i in range(r.n_units) if r.unit(i).index not in completed), r.n_units)
-        if r.strand == FORWARD:
-            done += min(first * r.unit_size, r.length)
+        done += share * sum(r.unit(i).positions for i in range(first))
         if first < r.n_units:
             todo.append(Stream(r, first))
     batch_done = store.batches_done()
@@ -333,7 +337,7 @@ class Scheduler:
         if slot.finished:
             slot.item = None  # the slot takes the next item
         self.units_done += 1
-        self.positions_run += result.positions
+        self.positions_run += result.positions * result.share
         self.nodes.add(result.node.rsplit(":", 1)[0])
         self.worker_rss = max(self.worker_rss, result.peak_rss)
         self.timings.add(result)
@@ -422,7 +426,7 @@ def _run_leased(plan, request, out, address, device, events) -> JobSummary:
     total, n_records = plan.total_positions, plan.n_records
     if not todo:
         _finalize(store)
-        events.started(JobStart(plan.job_id, out, n_records, total, total, 0, 0))
+        events.started(JobStart(plan.job_id, out, n_records, total, total, 0, 0, strands=len(plan.strands)))
         return JobSummary(plan.job_id, out, n_records, total, 0, 0.0, 0.0, store.size_on_disk(), 0,
                           nothing_to_do=True)
 
@@ -468,7 +472,7 @@ def _run_leased(plan, request, out, address, device, events) -> JobSummary:
                                         spill_budget=budget)
 
         events.started(JobStart(plan.job_id, out, n_records, total, done_positions, len(todo) + len(splits),
-                                n_workers, possible))
+                                n_workers, possible, strands=len(plan.strands)))
         for item, n in splits:
             split_stats.append(run_split(item.record, n, store, new_segment_actor, events,
                                          first_weight=plan.split_first_weight,
@@ -498,7 +502,7 @@ def _run_leased(plan, request, out, address, device, events) -> JobSummary:
                           store.size_on_disk(), n_workers, nodes=tuple(sorted(sched.nodes)),
                           worker_deaths=sched.deaths, driver_peak_rss=peak_rss(),
                           worker_peak_rss=sched.worker_rss, read_s=t.read_s, model_s=t.model_s,
-                          write_s=t.write_s)
+                          write_s=t.write_s, strands=len(plan.strands))
     finally:
         if started:
             stop_ray()

@@ -119,7 +119,8 @@ class SegmentWorker(PipelineWorker):
             _x, extra = self._read(Unit(r.input_path, r.id, r.key, a, b, idx))
             self.store.write_unit(r.key, idx, {**out, **extra}, state=state.to_arrays())
             t2 = time.perf_counter()
-            results.append(UnitResult(r.key, idx, b - a, 0.0, t1 - t0, t2 - t1, self.node, peak_rss()))
+            results.append(UnitResult(r.key, idx, b - a, 0.0, t1 - t0, t2 - t1, self.node, peak_rss(),
+                                      self.share))
             t0 = time.perf_counter()
         self.runner.close()
         self.runner = None
@@ -215,7 +216,7 @@ def run_split(record: Record, n_segments: int, store, new_actor, events, *, firs
                                            for k in range(len(todo))])
             for res in results:
                 for u in res:
-                    stats["positions"] += u.positions
+                    stats["positions"] += u.positions * u.share
                     stats["units"].append(u)
                     events.unit_done(u, len(stats["units"]))
             if first_incomplete_segment(store, record, bounds) <= k0:  # never loop on a store that
