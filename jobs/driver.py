@@ -17,7 +17,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 
-from linpipe.errors import StoreError
+from linpipe.errors import LinpipeError, StoreError
 from linpipe.strands import FORWARD
 
 from .actor import PipelineWorker, UnitResult, as_actor, peak_rss
@@ -28,7 +28,7 @@ from .options import recorded
 from .plan import JobPlan, Record, Unit
 from .preflight import another_job, never_received_a_unit, preflight
 from .request import JobRequest, RunOptions
-from .split import SegmentWorker, run_split, split_segments
+from .split import SegmentWorker, check_split, run_split, split_segments
 
 IN_FLIGHT = 2  # calls queued per actor: the next unit is waiting when one finishes
 # An actor that dies this many times per worker slot means something is wrong with the job.
@@ -81,6 +81,7 @@ class JobStart:
     workers: int
     workers_possible: int = 0  # what --workers or the cluster allowed, before capping at work_items
     strands: int = 1
+    notes: tuple[str, ...] = ()  # what planning skipped or wrote (JobPlan.notes)
 
 
 class JobEvents:
@@ -379,10 +380,37 @@ def run_job(request: JobRequest, *, address: str | None = None, device: str | No
         lease.acquire(force=force_takeover, wait=wait, on_wait=events.waiting)
     except OSError as e:  # an unreachable or read-only store location
         raise StoreError(f"{e.filename or out}: cannot write the output store: {e.strerror or e}") from None
+    from linpipe.store import OutputStore
+    from linpipe.store.location import Location
+
+    fresh = not OutputStore.exists(out)  # nothing here but our lease: this run lays the store out
+    discarded = False
     try:
         return _run_leased(plan, request, out, address, device, _LeaseChecked(events, lease))
+    except BaseException:
+        # a run that failed before its first unit leaves no store (it would look like a job
+        # that is resumable, or block the corrected job's out); any unit written keeps it
+        discarded = fresh and _discard_unused(out)
+        raise
     finally:
         lease.release()
+        if discarded:
+            Location(out, read_only=False).remove_empty()
+
+
+def _discard_unused(out: str) -> bool:
+    """Delete the store at `out` (all but the lease) if it never received a unit; True if so."""
+    from linpipe.store import OutputStore
+    from linpipe.store.location import Location
+
+    try:
+        if OutputStore.exists(out) and not OutputStore.creation_interrupted(out):
+            if not never_received_a_unit(OutputStore.open(out, mode="r")):
+                return False
+        Location(out, read_only=False).discard()
+    except (LinpipeError, OSError):  # unreadable or undeletable: left as it is, resumable
+        return False
+    return True
 
 
 class _LeaseChecked(JobEvents):
@@ -426,7 +454,8 @@ def _run_leased(plan, request, out, address, device, events) -> JobSummary:
     total, n_records = plan.total_positions, plan.n_records
     if not todo:
         _finalize(store)
-        events.started(JobStart(plan.job_id, out, n_records, total, total, 0, 0, strands=len(plan.strands)))
+        events.started(JobStart(plan.job_id, out, n_records, total, total, 0, 0, strands=len(plan.strands),
+                                notes=plan.notes))
         return JobSummary(plan.job_id, out, n_records, total, 0, 0.0, 0.0, store.size_on_disk(), 0,
                           nothing_to_do=True)
 
@@ -437,6 +466,7 @@ def _run_leased(plan, request, out, address, device, events) -> JobSummary:
         import ray
 
         possible, options = worker_slots(request.workers, request.actor_resources)
+        check_split(plan, request.split, possible)  # a cluster's slots are known only now
         n_workers = max(1, min(possible, len(todo)))  # no idle actors for a small job
         # torch threads: the CPUs an actor asked for (a GPU actor leaves it to torch)
         threads = None if options.get("num_gpus") else max(1, int(options.get("num_cpus", 1)))
@@ -472,7 +502,7 @@ def _run_leased(plan, request, out, address, device, events) -> JobSummary:
                                         spill_budget=budget)
 
         events.started(JobStart(plan.job_id, out, n_records, total, done_positions, len(todo) + len(splits),
-                                n_workers, possible, strands=len(plan.strands)))
+                                n_workers, possible, strands=len(plan.strands), notes=plan.notes))
         for item, n in splits:
             split_stats.append(run_split(item.record, n, store, new_segment_actor, events,
                                          first_weight=plan.split_first_weight,

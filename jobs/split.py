@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from linpipe.errors import LinpipeError
+from linpipe.errors import LinpipeError, option
 from linpipe.strands import FORWARD
 
 from .actor import PipelineWorker, UnitResult, peak_rss
@@ -62,6 +62,20 @@ def split_segments(record: Record, total_positions: int, n_workers: int, split: 
     if n_workers < 2 or record.length < AUTO_FACTOR * total_positions / n_workers:
         return 1
     return min(n_workers, record.n_units)
+
+
+def check_split(plan, split, slots: int | None) -> None:
+    """A forced split runs a record's segments at once, one worker each: more segments than the
+    job's worker slots would wait for a worker that never starts. slots None: not known here."""
+    if not isinstance(split, int) or slots is None:
+        return
+    longest = max((r for r in plan.streams if r.strand == FORWARD), key=lambda r: r.n_units, default=None)
+    n = 1 if longest is None else split_segments(longest, plan.total_positions, slots, split)
+    if n > slots:
+        raise LinpipeError(f"{option('split')} {split}: record {longest.id!r} would run as {n} segments at "
+                           f"once, one worker each, but the job has {slots} worker slot"
+                           f"{'s' if slots != 1 else ''}; give {option('workers')} {n} (and as many CPUs) "
+                           f"or {option('split')} {slots}")
 
 
 class SegmentWorker(PipelineWorker):

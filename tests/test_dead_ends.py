@@ -4,7 +4,6 @@ exists), what it says about what it skipped, and what its progress reports, on r
 import io
 import re
 import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -83,3 +82,188 @@ def test_half_the_units_of_a_both_strand_job_are_half_its_positions(half_both):
     assert r.exit_code == 0, r.output
     assert f"{length // 2:,} positions done (50.0%), 4 of 8 units" in r.output
     assert "forward 0/4, reverse 4/4 units" in r.output
+
+
+# ------------------------------------------------------------------ time series: sort, columns, eval
+def _unsorted_co2(timeseries, tmp_path) -> Path:
+    """The weekly CO2 series with two weeks swapped: rows out of time order."""
+    lines = (timeseries / "statsmodels_co2_weekly.csv").read_text().splitlines()
+    lines[101], lines[102] = lines[102], lines[101]
+    path = tmp_path / "co2-unsorted.csv"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_an_unsorted_series_takes_sort_wherever_the_error_says_so(timeseries, tmp_path):
+    csv = _unsorted_co2(timeseries, tmp_path)
+    out = tmp_path / "co2.zarr"
+    r = run("submit", csv, "--time-column", "date", "--out", out, "--dry-run")
+    assert r.exit_code == 1 and "rows are not in time order" in r.output and "--sort" in r.output
+    r = run("submit", csv, "--time-column", "date", "--sort", "--out", out, "--dry-run")
+    assert r.exit_code == 0, r.output
+    sorted_id = re.search(r"job (lp-\w+)", r.output).group(1)
+    r = run("eval", "default", csv, "--time-column", "date", "--sort", "--json")
+    assert r.exit_code == 0, r.output
+    r = run("train", csv, "--time-column", "date", "--sort", "--out", tmp_path / "m", "--steps", 2,
+            "--batch", 2, "--window", 16, "--d-model", 8, "--n-heads", 2, "--n-layers", 1, "--quiet")
+    assert r.exit_code == 0, r.output
+    # the sorted rows are other outputs than a file read as it is: --sort is part of the job id
+    good = tmp_path / "co2.csv"
+    shutil.copy(timeseries / "statsmodels_co2_weekly.csv", good)
+    ids = [re.search(r"job (lp-\w+)", run("submit", good, "--time-column", "date", *flag, "--out", out,
+                                          "--dry-run").output).group(1) for flag in ((), ("--sort",))]
+    assert ids[0] != ids[1] and sorted_id not in ids
+
+
+def test_a_column_that_is_not_read_is_named_at_submit(timeseries, tmp_path):
+    """A text column beside numeric ones is left out of the channels: submit says so, once, by name."""
+    lines = (timeseries / "heartpy_data2_ppg.csv").read_text().splitlines()
+    csv = tmp_path / "ppg.csv"
+    csv.write_text("\n".join([lines[0] + ",site"] + [ln + ",wrist" for ln in lines[1:2001]]) + "\n")
+    r = run("submit", csv, "--time-column", "timer", "--out", tmp_path / "ppg.zarr", "--dry-run")
+    assert r.exit_code == 0, r.output
+    notes = [ln for ln in r.output.splitlines() if ln.startswith("note:")]
+    assert notes == [f"note: {csv}: column 'site' (string) not read as channel (not numeric); --columns "
+                     "chooses the channels"]
+    r = run("submit", csv, "--time-column", "timer", "--columns", "hr", "--out", tmp_path / "p.zarr",
+            "--dry-run")
+    assert r.exit_code == 0 and "note:" not in r.output  # the channels were chosen: nothing left out unsaid
+
+
+def test_eval_scores_each_channel_in_its_own_units(tmp_path):
+    """Two channels of one ECG, one of them in microvolts: each scored on its own, with its own
+    season; the headline (MAE over last-value's, averaged over the channels) is the same in any
+    units, and positions are rows, not rows times channels."""
+    import pandas as pd
+
+    from linpipe.training.evaluate import auto_season
+
+    table = pd.read_parquet(EXAMPLES / "ecg-mitdb100.parquet")
+    micro = table.assign(V5_mV=table.V5_mV * 1000).rename(columns={"V5_mV": "V5_uV"})
+    micro.to_parquet(tmp_path / "ecg-uV.parquet", index=False)
+    reports = []
+    for path in (EXAMPLES / "ecg-mitdb100.parquet", tmp_path / "ecg-uV.parquet"):
+        r = run("eval", "default-timeseries", path, "--time-column", "sample", "--json")
+        assert r.exit_code == 0, r.output
+        reports.append(__import__("json").loads(r.output)["inputs"][0])
+    mv, uv = reports
+    assert mv["positions"] == uv["positions"] == len(table)
+    assert [c["channel"] for c in uv["channels"]] == ["MLII_mV", "V5_uV"]
+    for c, name in enumerate(("MLII_mV", "V5_mV")):
+        assert mv["channels"][c]["season"] == auto_season(table[[name]].to_numpy(np.float64))
+    a, b = mv["channels"][1]["scores"], uv["channels"][1]["scores"]
+    for k in a:
+        assert b[k]["mae"] == pytest.approx(1000 * a[k]["mae"], rel=1e-3)
+        assert b[k]["ratio"] == pytest.approx(a[k]["ratio"], rel=1e-3)
+    for k, ratio in mv["mean_ratio"].items():
+        per_channel = [ch["scores"][k]["ratio"] for ch in mv["channels"]]
+        assert ratio == pytest.approx(np.mean(per_channel))
+        assert uv["mean_ratio"][k] == pytest.approx(ratio, rel=1e-3)
+    r = run("eval", "default-timeseries", tmp_path / "ecg-uV.parquet", "--time-column", "sample")
+    assert "MAE / last-value MAE, mean over 2 channels:" in r.output and "V5_uV (" in r.output
+
+
+# ------------------------------------------------------------------ refused while planning
+def test_an_out_that_cannot_hold_a_store_is_refused_by_the_dry_run_too(genomes, tmp_path):
+    from linpipe.errors import StoreError
+    from linpipe.jobs.driver import run_job
+    from linpipe.jobs.request import JobRequest
+
+    fasta = genomes / "minimap2_MT-human.fa"
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("mine\n")
+    a_folder = tmp_path / "results"
+    a_folder.mkdir()
+    (a_folder / "table.csv").write_text("a,b\n")
+    for out, says in ((a_file, "a file, not a folder"), (a_folder, "holds other files")):
+        for more in ((), ("--overwrite",)):
+            r = run("submit", fasta, "--out", out, "--dry-run", *more)
+            assert r.exit_code == 1 and error_lines(r) == [ln for ln in r.output.splitlines() if ln], r.output
+            assert says in r.output and "--out" in r.output
+        with pytest.raises(StoreError, match=says):  # the run refuses it the same way, before Ray
+            run_job(JobRequest(inputs=(str(fasta),), out=str(out)))
+    assert a_file.read_text() == "mine\n" and sorted(p.name for p in a_folder.iterdir()) == ["table.csv"]
+
+
+def test_hidden_of_a_series_read_as_lanes_is_refused_before_ray(tmp_path):
+    """default-timeseries reads each channel as its own lane: hidden needs one channel."""
+    import ray
+
+    from linpipe.errors import InputError
+    from linpipe.jobs.driver import run_job
+    from linpipe.jobs.request import JobRequest
+
+    ecg, out = EXAMPLES / "ecg-mitdb100.parquet", tmp_path / "ecg.zarr"
+    r = run("submit", ecg, "--time-column", "sample", "--outputs", "hidden", "--out", out, "--dry-run")
+    assert r.exit_code == 1 and len(error_lines(r)) == 1, r.output
+    assert "--outputs hidden" in r.output and "(MLII_mV, V5_mV)" in r.output and "--columns" in r.output
+    with pytest.raises(InputError, match="hidden needs a one-channel series"):
+        run_job(JobRequest(inputs=(str(ecg),), time_column="sample", outputs=("hidden",), out=str(out)))
+    assert not ray.is_initialized() and not out.exists()
+    r = run("submit", ecg, "--time-column", "sample", "--columns", "V5_mV", "--outputs", "hidden",
+            "--out", out, "--dry-run")
+    assert r.exit_code == 0, r.output
+
+
+def test_a_split_into_more_segments_than_workers_is_refused_while_planning(tmp_path):
+    mt = EXAMPLES / "MT-human.fa"  # 16,569 bases: 5 units of 4,096
+    args = ("submit", mt, "--unit-size", 4096, "--out", tmp_path / "mt.zarr", "--dry-run")
+    r = run(*args, "--split", 3, "--workers", 2)
+    assert r.exit_code == 1 and len(error_lines(r)) == 1, r.output
+    assert "--split 3" in r.output and "2 worker slots" in r.output and "--workers 3" in r.output
+    assert run(*args, "--split", 3, "--workers", 3).exit_code == 0
+    assert run(*args, "--split", 9, "--workers", 5).exit_code == 0  # 5 units: at most 5 segments
+
+
+# ------------------------------------------------------------------ regions: the escape
+def test_a_genome_wide_bed_is_refused_or_skipped_and_clipped_as_asked(genomes, tmp_path, one_torch_thread):
+    from _pipeline_data import assert_same_bytes, store_arrays, write_in_process
+
+    fasta = tmp_path / "g.fa"
+    lengths = write_fasta_slice(genomes / "korflab_Athaliana_TAIR_1pct.fa", fasta, 3 * UNIT)
+    rid = next(iter(lengths))
+    bed = tmp_path / "genome-wide.bed"
+    bed.write_text(f"{rid}\t100\t900\nchrUn_KI270302v1\t0\t5000\nchrUn_KI270302v1\t9000\t9100\n"
+                   f"{rid}\t{lengths[rid] - 50}\t{lengths[rid] + 1000}\nchrM\t10\t20\n")
+    args = ("submit", fasta, "--unit-size", UNIT, "--regions", bed, "--out", tmp_path / "g.zarr", "--dry-run")
+    r = run(*args)
+    assert r.exit_code == 1 and f"{bed}:2: no record 'chrUn_KI270302v1'" in r.output
+    assert "--regions-lenient" in r.output
+    r = run(*args, "--regions-lenient")
+    assert r.exit_code == 0, r.output
+    assert (f"note: --regions {bed}: skipped 3 lines on 2 contigs not in the inputs (chrM, "
+            "chrUn_KI270302v1); clipped 1 interval at a record's end") in r.output
+    # what it stores: exactly what the BED of the lines kept, clipped, stores
+    clipped = tmp_path / "clipped.bed"
+    clipped.write_text(f"{rid}\t100\t900\n{rid}\t{lengths[rid] - 50}\t{lengths[rid]}\n")
+    model = make_tiny_model(tmp_path / "tiny")
+    write_in_process(fasta, model, tmp_path / "a.zarr", unit_size=UNIT, regions=str(bed),
+                     regions_lenient=True)
+    write_in_process(fasta, model, tmp_path / "b.zarr", unit_size=UNIT, regions=str(clipped))
+    assert_same_bytes(store_arrays(tmp_path / "a.zarr"), store_arrays(tmp_path / "b.zarr"))
+
+
+# ------------------------------------------------------------------ where index files go
+def test_index_files_go_to_the_cache_when_asked(genomes, tmp_path, monkeypatch):
+    from linpipe.inputs import cache
+
+    data = tmp_path / "shared-data"  # writable, but the user would rather nothing were written there
+    data.mkdir()
+    fasta = data / "mt.fa"
+    shutil.copy(genomes / "minimap2_MT-orang.fa", fasta)
+    monkeypatch.setenv("LINPIPE_CACHE", str(tmp_path / "cache"))
+    want = cache.cached_path(fasta, ".fai")
+    r = run("index", fasta, "--index-in-cache")
+    assert r.exit_code == 0 and f"index: {want}" in r.output and want.is_file()
+    assert sorted(p.name for p in data.iterdir()) == ["mt.fa"]
+    want.unlink()
+    monkeypatch.setenv("LINPIPE_INDEX_IN_CACHE", "1")  # every command, from the environment
+    r = run("submit", fasta, "--out", tmp_path / "mt.zarr", "--dry-run")
+    assert r.exit_code == 0 and f"note: {fasta}: index written to {want}" in r.output
+    assert sorted(p.name for p in data.iterdir()) == ["mt.fa"] and want.is_file()
+    r = run("submit", fasta, "--out", tmp_path / "mt.zarr", "--dry-run")
+    assert r.exit_code == 0 and "index written" not in r.output  # found there next time: nothing to say
+    monkeypatch.delenv("LINPIPE_INDEX_IN_CACHE")
+    want.unlink()
+    r = run("index", fasta)  # by default, beside a writable input, as before
+    assert r.exit_code == 0 and f"index: {fasta}.fai" in r.output

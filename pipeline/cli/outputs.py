@@ -146,11 +146,11 @@ def export(store, fmt, output, records, dest):
 
 @click.command(epilog=examples(
     "linpipe plot MT-human.zarr --record MT_human --output logprob --region 0-5000 -o mt.png",
-    "linpipe plot ecg.zarr --record ecg --output forecast,anomaly --region 0-3000 -o ecg.png"))
+    "linpipe plot ecg.zarr --record ecg-mitdb100 --output forecast,residual --region 0-3000 -o ecg.png"))
 @click.argument("store", type=click.Path())
 @click.option("--record", required=True, metavar="ID", help="Record id.")
 @click.option("--output", "output", required=True, metavar="NAME[,NAME...]",
-              help="Output(s) to plot, e.g. logprob, or forecast,anomaly (stacked panels; a "
+              help="Output(s) to plot, e.g. logprob, or forecast,residual (stacked panels; a "
                    "forecast is drawn over the input series).")
 @click.option("--region", default=None, metavar="START-END",
               help="0-based, end exclusive (default: the whole record).")

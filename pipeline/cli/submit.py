@@ -10,7 +10,7 @@ import click
 
 from linpipe.jobs.options import OPTIONS
 
-from .common import declared_options, examples, follow_until_done, plural
+from .common import declared_options, examples, follow_until_done, plural, print_notes
 
 
 @click.command("submit", epilog=examples(
@@ -48,6 +48,7 @@ def _print_dry_run(report: dict) -> None:
     from linpipe.progress import human_bytes
 
     click.echo(f"job {report['job_id']} (dry run: nothing was started)")
+    print_notes(report["notes"])
     click.echo(f"  inputs:      {len(report['inputs'])} ({', '.join(report['inputs'])})")
     click.echo(f"  records:     {report['records']:,}")
     click.echo(f"  positions:   {report['positions']:,}")
@@ -102,6 +103,8 @@ def _job_events(quiet: bool = False):
                            err=True)
 
         def started(self, s):
+            if not quiet:
+                print_notes(s.notes)
             if not s.work_items or quiet:
                 return  # nothing to do: the summary line says so, once
             why = ""
