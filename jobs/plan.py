@@ -112,6 +112,7 @@ class JobPlan:
     packed_time_dtype: str | None = None  # time series: the packed records' time column dtype
     regions: dict | None = None  # --regions: record id -> merged intervals (records without one left out)
     regions_path: str | None = None
+    regions_lenient: bool = False  # --regions-lenient: recorded with the regions (a repair reads them so)
     notes: tuple[str, ...] = ()  # what planning skipped or wrote that the user should hear of
 
     @property
@@ -306,4 +307,5 @@ def plan_job(request: JobRequest) -> JobPlan:
                    m.sha256, modality, tuple(outputs), unit_size, input_options, int(m.config.d_model),
                    first_weight(m.config),
                    channels, records, streams, packed, short_times.pop() if short_times else None, regions,
-                   os.path.abspath(os.fspath(request.regions)) if request.regions else None, tuple(notes))
+                   os.path.abspath(os.fspath(request.regions)) if request.regions else None,
+                   bool(request.regions and request.regions_lenient), tuple(notes))

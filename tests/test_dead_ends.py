@@ -4,6 +4,7 @@ exists), what it says about what it skipped, and what its progress reports, on r
 import io
 import re
 import shutil
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -241,6 +242,14 @@ def test_a_genome_wide_bed_is_refused_or_skipped_and_clipped_as_asked(genomes, t
                      regions_lenient=True)
     write_in_process(fasta, model, tmp_path / "b.zarr", unit_size=UNIT, regions=str(clipped))
     assert_same_bytes(store_arrays(tmp_path / "a.zarr"), store_arrays(tmp_path / "b.zarr"))
+    # the store records the escape: verify --repair plans the same job again from it
+    from linpipe.jobs.plan import plan_job
+    from linpipe.jobs.repair import request_of
+    from linpipe.store import OutputStore
+
+    store = OutputStore.open(str(tmp_path / "a.zarr"), mode="r")
+    assert store.meta["regions"]["lenient"] is True
+    assert plan_job(request_of(store)).job_id == store.meta["job_id"]
 
 
 # ------------------------------------------------------------------ where index files go
@@ -267,3 +276,166 @@ def test_index_files_go_to_the_cache_when_asked(genomes, tmp_path, monkeypatch):
     want.unlink()
     r = run("index", fasta)  # by default, beside a writable input, as before
     assert r.exit_code == 0 and f"index: {fasta}.fai" in r.output
+
+
+# ------------------------------------------------------------------ runs on a real (embedded) Ray
+@pytest.mark.slow
+@pytest.mark.parametrize("shadow", ["clone", "package"])
+def test_workers_import_the_installed_linpipe_wherever_submit_runs(shadow, tmp_path):
+    """`linpipe submit` run where a `linpipe` folder sits: the clone itself (its folders, no
+    __init__.py at its top), or a package of that name. Ray puts the driver's working directory
+    on every worker's path; the workers must import the installed linpipe all the same."""
+    import sys
+
+    where = tmp_path / "work"
+    folder = where / "linpipe"
+    if shadow == "clone":
+        for part in ("pipeline", "jobs", "kernels", "examples"):
+            shutil.copytree(REPO / part, folder / part, ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copy(REPO / "pyproject.toml", folder)
+        fasta = Path("linpipe/examples/MT-human.fa")  # as the user typed it, from the clone's parent
+    else:
+        folder.mkdir(parents=True)
+        (folder / "__init__.py").write_text('raise ImportError("this is not the installed linpipe")\n')
+        fasta = EXAMPLES / "MT-human.fa"
+    r = subprocess.run([str(Path(sys.executable).parent / "linpipe"), "submit", str(fasta),
+                        "--out", "mt.zarr", "--unit-size", "8192", "--workers", "1", "-q"],
+                       cwd=where, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "Done: job" in r.stdout and (where / "mt.zarr").is_dir()
+
+
+class _StopAt:
+    """Events that stop the run where a test says: before any unit (when the workers are being
+    started) or after the first one."""
+
+    def __init__(self, when: str):
+        from linpipe.jobs.driver import JobEvents
+
+        class Stop(JobEvents):
+            def started(self, start):
+                if when == "started":
+                    raise KeyboardInterrupt
+
+            def unit_done(self, result, units_done):
+                if when == "unit_done":
+                    raise KeyboardInterrupt
+
+        self.events = Stop()
+
+
+@pytest.mark.slow
+def test_a_run_that_stops_before_its_first_unit_leaves_no_store(genomes, tmp_path):
+    """Stopped after Ray started but before any unit: nothing is left (no store that `inspect`
+    would call resumable, nothing in the way of the next run). Stopped after a unit: the store
+    stays, resumable, and the next run finishes it."""
+    from linpipe.jobs.driver import run_job
+    from linpipe.jobs.request import JobRequest
+    from linpipe.store import OutputStore
+
+    fasta = tmp_path / "at.fa"
+    write_fasta_slice(genomes / "korflab_Athaliana_TAIR_1pct.fa", fasta, 4 * UNIT)
+    out = tmp_path / "at.zarr"
+    req = JobRequest(inputs=(str(fasta),), out=str(out), unit_size=UNIT, workers=1)
+    with pytest.raises(KeyboardInterrupt):
+        run_job(req, events=_StopAt("started").events)
+    assert not out.exists()
+    with pytest.raises(KeyboardInterrupt):
+        run_job(req, events=_StopAt("unit_done").events)
+    progress = OutputStore.open(str(out), mode="r").progress()
+    assert 0 < progress["units_done"] < progress["units"] and not progress["complete"]
+    with pytest.raises(KeyboardInterrupt):  # a resumed run that stops at once keeps what was done
+        run_job(req, events=_StopAt("started").events)
+    assert OutputStore.open(str(out), mode="r").progress()["units_done"] == progress["units_done"]
+    s = run_job(req)
+    assert s.positions_run < s.positions and OutputStore.open(str(out), mode="r").is_complete()
+
+
+@pytest.mark.slow
+def test_both_strands_report_the_records_positions(genomes, tmp_path):
+    """A record of several units on both strands: progress and summary count the record's
+    positions (each strand's unit half of its own), never past 100%."""
+    fasta = tmp_path / "mt.fa"
+    n = sum(write_fasta_slice(genomes / "minimap2_MT-human.fa", fasta, 4 * UNIT + 500).values())
+    r = run("submit", fasta, "--unit-size", UNIT, "--strand", "both", "--workers", 2,
+            "--out", tmp_path / "b.zarr")
+    assert r.exit_code == 0, r.output
+    shown = f"{n / 1000:.2f}k"
+    assert f"progress: {shown}/{shown} positions (100.0%)" in r.output
+    assert "ETA 0:00, both strands" in r.output
+    assert f"{n:,} positions on both strands ({shown} run)" in r.output
+    assert f"{n:,} positions on both strands ({n:,} to run)" in r.output
+    r = run("inspect", tmp_path / "b.zarr")
+    assert "status       complete" in r.output and "progress" not in r.output
+
+
+# ------------------------------------------------------------------ every example in every help
+PLACEHOLDERS = ("genome.fa", "HEAD:", "lp-3f9c", "variants.vcf", "calls.vcf", "/shared/")
+PRODUCERS = ("linpipe submit examples/MT-human.fa --out MT-human.zarr",
+             "linpipe submit examples/ecg-mitdb100.parquet --model examples/models/ecg --time-column sample "
+             "--out ecg.zarr")
+
+
+def help_examples() -> list[str]:
+    """The `Examples:` lines of every command's help (the groups' too), as typed."""
+    import click
+
+    found = []
+
+    def walk(cmd):
+        for line in (cmd.epilog or "").splitlines():
+            if line.strip().startswith("linpipe "):
+                found.append(line.strip())
+        if isinstance(cmd, click.Group):
+            for sub in cmd.commands.values():
+                walk(sub)
+
+    walk(cli)
+    return list(dict.fromkeys(found))
+
+
+def test_every_help_example_parses():
+    import shlex
+
+    import click
+
+    examples = help_examples()
+    assert set(PRODUCERS) <= set(examples) and len(examples) > 20
+    for line in examples:
+        args = shlex.split(line)[1:]
+        cmd, ctx = cli, None
+        while isinstance(cmd, click.Group):
+            name, args = args[0], args[1:]
+            cmd = cmd.get_command(ctx, name)
+            assert cmd is not None, f"{line}: no command {name!r}"
+        cmd.make_context(name, list(args))  # raises on an unknown option or a bad value
+
+
+@pytest.fixture(scope="module")
+def example_folder(tmp_path_factory):
+    """A folder laid out as the help assumes: the shipped examples/ and jobs/, and the stores the
+    first examples (PRODUCERS) make."""
+    import shlex
+
+    base = tmp_path_factory.mktemp("help-examples")
+    for part in ("examples", "jobs"):
+        shutil.copytree(REPO / part, base / part, ignore=shutil.ignore_patterns("__pycache__"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(base)
+        for line in PRODUCERS:
+            r = run(*shlex.split(line)[1:])
+            assert r.exit_code == 0, (line, r.output)
+    return base
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("line", [x for x in help_examples() if not any(p in x for p in PLACEHOLDERS)])
+def test_every_help_example_runs(line, example_folder, tmp_path, monkeypatch):
+    """Each example in a fresh copy of that folder, as a user would type it."""
+    import shlex
+
+    here = tmp_path / "here"
+    shutil.copytree(example_folder, here, symlinks=True)
+    monkeypatch.chdir(here)
+    r = run(*shlex.split(line)[1:])
+    assert r.exit_code == 0, (line, r.output)
