@@ -293,6 +293,11 @@ def test_workers_import_the_installed_linpipe_wherever_submit_runs(shadow, tmp_p
         for part in ("pipeline", "jobs", "kernels", "examples"):
             shutil.copytree(REPO / part, folder / part, ignore=shutil.ignore_patterns("__pycache__"))
         shutil.copy(REPO / "pyproject.toml", folder)
+        # a clone at another commit than the one installed: its code must not run in the workers
+        # (a folder without __init__.py is a namespace package; its jobs/ would be linpipe.jobs)
+        jobs_init = folder / "jobs" / "__init__.py"
+        jobs_init.write_text('raise ImportError("the clone\'s jobs/, not the installed linpipe")\n'
+                             + jobs_init.read_text())
         fasta = Path("linpipe/examples/MT-human.fa")  # as the user typed it, from the clone's parent
     else:
         folder.mkdir(parents=True)
