@@ -157,19 +157,19 @@ def _fingerprints(paths, options) -> list[str]:
 
 
 def test_a_renamed_option_keeps_the_job_id(tmp_path, genomes):
-    """unit_size was chunk_size: the job id keeps its key, so a store made before the rename is
-    the same job (it resumes, it is not refused as another one), whichever name asks for it."""
+    """unit_size was chunk_size: the job id keeps its key, so either name asks for the same job."""
     from linpipe.jobs.options import identity
     from linpipe.jobs.plan import plan_job
 
     assert identity({"unit_size": 4096, "outputs": ["logprob"]}) == {
         "input_options": {}, "chunk_size": 4096, "outputs": ["logprob"]}
     mt = str(genomes / "minimap2_MT-human.fa")
-    # computed by linpipe before the rename (a38af4a) for this file, 4096 positions, both strands
-    assert plan_job(JobRequest(inputs=(mt,), unit_size=4096, strand="both")).job_id == "lp-94ad27df059f184f"
+    # this file, 4096 positions, both strands: computed by linpipe at output format 3 (ids from
+    # whole-content hashes; format 2's came from sampled content and are never resumed)
+    assert plan_job(JobRequest(inputs=(mt,), unit_size=4096, strand="both")).job_id == "lp-deebaf921295be10"
     old = tmp_path / "old.yaml"
     old.write_text(yaml.safe_dump({"inputs": [mt], "chunk_size": 4096, "strand": "both"}))
-    assert plan_job(load_spec(old).requests[0]).job_id == "lp-94ad27df059f184f"
+    assert plan_job(load_spec(old).requests[0]).job_id == "lp-deebaf921295be10"
 
 
 @pytest.mark.parametrize("case", ["dna", "both strands", "time series", "regions"])
