@@ -18,7 +18,7 @@ import torch
 
 from .naive import feature_map_fn
 from .scratch import Scratch, hugepages
-from .stages import block_outputs, constant_gates, local_states, log_decay
+from .stages import block_gates, block_outputs, check_log_gate, local_states, log_decay
 
 # Positions per block: chosen by measurement (1 thread, K=32): 32 beat 64 and 128 once spans are
 # cache-sized; smaller blocks mean less intra-block work per position (2c(K+V) FLOPs).
@@ -50,10 +50,11 @@ def features(x, phi_name, out=None, tmp=None):
 def _run_blocks(q, k, v, S, z, log_g, phi_name, need_z, need_den, n, c, scratch):
     """Positions of q, k, v (B, n*c, H, K|V), as n blocks of c, entering with S (B, H, K, V) and
     z (B, H, K) -> (num (B, H, n, c, V), den (B, H, n, c) or None, S, z after them; z is
-    carried only when need_z). The three stages of stages.py, in order."""
+    carried only when need_z; log_g: None, the log decays (H,) or the positions' log-gates
+    (B, n*c, H)). The three stages of stages.py, in order."""
     B, _, H, K = q.shape
     V = v.shape[-1]
-    gates = constant_gates(log_g, H, n, c, q.dtype, q.device)
+    gates = block_gates(log_g, H, n, c, q.dtype, q.device, scratch)
     blocks = lambda x: x.transpose(1, 2).reshape(B, H, n, c, x.shape[-1])  # noqa: E731 (a view for scratch)
     t = scratch("la_tmp", B, H, n, c, K)
     qf = features(blocks(q), phi_name, scratch("la_q", B, H, n, c, K), t)  # (B, H, n, c, K)
@@ -74,7 +75,7 @@ def _run_blocks(q, k, v, S, z, log_g, phi_name, need_z, need_den, n, c, scratch)
 
 
 def _single(q, k, v, decay, feature_map, normalize, eps, initial_state, need_state, block_size, dtype,
-            parts=False):
+            parts=False, log_gate=None):
     """One batch of independent sequences (no cu_seqlens) -> (o, den or None, S, z): o is the
     normalised output (or the numerator: without the normaliser, or with parts, when den is
     the denominator beside it); S, z after the sequence stay in the compute dtype."""
@@ -82,10 +83,12 @@ def _single(q, k, v, decay, feature_map, normalize, eps, initial_state, need_sta
     V = v.shape[-1]
     cd = dtype or (torch.float64 if q.dtype == torch.float64 else torch.float32)
     feature_map_fn(feature_map)  # unknown names fail here, even for T == 0
-    tensors = [q, k, v, decay] + ([] if initial_state is None else list(initial_state))
+    tensors = [q, k, v, decay, log_gate] + ([] if initial_state is None else list(initial_state))
     grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
     q, k, v = q.to(cd), k.to(cd), v.to(cd)
     log_g = None if decay is None else log_decay(decay.to(device=q.device, dtype=cd))
+    if log_gate is not None:  # per position (B, T, H), a decay's log added
+        log_g = log_gate.to(q.device) if log_g is None else log_gate.to(q.device) + log_g
     if initial_state is None:
         S = q.new_zeros((B, H, K, V))
         z = q.new_zeros((B, H, K))
@@ -108,7 +111,8 @@ def _single(q, k, v, decay, feature_map, normalize, eps, initial_state, need_sta
         spans.append((T - tail, 1, tail))
     for a, n, cb in spans:
         b = a + n * cb
-        num, d, S, z = _run_blocks(q[:, a:b], k[:, a:b], v[:, a:b], S, z, log_g, feature_map, need_z,
+        lg = log_g[:, a:b] if log_gate is not None else log_g
+        num, d, S, z = _run_blocks(q[:, a:b], k[:, a:b], v[:, a:b], S, z, lg, feature_map, need_z,
                                    need_den, n, cb, scratch)
         if normalize and not parts:  # as one pass: num / (den + eps)
             num = torch.mul(num, d.add_(eps).reciprocal_().unsqueeze(-1),
@@ -142,13 +146,18 @@ def chunk_linear_attn_torch(
     cu_seqlens: torch.Tensor | None = None,  # (N+1,) int64 offsets of N records packed in T; B == 1
     block_size: int = BLOCK_SIZE,
     dtype: torch.dtype | None = None,
+    log_gate: torch.Tensor | None = None,  # (B, T, H) log-gates g_t <= 0 of the positions
 ):
     """Returns (o (B, T, H, V) in q's dtype, final_state (S, z) float32 or None).
 
     Computes in float32 (float64 for float64 inputs, or `dtype` when given). Differentiable.
     """
-    def one(q, k, v, init, need_state):
-        o, _, S, z = _single(q, k, v, decay, feature_map, normalize, eps, init, need_state, block_size, dtype)
+    if log_gate is not None:
+        check_log_gate(log_gate, q.shape[:3])
+
+    def one(q, k, v, init, need_state, lg=log_gate):
+        o, _, S, z = _single(q, k, v, decay, feature_map, normalize, eps, init, need_state, block_size, dtype,
+                             log_gate=lg)
         return o.to(q.dtype), (S.float().contiguous(), z.float().contiguous())
 
     if cu_seqlens is None:
@@ -161,7 +170,8 @@ def chunk_linear_attn_torch(
     for i in range(len(offs) - 1):  # one record at a time: simple and exact
         a, b = offs[i], offs[i + 1]
         init = None if initial_state is None else (initial_state[0][i:i + 1], initial_state[1][i:i + 1])
-        o, fin = one(q[:, a:b], k[:, a:b], v[:, a:b], init, True)
+        lg = None if log_gate is None else log_gate[:, a:b]
+        o, fin = one(q[:, a:b], k[:, a:b], v[:, a:b], init, True, lg)
         outs.append(o)
         Ss.append(fin[0])
         zs.append(fin[1])
@@ -171,13 +181,16 @@ def chunk_linear_attn_torch(
 
 
 def chunk_linear_attn_parts(q, k, v, *, decay=None, feature_map="elu1", initial_state=None,
-                            block_size: int = BLOCK_SIZE, dtype: torch.dtype | None = None):
+                            block_size: int = BLOCK_SIZE, dtype: torch.dtype | None = None,
+                            log_gate=None):
     """The normaliser's two parts apart, for callers that add to them before dividing (the
     sequence-parallel split): (num (B, T, H, V), den (B, T, H), (S, z)), where num / (den + eps)
     is chunk_linear_attn_torch's normalised o and num alone its o without the normaliser. All
     three are in the compute dtype (float32; float64 for float64 inputs, or `dtype`), the final
     state included, so that a float64 caller carries its state exactly. Same inputs as
     chunk_linear_attn_torch (no cu_seqlens); runs on any device (the Triton form has no parts)."""
+    if log_gate is not None:
+        check_log_gate(log_gate, q.shape[:3])
     num, den, S, z = _single(q, k, v, decay, feature_map, False, 0.0, initial_state, True, block_size, dtype,
-                             parts=True)
+                             parts=True, log_gate=log_gate)
     return num, den, (S, z)
