@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from linpipe.errors import InputError, LinpipeError, option
+from linpipe.inputs.base import FileState
 from linpipe.store.table import PackedRecords
 from linpipe.strands import FORWARD, REVERSE
 
@@ -105,6 +106,7 @@ class JobPlan:
     packed_time_dtype: str | None = None  # time series: the packed records' time column dtype
     regions: dict | None = None  # --regions: record id -> merged intervals (records without one left out)
     regions_path: str | None = None
+    files: tuple[FileState, ...] = ()  # the inputs as the store records them (whole-content sha256)
 
     @property
     def n_records(self) -> int:
@@ -202,6 +204,7 @@ def plan_job(request: JobRequest) -> JobPlan:
     short_ids, short_desc, short_len, short_src = [], [], [], []
     short_times: set[str] = set()
     fingerprints: list[str] = []
+    files: list[FileState] = []
     seen: dict[str, str] = {}
     channels = None
     for n_input, path in enumerate(request.inputs):
@@ -212,6 +215,7 @@ def plan_job(request: JobRequest) -> JobPlan:
                 raise modality_error(path, inp.modality, model_ref, m.modality)
             if not m.config.series_norm:  # a series_norm model reads any number of channels
                 check_channels(path, inp, m.config, model_ref, input_options)
+            files.append(inp.file_state())
             fingerprints.append(inp.fingerprint())
             time_dtype = None
             if inp.modality == "timeseries":
@@ -289,4 +293,4 @@ def plan_job(request: JobRequest) -> JobPlan:
                    m.sha256, modality, tuple(outputs), unit_size, input_options, int(m.config.d_model),
                    first_weight(m.config),
                    channels, records, streams, packed, short_times.pop() if short_times else None, regions,
-                   os.path.abspath(os.fspath(request.regions)) if request.regions else None)
+                   os.path.abspath(os.fspath(request.regions)) if request.regions else None, tuple(files))
