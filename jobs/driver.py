@@ -123,18 +123,17 @@ def open_or_create_store(plan: JobPlan, out: str, *, overwrite: bool = False):
     if OutputStore.creation_interrupted(out):
         overwrite = True  # a driver killed while laying it out; we hold the job's lease now
     elif OutputStore.exists(out) and not overwrite:
-        store = OutputStore.open(out, mode="r+")
-        old = store.meta.get("job_id")
-        if old == plan.job_id:
-            return store
+        store = OutputStore.open(out, mode="r")
+        if store.meta.get("job_id") == plan.job_id:
+            return OutputStore.open(out, mode="r+")
         if not never_received_a_unit(store):
-            raise another_job(out, old, plan.job_id)
+            raise another_job(out, store.meta, plan)
         overwrite = True  # a failed start's empty store holds no work: the corrected job takes it
     options = recorded({"model": plan.model_ref, "unit_size": plan.unit_size, "outputs": list(plan.outputs),
                         **plan.input_options, "regions": plan.regions_path,
                         "regions_lenient": plan.regions_lenient or None})
     meta = {"job_id": plan.job_id, "model_sha256": plan.model_sha256, "model": options.pop("model"),
-            "inputs": list(plan.inputs)}
+            "inputs": [f.stored() for f in plan.files]}
     meta.update(options)
     outputs = meta.pop("outputs")  # the store records them with its arrays
     if plan.regions is not None:  # what the store holds: docs/regions.md

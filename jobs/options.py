@@ -337,9 +337,6 @@ class Option:
     run: bool = False  # how this submit runs (RunOptions), not what the job is (JobRequest)
     identity: bool = False  # it changes the outputs: it enters the job id
     identity_key: str | None = None  # its key in the job id, where not its name (ids stay as they were)
-    # False where the identity is not what the store records (regions: the digest of the
-    # regions read from the file, recorded as the file's path)
-    identity_recorded: bool = True
     input_option: bool = False  # an open_input keyword (time series)
     stored: str | None = None  # where a store's metadata records it (dotted: inside a mapping)
     path: bool = False  # a file: relative to a spec's folder there, absolute in argv
@@ -409,7 +406,7 @@ OPTIONS: tuple[Option, ...] = (
            example="both", identity=True),
     Option("regions", Text(), "Store outputs only inside these regions (BED, 0-based); records with a "
            "region are still streamed from their start, so the context is exact (docs/regions.md).",
-           metavar="BED", example="regions.bed", identity=True, identity_recorded=False,
+           metavar="BED", example="regions.bed", identity=True,
            stored="regions.path", path=True),
     Option("regions_lenient", Flag(), "With regions: skip BED lines whose contig is not in the inputs "
            "and clip intervals at a record's end (both counted and printed) instead of refusing the file "
@@ -505,12 +502,3 @@ def stored_values(meta: dict[str, Any]) -> dict[str, Any]:
         if v is not None:
             found[o.name] = o.kind.coerce(v)
     return found
-
-
-def stored_identity(meta: dict[str, Any]) -> dict[str, Any] | None:
-    """The job id's options from a store's metadata; None when the store records an option whose
-    identity is not what it records (identity_recorded False)."""
-    values = stored_values(meta)
-    if any(not BY_NAME[name].identity_recorded for name in values):
-        return None
-    return identity(values)

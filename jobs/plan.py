@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from linpipe.errors import InputError, LinpipeError, option
+from linpipe.inputs.base import FileState
 from linpipe.store.table import PackedRecords
 from linpipe.strands import FORWARD, REVERSE
 
@@ -114,6 +115,7 @@ class JobPlan:
     regions_path: str | None = None
     regions_lenient: bool = False  # --regions-lenient: recorded with the regions (a repair reads them so)
     notes: tuple[str, ...] = ()  # what planning skipped or wrote that the user should hear of
+    files: tuple[FileState, ...] = ()  # the inputs as the store records them (whole-content sha256)
 
     @property
     def n_records(self) -> int:
@@ -215,6 +217,7 @@ def plan_job(request: JobRequest) -> JobPlan:
     short_ids, short_desc, short_len, short_src = [], [], [], []
     short_times: set[str] = set()
     fingerprints: list[str] = []
+    files: list[FileState] = []
     seen: dict[str, str] = {}
     channels = None
     for n_input, path in enumerate(request.inputs):
@@ -225,6 +228,7 @@ def plan_job(request: JobRequest) -> JobPlan:
                 raise modality_error(path, inp.modality, model_ref, m.modality)
             if not m.config.series_norm:  # a series_norm model reads any number of channels
                 check_channels(path, inp, m.config, model_ref, input_options)
+            files.append(inp.file_state())
             fingerprints.append(inp.fingerprint())
             notes += input_notes(path, inp)
             time_dtype = None
@@ -308,4 +312,4 @@ def plan_job(request: JobRequest) -> JobPlan:
                    first_weight(m.config),
                    channels, records, streams, packed, short_times.pop() if short_times else None, regions,
                    os.path.abspath(os.fspath(request.regions)) if request.regions else None,
-                   bool(request.regions and request.regions_lenient), tuple(notes))
+                   bool(request.regions and request.regions_lenient), tuple(notes), tuple(files))

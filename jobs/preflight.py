@@ -65,10 +65,26 @@ def never_received_a_unit(store) -> bool:
     return not store.is_complete() and store.progress()["units_done"] == 0
 
 
-def another_job(out: str, old: str | None, new: str) -> StoreError:
+def another_job(out: str, meta: dict, plan: JobPlan) -> StoreError:
+    """Why the store at out (its root metadata) cannot take this job's units: an input changed
+    since it was written, an older linpipe wrote it, or it holds another job."""
+    from linpipe.inputs.base import input_changes
+    from linpipe.store.layout import FORMAT_VERSION
+
+    fix = f"start over with {option('overwrite')} or choose another {option('out')}"
+    changed = input_changes(meta.get("inputs"), plan.files)
+    if changed:
+        return StoreError(f"{out}: cannot resume: input {'; input '.join(changed)}; the store holds "
+                          f"outputs of the old content: {fix}")
+    version = meta.get("format_version")
+    if isinstance(version, int) and version < FORMAT_VERSION:
+        return StoreError(f"{out}: written by an older linpipe ({meta.get('linpipe_version')}, output format "
+                          f"{version}) that recorded no content hash of its inputs, so it cannot be resumed: "
+                          f"{fix}")
     return StoreError(
-        f"{out}: holds the outputs of another job ({old}: a different model, inputs or options than "
-        f"job {new}); use {option('overwrite')} to replace it or choose another {option('out')}")
+        f"{out}: holds the outputs of another job ({meta.get('job_id')}: a different model, inputs or "
+        f"options than job {plan.job_id}); use {option('overwrite')} to replace it or choose another "
+        f"{option('out')}")
 
 
 def check_store(plan: JobPlan, out: str, overwrite: bool) -> dict | None:
@@ -97,7 +113,7 @@ def check_store(plan: JobPlan, out: str, overwrite: bool) -> dict | None:
     if old != plan.job_id:
         if overwrite or never_received_a_unit(store):
             return None
-        raise another_job(out, old, plan.job_id)
+        raise another_job(out, store.meta, plan)
     return store_progress(out)
 
 

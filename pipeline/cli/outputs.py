@@ -80,10 +80,12 @@ def inspect(store, as_json):
                    "job's inputs and model where they were), then verify again.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (for scripts).")
 def verify(store, repair, as_json):
-    """Re-read every unit of an output store and check it against the checksums written with it.
+    """Re-read every unit of an output store and check it against the checksums written with it,
+    and each of the job's inputs found here against the sha256 recorded of it.
 
     Each corrupt or missing unit is named by record and position range (or packed batch and its
-    records); the exit status is 1 when any remains.
+    records), each changed input by its path and what changed; the exit status is 1 when any
+    remains.
     """
     import json
 
@@ -97,15 +99,24 @@ def verify(store, repair, as_json):
         for p in report.problems:
             click.echo(f"repairing {p.describe()}", err=True)
         repaired = repair_units(store, report.problems)
-        report = verify_store(store)
+        again = verify_store(store, inputs=False)
+        again.inputs = report.inputs
+        report = again
     if as_json:
         click.echo(json.dumps({**report.as_dict(), "repaired": repaired}, indent=2))
     else:
         for p in report.problems:
             click.echo(p.describe())
-        state = "ok" if report.ok else f"{plural(len(report.problems), 'unit')} corrupt or missing"
+        for i in report.inputs:
+            if i.status != "same":
+                click.echo(i.describe())
+        wrong = [f"{plural(len(report.problems), 'unit')} corrupt or missing"] if report.problems else []
+        if report.changed_inputs:
+            wrong.append(f"{plural(len(report.changed_inputs), 'input')} changed")
+        read = sum(i.status != "not found" and i.status != "not recorded" for i in report.inputs)
         fixed = f", {repaired} repaired" if repaired else ""
-        click.echo(f"{report.path}: {plural(report.units, 'unit')} checked{fixed}: {state}")
+        click.echo(f"{report.path}: {plural(report.units, 'unit')} checked{fixed}, "
+                   f"{plural(read, 'input')} read: {'; '.join(wrong) or 'ok'}")
     if not report.ok:
         raise SystemExit(1)
 

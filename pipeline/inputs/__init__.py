@@ -6,9 +6,9 @@ from pathlib import Path
 from typing import Sequence
 
 from linpipe.errors import InputError, option
-from linpipe.inputs.base import Input, RecordInfo, sniff_format, stem
+from linpipe.inputs.base import FileState, Input, RecordInfo, file_state, sniff_format, stem
 
-__all__ = ["Input", "RecordInfo", "open_input", "stem"]
+__all__ = ["FileState", "Input", "RecordInfo", "file_state", "open_input", "stem"]
 
 
 def open_input(

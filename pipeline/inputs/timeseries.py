@@ -184,9 +184,9 @@ class TimeSeriesInput(Input):
 
     # -- the table file linpipe reads rows from
     def _cache_file(self, tag: str, columns) -> Path:
-        st = self.path.stat()
+        # keyed by content: an edited file never reads an older conversion, whatever its mtime
         key = (
-            f"{self.path.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\0{tag}\0"
+            f"{self.file_state().sha256}\0{tag}\0"
             f"{self.id_column}\0{self.time_column}\0{columns}"
             + (f"\0{self.time_format}" if self.time_format else "")
         )

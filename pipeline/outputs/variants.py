@@ -122,19 +122,23 @@ def _read_bcf(path: str):
         vf.close()
 
 
-def _genome_inputs(store, override: str | None, model_sha256: str):
+def _genome_inputs(store, override: str | None):
     """record id -> open input, for the FASTA the store was made from (or `override`), checked
-    to be that content: the store's job id is recomputed from the inputs' fingerprints (a copy
-    elsewhere keeps them), so the stored states are known to belong to this sequence."""
+    to be that content: each file's sha256 is one the store recorded of its inputs (a copy
+    elsewhere has it too), so the stored states are known to belong to this sequence."""
     from linpipe.inputs import open_input
-    from linpipe.jobs.options import stored_identity
-    from linpipe.jobs.plan import job_id
+    from linpipe.inputs.base import FileState
 
     meta = store.meta
-    own = [i["path"] if isinstance(i, dict) else i for i in meta.get("inputs") or ()]
-    paths = [override] if override else own
-    if not paths:
+    entries = list(meta.get("inputs") or ())
+    recorded = [FileState.from_stored(i) for i in entries]
+    if not entries:
         raise LinpipeError(f"{store.path}: the store names no input; give the genome with {option('input')}")
+    if None in recorded:
+        raise LinpipeError(f"{store.path}: written by an older linpipe ({meta.get('linpipe_version')}) that "
+                           "recorded no content hash of its inputs, so no genome can be checked to be the "
+                           f"one its states came from: run the job again with {option('overwrite')}")
+    paths = [override] if override else [r.path for r in recorded]
     where, opened = {}, []
     for p in paths:
         if not os.path.isfile(p):
@@ -143,13 +147,14 @@ def _genome_inputs(store, override: str | None, model_sha256: str):
         if inp.modality != "dna":
             raise LinpipeError(f"{p}: not a FASTA file (variants need a genome)")
         opened.append(inp)
+        now = inp.file_state()
+        if now.sha256 not in {r.sha256 for r in recorded}:
+            was = next((r for r in recorded if r.path == now.path), None)
+            why = was.changes(now) if was else "its content is none of the store's inputs"
+            raise LinpipeError(f"{p}: not the genome the store {store.path} was made from ({why}); the "
+                               "stored states would not match it")
         for r in inp.records:
             where.setdefault(r.id, inp)
-    options = stored_identity(meta)  # None: not recomputable from the store (a regions job)
-    if len(paths) == len(own) and options is not None and meta.get("job_id"):
-        if job_id([i.fingerprint() for i in opened], model_sha256, options) != meta["job_id"]:
-            raise LinpipeError(f"{', '.join(paths)}: not the genome the store {store.path} was made from "
-                               "(its content differs); the stored states would not match it")
     return where, opened
 
 
@@ -187,7 +192,7 @@ class VariantScorer:
             raise LinpipeError(f"{store_path}: the model found ({self.model.path}) is not the one the "
                                f"store was made with (sha256 {want[:12]}...); give it with {option('model')}")
         self.window = int(window)
-        self.genome, self._opened = _genome_inputs(self.store, genome, self.model.sha256)
+        self.genome, self._opened = _genome_inputs(self.store, genome)
         self.unit_size = self.store.unit_size
         self.strands = self.store.strands
 
