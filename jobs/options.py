@@ -393,6 +393,14 @@ OPTIONS: tuple[Option, ...] = (
            "'%d.%m.%Y %H:%M'.", default_text="ISO 8601 and forms such as 2010/01/01 00:00",
            metavar="FORMAT", example="%d.%m.%Y %H:%M", identity=True, input_option=True,
            stored="input_options.time_format", spec_aliases=("timeseries.time_format",)),
+    Option("sort", Flag(), _TS + "sort each series' rows by time (a sorted copy in linpipe's cache "
+           "folder) instead of refusing rows out of time order.", default=False, example=True,
+           identity=True, input_option=True, stored="input_options.sort"),
+    Option("index_in_cache", Flag(), "Keep the inputs' index files (.fai, .gzi, .lpi) in linpipe's cache "
+           "folder ($LINPIPE_CACHE, else ~/.cache/linpipe), never beside the inputs (as "
+           "$LINPIPE_INDEX_IN_CACHE=1 does for every command).",
+           default=False, default_text="beside an input whose folder is writable, else in the cache",
+           example=True, input_option=True, stored="input_options.index_in_cache"),
     Option("strand", Choice("forward", "both"), "both: also the reverse strand, as logprob_rc, "
            "entropy_rc (hidden_rc) at the forward positions (DNA; docs/strands.md).", default="forward",
            example="both", identity=True),
@@ -400,6 +408,10 @@ OPTIONS: tuple[Option, ...] = (
            "region are still streamed from their start, so the context is exact (docs/regions.md).",
            metavar="BED", example="regions.bed", identity=True,
            stored="regions.path", path=True),
+    Option("regions_lenient", Flag(), "With regions: skip BED lines whose contig is not in the inputs "
+           "and clip intervals at a record's end (both counted and printed) instead of refusing the file "
+           "(a genome-wide BED over a subset of contigs).", default=False, example=True,
+           stored="regions.lenient"),
     Option("split", Split(), "Run one long record over several workers at once (exact sequence "
            "parallelism, docs/sequence-parallel.md): auto splits a record much longer than the job's "
            "share per worker; N forces N segments; never streams every record on one worker (auto: "

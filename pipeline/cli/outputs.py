@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import click
 
+from linpipe.strands import NAMES as STRAND_NAMES
+
 from .common import examples, open_reader, plural
 
 
@@ -33,6 +35,10 @@ def inspect(store, as_json):
         click.echo(f"  input        {inp.get('path', inp) if isinstance(inp, dict) else inp}")
     click.echo(f"  outputs      {', '.join(s['outputs'])} (unit size {s['chunk_size']:,})")
     click.echo(f"  records      {s['n_records']:,}, {s['positions']:,} positions")
+    if not s["complete"]:
+        pct = 100 * s["positions_done"] / max(s["positions"], 1)
+        click.echo(f"  progress     {s['positions_done']:,} positions done ({pct:.1f}%), "
+                   f"{s['units_done']:,} of {plural(s['units'], 'unit')}")
     click.echo(f"  size on disk {human_bytes(s['size_on_disk'])} "
                f"(outputs {human_bytes(s['output_bytes_raw'])} raw -> "
                f"{human_bytes(s['output_bytes_stored'])}, compression {ratio})")
@@ -42,6 +48,9 @@ def inspect(store, as_json):
     width = max([len(n) for n in names.values()] + [6])
     for r in shown:
         done = "done" if r["chunks_done"] == r["chunks"] else f"{r['chunks_done']}/{r['chunks']} units"
+        per_strand = r.get("chunks_done_per_strand")
+        if per_strand and r["chunks_done"] != r["chunks"]:
+            done = ", ".join(f"{STRAND_NAMES[k]} {v}/{r['chunks']}" for k, v in per_strand.items()) + " units"
         miss = ""
         if r["missing_ranges"]:
             miss = "  missing " + ", ".join(f"{a:,}-{b:,}" for a, b in r["missing_ranges"][:3])
@@ -148,11 +157,11 @@ def export(store, fmt, output, records, dest):
 
 @click.command(epilog=examples(
     "linpipe plot MT-human.zarr --record MT_human --output logprob --region 0-5000 -o mt.png",
-    "linpipe plot ecg.zarr --record ecg --output forecast,anomaly --region 0-3000 -o ecg.png"))
+    "linpipe plot ecg.zarr --record ecg-mitdb100 --output forecast,residual --region 0-3000 -o ecg.png"))
 @click.argument("store", type=click.Path())
 @click.option("--record", required=True, metavar="ID", help="Record id.")
 @click.option("--output", "output", required=True, metavar="NAME[,NAME...]",
-              help="Output(s) to plot, e.g. logprob, or forecast,anomaly (stacked panels; a "
+              help="Output(s) to plot, e.g. logprob, or forecast,residual (stacked panels; a "
                    "forecast is drawn over the input series).")
 @click.option("--region", default=None, metavar="START-END",
               help="0-based, end exclusive (default: the whole record).")

@@ -1,9 +1,11 @@
 """Where linpipe keeps files derived from an input: sidecars (FASTA indexes) and cached tables.
 
 A sidecar goes next to its input when the input's folder is writable, else into the cache
-directory ($LINPIPE_CACHE, else ~/.cache/linpipe). A folder whose permission bits deny writing
-counts as read-only even for root, so shared read-only data is never written into. Converted
-time-series tables always go into the cache directory (`cache_root() / "tables"`).
+directory ($LINPIPE_CACHE, else ~/.cache/linpipe); asked to (`index_in_cache`, or
+$LINPIPE_INDEX_IN_CACHE=1 for every command), always into the cache, so that shared, read-mostly
+data folders get nothing written into them. A folder whose permission bits deny writing counts as
+read-only even for root. Converted time-series tables always go into the cache directory
+(`cache_root() / "tables"`).
 
 The hash cache (`<input>.lphash`, a sidecar) keeps the sha256 of an input's whole content with
 the file's size, mtime, ctime, inode and device when it was hashed, so an unchanged genome is
@@ -33,6 +35,16 @@ def cache_root(cache_dir: "str | os.PathLike | None" = None) -> Path:
     if env:
         return Path(env)
     return Path.home() / ".cache" / "linpipe"
+
+
+INDEX_IN_CACHE_ENV = "LINPIPE_INDEX_IN_CACHE"
+
+
+def index_in_cache(asked: bool | None = None) -> bool:
+    """Whether index files go to the cache only: as asked, else as $LINPIPE_INDEX_IN_CACHE says."""
+    if asked:
+        return True
+    return os.environ.get(INDEX_IN_CACHE_ENV, "").strip().lower() in ("1", "true", "yes")
 
 
 def folder_writable(folder: Path) -> bool:
@@ -77,10 +89,11 @@ def file_mode() -> int:
     return 0o666 & ~umask
 
 
-def write_sidecar(path: Path, suffix: str, data: bytes, cache_dir=None) -> Path:
-    """Write atomically (temp file + rename) next to path, or in the cache dir if that fails."""
+def write_sidecar(path: Path, suffix: str, data: bytes, cache_dir=None, in_cache: bool = False) -> Path:
+    """Write atomically (temp file + rename) next to path, or in the cache dir if that fails (or
+    only there, in_cache)."""
     targets = sidecar_candidates(path, suffix, cache_dir)
-    if not folder_writable(path.parent):
+    if in_cache or not folder_writable(path.parent):
         targets = targets[1:]
     last_err = None
     for target in targets:

@@ -162,6 +162,10 @@ class TimeSeriesInput(Input):
         table = _Table(self.table_path, self._kind)
         self.column_names = list(table.schema.names)  # every column of the file, in order
         self.channel_names = self._resolve_columns(table.schema, columns)
+        # columns left out of the default channels (text, dates): each front end says so
+        reserved = {self.id_column, self.time_column, *self.channel_names}
+        self.skipped_columns = [] if columns else [(f.name, str(f.type)) for f in table.schema
+                                                   if f.name not in reserved]
         if table.num_rows == 0:
             raise InputError(f"{self.path}: no rows: a zero-length series")
         self._table = table
