@@ -46,6 +46,9 @@ class UnitResult:
     write_s: float  # compressing, checksumming and writing, durably, beside later units
     node: str
     peak_rss: int  # bytes: this worker process's peak resident memory so far
+    # the part of `positions` that counts toward the job's positions: 1/2 for one strand's unit
+    # of a job on both strands (a packed batch runs both strands in its one call)
+    share: float = 1.0
 
 
 def peak_rss() -> int:
@@ -100,6 +103,7 @@ class PipelineWorker:
         self.rc_outputs = [base_output(o) for o in self.outputs or () if is_rc(o)]
         if self.outputs is not None:
             self.outputs = [o for o in self.outputs if not is_rc(o)]
+        self.share = 0.5 if self.rc_outputs else 1.0  # UnitResult.share of a stream's unit
         self.input_options = dict(input_options or {})
         self._inputs: dict[str, object] = {}
         self._stats: dict[str, tuple[int, int]] = {}  # path -> (size, mtime_ns) when opened
@@ -222,7 +226,7 @@ class PipelineWorker:
                 self.store.close()  # drop the finished record's cached array handles (refilled lazily)
 
         times = self._overlapped(seq, lambda: self._read(unit), model, write)
-        return UnitResult(unit.key, unit.index, unit.positions, *times, self.node, peak_rss())
+        return UnitResult(unit.key, unit.index, unit.positions, *times, self.node, peak_rss(), self.share)
 
     def run_batch(self, batch: int, units: list[Unit], seq: int | None = None) -> UnitResult:
         """Run one packed batch (whole short records, in table order) in one batched model
