@@ -87,25 +87,32 @@ class StandIn:
         return [self._out(len(x), outputs) for x in xs]
 
 
-def _job(fasta: Path, model: str, out: Path, sleep: float):
+def worker_job(fasta: Path, model: str, out: Path, outputs=("logprob", "entropy"), unit: int = UNIT,
+               device: str = "cpu", threads: int = 1):
+    """A job's plan, its store at `out` (new), one PipelineWorker on it, and the worker's calls
+    in the driver's order: (method name, args, kwargs)."""
     from linpipe.jobs.actor import PipelineWorker
     from linpipe.jobs.driver import open_or_create_store
     from linpipe.jobs.plan import plan_job
     from linpipe.jobs.request import JobRequest
 
-    plan = plan_job(JobRequest(inputs=(str(fasta),), model=model, unit_size=UNIT,
-                               outputs=("logprob", "entropy")))
+    plan = plan_job(JobRequest(inputs=(str(fasta),), model=model, unit_size=unit, outputs=tuple(outputs)))
     open_or_create_store(plan, str(out), overwrite=True)
-    w = PipelineWorker(plan.model_ref, str(out), list(plan.outputs), device="cpu", threads=1)
+    w = PipelineWorker(plan.model_ref, str(out), list(plan.outputs), device=device, threads=threads)
+    calls = [("run_unit", (c,), {"last": i == r.n_units - 1}) for r in plan.streams
+             for i, c in enumerate(r.units())]
+    calls += [("run_batch", (b, plan.batch_units(b)), {}) for b in range(plan.packed.n_batches)]
+    return plan, w, calls
+
+
+def _job(fasta: Path, model: str, out: Path, sleep: float):
+    plan, w, calls = worker_job(fasta, model, out)
     u = plan.streams[0].unit(0) if plan.streams else plan.batch_units(0)[0]
     x, _ = w._input(str(fasta)).read(u.record_id, u.start, u.end)
     real, _ = w.model.forward(np.tile(x, UNIT // len(x) + 1)[:UNIT], w.model.init_state(),
                               outputs=["logprob", "entropy"])
     w.model = StandIn(w.model, real, sleep)
     w.host.model = w.model
-    calls = [("run_unit", (c,), {"last": i == r.n_units - 1}) for r in plan.streams
-             for i, c in enumerate(r.units())]
-    calls += [("run_batch", (b, plan.batch_units(b)), {}) for b in range(plan.packed.n_batches)]
     return plan, w, calls
 
 
@@ -113,7 +120,7 @@ def _serial(w, calls):
     return [getattr(w, name)(*args, **kw) for name, args, kw in calls]
 
 
-def _overlapped(w, calls, in_flight: int = 3):
+def overlapped(w, calls, in_flight: int = 3):
     """As the driver and Ray run them: at most in_flight calls at once, numbered in order."""
     slots = threading.Semaphore(in_flight)
     with ThreadPoolExecutor(in_flight + 1) as pool:
@@ -142,7 +149,7 @@ def main() -> None:
             rates: dict[str, list[float]] = {"serial": [], "overlapped": []}
             split: dict[str, list] = {}
             for _ in range(args.rounds):
-                for how, run in (("serial", _serial), ("overlapped", _overlapped)):
+                for how, run in (("serial", _serial), ("overlapped", overlapped)):
                     plan, w, calls = _job(fasta, str(d / "model"), d / f"{how}.zarr", args.sleep_ms / 1e3)
                     t0 = time.perf_counter()
                     res = run(w, calls)
