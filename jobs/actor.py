@@ -23,7 +23,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from linpipe.errors import option
+from linpipe.errors import StoreError, option
 from linpipe.inputs.alphabet import reverse_complement
 from linpipe.strands import FORWARD, REVERSE
 
@@ -168,6 +168,11 @@ class PipelineWorker:
         from linpipe.model import ModelState
 
         arrays = self.store.boundary_state(unit.key, before, unit.strand)
+        if arrays is None:  # that unit is not durable: its state cannot be taken up
+            strand = "" if unit.strand == FORWARD else f" ({unit.strand} strand)"
+            raise StoreError(f"{self.store.path}: record {unit.record_id!r}, unit {unit.index}{strand}: the "
+                             f"state after unit {before} is not in the store (that unit is not complete); "
+                             f"submit again to resume from it")
         return ModelState.from_arrays(arrays)
 
     def _overlapped(self, seq: int | None, read, model, write) -> tuple[float, float, float, float]:

@@ -20,6 +20,7 @@ from _pipeline_data import CONTIG_UNIT as UNIT
 from _pipeline_data import assert_same_bytes, make_tiny_model, store_arrays, write_contigs, write_in_process
 
 from linpipe.jobs.overlap import HostCopies, Turns
+from linpipe.strands import FORWARD, REVERSE
 
 
 @pytest.fixture(scope="module")
@@ -228,3 +229,26 @@ def test_killed_with_writes_in_flight_keeps_only_durable_units_and_resumes_bit_i
     assert store.finalize()
     write_in_process(fasta, tiny, tmp_path / "reference.zarr", unit_size=UNIT)
     assert_same_bytes(store_arrays(tmp_path / "reference.zarr"), store_arrays(out))
+
+
+@pytest.mark.parametrize("strand", [FORWARD, REVERSE], ids=["forward", "reverse"])
+def test_a_unit_whose_previous_state_is_missing_is_a_one_line_error(job, tmp_path, strand, one_torch_thread):
+    """A unit handed to a worker that holds no state for it, whose previous unit is not in the
+    store: a StoreError naming the store, the record and both units; nothing is marked done,
+    and once the previous unit is written the same call runs."""
+    from linpipe.errors import StoreError
+
+    tiny, fasta, _ = job
+    plan, store, w = _worker(fasta, tiny, tmp_path / "o.zarr", strand="both")
+    rec = next(r for r in plan.streams if r.strand == strand)
+    units = rec.units()  # in reading order: the reverse strand's from the record's end
+    with pytest.raises(StoreError) as err:
+        w.run_unit(units[1])
+    msg = str(err.value)
+    assert "\n" not in msg and str(tmp_path / "o.zarr") in msg and repr(rec.id) in msg
+    assert f"unit {units[1].index}" in msg and f"state after unit {units[0].index} is not in the store" in msg
+    assert not store.completed_units(rec.key, rec.strand)
+    w.run_unit(units[0])
+    w._streams.clear()  # the state is taken from the store now
+    w.run_unit(units[1])
+    assert store.completed_units(rec.key, rec.strand) == {units[0].index, units[1].index}
