@@ -1,10 +1,16 @@
-"""The CPU chunked form of linear attention, with and without a decay, side by side (and against
-an older linpipe and flash-linear-attention's plain PyTorch reference when given).
+"""The CPU chunked form of linear attention, with and without a decay, and with per-position
+log-gates, side by side (and against an older linpipe and flash-linear-attention's plain
+PyTorch reference when given).
 
 Every (side, form) runs in its own child process at one thread; rounds alternate the sides so
 that a noisy neighbour hits all alike. A child times `chunk_linear_attn_torch` (elu1, the
 normaliser, final state) on random float32 inputs in inference mode and reports the median of
 its repeats; the table gives the median over rounds.
+
+Forms: `none` (no decay), `decay` (the default model's spread of fixed decays), `gated`
+(per-position log-gates logsigmoid(x)/16 around the same decays, as a gated model makes them)
+and `strong` (logsigmoid(x) of x ~ N(-4, 4^2): gates that empty the state within a block, whose
+weights reach float32's subnormal range).
 
 Sides: `new` (this checkout), `old` (--old-site: a `pip install --no-deps --target DIR` of an
 older linpipe), `fla` (--fla-site: a folder holding `fla` (pip install --no-deps --target DIR
@@ -41,9 +47,15 @@ if side == "fla":
     call = lambda: mod.naive_chunk_linear_attn(qf, kf, v, scale=1.0, normalize=True)
 else:
     from linpipe.kernels import chunk_linear_attn_torch
-    spread = [1 - 2.0 ** -(4 + 12 * h / max(H - 1, 1)) for h in range(H)]  # the default model's
-    decay = None if form == "none" else torch.tensor(spread)
-    call = lambda: chunk_linear_attn_torch(q, k, v, decay=decay, output_final_state=True)
+    spread = torch.tensor([1 - 2.0 ** -(4 + 12 * h / max(H - 1, 1)) for h in range(H)])  # the default model's
+    decay = spread if form == "decay" else None
+    gate = None
+    if form == "gated":  # the bias that gives the spread's decays at x = 0, as init_net sets it
+        bias = torch.logit(spread ** 16)
+        gate = torch.nn.functional.logsigmoid(torch.randn(1, T, H, generator=g) + bias) / 16
+    elif form == "strong":
+        gate = torch.nn.functional.logsigmoid(torch.randn(1, T, H, generator=g) * 4 - 4)
+    call = lambda: chunk_linear_attn_torch(q, k, v, decay=decay, log_gate=gate, output_final_state=True)
 with torch.inference_mode():
     call()
     times = []
@@ -76,8 +88,9 @@ def main():
     ap.add_argument("--K", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--forms", default="none,decay,gated,strong", help="forms of this checkout to time")
     args = ap.parse_args()
-    runs = [("new", "none", None), ("new", "decay", None)]
+    runs = [("new", f, None) for f in args.forms.split(",")]
     if args.old_site:
         old = os.path.abspath(args.old_site)
         runs += [("old", "none", old), ("old", "decay", old)]
@@ -92,10 +105,12 @@ def main():
                       "rounds": {f"{s} {f}": t for (s, f), t in times.items()}}))
     print(f"\nB=1 T={args.T} H={args.H} K=V={args.K}, float32, elu1, normaliser, 1 thread; "
           f"median of {args.rounds} rounds (each a median of {args.repeat} calls)\n")
-    print("| side | decay | ms (median) | range |")
-    print("|---|---|---|---|")
+    print("| side | form | ms (median) | range | / decay |")
+    print("|---|---|---|---|---|")
+    base = statistics.median(times[("new", "decay")]) if ("new", "decay") in times else None
     for (side, form), t in times.items():
-        print(f"| {side} | {form} | {statistics.median(t):.1f} | {min(t):.1f}-{max(t):.1f} |")
+        ratio = f"{statistics.median(t) / base:.2f}" if base else "-"
+        print(f"| {side} | {form} | {statistics.median(t):.1f} | {min(t):.1f}-{max(t):.1f} | {ratio} |")
 
 
 if __name__ == "__main__":

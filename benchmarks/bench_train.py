@@ -1,9 +1,11 @@
 """Training throughput of `linpipe train`'s step (the default model's size) with 1 vs 2 torch
-threads, measured in one run as ratios (this machine is shared and noisy).
+threads, or with `--gate` a fixed-decay vs a gated model at 1 thread in alternating rounds,
+measured in one run as ratios (this machine is shared and noisy).
 
-    python benchmarks/bench_train.py [--steps 5]
+    python benchmarks/bench_train.py [--steps 5] [--gate [--rounds 7]]
 """
 import argparse
+import statistics
 import time
 
 import torch
@@ -30,11 +32,28 @@ def main():
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--window", type=int, default=512)
+    ap.add_argument("--gate", action="store_true", help="fixed decay vs gated, 1 thread")
+    ap.add_argument("--rounds", type=int, default=7)
     a = ap.parse_args()
     cfg = ModelConfig(modality="dna", d_model=64, n_layers=2, n_heads=4, mlp_hidden=128, conv_width=4)
+    x = torch.randint(0, 4, (a.batch, a.window))
+    if a.gate:
+        runs = {}
+        for name, c in (("fixed decay", cfg), ("gated", cfg.replace(gate_normalizer=16.0))):
+            net = init_net(c, seed=0)
+            runs[name] = (net, torch.optim.Adam([p for p in net.parameters() if p.requires_grad], lr=1e-3))
+            step_time(*runs[name], x, 1, 1)  # warm-up
+        times = {name: [] for name in runs}
+        for _ in range(a.rounds):
+            for name, (net, opt) in runs.items():
+                times[name].append(step_time(net, opt, x, 1, a.steps)[0])
+        med = {name: statistics.median(t) for name, t in times.items()}
+        for name, t in med.items():
+            print(f"{name}: {1e3 * t:.1f} ms/step (median of {a.rounds} rounds of {a.steps} steps)")
+        print(f"gated / fixed decay: {med['gated'] / med['fixed decay']:.2f}")
+        return
     net = init_net(cfg, seed=0)
     opt = torch.optim.Adam(net.parameters(), lr=1e-3)
-    x = torch.randint(0, 4, (a.batch, a.window))
     step_time(net, opt, x, 1, 1)  # warm-up
     res = {t: step_time(net, opt, x, t, a.steps) for t in (1, 2)}
     pos = a.batch * a.window

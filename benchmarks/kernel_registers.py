@@ -7,8 +7,9 @@ register pressure per tile configuration.
     python benchmarks/kernel_registers.py                       # a default set, sm_90
     python benchmarks/kernel_registers.py --arch 80 out:bf16:32:64:8 state:bf16:64:128:8
 
-A spec is KERNEL:DTYPE:BLOCK_T:BLOCK_V:WARPS[:FEATURE_MAP:DECAY:NORMALIZE] with KERNEL in
-out|state|scan, FEATURE_MAP 0 elu1 / 1 relu / 2 identity, DECAY and NORMALIZE 0|1.
+A spec is KERNEL:DTYPE:BLOCK_T:BLOCK_V:WARPS[:FEATURE_MAP:DECAY:NORMALIZE:GATE] with KERNEL in
+out|state|scan, FEATURE_MAP 0 elu1 / 1 relu / 2 identity, DECAY, NORMALIZE and GATE (per-position
+log-gates) 0|1.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from triton.compiler import ASTSource
 
 from linpipe.kernels.linear_attn import triton_chunk as tc
 
-DEFAULT = ["out:bf16:32:64:8", "out:bf16:64:64:8", "state:bf16:64:128:8", "scan:fp32:0:0:4"]
+DEFAULT = ["out:bf16:32:64:8", "out:bf16:64:64:8", "state:bf16:64:128:8", "scan:fp32:0:0:4",
+           "out:bf16:64:64:8:0:0:1:1", "state:bf16:64:128:8:0:0:1:1", "scan:fp32:0:0:4:0:0:1:1"]
 
 
 def ptxas_stats(ptx: str, arch: int) -> str:
@@ -45,17 +47,19 @@ def ptxas_stats(ptx: str, arch: int) -> str:
 
 def compile_spec(spec: str, arch: int, H: int, K: int, V: int) -> str:
     kern, dt, bt, bv, warps, *rest = spec.split(":")
-    fm, decay, norm = (rest + ["0", "1", "1"][len(rest) :])[:3]
+    fm, decay, norm, gate = (rest + ["0", "1", "1", "0"][len(rest) :])[:4]
     p = "*" + dt
     prec = "ieee" if dt == "fp32" else "tf32"
     if kern == "scan":
         fn = tc._span_scan_kernel
-        sig = dict.fromkeys(["seg_first_ptr", "seg_ptr"], "*i64")
+        sig = dict.fromkeys(["span_first_ptr", "span_ptr"], "*i64")
         sig.update(
-            dict.fromkeys(["log2g_ptr", "s0_ptr", "z0_ptr", "ds_ptr", "dz_ptr", "sf_ptr", "zf_ptr"], "*fp32")
+            dict.fromkeys(["log2g_ptr", "s0_ptr", "z0_ptr", "ds_ptr", "dz_ptr", "dg_ptr", "sf_ptr", "zf_ptr"],
+                          "*fp32")
         )
         consts = dict(
-            H=H, K=K, V=V, BK=32, BV=32, HAS_INITIAL=True, HAS_DECAY=decay == "1", INTERPRETED=False
+            H=H, K=K, V=V, BK=32, BV=32, HAS_INITIAL=True, HAS_DECAY=decay == "1", HAS_GATE=gate == "1",
+            INTERPRETED=False
         )
     else:
         consts = dict(
@@ -67,6 +71,7 @@ def compile_spec(spec: str, arch: int, H: int, K: int, V: int) -> str:
             BV=int(bv),
             FEATURE_MAP=int(fm),
             HAS_DECAY=decay == "1",
+            HAS_GATE=gate == "1",
             DOT_PRECISION=prec,
             INTERPRETED=False,
         )
@@ -77,8 +82,9 @@ def compile_spec(spec: str, arch: int, H: int, K: int, V: int) -> str:
                 k_ptr=p,
                 v_ptr=p,
                 o_ptr=p,
-                seg_ptr="*i64",
+                span_ptr="*i64",
                 log2g_ptr="*fp32",
+                g_ptr="*fp32",
                 hs_ptr="*fp32",
                 hz_ptr="*fp32",
                 sf_ptr="*fp32",
@@ -91,11 +97,13 @@ def compile_spec(spec: str, arch: int, H: int, K: int, V: int) -> str:
             sig = dict(
                 k_ptr=p,
                 v_ptr=p,
-                seg_ptr="*i64",
+                span_ptr="*i64",
                 inner_ptr="*i64",
                 log2g_ptr="*fp32",
+                g_ptr="*fp32",
                 ds_ptr="*fp32",
                 dz_ptr="*fp32",
+                dg_ptr="*fp32",
             )
     sig.update(dict.fromkeys(consts, "constexpr"))
     compiled = triton.compile(

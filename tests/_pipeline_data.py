@@ -72,12 +72,16 @@ def assert_same_bytes(a: dict, b: dict) -> None:
         assert a[k].tobytes() == b[k].tobytes(), f"{k} differs"
 
 
-def make_tiny_model(directory: Path) -> str:
-    """A small random DNA model (format v1), so the tests spend their time in the pipeline."""
+def make_tiny_model(directory: Path, gated: bool = False) -> str:
+    """A small random DNA model (format v1), so the tests spend their time in the pipeline;
+    gated: two layers whose heads gate their state by the data (one gate strong: its state
+    lasts a few positions), so the split has a layer to fold after the first."""
     from linpipe.model import ModelConfig, init_net, save_model
 
-    cfg = ModelConfig(modality="dna", d_model=16, n_layers=1, n_heads=2, mlp_hidden=32)
-    save_model(init_net(cfg, seed=0), cfg, directory)
+    cfg = ModelConfig(modality="dna", d_model=16, n_layers=2 if gated else 1, n_heads=2, mlp_hidden=32,
+                      gate_normalizer=16.0 if gated else None)
+    net = init_net(cfg, seed=0, decay=[0.5, 0.999] if gated else None)
+    save_model(net, cfg, directory)
     return str(directory)
 
 

@@ -162,6 +162,66 @@ def test_half_inputs_give_half_output_and_float32_state(dtype):
     _close(z, rz, 1e-5)  # z sums phi(k) in float32 from the (already half) inputs: no rounding
 
 
+def _gates(B, T, H, seed=5):
+    """Per-position log-gates as a gated model makes them (logsigmoid(x) / 4), with a gate of
+    -1e30 and one of -inf (the state emptied) and a run of gates of exactly 0 where T allows."""
+    g = torch.Generator().manual_seed(seed)
+    gate = torch.nn.functional.logsigmoid(torch.randn(B, T, H, generator=g) * 3 + 1) / 4
+    if T > 40:
+        gate[0, 5, 0] = -1e30
+        gate[0, 17:20, H - 1] = float("-inf")  # several in one block, one on a block's last row
+        gate[:, 20:40, 0] = 0.0
+    return gate.to(DEV)
+
+
+@pytest.mark.parametrize("feature_map", ["elu1", "relu", "identity"])
+@pytest.mark.parametrize("normalize", [True, False])
+def test_gated_matches_naive_every_variant(feature_map, normalize):
+    q, k, v = _inputs(1, 50, 2, 16, 32, feature_map=feature_map)  # 2 segments, 4 blocks, a tail
+    _check(q, k, v, feature_map=feature_map, normalize=normalize, log_gate=_gates(1, 50, 2),
+           initial_state=_state(1, 2, 16, 32))
+
+
+@pytest.mark.parametrize("T", [1, 63, 64, 65, 300])
+def test_gated_any_length_and_with_a_decay(T):
+    q, k, v = _inputs(1, T, 2, 16, 16, seed=T)
+    decay = torch.tensor([0.9, 1.0], device=DEV) if T > 64 else None  # a decay and a gate: both apply
+    _check(q, k, v, log_gate=_gates(1, T, 2, seed=T), decay=decay)
+
+
+def test_gated_varlen_pack_and_resume():
+    """Packed records each read their own gates (the last segment's summed gate carries no state
+    into the next record); [0:T] equals [0:cut] then [cut:T] with the carried state."""
+    lengths = [65, 1, 0, 33, 100]
+    H, K, V = 2, 16, 32
+    cu = torch.tensor([0] + lengths).cumsum(0).to(DEV)
+    q, k, v = _inputs(1, sum(lengths), H, K, V, seed=3)
+    gate = _gates(1, sum(lengths), H, seed=4)
+    S0, z0 = _state(len(lengths), H, K, V)
+    o, (S, z) = chunk_linear_attn_triton(q, k, v, log_gate=gate, initial_state=(S0, z0),
+                                         output_final_state=True, cu_seqlens=cu, **SMALL)
+    for n in range(len(lengths)):
+        a, b = int(cu[n]), int(cu[n + 1])
+        ro, (rS, rz) = naive_recurrent_linear_attn(
+            q[:, a:b].double(), k[:, a:b].double(), v[:, a:b].double(), log_gate=gate[:, a:b],
+            initial_state=(S0[n:n + 1], z0[n:n + 1]), output_final_state=True)
+        if b > a:
+            _close(o[:, a:b], ro, 2e-5)
+        _close(S[n:n + 1], rS, 2e-5)
+        _close(z[n:n + 1], rz, 2e-5)
+    T, cut = 200, 77
+    q, k, v = _inputs(1, T, 2, 16, 32, seed=7)
+    gate = _gates(1, T, 2, seed=8)
+    whole, (S, z) = chunk_linear_attn_triton(q, k, v, log_gate=gate, output_final_state=True, **SMALL)
+    first, st = chunk_linear_attn_triton(q[:, :cut], k[:, :cut], v[:, :cut], log_gate=gate[:, :cut],
+                                         output_final_state=True, **SMALL)
+    second, (S2, z2) = chunk_linear_attn_triton(q[:, cut:], k[:, cut:], v[:, cut:], log_gate=gate[:, cut:],
+                                                initial_state=st, output_final_state=True, **SMALL)
+    _close(torch.cat([first, second], 1), whole, 1e-5)
+    _close(S2, S, 1e-5)
+    _close(z2, z, 1e-5)
+
+
 @triton.jit
 def _offsets_kernel(pos_ptr, out_ptr, STRIDE: tl.constexpr):
     i = tl.arange(0, 4)
@@ -175,14 +235,15 @@ def test_offsets_are_int64():
     out = torch.zeros(4, dtype=torch.int64, device=DEV)
     _offsets_kernel[(1,)](pos, out, STRIDE=8 * 128)
     assert out.tolist() == [int(p) * 1024 for p in pos.tolist()]
-    # and the kernels take their q/k/v/o bases from it and their span ids as int64
+    # and the kernels take their q/k/v/o (and log-gate) bases from it and their span ids as int64
     for kern in ("_span_state_kernel", "_span_output_kernel"):
         src = inspect.getsource(getattr(triton_chunk, kern).fn)
         assert "pid = tl.program_id(0).to(tl.int64)" in src
-        assert src.count("_row_base(start") == (2 if kern == "_span_state_kernel" else 4)
+        assert src.count("_row_base(start") == (3 if kern == "_span_state_kernel" else 5)
     assert "tl.program_id(0).to(tl.int64)" in inspect.getsource(triton_chunk._span_scan_kernel.fn)
     for block in ("_state_block", "_output_block"):  # each block's first row, too
         assert "_row_base(t0, H * K)" in inspect.getsource(getattr(triton_chunk, block).fn)
+    assert "_row_base(t0, H)" in inspect.getsource(triton_chunk._block_gates.fn)
 
 
 def test_unknown_feature_map():
@@ -214,6 +275,22 @@ def test_gpu_real_size_matches_naive(dtype, rtol):
     o, (S, z) = chunk_linear_attn_triton(q, k, v, decay=decay, initial_state=(S0, z0),
                                          output_final_state=True)
     ro, (rS, rz) = naive_recurrent_linear_attn(q, k, v, decay=decay, initial_state=(S0, z0),
+                                               output_final_state=True)
+    _close(o, ro, rtol)
+    _close(S, rS, rtol)
+    _close(z, rz, 1e-4)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,rtol", [(torch.float32, 1e-4), (torch.bfloat16, 3e-2)])
+def test_gpu_gated_real_size_matches_naive(dtype, rtol):
+    q, k, v = _inputs(1, 4096, 4, 128, 128, dtype=dtype)
+    S0, z0 = _state(1, 4, 128, 128)
+    gate = _gates(1, 4096, 4)
+    o, (S, z) = chunk_linear_attn_triton(q, k, v, log_gate=gate, initial_state=(S0, z0),
+                                         output_final_state=True)
+    ro, (rS, rz) = naive_recurrent_linear_attn(q, k, v, log_gate=gate, initial_state=(S0, z0),
                                                output_final_state=True)
     _close(o, ro, rtol)
     _close(S, rS, rtol)

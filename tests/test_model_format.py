@@ -173,6 +173,13 @@ CASES = {
     "state.pkl instead": (_replace_with_pickle("state.pkl"), "found state.pkl but no model.safetensors"),
     "torch.save under the safetensors name":
         (_torch_save_as_safetensors, "not safetensors; linpipe never unpickles"),
+    # the gate: a config key selects it, its tensors replace the fixed decay
+    "gate not an object": (_edit_config(gate=16), "'gate' must be an object"),
+    "gate key misspelt": (_edit_config(gate={"normaliser": 16}), "'gate' has unknown key 'normaliser'"),
+    "gate normalizer zero": (_edit_config(gate={"normalizer": 0}),
+                             "'gate' 'normalizer' must be a positive number"),
+    "gate normalizer text": (_edit_config(gate={"normalizer": "16"}), "'gate' 'normalizer' must be a number"),
+    "gate without its tensors": (_edit_config(gate={}), "missing tensor 'layers.0.attn.gk_proj.weight'"),
     "no weights": (lambda d: (d / "model.safetensors").unlink(), "missing model.safetensors"),
     "truncated weights": (lambda d: (d / "model.safetensors").write_bytes(
         (d / "model.safetensors").read_bytes()[:500]), "not a readable safetensors file"),

@@ -28,10 +28,14 @@ def tokens(genomes):
     return x
 
 
-def tiny(decay, normalize, feature_map, conv_width, n_layers=2):
+def tiny(decay, normalize, feature_map, conv_width, n_layers=2, gated=False):
+    """gated: heads that gate their state by the data, one gate strong (its state lasts a few
+    positions), one weak."""
     cfg = ModelConfig(modality="dna", d_model=16, n_layers=n_layers, n_heads=2, mlp_hidden=32,
-                      feature_map=feature_map, normalize=normalize, conv_width=conv_width)
-    return Model(init_net(cfg, seed=3, decay=None if decay else 1.0), cfg, device="cpu")
+                      feature_map=feature_map, normalize=normalize, conv_width=conv_width,
+                      gate_normalizer=16.0 if gated else None)
+    decay = [0.5, 0.999] if gated else (None if decay else 1.0)
+    return Model(init_net(cfg, seed=3, decay=decay), cfg, device="cpu")
 
 
 def serial(model, x, unit_size):
@@ -96,16 +100,36 @@ def test_split_equals_serial_chunk_edges(tokens, decay, normalize, feature_map, 
         check(model, tokens, bounds, chunk)
 
 
-@pytest.mark.parametrize("decay,conv_width", [(True, 4), (False, 4), (True, 1)])
-def test_split_short_segments_and_n_runs(tokens, decay, conv_width):
+@pytest.mark.parametrize("decay,conv_width,gated", [(True, 4, False), (False, 4, False), (True, 1, False),
+                                                   (True, 4, True)])
+def test_split_short_segments_and_n_runs(tokens, decay, conv_width, gated):
     """Segments shorter than the conv window (1 and 2 positions: the halo reaches back over
-    them), edges inside the N run, on its last N, on its first base, and off chunk edges."""
-    model = tiny(decay, True, "elu1", conv_width)
+    them), edges inside the N run, on its last N, on its first base, and off chunk edges; with
+    gates, the head rows' own gates carry their share to the segment's end."""
+    model = tiny(decay, True, "elu1", conv_width, gated=gated)
     e = N_END - LO
     for cuts in ([e - 1, e, e + 2], [700, 701, e, e + 1, 2300], [e - 300, e + 300, 2049]):
         edges = [0] + sorted(cuts) + [len(tokens)]
         bounds = list(zip(edges[:-1], edges[1:], strict=True))
         check(model, tokens, bounds, 1024)
+
+
+@pytest.mark.parametrize("normalize,feature_map,conv_width", [(True, "elu1", 4), (True, "identity", 4),
+                                                            (False, "relu", 1)])
+def test_gated_split_equals_serial_unit_edges(tokens, normalize, feature_map, conv_width):
+    """A gated model: every segment's fold carries its summed log-gate, pass 2 the cumulative
+    gates from the head rows' end; P = 2, 3, 5 on unit edges. Its spill rows hold the log-gates
+    too (H more floats a position), as the planner budgets."""
+    from linpipe.model.segments import SegmentRunner, spill_bytes
+
+    model = tiny(True, normalize, feature_map, conv_width, gated=True)
+    for parts in (2, 3, 5):
+        check(model, tokens, segment_bounds(len(tokens), 500, parts), 500)
+    r = SegmentRunner(model, lambda a, b: tokens[a:b], 0, 1000, 500)
+    per_head = (model.config.head_dim + 1) * (2 if feature_map == "identity" else 1) + 1  # + its gate
+    assert r.h.mem.nbytes + r.num.mem.nbytes == spill_bytes(model.config, 1000)
+    assert spill_bytes(model.config, 1000) == 1000 * (2 * 16 + 2 * per_head) * 4
+    r.close()
 
 
 def test_split_spills_to_disk(tokens, tmp_path):

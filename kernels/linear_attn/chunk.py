@@ -18,7 +18,7 @@ import torch
 
 from .naive import feature_map_fn
 from .scratch import Scratch, hugepages
-from .stages import PREFIX_GROUP, block_outputs, constant_gates, local_states, log_decay
+from .stages import PREFIX_GROUP, block_gates, block_outputs, check_log_gate, local_states, log_decay
 
 # Positions per block: chosen by measurement (1 thread, K=32): 32 beat 64 and 128 once spans are
 # cache-sized; smaller blocks mean less intra-block work per position (2c(K+V) FLOPs).
@@ -76,13 +76,18 @@ def _blocks(x, n, c, out=None, phi_name=None, tmp=None):
 def _run_blocks(q, k, v, S, z, log_g, phi_name, need_z, need_den, n, c, scratch):
     """Positions of q, k, v (B, t, H, K|V), t <= n*c, as n blocks of c (a last block of fewer
     rows padded with zero rows), entering with S (B, H, K, V) and z (B, H, K) -> (num (B, H, n,
-    c, V), den (B, H, n, c) or None, S, z after the t positions; z is carried only when need_z).
-    The three stages of stages.py, in order. Every block has all c rows and the fold runs by
-    whole groups of blocks (Gates.fold), so a position's outputs are the same bytes whatever
-    follows it in the call, and a call cut after whole groups resumes to the bytes of one."""
+    c, V), den (B, H, n, c) or None, S, z after the t positions; z is carried only when need_z;
+    log_g: None, the log decays (H,) or the positions' log-gates (B, t, H), padded with gates of
+    0 that leave the state as it is). The three stages of stages.py, in order. Every block has
+    all c rows and a fixed decay's fold runs by whole groups of blocks (Gates.fold), so a
+    position's outputs are the same bytes whatever follows it in the call, and a call cut after
+    whole groups resumes to the bytes of one."""
     B, t, H, K = q.shape
     V = v.shape[-1]
-    gates = constant_gates(log_g, H, c, q.dtype, q.device)
+    positional = log_g is not None and log_g.dim() == 3
+    if positional and t < n * c:
+        log_g = torch.nn.functional.pad(log_g, (0, 0, 0, n * c - t))
+    gates = block_gates(log_g, H, n, c, q.dtype, q.device, scratch)
     tmp = scratch("la_tmp", B, H, n, c, K)
     qf = _blocks(q, n, c, scratch("la_q", B, H, n, c, K), phi_name, tmp)  # (B, H, n, c, K)
     kf = _blocks(k, n, c, scratch("la_k", B, H, n, c, K), phi_name, tmp)
@@ -96,7 +101,8 @@ def _run_blocks(q, k, v, S, z, log_g, phi_name, need_z, need_den, n, c, scratch)
         z_starts, z = gates.fold(dz, z, scratch, "la_z")
     num, den = block_outputs(qf, kf, q_in, vb, S_starts, z_starts if need_den else None, gates, scratch, tmp)
     r = t - (n - 1) * c  # rows of the last block
-    if r < c:  # the state after its last row, not after its padding
+    if r < c and not positional:  # the state after its last row, not after its padding (a
+        # padded row's gate of 0 keeps the state as it is)
         S, z_end = gates.partial_state(kf[:, :, -1], vb[:, :, -1], S_starts[:, :, -1],
                                        None if z_starts is None else z_starts[:, :, -1], r)
         z = z if z_end is None else z_end
@@ -104,7 +110,7 @@ def _run_blocks(q, k, v, S, z, log_g, phi_name, need_z, need_den, n, c, scratch)
 
 
 def _single(q, k, v, decay, feature_map, normalize, eps, initial_state, need_state, block_size, dtype,
-            parts=False):
+            parts=False, log_gate=None):
     """One batch of independent sequences (no cu_seqlens) -> (o, den or None, S, z): o is the
     normalised output (or the numerator: without the normaliser, or with parts, when den is
     the denominator beside it); S, z after the sequence stay in the compute dtype."""
@@ -112,10 +118,12 @@ def _single(q, k, v, decay, feature_map, normalize, eps, initial_state, need_sta
     V = v.shape[-1]
     cd = dtype or (torch.float64 if q.dtype == torch.float64 else torch.float32)
     feature_map_fn(feature_map)  # unknown names fail here, even for T == 0
-    tensors = [q, k, v, decay] + ([] if initial_state is None else list(initial_state))
+    tensors = [q, k, v, decay, log_gate] + ([] if initial_state is None else list(initial_state))
     grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
     q, k, v = q.to(cd), k.to(cd), v.to(cd)
     log_g = None if decay is None else log_decay(decay.to(device=q.device, dtype=cd))
+    if log_gate is not None:  # per position (B, T, H), a decay's log added
+        log_g = log_gate.to(q.device) if log_g is None else log_gate.to(q.device) + log_g
     if initial_state is None:
         S = q.new_zeros((B, H, K, V))
         z = q.new_zeros((B, H, K))
@@ -136,7 +144,8 @@ def _single(q, k, v, decay, feature_map, normalize, eps, initial_state, need_sta
     for a in range(0, T, span_len):
         t = min(span_len, T - a)
         n = -(-t // c)
-        num, d, S, z = _run_blocks(q[:, a:a + t], k[:, a:a + t], v[:, a:a + t], S, z, log_g, feature_map,
+        lg = log_g[:, a:a + t] if log_gate is not None else log_g
+        num, d, S, z = _run_blocks(q[:, a:a + t], k[:, a:a + t], v[:, a:a + t], S, z, lg, feature_map,
                                    need_z, need_den, n, c, scratch)
         num = num.view(B, H, n * c, V)[:, :, :t]  # the real rows
         d = None if d is None else d.view(B, H, n * c)[:, :, :t]
@@ -172,13 +181,18 @@ def chunk_linear_attn_torch(
     cu_seqlens: torch.Tensor | None = None,  # (N+1,) int64 offsets of N records packed in T; B == 1
     block_size: int = BLOCK_SIZE,
     dtype: torch.dtype | None = None,
+    log_gate: torch.Tensor | None = None,  # (B, T, H) log-gates g_t <= 0 of the positions
 ):
     """Returns (o (B, T, H, V) in q's dtype, final_state (S, z) float32 or None).
 
     Computes in float32 (float64 for float64 inputs, or `dtype` when given). Differentiable.
     """
-    def one(q, k, v, init, need_state):
-        o, _, S, z = _single(q, k, v, decay, feature_map, normalize, eps, init, need_state, block_size, dtype)
+    if log_gate is not None:
+        check_log_gate(log_gate, q.shape[:3])
+
+    def one(q, k, v, init, need_state, lg=log_gate):
+        o, _, S, z = _single(q, k, v, decay, feature_map, normalize, eps, init, need_state, block_size, dtype,
+                             log_gate=lg)
         return o.to(q.dtype), (S.float().contiguous(), z.float().contiguous())
 
     if cu_seqlens is None:
@@ -191,7 +205,8 @@ def chunk_linear_attn_torch(
     for i in range(len(offs) - 1):  # one record at a time: simple and exact
         a, b = offs[i], offs[i + 1]
         init = None if initial_state is None else (initial_state[0][i:i + 1], initial_state[1][i:i + 1])
-        o, fin = one(q[:, a:b], k[:, a:b], v[:, a:b], init, True)
+        lg = None if log_gate is None else log_gate[:, a:b]
+        o, fin = one(q[:, a:b], k[:, a:b], v[:, a:b], init, True, lg)
         outs.append(o)
         Ss.append(fin[0])
         zs.append(fin[1])
@@ -201,13 +216,16 @@ def chunk_linear_attn_torch(
 
 
 def chunk_linear_attn_parts(q, k, v, *, decay=None, feature_map="elu1", initial_state=None,
-                            block_size: int = BLOCK_SIZE, dtype: torch.dtype | None = None):
+                            block_size: int = BLOCK_SIZE, dtype: torch.dtype | None = None,
+                            log_gate=None):
     """The normaliser's two parts apart, for callers that add to them before dividing (the
     sequence-parallel split): (num (B, T, H, V), den (B, T, H), (S, z)), where num / (den + eps)
     is chunk_linear_attn_torch's normalised o and num alone its o without the normaliser. All
     three are in the compute dtype (float32; float64 for float64 inputs, or `dtype`), the final
     state included, so that a float64 caller carries its state exactly. Same inputs as
     chunk_linear_attn_torch (no cu_seqlens); runs on any device (the Triton form has no parts)."""
+    if log_gate is not None:
+        check_log_gate(log_gate, q.shape[:3])
     num, den, S, z = _single(q, k, v, decay, feature_map, False, 0.0, initial_state, True, block_size, dtype,
-                             parts=True)
+                             parts=True, log_gate=log_gate)
     return num, den, (S, z)

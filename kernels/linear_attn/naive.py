@@ -1,9 +1,10 @@
 """The literal token-by-token recurrence of causal linear attention: the reference every
 faster form (PyTorch chunked, Triton) is tested against.
 
-Per head h with decay gamma_h (1 when decay is None):
-    S_t = gamma S_{t-1} + phi(k_t) v_t^T        # (K, V)
-    z_t = gamma z_{t-1} + phi(k_t)              # (K,)
+Per head h with decay gamma_h (1 when decay is None) and, with per-position log-gates g_t
+(flash-linear-attention's simple-GLA gate; 0 when log_gate is None), a_t = gamma exp(g_t):
+    S_t = a_t S_{t-1} + phi(k_t) v_t^T        # (K, V)
+    z_t = a_t z_{t-1} + phi(k_t)              # (K,)
     o_t = phi(q_t)^T S_t / (phi(q_t) . z_t + eps)   if normalize, else phi(q_t)^T S_t
 """
 from __future__ import annotations
@@ -37,6 +38,7 @@ def naive_recurrent_linear_attn(
     initial_state: tuple[torch.Tensor, torch.Tensor] | None = None,  # S (B, H, K, V), z (B, H, K)
     output_final_state: bool = False,
     dtype: torch.dtype = torch.float64,
+    log_gate: torch.Tensor | None = None,  # (B, T, H) log-gates g_t <= 0 of the positions
 ):
     """Returns (o (B, T, H, V) in q's dtype, final_state (S, z) in float32 or None).
 
@@ -52,12 +54,16 @@ def naive_recurrent_linear_attn(
     else:
         S, z = initial_state[0].to(dtype).clone(), initial_state[1].to(dtype).clone()
     g = None if decay is None else decay.to(dtype).view(1, H, 1)
+    gates = None if log_gate is None else torch.exp(log_gate.to(dtype)).unsqueeze(-1)  # (B, T, H, 1)
     o = torch.empty((B, T, H, V), dtype=dtype, device=q.device)
     for t in range(T):
         kt, vt, qt = kf[:, t], vf[:, t], qf[:, t]  # (B, H, K), (B, H, V), (B, H, K)
         if g is not None:
             S = S * g.unsqueeze(-1)
             z = z * g
+        if gates is not None:
+            S = S * gates[:, t].unsqueeze(-1)
+            z = z * gates[:, t]
         S = S + kt.unsqueeze(-1) * vt.unsqueeze(-2)
         z = z + kt
         num = torch.einsum("bhk,bhkv->bhv", qt, S)

@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 
 from .naive import FEATURE_MAPS
+from .stages import LOG_GATE_MIN, check_log_gate
 
 # Kernel ids of the feature maps: their index in naive.FEATURE_MAPS (the one list of names).
 _FEATURE_MAP_IDS = {name: i for i, name in enumerate(FEATURE_MAPS)}
@@ -32,6 +33,9 @@ assert _FEATURE_MAP_IDS["elu1"] == 0 and _FEATURE_MAP_IDS["relu"] == 1
 _SUPPORTED = (torch.float32, torch.bfloat16, torch.float16)
 # Positions per block (the matmul tile along positions) when the autotuner does not choose.
 BLOCK_SIZE = 64
+# log2 units, as the kernels weigh by exp2: the lowest log-gate (stages.LOG_GATE_MIN) and log2(e)
+_GATE_MIN2 = tl.constexpr(LOG_GATE_MIN * 1.4426950408889634)
+_LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
@@ -64,9 +68,32 @@ def _mm(x, like, INTERPRETED: tl.constexpr):
 
 
 @triton.jit
-def _state_step(b_s, b_z, b_k, b_v, o_t, n, lg, HAS_DECAY: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                INTERPRETED: tl.constexpr):
+def _block_gates(g_base, t0, n, o_t, H: tl.constexpr):
+    # The block's cumulative log2-gates from its start, b_i = g_0 + ... + g_i, summed in fp64 and
+    # kept as an fp32 pair (hi + lo): hi_i - hi_j is exact when b_i, b_j are within a factor 2
+    # (Sterbenz), so the difference of two nearby sums keeps fp32 precision however strong the
+    # gates before them. Masked rows have gate 0: b stays flat after the last valid row, and the
+    # last row's pair is the block's total.
+    g = tl.load(g_base + _row_base(t0, H) + o_t * H, mask=o_t < n, other=0.0).to(tl.float32)
+    b = tl.cumsum((tl.maximum(g * _LOG2E, _GATE_MIN2)).to(tl.float64), axis=0)
+    hi = b.to(tl.float32)
+    lo = (b - hi.to(tl.float64)).to(tl.float32)
+    last = o_t == o_t.shape[0] - 1
+    return hi, lo, tl.sum(tl.where(last, hi, 0.0), axis=0), tl.sum(tl.where(last, lo, 0.0), axis=0)
+
+
+@triton.jit
+def _state_step(b_s, b_z, b_k, b_v, o_t, n, lg, gh, gl, g_hi, g_lo, HAS_DECAY: tl.constexpr,
+                HAS_GATE: tl.constexpr, DOT_PRECISION: tl.constexpr, INTERPRETED: tl.constexpr):
     # Adds one block (n valid rows of phi(k), masked rows zero) to the running state.
+    if HAS_GATE:
+        # each row weighted to the block end, 2^(b_last - b_j); the block's total carries the
+        # state entering it over
+        w = tl.where(o_t < n, tl.exp2(tl.minimum((g_hi - gh) + (g_lo - gl), 0.0)), 0.0)
+        b_k = b_k * w[:, None]
+        g_n = tl.exp2(g_hi + g_lo)
+        b_s = b_s * g_n
+        b_z = b_z * g_n
     if HAS_DECAY:
         # decay each row to the block end; gamma^n carries the earlier blocks over. The where
         # keeps masked rows at 0 (gamma^negative would overflow to inf, and inf * 0 = nan).
@@ -82,11 +109,12 @@ def _state_step(b_s, b_z, b_k, b_v, o_t, n, lg, HAS_DECAY: tl.constexpr, DOT_PRE
 
 
 @triton.jit
-def _state_block(b_s, b_z, k_base, v_base, t0, n_pos, o_t, o_k, o_v, m_k, m_v, lg,
+def _state_block(b_s, b_z, g_sum, k_base, v_base, g_base, t0, n_pos, o_t, o_k, o_v, m_k, m_v, lg,
                  H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                 FEATURE_MAP: tl.constexpr, HAS_DECAY: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                 INTERPRETED: tl.constexpr):
-    # the block's first row in int64 (a span may be long), offsets within the block in int32
+                 FEATURE_MAP: tl.constexpr, HAS_DECAY: tl.constexpr, HAS_GATE: tl.constexpr,
+                 DOT_PRECISION: tl.constexpr, INTERPRETED: tl.constexpr):
+    # (S, z, the span's log2-gate so far) after one more block. The block's first row in
+    # int64 (a span may be long), offsets within the block in int32
     k_blk = k_base + _row_base(t0, H * K)
     v_blk = v_base + _row_base(t0, H * V)
     n = tl.minimum(n_pos - t0, o_t.shape[0])
@@ -95,7 +123,14 @@ def _state_block(b_s, b_z, k_base, v_base, t0, n_pos, o_t, o_k, o_v, m_k, m_v, l
     b_k = tl.load(k_blk + o_t[:, None] * (H * K) + o_k[None, :], mask=m_tk, other=0.0)
     b_v = tl.load(v_blk + o_t[:, None] * (H * V) + o_v[None, :], mask=m_tv, other=0.0)
     b_k = tl.where(m_tk, _phi(b_k.to(tl.float32), FEATURE_MAP), 0.0)  # phi(0) may be 1: mask after
-    return _state_step(b_s, b_z, b_k, b_v, o_t, n, lg, HAS_DECAY, DOT_PRECISION, INTERPRETED)
+    if HAS_GATE:
+        gh, gl, g_hi, g_lo = _block_gates(g_base, t0, n, o_t, H)
+        g_sum += g_hi + g_lo
+    else:
+        gh, gl, g_hi, g_lo = lg, lg, lg, lg
+    b_s, b_z = _state_step(b_s, b_z, b_k, b_v, o_t, n, lg, gh, gl, g_hi, g_lo, HAS_DECAY, HAS_GATE,
+                           DOT_PRECISION, INTERPRETED)
+    return b_s, b_z, g_sum
 
 
 @triton.jit
@@ -104,11 +139,13 @@ def _span_state_kernel(
     span_ptr,  # (NS, 4) int64: record, start, end, is-last-of-record
     inner_ptr,  # (NI,) int64: the spans that are not the last of their record
     log2g_ptr,  # (H,) float32 log2(decay)
+    g_ptr,  # (T_all, H) float32 log-gates of the positions (HAS_GATE)
     ds_ptr, dz_ptr,  # (NS, H, K, V), (NS, H, K) float32 out
+    dg_ptr,  # (NS, H) float32 out: each span's summed log2-gate (HAS_GATE)
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    FEATURE_MAP: tl.constexpr, HAS_DECAY: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    INTERPRETED: tl.constexpr,
+    FEATURE_MAP: tl.constexpr, HAS_DECAY: tl.constexpr, HAS_GATE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, INTERPRETED: tl.constexpr,
 ):
     # V tiles of one span are neighbours in launch order, so they run together and the
     # second read of the span's q/k rows hits L2
@@ -127,29 +164,36 @@ def _span_state_kernel(
     m_v = o_v < V
     k_base = k_ptr + _row_base(start, H * K) + i_h * K
     v_base = v_ptr + _row_base(start, H * V) + i_h * V
+    g_base = g_ptr + _row_base(start, H) + i_h
     lg = tl.load(log2g_ptr + i_h)  # 0 without decay
 
     b_s = tl.zeros((BK, BV), dtype=tl.float32)
     b_z = tl.zeros((BK,), dtype=tl.float32)
+    g_sum = tl.sum(b_z, axis=0)  # a float32 scalar tensor: 0
     if INTERPRETED:
         t0 = n_pos * 0  # a tensor, like the `for` loop's index
         while t0 < n_pos:
-            b_s, b_z = _state_block(b_s, b_z, k_base, v_base, t0, n_pos, o_t, o_k, o_v, m_k, m_v, lg,
-                                    H, K, V, FEATURE_MAP, HAS_DECAY, DOT_PRECISION, INTERPRETED)
+            b_s, b_z, g_sum = _state_block(b_s, b_z, g_sum, k_base, v_base, g_base, t0, n_pos, o_t, o_k, o_v,
+                                           m_k, m_v, lg, H, K, V, FEATURE_MAP, HAS_DECAY, HAS_GATE,
+                                           DOT_PRECISION, INTERPRETED)
             t0 += BT
     else:
         for t0 in range(0, n_pos, BT):
-            b_s, b_z = _state_block(b_s, b_z, k_base, v_base, t0, n_pos, o_t, o_k, o_v, m_k, m_v, lg,
-                                    H, K, V, FEATURE_MAP, HAS_DECAY, DOT_PRECISION, INTERPRETED)
+            b_s, b_z, g_sum = _state_block(b_s, b_z, g_sum, k_base, v_base, g_base, t0, n_pos, o_t, o_k, o_v,
+                                           m_k, m_v, lg, H, K, V, FEATURE_MAP, HAS_DECAY, HAS_GATE,
+                                           DOT_PRECISION, INTERPRETED)
 
     s_base = ds_ptr + (i_s * H + i_h) * (K * V)
     tl.store(s_base + o_k[:, None] * V + o_v[None, :], b_s, mask=m_k[:, None] & m_v[None, :])
     tl.store(dz_ptr + (i_s * H + i_h) * K + o_k, b_z, mask=(m_k & (i_v == 0)) != 0)  # one V tile owns z
+    if HAS_GATE:
+        tl.store(dg_ptr + i_s * H + i_h, g_sum, mask=i_v == 0)
 
 
 @triton.jit
-def _scan_step(b_s, b_z, i_s, span_ptr, ds_ptr, dz_ptr, i_h, o_k, o_kv, m_k, m_kv, own_z, lg,
-               H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, HAS_DECAY: tl.constexpr):
+def _scan_step(b_s, b_z, i_s, span_ptr, ds_ptr, dz_ptr, dg_ptr, i_h, o_k, o_kv, m_k, m_kv, own_z, lg,
+               H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, HAS_DECAY: tl.constexpr,
+               HAS_GATE: tl.constexpr):
     # Leaves the entering state of span i_s in its slot and returns the state after it.
     s_ptrs = ds_ptr + (i_s * H + i_h) * (K * V) + o_kv
     z_ptrs = dz_ptr + (i_s * H + i_h) * K + o_k
@@ -162,6 +206,10 @@ def _scan_step(b_s, b_z, i_s, span_ptr, ds_ptr, dz_ptr, i_h, o_k, o_kv, m_k, m_k
         g_n = tl.exp2(n.to(tl.float32) * lg)
         b_s = b_s * g_n
         b_z = b_z * g_n
+    if HAS_GATE:
+        g_n = tl.exp2(tl.load(dg_ptr + i_s * H + i_h))
+        b_s = b_s * g_n
+        b_z = b_z * g_n
     return b_s + d_s, b_z + d_z
 
 
@@ -172,10 +220,11 @@ def _span_scan_kernel(
     log2g_ptr,
     s0_ptr, z0_ptr,  # (N, H, K, V), (N, H, K) float32 initial states
     ds_ptr, dz_ptr,  # (NS, H, K, V), (NS, H, K): contributions in, entering states out
+    dg_ptr,  # (NS, H) each span's summed log2-gate (HAS_GATE)
     sf_ptr, zf_ptr,  # (N, H, K, V), (N, H, K) float32 final states of records without spans
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr,
-    HAS_INITIAL: tl.constexpr, HAS_DECAY: tl.constexpr, INTERPRETED: tl.constexpr,
+    HAS_INITIAL: tl.constexpr, HAS_DECAY: tl.constexpr, HAS_GATE: tl.constexpr, INTERPRETED: tl.constexpr,
 ):
     i_nh = tl.program_id(0).to(tl.int64)
     i_k = tl.program_id(1)
@@ -203,13 +252,13 @@ def _span_scan_kernel(
     if INTERPRETED:
         i_s = first
         while i_s < last - 1:
-            b_s, b_z = _scan_step(b_s, b_z, i_s, span_ptr, ds_ptr, dz_ptr, i_h, o_k, o_kv, m_k, m_kv,
-                                  own_z, lg, H, K, V, HAS_DECAY)
+            b_s, b_z = _scan_step(b_s, b_z, i_s, span_ptr, ds_ptr, dz_ptr, dg_ptr, i_h, o_k, o_kv, m_k, m_kv,
+                                  own_z, lg, H, K, V, HAS_DECAY, HAS_GATE)
             i_s += 1
     else:
         for i_s in range(first, last - 1):
-            b_s, b_z = _scan_step(b_s, b_z, i_s, span_ptr, ds_ptr, dz_ptr, i_h, o_k, o_kv, m_k, m_kv,
-                                  own_z, lg, H, K, V, HAS_DECAY)
+            b_s, b_z = _scan_step(b_s, b_z, i_s, span_ptr, ds_ptr, dz_ptr, dg_ptr, i_h, o_k, o_kv, m_k, m_kv,
+                                  own_z, lg, H, K, V, HAS_DECAY, HAS_GATE)
     # the last span only needs its entering state: the output pass ends with the final state
     has_span = last > first
     i_last = last - 1
@@ -221,10 +270,10 @@ def _span_scan_kernel(
 
 
 @triton.jit
-def _output_block(b_s, b_z, q_base, k_base, v_base, o_base, t0, n_pos, o_t, o_k, o_v, m_k, m_v, lg, eps,
-                  H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+def _output_block(b_s, b_z, q_base, k_base, v_base, o_base, g_base, t0, n_pos, o_t, o_k, o_v, m_k, m_v, lg,
+                  eps, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                   FEATURE_MAP: tl.constexpr, NORMALIZE: tl.constexpr, HAS_DECAY: tl.constexpr,
-                  DOT_PRECISION: tl.constexpr, INTERPRETED: tl.constexpr):
+                  HAS_GATE: tl.constexpr, DOT_PRECISION: tl.constexpr, INTERPRETED: tl.constexpr):
     # Ordered so that few (BT, BK) tiles are live at once: the fp32 phi(k), phi(q) are reduced
     # (z, q.z) and cast to matmul operands right away.
     q_blk = q_base + _row_base(t0, H * K)
@@ -238,6 +287,10 @@ def _output_block(b_s, b_z, q_base, k_base, v_base, o_base, t0, n_pos, o_t, o_k,
     b_kf = tl.load(k_blk + o_t[:, None] * (H * K) + o_k[None, :], mask=m_tk, other=0.0)
     b_kf = tl.where(m_tk, _phi(b_kf.to(tl.float32), FEATURE_MAP), 0.0)  # (BT, BK) fp32
     b_k = _mm(b_kf, b_v, INTERPRETED)
+    if HAS_GATE:
+        gh, gl, g_hi, g_lo = _block_gates(g_base, t0, n, o_t, H)
+        # row j weighted to the block end, 2^(b_last - b_j); masked rows get 0
+        b_kf = b_kf * tl.where(o_t < n, tl.exp2(tl.minimum((g_hi - gh) + (g_lo - gl), 0.0)), 0.0)[:, None]
     if HAS_DECAY:
         # row j reaches the block end after n-1-j more steps; masked rows get 0 (see _state_step)
         b_kf = b_kf * tl.where(o_t < n, tl.exp2((n - 1 - o_t).to(tl.float32) * lg), 0.0)[:, None]
@@ -253,7 +306,16 @@ def _output_block(b_s, b_z, q_base, k_base, v_base, o_base, t0, n_pos, o_t, o_k,
     b_a = tl.dot(b_q, tl.trans(b_k), input_precision=DOT_PRECISION)  # (BT, BT) fp32
     b_inter = tl.dot(b_q, _mm(b_s, b_v, INTERPRETED), input_precision=DOT_PRECISION)  # (BT, BV)
     causal = o_t[:, None] >= o_t[None, :]
-    if HAS_DECAY:
+    if HAS_GATE:
+        # 2^(b_i - b_j) on and below the diagonal (exponents <= 0: nothing overflows); the
+        # entering state is weighted 2^(b_i) at row i
+        d = (gh[:, None] - gh[None, :]) + (gl[:, None] - gl[None, :])
+        b_a = tl.where(causal, b_a * tl.exp2(tl.minimum(d, 0.0)), 0.0)
+        g_i = tl.exp2(gh + gl)  # (BT,)
+        b_inter = b_inter * g_i[:, None]
+        if NORMALIZE:
+            qz = qz * g_i
+    elif HAS_DECAY:
         # gamma^(i-j) on and below the diagonal (exponents >= 0: nothing overflows); the
         # entering state is i+1 steps old at row i
         b_a = tl.where(causal, b_a * tl.exp2((o_t[:, None] - o_t[None, :]).to(tl.float32) * lg), 0.0)
@@ -273,6 +335,10 @@ def _output_block(b_s, b_z, q_base, k_base, v_base, o_base, t0, n_pos, o_t, o_k,
         g_n = tl.exp2(n.to(tl.float32) * lg)
         b_s = b_s * g_n
         b_z = b_z * g_n
+    if HAS_GATE:
+        g_n = tl.exp2(g_hi + g_lo)
+        b_s = b_s * g_n
+        b_z = b_z * g_n
     b_s += tl.dot(tl.trans(b_kw), _mm(b_v, b_v, INTERPRETED), input_precision=DOT_PRECISION)
     return b_s, b_z + d_z
 
@@ -282,13 +348,14 @@ def _span_output_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr,  # (T_all, H, K) x2, (T_all, H, V) x2
     span_ptr,  # (NS, 4) int64
     log2g_ptr,
+    g_ptr,  # (T_all, H) float32 log-gates (HAS_GATE)
     hs_ptr, hz_ptr,  # (NS, H, K, V), (NS, H, K) float32 entering states
     sf_ptr, zf_ptr,  # (N, H, K, V), (N, H, K) float32 final states, from each record's last span
     eps,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     FEATURE_MAP: tl.constexpr, NORMALIZE: tl.constexpr, HAS_DECAY: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, INTERPRETED: tl.constexpr,
+    HAS_GATE: tl.constexpr, DOT_PRECISION: tl.constexpr, INTERPRETED: tl.constexpr,
 ):
     # V tiles of one span are neighbours in launch order, so they run together and the
     # second read of the span's q/k rows hits L2
@@ -309,6 +376,7 @@ def _span_output_kernel(
     k_base = k_ptr + _row_base(start, H * K) + i_h * K
     v_base = v_ptr + _row_base(start, H * V) + i_h * V
     o_base = o_ptr + _row_base(start, H * V) + i_h * V
+    g_base = g_ptr + _row_base(start, H) + i_h
     lg = tl.load(log2g_ptr + i_h)
 
     b_s = tl.load(hs_ptr + (i_s * H + i_h) * (K * V) + o_k[:, None] * V + o_v[None, :],
@@ -317,15 +385,15 @@ def _span_output_kernel(
     if INTERPRETED:
         t0 = n_pos * 0  # a tensor, like the `for` loop's index
         while t0 < n_pos:
-            b_s, b_z = _output_block(b_s, b_z, q_base, k_base, v_base, o_base, t0, n_pos, o_t, o_k, o_v,
-                                     m_k, m_v, lg, eps, H, K, V,
-                                     FEATURE_MAP, NORMALIZE, HAS_DECAY, DOT_PRECISION, INTERPRETED)
+            b_s, b_z = _output_block(b_s, b_z, q_base, k_base, v_base, o_base, g_base, t0, n_pos, o_t, o_k,
+                                     o_v, m_k, m_v, lg, eps, H, K, V, FEATURE_MAP, NORMALIZE, HAS_DECAY,
+                                     HAS_GATE, DOT_PRECISION, INTERPRETED)
             t0 += BT
     else:
         for t0 in range(0, n_pos, BT):
-            b_s, b_z = _output_block(b_s, b_z, q_base, k_base, v_base, o_base, t0, n_pos, o_t, o_k, o_v,
-                                     m_k, m_v, lg, eps, H, K, V,
-                                     FEATURE_MAP, NORMALIZE, HAS_DECAY, DOT_PRECISION, INTERPRETED)
+            b_s, b_z = _output_block(b_s, b_z, q_base, k_base, v_base, o_base, g_base, t0, n_pos, o_t, o_k,
+                                     o_v, m_k, m_v, lg, eps, H, K, V, FEATURE_MAP, NORMALIZE, HAS_DECAY,
+                                     HAS_GATE, DOT_PRECISION, INTERPRETED)
     # the last span of a record ends with the record's final state
     is_last = tl.load(span_ptr + i_s * 4 + 3) != 0
     i_n = tl.load(span_ptr + i_s * 4)
@@ -346,7 +414,7 @@ def _tuned_kernels(fp32: bool):
         bts, bvs = ((16, 32), (32, 64)) if fp32 else ((32, 64), (64, 128))
         configs = [triton.Config({"BT": bt, "BV": bv}, num_warps=w, num_stages=st)
                    for bt in bts for bv in bvs for w in (4, 8) for st in (2, 3)]
-        key = ["H", "K", "V", "FEATURE_MAP", "HAS_DECAY", "DOT_PRECISION"]
+        key = ["H", "K", "V", "FEATURE_MAP", "HAS_DECAY", "HAS_GATE", "DOT_PRECISION"]
         _tuned[fp32] = (triton.autotune(configs=configs, key=key)(_span_state_kernel),
                         triton.autotune(configs=configs, key=key + ["NORMALIZE"])(_span_output_kernel))
     return _tuned[fp32]
@@ -410,6 +478,7 @@ def chunk_linear_attn_triton(
     block_size: int | None = None,
     span_len: int | None = None,
     v_tile: int | None = None,
+    log_gate: torch.Tensor | None = None,  # (B, T, H) log-gates g_t <= 0 of the positions
 ):
     """Fused chunked linear attention in Triton; returns (o in q's dtype, (S, z) float32 or None).
 
@@ -449,6 +518,14 @@ def chunk_linear_attn_triton(
         raise ValueError(f"span_len {L} must be a multiple of block_size {BT}")
     if decay is not None and (decay.shape != (H,) or not bool(((decay > 0) & (decay <= 1)).all())):
         raise ValueError(f"decay must have shape ({H},) and values in (0, 1]; got {decay.tolist()}")
+    if log_gate is not None:
+        check_log_gate(log_gate, (B, T, H))
+        # per position, a decay's log added: one gate per position and head in the kernels
+        log_gate = log_gate.to(device=device, dtype=torch.float32)
+        if decay is not None:
+            log_gate = log_gate + torch.log(decay.to(device=device, dtype=torch.float32))
+            decay = None
+        log_gate = log_gate.contiguous()
     spans, span_first = _spans(cu, L)
     NS = spans.shape[0]
     inner = torch.nonzero(spans[:, 3] == 0).flatten()  # spans followed by one of the same record
@@ -459,6 +536,9 @@ def chunk_linear_attn_triton(
     else:
         log2g = torch.zeros(H, device=device, dtype=torch.float32)
     has_decay = decay is not None
+    has_gate = log_gate is not None
+    gates = log_gate if has_gate else log2g  # a placeholder without gates
+    gate_sums = torch.empty((NS, H) if has_gate else (1,), device=device, dtype=torch.float32)
     prec = "ieee" if dtype == torch.float32 else "tf32"
     fm = _FEATURE_MAP_IDS[feature_map]
     interp = _interpreted()
@@ -478,10 +558,10 @@ def chunk_linear_attn_triton(
     zf = torch.empty((N, H, K), device=device, dtype=torch.float32)
     o = torch.empty((B, T, H, V), device=device, dtype=dtype)
 
-    state_args = (k, v, spans, inner, log2g, hs, hz)
-    state_meta = dict(H=H, K=K, V=V, BK=BK, FEATURE_MAP=fm, HAS_DECAY=has_decay,
+    state_args = (k, v, spans, inner, log2g, gates, hs, hz, gate_sums)
+    state_meta = dict(H=H, K=K, V=V, BK=BK, FEATURE_MAP=fm, HAS_DECAY=has_decay, HAS_GATE=has_gate,
                       DOT_PRECISION=prec, INTERPRETED=interp)
-    out_args = (q, k, v, o, spans, log2g, hs, hz, sf, zf, float(eps))
+    out_args = (q, k, v, o, spans, log2g, gates, hs, hz, sf, zf, float(eps))
     out_meta = dict(state_meta, NORMALIZE=bool(normalize))
     tuned = not interp and v_tile is None and block_size is None
     if tuned:  # block, V tile, warps and stages are autotuned per (H, K, V, variant) on the GPU
@@ -500,9 +580,9 @@ def chunk_linear_attn_triton(
         scan_bk = min(BK, 32)
         scan_bv = min(_pow2(V), 32)
         _span_scan_kernel[(N * H, triton.cdiv(K, scan_bk), triton.cdiv(V, scan_bv))](
-            span_first, spans, log2g, s0, z0, hs, hz, sf, zf,
-            H=H, K=K, V=V, BK=scan_bk, BV=scan_bv,
-            HAS_INITIAL=initial_state is not None, HAS_DECAY=has_decay, INTERPRETED=interp,
+            span_first, spans, log2g, s0, z0, hs, hz, gate_sums, sf, zf,
+            H=H, K=K, V=V, BK=scan_bk, BV=scan_bv, HAS_INITIAL=initial_state is not None,
+            HAS_DECAY=has_decay, HAS_GATE=has_gate, INTERPRETED=interp,
         )
     if NS > 0:
         out_kernel[grid(NS)](*out_args, **out_meta)

@@ -122,14 +122,23 @@ model_size_options = options(
     click.option("--no-normalize", is_flag=True, help="Drop the attention normaliser q.z."),
     click.option("--decay", default=None, metavar="VALUE[,VALUE...]",
                  help="One value for every head, or one per head "
-                 "(comma-separated), each in (0, 1]. Default: spread from 1-1/16 to 1-1/65536."),
+                 "(comma-separated), each in (0, 1]; with --gate the decays the gates start "
+                 "around (each below 1). Default: spread from 1-1/16 to 1-1/65536."),
+    click.option("--gate", is_flag=True,
+                 help="Gate each head's state by the data: at every position it decays by "
+                 "exp(logsigmoid(gk_proj(x)) / normalizer), learnt (flash-linear-attention's "
+                 "simple GLA) instead of a fixed decay."),
+    click.option("--gate-normalizer", type=click.FloatRange(min=0, min_open=True), default=16.0,
+                 show_default=True, help="With --gate: the divisor of the log-gate."),
 )
 
 
-def model_shape(d_model, n_layers, n_heads, mlp_hidden, conv_width, feature_map, no_normalize) -> dict:
+def model_shape(d_model, n_layers, n_heads, mlp_hidden, conv_width, feature_map, no_normalize, gate=False,
+                gate_normalizer=16.0) -> dict:
     """ModelConfig's shape keywords from the model size options."""
     return dict(d_model=d_model, n_layers=n_layers, n_heads=n_heads, mlp_hidden=mlp_hidden or 4 * d_model,
-                feature_map=feature_map, normalize=not no_normalize, conv_width=conv_width)
+                feature_map=feature_map, normalize=not no_normalize, conv_width=conv_width,
+                gate_normalizer=gate_normalizer if gate else None)
 
 
 # ------------------------------------------------------------------ stores and the job server

@@ -13,7 +13,8 @@ def model_group():
 
 @model_group.command("init", epilog=examples(
     "linpipe model init my-model --d-model 32 --n-layers 2",
-    "linpipe model init ecg-model --modality timeseries --channels 2"))
+    "linpipe model init ecg-model --modality timeseries --channels 2",
+    "linpipe model init gated-model --gate"))
 @click.argument("directory", type=click.Path(file_okay=False))
 @click.option("--modality", type=click.Choice(["dna", "timeseries"]), default="dna", show_default=True,
               help="What the model reads: DNA bases or a multichannel time series.")
@@ -23,7 +24,7 @@ def model_group():
 @click.option("--seed", type=int, default=0, show_default=True, help="Random seed of the initial weights.")
 @click.option("--force", is_flag=True, help="Overwrite a model already in DIRECTORY.")
 def model_init(directory, modality, d_model, n_layers, n_heads, mlp_hidden, conv_width, feature_map,
-               no_normalize, decay, channels, seed, force):
+               no_normalize, decay, gate, gate_normalizer, channels, seed, force):
     """Write a randomly initialised model to DIRECTORY."""
     from pathlib import Path
 
@@ -40,7 +41,8 @@ def model_init(directory, modality, d_model, n_layers, n_heads, mlp_hidden, conv
         extra = dict(channels=channels, channel_names=tuple(f"ch{i}" for i in range(channels)),
                      mean=(0.0,) * channels, std=(1.0,) * channels)
     config = ModelConfig(modality=modality, **model_shape(d_model, n_layers, n_heads, mlp_hidden, conv_width,
-                                                          feature_map, no_normalize), **extra)
+                                                          feature_map, no_normalize, gate, gate_normalizer),
+                         **extra)
     net = init_net(config, seed=seed, decay=decay_values(decay))
     sha = save_model(net, config, directory)
     click.echo(f"wrote {directory} ({modality}, sha256 {sha})")
@@ -60,7 +62,7 @@ def model_info(model, as_json):
     m = load_model(model)
     info = {"path": str(m.path), "sha256": m.sha256, "parameters": count_parameters(m.config),
             "config": m.config.to_json(),
-            "decay": {f"layer {i}": [round(float(g), 8) for g in layer.attn.decay]
+            "decay": {f"layer {i}": [round(g, 8) for g in layer.attn.base_decay()]
                       for i, layer in enumerate(m.net.layers)}}
     if as_json:
         click.echo(json.dumps(info, indent=2))
@@ -70,5 +72,8 @@ def model_info(model, as_json):
     click.echo(f"parameters  {info['parameters']:,}")
     for k, v in info["config"].items():
         click.echo(f"{k:<12}{json.dumps(v)}")
+    # a gated layer's decay at position t is exp(logsigmoid(gk_proj(x_t)) / normalizer): shown
+    # where gk_proj's weights give 0 (its bias alone)
+    where = " (gk_proj's bias alone)" if m.config.gated else ""
     for k, v in info["decay"].items():
-        click.echo(f"decay {k}: {', '.join(f'{g:g}' for g in v)}")
+        click.echo(f"decay {k}{where}: {', '.join(f'{g:g}' for g in v)}")

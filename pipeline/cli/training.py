@@ -48,8 +48,8 @@ def _command_line() -> str:
                    "model; docs/default-model.md). Trains on files with any channels.")
 @timeseries_options
 def train_cmd(inputs, out, d_model, n_layers, n_heads, mlp_hidden, conv_width, feature_map, no_normalize,
-              decay, steps, batch, window, lr, seed, device, val_records, checkpoint_every, threads, resume,
-              force, quiet, series_norm, **ts):
+              decay, gate, gate_normalizer, steps, batch, window, lr, seed, device, val_records,
+              checkpoint_every, threads, resume, force, quiet, series_norm, **ts):
     """Train a model on INPUTS (FASTA or time series) by next-position prediction into --out."""
     import numpy as np
 
@@ -59,7 +59,8 @@ def train_cmd(inputs, out, d_model, n_layers, n_heads, mlp_hidden, conv_width, f
     cfg = TrainConfig(steps=steps, batch=batch, window=window, lr=lr, seed=seed, device=device,
                       checkpoint_every=checkpoint_every, threads=threads,
                       val_records=tuple(v for v in (val_records or "").split(",") if v))
-    kw = model_shape(d_model, n_layers, n_heads, mlp_hidden, conv_width, feature_map, no_normalize)
+    kw = model_shape(d_model, n_layers, n_heads, mlp_hidden, conv_width, feature_map, no_normalize, gate,
+                     gate_normalizer)
     if series_norm:
         kw["series_norm"] = True
     bar = None

@@ -36,11 +36,21 @@ class ModelConfig:
     # independent lanes of one univariate network, so any number of channels of any scale fits;
     # `channels` is then 1 and mean/std are unused. Absent from config.json when off.
     series_norm: bool = False
+    # A data-dependent gate per head (flash-linear-attention's simple-GLA convention): at each
+    # position the log-gate g = logsigmoid(gk_proj(a)) / gate_normalizer <= 0 of the layer's
+    # normalised input a, and the state decays by exp(g) there; the gk_proj tensors replace the
+    # fixed decay. None: no gate (config.json without the "gate" key).
+    gate_normalizer: float | None = None
 
     def __post_init__(self):
         err = _config_problem(self)
         if err:
             raise ModelError(f"invalid model config: {err}")
+
+    @property
+    def gated(self) -> bool:
+        """Whether the layers gate their state by the data (the "gate" key)."""
+        return self.gate_normalizer is not None
 
     @property
     def head_dim(self) -> int:
@@ -83,6 +93,8 @@ class ModelConfig:
                      mean=list(self.mean), std=list(self.std))
             if self.series_norm:
                 d["series_norm"] = True
+        if self.gated:
+            d["gate"] = {"normalizer": self.gate_normalizer}
         return d
 
     @classmethod
@@ -141,10 +153,29 @@ class ModelConfig:
             if not isinstance(d.get("series_norm", False), bool):
                 raise ModelError(f"{where}: 'series_norm' must be true or false, got {d['series_norm']!r}")
             kw["series_norm"] = d.get("series_norm", False)
+        if "gate" in d:
+            kw["gate_normalizer"] = _gate_normalizer(d["gate"], where)
         try:
             return cls(**kw)
         except ModelError as e:
             raise ModelError(f"{where}: {str(e).removeprefix('invalid model config: ')}") from None
+
+
+GATE_KEYS = ("normalizer",)
+DEFAULT_GATE_NORMALIZER = 16.0  # flash-linear-attention's gate_logit_normalizer
+
+
+def _gate_normalizer(gate, where: str) -> float:
+    """The normaliser of config.json's "gate" object ({} takes the default 16)."""
+    if not isinstance(gate, dict):
+        raise ModelError(f"{where}: 'gate' must be an object such as {{\"normalizer\": 16}}, got {gate!r}")
+    extra = sorted(set(gate) - set(GATE_KEYS))
+    if extra:
+        raise ModelError(f"{where}: 'gate' has unknown key {extra[0]!r} (expected {', '.join(GATE_KEYS)})")
+    v = gate.get("normalizer", DEFAULT_GATE_NORMALIZER)
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ModelError(f"{where}: 'gate' 'normalizer' must be a number, got {v!r}")
+    return float(v)
 
 
 def _config_problem(c: ModelConfig) -> str | None:
@@ -163,6 +194,9 @@ def _config_problem(c: ModelConfig) -> str | None:
         v = getattr(c, key)
         if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
             return f"{key!r} must be a positive number, got {v!r}"
+    v = c.gate_normalizer
+    if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+        return f"'gate' 'normalizer' must be a positive number, got {v!r}"
     if c.modality == "timeseries":
         if isinstance(c.channels, bool) or not isinstance(c.channels, int) or c.channels < 1:
             return f"'channels' must be a positive integer for timeseries, got {c.channels!r}"
@@ -200,7 +234,11 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple]:
             shapes[p + "attn.conv.weight"] = (D, W)
         for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
             shapes[p + f"attn.{name}.weight"] = (D, D)
-        shapes[p + "attn.decay"] = (H,)
+        if c.gated:
+            shapes[p + "attn.gk_proj.weight"] = (H, D)
+            shapes[p + "attn.gk_proj.bias"] = (H,)
+        else:
+            shapes[p + "attn.decay"] = (H,)
         shapes[p + "mlp_norm.weight"] = (D,)
         shapes[p + "mlp.fc1.weight"] = (M, D)
         shapes[p + "mlp.fc2.weight"] = (D, M)

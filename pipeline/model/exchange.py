@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from linpipe.kernels.linear_attn import advance, features, log_decay, span_state
+from linpipe.kernels.linear_attn import advance, features, log_decay, log_gate_sums, span_state
 from linpipe.model.network import causal_conv
 
 
@@ -29,6 +29,10 @@ class Message:
     tail: torch.Tensor | None = None  # (min(W-1, T), D): the last ones (the next segment's halo)
     y: torch.Tensor | None = None  # (D,): after the last layer, y of the segment's last position
     absolute: bool = False  # S, z are the state after the segment (the first one), not S_loc
+    # a gated layer: the head rows' log-gates (min(W-1, T), H), and the sum of the log-gates of
+    # the positions S holds (float64 (H,): pass 1's, after the head rows; after the fold, all)
+    head_gate: torch.Tensor | None = None
+    gate_sum: torch.Tensor | None = None
 
 
 @dataclass
@@ -37,7 +41,7 @@ class LayerWeights:
 
     conv: torch.Tensor | None  # (D, W) float32, None for W = 1
     wkv: torch.Tensor  # (2D, D) float32: k_proj then v_proj
-    log_decay: torch.Tensor | None  # (H,) float64, None without decay
+    log_decay: torch.Tensor | None  # (H,) float64, None without decay (or with a gate)
     feature_map: str
     n_heads: int
 
@@ -49,22 +53,31 @@ def layer_weights(net) -> list[LayerWeights]:
         out.append(LayerWeights(
             None if a.conv is None else a.conv.weight.detach().float().cpu().clone(),
             torch.cat([a.k_proj.weight, a.v_proj.weight]).detach().float().cpu().clone(),
-            log_decay(a.decay.detach().double().cpu()), a.feature_map, a.n_heads))
+            None if a.decay is None else log_decay(a.decay.detach().double().cpu()), a.feature_map,
+            a.n_heads))
     return out
 
 
-def head_share(w: LayerWeights, halo: torch.Tensor, head: torch.Tensor, length: int):
-    """The first n = head rows' share of S_loc, z_loc (float64) for a segment of `length`
-    positions entering with conv window `halo` (W-1, D): their local state weighted to the
-    segment's end (kernel stage 1)."""
+def head_share(w: LayerWeights, halo: torch.Tensor, m: Message):
+    """The first n = head rows' share of S_loc, z_loc (float64) of a segment's message m (its
+    length, head rows and, gated, their log-gates and the later positions' sum) entering with
+    conv window `halo` (W-1, D): their local state weighted to the segment's end (kernel
+    stage 1), and the segment's summed log-gate (None without gates)."""
+    head = m.head
     n, D = head.shape
     if n == 0:
-        return 0.0, 0.0
+        return 0.0, 0.0, m.gate_sum
     c = head.float()
     if w.conv is not None:
         c = causal_conv(c[None], halo.float()[None], w.conv)[0][0]  # (n, D)
     kv = (c @ w.wkv.t()).view(n, 2, w.n_heads, D // w.n_heads)
-    return span_state(features(kv[:, 0], w.feature_map).double(), kv[:, 1].double(), w.log_decay, end=length)
+    kf, v = features(kv[:, 0], w.feature_map).double(), kv[:, 1].double()
+    if m.head_gate is None:
+        return (*span_state(kf, v, w.log_decay, end=m.length), None)
+    S, z = span_state(kf, v, log_gate=m.head_gate)  # to the last head row, then over the rest
+    total = log_gate_sums(m.head_gate)[-1] + m.gate_sum
+    S, z = advance(S, z, 0.0, 0.0, log_total=m.gate_sum)
+    return S, z, total
 
 
 def fold_states(S0, z0, msgs: list[Message], log_g):
@@ -77,7 +90,7 @@ def fold_states(S0, z0, msgs: list[Message], log_g):
         if m.absolute:
             S, z = m.S, m.z
         else:
-            S, z = advance(Ss[-1].double(), zs[-1].double(), m.S, m.z, log_g, m.length)
+            S, z = advance(Ss[-1].double(), zs[-1].double(), m.S, m.z, log_g, m.length, log_total=m.gate_sum)
         Ss.append(S.float())
         zs.append(z.float())
     return Ss, zs
@@ -101,8 +114,8 @@ def fold_layer(w: LayerWeights, S0, z0, window0, msgs: list[Message]):
     full = []
     for k, m in enumerate(msgs):
         if not m.absolute:
-            hS, hz = head_share(w, halos[k], m.head, m.length)
-            m = Message(m.length, m.S + hS, m.z + hz)
+            hS, hz, total = head_share(w, halos[k], m)
+            m = Message(m.length, m.S + hS, m.z + hz, gate_sum=total)
         full.append(m)
     Ss, zs = fold_states(S0, z0, full, w.log_decay)
     return Ss, zs, halos

@@ -148,7 +148,8 @@ class Model:
         nz = self.net.series_inputs(x, before)
         B, T, D = y.shape
         prev = y_before(y, before.y).reshape(B * T, D)
-        p = self._head(prev, row_tile(y, self.net.span)).view(B, T, -1)[..., 0].to(torch.float64)  # the change
+        p = self._head(prev, row_tile(y, self.net.span)).view(B, T, -1)[..., 0]
+        p = p.to(torch.float64)  # the change, in running scales
         w, new.norm = series.calibrate(p, nz["target"], before.norm, new.norm)
         fc = nz["base"] + nz["scale"] * (w * p)  # NaN: nothing observed yet
         r = x[..., 0] - fc

@@ -24,7 +24,7 @@ from linpipe.kernels import chunk_linear_attn, chunk_linear_attn_parts
 from linpipe.kernels.linear_attn.scratch import Scratch
 from linpipe.model import series
 from linpipe.model.config import ModelConfig
-from linpipe.model.rows import ROW_ALIGN, linear, row_tile
+from linpipe.model.rows import ROW_ALIGN, linear, map_rows, row_tile
 
 # Most positions (batch x length) per call that CPU inference keeps in reused buffers;
 # bigger calls (many short records batched) allocate, so that their temporaries are freed.
@@ -171,8 +171,14 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(D, D, bias=False)
         self.v_proj = nn.Linear(D, D, bias=False)
         self.o_proj = nn.Linear(D, D, bias=False)
-        # Fixed per-head decay in (0, 1]; not trained by default (training may opt in).
-        self.decay = nn.Parameter(torch.ones(c.n_heads), requires_grad=False)
+        self.gate_normalizer = c.gate_normalizer
+        if c.gated:  # a log-gate per head and position from the normalised input: no fixed decay
+            self.gk_proj = nn.Linear(D, c.n_heads)
+            self.register_parameter("decay", None)
+        else:
+            self.gk_proj = None
+            # Fixed per-head decay in (0, 1]; not trained by default (training may opt in).
+            self.decay = nn.Parameter(torch.ones(c.n_heads), requires_grad=False)
 
     def qkv(self, a, window, scratch):
         """Normalised inputs a (B, T, D) through the conv and one matmul -> (qkv (B, T, 3, H, K),
@@ -188,18 +194,38 @@ class Attention(nn.Module):
         qkv = linear(a.reshape(B * T, D), w, tile=row_tile(a, self.tile))  # (B*T, 3D)
         return qkv.view(B, T, 3, self.n_heads, self.head_dim), window
 
-    def kernel(self, q, k, v, S, z):
-        """The linear attention of (B, T, H, K) q, k, v from (S, z): (o, (S, z) after)."""
+    def base_decay(self) -> list[float]:
+        """Per head: the fixed decay, or a gated layer's decay where gk_proj's weights give 0
+        (from its bias)."""
+        with torch.no_grad():
+            if self.gk_proj is None:
+                return [float(g) for g in self.decay]
+            return torch.exp(F.logsigmoid(self.gk_proj.bias.double()) / self.gate_normalizer).tolist()
+
+    def log_gate(self, a):
+        """The log-gates of normalised inputs a (B, T, D): logsigmoid(gk_proj(a)) / normalizer,
+        (B, T, H) and <= 0 (flash-linear-attention's simple-GLA gate); None without a gate."""
+        if self.gk_proj is None:
+            return None
+        B, T, D = a.shape
+        gates = map_rows(lambda r: F.logsigmoid(linear(r, self.gk_proj.weight, bias=self.gk_proj.bias))
+                         / self.gate_normalizer,
+                         row_tile(a, self.tile), a.reshape(B * T, D))
+        return gates.view(B, T, -1)
+
+    def kernel(self, q, k, v, S, z, log_gate=None):
+        """The linear attention of (B, T, H, K) q, k, v from (S, z), with the positions'
+        log-gates (B, T, H) of a gated layer: (o, (S, z) after)."""
         return chunk_linear_attn(q, k, v, decay=self.decay, feature_map=self.feature_map,
                                  normalize=self.normalize, eps=self.eps, initial_state=(S, z),
-                                 output_final_state=True)
+                                 output_final_state=True, log_gate=log_gate)
 
-    def kernel_parts(self, q, k, v, S, z, dtype=None):
+    def kernel_parts(self, q, k, v, S, z, dtype=None, log_gate=None):
         """The kernel's numerator and denominator apart, in `dtype` (default float32), with the
         state after in that dtype too: (num (B, T, H, V), den (B, T, H), (S, z)). The split
         (linpipe.model.segments) adds an entering state's share to them before dividing."""
         return chunk_linear_attn_parts(q, k, v, decay=self.decay, feature_map=self.feature_map,
-                                       initial_state=(S, z), dtype=dtype)
+                                       initial_state=(S, z), dtype=dtype, log_gate=log_gate)
 
     def divide(self, num, den):
         """o from the kernel's parts, as the kernel divides: num / (den + eps) with the
@@ -210,7 +236,7 @@ class Attention(nn.Module):
         """The attention of normalised inputs a (B, T, D) from S (B, H, K, K), z (B, H, K) and the
         conv window (B, W-1, D): (o (B, T, H, V), the new S, z, window); o_proj is Layer.finish's."""
         qkv, window = self.qkv(a, window, scratch)
-        o, (S, z) = self.kernel(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], S, z)
+        o, (S, z) = self.kernel(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], S, z, self.log_gate(a))
         return o, S, z, window
 
 
@@ -356,8 +382,16 @@ def default_decay(n_heads: int) -> list[float]:
     return [1 - 2.0 ** -(4 + 12 * h / (n_heads - 1)) for h in range(n_heads)]
 
 
+def gate_bias(decay, normalizer: float) -> torch.Tensor:
+    """The gk_proj bias whose gate decays a state by `decay` (per head, in (0, 1)) where
+    gk_proj's weights contribute 0: exp(logsigmoid(bias) / normalizer) = decay."""
+    return torch.logit(torch.tensor(decay, dtype=torch.float64) ** normalizer).float()
+
+
 def init_net(config: ModelConfig, *, seed: int = 0, decay=None) -> LinpipeNet:
-    """A randomly initialised network with scales that keep outputs finite and varied."""
+    """A randomly initialised network with scales that keep outputs finite and varied. `decay`
+    sets the fixed decays, or for a gated model the decays its gates start around (through
+    gk_proj's bias)."""
     c = config
     if decay is None:
         decay = default_decay(c.n_heads)
@@ -369,6 +403,9 @@ def init_net(config: ModelConfig, *, seed: int = 0, decay=None) -> LinpipeNet:
                          f"(give 1 or {c.n_heads})")
     if not all(0 < g <= 1 for g in decay):
         raise ModelError(f"{option('decay')}: every value must be in (0, 1], got {decay}")
+    if c.gated and not all(g < 1 for g in decay):
+        raise ModelError(f"{option('decay')}: a gated model's initial decays must be below 1 (the gate keeps "
+                         f"exp(logsigmoid(x) / {c.gate_normalizer:g}) < 1), got {decay}")
     gen = torch.Generator().manual_seed(seed)
     net = LinpipeNet(c)
     D, M, L = c.d_model, c.mlp_hidden, c.n_layers
@@ -391,7 +428,11 @@ def init_net(config: ModelConfig, *, seed: int = 0, decay=None) -> LinpipeNet:
             for lin in (a.q_proj, a.k_proj, a.v_proj):
                 normal(lin.weight, 1.0 / math.sqrt(D))
             normal(a.o_proj.weight, 1.0 / math.sqrt(D * 2 * L))  # residual branches scaled by depth
-            a.decay.copy_(torch.tensor(decay))
+            if c.gated:  # gates vary with the input around the decays
+                normal(a.gk_proj.weight, 1.0 / math.sqrt(D))
+                a.gk_proj.bias.copy_(gate_bias(decay, c.gate_normalizer))
+            else:
+                a.decay.copy_(torch.tensor(decay))
             normal(layer.mlp.fc1.weight, 1.0 / math.sqrt(D))
             normal(layer.mlp.fc2.weight, 1.0 / math.sqrt(M * 2 * L))
         normal(net.head.weight, 1.0 / math.sqrt(D))

@@ -6,14 +6,19 @@ stages, linpipe.kernels.linear_attn.stages):
     S_t = g^(t+1) S_in + S_loc_t,   S_loc_t = sum_{j<=t} g^(t-j) phi(k_j) v_j^T   (z alike)
     o_t = phi(q_t)^T S_t / (phi(q_t) . z_t + eps)
 
+(with a gate per position, g^(t-j) is exp(b_t - b_j) of the cumulative log-gates b from the
+segment's start, and g^(t+1) exp(b_t): the gates come from the layer's normalised input, known
+in pass 1 for every position, the head rows too; a segment's total is the sum of its gates)
+
 so every segment runs each layer in two passes around one exchange:
 
 1. Pass 1 (right behind pass 2 of the layer before, on the same span while it is in
    cache; for layer 0 behind the embedding): the layer's attention from a zero state, the
    kernel's numerator phi(q)^T S_loc and denominator phi(q).z_loc kept apart
-   (`Attention.kernel_parts`); q and both go to the spill. The first W-1 positions are left
-   out (their conv reads the halo, the previous segment's last inputs, not known yet). The
-   segment's message: S_loc, z_loc at its end and its first and last W-1 normalised inputs.
+   (`Attention.kernel_parts`); q and both (and a gated layer's log-gates) go to the spill. The
+   first W-1 positions are left out (their conv reads the halo, the previous segment's last
+   inputs, not known yet). The segment's message: S_loc, z_loc at its end and its first and
+   last W-1 normalised inputs (gated: the head rows' log-gates and the others' sum).
 2. The fold (linpipe.model.exchange, the driver): the halos from the tails, the first W-1
    positions' local state (a (W-1)-row conv and matmul with the layer's weights), then every
    segment's exact incoming state, an exclusive fold in float64 in a fixed order.
@@ -49,7 +54,7 @@ import tempfile
 import numpy as np
 import torch
 
-from linpipe.kernels.linear_attn import advance, features, log_decay, state_outputs
+from linpipe.kernels.linear_attn import advance, features, log_decay, log_gate_sums, state_outputs
 from linpipe.model.exchange import LayerWeights, Message, fold_layer, layer_weights, tail_rows
 from linpipe.model.inference import Model
 from linpipe.model.network import Layer, ModelState
@@ -99,11 +104,12 @@ def segment_bounds(length: int, unit_size: int, n_segments: int,
 def spill_bytes(config, positions: int, exact: bool = False) -> int:
     """Bytes a segment of `positions` keeps outside its spans: its residual stream, and
     what pass 1 leaves for pass 2 (the first segment: o; the others: q, the numerators and
-    the denominators)."""
+    the denominators, and a gated model's log-gates)."""
     if exact:
         return positions * 2 * config.d_model * 4
     parts = 2 if passes_in_float64(config) else 1  # float64 numerators in two float32 parts
-    return positions * (2 * config.d_model + config.n_heads * (config.head_dim + 1) * parts) * 4
+    per_head = (config.head_dim + 1) * parts + config.gated
+    return positions * (2 * config.d_model + config.n_heads * per_head) * 4
 
 
 class _Spill:
@@ -172,13 +178,15 @@ class _LayerW:
         a = self.attn = layer.attn
         self.layer = layer
         self.H, self.K = a.n_heads, a.head_dim
-        self.lg = log_decay(a.decay.detach().double())
+        self.lg = None if a.decay is None else log_decay(a.decay.detach().double())
+        self.gated = a.gk_proj is not None  # its log-gates are spilled after the parts
         self.wide = passes_in_float64(a)  # pass 1's numerators spilled as two float32 parts
         self.dtype = torch.float64 if self.wide else torch.float32  # of a later segment's passes
 
     def put_parts(self, row, num, den) -> None:
         """Pass 1's numerators (m, H, V) and denominators (m, H) into its spill rows (m, width)
-        after q: [q | num | den], then in float64 a second float32 part of each."""
+        after q: [q | num | den], then in float64 a second float32 part of each (a gated
+        layer's log-gates, (m, H), are the last H columns: `gates`)."""
         D, H, K = self.H * self.K, self.H, self.K
         parts = [(num.reshape(-1, H * K), den)]
         if self.wide:
@@ -197,8 +205,12 @@ class _LayerW:
         if self.wide:
             at = D + H * (K + 1)
             num = num + row[:, at:at + H * K].view(-1, H, K).double()
-            den = den + row[:, at + H * K:].double()
+            den = den + row[:, at + H * K:at + H * (K + 1)].double()
         return num, den
+
+    def gates(self, row):
+        """A gated layer's log-gates (m, H) in its spill rows (m, width)."""
+        return row[:, row.shape[1] - self.H:]
 
 
 class _Attend:
@@ -256,6 +268,9 @@ class _Local:
         self.z = torch.zeros((1, w.H, w.K), device=dev, dtype=w.dtype)
         self.head = self.tail = torch.zeros((0, r.D), device=dev)
         self.edges: dict[int, tuple] = {}  # unit edge position -> (S, z, window)
+        # a gated layer: the head rows' log-gates, and the sum of the later positions' (float64)
+        self.head_gate = torch.zeros((0, w.H), device=dev) if w.gated else None
+        self.gate_sum = torch.zeros(w.H, dtype=torch.float64) if w.gated else None
 
     def span(self, s: int, e: int, h: torch.Tensor) -> None:
         """h (1, n, D): the layer's input at record positions [s, e) (exact)."""
@@ -269,21 +284,31 @@ class _Local:
         if keep:
             self.tail = tail_rows(torch.cat([self.tail, a[0, -keep:]]), keep)
         qkv, self.window = w.attn.qkv(a, self.window, scratch)  # (1, n, 3, H, K)
+        gate = w.attn.log_gate(a)  # (1, n, H) or None
         row = _buf(scratch, "seg_row", h, n, r.row_width)  # what pass 2 reads: q, then num, den
         row[:, :D] = qkv[0, :, 0].reshape(n, D)
         skip = min(n, max(0, r.base - s))  # positions whose conv read the unknown halo
+        if gate is not None:
+            w.gates(row)[:] = gate[0]
+            self.head_gate = torch.cat([self.head_gate, gate[0, :skip]])
         if skip < n:
             q, k, v = (qkv[:, skip:, i].to(w.dtype) for i in range(3))
-            num, den, (self.S, self.z) = w.attn.kernel_parts(q, k, v, self.S, self.z, dtype=w.dtype)
+            lg = None if gate is None else gate[:, skip:]
+            num, den, (self.S, self.z) = w.attn.kernel_parts(q, k, v, self.S, self.z, dtype=w.dtype,
+                                                             log_gate=lg)
             w.put_parts(row[skip:], num[0], den[0])
+            if gate is not None:
+                self.gate_sum = log_gate_sums(gate[0, skip:].cpu(), self.gate_sum)[-1]
         r.num.put(s - r.start, row.to("cpu").numpy())
         if r.is_edge(e):
             self.edges[e] = (self.S[0].clone(), self.z[0].clone(), self.window[0].clone())
 
     def message(self) -> Message:
         r = self.r
+        head_gate = None if self.head_gate is None else self.head_gate.cpu().clone()
         return Message(r.end - r.start, self.S[0].double().cpu(), self.z[0].double().cpu(),
-                       self.head.cpu().clone(), self.tail.cpu().clone())
+                       self.head.cpu().clone(), self.tail.cpu().clone(), head_gate=head_gate,
+                       gate_sum=self.gate_sum)
 
 
 class _Correct:
@@ -300,6 +325,8 @@ class _Correct:
         self.S, self.z = S_in.to(dev)[None], z_in.to(dev)[None]
         self.halo = self.window = halo.to(dev)[None]  # (1, W-1, D), the window carried through the head rows
         self.Sh = self._after_head() if r.base == r.start else None  # float64 (S_h, z_h)
+        # a gated layer: the cumulative log-gate from the head rows' end (float64, per head)
+        self.cum = torch.zeros(self.w.H, dtype=torch.float64, device=dev) if self.w.gated else None
 
     def _after_head(self):
         return self.S[0].double(), self.z[0].double()
@@ -319,7 +346,12 @@ class _Correct:
                 self.Sh = self._after_head()
         if nh < n:
             qf = features(row[nh:, :D].view(n - nh, H, K), w.attn.feature_map).to(w.dtype)
-            num, den = state_outputs(qf, *self.Sh, w.lg, s + nh - r.base)
+            if w.gated:
+                cum = log_gate_sums(w.gates(row[nh:]), self.cum)  # (n - nh, H)
+                num, den = state_outputs(qf, *self.Sh, log_cum=cum)
+                self.cum = cum[-1]
+            else:
+                num, den = state_outputs(qf, *self.Sh, w.lg, s + nh - r.base)
             got_num, got_den = w.get_parts(row[nh:])
             o[nh:] = w.attn.divide(num.add_(got_num), den.add_(got_den))
         h = w.layer.finish(h, o.view(1, n, D), scratch)
@@ -328,7 +360,7 @@ class _Correct:
                 S, z, win = self.S[0], self.z[0], self.window[0]
             else:
                 S_loc, z_loc, win = self.local.edges[e]
-                S, z = advance(*self.Sh, S_loc.double(), z_loc.double(), w.lg, e - r.base)
+                S, z = advance(*self.Sh, S_loc.double(), z_loc.double(), w.lg, e - r.base, log_total=self.cum)
                 S, z = S.float(), z.float()
                 if e - r.start < r.W - 1:  # the window still reaches into the halo
                     win = tail_rows(torch.cat([self.halo[0], self.local.head[:e - r.start]]), r.W - 1)
@@ -373,7 +405,7 @@ class SegmentRunner:
         # what pass 1 leaves for pass 2, rewritten layer after layer: the first segment's o
         # (T, D); the others' q, numerators and denominators (T, D + H (V+1))
         wide = self.lw[0].wide  # the same feature map and normaliser in every layer
-        self.row_width = self.D + c.n_heads * (c.head_dim + 1) * (2 if wide else 1)
+        self.row_width = self.D + c.n_heads * ((c.head_dim + 1) * (2 if wide else 1) + c.gated)
         self.num = _Spill(T, self.D if exact else self.row_width, spill_dir)
         self.edge_states: dict[int, list] = {}  # unit index -> per layer (S, z, window)
         self.pass1 = None  # the layer whose pass 1 ran last

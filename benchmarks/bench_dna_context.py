@@ -1,0 +1,135 @@
+"""What DNA models gain from context beyond 10 kb, on held-out genomes: bits per base with the
+state carried from each record's start (full context) against the same positions with the
+context cut.
+
+Full: every record streamed from the state after BOS (as `linpipe eval`). Cut: the positions
+from CUT on are scored in windows of WINDOW positions, each window read from a fresh state
+after the CUT positions before it, so every scored position sees CUT to CUT + WINDOW - 1
+positions of context. Both are compared on the same positions: those with at least CUT
+positions before them in their record, and those with at least FAR.
+
+    python benchmarks/bench_dna_context.py --models default-v1,default FASTA... [--cut 10000]
+        [--far 100000] [--window 1000] [--json out.json] [--plot out.png]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import numpy as np
+import torch
+
+import linpipe
+from linpipe.training.data import read_dna_records
+from linpipe.training.evaluate import LN2, model_log2prob
+
+
+def cut_log2prob(model, tokens: np.ndarray, cut: int, window: int) -> np.ndarray:
+    """log2 p(x_i | the cut .. cut + window - 1 positions before i) for i >= cut (NaN before)."""
+    out = np.full(len(tokens), np.nan)
+    for s in range(cut, len(tokens), window):
+        e = min(len(tokens), s + window)
+        o, _ = model.forward(tokens[s - cut:e], model.init_state(), outputs=["logprob"])
+        out[s:e] = np.asarray(o["logprob"][cut:], dtype=np.float64) / LN2
+    return out
+
+
+def score(model, records, cut: int, far: int, window: int, edges) -> dict:
+    """Bits per base (full and cut) over all positions, those past `cut` and past `far`, and
+    by distance from the record's start (bins between `edges`)."""
+    sums = {"all": [0, 0.0, 0.0], "beyond_cut": [0, 0.0, 0.0], "beyond_far": [0, 0.0, 0.0]}
+    bins = np.zeros((len(edges) - 1, 3))
+    for _, tokens in records:
+        full = -model_log2prob(model, tokens)
+        cutb = -cut_log2prob(model, tokens, cut, window)
+        pos = np.arange(len(tokens))
+        ok = ~np.isnan(full)
+        for key, lo in (("all", 0), ("beyond_cut", cut), ("beyond_far", far)):
+            m = ok & (pos >= lo)
+            sums[key][0] += int(m.sum())
+            sums[key][1] += float(full[m].sum())
+            sums[key][2] += float(np.nansum(cutb[m])) if lo >= cut else float("nan")
+        m = ok & (pos >= cut)
+        which = np.searchsorted(edges, pos[m], side="right") - 1
+        for b in range(len(edges) - 1):
+            sel = which == b
+            bins[b] += (sel.sum(), full[m][sel].sum(), cutb[m][sel].sum())
+    res = {k: {"positions": n, "full": f / max(n, 1), "cut": c / max(n, 1) if k != "all" else None}
+           for k, (n, f, c) in sums.items()}
+    for k in ("beyond_cut", "beyond_far"):
+        res[k]["gain"] = res[k]["cut"] - res[k]["full"]
+    res["by_distance"] = [{"from": int(edges[b]), "to": int(edges[b + 1]), "positions": int(n),
+                           "full": f / n, "cut": c / n} for b, (n, f, c) in enumerate(bins) if n]
+    return res
+
+
+def plot(results: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    for model, r in results.items():
+        d, name = r["by_distance"], os.path.basename(model.rstrip("/"))
+        mid = [np.sqrt(b["from"] * b["to"]) for b in d]
+        line = ax1.plot(mid, [b["full"] for b in d], marker="o", label=f"{name}, full context")[0]
+        ax1.plot(mid, [b["cut"] for b in d], marker="x", ls="--", color=line.get_color(),
+                 label=f"{name}, context cut to {r['cut'] // 1000} kb")
+        ax2.plot(mid, [b["cut"] - b["full"] for b in d], marker="o", color=line.get_color(), label=name)
+    ticks = [t for t in (1e4, 3e4, 1e5, 3e5, 1e6, 3e6) if t <= d[-1]["to"]]
+    for ax in (ax1, ax2):
+        ax.set_xscale("log")
+        ax.set_xticks(ticks, [f"{t / 1000:g} kb" for t in ticks])
+        ax.minorticks_off()
+        ax.set_xlabel("position in the record (bases of context)")
+    ax1.set_ylabel("bits per base")
+    ax2.set_ylabel("gain beyond the cut (bits per base)")
+    ax2.axhline(0, color="gray", lw=0.8)
+    ax1.legend(fontsize=7)
+    ax2.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("fasta", nargs="+")
+    ap.add_argument("--models", default="default", help="comma-separated model names or directories")
+    ap.add_argument("--cut", type=int, default=10_000)
+    ap.add_argument("--far", type=int, default=100_000)
+    ap.add_argument("--window", type=int, default=1000)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--plot", default=None)
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+    records = [r for path in a.fasta for r in read_dna_records(path)]
+    longest = max(len(t) for _, t in records)
+    edges = np.unique(np.geomspace(a.cut, max(longest, a.cut + 1), 10).astype(int))
+    results = {}
+    for name in a.models.split(","):
+        model = linpipe.load_model(name)
+        t0 = time.time()
+        results[name] = {"sha256": model.sha256, "cut": a.cut, "far": a.far, "window": a.window,
+                         **score(model, records, a.cut, a.far, a.window, edges),
+                         "seconds": round(time.time() - t0, 1)}
+    doc = {"inputs": [os.path.basename(p) for p in a.fasta], "records": len(records), "load": os.getloadavg(),
+           "models": results}
+    if a.json:
+        with open(a.json, "w") as fh:
+            fh.write(json.dumps(doc, indent=1) + "\n")
+    if a.plot:
+        plot(results, a.plot)
+    print("| model | positions | bits/base | >= cut: full | cut | gain | >= far: full | cut | gain |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name, r in results.items():
+        c, f = r["beyond_cut"], r["beyond_far"]
+        print(f"| {name} | {r['all']['positions']:,} | {r['all']['full']:.4f} | {c['full']:.4f} | "
+              f"{c['cut']:.4f} | {c['gain']:+.4f} | {f['full']:.4f} | {f['cut']:.4f} | {f['gain']:+.4f} |")
+
+
+if __name__ == "__main__":
+    main()
