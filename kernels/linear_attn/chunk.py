@@ -23,6 +23,9 @@ from .stages import PREFIX_GROUP, block_gates, block_outputs, check_log_gate, lo
 # Positions per block: chosen by measurement (1 thread, K=32): 32 beat 64 and 128 once spans are
 # cache-sized; smaller blocks mean less intra-block work per position (2c(K+V) FLOPs).
 BLOCK_SIZE = 32
+# Positions after which a call can be cut and resumed from its final state to the same bytes as
+# one call: whole groups of blocks (Gates.fold). Cuts elsewhere round differently (within 1e-6).
+EXACT_CUT = BLOCK_SIZE * PREFIX_GROUP
 # Positions per span: every temporary (about a dozen of SPAN * H * K floats) stays in
 # cache. One pass over T at once was slower on the CPU: every elementwise pass went to DRAM.
 SPAN = 2048

@@ -15,6 +15,7 @@ import torch
 
 from linpipe.errors import ModelError
 from linpipe.inputs.alphabet import N as TOKEN_N
+from linpipe.kernels.linear_attn import EXACT_CUT
 from linpipe.kernels.linear_attn.scratch import hugepages
 from linpipe.model import series
 from linpipe.model.config import WEIGHTS_FILE, ModelConfig, expected_shapes
@@ -95,6 +96,10 @@ class Model:
         if x.ndim != 2 or x.shape[1] != c.channels:
             raise ModelError(f"timeseries input must have shape (T, {c.channels}), got {x.shape}")
         return torch.from_numpy(x.astype(np.float32, copy=False)).to(self.device)[None]
+
+    # Cut a run of positions after a multiple of this (from the state it starts from) and carry
+    # the state across the cut: the same bytes as one call (CPU; docs/pipeline.md, "Guarantees").
+    exact_cut = EXACT_CUT
 
     @property
     def span(self) -> int | None:
