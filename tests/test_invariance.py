@@ -5,7 +5,14 @@ multiples); cut elsewhere, they are equal to within 1e-6 relative."""
 import numpy as np
 import pytest
 import torch
-from _pipeline_data import assert_same_bytes, make_tiny_model, read_fasta, record_outputs, write_in_process
+from _pipeline_data import (
+    assert_same_bytes,
+    make_tiny_model,
+    read_fasta,
+    record_outputs,
+    write_in_process,
+    write_three_records,
+)
 
 from linpipe.inputs.alphabet import tokenize
 from linpipe.model import load_model
@@ -94,11 +101,8 @@ def test_thread_count_changes_no_byte(models, records, name):
 def test_unit_size_in_the_pipeline(genomes, tmp_path, one_torch_thread):
     """Stores of the same genome at unit sizes 512 and 1,536 (other units, other packed batches):
     the same bytes per record; at 1,000 (not a multiple of 512): within 1e-6."""
-    seqs = {"chr2": read_fasta(genomes / "korflab_Athaliana_TAIR_1pct.fa")["Chr2"][27_000:31_100],
-            "mt": next(iter(read_fasta(genomes / "minimap2_MT-human.fa").values()))[:1_300],
-            "orang": next(iter(read_fasta(genomes / "minimap2_MT-orang.fa").values()))[:450]}
     fasta = tmp_path / "g.fa"
-    fasta.write_text("".join(f">{k}\n{v}\n" for k, v in seqs.items()))
+    write_three_records(genomes, fasta, (27_000, 31_100), 1_300, 450)
     model = make_tiny_model(tmp_path / "tiny")
     got = {}
     for unit in (512, 1_536, 1_000):

@@ -211,7 +211,8 @@ def test_same_options_are_bit_identical_and_unit_size_does_not_matter(genome, re
     a, b = record_outputs(ref_out), record_outputs(other)
     assert a.keys() == b.keys()
     for k in a:  # 7,000 is not a multiple of 512: the blocks fall elsewhere (docs/pipeline.md)
-        np.testing.assert_allclose(a[k].astype(np.float64), b[k].astype(np.float64), rtol=1e-6, atol=0, err_msg=k)
+        np.testing.assert_allclose(a[k].astype(np.float64), b[k].astype(np.float64), rtol=1e-6, atol=0,
+                                   err_msg=k)
 
 
 @pytest.mark.slow
