@@ -146,8 +146,8 @@ class Gates:
         local = local.view(B, H, ng, G, X)
         starts = torch.addcmul(local, self.pw, carry[:, :, :ng].unsqueeze(3), out=scratch.same(local))
         starts = starts.view(B, H, ng * G, X)[:, :, :n]
-        if whole:
-            return starts, carry[:, :, ng]
+        if whole:  # a copy: the carry may live in scratch, which the next call reuses
+            return starts, carry[:, :, ng].clone()
         return starts, torch.addcmul(d[:, :, -1], starts[:, :, -1], self.total)
 
     def group_decay(self, g):
