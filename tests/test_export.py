@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import struct
 
 import numpy as np
@@ -14,6 +15,7 @@ from test_store import HUMAN_BASES, UNIT, build_dna_store, build_ts_store
 from linpipe.cli import cli
 from linpipe.outputs.export import export_parquet, export_track, value_runs
 from linpipe.outputs.plot import envelope
+from linpipe.store import OutputStore
 
 
 @pytest.fixture(scope="module")
@@ -201,3 +203,31 @@ def test_cli_export_and_plot(dna, ts, tmp_path):
     r = CliRunner().invoke(cli, ["plot", str(path), "--record", "chr1", "--output", "logprob",
                                  "--region", "500-100", "-o", str(png)])
     assert r.exit_code == 1 and "region '500-100'" in r.output
+
+
+@pytest.mark.parametrize("fmt", ["bigwig", "bedgraph", "parquet"])
+def test_a_failed_export_leaves_no_file_that_looks_complete(dna, tmp_path, fmt):
+    """A unit that cannot be read half way through (its logprob chunk truncated): the export
+    fails with one line, and the destination keeps what it held before (here an older export);
+    no temporary file is left beside it."""
+    path, _ = dna
+    damaged = tmp_path / "damaged.zarr"
+    shutil.copytree(path, damaged)
+    key = OutputStore.open(str(damaged), mode="r").record("chr1").key
+    chunk = damaged / key / "logprob" / "c" / "2"
+    chunk.write_bytes(chunk.read_bytes()[:10])
+    dest = tmp_path / "out" / f"logprob.{fmt}"
+    dest.parent.mkdir()
+    dest.write_text("an older export\n")
+    r = CliRunner().invoke(cli, ["export", str(damaged), "--format", fmt, "--output", "logprob",
+                                 "--record", "chr1", "-o", str(dest)])
+    assert r.exit_code == 1 and r.output.startswith("Error: ") and len(r.output.splitlines()) == 1
+    assert "logprob unreadable" in r.output, r.output
+    assert dest.read_text() == "an older export\n"
+    assert sorted(p.name for p in dest.parent.iterdir()) == [dest.name]
+    # the same export of the undamaged store replaces the old file whole
+    r = CliRunner().invoke(cli, ["export", str(path), "--format", fmt, "--output", "logprob",
+                                 "--record", "chr1", "-o", str(dest)])
+    assert r.exit_code == 0, r.output
+    assert dest.read_bytes() != b"an older export\n"
+    assert sorted(p.name for p in dest.parent.iterdir()) == [dest.name]

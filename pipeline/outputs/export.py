@@ -5,8 +5,11 @@ Units the job never completed are skipped (not exported as zeros or NaN).
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
+import uuid
+from pathlib import Path
 
 import numpy as np
 
@@ -16,6 +19,21 @@ from linpipe.store.layout import DIM_CHANNEL, POSITION_DIM, TIME
 from linpipe.store.reader import OutputReader, as_reader
 
 TRACK_FORMATS = ("bigwig", "bedgraph")
+
+
+@contextlib.contextmanager
+def replaced_when_done(dest):
+    """A path beside `dest` to write to; it becomes `dest` only if the block ends without error.
+
+    An export that fails half way (a damaged unit, a full disk) leaves no file that looks
+    complete, and an older file at `dest` as it was."""
+    dest = Path(dest)
+    tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex}.partial")
+    try:
+        yield os.fspath(tmp)
+        os.replace(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _select(reader: OutputReader, records) -> list[str] | None:
@@ -101,7 +119,7 @@ def export_track(store, output: str, dest, *, fmt: str = "bigwig", records=None)
     n = 0
     units = (b for b in reader.units(output, ids) if b[0].length > 0)
     if fmt == "bedgraph":
-        with open(dest, "w") as f:
+        with replaced_when_done(dest) as tmp, open(tmp, "w") as f:
             f.write(f'track type=bedGraph name="{output}"\n')
             for info, got in _by_record(units):
                 chrom = info.id
@@ -122,7 +140,8 @@ def export_track(store, output: str, dest, *, fmt: str = "bigwig", records=None)
                 yield info.id, s, e, v
 
     try:
-        return write_bigwig(dest, chroms, runs())
+        with replaced_when_done(dest) as tmp:
+            return write_bigwig(tmp, chroms, runs())
     except OSError as e:
         raise StoreError(f"{dest}: cannot write the bigWig file: {e.strerror or e}") from None
     except ValueError as e:
@@ -134,9 +153,6 @@ def export_parquet(store, output, dest, *, records=None) -> int:
 
     `output` is one name or a list. Returns the number of rows written.
     """
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     reader = as_reader(store)
     ids = _select(reader, records)
     names = [output] if isinstance(output, str) else list(output)
@@ -148,6 +164,14 @@ def export_parquet(store, output, dest, *, records=None) -> int:
             dims = reader.dims(first.id, name)
             labels[name] = dims[1] if len(dims) > 1 else None
     has_time = first is not None and reader.time(first.id, 0, 0) is not None
+    with replaced_when_done(dest) as tmp:
+        return _write_parquet(reader, ids, names, labels, channels, has_time, tmp)
+
+
+def _write_parquet(reader, ids, names, labels, channels, has_time, dest) -> int:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     writer = None
     rows = 0
     try:

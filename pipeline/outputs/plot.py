@@ -6,13 +6,13 @@ arrhythmic beat) stay visible instead of vanishing into an average or a stride.
 """
 from __future__ import annotations
 
-import os
 import re
 
 import numpy as np
 
 from linpipe.errors import StoreError
 from linpipe.model.outputs import TIMESERIES
+from linpipe.outputs.export import replaced_when_done
 from linpipe.store.layout import DIM_FEATURE
 from linpipe.store.reader import as_reader
 
@@ -130,7 +130,8 @@ def plot_region(store, record: str, output, dest, *, region: str | None = None,
             a, b = max(s, start) - start, min(e, end) - start - 1
             ax.axvspan(xs(a), xs(b), color="0.85", zorder=0)
     fig.tight_layout()
-    fig.savefig(os.fspath(dest), format="png")
+    with replaced_when_done(dest) as tmp:
+        fig.savefig(tmp, format="png")
     plt.close(fig)
     return {"record": info.id, "start": start, "end": end, "downsampled": downsampled,
             "missing": missing, "input_drawn": inputs is not None, "input_note": input_note,
