@@ -1,5 +1,5 @@
 """float32 x @ w.T on one CPU thread: torch's public op (MKL's sgemm) against oneDNN's
-(linpipe.model.torch_internals.onednn_linear, what the CPU forward's row tiles use), at the
+(linpipe.model.onednn.onednn_linear, what the CPU forward's row tiles use), at the
 model's shapes, alternating rounds, medians in GFLOP/s.
 
 Usage: python benchmarks/bench_matmul_backends.py [--rounds 7]
@@ -14,7 +14,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from linpipe.model.torch_internals import onednn_linear
+from linpipe.model.onednn import onednn_linear
 
 # (rows, in, out): the default model's qkv, MLP and o_proj tiles (D=64, M=128, 2,048 rows), the
 # bench model's (D=128, M=512) and the tiny model's (D=8, 16,384 rows)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from linpipe.model.torch_internals import onednn_linear
+from linpipe.model.onednn import onednn_linear
 
 # Rows per tile are a multiple of this (32 float32 lanes: AVX-512's two-vector step), so that
 # a tile's elementwise ops have no scalar remainder.
