@@ -4,7 +4,7 @@ Each module imports only modules further down this list (tests/test_imports.py k
 acyclic):
 
     detached (a job for the job server), driver (run_job), repair (verify --repair)
-    split (one record over a group of actors), preflight (every check before a run)
+    preflight (every check before a run), split (one record over a group of actors)
     actor (the worker), cluster (Ray set-up)
     plan (what work a request stands for), submission (the job-server client), lease
     spec (YAML into requests), checks, regions, auth

@@ -43,6 +43,9 @@ class UnitResult:
     write_s: float
     node: str
     peak_rss: int  # bytes: this worker process's peak resident memory so far
+    # the part of `positions` that counts toward the job's positions: 1/2 for one strand's unit
+    # of a job on both strands (a packed batch runs both strands in its one call)
+    share: float = 1.0
 
 
 def peak_rss() -> int:
@@ -92,6 +95,7 @@ class PipelineWorker:
         self.rc_outputs = [base_output(o) for o in self.outputs or () if is_rc(o)]
         if self.outputs is not None:
             self.outputs = [o for o in self.outputs if not is_rc(o)]
+        self.share = 0.5 if self.rc_outputs else 1.0  # UnitResult.share of a stream's unit
         self.input_options = dict(input_options or {})
         self._inputs: dict[str, object] = {}
         self._stats: dict[str, tuple[int, int]] = {}  # path -> (size, mtime_ns) when opened
@@ -172,7 +176,7 @@ class PipelineWorker:
         if last:
             self.store.close()  # drop the finished record's cached array handles (refilled lazily)
         return UnitResult(unit.key, unit.index, unit.positions, t1 - t0, t2 - t1, t3 - t2,
-                          self.node, peak_rss())
+                          self.node, peak_rss(), self.share)
 
     def run_batch(self, batch: int, units: list[Unit]) -> UnitResult:
         """Run one packed batch (whole short records, in table order) in one batched model

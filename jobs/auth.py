@@ -90,20 +90,42 @@ def gcs_requires_token(address: str, timeout: float = 5.0) -> bool | None:
     its answer says neither (an older Ray without the probed call, a timeout). One unary gRPC
     call with an empty message to the GCS's liveness service: a token-authenticated GCS
     answers UNAUTHENTICATED before it looks at the call, an open one answers it."""
+    answer = _check_alive(address, None, timeout)
+    return None if answer is None else answer == "unauthenticated"
+
+
+def _check_alive(address: str, token: Token | None, timeout: float) -> str | None:
+    """One CheckAlive call to the GCS (with the token, as Ray sends it, if given): "ok",
+    "unauthenticated", or None when the answer says neither (no grpc, an older Ray, a timeout)."""
     try:
         import grpc  # Ray's own dependency
     except ImportError:
         return None
     target = address.split("://", 1)[-1].rstrip("/")
+    metadata = [(k.lower(), v) for k, v in auth_headers(token).items()] or None
     with grpc.insecure_channel(target) as channel:
         call = channel.unary_unary("/ray.rpc.NodeInfoGcsService/CheckAlive")
         try:
-            call(b"", timeout=timeout)
+            call(b"", timeout=timeout, metadata=metadata)
         except grpc.RpcError as e:
-            if e.code() == grpc.StatusCode.UNAUTHENTICATED:
-                return True
-            return None
-    return False
+            return "unauthenticated" if e.code() == grpc.StatusCode.UNAUTHENTICATED else None
+    return "ok"
+
+
+def gcs_token_problem(address: str, timeout: float = 5.0) -> str | None:
+    """Why the GCS at HOST:PORT would refuse this driver, in words, said before Ray tries to join
+    it (ray.init retries for about 20 s behind a warning a second, then says nothing of a token):
+    it asks for a token and none is found where Ray looks, or it refuses the one found. None when
+    it would let the driver in, or cannot tell."""
+    if gcs_requires_token(address, timeout) is not True:
+        return None
+    token = find_token()
+    if token is None:
+        return f"the Ray cluster requires a token and none was found: put the cluster's token in {WHERE}"
+    if _check_alive(address, token, timeout) == "unauthenticated":
+        return (f"the Ray cluster refused the token from {token.source} (wrong token): use the cluster's "
+                f"token, in {WHERE}")
+    return None
 
 
 def enable_token_mode_for_join(address: str | None) -> Token | None:

@@ -99,3 +99,31 @@ def check_has_positions(inputs, n_records: int, positions: int, modality: str) -
     what = f"{n_records} record{'s' if n_records != 1 else ''}, all empty" if n_records else "no record"
     kind = "sequence" if modality == "dna" else "rows"
     raise InputError(f"{', '.join(map(str, inputs))}: the input has no {kind} ({what}); nothing to run")
+
+
+def check_lane_outputs(inputs, channels, config, model_ref: str, outputs) -> None:
+    """A series_norm model reads each channel as a lane of its own, so its `hidden` output (one
+    row of features per lane) needs a one-channel series: refused while planning, not by the
+    workers after Ray started."""
+    if not getattr(config, "series_norm", False) or "hidden" not in outputs or len(channels or ()) < 2:
+        return
+    raise InputError(f"{', '.join(map(str, inputs))}: {option('outputs')} hidden: model {model_ref} reads "
+                     f"each channel as its own lane, so hidden needs a one-channel series, and this one has "
+                     f"{len(channels)} ({', '.join(channels)}); give {option('columns')} one of them, or "
+                     "leave hidden out")
+
+
+def input_notes(path, inp) -> list[str]:
+    """What opening an input did or left out that the user should hear of, one line each: the
+    columns a series does not read as channels, the index files written (and where)."""
+    notes = []
+    skipped = getattr(inp, "skipped_columns", None)
+    if skipped:
+        cols = ", ".join(f"{name!r} ({kind})" for name, kind in skipped)
+        notes.append(f"{path}: column{'s' if len(skipped) > 1 else ''} {cols} not read as "
+                     f"channel{'s' if len(skipped) > 1 else ''} (not numeric); {option('columns')} chooses "
+                     "the channels")
+    for written in getattr(inp, "indexes_written", ()):
+        notes.append(f"{path}: index written to {written}")
+    return notes
+

@@ -5,6 +5,7 @@ ends with stop_ray.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -38,6 +39,10 @@ def check_cluster(address: str | None) -> str:
     if not host or not port.isdigit():
         raise ClusterError(f"{option('address')} {address}: expected HOST:PORT (the Ray head's GCS address)")
     problem = probe_gcs(host, int(port))
+    if problem is None:
+        from .auth import gcs_token_problem
+
+        problem = gcs_token_problem(f"{host}:{port}")
     if problem:
         raise ClusterError(f"{option('address')} {address}: {problem}")
     return f"Ray cluster {address} answers"
@@ -127,7 +132,8 @@ def start_ray(address: str | None, workers: int | None) -> bool:
     common = {"logging_level": "WARNING", "log_to_driver": False, "configure_logging": True}
     if address:
         try:
-            ray.init(address=address, **common)
+            with tempfile.TemporaryDirectory(prefix="lpjoin-") as empty, working_directory(empty):
+                ray.init(address=address, **common)
         except Exception as e:  # ConnectionError, a GCS that is not Ray, a version mismatch
             hint = ""
             if os.environ.get(MODE_ENV) != "token":
@@ -142,12 +148,28 @@ def start_ray(address: str | None, workers: int | None) -> bool:
         global _embedded_dir
         _embedded_dir = tempfile.mkdtemp(prefix="lpray-")
         try:
-            init_local(_embedded_dir, num_cpus=workers or os.cpu_count() or 1, include_dashboard=False,
-                       dashboard_host="127.0.0.1", **common)
+            with working_directory(_embedded_dir):
+                init_local(_embedded_dir, num_cpus=workers or os.cpu_count() or 1, include_dashboard=False,
+                           dashboard_host="127.0.0.1", **common)
         except BaseException:
             stop_ray()
             raise
     return True
+
+
+@contextlib.contextmanager
+def working_directory(folder: str):
+    """ray.init run in `folder`: Ray puts the driver's working directory first on every worker's
+    sys.path, so a `linpipe` folder where the user stands (the clone beside an installed linpipe,
+    a project of that name) would be what the workers import as linpipe. In a folder of linpipe's
+    own, the workers import the installed package, as the driver does. (The process's working
+    directory is changed for the seconds ray.init takes; every path linpipe hands Ray is absolute.)"""
+    here = os.getcwd()
+    os.chdir(folder)
+    try:
+        yield
+    finally:
+        os.chdir(here)
 
 
 def stop_ray() -> None:
@@ -161,6 +183,17 @@ def stop_ray() -> None:
     if _embedded_dir is not None:
         shutil.rmtree(_embedded_dir, ignore_errors=True)
         _embedded_dir = None
+
+
+def embedded_slots(workers: int | None, resources: ActorResources) -> int | None:
+    """The worker slots of the embedded local Ray start_ray starts (as worker_slots will count
+    them there), before it starts; None when they depend on what Ray finds (GPUs, custom
+    resources, memory)."""
+    if resources.num_gpus or resources.custom or resources.memory:
+        return None
+    cpus = workers or os.cpu_count() or 1
+    n = int(cpus // (resources.num_cpus or 1))
+    return min(workers, n) if workers else n
 
 
 def worker_slots(workers: int | None, resources: ActorResources) -> tuple[int, dict]:

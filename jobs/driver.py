@@ -17,7 +17,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 
-from linpipe.errors import StoreError
+from linpipe.errors import LinpipeError, StoreError
 from linpipe.strands import FORWARD
 
 from .actor import PipelineWorker, UnitResult, as_actor, peak_rss
@@ -28,7 +28,7 @@ from .options import recorded
 from .plan import JobPlan, Record, Unit
 from .preflight import another_job, never_received_a_unit, preflight
 from .request import JobRequest, RunOptions
-from .split import SegmentWorker, run_split, split_segments
+from .split import SegmentWorker, check_split, run_split, split_segments
 
 IN_FLIGHT = 2  # calls queued per actor: the next unit is waiting when one finishes
 # An actor that dies this many times per worker slot means something is wrong with the job.
@@ -46,7 +46,9 @@ class JobSummary:
     out: str
     records: int
     positions: int  # all positions of the job
-    positions_run: int  # positions computed by this run (the rest were already complete)
+    # positions computed by this run (the rest were already complete); on both strands a
+    # position counts half for each strand's unit (UnitResult.share)
+    positions_run: float
     seconds: float  # from the first worker ready to the end
     startup_s: float  # Ray start-up plus actor creation and model loading
     output_bytes: int
@@ -59,6 +61,7 @@ class JobSummary:
     read_s: float = 0.0  # summed over workers: where the time goes
     model_s: float = 0.0
     write_s: float = 0.0
+    strands: int = 1  # 2: --strand both (positions count when run on both)
 
     @property
     def positions_per_s(self) -> float:
@@ -73,10 +76,12 @@ class JobStart:
     out: str
     records: int
     positions: int
-    positions_done: int
+    positions_done: float  # as JobSummary.positions_run counts them
     work_items: int
     workers: int
     workers_possible: int = 0  # what --workers or the cluster allowed, before capping at work_items
+    strands: int = 1
+    notes: tuple[str, ...] = ()  # what planning skipped or wrote (JobPlan.notes)
 
 
 class JobEvents:
@@ -118,17 +123,17 @@ def open_or_create_store(plan: JobPlan, out: str, *, overwrite: bool = False):
     if OutputStore.creation_interrupted(out):
         overwrite = True  # a driver killed while laying it out; we hold the job's lease now
     elif OutputStore.exists(out) and not overwrite:
-        store = OutputStore.open(out, mode="r+")
-        old = store.meta.get("job_id")
-        if old == plan.job_id:
-            return store
+        store = OutputStore.open(out, mode="r")
+        if store.meta.get("job_id") == plan.job_id:
+            return OutputStore.open(out, mode="r+")
         if not never_received_a_unit(store):
-            raise another_job(out, old, plan.job_id)
+            raise another_job(out, store.meta, plan)
         overwrite = True  # a failed start's empty store holds no work: the corrected job takes it
     options = recorded({"model": plan.model_ref, "unit_size": plan.unit_size, "outputs": list(plan.outputs),
-                        **plan.input_options, "regions": plan.regions_path})
+                        **plan.input_options, "regions": plan.regions_path,
+                        "regions_lenient": plan.regions_lenient or None})
     meta = {"job_id": plan.job_id, "model_sha256": plan.model_sha256, "model": options.pop("model"),
-            "inputs": list(plan.inputs)}
+            "inputs": [f.stored() for f in plan.files]}
     meta.update(options)
     outputs = meta.pop("outputs")  # the store records them with its arrays
     if plan.regions is not None:  # what the store holds: docs/regions.md
@@ -175,12 +180,12 @@ def work_left(plan: JobPlan, store) -> tuple[collections.deque, int]:
     """What is left to run, and the positions already done: streams from their first
     unfinished unit; packed batches whole, unless marked done."""
     todo: collections.deque[Stream | Batch] = collections.deque()
-    done = 0
+    done = 0.0
+    share = 1 / len(plan.strands)  # each strand's unit counts for its share of the positions
     for r in plan.streams:  # a reverse strand's stream counts its steps from the record's end
         completed = store.completed_units(r.key, r.strand)
         first = next((i for i in range(r.n_units) if r.unit(i).index not in completed), r.n_units)
-        if r.strand == FORWARD:
-            done += min(first * r.unit_size, r.length)
+        done += share * sum(r.unit(i).positions for i in range(first))
         if first < r.n_units:
             todo.append(Stream(r, first))
     batch_done = store.batches_done()
@@ -333,7 +338,7 @@ class Scheduler:
         if slot.finished:
             slot.item = None  # the slot takes the next item
         self.units_done += 1
-        self.positions_run += result.positions
+        self.positions_run += result.positions * result.share
         self.nodes.add(result.node.rsplit(":", 1)[0])
         self.worker_rss = max(self.worker_rss, result.peak_rss)
         self.timings.add(result)
@@ -375,10 +380,37 @@ def run_job(request: JobRequest, *, address: str | None = None, device: str | No
         lease.acquire(force=force_takeover, wait=wait, on_wait=events.waiting)
     except OSError as e:  # an unreachable or read-only store location
         raise StoreError(f"{e.filename or out}: cannot write the output store: {e.strerror or e}") from None
+    from linpipe.store import OutputStore
+    from linpipe.store.location import Location
+
+    fresh = not OutputStore.exists(out)  # nothing here but our lease: this run lays the store out
+    discarded = False
     try:
         return _run_leased(plan, request, out, address, device, _LeaseChecked(events, lease))
+    except BaseException:
+        # a run that failed before its first unit leaves no store (it would look like a job
+        # that is resumable, or block the corrected job's out); any unit written keeps it
+        discarded = fresh and _discard_unused(out)
+        raise
     finally:
         lease.release()
+        if discarded:
+            Location(out, read_only=False).remove_empty()
+
+
+def _discard_unused(out: str) -> bool:
+    """Delete the store at `out` (all but the lease) if it never received a unit; True if so."""
+    from linpipe.store import OutputStore
+    from linpipe.store.location import Location
+
+    try:
+        if OutputStore.exists(out) and not OutputStore.creation_interrupted(out):
+            if not never_received_a_unit(OutputStore.open(out, mode="r")):
+                return False
+        Location(out, read_only=False).discard()
+    except (LinpipeError, OSError):  # unreadable or undeletable: left as it is, resumable
+        return False
+    return True
 
 
 class _LeaseChecked(JobEvents):
@@ -422,7 +454,8 @@ def _run_leased(plan, request, out, address, device, events) -> JobSummary:
     total, n_records = plan.total_positions, plan.n_records
     if not todo:
         _finalize(store)
-        events.started(JobStart(plan.job_id, out, n_records, total, total, 0, 0))
+        events.started(JobStart(plan.job_id, out, n_records, total, total, 0, 0, strands=len(plan.strands),
+                                notes=plan.notes))
         return JobSummary(plan.job_id, out, n_records, total, 0, 0.0, 0.0, store.size_on_disk(), 0,
                           nothing_to_do=True)
 
@@ -433,6 +466,7 @@ def _run_leased(plan, request, out, address, device, events) -> JobSummary:
         import ray
 
         possible, options = worker_slots(request.workers, request.actor_resources)
+        check_split(plan, request.split, possible)  # a cluster's slots are known only now
         n_workers = max(1, min(possible, len(todo)))  # no idle actors for a small job
         # torch threads: the CPUs an actor asked for (a GPU actor leaves it to torch)
         threads = None if options.get("num_gpus") else max(1, int(options.get("num_cpus", 1)))
@@ -468,7 +502,7 @@ def _run_leased(plan, request, out, address, device, events) -> JobSummary:
                                         spill_budget=budget)
 
         events.started(JobStart(plan.job_id, out, n_records, total, done_positions, len(todo) + len(splits),
-                                n_workers, possible))
+                                n_workers, possible, strands=len(plan.strands), notes=plan.notes))
         for item, n in splits:
             split_stats.append(run_split(item.record, n, store, new_segment_actor, events,
                                          first_weight=plan.split_first_weight,
@@ -498,7 +532,7 @@ def _run_leased(plan, request, out, address, device, events) -> JobSummary:
                           store.size_on_disk(), n_workers, nodes=tuple(sorted(sched.nodes)),
                           worker_deaths=sched.deaths, driver_peak_rss=peak_rss(),
                           worker_peak_rss=sched.worker_rss, read_s=t.read_s, model_s=t.model_s,
-                          write_s=t.write_s)
+                          write_s=t.write_s, strands=len(plan.strands))
     finally:
         if started:
             stop_ray()

@@ -337,9 +337,6 @@ class Option:
     run: bool = False  # how this submit runs (RunOptions), not what the job is (JobRequest)
     identity: bool = False  # it changes the outputs: it enters the job id
     identity_key: str | None = None  # its key in the job id, where not its name (ids stay as they were)
-    # False where the identity is not what the store records (regions: the digest of the
-    # regions read from the file, recorded as the file's path)
-    identity_recorded: bool = True
     input_option: bool = False  # an open_input keyword (time series)
     stored: str | None = None  # where a store's metadata records it (dotted: inside a mapping)
     path: bool = False  # a file: relative to a spec's folder there, absolute in argv
@@ -396,13 +393,25 @@ OPTIONS: tuple[Option, ...] = (
            "'%d.%m.%Y %H:%M'.", default_text="ISO 8601 and forms such as 2010/01/01 00:00",
            metavar="FORMAT", example="%d.%m.%Y %H:%M", identity=True, input_option=True,
            stored="input_options.time_format", spec_aliases=("timeseries.time_format",)),
+    Option("sort", Flag(), _TS + "sort each series' rows by time (a sorted copy in linpipe's cache "
+           "folder) instead of refusing rows out of time order.", default=False, example=True,
+           identity=True, input_option=True, stored="input_options.sort"),
+    Option("index_in_cache", Flag(), "Keep the inputs' index files (.fai, .gzi, .lpi) in linpipe's cache "
+           "folder ($LINPIPE_CACHE, else ~/.cache/linpipe), never beside the inputs (as "
+           "$LINPIPE_INDEX_IN_CACHE=1 does for every command).",
+           default=False, default_text="beside an input whose folder is writable, else in the cache",
+           example=True, input_option=True, stored="input_options.index_in_cache"),
     Option("strand", Choice("forward", "both"), "both: also the reverse strand, as logprob_rc, "
            "entropy_rc (hidden_rc) at the forward positions (DNA; docs/strands.md).", default="forward",
            example="both", identity=True),
     Option("regions", Text(), "Store outputs only inside these regions (BED, 0-based); records with a "
            "region are still streamed from their start, so the context is exact (docs/regions.md).",
-           metavar="BED", example="regions.bed", identity=True, identity_recorded=False,
+           metavar="BED", example="regions.bed", identity=True,
            stored="regions.path", path=True),
+    Option("regions_lenient", Flag(), "With regions: skip BED lines whose contig is not in the inputs "
+           "and clip intervals at a record's end (both counted and printed) instead of refusing the file "
+           "(a genome-wide BED over a subset of contigs).", default=False, example=True,
+           stored="regions.lenient"),
     Option("split", Split(), "Run one long record over several workers at once (exact sequence "
            "parallelism, docs/sequence-parallel.md): auto splits a record much longer than the job's "
            "share per worker; N forces N segments; never streams every record on one worker (auto: "
@@ -493,12 +502,3 @@ def stored_values(meta: dict[str, Any]) -> dict[str, Any]:
         if v is not None:
             found[o.name] = o.kind.coerce(v)
     return found
-
-
-def stored_identity(meta: dict[str, Any]) -> dict[str, Any] | None:
-    """The job id's options from a store's metadata; None when the store records an option whose
-    identity is not what it records (identity_recorded False)."""
-    values = stored_values(meta)
-    if any(not BY_NAME[name].identity_recorded for name in values):
-        return None
-    return identity(values)

@@ -17,10 +17,18 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from linpipe.errors import InputError, LinpipeError, option
+from linpipe.inputs.base import FileState
 from linpipe.store.table import PackedRecords
 from linpipe.strands import FORWARD, REVERSE
 
-from .checks import check_channels, check_has_positions, fit_channels, modality_error
+from .checks import (
+    check_channels,
+    check_has_positions,
+    check_lane_outputs,
+    fit_channels,
+    input_notes,
+    modality_error,
+)
 from .options import identity
 from .regions import clip
 from .request import JobRequest
@@ -105,6 +113,9 @@ class JobPlan:
     packed_time_dtype: str | None = None  # time series: the packed records' time column dtype
     regions: dict | None = None  # --regions: record id -> merged intervals (records without one left out)
     regions_path: str | None = None
+    regions_lenient: bool = False  # --regions-lenient: recorded with the regions (a repair reads them so)
+    notes: tuple[str, ...] = ()  # what planning skipped or wrote that the user should hear of
+    files: tuple[FileState, ...] = ()  # the inputs as the store records them (whole-content sha256)
 
     @property
     def n_records(self) -> int:
@@ -172,6 +183,7 @@ def plan_job(request: JobRequest) -> JobPlan:
     Reads only indexes (the driver, the dry run and the job-server path all start here, through
     preflight.py). Every refusal of the request itself is made here."""
     from linpipe.inputs import open_input
+    from linpipe.inputs.cache import index_in_cache
     from linpipe.model import load_model
     from linpipe.model.files import DEFAULT_MODEL, default_model_for
     from linpipe.model.outputs import output_names
@@ -198,10 +210,14 @@ def plan_job(request: JobRequest) -> JobPlan:
         model_ref = os.path.abspath(os.fspath(model_ref))
     input_options = fit_channels(os.path.abspath(os.fspath(request.inputs[0])), m.config, input_options,
                                  open_input)
+    if index_in_cache(input_options.get("index_in_cache")):  # $LINPIPE_INDEX_IN_CACHE: the actors too
+        input_options["index_in_cache"] = True
+    notes: list[str] = []
     long_found: list[tuple[str, Any, str | None]] = []  # (input path, RecordInfo, time dtype)
     short_ids, short_desc, short_len, short_src = [], [], [], []
     short_times: set[str] = set()
     fingerprints: list[str] = []
+    files: list[FileState] = []
     seen: dict[str, str] = {}
     channels = None
     for n_input, path in enumerate(request.inputs):
@@ -212,7 +228,9 @@ def plan_job(request: JobRequest) -> JobPlan:
                 raise modality_error(path, inp.modality, model_ref, m.modality)
             if not m.config.series_norm:  # a series_norm model reads any number of channels
                 check_channels(path, inp, m.config, model_ref, input_options)
+            files.append(inp.file_state())
             fingerprints.append(inp.fingerprint())
+            notes += input_notes(path, inp)
             time_dtype = None
             if inp.modality == "timeseries":
                 channels = tuple(inp.channel_names)
@@ -239,11 +257,14 @@ def plan_job(request: JobRequest) -> JobPlan:
     seen.clear()
     regions = None
     if request.regions:  # only the records with a region, each streamed whole
-        from .regions import read_bed
+        from .regions import Lenient, read_bed
 
         lengths = {r.id: int(r.length) for _, r, _ in long_found}
         lengths.update(zip(short_ids, short_len, strict=True))
-        regions = read_bed(os.fspath(request.regions), lengths)
+        lenient = Lenient() if request.regions_lenient else None
+        regions = read_bed(os.fspath(request.regions), lengths, lenient=lenient)
+        if lenient is not None and lenient.note():
+            notes.append(f"{option('regions')} {request.regions}: {lenient.note()}")
         long_found = [f for f in long_found if f[1].id in regions]
         keep = [i for i, rid in enumerate(short_ids) if rid in regions]
         short_ids, short_desc, short_len, short_src = ([col[i] for i in keep] for col in
@@ -265,6 +286,7 @@ def plan_job(request: JobRequest) -> JobPlan:
             raise LinpipeError(f"{option('strand')} both: a {modality} model has no reverse strand "
                                "(DNA only)")
         outputs += [o + RC for o in outputs if o in RC_OUTPUTS and o + RC not in outputs]
+    check_lane_outputs(request.inputs, channels, m.config, model_ref, outputs)
     if forced_split and modality != "dna":
         raise LinpipeError(f"{option('split')} {request.split}: splitting a record is implemented and tested "
                            f"for DNA models only; this is a {modality} job (use {option('split')} never)")
@@ -289,4 +311,5 @@ def plan_job(request: JobRequest) -> JobPlan:
                    m.sha256, modality, tuple(outputs), unit_size, input_options, int(m.config.d_model),
                    first_weight(m.config),
                    channels, records, streams, packed, short_times.pop() if short_times else None, regions,
-                   os.path.abspath(os.fspath(request.regions)) if request.regions else None)
+                   os.path.abspath(os.fspath(request.regions)) if request.regions else None,
+                   bool(request.regions and request.regions_lenient), tuple(notes), tuple(files))

@@ -16,9 +16,10 @@ from typing import Any
 
 from linpipe.errors import LinpipeError, StoreError, option
 
-from .cluster import check_cluster
+from .cluster import check_cluster, embedded_slots
 from .plan import JobPlan, plan_job
 from .request import JobRequest, RunOptions, is_job_server_address
+from .split import check_split
 from .submission import runtime_env_from, store_progress
 
 
@@ -64,10 +65,26 @@ def never_received_a_unit(store) -> bool:
     return not store.is_complete() and store.progress()["units_done"] == 0
 
 
-def another_job(out: str, old: str | None, new: str) -> StoreError:
+def another_job(out: str, meta: dict, plan: JobPlan) -> StoreError:
+    """Why the store at out (its root metadata) cannot take this job's units: an input changed
+    since it was written, an older linpipe wrote it, or it holds another job."""
+    from linpipe.inputs.base import input_changes
+    from linpipe.store.layout import FORMAT_VERSION
+
+    fix = f"start over with {option('overwrite')} or choose another {option('out')}"
+    changed = input_changes(meta.get("inputs"), plan.files)
+    if changed:
+        return StoreError(f"{out}: cannot resume: input {'; input '.join(changed)}; the store holds "
+                          f"outputs of the old content: {fix}")
+    version = meta.get("format_version")
+    if isinstance(version, int) and version < FORMAT_VERSION:
+        return StoreError(f"{out}: written by an older linpipe ({meta.get('linpipe_version')}, output format "
+                          f"{version}) that recorded no content hash of its inputs, so it cannot be resumed: "
+                          f"{fix}")
     return StoreError(
-        f"{out}: holds the outputs of another job ({old}: a different model, inputs or options than "
-        f"job {new}); use {option('overwrite')} to replace it or choose another {option('out')}")
+        f"{out}: holds the outputs of another job ({meta.get('job_id')}: a different model, inputs or "
+        f"options than job {plan.job_id}); use {option('overwrite')} to replace it or choose another "
+        f"{option('out')}")
 
 
 def check_store(plan: JobPlan, out: str, overwrite: bool) -> dict | None:
@@ -76,19 +93,27 @@ def check_store(plan: JobPlan, out: str, overwrite: bool) -> dict | None:
     interrupted. Returns the progress of the job's own store (None: a run starts afresh)."""
     from linpipe.store import OutputStore
 
-    if "://" not in out and not os.path.exists(out):
+    local = "://" not in out
+    if local and not os.path.exists(out):
         return None
+    if local and not os.path.isdir(out):
+        raise StoreError(f"{out}: a file, not a folder for the output store; choose another {option('out')}")
     try:
         if OutputStore.creation_interrupted(out) or not OutputStore.exists(out):
             return None
         store = OutputStore.open(out, mode="r")
-    except (LinpipeError, OSError, ValueError, KeyError):
+    except LinpipeError:
+        if local:  # a folder of other files: linpipe writes only into its own stores
+            raise StoreError(f"{out}: a folder that holds other files, not a linpipe output store; "
+                             f"choose another {option('out')} (a new or empty folder)") from None
         return None  # not readable from here (a cluster's storage): the driver checks it there
+    except (OSError, ValueError, KeyError):
+        return None
     old = store.meta.get("job_id")
     if old != plan.job_id:
         if overwrite or never_received_a_unit(store):
             return None
-        raise another_job(out, old, plan.job_id)
+        raise another_job(out, store.meta, plan)
     return store_progress(out)
 
 
@@ -99,6 +124,8 @@ def preflight(request: JobRequest, run: RunOptions | None = None) -> Checked:
     cluster = check_cluster(run.address)  # first: a cluster that does not answer fails in seconds
     runtime_env = runtime_env_from(run.runtime_env, run.env) if is_job_server_address(run.address) else None
     plan = plan_job(request)
+    if not run.address:  # an embedded Ray's slots are known now; a cluster's once Ray joined it
+        check_split(plan, request.split, embedded_slots(request.workers, request.actor_resources))
     out = request.out_path
     check_writable(out)
     progress = check_store(plan, out, request.overwrite)
@@ -114,4 +141,4 @@ def dry_run(request: JobRequest, run: RunOptions | None = None) -> dict[str, Any
             "unit_size": plan.unit_size, "outputs": list(plan.outputs), "out": checked.out,
             "estimated_output_bytes": plan.estimated_output_bytes(), "cluster": checked.cluster,
             "positions_done": done["positions_done"] if done else 0,
-            "complete": bool(done and done["complete"])}
+            "complete": bool(done and done["complete"]), "notes": list(plan.notes)}

@@ -10,13 +10,46 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections import Counter
+from dataclasses import dataclass, field
 
 from linpipe.errors import InputError, option
 
 
-def read_bed(path: str, lengths: dict[str, int]) -> dict[str, tuple[tuple[int, int], ...]]:
+@dataclass
+class Lenient:
+    """read_bed's escape for a genome-wide BED over some of its contigs (`regions_lenient`): lines
+    on contigs the inputs do not have are skipped, intervals past a record's end clipped to it
+    (or skipped, when they start past it); each counted."""
+
+    contigs: Counter = field(default_factory=Counter)  # unknown contig -> lines skipped
+    clipped: int = 0
+    past_end: int = 0
+
+    def note(self) -> str:
+        """What was skipped and clipped, in one line ("" when nothing was)."""
+        parts = []
+        if self.contigs:
+            names = sorted(self.contigs)
+            shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+            n = sum(self.contigs.values())
+            parts.append(f"skipped {n:,} line{'s' if n != 1 else ''} on {len(names):,} "
+                         f"contig{'s' if len(names) != 1 else ''} not in the inputs ({shown})")
+        if self.clipped:
+            parts.append(f"clipped {self.clipped:,} interval{'s' if self.clipped != 1 else ''} "
+                         "at a record's end")
+        if self.past_end:
+            parts.append(f"skipped {self.past_end:,} interval{'s' if self.past_end != 1 else ''} "
+                         "starting past a record's end")
+        return "; ".join(parts)
+
+
+def read_bed(path: str, lengths: dict[str, int],
+             lenient: Lenient | None = None) -> dict[str, tuple[tuple[int, int], ...]]:
     """record id -> sorted, merged [start, end) intervals (0-based, BED). Header, track and
-    browser lines and comments are skipped; a bad line is named by file and line."""
+    browser lines and comments are skipped; a bad line is named by file and line. A line on a
+    contig that is not a record, or past a record's end, is an error (a typo), unless `lenient`
+    is given: then it is skipped or clipped, and counted there."""
     if not os.path.isfile(path):
         raise InputError(f"{path}: no such BED file ({option('regions')})")
     found: dict[str, list[tuple[int, int]]] = {}
@@ -35,13 +68,26 @@ def read_bed(path: str, lengths: dict[str, int]) -> dict[str, tuple[tuple[int, i
                 raise InputError(f"{path}:{n}: start and end must be integers, got "
                                  f"{parts[1]!r} {parts[2]!r}") from None
             if rid not in lengths:
-                raise InputError(f"{path}:{n}: no record {rid!r} in the job's inputs")
+                if lenient is not None:
+                    lenient.contigs[rid] += 1
+                    continue
+                raise InputError(f"{path}:{n}: no record {rid!r} in the job's inputs (give "
+                                 f"{option('regions_lenient')} to skip the contigs the inputs do not have)")
+            if lenient is not None and 0 <= s < e and e > lengths[rid]:
+                if s >= lengths[rid]:
+                    lenient.past_end += 1
+                    continue
+                lenient.clipped += 1
+                e = lengths[rid]
             if not 0 <= s < e <= lengths[rid]:
+                hint = "" if lenient is not None or s >= e else (
+                    f"; {option('regions_lenient')} clips intervals at a record's end")
                 raise InputError(f"{path}:{n}: region {rid}:{s}-{e} is empty or outside the record "
-                                 f"(0-{lengths[rid]})")
+                                 f"(0-{lengths[rid]}){hint}")
             found.setdefault(rid, []).append((s, e))
     if not found:
-        raise InputError(f"{path}: no regions in the file")
+        raise InputError(f"{path}: no regions in the file" + (
+            " on a record of the job's inputs" if lenient is not None and lenient.contigs else ""))
     merged = {}
     for rid, ivs in found.items():
         out: list[list[int]] = []

@@ -32,6 +32,12 @@ def repair_units(path: str, problems: list[UnitProblem], *, on_unit=None) -> int
     store = OutputStore.open(path, mode="r+")
     plan = plan_job(request_of(store))
     if plan.job_id != store.meta.get("job_id"):
+        from linpipe.inputs.base import input_changes
+
+        changed = input_changes(store.meta.get("inputs"), plan.files)
+        if changed:
+            raise LinpipeError(f"{path}: cannot repair: input {'; input '.join(changed)}; its units cannot "
+                               f"be recomputed exactly: submit the job again with {option('overwrite')}")
         raise LinpipeError(f"{path}: the inputs or the model changed since this job ran (job "
                            f"{store.meta.get('job_id')}, now {plan.job_id}); its units cannot be recomputed "
                            f"exactly: submit the job again with {option('overwrite')}")

@@ -43,9 +43,10 @@ class _Request:
 
     @property
     def input_options(self) -> dict[str, Any]:
-        """open_input's keyword options (only those given)."""
+        """open_input's keyword options (only those given: a flag only when on, so that an option
+        at its default leaves the job id as it was)."""
         return {o.name: list(v) if isinstance(v, tuple) else v for o in REQUEST_OPTIONS
-                if o.input_option and (v := getattr(self, o.name)) is not None}
+                if o.input_option and (v := getattr(self, o.name)) not in (None, False)}
 
     @property
     def out_path(self) -> str:

@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from linpipe.errors import LinpipeError
+from linpipe.errors import LinpipeError, option
 from linpipe.strands import FORWARD
 
 from .actor import PipelineWorker, UnitResult, peak_rss
@@ -62,6 +62,20 @@ def split_segments(record: Record, total_positions: int, n_workers: int, split: 
     if n_workers < 2 or record.length < AUTO_FACTOR * total_positions / n_workers:
         return 1
     return min(n_workers, record.n_units)
+
+
+def check_split(plan, split, slots: int | None) -> None:
+    """A forced split runs a record's segments at once, one worker each: more segments than the
+    job's worker slots would wait for a worker that never starts. slots None: not known here."""
+    if not isinstance(split, int) or slots is None:
+        return
+    longest = max((r for r in plan.streams if r.strand == FORWARD), key=lambda r: r.n_units, default=None)
+    n = 1 if longest is None else split_segments(longest, plan.total_positions, slots, split)
+    if n > slots:
+        raise LinpipeError(f"{option('split')} {split}: record {longest.id!r} would run as {n} segments at "
+                           f"once, one worker each, but the job has {slots} worker slot"
+                           f"{'s' if slots != 1 else ''}; give {option('workers')} {n} (and as many CPUs) "
+                           f"or {option('split')} {slots}")
 
 
 class SegmentWorker(PipelineWorker):
@@ -119,7 +133,8 @@ class SegmentWorker(PipelineWorker):
             _x, extra = self._read(Unit(r.input_path, r.id, r.key, a, b, idx))
             self.store.write_unit(r.key, idx, {**out, **extra}, state=state.to_arrays())
             t2 = time.perf_counter()
-            results.append(UnitResult(r.key, idx, b - a, 0.0, t1 - t0, t2 - t1, self.node, peak_rss()))
+            results.append(UnitResult(r.key, idx, b - a, 0.0, t1 - t0, t2 - t1, self.node, peak_rss(),
+                                      self.share))
             t0 = time.perf_counter()
         self.runner.close()
         self.runner = None
@@ -215,7 +230,7 @@ def run_split(record: Record, n_segments: int, store, new_actor, events, *, firs
                                            for k in range(len(todo))])
             for res in results:
                 for u in res:
-                    stats["positions"] += u.positions
+                    stats["positions"] += u.positions * u.share
                     stats["units"].append(u)
                     events.unit_done(u, len(stats["units"]))
             if first_incomplete_segment(store, record, bounds) <= k0:  # never loop on a store that

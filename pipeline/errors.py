@@ -17,12 +17,17 @@ def option(name: str) -> str:
     return f"{{option:{name}}}"
 
 
+def render(text: str, spell=lambda name: name) -> str:
+    """A message (an error's, a note's) with each option spelt by `spell(name)`."""
+    return _OPTION.sub(lambda m: spell(m.group(1)), text)
+
+
 class LinpipeError(Exception):
     """An error caused by the user's input or environment, with a message that says what to fix."""
 
     def render(self, spell=lambda name: name) -> str:
         """The message with each option spelt by `spell(name)`."""
-        return _OPTION.sub(lambda m: spell(m.group(1)), super().__str__())
+        return render(super().__str__(), spell)
 
     def __str__(self) -> str:
         return self.render()

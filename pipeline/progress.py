@@ -33,7 +33,7 @@ def human_time(s: float) -> str:
 
 
 class Progress:
-    """Counts units done (positions, steps); call update(n) as they finish and close() at the end."""
+    """Counts what is done (positions, steps); call update(n) as it finishes and close() at the end."""
 
     def __init__(self, total: int, *, done: int = 0, stream=None, tty: bool | None = None,
                  log_every: float = 10.0, label: str = "positions"):
@@ -54,17 +54,22 @@ class Progress:
         dt = time.monotonic() - self.t0
         return (self.done - self.start_done) / dt if dt > 0 else 0.0
 
+    def fraction(self) -> float:
+        """Done over total, held to [0, 1] (a caller that counts past its total, or a total of
+        0, never draws a bar past its width or a negative ETA)."""
+        return min(1.0, max(0.0, self.done / self.total)) if self.total else 1.0
+
     def line(self) -> str:
         rate = self.rate()
-        left = self.total - self.done
+        left = max(0.0, self.total - self.done)
         eta = human_time(left / rate) if rate > 0 else "?"
-        pct = 100.0 * self.done / self.total if self.total else 100.0
+        pct = 100.0 * self.fraction()
         shown = human_count(rate) if rate >= 10 else f"{rate:.2f}"  # slow units: steps, not positions
         text = (f"{human_count(self.done)}/{human_count(self.total)} {self.label} ({pct:.1f}%), "
                 f"{shown}/s, ETA {eta}")
         return f"{text}, {self.note}" if self.note else text
 
-    def update(self, n: int, note: str | None = None) -> None:
+    def update(self, n: float, note: str | None = None) -> None:
         """n more units done; `note` (if given) replaces the text shown after the ETA."""
         self.done += n
         if note is not None:
@@ -83,8 +88,7 @@ class Progress:
         self._logged = self.done
 
     def _draw(self) -> None:
-        frac = self.done / self.total if self.total else 1.0
-        bar = "#" * int(30 * frac)
+        bar = "#" * int(30 * self.fraction())
         text = f"\r[{bar:<30}] {self.line()}"
         pad = max(0, self._width - len(text))
         self._width = len(text)

@@ -6,3 +6,4 @@ progress array belong to one of these two.
 FORWARD = "+"  # the record as the input holds it
 REVERSE = "-"  # its reverse complement, read from the record's end toward 0
 STRANDS = (FORWARD, REVERSE)
+NAMES = {FORWARD: "forward", REVERSE: "reverse"}  # in words, as messages and `inspect` say them

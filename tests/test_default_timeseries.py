@@ -137,7 +137,7 @@ def test_channels_of_any_scale_are_independent_lanes(model, ecg, timeseries):
 
 def test_beats_last_value_on_held_out_ppg_and_figures_come_from_forecasts(model, timeseries):
     _, recs, _ = read_records(timeseries / HELD_OUT, time_column="timer")  # the whole held-out file
-    scores = evaluate_timeseries(model, recs, season=100)
+    scores = evaluate_timeseries(model, recs, season=100)["channels"][0]["scores"]
     v = recs[0][1].astype(np.float64)
     fc, _ = model.forward(recs[0][1], model.init_state(), outputs=["forecast"])
     ok = (np.arange(len(v))[:, None] >= 100) & ~np.isnan(fc["forecast"]) & ~np.isnan(last_observed(v))
@@ -149,7 +149,7 @@ def test_beats_last_value_on_held_out_ppg_and_figures_come_from_forecasts(model,
     assert scores["model"]["ratio"] <= 0.95  # the target, on a series never trained on
     # long context pays on this unseen recording: the state carried from row 0 beats the state
     # reset every 1,000 rows, and beats resetting only the network's memory
-    full = evaluate_timeseries(model, recs, season=100, reset_every=1000)
+    full = evaluate_timeseries(model, recs, season=100, reset_every=1000)["channels"][0]["scores"]
     mae = {k: full[k]["mae"] for k in ("model", "model-reset-1000-network-only", "model-reset-1000")}
     assert len({full[k]["n"] for k in mae}) == 1
     assert mae["model"] < mae["model-reset-1000-network-only"] < mae["model-reset-1000"]

@@ -264,6 +264,29 @@ def test_no_token_or_a_wrong_one_is_one_clear_line(cluster, enforced, case, geno
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("case", ["missing", "wrong"])
+def test_a_driver_without_the_token_is_told_before_ray_joins(cluster, enforced, case, genomes, tmp_path):
+    """Joining by HOST:PORT with no token or a wrong one: one line that names the token's place,
+    said by the first probe (not after ray.init's retries behind a warning a second), and no store."""
+    if not enforced:
+        pytest.skip("this Ray's cluster does not check tokens")
+    wrong = "not-the-cluster-token-" + os.urandom(8).hex()
+    out = tmp_path / "refused.zarr"
+    for more in (["--dry-run"], []):
+        rc, text = linpipe(user_env(tmp_path, wrong if case == "wrong" else None), "submit",
+                           genomes / "minimap2_MT-human.fa", "--out", out, "--address", cluster.gcs_address,
+                           *more)
+        lines = text.strip().splitlines()
+        assert rc == 1 and len(lines) == 1 and lines[0].startswith("Error: --address "), text
+        if case == "missing":
+            assert "requires a token and none was found" in text
+        else:
+            assert "refused the token from $RAY_AUTH_TOKEN (wrong token)" in text and wrong not in text
+        assert "~/.ray/auth_token" in text and "ray get-auth-token" in text
+        assert not out.exists()
+
+
+@pytest.mark.slow
 def test_driver_joins_a_token_cluster_by_host_port(cluster, enforced, genomes, tmp_path):
     assert auth.gcs_requires_token(cluster.gcs_address) is enforced  # Ray 2.40: no authentication
     # A user on the head: the token in ~/.ray/auth_token, RAY_AUTH_MODE not set in the shell.

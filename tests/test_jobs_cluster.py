@@ -95,6 +95,10 @@ REFUSED = {  # a job every path refuses while planning: its arguments, and what 
     "strand of a series": (["ecg", "--time-column", "sample", "--strand", "both"],
                            "--strand both: a timeseries"),
     "another job's store": (["mt"], "holds the outputs of another job"),
+    "hidden of a series read as lanes": (["ecg", "--time-column", "sample", "--outputs", "hidden"],
+                                         "--outputs hidden: model default-timeseries reads each channel"),
+    "an out that is a file": (["mt"], "a file, not a folder for the output store"),
+    "an out of other files": (["mt"], "a folder that holds other files, not a linpipe output store"),
 }
 
 
@@ -113,6 +117,11 @@ def test_dry_run_job_server_and_driver_refuse_the_same_jobs(case, cluster, clien
     words, says = REFUSED[case]
     args = [files.get(w, w) for w in words]
     out = other_jobs_store[0] if case == "another job's store" else tmp_path / "x.zarr"
+    if case == "an out that is a file":
+        out.write_text("mine\n")
+    elif case == "an out of other files":
+        out.mkdir()
+        (out / "notes.txt").write_text("mine\n")
     said = set()
     for path in (["--dry-run"], ["--address", cluster.dashboard_url, *cli_env()], []):
         r = run("submit", *args, "--out", out, *path)
@@ -121,10 +130,29 @@ def test_dry_run_job_server_and_driver_refuse_the_same_jobs(case, cluster, clien
         said.add(r.output)
         if case == "another job's store":
             assert open_output(out).meta["job_id"] == other_jobs_store[1] and open_output(out).complete
+        elif case == "an out that is a file":
+            assert out.read_text() == "mine\n"
+        elif case == "an out of other files":
+            assert [p.name for p in out.iterdir()] == ["notes.txt"]
         else:
             assert not out.exists()
     assert len(said) == 1, said
     assert not [j for j in sub.list_jobs(client) if j.out == str(out)]
+
+
+def test_a_split_beyond_the_clusters_worker_slots_is_refused_and_leaves_no_store(cluster, genomes,
+                                                                                 tmp_path):
+    """Two nodes of one CPU: --split 3 would wait for a third worker that never starts. The
+    driver refuses it once it has joined and counted the slots, and the store it had laid out,
+    which never received a unit, is gone."""
+    out = tmp_path / "mt.zarr"
+    r = subprocess.run([os.path.join(VENV_BIN, "linpipe"), "submit", str(genomes / "minimap2_MT-human.fa"),
+                        "--unit-size", "4096", "--split", "3", "--out", str(out),
+                        "--address", cluster.gcs_address], capture_output=True, text=True, timeout=240)
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("Error:")]
+    assert r.returncode == 1 and len(errors) == 1, r.stderr
+    assert "--split 3" in errors[0] and "2 worker slots" in errors[0] and "--workers 3" in errors[0]
+    assert not out.exists()
 
 
 def test_unknown_job_id(cluster):

@@ -141,7 +141,7 @@ def test_score_variants_reports_each_strand(both):
                                  "--window", str(WINDOW)])
     assert r.exit_code == 0, r.output
     got = pd.read_csv(tsv, sep="\t")
-    assert list(got.columns) == ["chrom", "pos", "ref", "alt", "llr", "llr_fwd", "llr_rc"]
+    assert list(got.columns) == ["chrom", "pos", "id", "ref", "alt", "llr", "llr_fwd", "llr_rc"]
     model = load_model(model_dir, device="cpu")
     rc = reverse_complement
     fwd, fwd_bound = np.array([_direct(model, seqs[c], p - 1, ref, alt, WINDOW) for c, p, ref, alt in rows]).T

@@ -85,18 +85,22 @@ def test_eval_cli_timeseries_baselines(ts_model, timeseries):
     r = CliRunner().invoke(cli, ["eval", str(ts_model.out), str(f), "--time-column", "ds", "--season", "24",
                                  "--json"])
     assert r.exit_code == 0, r.output
-    scores = json.loads(r.output)["inputs"][0]["scores"]
-    assert set(scores) == {"model", "last-value", "seasonal-naive-24", "exp-smoothing"}
+    row = json.loads(r.output)["inputs"][0]
+    (channel,) = row["channels"]
+    scores = channel["scores"]
+    assert channel["channel"] == "y" and channel["season"] == 24
+    assert set(scores) == {"model", "last-value", "seasonal-naive", "exp-smoothing"}
     v = read_records(f, time_column="ds")[1][0][1][:, 0].astype(np.float64)
     t = np.arange(24, len(v))
     assert scores["last-value"]["mae"] == pytest.approx(np.abs(v[t] - v[t - 1]).mean(), rel=1e-9)
     seasonal_rmse = np.sqrt(((v[t] - v[t - 24]) ** 2).mean())
-    assert scores["seasonal-naive-24"]["rmse"] == pytest.approx(seasonal_rmse, rel=1e-9)
-    assert scores["model"]["n"] == len(t)
-    assert scores["seasonal-naive-24"]["ratio"] == pytest.approx(
+    assert scores["seasonal-naive"]["rmse"] == pytest.approx(seasonal_rmse, rel=1e-9)
+    assert scores["model"]["n"] == channel["positions"] == len(t) and row["positions"] == len(v)
+    assert scores["seasonal-naive"]["ratio"] == pytest.approx(
         np.abs(v[t] - v[t - 24]).mean() / np.abs(v[t] - v[t - 1]).mean(), rel=1e-9)
+    assert row["mean_ratio"] == {k: s["ratio"] for k, s in scores.items()}  # one channel: its own
     text = CliRunner().invoke(cli, ["eval", str(ts_model.out), str(f), "--time-column", "ds"])
-    assert text.exit_code == 0 and "last-value" in text.output and "seasonal-naive-24" in text.output
+    assert text.exit_code == 0 and "last-value" in text.output and "seasonal-naive season" in text.output
 
 
 @pytest.mark.parametrize("case", ["no-markov", "wrong-modality", "missing-file", "no-model"])

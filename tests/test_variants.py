@@ -86,7 +86,7 @@ def test_llr_equals_the_model_run_directly(case):
                                  "--window", str(WINDOW)])
     assert r.exit_code == 0, r.output
     got = pd.read_csv(tsv, sep="\t")
-    assert list(got.columns[:5]) == ["chrom", "pos", "ref", "alt", "llr"]
+    assert list(got.columns) == ["chrom", "pos", "id", "ref", "alt", "llr"]
     assert list(zip(got.chrom, got.pos, got.ref, got.alt, strict=True)) == rows
     # the same file bgzipped and tabix-indexed, to Parquet: the TSV's values to its 6 digits
     import pysam
@@ -117,7 +117,7 @@ def test_bad_lines_are_named_or_counted(case):
     s = seqs["chr2"]
     wrong = {"A": "C", "C": "G", "G": "T", "T": "A"}[s[700].upper()]
     rows = [("chr2", 11, s[10].upper(), "T" if s[10].upper() != "T" else "A"),
-            ("chr2", 701, wrong, s[700].upper()),          # line 7: REF does not match the genome
+            ("chr2", 701, wrong, s[700].upper()),          # line 6: REF does not match the genome
             ("chr9", 5, "A", "C"),                         # an unknown contig
             ("mt", 20, seqs["mt"][19].upper(), "<DEL>")]   # a symbolic allele
     vcf = _vcf(base / "bad.vcf", rows, {"chr2": len(s), "mt": len(seqs["mt"])})
@@ -125,7 +125,7 @@ def test_bad_lines_are_named_or_counted(case):
     r = CliRunner().invoke(cli, ["score-variants", str(out), str(vcf), "-o", str(tsv)])
     assert r.exit_code != 0
     err = [ln for ln in r.output.splitlines() if ln.startswith("Error:")]
-    assert len(err) == 1 and f"{vcf}:7:" in err[0] and "REF" in err[0] and isinstance(r.exception, SystemExit)
+    assert len(err) == 1 and f"{vcf}:6:" in err[0] and "REF" in err[0] and isinstance(r.exception, SystemExit)
     assert not tsv.exists()
     r = CliRunner().invoke(cli, ["score-variants", str(out), str(vcf), "-o", str(tsv), "--skip-mismatch"])
     assert r.exit_code == 0, r.output
@@ -136,7 +136,59 @@ def test_bad_lines_are_named_or_counted(case):
     bad = base / "malformed.vcf"
     bad.write_text(vcf.read_text().replace("chr2\t701\t", "chr2\tsevenhundred\t"))
     r = CliRunner().invoke(cli, ["score-variants", str(out), str(bad), "-o", str(tsv)])
-    assert r.exit_code != 0 and f"{bad}:7:" in r.output and isinstance(r.exception, SystemExit)
+    assert r.exit_code != 0 and f"{bad}:6:" in r.output and isinstance(r.exception, SystemExit)
+
+
+def test_vcfs_as_callers_write_them(case):
+    """A VCF as variant callers write it: IDs, no ##FILTER=<ID=PASS> line, symbolic and missing
+    ALTs among the sequence ones, compressed with plain gzip (or bgzip, or as BCF). Symbolic and
+    missing ALTs are skipped and counted, not errors; the table carries the ID; an error names
+    the line as the file counts it."""
+    import gzip
+
+    import pysam
+
+    base, _fasta, out, _model, seqs = case
+    s = seqs["chr2"]
+    alt = {"A": "C", "C": "G", "G": "T", "T": "A"}
+    b = [s[p].upper() for p in (99, 299, 599, 899)]
+    lines = ["##fileformat=VCFv4.2", f"##contig=<ID=chr2,length={len(s)}>",
+             "##INFO=<ID=DP,Number=1,Type=Integer,Description=\"Depth\">",
+             "##INFO=<ID=END,Number=1,Type=Integer,Description=\"End position\">",
+             "##ALT=<ID=DEL,Description=\"Deletion\">",
+             "#CHROM\tPOS\tID\tREF\tALT\tQUAL\tFILTER\tINFO",
+             f"chr2\t100\trs100\t{b[0]}\t{alt[b[0]]}\t50\tPASS\tDP=10",
+             f"chr2\t300\t.\t{b[1]}\t<DEL>\t50\tPASS\tDP=10;END=340",
+             f"chr2\t600\tv600\t{b[2]}\t{alt[b[2]]},*\t50\tPASS\tDP=10",
+             f"chr2\t900\trs900\t{b[3]}\t.\t50\tPASS\tDP=10",
+             f"chr2\t901\tdel\t{s[900].upper()}\t*\t50\tPASS\tDP=10"]
+    vcf = base / "calls.vcf"
+    vcf.write_text("\n".join(lines) + "\n")
+    plain_gz = base / "calls.vcf.gz"
+    plain_gz.write_bytes(gzip.compress(vcf.read_bytes()))  # `gzip calls.vcf`: not bgzip
+    bcf = base / "calls.bcf"
+    with pysam.VariantFile(str(vcf)) as src, pysam.VariantFile(str(bcf), "wb", header=src.header) as dst:
+        for rec in src:
+            dst.write(rec)
+    tables = []
+    for path in (vcf, plain_gz, bcf):
+        tsv = base / f"{path.name}.tsv"
+        r = CliRunner().invoke(cli, ["score-variants", str(out), str(path), "-o", str(tsv)])
+        assert r.exit_code == 0, r.output
+        assert "Skipped 4 alleles: 1 missing ALT, 3 symbolic ALT" in r.output
+        tables.append(pd.read_csv(tsv, sep="\t"))
+    got = tables[0]
+    assert list(zip(got.pos, got.id, got.alt, strict=True)) == [(100, "rs100", alt[b[0]]),
+                                                                (600, "v600", alt[b[2]])]
+    for other in tables[1:]:
+        pd.testing.assert_frame_equal(other, got)
+    # a REF that does not match, on the file's line 10 (counted as the file counts its lines)
+    lines[9] = f"chr2\t900\trs900\t{alt[b[3]]}\t{b[3]}\t50\tPASS\tDP=10"
+    vcf.write_text("\n".join(lines) + "\n")
+    plain_gz.write_bytes(gzip.compress(vcf.read_bytes()))
+    for path in (vcf, plain_gz):
+        r = CliRunner().invoke(cli, ["score-variants", str(out), str(path), "-o", str(base / "x.tsv")])
+        assert r.exit_code == 1 and r.output.startswith(f"Error: {path}:10: REF {alt[b[3]]} does not match")
 
 
 @pytest.mark.slow

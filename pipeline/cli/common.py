@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from linpipe.errors import LinpipeError, option
+from linpipe.errors import LinpipeError, option, render
 from linpipe.jobs.options import BY_NAME, OPTIONS, Choice, InvalidValue
 
 
@@ -29,6 +29,13 @@ class Group(click.Group):
         except KeyboardInterrupt:
             click.echo("Interrupted; the output store stays resumable.", err=True)
             sys.exit(130)
+
+
+def print_notes(notes) -> None:
+    """What the library noted (a column not read, an index written, regions skipped), one
+    `note:` line each on stderr, its options spelt as flags."""
+    for note in notes:
+        click.echo(f"note: {render(note, spell)}", err=True)
 
 
 def examples(*lines: str) -> str:

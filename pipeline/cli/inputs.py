@@ -10,19 +10,18 @@ from .common import examples, input_options, timeseries_options
                                         "linpipe index examples/ecg-mitdb100.parquet --time-column sample"))
 @click.argument("input_path", metavar="INPUT", type=click.Path(path_type=str))
 @timeseries_options
-@click.option("--sort", is_flag=True,
-              help="Time series: sort rows by time (in a cached copy) instead of refusing unsorted input.")
 @click.option("--cache-dir", default=None, type=click.Path(file_okay=False), metavar="DIR",
-              help="Where indexes go when the input's folder is read-only "
-                   "(default $LINPIPE_CACHE or ~/.cache/linpipe).")
+              help="linpipe's cache folder: where indexes go when the input's folder is read-only "
+                   "or with --index-in-cache, and converted tables (default $LINPIPE_CACHE or "
+                   "~/.cache/linpipe).")
 @click.option("--json", "as_json", is_flag=True, help="Print the records as JSON.")
-def index_cmd(input_path, sort, cache_dir, as_json, **ts):
+def index_cmd(input_path, cache_dir, as_json, **ts):
     """Build (or reuse) the index of INPUT and print its records and lengths."""
     import json
 
     from linpipe.inputs import open_input
 
-    with open_input(input_path, sort=sort, cache_dir=cache_dir, **input_options(ts)) as inp:
+    with open_input(input_path, cache_dir=cache_dir, **input_options(ts)) as inp:
         index = getattr(inp, "index_path", None) or getattr(inp, "table_path", None)
         if as_json:
             click.echo(json.dumps({

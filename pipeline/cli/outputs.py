@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import click
 
+from linpipe.strands import NAMES as STRAND_NAMES
+
 from .common import examples, open_reader, plural
 
 
@@ -33,6 +35,10 @@ def inspect(store, as_json):
         click.echo(f"  input        {inp.get('path', inp) if isinstance(inp, dict) else inp}")
     click.echo(f"  outputs      {', '.join(s['outputs'])} (unit size {s['chunk_size']:,})")
     click.echo(f"  records      {s['n_records']:,}, {s['positions']:,} positions")
+    if not s["complete"]:
+        pct = 100 * s["positions_done"] / max(s["positions"], 1)
+        click.echo(f"  progress     {s['positions_done']:,} positions done ({pct:.1f}%), "
+                   f"{s['units_done']:,} of {plural(s['units'], 'unit')}")
     click.echo(f"  size on disk {human_bytes(s['size_on_disk'])} "
                f"(outputs {human_bytes(s['output_bytes_raw'])} raw -> "
                f"{human_bytes(s['output_bytes_stored'])}, compression {ratio})")
@@ -42,6 +48,9 @@ def inspect(store, as_json):
     width = max([len(n) for n in names.values()] + [6])
     for r in shown:
         done = "done" if r["chunks_done"] == r["chunks"] else f"{r['chunks_done']}/{r['chunks']} units"
+        per_strand = r.get("chunks_done_per_strand")
+        if per_strand and r["chunks_done"] != r["chunks"]:
+            done = ", ".join(f"{STRAND_NAMES[k]} {v}/{r['chunks']}" for k, v in per_strand.items()) + " units"
         miss = ""
         if r["missing_ranges"]:
             miss = "  missing " + ", ".join(f"{a:,}-{b:,}" for a, b in r["missing_ranges"][:3])
@@ -71,10 +80,12 @@ def inspect(store, as_json):
                    "job's inputs and model where they were), then verify again.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (for scripts).")
 def verify(store, repair, as_json):
-    """Re-read every unit of an output store and check it against the checksums written with it.
+    """Re-read every unit of an output store and check it against the checksums written with it,
+    and each of the job's inputs found here against the sha256 recorded of it.
 
     Each corrupt or missing unit is named by record and position range (or packed batch and its
-    records); the exit status is 1 when any remains.
+    records), each changed input by its path and what changed; the exit status is 1 when any
+    remains.
     """
     import json
 
@@ -88,15 +99,24 @@ def verify(store, repair, as_json):
         for p in report.problems:
             click.echo(f"repairing {p.describe()}", err=True)
         repaired = repair_units(store, report.problems)
-        report = verify_store(store)
+        again = verify_store(store, inputs=False)
+        again.inputs = report.inputs
+        report = again
     if as_json:
         click.echo(json.dumps({**report.as_dict(), "repaired": repaired}, indent=2))
     else:
         for p in report.problems:
             click.echo(p.describe())
-        state = "ok" if report.ok else f"{plural(len(report.problems), 'unit')} corrupt or missing"
+        for i in report.inputs:
+            if i.status != "same":
+                click.echo(i.describe())
+        wrong = [f"{plural(len(report.problems), 'unit')} corrupt or missing"] if report.problems else []
+        if report.changed_inputs:
+            wrong.append(f"{plural(len(report.changed_inputs), 'input')} changed")
+        read = sum(i.status != "not found" and i.status != "not recorded" for i in report.inputs)
         fixed = f", {repaired} repaired" if repaired else ""
-        click.echo(f"{report.path}: {plural(report.units, 'unit')} checked{fixed}: {state}")
+        click.echo(f"{report.path}: {plural(report.units, 'unit')} checked{fixed}, "
+                   f"{plural(read, 'input')} read: {'; '.join(wrong) or 'ok'}")
     if not report.ok:
         raise SystemExit(1)
 
@@ -137,11 +157,11 @@ def export(store, fmt, output, records, dest):
 
 @click.command(epilog=examples(
     "linpipe plot MT-human.zarr --record MT_human --output logprob --region 0-5000 -o mt.png",
-    "linpipe plot ecg.zarr --record ecg --output forecast,anomaly --region 0-3000 -o ecg.png"))
+    "linpipe plot ecg.zarr --record ecg-mitdb100 --output forecast,residual --region 0-3000 -o ecg.png"))
 @click.argument("store", type=click.Path())
 @click.option("--record", required=True, metavar="ID", help="Record id.")
 @click.option("--output", "output", required=True, metavar="NAME[,NAME...]",
-              help="Output(s) to plot, e.g. logprob, or forecast,anomaly (stacked panels; a "
+              help="Output(s) to plot, e.g. logprob, or forecast,residual (stacked panels; a "
                    "forecast is drawn over the input series).")
 @click.option("--region", default=None, metavar="START-END",
               help="0-based, end exclusive (default: the whole record).")

@@ -10,7 +10,7 @@ import click
 
 from linpipe.jobs.options import OPTIONS
 
-from .common import declared_options, examples, follow_until_done, plural
+from .common import declared_options, examples, follow_until_done, plural, print_notes
 
 
 @click.command("submit", epilog=examples(
@@ -48,6 +48,7 @@ def _print_dry_run(report: dict) -> None:
     from linpipe.progress import human_bytes
 
     click.echo(f"job {report['job_id']} (dry run: nothing was started)")
+    print_notes(report["notes"])
     click.echo(f"  inputs:      {len(report['inputs'])} ({', '.join(report['inputs'])})")
     click.echo(f"  records:     {report['records']:,}")
     click.echo(f"  positions:   {report['positions']:,}")
@@ -102,6 +103,8 @@ def _job_events(quiet: bool = False):
                            err=True)
 
         def started(self, s):
+            if not quiet:
+                print_notes(s.notes)
             if not s.work_items or quiet:
                 return  # nothing to do: the summary line says so, once
             why = ""
@@ -109,10 +112,12 @@ def _job_events(quiet: bool = False):
                 why = (f" ({s.workers_possible} possible, but a record's units run in order on one worker "
                        "and short records run together: one worker per work item)")
             left = s.positions - s.positions_done
-            click.echo(f"job {s.job_id}: {plural(s.records, 'record')}, {s.positions:,} positions "
-                       f"({left:,} to run) in {plural(s.work_items, 'work item')}, "
+            click.echo(f"job {s.job_id}: {plural(s.records, 'record')}, {_positions(s.positions, s.strands)} "
+                       f"({left:,.0f} to run) in {plural(s.work_items, 'work item')}, "
                        f"on {plural(s.workers, 'worker')}{why}; outputs -> {s.out}", err=True)
             self.progress = Progress(s.positions, done=s.positions_done)
+            if s.strands > 1:
+                self.progress.note = "both strands"
 
         def workers_ready(self):
             if self.progress is not None:
@@ -120,7 +125,7 @@ def _job_events(quiet: bool = False):
 
         def unit_done(self, result, units_done):
             if self.progress is not None:
-                self.progress.update(result.positions)
+                self.progress.update(result.positions * result.share)
 
         def worker_died(self, node, error):
             click.echo(f"worker {node} died ({error}); its work resumes from the last boundary state "
@@ -137,6 +142,11 @@ def _job_events(quiet: bool = False):
     return CliEvents()
 
 
+def _positions(n: int, strands: int) -> str:
+    """A job's positions in words; on both strands a position is done once both strands ran it."""
+    return f"{n:,} positions" + (" on both strands" if strands > 1 else "")
+
+
 def _run_here(req, run):
     """One job with its driver in this process (an embedded local Ray, or joined to a cluster)."""
     from linpipe.jobs.driver import run_job
@@ -147,7 +157,7 @@ def _run_here(req, run):
     if s.nothing_to_do:
         click.echo(f"Nothing to do: job {s.job_id} is complete. Outputs: {s.out}")
         return
-    click.echo(f"Done: job {s.job_id}: {plural(s.records, 'record')}, {s.positions:,} positions "
+    click.echo(f"Done: job {s.job_id}: {plural(s.records, 'record')}, {_positions(s.positions, s.strands)} "
                f"({human_count(s.positions_run)} run) in {human_time(s.seconds)} "
                f"({human_count(s.positions_per_s)} positions/s on {plural(s.workers, 'worker')}; "
                f"start-up {s.startup_s:.1f} s), {human_bytes(s.output_bytes)} written.")

@@ -5,7 +5,15 @@ import sys
 
 import click
 
-from .common import decay_values, examples, input_options, model_shape, model_size_options, timeseries_options
+from .common import (
+    decay_values,
+    examples,
+    input_options,
+    model_shape,
+    model_size_options,
+    plural,
+    timeseries_options,
+)
 
 
 def _command_line() -> str:
@@ -16,7 +24,7 @@ def _command_line() -> str:
 
 @click.command("train", epilog=examples(
     "linpipe train examples/MT-human.fa examples/MT-orang.fa --out my-model --steps 200",
-    "linpipe train examples/ecg-mitdb100.parquet --time-column sample --out ecg-model"))
+    "linpipe train examples/ecg-mitdb100.parquet --time-column sample --out ecg-model --steps 200"))
 @click.argument("inputs", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option("--out", "out", required=True, type=click.Path(file_okay=False),
               help="Model directory to write.")
@@ -97,7 +105,8 @@ def train_cmd(inputs, out, d_model, n_layers, n_heads, mlp_hidden, conv_width, f
               help="dna: fit the Markov baselines on these files (k chosen on their last 5%) instead "
               "of the ones stored with the model. Repeatable.")
 @click.option("--season", type=click.IntRange(1), default=None,
-              help="timeseries: seasonal-naive period (default: the lag of peak autocorrelation).")
+              help="timeseries: seasonal-naive period, for every channel (default: each channel's own, "
+                   "from its autocorrelation).")
 @click.option("--reset-every", type=click.IntRange(1), default=None, metavar="N",
               help="timeseries: also score the model with its state reset every N rows (what "
                    "its long context is worth).")
@@ -119,11 +128,19 @@ def eval_cmd(model_dir, inputs, baseline_train, season, reset_every, as_json, **
     click.echo(f"model {report['model']} (sha256 {report['sha256'][:12]}...)")
     for row in report["inputs"]:
         click.echo(f"{row['input']}: {row['positions']:,} positions")
-        for name, v in row["scores"].items():
-            if report["modality"] == "dna":
+        if report["modality"] == "dna":
+            for name, v in row["scores"].items():
                 click.echo(f"  {name:<24} {v:.4f} bits/base")
-            else:
-                click.echo(f"  {name:<34} MAE {v['mae']:.6g}  RMSE {v['rmse']:.6g}  "
+            continue
+        n = len(row["channels"])
+        click.echo(f"  MAE / last-value MAE{', mean over ' + plural(n, 'channel') if n > 1 else ''}:")
+        for name, ratio in row["mean_ratio"].items():
+            click.echo(f"    {name:<36} {ratio:.4f}")
+        for ch in row["channels"]:
+            click.echo(f"  {ch['channel']} ({ch['positions']:,} positions scored; seasonal-naive season "
+                       f"{ch['season']}):")
+            for name, v in ch["scores"].items():
+                click.echo(f"    {name:<36} MAE {v['mae']:.6g}  RMSE {v['rmse']:.6g}  "
                            f"MAE/last-value {v['ratio']:.4f}")
     if report["modality"] == "dna":
         click.echo(f"Markov order k chosen on training data: {report['markov_best_k']}")

@@ -13,14 +13,15 @@ from .common import examples, plural
 @click.argument("store", type=click.Path(file_okay=False))
 @click.argument("vcf", type=click.Path(dir_okay=False))
 @click.option("-o", "--out", "out", required=True, type=click.Path(dir_okay=False),
-              help="Effects table to write: .tsv or .parquet (columns chrom pos ref alt llr, VCF order).")
+              help="Effects table to write: .tsv or .parquet (columns chrom pos id ref alt llr, VCF order).")
 @click.option("--window", type=click.IntRange(1), default=128, show_default=True,
               help="W: score the allele and the W-1 bases after it (W positions for an SNV).")
 @click.option("--input", "genome", default=None, type=click.Path(dir_okay=False),
               help="The genome FASTA (default: the store's own input; must have the same content).")
 @click.option("--skip-mismatch", is_flag=True,
-              help="Skip (and count) lines with a REF mismatch, an unknown contig or a malformed "
-              "allele instead of stopping at the first.")
+              help="Skip (and count) alleles with a REF mismatch, an unknown contig or a malformed "
+              "allele instead of stopping at the first. Symbolic (<DEL>, *) and missing (.) ALTs "
+              "are always skipped and counted.")
 @click.option("--workers", type=click.IntRange(0), default=0, show_default=True,
               help="Ray actors for the replay units (0: in this process).")
 @click.option("--address", default=None, metavar="HOST:PORT",
@@ -31,7 +32,10 @@ from .common import examples, plural
               help="The store's model, if it moved (checked by sha256).")
 def score_variants_cmd(store, vcf, out, window, genome, skip_mismatch, workers, address, device, model):
     """Log-likelihood ratio (nats) of each VCF variant with the whole record before it as
-    context: replays at most one unit from the store's boundary state (docs/variants.md)."""
+    context: replays at most one unit from the store's boundary state (docs/variants.md).
+
+    VCF: plain text, gzip or bgzip (no index needed), or BCF.
+    """
     from linpipe.outputs.variants import score_variants
 
     s = score_variants(store, vcf, out, window=window, genome=genome, skip_mismatch=skip_mismatch,

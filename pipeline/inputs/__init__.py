@@ -6,9 +6,9 @@ from pathlib import Path
 from typing import Sequence
 
 from linpipe.errors import InputError, option
-from linpipe.inputs.base import Input, RecordInfo, sniff_format, stem
+from linpipe.inputs.base import FileState, Input, RecordInfo, file_state, sniff_format, stem
 
-__all__ = ["Input", "RecordInfo", "open_input", "stem"]
+__all__ = ["FileState", "Input", "RecordInfo", "file_state", "open_input", "stem"]
 
 
 def open_input(
@@ -20,12 +20,15 @@ def open_input(
     time_format: "str | None" = None,
     sort: bool = False,
     cache_dir: "str | os.PathLike | None" = None,
+    index_in_cache: "bool | None" = None,
 ) -> Input:
     """Open a genome (FASTA, optionally gzip/bgzip) or a time series (Parquet, Arrow IPC, CSV).
 
-    FASTA builds (or reuses) its .fai index; the time-series options group rows into series
-    (id_column), keep a time coordinate (time_column) and choose channels (columns, default:
-    every numeric column but those two). Errors raise InputError naming file, record and place.
+    FASTA builds (or reuses) its .fai index: beside the file, or in the cache folder when its
+    folder is read-only or with index_in_cache ($LINPIPE_INDEX_IN_CACHE=1). The time-series
+    options group rows into series (id_column), keep a time coordinate (time_column), choose
+    channels (columns, default: every numeric column but those two) and sort rows by time (sort).
+    Errors raise InputError naming file, record and place.
     """
     path = Path(path)
     fmt = sniff_format(path)
@@ -37,7 +40,7 @@ def open_input(
             raise InputError(f"{path}: {given} apply to time series, not FASTA")
         from linpipe.inputs.fasta import FastaInput
 
-        return FastaInput(path, fmt=fmt, cache_dir=cache_dir)
+        return FastaInput(path, fmt=fmt, cache_dir=cache_dir, index_in_cache=index_in_cache)
     from linpipe.inputs.timeseries import TimeSeriesInput
 
     return TimeSeriesInput(

@@ -14,6 +14,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -63,6 +64,7 @@ class Input:
     def __init__(self, path: Path):
         self.path = Path(path)
         self._by_id: dict[str, int] = {}
+        self._file_state: "FileState | None" = None
 
     def _set_records(self, records: list[RecordInfo]) -> None:
         self.records = records
@@ -106,10 +108,19 @@ class Input:
     def total_length(self) -> int:
         return sum(r.length for r in self.records)
 
+    def file_state(self) -> "FileState":
+        """The file as a store records it: path, size, mtime and the sha256 of its whole
+        content (from the hash cache when the file is provably unchanged: file_state())."""
+        if self._file_state is None:
+            self._file_state = file_state(self.path, cache_dir=getattr(self, "cache_dir", None))
+        return self._file_state
+
     def fingerprint(self) -> str:
-        """sha256 of the file's size, sampled content (first/last MiB and 16 spread 64 KiB
-        samples) and the record index. Cheap on any size; a copy of the file keeps it."""
-        return fingerprint_file(self.path, extra=self._index_text())
+        """The input as a job reads it: a sha256 of the whole file's sha256 and the record index
+        (for time series, the chosen columns too). A copy of the file keeps it; any edit of the
+        file changes it."""
+        doc = f"linpipe-fingerprint-2\0{self.file_state().sha256}\0{self._index_text()}"
+        return hashlib.sha256(doc.encode()).hexdigest()
 
     def _index_text(self) -> str:
         return "\n".join(f"{r.id}\t{r.length}" for r in self.records)
@@ -134,22 +145,82 @@ class Input:
                 f"{self.total_length} positions>")
 
 
-def fingerprint_file(path: Path, extra: str = "") -> str:
-    size = path.stat().st_size
-    h = hashlib.sha256(f"linpipe-fingerprint-1\0{size}\0".encode())
-    mib = 1 << 20
-    with open(path, "rb") as fh:
-        h.update(fh.read(mib))
-        if size > 2 * mib:
-            for k in range(1, 17):
-                fh.seek((size * k) // 17)
-                h.update(fh.read(1 << 16))
-            fh.seek(size - mib)
-            h.update(fh.read(mib))
-        elif size > mib:
-            h.update(fh.read())
-    h.update(extra.encode())
-    return h.hexdigest()
+HASH_BUFFER = 1 << 20  # bytes a read while hashing (BENCHMARKS.md, "Input hashes")
+
+
+@dataclass(frozen=True)
+class FileState:
+    """An input file as a store records it (docs/output-format.md): its absolute path, size,
+    modification time and the sha256 of its bytes as stored (a compressed file's compressed
+    bytes; `sha256sum FILE` prints the same digest)."""
+
+    path: str
+    size: int
+    mtime_ns: int
+    sha256: str
+
+    def stored(self) -> dict:
+        return {"path": self.path, "size": self.size, "mtime_ns": self.mtime_ns, "sha256": self.sha256}
+
+    @classmethod
+    def from_stored(cls, entry) -> "FileState | None":
+        """A store's entry for one input; None for a bare path (what output formats 1 and 2 kept)."""
+        if not isinstance(entry, dict) or not entry.get("sha256"):
+            return None
+        return cls(str(entry["path"]), int(entry["size"]), int(entry["mtime_ns"]), str(entry["sha256"]))
+
+    def changes(self, now: "FileState") -> str:
+        """How the file differs now from this record of it, in words; "" when its content is the same."""
+        if now.sha256 == self.sha256:
+            return ""
+        size = "same size" if now.size == self.size else f"size {self.size:,} -> {now.size:,} bytes"
+        mtime = ("same modification time" if now.mtime_ns == self.mtime_ns
+                 else f"modified {_when(self.mtime_ns)} -> {_when(now.mtime_ns)}")
+        return f"its content changed (sha256 {self.sha256[:12]}... -> {now.sha256[:12]}...; {size}, {mtime})"
+
+
+def _when(ns: int) -> str:
+    import datetime
+
+    return datetime.datetime.fromtimestamp(ns / 1e9, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def input_changes(recorded, now) -> list[str]:
+    """What changed in each input a store recorded (its `inputs` entries) that is among `now`
+    (FileStates, matched by path), in words; inputs recorded without a hash are skipped."""
+    by_path = {f.path: f for f in now}
+    found = []
+    for entry in recorded or ():
+        was = FileState.from_stored(entry)
+        if was is not None and was.path in by_path and (change := was.changes(by_path[was.path])):
+            found.append(f"{was.path}: {change}")
+    return found
+
+
+def file_state(path: "str | os.PathLike", *, cache_dir=None, cached: bool = True) -> FileState:
+    """path's size, mtime and the sha256 of its whole content. cached: the sha256 comes from the
+    hash cache when the file's size, mtime, ctime, inode and device are those it had when it was
+    hashed (linpipe.inputs.cache: an edit always changes the ctime, whatever is done to the
+    mtime); otherwise, and always with cached=False, every byte is read."""
+    from linpipe.inputs.cache import cached_sha256, remember_sha256, stat_key
+
+    path = Path(os.path.abspath(os.fspath(path)))
+    st = os.stat(path)
+    digest = cached_sha256(path, st, cache_dir) if cached else None
+    if digest is None:
+        started = time.time_ns()
+        h = hashlib.sha256()
+        buf = bytearray(HASH_BUFFER)
+        view = memoryview(buf)
+        with open(path, "rb", buffering=0) as fh:
+            while n := fh.readinto(buf):
+                h.update(view[:n])
+        before, st = st, os.stat(path)
+        if stat_key(st) != stat_key(before):
+            raise InputError(f"{path}: changed while linpipe read it; run again once it is written")
+        digest = h.hexdigest()
+        remember_sha256(path, st, digest, started, cache_dir)
+    return FileState(str(path), st.st_size, st.st_mtime_ns, digest)
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,14 +1,24 @@
 """Where linpipe keeps files derived from an input: sidecars (FASTA indexes) and cached tables.
 
 A sidecar goes next to its input when the input's folder is writable, else into the cache
-directory ($LINPIPE_CACHE, else ~/.cache/linpipe). A folder whose permission bits deny writing
-counts as read-only even for root, so shared read-only data is never written into. Converted
-time-series tables always go into the cache directory (`cache_root() / "tables"`).
+directory ($LINPIPE_CACHE, else ~/.cache/linpipe); asked to (`index_in_cache`, or
+$LINPIPE_INDEX_IN_CACHE=1 for every command), always into the cache, so that shared, read-mostly
+data folders get nothing written into them. A folder whose permission bits deny writing counts as
+read-only even for root. Converted time-series tables always go into the cache directory
+(`cache_root() / "tables"`).
+
+The hash cache (`<input>.lphash`, a sidecar) keeps the sha256 of an input's whole content with
+the file's size, mtime, ctime, inode and device when it was hashed, so an unchanged genome is
+read once. The ctime is what makes it safe: every write to a file sets it to the current time,
+and so does setting the mtime back (`touch -d`); no user call sets it. A file hashed within
+RACY_NS of its last change is not cached (a file system with coarse timestamps could give a
+second edit in the same tick the same ctime).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import stat
 import tempfile
@@ -25,6 +35,16 @@ def cache_root(cache_dir: "str | os.PathLike | None" = None) -> Path:
     if env:
         return Path(env)
     return Path.home() / ".cache" / "linpipe"
+
+
+INDEX_IN_CACHE_ENV = "LINPIPE_INDEX_IN_CACHE"
+
+
+def index_in_cache(asked: bool | None = None) -> bool:
+    """Whether index files go to the cache only: as asked, else as $LINPIPE_INDEX_IN_CACHE says."""
+    if asked:
+        return True
+    return os.environ.get(INDEX_IN_CACHE_ENV, "").strip().lower() in ("1", "true", "yes")
 
 
 def folder_writable(folder: Path) -> bool:
@@ -69,10 +89,11 @@ def file_mode() -> int:
     return 0o666 & ~umask
 
 
-def write_sidecar(path: Path, suffix: str, data: bytes, cache_dir=None) -> Path:
-    """Write atomically (temp file + rename) next to path, or in the cache dir if that fails."""
+def write_sidecar(path: Path, suffix: str, data: bytes, cache_dir=None, in_cache: bool = False) -> Path:
+    """Write atomically (temp file + rename) next to path, or in the cache dir if that fails (or
+    only there, in_cache)."""
     targets = sidecar_candidates(path, suffix, cache_dir)
-    if not folder_writable(path.parent):
+    if in_cache or not folder_writable(path.parent):
         targets = targets[1:]
     last_err = None
     for target in targets:
@@ -95,3 +116,38 @@ def write_sidecar(path: Path, suffix: str, data: bytes, cache_dir=None) -> Path:
     raise InputError(
         f"{path}: cannot write its index {suffix} next to it or in {targets[-1].parent}: {last_err}"
     )
+
+
+HASH_SUFFIX = ".lphash"
+RACY_NS = 2_000_000_000  # coarser than any file system's timestamps (FAT: 2 s)
+
+
+def stat_key(st: os.stat_result) -> dict:
+    """What a file's metadata says about its content (the hash cache's key)."""
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns,
+            "inode": st.st_ino, "device": st.st_dev}
+
+
+def cached_sha256(path: Path, st: os.stat_result, cache_dir=None) -> "str | None":
+    """The sha256 the hash cache holds for path in the state st, or None."""
+    key = stat_key(st)
+    for cand in sidecar_candidates(path, HASH_SUFFIX, cache_dir):
+        try:
+            entry = json.loads(cand.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(entry, dict) and entry.get("file") == key and isinstance(entry.get("sha256"), str):
+            return entry["sha256"]
+    return None
+
+
+def remember_sha256(path: Path, st: os.stat_result, sha256: str, started_ns: int, cache_dir=None) -> None:
+    """Cache path's sha256, read from a hash begun at started_ns (time.time_ns()) with the file
+    in state st: not when the file changed within RACY_NS of that, nor where nothing is writable."""
+    if max(st.st_ctime_ns, st.st_mtime_ns) >= started_ns - RACY_NS:
+        return
+    entry = {"sha256": sha256, "file": stat_key(st)}
+    try:
+        write_sidecar(path, HASH_SUFFIX, json.dumps(entry).encode(), cache_dir)
+    except InputError:
+        pass  # the next run hashes the file again

@@ -24,6 +24,7 @@ from linpipe.errors import InputError
 from linpipe.inputs.alphabet import INVALID, SOFTMASK_LUT, TOKEN_LUT
 from linpipe.inputs.base import Input, RecordInfo
 from linpipe.inputs.cache import find_fresh, write_sidecar
+from linpipe.inputs.cache import index_in_cache as index_in_cache_setting
 from linpipe.inputs.fasta_index import (
     IndexEntry,
     check_bgzf_eof,
@@ -135,10 +136,13 @@ class FastaInput(Input):
     modality = "dna"
     channel_names = None
 
-    def __init__(self, path: "str | os.PathLike", *, fmt: str = "fasta", cache_dir=None):
+    def __init__(self, path: "str | os.PathLike", *, fmt: str = "fasta", cache_dir=None,
+                 index_in_cache: bool | None = None):
         super().__init__(Path(path))
         self.fmt = fmt
         self.cache_dir = cache_dir
+        self.index_in_cache = index_in_cache_setting(index_in_cache)
+        self.indexes_written: list[Path] = []  # the index files this open wrote (say where they went)
         self._source = None
         self._cursor: dict[int, tuple[int, int]] = {}  # irregular records: (base, byte) to resume a scan
         self.index_path: "Path | None" = None
@@ -208,7 +212,9 @@ class FastaInput(Input):
     def _keep(self, suffix: str, data: bytes) -> "Path | None":
         """Write an index for next time; when no folder takes it, go on with it in memory."""
         try:
-            return write_sidecar(self.path, suffix, data, self.cache_dir)
+            written = write_sidecar(self.path, suffix, data, self.cache_dir, in_cache=self.index_in_cache)
+            self.indexes_written.append(written)
+            return written
         except InputError as e:
             warnings.warn(f"{e}; using it from memory (it will be rebuilt on every open)", stacklevel=3)
             return None

@@ -162,6 +162,10 @@ class TimeSeriesInput(Input):
         table = _Table(self.table_path, self._kind)
         self.column_names = list(table.schema.names)  # every column of the file, in order
         self.channel_names = self._resolve_columns(table.schema, columns)
+        # columns left out of the default channels (text, dates): each front end says so
+        reserved = {self.id_column, self.time_column, *self.channel_names}
+        self.skipped_columns = [] if columns else [(f.name, str(f.type)) for f in table.schema
+                                                   if f.name not in reserved]
         if table.num_rows == 0:
             raise InputError(f"{self.path}: no rows: a zero-length series")
         self._table = table
@@ -180,9 +184,9 @@ class TimeSeriesInput(Input):
 
     # -- the table file linpipe reads rows from
     def _cache_file(self, tag: str, columns) -> Path:
-        st = self.path.stat()
+        # keyed by content: an edited file never reads an older conversion, whatever its mtime
         key = (
-            f"{self.path.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\0{tag}\0"
+            f"{self.file_state().sha256}\0{tag}\0"
             f"{self.id_column}\0{self.time_column}\0{columns}"
             + (f"\0{self.time_format}" if self.time_format else "")
         )

@@ -22,7 +22,10 @@ those states as one batch (`Model.forward_batch`).
 """
 from __future__ import annotations
 
+import gzip
+import itertools
 import os
+import zlib
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
@@ -46,16 +49,18 @@ class Variant:
     """One ALT allele of one VCF line; `row` is its place in the output (VCF order)."""
 
     row: int
-    line: int  # 1-based line of the VCF file
+    place: str  # FILE:LINE of the VCF
     chrom: str
     pos: int  # 0-based
+    id: str  # the VCF's ID column ("." when it has none)
     ref: str
     alt: str
 
 
 @dataclass
 class Summary:
-    """What score_variants did: counts, and why lines were skipped (with --skip-mismatch)."""
+    """What score_variants did: counts, and why alleles were skipped (symbolic and missing ALTs
+    always; REF mismatches, unknown contigs and malformed alleles with --skip-mismatch)."""
 
     scored: int = 0
     skipped: Counter = field(default_factory=Counter)
@@ -64,52 +69,76 @@ class Summary:
     strands: tuple[str, ...] = (FORWARD,)
 
 
-def _vcf_error(path, line, what):
-    return VariantError(f"{path}:{line}: {what}")
-
-
 def read_vcf(path: str):
-    """Yields (line, chrom, pos0, ref, alts) per data line, with pysam (plain or bgzip VCF; a
-    tabix index is not needed). A line pysam cannot parse raises VariantError naming it."""
-    import pysam
-
+    """Yields (place, chrom, pos0, id, ref, alts) per data line of a VCF: plain text, gzip or bgzip
+    (read in order: no index, no seek), `place` "FILE:LINE" with the file's own line number;
+    alts None for a missing ALT ("."). A BCF file is read through pysam (htslib), its place
+    "FILE: record N". A line that is not a VCF data line raises VariantError naming it."""
     if not os.path.isfile(path):
         raise VariantError(f"{path}: no such VCF file")
+    with open(path, "rb") as f:
+        gzipped = f.read(2) == b"\x1f\x8b"
+    opener = gzip.open if gzipped else open
+    try:
+        with opener(path, "rt", encoding="utf-8", errors="replace") as f:
+            for n, line in enumerate(f, 1):
+                if n == 1 and line.startswith("BCF"):
+                    yield from _read_bcf(path)
+                    return
+                if line.startswith("#") or not line.strip():
+                    continue
+                fields = line.rstrip("\r\n").split("\t", 5)
+                if len(fields) < 5:
+                    raise VariantError(f"{path}:{n}: malformed VCF line: not the tab-separated columns "
+                                       "CHROM POS ID REF ALT")
+                chrom, pos, vid, ref, alt = fields[:5]
+                if not pos.isdigit():
+                    raise VariantError(f"{path}:{n}: malformed VCF line: POS {pos!r} is not a position")
+                yield (f"{path}:{n}", chrom, int(pos) - 1, vid, None if ref == "." else ref,
+                       None if alt == "." else tuple(alt.split(",")))
+    except (OSError, EOFError, zlib.error) as e:  # a damaged or truncated gzip stream
+        raise VariantError(f"{path}: not a readable VCF ({e})") from None
+
+
+def _read_bcf(path: str):
+    import pysam
+
     pysam.set_verbosity(0)  # htslib's own warnings would go to stderr; errors are ours to word
     try:
         vf = pysam.VariantFile(path)
     except (OSError, ValueError) as e:
-        raise VariantError(f"{path}: not a readable VCF ({e})") from None
-    header_lines = str(vf.header).count("\n")
-    line = header_lines
-    it = iter(vf)
+        raise VariantError(f"{path}: not a readable BCF ({e})") from None
     try:
-        while True:
-            line += 1
+        it = iter(vf)
+        for n in itertools.count(1):
             try:
                 rec = next(it)
             except StopIteration:
                 return
             except (OSError, ValueError) as e:
-                raise _vcf_error(path, line, f"malformed VCF line: htslib cannot parse it ({e})") from None
-            yield line, rec.chrom, rec.pos - 1, rec.ref, rec.alts
+                raise VariantError(f"{path}: record {n}: htslib cannot read it ({e})") from None
+            yield f"{path}: record {n}", rec.chrom, rec.pos - 1, rec.id or ".", rec.ref, rec.alts
     finally:
         vf.close()
 
 
-def _genome_inputs(store, override: str | None, model_sha256: str):
+def _genome_inputs(store, override: str | None):
     """record id -> open input, for the FASTA the store was made from (or `override`), checked
-    to be that content: the store's job id is recomputed from the inputs' fingerprints (a copy
-    elsewhere keeps them), so the stored states are known to belong to this sequence."""
+    to be that content: each file's sha256 is one the store recorded of its inputs (a copy
+    elsewhere has it too), so the stored states are known to belong to this sequence."""
     from linpipe.inputs import open_input
-    from linpipe.jobs.options import stored_identity
-    from linpipe.jobs.plan import job_id
+    from linpipe.inputs.base import FileState
 
     meta = store.meta
-    own = [i["path"] if isinstance(i, dict) else i for i in meta.get("inputs") or ()]
-    paths = [override] if override else own
-    if not paths:
+    entries = list(meta.get("inputs") or ())
+    recorded = [FileState.from_stored(i) for i in entries]
+    if not entries:
         raise LinpipeError(f"{store.path}: the store names no input; give the genome with {option('input')}")
+    if None in recorded:
+        raise LinpipeError(f"{store.path}: written by an older linpipe ({meta.get('linpipe_version')}) that "
+                           "recorded no content hash of its inputs, so no genome can be checked to be the "
+                           f"one its states came from: run the job again with {option('overwrite')}")
+    paths = [override] if override else [r.path for r in recorded]
     where, opened = {}, []
     for p in paths:
         if not os.path.isfile(p):
@@ -118,13 +147,14 @@ def _genome_inputs(store, override: str | None, model_sha256: str):
         if inp.modality != "dna":
             raise LinpipeError(f"{p}: not a FASTA file (variants need a genome)")
         opened.append(inp)
+        now = inp.file_state()
+        if now.sha256 not in {r.sha256 for r in recorded}:
+            was = next((r for r in recorded if r.path == now.path), None)
+            why = was.changes(now) if was else "its content is none of the store's inputs"
+            raise LinpipeError(f"{p}: not the genome the store {store.path} was made from ({why}); the "
+                               "stored states would not match it")
         for r in inp.records:
             where.setdefault(r.id, inp)
-    options = stored_identity(meta)  # None: not recomputable from the store (a regions job)
-    if len(paths) == len(own) and options is not None and meta.get("job_id"):
-        if job_id([i.fingerprint() for i in opened], model_sha256, options) != meta["job_id"]:
-            raise LinpipeError(f"{', '.join(paths)}: not the genome the store {store.path} was made from "
-                               "(its content differs); the stored states would not match it")
     return where, opened
 
 
@@ -162,7 +192,7 @@ class VariantScorer:
             raise LinpipeError(f"{store_path}: the model found ({self.model.path}) is not the one the "
                                f"store was made with (sha256 {want[:12]}...); give it with {option('model')}")
         self.window = int(window)
-        self.genome, self._opened = _genome_inputs(self.store, genome, self.model.sha256)
+        self.genome, self._opened = _genome_inputs(self.store, genome)
         self.unit_size = self.store.unit_size
         self.strands = self.store.strands
 
@@ -276,8 +306,20 @@ class VariantScorer:
         return results
 
 
-def _check_variant(scorer: VariantScorer, path, line, chrom, pos, ref, alt, lengths: dict):
+def _not_a_sequence(alt: str | None) -> str | None:
+    """Why an ALT that is not a sequence (a symbolic allele, a missing one) is skipped: always,
+    and counted, never an error; None for a sequence."""
+    if alt is None:
+        return "missing ALT"
+    if alt == "*" or alt.startswith("<") or "[" in alt or "]" in alt:
+        return "symbolic ALT"
+    return None
+
+
+def _check_variant(scorer: VariantScorer, chrom, pos, ref, alt, lengths: dict):
     """None if the variant can be scored, else (reason, message)."""
+    if ref is None:
+        return "malformed", "no REF allele (.)"
     if chrom not in lengths:
         try:
             info = scorer.store.record(chrom, by_key=False)
@@ -291,8 +333,6 @@ def _check_variant(scorer: VariantScorer, path, line, chrom, pos, ref, alt, leng
                                f"{info.length:,}: not the genome the store was made from")
         lengths[chrom] = (info, info.length)
     info, length = lengths[chrom]
-    if alt is None or alt in (".", "*") or alt.startswith("<") or "[" in alt or "]" in alt:
-        return "symbolic ALT", f"ALT {alt!r} is not a sequence (symbolic and missing alleles are not scored)"
     for what, allele in (("REF", ref), ("ALT", alt)):
         try:
             tokenize(allele)
@@ -314,22 +354,19 @@ def collect(scorer: VariantScorer, vcf: str, *, skip_mismatch: bool, summary: Su
     units: dict[Unit, list] = defaultdict(list)
     variants: list[Variant] = []
     lengths: dict = {}
-    for line, chrom, pos, ref, alts in read_vcf(vcf):
-        if ref is None or not alts:
-            problem = ("malformed", "no REF or ALT allele")
-        else:
-            problem = None
+    for place, chrom, pos, vid, ref, alts in read_vcf(vcf):
         for alt in alts or (None,):
-            if problem is None:
-                bad = _check_variant(scorer, vcf, line, chrom, pos, ref, alt, lengths)
-            else:
-                bad = problem
+            skip = _not_a_sequence(alt)
+            if skip is not None:
+                summary.skipped[skip] += 1
+                continue
+            bad = _check_variant(scorer, chrom, pos, ref, alt, lengths)
             if bad is not None:
                 if not skip_mismatch:
-                    raise _vcf_error(vcf, line, bad[1])
+                    raise VariantError(f"{place}: {bad[1]}")
                 summary.skipped[bad[0]] += 1
                 continue
-            v = Variant(len(variants), line, chrom, pos, ref, alt)
+            v = Variant(len(variants), place, chrom, pos, vid, ref, alt)
             variants.append(v)
             units[scorer.unit_of(lengths[chrom][0], pos)].append((v.row, pos, ref.upper(), alt.upper()))
     return units, variants
@@ -381,7 +418,8 @@ def _write(out: str, variants: list[Variant], llr: np.ndarray) -> None:
     import pandas as pd
 
     cols = {"chrom": [v.chrom for v in variants], "pos": np.array([v.pos + 1 for v in variants], np.int64),
-            "ref": [v.ref for v in variants], "alt": [v.alt for v in variants]}
+            "id": [v.id for v in variants], "ref": [v.ref for v in variants],
+            "alt": [v.alt for v in variants]}
     if llr.shape[1] == 1:
         cols["llr"] = llr[:, 0]
     else:

@@ -1,4 +1,4 @@
-"""The store's layout (format version 2, docs/output-format.md): names, dims and one spec per array.
+"""The store's layout (format version 3, docs/output-format.md): names, dims and one spec per array.
 
 A store holds, at its root, one group per *long* record (longer than one work unit; named by
 `linpipe.store.keys`) with one array per output, and one group `_packed/` for every short record:
@@ -18,8 +18,10 @@ from linpipe.model.outputs import CHANNEL, DNA, FEATURE, MODALITIES, OUTPUTS, TI
 from linpipe.strands import FORWARD, REVERSE
 
 FORMAT = "linpipe-output"
-FORMAT_VERSION = 2
-READABLE_VERSIONS = (1, 2)  # version 1 (linpipe 0.1): every record in its own group, no _packed/
+FORMAT_VERSION = 3
+# read, never written to: 1 (every record in its own group, no _packed/) and 2 (inputs recorded
+# as bare paths, job ids from sampled content); docs/output-format.md, Versioning
+READABLE_VERSIONS = (1, 2, 3)
 PROGRESS = "_linpipe"  # root group holding completion markers and boundary states
 PROGRESS_ABOUT = "linpipe completion markers and boundary states"
 CREATING = "linpipe_creating"  # root attribute while create() lays the store out

@@ -206,6 +206,39 @@ class Location:
         targets = files + sorted({f.parent for f in files})
         list(pool().map(_fsync, targets))
 
+    def discard(self) -> None:
+        """Delete everything here but the lease: a store that never received a unit, removed by
+        the driver that holds its lease (whose release then removes the lease; remove_empty the
+        folders left)."""
+        def lease(rel: str) -> bool:
+            head, _, name = rel.replace(os.sep, "/").rpartition("/")
+            return head == PROGRESS and is_lease(name)
+
+        if self.root is not None:
+            for f in list(self.files()):
+                if not lease(os.path.relpath(f, self.root)):
+                    try:
+                        os.unlink(f)
+                    except FileNotFoundError:
+                        pass
+            self.remove_empty()
+            return
+        fs, p = self._fs()
+        for f in fs.find(p):
+            if not lease(f[len(p):].lstrip("/")):
+                fs.rm_file(f)
+
+    def remove_empty(self) -> None:
+        """Remove the folders left empty under a local store, and its own folder if it is empty
+        (nothing to do on an object store, which has no folders)."""
+        if self.root is None:
+            return
+        for dirpath, _dirs, _names in os.walk(self.root, topdown=False):
+            try:
+                os.rmdir(dirpath)
+            except OSError:  # not empty: something still lives there
+                pass
+
     def remove_partial_files(self):
         """Delete the temporary files that writers killed mid-write left behind (local stores)."""
         for f in self.files():

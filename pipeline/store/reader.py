@@ -315,6 +315,10 @@ class OutputReader:
             records.append({"key": key, "id": info.id, "length": info.length,
                             "modality": info.modality, "chunks_done": done, "chunks": n,
                             "missing_ranges": [list(r) for r in self.missing_ranges[info.id]]})
+            if len(self._out.strands) > 1:  # each strand's own progress (done above: on both)
+                records[-1]["chunks_done_per_strand"] = {
+                    s: n if self.complete else len(self._out.completed_units(key, s))
+                    for s in self._out.strands}
         progress = self._out.progress()
         packed = None
         p = self._out.packed
@@ -343,6 +347,7 @@ class OutputReader:
             "model": model, "inputs": m.get("inputs", []),
             "n_records": progress["records"], "positions": progress["positions"],
             "positions_done": progress["positions_done"],
+            "units": progress["units"], "units_done": progress["units_done"],
             "size_on_disk": self._out.size_on_disk(), "output_bytes_raw": raw,
             "output_bytes_stored": stored,
             "compression_ratio": (raw / stored) if stored else None,

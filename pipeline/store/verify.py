@@ -4,10 +4,13 @@ recorded (`_linpipe/.../sum`, docs/output-format.md), by the one rule of `checks
 A complete unit is *corrupt* when an array or its boundary state cannot be decoded or no longer
 hashes to what was written (a flipped bit, a truncated, replaced or lost object), and *missing*
 when it was never marked complete. Each problem names the record and the positions it covers, so
-`linpipe verify --repair` can recompute exactly those units.
+`linpipe verify --repair` can recompute exactly those units. The job's inputs that can be reached
+from here are read whole and held to the sha256 the store recorded of each: a changed input is
+named, since the store's outputs belong to its old content.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, replace
 
 from linpipe.errors import StoreError
@@ -38,31 +41,68 @@ class UnitProblem:
         return f"{self.kind}: {where}" + (f": {self.detail}" if self.detail else "")
 
 
+@dataclass(frozen=True)
+class InputCheck:
+    path: str
+    status: str  # "same" | "changed" | "not found" (not here: not checked) | "not recorded" (no hash)
+    detail: str = ""
+
+    def describe(self) -> str:
+        return f"input {self.status}: " + (self.detail or self.path)
+
+
 @dataclass
 class VerifyReport:
     path: str
     units: int = 0  # units checked (complete ones)
     problems: list[UnitProblem] = field(default_factory=list)
+    inputs: list[InputCheck] = field(default_factory=list)
+
+    @property
+    def changed_inputs(self) -> list[InputCheck]:
+        return [i for i in self.inputs if i.status == "changed"]
 
     @property
     def ok(self) -> bool:
-        return not self.problems
+        return not self.problems and not self.changed_inputs
 
     def as_dict(self) -> dict:
         return {"path": self.path, "units_checked": self.units, "ok": self.ok,
                 "problems": [{"kind": p.kind, "unit": p.unit, "record": p.record, "start": p.start,
                               "end": p.end, "records": list(p.records), "detail": p.detail,
                               "strand": p.strand}
-                             for p in self.problems]}
+                             for p in self.problems],
+                "inputs": [{"path": i.path, "status": i.status, "detail": i.detail} for i in self.inputs]}
 
 
-def verify_store(path, *, on_unit=None) -> VerifyReport:
-    """Check every unit of the store at path (or an open OutputStore); on_unit(n) after each."""
+def check_inputs(meta: dict) -> list[InputCheck]:
+    """Each input the store's metadata records, read whole where it can be reached from here and
+    compared with its recorded sha256 (never from the hash cache: this is the check to trust)."""
+    from linpipe.inputs.base import FileState, file_state
+
+    checks = []
+    for entry in meta.get("inputs") or ():
+        was = FileState.from_stored(entry)
+        path = str(entry.get("path") if isinstance(entry, dict) else entry)
+        if was is None:
+            checks.append(InputCheck(path, "not recorded", f"{path}: the store records no content hash of "
+                                     f"it (linpipe {meta.get('linpipe_version')} wrote it); not checked"))
+        elif not os.path.isfile(path):
+            checks.append(InputCheck(path, "not found", f"{path}: not here; not checked"))
+        else:
+            change = was.changes(file_state(path, cached=False))
+            checks.append(InputCheck(path, "changed" if change else "same", change and f"{path}: {change}"))
+    return checks
+
+
+def verify_store(path, *, on_unit=None, inputs: bool = True) -> VerifyReport:
+    """Check every unit of the store at path (or an open OutputStore), and (inputs) the job's
+    inputs that can be reached from here; on_unit(n) after each unit."""
     store = path if isinstance(path, OutputStore) else OutputStore.open(path, mode="r")
     if store.format_version < 2:
         raise StoreError(f"{store.path}: written in output format {store.format_version}, which records "
                          "no checksums; nothing to verify")
-    report = VerifyReport(store.path)
+    report = VerifyReport(store.path, inputs=check_inputs(store.meta) if inputs else [])
     check = UnitCheck(store)
 
     def count(faults, unit):

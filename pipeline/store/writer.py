@@ -452,17 +452,22 @@ class OutputStore:
 
     def progress(self) -> dict:
         """Counts of records, positions and units, in all and done (without a per-record loop
-        over packed records)."""
+        over packed records). On both strands a long record's units count once per strand."""
         records = records_done = positions = positions_done = units = units_done = 0
         for key, info in self._long.items():
             n, length = info.n_units, info.length
-            done = self.completed_units(key)
             records += 1
-            records_done += len(done) == n
+            records_done += len(self.completed_units(key)) == n
             positions += length
-            positions_done += sum(b - a for a, b in (self.unit_range(key, i) for i in done))
-            units += n
-            units_done += len(done)
+            # each strand's units count apart (on both strands a unit is two units of work, and
+            # a position is half done when one strand has run it)
+            strand_positions = 0
+            for strand in self.strands:
+                done = self.completed_units(key, strand)
+                strand_positions += sum(b - a for a, b in (self.unit_range(key, i) for i in done))
+                units += n
+                units_done += len(done)
+            positions_done += strand_positions // len(self.strands)
         p = self._packed
         if p is not None and p.n_records:
             lengths, br, ok = p.lengths(), p.batch_row, self.batches_done()

@@ -5,7 +5,8 @@ dna: order-0 and order-k Markov models fitted on the model's training data (stor
 `linpipe train` in MODEL_DIR/markov.safetensors, k chosen there on the validation parts), or
 fitted on `baseline_train` files. timeseries: last-value, seasonal-naive and Holt
 exponential-smoothing forecasts, and optionally the model with its state reset every N rows
-(how much its long context is worth).
+(how much its long context is worth), scored per channel (channels may be in different units)
+with a scale-free headline: each predictor's MAE over last-value's, averaged over the channels.
 """
 from __future__ import annotations
 
@@ -109,7 +110,8 @@ def _ac_peak(x: np.ndarray, max_lag: int) -> int | None:
 
 
 def auto_season(values: np.ndarray, max_lag: int = 2000) -> int:
-    """A season for seasonal-naive, from the first channel: the autocorrelation peaks of its
+    """A season for seasonal-naive, from the first channel of values (T, C) (evaluate_timeseries
+    gives each channel its own): the autocorrelation peaks of its
     levels and of its changes (a drifting baseline can swamp the first, a sharp waveform the
     second) are the candidates, and the one whose seasonal-naive forecast errs least wins."""
     x = np.asarray(values[:, 0], dtype=np.float64)
@@ -197,49 +199,63 @@ def model_forecast(model, values: np.ndarray, span: int = 65536, reset_every: in
     return np.concatenate(fc) if fc else np.zeros(values.shape)
 
 
-def evaluate_timeseries(model, records, season: int, span: int = 65536,
-                        reset_every: int | None = None) -> dict:
-    """MAE and RMSE per predictor over the positions where the target and every forecast exist:
-    the model, last-value (the last observed value), seasonal-naive (the value `season` rows
-    back) and Holt exponential smoothing; with reset_every, the model again with its state reset
-    every that many rows (all of it, and, for series_norm models, the network's memory only).
-    `ratio` is each predictor's MAE over last-value's."""
-    names = ["model", "last-value", f"seasonal-naive-{season}", "exp-smoothing"]
+def evaluate_timeseries(model, records, season: int | None = None, chunk: int = 65536,
+                        reset_every: int | None = None, channels=None) -> dict:
+    """MAE and RMSE per channel and predictor, over the positions where the channel's target and
+    every forecast of it exist: the model, last-value (the last observed value), seasonal-naive
+    (the value `season` rows back; None: each channel's own season, auto_season) and Holt
+    exponential smoothing; with reset_every, the model again with its state reset every that
+    many rows (all of it, and, for series_norm models, the network's memory only). Channels are
+    never pooled (their units differ: a temperature and a pressure); `ratio` is a predictor's MAE
+    over last-value's on the same channel, and the headline, `mean_ratio`, that ratio's mean over
+    the channels (scale-free: the same in any units)."""
+    names = ["model", "last-value", "seasonal-naive", "exp-smoothing"]
     if reset_every:
         names.append(f"model-reset-{reset_every}")
         if model.config.series_norm:
             names.append(f"model-reset-{reset_every}-network-only")
-    err = {k: [] for k in names}
-    holt_params = []
+    n_channels = records[0][1].shape[1]
+    channels = list(channels) if channels else [f"channel {c}" for c in range(n_channels)]
+    seasons = [season or auto_season(records[0][1][:, c:c + 1]) for c in range(n_channels)]
+    err = [{k: [] for k in names} for _ in range(n_channels)]
+    holt_params = [[] for _ in range(n_channels)]
     for _, values in records:
         v = values.astype(np.float64)
         seasonal = np.full(v.shape, np.nan)
-        if season < len(v):
-            seasonal[season:] = v[:-season]
-        preds = {"model": model_forecast(model, values, span), "last-value": last_observed(v),
-                 f"seasonal-naive-{season}": seasonal}
+        for c, s in enumerate(seasons):
+            if s < len(v):
+                seasonal[s:, c] = v[:-s, c]
+        preds = {"model": model_forecast(model, values, chunk), "last-value": last_observed(v),
+                 "seasonal-naive": seasonal}
         preds["exp-smoothing"], params = exp_smoothing(v)
-        holt_params.append(params)
+        for c in range(n_channels):
+            holt_params[c].append(params[c])
         if reset_every:
-            preds[f"model-reset-{reset_every}"] = model_forecast(model, values, span, reset_every)
+            preds[f"model-reset-{reset_every}"] = model_forecast(model, values, chunk, reset_every)
             if model.config.series_norm:
                 preds[f"model-reset-{reset_every}-network-only"] = model_forecast(
-                    model, values, span, reset_every, keep_norm=True)
+                    model, values, chunk, reset_every, keep_norm=True)
         ok = ~np.isnan(v)
         for p in preds.values():
             ok &= ~np.isnan(p)
-        for k, p in preds.items():
-            err[k].append((p - v)[ok])
-    out = {}
-    for k, e in err.items():
-        e = np.concatenate(e) if e else np.zeros(0)
-        out[k] = {"mae": float(np.abs(e).mean()) if e.size else float("nan"),
-                  "rmse": float(np.sqrt((e**2).mean())) if e.size else float("nan"), "n": int(e.size)}
-    base = out["last-value"]["mae"]
-    for k in out:
-        out[k]["ratio"] = out[k]["mae"] / base if base > 0 else float("nan")
-    out["exp-smoothing"]["alpha_beta"] = holt_params
-    return out
+        for c in range(n_channels):
+            for k, p in preds.items():
+                err[c][k].append((p[:, c] - v[:, c])[ok[:, c]])
+    out = []
+    for c, name in enumerate(channels):
+        scores = {}
+        for k, e in err[c].items():
+            e = np.concatenate(e) if e else np.zeros(0)
+            scores[k] = {"mae": float(np.abs(e).mean()) if e.size else float("nan"),
+                         "rmse": float(np.sqrt((e**2).mean())) if e.size else float("nan"), "n": int(e.size)}
+        base = scores["last-value"]["mae"]
+        for k in scores:
+            scores[k]["ratio"] = scores[k]["mae"] / base if base > 0 else float("nan")
+        scores["exp-smoothing"]["alpha_beta"] = holt_params[c]
+        out.append({"channel": name, "season": seasons[c], "positions": scores["model"]["n"],
+                    "scores": scores})
+    mean_ratio = {k: float(np.mean([ch["scores"][k]["ratio"] for ch in out])) for k in names}
+    return {"channels": out, "mean_ratio": mean_ratio}
 
 
 def evaluate_inputs(model_dir, inputs, *, baseline_train=(), season=None, ts_options=None,
@@ -268,7 +284,7 @@ def _evaluate_inputs(model_dir, inputs, baseline_train, season, ts_options, rese
         markov = markov_baselines(resolve_model_path(model_dir), train_recs)
         report["markov_best_k"] = markov.best_k
         for p in inputs:
-            mod, recs, _ = read_records(p)
+            mod, recs, _ = read_records(p, **(ts_options or {}))  # an index's place (index_in_cache)
             if mod != "dna":
                 raise modality_mismatch(p, mod, model_dir, "dna")
             score = evaluate_dna(model, recs, markov)
@@ -283,8 +299,6 @@ def _evaluate_inputs(model_dir, inputs, baseline_train, season, ts_options, rese
                                  f"{model_dir} expects {model.config.channels}; choose them with "
                                  f"{option('columns')}, or take the time column out with "
                                  f"{option('time_column')}")
-            s = season or auto_season(recs[0][1])
-            scores = evaluate_timeseries(model, recs, s, reset_every=reset_every)
-            report["inputs"].append({"input": str(p), "positions": next(iter(scores.values()))["n"],
-                                     "scores": scores, "season": s})
+            scores = evaluate_timeseries(model, recs, season, reset_every=reset_every, channels=names)
+            report["inputs"].append({"input": str(p), "positions": sum(len(v) for _, v in recs), **scores})
     return report
