@@ -3,12 +3,14 @@
 The old code is an installed copy of an earlier linpipe (`pip install --no-deps --target DIR
 OLD_CHECKOUT`); each round runs one child process per side, old and new alternated, so that
 a noisy neighbour hits both alike. Each child streams real bases through Model.forward at one
-thread and reports positions/s of its best pass. Two models: bench_model.py's (D=128, L=4,
-M=512, W=4) and the shipped default. With --split, a third row: the shipped default model's
-later segment of a split record (linpipe.model.segments: pass 1 from a zero state, pass 2
-correcting it, the outputs), the split's own path, over the same positions.
+thread and reports positions/s of its best pass. Models (--models): bench_model.py's (D=128,
+L=4, M=512, W=4), the shipped default, a tiny D=8 one-layer one. With --split, another row:
+the shipped default model's later segment of a split record (linpipe.model.segments: pass 1
+from a zero state, pass 2 correcting it, the outputs), the split's own path, over the same
+positions.
 
 Usage: python benchmarks/bench_ab_model.py OLD_SITE_DIR [--rounds 5] [--positions 65536] [--split]
+       [--models bench,default,tiny]
 """
 from __future__ import annotations
 
@@ -28,6 +30,9 @@ from linpipe.model import Model, ModelConfig, init_net, load_model
 which, positions, chunk, passes, genome = sys.argv[1], *map(int, sys.argv[2:5]), sys.argv[5]
 if which == "bench":
     c = ModelConfig(modality="dna", d_model=128, n_layers=4, n_heads=4, mlp_hidden=512, conv_width=4)
+    model = Model(init_net(c, seed=0))
+elif which == "tiny":  # linpipe model init --d-model 8 --n-heads 1 --n-layers 1 --mlp-hidden 8 --conv-width 1
+    c = ModelConfig(modality="dna", d_model=8, n_layers=1, n_heads=1, mlp_hidden=8, conv_width=1)
     model = Model(init_net(c, seed=0))
 else:
     model = load_model("default")
@@ -89,12 +94,14 @@ def main():
     ap.add_argument("--chunk", type=int, default=65536)
     ap.add_argument("--passes", type=int, default=3)
     ap.add_argument("--split", action="store_true", help="also a later segment of a split record")
+    ap.add_argument("--models", default="bench,default",
+                    help="comma-separated: bench (D=128, L=4), default (shipped), tiny (D=8, one layer)")
     args = ap.parse_args()
     here = os.path.dirname(os.path.abspath(__file__))
     root = os.environ.get("LINPIPE_SHARED_DATA", os.path.join(here, "..", "..", "shared", "data"))
     genome = os.path.join(root, "genomes", "htslib_ce.fa")
     report = {"load_before": os.getloadavg()}
-    for which in ("bench", "default") + (("split",) if args.split else ()):
+    for which in tuple(args.models.split(",")) + (("split",) if args.split else ()):
         rates = {"old": [], "new": []}
         files = {}
         for _ in range(args.rounds):

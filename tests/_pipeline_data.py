@@ -182,3 +182,13 @@ def read_fasta(path) -> dict[str, str]:
         elif name:
             out[name].append(line.strip())
     return {k: "".join(v) for k, v in out.items()}
+
+
+def write_three_records(genomes: Path, fasta: Path, chr2: tuple[int, int], mt: int, orang: int) -> dict:
+    """A FASTA of three real records: A. thaliana Chr2[chr2[0]:chr2[1]] (with an N run near
+    28,030-28,150), the first `mt` bases of human MT and `orang` of orangutan MT -> {id: sequence}."""
+    seqs = {"chr2": read_fasta(genomes / "korflab_Athaliana_TAIR_1pct.fa")["Chr2"][chr2[0]:chr2[1]],
+            "mt": next(iter(read_fasta(genomes / "minimap2_MT-human.fa").values()))[:mt],
+            "orang": next(iter(read_fasta(genomes / "minimap2_MT-orang.fa").values()))[:orang]}
+    fasta.write_text("".join(f">{k}\n{v}\n" for k, v in seqs.items()))
+    return seqs

@@ -259,3 +259,18 @@ def test_no_decay_is_the_decay_of_one():
         a, (Sa, za) = fn(q, k, v, initial_state=init, output_final_state=True)
         b, (Sb, zb) = fn(q, k, v, decay=torch.ones(2), initial_state=init, output_final_state=True)
         assert torch.equal(a, b) and torch.equal(Sa, Sb) and torch.equal(za, zb)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_final_state_outlives_the_next_call(dtype):
+    """In inference the kernel's temporaries are reused from call to call; the final state it
+    returns (after whole groups of blocks: T = 512) must not be one of them."""
+    from linpipe.kernels import chunk_linear_attn_parts
+
+    g = torch.Generator().manual_seed(3)
+    x = [torch.randn(1, 512, 2, 8, generator=g, dtype=dtype) for _ in range(6)]
+    with torch.inference_mode():
+        _, _, (S, z) = chunk_linear_attn_parts(*x[:3], decay=torch.tensor([0.9, 1.0]))
+        kept = S.clone(), z.clone()
+        chunk_linear_attn_parts(*x[3:], decay=torch.tensor([0.9, 1.0]))
+    assert torch.equal(S, kept[0]) and torch.equal(z, kept[1])

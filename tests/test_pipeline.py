@@ -194,7 +194,7 @@ def test_end_to_end_matches_the_bare_model(genome, reference):
             o, state = model.forward(tokens[s:s + UNIT], state, outputs=["logprob", "entropy"])
             parts.append(o["logprob"])
         expect = np.concatenate(parts)
-        np.testing.assert_allclose(got[f"{key}/logprob"], expect, rtol=1e-5, atol=1e-5)
+        assert np.array_equal(got[f"{key}/logprob"], expect, equal_nan=True), key  # batch-invariant
         assert np.isfinite(got[f"{key}/entropy"]).all()
     del res
 
@@ -210,9 +210,9 @@ def test_same_options_are_bit_identical_and_unit_size_does_not_matter(genome, re
     assert s.positions_run == 90_000
     a, b = record_outputs(ref_out), record_outputs(other)
     assert a.keys() == b.keys()
-    for k in a:
-        np.testing.assert_allclose(a[k].astype(np.float64), b[k].astype(np.float64),
-                                   rtol=1e-5, atol=1e-5, err_msg=k)
+    for k in a:  # 7,000 is not a multiple of 512: the blocks fall elsewhere (docs/pipeline.md)
+        np.testing.assert_allclose(a[k].astype(np.float64), b[k].astype(np.float64), rtol=1e-6, atol=0,
+                                   err_msg=k)
 
 
 @pytest.mark.slow

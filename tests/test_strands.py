@@ -144,10 +144,12 @@ def test_score_variants_reports_each_strand(both):
     assert list(got.columns) == ["chrom", "pos", "id", "ref", "alt", "llr", "llr_fwd", "llr_rc"]
     model = load_model(model_dir, device="cpu")
     rc = reverse_complement
-    fwd = [_direct(model, seqs[c], p - 1, ref, alt, WINDOW) for c, p, ref, alt in rows]
-    rev = [_direct(model, rc(seqs[c]), len(seqs[c]) - (p - 1 + len(ref)), rc(ref), rc(alt), WINDOW)
-           for c, p, ref, alt in rows]
-    np.testing.assert_allclose(got.llr_fwd.to_numpy(), fwd, rtol=1e-4, atol=2e-4)
-    np.testing.assert_allclose(got.llr_rc.to_numpy(), rev, rtol=1e-4, atol=2e-4)
-    np.testing.assert_allclose(got.llr.to_numpy(), (np.array(fwd) + np.array(rev)) / 2, rtol=1e-4, atol=2e-4)
+    fwd, fwd_bound = np.array([_direct(model, seqs[c], p - 1, ref, alt, WINDOW) for c, p, ref, alt in rows]).T
+    rev, rev_bound = np.array([_direct(model, rc(seqs[c]), len(seqs[c]) - (p - 1 + len(ref)), rc(ref),
+                                       rc(alt), WINDOW) for c, p, ref, alt in rows]).T
+    # within the documented bound (docs/variants.md), plus the TSV's rounding to 6 digits
+    for col, want, bound in (("llr_fwd", fwd, fwd_bound), ("llr_rc", rev, rev_bound),
+                             ("llr", (fwd + rev) / 2, (fwd_bound + rev_bound) / 2)):
+        err = np.abs(got[col].to_numpy() - want)
+        assert (err <= bound + 5e-6 * np.abs(want)).all(), (col, err / bound)
     assert np.abs(np.array(fwd) - np.array(rev)).max() > 1e-2  # the strands really differ

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .chunk import BLOCK_SIZE, chunk_linear_attn_parts, chunk_linear_attn_torch, features
+from .chunk import BLOCK_SIZE, EXACT_CUT, chunk_linear_attn_parts, chunk_linear_attn_torch, features
 from .naive import FEATURE_MAPS, feature_map_fn, naive_recurrent_linear_attn
 from .stages import LOG_GATE_MIN, advance, log_decay, log_gate_sums, span_state, state_outputs
 
@@ -60,7 +60,7 @@ def chunk_linear_attn(q, k, v, *, decay=None, feature_map="elu1", normalize=True
     return chunk_linear_attn_torch(q, k, v, **kwargs)
 
 
-__all__ = ["BLOCK_SIZE", "FEATURE_MAPS", "LOG_GATE_MIN", "advance", "chunk_linear_attn",
+__all__ = ["BLOCK_SIZE", "EXACT_CUT", "FEATURE_MAPS", "LOG_GATE_MIN", "advance", "chunk_linear_attn",
            "chunk_linear_attn_parts", "chunk_linear_attn_torch", "feature_map_fn", "features", "log_decay",
            "log_gate_sums",
            "naive_recurrent_linear_attn", "span_state", "state_outputs"]

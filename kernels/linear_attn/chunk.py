@@ -18,11 +18,14 @@ import torch
 
 from .naive import feature_map_fn
 from .scratch import Scratch, hugepages
-from .stages import block_gates, block_outputs, check_log_gate, local_states, log_decay
+from .stages import PREFIX_GROUP, block_gates, block_outputs, check_log_gate, local_states, log_decay
 
 # Positions per block: chosen by measurement (1 thread, K=32): 32 beat 64 and 128 once spans are
 # cache-sized; smaller blocks mean less intra-block work per position (2c(K+V) FLOPs).
 BLOCK_SIZE = 32
+# Positions after which a call can be cut and resumed from its final state to the same bytes as
+# one call: whole groups of blocks (Gates.fold). Cuts elsewhere round differently (within 1e-6).
+EXACT_CUT = BLOCK_SIZE * PREFIX_GROUP
 # Positions per span: every temporary (about a dozen of SPAN * H * K floats) stays in
 # cache. One pass over T at once was slower on the CPU: every elementwise pass went to DRAM.
 SPAN = 2048
@@ -47,30 +50,65 @@ def features(x, phi_name, out=None, tmp=None):
     return x if out is None else out.copy_(x)
 
 
+def _blocks(x, n, c, out=None, phi_name=None, tmp=None):
+    """Positions x (B, t, H, X), t <= n*c -> blocks (B, H, n, c, X), phi(x) with phi_name, rows
+    past t zero: into out when given (inference; tmp: scratch like out), else fresh (a view of
+    x where nothing is padded or mapped). phi runs over the whole contiguous block buffer, so a
+    position meets the same vectorised code (exp2's vector and scalar forms round differently)
+    however many positions the call has."""
+    B, t, H, X = x.shape
+    rows = x.transpose(1, 2)  # (B, H, t, X)
+    if out is None:  # autograd
+        if phi_name is not None:
+            rows = features(rows, phi_name)
+        if t < n * c:
+            rows = torch.nn.functional.pad(rows, (0, 0, 0, n * c - t))
+        return rows.reshape(B, H, n, c, X)
+    flat = out.view(B, H, n * c, X)
+    if t == n * c:
+        return out.copy_(rows.reshape(B, H, n, c, X)) if phi_name is None else features(
+            rows.reshape(B, H, n, c, X), phi_name, out, tmp)
+    flat[:, :, :t].copy_(rows)
+    flat[:, :, t:].zero_()
+    if phi_name is not None:
+        features(out, phi_name, out, tmp)
+        flat[:, :, t:].zero_()  # phi(0) need not be 0
+    return out
+
+
 def _run_blocks(q, k, v, S, z, log_g, phi_name, need_z, need_den, n, c, scratch):
-    """Positions of q, k, v (B, n*c, H, K|V), as n blocks of c, entering with S (B, H, K, V) and
-    z (B, H, K) -> (num (B, H, n, c, V), den (B, H, n, c) or None, S, z after them; z is
-    carried only when need_z; log_g: None, the log decays (H,) or the positions' log-gates
-    (B, n*c, H)). The three stages of stages.py, in order."""
-    B, _, H, K = q.shape
+    """Positions of q, k, v (B, t, H, K|V), t <= n*c, as n blocks of c (a last block of fewer
+    rows padded with zero rows), entering with S (B, H, K, V) and z (B, H, K) -> (num (B, H, n,
+    c, V), den (B, H, n, c) or None, S, z after the t positions; z is carried only when need_z;
+    log_g: None, the log decays (H,) or the positions' log-gates (B, t, H), padded with gates of
+    0 that leave the state as it is). The three stages of stages.py, in order. Every block has
+    all c rows and a fixed decay's fold runs by whole groups of blocks (Gates.fold), so a
+    position's outputs are the same bytes whatever follows it in the call, and a call cut after
+    whole groups resumes to the bytes of one."""
+    B, t, H, K = q.shape
     V = v.shape[-1]
+    positional = log_g is not None and log_g.dim() == 3
+    if positional and t < n * c:
+        log_g = torch.nn.functional.pad(log_g, (0, 0, 0, n * c - t))
     gates = block_gates(log_g, H, n, c, q.dtype, q.device, scratch)
-    blocks = lambda x: x.transpose(1, 2).reshape(B, H, n, c, x.shape[-1])  # noqa: E731 (a view for scratch)
-    t = scratch("la_tmp", B, H, n, c, K)
-    qf = features(blocks(q), phi_name, scratch("la_q", B, H, n, c, K), t)  # (B, H, n, c, K)
-    kf = features(blocks(k), phi_name, scratch("la_k", B, H, n, c, K), t)
-    vb = blocks(v)
-    if scratch.reuse:  # contiguous, for the matmuls
-        vb = scratch("la_v", B, H, n, c, V).copy_(vb)
+    tmp = scratch("la_tmp", B, H, n, c, K)
+    qf = _blocks(q, n, c, scratch("la_q", B, H, n, c, K), phi_name, tmp)  # (B, H, n, c, K)
+    kf = _blocks(k, n, c, scratch("la_k", B, H, n, c, K), phi_name, tmp)
+    vb = _blocks(v, n, c, scratch("la_v", B, H, n, c, V))  # contiguous, for the matmuls
     q_in = gates.scale_queries(qf, scratch("la_qin", B, H, n, c, K))
     k_end = gates.scale_keys(kf, scratch("la_kout", B, H, n, c, K))
     dS, dz = local_states(k_end, vb, scratch("la_dS", B * H * n, K, V), scratch("la_dz", B, H, n, K), need_z)
-    S_starts, S = gates.fold(dS.view(B, H, n, K * V), S.reshape(B, H, K * V),
-                             scratch("la_starts", B, H, n, K * V))
+    S_starts, S = gates.fold(dS.view(B, H, n, K * V), S.reshape(B, H, K * V), scratch, "la_S")
     z_starts = None
     if need_z:
-        z_starts, z = gates.fold(dz, z, scratch("la_zst", B, H, n, K))
-    num, den = block_outputs(qf, kf, q_in, vb, S_starts, z_starts if need_den else None, gates, scratch, t)
+        z_starts, z = gates.fold(dz, z, scratch, "la_z")
+    num, den = block_outputs(qf, kf, q_in, vb, S_starts, z_starts if need_den else None, gates, scratch, tmp)
+    r = t - (n - 1) * c  # rows of the last block
+    if r < c and not positional:  # the state after its last row, not after its padding (a
+        # padded row's gate of 0 keeps the state as it is)
+        S, z_end = gates.partial_state(kf[:, :, -1], vb[:, :, -1], S_starts[:, :, -1],
+                                       None if z_starts is None else z_starts[:, :, -1], r)
+        z = z if z_end is None else z_end
     return num, den, S.view(B, H, K, V), z
 
 
@@ -97,7 +135,8 @@ def _single(q, k, v, decay, feature_map, normalize, eps, initial_state, need_sta
     need_den = normalize or parts
     need_z = need_den or need_state
     c = max(1, int(block_size))
-    span_len = max(c, (SPAN // c) * c)
+    group = c * PREFIX_GROUP  # spans are whole groups: their edges change no byte (Gates.fold)
+    span_len = max(group, (SPAN // group) * group)
     scratch = Scratch(q, reuse=not grad)
     o = den = None
     if scratch.reuse:
@@ -105,26 +144,25 @@ def _single(q, k, v, decay, feature_map, normalize, eps, initial_state, need_sta
         hugepages(o)
         den = q.new_empty((B, T, H)) if parts else None
     outs, dens = [], []
-    tail = T % c
-    spans = [(a, min(span_len, T - tail - a) // c, c) for a in range(0, T - tail, span_len)]
-    if tail:  # the ragged end, as one shorter block
-        spans.append((T - tail, 1, tail))
-    for a, n, cb in spans:
-        b = a + n * cb
-        lg = log_g[:, a:b] if log_gate is not None else log_g
-        num, d, S, z = _run_blocks(q[:, a:b], k[:, a:b], v[:, a:b], S, z, lg, feature_map, need_z,
-                                   need_den, n, cb, scratch)
+    for a in range(0, T, span_len):
+        t = min(span_len, T - a)
+        n = -(-t // c)
+        lg = log_g[:, a:a + t] if log_gate is not None else log_g
+        num, d, S, z = _run_blocks(q[:, a:a + t], k[:, a:a + t], v[:, a:a + t], S, z, lg, feature_map,
+                                   need_z, need_den, n, c, scratch)
+        num = num.view(B, H, n * c, V)[:, :, :t]  # the real rows
+        d = None if d is None else d.view(B, H, n * c)[:, :, :t]
         if normalize and not parts:  # as one pass: num / (den + eps)
             num = torch.mul(num, d.add_(eps).reciprocal_().unsqueeze(-1),
-                            out=None if o is None else o[:, a:b].transpose(1, 2).view(B, H, n, cb, V))
+                            out=None if o is None else o[:, a:a + t].transpose(1, 2))
         elif o is not None:
-            o[:, a:b].transpose(1, 2).view(B, H, n, cb, V).copy_(num)
+            o[:, a:a + t].transpose(1, 2).copy_(num)
         if o is None:
-            outs.append(num.reshape(B, H, b - a, V).transpose(1, 2))  # (B, Ts, H, V)
+            outs.append(num.transpose(1, 2))  # (B, t, H, V)
             if parts:
-                dens.append(d.reshape(B, H, b - a).transpose(1, 2))  # (B, Ts, H)
+                dens.append(d.transpose(1, 2))  # (B, t, H)
         elif parts:
-            den[:, a:b].transpose(1, 2).view(B, H, n, cb).copy_(d)
+            den[:, a:a + t].transpose(1, 2).copy_(d)
     if o is None:
         o = torch.cat(outs, dim=1) if outs else q.new_zeros((B, 0, H, V))
         if parts:

@@ -49,10 +49,6 @@ def log_decay(decay: torch.Tensor | None) -> torch.Tensor | None:
     return torch.log(decay)
 
 
-def _view(t, *shape):
-    return None if t is None else t.view(shape)
-
-
 def _strict_lower_powers(n, lg):
     """(1, H, n, n) matrix of g^(i-1-m) for m < i, 0 elsewhere; lg (H,) = log g."""
     i = torch.arange(n, device=lg.device, dtype=lg.dtype)
@@ -61,50 +57,42 @@ def _strict_lower_powers(n, lg):
 
 
 class Gates:
-    """The gate weights of n blocks of c positions for H heads, from the cumulative log-gate b_i
-    of each block (from the block's start, i = 0..c-1):
+    """The gate weights of blocks of c positions for H heads, from the cumulative log-gate b_i of
+    each block (from the block's start, i = 0..c-1):
 
         mask[i, j] = exp(b_i - b_j) for i >= j, else 0   the intra-block scores' weights
         q_scale[i] = exp(b_i)                            the entering state's weight at row i
         k_scale[j] = exp(b_{c-1} - b_j)                  row j's weight at the block's end
         total      = exp(b_{c-1})                        the block's decay of the state entering it
 
-    A constant gate (b_i = (i+1) log gamma) gives the same weights in every block, computed as
-    powers of gamma with exponents >= 0 (nothing overflows); the zero gate (no decay) gives the
-    causal mask and no scales (`decayed` False). `fold` chains the blocks' summaries."""
+    and the fold's weights over a group of G = PREFIX_GROUP blocks (`fold`). A constant gate
+    (b_i = (i+1) log gamma) gives the same weights in every block, computed as powers of gamma
+    with exponents >= 0 (nothing overflows); the zero gate (no decay) gives the causal mask and
+    no scales (`decayed` False), and fold weights of exactly 1."""
 
-    def __init__(self, log_g, H, n, c, dtype, device):
+    def __init__(self, log_g, H, c, dtype, device):
         pos = torch.arange(c, device=device, dtype=dtype)
         causal = pos[:, None] >= pos[None, :]  # (c, c)
         self.decayed = log_g is not None
+        self.c = c
         if log_g is None:
             self.mask = causal.to(dtype)  # (c, c)
-            lg = torch.zeros(H, device=device, dtype=dtype)  # prefix weights of exactly 1
+            lg = torch.zeros(H, device=device, dtype=dtype)  # weights of exactly 1
         else:
             lg = log_g.to(dtype)  # (H,)
             self.mask = (torch.exp((pos[:, None] - pos[None, :]).clamp(min=0) * lg.view(H, 1, 1))
                          * causal).view(1, H, 1, c, c)
             self.q_scale = torch.exp((pos + 1) * lg.view(H, 1)).view(1, H, 1, c, 1)  # gamma^(i+1)
             self.k_scale = torch.exp((c - 1 - pos) * lg.view(H, 1)).view(1, H, 1, c, 1)  # gamma^(c-1-j)
-            self.total = torch.exp(c * lg).view(1, H, 1)
-        # The fold over the n blocks as grouped matmuls, two levels: groups of G blocks, then groups.
+        self.lg = lg
+        self.total = torch.exp(c * lg).view(1, H, 1)
         G = PREFIX_GROUP
-        self.two_level = n > G and n % G == 0
         step = c * lg  # log decay per block
-        if not self.two_level:
-            self.lm = _strict_lower_powers(n, step)  # (1, H, n, n)
-            steps = torch.arange(n, device=device, dtype=dtype)
-            self.pw = torch.exp(steps * step.view(H, 1)).view(1, H, n, 1)
-            return
-        ng = n // G
         i = torch.arange(G, device=device, dtype=dtype)
-        j = torch.arange(ng, device=device, dtype=dtype)
-        self.ng, self.G = ng, G
         self.lm_group = _strict_lower_powers(G, step).view(1, H, 1, G, G)
         self.w = torch.exp((G - 1 - i) * step.view(H, 1)).view(1, H, 1, 1, G)  # to the group's end
-        self.lc = _strict_lower_powers(ng, G * step)  # (1, H, ng, ng), over groups
-        self.pc = torch.exp(j * (G * step).view(H, 1)).view(1, H, ng, 1)
         self.pw = torch.exp(i * step.view(H, 1)).view(1, H, 1, G, 1)  # gamma_block^i inside a group
+        self.group_total = torch.exp(G * step).view(1, H, 1)
 
     def scale_queries(self, qf, out=None):
         """phi(q) (B, H, n, c, K) weighted for the entering state (itself without decay)."""
@@ -114,48 +102,89 @@ class Gates:
         """phi(k) (B, H, n, c, K) weighted to the block's end (itself without decay)."""
         return torch.mul(kf, self.k_scale, out=out) if self.decayed else kf
 
-    def fold(self, d, s0, out=None):
+    def fold(self, d, s0, scratch, slot):
         """(starts, final): starts[:, :, i] = the state entering block i = total^i s0 + sum_{m<i}
         total^(i-1-m) d[:, :, m] for the blocks' local states d (B, H, n, X) and s0 (B, H, X);
-        final = the state after the last block. starts is written into out (like d) when given.
-        Grouped matmuls: no Python loop over blocks, and no cumulative sum (slow on the CPU
-        along a middle axis)."""
+        final = the state after the last block. Temporaries from `scratch` (slots named after
+        `slot`).
+
+        Within a group of G blocks, one G x G matmul from zero (a last group of fewer blocks is
+        padded with empty ones); across groups, a recurrence carry' = group_total carry +
+        the group's change, one step per group. So the states entering a group's blocks depend
+        only on the blocks before them, and the state after whole groups is the carry itself:
+        a sequence cut after any whole group and resumed from `final` folds the same numbers in
+        the same order as one uncut, and positions after the last block change nothing before.
+        No Python loop over blocks, and no cumulative sum (slow on the CPU along a middle axis)."""
         B, H, n, X = d.shape
-        if not self.two_level:
-            lm = self.lm.expand(B, H, n, n).reshape(B * H, n, n)
-            starts = torch.bmm(lm, d.reshape(B * H, n, X), out=_view(out, B * H, n, X)).view(B, H, n, X)
-            starts = torch.addcmul(starts, self.pw, s0.unsqueeze(2), out=out)
+        G = PREFIX_GROUP
+        ng = -(-n // G)
+        whole = n % G == 0
+        dp = d
+        if not whole:  # empty blocks to the group's end
+            dp = scratch(slot + "_pad", B, H, ng * G, X)
+            if dp is None:
+                dp = torch.nn.functional.pad(d, (0, 0, 0, ng * G - n))
+            else:
+                dp[:, :, :n].copy_(d)
+                dp[:, :, n:].zero_()
+        dg = dp.reshape(-1, G, X)  # (B*H*ng, G, X)
+        lm = self.lm_group.expand(B, H, ng, G, G).reshape(-1, G, G)
+        local = torch.bmm(lm, dg, out=scratch(slot + "_starts", B * H * ng, G, X))  # each group from zero
+        w = self.w.expand(B, H, ng, 1, G).reshape(-1, 1, G)
+        totals = torch.bmm(w, dg).view(B, H, ng, X)  # each group's change from zero
+        steps = ng if whole else ng - 1  # carries needed: entering every group, and after whole ones
+        carry = scratch(slot + "_carry", B, H, ng + 1, X)
+        if carry is None:
+            carries = [s0]
+            for g in range(steps):
+                carries.append(torch.addcmul(totals[:, :, g], carries[-1], self.group_decay(g)))
+            carry = torch.stack(carries, 2)  # (B, H, steps + 1, X)
         else:
-            ng, G = self.ng, self.G
-            dg = d.reshape(-1, G, X)  # (B*H*ng, G, X)
-            lm = self.lm_group.expand(B, H, ng, G, G).reshape(-1, G, G)
-            local = torch.bmm(lm, dg, out=_view(out, -1, G, X))  # each group's prefix from zero
-            w = self.w.expand(B, H, ng, 1, G).reshape(-1, 1, G)
-            totals = torch.bmm(w, dg).view(B, H, ng, X)  # each group's change from zero
-            carry = torch.matmul(self.lc, totals).addcmul_(self.pc, s0.unsqueeze(2))  # (B, H, ng, X)
-            starts = torch.addcmul(local.view(B, H, ng, G, X), self.pw, carry.unsqueeze(3),
-                                   out=_view(out, B, H, ng, G, X)).view(B, H, n, X)
-        if not self.decayed:
-            return starts, d[:, :, -1] + starts[:, :, -1]
+            carry[:, :, 0].copy_(s0)
+            for g in range(steps):
+                torch.addcmul(totals[:, :, g], carry[:, :, g], self.group_decay(g), out=carry[:, :, g + 1])
+        local = local.view(B, H, ng, G, X)
+        starts = torch.addcmul(local, self.pw, carry[:, :, :ng].unsqueeze(3), out=scratch.same(local))
+        starts = starts.view(B, H, ng * G, X)[:, :, :n]
+        if whole:  # a copy: the carry may live in scratch, which the next call reuses
+            return starts, carry[:, :, ng].clone()
         return starts, torch.addcmul(d[:, :, -1], starts[:, :, -1], self.total)
+
+    def group_decay(self, g):
+        """The decay (.., H, 1) of the state over group g of blocks (the same for every group)."""
+        return self.group_total
+
+    def partial_state(self, kf, v, S0, z0, r):
+        """The state after the first r rows of a block (r < c), from the state entering it (S0
+        (B, H, X), z0 (B, H, K) or None) and its phi(k) (B, H, c, K) and v (B, H, c, V), zero past
+        row r: the block's local state weighted to row r - 1 instead of its end."""
+        B, H, c, K = kf.shape
+        j = torch.arange(c, device=kf.device, dtype=self.lg.dtype)
+        w = torch.exp((r - 1 - j).clamp(min=0).view(1, c) * self.lg.view(H, 1)) * (j < r)  # (H, c)
+        total = torch.exp(r * self.lg).view(1, H, 1)
+        kw = kf * w.view(1, H, c, 1).to(kf.dtype)
+        dS = torch.matmul(kw.transpose(2, 3), v).view(B, H, -1)  # (B, H, K*V)
+        S = torch.addcmul(dS, S0, total)
+        z = None if z0 is None else torch.addcmul(kw.sum(2), z0, total)
+        return S, z
 
 
 @functools.lru_cache(maxsize=32)
-def _cached_gates(lg_key, H, n, c, dtype, device):
+def _cached_gates(lg_key, H, c, dtype, device):
     """Gates by value of the log decays (a tuple): the model makes the same few calls block
     after block, and building them costs ~0.4 ms."""
     with torch.inference_mode(False), torch.no_grad():  # usable in and out of inference mode
         log_g = None if lg_key is None else torch.tensor(lg_key, dtype=torch.float64, device=device)
-        return Gates(log_g, H, n, c, dtype, device)
+        return Gates(log_g, H, c, dtype, device)
 
 
-def constant_gates(log_g, H, n, c, dtype, device) -> Gates:
+def constant_gates(log_g, H, c, dtype, device) -> Gates:
     """The Gates of a fixed per-head decay (log_g (H,) or None), cached by value; a decay that
     requires grad (trained) is built in the graph instead."""
     if log_g is not None and log_g.requires_grad:
-        return Gates(log_g, H, n, c, dtype, device)
+        return Gates(log_g, H, c, dtype, device)
     lg_key = None if log_g is None else tuple(log_g.tolist())
-    return _cached_gates(lg_key, H, n, c, dtype, device)
+    return _cached_gates(lg_key, H, c, dtype, device)
 
 
 def _strict_lower_pow2(before, cum):
@@ -200,23 +229,16 @@ class PositionGates(Gates):
         totals = last[..., 0]  # (B, H, n)
         self.total = torch.exp2(totals[..., -1:]).to(dtype)
         G = PREFIX_GROUP
-        self.two_level = n > G and n % G == 0
-        if not self.two_level:
-            cum = totals.cumsum(-1)
-            self.lm = _strict_lower_pow2(cum - totals, cum).to(dtype)  # (B, H, n, n)
-            self.pw = torch.exp2(cum - totals).to(dtype).unsqueeze(-1)  # (B, H, n, 1)
-            return
-        ng = n // G
-        self.ng, self.G = ng, G
-        tg = totals.view(B, H, ng, G)
+        ng = -(-n // G)
+        tg = torch.nn.functional.pad(totals, (0, ng * G - n)).view(B, H, ng, G)  # padded: empty blocks
         cum = tg.cumsum(-1)  # within each group
         self.lm_group = _strict_lower_pow2(cum - tg, cum).to(dtype)  # (B, H, ng, G, G)
         self.w = torch.exp2(cum[..., -1:] - cum).to(dtype).unsqueeze(-2)  # (B, H, ng, 1, G): to its end
         self.pw = torch.exp2(cum - tg).to(dtype).unsqueeze(-1)  # (B, H, ng, G, 1): inside a group
-        groups = cum[..., -1]  # (B, H, ng): each group's total
-        over = groups.cumsum(-1)
-        self.lc = _strict_lower_pow2(over - groups, over).to(dtype)  # (B, H, ng, ng)
-        self.pc = torch.exp2(over - groups).to(dtype).unsqueeze(-1)  # (B, H, ng, 1)
+        self.group_total = torch.exp2(cum[..., -1:]).to(dtype)  # (B, H, ng, 1): each group's decay
+
+    def group_decay(self, g):
+        return self.group_total[:, :, g]
 
 
 def block_gates(log_g, H, n, c, dtype, device, scratch=None) -> Gates:
@@ -224,7 +246,7 @@ def block_gates(log_g, H, n, c, dtype, device, scratch=None) -> Gates:
     the cached constant weights, per-position log-gates (B, n*c, H) their own."""
     if log_g is not None and log_g.dim() == 3:
         return PositionGates(log_g, n, c, dtype, scratch)
-    return constant_gates(log_g, H, n, c, dtype, device)
+    return constant_gates(log_g, H, c, dtype, device)
 
 
 def check_log_gate(log_gate, shape) -> None:

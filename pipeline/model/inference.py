@@ -15,15 +15,13 @@ import torch
 
 from linpipe.errors import ModelError
 from linpipe.inputs.alphabet import N as TOKEN_N
+from linpipe.kernels.linear_attn import EXACT_CUT
+from linpipe.kernels.linear_attn.scratch import hugepages
 from linpipe.model import series
 from linpipe.model.config import WEIGHTS_FILE, ModelConfig, expected_shapes
 from linpipe.model.files import file_sha256, read_config, read_tensors, resolve_model_path
 from linpipe.model.network import LinpipeNet, ModelState, y_before
-
-# Positions per network call on the CPU (a span): bounds peak memory for any unit size, and keeps the
-# temporaries (e.g. the (T, M) MLP hidden) small enough to stay in cache: 16,384 was measured
-# ~25% slower than 2,048 at 1 thread. A GPU call takes a whole unit.
-FORWARD_SPAN = 2048
+from linpipe.model.rows import linear, map_rows, row_tile
 
 
 def load_model(path_or_name="default", device=None) -> "Model":
@@ -99,25 +97,51 @@ class Model:
             raise ModelError(f"timeseries input must have shape (T, {c.channels}), got {x.shape}")
         return torch.from_numpy(x.astype(np.float32, copy=False)).to(self.device)[None]
 
+    # Cut a run of positions after a multiple of this (from the state it starts from) and carry
+    # the state across the cut: the same bytes as one call (CPU; docs/pipeline.md, "Guarantees").
+    exact_cut = EXACT_CUT
+
+    @property
+    def span(self) -> int | None:
+        """Positions per network call: the network's span on the CPU, None (a whole run of
+        positions at once) on a GPU."""
+        return self.net.span if self.device.type == "cpu" else None
+
+    def _head(self, prev, tile):
+        """The output head of the rows of y before each position (N, D) -> (N, vocab_out)."""
+        return linear(prev, self.net.head.weight, bias=self.net.head.bias, tile=tile)
+
+    def _dna_rows(self, prev, x, outs):
+        """logprob and entropy (those in outs, in that order) of rows: y before each position
+        (N, D) and its token (N,)."""
+        logp = torch.log_softmax(self._head(prev, prev.shape[0] if row_tile(prev, 1) else None), dim=-1)
+        got = []
+        if "logprob" in outs:
+            lp = logp.gather(-1, x.clamp(max=3).unsqueeze(-1)).squeeze(-1)
+            got.append(torch.where(x == TOKEN_N, float("nan"), lp))
+        if "entropy" in outs:
+            got.append(-(logp.exp() * logp).sum(-1))
+        return tuple(got)
+
     def heads(self, x, y, y0, outs) -> dict:
         """Per-position outputs {name: (B, T[, ...]) tensor} of inputs x (B, T[, C]) from y (B, T,
         D) after each position and y0 (B, D) of the position before the first (not for
-        series_norm models, whose outputs also need the carried norm: `run`)."""
-        prev = y_before(y, y0)
+        series_norm models, whose outputs also need the carried norm: `run`). In CPU inference
+        the head and what follows it run by tiles of rows (linpipe.model.rows)."""
+        B, T, D = y.shape
+        prev = y_before(y, y0).reshape(B * T, D)
+        tile = row_tile(y, self.net.span)
         res = {}
         if "hidden" in outs:
             res["hidden"] = y
         if self.modality == "dna":
-            if "logprob" in outs or "entropy" in outs:
-                logp = torch.log_softmax(self.net.head(prev), dim=-1)  # (B, T, 4)
-                if "logprob" in outs:
-                    lp = logp.gather(-1, x.clamp(max=3).unsqueeze(-1)).squeeze(-1)
-                    res["logprob"] = torch.where(x == TOKEN_N, float("nan"), lp)
-                if "entropy" in outs:
-                    res["entropy"] = -(logp.exp() * logp).sum(-1)
+            want = [o for o in ("logprob", "entropy") if o in outs]
+            if want:
+                got = map_rows(lambda p, t: self._dna_rows(p, t, want), tile, prev, x.reshape(B * T))
+                res.update({o: v.view(B, T) for o, v in zip(want, got, strict=True)})
         else:
             if "forecast" in outs or "residual" in outs:
-                fc = self.net.head(prev) * self.net.std + self.net.mean  # (B, T, C)
+                fc = self._head(prev, tile).view(B, T, -1) * self.net.std + self.net.mean  # (B, T, C)
                 if "forecast" in outs:
                     res["forecast"] = fc
                 if "residual" in outs:
@@ -127,7 +151,10 @@ class Model:
     def _lane_heads(self, x, y, before, new, outs) -> dict:
         """series_norm: outputs per lane (lanes, T[, D]); fills the residual scale into new.norm."""
         nz = self.net.series_inputs(x, before)
-        p = self.net.head(y_before(y, before.y))[..., 0].to(torch.float64)  # the change, in running scales
+        B, T, D = y.shape
+        prev = y_before(y, before.y).reshape(B * T, D)
+        p = self._head(prev, row_tile(y, self.net.span)).view(B, T, -1)[..., 0]
+        p = p.to(torch.float64)  # the change, in running scales
         w, new.norm = series.calibrate(p, nz["target"], before.norm, new.norm)
         fc = nz["base"] + nz["scale"] * (w * p)  # NaN: nothing observed yet
         r = x[..., 0] - fc
@@ -148,7 +175,7 @@ class Model:
         all at once), each call's outputs from y before and after its positions."""
         B, T = xt.shape[:2]
         step = span or max(T, 1)
-        parts = {o: [] for o in outs}
+        res = {}
         with torch.inference_mode():
             for a in range(0, T, step):
                 xb = xt[:, a:a + step]
@@ -158,13 +185,14 @@ class Model:
                 else:
                     got = self.heads(xb, y, state.y, outs)
                 for k, v in got.items():
-                    parts[k].append(v)
+                    if k not in res:  # the whole run's outputs, filled call by call
+                        res[k] = v if v.shape[1] == T else v.new_empty((B, T, *v.shape[2:]))
+                        hugepages(res[k])
+                    if res[k] is not v:
+                        res[k][:, a:a + v.shape[1]] = v
                 state = new
-        res = {}
-        for k, v in parts.items():
-            if v:
-                res[k] = v[0] if len(v) == 1 else torch.cat(v, 1)
-            else:
+        for k in outs:
+            if k not in res:
                 dim = None if self.config.series_norm and k != "hidden" else self.config.output_dims[k]
                 res[k] = torch.zeros((B, 0) if dim is None else (B, 0, dim))
         return res, state
@@ -216,8 +244,7 @@ class Model:
                     raise ModelError(f"model state has {state.batch_size} channel lanes, the input "
                                      f"{lanes} channels")
                 state = state._map(lambda t: t.expand(lanes, *t.shape[1:]).clone())  # a fresh state
-        # CPU: spans of FORWARD_SPAN positions; a GPU takes all of x in one call.
-        res, state = self.run(xt, state, outs, FORWARD_SPAN if self.device.type == "cpu" else None)
+        res, state = self.run(xt, state, outs, self.span)
         return {k: v[0] for k, v in self._numpy(res, lanes).items()}, state
 
     def forward_records(self, xs, outputs=None, max_batch_positions: int = 1 << 18) -> list[dict]:
@@ -287,5 +314,5 @@ class Model:
             st = [s.to(self.device) for s in states]
             state = ModelState(*(torch.cat([getattr(s, f) for s in st]) for f in ("S", "z", "conv", "y")),
                                norm=torch.cat([s.norm for s in st]) if c.series_norm else None)
-        res = self._numpy(self.run(xt, state, outs)[0], lanes)
+        res = self._numpy(self.run(xt, state, outs, self.span)[0], lanes)
         return [{o: res[o][r, :len(x)].copy() for o in outs} for r, x in enumerate(xs)]

@@ -24,10 +24,30 @@ from linpipe.kernels import chunk_linear_attn, chunk_linear_attn_parts
 from linpipe.kernels.linear_attn.scratch import Scratch
 from linpipe.model import series
 from linpipe.model.config import ModelConfig
+from linpipe.model.rows import ROW_ALIGN, linear, map_rows, row_tile
 
 # Most positions (batch x length) per call that CPU inference keeps in reused buffers;
 # bigger calls (many short records batched) allocate, so that their temporaries are freed.
-INFER_BUFFERED = 8192
+INFER_BUFFERED = 16384
+# Positions per network call on the CPU (a span), and the rows of every position-wise op's tile
+# (linpipe.model.rows): the most, between 2,048 and 16,384, whose widest temporary (the (T, 3D)
+# projections or the (T, M) MLP hidden) holds at most SPAN_FLOATS floats. Small models need the
+# long spans: their cost per call is torch's per-op overhead, not arithmetic (a D=8 model ran
+# 2.4M positions/s in spans of 2,048, 3.6M in spans of 16,384); for wide ones a long span
+# spills the temporaries from cache (D=128, M=512: 16,384 was ~25% slower than 2,048).
+SPAN_FLOATS = 2048 * 192
+MIN_SPAN, MAX_SPAN = 2048, 16384
+
+
+def forward_span(config: ModelConfig) -> int:
+    """Positions per network call on the CPU for this model (see SPAN_FLOATS): a power of two,
+    so a whole number of the kernel's fold groups and of ROW_ALIGN."""
+    width = max(3 * config.d_model, config.mlp_hidden)
+    span = MIN_SPAN
+    while span * 2 <= MAX_SPAN and span * 2 * width <= SPAN_FLOATS:
+        span *= 2
+    assert span % ROW_ALIGN == 0
+    return span
 
 
 @dataclass
@@ -127,22 +147,16 @@ def causal_conv(a, window, weight, out=None):
     # Measured ~0.5 ms less per (2048, 128) span at 1 thread than a depthwise conv1d, whose
     # transposed output also slowed the next matmul. In-place adds into a fresh product
     # are autograd-safe (addcmul's backward does not read its output).
-    c = torch.mul(a, weight[:, W - 1], out=out)  # (B, T, D)
+    # The taps as contiguous rows: a strided tap vector (weight[:, j]) kept torch's broadcast
+    # multiply-add from vectorising, at 3x the time.
+    taps = weight.t().contiguous()  # (W, D)
+    c = torch.mul(a, taps[W - 1], out=out)  # (B, T, D)
     for j in range(W - 1):  # tap j reads the input s = W-1-j positions back
         s = W - 1 - j
-        c[:, s:].addcmul_(a[:, :max(T - s, 0)], weight[:, j])
-        c[:, :s].addcmul_(window[:, j:j + min(s, T)], weight[:, j])
+        c[:, s:].addcmul_(a[:, :max(T - s, 0)], taps[j])
+        c[:, :s].addcmul_(window[:, j:j + min(s, T)], taps[j])
     new_window = torch.cat([window, a[:, -(W - 1):]], dim=1)[:, -(W - 1):]  # the last W-1 inputs
     return c, new_window
-
-
-def add_linear(r, x, w, out=None):
-    """r + x @ w.T for r (B, T, N), x (B, T, M), w (N, M): one addmm, so the residual add rides
-    in the matmul instead of a separate pass over (B, T, N); out=r updates r in place."""
-    B, T, M = x.shape
-    N = w.shape[0]
-    return torch.addmm(r.view(B * T, N), x.reshape(B * T, M), w.t(),
-                       out=None if out is None else out.view(B * T, N)).view(B, T, N)
 
 
 class Attention(nn.Module):
@@ -152,6 +166,7 @@ class Attention(nn.Module):
         self.n_heads, self.head_dim = c.n_heads, c.head_dim
         self.feature_map, self.normalize, self.eps = c.feature_map, c.normalize, c.attn_eps
         self.conv = CausalConv(D, c.conv_width) if c.conv_width > 1 else None
+        self.tile = forward_span(c)  # rows of the position-wise ops' tiles in CPU inference
         self.q_proj = nn.Linear(D, D, bias=False)
         self.k_proj = nn.Linear(D, D, bias=False)
         self.v_proj = nn.Linear(D, D, bias=False)
@@ -176,7 +191,7 @@ class Attention(nn.Module):
         # views: no split pass. Position-major rows make the kernel's one transpose into
         # (B, H, T, K) read contiguous K-runs.
         w = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])  # (3D, D)
-        qkv = torch.mm(a.reshape(B * T, D), w.t(), out=scratch("qkv", B * T, 3 * D))
+        qkv = linear(a.reshape(B * T, D), w, tile=row_tile(a, self.tile))  # (B*T, 3D)
         return qkv.view(B, T, 3, self.n_heads, self.head_dim), window
 
     def base_decay(self) -> list[float]:
@@ -192,7 +207,11 @@ class Attention(nn.Module):
         (B, T, H) and <= 0 (flash-linear-attention's simple-GLA gate); None without a gate."""
         if self.gk_proj is None:
             return None
-        return F.logsigmoid(self.gk_proj(a)) / self.gate_normalizer
+        B, T, D = a.shape
+        gates = map_rows(lambda r: F.logsigmoid(linear(r, self.gk_proj.weight, bias=self.gk_proj.bias))
+                         / self.gate_normalizer,
+                         row_tile(a, self.tile), a.reshape(B * T, D))
+        return gates.view(B, T, -1)
 
     def kernel(self, q, k, v, S, z, log_gate=None):
         """The linear attention of (B, T, H, K) q, k, v from (S, z), with the positions'
@@ -226,15 +245,14 @@ class MLP(nn.Module):
         super().__init__()
         self.fc1 = nn.Linear(c.d_model, c.mlp_hidden, bias=False)
         self.fc2 = nn.Linear(c.mlp_hidden, c.d_model, bias=False)
+        self.tile = forward_span(c)
 
-    def forward(self, m, residual, scratch):
-        """residual + fc2(gelu(fc1(m))); m, residual (B, T, D)."""
+    def forward(self, m, residual):
+        """residual + fc2(gelu(fc1(m))) (the exact, erf GELU); m, residual (B, T, D)."""
         B, T, D = m.shape
-        M = self.fc1.weight.shape[0]
-        g = torch.mm(m.view(B * T, D), self.fc1.weight.t(), out=scratch("mlp", B * T, M))  # (B*T, M)
-        # exact (erf) GELU; in place when the product lives in scratch (no autograd there)
-        g = torch.ops.aten.gelu_(g) if scratch.reuse else F.gelu(g)
-        return add_linear(residual, g.view(B, T, M), self.fc2.weight, out=scratch.same(residual))
+        tile = row_tile(m, self.tile)
+        g = linear(m.reshape(B * T, D), self.fc1.weight, tile=tile, gelu=True)  # (B*T, M)
+        return linear(g, self.fc2.weight, tile=tile, residual=residual.reshape(B * T, D)).view(B, T, D)
 
 
 class Layer(nn.Module):
@@ -246,18 +264,18 @@ class Layer(nn.Module):
         self.mlp = MLP(c)
 
     def forward(self, h, S, z, window):
-        """h (B, T, D) -> h + attention, then + MLP; without autograd h is updated in place."""
+        """h (B, T, D) -> h + attention, then + MLP."""
         B, T, D = h.shape
         scratch = self.scratch(h)
         o, S, z, window = self.attn(self.attn_norm(h, out=scratch("attn_in", B, T, D)), S, z, window, scratch)
         return self.finish(h, o.reshape(B, T, D), scratch), S, z, window
 
     def finish(self, h, o, scratch):
-        """The layer after its attention o (B, T, D): h + o_proj(o), then + MLP (in place on h
-        when scratch reuses buffers)."""
+        """The layer after its attention o (B, T, D): h + o_proj(o), then + MLP."""
         B, T, D = h.shape
-        h = add_linear(h, o, self.attn.o_proj.weight, out=scratch.same(h))
-        return self.mlp(self.mlp_norm(h, out=scratch("mlp_in", B, T, D)), residual=h, scratch=scratch)
+        h = linear(o.reshape(B * T, D), self.attn.o_proj.weight, tile=row_tile(h, self.attn.tile),
+                   residual=h.reshape(B * T, D)).view(B, T, D)
+        return self.mlp(self.mlp_norm(h, out=scratch("mlp_in", B, T, D)), residual=h)
 
     @staticmethod
     def scratch(h) -> Scratch:
@@ -283,6 +301,7 @@ class LinpipeNet(nn.Module):
         self.layers = nn.ModuleList(Layer(c) for _ in range(c.n_layers))
         self.norm = RMSNorm(D, c.norm_eps)
         self.head = nn.Linear(D, c.vocab_out)
+        self.span = forward_span(c)
 
     # -- inputs ---------------------------------------------------------------------------
     def normalize_inputs(self, x):
@@ -309,18 +328,16 @@ class LinpipeNet(nn.Module):
                           series.zero_norm(batch_size, p.device) if c.series_norm else None)
 
     def initial_state(self, batch_size: int = 1) -> ModelState:
-        """The state after reading BOS (differentiable)."""
-        if self.config.modality == "dna":
-            h = self.embed.weight[BOS].expand(batch_size, 1, -1)
-        else:
-            h = self.bos.expand(batch_size, 1, -1)
-        _, state = self._run(h, self.zero_state(batch_size))
-        return state
+        """The state after reading BOS (differentiable): computed once and repeated for every
+        batch row, so that it is the same bytes in a batch of any size."""
+        h = (self.embed.weight[BOS] if self.config.modality == "dna" else self.bos).view(1, 1, -1)
+        _, state = self._run(h, self.zero_state(1))
+        if batch_size == 1:
+            return state
+        return state._map(lambda t: t.expand(batch_size, *t.shape[1:]).clone())
 
     # -- forward --------------------------------------------------------------------------
     def _run(self, h, state: ModelState):
-        if not torch.is_grad_enabled():  # inference updates the residual stream in place (Layer)
-            h = h.clone(memory_format=torch.contiguous_format)
         Ss, zs, ws = [], [], []
         for i, layer in enumerate(self.layers):
             h, S, z, w = layer(h, state.S[:, i], state.z[:, i], state.conv[:, i])

@@ -38,7 +38,7 @@ span; resident memory is a few spans whatever the segment's length when the spil
 are files (jobs/split.py puts them in /dev/shm within a budget, else on local disk; plain
 reads and writes, not mapped).
 
-Spans are cut at the segment start, at every unit edge and every FORWARD_SPAN positions
+Spans are cut at the segment start, at every unit edge and every `Model.span` positions
 after a unit edge: exactly the serial run's spans when segment edges are unit edges. The
 state at every unit edge inside a segment is recorded on the way, so the full ModelState of
 every unit edge can be stored as the streaming path stores it. The state stored at a
@@ -56,7 +56,7 @@ import torch
 
 from linpipe.kernels.linear_attn import advance, features, log_decay, log_gate_sums, state_outputs
 from linpipe.model.exchange import LayerWeights, Message, fold_layer, layer_weights, tail_rows
-from linpipe.model.inference import FORWARD_SPAN, Model
+from linpipe.model.inference import Model
 from linpipe.model.network import Layer, ModelState
 
 # The record's first segment runs the layer's own attention; every later one also keeps the
@@ -391,8 +391,8 @@ class SegmentRunner:
         self.L, self.W, self.D = c.n_layers, c.conv_width, c.d_model
         self.lw = [_LayerW(layer) for layer in self.net.layers]
         self.base = min(end, start + self.W - 1)  # positions before it read the halo
-        step = FORWARD_SPAN if model.device.type == "cpu" else unit_size
-        # units: (a, b) record positions of one unit inside this segment; spans: FORWARD_SPAN or less
+        step = model.span or unit_size
+        # units: (a, b) record positions of one unit inside this segment; spans: Model.span or less
         self.units = []
         a = start
         while a < end:

@@ -263,19 +263,29 @@ class VariantScorer:
         return {row: (v, rc[row]) for row, v in fwd.items()}
 
     def _replay(self, tokens: np.ndarray, state, items) -> dict[int, float]:
-        """The reference `tokens` read once from `state`, split at the variants' positions to keep
-        the state before each; then every alternative haplotype (its allele and the reference
-        after it, to the window's end) from that state, as batches. Returns row -> llr."""
-        cut_set = {it[1] for it in items}
+        """The reference `tokens` read once from `state`, cut only at multiples of the model's
+        exact cut (the same bytes as one pass), keeping the state at the cut before each
+        variant; the state at a variant's position runs on from there, so it depends on that
+        position alone, never on the other variants. Then every alternative haplotype (its
+        allele and the reference after it, to the window's end) from that state, as batches
+        (whose rows do not depend on each other either). Returns row -> llr."""
+        align = self.model.exact_cut
+        positions = sorted({it[1] for it in items})
         end = len(tokens)
-        ref_lp, states, at = [], {}, 0
-        for p in sorted(cut_set) + [end]:
-            out, state = self.model.forward(tokens[at:p], state, outputs=["logprob"])
-            ref_lp.append(out["logprob"])
-            at = p
-            if p in cut_set:
-                states[p] = state
-        ref_lp = np.concatenate(ref_lp)
+        bases = sorted({p - p % align for p in positions})
+        ref_lp, at, base_states = [], 0, {}
+        for b in bases + [end]:
+            if b > at:
+                out, state = self.model.forward(tokens[at:b], state, outputs=["logprob"])
+                ref_lp.append(out["logprob"])
+                at = b
+            base_states[b] = state
+        ref_lp = np.concatenate(ref_lp) if ref_lp else np.zeros(0, np.float32)
+        states = {}
+        for p in positions:
+            b = p - p % align
+            states[p] = base_states[b] if p == b else self.model.forward(
+                tokens[b:p], base_states[b], outputs=["logprob"])[1]
         todo = []
         for row, p, rlen, dend, alt_tok in items:
             ref_sum = float(np.nansum(ref_lp[p:dend], dtype=np.float64))
