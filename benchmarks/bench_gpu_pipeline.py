@@ -6,7 +6,7 @@ wait / model / write split, the GPU's busy fraction (sampled from NVML or nvidia
 worker runs) and the model thread's, and whether the stored outputs equal the bare forward's.
 
     python benchmarks/bench_gpu_pipeline.py [--mb 100] [--model default] [--device cuda]
-    python benchmarks/bench_gpu_pipeline.py --input tests/data/genomes/minimap2_MT-human.fa --device cpu
+    python benchmarks/bench_gpu_pipeline.py --input small.fa --device cpu --unit 4096  (the test)
 
 Without --input, the input is the real genomes in ../shared/data (LINPIPE_SHARED_DATA) joined
 (about 7.8 Mb) and tiled as records until it holds --mb Mb. One PipelineWorker in this process
