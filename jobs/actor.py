@@ -20,13 +20,15 @@ import inspect
 import os
 import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from linpipe.errors import option
+from linpipe.errors import StoreError, option
 from linpipe.inputs.alphabet import reverse_complement
 from linpipe.strands import FORWARD, REVERSE
 
 from .errors import WorkerStartError
+from .overlap import HostCopies, Turns
 from .plan import Unit
 from .regions import mask_outside
 
@@ -39,8 +41,9 @@ class UnitResult:
     unit: int  # for a batch: the number of records in it
     positions: int
     read_s: float
+    wait_s: float  # waiting for its turn to read or to run the model (the calls before it)
     model_s: float
-    write_s: float
+    write_s: float  # compressing, checksumming and writing, durably, beside later units
     node: str
     peak_rss: int  # bytes: this worker process's peak resident memory so far
     # the part of `positions` that counts toward the job's positions: 1/2 for one strand's unit
@@ -71,6 +74,11 @@ def _node_id() -> str:
 
 
 class PipelineWorker:
+    """Reads, runs and writes the units the driver hands it. Up to IN_FLIGHT calls run at once
+    in Ray's threads (jobs/overlap.py): each reads in its turn, runs the model in its turn (both
+    in the order the driver numbered the calls, `seq`), then writes its unit beside the others
+    and returns once the unit is durable. A caller of its own (seq None) runs them one by one."""
+
     def __init__(self, model: str, store_path: str, outputs: list[str] | None, *,
                  device: str | None = None, threads: int | None = None,
                  input_options: dict | None = None):
@@ -99,8 +107,16 @@ class PipelineWorker:
         self.input_options = dict(input_options or {})
         self._inputs: dict[str, object] = {}
         self._stats: dict[str, tuple[int, int]] = {}  # path -> (size, mtime_ns) when opened
-        # (store key, strand, index of the next unit, ModelState after the previous unit)
-        self._stream: tuple[str, str, int, object] | None = None
+        # (store key, strand) -> (index of its next unit, ModelState after the unit before it)
+        self._streams: dict[tuple[str, str], tuple[int, object]] = {}
+        self._reading, self._modelling = Turns(), Turns()
+        # The model always runs on this one thread, whichever of Ray's threads made the call: on
+        # the CPU a forward's low bits were seen to depend on the thread it ran on (a packed
+        # batch of the tiny model differed by one ulp), and a resumed job must be bit-identical.
+        self._model_thread = ThreadPoolExecutor(1, thread_name_prefix="linpipe-model")
+        self.host = HostCopies(self.model)
+        # what the store keeps hidden as (cast on the device when it leaves one)
+        self._dtypes = {"hidden": self.store.meta.get("hidden_dtype", "float32")}
         self.node = f"{_node_id()}:{os.getpid()}"
 
     def ready(self) -> str:
@@ -129,9 +145,10 @@ class PipelineWorker:
                              "for the new content)")
         return inp
 
-    def _read(self, unit: Unit) -> tuple[object, dict]:
+    def _read(self, unit: Unit, inp=None) -> tuple[object, dict]:
         """The model's input for a unit, and the arrays that come from the input itself."""
-        data, aux = self._input(unit.input_path).read(unit.record_id, unit.start, unit.end)
+        inp = inp or self._input(unit.input_path)
+        data, aux = inp.read(unit.record_id, unit.start, unit.end)
         extra = {}
         if self.model.modality == "dna":
             if self.want_softmask:
@@ -141,8 +158,9 @@ class PipelineWorker:
         return data, extra
 
     def _state_before(self, unit: Unit):
-        if self._stream is not None and self._stream[:3] == (unit.key, unit.strand, unit.index):
-            return self._stream[3]
+        held = self._streams.pop((unit.key, unit.strand), None)
+        if held is not None and held[0] == unit.index:
+            return held[1]
         # the unit read before this one: the previous on the forward strand, the next on the reverse
         before = unit.index - 1 if unit.strand == FORWARD else unit.index + 1
         if before < 0 or before >= self.store.n_units(unit.key):
@@ -150,66 +168,109 @@ class PipelineWorker:
         from linpipe.model import ModelState
 
         arrays = self.store.boundary_state(unit.key, before, unit.strand)
+        if arrays is None:  # that unit is not durable: its state cannot be taken up
+            strand = "" if unit.strand == FORWARD else f" ({unit.strand} strand)"
+            raise StoreError(f"{self.store.path}: record {unit.record_id!r}, unit {unit.index}{strand}: the "
+                             f"state after unit {before} is not in the store (that unit is not complete); "
+                             f"submit again to resume from it")
         return ModelState.from_arrays(arrays)
 
-    def run_unit(self, unit: Unit, last: bool = False) -> UnitResult:
+    def _overlapped(self, seq: int | None, read, model, write) -> tuple[float, float, float, float]:
+        """read() in its turn, model(read's result) in its turn, write(model's result) beside
+        other calls' writes: (read, wait, model, write) seconds. The model's turn is passed
+        even when reading fails, so the calls after this one go on."""
+        t0 = time.perf_counter()
+        modelled = False
+        try:
+            with self._reading.turn(seq):
+                t1 = time.perf_counter()
+                got = read()
+            t2 = time.perf_counter()
+            with self._modelling.turn(seq):
+                modelled = True
+                t3 = time.perf_counter()
+                out = self._model_thread.submit(model, got).result()
+            t4 = time.perf_counter()
+        finally:
+            if not modelled:
+                self._modelling.pass_turn(seq)
+        write(out)
+        return t2 - t1, (t1 - t0) + (t3 - t2), t4 - t3, time.perf_counter() - t4
+
+    def run_unit(self, unit: Unit, last: bool = False, seq: int | None = None) -> UnitResult:
         """Run one unit of a streamed record and write it with its boundary state. A reverse
         strand's unit reads the same slice, complemented and backwards, and stores its outputs
-        back at the forward positions."""
-        t0 = time.perf_counter()
-        x, extra = self._read(unit)
-        t1 = time.perf_counter()
-        state = self._state_before(unit)
-        if unit.strand == REVERSE:
-            out, state = self.model.forward(reverse_complement(x), state, outputs=self.rc_outputs)
-            out, extra = {f"{k}_rc": v[::-1] for k, v in out.items()}, {}
-        else:
-            out, state = self.model.forward(x, state, outputs=self.outputs)
-        t2 = time.perf_counter()
-        arrays = {**out, **extra}
-        if unit.keep is not None:  # --regions: only what overlaps a region (nothing: no data)
-            arrays = mask_outside(arrays, unit.keep, unit.start) if unit.keep else None
-        self.store.write_unit(unit.key, unit.index, arrays, state=state.to_arrays(), strand=unit.strand)
-        t3 = time.perf_counter()
-        step = 1 if unit.strand == FORWARD else -1
-        self._stream = None if last else (unit.key, unit.strand, unit.index + step, state)
-        if last:
-            self.store.close()  # drop the finished record's cached array handles (refilled lazily)
-        return UnitResult(unit.key, unit.index, unit.positions, t1 - t0, t2 - t1, t3 - t2,
-                          self.node, peak_rss(), self.share)
+        back at the forward positions. seq: the call's number from the driver (the order its
+        model runs in)."""
+        def model(read):
+            x, extra = read
+            state = self._state_before(unit)
+            if unit.strand == REVERSE:
+                out, state = self.host.forward(reverse_complement(x), state, self.rc_outputs, self._dtypes)
+                extra = {}
+            else:
+                out, state = self.host.forward(x, state, self.outputs, self._dtypes)
+            if not last:
+                step = 1 if unit.strand == FORWARD else -1
+                self._streams[unit.key, unit.strand] = (unit.index + step, state)
+            return out, extra
 
-    def run_batch(self, batch: int, units: list[Unit]) -> UnitResult:
+        def write(modelled):
+            out, extra = modelled
+            try:
+                arrays = {**out.arrays(), **extra}
+                if unit.strand == REVERSE:
+                    arrays = {f"{k}_rc": v[::-1] for k, v in arrays.items()}
+                if unit.keep is not None:  # --regions: only what overlaps a region (nothing: no data)
+                    arrays = mask_outside(arrays, unit.keep, unit.start) if unit.keep else None
+                self.store.write_unit(unit.key, unit.index, arrays, state=out.state_arrays(),
+                                      strand=unit.strand)
+            finally:
+                out.release()
+            if last:
+                self.store.close()  # drop the finished record's cached array handles (refilled lazily)
+
+        times = self._overlapped(seq, lambda: self._read(unit), model, write)
+        return UnitResult(unit.key, unit.index, unit.positions, *times, self.node, peak_rss(), self.share)
+
+    def run_batch(self, batch: int, units: list[Unit], seq: int | None = None) -> UnitResult:
         """Run one packed batch (whole short records, in table order) in one batched model
         call, and write it as one Zarr chunk of the packed arrays."""
         import numpy as np
 
-        t0 = time.perf_counter()
-        read = [self._read(c) for c in units]
-        t1 = time.perf_counter()
-        xs = [x for x, _ in read]
-        if self.rc_outputs:  # both strands of every record in the one batched call
+        def read():
+            inputs = {path: self._input(path) for path in {u.input_path for u in units}}
+            return [self._read(u, inputs[u.input_path]) for u in units]
+
+        def model(read):
+            xs = [x for x, _ in read]
+            if not self.rc_outputs:
+                return self.model.forward_records(xs, outputs=self.outputs), read
+            # both strands of every record in the one batched call
             both = list(dict.fromkeys(list(self.outputs or self.model.output_names) + self.rc_outputs))
             res = self.model.forward_records(xs + [reverse_complement(x) for x in xs], outputs=both)
             n = len(xs)
-            outs = [{**{k: f[k] for k in (self.outputs or self.model.output_names)},
-                     **{f"{k}_rc": r[k][::-1] for k in self.rc_outputs}} for f, r in zip(res[:n], res[n:],
-                                                                                     strict=True)]
-        else:
-            outs = self.model.forward_records(xs, outputs=self.outputs)
-        t2 = time.perf_counter()
-        merged = [{**out, **extra} for out, (_, extra) in zip(outs, read, strict=True)]
-        merged = [m if c.keep is None else mask_outside(m, c.keep, 0)  # --regions
-                  for m, c in zip(merged, units, strict=True)]
-        arrays = {name: np.concatenate([m[name] for m in merged]) for name in merged[0]}
-        self.store.write_batch(batch, arrays)
-        t3 = time.perf_counter()
-        return UnitResult(f"batch {batch}", len(units), sum(c.positions for c in units),
-                          t1 - t0, t2 - t1, t3 - t2, self.node, peak_rss())
+            return [{**{k: f[k] for k in (self.outputs or self.model.output_names)},
+                     **{f"{k}_rc": r[k][::-1] for k in self.rc_outputs}}
+                    for f, r in zip(res[:n], res[n:], strict=True)], read
+
+        def write(modelled):
+            outs, read = modelled
+            merged = [{**out, **extra} for out, (_, extra) in zip(outs, read, strict=True)]
+            merged = [m if c.keep is None else mask_outside(m, c.keep, 0)  # --regions
+                      for m, c in zip(merged, units, strict=True)]
+            self.store.write_batch(batch, {name: np.concatenate([m[name] for m in merged])
+                                           for name in merged[0]})
+
+        times = self._overlapped(seq, read, model, write)
+        return UnitResult(f"batch {batch}", len(units), sum(c.positions for c in units), *times,
+                          self.node, peak_rss())
 
     def close(self) -> None:
         for inp in self._inputs.values():
             inp.close()
         self._inputs.clear()
+        self._model_thread.shutdown()
 
 
 def as_actor(cls: type) -> type:

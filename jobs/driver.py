@@ -1,10 +1,11 @@
 """run_job: the driver of `linpipe submit`. It plans, the actors work.
 
 The driver reads only the inputs' indexes and the store's progress markers. It starts (or joins)
-Ray, creates one PipelineWorker actor per GPU or CPU slot, hands each actor one stream (a
-record longer than a unit, longest first) or one packed batch of short records at a time, and keeps
-at most IN_FLIGHT calls queued per actor (ray.wait), so memory stays flat however large the
-input is. A dead actor's record goes back to the front of the queue at its first unfinished
+Ray, creates one PipelineWorker actor per GPU or CPU slot, hands each actor the units of one
+stream (a record longer than a unit, longest first) or packed batches of short records, and keeps
+IN_FLIGHT calls on each actor (ray.wait), numbered in the order they were sent: the actor reads,
+runs and writes them overlapped (jobs/overlap.py), and memory stays flat however large the
+input is. A dead actor's work goes back to the front of the queue at its first unfinished
 unit; the actor that takes it over loads the boundary state from the store. Every write is
 idempotent (same unit, same bytes), so redoing a unit is always safe.
 
@@ -30,7 +31,9 @@ from .preflight import another_job, never_received_a_unit, preflight
 from .request import JobRequest, RunOptions
 from .split import SegmentWorker, check_split, run_split, split_segments
 
-IN_FLIGHT = 2  # calls queued per actor: the next unit is waiting when one finishes
+# Calls on each actor at once, so units in flight in a worker: one being read, one in the model
+# and one being written (the actor runs IN_FLIGHT calls side by side: Ray's max_concurrency).
+IN_FLIGHT = 3
 # An actor that dies this many times per worker slot means something is wrong with the job.
 MAX_DEATHS_PER_WORKER = 3
 # How long the driver waits with no live worker before giving up (a node that never returns).
@@ -58,9 +61,10 @@ class JobSummary:
     worker_deaths: int = 0  # actors lost (and replaced) during the run
     driver_peak_rss: int = 0  # bytes
     worker_peak_rss: int = 0  # bytes, the largest of any worker
-    read_s: float = 0.0  # summed over workers: where the time goes
+    read_s: float = 0.0  # summed over workers: where the time goes (overlapped in each worker)
     model_s: float = 0.0
     write_s: float = 0.0
+    wait_s: float = 0.0  # calls waiting for their turn to read or to run the model
     strands: int = 1  # 2: --strand both (positions count when run on both)
 
     @property
@@ -201,7 +205,8 @@ def work_left(plan: JobPlan, store) -> tuple[collections.deque, int]:
 @dataclass
 class _Call:
     ref: object  # a Ray ObjectRef
-    unit: Unit | None  # None: a batch
+    item: Stream | Batch
+    unit: Unit | None  # a stream's unit; None: a batch
 
 
 @dataclass
@@ -212,12 +217,9 @@ class _Slot:
     ready_ref: object
     ready: bool = False
     node: str = "?"
-    item: Stream | Batch | None = None
-    calls: collections.deque[_Call] = field(default_factory=collections.deque)
-
-    @property
-    def finished(self) -> bool:
-        return not self.calls and (isinstance(self.item, Batch) or self.item.handed_out)
+    item: Stream | None = None  # the stream whose units it is being handed
+    calls: collections.deque[_Call] = field(default_factory=collections.deque)  # in the order sent
+    sent: int = 0  # calls sent so far: the next one's number (the actor runs its model in this order)
 
 
 @dataclass
@@ -227,11 +229,13 @@ class Timings:
     read_s: float = 0.0
     model_s: float = 0.0
     write_s: float = 0.0
+    wait_s: float = 0.0
 
     def add(self, r: UnitResult) -> None:
         self.read_s += r.read_s
         self.model_s += r.model_s
         self.write_s += r.write_s
+        self.wait_s += r.wait_s
 
 
 class Scheduler:
@@ -258,33 +262,38 @@ class Scheduler:
         return _Slot(h, h.ready.remote())
 
     def _top_up(self, slot: _Slot) -> None:
-        """Take a new item when idle; queue the next units of a stream."""
-        if slot.item is None:
-            if not self.todo:
-                return
-            slot.item = self.todo.popleft()
-            if isinstance(slot.item, Batch):
-                b = slot.item.index
-                slot.calls.append(_Call(slot.handle.run_batch.remote(b, self.batch_units(b)), None))
-                return
-        s = slot.item
-        if not isinstance(s, Stream):
-            return
-        while len(slot.calls) < IN_FLIGHT and not s.handed_out:
-            unit = s.record.unit(s.next)
-            last = s.next == s.record.n_units - 1
-            slot.calls.append(_Call(slot.handle.run_unit.remote(unit, last=last), unit))
-            s.next += 1
+        """Keep IN_FLIGHT calls on the actor: the next units of its stream, then the next items."""
+        while len(slot.calls) < IN_FLIGHT:
+            item = slot.item
+            if item is None:
+                if not self.todo:
+                    return
+                item = self.todo.popleft()
+            h, seq = slot.handle, slot.sent
+            if isinstance(item, Batch):
+                b = item.index
+                call = _Call(h.run_batch.remote(b, self.batch_units(b), seq=seq), item, None)
+            else:
+                unit = item.record.unit(item.next)
+                last = item.next == item.record.n_units - 1
+                call = _Call(h.run_unit.remote(unit, last=last, seq=seq), item, unit)
+                item.next += 1
+            slot.item = item if isinstance(item, Stream) and not item.handed_out else None
+            slot.calls.append(call)
+            slot.sent += 1
 
     def _requeue(self, slot: _Slot) -> None:
-        """A dead slot's work goes back to the front of the queue, from its first lost unit."""
-        item = slot.item
-        if isinstance(item, Batch):
+        """A dead slot's work goes back to the front of the queue, in the order it was sent: its
+        batches, and each stream from its first unit without a result."""
+        lost: dict[int, Stream | Batch] = {}  # by id(item), in the order sent
+        for c in slot.calls:
+            if id(c.item) not in lost:
+                r = c.item if c.unit is None else c.item.record
+                lost[id(c.item)] = c.item if c.unit is None else Stream(r, r.step(c.unit))
+        if slot.item is not None and id(slot.item) not in lost:
+            lost[id(slot.item)] = Stream(slot.item.record, slot.item.next)
+        for item in reversed(lost.values()):
             self.todo.appendleft(item)
-        elif isinstance(item, Stream):
-            first = item.record.step(slot.calls[0].unit) if slot.calls else item.next
-            if first < item.record.n_units:
-                self.todo.appendleft(Stream(item.record, first))
 
     def run(self) -> None:
         import ray
@@ -326,7 +335,7 @@ class Scheduler:
         except ray.exceptions.RayTaskError as e:
             c = call.unit if call else None
             what = (f"record {c.record_id!r} positions {c.start}-{c.end} of {c.input_path}" if c
-                    else f"packed batch {slot.item.index} of short records" if call else "starting a worker")
+                    else f"packed batch {call.item.index} of short records" if call else "starting a worker")
             raise worker_error(e, what) from None
         if call is None:  # the ready() call
             slot.ready, slot.node = True, result
@@ -335,8 +344,6 @@ class Scheduler:
                 self.events.workers_ready()
             return
         slot.calls.remove(call)
-        if slot.finished:
-            slot.item = None  # the slot takes the next item
         self.units_done += 1
         self.positions_run += result.positions * result.share
         self.nodes.add(result.node.rsplit(":", 1)[0])
@@ -471,7 +478,8 @@ def _run_leased(plan, request, out, address, device, events) -> JobSummary:
         # torch threads: the CPUs an actor asked for (a GPU actor leaves it to torch)
         threads = None if options.get("num_gpus") else max(1, int(options.get("num_cpus", 1)))
         placement = dict(max_restarts=0, scheduling_strategy="SPREAD", **options)
-        actor = ray.remote(as_actor(PipelineWorker)).options(**placement)
+        # IN_FLIGHT calls side by side (overlapped), and ready() beside them
+        actor = ray.remote(as_actor(PipelineWorker)).options(max_concurrency=IN_FLIGHT + 1, **placement)
 
         def new_actor():
             return actor.remote(plan.model_ref, out, list(plan.outputs), device=device, threads=threads,
@@ -532,7 +540,7 @@ def _run_leased(plan, request, out, address, device, events) -> JobSummary:
                           store.size_on_disk(), n_workers, nodes=tuple(sorted(sched.nodes)),
                           worker_deaths=sched.deaths, driver_peak_rss=peak_rss(),
                           worker_peak_rss=sched.worker_rss, read_s=t.read_s, model_s=t.model_s,
-                          write_s=t.write_s, strands=len(plan.strands))
+                          write_s=t.write_s, wait_s=t.wait_s, strands=len(plan.strands))
     finally:
         if started:
             stop_ray()

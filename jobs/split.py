@@ -133,7 +133,7 @@ class SegmentWorker(PipelineWorker):
             _x, extra = self._read(Unit(r.input_path, r.id, r.key, a, b, idx))
             self.store.write_unit(r.key, idx, {**out, **extra}, state=state.to_arrays())
             t2 = time.perf_counter()
-            results.append(UnitResult(r.key, idx, b - a, 0.0, t1 - t0, t2 - t1, self.node, peak_rss(),
+            results.append(UnitResult(r.key, idx, b - a, 0.0, 0.0, t1 - t0, t2 - t1, self.node, peak_rss(),
                                       self.share))
             t0 = time.perf_counter()
         self.runner.close()

@@ -149,8 +149,8 @@ def write_in_process(fasta, model, out, *, unit_size: int | None = None,
     w = PipelineWorker(plan.model_ref, str(out), list(plan.outputs), device="cpu", threads=1,
                        input_options=plan.input_options)
     for r in plan.streams:
-        for c in r.units():
-            w.run_unit(c, last=c.index == r.n_units - 1)
+        for i, c in enumerate(r.units()):  # a reverse strand's last unit is its chunk 0
+            w.run_unit(c, last=i == r.n_units - 1)
     for b in range(plan.packed.n_batches):
         w.run_batch(b, plan.batch_units(b))
     assert store.finalize()

@@ -200,7 +200,9 @@ def test_full_disk_is_one_error_line_and_the_job_resumes_once_space_is_freed(
         ce_slice, tiny_dna, small_disk):
     ballast = small_disk / "ballast"
     free = os.statvfs(small_disk).f_bavail * os.statvfs(small_disk).f_frsize
-    ballast.write_bytes(b"\0" * (free - 400 * 1024))  # 400 KiB: the store (~180) starts, then fills
+    # 1 MiB: the store (~180 KiB) starts and its first units are written (IN_FLIGHT calls per
+    # worker write side by side), then it fills
+    ballast.write_bytes(b"\0" * (free - 1024 * 1024))
     out = small_disk / "full.zarr"
     args = ["submit", str(ce_slice), "--model", tiny_dna, "--unit-size", str(KILL_UNIT),
             "--outputs", DNA_OUTPUTS, "--workers", "2", "--out", str(out)]

@@ -1,0 +1,171 @@
+"""The worker's host path alone: reading, the store's write path (compression, checksums,
+boundary states, markers, fsync) and the overlap, with a stand-in model that costs nothing
+(or sleeps a set time per unit). Figures go to BENCHMARKS.md.
+
+    python benchmarks/bench_host_path.py [--records 100000] [--sleep-ms 0] [--rounds 3]
+
+One PipelineWorker in this process (the actor's own code, no Ray), on a long record of about
+8 Mb joined from the real genomes in ../shared/data (LINPIPE_SHARED_DATA) and on --records
+packed records of 80-600 bp cut from it; outputs logprob,entropy. Each round runs the calls
+one by one (as before the overlap) and then overlapped (IN_FLIGHT calls numbered as the driver
+numbers them, in threads as Ray runs them), alternating; the median of each is printed.
+The stand-in model returns the tiny model's real outputs over the input's first unit (so the
+codec sees real values), sliced to each unit's length.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = Path(os.environ.get("LINPIPE_SHARED_DATA", REPO.parent / "shared" / "data")) / "genomes"
+GENOMES = ("korflab_hg19_chr1_first3Mb.fa.gz", "abricate_Sepidermidis_ST14_assembly.fa",
+           "korflab_Athaliana_TAIR_1pct.fa", "htslib_ce.fa")
+UNIT = 262_144
+
+
+def _sequence() -> str:
+    import gzip
+
+    parts = []
+    for name in GENOMES:
+        opener = gzip.open if name.endswith(".gz") else open
+        with opener(DATA / name, "rt") as f:
+            parts += [line.strip() for line in f if not line.startswith(">")]
+    return "".join(parts)
+
+
+def _write(path: Path, records: dict[str, str]) -> None:
+    with open(path, "w") as f:
+        for rid, seq in records.items():
+            f.write(f">{rid}\n")
+            for i in range(0, len(seq), 80):
+                f.write(seq[i:i + 80] + "\n")
+
+
+def _inputs(folder: Path, n_records: int) -> dict[str, Path]:
+    seq = _sequence()
+    rng = np.random.default_rng(0)
+    long, packed = folder / "long.fa", folder / "packed.fa"
+    _write(long, {"joined": seq})
+    records = {}
+    for i in range(n_records):
+        n = int(rng.integers(80, 601))
+        s = int(rng.integers(0, len(seq) - n))
+        records[f"read{i}"] = seq[s:s + n]
+    _write(packed, records)
+    return {"long record": long, f"{n_records:,} packed records": packed}
+
+
+class StandIn:
+    """Wraps the worker's model: the same interface, outputs sliced from `real` at no cost
+    (after sleeping `sleep` s per call)."""
+
+    def __init__(self, model, real: dict, sleep: float):
+        self.model, self.real, self.sleep = model, real, sleep
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def _out(self, n, outputs):
+        return {o: self.real[o][:n] for o in outputs or self.real}
+
+    def forward(self, x, state, outputs=None):
+        time.sleep(self.sleep)
+        return self._out(len(x), outputs), state
+
+    def forward_records(self, xs, outputs=None, **_):
+        time.sleep(self.sleep)
+        return [self._out(len(x), outputs) for x in xs]
+
+
+def worker_job(fasta: Path, model: str, out: Path, outputs=("logprob", "entropy"), unit: int = UNIT,
+               device: str = "cpu", threads: int = 1):
+    """A job's plan, its store at `out` (new), one PipelineWorker on it, and the worker's calls
+    in the driver's order: (method name, args, kwargs)."""
+    from linpipe.jobs.actor import PipelineWorker
+    from linpipe.jobs.driver import open_or_create_store
+    from linpipe.jobs.plan import plan_job
+    from linpipe.jobs.request import JobRequest
+
+    plan = plan_job(JobRequest(inputs=(str(fasta),), model=model, unit_size=unit, outputs=tuple(outputs)))
+    open_or_create_store(plan, str(out), overwrite=True)
+    w = PipelineWorker(plan.model_ref, str(out), list(plan.outputs), device=device, threads=threads)
+    calls = [("run_unit", (c,), {"last": i == r.n_units - 1}) for r in plan.streams
+             for i, c in enumerate(r.units())]
+    calls += [("run_batch", (b, plan.batch_units(b)), {}) for b in range(plan.packed.n_batches)]
+    return plan, w, calls
+
+
+def _job(fasta: Path, model: str, out: Path, sleep: float):
+    plan, w, calls = worker_job(fasta, model, out)
+    u = plan.streams[0].unit(0) if plan.streams else plan.batch_units(0)[0]
+    x, _ = w._input(str(fasta)).read(u.record_id, u.start, u.end)
+    real, _ = w.model.forward(np.tile(x, UNIT // len(x) + 1)[:UNIT], w.model.init_state(),
+                              outputs=["logprob", "entropy"])
+    w.model = StandIn(w.model, real, sleep)
+    w.host.model = w.model
+    return plan, w, calls
+
+
+def _serial(w, calls):
+    return [getattr(w, name)(*args, **kw) for name, args, kw in calls]
+
+
+def overlapped(w, calls, in_flight: int = 3):
+    """As the driver and Ray run them: at most in_flight calls at once, numbered in order."""
+    slots = threading.Semaphore(in_flight)
+    with ThreadPoolExecutor(in_flight + 1) as pool:
+        futures = []
+        for seq, (name, args, kw) in enumerate(calls):
+            slots.acquire()
+            f = pool.submit(getattr(w, name), *args, seq=seq, **kw)
+            f.add_done_callback(lambda _f: slots.release())
+            futures.append(f)
+        return [f.result() for f in futures]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--records", type=int, default=100_000)
+    ap.add_argument("--sleep-ms", type=float, default=0.0, help="the stand-in model's time per call")
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    from linpipe.model import ModelConfig, init_net, save_model
+
+    with tempfile.TemporaryDirectory(dir=REPO / "bench-out" if (REPO / "bench-out").is_dir() else None) as d:
+        d = Path(d)
+        cfg = ModelConfig(modality="dna", d_model=8, n_layers=1, n_heads=1, mlp_hidden=8, conv_width=1)
+        save_model(init_net(cfg, seed=0), cfg, d / "model")
+        for label, fasta in _inputs(d, args.records).items():
+            rates: dict[str, list[float]] = {"serial": [], "overlapped": []}
+            split: dict[str, list] = {}
+            for _ in range(args.rounds):
+                for how, run in (("serial", _serial), ("overlapped", overlapped)):
+                    plan, w, calls = _job(fasta, str(d / "model"), d / f"{how}.zarr", args.sleep_ms / 1e3)
+                    t0 = time.perf_counter()
+                    res = run(w, calls)
+                    wall = time.perf_counter() - t0
+                    w.close()
+                    n = sum(r.positions for r in res)
+                    rates[how].append(n / wall)
+                    split[how] = [sum(getattr(r, k) for r in res) * 1e9 / n
+                                  for k in ("read_s", "wait_s", "model_s", "write_s")]
+            for how, r in rates.items():
+                med = statistics.median(r)
+                rd, wt, md, wr = split[how]
+                print(f"{label:>24} {how:>10}: {med / 1e6:6.2f} M positions/s ({1e9 / med:6.1f} ns/position;"
+                      f" per position read {rd:.1f} ns, wait {wt:.1f}, model {md:.1f}, write {wr:.1f};"
+                      f" calls {len(calls)}, sleep {args.sleep_ms} ms/call)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,34 @@
+"""benchmarks/bench_gpu_pipeline.py runs on the CPU with a small input: the default model
+through the worker path and bare, on a record streamed in several units and on two records
+packed in one batch, and the stored outputs equal the bare forward's bit for bit."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("unit", [4_096, 65_536], ids=["streamed", "packed"])
+def test_bench_gpu_pipeline_runs_on_the_cpu(genomes, tmp_path, unit):
+    fasta = tmp_path / "mt.fa"  # two real mitochondrial genomes, 16.5 kb each
+    fasta.write_text("".join((genomes / f"minimap2_MT-{g}.fa").read_text() for g in ("human", "orang")))
+    script = REPO / "benchmarks" / "bench_gpu_pipeline.py"
+    got = subprocess.run([sys.executable, str(script), "--input", str(fasta), "--device", "cpu",
+                          "--unit", str(unit)], capture_output=True, text=True, timeout=600)
+    assert got.returncode == 0, got.stderr
+    out = got.stdout
+    assert "device cpu" in out
+    calls = int(re.search(r"([\d,]+) positions, ([\d,]+) calls", out).group(2).replace(",", ""))
+    positions = int(re.search(r"([\d,]+) positions", out).group(1).replace(",", ""))
+    assert positions == 16_569 + 16_499
+    assert calls == (1 if unit == 65_536 else 5 + 5)  # one packed batch, or 5 units per record
+    rates = re.search(r"bare forward: ([\d.]+) M.*worker path: ([\d.]+) M.* = ([\d.]+)x", out)
+    bare, piped, ratio = rates.groups()
+    assert float(bare) > 0 and float(piped) > 0 and abs(float(piped) / float(bare) - float(ratio)) < 0.01
+    assert "largest difference 0\n" in out
+    assert "GPU busy n/a" in out

@@ -1,0 +1,254 @@
+"""The worker's overlap (jobs/overlap.py): calls run side by side in threads, as Ray runs an
+actor's IN_FLIGHT calls, read and model in the driver's order, writes beside them. On real
+genome pieces: the store they write is the bytes of the units run one by one, whatever order
+the threads start in; a call that fails lets the later ones go on; a worker killed while its
+writes are in flight leaves only durable units marked done, and a resume gives the same bytes.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+from _pipeline_data import CONTIG_UNIT as UNIT
+from _pipeline_data import assert_same_bytes, make_tiny_model, store_arrays, write_contigs, write_in_process
+
+from linpipe.jobs.overlap import HostCopies, Turns
+from linpipe.strands import FORWARD, REVERSE
+
+
+@pytest.fixture(scope="module")
+def job(genomes, tmp_path_factory):
+    """The tiny model, and 120 pieces of real genomes with 4 records of several units."""
+    folder = tmp_path_factory.mktemp("overlap")
+    lengths = write_contigs(genomes, folder / "contigs.fa", 120, seed=5, long=4)
+    return make_tiny_model(folder / "tiny"), folder / "contigs.fa", lengths
+
+
+def _calls(plan):
+    """Every call of a job in the driver's order: (method, args, kwargs)."""
+    calls = []
+    for r in plan.streams:
+        for i, c in enumerate(r.units()):
+            calls.append(("run_unit", (c,), {"last": i == r.n_units - 1}))
+    for b in range(plan.packed.n_batches):
+        calls.append(("run_batch", (b, plan.batch_units(b)), {}))
+    return calls
+
+
+def _worker(fasta, model, out, **options):
+    from linpipe.jobs.actor import PipelineWorker
+    from linpipe.jobs.driver import open_or_create_store
+    from linpipe.jobs.plan import plan_job
+    from linpipe.jobs.request import JobRequest
+
+    plan = plan_job(JobRequest(inputs=(str(fasta),), model=str(model), unit_size=UNIT,
+                               outputs=("logprob", "entropy", "softmask"), **options))
+    store = open_or_create_store(plan, str(out))
+    w = PipelineWorker(plan.model_ref, str(out), list(plan.outputs), device="cpu", threads=1,
+                       input_options=plan.input_options)
+    return plan, store, w
+
+
+def _run_overlapped(w, calls, order, first: int = 0):
+    """The calls numbered in the driver's order (from `first`), started in `order` on as many
+    threads (Ray gives each of an actor's concurrent calls a thread: their start order is not
+    guaranteed)."""
+    with ThreadPoolExecutor(len(calls)) as pool:
+        futures = {}
+        for i in order:
+            name, args, kw = calls[i]
+            futures[i] = pool.submit(getattr(w, name), *args, seq=first + i, **kw)
+        return [futures[i].result() for i in range(len(calls))]
+
+
+def test_turns_go_in_the_callers_numbers_whatever_order_they_arrive():
+    turns, ran = Turns(), []
+    threads = [threading.Thread(target=lambda i=i: _take(turns, i, ran)) for i in (4, 2, 0, 3, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=10)
+    assert ran == [0, 1, 2, 3, 4]
+    with turns.turn(None):  # a caller of its own goes when the turn is free
+        ran.append("own")
+    turns.pass_turn(5)
+    with turns.turn(6):
+        ran.append(6)
+    assert ran[-2:] == ["own", 6]
+
+
+def _take(turns, i, ran):
+    with turns.turn(i):
+        ran.append(i)
+
+
+@pytest.mark.parametrize("strand", ["forward", "both"])
+def test_overlapped_calls_write_the_bytes_of_calls_run_one_by_one(job, tmp_path, strand, one_torch_thread):
+    tiny, fasta, _ = job
+    write_in_process(fasta, tiny, tmp_path / "serial.zarr", unit_size=UNIT, strand=strand)
+    plan, store, w = _worker(fasta, tiny, tmp_path / "overlapped.zarr", strand=strand)
+    calls = _calls(plan)
+    assert len(plan.streams) >= 4 and plan.packed.n_batches >= 4
+    order = list(range(len(calls)))[::-1]  # the last first: each waits for its turn
+    results = _run_overlapped(w, calls, order)
+    assert sum(r.positions for r in results) == sum(r.length for r in plan.streams) + sum(
+        plan.packed.batch_positions(b) for b in range(plan.packed.n_batches))
+    assert any(r.wait_s > 0 for r in results)
+    assert store.finalize()
+    assert_same_bytes(store_arrays(tmp_path / "serial.zarr"), store_arrays(tmp_path / "overlapped.zarr"))
+
+
+def test_a_call_that_fails_lets_the_later_calls_go_on(job, tmp_path, one_torch_thread):
+    """A unit whose input vanished fails alone: the later calls (another record's units, the
+    packed batches) still take their turns and are written; the failed record's are not."""
+    import shutil
+
+    from linpipe.errors import InputError
+
+    tiny, fasta, _ = job
+    plan, store, w = _worker(fasta, tiny, tmp_path / "o.zarr")
+    calls = _calls(plan)
+    first = plan.streams[0]
+    gone = first.unit(0).input_path
+    moved = tmp_path / "moved.fa"
+    shutil.move(gone, moved)  # the first call reads a vanished input
+    w._inputs.clear()
+    try:
+        with ThreadPoolExecutor(len(calls)) as pool:
+            head = pool.submit(w.run_unit, first.unit(0), seq=0)
+            with pytest.raises(InputError, match="vanished"):
+                head.result(timeout=60)
+    finally:
+        shutil.move(moved, gone)
+    rest = _run_overlapped(w, calls, range(len(calls)), first=1)  # the calls after the failed one
+    assert len(rest) == len(calls)
+    assert all(len(store.completed_units(r.key)) == r.n_units for r in plan.streams)
+
+
+def test_host_copies_on_the_cpu_are_the_models_outputs(job):
+    from linpipe.inputs import open_input
+    from linpipe.model import load_model
+
+    tiny, fasta, lengths = job
+    model = load_model(tiny, device="cpu")
+    host = HostCopies(model)
+    assert not host.enabled  # no device to copy from: Model.forward's arrays as they are
+    rid = max(lengths, key=lengths.get)
+    x, _ = open_input(str(fasta)).read(rid, 0, 3000)
+    out, state = host.forward(x, model.init_state(), ["logprob", "entropy"])
+    want, want_state = model.forward(x, model.init_state(), outputs=["logprob", "entropy"])
+    got = out.arrays()
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k])
+    for k, v in want_state.to_arrays().items():
+        np.testing.assert_array_equal(out.state_arrays()[k], v)
+    out.release()
+    import torch
+
+    buf = host.take((10, 3), torch.float32)
+    host.give([buf])
+    assert host.take((7, 3), buf.dtype) is buf  # a free buffer of enough rows is reused
+    assert not buf.is_pinned()
+
+
+# --------------------------------------------------------------------- killed with writes in flight
+_OVERLAPPED_RUN = """
+import sys
+sys.path.insert(0, {tests!r})
+from test_overlap import _worker, _calls, _run_overlapped
+plan, store, w = _worker({fasta!r}, {model!r}, {out!r})
+calls = _calls(plan)
+print("started", flush=True)
+for i in range(0, len(calls), 3):  # IN_FLIGHT calls at a time, as the driver keeps them
+    _run_overlapped(w, calls[i:i + 3], range(min(3, len(calls) - i)), first=i)
+"""
+
+
+def _in_flight(out) -> bool:
+    """A unit's data on disk without its marker: a write in flight."""
+    from linpipe.store import OutputStore
+
+    try:
+        store = OutputStore.open(out, mode="r")
+        for key in store.meta["records"]:
+            done = store.completed_units(key)
+            have = {int(p.name.split(".")[0]) for p in (out / key / "logprob" / "c").glob("*")}
+            if have - done and done:
+                return True
+    except Exception:  # not laid out yet
+        return False
+    return False
+
+
+@pytest.mark.slow
+def test_killed_with_writes_in_flight_keeps_only_durable_units_and_resumes_bit_identical(
+        job, tmp_path):
+    from linpipe.store.verify import verify_store
+
+    tiny, fasta, _ = job
+    out = tmp_path / "killed.zarr"
+    code = _OVERLAPPED_RUN.format(tests=os.path.dirname(__file__), fasta=str(fasta), model=tiny, out=str(out))
+    killed = False
+    for _attempt in range(5):  # the window is short: try again from a fresh store
+        proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+        proc.stdout.readline()
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and time.monotonic() < deadline and not _in_flight(out):
+            time.sleep(0.001)
+        if proc.poll() is None and _in_flight(out):
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=30)
+            killed = True
+            break
+        proc.wait(timeout=60)
+        import shutil
+
+        shutil.rmtree(out)
+    assert killed, "never caught a write in flight"
+    report = verify_store(out)  # every unit marked done is whole (the rest: missing, not corrupt)
+    assert report.units >= 1 and not [p for p in report.problems if p.kind != "missing"]
+    from linpipe.jobs.driver import Batch, work_left
+
+    plan, store, w = _worker(fasta, tiny, out)
+    todo, _ = work_left(plan, store)
+    assert todo  # the killed run left work; the resume runs only that
+    for item in todo:
+        if isinstance(item, Batch):
+            w.run_batch(item.index, plan.batch_units(item.index))
+        else:
+            r = item.record
+            for i in range(item.next, r.n_units):
+                w.run_unit(r.unit(i), last=i == r.n_units - 1)
+    assert store.finalize()
+    write_in_process(fasta, tiny, tmp_path / "reference.zarr", unit_size=UNIT)
+    assert_same_bytes(store_arrays(tmp_path / "reference.zarr"), store_arrays(out))
+
+
+@pytest.mark.parametrize("strand", [FORWARD, REVERSE], ids=["forward", "reverse"])
+def test_a_unit_whose_previous_state_is_missing_is_a_one_line_error(job, tmp_path, strand, one_torch_thread):
+    """A unit handed to a worker that holds no state for it, whose previous unit is not in the
+    store: a StoreError naming the store, the record and both units; nothing is marked done,
+    and once the previous unit is written the same call runs."""
+    from linpipe.errors import StoreError
+
+    tiny, fasta, _ = job
+    plan, store, w = _worker(fasta, tiny, tmp_path / "o.zarr", strand="both")
+    rec = next(r for r in plan.streams if r.strand == strand)
+    units = rec.units()  # in reading order: the reverse strand's from the record's end
+    with pytest.raises(StoreError) as err:
+        w.run_unit(units[1])
+    msg = str(err.value)
+    assert "\n" not in msg and str(tmp_path / "o.zarr") in msg and repr(rec.id) in msg
+    assert f"unit {units[1].index}" in msg and f"state after unit {units[0].index} is not in the store" in msg
+    assert not store.completed_units(rec.key, rec.strand)
+    w.run_unit(units[0])
+    w._streams.clear()  # the state is taken from the store now
+    w.run_unit(units[1])
+    assert store.completed_units(rec.key, rec.strand) == {units[0].index, units[1].index}
