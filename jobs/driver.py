@@ -25,7 +25,7 @@ from .actor import PipelineWorker, UnitResult, as_actor, peak_rss
 from .cluster import start_ray, stop_ray, worker_slots
 from .errors import ClusterError, worker_error
 from .lease import Lease
-from .options import recorded
+from .options import actors_per_gpu, recorded
 from .plan import JobPlan, Record, Unit
 from .preflight import another_job, never_received_a_unit, preflight
 from .request import JobRequest, RunOptions
@@ -86,6 +86,7 @@ class JobStart:
     workers_possible: int = 0  # what --workers or the cluster allowed, before capping at work_items
     strands: int = 1
     notes: tuple[str, ...] = ()  # what planning skipped or wrote (JobPlan.notes)
+    per_gpu: int = 0  # actors that share each GPU (1: a GPU each; 0: no GPUs asked for)
 
 
 class JobEvents:
@@ -510,7 +511,8 @@ def _run_leased(plan, request, out, address, device, events) -> JobSummary:
                                         spill_budget=budget)
 
         events.started(JobStart(plan.job_id, out, n_records, total, done_positions, len(todo) + len(splits),
-                                n_workers, possible, strands=len(plan.strands), notes=plan.notes))
+                                n_workers, possible, strands=len(plan.strands), notes=plan.notes,
+                                per_gpu=actors_per_gpu(options.get("num_gpus"))))
         for item, n in splits:
             split_stats.append(run_split(item.record, n, store, new_segment_actor, events,
                                          first_weight=plan.split_first_weight,

@@ -60,6 +60,25 @@ def _number(name: str, value: Any) -> float | int:
     return int(amount) if amount.is_integer() else amount
 
 
+def actors_per_gpu(num_gpus: float | None) -> int:
+    """How many actors asking for `num_gpus` each share one GPU: 1/num_gpus rounded down for a
+    fraction (Ray places that many on a GPU), 1 for a whole GPU or more, 0 for none."""
+    if not num_gpus:
+        return 0
+    return max(1, int(1 / num_gpus + 1e-9)) if num_gpus < 1 else 1
+
+
+def gpu_sharing(num_gpus: float | None) -> str | None:
+    """What `num_gpus` per actor means on a GPU cluster, in words (None when it is none)."""
+    if not num_gpus:
+        return None
+    if num_gpus >= 1:
+        gpus = f"{num_gpus:g} GPU{'s' if num_gpus > 1 else ''}"
+        return f"num_gpus={num_gpus:g}: each actor has {gpus} of its own"
+    n = actors_per_gpu(num_gpus)
+    return f"num_gpus={num_gpus:g}: {n} actors share each GPU"
+
+
 @dataclass(frozen=True)
 class ActorResources:
     """What each worker actor asks Ray for. Empty: the driver's default (one GPU and one CPU
@@ -80,6 +99,10 @@ class ActorResources:
         if self.custom:
             opts["resources"] = dict(self.custom)
         return opts
+
+    def gpu_sharing(self) -> str | None:
+        """How the actors meet the GPUs, in words (None when they ask for none)."""
+        return gpu_sharing(self.num_gpus)
 
     def text(self) -> str:
         """As parse() takes it (parse(text()) gives these resources back)."""

@@ -141,4 +141,5 @@ def dry_run(request: JobRequest, run: RunOptions | None = None) -> dict[str, Any
             "unit_size": plan.unit_size, "outputs": list(plan.outputs), "out": checked.out,
             "estimated_output_bytes": plan.estimated_output_bytes(), "cluster": checked.cluster,
             "positions_done": done["positions_done"] if done else 0,
-            "complete": bool(done and done["complete"]), "notes": list(plan.notes)}
+            "complete": bool(done and done["complete"]), "notes": list(plan.notes),
+            "gpu_sharing": request.actor_resources.gpu_sharing()}

@@ -57,6 +57,8 @@ def _print_dry_run(report: dict) -> None:
     click.echo(f"  output:      {report['out']} (writable)")
     click.echo(f"  est. size:   {human_bytes(report['estimated_output_bytes'])} before compression")
     click.echo(f"  cluster:     {report['cluster']}")
+    if report["gpu_sharing"]:
+        click.echo(f"  GPUs:        {report['gpu_sharing']}")
     if report["complete"]:
         click.echo("  state:       complete; a run would have nothing to do")
     elif report["positions_done"]:
@@ -111,6 +113,8 @@ def _job_events(quiet: bool = False):
             if s.workers_possible > s.workers:
                 why = (f" ({s.workers_possible} possible, but a record's units run in order on one worker "
                        "and short records run together: one worker per work item)")
+            if s.per_gpu > 1:
+                why += f" ({s.per_gpu} per GPU)"
             left = s.positions - s.positions_done
             click.echo(f"job {s.job_id}: {plural(s.records, 'record')}, {_positions(s.positions, s.strands)} "
                        f"({left:,.0f} to run) in {plural(s.work_items, 'work item')}, "
