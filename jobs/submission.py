@@ -218,16 +218,24 @@ def follow_logs(client, submission_id: str, poll_s: float = 1.0) -> Iterator[str
 
     loop = asyncio.new_event_loop()
     agen = client.tail_job_logs(submission_id).__aiter__()
+    streamed = 0
     try:
         while True:
             try:
-                yield loop.run_until_complete(agen.__anext__())
+                chunk = loop.run_until_complete(agen.__anext__())
             except StopAsyncIteration:
+                # the tail can close as the job ends, before its last lines were sent (seen
+                # with Ray 2.40): the whole log, read once the job has ended, has them
+                text = client.get_job_logs(submission_id)
+                if len(text) > streamed:
+                    yield text[streamed:]
                 return
             except aiohttp.WSServerHandshakeError as e:
                 if e.status not in (401, 403):
                     raise
                 break
+            streamed += len(chunk)
+            yield chunk
     finally:
         loop.run_until_complete(agen.aclose())
         loop.close()
