@@ -553,6 +553,9 @@ def test_twin_refused_then_sigkilled_driver_resumes_bit_identical(store_place, c
         assert proc.poll() is None, "the job finished while the twin asked"
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
+        # and the rest of its session, as when its machine dies: its Ray workers would otherwise
+        # finish their calls in flight (IN_FLIGHT per actor) and could complete the job first
+        kill_session(proc.pid)
         assert twin.exit_code == 1, twin.output
         assert "already running" in twin.output and f"pid {proc.pid}" in twin.output
         assert socket.gethostname() in twin.output
