@@ -101,7 +101,8 @@ CASES = {  # name: (outputs, model config keywords)
     "softmask": (("logprob", "entropy", "softmask"), {"modality": "dna", "d_model": 8}),
     "hidden": (("hidden",), {"modality": "dna", "d_model": 64}),
     "series": (("forecast", "residual"), {"modality": "timeseries", "d_model": 8, "channels": len(CHANNELS),
-                                          "channel_names": CHANNELS}),
+                                          "channel_names": CHANNELS, "mean": (0.0,) * len(CHANNELS),
+                                          "std": (1.0,) * len(CHANNELS)}),
 }
 
 

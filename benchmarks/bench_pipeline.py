@@ -186,6 +186,7 @@ def overhead(unit_size: int, rounds: int = 3):
         "ratio_per_round": [round(a / b, 3) for a, b in zip(sub, bare, strict=True)],
         "ray_startup_s": [round(r.startup_s, 2) for r in runs],
         "submit_positions_per_s": [round(r.positions_per_s) for r in runs],
+        "worker_s": {k: round(getattr(s, f"{k}_s"), 2) for k in ("read", "model", "write", "wait")},
         "worker_split": {k: round(v / busy, 3) for k, v in
                          (("read", s.read_s), ("model", s.model_s), ("write", s.write_s))},
     }), flush=True)

@@ -9,9 +9,10 @@ Progress lives beside the outputs in `_linpipe/`: one marker (a Zarr chunk) per 
 its owner. Root metadata, the record groups and the record table are written only by `create`
 and `finalize` (the driver).
 
-Order inside `write_unit` and `write_batch`: data, then boundary state, then the completion
-marker, each flushed to disk (fsync on local paths) before the next, so a unit marked complete
-is durable and a process killed at any moment leaves its unit unmarked.
+Order inside `write_unit` and `write_batch`: data, boundary state and checksums, flushed to disk
+together (fsync on local paths), then the completion marker, flushed in turn; so a unit marked
+complete is durable and a process killed at any moment leaves its unit unmarked. The marker,
+checksums and state go through `RawChunks` (plain files by the Zarr v3 spec) on local disks.
 
 OSError (a full disk, a lost mount) passes through unchanged: the jobs layer reports it with
 the file name and keeps the store resumable.
