@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from pathlib import Path
 
 import numpy as np
 
@@ -31,6 +32,7 @@ from linpipe.store.layout import (
     RC_OUTPUTS,
     TABLE_CHUNK,
     base_output,
+    channel_array,
     checksum_array,
     done_array,
     is_rc,
@@ -41,7 +43,7 @@ from linpipe.store.layout import (
     record_path,
     table_arrays,
 )
-from linpipe.store.location import Location, keep_lease, pool
+from linpipe.store.location import Location, keep_lease
 from linpipe.store.packed import write_table
 from linpipe.store.records import StoredRecord
 from linpipe.store.table import PackedRecords, id_hashes
@@ -120,24 +122,24 @@ def lay_out(path, *, meta: dict, records: list[dict], outputs, unit_size: int, f
     root = zarr.open_group(store=keep_lease(location.store), mode="w", zarr_format=3,
                            attributes={CREATING: True})
     root.create_group(PROGRESS, attributes={"about": PROGRESS_ABOUT})
-    nodes = {}
     with _Templates(outputs, unit_size=unit_size, feature_dim=feature_dim, channels=channels,
                     hidden_dtype=hidden_dtype) as templates:
+        nodes = {}
         for key, info in long.items():
             nodes.update(templates.record_nodes(key, info))
         order = np.argsort(hashes, kind="stable")
         fences = [int(h) for h in hashes[order][::TABLE_CHUNK]]
         nodes.update(templates.packed_nodes(modality, packed, time_dtype=packed_meta.get("time_dtype"),
                                             fences=fences))
-    location.write_objects({f"{node}/{ZARR_JSON}": encode(doc) for node, doc in nodes.items()})
-    # the channel names are the one output-side array that holds data from the start
-    paths = [record_path(k, CHANNEL_NAMES) for k in long] + [f"{PACKED}/{CHANNEL_NAMES}"]
-    labels = np.array(channels or [])
-
-    def fill(path):
-        root[path][:] = labels
-
-    list(pool().map(fill, [p for p in paths if p in nodes]))
+        objects = {f"{node}/{ZARR_JSON}": encode(doc) for node, doc in nodes.items()}
+        # the channel names are the one output-side array that holds data from the start, the
+        # same in every record: zarr encodes its chunks once, and each record gets those files
+        named = [p for p in [record_path(k, CHANNEL_NAMES) for k in long] + [f"{PACKED}/{CHANNEL_NAMES}"]
+                 if p in nodes]
+        if named:
+            chunks = templates.chunks(channel_array(channels), np.array(channels))
+            objects.update({f"{node}/{key}": data for node in named for key, data in chunks.items()})
+    location.write_objects(objects)
     write_table(root[PACKED], packed, hashes, order)
     root.attrs.put({"linpipe": root_meta})
     return location, root
@@ -191,6 +193,18 @@ class _Templates:
                           **spec.create_kwargs())
         with open(os.path.join(self._scratch.name, spec.name, ZARR_JSON), "rb") as f:
             return json.load(f)
+
+    def chunks(self, spec, values) -> dict:
+        """The chunk files of the spec's array once it holds values: key (relative to the
+        array, by its chunk key encoding) -> bytes."""
+        import zarr
+
+        name = f"filled/{spec.name}"
+        zarr.create_array(store=self._scratch.name, name=name, zarr_format=3, overwrite=True,
+                          **spec.create_kwargs())[:] = values
+        folder = Path(self._scratch.name, name)
+        return {f.relative_to(folder).as_posix(): f.read_bytes() for f in folder.rglob("*")
+                if f.is_file() and f.name != ZARR_JSON}
 
     def sums(self, n_units: int, n_arrays: int) -> dict:
         if n_arrays not in self._sums:

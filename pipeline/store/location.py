@@ -162,9 +162,10 @@ class Location:
         return True
 
     def write_objects(self, objects: dict) -> None:
-        """Write many small objects at once (path relative to the store's root -> bytes), each
-        in one step. Nothing else reads them until all are written (create's node documents), so
-        a local file is written in place; an object store gets concurrent PUTs (fsspec's pipe)."""
+        """Write many small objects at once (path relative to the store's root -> bytes): create's
+        node documents, which nothing reads before create writes the root's `linpipe` attributes
+        last, so a local file is written in place; an object store gets concurrent PUTs (fsspec's
+        pipe)."""
         if self.root is None:
             fs, p = self._fs()
             fs.pipe({f"{p}/{rel}": data for rel, data in objects.items()})

@@ -80,40 +80,45 @@ def chunk_pattern(doc: dict) -> re.Pattern | None:
     return re.compile(re.escape(sep).join(parts) if parts else "0")
 
 
+_GROUP = "group"  # a folder that may hold node documents only
+_UNJUDGED = "unjudged"  # an array whose document we cannot read: everything under it stays
+
+
 def leftovers(root, keep=()):
     """Files under a local store that no node owns: neither a node document, nor a chunk key of
     the array whose folder holds it, nor one of `keep` (paths relative to root, '/'-separated):
-    what writers killed mid-write leave (a temporary file not yet renamed into place). A folder
-    whose array document cannot be read is left alone."""
+    what writers killed mid-write leave (a temporary file not yet renamed into place)."""
     root = os.fspath(root)
-    owner: dict[str, tuple[str, object] | None] = {}  # folder -> (its node's folder, pattern)
-    for dirpath, _dirs, names in os.walk(root):
+    keep = {os.path.join(root, *k.split("/")) for k in keep}
+    node_of: dict[str, tuple[str | None, object]] = {}  # folder -> (its node's folder, what it holds)
+    for folder, _dirs, names in os.walk(root):
         if ZARR_JSON in names:
-            node = (dirpath, _pattern_of(os.path.join(dirpath, ZARR_JSON)))
+            node_of[folder] = (folder, _holds(os.path.join(folder, ZARR_JSON)))
         else:
-            node = owner.get(os.path.dirname(dirpath))
-        owner[dirpath] = node
+            node_of[folder] = node_of.get(os.path.dirname(folder), (None, _GROUP))
+        home, holds = node_of[folder]
+        if holds is _UNJUDGED:
+            continue
         for name in names:
-            path = os.path.join(dirpath, name)
-            if name == ZARR_JSON and node is not None and node[0] == dirpath:
+            path = os.path.join(folder, name)
+            if (name == ZARR_JSON and folder == home) or path in keep:
                 continue
-            if os.path.relpath(path, root).replace(os.sep, "/") in keep:
-                continue
-            if node is not None and node[1] is False:
-                continue  # unreadable document: nothing under it is judged
-            rel = os.path.relpath(path, node[0]).replace(os.sep, "/") if node else None
-            if node is not None and node[1] is not None and node[1].fullmatch(rel):
+            if holds is not _GROUP and holds.fullmatch(path[len(home) + 1:].replace(os.sep, "/")):
                 continue
             yield path
 
 
-def _pattern_of(path: str):
-    """The chunk pattern of the node document at path: None for a group, False if unreadable."""
+def _holds(document: str):
+    """What the folder of a node document may hold besides it: chunk keys (an array's pattern),
+    nothing (_GROUP), or anything (_UNJUDGED: unreadable, or an encoding not known)."""
     try:
-        with open(path, "rb") as f:
+        with open(document, "rb") as f:
             doc = json.load(f)
     except (OSError, ValueError):
-        return False
-    if doc.get("node_type") == "array" and chunk_pattern(doc) is None:
-        return False  # an encoding we do not know: its files are not ours to judge
-    return chunk_pattern(doc)
+        return _UNJUDGED
+    if not isinstance(doc, dict):
+        return _UNJUDGED
+    if doc.get("node_type") != "array":
+        return _GROUP
+    pattern = chunk_pattern(doc)
+    return _UNJUDGED if pattern is None else pattern
