@@ -197,3 +197,43 @@ def test_a_writer_killed_mid_chunk_leaves_nothing_after_the_resume(tmp_path, gen
     clean = tmp_path / "clean.zarr"
     build_dna_store(clean, genomes)
     assert _tree_bytes(path) == _tree_bytes(clean)
+
+
+KILLED_LAYING_OUT = r"""
+import sys, time
+from pathlib import Path
+from linpipe.store import OutputStore
+from linpipe.store.location import Location
+path, flag = sys.argv[1], Path(sys.argv[2])
+write_objects = Location.write_objects
+def half_then_hang(self, objects):   # half the node documents are on disk
+    items = sorted(objects.items())
+    write_objects(self, dict(items[:len(items) // 2]))
+    flag.write_text("half")
+    time.sleep(120)
+Location.write_objects = half_then_hang
+OutputStore.create(path, meta={}, records=[{"id": f"contig_{i}", "length": 5000 + i} for i in range(50)],
+                   unit_size=1000)
+"""
+
+
+@pytest.mark.slow
+def test_a_driver_killed_while_laying_out_leaves_a_store_marked_as_being_created(tmp_path):
+    """The documents go in before the root's `linpipe` attributes: a store whose layout was
+    SIGKILLed halfway is refused as interrupted, and laid out anew without --overwrite."""
+    path, flag = tmp_path / "half.zarr", tmp_path / "flag"
+    child = subprocess.Popen([sys.executable, "-c", KILLED_LAYING_OUT, str(path), str(flag)])
+    deadline = time.time() + 120
+    while not flag.exists():
+        assert child.poll() is None and time.time() < deadline, "create ended before the hook"
+        time.sleep(0.05)
+    child.send_signal(signal.SIGKILL)
+    assert child.wait(timeout=30) == -signal.SIGKILL
+    assert OutputStore.exists(path) and OutputStore.creation_interrupted(path)
+    with pytest.raises(StoreError, match="creation of this output store was interrupted"):
+        OutputStore.open(path)
+    records = [{"id": f"contig_{i}", "length": 5000 + i} for i in range(50)]
+    OutputStore.create(path, meta={}, records=records, unit_size=1000)  # no overwrite needed
+    OutputStore.create(tmp_path / "clean.zarr", meta={}, records=records, unit_size=1000)
+    assert _tree_bytes(path) == _tree_bytes(tmp_path / "clean.zarr")
+    assert OutputStore.open(path).n_units("contig_49") == 6
