@@ -8,16 +8,20 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import zarr
-from test_store import KILLED_OPEN, KILLED_WRITE, _tree_bytes, build_dna_store, build_ts_store, state_after
+from test_store import (
+    KILLED_OPEN,
+    KILLED_WRITE,
+    _tree_bytes,
+    build_dna_store,
+    build_ts_store,
+    kill_at_hook,
+    state_after,
+)
 
 from linpipe.errors import StoreError
 from linpipe.store import OutputStore
@@ -179,13 +183,7 @@ def test_a_writer_killed_mid_chunk_leaves_nothing_after_the_resume(tmp_path, gen
     path = tmp_path / "killed.zarr"
     store, full = build_dna_store(path, genomes, skip={("chr1", 1)}, finalize=False)
     flag = tmp_path / "flag"
-    child = subprocess.Popen([sys.executable, "-c", KILLED_MID_CHUNK, str(path), str(flag)])
-    deadline = time.time() + 120
-    while not flag.exists() or not flag.read_text():
-        assert child.poll() is None and time.time() < deadline, "writer ended before the hook"
-        time.sleep(0.05)
-    child.send_signal(signal.SIGKILL)
-    assert child.wait(timeout=30) == -signal.SIGKILL
+    kill_at_hook(KILLED_MID_CHUNK, path, flag)
     leftover = Path(flag.read_text())
     assert leftover.is_file() and [Path(f) for f in leftovers(path)] == [leftover]
 
@@ -221,14 +219,8 @@ OutputStore.create(path, meta={}, records=[{"id": f"contig_{i}", "length": 5000 
 def test_a_driver_killed_while_laying_out_leaves_a_store_marked_as_being_created(tmp_path):
     """The documents go in before the root's `linpipe` attributes: a store whose layout was
     SIGKILLed halfway is refused as interrupted, and laid out anew without --overwrite."""
-    path, flag = tmp_path / "half.zarr", tmp_path / "flag"
-    child = subprocess.Popen([sys.executable, "-c", KILLED_LAYING_OUT, str(path), str(flag)])
-    deadline = time.time() + 120
-    while not flag.exists():
-        assert child.poll() is None and time.time() < deadline, "create ended before the hook"
-        time.sleep(0.05)
-    child.send_signal(signal.SIGKILL)
-    assert child.wait(timeout=30) == -signal.SIGKILL
+    path = tmp_path / "half.zarr"
+    kill_at_hook(KILLED_LAYING_OUT, path, tmp_path / "flag")
     assert OutputStore.exists(path) and OutputStore.creation_interrupted(path)
     with pytest.raises(StoreError, match="creation of this output store was interrupted"):
         OutputStore.open(path)
