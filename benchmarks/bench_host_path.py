@@ -3,13 +3,18 @@ boundary states, markers, fsync) and the overlap, with a stand-in model that cos
 (or sleeps a set time per unit). Figures go to BENCHMARKS.md.
 
     python benchmarks/bench_host_path.py [--records 100000] [--sleep-ms 0] [--rounds 3]
+        [--cases logprob,entropy+softmask,hidden,series]
 
 One PipelineWorker in this process (the actor's own code, no Ray), on a long record of about
 8 Mb joined from the real genomes in ../shared/data (LINPIPE_SHARED_DATA) and on --records
-packed records of 80-600 bp cut from it; outputs logprob,entropy. Each round runs the calls
+packed records of 80-600 bp cut from it. Cases (--cases, joined by commas): `logprob` writes
+logprob,entropy; `softmask` adds the soft-mask; `hidden` writes float16 hidden states of a
+64-wide model (the default model's width); `series` is a time-series job (forecast, residual)
+over the real 2-lead MIT-BIH 100 ECG tiled to 8M samples, and --records series of 80-600
+samples cut from it (one Parquet file with an id column). Each round runs the calls
 one by one (as before the overlap) and then overlapped (IN_FLIGHT calls numbered as the driver
 numbers them, in threads as Ray runs them), alternating; the median of each is printed.
-The stand-in model returns the tiny model's real outputs over the input's first unit (so the
+The stand-in model returns a small model's real outputs over the input's first unit (so the
 codec sees real values), sliced to each unit's length.
 """
 from __future__ import annotations
@@ -26,7 +31,8 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-DATA = Path(os.environ.get("LINPIPE_SHARED_DATA", REPO.parent / "shared" / "data")) / "genomes"
+SHARED = Path(os.environ.get("LINPIPE_SHARED_DATA", REPO.parent / "shared" / "data"))
+DATA = SHARED / "genomes"
 GENOMES = ("korflab_hg19_chr1_first3Mb.fa.gz", "abricate_Sepidermidis_ST14_assembly.fa",
            "korflab_Athaliana_TAIR_1pct.fa", "htslib_ce.fa")
 UNIT = 262_144
@@ -65,6 +71,40 @@ def _inputs(folder: Path, n_records: int) -> dict[str, Path]:
     return {"long record": long, f"{n_records:,} packed records": packed}
 
 
+def _series_inputs(folder: Path, n_records: int) -> dict[str, tuple[Path, dict]]:
+    """The ECG tiled to 8M samples (one series), and n_records series of 80-600 samples cut from
+    it in one file with an id column; (path, input options) by label."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    ecg = pq.read_table(SHARED / "timeseries" / "mitdb_100_ecg.parquet").select(list(CHANNELS))
+    x = np.column_stack([ecg.column(c).to_numpy().astype(np.float32) for c in CHANNELS])
+    long = np.resize(x, (8_000_000, len(CHANNELS)))
+    pq.write_table(pa.table({c: long[:, i] for i, c in enumerate(CHANNELS)}), folder / "series.parquet")
+    rng = np.random.default_rng(0)
+    parts, ids = [], []
+    for i in range(n_records):
+        n = int(rng.integers(80, 601))
+        s = int(rng.integers(0, len(x) - n))
+        parts.append(x[s:s + n])
+        ids.append(np.full(n, i, dtype=np.int64))
+    short, sid = np.concatenate(parts), np.concatenate(ids)
+    pq.write_table(pa.table({"id": sid.astype(str)} | {c: short[:, i] for i, c in enumerate(CHANNELS)}),
+                   folder / "short_series.parquet")
+    return {"long series": (folder / "series.parquet", {}),
+            f"{n_records:,} short series": (folder / "short_series.parquet", {"id_column": "id"})}
+
+
+CHANNELS = ("MLII_mV", "V5_mV")
+CASES = {  # name: (outputs, model config keywords)
+    "logprob": (("logprob", "entropy"), {"modality": "dna", "d_model": 8}),
+    "softmask": (("logprob", "entropy", "softmask"), {"modality": "dna", "d_model": 8}),
+    "hidden": (("hidden",), {"modality": "dna", "d_model": 64}),
+    "series": (("forecast", "residual"), {"modality": "timeseries", "d_model": 8, "channels": len(CHANNELS),
+                                          "channel_names": CHANNELS}),
+}
+
+
 class StandIn:
     """Wraps the worker's model: the same interface, outputs sliced from `real` at no cost
     (after sleeping `sleep` s per call)."""
@@ -88,7 +128,7 @@ class StandIn:
 
 
 def worker_job(fasta: Path, model: str, out: Path, outputs=("logprob", "entropy"), unit: int = UNIT,
-               device: str = "cpu", threads: int = 1):
+               device: str = "cpu", threads: int = 1, input_options: dict | None = None):
     """A job's plan, its store at `out` (new), one PipelineWorker on it, and the worker's calls
     in the driver's order: (method name, args, kwargs)."""
     from linpipe.jobs.actor import PipelineWorker
@@ -96,7 +136,8 @@ def worker_job(fasta: Path, model: str, out: Path, outputs=("logprob", "entropy"
     from linpipe.jobs.plan import plan_job
     from linpipe.jobs.request import JobRequest
 
-    plan = plan_job(JobRequest(inputs=(str(fasta),), model=model, unit_size=unit, outputs=tuple(outputs)))
+    plan = plan_job(JobRequest(inputs=(str(fasta),), model=model, unit_size=unit, outputs=tuple(outputs),
+                               **(input_options or {})))
     open_or_create_store(plan, str(out), overwrite=True)
     w = PipelineWorker(plan.model_ref, str(out), list(plan.outputs), device=device, threads=threads)
     calls = [("run_unit", (c,), {"last": i == r.n_units - 1}) for r in plan.streams
@@ -105,12 +146,13 @@ def worker_job(fasta: Path, model: str, out: Path, outputs=("logprob", "entropy"
     return plan, w, calls
 
 
-def _job(fasta: Path, model: str, out: Path, sleep: float):
-    plan, w, calls = worker_job(fasta, model, out)
+def _job(fasta: Path, model: str, out: Path, sleep: float, outputs, input_options: dict):
+    plan, w, calls = worker_job(fasta, model, out, outputs, input_options=input_options)
     u = plan.streams[0].unit(0) if plan.streams else plan.batch_units(0)[0]
     x, _ = w._input(str(fasta)).read(u.record_id, u.start, u.end)
-    real, _ = w.model.forward(np.tile(x, UNIT // len(x) + 1)[:UNIT], w.model.init_state(),
-                              outputs=["logprob", "entropy"])
+    x = np.resize(x, (UNIT,) + x.shape[1:])
+    from_model = [o for o in outputs if o != "softmask"]  # the soft-mask comes from the input
+    real, _ = w.model.forward(x, w.model.init_state(), outputs=from_model)
     w.model = StandIn(w.model, real, sleep)
     w.host.model = w.model
     return plan, w, calls
@@ -138,33 +180,43 @@ def main() -> None:
     ap.add_argument("--records", type=int, default=100_000)
     ap.add_argument("--sleep-ms", type=float, default=0.0, help="the stand-in model's time per call")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--cases", default="logprob", help=f"of {', '.join(CASES)}, joined by commas")
     args = ap.parse_args()
+    with tempfile.TemporaryDirectory(dir=REPO / "bench-out" if (REPO / "bench-out").is_dir() else None) as d:
+        for case in args.cases.split(","):
+            run_case(Path(d), case, args)
+
+
+def run_case(d: Path, case: str, args) -> None:
     from linpipe.model import ModelConfig, init_net, save_model
 
-    with tempfile.TemporaryDirectory(dir=REPO / "bench-out" if (REPO / "bench-out").is_dir() else None) as d:
-        d = Path(d)
-        cfg = ModelConfig(modality="dna", d_model=8, n_layers=1, n_heads=1, mlp_hidden=8, conv_width=1)
-        save_model(init_net(cfg, seed=0), cfg, d / "model")
-        for label, fasta in _inputs(d, args.records).items():
-            rates: dict[str, list[float]] = {"serial": [], "overlapped": []}
-            split: dict[str, list] = {}
-            for _ in range(args.rounds):
-                for how, run in (("serial", _serial), ("overlapped", overlapped)):
-                    plan, w, calls = _job(fasta, str(d / "model"), d / f"{how}.zarr", args.sleep_ms / 1e3)
-                    t0 = time.perf_counter()
-                    res = run(w, calls)
-                    wall = time.perf_counter() - t0
-                    w.close()
-                    n = sum(r.positions for r in res)
-                    rates[how].append(n / wall)
-                    split[how] = [sum(getattr(r, k) for r in res) * 1e9 / n
-                                  for k in ("read_s", "wait_s", "model_s", "write_s")]
-            for how, r in rates.items():
-                med = statistics.median(r)
-                rd, wt, md, wr = split[how]
-                print(f"{label:>24} {how:>10}: {med / 1e6:6.2f} M positions/s ({1e9 / med:6.1f} ns/position;"
-                      f" per position read {rd:.1f} ns, wait {wt:.1f}, model {md:.1f}, write {wr:.1f};"
-                      f" calls {len(calls)}, sleep {args.sleep_ms} ms/call)")
+    outputs, config = CASES[case]
+    cfg = ModelConfig(n_layers=1, n_heads=1, mlp_hidden=8, conv_width=1, **config)
+    save_model(init_net(cfg, seed=0), cfg, d / case)
+    inputs = _series_inputs(d, args.records) if cfg.modality == "timeseries" else \
+        {k: (v, {}) for k, v in _inputs(d, args.records).items()}
+    for label, (fasta, options) in inputs.items():
+        rates: dict[str, list[float]] = {"serial": [], "overlapped": []}
+        split: dict[str, list] = {}
+        for _ in range(args.rounds):
+            for how, run in (("serial", _serial), ("overlapped", overlapped)):
+                plan, w, calls = _job(fasta, str(d / case), d / f"{how}.zarr", args.sleep_ms / 1e3, outputs,
+                                      options)
+                t0 = time.perf_counter()
+                res = run(w, calls)
+                wall = time.perf_counter() - t0
+                w.close()
+                n = sum(r.positions for r in res)
+                rates[how].append(n / wall)
+                split[how] = [sum(getattr(r, k) for r in res) * 1e9 / n
+                              for k in ("read_s", "wait_s", "model_s", "write_s")]
+        for how, r in rates.items():
+            med = statistics.median(r)
+            rd, wt, md, wr = split[how]
+            print(f"{case:>8} {label:>24} {how:>10}: {med / 1e6:6.2f} M positions/s"
+                  f" ({1e9 / med:6.1f} ns/position;"
+                  f" per position read {rd:.1f} ns, wait {wt:.1f}, model {md:.1f}, write {wr:.1f};"
+                  f" calls {len(calls)}, sleep {args.sleep_ms} ms/call)")
 
 
 if __name__ == "__main__":

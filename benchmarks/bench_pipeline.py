@@ -1,6 +1,7 @@
 """Pipeline benchmarks (issue 6): overhead, scaling, memory. Figures go to BENCHMARKS.md.
 
     python benchmarks/bench_pipeline.py overhead   # submit vs bare model forward, >= 4 Mb real genome
+        BENCH_MODEL=default|DIR (default: a small random model), BENCH_INPUT=4mb|8mb-record|20k-packed
     python benchmarks/bench_pipeline.py scaling    # 1 vs 2 worker nodes (1 CPU each); one record = half
     python benchmarks/bench_pipeline.py memory     # peak RSS of driver and workers, 10 Mb vs 100 Mb
 
@@ -60,6 +61,37 @@ def real_genome_4mb() -> Path:
     return path
 
 
+def one_record_8mb() -> Path:
+    """The four real genomes joined into one record of 7.8 Mb."""
+    path = OUT / "one_record_8mb.fa"
+    if not path.exists():
+        files = ("korflab_hg19_chr1_first3Mb.fa.gz", "abricate_Sepidermidis_ST14_assembly.fa",
+                 "korflab_Athaliana_TAIR_1pct.fa", "htslib_ce.fa")
+        seq = "".join(s for f in files for _, s in read_fasta(DATA / f))
+        write_fasta(path, [("joined", seq)])
+    return path
+
+
+def packed_20k() -> Path:
+    """20,000 records of 80-600 bp cut at random from the joined genomes (seed 0)."""
+    import numpy as np
+
+    path = OUT / "packed_20k.fa"
+    if not path.exists():
+        seq = read_fasta(one_record_8mb())[0][1]
+        rng = np.random.default_rng(0)
+        recs = []
+        for i in range(20_000):
+            n = int(rng.integers(80, 601))
+            s = int(rng.integers(0, len(seq) - n))
+            recs.append((f"read{i}", seq[s:s + n]))
+        write_fasta(path, recs)
+    return path
+
+
+INPUTS = {"4mb": real_genome_4mb, "8mb-record": one_record_8mb, "20k-packed": packed_20k}
+
+
 def synthetic(total_mb: int) -> Path:
     """Real sequence (human chr1 slice, S. epidermidis, C. elegans, A. thaliana) tiled into
     records of 1-3 Mb with distinct names until `total_mb` megabases."""
@@ -82,16 +114,20 @@ def synthetic(total_mb: int) -> Path:
 
 
 def bare_forward(genome: Path, unit_size: int, model: str = "default") -> tuple[float, int]:
-    """Seconds of model.forward alone over every record, chunk by chunk, in this process."""
+    """Seconds of the model alone over every record, in this process: long records unit by
+    unit (Model.forward), short ones in the job's own batches (Model.forward_records)."""
     import torch
 
     import linpipe
+    from linpipe.jobs.plan import plan_job
+    from linpipe.jobs.request import JobRequest
 
     torch.set_num_threads(1)  # what each CPU actor uses
     m = linpipe.load_model(model)
     inp = linpipe.open_input(str(genome))
+    plan = plan_job(JobRequest(inputs=(str(genome),), model=model, unit_size=unit_size))
     total_s, positions = 0.0, 0
-    for rec in inp.records:
+    for rec in plan.streams:
         state = m.init_state()
         for s in range(0, rec.length, unit_size):
             tokens, _ = inp.read(rec.id, s, min(s + unit_size, rec.length))
@@ -99,6 +135,12 @@ def bare_forward(genome: Path, unit_size: int, model: str = "default") -> tuple[
             _, state = m.forward(tokens, state, outputs=["logprob", "entropy"])
             total_s += time.perf_counter() - t0
             positions += len(tokens)
+    for b in range(plan.packed.n_batches if plan.packed else 0):
+        xs = [inp.read(u.record_id, u.start, u.end)[0] for u in plan.batch_units(b)]
+        t0 = time.perf_counter()
+        m.forward_records(xs, outputs=["logprob", "entropy"])
+        total_s += time.perf_counter() - t0
+        positions += sum(len(x) for x in xs)
     return total_s, positions
 
 
@@ -122,10 +164,10 @@ def tiny_model() -> str:
     return str(model_dir)
 
 
-def overhead(unit_size: int, rounds: int = 2):
+def overhead(unit_size: int, rounds: int = 3):
     """Bare forward and submit alternate `rounds` times, so that load changes on a shared
-    machine hit both arms alike; the ratio is of the summed times."""
-    genome = real_genome_4mb()
+    machine hit both arms alike; the ratio is of the summed times, and per round."""
+    genome = INPUTS[os.environ.get("BENCH_INPUT", "4mb")]()
     model = os.environ.get("BENCH_MODEL") or tiny_model()
     bare, runs = [], []
     for _ in range(rounds):
@@ -141,6 +183,7 @@ def overhead(unit_size: int, rounds: int = 2):
         "unit_size": unit_size, "bare_forward_s": [round(x, 2) for x in bare],
         "submit_s_excl_startup": [round(x, 2) for x in sub],
         "ratio": round(sum(sub) / sum(bare), 3),
+        "ratio_per_round": [round(a / b, 3) for a, b in zip(sub, bare, strict=True)],
         "ray_startup_s": [round(r.startup_s, 2) for r in runs],
         "submit_positions_per_s": [round(r.positions_per_s) for r in runs],
         "worker_split": {k: round(v / busy, 3) for k, v in

@@ -1,14 +1,15 @@
-"""Compression of each output kind in the Zarr store, measured on realistic arrays (issue 5).
+"""The store's codecs and durability step, measured on real model outputs (BENCHMARKS.md, "The
+store's write"). Figures: size (ratio = raw / stored), write and read time per position of one
+work unit through zarr (no fsync), and the whole unit write (`OutputStore.write_unit`: data,
+boundary state, checksums, marker) with each fsync choice.
 
-Arrays: logprob / entropy from an order-3 Markov model (mixed with the local base composition)
-of the real human chr1 slice (soft-mask
-and N runs included), the soft-mask itself, float16 'hidden' states from a random causal
-feature network over the same bases, and a last-value forecast / residual of a real 2-lead
-ECG. Each candidate codec writes the same array into a Zarr v3 array with the pipeline's chunk
-length; we report stored bytes (ratio = raw / stored) and write/read throughput. The choice in
-linpipe/store.py (`_codecs`) is the row marked '*'.
+    python benchmarks/store_compression.py [--rounds 5] [--unit 262144]
 
-    python benchmarks/store_compression.py [--shared ../shared/data] [--chunk 65536]
+Arrays (LINPIPE_SHARED_DATA or ../shared/data): the shipped `default` model's logprob, entropy
+and float16 hidden over the first 524,288 bases of hg19 chr1 (one torch thread); the real UCSC
+soft-mask of 3 Mb of it; the shipped `default-timeseries` model's forecast, residual and anomaly
+over the MIT-BIH 100 ECG's MLII lead, and its int64 time stamps. Every codec is lossless (read
+back and compared). The codecs linpipe writes (CODEC_CHOICE) are marked '*'.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import argparse
 import gzip
 import os
 import shutil
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -23,204 +25,153 @@ from pathlib import Path
 import numpy as np
 import zarr
 
-from linpipe.store import CODEC_CHOICE as CHOSEN  # the rows marked *
-from linpipe.store import codecs_for
+from linpipe.store import CODEC_CHOICE, codecs_for
 
-LUT = np.full(256, 4, dtype=np.uint8)
-for i, c in enumerate(b"ACGT"):
-    LUT[c] = LUT[c + 32] = i
+REPO = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("LINPIPE_SHARED_DATA", REPO.parent / "shared" / "data"))
+FLOATS = ("none", "zstd-1", "zstd-3", "blosc-lz4-5-shuffle", "blosc-lz4-5-bitshuffle",
+          "blosc-lz4-5-bitshuffle+crc32c", "blosc-zstd-1-shuffle", "blosc-zstd-1-bitshuffle",
+          "blosc-zstd-5-shuffle", "blosc-zstd-5-bitshuffle")
+BYTES = ("none", "zstd-1", "zstd-3", "zstd-9", "blosc-lz4-5-noshuffle", "blosc-zstd-5-noshuffle")
+SHARD_UNITS = 16  # units per shard in the sharded row
 
 
-def human(shared: Path, n: int) -> np.ndarray:
-    seq = []
-    got = 0
-    with gzip.open(shared / "genomes" / "korflab_hg19_chr1_first3Mb.fa.gz", "rb") as f:
+def chr1(n: int) -> bytes:
+    seq, got = [], 0
+    with gzip.open(SHARED / "genomes" / "korflab_hg19_chr1_first3Mb.fa.gz", "rb") as f:
         f.readline()
         for line in f:
             seq.append(line.strip())
             got += len(seq[-1])
             if got >= n:
                 break
-    return np.frombuffer(b"".join(seq)[:n], dtype=np.uint8)
+    return b"".join(seq)[:n]
 
 
-def markov(raw: np.ndarray, k: int = 3):
-    t = LUT[raw]
-    n = t.size
-    code = np.zeros(n, np.int64)
-    for j in range(1, k + 1):
-        prev = np.zeros(n, np.int64)
-        prev[j:] = np.minimum(t[:-j], 3)
-        code += prev * 4 ** (j - 1)
-    fit = t < 4
-    counts = np.ones((4**k, 4))
-    np.add.at(counts, (code[fit], t[fit]), 1)
-    p = (counts / counts.sum(1, keepdims=True))[code]
-    # mix in the base composition of the last 32 bases, so values are continuous like a
-    # network's (a pure order-3 table takes only 256 distinct values and flatters zstd)
-    oh = np.eye(5)[t][:, :4]
-    cs = np.vstack([np.zeros((1, 4)), np.cumsum(oh, 0)])
-    lo = np.maximum(np.arange(n) - 32, 0)
-    local = (cs[np.arange(n)] - cs[lo] + 0.5) / (np.arange(n) - lo + 2.0)[:, None]
-    p = 0.8 * p + 0.2 * local
-    lp = np.log(p[np.arange(n), np.minimum(t, 3)]).astype(np.float32)
-    lp[t == 4] = np.nan
-    ent = (-(p * np.log(p)).sum(1)).astype(np.float32)
-    return lp, ent, t
+def dna_outputs(n: int) -> dict[str, np.ndarray]:
+    import torch
 
+    import linpipe
+    from linpipe.inputs.alphabet import SOFTMASK_LUT, tokenize
 
-def network(t: np.ndarray, d: int = 64, seed: int = 0):
-    """A random causal network (last 8 bases one-hot + base composition -> MLP -> RMSNorm -> head):
-    float16 hidden, and logprob/entropy with the continuous bit patterns of real model outputs."""
-    rng = np.random.default_rng(seed)
-    n = t.size
-    oh = np.eye(5, dtype=np.float32)[t]
-    feats = [np.roll(oh, j, axis=0) for j in range(8)]
-    cs = np.cumsum(oh, 0)
-    for w in (16, 256, 4096):
-        lag = np.vstack([np.zeros((w, 5), np.float32), cs[:-w]])
-        feats.append((cs - lag) / w)
-    x = np.concatenate(feats, 1)
-    h = np.tanh(x @ rng.normal(0, 1 / np.sqrt(x.shape[1]), (x.shape[1], 4 * d)).astype(np.float32))
-    h = h @ rng.normal(0, 1 / np.sqrt(4 * d), (4 * d, d)).astype(np.float32)
-    h /= np.sqrt((h**2).mean(1, keepdims=True) + 1e-5)
-    logits = h @ rng.normal(0, 1.0, (d, 4)).astype(np.float32)
-    logits -= logits.max(1, keepdims=True)
-    logp = logits - np.log(np.exp(logits).sum(1, keepdims=True))
-    lp = logp[np.arange(n), np.minimum(t, 3)].astype(np.float32)
-    lp[t == 4] = np.nan
-    ent = (-(np.exp(logp) * logp).sum(1)).astype(np.float32)
-    return h.astype(np.float16), lp, ent
-
-
-def shipped_model(t: np.ndarray):
-    """Outputs of linpipe's shipped default model (None when linpipe.model is not available)."""
-    try:
-        import torch
-
-        import linpipe
-
-        torch.set_num_threads(2)
-        model = linpipe.load_model("default")
-    except Exception as e:  # the model issue is not merged in this checkout
-        print(f"(no shipped model: {e})")
-        return None
-    out, _ = model.forward(np.minimum(t, 4).astype(np.int64), model.init_state(),
+    torch.set_num_threads(1)
+    raw = np.frombuffer(chr1(3_000_000), dtype=np.uint8)
+    model = linpipe.load_model("default")
+    out, _ = model.forward(tokenize(raw[:n].tobytes()), model.init_state(),
                            outputs=["logprob", "entropy", "hidden"])
     return {"logprob": out["logprob"].astype(np.float32), "entropy": out["entropy"].astype(np.float32),
-            "hidden": out["hidden"].astype(np.float16), "sha256": model.sha256[:12]}
+            "hidden": out["hidden"].astype(np.float16),
+            "softmask": SOFTMASK_LUT[raw]}
 
 
-def timeseries_model(x: np.ndarray, tmp: Path):
-    """forecast/residual of a randomly initialised linpipe time-series model over the ECG."""
-    try:
-        import linpipe
-        from linpipe.model import ModelConfig, init_net, save_model
-    except Exception as e:
-        print(f"(no linpipe.model: {e})")
-        return None
-    cfg = ModelConfig(modality="timeseries", d_model=32, n_layers=2, n_heads=4, mlp_hidden=64,
-                      channels=2, channel_names=("MLII_mV", "V5_mV"),
-                      mean=tuple(float(m) for m in x.mean(0)), std=tuple(float(v) for v in x.std(0)))
-    save_model(init_net(cfg, seed=0), cfg, tmp / "ts-model")
-    model = linpipe.load_model(tmp / "ts-model")
-    out, _ = model.forward(x, model.init_state(), outputs=["forecast", "residual"])
-    return {k: v.astype(np.float32) for k, v in out.items()}
-
-
-def ecg(shared: Path):
+def series_outputs() -> dict[str, np.ndarray]:
     import pyarrow.parquet as pq
 
-    x = pq.read_table(shared / "timeseries" / "mitdb_100_ecg.parquet").to_pandas()[["MLII_mV", "V5_mV"]]
-    x = x.to_numpy(np.float32)
-    f = np.vstack([x[:1], x[:-1]])
-    t = (np.datetime64("2026-01-01", "ns") + (np.arange(len(x)) * 1e9 / 360).astype("timedelta64[ns]"))
-    return f, x - f, t.view("int64"), x
+    import linpipe
+
+    x = pq.read_table(SHARED / "timeseries" / "mitdb_100_ecg.parquet").column("MLII_mV").to_numpy()
+    x = x.astype(np.float32)[:, None]
+    model = linpipe.load_model("default-timeseries")
+    out, _ = model.forward(x, model.init_state(), outputs=["forecast", "residual", "anomaly"])
+    t = np.datetime64("2026-01-01", "ns") + (np.arange(len(x)) * 1e9 / 360).astype("timedelta64[ns]")
+    return {k: v.astype(np.float32) for k, v in out.items()} | {"time": t.view("int64")}
 
 
-CANDIDATES = {name: codecs_for(name) for name in (
-    "none", "zstd-3", "zstd-9", "blosc-zstd-5-shuffle", "blosc-zstd-5-bitshuffle", "blosc-lz4-5-shuffle")}
+def _unit_rows(arr: np.ndarray, unit: int) -> np.ndarray:
+    """Whole units of the array (tiled when shorter than two units)."""
+    n = max(2 * unit, arr.shape[0] // unit * unit)
+    return np.resize(arr, (n,) + arr.shape[1:]) if arr.shape[0] < n else arr[:n]
 
 
-def measure(name: str, arr: np.ndarray, chunk: int, tmp: Path, kind: str):
-    rows = []
-    for cname, codecs in CANDIDATES.items():
-        path = tmp / f"{name}-{cname}.zarr"
-        z = zarr.create_array(store=str(path), shape=arr.shape, dtype=arr.dtype,
-                              chunks=(chunk,) + arr.shape[1:], compressors=codecs, fill_value=0)
+def measure(arr: np.ndarray, spec: str, unit: int, tmp: Path, rounds: int, shard: bool = False):
+    """(ratio, write ns/position, read ns/position): units written one at a time, as workers do."""
+    path = tmp / "a.zarr"
+    shutil.rmtree(path, ignore_errors=True)
+    kw = {"shards": (unit * SHARD_UNITS,) + arr.shape[1:]} if shard else {}
+    z = zarr.create_array(store=str(path), shape=arr.shape, dtype=arr.dtype, chunks=(unit,) + arr.shape[1:],
+                          compressors=codecs_for(spec), fill_value=0, **kw)
+    z[:unit] = arr[:unit]  # warm-up: the codec's first call
+    writes, reads = [], []
+    for _ in range(rounds):
         t0 = time.perf_counter()
-        z[:] = arr
-        tw = time.perf_counter() - t0
+        for s in range(0, arr.shape[0], unit):
+            z[s:s + unit] = arr[s:s + unit]
+        writes.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         back = z[:]
-        tr = time.perf_counter() - t0
-        assert np.array_equal(back, arr, equal_nan=arr.dtype.kind == "f")
-        stored = z.nbytes_stored()
-        mb = arr.nbytes / 2**20
-        rows.append((cname, arr.nbytes / stored, mb / tw, mb / tr, CHOSEN.get(kind) == cname))
-        shutil.rmtree(path)
-    print(f"\n{name}: {arr.dtype} {arr.shape}, {arr.nbytes / 2**20:.1f} MiB raw")
-    print("| codec | ratio | write MiB/s | read MiB/s |\n|---|---|---|---|")
-    for cname, ratio, w, r, chosen in rows:
-        print(f"| {cname}{' *' if chosen else ''} | {ratio:.2f} | {w:.0f} | {r:.0f} |")
+        reads.append(time.perf_counter() - t0)
+    assert np.array_equal(back, arr, equal_nan=arr.dtype.kind == "f")
+    n = arr.shape[0]
+    ratio = arr.nbytes / z.nbytes_stored()
+    return ratio, statistics.median(writes) / n * 1e9, statistics.median(reads) / n * 1e9
 
 
-def write_rate(lp, ent, soft, chunk: int, tmp: Path, n_units: int = 24):
-    """OutputStore.write_unit throughput (data + fsync + boundary state + marker), positions/s."""
+def codec_table(arrays: dict, unit: int, tmp: Path, rounds: int):
+    print("| array | dtype, values/position | codec | ratio | write ns/pos | read ns/pos |")
+    print("|---|---|---|---|---|---|")
+    for name, arr in arrays.items():
+        arr = _unit_rows(arr, unit)
+        specs = BYTES if arr.dtype.itemsize == 1 else FLOATS + (("zstd-9",) if name == "time" else ())
+        chosen = CODEC_CHOICE[name]
+        per = int(np.prod(arr.shape[1:], dtype=np.int64))
+        for spec in specs:
+            ratio, w, r = measure(arr, spec, unit, tmp, rounds)
+            print(f"| {name} | {arr.dtype}, {per} | {spec}{' *' if spec == chosen else ''} | {ratio:.2f} | "
+                  f"{w:.1f} | {r:.1f} |", flush=True)
+        if name == "logprob":  # sharding: units written one by one into shared shards
+            ratio, w, r = measure(arr, chosen, unit, tmp, rounds, shard=True)
+            print(f"| {name} | {arr.dtype}, {per} | {chosen}, {SHARD_UNITS} units per shard | {ratio:.2f} | "
+                  f"{w:.1f} | {r:.1f} |", flush=True)
+
+
+def unit_writes(arrays: dict, unit: int, tmp: Path, rounds: int, durable: bool) -> float:
+    """ns/position of OutputStore.write_unit over 16 units (logprob, entropy, softmask and a
+    4-layer boundary state of the default model's shape); durable False: the fsyncs skipped
+    (the bound of any grouping of them, not a mode linpipe has)."""
     from linpipe.store import OutputStore
+    from linpipe.store.location import Location
 
-    n = min(lp.size, chunk * n_units)
-    store = OutputStore.create(tmp / "rate.zarr", meta={}, outputs=["logprob", "entropy", "softmask"],
-                               records=[{"id": "chr1", "length": n, "modality": "dna"}], unit_size=chunk)
-    key = store.record_key("chr1")
+    n_units = 16
+    n = unit * n_units
+    data = {k: np.resize(arrays[k], n) for k in ("logprob", "entropy", "softmask")}
     state = {f"layers.{i}.{k}": np.ones(shape, np.float32) for i in range(4)
-             for k, shape in (("S", (4, 32, 32)), ("z", (4, 32)), ("conv", (3, 128)))}
-    t0 = time.perf_counter()
-    for i in range(store.n_units(key)):
-        s, e = store.unit_range(key, i)
-        store.write_unit(key, i, {"logprob": lp[s:e], "entropy": ent[s:e], "softmask": soft[s:e]},
-                          state=state)
-    dt = time.perf_counter() - t0
-    assert store.finalize()
-    print(f"\nwrite_chunk (logprob, entropy, softmask + a 4-layer state, fsync'd): {store.n_units(key)} "
-          f"chunks of {chunk}: {n / dt:,.0f} positions/s ({dt / store.n_units(key) * 1e3:.1f} ms per chunk)")
+             for k, shape in (("S", (4, 16, 16)), ("z", (4, 16)), ("conv", (3, 64)))}
+    sync = Location.sync
+    if not durable:
+        Location.sync = lambda self, chunks, also=(): None
+    try:
+        times = []
+        for r in range(rounds):
+            path = tmp / f"w{r}.zarr"
+            store = OutputStore.create(path, meta={}, outputs=list(data), unit_size=unit,
+                                       records=[{"id": "chr1", "length": n, "modality": "dna"}])
+            key = store.record_key("chr1")
+            t0 = time.perf_counter()
+            for i in range(n_units):
+                s, e = store.unit_range(key, i)
+                store.write_unit(key, i, {k: v[s:e] for k, v in data.items()}, state=state)
+            times.append(time.perf_counter() - t0)
+            store.close()
+            shutil.rmtree(path)
+    finally:
+        Location.sync = sync
+    return statistics.median(times) / n * 1e9
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--shared", default=os.environ.get("LINPIPE_SHARED_DATA", "../shared/data"))
-    ap.add_argument("--chunk", type=int, default=65536)
-    ap.add_argument("--bases", type=int, default=3_000_000)
-    ap.add_argument("--network-bases", type=int, default=524_288)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--unit", type=int, default=262_144)
+    ap.add_argument("--positions", type=int, default=524_288, help="DNA positions run through the model")
     a = ap.parse_args()
-    shared = Path(a.shared)
-    raw = human(shared, a.bases)
-    lp, ent, t = markov(raw)
-    soft = ((raw >= ord("a")) & (raw <= ord("z"))).astype(np.uint8)
-    f, r, times, x = ecg(shared)
-    with tempfile.TemporaryDirectory() as d:
-        tmp = Path(d)
-        hid, nlp, nent = network(t[: a.network_bases])
-        measure("logprob, Markov-3 + local composition (human chr1 slice)", lp, a.chunk, tmp, "logprob")
-        measure("entropy, Markov-3 + local composition", ent, a.chunk, tmp, "entropy")
-        measure("logprob, random causal network", nlp, a.chunk, tmp, "logprob")
-        measure("entropy, random causal network", nent, a.chunk, tmp, "entropy")
-        shipped = shipped_model(t[: a.network_bases])
-        if shipped is not None:
-            tag = f"shipped default model {shipped['sha256']}"
-            measure(f"logprob, {tag}", shipped["logprob"], a.chunk, tmp, "logprob")
-            measure(f"entropy, {tag}", shipped["entropy"], a.chunk, tmp, "entropy")
-            measure(f"hidden float16, {tag}", shipped["hidden"], a.chunk, tmp, "hidden")
-        measure("softmask (human chr1 slice, real UCSC masking)", soft, a.chunk, tmp, "softmask")
-        measure("hidden float16 (64 features), random causal network", hid, a.chunk, tmp, "hidden")
-        measure("forecast, last value (MIT-BIH 100 ECG, 2 channels)", f, a.chunk, tmp, "forecast")
-        measure("residual, last value", r, a.chunk, tmp, "residual")
-        ts = timeseries_model(x[: a.network_bases], tmp)
-        if ts is not None:
-            for name in ("forecast", "residual"):
-                measure(f"{name}, random-init linpipe time-series model", ts[name], a.chunk, tmp, name)
-        measure("time, int64 ns at 360 Hz", times, a.chunk, tmp, "time")
-        write_rate(lp, ent, soft, a.chunk, tmp)
+    arrays = dna_outputs(a.positions) | series_outputs()
+    with tempfile.TemporaryDirectory(dir=os.environ.get("LINPIPE_BENCH_DIR")) as d:
+        codec_table(arrays, a.unit, Path(d), a.rounds)
+        for durable in (True, False):
+            ns = unit_writes(arrays, a.unit, Path(d), a.rounds, durable)
+            fsync = "on" if durable else "skipped"
+            print(f"\nwrite_unit (logprob, entropy, softmask, state), fsync {fsync}: "
+                  f"{ns:.1f} ns/position, {1e3 / ns:.1f}M positions/s")
 
 
 if __name__ == "__main__":

@@ -685,3 +685,45 @@ def test_assembly_of_many_contigs(tmp_path, genomes):
         assert ds.sizes["position"] == len(seq)
         np.testing.assert_array_equal(ds["softmask"].values, markov_outputs(seq)["softmask"])
         assert ds["softmask"].values.all()  # this assembly is entirely lowercase
+
+
+def _compressors(path: Path, array: str) -> list[dict]:
+    """The codecs after `bytes` in an array's zarr.json (the Zarr v3 document, read as JSON)."""
+    doc = json.loads((path / array / "zarr.json").read_text())
+    return [c for c in doc["codecs"] if c["name"] != "bytes"]
+
+
+def test_a_store_keeps_the_codecs_it_was_created_with(tmp_path, genomes, monkeypatch):
+    """New stores get CODEC_CHOICE; a store created with other codecs (an older linpipe's) is
+    resumed with its own, and every unit verifies and reads back exactly."""
+    from linpipe.store import CODEC_CHOICE
+    from linpipe.store.verify import verify_store
+
+    older = "blosc-zstd-5-shuffle"
+    assert CODEC_CHOICE["logprob"] != older
+    with monkeypatch.context() as m:
+        for name in ("logprob", "entropy", "hidden"):
+            m.setitem(CODEC_CHOICE, name, older)
+        path = tmp_path / "older.zarr"
+        skip = {("chr1", 1), ("chr1", 5)}
+        store, full = build_dna_store(path, genomes, finalize=False, skip=skip)
+        store.close()
+    store = OutputStore.open(path)  # today's codec choice is back in force
+    for rid, unit in sorted(skip):
+        s, e = store.unit_range(rid, unit)
+        store.write_unit(rid, unit, {o: full[rid][o][s:e] for o in full[rid]},
+                         state=state_after(full[rid], e))
+    assert store.finalize()
+    key = store.record_key("chr1")
+    for name in ("logprob", "entropy", "hidden"):
+        assert _compressors(path, f"{key}/{name}") == \
+            [{"name": "blosc", "configuration": {"typesize": 2 if name == "hidden" else 4, "cname": "zstd",
+                                                  "clevel": 5, "shuffle": "shuffle", "blocksize": 0}}]
+        np.testing.assert_array_equal(store.array("chr1", name)[:], full["chr1"][name].astype(
+            store.array("chr1", name).dtype))
+    report = verify_store(path, inputs=False)
+    assert report.ok, [p.describe() for p in report.problems]
+
+    fresh, _ = build_dna_store(tmp_path / "new.zarr", genomes)  # a new store: today's choice
+    assert _compressors(tmp_path / "new.zarr", f"{fresh.record_key('chr1')}/logprob")[0]["configuration"][
+        "cname"] == CODEC_CHOICE["logprob"].split("-")[1]

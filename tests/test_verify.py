@@ -53,11 +53,10 @@ def test_corruption_is_named_by_unit_and_repaired_bit_identically(written, tmp_p
     store = OutputStore.open(str(out), mode="r")
     long = plan.streams[0]
     key = store.record(long.id).key
-    # 1. a bit flipped in the middle of a long record's chunk 1
-    f = out / key / "logprob" / "c" / "1"
-    data = bytearray(f.read_bytes())
-    data[len(data) // 2] ^= 0x10
-    f.write_bytes(bytes(data))
+    # 1. a long record's chunk 1 replaced by its chunk 0 (valid bytes, wrong values; a flipped
+    #    bit is unreadable: test_a_damaged_unit_is_bad_alike_for_verify_and_for_checked_reads)
+    chunks = out / key / "logprob" / "c"
+    (chunks / "1").write_bytes((chunks / "0").read_bytes())
     # 2. a packed batch's chunk replaced by another batch's (valid bytes, wrong values)
     packed = out / "_packed" / "entropy" / "c"
     (packed / "1").write_bytes((packed / "0").read_bytes())
@@ -127,9 +126,9 @@ def _damage(f: Path, how: str) -> None:
         f.unlink()
 
 
-# what each damage reads as, where it is certain (a flipped byte in compressed data may or may
-# not still decode: either way the unit is bad, and both readers must say the same)
-EXPECTED = {("logprob", "truncate"): "logprob unreadable", ("logprob", "delete"): "logprob does not match",
+# what each damage reads as: a damaged output chunk fails its CRC-32C before it is decoded
+EXPECTED = {("logprob", "truncate"): "logprob unreadable", ("logprob", "flip"): "logprob unreadable",
+            ("logprob", "delete"): "logprob does not match",
             ("state", "flip"): "state does not match", ("state", "truncate"): "state unreadable",
             ("state", "delete"): "state does not match"}
 

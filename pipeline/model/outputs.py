@@ -15,6 +15,13 @@ MODALITIES = (DNA, TIMESERIES)
 FEATURE, CHANNEL = "feature", "channel"
 
 
+# lz4 after bit-shuffling writes 2-4x faster than zstd-5 for 5-14% more bytes; the soft-mask's
+# long runs of one byte are worth zstd's higher level. lz4 decodes a damaged block without
+# noticing (reading past a truncated one), so a CRC-32C of each compressed chunk is checked
+# first: a damaged chunk is always unreadable, never silently different.
+FLOAT_CODEC = "blosc-lz4-5-bitshuffle+crc32c"
+
+
 @dataclass(frozen=True)
 class OutputSpec:
     name: str
@@ -22,8 +29,9 @@ class OutputSpec:
     trailing: str | None  # None: one value per position; FEATURE: d_model wide; CHANNEL: one per channel
     units: str | None
     long_name: str
-    # Lossless compressor, chosen by measurement (benchmarks/store_compression.py, BENCHMARKS.md
-    # "Outputs"): floats of linpipe's own models favour shuffling before zstd.
+    # Lossless compressor for new stores, chosen on the shipped models' outputs
+    # (benchmarks/store_compression.py, BENCHMARKS.md "The store's write"); a store keeps the
+    # codecs it was created with (they are in each array's zarr.json).
     codec: str
     default: bool  # written when a job names no outputs
     from_model: bool = True  # False: taken from the input as it is read (softmask)
@@ -33,26 +41,26 @@ class OutputSpec:
         return {None: None, FEATURE: d_model, CHANNEL: channels}[self.trailing]
 
 
-_HIDDEN = OutputSpec("hidden", "float16", FEATURE, None, "hidden representation", "blosc-zstd-5-shuffle",
+_HIDDEN = OutputSpec("hidden", "float16", FEATURE, None, "hidden representation", FLOAT_CODEC,
                      default=False)
 OUTPUTS: dict[str, tuple[OutputSpec, ...]] = {
     DNA: (
-        OutputSpec("logprob", "float32", None, "nats", "log-probability of the base", "blosc-zstd-5-shuffle",
+        OutputSpec("logprob", "float32", None, "nats", "log-probability of the base", FLOAT_CODEC,
                    default=True),
-        OutputSpec("entropy", "float32", None, "nats", "entropy of the prediction", "blosc-zstd-5-shuffle",
+        OutputSpec("entropy", "float32", None, "nats", "entropy of the prediction", FLOAT_CODEC,
                    default=True),
         OutputSpec("softmask", "uint8", None, None, "soft-masked (lowercase) base", "zstd-9", default=True,
                    from_model=False),
         _HIDDEN,
     ),
     TIMESERIES: (
-        OutputSpec("forecast", "float32", CHANNEL, None, "one-step forecast", "blosc-zstd-5-bitshuffle",
+        OutputSpec("forecast", "float32", CHANNEL, None, "one-step forecast", FLOAT_CODEC,
                    default=True),
-        OutputSpec("residual", "float32", CHANNEL, None, "observed minus forecast", "blosc-zstd-5-bitshuffle",
+        OutputSpec("residual", "float32", CHANNEL, None, "observed minus forecast", FLOAT_CODEC,
                    default=True),
         # series_norm models only (ModelConfig.unavailable_outputs): residual / causal running scale
         OutputSpec("anomaly", "float32", CHANNEL, "residual standard deviations",
-                   "standardised anomaly score", "blosc-zstd-5-bitshuffle", default=True),
+                   "standardised anomaly score", FLOAT_CODEC, default=True),
         _HIDDEN,
     ),
 }

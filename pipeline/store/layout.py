@@ -51,7 +51,7 @@ LOOKUP_HASH, LOOKUP_ROW = "lookup_hash", "lookup_row"  # sorted 64-bit id hashes
 TIME = "time"  # the time coordinate of a series record (when its input has time stamps)
 CHANNEL_NAMES = "channel"  # the channel coordinate of a series record
 TIME_UNITS = "nanoseconds since 1970-01-01"
-TIME_CODEC = "blosc-zstd-5-bitshuffle"  # chosen in benchmarks/store_compression.py
+TIME_CODEC = "blosc-lz4-5-bitshuffle+crc32c"  # chosen in benchmarks/store_compression.py
 
 DEFAULT_OUTPUTS = {m: list(output_names(m, default=True)) for m in MODALITIES}
 
@@ -85,15 +85,19 @@ HIDDEN_DTYPES = ("float16", "float32")
 
 
 def codecs_for(spec: str):
-    """Zarr v3 compressors for a spec like 'zstd-3' or 'blosc-zstd-5-shuffle' ('none': None)."""
-    from zarr.codecs import BloscCodec, ZstdCodec
+    """Zarr v3 compressors for a spec like 'zstd-3' or 'blosc-lz4-5-bitshuffle' ('none': None);
+    '+crc32c' appends a CRC-32C of the compressed bytes, checked before they are decoded."""
+    from zarr.codecs import BloscCodec, Crc32cCodec, ZstdCodec
 
     if spec == "none":
         return None
+    spec, _, crc = spec.partition("+")
     if spec.startswith("zstd-"):
-        return [ZstdCodec(level=int(spec.split("-")[1]))]
-    _, cname, level, shuffle = spec.split("-")
-    return [BloscCodec(cname=cname, clevel=int(level), shuffle=shuffle)]
+        codecs = [ZstdCodec(level=int(spec.split("-")[1]))]
+    else:
+        _, cname, level, shuffle = spec.split("-")
+        codecs = [BloscCodec(cname=cname, clevel=int(level), shuffle=shuffle)]
+    return codecs + ([Crc32cCodec()] if crc == "crc32c" else [])
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,7 @@ from linpipe.store.layout import (
 )
 from linpipe.store.location import Location, records_only
 from linpipe.store.packed import PackedGroup, PackedSlice
+from linpipe.store.rawchunks import RawChunks
 from linpipe.store.records import RecordMap, StoredRecord
 from linpipe.store.table import PackedRecords
 from linpipe.strands import FORWARD, REVERSE
@@ -71,6 +72,8 @@ class OutputStore:
         self._packed = PackedGroup(group[PACKED], pinfo, self.unit_size) if pinfo else None
         self._arrays: dict[str, object] = {}
         self._resolved: dict[str, StoredRecord] = {}
+        self._raw = RawChunks(location)
+        self._state_documents: dict[int, bytes] = {}  # state blob size -> its array's zarr.json
 
     # ------------------------------------------------------------------ create / open
     @classmethod
@@ -241,7 +244,9 @@ class OutputStore:
     def _array(self, path: str):
         arr = self._arrays.get(path)
         if arr is None:
-            arr = self._arrays[path] = self._group[path]
+            # every unit writes its whole chunk: checking it against the fill value first (to skip
+            # an empty one) costs a third of a float16 `hidden` unit's write
+            arr = self._arrays[path] = self._group[path].with_config({"write_empty_chunks": True})
         return arr
 
     # ------------------------------------------------------------------ writing
@@ -320,7 +325,7 @@ class OutputStore:
             full[:used] = data
             padded[name] = (arr, full)
         self._write_durably(padded, start, start + self.unit_size, self._group[progress_path(PACKED, "done")],
-                         self._group[progress_path(PACKED, "sum")], batch, lambda: None)
+                         self._group[progress_path(PACKED, "sum")], batch, lambda: (None, []))
 
     def _prepare(self, arrays: dict, expected: list[str], path_of, n: int, what: str, where: str) -> dict:
         if set(arrays) != set(expected):
@@ -340,25 +345,29 @@ class OutputStore:
         return prepared
 
     def _write_durably(self, prepared: dict, start: int, end: int, done, sums, index: int, write_state):
-        """Data, then the state, then the checksum and the marker, each durable before the next."""
-        if done[index]:  # rewriting a finished unit: it is not finished while we do
-            done[index] = 0
-            self._location.sync([(done, (index,))])
+        """Data, boundary state and checksums durable together, then the marker, durable last."""
+        raw = self._raw
+        if raw.read(done, (index,))[0]:  # rewriting a finished unit: it is not finished while we do
+            self._sync([], [raw.write(done, (index,), [0])])
         index_along = start // self.unit_size  # the Zarr chunk's index along positions
         written = [v for v in prepared.values() if v is not None]
-        for arr, data in written:  # 1. data: whole Zarr chunks only
+        for arr, data in written:  # data: whole Zarr chunks only
             arr[start:end] = data
-        self._location.sync([(arr, (index_along,) + (0,) * (arr.ndim - 1)) for arr, _ in written])
-        blob = write_state()  # 2. the boundary state after this unit (its bytes, or None)
-        sums[index] = unit_checksums([None if v is None else v[1] for v in prepared.values()],
-                                     blob)  # 3. checksums
-        done[index] = 1  # 4. the marker, last
-        self._location.sync([(sums, (index,)), (done, (index,))])
+        blob, state_files = write_state()  # the boundary state after this unit (its bytes, or None)
+        checks = unit_checksums([None if v is None else v[1] for v in prepared.values()], blob)
+        files = state_files + [raw.write(sums, (index, 0), checks[None])]
+        self._sync([(arr, (index_along,) + (0,) * (arr.ndim - 1)) for arr, _ in written], files)
+        self._sync([], [raw.write(done, (index,), [1])])  # the marker, last
+
+    def _sync(self, chunks, files):
+        """fsync zarr-written chunks and the files written directly (None: zarr wrote that one,
+        on an object store, where a write is durable when it returns)."""
+        self._location.sync(chunks, also=[f for f in files if f is not None])
 
     def _drop_state(self, key: str, unit: int, strand: str = FORWARD):
-        """No stale state from an earlier attempt may outlive a write without one."""
+        """No stale state from an earlier attempt may outlive a write without one: (no blob, no files)."""
         del self._group[state_path(key, unit, strand)]
-        return None
+        return None, []
 
     def state_blob(self, key: str, unit: int, strand: str = FORWARD) -> bytes | None:
         """The stored bytes of a long record's boundary state after a unit (None if absent)."""
@@ -384,18 +393,23 @@ class OutputStore:
 
     def _write_state(self, key: str, unit: int, state: dict, strand: str = FORWARD):
         """One uint8 array per boundary holding the state as a safetensors blob (names, dtypes
-        and shapes included): one metadata file and one Zarr chunk, whatever the model's layers."""
+        and shapes included): one metadata file and one Zarr chunk, whatever the model's layers.
+        Returns (the blob's bytes, the files written)."""
         import zarr
         from safetensors.numpy import save
 
         tensors = {str(k): np.ascontiguousarray(np.asarray(v)) for k, v in state.items()}
-        blob = np.frombuffer(save(tensors), dtype=np.uint8)
+        blob = save(tensors)
         path = state_path(key, unit, strand)
+        document = self._state_documents.get(len(blob))
+        if document is not None:  # a local store: the document zarr wrote for this size, then the bytes
+            return blob, [self._raw.put_document(path, document), self._raw.put_chunk(path, (0,), blob)]
         arr = zarr.create_array(store=self.zarr_store, name=path, overwrite=True, zarr_format=3,
-                                **state_array(blob.size).create_kwargs())
-        arr[:] = blob
-        self._location.sync([(arr, (0,))], also=[f"{path}/zarr.json"])
-        return blob.tobytes()
+                                **state_array(len(blob)).create_kwargs())
+        files = [f"{path}/zarr.json", self._raw.write(arr, (0,), np.frombuffer(blob, dtype=np.uint8))]
+        if files[1] is not None:
+            self._state_documents[len(blob)] = self._location.read_bytes(files[0])
+        return blob, files
 
     # ------------------------------------------------------------------ progress
     def completed_units(self, key: str, strand: str | None = None) -> set[int]:
