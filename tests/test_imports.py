@@ -90,3 +90,43 @@ def test_a_cycle_is_found_and_named():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert find_cycle(graph) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+# zarr-python's public API (its documented modules): a minor zarr release must not break linpipe
+ZARR_PUBLIC = ("zarr", "zarr.storage", "zarr.codecs", "zarr.abc", "zarr.errors")
+
+
+def zarr_beyond_public(path: Path) -> list[str]:
+    """What a module takes from zarr beyond its public API: an import of another zarr module
+    (zarr.core, zarr.api, ...), of an underscore name, or a `zarr.core` reached by attribute."""
+    import importlib.util
+
+    text = path.read_text()
+    found = [f"{path.name}: zarr.core"] if "zarr.core" in text else []
+    for node in ast.walk(ast.parse(text, str(path))):
+        if isinstance(node, ast.Import):
+            pairs = [(a.name, None) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            pairs = [(node.module, a.name) for a in node.names]
+        else:
+            continue
+        for module, name in pairs:
+            if module != "zarr" and not module.startswith("zarr."):
+                continue
+            if module == "zarr" and name and importlib.util.find_spec(f"zarr.{name}") is not None:
+                module, name = f"zarr.{name}", None  # from zarr import storage
+            public = module in ZARR_PUBLIC or module.startswith("zarr.abc.")
+            if not public or (name or "").startswith("_"):
+                found.append(f"{path.name}: {module}{'' if name is None else ' ' + name}")
+    return found
+
+
+def test_zarr_is_used_through_its_public_api_only(tmp_path):
+    beyond = [f for path, _ in modules().values() for f in zarr_beyond_public(path)]
+    assert not beyond, "zarr beyond its public API: " + ", ".join(beyond)
+    probe = tmp_path / "probe.py"
+    probe.write_text("from zarr.core.metadata import ArrayV3Metadata\nfrom zarr import api\n"
+                     "from zarr.storage import _local\nimport zarr.storage\n")
+    assert zarr_beyond_public(probe) == [
+        "probe.py: zarr.core", "probe.py: zarr.core.metadata ArrayV3Metadata", "probe.py: zarr.api",
+        "probe.py: zarr.storage _local"]

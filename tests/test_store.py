@@ -456,25 +456,42 @@ def test_four_concurrent_writers_lose_nothing(tmp_path, genomes):
 
 
 # ------------------------------------------------------------------------------------- kills
-KILLED = r"""
-import sys, time, numpy as np
+# a writer of chr1's unit 1 in a child process: KILLED_OPEN, a hook that flags and hangs, KILLED_WRITE
+KILLED_OPEN = r"""
+import os, sys, time, numpy as np
 from pathlib import Path
 from linpipe.store import OutputStore
 path, flag = sys.argv[1], Path(sys.argv[2])
 store = OutputStore.open(path)
 key = store.record_key("chr1")
-real_write_state = store._write_state
-def write_state_then_hang(*a, **k):   # the data are on disk now; the marker is next
-    real_write_state(*a, **k)
-    flag.write_text("data written")
-    time.sleep(120)
-store._write_state = write_state_then_hang
+"""
+KILLED_WRITE = r"""
 s, e = store.unit_range(key, 1)
 n = e - s
 store.write_unit(key, 1, {"logprob": np.full(n, -1.5, np.float32), "entropy": np.full(n, 1.2, np.float32),
                            "softmask": np.ones(n, np.uint8), "hidden": np.zeros((n, 8), np.float32)},
                   state={"S": np.ones(3, np.float32)})
 """
+def kill_at_hook(script: str, path: Path, flag: Path) -> None:
+    """Run script (argv: path, flag) in a child process and SIGKILL it once its hook has written
+    the flag file."""
+    child = subprocess.Popen([sys.executable, "-c", script, str(path), str(flag)])
+    deadline = time.time() + 120
+    while not (flag.exists() and flag.read_text()):
+        assert child.poll() is None and time.time() < deadline, "the child ended before its hook"
+        time.sleep(0.05)
+    child.send_signal(signal.SIGKILL)
+    assert child.wait(timeout=30) == -signal.SIGKILL
+
+
+KILLED = KILLED_OPEN + r"""
+real_write_state = store._write_state
+def write_state_then_hang(*a, **k):   # the data are on disk now; the marker is next
+    real_write_state(*a, **k)
+    flag.write_text("data written")
+    time.sleep(120)
+store._write_state = write_state_then_hang
+""" + KILLED_WRITE
 
 
 @pytest.mark.slow
@@ -482,14 +499,7 @@ def test_killed_writer_leaves_chunk_incomplete(tmp_path, genomes):
     path = tmp_path / "killed.zarr"
     store, full = build_dna_store(path, genomes, skip={("chr1", 1)}, finalize=False)
     assert not store.finalize()  # a chunk is missing: the store never claims completion
-    flag = tmp_path / "flag"
-    child = subprocess.Popen([sys.executable, "-c", KILLED, str(path), str(flag)])
-    deadline = time.time() + 120
-    while not flag.exists():
-        assert child.poll() is None and time.time() < deadline, "writer ended before the hook"
-        time.sleep(0.05)
-    child.send_signal(signal.SIGKILL)
-    assert child.wait(timeout=30) == -signal.SIGKILL
+    kill_at_hook(KILLED, path, tmp_path / "flag")
 
     store = OutputStore.open(path)
     key = store.record_key("chr1")

@@ -2,13 +2,15 @@
 
 The driver alone creates a store, once per job. It refuses to clobber anything that is not a
 linpipe store, writes the root's `linpipe` attributes last (until then the root carries only
-`linpipe_creating`), and writes every node's metadata in one concurrent `zarr.create_hierarchy`.
+`linpipe_creating`), and writes every other node's document (`zarr.json`, zarr_spec.py) itself,
+concurrently, from templates that zarr made.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
+import tempfile
+from pathlib import Path
 
 import numpy as np
 
@@ -30,6 +32,7 @@ from linpipe.store.layout import (
     RC_OUTPUTS,
     TABLE_CHUNK,
     base_output,
+    channel_array,
     checksum_array,
     done_array,
     is_rc,
@@ -40,11 +43,11 @@ from linpipe.store.layout import (
     record_path,
     table_arrays,
 )
-from linpipe.store.location import Location, keep_lease, pool
+from linpipe.store.location import Location, keep_lease
 from linpipe.store.packed import write_table
 from linpipe.store.records import StoredRecord
 from linpipe.store.table import PackedRecords, id_hashes
-from linpipe.store.zarr_internals import with_attributes, with_shape
+from linpipe.store.zarr_spec import ZARR_JSON, array_document, encode, group_document
 from linpipe.strands import FORWARD, REVERSE
 from linpipe.version import __version__
 
@@ -119,30 +122,25 @@ def lay_out(path, *, meta: dict, records: list[dict], outputs, unit_size: int, f
     root = zarr.open_group(store=keep_lease(location.store), mode="w", zarr_format=3,
                            attributes={CREATING: True})
     root.create_group(PROGRESS, attributes={"about": PROGRESS_ABOUT})
-    templates = _Templates(outputs, unit_size=unit_size, feature_dim=feature_dim, channels=channels,
-                           hidden_dtype=hidden_dtype)
-    nodes = {}
-    for key, info in long.items():
-        nodes.update(templates.record_nodes(key, info))
-    order = np.argsort(hashes, kind="stable")
-    fences = [int(h) for h in hashes[order][::TABLE_CHUNK]]
-    nodes.update(templates.packed_nodes(modality, packed, time_dtype=packed_meta.get("time_dtype"),
-                                        fences=fences))
-    # overwrite=True: the location was just emptied, so zarr need not first read every path
-    # to see whether a node is already there (it only clears paths that do not exist)
-    with zarr.config.set({"async.concurrency": 64}):
-        created = dict(zarr.create_hierarchy(store=location.store, nodes=nodes, overwrite=True))
-    # the channel names are the one output-side array that holds data from the start
-    paths = [record_path(k, CHANNEL_NAMES) for k in long] + [f"{PACKED}/{CHANNEL_NAMES}"]
-    coords = [created[p] for p in paths if p in created]
-    labels = np.array(channels or [])
-
-    def fill(arr):
-        arr[:] = labels
-
-    list(pool().map(fill, coords))
-    write_table({p.split("/", 1)[1]: a for p, a in created.items() if p.startswith(f"{PACKED}/")},
-                packed, hashes, order)
+    with _Templates(outputs, unit_size=unit_size, feature_dim=feature_dim, channels=channels,
+                    hidden_dtype=hidden_dtype) as templates:
+        nodes = {}
+        for key, info in long.items():
+            nodes.update(templates.record_nodes(key, info))
+        order = np.argsort(hashes, kind="stable")
+        fences = [int(h) for h in hashes[order][::TABLE_CHUNK]]
+        nodes.update(templates.packed_nodes(modality, packed, time_dtype=packed_meta.get("time_dtype"),
+                                            fences=fences))
+        objects = {f"{node}/{ZARR_JSON}": encode(doc) for node, doc in nodes.items()}
+        # the channel names are the one output-side array that holds data from the start, the
+        # same in every record: zarr encodes its chunks once, and each record gets those files
+        named = [p for p in [record_path(k, CHANNEL_NAMES) for k in long] + [f"{PACKED}/{CHANNEL_NAMES}"]
+                 if p in nodes]
+        if named:
+            chunks = templates.chunks(channel_array(channels), np.array(channels))
+            objects.update({f"{node}/{key}": data for node in named for key, data in chunks.items()})
+    location.write_objects(objects)
+    write_table(root[PACKED], packed, hashes, order)
     root.attrs.put({"linpipe": root_meta})
     return location, root
 
@@ -164,71 +162,88 @@ def _record(where: str, r: dict, modality: str, unit_size: int) -> StoredRecord:
 
 
 class _Templates:
-    """Zarr metadata documents for every node of a record, made once per kind of record.
+    """Zarr node documents for every node of a record, made once per kind of record.
 
     zarr's per-node create calls cost tens of ms each, which is minutes for an assembly of
-    thousands of contigs. So zarr lays out one record of each kind in memory, and each record
-    gets those metadata objects with its own shape and attributes; zarr.create_hierarchy then
-    writes them all concurrently.
+    thousands of contigs. So zarr creates one array of each kind in a scratch folder, and each
+    record gets those documents with its own shapes and attributes, which lay_out then
+    writes all at once (the documents are the spec's `zarr.json`, zarr_spec.py).
     """
 
     def __init__(self, outputs, *, unit_size, feature_dim, channels, hidden_dtype):
-        import zarr
-        from zarr.storage import MemoryStore
-
         self.layout = {"unit_size": unit_size, "feature_dim": feature_dim, "channels": channels,
                        "hidden_dtype": hidden_dtype}
         self.outputs = outputs
-        self._mem = MemoryStore()
-        self.group = zarr.create_group(store=self._mem, zarr_format=3).metadata
+        self._scratch = tempfile.TemporaryDirectory(prefix="linpipe-templates-")
         self.done = self._array(done_array(1))
-        self._sums: dict[int, object] = {}
+        self._sums: dict[int, dict] = {}
         self._arrays: dict[tuple, dict] = {}
 
-    def _array(self, spec):
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._scratch.cleanup()
+
+    def _array(self, spec) -> dict:
+        """The document zarr writes for the array of this spec."""
         import zarr
 
-        return zarr.create_array(store=self._mem, name=spec.name, zarr_format=3, overwrite=True,
-                                 **spec.create_kwargs()).metadata
+        zarr.create_array(store=self._scratch.name, name=spec.name, zarr_format=3, overwrite=True,
+                          **spec.create_kwargs())
+        with open(os.path.join(self._scratch.name, spec.name, ZARR_JSON), "rb") as f:
+            return json.load(f)
 
-    def sums(self, n_units: int, n_arrays: int):
+    def chunks(self, spec, values) -> dict:
+        """The chunk files of the spec's array once it holds values: key (relative to the
+        array, by its chunk key encoding) -> bytes."""
+        import zarr
+
+        name = f"filled/{spec.name}"
+        zarr.create_array(store=self._scratch.name, name=name, zarr_format=3, overwrite=True,
+                          **spec.create_kwargs())[:] = values
+        folder = Path(self._scratch.name, name)
+        return {f.relative_to(folder).as_posix(): f.read_bytes() for f in folder.rglob("*")
+                if f.is_file() and f.name != ZARR_JSON}
+
+    def sums(self, n_units: int, n_arrays: int) -> dict:
         if n_arrays not in self._sums:
             self._sums[n_arrays] = self._array(checksum_array(1, n_arrays))
-        return with_shape(self._sums[n_arrays], (n_units, n_arrays + 1))
+        return array_document(self._sums[n_arrays], (n_units, n_arrays + 1))
 
     def record_nodes(self, key: str, info: StoredRecord) -> dict:
-        """path -> metadata of the record's group, its arrays, its progress group and markers."""
+        """path -> document of the record's group, its arrays, its progress group and markers."""
         specs = record_arrays(info.modality, info.length, info.time_dtype, self.outputs, **self.layout)
         kind = (info.modality, info.time_dtype)
         if kind not in self._arrays:
             self._arrays[kind] = {s.name: self._array(s) for s in specs}
         arrays = self._arrays[kind]
-        nodes = {record_path(key): with_attributes(self.group, {"linpipe_record": info.stored()})}
+        nodes = {record_path(key): group_document({"linpipe_record": info.stored()})}
         for s in specs:
-            nodes[record_path(key, s.name)] = with_shape(arrays[s.name], s.shape)
-        nodes[progress_path(key)] = with_attributes(self.group, {"id": info.id})
+            nodes[record_path(key, s.name)] = array_document(arrays[s.name], s.shape)
+        nodes[progress_path(key)] = group_document({"id": info.id})
         written = [sp for sp in specs if sp.name != CHANNEL_NAMES]
+        done = array_document(self.done, (info.n_units,))
         for strand in (FORWARD, REVERSE):
             mine = [sp for sp in written if is_rc(sp.name) == (strand == REVERSE)]
             if strand == REVERSE and not mine:
                 continue  # one strand only: no reverse markers
-            nodes[progress_path(key, progress_name("done", strand))] = with_shape(self.done, (info.n_units,))
+            nodes[progress_path(key, progress_name("done", strand))] = done
             nodes[progress_path(key, progress_name("sum", strand))] = self.sums(info.n_units, len(mine))
         return nodes
 
     def packed_nodes(self, modality: str, packed: PackedRecords, *, time_dtype: str | None,
                      fences: list[int]) -> dict:
-        """path -> metadata of the packed group, its outputs and table, and its markers."""
+        """path -> document of the packed group, its outputs and table, and its markers."""
         specs = packed_arrays(modality, self.outputs, n_batches=packed.n_batches, time_dtype=time_dtype,
                               **self.layout)
         specs += table_arrays(packed.n_records, packed.n_batches)
-        nodes = {PACKED: with_attributes(self.group, {
-            "about": "linpipe: short records, packed (docs/output-format.md)"})}
+        nodes = {PACKED: group_document({"about": "linpipe: short records, packed (docs/output-format.md)"})}
         for spec in specs:
-            if spec.name == LOOKUP_HASH:  # the first hash of every Zarr chunk: one read finds the chunk
-                spec = dataclasses.replace(spec, attributes={**spec.attributes, "fences": fences})
             nodes[f"{PACKED}/{spec.name}"] = self._array(spec)
-        nodes[progress_path(PACKED)] = with_attributes(self.group, {"about": "batch markers"})
+        # the first hash of every Zarr chunk: one read finds the chunk
+        nodes[f"{PACKED}/{LOOKUP_HASH}"]["attributes"]["fences"] = fences
+        nodes[progress_path(PACKED)] = group_document({"about": "batch markers"})
         nodes[progress_path(PACKED, "done")] = self._array(done_array(packed.n_batches))
         n_arrays = len(self.outputs) + (1 if time_dtype else 0)
         nodes[progress_path(PACKED, "sum")] = self.sums(packed.n_batches, n_arrays)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from linpipe.model.outputs import CHANNEL, DNA, FEATURE, MODALITIES, OUTPUTS, TIMESERIES, output_names
+from linpipe.store.zarr_spec import KEY_ENCODING
 from linpipe.strands import FORWARD, REVERSE
 
 FORMAT = "linpipe-output"
@@ -116,7 +117,7 @@ class ArraySpec:
     def create_kwargs(self) -> dict:
         """Keyword arguments of zarr.create_array / Group.create_array for this array."""
         kw = {"shape": self.shape, "dtype": self.dtype, "dimension_names": list(self.dims),
-              "attributes": dict(self.attributes)}
+              "attributes": dict(self.attributes), "chunk_key_encoding": dict(KEY_ENCODING)}
         if self.chunks is not None:
             kw["chunks"] = self.chunks
         if self.fill_value is not None:

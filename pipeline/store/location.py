@@ -17,7 +17,7 @@ from pathlib import Path
 from linpipe.errors import StoreError
 from linpipe.store.layout import PROGRESS
 from linpipe.store.s3fs_internals import create_refused
-from linpipe.store.zarr_internals import LOCAL_PARTIAL, chunk_key
+from linpipe.store.zarr_spec import array_chunk_key, leftovers
 
 LEASE_PATH = f"{PROGRESS}/lease.json"
 _POOL: ThreadPoolExecutor | None = None
@@ -161,6 +161,23 @@ class Location:
             raise
         return True
 
+    def write_objects(self, objects: dict) -> None:
+        """Write many small objects at once (path relative to the store's root -> bytes): create's
+        node documents, which nothing reads before create writes the root's `linpipe` attributes
+        last, so a local file is written in place; an object store gets concurrent PUTs (fsspec's
+        pipe)."""
+        if self.root is None:
+            fs, p = self._fs()
+            fs.pipe({f"{p}/{rel}": data for rel, data in objects.items()})
+            return
+
+        def write(item):
+            target = self.root / item[0]
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(item[1])
+
+        list(pool().map(write, objects.items()))
+
     def delete(self, rel: str) -> None:
         if self.root is not None:
             try:
@@ -201,7 +218,7 @@ class Location:
         made them visible. Object stores need nothing: a PUT is durable when it returns."""
         if self.root is None:
             return
-        files = [self.root / a.path / chunk_key(a, idx) for a, idx in chunks]
+        files = [self.root / a.path / array_chunk_key(a, idx) for a, idx in chunks]
         files += [self.root / p for p in also]
         targets = files + sorted({f.parent for f in files})
         list(pool().map(_fsync, targets))
@@ -239,14 +256,23 @@ class Location:
             except OSError:  # not empty: something still lives there
                 pass
 
-    def remove_partial_files(self):
-        """Delete the temporary files that writers killed mid-write left behind (local stores)."""
-        for f in self.files():
-            if LOCAL_PARTIAL.search(f):
+    def remove_leftovers(self):
+        """Delete what writers killed mid-write left in a local store: every file that is neither
+        a node document, nor a chunk of its array, nor the lease (zarr_spec.leftovers)."""
+        if self.root is None:
+            return  # an object store has no half-written objects: a PUT lands whole or not at all
+        for f in list(leftovers(self.root, keep={LEASE_PATH})):
+            try:
+                os.unlink(f)
+            except FileNotFoundError:
+                pass
+            folder = os.path.dirname(f)
+            while folder != os.fspath(self.root):  # and the folders it alone was in
                 try:
-                    os.unlink(f)
-                except FileNotFoundError:
-                    pass
+                    os.rmdir(folder)
+                except OSError:  # not empty
+                    break
+                folder = os.path.dirname(folder)
 
 
 def records_only(store):

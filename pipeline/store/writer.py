@@ -514,7 +514,7 @@ class OutputStore:
         if not self.batches_done().all():
             return False
         meta = {**self._group.attrs["linpipe"], "complete": True}
-        self._location.remove_partial_files()
+        self._location.remove_leftovers()
         with warnings.catch_warnings():  # zarr: consolidated metadata is not in the v3 spec yet
             warnings.filterwarnings("ignore", message="Consolidated metadata is currently not part")
             root = zarr.consolidate_metadata(records_only(self.zarr_store), zarr_format=3)
