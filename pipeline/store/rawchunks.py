@@ -13,6 +13,9 @@ import json
 
 import numpy as np
 
+from linpipe.errors import StoreError
+from linpipe.store.zarr_spec import ZARR_JSON, chunk_key
+
 
 def is_raw(doc: dict) -> bool:
     """The array's chunks are its values' little-endian bytes: one `bytes` codec (no endian
@@ -22,14 +25,12 @@ def is_raw(doc: dict) -> bool:
             and (codecs[0].get("configuration") or {}).get("endian", "little") == "little")
 
 
-def chunk_key(doc: dict, index: tuple[int, ...]) -> str | None:
-    """The key of chunk `index` relative to its array, by the array document's chunk key
-    encoding; None for an encoding other than "default"."""
-    encoding = doc.get("chunk_key_encoding") or {}
-    if encoding.get("name") != "default":
+def _key(doc: dict, index: tuple[int, ...]) -> str | None:
+    """The chunk's key by the document's encoding (None: one linpipe does not know)."""
+    try:
+        return chunk_key(doc.get("chunk_key_encoding") or {}, index)
+    except StoreError:
         return None
-    sep = (encoding.get("configuration") or {}).get("separator", "/")
-    return "c" + "".join(f"{sep}{i}" for i in index)
 
 
 class RawChunks:
@@ -42,7 +43,7 @@ class RawChunks:
     def document(self, path: str) -> dict | None:
         """The array's zarr.json when its chunks can be written as plain bytes here."""
         if path not in self._docs:
-            raw = self.location.read_bytes(f"{path}/zarr.json") if self.location.root is not None else None
+            raw = self.location.read_bytes(f"{path}/{ZARR_JSON}") if self.location.root is not None else None
             doc = json.loads(raw) if raw else None
             self._docs[path] = doc if doc is not None and is_raw(doc) else None
         return self._docs[path]
@@ -60,7 +61,7 @@ class RawChunks:
     def read(self, arr, index: tuple[int, ...]) -> np.ndarray:
         """One whole chunk's values (the fill value where it was never written)."""
         doc = self.document(arr.path)
-        key = None if doc is None else chunk_key(doc, index)
+        key = None if doc is None else _key(doc, index)
         if key is None:
             return np.asarray(arr[tuple(slice(i * c, (i + 1) * c) for i, c in zip(index, arr.chunks,
                                                                                     strict=True))])
@@ -71,7 +72,7 @@ class RawChunks:
 
     def put_document(self, path: str, document: bytes) -> str:
         """Write an array's zarr.json (a copy of one that zarr wrote); returns its path."""
-        rel = f"{path}/zarr.json"
+        rel = f"{path}/{ZARR_JSON}"
         self.location.write_bytes(rel, document)
         doc = json.loads(document)
         self._docs[path] = doc if is_raw(doc) else None
@@ -81,7 +82,7 @@ class RawChunks:
         """Write a chunk's bytes (already little-endian, C order) by path; None when it cannot
         be written raw here."""
         doc = self.document(path)
-        key = None if doc is None else chunk_key(doc, index)
+        key = None if doc is None else _key(doc, index)
         if key is None:
             return None
         self.location.write_bytes(f"{path}/{key}", data)
