@@ -140,7 +140,8 @@ def worker_job(fasta: Path, model: str, out: Path, outputs=("logprob", "entropy"
     plan = plan_job(JobRequest(inputs=(str(fasta),), model=model, unit_size=unit, outputs=tuple(outputs),
                                **(input_options or {})))
     open_or_create_store(plan, str(out), overwrite=True)
-    w = PipelineWorker(plan.model_ref, str(out), list(plan.outputs), device=device, threads=threads)
+    w = PipelineWorker(plan.model_ref, str(out), list(plan.outputs), device=device, threads=threads,
+                       input_options=plan.input_options)
     calls = [("run_unit", (c,), {"last": i == r.n_units - 1}) for r in plan.streams
              for i, c in enumerate(r.units())]
     calls += [("run_batch", (b, plan.batch_units(b)), {}) for b in range(plan.packed.n_batches)]

@@ -107,8 +107,13 @@ def _write_all(df, tmp_path, row_group=1000):
     return [tmp_path / "s.parquet", tmp_path / "s.arrow", tmp_path / "s.csv"]
 
 
+@pytest.mark.parametrize("whole_row_groups", [True, False])
 @pytest.mark.parametrize("interleave", [False, True])
-def test_many_series_in_one_file_every_format(tmp_path, interleave):
+def test_many_series_in_one_file_every_format(tmp_path, interleave, whole_row_groups, monkeypatch):
+    """Every slice of every series, in and out of file order (Parquet row groups read whole
+    and kept, or streamed as larger ones are)."""
+    if not whole_row_groups:
+        monkeypatch.setattr(timeseries, "WHOLE_ROW_GROUP_ROWS", 0)
     df = _sensors()
     if interleave:  # rows of the sensors mixed, each sensor still in time order
         df = df.sort_values("t", kind="stable").reset_index(drop=True)
@@ -117,7 +122,7 @@ def test_many_series_in_one_file_every_format(tmp_path, interleave):
             order = list(dict.fromkeys(df["sensor"]))
             assert [r.id for r in inp.records] == order
             assert inp.channel_names == ["x", "y"]
-            for rid in order:
+            for rid in order + order[::-1]:  # then backwards: each series behind the last one read
                 sub = df[df.sensor == rid]
                 expect = sub[["x", "y"]].to_numpy(np.float32)
                 assert inp.record(rid).length == len(sub)

@@ -32,6 +32,10 @@ from linpipe.inputs.cache import cache_root, file_mode
 from linpipe.inputs.csvfile import CsvFile, first_line
 
 BATCH_ROWS = 1 << 16  # rows per batch in converted files and Parquet reads
+# A Parquet row group up to this many rows is decoded whole once and kept (the columns read):
+# short series read in a batch's order (longest first), not the file's, would otherwise decode
+# the row group again from its start for every series behind the last one read.
+WHOLE_ROW_GROUP_ROWS = 1 << 21
 
 def _is_numeric(t) -> bool:
     import pyarrow as pa
@@ -70,6 +74,7 @@ class _Table:
         self.unit_starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
         self.num_rows = int(self.unit_starts[-1])
         self._cursor = None  # parquet: (row group, columns, iterator, batch, batch start row)
+        self._whole = None  # parquet: (row group, columns, its table) of a row group read whole
 
     def iter_units(self, columns: list[str]):
         """(first global row, record batch) over the whole file, columns subset."""
@@ -98,7 +103,11 @@ class _Table:
         return out
 
     def _parquet_rows(self, rg: int, lo: int, hi: int, columns: list[str]):
-        # stream the row group in batches, continuing from the last read when it is behind us
+        if self.unit_starts[rg + 1] - self.unit_starts[rg] <= WHOLE_ROW_GROUP_ROWS:
+            if self._whole is None or self._whole[:2] != (rg, columns):
+                self._whole = (rg, columns, self.pf.read_row_group(rg, columns=columns))
+            return self._whole[2].slice(lo, hi - lo).to_batches()
+        # a larger row group: streamed in batches, continuing from the last read when it is behind us
         cur = self._cursor
         if cur is None or cur[0] != rg or cur[1] != columns or cur[4] > lo:
             it = self.pf.iter_batches(batch_size=BATCH_ROWS, row_groups=[rg], columns=columns)
@@ -118,7 +127,7 @@ class _Table:
         return out
 
     def close(self):
-        self._cursor = None
+        self._cursor = self._whole = None
         if self.kind != "parquet":
             self.reader = None
 
