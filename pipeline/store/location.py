@@ -9,6 +9,7 @@ nothing but a lease counts as empty.
 """
 from __future__ import annotations
 
+import json
 import os
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -17,7 +18,7 @@ from pathlib import Path
 from linpipe.errors import StoreError
 from linpipe.store.layout import PROGRESS
 from linpipe.store.s3fs_internals import create_refused
-from linpipe.store.zarr_spec import array_chunk_key, leftovers
+from linpipe.store.zarr_spec import ZARR_JSON, array_chunk_key, leftovers
 
 LEASE_PATH = f"{PROGRESS}/lease.json"
 _POOL: ThreadPoolExecutor | None = None
@@ -60,6 +61,7 @@ class Location:
 
         self.where = os.fspath(path)
         self.url = self.where if "://" in self.where else None
+        self._documents: dict[str, dict] = {}  # array path -> its zarr.json (never changed once written)
         # fsspec's local file system does not create parent folders unless asked
         self.options = {"auto_mkdir": True} if self.where.startswith(("file://", "local://")) else None
         if self.url is None:
@@ -105,6 +107,24 @@ class Location:
         if top != [PROGRESS]:
             return not top
         return all(is_lease(_name(n)) for n in fs.ls(f"{p}/{PROGRESS}", detail=False))
+
+    def document(self, path: str) -> dict | None:
+        """The zarr.json of the node at `path` (relative to the root), read once and kept: an
+        array's document is written when it is created and never changed; None when absent."""
+        doc = self._documents.get(path)
+        if doc is None:
+            raw = self.read_bytes(f"{path}/{ZARR_JSON}")
+            if raw is None:
+                return None
+            doc = self._documents[path] = json.loads(raw)
+        return doc
+
+    def write_document(self, path: str, document: bytes) -> str:
+        """Write the node's zarr.json (a copy of one zarr wrote); its path relative to the root."""
+        rel = f"{path}/{ZARR_JSON}"
+        self.write_bytes(rel, document)
+        self._documents[path] = json.loads(document)
+        return rel
 
     # Small bookkeeping objects outside zarr (the driver's lease): whole-object reads and
     # writes through the file system or fsspec, at a path relative to the store's root.
@@ -218,7 +238,8 @@ class Location:
         made them visible. Object stores need nothing: a PUT is durable when it returns."""
         if self.root is None:
             return
-        files = [self.root / a.path / array_chunk_key(a, idx) for a, idx in chunks]
+        files = [self.root / a.path / array_chunk_key(self.document(a.path), a.path, idx)
+                 for a, idx in chunks]
         files += [self.root / p for p in also]
         targets = files + sorted({f.parent for f in files})
         list(pool().map(_fsync, targets))

@@ -151,10 +151,6 @@ class PackedSlice:
         self.attrs = array.attrs
         self.fill_value = array.fill_value
 
-    @property
-    def dims(self) -> tuple[str, ...]:
-        return tuple(self._array.metadata.dimension_names)
-
     def __len__(self):
         return self.shape[0]
 

@@ -9,12 +9,10 @@ own. Anything else (another codec or encoding, an object store) goes through zar
 """
 from __future__ import annotations
 
-import json
-
 import numpy as np
 
 from linpipe.errors import StoreError
-from linpipe.store.zarr_spec import ZARR_JSON, chunk_key
+from linpipe.store.zarr_spec import chunk_key
 
 
 def is_raw(doc: dict) -> bool:
@@ -38,15 +36,11 @@ class RawChunks:
 
     def __init__(self, location):
         self.location = location
-        self._docs: dict[str, dict | None] = {}  # array path -> its zarr.json, None: not writable raw
 
     def document(self, path: str) -> dict | None:
         """The array's zarr.json when its chunks can be written as plain bytes here."""
-        if path not in self._docs:
-            raw = self.location.read_bytes(f"{path}/{ZARR_JSON}") if self.location.root is not None else None
-            doc = json.loads(raw) if raw else None
-            self._docs[path] = doc if doc is not None and is_raw(doc) else None
-        return self._docs[path]
+        doc = self.location.document(path) if self.location.root is not None else None
+        return doc if doc is not None and is_raw(doc) else None
 
     def write(self, arr, index: tuple[int, ...], values) -> str | None:
         """Store one whole chunk of a zarr array; the file written (for the fsync), or None when
@@ -69,14 +63,6 @@ class RawChunks:
         if raw is None:
             return np.full(arr.chunks, arr.fill_value, dtype=arr.dtype)
         return np.frombuffer(raw, dtype=arr.dtype.newbyteorder("<")).reshape(arr.chunks)
-
-    def put_document(self, path: str, document: bytes) -> str:
-        """Write an array's zarr.json (a copy of one that zarr wrote); returns its path."""
-        rel = f"{path}/{ZARR_JSON}"
-        self.location.write_bytes(rel, document)
-        doc = json.loads(document)
-        self._docs[path] = doc if is_raw(doc) else None
-        return rel
 
     def put_chunk(self, path: str, index: tuple[int, ...], data: bytes) -> str | None:
         """Write a chunk's bytes (already little-endian, C order) by path; None when it cannot

@@ -21,7 +21,6 @@ from linpipe.store.layout import (
     TIME,
     packed_dim,
 )
-from linpipe.store.packed import PackedSlice
 from linpipe.store.records import StoredRecord
 from linpipe.store.writer import OutputStore
 
@@ -150,7 +149,7 @@ class OutputReader:
             view = self._out.array(info.id, name)
             values = view[:]
             attrs = dict(view.attrs)
-            dims = (dim,) + tuple(view.dims[1:])
+            dims = (dim,) + self._out.dims(info.id, name)[1:]
             if name == TIME:
                 if "units" in attrs:
                     values = values.astype("datetime64[ns]")
@@ -175,12 +174,11 @@ class OutputReader:
 
     def dims(self, record_id_or_key: str, output: str) -> tuple[str, ...]:
         """The named dimensions of one output, e.g. ('position',) or ('time', 'channel')."""
-        arr = self.array(record_id_or_key, output)
-        if isinstance(arr, PackedSlice):
-            info = self.record(record_id_or_key)
-            own = POSITION_DIM[info.modality]
-            return tuple(own if d == packed_dim(info.modality) else d for d in arr.dims)
-        return tuple(arr.metadata.dimension_names)
+        info = self.record(record_id_or_key)
+        dims = self._out.dims(info.id if info.packed else info.key, output)
+        if info.packed:  # the packed array's axis, as the record's own
+            return tuple(POSITION_DIM[info.modality] if d == packed_dim(info.modality) else d for d in dims)
+        return dims
 
     def completed_ranges(self, record_id_or_key: str) -> list[tuple[int, int]]:
         """[start, end) of every completed work unit, in position order."""

@@ -52,6 +52,7 @@ from linpipe.store.packed import PackedGroup, PackedSlice
 from linpipe.store.rawchunks import RawChunks
 from linpipe.store.records import RecordMap, StoredRecord
 from linpipe.store.table import PackedRecords
+from linpipe.store.zarr_spec import ZARR_JSON
 from linpipe.strands import FORWARD, REVERSE
 from linpipe.version import __version__
 
@@ -242,6 +243,14 @@ class OutputStore:
         except KeyError:
             raise StoreError(f"{self.path}: record {info.id!r} has no output {name!r}") from None
 
+    def dims(self, key: str, name: str) -> tuple[str, ...]:
+        """The named dimensions of one output of a record, as stored (its zarr.json): a packed
+        record's are those of the packed array."""
+        self.array(key, name)  # the same checks and errors
+        info = self.record(key)
+        path = f"{PACKED}/{name}" if info.packed else record_path(info.key, name)
+        return tuple(self._location.document(path).get("dimension_names") or ())
+
     def _array(self, path: str):
         arr = self._arrays.get(path)
         if arr is None:
@@ -404,10 +413,11 @@ class OutputStore:
         path = state_path(key, unit, strand)
         document = self._state_documents.get(len(blob))
         if document is not None:  # a local store: the document zarr wrote for this size, then the bytes
-            return blob, [self._raw.put_document(path, document), self._raw.put_chunk(path, (0,), blob)]
+            return blob, [self._location.write_document(path, document),
+                          self._raw.put_chunk(path, (0,), blob)]
         arr = zarr.create_array(store=self.zarr_store, name=path, overwrite=True, zarr_format=3,
                                 **state_array(len(blob)).create_kwargs())
-        files = [f"{path}/zarr.json", self._raw.write(arr, (0,), np.frombuffer(blob, dtype=np.uint8))]
+        files = [f"{path}/{ZARR_JSON}", self._raw.write(arr, (0,), np.frombuffer(blob, dtype=np.uint8))]
         if files[1] is not None:
             self._state_documents[len(blob)] = self._location.read_bytes(files[0])
         return blob, files

@@ -58,12 +58,13 @@ def chunk_key(encoding: dict, index) -> str:
     return sep.join(parts) or "0"
 
 
-def array_chunk_key(array, index) -> str:
-    """The key of one chunk of a zarr array (its stored encoding), relative to the array."""
+def array_chunk_key(document: dict, path: str, index) -> str:
+    """The key of one chunk of the array at `path` whose zarr.json is `document`, relative to
+    the array."""
     try:
-        return chunk_key(array.metadata.to_dict()["chunk_key_encoding"], index)
+        return chunk_key(document.get("chunk_key_encoding") or {}, index)
     except StoreError as e:
-        raise StoreError(f"{array.path}: {e}") from None
+        raise StoreError(f"{path}: {e}") from None
 
 
 def chunk_pattern(doc: dict) -> re.Pattern | None:
