@@ -138,7 +138,8 @@ class PipelineWorker:
         if inp is None:
             from linpipe.inputs import open_input
 
-            inp = self._inputs[path] = open_input(path, **self.input_options)
+            # a worker reads sequence only: no header read back per record for its description
+            inp = self._inputs[path] = open_input(path, descriptions=False, **self.input_options)
             self._stats[path] = sig
         elif self._stats[path] != sig:
             raise InputError(f"{path}: the input changed mid-job; submit again (with {option('overwrite')} "

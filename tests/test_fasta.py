@@ -360,3 +360,18 @@ def test_no_writable_place_for_the_index_still_reads(genomes, tmp_path):
     finally:
         for d in (ro, cache):
             d.chmod(0o755)
+
+
+def test_a_reader_without_descriptions_reads_the_same_bases(tmp_path, genomes):
+    """descriptions=False (what a job's workers open) skips reading each header back: the
+    records, lengths and bases are the same, only the descriptions are empty."""
+    fa = tmp_path / "sepi.fa"  # 42 contigs whose headers carry descriptions
+    shutil.copy(genomes / "abricate_Sepidermidis_ST14_assembly.fa", fa)
+    with linpipe.open_input(fa) as full:  # builds the .fai
+        assert any(r.description for r in full.records)
+        with linpipe.open_input(fa, descriptions=False) as bare:
+            assert [(r.id, r.length) for r in bare.records] == [(r.id, r.length) for r in full.records]
+            assert all(r.description == "" for r in bare.records)
+            for r in full.records:
+                for got, want in zip(bare.read(r.id, 0, r.length), full.read(r.id, 0, r.length), strict=True):
+                    np.testing.assert_array_equal(got, want)

@@ -165,6 +165,11 @@ sys.path.insert(0, {tests!r})
 from test_overlap import _worker, _calls, _run_overlapped
 plan, store, w = _worker({fasta!r}, {model!r}, {out!r})
 calls = _calls(plan)
+# A unit's files are written in a few ms (linpipe encodes them itself): a disk's fsync of 20 ms
+# keeps each unit in flight long enough for the parent's polling to see one, as on a slow disk.
+import time
+sync = w.store._sync
+w.store._sync = lambda *a: (time.sleep(0.02), sync(*a))
 print("started", flush=True)
 for i in range(0, len(calls), 3):  # IN_FLIGHT calls at a time, as the driver keeps them
     _run_overlapped(w, calls[i:i + 3], range(min(3, len(calls) - i)), first=i)

@@ -25,7 +25,7 @@ from test_store import (
 
 from linpipe.errors import StoreError
 from linpipe.store import OutputStore
-from linpipe.store.layout import checksum_array, done_array, record_arrays
+from linpipe.store.layout import CODEC_CHOICE, checksum_array, done_array, record_arrays
 from linpipe.store.zarr_spec import ZARR_JSON, array_chunk_key, chunk_key, leftovers
 
 FORMAT_V2 = Path(__file__).parent / "data" / "store_v2" / "dna"
@@ -227,3 +227,46 @@ def test_a_driver_killed_while_laying_out_leaves_a_store_marked_as_being_created
     OutputStore.create(tmp_path / "clean.zarr", meta={}, records=records, unit_size=1000)
     assert _tree_bytes(path) == _tree_bytes(tmp_path / "clean.zarr")
     assert OutputStore.open(path).n_units("contig_49") == 6
+
+
+# ------------------------------------------------------------------------------ chunk bytes
+CODEC_SPECS = sorted(set(CODEC_CHOICE.values()) | {"none", "zstd-3", "blosc-zstd-5-shuffle",
+                                                   "blosc-lz4-5-noshuffle+crc32c"})
+
+
+@pytest.mark.parametrize("spec", CODEC_SPECS)
+@pytest.mark.parametrize("dtype,width", [("float32", None), ("float16", 6), ("uint8", None), ("int64", None)])
+def test_chunks_written_directly_are_the_bytes_zarr_writes(tmp_path, genomes, spec, dtype, width):
+    """A whole chunk and the array's last, partial one, written by rawchunks (the spec's codecs
+    through numcodecs and google-crc32c, no zarr call) are byte for byte the files zarr writes
+    for the same values, and zarr reads them back as those values. The values are a real
+    genome's bases, so compressors see real runs."""
+    from linpipe.store.layout import codecs_for
+    from linpipe.store.location import Location
+    from linpipe.store.rawchunks import RawChunks
+
+    tokens = linpipe_tokens(genomes / "htslib_ce.fa", 2500 * (width or 1))
+    values = tokens.astype(dtype) if dtype != "float16" else (tokens / 7).astype(dtype)
+    values = values.reshape((2500,) + ((width,) if width else ()))
+    shape, chunks = values.shape, (1024,) + ((width,) if width else ())
+    kw = dict(shape=shape, chunks=chunks, dtype=dtype, compressors=codecs_for(spec),
+              fill_value=np.nan if dtype.startswith("float") else 0)
+    by_zarr = zarr.open_group(tmp_path / "zarr", mode="w").create_array("a", **kw)
+    by_zarr[:] = values
+    direct = zarr.open_group(tmp_path / "direct", mode="w").create_array("a", **kw)
+    raw = RawChunks(Location(tmp_path / "direct", read_only=False))
+    files = [raw.write(direct, (i,) + (0,) * (len(shape) - 1), values[i * 1024:(i + 1) * 1024]) for i in range(3)]
+    assert all(f is not None for f in files)  # none of them went through zarr
+    written = _chunk_bytes(tmp_path / "direct" / "a")
+    assert sorted(written) == (["c/0", "c/1", "c/2"] if width is None else ["c/0/0", "c/1/0", "c/2/0"])
+    assert written == _chunk_bytes(tmp_path / "zarr" / "a")
+    np.testing.assert_array_equal(zarr.open_group(tmp_path / "direct", mode="r")["a"][:], values)
+
+
+def linpipe_tokens(path, n: int) -> np.ndarray:
+    """The first n bases of a real genome as linpipe's tokens."""
+    import linpipe
+
+    with linpipe.open_input(path) as inp:
+        rid = max(inp.records, key=lambda r: r.length).id
+        return inp.read(rid, 0, n)[0]

@@ -137,9 +137,10 @@ class FastaInput(Input):
     channel_names = None
 
     def __init__(self, path: "str | os.PathLike", *, fmt: str = "fasta", cache_dir=None,
-                 index_in_cache: bool | None = None):
+                 index_in_cache: bool | None = None, descriptions: bool = True):
         super().__init__(Path(path))
         self.fmt = fmt
+        self.descriptions = descriptions  # False: a .fai's records keep empty descriptions
         self.cache_dir = cache_dir
         self.index_in_cache = index_in_cache_setting(index_in_cache)
         self.indexes_written: list[Path] = []  # the index files this open wrote (say where they went)
@@ -177,7 +178,7 @@ class FastaInput(Input):
             for found in find_fresh(self.path, suffix, self.cache_dir):
                 try:
                     entries = parse_index(found, self.path)
-                    if suffix == ".fai":
+                    if suffix == ".fai" and self.descriptions:
                         entries = self._with_descriptions(entries)
                 except InputError:
                     continue  # unreadable or stale: try the next, else rebuild below

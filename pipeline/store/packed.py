@@ -39,6 +39,7 @@ class PackedGroup:
         self.unit_size = unit_size
         self._arrays: dict[str, object] = {}
         self._batch_row = None
+        self._batch_positions = None
         self._fences = None
 
     def array(self, name: str):
@@ -101,8 +102,10 @@ class PackedGroup:
 
     def batch_positions(self, batch: int) -> int:
         """Positions the batch's records hold (the rest of its unit keeps the fill value)."""
-        lo, hi = int(self.batch_row[batch]), int(self.batch_row[batch + 1])
-        return int(self.array(ROW_LENGTH)[lo:hi].sum())
+        if self._batch_positions is None:  # read once: a worker asks for every batch it writes
+            ends = np.concatenate(([0], np.cumsum(self.lengths())))
+            self._batch_positions = np.diff(ends[self.batch_row])
+        return int(self._batch_positions[batch])
 
     def columns(self, names=(ROW_ID, ROW_DESCRIPTION, ROW_LENGTH, ROW_OFFSET)):
         """Yield dicts of table columns, one Zarr chunk of rows at a time."""

@@ -334,8 +334,8 @@ class OutputStore:
             full = np.full((self.unit_size,) + data.shape[1:], arr.fill_value, dtype=arr.dtype)
             full[:used] = data
             padded[name] = (arr, full)
-        self._write_durably(padded, start, start + self.unit_size, self._group[progress_path(PACKED, "done")],
-                         self._group[progress_path(PACKED, "sum")], batch, lambda: (None, []))
+        self._write_durably(padded, start, start + self.unit_size, self._array(progress_path(PACKED, "done")),
+                            self._array(progress_path(PACKED, "sum")), batch, lambda: (None, []))
 
     def _prepare(self, arrays: dict, expected: list[str], path_of, n: int, what: str, where: str) -> dict:
         if set(arrays) != set(expected):
@@ -361,12 +361,14 @@ class OutputStore:
             self._sync([], [raw.write(done, (index,), [0])])
         index_along = start // self.unit_size  # the Zarr chunk's index along positions
         written = [v for v in prepared.values() if v is not None]
-        for arr, data in written:  # data: whole Zarr chunks only
-            arr[start:end] = data
+        # data: one whole Zarr chunk each (or the part of the array's last one inside it)
+        chunks = [(arr, (index_along,) + (0,) * (arr.ndim - 1)) for arr, _ in written]
+        files = [raw.write(arr, idx, data) for (arr, data), (_, idx) in zip(written, chunks, strict=True)]
+        by_zarr = [c for c, f in zip(chunks, files, strict=True) if f is None]
         blob, state_files = write_state()  # the boundary state after this unit (its bytes, or None)
         checks = unit_checksums([None if v is None else v[1] for v in prepared.values()], blob)
-        files = state_files + [raw.write(sums, (index, 0), checks[None])]
-        self._sync([(arr, (index_along,) + (0,) * (arr.ndim - 1)) for arr, _ in written], files)
+        files += state_files + [raw.write(sums, (index, 0), checks[None])]
+        self._sync(by_zarr, files)
         self._sync([], [raw.write(done, (index,), [1])])  # the marker, last
 
     def _sync(self, chunks, files):
