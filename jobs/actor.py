@@ -241,7 +241,13 @@ class PipelineWorker:
 
         def read():
             inputs = {path: self._input(path) for path in {u.input_path for u in units}}
-            return [self._read(u, inputs[u.input_path]) for u in units]
+            # in file order, not the batch's (longest first): a row group or compressed block
+            # shared by many records is then decoded once, not once per record
+            got = [None] * len(units)
+            for i in sorted(range(len(units)), key=lambda i: (units[i].input_path,
+                                                              inputs[units[i].input_path].position(units[i].record_id))):
+                got[i] = self._read(units[i], inputs[units[i].input_path])
+            return got
 
         def model(read):
             xs = [x for x, _ in read]

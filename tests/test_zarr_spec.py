@@ -255,7 +255,8 @@ def test_chunks_written_directly_are_the_bytes_zarr_writes(tmp_path, genomes, sp
     by_zarr[:] = values
     direct = zarr.open_group(tmp_path / "direct", mode="w").create_array("a", **kw)
     raw = RawChunks(Location(tmp_path / "direct", read_only=False))
-    files = [raw.write(direct, (i,) + (0,) * (len(shape) - 1), values[i * 1024:(i + 1) * 1024]) for i in range(3)]
+    files = [raw.write(direct, (i,) + (0,) * (len(shape) - 1), values[i * 1024:(i + 1) * 1024])
+             for i in range(3)]
     assert all(f is not None for f in files)  # none of them went through zarr
     written = _chunk_bytes(tmp_path / "direct" / "a")
     assert sorted(written) == (["c/0", "c/1", "c/2"] if width is None else ["c/0/0", "c/1/0", "c/2/0"])

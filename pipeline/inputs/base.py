@@ -77,6 +77,12 @@ class Input:
             ids = ", ".join(r.id for r in self.records[:5]) + (", ..." if len(self.records) > 5 else "")
             raise InputError(f"{self.path}: no record {record_id!r} (records: {ids})") from None
 
+    def position(self, record_id: str) -> int:
+        """The record's place in the input (0: its first record). Reading records in this order
+        decodes each compressed block or Parquet row group once, however many records share it."""
+        self.record(record_id)  # the one-line error for an unknown id
+        return self._by_id[record_id]
+
     def _check_range(self, record_id: str, start: int, end: "int | None") -> tuple[RecordInfo, int, int]:
         rec = self.record(record_id)
         end = rec.length if end is None else int(end)

@@ -296,8 +296,7 @@ class FastaInput(Input):
                 f"{self.path}: record {e.name!r}: corrupt or truncated compressed data while reading "
                 f"positions {start}-{end}: {err}"
             ) from None
-        arr = np.frombuffer(combo, dtype=np.uint8)
-        if arr.max() == 255:  # numpy's max is SIMD: faster than searching the bytes
+        if b"\xff" in combo:  # memchr: a few ns per record, where a numpy call costs 1.5 us
             i = combo.index(b"\xff")
             p = start + i
             if e.regular:
@@ -308,6 +307,7 @@ class FastaInput(Input):
                 ch, where = None, f"position {p}"
             shown = "" if ch is None else (repr(chr(ch)) if 32 <= ch < 127 else f"byte 0x{ch:02x}") + " "
             raise InputError(f"{self.path}: record {e.name!r}, {where}: invalid character {shown}in sequence")
+        arr = np.frombuffer(combo, dtype=np.uint8)
         return arr & 7, arr >> 3
 
     def _read_regular(self, e: IndexEntry, start: int, end: int) -> np.ndarray:
@@ -324,9 +324,14 @@ class FastaInput(Input):
             )
         combo = data.translate(_COMBINED, _EOL)
         # the index's line layout must be the file's: every line ends where it says
-        buf = np.frombuffer(data, dtype=np.uint8)
         first_nl = lw - start % lb - 1
-        ends_ok = lw == lb or (buf[first_nl::lw] == _NL).all()
+        if lw == lb:
+            ends_ok = True
+        elif len(data) < 1 << 16:  # a short read (packed records): bytes ops, no numpy call
+            ends = data[first_nl::lw]
+            ends_ok = ends.count(b"\n") == len(ends)
+        else:
+            ends_ok = (np.frombuffer(data, dtype=np.uint8)[first_nl::lw] == _NL).all()
         if len(combo) != end - start or not ends_ok:
             raise InputError(
                 f"{self.path}: record {e.name!r}: bytes {b0}-{b1} do not hold {lb} bases per {lw}-byte "

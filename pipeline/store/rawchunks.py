@@ -105,8 +105,8 @@ class RawChunks:
     def _encoder(self, path: str):
         if path not in self._encoders:
             doc = self.location.document(path) if self.location.root is not None else None
-            self._encoders[path] = None if doc is None or _key(doc, (0,) * len(doc.get("shape", ()))) is None \
-                else encoder(doc)
+            known = doc is not None and _key(doc, (0,) * len(doc.get("shape", ()))) is not None
+            self._encoders[path] = encoder(doc) if known else None
         return self._encoders[path]
 
     def write(self, arr, index: tuple[int, ...], values) -> str | None:
@@ -123,8 +123,9 @@ class RawChunks:
             values = full
         encode = self._encoder(arr.path)
         if encode is None:
-            arr[tuple(slice(i * c, min((i + 1) * c, n)) for i, c, n in zip(index, shape, arr.shape, strict=True))] = \
-                values[tuple(slice(0, min(c, n - i * c)) for i, c, n in zip(index, shape, arr.shape, strict=True))]
+            where = list(zip(index, shape, arr.shape, strict=True))
+            arr[tuple(slice(i * c, min((i + 1) * c, n)) for i, c, n in where)] = \
+                values[tuple(slice(0, min(c, n - i * c)) for i, c, n in where)]
             return None
         rel = f"{arr.path}/{_key(self.location.document(arr.path), index)}"
         self.location.write_bytes(rel, encode(values))
