@@ -114,16 +114,18 @@ def _same(store_path: Path, calls, bare_outs) -> float:
     import linpipe
 
     res = linpipe.open_output(str(store_path))
+    names = sorted({k for out in bare_outs for o in (out if isinstance(out, list) else [out]) for k in o})
+    # every stored unit, read once through the store's own checked reader (a packed batch once)
+    stored = {(info.id, start): values for info, start, values in res.units(names)}
     worst = 0.0
     for (name, args, _kw), out in zip(calls, bare_outs, strict=True):
         if name == "run_batch":
-            pairs = [(u.record_id, 0, u.positions, o) for u, o in zip(args[1], out, strict=True)]
+            pairs = [(u.record_id, 0, o) for u, o in zip(args[1], out, strict=True)]
         else:
-            u = args[0]
-            pairs = [(u.record_id, u.start, u.end, out)]
-        for rid, a, b, o in pairs:
+            pairs = [(args[0].record_id, args[0].start, out)]
+        for rid, a, o in pairs:
             for k, v in o.items():
-                got = np.asarray(res.read(rid, k, a, b), dtype=np.float64)
+                got = np.asarray(stored[rid, a][k], dtype=np.float64)
                 worst = max(worst, float(np.max(np.abs(got - np.asarray(v, dtype=np.float64)), initial=0.0)))
     return worst
 
@@ -173,7 +175,8 @@ def main(argv=None) -> None:
         w.close()
         model = linpipe.load_model(plan.model_ref, device=device)
         n = plan.total_positions
-        print(f"input {fasta.name}: {len(plan.records):,} records, {n:,} positions, {len(calls):,} calls")
+        print(f"input {fasta.name}: {len(plan.records):,} long and {len(plan.packed.ids):,} packed records, "
+              f"{n:,} positions, {len(calls):,} calls")
         bare_s, piped_s, busy, split, model_busy = [], [], [], None, []
         worst = None
         for r in range(args.rounds):

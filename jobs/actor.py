@@ -20,7 +20,6 @@ import inspect
 import os
 import socket
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from linpipe.errors import StoreError, option
@@ -28,7 +27,7 @@ from linpipe.inputs.alphabet import reverse_complement
 from linpipe.strands import FORWARD, REVERSE
 
 from .errors import WorkerStartError
-from .overlap import HostCopies, Turns
+from .overlap import HostCopies, ModelThread, Turns
 from .plan import Unit
 from .regions import mask_outside
 
@@ -109,11 +108,8 @@ class PipelineWorker:
         self._stats: dict[str, tuple[int, int]] = {}  # path -> (size, mtime_ns) when opened
         # (store key, strand) -> (index of its next unit, ModelState after the unit before it)
         self._streams: dict[tuple[str, str], tuple[int, object]] = {}
-        self._reading, self._modelling = Turns(), Turns()
-        # The model always runs on this one thread, whichever of Ray's threads made the call: on
-        # the CPU a forward's low bits were seen to depend on the thread it ran on (a packed
-        # batch of the tiny model differed by one ulp), and a resumed job must be bit-identical.
-        self._model_thread = ThreadPoolExecutor(1, thread_name_prefix="linpipe-model")
+        self._reading = Turns()
+        self._model_thread = ModelThread()  # whichever of Ray's threads made the call
         self.host = HostCopies(self.model)
         # what the store keeps hidden as (cast on the device when it leaves one)
         self._dtypes = {"hidden": self.store.meta.get("hidden_dtype", "float32")}
@@ -149,7 +145,9 @@ class PipelineWorker:
     def _read(self, unit: Unit, inp=None) -> tuple[object, dict]:
         """The model's input for a unit, and the arrays that come from the input itself."""
         inp = inp or self._input(unit.input_path)
-        data, aux = inp.read(unit.record_id, unit.start, unit.end)
+        return self._model_input(*inp.read(unit.record_id, unit.start, unit.end))
+
+    def _model_input(self, data, aux) -> tuple[object, dict]:
         extra = {}
         if self.model.modality == "dna":
             if self.want_softmask:
@@ -177,26 +175,25 @@ class PipelineWorker:
         return ModelState.from_arrays(arrays)
 
     def _overlapped(self, seq: int | None, read, model, write) -> tuple[float, float, float, float]:
-        """read() in its turn, model(read's result) in its turn, write(model's result) beside
-        other calls' writes: (read, wait, model, write) seconds. The model's turn is passed
-        even when reading fails, so the calls after this one go on."""
+        """read() in its turn, model(read's result) on the model thread in its turn, write(model's
+        result) beside other calls' writes: (read, wait, model, write) seconds. The model's turn
+        is passed even when reading fails, so the calls after this one go on."""
         t0 = time.perf_counter()
-        modelled = False
+        submitted = False
         try:
             with self._reading.turn(seq):
                 t1 = time.perf_counter()
                 got = read()
             t2 = time.perf_counter()
-            with self._modelling.turn(seq):
-                modelled = True
-                t3 = time.perf_counter()
-                out = self._model_thread.submit(model, got).result()
-            t4 = time.perf_counter()
+            ran = self._model_thread.submit(seq, model, got)
+            submitted = True
         finally:
-            if not modelled:
-                self._modelling.pass_turn(seq)
+            if not submitted:
+                self._model_thread.skip(seq)
+        out, t3, t4 = ran.result()
+        t5 = time.perf_counter()
         write(out)
-        return t2 - t1, (t1 - t0) + (t3 - t2), t4 - t3, time.perf_counter() - t4
+        return t2 - t1, (t1 - t0) + (t3 - t2), t4 - t3, time.perf_counter() - t5
 
     def run_unit(self, unit: Unit, last: bool = False, seq: int | None = None) -> UnitResult:
         """Run one unit of a streamed record and write it with its boundary state. A reverse
@@ -240,13 +237,18 @@ class PipelineWorker:
         import numpy as np
 
         def read():
-            inputs = {path: self._input(path) for path in {u.input_path for u in units}}
-            # in file order, not the batch's (longest first): a row group or compressed block
-            # shared by many records is then decoded once, not once per record
+            by_input: dict[str, list[int]] = {}
+            for i, u in enumerate(units):
+                by_input.setdefault(u.input_path, []).append(i)
             got = [None] * len(units)
-            for i in sorted(range(len(units)), key=lambda i: (units[i].input_path,
-                                                              inputs[units[i].input_path].position(units[i].record_id))):
-                got[i] = self._read(units[i], inputs[units[i].input_path])
+            for path, rows in by_input.items():
+                inp = self._input(path)
+                # in file order, not the batch's (longest first): a row group or compressed block
+                # shared by many records is then decoded once, not once per record
+                rows.sort(key=lambda i: inp.position(units[i].record_id))
+                read = inp.read_many([(units[i].record_id, units[i].start, units[i].end) for i in rows])
+                for i, r in zip(rows, read, strict=True):
+                    got[i] = self._model_input(*r)
             return got
 
         def model(read):
@@ -277,7 +279,7 @@ class PipelineWorker:
         for inp in self._inputs.values():
             inp.close()
         self._inputs.clear()
-        self._model_thread.shutdown()
+        self._model_thread.close()
 
 
 def as_actor(cls: type) -> type:

@@ -27,6 +27,7 @@ def test_bench_gpu_pipeline_runs_on_the_cpu(genomes, tmp_path, unit):
     positions = int(re.search(r"([\d,]+) positions", out).group(1).replace(",", ""))
     assert positions == 16_569 + 16_499
     assert calls == (1 if unit == 65_536 else 5 + 5)  # one packed batch, or 5 units per record
+    assert ("0 long and 2 packed records" if unit == 65_536 else "2 long and 0 packed records") in out
     rates = re.search(r"bare forward: ([\d.]+) M.*worker path: ([\d.]+) M.* = ([\d.]+)x", out)
     bare, piped, ratio = rates.groups()
     assert float(bare) > 0 and float(piped) > 0 and abs(float(piped) / float(bare) - float(ratio)) < 0.01

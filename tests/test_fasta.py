@@ -375,3 +375,34 @@ def test_a_reader_without_descriptions_reads_the_same_bases(tmp_path, genomes):
             for r in full.records:
                 for got, want in zip(bare.read(r.id, 0, r.length), full.read(r.id, 0, r.length), strict=True):
                     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("name", ["abricate_Sepidermidis_ST14_assembly.fa",
+                                  "abricate_Sepidermidis_ST14_assembly.fa.bgz"])
+def test_reading_many_records_at_once_gives_each_records_read(tmp_path, genomes, name):
+    """read_many (a packed batch's read) is read() of each request, in the order given: whole
+    records, slices, an empty range, the same record twice, plain and bgzf."""
+    fa = tmp_path / name
+    shutil.copy(genomes / name, fa)
+    with linpipe.open_input(fa) as inp:
+        recs = inp.records
+        requests = [(r.id, 0, r.length) for r in recs[::-1]]
+        requests += [(recs[0].id, 5, 5), (recs[1].id, 10, 4000), (recs[1].id, 0, 61)]
+        got = inp.read_many(requests)
+        assert len(got) == len(requests)
+        for (rid, a, b), (tokens, mask) in zip(requests, got, strict=True):
+            want = inp.read(rid, a, b)
+            assert tokens.dtype == want[0].dtype == np.uint8 and len(tokens) == b - a
+            np.testing.assert_array_equal(tokens, want[0])
+            np.testing.assert_array_equal(mask, want[1])
+        assert inp.read_many([]) == []
+
+
+def test_reading_many_records_names_the_bad_one(tmp_path):
+    fa = tmp_path / "two.fa"
+    fa.write_bytes(b">ok\nACGTacgt\n>last\nGGGG\n")
+    with linpipe.open_input(fa) as inp:
+        with pytest.raises(InputError, match=r"two\.fa: record 'last': range 0-5 is outside 0-4"):
+            inp.read_many([("ok", 0, 8), ("last", 0, 5)])
+        with pytest.raises(InputError, match=r"two\.fa: no record 'gone'"):
+            inp.read_many([("ok", 0, 8), ("gone", 0, 1)])

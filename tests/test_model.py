@@ -246,6 +246,13 @@ def test_outputs_subset_and_unknown(tmp_path, genomes):
         model.forward(x, model.init_state(), outputs=["forecast"])
     with pytest.raises(linpipe.errors.ModelError, match="tokens must be"):
         model.forward(np.array([0, 5], np.uint8), model.init_state())
+    # batched records are checked on the padded batch, with the same error
+    with pytest.raises(linpipe.errors.ModelError, match=r"tokens must be 0\.\.4 \(A C G T N\), got 7"):
+        model.forward_records([x[:10], np.array([0, 7, 1], np.uint8)])
+    with pytest.raises(linpipe.errors.ModelError, match="tokens must be"):
+        model.forward_batch([x[:3], np.array([9], np.uint8)], [model.init_state()] * 2)
+    with pytest.raises(linpipe.errors.ModelError, match="1-d token array"):
+        model.forward_records([x[:10], x[:4].reshape(2, 2)])
 
 
 def test_forward_records_equals_one_by_one(tmp_path, genomes):

@@ -16,7 +16,7 @@ from _pipeline_data import CONTIG_UNIT as UNIT
 from _pipeline_data import assert_same_bytes, make_tiny_model, store_arrays, write_contigs, write_in_process
 from test_store import kill_at_hook
 
-from linpipe.jobs.overlap import HostCopies, Turns
+from linpipe.jobs.overlap import HostCopies, ModelThread, Turns
 from linpipe.strands import FORWARD, REVERSE
 
 
@@ -79,6 +79,41 @@ def test_turns_go_in_the_callers_numbers_whatever_order_they_arrive():
     with turns.turn(6):
         ran.append(6)
     assert ran[-2:] == ["own", 6]
+
+
+def test_the_model_thread_runs_calls_on_one_thread_in_their_numbers_order():
+    """Calls submitted out of order run in order, all on the one model thread; a number that is
+    skipped (its read failed) or whose step raises lets the later ones go on; unnumbered calls
+    run in the order they came."""
+    mt, ran = ModelThread(), []
+    gate = threading.Event()
+
+    def step(i):
+        gate.wait(10)  # everything is queued before the first step runs
+        ran.append((i, threading.current_thread().name))
+        if i == 3:
+            raise ValueError("step 3 failed")
+        return i * 10
+
+    try:
+        futures = {i: mt.submit(i, step, i) for i in (4, 2, 0, 3)}
+        mt.skip(1)
+        futures["own"] = mt.submit(None, step, "own")
+        gate.set()
+        assert futures[0].result(10)[0] == 0
+        assert futures[4].result(10)[0] == 40
+        with pytest.raises(ValueError, match="step 3 failed"):
+            futures[3].result(10)
+        assert futures["own"].result(10)[0] == "own" * 10
+        got, start, end = futures[2].result(10)
+        assert got == 20 and start <= end
+        order = [i for i, _ in ran if i != "own"]
+        assert order == [0, 2, 3, 4]
+        assert {name for _, name in ran} == {"linpipe-model"}
+    finally:
+        mt.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        mt.submit(5, step, 5)
 
 
 def _take(turns, i, ran):

@@ -96,6 +96,11 @@ class Input:
     def read(self, record_id: str, start: int = 0, end: "int | None" = None):
         raise NotImplementedError
 
+    def read_many(self, requests) -> list[tuple]:
+        """read(record_id, start, end) of each (record_id, start, end), in the order given (a
+        packed batch's records, in file order: see `position`)."""
+        return [self.read(rid, start, end) for rid, start, end in requests]
+
     def iter_units(
         self, record_id: str, unit_size: int, start: int = 0
     ) -> Iterator[tuple[int, int, tuple]]:

@@ -16,6 +16,7 @@ import os
 import struct
 import warnings
 import zlib
+from itertools import accumulate
 from pathlib import Path
 
 import numpy as np
@@ -284,11 +285,27 @@ class FastaInput(Input):
     def read(self, record_id: str, start: int = 0, end: "int | None" = None) -> tuple[np.ndarray, np.ndarray]:
         """Tokens (A=0 C=1 G=2 T=3 N=4; other IUPAC codes -> N) and soft-mask (1 = lowercase)
         of bases start..end-1 (0-based, end exclusive) of one record."""
+        arr = np.frombuffer(self._combined(record_id, start, end), dtype=np.uint8)
+        return arr & 7, arr >> 3
+
+    def read_many(self, requests) -> list[tuple[np.ndarray, np.ndarray]]:
+        """read() of each (record_id, start, end), decoded together: two numpy calls for the
+        whole batch, not two per record (about 1 µs each, as much as a short record's read)."""
+        combos = [self._combined(rid, start, end) for rid, start, end in requests]
+        if not combos:
+            return []
+        arr = np.frombuffer(b"".join(combos), dtype=np.uint8)
+        tokens, mask = arr & 7, arr >> 3
+        ends = list(accumulate(len(c) for c in combos))
+        return [(tokens[a:b], mask[a:b]) for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+
+    def _combined(self, record_id: str, start: int, end: "int | None") -> bytes:
+        """Bases start..end-1 of a record as bytes of token | softmask << 3, checked."""
         rec, start, end = self._check_range(record_id, start, end)
         idx = self._by_id[record_id]
         e = self._entries[idx]
         if end == start:
-            return np.zeros(0, np.uint8), np.zeros(0, np.uint8)
+            return b""
         try:
             combo = self._read_regular(e, start, end) if e.regular else self._read_scan(idx, e, start, end)
         except _DECODE_ERRORS as err:
@@ -307,8 +324,7 @@ class FastaInput(Input):
                 ch, where = None, f"position {p}"
             shown = "" if ch is None else (repr(chr(ch)) if 32 <= ch < 127 else f"byte 0x{ch:02x}") + " "
             raise InputError(f"{self.path}: record {e.name!r}, {where}: invalid character {shown}in sequence")
-        arr = np.frombuffer(combo, dtype=np.uint8)
-        return arr & 7, arr >> 3
+        return combo
 
     def _read_regular(self, e: IndexEntry, start: int, end: int) -> np.ndarray:
         lb, lw = e.linebases, e.linewidth

@@ -86,8 +86,7 @@ class Model:
         if c.modality == "dna":
             if x.ndim != 1:
                 raise ModelError(f"dna input must be a 1-d token array, got shape {x.shape}")
-            if x.size and (int(x.max()) > TOKEN_N or int(x.min()) < 0):
-                raise ModelError(f"dna tokens must be 0..{TOKEN_N} (A C G T N), got {int(x.max())}")
+            self._check_tokens(x)
             return torch.from_numpy(x.astype(np.int64, copy=False)).to(self.device)[None]
         if c.series_norm:  # any number of channels, each its own lane: (C, T, 1), float64 kept
             if x.ndim != 2 or x.shape[1] < 1:
@@ -96,6 +95,11 @@ class Model:
         if x.ndim != 2 or x.shape[1] != c.channels:
             raise ModelError(f"timeseries input must have shape (T, {c.channels}), got {x.shape}")
         return torch.from_numpy(x.astype(np.float32, copy=False)).to(self.device)[None]
+
+    @staticmethod
+    def _check_tokens(x: np.ndarray) -> None:
+        if x.size and (int(x.max()) > TOKEN_N or int(x.min()) < 0):
+            raise ModelError(f"dna tokens must be 0..{TOKEN_N} (A C G T N), got {int(x.max())}")
 
     # Cut a run of positions after a multiple of this (from the state it starts from) and carry
     # the state across the cut: the same bytes as one call (CPU; docs/pipeline.md, "Guarantees").
@@ -287,8 +291,10 @@ class Model:
         each; None: fresh) -> per-record outputs (outs, from the caller's `outputs`)."""
         c = self.config
         B, longest = len(xs), max(len(x) for x in xs)
-        for x in xs:
-            self.to_tensor(x)  # validate each record
+        dna = c.modality == "dna"
+        for x in xs:  # validate each record (dna tokens: on the padded batch, in one pass)
+            if not dna or x.ndim != 1:
+                self.to_tensor(x)
         lanes = None
         if c.series_norm:  # every channel of every record is a lane (end padding is causal)
             lanes = max(x.shape[1] if x.ndim == 2 else 1 for x in xs)
@@ -306,6 +312,8 @@ class Model:
         if lanes is None:
             for r, x in enumerate(xs):
                 pad[r, :len(x)] = x
+        if dna:
+            self._check_tokens(pad)
         xt = torch.from_numpy(pad).to(self.device)
         if states is None:
             with torch.inference_mode():

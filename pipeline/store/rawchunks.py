@@ -41,9 +41,9 @@ def _key(doc: dict, index: tuple[int, ...]) -> str | None:
 _SHUFFLE = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
 
 
-def _stage(codec: dict) -> Callable[[np.ndarray], np.ndarray] | None:
-    """One bytes-to-bytes codec of the spec as a function of a uint8 array (None: not one
-    linpipe encodes)."""
+def _stage(codec: dict) -> Callable[[memoryview], bytes] | None:
+    """One bytes-to-bytes codec of the spec as a function of a buffer (None: not one linpipe
+    encodes)."""
     name, conf = codec.get("name"), dict(codec.get("configuration") or {})
     if name == "blosc":
         from numcodecs import Blosc
@@ -52,17 +52,16 @@ def _stage(codec: dict) -> Callable[[np.ndarray], np.ndarray] | None:
             return None
         blosc = Blosc(cname=conf["cname"], clevel=int(conf["clevel"]), shuffle=_SHUFFLE[conf["shuffle"]],
                       blocksize=int(conf.get("blocksize", 0)), typesize=int(conf["typesize"]))
-        return lambda b: np.frombuffer(blosc.encode(b), dtype=np.uint8)
+        return lambda b: bytes(blosc.encode(b))
     if name == "zstd":
         from numcodecs import Zstd
 
         zstd = Zstd(level=int(conf.get("level", 0)), checksum=bool(conf.get("checksum", False)))
-        return lambda b: np.frombuffer(zstd.encode(b), dtype=np.uint8)
+        return lambda b: bytes(zstd.encode(b))
     if name == "crc32c":
         import google_crc32c
 
-        return lambda b: np.concatenate([b, np.frombuffer(struct.pack("<I", google_crc32c.value(b)),
-                                                          dtype=np.uint8)])
+        return lambda b: bytes(b) + struct.pack("<I", google_crc32c.value(b))
     return None
 
 
@@ -83,10 +82,10 @@ def encoder(doc: dict) -> Callable[[np.ndarray], bytes] | None:
 
     def encode(values: np.ndarray) -> bytes:
         b = np.ascontiguousarray(values.astype(values.dtype.newbyteorder("<"), copy=False)).reshape(-1)
-        b = b.view(np.uint8)
+        b = memoryview(b.view(np.uint8))
         for stage in stages:
             b = stage(b)
-        return b.tobytes()
+        return bytes(b)  # no copy when a stage made it bytes already
     return encode
 
 
@@ -117,15 +116,17 @@ class RawChunks:
         shape = tuple(arr.chunks)
         if values.shape != shape and values.size == int(np.prod(shape)):
             values = values.reshape(shape)
-        if values.shape != shape:  # an edge chunk: stored whole, padded with the fill value
-            full = np.full(shape, arr.fill_value, dtype=arr.dtype)
-            full[tuple(slice(0, n) for n in values.shape)] = values
-            values = full
         encode = self._encoder(arr.path)
+        where = list(zip(index, shape, arr.shape, strict=True))
+        # zarr is given the part inside the array; a plain file holds the whole chunk
+        inside = shape if encode is not None else tuple(min(c, n - i * c) for i, c, n in where)
+        if values.shape != inside:  # the rest of the chunk takes the fill value, as zarr stores it
+            full = np.full(inside, arr.fill_value, dtype=arr.dtype)
+            full[tuple(slice(0, min(n, m)) for n, m in zip(values.shape, inside, strict=True))] = \
+                values[tuple(slice(0, m) for m in inside)]
+            values = full
         if encode is None:
-            where = list(zip(index, shape, arr.shape, strict=True))
-            arr[tuple(slice(i * c, min((i + 1) * c, n)) for i, c, n in where)] = \
-                values[tuple(slice(0, min(c, n - i * c)) for i, c, n in where)]
+            arr[tuple(slice(i * c, min((i + 1) * c, n)) for i, c, n in where)] = values
             return None
         rel = f"{arr.path}/{_key(self.location.document(arr.path), index)}"
         self.location.write_bytes(rel, encode(values))
