@@ -29,7 +29,8 @@ def main() -> None:
         positions = sum(b - a for _, a, b in requests)
         one = [inp.read(*q) for q in requests]
         many = inp.read_many(requests)
-        assert all(np.array_equal(x[0], y[0]) and np.array_equal(x[1], y[1]) for x, y in zip(one, many))
+        assert all(np.array_equal(x[0], y[0]) and np.array_equal(x[1], y[1])
+                   for x, y in zip(one, many, strict=True))
         for name, run in (("read, one by one", lambda: [inp.read(*q) for q in requests]),
                           ("read_many", lambda: inp.read_many(requests))):
             times = []
@@ -38,8 +39,8 @@ def main() -> None:
                 run()
                 times.append(time.perf_counter() - t)
             s = min(times)
-            print(f"{name:>17}: {s / len(requests) * 1e6:.2f} µs/record, {s / positions * 1e9:.1f} ns/position "
-                  f"({len(requests):,} records, {positions:,} positions)")
+            print(f"{name:>17}: {s / len(requests) * 1e6:.2f} µs/record, {s / positions * 1e9:.1f} "
+                  f"ns/position ({len(requests):,} records, {positions:,} positions)")
 
 
 if __name__ == "__main__":
