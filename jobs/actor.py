@@ -145,9 +145,9 @@ class PipelineWorker:
     def _read(self, unit: Unit, inp=None) -> tuple[object, dict]:
         """The model's input for a unit, and the arrays that come from the input itself."""
         inp = inp or self._input(unit.input_path)
-        return self._model_input(*inp.read(unit.record_id, unit.start, unit.end))
+        return self._input_and_extra(*inp.read(unit.record_id, unit.start, unit.end))
 
-    def _model_input(self, data, aux) -> tuple[object, dict]:
+    def _input_and_extra(self, data, aux) -> tuple[object, dict]:
         extra = {}
         if self.model.modality == "dna":
             if self.want_softmask:
@@ -248,7 +248,7 @@ class PipelineWorker:
                 rows.sort(key=lambda i: inp.position(units[i].record_id))
                 read = inp.read_many([(units[i].record_id, units[i].start, units[i].end) for i in rows])
                 for i, r in zip(rows, read, strict=True):
-                    got[i] = self._model_input(*r)
+                    got[i] = self._input_and_extra(*r)
             return got
 
         def model(read):

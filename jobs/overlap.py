@@ -3,9 +3,9 @@
 The driver keeps up to IN_FLIGHT calls on each actor and the actor runs them in threads (Ray's
 max_concurrency), so while unit n is compressed and written, unit n+1 runs in the model and
 unit n+2 is read. Reading (`Turns`) and the model (`ModelThread`) each go in the order the
-driver sent the calls: a record's units meet the model in order, after the state the unit before left, and
-an input is read forwards (plain gzip cannot seek back). Writes run side by side, each call
-returning only once its own unit is durable.
+driver sent the calls: a record's units meet the model in order, after the state the unit
+before left, and an input is read forwards (plain gzip cannot seek back). Writes run side by
+side, each call returning only once its own unit is durable.
 
 The model runs on one thread of its own (`ModelThread`) that takes the next call's unit as soon
 as it finishes one, without waking another thread first: a handoff between threads waits for the
@@ -49,11 +49,6 @@ class Turns:
                     self._next = seq + 1
                 self._cond.notify_all()
 
-    def pass_turn(self, seq: int | None) -> None:
-        """Let the calls after `seq` go without running anything in its turn (it failed before)."""
-        with self.turn(seq):
-            pass
-
 
 class ModelThread:
     """Runs the calls' model steps on one thread, in the order of the calls' numbers, back to back:
@@ -92,8 +87,9 @@ class ModelThread:
         with self._cond:
             self._cond.wait_for(lambda: self._closed or self._next in self._due or self._any)
             if self._next in self._due:
+                job = self._due.pop(self._next)
                 self._next += 1
-                return self._due.pop(self._next - 1)
+                return job
             if self._any:
                 return self._any.popleft()
             return None
