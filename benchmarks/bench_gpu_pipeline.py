@@ -89,6 +89,33 @@ class BusySampler:
         return statistics.mean(self.samples) / 100 if self.samples else None
 
 
+class ThreadUsage:
+    """What the model's calls cost the thread that ran them, summed (Linux's per-thread rusage):
+    CPU seconds, seconds off the CPU inside a call (waiting for the GIL, mostly), voluntary
+    context switches (each a wait) and page faults. Wraps a Model's forward and forward_records."""
+
+    def __init__(self, model):
+        self.sums = np.zeros(5)  # wall, cpu, waits, switches, faults
+        for name in ("forward", "forward_records"):  # the class's method: one wrapper per round
+            setattr(model, name, self._timed(getattr(type(model), name).__get__(model)))
+
+    def _timed(self, fn):
+        import resource
+
+        def call(*args, **kw):
+            u0, c0, t0 = resource.getrusage(resource.RUSAGE_THREAD), time.thread_time(), time.perf_counter()
+            out = fn(*args, **kw)
+            u1, c1, t1 = resource.getrusage(resource.RUSAGE_THREAD), time.thread_time(), time.perf_counter()
+            self.sums += (t1 - t0, c1 - c0, (t1 - t0) - (c1 - c0), u1.ru_nvcsw - u0.ru_nvcsw,
+                          u1.ru_minflt - u0.ru_minflt)
+            return out
+        return call
+
+    def line(self) -> str:
+        wall, cpu, waits, switches, faults = self.sums
+        return f"cpu {cpu:.2f} s, off the CPU {waits:.2f} s, {switches:,.0f} waits, {faults:,.0f} page faults"
+
+
 def _bare(model, units, calls, outputs):
     """The model's forward over the worker's units: (seconds, outputs per call)."""
     import torch
@@ -179,10 +206,16 @@ def main(argv=None) -> None:
               f"{n:,} positions, {len(calls):,} calls")
         bare_s, piped_s, busy, split, model_busy = [], [], [], None, []
         worst = None
+        threads = hasattr(__import__("resource"), "RUSAGE_THREAD")  # Linux
+        usage = {"bare": [], "worker": []}
         for r in range(args.rounds):
+            if threads:
+                usage["bare"].append(ThreadUsage(model))
             t, outs = _bare(model, units, calls, outputs)
             bare_s.append(t)
             plan, w, calls = job()
+            if threads:
+                usage["worker"].append(ThreadUsage(w.model))
             with BusySampler(w.model.device) as sampler:
                 t0 = time.perf_counter()
                 res = overlapped(w, calls)
@@ -203,6 +236,9 @@ def main(argv=None) -> None:
         print(f"worker split per position: read {rd:.1f} ns, wait {wt:.1f}, model {md:.1f}, write {wr:.1f}; "
               f"model thread busy {statistics.median(model_busy):.0%} of the wall time; GPU busy "
               + (f"{statistics.median(gpu_busy):.0%}" if gpu_busy else "n/a (no GPU sampled)"))
+        if threads:  # the model's thread, summed over the calls of the round of median worker time
+            r = piped_s.index(sorted(piped_s)[len(piped_s) // 2])
+            print(f"model thread: bare {usage['bare'][r].line()}; worker {usage['worker'][r].line()}")
         print(f"stored outputs vs the bare forward's: largest difference {worst:.3g}")
 
 

@@ -90,8 +90,14 @@ class PipelineWorker:
         from linpipe.model import load_model
         from linpipe.store import OutputStore
 
-        self.model = load_model(model, device=device)
+        self.input_options = dict(input_options or {})
+        self._inputs: dict[str, object] = {}
+        self._stats: dict[str, tuple[int, int]] = {}  # path -> (size, mtime_ns) when opened
         self.store = OutputStore.open(store_path, mode="r+")
+        # the packed records' inputs are opened while the model loads: opening reads the input's
+        # index (seconds for a million records), which the first batch's read would wait for
+        self._opening = _open_beside(self.store.packed.inputs if self.store.packed else [], self._open)
+        self.model = load_model(model, device=device)
         outputs = list(outputs) if outputs else None
         # softmask comes from the input, not the model: the model computes the rest.
         self.want_softmask = bool(outputs) and "softmask" in outputs
@@ -103,9 +109,8 @@ class PipelineWorker:
         if self.outputs is not None:
             self.outputs = [o for o in self.outputs if not is_rc(o)]
         self.share = 0.5 if self.rc_outputs else 1.0  # UnitResult.share of a stream's unit
-        self.input_options = dict(input_options or {})
-        self._inputs: dict[str, object] = {}
-        self._stats: dict[str, tuple[int, int]] = {}  # path -> (size, mtime_ns) when opened
+        # what the store keeps of the input's second array (read's aux), if anything
+        self.aux_name = "time" if self.model.modality != "dna" else "softmask" if self.want_softmask else None
         # (store key, strand) -> (index of its next unit, ModelState after the unit before it)
         self._streams: dict[tuple[str, str], tuple[int, object]] = {}
         self._reading = Turns()
@@ -118,6 +123,14 @@ class PipelineWorker:
     def ready(self) -> str:
         """Returns once the model is loaded; the driver waits on it before handing out work."""
         return self.node
+
+    def _open(self, path: str) -> tuple[object, tuple[int, int]]:
+        """The input, and its (size, mtime_ns) as it was opened."""
+        from linpipe.inputs import open_input
+
+        st = os.stat(path)
+        # a worker reads sequence only: no header read back per record for its description
+        return open_input(path, descriptions=False, **self.input_options), (st.st_size, st.st_mtime_ns)
 
     def _input(self, path: str):
         from linpipe.errors import InputError
@@ -132,12 +145,15 @@ class PipelineWorker:
         sig = (st.st_size, st.st_mtime_ns)
         inp = self._inputs.get(path)
         if inp is None:
-            from linpipe.inputs import open_input
-
-            # a worker reads sequence only: no header read back per record for its description
-            inp = self._inputs[path] = open_input(path, descriptions=False, **self.input_options)
-            self._stats[path] = sig
-        elif self._stats[path] != sig:
+            opening = self._opening.pop(path, None)
+            try:  # opened beside the model's load; its error (if any) comes from opening it here
+                inp, self._stats[path] = opening.result() if opening is not None else self._open(path)
+            except Exception:
+                if opening is None:
+                    raise
+                inp, self._stats[path] = self._open(path)
+            self._inputs[path] = inp
+        if self._stats[path] != sig:
             raise InputError(f"{path}: the input changed mid-job; submit again (with {option('overwrite')} "
                              "for the new content)")
         return inp
@@ -145,16 +161,8 @@ class PipelineWorker:
     def _read(self, unit: Unit, inp=None) -> tuple[object, dict]:
         """The model's input for a unit, and the arrays that come from the input itself."""
         inp = inp or self._input(unit.input_path)
-        return self._input_and_extra(*inp.read(unit.record_id, unit.start, unit.end))
-
-    def _input_and_extra(self, data, aux) -> tuple[object, dict]:
-        extra = {}
-        if self.model.modality == "dna":
-            if self.want_softmask:
-                extra["softmask"] = aux
-        elif aux is not None:
-            extra["time"] = aux
-        return data, extra
+        data, aux = inp.read(unit.record_id, unit.start, unit.end)
+        return data, {} if self.aux_name is None or aux is None else {self.aux_name: aux}
 
     def _state_before(self, unit: Unit):
         held = self._streams.pop((unit.key, unit.strand), None)
@@ -236,19 +244,21 @@ class PipelineWorker:
         call, and write it as one Zarr chunk of the packed arrays."""
         import numpy as np
 
+        # No step here runs Python per record beyond what the input and the model need: beside a
+        # small model, every bit of Python in this call's thread holds the GIL its model waits for.
         def read():
+            if len({u.input_path for u in units}) == 1:  # one input: the usual case
+                return self._input(units[0].input_path).read_many(
+                    [(u.record_id, u.start, u.end) for u in units])
             by_input: dict[str, list[int]] = {}
             for i, u in enumerate(units):
                 by_input.setdefault(u.input_path, []).append(i)
             got = [None] * len(units)
             for path, rows in by_input.items():
-                inp = self._input(path)
-                # in file order, not the batch's (longest first): a row group or compressed block
-                # shared by many records is then decoded once, not once per record
-                rows.sort(key=lambda i: inp.position(units[i].record_id))
-                read = inp.read_many([(units[i].record_id, units[i].start, units[i].end) for i in rows])
+                read = self._input(path).read_many([(units[i].record_id, units[i].start, units[i].end)
+                                                    for i in rows])
                 for i, r in zip(rows, read, strict=True):
-                    got[i] = self._input_and_extra(*r)
+                    got[i] = r
             return got
 
         def model(read):
@@ -265,21 +275,44 @@ class PipelineWorker:
 
         def write(modelled):
             outs, read = modelled
-            merged = [{**out, **extra} for out, (_, extra) in zip(outs, read, strict=True)]
-            merged = [m if c.keep is None else mask_outside(m, c.keep, 0)  # --regions
-                      for m, c in zip(merged, units, strict=True)]
-            self.store.write_batch(batch, {name: np.concatenate([m[name] for m in merged])
-                                           for name in merged[0]})
+            arrays = {name: np.concatenate([o[name] for o in outs]) for name in outs[0]}
+            if self.aux_name is not None and read[0][1] is not None:
+                arrays[self.aux_name] = np.concatenate([aux for _, aux in read])
+            if any(u.keep is not None for u in units):  # --regions: each record's intervals, in the batch
+                starts = np.cumsum([0] + [u.positions for u in units[:-1]]).tolist()
+                keep = [(a + s, a + e) for u, a in zip(units, starts, strict=True)
+                        for s, e in ([(0, u.positions)] if u.keep is None else u.keep)]
+                arrays = mask_outside(arrays, keep, 0)
+            self.store.write_batch(batch, arrays)
 
         times = self._overlapped(seq, read, model, write)
         return UnitResult(f"batch {batch}", len(units), sum(c.positions for c in units), *times,
                           self.node, peak_rss())
 
     def close(self) -> None:
+        for opening in self._opening.values():  # opened beside the model's load, never read
+            try:
+                opening.result()[0].close()
+            except Exception:
+                pass
+        self._opening.clear()
         for inp in self._inputs.values():
             inp.close()
         self._inputs.clear()
         self._model_thread.close()
+
+
+def _open_beside(paths, open_one) -> dict:
+    """open_one(path) of each path on a thread of its own: path -> its Future."""
+    if not paths:
+        return {}
+    from concurrent.futures import ThreadPoolExecutor
+
+    opener = ThreadPoolExecutor(1, thread_name_prefix="linpipe-open")
+    try:
+        return {p: opener.submit(open_one, p) for p in dict.fromkeys(paths)}
+    finally:
+        opener.shutdown(wait=False)
 
 
 def as_actor(cls: type) -> type:

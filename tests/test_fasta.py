@@ -406,3 +406,83 @@ def test_reading_many_records_names_the_bad_one(tmp_path):
             inp.read_many([("ok", 0, 8), ("last", 0, 5)])
         with pytest.raises(InputError, match=r"two\.fa: no record 'gone'"):
             inp.read_many([("ok", 0, 8), ("gone", 0, 1)])
+
+
+def test_reading_many_records_fails_as_reading_each_does_on_a_damaged_file(tmp_path):
+    """A packed batch's read checks what read() checks, over the whole batch: a bad byte, a
+    line layout that is not the index's, a file cut short after its index was made. It raises
+    read()'s one-line error for the damaged record, and reads the rest unchanged."""
+    import os
+
+    fa = tmp_path / "x.fa"
+    good = b">a\nACGTACGTAC\nGTAC\n>b\nacgtNNNNAC\nGT\n>c\nTTTTAAAACC\nGGGGCCCCAA\nTT\n"
+    fa.write_bytes(good)
+    linpipe.open_input(fa).close()  # the .fai: 10 bases per 11-byte line
+    batch = [("c", 0, 22), ("a", 2, 14), ("b", 0, None)]
+    with linpipe.open_input(fa) as inp:
+        assert inp._combined_batch(batch) is not None  # the whole-batch path, not read() one by one
+        want = [inp.read(*q) for q in batch]
+        for got, w in zip(inp.read_many(batch), want, strict=True):
+            np.testing.assert_array_equal(got[0], w[0])
+            np.testing.assert_array_equal(got[1], w[1])
+
+    def damaged(data: bytes, record: str, start: int, end: int):
+        fa.write_bytes(data)  # same size: the index still looks fresh
+        os.utime(tmp_path / "x.fa.fai", ns=(1, fa.stat().st_mtime_ns + 10**9))
+        with linpipe.open_input(fa) as inp:
+            with pytest.raises(InputError) as one:
+                inp.read(record, start, end)
+            with pytest.raises(InputError) as many:
+                inp.read_many(batch)
+        assert str(many.value) == str(one.value)
+        return str(one.value)
+
+    assert "record 'a', position 11 (byte 15): invalid character '!'" in \
+        damaged(good.replace(b"GTAC\n>b", b"G!AC\n>b"), "a", 2, 14)
+    # a line of 9 bases and one of 11 in record c: the index's layout is not the file's
+    assert "record 'c': bytes" in damaged(good.replace(b"TTTTAAAACC\nG", b"TTTTAAAAC\nCG"), "c", 0, 22)
+    with linpipe.open_input(fa) as inp:  # cut short after open
+        fa.write_bytes(good[:-8])
+        with pytest.raises(InputError, match=r"record 'c': file ends at byte \d+ but the index"):
+            inp.read_many(batch)
+
+
+def test_an_index_read_back_is_the_index_written(tmp_path, genomes):
+    """parse_index gives the entries the scan built: a .fai of a real genome, and a .lpi with
+    descriptions, an irregular record and an empty one."""
+    import dataclasses
+
+    from linpipe.inputs.fasta_index import parse_index
+
+    fa = tmp_path / "ce.fa"
+    shutil.copy(genomes / "htslib_ce.fa", fa)
+    ragged = _write(tmp_path / "ragged.fa", ">r one\nACG\nTACGT\nA\n>empty\n>ok two\nACGTA\nACGTA\nAC\n")
+    for path, suffix in ((fa, ".fai"), (ragged, ".lpi")):
+        with linpipe.open_input(path) as built:
+            entries = built._entries
+        assert built.index_path.name == path.name + suffix
+        if suffix == ".fai":  # a .fai holds no descriptions
+            entries = [dataclasses.replace(e, description="") for e in entries]
+        assert parse_index(built.index_path, path) == entries
+    assert [e.description for e in parse_index(tmp_path / "ragged.fa.lpi", ragged)] == ["one", "", "two"]
+
+
+@pytest.mark.parametrize("line, why", [
+    ("b\t4\tx\t4\t5", r"line 2: not a faidx index line"),
+    ("b\t4\t9", r"line 2: not a faidx index line"),
+    ("b\t-4\t9\t4\t5", r"line 2: impossible index entry"),
+    ("b\t4\t9\t4\t3", r"line 2: impossible index entry"),
+    ("a\t4\t9\t4\t5", r"duplicate record id 'a' in the index of .*: lines 1 and 2"),
+])
+def test_a_bad_index_line_is_named_and_the_index_rebuilt(tmp_path, line, why):
+    from linpipe.inputs.fasta_index import parse_index
+
+    fa = _write(tmp_path / "x.fa", ">a\nACGT\n>b\nGGCC\n")
+    fai = tmp_path / "x.fa.fai"
+    fai.write_text(f"a\t4\t3\t4\t5\n{line}\n")
+    with pytest.raises(InputError, match=why):
+        parse_index(fai, fa)
+    os.utime(fai, ns=(1, fa.stat().st_mtime_ns + 10**9))  # it looks fresh: it is read, refused, rebuilt
+    with linpipe.open_input(fa) as inp:
+        assert [(r.id, r.length) for r in inp.records] == [("a", 4), ("b", 4)]
+        np.testing.assert_array_equal(inp.read("b")[0], [2, 2, 1, 1])

@@ -97,11 +97,23 @@ def _check(data, compression, ranges):
                 tok, mask = inp.read(rec.id)
                 np.testing.assert_array_equal(tok, TOKEN_LUT[raw])
                 np.testing.assert_array_equal(mask, SOFTMASK_LUT[raw])
+            requests, wanted = [], []
             for k, a, b in ranges:
                 title, seq = expected[k]
                 s, e = sorted((int(a * len(seq)), int(b * len(seq))))
                 raw = np.frombuffer(seq.encode(), np.uint8)[s:e]
                 tok, mask = inp.read(title.split(None, 1)[0], s, e)
+                np.testing.assert_array_equal(tok, TOKEN_LUT[raw])
+                np.testing.assert_array_equal(mask, SOFTMASK_LUT[raw])
+                requests.append((title.split(None, 1)[0], s, e))
+                wanted.append(raw)
+            # a packed batch's read: whole records (backwards, end None) and the ranges, together
+            for (_title, seq), rec in reversed(list(zip(expected, inp.records, strict=True))):
+                requests.append((rec.id, 0, None))
+                wanted.append(np.frombuffer(seq.encode(), np.uint8))
+            got = inp.read_many(requests)
+            assert len(got) == len(requests)
+            for (tok, mask), raw in zip(got, wanted, strict=True):
                 np.testing.assert_array_equal(tok, TOKEN_LUT[raw])
                 np.testing.assert_array_equal(mask, SOFTMASK_LUT[raw])
 

@@ -165,6 +165,32 @@ def test_a_call_that_fails_lets_the_later_calls_go_on(job, tmp_path, one_torch_t
     assert all(len(store.completed_units(r.key)) == r.n_units for r in plan.streams)
 
 
+def test_a_packed_input_is_opened_while_the_model_loads_and_checked_when_read(job, tmp_path, one_torch_thread):
+    """The packed records' input is opened beside the model's load (its index read then, not in
+    the first batch's read); it is still checked at every read: changed since it was opened,
+    the batch fails with the one-line error, and a worker started after the change runs it."""
+    import shutil
+
+    from linpipe.errors import InputError
+
+    tiny, fasta, _ = job
+    copy = tmp_path / "contigs.fa"
+    shutil.copy(fasta, copy)
+    plan, store, w = _worker(copy, tiny, tmp_path / "o.zarr")
+    units = plan.batch_units(0)
+    assert set(w._opening) == {units[0].input_path}  # the very path the batches read
+    w._opening[units[0].input_path].result(timeout=60)  # opened
+    st = copy.stat()
+    os.utime(copy, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    with pytest.raises(InputError, match=r"contigs\.fa: the input changed mid-job"):
+        w.run_batch(0, units)
+    w.close()
+    _, _, fresh = _worker(copy, tiny, tmp_path / "o.zarr")
+    r = fresh.run_batch(0, units)
+    assert r.positions == plan.packed.batch_positions(0) and store.batches_done()[0]
+    fresh.close()
+
+
 def test_host_copies_on_the_cpu_are_the_models_outputs(job):
     from linpipe.inputs import open_input
     from linpipe.model import load_model

@@ -338,16 +338,25 @@ def test_progress_bar_on_a_terminal_and_log_lines_otherwise():
 
 
 @pytest.mark.slow
-def test_a_worker_that_cannot_start_is_reported_in_one_line(local_ray, tmp_path):
+def test_a_worker_that_cannot_start_is_reported_in_one_line(local_ray, genome, tiny, tmp_path):
     """A worker's __init__ failing on its node (here: the model vanished after the driver loaded
     it) ends the job with the worker's own error, not Ray's traceback."""
+    import shutil
+
     import ray
 
     from linpipe.jobs.actor import PipelineWorker, as_actor
+    from linpipe.jobs.driver import open_or_create_store
     from linpipe.jobs.errors import WorkerStartError, worker_error
+    from linpipe.jobs.plan import plan_job
 
+    model = tmp_path / "no_model"
+    shutil.copytree(tiny, model)
+    plan = plan_job(JobRequest(inputs=(str(genome),), model=str(model), unit_size=UNIT))
+    open_or_create_store(plan, str(tmp_path / "o.zarr"))
+    shutil.rmtree(model)
     h = ray.remote(as_actor(PipelineWorker)).options(num_cpus=0, max_restarts=0).remote(
-        str(tmp_path / "no_model"), str(tmp_path / "no.zarr"), None)
+        str(model), str(tmp_path / "o.zarr"), None)
     with pytest.raises(ray.exceptions.RayTaskError) as info:
         ray.get(h.ready.remote(), timeout=120)
     assert isinstance(info.value.cause, WorkerStartError)

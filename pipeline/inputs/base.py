@@ -97,9 +97,16 @@ class Input:
         raise NotImplementedError
 
     def read_many(self, requests) -> list[tuple]:
-        """read(record_id, start, end) of each (record_id, start, end), in the order given (a
-        packed batch's records, in file order: see `position`)."""
-        return [self.read(rid, start, end) for rid, start, end in requests]
+        """read(record_id, start, end) of each (record_id, start, end) (a packed batch's
+        records), returned in the order given, read in file order (see `position`)."""
+        return self._in_file_order(list(requests), self.read)
+
+    def _in_file_order(self, requests: list, read) -> list:
+        """read(*request) of each request, called in file order, returned in the order given."""
+        got = [None] * len(requests)
+        for i in sorted(range(len(requests)), key=lambda i: self.position(requests[i][0])):
+            got[i] = read(*requests[i])
+        return got
 
     def iter_units(
         self, record_id: str, unit_size: int, start: int = 0

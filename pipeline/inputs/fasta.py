@@ -16,7 +16,7 @@ import os
 import struct
 import warnings
 import zlib
-from itertools import accumulate
+from operator import itemgetter
 from pathlib import Path
 
 import numpy as np
@@ -147,6 +147,7 @@ class FastaInput(Input):
         self.indexes_written: list[Path] = []  # the index files this open wrote (say where they went)
         self._source = None
         self._cursor: dict[int, tuple[int, int]] = {}  # irregular records: (base, byte) to resume a scan
+        self._arrays = None  # _layout()
         self.index_path: "Path | None" = None
         self.gzi_path: "Path | None" = None
         self._gzi = None
@@ -289,15 +290,86 @@ class FastaInput(Input):
         return arr & 7, arr >> 3
 
     def read_many(self, requests) -> list[tuple[np.ndarray, np.ndarray]]:
-        """read() of each (record_id, start, end), decoded together: two numpy calls for the
-        whole batch, not two per record (about 1 µs each, as much as a short record's read)."""
-        combos = [self._combined(rid, start, end) for rid, start, end in requests]
-        if not combos:
+        """read() of each (record_id, start, end), in the order given. A packed batch's records
+        on a plain FASTA's regular lines are located, checked and decoded with numpy calls over
+        the whole batch: the only step per record is its pread (which releases the GIL). Per
+        record Python in a worker's read thread costs its model thread as much again (the GIL),
+        so this matters beside a small model."""
+        requests = list(requests)
+        if not requests:
             return []
-        arr = np.frombuffer(b"".join(combos), dtype=np.uint8)
+        combos = self._combined_batch(requests) if self.fmt == "fasta" else None
+        if combos is None:  # compressed, irregular lines, or a check failed: one by one (its error)
+            parts = self._in_file_order(requests, self._combined)
+            combos = (b"".join(parts), np.fromiter(map(len, parts), np.int64, len(parts)))
+        joined, sizes = combos
+        arr = np.frombuffer(joined, dtype=np.uint8)
         tokens, mask = arr & 7, arr >> 3
-        ends = list(accumulate(len(c) for c in combos))
+        ends = np.cumsum(sizes).tolist()
         return [(tokens[a:b], mask[a:b]) for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+
+    def _layout(self):
+        """Every record's (length, offset, linebases, linewidth, regular) as int64 arrays, built once."""
+        if self._arrays is None:
+            es = self._entries
+            self._arrays = tuple(np.fromiter((getattr(e, f) for e in es), np.int64, len(es))
+                                 for f in ("length", "offset", "linebases", "linewidth", "regular"))
+        return self._arrays
+
+    def _combined_batch(self, requests) -> "tuple[bytes, np.ndarray] | None":
+        """The requests' bases as token | softmask << 3 bytes back to back, and each one's size,
+        with read()'s checks done over the whole batch; None when any record is not on regular
+        lines or any check fails (the caller then reads one by one and raises read()'s error)."""
+        ids, starts, ends = zip(*requests, strict=True)
+        try:
+            idx = np.fromiter(map(self._by_id.__getitem__, ids), np.int64, len(ids))
+        except KeyError:
+            return None
+        length, offset, lb, lw, regular = (a[idx] for a in self._layout())
+        start = np.asarray(starts, dtype=np.int64)
+        end = np.fromiter((length[i] if e is None else e for i, e in enumerate(ends)), np.int64, len(ends)) \
+            if None in ends else np.asarray(ends, dtype=np.int64)
+        n = end - start
+        if not (regular.all() and (start >= 0).all() and (n >= 0).all() and (end <= length).all()):
+            return None
+        empty = n == 0  # nothing is read: any line layout does
+        lb, lw = np.where(empty, 1, lb), np.where(empty, 1, lw)
+        if (lb <= 0).any():
+            return None
+        last = np.maximum(end - 1, start)
+        b0 = offset + (start // lb) * lw + start % lb
+        b1 = np.where(n > 0, offset + (last // lb) * lw + last % lb + 1, b0)
+        size = b1 - b0
+        read_at = self._src().read_at
+        order = np.argsort(b0, kind="stable")  # file order: the page cache reads ahead
+        got = [read_at(o, z) for o, z in zip(b0[order].tolist(), size[order].tolist(), strict=True)]
+        raw = list(itemgetter(*np.argsort(order).tolist())(got)) if len(got) > 1 else got
+        if not np.array_equal(np.fromiter(map(len, raw), np.int64, len(raw)), size):
+            return None
+        data = b"".join(raw)
+        # the index's line layout must be the file's: every line end inside a record's bytes where
+        # the index puts it (a newline, after a carriage return on lines of linewidth - linebases
+        # = 2), and no other byte cut out of it (then the batch's length is right)
+        eol = lw - lb
+        if (eol < 0).any():
+            return None
+        if eol.any():
+            first_nl = lw - start % lb - 1  # from the record's first byte
+            count = np.where(eol > 0, np.maximum(0, -(-(size - first_nl) // lw)), 0)
+            rec = np.repeat(np.arange(len(size)), count)
+            k = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
+            at = (np.cumsum(size) - size)[rec] + first_nl[rec] + k * lw[rec]
+            arr = np.frombuffer(data, dtype=np.uint8)
+            if not (arr[at] == _NL).all():
+                return None
+            for j in range(1, int(eol.max())):
+                back = at[eol[rec] > j] - j
+                if not ((arr[back] == _CR) | (arr[back] == _NL)).all():
+                    return None
+        combo = data.translate(_COMBINED, _EOL)
+        if len(combo) != int(n.sum()) or b"\xff" in combo:
+            return None
+        return combo, n
 
     def _combined(self, record_id: str, start: int, end: "int | None") -> bytes:
         """Bases start..end-1 of a record as bytes of token | softmask << 3, checked."""
