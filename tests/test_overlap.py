@@ -165,7 +165,7 @@ def test_a_call_that_fails_lets_the_later_calls_go_on(job, tmp_path, one_torch_t
     assert all(len(store.completed_units(r.key)) == r.n_units for r in plan.streams)
 
 
-def test_a_packed_input_is_opened_while_the_model_loads_and_checked_when_read(job, tmp_path, one_torch_thread):
+def test_packed_inputs_open_while_the_model_loads_and_are_checked_when_read(job, tmp_path, one_torch_thread):
     """The packed records' input is opened beside the model's load (its index read then, not in
     the first batch's read); it is still checked at every read: changed since it was opened,
     the batch fails with the one-line error, and a worker started after the change runs it."""
