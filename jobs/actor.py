@@ -244,8 +244,8 @@ class PipelineWorker:
         call, and write it as one Zarr chunk of the packed arrays."""
         import numpy as np
 
-        # No step here runs Python per record beyond what the input and the model need: beside a
-        # small model, every bit of Python in this call's thread holds the GIL its model waits for.
+        # Work here goes per batch, not per record, where it can: beside a small model, Python in
+        # this call's thread holds the GIL the model thread needs between its ops.
         def read():
             if len({u.input_path for u in units}) == 1:  # one input: the usual case
                 return self._input(units[0].input_path).read_many(

@@ -292,9 +292,8 @@ class FastaInput(Input):
     def read_many(self, requests) -> list[tuple[np.ndarray, np.ndarray]]:
         """read() of each (record_id, start, end), in the order given. A packed batch's records
         on a plain FASTA's regular lines are located, checked and decoded with numpy calls over
-        the whole batch: the only step per record is its pread (which releases the GIL). Per
-        record Python in a worker's read thread costs its model thread as much again (the GIL),
-        so this matters beside a small model."""
+        the whole batch: the only step per record is its pread. Python run per record in a
+        worker's read thread holds the GIL that a small model, beside it, needs between ops."""
         requests = list(requests)
         if not requests:
             return []
