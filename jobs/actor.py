@@ -145,13 +145,10 @@ class PipelineWorker:
         sig = (st.st_size, st.st_mtime_ns)
         inp = self._inputs.get(path)
         if inp is None:
-            opening = self._opening.pop(path, None)
-            try:  # opened beside the model's load; its error (if any) comes from opening it here
-                inp, self._stats[path] = opening.result() if opening is not None else self._open(path)
-            except Exception:
-                if opening is None:
-                    raise
-                inp, self._stats[path] = self._open(path)
+            opening = self._opening.pop(path, None)  # opened beside the model's load
+            early = opening.result() if opening is not None and opening.exception() is None else None
+            # not opened early, or that failed: opened here, where its error is this call's
+            inp, self._stats[path] = early or self._open(path)
             self._inputs[path] = inp
         if self._stats[path] != sig:
             raise InputError(f"{path}: the input changed mid-job; submit again (with {option('overwrite')} "
@@ -247,9 +244,6 @@ class PipelineWorker:
         # Work here goes per batch, not per record, where it can: beside a small model, Python in
         # this call's thread holds the GIL the model thread needs between its ops.
         def read():
-            if len({u.input_path for u in units}) == 1:  # one input: the usual case
-                return self._input(units[0].input_path).read_many(
-                    [(u.record_id, u.start, u.end) for u in units])
             by_input: dict[str, list[int]] = {}
             for i, u in enumerate(units):
                 by_input.setdefault(u.input_path, []).append(i)
