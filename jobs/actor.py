@@ -30,6 +30,7 @@ from .errors import WorkerStartError
 from .overlap import HostCopies, ModelThread, Turns
 from .plan import Unit
 from .regions import mask_outside
+from .write_process import WriteProcess
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,7 @@ class PipelineWorker:
         # what the store keeps hidden as (cast on the device when it leaves one)
         self._dtypes = {"hidden": self.store.meta.get("hidden_dtype", "float32")}
         self.node = f"{_node_id()}:{os.getpid()}"
+        self.writes = WriteProcess(store_path)  # the units' writes, in a process of their own
 
     def ready(self) -> str:
         """Returns once the model is loaded; the driver waits on it before handing out work."""
@@ -226,15 +228,16 @@ class PipelineWorker:
                     arrays = {f"{k}_rc": v[::-1] for k, v in arrays.items()}
                 if unit.keep is not None:  # --regions: only what overlaps a region (nothing: no data)
                     arrays = mask_outside(arrays, unit.keep, unit.start) if unit.keep else None
-                self.store.write_unit(unit.key, unit.index, arrays, state=out.state_arrays(),
-                                      strand=unit.strand)
+                self.writes.write_unit(unit.key, unit.index, arrays, state=out.state_arrays(),
+                                       strand=unit.strand, last=last)
             finally:
                 out.release()
             if last:
                 self.store.close()  # drop the finished record's cached array handles (refilled lazily)
 
         times = self._overlapped(seq, lambda: self._read(unit), model, write)
-        return UnitResult(unit.key, unit.index, unit.positions, *times, self.node, peak_rss(), self.share)
+        return UnitResult(unit.key, unit.index, unit.positions, *times, self.node, self.peak_rss(),
+                          self.share)
 
     def run_batch(self, batch: int, units: list[Unit], seq: int | None = None) -> UnitResult:
         """Run one packed batch (whole short records, in table order) in one batched model
@@ -277,11 +280,15 @@ class PipelineWorker:
                 keep = [(a + s, a + e) for u, a in zip(units, starts, strict=True)
                         for s, e in ([(0, u.positions)] if u.keep is None else u.keep)]
                 arrays = mask_outside(arrays, keep, 0)
-            self.store.write_batch(batch, arrays)
+            self.writes.write_batch(batch, arrays)
 
         times = self._overlapped(seq, read, model, write)
         return UnitResult(f"batch {batch}", len(units), sum(c.positions for c in units), *times,
-                          self.node, peak_rss())
+                          self.node, self.peak_rss())
+
+    def peak_rss(self) -> int:
+        """This worker's peak resident memory: its process's and its writing process's."""
+        return peak_rss() + self.writes.child_rss
 
     def close(self) -> None:
         for opening in self._opening.values():  # opened beside the model's load, never read
@@ -294,6 +301,7 @@ class PipelineWorker:
             inp.close()
         self._inputs.clear()
         self._model_thread.close()
+        self.writes.close()
 
 
 def _open_beside(paths, open_one) -> dict:

@@ -95,18 +95,27 @@ class ModelThread:
             return None
 
     def _loop(self) -> None:
-        while (job := self._take()) is not None:
-            fn, arg, fut = job
-            if fn is None:
-                fut.set_result(None)
-                continue
-            t0 = time.perf_counter()
-            try:
-                got = fn(arg)
-            except BaseException as e:  # the caller raises it
-                fut.set_exception(e)
-            else:
-                fut.set_result((got, t0, time.perf_counter()))
+        while self._run_next():
+            pass
+
+    def _run_next(self) -> bool:
+        """Runs the next call; False once closed. Its call's references go with this frame, so a
+        waiting thread keeps nothing of the last call (a dropped worker is freed)."""
+        job = self._take()
+        if job is None:
+            return False
+        fn, arg, fut = job
+        if fn is None:
+            fut.set_result(None)
+            return True
+        t0 = time.perf_counter()
+        try:
+            got = fn(arg)
+        except BaseException as e:  # the caller raises it
+            fut.set_exception(e)
+        else:
+            fut.set_result((got, t0, time.perf_counter()))
+        return True
 
     def close(self) -> None:
         with self._cond:

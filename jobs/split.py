@@ -23,7 +23,7 @@ import numpy as np
 from linpipe.errors import LinpipeError, option
 from linpipe.strands import FORWARD
 
-from .actor import PipelineWorker, UnitResult, peak_rss
+from .actor import PipelineWorker, UnitResult
 from .errors import worker_error
 from .plan import Record, Unit
 
@@ -131,10 +131,10 @@ class SegmentWorker(PipelineWorker):
         for idx, a, b, out, state in self.runner.units_out(y_prev, final, skip=set(skip)):
             t1 = time.perf_counter()
             _x, extra = self._read(Unit(r.input_path, r.id, r.key, a, b, idx))
-            self.store.write_unit(r.key, idx, {**out, **extra}, state=state.to_arrays())
+            self.writes.write_unit(r.key, idx, {**out, **extra}, state=state.to_arrays())
             t2 = time.perf_counter()
-            results.append(UnitResult(r.key, idx, b - a, 0.0, 0.0, t1 - t0, t2 - t1, self.node, peak_rss(),
-                                      self.share))
+            results.append(UnitResult(r.key, idx, b - a, 0.0, 0.0, t1 - t0, t2 - t1, self.node,
+                                      self.peak_rss(), self.share))
             t0 = time.perf_counter()
         self.runner.close()
         self.runner = None

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import gzip
+import time
 from pathlib import Path
 
 import numpy as np
@@ -153,6 +154,7 @@ def write_in_process(fasta, model, out, *, unit_size: int | None = None,
             w.run_unit(c, last=i == r.n_units - 1)
     for b in range(plan.packed.n_batches):
         w.run_batch(b, plan.batch_units(b))
+    w.close()
     assert store.finalize()
     return plan
 
@@ -192,3 +194,18 @@ def write_three_records(genomes: Path, fasta: Path, chr2: tuple[int, int], mt: i
             "orang": next(iter(read_fasta(genomes / "minimap2_MT-orang.fa").values()))[:orang]}
     fasta.write_text("".join(f">{k}\n{v}\n" for k, v in seqs.items()))
     return seqs
+
+
+def process_gone(pid: int, timeout: float = 30) -> bool:
+    """Whether process pid has ended (exited, or a zombie not reaped yet) within timeout s."""
+    deadline = time.time() + timeout
+    while True:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                    return True
+        except FileNotFoundError:
+            return True
+        if time.time() >= deadline:
+            return False
+        time.sleep(0.05)

@@ -397,54 +397,40 @@ def test_a_lease_alone_is_not_a_store(store_place, mixed_fasta, tiny_dna):
 
 
 # ----------------------------------------------------------------------------- retries
-def _slow_down_error(key):
-    """What s3fs raises when S3 answers 503 SlowDown (its own translation of the client error)."""
-    from botocore.exceptions import ClientError
-    from s3fs.errors import translate_boto_error
+def _faulty_stores(monkeypatch, tmp_path, error: str, failures: int, **match):
+    """Every URL store the worker's writing process opens fails its first `failures` writes of
+    each key that `match` picks (contains=..., prefix=...) with the error named (tests/
+    _faulty_writer.py): a fault below linpipe's retrying layer. Returns a function that counts
+    the attempts per key so far."""
+    import _faulty_writer
 
-    err = ClientError({"Error": {"Code": "SlowDown", "Message": "Please reduce your request rate."},
-                       "ResponseMetadata": {"HTTPStatusCode": 503}}, "PutObject")
-    return translate_boto_error(err, message=key)
+    from linpipe.jobs.write_process import WriteProcess
 
+    attempts = tmp_path / "attempts"
+    monkeypatch.setenv(_faulty_writer.FAULTS_ENV, json.dumps({"error": error, "failures": failures,
+                                                              "attempts": str(attempts), **match}))
+    monkeypatch.setattr(WriteProcess, "command", (
+        sys.executable, "-c", f"import sys; sys.path[0] = {os.path.dirname(__file__)!r}; "
+                              "from _faulty_writer import main; main()"))
 
-def _faulty_stores(monkeypatch, make_error, failures: int, match):
-    """Every URL store opened from now on fails its first `failures` writes of each key that
-    `match` picks, with make_error(key): a fault below linpipe's retrying layer."""
-    import zarr.storage
-    from zarr.storage import WrapperStore
-
-    attempts: dict[str, int] = {}
-
-    class Faulty(WrapperStore):
-        async def set(self, key, value):
-            if match(key):
-                attempts[key] = attempts.get(key, 0) + 1
-                if attempts[key] <= failures:
-                    raise make_error(key)
-            await super().set(key, value)
-
-    original = zarr.storage.FsspecStore.from_url.__func__
-
-    def from_url(cls, *args, **kwargs):
-        return Faulty(original(cls, *args, **kwargs))
-
-    monkeypatch.setattr(zarr.storage.FsspecStore, "from_url", classmethod(from_url))
-    return attempts
-
-
-def _is_chunk(key: str) -> bool:
-    return "/c/" in key  # every chunk: outputs, table, boundary states, completion markers
+    def counts() -> dict[str, int]:
+        keys = attempts.read_text().split() if attempts.exists() else []
+        return {k: keys.count(k) for k in dict.fromkeys(keys)}
+    return counts
 
 
 @pytest.mark.slow
 def test_throttled_writes_are_retried_and_the_store_is_bit_identical(s3_server, mixed_fasta, tiny_dna,
-                                                                     reference, monkeypatch):
+                                                                     reference, monkeypatch, tmp_path):
     import linpipe.store.retry as retry
 
+    monkeypatch.setenv("LINPIPE_STORE_RETRY_BASE_S", "0.01")  # the writing process reads it at its start
     monkeypatch.setattr(retry, "BASE_DELAY_S", 0.01)
     out = f"{s3_server.new_bucket()}/throttled.zarr"
-    attempts = _faulty_stores(monkeypatch, _slow_down_error, 2, _is_chunk)
+    # every chunk: outputs, table, boundary states, completion markers
+    counts = _faulty_stores(monkeypatch, tmp_path, "slow_down", 2, contains="/c/")
     _run_units(mixed_fasta, tiny_dna, out)
+    attempts = counts()
     assert any(k.startswith("_linpipe/") and "/done/" in k for k in attempts)  # markers too
     assert attempts and all(n >= 3 for n in attempts.values())  # two SlowDowns, then the write
     monkeypatch.undo()
@@ -453,7 +439,7 @@ def test_throttled_writes_are_retried_and_the_store_is_bit_identical(s3_server, 
 
 @pytest.mark.slow
 def test_a_permanent_error_is_not_retried_and_leaves_the_unit_unmarked(s3_server, mixed_fasta, tiny_dna,
-                                                                        monkeypatch):
+                                                                        monkeypatch, tmp_path):
     from linpipe.jobs.errors import worker_error
     from linpipe.store import OutputStore
 
@@ -462,13 +448,10 @@ def test_a_permanent_error_is_not_retried_and_leaves_the_unit_unmarked(s3_server
     store = OutputStore.open(out, mode="r")
     mt = next(k for k in store.long_records)
 
-    def denied(key):
-        return PermissionError(errno.EACCES, "Access Denied", key)
-
-    attempts = _faulty_stores(monkeypatch, denied, 10**6, lambda k: k.startswith(f"{mt}/logprob/c/"))
+    counts = _faulty_stores(monkeypatch, tmp_path, "denied", 10**6, prefix=f"{mt}/logprob/c/")
     with pytest.raises(PermissionError) as caught:
         _run_units(mixed_fasta, tiny_dna, out, stop_after=1)
-    assert list(attempts.values()) == [1]  # one attempt, no retry
+    assert list(counts().values()) == [1]  # one attempt, no retry
     monkeypatch.undo()
     assert OutputStore.open(out, mode="r").completed_units(mt) == set()
     line = str(worker_error(caught.value, f"record {mt!r} positions 0-{UNIT}"))
@@ -476,9 +459,11 @@ def test_a_permanent_error_is_not_retried_and_leaves_the_unit_unmarked(s3_server
 
 
 def test_transient_errors_are_told_from_permanent_ones():
+    from _faulty_writer import slow_down_error
+
     from linpipe.store.retry import TransientStoreError, is_transient
 
-    assert is_transient(_slow_down_error("k"))
+    assert is_transient(slow_down_error("k"))
     assert is_transient(TimeoutError("read timed out"))
     assert is_transient(ConnectionResetError(errno.ECONNRESET, "Connection reset by peer"))
     assert is_transient(TransientStoreError("injected"))

@@ -7,13 +7,21 @@ writes are in flight leaves only durable units marked done, and a resume gives t
 from __future__ import annotations
 
 import os
+import signal
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 from _pipeline_data import CONTIG_UNIT as UNIT
-from _pipeline_data import assert_same_bytes, make_tiny_model, store_arrays, write_contigs, write_in_process
+from _pipeline_data import (
+    assert_same_bytes,
+    make_tiny_model,
+    process_gone,
+    store_arrays,
+    write_contigs,
+    write_in_process,
+)
 from test_store import kill_at_hook
 
 from linpipe.jobs.overlap import HostCopies, ModelThread, Turns
@@ -219,26 +227,36 @@ def test_host_copies_on_the_cpu_are_the_models_outputs(job):
 
 # --------------------------------------------------------------------- killed with writes in flight
 _OVERLAPPED_RUN = """
-import pathlib, sys, time
+import sys
 sys.path.insert(0, {tests!r})
 from test_overlap import _worker, _calls, _run_overlapped
+from linpipe.jobs.write_process import WriteProcess
+WriteProcess.command = (sys.executable, {writer!r})  # the writing process, with the hook below
 plan, store, w = _worker({fasta!r}, {model!r}, {out!r})
 calls = _calls(plan)
-keys, marked, flag = set(store.meta["records"]), set(), pathlib.Path({flag!r})
-sync = w.store._sync
-def hooked(chunks, files):
-    # the data round of a record's unit after one of its units is marked: its data, state and
-    # checksums are on disk, its marker is not; the calls beside it go on until the parent's kill
-    paths = ["/" + str(f) for f in files if f]
-    marker = [k for k in keys for p in paths if f"/{{k}}/done/" in p]
-    if not marker and any(f"/{{k}}/logprob/" in p for k in marked for p in paths):
-        flag.write_text("in flight")
-        time.sleep(120)
-    sync(chunks, files)
-    marked.update(marker)
-w.store._sync = hooked
 for i in range(0, len(calls), 3):  # IN_FLIGHT calls at a time, as the driver keeps them
     _run_overlapped(w, calls[i:i + 3], range(min(3, len(calls) - i)), first=i)
+"""
+
+# The worker's writing process, hooked: it stops in the data round of a record's unit after one
+# of that record's units is marked (its data, state and checksums on disk, its marker not), and
+# writes its pid to the flag file; the calls beside it go on until the test's kill.
+_HOOKED_WRITER = """
+import os, pathlib, socket, sys, time
+from linpipe.jobs.write_process import serve
+from linpipe.store import OutputStore
+flag, marked, sync = pathlib.Path(FLAG), set(), OutputStore._sync
+def hooked(self, chunks, files):
+    keys = set(self.meta["records"])
+    paths = ["/" + str(f) for f in files if f]
+    marker = [k for k in keys for p in paths if f"/{k}/done/" in p]
+    if not marker and any(f"/{k}/logprob/" in p for k in marked for p in paths):
+        flag.write_text(str(os.getpid()))
+        time.sleep(120)
+    sync(self, chunks, files)
+    marked.update(marker)
+OutputStore._sync = hooked
+serve(socket.socket(fileno=int(sys.argv[1])), sys.argv[2])
 """
 
 
@@ -262,9 +280,15 @@ def test_killed_with_writes_in_flight_keeps_only_durable_units_and_resumes_bit_i
 
     tiny, fasta, _ = job
     out = tmp_path / "killed.zarr"
+    writer = tmp_path / "writer.py"
+    writer.write_text(_HOOKED_WRITER.replace("FLAG", repr(str(tmp_path / "flag"))))
     code = _OVERLAPPED_RUN.format(tests=os.path.dirname(__file__), fasta=str(fasta), model=tiny, out=str(out),
-                                  flag=str(tmp_path / "flag"))
-    kill_at_hook(code, out, tmp_path / "flag")  # SIGKILL once a unit is caught between data and marker
+                                  writer=str(writer))
+    # SIGKILL the worker, then its writing process, once a unit is caught between data and marker
+    kill_at_hook(code, out, tmp_path / "flag")
+    writer_pid = int((tmp_path / "flag").read_text())
+    os.kill(writer_pid, signal.SIGKILL)
+    assert process_gone(writer_pid)
     assert _in_flight(out)
     report = verify_store(out)  # every unit marked done is whole (the rest: missing, not corrupt)
     assert report.units >= 1 and not [p for p in report.problems if p.kind != "missing"]

@@ -1,9 +1,27 @@
 """The model: config.py (format v1 config), network.py (the layers), files.py (save/read a model
-directory), inference.py (Model, load_model)."""
-from linpipe.model.config import CONFIG_FILE, ModelConfig, expected_shapes
-from linpipe.model.files import SHIPPED_MODELS, resolve_model_path, save_model
-from linpipe.model.inference import Model, count_parameters, load_model
-from linpipe.model.network import ModelState, init_net
+directory), inference.py (Model, load_model).
 
-__all__ = ["CONFIG_FILE", "SHIPPED_MODELS", "Model", "ModelConfig", "ModelState", "count_parameters",
-           "expected_shapes", "init_net", "load_model", "resolve_model_path", "save_model"]
+The names below are imported on first use, so that a process that needs only the per-output
+facts (`linpipe.model.outputs`, which the store's layout reads) does not import torch."""
+import importlib
+
+_WHERE = {
+    "CONFIG_FILE": "config", "ModelConfig": "config", "expected_shapes": "config",
+    "SHIPPED_MODELS": "files", "resolve_model_path": "files", "save_model": "files",
+    "Model": "inference", "count_parameters": "inference", "load_model": "inference",
+    "ModelState": "network", "init_net": "network",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module 'linpipe.model' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"linpipe.model.{_WHERE[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_WHERE))

@@ -62,8 +62,13 @@ class Location:
         self.where = os.fspath(path)
         self.url = self.where if "://" in self.where else None
         self._documents: dict[str, dict] = {}  # array path -> its zarr.json (never changed once written)
-        # fsspec's local file system does not create parent folders unless asked
-        self.options = {"auto_mkdir": True} if self.where.startswith(("file://", "local://")) else None
+        # Other processes (workers, their writing processes, another driver) write here while
+        # this one reads: a listing fsspec kept from a while ago would hide their objects (s3fs
+        # asks it for an object's size before reading the object, and takes "not listed" for
+        # "missing", so a unit written since would read as fill values). So none is kept.
+        self.options = {"use_listings_cache": False}
+        if self.where.startswith(("file://", "local://")):
+            self.options["auto_mkdir"] = True  # fsspec's local file system makes no parent folders unasked
         if self.url is None:
             self.root: Path | None = Path(self.where)
             self.store = LocalStore(self.root, read_only=read_only)
@@ -79,10 +84,7 @@ class Location:
     def _fs(self):
         from fsspec.core import url_to_fs
 
-        fs, p = url_to_fs(self.url, **(self.options or {}))
-        # other processes (workers, another driver) write here: a cached listing from a while
-        # ago would hide their objects, or make s3fs deny that a new one exists
-        fs.invalidate_cache()  # all of it: s3fs forgets a path and its parents, not its children
+        fs, p = url_to_fs(self.url, **self.options)
         return fs, p.rstrip("/")
 
     def exists(self) -> bool:

@@ -1,0 +1,265 @@
+"""The store's writes in a process of their own (docs/pipeline.md, "Overlap in the worker").
+
+A worker's model runs on one thread and needs the GIL between its ops. Compressing, checksumming
+and writing a unit is Python too, and run in a thread beside the model it held the GIL the model
+waited for (a small model ran 10-30% slower in the worker than alone on this account). So each
+worker starts one child process that opens the store and does the writes; the worker sends it a
+unit's arrays over a socket and waits for its answer. The guarantees stay the worker's: a call
+returns only once the child has written its unit durably (data, checksums, boundary state,
+then the marker), and an error in the child is raised in the call that asked for the write.
+
+The child exits when the worker closes its socket, or dies: it finishes the writes it has
+received whole (each the same bytes any rerun writes) and takes no others.
+
+Messages: an 8-byte length, then a header (op, arguments, and the dtype and shape of each array,
+pickled: both ends are this module), then each array's bytes as they lie in memory.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import pickle
+import socket
+import subprocess
+import sys
+import threading
+import weakref
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import numpy as np
+
+from linpipe.errors import StoreError
+from linpipe.strands import FORWARD
+
+_LENGTH = 8
+WRITERS = 3  # writes the child runs side by side: one per call in flight (IN_FLIGHT)
+
+
+class WriteProcess:
+    """The worker's end: write_unit and write_batch as OutputStore has them, run in the child;
+    each returns once the unit is durable, or raises the child's error. Dropped without close(),
+    its child still ends (after the writes it has)."""
+
+    # the child's command, before its two arguments (its socket's descriptor, the store's path);
+    # without the working directory on sys.path, so a `linpipe` folder there is not what it imports
+    command = (sys.executable, "-c",
+               "import sys; del sys.path[0]; from linpipe.jobs.write_process import main; main()")
+
+    def __init__(self, store_path: str):
+        self.store_path = str(store_path)
+        mine, theirs = socket.socketpair()
+        proc = subprocess.Popen([*self.command, str(theirs.fileno()), self.store_path],
+                                pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
+        theirs.close()
+        # what the answers' thread uses: it holds no reference to this object, so dropping it
+        # (a worker never closed) ends the child through the finalizer
+        self._link = _Link(self.store_path, proc, mine)
+        self._dropped = weakref.finalize(self, self._link.stop)
+
+    @property
+    def pid(self) -> int:
+        return self._link.proc.pid
+
+    @property
+    def child_rss(self) -> int:
+        """Bytes: the child's peak resident memory, as its last answer said."""
+        return self._link.child_rss
+
+    def write_unit(self, key: str, unit: int, arrays: dict | None, state: dict | None = None,
+                   strand: str = FORWARD, last: bool = False) -> None:
+        """OutputStore.write_unit in the child; last: the record's last unit (the child then
+        drops its cached handles of that record's arrays)."""
+        self._link.call("write_unit", (key, unit), {"strand": strand, "last": last},
+                        arrays=arrays, state=state)
+
+    def write_batch(self, batch: int, arrays: dict) -> None:
+        self._link.call("write_batch", (batch,), {}, arrays=arrays)
+
+    def close(self) -> None:
+        """No more writes: the child finishes those it has and exits."""
+        self._dropped.detach()
+        self._link.stop()
+        self._link.wait()
+
+
+class _Link:
+    """The socket to one child, its calls waiting for an answer, and the thread that takes the
+    answers."""
+
+    def __init__(self, store_path: str, proc: subprocess.Popen, sock: socket.socket):
+        self.store_path, self.proc, self.sock = store_path, proc, sock
+        self._send = threading.Lock()
+        self._pending: dict[int, Future] = {}
+        self._lock = threading.Lock()
+        self._ids = itertools.count()
+        self._ended: str | None = None  # why the child can take no more writes
+        self.child_rss = 0
+        self._reader = threading.Thread(target=self._answers, name="linpipe-write-answers", daemon=True)
+        self._reader.start()
+
+    def call(self, op: str, args: tuple, kw: dict, **groups) -> None:
+        fut: Future = Future()
+        with self._lock:
+            if self._ended is not None:
+                raise StoreError(self._ended)
+            n = next(self._ids)
+            self._pending[n] = fut
+        try:  # everything that can fail is done before the first byte goes
+            groups = {g: None if a is None else {k: np.ascontiguousarray(v) for k, v in a.items()}
+                      for g, a in groups.items()}
+            header = pickle.dumps((n, op, args, kw, {g: None if a is None else
+                                                      [(k, v.dtype.str, v.shape) for k, v in a.items()]
+                                                      for g, a in groups.items()}))
+            data = [v.reshape(-1).view(np.uint8) for a in groups.values() for v in (a or {}).values()
+                    if v.nbytes]
+        except BaseException:
+            with self._lock:
+                self._pending.pop(n, None)
+            raise
+        try:
+            with self._send:
+                self.sock.sendall(len(header).to_bytes(_LENGTH, "little") + header)
+                for d in data:
+                    self.sock.sendall(d)
+        except OSError:
+            pass  # the child is gone: its end is reported through the future, by _answers
+        fut.result()
+
+    def _answers(self) -> None:
+        try:
+            while (got := _recv_message(self.sock)) is not None:
+                n, error, text, rss = pickle.loads(got)
+                self.child_rss = max(self.child_rss, rss)
+                with self._lock:
+                    fut = self._pending.pop(n)
+                if error is None:
+                    fut.set_result(None)
+                else:
+                    fut.set_exception(_error(error, text))
+        except OSError:
+            pass
+        self._end()
+
+    def _end(self) -> None:
+        """The child took its last write: every call still waiting fails, naming how it ended."""
+        try:
+            code = self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            code = None
+        with self._lock:
+            if self._ended is None:
+                how = "is not answering" if code is None else \
+                    f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+                self._ended = (f"{self.store_path}: the worker's writing process (pid {self.proc.pid}) "
+                               f"{how}; its unfinished units are not marked done: submit again to resume")
+            pending, self._pending = list(self._pending.values()), {}
+        for fut in pending:
+            fut.set_exception(StoreError(self._ended))
+
+    def stop(self) -> None:
+        """No more writes from here (without waiting): the child ends after those it has."""
+        with self._lock:
+            if self._ended is None:
+                self._ended = f"{self.store_path}: the worker is closed"
+        try:
+            self.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+
+    def wait(self) -> None:
+        self._reader.join(timeout=60)
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.sock.close()
+
+
+def _error(error: bytes, text: str) -> BaseException:
+    try:
+        return pickle.loads(error)
+    except Exception:  # an exception that does not unpickle: its type and message
+        return StoreError(text)
+
+
+def _recv_exact(sock: socket.socket, buf) -> bool:
+    """Fill buf from sock; False at the end of the stream (before or inside it)."""
+    view, got = memoryview(buf).cast("B"), 0
+    while got < len(view):
+        n = sock.recv_into(view[got:])
+        if n == 0:
+            return False
+        got += n
+    return True
+
+
+def _recv_message(sock: socket.socket) -> bytes | None:
+    length = bytearray(_LENGTH)
+    if not _recv_exact(sock, length):
+        return None
+    body = bytearray(int.from_bytes(length, "little"))
+    return bytes(body) if _recv_exact(sock, body) else None
+
+
+def serve(sock: socket.socket, store_path: str) -> None:
+    """The child: writes what arrives, WRITERS at a time, answering each once it is durable."""
+    import signal
+
+    from linpipe.store import OutputStore
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the worker; this ends after it
+    try:
+        store, failed = OutputStore.open(store_path, mode="r+"), None
+    except Exception as e:  # every write is answered with it
+        store, failed = None, e
+    answer = threading.Lock()
+
+    def write(n, op, args, kw, groups):
+        error = text = None
+        try:
+            if failed is not None:
+                raise failed
+            if op == "write_unit":
+                last = kw.pop("last")
+                store.write_unit(*args, groups["arrays"], state=groups["state"], **kw)
+                if last:
+                    store.close()  # the finished record's cached handles (refilled lazily)
+            else:
+                store.write_batch(*args, groups["arrays"])
+        except BaseException as e:
+            text = f"{type(e).__name__}: {e}" if not isinstance(e, StoreError) else str(e)
+            try:
+                error = pickle.dumps(e)
+            except Exception:
+                error = b""
+        import resource
+
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+        body = pickle.dumps((n, error, text, rss))
+        with answer:
+            sock.sendall(len(body).to_bytes(_LENGTH, "little") + body)
+
+    with ThreadPoolExecutor(WRITERS, thread_name_prefix="linpipe-write") as pool:
+        while (got := _recv_message(sock)) is not None:
+            n, op, args, kw, shapes = pickle.loads(got)
+            groups, whole = {}, True
+            for g, fields in shapes.items():
+                if fields is None:
+                    groups[g] = None
+                    continue
+                groups[g] = {}
+                for name, dtype, shape in fields:
+                    v = np.empty(shape, dtype=np.dtype(dtype))
+                    if v.nbytes and not _recv_exact(sock, v.reshape(-1).view(np.uint8)):
+                        whole = False
+                        break
+                    groups[g][name] = v
+            if not whole:  # the worker died mid-message: that unit is not written
+                break
+            pool.submit(write, n, op, args, kw, groups)
+    sock.close()
+
+
+def main() -> None:
+    """The child's entry: argv is its socket's descriptor and the store's path."""
+    serve(socket.socket(fileno=int(sys.argv[1])), sys.argv[2])
+    os._exit(0)  # without waiting for other threads (zarr's event loop) at exit
