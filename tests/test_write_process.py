@@ -15,6 +15,7 @@ import time
 
 import numpy as np
 import pytest
+from _pipeline_data import CONTIG_UNIT as UNIT
 from _pipeline_data import (
     assert_same_bytes,
     make_tiny_model,
@@ -139,3 +140,47 @@ def test_the_writing_process_does_not_import_torch(job, tmp_path):
     got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert got.returncode == 0, got.stderr
     assert got.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["shared-memory", "socket"])
+def test_both_strands_written_through_either_path_are_the_bytes_of_a_reference_run(
+        job, tmp_path, monkeypatch, shared, one_torch_thread):
+    """The arrays reach the writing process through shared memory (Linux) or, where there is
+    none, through the socket: the store is the same bytes either way (reverse-strand arrays are
+    views read backwards, the soft-mask uint8, the boundary states a dict of arrays)."""
+    from test_overlap import _calls
+
+    from linpipe.jobs.write_process import WriteProcess
+
+    tiny, fasta = job
+    write_in_process(fasta, tiny, tmp_path / "reference.zarr", unit_size=UNIT, strand="both")
+    monkeypatch.setattr(WriteProcess, "shared", shared)
+    out = tmp_path / "o.zarr"
+    plan, store, w = _worker(fasta, tiny, out, strand="both")
+    for name, args, kw in _calls(plan):
+        getattr(w, name)(*args, **kw)
+    w.close()
+    assert store.finalize()
+    assert_same_bytes(store_arrays(tmp_path / "reference.zarr"), store_arrays(out))
+
+
+def test_shared_buffers_are_reused_and_a_small_one_makes_way_for_a_larger():
+    from linpipe.jobs.write_process import _Buffers
+
+    if not hasattr(os, "memfd_create"):
+        pytest.skip("no memfd here: arrays go through the socket")
+    pool = _Buffers()
+    a, fd = pool.take(1000)
+    assert fd is not None and a.size == _Buffers.STEP
+    os.close(fd)
+    pool.give(a)
+    again, fd = pool.take(5000)
+    assert again is a and fd is None  # reused: the child has it already
+    pool.give(a)
+    big, fd = pool.take(3 * _Buffers.STEP + 1)
+    os.close(fd)
+    assert big.size == 4 * _Buffers.STEP and pool.forget() == [a.id] and pool.forget() == []
+    assert a.memory.closed
+    pool.give(big)
+    pool.close()
+    assert big.memory.closed
