@@ -287,7 +287,8 @@ class PipelineWorker:
                           self.node, self.peak_rss())
 
     def peak_rss(self) -> int:
-        """This worker's peak resident memory: its process's and its writing process's."""
+        """This worker's peak resident memory: its process's and its writing process's (the
+        buffers they share count in both)."""
         return peak_rss() + self.writes.child_rss
 
     def close(self) -> None:

@@ -58,7 +58,7 @@ class WriteProcess:
         theirs.close()
         # what the answers' thread uses: it holds no reference to this object, so dropping it
         # (a worker never closed) ends the child through the finalizer
-        self._link = _Link(self.store_path, proc, mine)
+        self._link = _Link(self.store_path, proc, mine, shared=self.shared)
         self._dropped = weakref.finalize(self, self._link.stop)
 
     @property
@@ -91,7 +91,7 @@ class _Link:
     """The socket to one child, its calls waiting for an answer, and the thread that takes the
     answers."""
 
-    def __init__(self, store_path: str, proc: subprocess.Popen, sock: socket.socket):
+    def __init__(self, store_path: str, proc: subprocess.Popen, sock: socket.socket, shared: bool):
         self.store_path, self.proc, self.sock = store_path, proc, sock
         self._send = threading.Lock()
         self._pending: dict[int, Future] = {}
@@ -99,7 +99,7 @@ class _Link:
         self._ids = itertools.count()
         self._ended: str | None = None  # why the child can take no more writes
         self.child_rss = 0
-        self.buffers = _Buffers() if hasattr(os, "memfd_create") and WriteProcess.shared else None
+        self.buffers = _Buffers() if shared and hasattr(os, "memfd_create") else None
         self._reader = threading.Thread(target=self._answers, name="linpipe-write-answers", daemon=True)
         self._reader.start()
 
