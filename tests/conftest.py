@@ -37,6 +37,17 @@ def pytest_configure(config):
     data_source()  # a LINPIPE_TEST_DATA that lacks files stops the run here, with the list
 
 
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto`: one test process per core, at most 4 (every process may start Ray clusters,
+    servers and worker processes of its own; more than 4 mostly adds memory).
+    PYTEST_XDIST_AUTO_NUM_WORKERS sets the number instead."""
+    env = os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS")
+    if env:
+        return int(env)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(4, cores))
+
+
 def pytest_report_header(config):
     src = data_source()
     return f"linpipe test data: {src}" + (" (the subset carried in the repo)" if src == CARRIED else "")
@@ -140,3 +151,14 @@ def pytest_runtest_protocol(item, nextitem):
         yield
     finally:
         ray.init = real
+
+
+@pytest.fixture(scope="session")
+def worker_job(genomes, tmp_path_factory):
+    """The worker tests' job: the tiny model, and 120 pieces of real genomes with 4 records of
+    several units, as (model folder, FASTA, {record: length})."""
+    from _pipeline_data import make_tiny_model, write_contigs
+
+    folder = tmp_path_factory.mktemp("worker_job")
+    lengths = write_contigs(genomes, folder / "contigs.fa", 120, seed=5, long=4)
+    return make_tiny_model(folder / "tiny"), folder / "contigs.fa", lengths

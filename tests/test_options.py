@@ -99,7 +99,8 @@ def test_older_spec_keys_give_the_same_option(o, key, tmp_path, fasta):
         load_spec(both)
 
 
-@pytest.mark.parametrize("o, flag", [(o, f) for o in OPTIONS for f in o.flags[1:]], ids=lambda x: str(x))
+@pytest.mark.parametrize("o, flag", [(o, f) for o in OPTIONS for f in o.flags[1:]],
+                         ids=lambda x: x if isinstance(x, str) else x.name)
 def test_older_and_short_flags_give_the_same_option(o, flag, tmp_path, fasta):
     value = example(o, tmp_path)
     words = as_flags(o, value)

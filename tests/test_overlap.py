@@ -16,24 +16,14 @@ import pytest
 from _pipeline_data import CONTIG_UNIT as UNIT
 from _pipeline_data import (
     assert_same_bytes,
-    make_tiny_model,
     process_gone,
     store_arrays,
-    write_contigs,
     write_in_process,
 )
 from test_store import kill_at_hook
 
 from linpipe.jobs.overlap import HostCopies, ModelThread, Turns
 from linpipe.strands import FORWARD, REVERSE
-
-
-@pytest.fixture(scope="module")
-def job(genomes, tmp_path_factory):
-    """The tiny model, and 120 pieces of real genomes with 4 records of several units."""
-    folder = tmp_path_factory.mktemp("overlap")
-    lengths = write_contigs(genomes, folder / "contigs.fa", 120, seed=5, long=4)
-    return make_tiny_model(folder / "tiny"), folder / "contigs.fa", lengths
 
 
 def _calls(plan):
@@ -131,8 +121,9 @@ def _take(turns, i, ran):
 
 
 @pytest.mark.parametrize("strand", ["forward", "both"])
-def test_overlapped_calls_write_the_bytes_of_calls_run_one_by_one(job, tmp_path, strand, one_torch_thread):
-    tiny, fasta, _ = job
+def test_overlapped_calls_write_the_bytes_of_calls_run_one_by_one(
+        worker_job, tmp_path, strand, one_torch_thread):
+    tiny, fasta, _ = worker_job
     write_in_process(fasta, tiny, tmp_path / "serial.zarr", unit_size=UNIT, strand=strand)
     plan, store, w = _worker(fasta, tiny, tmp_path / "overlapped.zarr", strand=strand)
     calls = _calls(plan)
@@ -146,14 +137,14 @@ def test_overlapped_calls_write_the_bytes_of_calls_run_one_by_one(job, tmp_path,
     assert_same_bytes(store_arrays(tmp_path / "serial.zarr"), store_arrays(tmp_path / "overlapped.zarr"))
 
 
-def test_a_call_that_fails_lets_the_later_calls_go_on(job, tmp_path, one_torch_thread):
+def test_a_call_that_fails_lets_the_later_calls_go_on(worker_job, tmp_path, one_torch_thread):
     """A unit whose input vanished fails alone: the later calls (another record's units, the
     packed batches) still take their turns and are written; the failed record's are not."""
     import shutil
 
     from linpipe.errors import InputError
 
-    tiny, fasta, _ = job
+    tiny, fasta, _ = worker_job
     plan, store, w = _worker(fasta, tiny, tmp_path / "o.zarr")
     calls = _calls(plan)
     first = plan.streams[0]
@@ -173,7 +164,8 @@ def test_a_call_that_fails_lets_the_later_calls_go_on(job, tmp_path, one_torch_t
     assert all(len(store.completed_units(r.key)) == r.n_units for r in plan.streams)
 
 
-def test_packed_inputs_open_while_the_model_loads_and_are_checked_when_read(job, tmp_path, one_torch_thread):
+def test_packed_inputs_open_while_the_model_loads_and_are_checked_when_read(
+        worker_job, tmp_path, one_torch_thread):
     """The packed records' input is opened beside the model's load (its index read then, not in
     the first batch's read); it is still checked at every read: changed since it was opened,
     the batch fails with the one-line error, and a worker started after the change runs it."""
@@ -181,7 +173,7 @@ def test_packed_inputs_open_while_the_model_loads_and_are_checked_when_read(job,
 
     from linpipe.errors import InputError
 
-    tiny, fasta, _ = job
+    tiny, fasta, _ = worker_job
     copy = tmp_path / "contigs.fa"
     shutil.copy(fasta, copy)
     plan, store, w = _worker(copy, tiny, tmp_path / "o.zarr")
@@ -199,11 +191,11 @@ def test_packed_inputs_open_while_the_model_loads_and_are_checked_when_read(job,
     fresh.close()
 
 
-def test_host_copies_on_the_cpu_are_the_models_outputs(job):
+def test_host_copies_on_the_cpu_are_the_models_outputs(worker_job):
     from linpipe.inputs import open_input
     from linpipe.model import load_model
 
-    tiny, fasta, lengths = job
+    tiny, fasta, lengths = worker_job
     model = load_model(tiny, device="cpu")
     host = HostCopies(model)
     assert not host.enabled  # no device to copy from: Model.forward's arrays as they are
@@ -275,10 +267,10 @@ def _in_flight(out) -> bool:
 
 @pytest.mark.slow
 def test_killed_with_writes_in_flight_keeps_only_durable_units_and_resumes_bit_identical(
-        job, tmp_path):
+        worker_job, tmp_path):
     from linpipe.store.verify import verify_store
 
-    tiny, fasta, _ = job
+    tiny, fasta, _ = worker_job
     out = tmp_path / "killed.zarr"
     writer = tmp_path / "writer.py"
     writer.write_text(_HOOKED_WRITER.replace("FLAG", repr(str(tmp_path / "flag"))))
@@ -310,13 +302,14 @@ def test_killed_with_writes_in_flight_keeps_only_durable_units_and_resumes_bit_i
 
 
 @pytest.mark.parametrize("strand", [FORWARD, REVERSE], ids=["forward", "reverse"])
-def test_a_unit_whose_previous_state_is_missing_is_a_one_line_error(job, tmp_path, strand, one_torch_thread):
+def test_a_unit_whose_previous_state_is_missing_is_a_one_line_error(
+        worker_job, tmp_path, strand, one_torch_thread):
     """A unit handed to a worker that holds no state for it, whose previous unit is not in the
     store: a StoreError naming the store, the record and both units; nothing is marked done,
     and once the previous unit is written the same call runs."""
     from linpipe.errors import StoreError
 
-    tiny, fasta, _ = job
+    tiny, fasta, _ = worker_job
     plan, store, w = _worker(fasta, tiny, tmp_path / "o.zarr", strand="both")
     rec = next(r for r in plan.streams if r.strand == strand)
     units = rec.units()  # in reading order: the reverse strand's from the record's end

@@ -18,10 +18,8 @@ import pytest
 from _pipeline_data import CONTIG_UNIT as UNIT
 from _pipeline_data import (
     assert_same_bytes,
-    make_tiny_model,
     process_gone,
     store_arrays,
-    write_contigs,
     write_in_process,
 )
 from test_overlap import _worker
@@ -29,17 +27,9 @@ from test_overlap import _worker
 from linpipe.errors import StoreError
 
 
-@pytest.fixture(scope="module")
-def job(genomes, tmp_path_factory):
-    """The tiny model, and 60 pieces of real genomes with 2 records of several units."""
-    folder = tmp_path_factory.mktemp("write_process")
-    write_contigs(genomes, folder / "contigs.fa", 60, seed=5, long=2)
-    return make_tiny_model(folder / "tiny"), folder / "contigs.fa"
-
-
 def test_a_write_that_fails_in_the_writing_process_raises_the_stores_own_error(
-        job, tmp_path, one_torch_thread):
-    tiny, fasta = job
+        worker_job, tmp_path, one_torch_thread):
+    tiny, fasta, _ = worker_job
     plan, store, w = _worker(fasta, tiny, tmp_path / "o.zarr")
     try:
         used = int(store.packed.batch_positions(0))
@@ -60,10 +50,10 @@ def test_a_write_that_fails_in_the_writing_process_raises_the_stores_own_error(
 
 
 def test_a_killed_writing_process_fails_the_call_in_one_line_and_the_job_resumes_bit_identical(
-        job, tmp_path, one_torch_thread):
+        worker_job, tmp_path, one_torch_thread):
     from linpipe.jobs.driver import Batch, work_left
 
-    tiny, fasta = job
+    tiny, fasta, _ = worker_job
     out = tmp_path / "killed.zarr"
     plan, store, w = _worker(fasta, tiny, out)
     rec = plan.streams[0]
@@ -95,8 +85,8 @@ def test_a_killed_writing_process_fails_the_call_in_one_line_and_the_job_resumes
     assert_same_bytes(store_arrays(tmp_path / "reference.zarr"), store_arrays(out))
 
 
-def test_the_writing_process_ends_with_its_worker(job, tmp_path, one_torch_thread):
-    tiny, fasta = job
+def test_the_writing_process_ends_with_its_worker(worker_job, tmp_path, one_torch_thread):
+    tiny, fasta, _ = worker_job
     _, _, w = _worker(fasta, tiny, tmp_path / "closed.zarr")
     pid = w.writes.pid
     w.close()
@@ -128,10 +118,10 @@ def test_the_writing_process_ends_with_its_worker(job, tmp_path, one_torch_threa
     assert process_gone(int(pid_file.read_text()))
 
 
-def test_the_writing_process_does_not_import_torch(job, tmp_path):
+def test_the_writing_process_does_not_import_torch(worker_job, tmp_path):
     """It opens the store and writes, nothing more: started beside the model's load, it must not
     take seconds of CPU importing torch (`linpipe.model` imports its modules on first use)."""
-    tiny, fasta = job
+    tiny, fasta, _ = worker_job
     _worker(fasta, tiny, tmp_path / "o.zarr")[2].close()  # the store, laid out
     code = ("import sys; from linpipe.store import OutputStore; "
             f"OutputStore.open({str(tmp_path / 'o.zarr')!r}, mode='r+'); "
@@ -144,7 +134,7 @@ def test_the_writing_process_does_not_import_torch(job, tmp_path):
 
 @pytest.mark.parametrize("shared", [True, False], ids=["shared-memory", "socket"])
 def test_both_strands_written_through_either_path_are_the_bytes_of_a_reference_run(
-        job, tmp_path, monkeypatch, shared, one_torch_thread):
+        worker_job, tmp_path, monkeypatch, shared, one_torch_thread):
     """The arrays reach the writing process through shared memory (Linux) or, where there is
     none, through the socket: the store is the same bytes either way (reverse-strand arrays are
     views read backwards, the soft-mask uint8, the boundary states a dict of arrays)."""
@@ -152,7 +142,7 @@ def test_both_strands_written_through_either_path_are_the_bytes_of_a_reference_r
 
     from linpipe.jobs.write_process import WriteProcess
 
-    tiny, fasta = job
+    tiny, fasta, _ = worker_job
     write_in_process(fasta, tiny, tmp_path / "reference.zarr", unit_size=UNIT, strand="both")
     monkeypatch.setattr(WriteProcess, "shared", shared)
     out = tmp_path / "o.zarr"
