@@ -95,10 +95,17 @@ class PipelineWorker:
         self._inputs: dict[str, object] = {}
         self._stats: dict[str, tuple[int, int]] = {}  # path -> (size, mtime_ns) when opened
         self.store = OutputStore.open(store_path, mode="r+")
+        # the units' writes, in a process of their own, started first: its imports (0.5 s) run
+        # while the model loads
+        self.writes = WriteProcess(store_path)
         # the packed records' inputs are opened while the model loads: opening reads the input's
         # index (seconds for a million records), which the first batch's read would wait for
         self._opening = _open_beside(self.store.packed.inputs if self.store.packed else [], self._open)
-        self.model = load_model(model, device=device)
+        try:
+            self.model = load_model(model, device=device)
+        except BaseException:
+            self.writes.close()  # a worker that cannot start leaves no writing process behind
+            raise
         outputs = list(outputs) if outputs else None
         # softmask comes from the input, not the model: the model computes the rest.
         self.want_softmask = bool(outputs) and "softmask" in outputs
@@ -120,7 +127,6 @@ class PipelineWorker:
         # what the store keeps hidden as (cast on the device when it leaves one)
         self._dtypes = {"hidden": self.store.meta.get("hidden_dtype", "float32")}
         self.node = f"{_node_id()}:{os.getpid()}"
-        self.writes = WriteProcess(store_path)  # the units' writes, in a process of their own
 
     def ready(self) -> str:
         """Returns once the model is loaded; the driver waits on it before handing out work."""

@@ -118,6 +118,32 @@ def test_the_writing_process_ends_with_its_worker(worker_job, tmp_path, one_torc
     assert process_gone(int(pid_file.read_text()))
 
 
+def test_a_worker_whose_model_does_not_load_leaves_no_writing_process(worker_job, tmp_path, monkeypatch):
+    """The writing process starts before the model loads (its imports run meanwhile); a model
+    that fails to load raises its own error and the child is gone."""
+    import shutil
+
+    from linpipe.errors import ModelError
+    from linpipe.jobs import actor
+
+    tiny, fasta, _ = worker_job
+    _worker(fasta, tiny, tmp_path / "o.zarr")[2].close()  # the store, laid out
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny, broken)
+    (broken / "model.safetensors").write_bytes(b"not a safetensors file")
+    started = []
+
+    class Recorded(actor.WriteProcess):
+        def __init__(self, *args):
+            super().__init__(*args)
+            started.append(self.pid)
+
+    monkeypatch.setattr(actor, "WriteProcess", Recorded)
+    with pytest.raises(ModelError, match="model.safetensors"):
+        actor.PipelineWorker(str(broken), str(tmp_path / "o.zarr"), ["logprob"], device="cpu", threads=1)
+    assert len(started) == 1 and process_gone(started[0], timeout=0)
+
+
 def test_the_writing_process_does_not_import_torch(worker_job, tmp_path):
     """It opens the store and writes, nothing more: started beside the model's load, it must not
     take seconds of CPU importing torch (`linpipe.model` imports its modules on first use)."""
