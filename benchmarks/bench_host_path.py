@@ -128,20 +128,33 @@ class StandIn:
         return [self._out(len(x), outputs) for x in xs]
 
 
-def worker_job(fasta: Path, model: str, out: Path, outputs=("logprob", "entropy"), unit: int = UNIT,
-               device: str = "cpu", threads: int = 1, input_options: dict | None = None):
-    """A job's plan, its store at `out` (new), one PipelineWorker on it, and the worker's calls
-    in the driver's order: (method name, args, kwargs)."""
-    from linpipe.jobs.actor import PipelineWorker
+def job_store(fasta, model: str, out, outputs=("logprob", "entropy"), unit: int = UNIT,
+              input_options: dict | None = None):
+    """A job's plan, with its store laid out at `out` (new) under a lease, as a driver lays it
+    out; and the lease's token, which a worker checks before each unit's writes."""
     from linpipe.jobs.driver import open_or_create_store
+    from linpipe.jobs.lease import Lease
     from linpipe.jobs.plan import plan_job
     from linpipe.jobs.request import JobRequest
 
     plan = plan_job(JobRequest(inputs=(str(fasta),), model=model, unit_size=unit, outputs=tuple(outputs),
                                **(input_options or {})))
+    lease = Lease(str(out), plan.job_id)
+    lease.acquire(force=True)  # from the round before, on the same `out`
+    lease.stop_heartbeat()  # the workers compare its token only: no renewals needed here
     open_or_create_store(plan, str(out), overwrite=True)
+    return plan, lease.token
+
+
+def worker_job(fasta: Path, model: str, out: Path, outputs=("logprob", "entropy"), unit: int = UNIT,
+               device: str = "cpu", threads: int = 1, input_options: dict | None = None):
+    """A job's plan, its store at `out` (new), one PipelineWorker on it, and the worker's calls
+    in the driver's order: (method name, args, kwargs)."""
+    from linpipe.jobs.actor import PipelineWorker
+
+    plan, lease_token = job_store(fasta, model, out, outputs, unit, input_options)
     w = PipelineWorker(plan.model_ref, str(out), list(plan.outputs), device=device, threads=threads,
-                       input_options=plan.input_options)
+                       input_options=plan.input_options, lease_token=lease_token)
     calls = [("run_unit", (c,), {"last": i == r.n_units - 1}) for r in plan.streams
              for i, c in enumerate(r.units())]
     calls += [("run_batch", (b, plan.batch_units(b)), {}) for b in range(plan.packed.n_batches)]

@@ -13,23 +13,23 @@ import json
 import statistics
 import subprocess
 import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
 
 ONE = r"""
 import json, sys, tempfile, time
 import torch
 torch.set_num_threads(1)  # what each CPU actor uses
 from linpipe.jobs.actor import PipelineWorker
-from linpipe.jobs.driver import open_or_create_store
-from linpipe.jobs.plan import plan_job
-from linpipe.jobs.request import JobRequest
 fasta, model = sys.argv[1], sys.argv[2]
+sys.path.insert(0, sys.argv[3])
+from bench_host_path import job_store
 with tempfile.TemporaryDirectory() as d:
-    plan = plan_job(JobRequest(inputs=(fasta,), model=model, unit_size=262144,
-                               outputs=("logprob", "entropy")))
-    open_or_create_store(plan, d + "/o.zarr")
+    plan, lease_token = job_store(fasta, model, d + "/o.zarr")
     t0 = time.perf_counter()
     w = PipelineWorker(plan.model_ref, d + "/o.zarr", list(plan.outputs), device="cpu", threads=1,
-                       input_options=plan.input_options)
+                       input_options=plan.input_options, lease_token=lease_token)
     t1 = time.perf_counter()
     r = w.run_batch(0, plan.batch_units(0))
     t2 = time.perf_counter()
@@ -44,10 +44,12 @@ def main() -> None:
     ap.add_argument("--model", default="default")
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
+    # absolute: each round runs from "/" (the installed linpipe); a model is a folder or a name
+    model = str(Path(args.model).resolve()) if Path(args.model).exists() else args.model
     runs = []
     for _ in range(args.rounds):  # from a folder of its own: the installed linpipe, not a clone's
-        out = subprocess.run([sys.executable, "-c", ONE, args.input, args.model], capture_output=True,
-                             text=True, check=True, cwd="/").stdout
+        out = subprocess.run([sys.executable, "-c", ONE, str(Path(args.input).resolve()), model, str(HERE)],
+                             capture_output=True, text=True, check=True, cwd="/").stdout
         runs.append(json.loads(out.strip().splitlines()[-1]))
     med = {k: statistics.median(r[k] for r in runs) * 1e3 for k in runs[0]}
     print(f"worker start {med['init']:.0f} ms; first packed batch {med['first_batch']:.0f} ms "

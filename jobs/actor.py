@@ -27,7 +27,7 @@ from linpipe.inputs.alphabet import reverse_complement
 from linpipe.strands import FORWARD, REVERSE
 
 from .errors import WorkerStartError
-from .overlap import HostCopies, ModelThread, Turns
+from .overlap import HostCopies, ModelThread, Turns, cast
 from .plan import Unit
 from .regions import mask_outside
 from .write_process import WriteProcess
@@ -81,7 +81,7 @@ class PipelineWorker:
 
     def __init__(self, model: str, store_path: str, outputs: list[str] | None, *,
                  device: str | None = None, threads: int | None = None,
-                 input_options: dict | None = None):
+                 input_options: dict | None = None, lease_token: str | None = None):
         import torch
 
         if threads:
@@ -96,8 +96,8 @@ class PipelineWorker:
         self._stats: dict[str, tuple[int, int]] = {}  # path -> (size, mtime_ns) when opened
         self.store = OutputStore.open(store_path, mode="r+")
         # the units' writes, in a process of their own, started first: its imports (0.5 s) run
-        # while the model loads
-        self.writes = WriteProcess(store_path)
+        # while the model loads; each unit only while the store's lease is the job's (lease_token)
+        self.writes = WriteProcess(store_path, lease_token)
         # the packed records' inputs are opened while the model loads: opening reads the input's
         # index (seconds for a million records), which the first batch's read would wait for
         self._opening = _open_beside(self.store.packed.inputs if self.store.packed else [], self._open)
@@ -124,8 +124,10 @@ class PipelineWorker:
         self._reading = Turns()
         self._model_thread = ModelThread()  # whichever of Ray's threads made the call
         self.host = HostCopies(self.model)
-        # what the store keeps hidden as (cast on the device when it leaves one)
-        self._dtypes = {"hidden": self.store.meta.get("hidden_dtype", "float32")}
+        # what the store keeps hidden as (cast on the device when it leaves one; on the host, by
+        # the thread that writes it)
+        hidden = self.store.meta.get("hidden_dtype", "float32")
+        self._dtypes = {"hidden": hidden, "hidden_rc": hidden}
         self.node = f"{_node_id()}:{os.getpid()}"
 
     def ready(self) -> str:
@@ -278,7 +280,7 @@ class PipelineWorker:
 
         def write(modelled):
             outs, read = modelled
-            arrays = {name: np.concatenate([o[name] for o in outs]) for name in outs[0]}
+            arrays = cast({name: np.concatenate([o[name] for o in outs]) for name in outs[0]}, self._dtypes)
             if self.aux_name is not None and read[0][1] is not None:
                 arrays[self.aux_name] = np.concatenate([aux for _, aux in read])
             if any(u.keep is not None for u in units):  # --regions: each record's intervals, in the batch

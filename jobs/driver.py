@@ -394,7 +394,7 @@ def run_job(request: JobRequest, *, address: str | None = None, device: str | No
     fresh = not OutputStore.exists(out)  # nothing here but our lease: this run lays the store out
     discarded = False
     try:
-        return _run_leased(plan, request, out, address, device, _LeaseChecked(events, lease))
+        return _run_leased(plan, request, out, address, device, _LeaseChecked(events, lease), lease.token)
     except BaseException:
         # a run that failed before its first unit leaves no store (it would look like a job
         # that is resumable, or block the corrected job's out); any unit written keeps it
@@ -453,7 +453,7 @@ class _LeaseChecked(JobEvents):
         self.lease.check()
 
 
-def _run_leased(plan, request, out, address, device, events) -> JobSummary:
+def _run_leased(plan, request, out, address, device, events, lease_token: str) -> JobSummary:
     try:
         store = open_or_create_store(plan, out, overwrite=request.overwrite)
     except OSError as e:  # a full disk or a read-only place before any work ran
@@ -484,7 +484,7 @@ def _run_leased(plan, request, out, address, device, events) -> JobSummary:
 
         def new_actor():
             return actor.remote(plan.model_ref, out, list(plan.outputs), device=device, threads=threads,
-                                input_options=plan.input_options)
+                                input_options=plan.input_options, lease_token=lease_token)
 
         # Records much longer than a worker's share run first, each over a group of actors.
         # (the forward strand only: a segment reads its input forwards)
@@ -508,7 +508,7 @@ def _run_leased(plan, request, out, address, device, events) -> JobSummary:
             def new_segment_actor():
                 return seg_actor.remote(plan.model_ref, out, list(plan.outputs), device=device,
                                         threads=threads, input_options=plan.input_options,
-                                        spill_budget=budget)
+                                        lease_token=lease_token, spill_budget=budget)
 
         events.started(JobStart(plan.job_id, out, n_records, total, done_positions, len(todo) + len(splits),
                                 n_workers, possible, strands=len(plan.strands), notes=plan.notes,

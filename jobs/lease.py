@@ -20,8 +20,8 @@ server that ignores the condition the later write wins and the other sees it at 
 and stops. An expired lease is overwritten, with the same re-read. What remains is a
 driver whose read-to-write gap is longer than SETTLE_S (a stalled process): then both may go
 on, and the one whose lease was overwritten notices at its next renewal (at most HEARTBEAT_S
-later) and stops, its store left resumable. Twin work in that window is harmless to the data
-(every unit write is idempotent: same unit, same bytes); it only costs time. Expiry compares
+later) and stops, its store left resumable; its workers write no unit once their lease is overwritten
+(`LeaseGuard`: before a unit's first write and before its marker). Expiry compares
 wall clocks of different hosts: keep the cluster's clocks in sync (NTP) to well within EXPIRY_S.
 """
 from __future__ import annotations
@@ -82,6 +82,42 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _read(location) -> dict | None:
+    from linpipe.store.location import LEASE_PATH
+
+    data = location.read_bytes(LEASE_PATH)
+    if not data:
+        return None
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+class LeaseGuard:
+    """A worker's check, before each unit's first write and before its marker, that its job
+    still holds the store's lease (the token its driver took). A driver killed with SIGKILL
+    leaves its workers running for a few seconds, and on the same host another driver may take
+    the lease at once; with --overwrite that driver makes a new store in the same place, which
+    a left-over worker must not mark a unit of. One read of the lease (a small object) a check."""
+
+    def __init__(self, out: str, token: str):
+        from linpipe.store.location import Location
+
+        self.out, self.token = out, token
+        self._location = Location(out, read_only=True)
+
+    def __call__(self) -> None:
+        doc = _read(self._location)
+        if doc is not None and doc.get("token") == self.token:
+            return
+        held = "released" if doc is None else \
+            f"taken by job {doc.get('job_id')} (driver pid {doc.get('pid')} on {doc.get('host')})"
+        raise LeaseLost(f"{self.out}: this worker's job no longer holds the store (its lease was {held}); "
+                        "the unit is not written")
+
+
 class Lease:
     """The lease of the store at `out` for job `job_id`, held by this process once acquire()d."""
 
@@ -102,14 +138,7 @@ class Lease:
     # ------------------------------------------------------------------ reading
     def read(self) -> dict | None:
         """The lease as stored (None: no lease, or an unreadable one, which counts as none)."""
-        data = self._location.read_bytes(self._path)
-        if not data:
-            return None
-        try:
-            doc = json.loads(data)
-        except ValueError:
-            return None
-        return doc if isinstance(doc, dict) else None
+        return _read(self._location)
 
     def _is_ours(self, doc: dict | None) -> bool:
         return bool(doc) and doc.get("token") == self.token
@@ -210,4 +239,4 @@ class Lease:
         self.release()
 
 
-__all__ = ["Lease", "AlreadyRunning", "LeaseLost", "HEARTBEAT_S", "EXPIRY_S", "SETTLE_S"]
+__all__ = ["Lease", "LeaseGuard", "AlreadyRunning", "LeaseLost", "HEARTBEAT_S", "EXPIRY_S", "SETTLE_S"]

@@ -45,15 +45,18 @@ class WriteProcess:
     its child still ends (after the writes it has)."""
 
     shared = True  # arrays through memory shared with the child where the system has it (Linux)
-    # the child's command, before its two arguments (its socket's descriptor, the store's path);
-    # without the working directory on sys.path, so a `linpipe` folder there is not what it imports
+    # the child's command, before its arguments (its socket's descriptor, the store's path, the
+    # job's lease token or ""); without the working directory on sys.path, so a `linpipe` folder
+    # there is not what it imports
     command = (sys.executable, "-c",
                "import sys; del sys.path[0]; from linpipe.jobs.write_process import main; main()")
 
-    def __init__(self, store_path: str):
+    def __init__(self, store_path: str, lease_token: str | None = None):
+        """lease_token: the job's lease (jobs/lease.py); each unit is written only while the
+        store's lease holds it (None: no check, a worker outside a driver's job)."""
         self.store_path = str(store_path)
         mine, theirs = socket.socketpair()
-        proc = subprocess.Popen([*self.command, str(theirs.fileno()), self.store_path],
+        proc = subprocess.Popen([*self.command, str(theirs.fileno()), self.store_path, lease_token or ""],
                                 pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
         theirs.close()
         # what the answers' thread uses: it holds no reference to this object, so dropping it
@@ -298,15 +301,18 @@ def _recv_message(sock: socket.socket, fds: list | None = None) -> bytes | None:
     return bytes(body) if _recv_exact(sock, body) else None
 
 
-def serve(sock: socket.socket, store_path: str) -> None:
+def serve(sock: socket.socket, store_path: str, lease_token: str | None = None) -> None:
     """The child: writes what arrives, WRITERS at a time, answering each once it is durable."""
     import signal
 
     from linpipe.store import OutputStore
 
+    from .lease import LeaseGuard
+
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the worker; this ends after it
     try:
         store, failed = OutputStore.open(store_path, mode="r+"), None
+        guard = LeaseGuard(store_path, lease_token) if lease_token else None
     except Exception as e:  # every write is answered with it
         store, failed = None, e
     answer = threading.Lock()
@@ -318,11 +324,11 @@ def serve(sock: socket.socket, store_path: str) -> None:
                 raise failed
             if op == "write_unit":
                 last = kw.pop("last")
-                store.write_unit(*args, groups["arrays"], state=groups["state"], **kw)
+                store.write_unit(*args, groups["arrays"], state=groups["state"], guard=guard, **kw)
                 if last:
                     store.close()  # the finished record's cached handles (refilled lazily)
             else:
-                store.write_batch(*args, groups["arrays"])
+                store.write_batch(*args, groups["arrays"], guard=guard)
         except BaseException as e:
             text = f"{type(e).__name__}: {e}" if not isinstance(e, StoreError) else str(e)
             try:
@@ -373,6 +379,6 @@ def serve(sock: socket.socket, store_path: str) -> None:
 
 
 def main() -> None:
-    """The child's entry: argv is its socket's descriptor and the store's path."""
-    serve(socket.socket(fileno=int(sys.argv[1])), sys.argv[2])
+    """The child's entry: argv is its socket's descriptor, the store's path and the lease token."""
+    serve(socket.socket(fileno=int(sys.argv[1])), sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None)
     os._exit(0)  # without waiting for other threads (zarr's event loop) at exit

@@ -22,7 +22,7 @@ from _pipeline_data import (
 )
 from test_store import kill_at_hook
 
-from linpipe.jobs.overlap import HostCopies, ModelThread, Turns
+from linpipe.jobs.overlap import HostCopies, ModelThread, Turns, cast
 from linpipe.strands import FORWARD, REVERSE
 
 
@@ -201,10 +201,13 @@ def test_host_copies_on_the_cpu_are_the_models_outputs(worker_job):
     assert not host.enabled  # no device to copy from: Model.forward's arrays as they are
     rid = max(lengths, key=lengths.get)
     x, _ = open_input(str(fasta)).read(rid, 0, 3000)
-    out, state = host.forward(x, model.init_state(), ["logprob", "entropy"])
-    want, want_state = model.forward(x, model.init_state(), outputs=["logprob", "entropy"])
+    outputs = ["logprob", "entropy", "hidden"]
+    out, state = host.forward(x, model.init_state(), outputs, {"hidden": "float16"})
+    want, want_state = model.forward(x, model.init_state(), outputs=outputs)
     got = out.arrays()
-    for k in want:
+    assert got["hidden"].dtype == np.float16  # cast here, as the store keeps it
+    assert got["hidden"].tobytes() == want["hidden"].astype(np.float16).tobytes()
+    for k in ("logprob", "entropy"):
         np.testing.assert_array_equal(got[k], want[k])
     for k, v in want_state.to_arrays().items():
         np.testing.assert_array_equal(out.state_arrays()[k], v)
@@ -215,6 +218,29 @@ def test_host_copies_on_the_cpu_are_the_models_outputs(worker_job):
     host.give([buf])
     assert host.take((7, 3), buf.dtype) is buf  # a free buffer of enough rows is reused
     assert not buf.is_pinned()
+
+
+def test_the_hosts_cast_to_float16_is_numpys_bit_for_bit():
+    """`cast` (torch's vectorised cast) must store what numpy's astype stores: a resumed job
+    mixes units written by either. Ties to even, float16's subnormals and its overflow to inf,
+    signed zeros, inf, NaN, and a million float32 values over float16's whole range and beyond."""
+    half_ulp = np.float32(1 + 2.0 ** -11)  # halfway between 1 and float16's next value: to 1
+    edges = np.array([0.0, -0.0, 1.0, half_ulp, np.nextafter(half_ulp, np.float32(2)), 65504, 65519.99,
+                      65520, -65520, 2.0 ** -24, 2.0 ** -25, 3 * 2.0 ** -26, 2.0 ** -14 - 2.0 ** -25,
+                      np.inf, -np.inf, np.nan, 1e-30, 1e30], np.float32)
+    rng = np.random.default_rng(0)
+    spread = (rng.standard_normal(1_000_000) * 2.0 ** rng.integers(-30, 20, 1_000_000)).astype(np.float32)
+    values = np.concatenate([edges, spread]).reshape(-1, 2)  # a (T, F) array, as hidden is
+    logprob = np.arange(5, dtype=np.float32)
+    with np.errstate(over="ignore"):
+        want = values.astype(np.float16)
+    got = cast({"hidden": values, "logprob": logprob}, {"hidden": "float16"})
+    assert got["hidden"].dtype == np.float16 and got["hidden"].shape == values.shape
+    nan = np.isnan(values)
+    assert np.isnan(got["hidden"][nan]).all()
+    assert got["hidden"].view(np.uint16)[~nan].tobytes() == want.view(np.uint16)[~nan].tobytes()
+    assert got["logprob"] is logprob  # arrays with no dtype asked for go as they are
+    assert cast({"hidden": want}, {"hidden": "float16"})["hidden"] is want  # already the store's
 
 
 # --------------------------------------------------------------------- killed with writes in flight

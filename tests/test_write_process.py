@@ -200,3 +200,98 @@ def test_shared_buffers_are_reused_and_a_small_one_makes_way_for_a_larger():
     pool.give(big)
     pool.close()
     assert big.memory.closed
+
+
+# --------------------------------------------------------------------- a worker its driver left behind
+def test_a_worker_left_by_a_killed_driver_writes_nothing_into_a_store_taken_over(
+        worker_job, tmp_path, one_torch_thread):
+    """A driver killed with SIGKILL leaves its workers running for a few seconds, and on the same
+    host another driver takes the lease at once (its owner's pid is gone) and, with --overwrite,
+    lays out a new store in the same place. The left-over worker's next unit and batch are
+    refused in one line before any byte is written: the new store holds none of them."""
+    from linpipe.jobs.actor import PipelineWorker
+    from linpipe.jobs.driver import open_or_create_store
+    from linpipe.jobs.lease import Lease, LeaseLost
+    from linpipe.jobs.plan import plan_job
+    from linpipe.jobs.request import JobRequest
+    from linpipe.store import OutputStore
+
+    tiny, fasta, _ = worker_job
+    out = str(tmp_path / "o.zarr")
+
+    def planned(outputs):
+        return plan_job(JobRequest(inputs=(str(fasta),), model=str(tiny), unit_size=UNIT, outputs=outputs))
+
+    plan = planned(("logprob", "entropy", "softmask"))
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # the first driver's pid: a process of this host that no longer exists
+    first = Lease(out, plan.job_id, pid=gone.pid)
+    first.acquire()
+    first.stop_heartbeat()  # killed: it renews no more
+    store = open_or_create_store(plan, out)
+    w = PipelineWorker(plan.model_ref, out, list(plan.outputs), device="cpu", threads=1,
+                       input_options=plan.input_options, lease_token=first.token)
+    try:
+        rec = plan.streams[0]
+        w.run_unit(rec.unit(0))  # its job holds the lease: written
+        assert store.completed_units(rec.key) == {0}
+
+        other = planned(("logprob", "entropy"))  # another job on the same out, with --overwrite
+        second = Lease(out, other.job_id)
+        second.acquire()  # at once: the first driver's process is gone
+        try:
+            new = open_or_create_store(other, out, overwrite=True)
+            for call in (lambda: w.run_unit(rec.unit(1)), lambda: w.run_batch(0, plan.batch_units(0))):
+                with pytest.raises(LeaseLost) as e:
+                    call()
+                msg = str(e.value)
+                assert "\n" not in msg and out in msg and other.job_id in msg and "not written" in msg
+            new = OutputStore.open(out, mode="r")
+            assert new.meta["job_id"] == other.job_id
+            assert all(not new.completed_units(r.key) for r in other.streams) and not new.batches_done().any()
+            # not a byte: no chunk of any output, a record's or the packed group's, in the new store
+            root = tmp_path / "o.zarr"
+            keys = [r.key for r in other.streams] + ["_packed"]
+            assert not [c for key in keys for name in ("logprob", "entropy", "softmask")
+                        for c in root.glob(f"{key}/{name}/c/*")]
+        finally:
+            second.release()
+    finally:
+        w.close()
+
+
+def test_a_unit_whose_guard_fails_before_its_marker_is_not_marked_done(
+        worker_job, tmp_path, one_torch_thread):
+    """The store's guard runs before a unit's first write and again before its marker: a lease
+    lost between the two leaves the unit's data unmarked, and a later write completes it."""
+    from linpipe.inputs import open_input
+    from linpipe.jobs.lease import LeaseLost
+
+    tiny, fasta, _ = worker_job
+    plan, store, w = _worker(fasta, tiny, tmp_path / "o.zarr")
+    w.close()
+    rec = plan.streams[0]
+    start, end = store.unit_range(rec.key, 0)
+    x, soft = open_input(str(fasta)).read(rec.id, start, end)
+    arrays = {"logprob": np.full(end - start, -1.0, np.float32), "entropy": np.ones(end - start, np.float32),
+              "softmask": soft.astype(np.uint8)}
+    calls = []
+
+    def lost_on(n):
+        def guard():
+            calls.append(n)
+            if len(calls) == n:
+                raise LeaseLost("lease lost")
+        return guard
+
+    with pytest.raises(LeaseLost):
+        store.write_unit(rec.key, 0, arrays, guard=lost_on(1))
+    assert calls == [1] and not list((tmp_path / "o.zarr" / rec.key / "logprob" / "c").glob("*"))
+    calls.clear()
+    with pytest.raises(LeaseLost):
+        store.write_unit(rec.key, 0, arrays, guard=lost_on(2))
+    assert calls == [2, 2] and store.completed_units(rec.key) == set()
+    assert list((tmp_path / "o.zarr" / rec.key / "logprob" / "c").glob("*"))  # its data, unmarked
+    store.write_unit(rec.key, 0, arrays)
+    assert store.completed_units(rec.key) == {0}
+    np.testing.assert_array_equal(store.array(rec.key, "logprob")[start:end], arrays["logprob"])

@@ -265,7 +265,7 @@ class OutputStore:
             raise StoreError(f"{self.path}: opened read-only")
 
     def write_unit(self, key: str, unit: int, arrays: dict, state: dict | None = None,
-                    strand: str = FORWARD):
+                    strand: str = FORWARD, guard=None):
         """Write one work unit of a long record: every output over the unit's range, then its
         state, then done.
 
@@ -273,9 +273,13 @@ class OutputStore:
         (and `time`, when the record was created with a time_dtype). state: the boundary state
         after this unit, as plain numpy arrays (ModelState.to_arrays()). strand REVERSE: the
         reverse strand's unit over the same range (its `_rc` outputs, and the state after
-        reading the unit backwards), with its own marker, checksums and state.
+        reading the unit backwards), with its own marker, checksums and state. guard: called
+        before the unit's first write and again before its marker; what it raises stops the
+        write there, the unit not marked done (a worker whose job no longer holds the store).
         """
         self._writable()
+        if guard is not None:  # first: a store laid out anew may not even have this unit's arrays
+            guard()
         info = self.record(key)
         if info.packed:
             raise StoreError(f"{self.path}: record {info.id!r} is packed (at most one work unit): "
@@ -297,8 +301,8 @@ class OutputStore:
         done = self._array(progress_path(key, progress_name("done", strand)))
         sums = self._array(progress_path(key, progress_name("sum", strand)))
         self._write_durably(prepared, start, end, done, sums, unit,
-                         lambda: self._write_state(key, unit, state, strand) if state is not None
-                         else self._drop_state(key, unit, strand))
+                            lambda: self._write_state(key, unit, state, strand) if state is not None
+                            else self._drop_state(key, unit, strand), guard)
 
     @property
     def strands(self) -> tuple[str, ...]:
@@ -316,10 +320,13 @@ class OutputStore:
         return [n for n in names
                 if n == TIME and strand == FORWARD or n != TIME and is_rc(n) == (strand == REVERSE)]
 
-    def write_batch(self, batch: int, arrays: dict):
+    def write_batch(self, batch: int, arrays: dict, guard=None):
         """Write one batch of packed records: each output's values of the batch's records back
-        to back, in table order (as PackedRecords lists them), then the batch's marker."""
+        to back, in table order (as PackedRecords lists them), then the batch's marker. guard:
+        as write_unit's."""
         self._writable()
+        if guard is not None:
+            guard()
         p = self._packed
         if p is None or not 0 <= batch < p.n_batches:
             n = p.n_batches if p is not None else 0
@@ -335,7 +342,7 @@ class OutputStore:
             full[:used] = data
             padded[name] = (arr, full)
         self._write_durably(padded, start, start + self.unit_size, self._array(progress_path(PACKED, "done")),
-                            self._array(progress_path(PACKED, "sum")), batch, lambda: (None, []))
+                            self._array(progress_path(PACKED, "sum")), batch, lambda: (None, []), guard)
 
     def _prepare(self, arrays: dict, expected: list[str], path_of, n: int, what: str, where: str) -> dict:
         if set(arrays) != set(expected):
@@ -354,8 +361,10 @@ class OutputStore:
             prepared[name] = (arr, data.astype(arr.dtype, copy=False))
         return prepared
 
-    def _write_durably(self, prepared: dict, start: int, end: int, done, sums, index: int, write_state):
-        """Data, boundary state and checksums durable together, then the marker, durable last."""
+    def _write_durably(self, prepared: dict, start: int, end: int, done, sums, index: int, write_state,
+                       guard=None):
+        """Data, boundary state and checksums durable together, then the marker, durable last
+        (guard: called again before it)."""
         raw = self._raw
         if raw.read(done, (index,))[0]:  # rewriting a finished unit: it is not finished while we do
             self._sync([], [raw.write(done, (index,), [0])])
@@ -369,6 +378,8 @@ class OutputStore:
         checks = unit_checksums([None if v is None else v[1] for v in prepared.values()], blob)
         files += state_files + [raw.write(sums, (index, 0), checks[None])]
         self._sync(by_zarr, files)
+        if guard is not None:
+            guard()
         self._sync([], [raw.write(done, (index,), [1])])  # the marker, last
 
     def _sync(self, chunks, files):
