@@ -510,10 +510,10 @@ def _units_done(out) -> int:
 
 @pytest.fixture(scope="module")
 def ce_fasta(genomes, tmp_path_factory):
-    """7 real C. elegans records cut at 60 kb (one of 60 kb, six of 5 kb): 51 units of 2,048,
-    enough that a driver is surely mid-job when the test looks."""
+    """7 real C. elegans records cut at 120 kb (one of 120 kb, six of 5 kb): 77 units of 2,048,
+    enough that a driver is surely mid-job when the test looks, on a loaded runner too."""
     path = tmp_path_factory.mktemp("ce") / "ce_slice.fa"
-    write_fasta_slice(genomes / "htslib_ce.fa", path, 60_000)
+    write_fasta_slice(genomes / "htslib_ce.fa", path, 120_000)
     return path
 
 
@@ -524,6 +524,8 @@ def test_twin_refused_then_sigkilled_driver_resumes_bit_identical(store_place, c
     SIGKILLed mid-job; the same submit then takes over at once (its owner is gone from this
     host) and ends with the bytes of the uninterrupted local run."""
     import socket
+
+    from linpipe.store import OutputStore
 
     out = store_place("killed.zarr")
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "LINPIPE_LEASE_HEARTBEAT_S": "1"}
@@ -544,8 +546,8 @@ def test_twin_refused_then_sigkilled_driver_resumes_bit_identical(store_place, c
         assert twin.exit_code == 1, twin.output
         assert "already running" in twin.output and f"pid {proc.pid}" in twin.output
         assert socket.gethostname() in twin.output
-        done = _units_done(out)
-        assert 3 <= done < 51  # killed mid-job
+        progress = OutputStore.open(out, mode="r").progress()
+        assert 3 <= progress["units_done"] < progress["units"] == 77  # killed mid-job
         res = subprocess.run(_submit_cmd(ce_fasta, tiny_dna, out), env=env, capture_output=True,
                              text=True, timeout=300)
         assert res.returncode == 0, res.stderr
