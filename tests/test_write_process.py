@@ -240,7 +240,7 @@ def test_a_worker_left_by_a_killed_driver_writes_nothing_into_a_store_taken_over
         second = Lease(out, other.job_id)
         second.acquire()  # at once: the first driver's process is gone
         try:
-            new = open_or_create_store(other, out, overwrite=True)
+            open_or_create_store(other, out, overwrite=True)
             for call in (lambda: w.run_unit(rec.unit(1)), lambda: w.run_batch(0, plan.batch_units(0))):
                 with pytest.raises(LeaseLost) as e:
                     call()
