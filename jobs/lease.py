@@ -5,7 +5,10 @@ background thread every HEARTBEAT_S, and removes it when it ends (finished or fa
 is one small JSON document, `_linpipe/lease.json`, written whole through the store's location (a
 file renamed into place locally, one PUT on an object store):
 
-    {"host", "pid", "token", "job_id", "since", "heartbeat", "expires"}   (times: Unix seconds)
+    {"host", "pid", "role", "token", "job_id", "since", "heartbeat", "expires"}   (times: Unix seconds)
+
+`role` says which kind of process holds it: a job's "driver", or "verify --repair", which
+rewrites units of a store and so holds its lease as a driver does.
 
 Another driver may take it only when it is released, has expired (`expires` passed: its owner
 stopped renewing, e.g. it was SIGKILLed, or its node was lost), its owner is a process on this
@@ -48,6 +51,11 @@ def clock() -> float:
     return time.time()
 
 
+def holder(doc: dict) -> str:
+    """Who holds a lease, in words: "driver pid P on HOST" (or "verify --repair pid P on HOST")."""
+    return f"{doc.get('role') or 'driver'} pid {doc.get('pid')} on {doc.get('host')}"
+
+
 class AlreadyRunning(LinpipeError):
     """Another live driver holds the job's lease."""
 
@@ -56,8 +64,8 @@ class AlreadyRunning(LinpipeError):
         since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(owner.get("since", 0))))
         age = max(0.0, clock() - float(owner.get("heartbeat", 0)))
         super().__init__(
-            f"{out}: job {owner.get('job_id')} is already running (driver pid {owner.get('pid')} on "
-            f"{owner.get('host')}, since {since}, alive {age:.0f} s ago); use {option('wait')} to follow it, "
+            f"{out}: job {owner.get('job_id')} is already running ({holder(owner)}, since {since}, "
+            f"alive {age:.0f} s ago); use {option('wait')} to follow it, "
             f"or {option('force_takeover')} if that driver is gone (its lease expires on its own "
             f"{EXPIRY_S:.0f} s after its last renewal)")
 
@@ -113,19 +121,38 @@ class LeaseGuard:
         if doc is not None and doc.get("token") == self.token:
             return
         held = "released" if doc is None else \
-            f"taken by job {doc.get('job_id')} (driver pid {doc.get('pid')} on {doc.get('host')})"
+            f"taken by job {doc.get('job_id')} ({holder(doc)})"
         raise LeaseLost(f"{self.out}: this worker's job no longer holds the store (its lease was {held}); "
                         "the unit is not written")
 
 
-class Lease:
-    """The lease of the store at `out` for job `job_id`, held by this process once acquire()d."""
+def _live(doc: dict | None, host: str) -> bool:
+    """The lease may still be held by a running process, judged from `host`."""
+    if not doc or float(doc.get("expires", 0)) <= clock():
+        return False
+    return doc.get("host") != host or _pid_alive(int(doc.get("pid", -1)))  # gone here: no need to wait
 
-    def __init__(self, out: str, job_id: str, *, host: str | None = None, pid: int | None = None):
+
+def live_lease(out: str) -> dict | None:
+    """The lease of the store at `out` while its holder (a job's driver, or a repair) may still be
+    running; None when there is none, or it was released, has expired or its owner is gone."""
+    from linpipe.store.location import Location
+
+    doc = _read(Location(out, read_only=True))
+    return doc if _live(doc, socket.gethostname()) else None
+
+
+class Lease:
+    """The lease of the store at `out` for job `job_id`, held by this process once acquire()d;
+    role: what holds it ("driver", or "verify --repair"), shown to whoever is refused."""
+
+    def __init__(self, out: str, job_id: str, *, host: str | None = None, pid: int | None = None,
+                 role: str = "driver"):
         from linpipe.store.location import LEASE_PATH, Location
 
         self.out = out
         self.job_id = job_id
+        self.role = role
         self.holder = Holder(host or socket.gethostname(), pid if pid is not None else os.getpid())
         self.token = secrets.token_hex(16)
         self._path = LEASE_PATH
@@ -144,19 +171,13 @@ class Lease:
         return bool(doc) and doc.get("token") == self.token
 
     def is_live(self, doc: dict | None) -> bool:
-        """Held by a driver that may still be running."""
-        if not doc or self._is_ours(doc):
-            return False
-        if float(doc.get("expires", 0)) <= clock():
-            return False
-        if doc.get("host") == self.holder.host and not _pid_alive(int(doc.get("pid", -1))):
-            return False  # its owner on this host is gone: no need to wait out the expiry
-        return True
+        """Held by another driver that may still be running."""
+        return not self._is_ours(doc) and _live(doc, self.holder.host)
 
     # ------------------------------------------------------------------ holding
     def _doc(self) -> dict:
         now = clock()
-        return {"host": self.holder.host, "pid": self.holder.pid, "token": self.token,
+        return {"host": self.holder.host, "pid": self.holder.pid, "role": self.role, "token": self.token,
                 "job_id": self.job_id, "since": self._since, "heartbeat": now, "expires": now + EXPIRY_S}
 
     def _encoded(self) -> bytes:
@@ -214,7 +235,7 @@ class Lease:
         """Raise LeaseLost once another driver has taken our lease."""
         if self.lost is not None:
             o = self.lost
-            raise LeaseLost(f"{self.out}: another driver (pid {o.get('pid')} on {o.get('host')}) took "
+            raise LeaseLost(f"{self.out}: another process ({holder(o)}) took "
                             "over this job's lease (or it was removed); this driver stops (the store "
                             "stays resumable)")
 
@@ -239,4 +260,5 @@ class Lease:
         self.release()
 
 
-__all__ = ["Lease", "LeaseGuard", "AlreadyRunning", "LeaseLost", "HEARTBEAT_S", "EXPIRY_S", "SETTLE_S"]
+__all__ = ["Lease", "LeaseGuard", "live_lease", "holder", "AlreadyRunning", "LeaseLost", "HEARTBEAT_S",
+           "EXPIRY_S", "SETTLE_S"]

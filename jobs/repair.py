@@ -4,6 +4,10 @@ A long record's unit is recomputed from the boundary state stored after the unit
 (units are repaired in position order, so a repaired state serves the next one); a packed batch
 is rerun whole. The work runs in this process through the same PipelineWorker code and thread
 count as a job's actors, so a repaired unit holds the bytes an uninterrupted run wrote.
+
+A repair writes units as a driver's workers do, so it holds the store's lease while it runs
+(jobs/lease.py, role "verify --repair"): it is refused while the job's driver is running, a
+driver started meanwhile is refused until it ends, and its writes stop if the lease is taken.
 """
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ from linpipe.store.verify import UnitProblem
 from linpipe.strands import FORWARD
 
 from .actor import PipelineWorker
+from .lease import AlreadyRunning, Lease, holder
 from .options import stored_values
 from .plan import plan_job
 from .request import JobRequest
@@ -41,8 +46,23 @@ def repair_units(path: str, problems: list[UnitProblem], *, on_unit=None) -> int
         raise LinpipeError(f"{path}: the inputs or the model changed since this job ran (job "
                            f"{store.meta.get('job_id')}, now {plan.job_id}); its units cannot be recomputed "
                            f"exactly: submit the job again with {option('overwrite')}")
+    lease = Lease(path, plan.job_id, role="verify --repair")
+    try:
+        lease.acquire()
+    except AlreadyRunning as e:
+        raise running_error(path, e.owner) from None
+    with lease:
+        return _repair(path, plan, problems, lease.token, on_unit)
+
+
+def running_error(path: str, owner: dict) -> LinpipeError:
+    return LinpipeError(f"{path}: job {owner.get('job_id')} is running ({holder(owner)}); its missing "
+                        "units may still be written: repair once it has ended")
+
+
+def _repair(path: str, plan, problems: list[UnitProblem], lease_token: str, on_unit) -> int:
     worker = PipelineWorker(plan.model_ref, path, list(plan.outputs), device="cpu", threads=1,
-                            input_options=plan.input_options)
+                            input_options=plan.input_options, lease_token=lease_token)
     records = {r.id: r for r in plan.records}
     n = 0
     try:

@@ -7,8 +7,10 @@ flipped bit, a chunk object replaced by another, a lost boundary state.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import socket
 import warnings
 from pathlib import Path
 
@@ -113,6 +115,123 @@ def test_missing_units_and_format_1(written, tmp_path):
     assert [(p.kind, p.record, p.unit) for p in report.problems] == [("missing", None, 0)]
     r = CliRunner().invoke(cli, ["verify", str(Path(__file__).parent / "data" / "store_v1" / "dna")])
     assert r.exit_code == 1 and r.output.startswith("Error: ") and "no checksums" in r.output
+
+
+def _two_units_damaged(good: Path, plan, out: Path) -> str:
+    """A copy of the good store with chunk 1 and chunk 2 of the first long record's logprob
+    replaced by its chunk 0 (valid bytes, wrong values); the record's id."""
+    shutil.copytree(good, out)
+    long = plan.streams[0]
+    chunks = out / OutputStore.open(str(out), mode="r").record(long.id).key / "logprob" / "c"
+    for i in (1, 2):
+        (chunks / str(i)).write_bytes((chunks / "0").read_bytes())
+    return long.id
+
+
+@pytest.fixture
+def quick_lease(monkeypatch):
+    from linpipe.jobs import lease
+
+    monkeypatch.setattr(lease, "SETTLE_S", 0.05)
+    return lease
+
+
+def test_a_repair_is_refused_while_the_jobs_driver_runs(written, tmp_path, quick_lease):
+    """A store whose job's driver holds its lease (a live process of this host): `verify` says the
+    job is running, `inspect` says RUNNING, and `verify --repair` refuses in one line and
+    writes nothing; once the driver has released the lease the same repair puts back every
+    byte."""
+    good, plan = written
+    out = tmp_path / "running.zarr"
+    _two_units_damaged(good, plan, out)
+    driver = quick_lease.Lease(str(out), plan.job_id)  # this process: alive
+    driver.acquire()
+    try:
+        before = _tree(out)
+        r = CliRunner().invoke(cli, ["verify", str(out), "--repair"])
+        assert r.exit_code == 1 and "Traceback" not in r.output
+        held = f"(driver pid {os.getpid()} on {socket.gethostname()})"
+        assert r.output.startswith(f"Error: {out}: job {plan.job_id} is running {held}")
+        assert r.output.count("\n") == 1 and "repair once it has ended" in r.output
+        assert _tree(out) == before  # not a byte written, and the driver's lease is still its own
+        assert quick_lease.live_lease(str(out))["token"] == driver.token
+
+        r = CliRunner().invoke(cli, ["verify", str(out), "--json"])
+        assert r.exit_code == 1
+        report = json.loads(r.stdout)
+        assert report["running"]["job_id"] == plan.job_id and report["running"]["role"] == "driver"
+        assert "token" not in report["running"] and report["repaired"] == 0
+        r = CliRunner().invoke(cli, ["verify", str(out)])
+        assert f"job {plan.job_id} is running (driver pid {os.getpid()}" in r.stderr
+
+    finally:
+        driver.release()
+    assert quick_lease.live_lease(str(out)) is None
+    r = CliRunner().invoke(cli, ["verify", str(out), "--repair", "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output[r.output.index("{"):])["repaired"] == 2
+    assert _tree(out) == _tree(good)  # and no lease left behind
+
+
+def test_inspect_says_which_incomplete_store_is_running(written, tmp_path, quick_lease):
+    """A store its driver has laid out and holds: `inspect` says RUNNING and who runs it; once
+    the lease is released, the same store is INCOMPLETE and resumable."""
+    from linpipe.jobs.driver import open_or_create_store
+
+    _, plan = written
+    out = str(tmp_path / "laid-out.zarr")
+    driver = quick_lease.Lease(out, plan.job_id)
+    driver.acquire()
+    try:
+        open_or_create_store(plan, out)
+        r = CliRunner().invoke(cli, ["inspect", out])
+        assert r.exit_code == 0
+        held = f"(driver pid {os.getpid()} on {socket.gethostname()})"
+        assert f"status       RUNNING: job {plan.job_id} {held}" in r.output
+        r = CliRunner().invoke(cli, ["inspect", out, "--json"])
+        assert json.loads(r.stdout)["running"]["pid"] == os.getpid()
+    finally:
+        driver.release()
+    r = CliRunner().invoke(cli, ["inspect", out])
+    assert "status       INCOMPLETE (the job did not finish; resumable)" in r.output
+    assert json.loads(CliRunner().invoke(cli, ["inspect", out, "--json"]).stdout)["running"] is None
+
+
+def test_a_repair_holds_the_lease_and_stops_writing_once_it_is_taken(written, tmp_path, quick_lease):
+    """While a repair runs it holds the store's lease as a driver does: a driver started then is
+    refused, naming the repair. A driver that takes the lease by force (--force-takeover) stops
+    the repair's next unit in one line before a byte of it is written."""
+    from linpipe.jobs.repair import repair_units
+
+    good, plan = written
+    out = tmp_path / "repairing.zarr"
+    record = _two_units_damaged(good, plan, out)
+    problems = verify_store(str(out)).problems
+    assert [(p.record, p.unit) for p in problems] == [(record, 1), (record, 2)]
+    taker = quick_lease.Lease(str(out), plan.job_id)
+    seen = {}
+
+    def after_first_unit(n):
+        seen["lease"] = quick_lease.live_lease(str(out))
+        with pytest.raises(quick_lease.AlreadyRunning) as e:
+            quick_lease.Lease(str(out), plan.job_id).acquire()
+        seen["refusal"] = str(e.value)
+        seen["unit 2 before"] = _tree(out)
+        taker.acquire(force=True)
+
+    try:
+        with pytest.raises(quick_lease.LeaseLost) as e:
+            repair_units(str(out), problems, on_unit=after_first_unit)
+        msg = str(e.value)
+        assert "\n" not in msg and str(out) in msg and "not written" in msg
+        assert seen["lease"]["role"] == "verify --repair" and seen["lease"]["pid"] == os.getpid()
+        assert f"(verify --repair pid {os.getpid()} on {socket.gethostname()}," in seen["refusal"]
+        now = _tree(out)  # unit 2 untouched; only the lease is the taker's
+        assert now == {**seen["unit 2 before"], "_linpipe/lease.json": now["_linpipe/lease.json"]}
+        assert quick_lease.live_lease(str(out))["token"] == taker.token  # the repair left the taker's lease
+    finally:
+        taker.release()
+    assert [(p.record, p.unit) for p in verify_store(str(out)).problems] == [(record, 2)]  # 1 repaired
 
 
 def _damage(f: Path, how: str) -> None:

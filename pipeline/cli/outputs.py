@@ -15,13 +15,17 @@ def inspect(store, as_json):
     """Summarise an output store: records, outputs, completion, model, size, compression."""
     import json
 
+    from linpipe.jobs.lease import holder, live_lease
     from linpipe.progress import human_bytes
 
     s = open_reader(store).summary()
+    running = None if s["complete"] else live_lease(store)
     if as_json:
-        click.echo(json.dumps(s, indent=2, default=str))
+        click.echo(json.dumps({**s, "running": running and _running(running)}, indent=2, default=str))
         return
-    state = "complete" if s["complete"] else "INCOMPLETE (the job did not finish; resumable)"
+    state = "complete" if s["complete"] else (
+        f"RUNNING: job {running.get('job_id')} ({holder(running)})" if running
+        else "INCOMPLETE (the job did not finish; resumable)")
     ratio = f"{s['compression_ratio']:.2f}x" if s["compression_ratio"] else "n/a"
     click.echo(f"{s['path']}: linpipe output format {s['format_version']} (linpipe {s['linpipe_version']})")
     click.echo(f"  status       {state}")
@@ -73,6 +77,11 @@ def inspect(store, as_json):
             click.echo("    (open_output(STORE).record_table() lists every record)")
 
 
+def _running(lease: dict) -> dict:
+    """What --json says of a live lease (its token stays out of reports)."""
+    return {k: lease.get(k) for k in ("job_id", "role", "pid", "host", "since", "heartbeat")}
+
+
 @click.command(epilog=examples("linpipe verify MT-human.zarr", "linpipe verify MT-human.zarr --repair"))
 @click.argument("store", type=click.Path())
 @click.option("--repair", is_flag=True,
@@ -85,12 +94,19 @@ def verify(store, repair, as_json):
 
     Each corrupt or missing unit is named by record and position range (or packed batch and its
     records), each changed input by its path and what changed; the exit status is 1 when any
-    remains.
+    remains. While the store's job is running its units not yet written count as missing, and
+    the report says the job is running; --repair is then refused.
     """
     import json
 
+    from linpipe.jobs.lease import holder, live_lease
     from linpipe.store.verify import verify_store
 
+    running = live_lease(store)
+    if repair and running:  # before reading every unit: the repair would be refused anyway
+        from linpipe.jobs.repair import running_error
+
+        raise running_error(store, running)
     report = verify_store(store)
     repaired = 0
     if repair and report.problems:
@@ -103,7 +119,8 @@ def verify(store, repair, as_json):
         again.inputs = report.inputs
         report = again
     if as_json:
-        click.echo(json.dumps({**report.as_dict(), "repaired": repaired}, indent=2))
+        click.echo(json.dumps({**report.as_dict(), "repaired": repaired,
+                                "running": running and _running(running)}, indent=2))
     else:
         for p in report.problems:
             click.echo(p.describe())
@@ -117,6 +134,9 @@ def verify(store, repair, as_json):
         fixed = f", {repaired} repaired" if repaired else ""
         click.echo(f"{report.path}: {plural(report.units, 'unit')} checked{fixed}, "
                    f"{plural(read, 'input')} read: {'; '.join(wrong) or 'ok'}")
+        if running and report.problems:
+            click.echo(f"job {running.get('job_id')} is running ({holder(running)}): its missing units "
+                       "may still be written", err=True)
     if not report.ok:
         raise SystemExit(1)
 

@@ -371,7 +371,7 @@ def open_output(path) -> OutputReader:
         if ok.size and not ok.all():
             shown += (", " if shown else "") + f"{int((~ok).sum())} of {ok.size} batches of short records"
         if shown:
-            warnings.warn(f"{os.fspath(path)}: incomplete store (the job did not finish); missing {shown}",
+            warnings.warn(f"{os.fspath(path)}: incomplete store (its job has not finished); missing {shown}",
                           IncompleteStoreWarning, stacklevel=2)
     return reader
 
