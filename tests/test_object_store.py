@@ -274,7 +274,7 @@ def test_wait_follows_the_running_driver(store_place, mixed_fasta, tiny_dna, mon
         waiting.set()  # a submit that never waited: let the holder end too
         ends.join()
     assert waited and res.exit_code == 0, res.output
-    assert "already running" in res.output and "node-3" in res.output and "waiting" in res.output
+    assert "already running (driver pid 77 on node-3)" in res.output and "waiting" in res.output
     assert "Nothing to do" in res.output
 
 

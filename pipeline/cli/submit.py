@@ -140,8 +140,10 @@ def _job_events(quiet: bool = False):
                 self.progress.close()
 
         def waiting(self, owner):
-            click.echo(f"job {owner.get('job_id')} is already running (driver pid {owner.get('pid')} on "
-                       f"{owner.get('host')}); waiting for it to end", err=True)
+            from linpipe.jobs.lease import holder
+
+            click.echo(f"job {owner.get('job_id')} is already running ({holder(owner)}); waiting for it to end",
+                       err=True)
 
     return CliEvents()
 
