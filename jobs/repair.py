@@ -19,7 +19,7 @@ from linpipe.store.verify import UnitProblem
 from linpipe.strands import FORWARD
 
 from .actor import PipelineWorker
-from .lease import AlreadyRunning, Lease, holder
+from .lease import AlreadyRunning, Lease, clock, holder
 from .options import stored_values
 from .plan import plan_job
 from .request import JobRequest
@@ -56,8 +56,12 @@ def repair_units(path: str, problems: list[UnitProblem], *, on_unit=None) -> int
 
 
 def running_error(path: str, owner: dict) -> LinpipeError:
+    """Refusing a repair beside a live lease (a driver that died on another host holds it until
+    it expires: the message says when that is)."""
+    left = max(0.0, float(owner.get("expires", 0)) - clock())
     return LinpipeError(f"{path}: job {owner.get('job_id')} is running ({holder(owner)}); its missing "
-                        "units may still be written: repair once it has ended")
+                        f"units may still be written: repair once it has ended (if that process is gone, "
+                        f"its lease expires in {left:.0f} s)")
 
 
 def _repair(path: str, plan, problems: list[UnitProblem], lease_token: str, on_unit) -> int:

@@ -153,6 +153,7 @@ def test_a_repair_is_refused_while_the_jobs_driver_runs(written, tmp_path, quick
         held = f"(driver pid {os.getpid()} on {socket.gethostname()})"
         assert r.output.startswith(f"Error: {out}: job {plan.job_id} is running {held}")
         assert r.output.count("\n") == 1 and "repair once it has ended" in r.output
+        assert re.search(r"its lease expires in (59|60) s\)$", r.output.strip())
         assert _tree(out) == before  # not a byte written, and the driver's lease is still its own
         assert quick_lease.live_lease(str(out))["token"] == driver.token
 

@@ -142,8 +142,8 @@ def _job_events(quiet: bool = False):
         def waiting(self, owner):
             from linpipe.jobs.lease import holder
 
-            click.echo(f"job {owner.get('job_id')} is already running ({holder(owner)}); waiting for it to end",
-                       err=True)
+            click.echo(f"job {owner.get('job_id')} is already running ({holder(owner)}); "
+                       "waiting for it to end", err=True)
 
     return CliEvents()
 
