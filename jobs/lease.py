@@ -7,8 +7,8 @@ file renamed into place locally, one PUT on an object store):
 
     {"host", "pid", "role", "token", "job_id", "since", "heartbeat", "expires"}   (times: Unix seconds)
 
-`role` says which kind of process holds it: a job's "driver", or "verify --repair", which
-rewrites units of a store and so holds its lease as a driver does.
+`role` says which kind of process holds it: a job's "driver", or "repair" (`linpipe verify --repair`),
+which rewrites units of a store and so holds its lease as a driver does.
 
 Another driver may take it only when it is released, has expired (`expires` passed: its owner
 stopped renewing, e.g. it was SIGKILLed, or its node was lost), its owner is a process on this
@@ -52,7 +52,7 @@ def clock() -> float:
 
 
 def holder(doc: dict) -> str:
-    """Who holds a lease, in words: "driver pid P on HOST" (or "verify --repair pid P on HOST")."""
+    """Who holds a lease, in words: "driver pid P on HOST" (or "repair pid P on HOST")."""
     return f"{doc.get('role') or 'driver'} pid {doc.get('pid')} on {doc.get('host')}"
 
 
@@ -144,7 +144,7 @@ def live_lease(out: str) -> dict | None:
 
 class Lease:
     """The lease of the store at `out` for job `job_id`, held by this process once acquire()d;
-    role: what holds it ("driver", or "verify --repair"), shown to whoever is refused."""
+    role: what holds it ("driver", or "repair"), shown to whoever is refused."""
 
     def __init__(self, out: str, job_id: str, *, host: str | None = None, pid: int | None = None,
                  role: str = "driver"):

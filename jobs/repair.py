@@ -6,7 +6,7 @@ is rerun whole. The work runs in this process through the same PipelineWorker co
 count as a job's actors, so a repaired unit holds the bytes an uninterrupted run wrote.
 
 A repair writes units as a driver's workers do, so it holds the store's lease while it runs
-(jobs/lease.py, role "verify --repair"): it is refused while the job's driver is running, a
+(jobs/lease.py, role "repair"): it is refused while the job's driver is running, a
 driver started meanwhile is refused until it ends, and its writes stop if the lease is taken.
 """
 from __future__ import annotations
@@ -46,7 +46,7 @@ def repair_units(path: str, problems: list[UnitProblem], *, on_unit=None) -> int
         raise LinpipeError(f"{path}: the inputs or the model changed since this job ran (job "
                            f"{store.meta.get('job_id')}, now {plan.job_id}); its units cannot be recomputed "
                            f"exactly: submit the job again with {option('overwrite')}")
-    lease = Lease(path, plan.job_id, role="verify --repair")
+    lease = Lease(path, plan.job_id, role="repair")
     try:
         lease.acquire()
     except AlreadyRunning as e:

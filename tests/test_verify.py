@@ -225,8 +225,8 @@ def test_a_repair_holds_the_lease_and_stops_writing_once_it_is_taken(written, tm
             repair_units(str(out), problems, on_unit=after_first_unit)
         msg = str(e.value)
         assert "\n" not in msg and str(out) in msg and "not written" in msg
-        assert seen["lease"]["role"] == "verify --repair" and seen["lease"]["pid"] == os.getpid()
-        assert f"(verify --repair pid {os.getpid()} on {socket.gethostname()}," in seen["refusal"]
+        assert seen["lease"]["role"] == "repair" and seen["lease"]["pid"] == os.getpid()
+        assert f"(repair pid {os.getpid()} on {socket.gethostname()}," in seen["refusal"]
         now = _tree(out)  # unit 2 untouched; only the lease is the taker's
         assert now == {**seen["unit 2 before"], "_linpipe/lease.json": now["_linpipe/lease.json"]}
         assert quick_lease.live_lease(str(out))["token"] == taker.token  # the repair left the taker's lease
