@@ -100,14 +100,16 @@ def verify(store, repair, as_json):
     import json
 
     from linpipe.jobs.lease import holder, live_lease
+    from linpipe.store import OutputStore
     from linpipe.store.verify import verify_store
 
+    opened = OutputStore.open(store, mode="r")  # no store there: its one-line error, before the lease
     running = live_lease(store)
     if repair and running:  # before reading every unit: the repair would be refused anyway
         from linpipe.jobs.repair import running_error
 
         raise running_error(store, running)
-    report = verify_store(store)
+    report = verify_store(opened)
     repaired = 0
     if repair and report.problems:
         from linpipe.jobs.repair import repair_units
