@@ -44,7 +44,7 @@ step() {
 
 # packages: the carried wheels where the image lacks them; linpipe from this checkout, laid out as
 # its wheel lays it out (pyproject's package-dir), so that nothing is built here
-site=/tmp/linpipe-gpu-site
+site="${GPU_CHECKLIST_SITE:-/tmp/linpipe-gpu-site}"
 mkdir -p "$site/src/linpipe"
 if ! "$py" -c "import zarr, numcodecs, google_crc32c" 2>/dev/null; then
     "$py" -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site/wheels" \
