@@ -101,6 +101,19 @@ def one_torch_thread():
     torch.set_num_threads(n)
 
 
+@pytest.fixture
+def quick_lease(monkeypatch):
+    """jobs/lease.py with renewals, settling and polling in fractions of a second (it reads them
+    at call time). The expiry stays a minute, so that no lease expires while a slow machine runs
+    a test; a test of expiry steps the lease clock instead."""
+    import linpipe.jobs.lease as lease
+
+    monkeypatch.setattr(lease, "HEARTBEAT_S", 0.3)
+    monkeypatch.setattr(lease, "SETTLE_S", 0.2)
+    monkeypatch.setattr(lease, "WAIT_POLL_S", 0.2)
+    return lease
+
+
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory):
     """A moto S3 server on 127.0.0.1 for the session, and the environment a user would set for

@@ -99,15 +99,8 @@ def reference(mixed_fasta, tiny_dna, tmp_path_factory):
 
 
 @pytest.fixture(autouse=True)
-def _quick_lease(monkeypatch):
-    """Renewals, settling and polling in fractions of a second (jobs/lease.py reads them at call
-    time). The expiry stays a minute, so that no lease expires while a slow machine runs a test;
-    the test of expiry steps the lease clock instead."""
-    import linpipe.jobs.lease as lease
-
-    monkeypatch.setattr(lease, "HEARTBEAT_S", 0.3)
-    monkeypatch.setattr(lease, "SETTLE_S", 0.2)
-    monkeypatch.setattr(lease, "WAIT_POLL_S", 0.2)
+def _quick_lease(quick_lease):
+    """Every test here with leases in fractions of a second (conftest's quick_lease)."""
 
 
 # ----------------------------------------------------------------------------- store operations

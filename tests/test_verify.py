@@ -128,14 +128,6 @@ def _two_units_damaged(good: Path, plan, out: Path) -> str:
     return long.id
 
 
-@pytest.fixture
-def quick_lease(monkeypatch):
-    from linpipe.jobs import lease
-
-    monkeypatch.setattr(lease, "SETTLE_S", 0.05)
-    return lease
-
-
 def test_a_repair_is_refused_while_the_jobs_driver_runs(written, tmp_path, quick_lease):
     """A store whose job's driver holds its lease (a live process of this host): `verify` says the
     job is running, `inspect` says RUNNING, and `verify --repair` refuses in one line and
