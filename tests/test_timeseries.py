@@ -15,7 +15,8 @@ from click.testing import CliRunner
 import linpipe
 from linpipe.cli import cli
 from linpipe.errors import InputError
-from linpipe.inputs import timeseries
+from linpipe.inputs import tables
+from linpipe.inputs.timeseries import TimeSeriesInput
 
 
 @pytest.fixture(autouse=True)
@@ -113,7 +114,7 @@ def test_many_series_in_one_file_every_format(tmp_path, interleave, whole_row_gr
     """Every slice of every series, in and out of file order (Parquet row groups read whole
     and kept, or streamed as larger ones are)."""
     if not whole_row_groups:
-        monkeypatch.setattr(timeseries, "WHOLE_ROW_GROUP_ROWS", 0)
+        monkeypatch.setattr(tables, "WHOLE_ROW_GROUP_ROWS", 0)
     df = _sensors()
     if interleave:  # rows of the sensors mixed, each sensor still in time order
         df = df.sort_values("t", kind="stable").reset_index(drop=True)
@@ -138,9 +139,9 @@ def test_slice_reads_only_the_row_groups_of_its_series(tmp_path, monkeypatch):
     df = _sensors()
     path = _write_all(df, tmp_path)[0]
     seen = []
-    real = timeseries._Table._parquet_rows
+    real = tables.Table._parquet_rows
     monkeypatch.setattr(
-        timeseries._Table,
+        tables.Table,
         "_parquet_rows",
         lambda self, rg, lo, hi, cols: seen.append(rg) or real(self, rg, lo, hi, cols),
     )
@@ -226,3 +227,87 @@ def test_pickle_fingerprint_and_cli(timeseries, tmp_path):
     info = json.loads(res.output)
     rows = pq.read_metadata(timeseries / "mitdb_100_ecg.parquet").num_rows  # 650,000 in the full file
     assert [r["length"] for r in info["records"]] == [rows] and "MLII_mV" in info["channels"]
+
+
+def _ecg_fleet(ecg_path, n_series: int, seed: int) -> pa.Table:
+    """n_series series of 80-600 samples cut from the real 2-lead ECG, one after another under an
+    id column, each with its own sample times; then two series whose rows alternate in blocks."""
+    ecg = pq.read_table(ecg_path)
+    x = np.column_stack([ecg.column(c).to_numpy().astype(np.float32) for c in ("MLII_mV", "V5_mV")])
+    rng = np.random.default_rng(seed)
+    ids, parts, times = [], [], []
+    for i in range(n_series):
+        n = int(rng.integers(80, 601))
+        s = int(rng.integers(0, len(x) - n))
+        ids += [f"ecg-{i:04d}"] * n
+        parts.append(x[s:s + n])
+        times.append(np.arange(n, dtype=np.int64) * 3 + i)
+    for block in range(6):  # "mix-a" and "mix-b" interleaved: read one by one
+        for name in ("mix-a", "mix-b"):
+            ids += [name] * 50
+            parts.append(x[block * 50:(block + 1) * 50])
+            times.append(np.arange(block * 50, (block + 1) * 50, dtype=np.int64))
+    v = np.concatenate(parts)
+    return pa.table({"id": ids, "t": np.concatenate(times), "MLII_mV": v[:, 0], "V5_mV": v[:, 1]})
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "arrow", "csv"])
+def test_a_packed_batch_of_series_reads_as_read_does(timeseries, tmp_path, monkeypatch, fmt):
+    """read_many of short series from the real ECG, longest first as a packed batch takes them
+    (all over the file), gives read()'s values and times bit for bit: slices, an empty one, one
+    series across batches of the table and interleaved series included. A Parquet file's rows
+    are copied into the cache once, by the first batch, and taken from there after."""
+    monkeypatch.setattr("linpipe.inputs.timeseries.GATHER_BATCH_ROWS", 3_000)  # series span batches
+    table = _ecg_fleet(timeseries / "mitdb_100_ecg.parquet", 300, seed=5)
+    path = tmp_path / f"fleet.{fmt}"
+    if fmt == "parquet":
+        pq.write_table(table, path, row_group_size=7_000)
+    elif fmt == "arrow":
+        feather.write_feather(table, path, chunksize=5_000)
+    else:
+        pcsv.write_csv(table, path)
+    copies = []
+    real_write = TimeSeriesInput._write_atomic
+    monkeypatch.setattr(TimeSeriesInput, "_write_atomic",
+                        lambda self, target, *a: copies.append(target) or real_write(self, target, *a))
+    with linpipe.open_input(path, id_column="id", time_column="t") as inp:
+        copies.clear()  # a CSV's conversion at open is not read_many's
+        by_length = sorted(inp.records, key=lambda r: -r.length)
+        batches = [[(r.id, 0, r.length) for r in by_length[i:i + 64]] for i in range(0, len(by_length), 64)]
+        batches.append([("ecg-0007", 5, 70), ("mix-b", 10, 290), ("ecg-0003", 30, 30), ("mix-a", 0, 300),
+                        ("ecg-0299", 0, None), ("ecg-0001", 79, 80)])
+        for batch in batches:
+            got = inp.read_many(batch)
+            assert len(got) == len(batch)
+            for req, (v, t) in zip(batch, got, strict=True):
+                v_ref, t_ref = inp.read(*req)
+                assert v.dtype == np.float32 and v.shape == v_ref.shape, req
+                np.testing.assert_array_equal(v, v_ref)
+                assert t.dtype == t_ref.dtype
+                np.testing.assert_array_equal(t, t_ref)
+        expect_copies = 1 if fmt == "parquet" else 0
+        assert len(copies) == expect_copies
+    if fmt == "parquet":  # opened again (another worker): the copy is there, and taken as it is
+        with linpipe.open_input(path, id_column="id", time_column="t") as inp:
+            inp.read_many(batches[0])
+        assert len(copies) == 1 and copies[0].exists()
+
+
+def test_a_packed_batch_keeps_nulls_as_nan_and_names_a_series_of_a_damaged_file(tmp_path):
+    table = pa.table({"id": ["a"] * 4 + ["b"] * 3 + ["c"] * 5,
+                      "n": pa.array([1, None, 3, 4, 5, None, 7, 8, 9, 10, 11, None], pa.int32()),
+                      "x": [0.5, 1.5, None, float("nan"), 2.5, 3.5, 4.5, None, 5.5, 6.5, 7.5, 8.5]})
+    path = tmp_path / "n.parquet"
+    pq.write_table(table, path, row_group_size=5)
+    requests = [("c", 0, 5), ("a", 1, 4), ("b", 0, 3)]
+    with linpipe.open_input(path, id_column="id") as inp:
+        got = inp.read_many(requests)
+        for req, (v, t) in zip(requests, got, strict=True):
+            assert t is None
+            np.testing.assert_array_equal(v, inp.read(*req)[0])
+        assert np.isnan(got[0][0][4, 0]) and np.isnan(got[1][0][1, 1]) and got[2][0][2].tolist() == [7.0, 4.5]
+    with linpipe.open_input(path, id_column="id") as inp:
+        path.write_bytes(path.read_bytes()[:40])  # damaged after it was opened, before the first batch
+        with pytest.raises(InputError, match=r"n\.parquet: series '\w', rows \d+-\d+: cannot read"):
+            inp.read_many(requests)
+    assert not list((tmp_path / "cache").rglob("*.tmp*")) and not list((tmp_path / "cache").rglob(".tmp-*"))

@@ -14,6 +14,11 @@ CSV (and Arrow stream files) cannot be read at a row offset, so they are convert
 by batch, into an Arrow IPC file in the cache directory; the channels are parsed as float64 so a
 column that mixes numbers and text is caught with its line. sort=True loads the whole table in
 memory once to sort it (the only case that does).
+
+A packed batch's series (read_many) are gathered with one take per table batch they touch, from
+an Arrow IPC file: the input's own, its converted or sorted copy, or for Parquet a copy of the
+channel and time columns made once in the cache on the first batch (a batch's series, longest
+first, lie all over the file: from Parquet each would decode another row group).
 """
 
 from __future__ import annotations
@@ -30,12 +35,12 @@ from linpipe.errors import InputError, option
 from linpipe.inputs.base import Input, RecordInfo, stem
 from linpipe.inputs.cache import cache_root, file_mode
 from linpipe.inputs.csvfile import CsvFile, first_line
+from linpipe.inputs.tables import BATCH_ROWS, Table
 
-BATCH_ROWS = 1 << 16  # rows per batch in converted files and Parquet reads
-# A Parquet row group up to this many rows is decoded whole once and kept (the columns read):
-# short series read in a batch's order (longest first), not the file's, would otherwise decode
-# the row group again from its start for every series behind the last one read.
-WHOLE_ROW_GROUP_ROWS = 1 << 21
+# Rows per batch of read_many's Arrow copy of a Parquet file: a packed batch takes rows once from
+# each batch it touches (about 15 us each), and the copy holds one batch in memory as it is made.
+GATHER_BATCH_ROWS = 1 << 22
+
 
 def _is_numeric(t) -> bool:
     import pyarrow as pa
@@ -53,83 +58,6 @@ def _is_time(t) -> bool:
         or pa.types.is_time(t)
         or pa.types.is_duration(t)
     )
-
-
-class _Table:
-    """Random access to rows of an Arrow IPC file (memory-mapped) or a Parquet file."""
-
-    def __init__(self, path: Path, kind: str):
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        self.path, self.kind = path, kind
-        if kind == "parquet":
-            self.pf = pq.ParquetFile(path)
-            self.schema = self.pf.schema_arrow
-            sizes = [self.pf.metadata.row_group(i).num_rows for i in range(self.pf.num_row_groups)]
-        else:
-            self.reader = pa.ipc.open_file(pa.memory_map(str(path), "r"))
-            self.schema = self.reader.schema
-            sizes = [self.reader.get_batch(i).num_rows for i in range(self.reader.num_record_batches)]
-        self.unit_starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
-        self.num_rows = int(self.unit_starts[-1])
-        self._cursor = None  # parquet: (row group, columns, iterator, batch, batch start row)
-        self._whole = None  # parquet: (row group, columns, its table) of a row group read whole
-
-    def iter_units(self, columns: list[str]):
-        """(first global row, record batch) over the whole file, columns subset."""
-        if self.kind == "parquet":
-            row = 0
-            for batch in self.pf.iter_batches(batch_size=BATCH_ROWS, columns=columns):
-                yield row, batch
-                row += batch.num_rows
-        else:
-            for i in range(self.reader.num_record_batches):
-                yield int(self.unit_starts[i]), self.reader.get_batch(i).select(columns)
-
-    def rows(self, g0: int, g1: int, columns: list[str]) -> list:
-        """Record batches (slices) holding global rows g0..g1-1, in order."""
-        out = []
-        u = int(np.searchsorted(self.unit_starts, g0, side="right")) - 1
-        while g0 < g1:
-            u0, u1 = int(self.unit_starts[u]), int(self.unit_starts[u + 1])
-            lo, hi = g0 - u0, min(g1, u1) - u0
-            if self.kind == "parquet":
-                out.extend(self._parquet_rows(u, lo, hi, columns))
-            else:
-                out.append(self.reader.get_batch(u).select(columns).slice(lo, hi - lo))
-            g0 = u0 + hi
-            u += 1
-        return out
-
-    def _parquet_rows(self, rg: int, lo: int, hi: int, columns: list[str]):
-        if self.unit_starts[rg + 1] - self.unit_starts[rg] <= WHOLE_ROW_GROUP_ROWS:
-            if self._whole is None or self._whole[:2] != (rg, columns):
-                self._whole = (rg, columns, self.pf.read_row_group(rg, columns=columns))
-            return self._whole[2].slice(lo, hi - lo).to_batches()
-        # a larger row group: streamed in batches, continuing from the last read when it is behind us
-        cur = self._cursor
-        if cur is None or cur[0] != rg or cur[1] != columns or cur[4] > lo:
-            it = self.pf.iter_batches(batch_size=BATCH_ROWS, row_groups=[rg], columns=columns)
-            cur = [rg, columns, it, None, 0]
-            cur[3] = next(it)
-        out = []
-        while True:
-            batch, b0 = cur[3], cur[4]
-            b1 = b0 + batch.num_rows
-            if b1 > lo and b0 < hi:
-                s = max(lo, b0)
-                out.append(batch.slice(s - b0, min(hi, b1) - s))
-            if b1 >= hi:
-                break
-            cur[3], cur[4] = next(cur[2]), b1
-        self._cursor = cur
-        return out
-
-    def close(self):
-        self._cursor = self._whole = None
-        if self.kind != "parquet":
-            self.reader = None
 
 
 class TimeSeriesInput(Input):
@@ -159,6 +87,7 @@ class TimeSeriesInput(Input):
         self.sort, self.cache_dir = sort, cache_dir
         self._columns_opt = list(columns) if columns else None
         self._table = None
+        self._gather = None  # read_many's Arrow IPC table (_gather_table)
         try:
             self._open(columns)
         except InputError:
@@ -168,7 +97,7 @@ class TimeSeriesInput(Input):
 
     def _open(self, columns) -> None:
         self.table_path, self._kind = self._table_file(columns)
-        table = _Table(self.table_path, self._kind)
+        table = Table(self.table_path, self._kind)
         self.column_names = list(table.schema.names)  # every column of the file, in order
         self.channel_names = self._resolve_columns(table.schema, columns)
         # columns left out of the default channels (text, dates): each front end says so
@@ -186,7 +115,7 @@ class TimeSeriesInput(Input):
                     order_error + f"; sort the file by time, or pass {option('sort')} to sort a cached copy"
                 )
             self.table_path = self._sorted_copy()
-            self._table = _Table(self.table_path, "arrow")
+            self._table = Table(self.table_path, "arrow")
             self._kind = "arrow"
             order_error = self._build_index()
             assert order_error is None, order_error
@@ -505,7 +434,86 @@ class TimeSeriesInput(Input):
             filled += m
         return values, (np.concatenate(times) if times is not None else None)
 
-    def _tab(self) -> _Table:
+    def read_many(self, requests) -> list[tuple]:
+        """read() of each (record_id, start, end) (a packed batch's series), in the order given,
+        with the same values bit for bit. Series on one run of rows are gathered: one take per
+        table batch they touch, then one cast per channel. Interleaved series (several runs) go
+        through read(); so does the whole batch when the gather fails, for read()'s error."""
+        import pyarrow as pa
+
+        requests = list(requests)
+        got: list = [None] * len(requests)
+        gather, starts, sizes = [], [], []
+        for i, (rid, start, end) in enumerate(requests):
+            _, start, end = self._check_range(rid, start, end)
+            run_starts, _ = self._runs[self._by_id[rid]]
+            if len(run_starts) == 1 and end > start:
+                gather.append(i)
+                starts.append(int(run_starts[0]) + start)
+                sizes.append(end - start)
+            else:  # interleaved, or empty: as read() gives it
+                got[i] = self.read(rid, start, end)
+        if len(gather) < 2:
+            for i in gather:
+                got[i] = self.read(*requests[i])
+            return got
+        try:
+            values, times = self._gathered(np.asarray(starts, np.int64), np.asarray(sizes, np.int64))
+        except (pa.ArrowException, OSError):  # damaged since it was opened: read() names the series
+            return super().read_many(requests)
+        ends = np.cumsum(sizes).tolist()
+        for i, a, b in zip(gather, [0, *ends[:-1]], ends, strict=True):
+            got[i] = (values[a:b], None if times is None else times[a:b])
+        return got
+
+    def _gathered(self, starts: np.ndarray, sizes: np.ndarray) -> tuple:
+        """Rows starts[k]..starts[k]+sizes[k]-1 of every k, back to back: channels as float32
+        (n, C), and the time column (n,) or None."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        table = self._gather_table()
+        n = int(sizes.sum())
+        rows = np.repeat(starts - (np.cumsum(sizes) - sizes), sizes) + np.arange(n)  # (n,) global rows
+        order = np.argsort(rows, kind="stable")  # file order: each table batch once
+        unit = np.searchsorted(table.unit_starts, rows[order], side="right") - 1
+        cuts = np.flatnonzero(np.diff(unit)) + 1
+        cols = list(self.channel_names) + ([self.time_column] if self.time_column else [])
+        values = np.empty((n, len(self.channel_names)), dtype=np.float32)
+        time_parts = []
+        for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), n], strict=True):
+            u, at = int(unit[a]), order[a:b]
+            taken = table.batch(u, cols).take(pa.array(rows[at] - table.unit_starts[u]))
+            for j, c in enumerate(self.channel_names):  # the cast read() makes, on the rows taken
+                col = pc.cast(taken.column(c), pa.float32(), safe=False)
+                values[at, j] = col.to_numpy(zero_copy_only=False)
+            if self.time_column:
+                time_parts.append(taken.column(self.time_column).to_numpy(zero_copy_only=False))
+        if not time_parts:
+            return values, None
+        in_file_order = np.concatenate(time_parts)
+        times = np.empty_like(in_file_order)
+        times[order] = in_file_order
+        return values, times
+
+    def _gather_table(self) -> Table:
+        """The Arrow IPC table read_many takes rows from: the one read() uses, or for Parquet an
+        Arrow copy of the channel and time columns (every row, in order), made once in the cache
+        (keyed by the file's content) and memory-mapped."""
+        if self._gather is None:
+            table = self._tab()
+            if self._kind == "parquet":
+                cols = list(self.channel_names) + ([self.time_column] if self.time_column else [])
+                target = self._cache_file("rows", cols)
+                if not target.exists():
+                    schema = table.schema
+                    self._write_atomic(target, _columns_schema(schema, cols),
+                                       table.pf.iter_batches(batch_size=GATHER_BATCH_ROWS, columns=cols))
+                table = Table(target, "arrow")
+            self._gather = table
+        return self._gather
+
+    def _tab(self) -> Table:
         if self._table is None:
             if not self.table_path.exists():  # unpickled on a node without our cached copy
                 fresh = TimeSeriesInput(
@@ -522,7 +530,7 @@ class TimeSeriesInput(Input):
                     raise InputError(f"{self.path}: the file changed since it was opened (its series differ)")
                 self.table_path = fresh.table_path
                 fresh.close()
-            self._table = _Table(self.table_path, self._kind)
+            self._table = Table(self.table_path, self._kind)
         return self._table
 
     def _index_text(self) -> str:
@@ -533,17 +541,25 @@ class TimeSeriesInput(Input):
         return opts + "\n" + super()._index_text()
 
     def close(self) -> None:
-        if getattr(self, "_table", None) is not None:
-            self._table.close()
-            self._table = None
+        for name in ("_table", "_gather"):
+            if getattr(self, name, None) is not None:
+                getattr(self, name).close()
+                setattr(self, name, None)
 
     def __getstate__(self):
         state = self.__dict__.copy()
-        state["_table"] = None
+        state["_table"] = state["_gather"] = None
         return state
 
     def __setstate__(self, state):
         self.__dict__.update(state)
+
+
+def _columns_schema(schema, columns: list[str]):
+    """The schema of `columns` of schema, in that order."""
+    import pyarrow as pa
+
+    return pa.schema([schema.field(c) for c in columns])
 
 
 def _stable_sort_indices(table, keys) -> np.ndarray:
