@@ -258,6 +258,7 @@ def test_a_packed_batch_of_series_reads_as_read_does(timeseries, tmp_path, monke
     series across batches of the table and interleaved series included. A Parquet file's rows
     are copied into the cache once, by the first batch, and taken from there after."""
     monkeypatch.setattr("linpipe.inputs.timeseries.GATHER_BATCH_ROWS", 3_000)  # series span batches
+    monkeypatch.setattr(tables, "KEEP_BYTES", 100_000)  # a few batches kept: the rest read again
     table = _ecg_fleet(timeseries / "mitdb_100_ecg.parquet", 300, seed=5)
     path = tmp_path / f"fleet.{fmt}"
     if fmt == "parquet":

@@ -12,6 +12,9 @@ BATCH_ROWS = 1 << 16  # rows per batch in converted files and Parquet reads
 # short series read in a batch's order (longest first), not the file's, would otherwise decode
 # the row group again from its start for every series behind the last one read.
 WHOLE_ROW_GROUP_ROWS = 1 << 21
+# Bytes of Arrow record batches kept by Table.batch (memory-mapped ones cost only address space;
+# a compressed file's are decompressed copies).
+KEEP_BYTES = 256 << 20
 
 
 class Table:
@@ -36,6 +39,7 @@ class Table:
         self._cursor = None  # parquet: (row group, columns, iterator, batch, batch start row)
         self._whole = None  # parquet: (row group, columns, its table) of a row group read whole
         self._batches: dict = {}  # arrow: (batch, columns) -> the batch (batch())
+        self._kept = 0  # their bytes
 
     def iter_units(self, columns: list[str]):
         """(first global row, record batch) over the whole file, columns subset."""
@@ -88,15 +92,21 @@ class Table:
         return out
 
     def batch(self, u: int, columns: list[str]):
-        """Record batch u of an Arrow IPC file, columns subset (memory-mapped: no copy; kept,
-        as reading a batch's metadata costs about 0.1 ms)."""
+        """Record batch u of an Arrow IPC file, columns subset. Kept while the kept ones hold at
+        most KEEP_BYTES: reading a batch's metadata costs about 0.1 ms, and a compressed file's
+        batch is decompressed each time it is read. (Past that bound none is dropped for another:
+        a packed batch takes its rows in file order, which would drop each before its next use.)"""
         key = (u, tuple(columns))
-        if key not in self._batches:
-            self._batches[key] = self.reader.get_batch(u).select(columns)
-        return self._batches[key]
+        got = self._batches.get(key)
+        if got is None:
+            got = self.reader.get_batch(u).select(columns)
+            if self._kept + got.nbytes <= KEEP_BYTES:
+                self._batches[key] = got
+                self._kept += got.nbytes
+        return got
 
     def close(self):
         self._cursor = self._whole = None
-        self._batches = {}
+        self._batches, self._kept = {}, 0
         if self.kind != "parquet":
             self.reader = None
