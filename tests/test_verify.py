@@ -106,6 +106,35 @@ def test_corruption_is_named_by_unit_and_repaired_bit_identically(written, tmp_p
     assert _tree(out) == _tree(good)  # every byte as the uninterrupted run wrote it
 
 
+def test_opening_a_packed_record_reads_its_own_batchs_progress_only(written, tmp_path):
+    """A packed record's dataset is held to its own batch's flag and checksums, read alone: the
+    other batches' (a file each: seconds for a store of a million records) are not read, so
+    garbage in every one of them leaves it untouched, and damage to its own data still warns."""
+    good, plan = written
+    out = tmp_path / "one.zarr"
+    shutil.copytree(good, out)
+    assert plan.packed.n_batches >= 3
+    progress = out / "_linpipe" / "_packed"
+    others = [f for name in ("done", "sum") for f in (progress / name / "c").rglob("*")
+              if f.is_file() and f.relative_to(progress / name / "c").parts[0] != "2"]
+    assert len(others) == 2 * (plan.packed.n_batches - 1)
+    for f in others:
+        f.write_bytes(b"not a chunk")
+    with pytest.raises(ValueError):  # read whole, as verify reads them, they fail to decode
+        OutputStore.open(str(out), mode="r").batches_done()
+    reader = linpipe.open_output(out)
+    in_batch_2 = [str(plan.packed.ids[i]) for i in plan.packed.rows(2)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CorruptUnitWarning)
+        ds = reader.dataset(in_batch_2[0])
+    expect = linpipe.open_output(good).dataset(in_batch_2[0])
+    np.testing.assert_array_equal(ds["entropy"].values, expect["entropy"].values)
+    chunks = out / "_packed" / "entropy" / "c"
+    (chunks / "2").write_bytes((chunks / "0").read_bytes())
+    with pytest.warns(CorruptUnitWarning, match="packed batch 2: entropy"):
+        linpipe.open_output(out).dataset(in_batch_2[-1])
+
+
 def test_missing_units_and_format_1(written, tmp_path):
     good, plan = written
     out = tmp_path / "partial.zarr"

@@ -87,11 +87,17 @@ class UnitCheck:
             faults += bad
         return out, faults
 
-    def batch(self, batch: int, names=None, *, values: bool = True):
-        """A packed batch, its whole Zarr chunk, over `names` (default: every array). No state."""
-        p, cs = self.store.packed, self.store.unit_size
-        order, sums = self._sums_of(None, FORWARD)
-        return _hold(order, sums[batch], names, values, lambda n: p.array(n)[batch * cs:(batch + 1) * cs],
+    def batch(self, batch: int, names=None, *, values: bool = True, alone: bool = False):
+        """A packed batch, its whole Zarr chunk, over `names` (default: every array). No state.
+        alone: its checksums read alone (one small file), unless the table is here already, not
+        the table of every batch (a file per batch: seconds for a million records)."""
+        p, cs, s = self.store.packed, self.store.unit_size, self.store
+        if alone and (None, FORWARD) not in self._sums:
+            order, recorded = s.output_names(None), s.unit_sums(None, FORWARD, batch)
+        else:
+            order, sums = self._sums_of(None, FORWARD)
+            recorded = sums[batch]
+        return _hold(order, recorded, names, values, lambda n: p.array(n)[batch * cs:(batch + 1) * cs],
                      lambda: b"")
 
 

@@ -76,7 +76,6 @@ class OutputReader:
         self.missing_ranges = _MissingRanges(self)
         self._batches_checked: set[int] = set()  # dataset() checks a packed batch once per reader
         self._check = UnitCheck(self._out)
-        self._batches_done = None  # read once, when dataset() first checks a batch
 
     @property
     def store(self) -> OutputStore:
@@ -134,10 +133,10 @@ class OutputReader:
         if b is None or not info.length or b in self._batches_checked:
             return
         self._batches_checked.add(b)
-        if self._batches_done is None:
-            self._batches_done = self._out.batches_done()
-        if self._batches_done[b]:
-            self._unit(info, b, None)
+        # this batch's own flag and checksums: a few small files, where every batch's would be a
+        # file per batch (seconds for a store of a million records)
+        if self._out.completed_units(info.id):
+            self._unit(info, b, None, alone=True)
 
     def _packed_record(self, info: StoredRecord):
         """A packed record as an xarray.Dataset with the dims of a long record."""
@@ -204,15 +203,15 @@ class OutputReader:
             arr = self._out.array(long, TIME) if long else None
         return values.astype("datetime64[ns]") if arr is not None and "units" in arr.attrs else values
 
-    def _unit(self, info: StoredRecord, unit: int, names) -> dict:
+    def _unit(self, info: StoredRecord, unit: int, names, alone: bool = False) -> dict:
         """One unit read whole (a long record's unit, or a packed batch), held to its
         checksums by the rule `linpipe verify` applies (checksums.UnitCheck): a StoreError when
         an array asked for cannot be decoded (there are no values to give), else a
         CorruptUnitWarning per array or state that is bad. Returns its values of `names` (None:
-        all)."""
+        all). alone: a packed batch's checksums read alone (UnitCheck.batch)."""
         where = f"packed batch {unit}" if info.packed else f"record {info.id!r} unit {unit}"
         if info.packed:
-            values, faults = self._check.batch(unit, names)
+            values, faults = self._check.batch(unit, names, alone=alone)
         else:
             values, faults = self._check.long_unit(info.key, unit, names)
         unreadable = [str(f) for f in faults if f.error and f.name != STATE]

@@ -403,16 +403,18 @@ class OutputStore:
             return None
         return arr[:].tobytes()
 
-    def unit_sums(self, key: str | None, strand: str = FORWARD) -> np.ndarray:
+    def unit_sums(self, key: str | None, strand: str = FORWARD, unit: int | None = None) -> np.ndarray:
         """(units, arrays + 1) recorded checksums of a long record's units (key None: the packed
-        batches), columns in unit_names order, then the state; 0 where none was recorded."""
+        batches), columns in unit_names order, then the state; 0 where none was recorded. unit:
+        that unit's row alone, (arrays + 1,): one small file, where the table is one per unit."""
         path = progress_path(PACKED, "sum") if key is None else \
             progress_path(self.record(key).key, progress_name("sum", strand))
         try:
-            return np.asarray(self._group[path][:], dtype=np.uint64)
+            return np.asarray(self._group[path][slice(None) if unit is None else unit], dtype=np.uint64)
         except KeyError:  # format 1 records none
             n = self._packed.n_batches if key is None else self.n_units(key)
-            return np.zeros((n, len(self.output_names(key)) + 1), dtype=np.uint64)
+            zeros = np.zeros((n, len(self.output_names(key)) + 1), dtype=np.uint64)
+            return zeros if unit is None else zeros[unit]
 
     def _write_state(self, key: str, unit: int, state: dict, strand: str = FORWARD):
         """One uint8 array per boundary holding the state as a safetensors blob (names, dtypes
