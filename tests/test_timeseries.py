@@ -294,6 +294,48 @@ def test_a_packed_batch_of_series_reads_as_read_does(timeseries, tmp_path, monke
         assert len(copies) == 1 and copies[0].exists()
 
 
+def _first_batch_in_a_process(path, cache, start, results):
+    """Child process: read_many of a packed batch once `start` is passed; reports the copies it
+    wrote and a checksum of what it read."""
+    import os
+
+    os.environ["LINPIPE_CACHE"] = cache
+    from linpipe.inputs.timeseries import TimeSeriesInput
+
+    wrote = []
+    real = TimeSeriesInput._write_atomic
+    TimeSeriesInput._write_atomic = lambda self, target, *a: wrote.append(target) or real(self, target, *a)
+    with linpipe.open_input(path, id_column="id", time_column="t") as inp:
+        batch = [(r.id, 0, r.length) for r in sorted(inp.records, key=lambda r: -r.length)[:64]]
+        start.wait(60)
+        got = inp.read_many(batch)
+    results.put((len(wrote), float(sum(v.astype(np.float64).sum() for v, _ in got))))
+
+
+def test_workers_of_one_machine_make_the_parquet_copy_once(timeseries, tmp_path):
+    """Three processes (a node's workers) read their first packed batch of one Parquet file at
+    the same moment: one writes the cache's copy, the others wait for it and read it."""
+    import multiprocessing
+
+    path = tmp_path / "fleet.parquet"
+    pq.write_table(_ecg_fleet(timeseries / "mitdb_100_ecg.parquet", 2_000, seed=11), path,
+                   row_group_size=50_000)
+    ctx = multiprocessing.get_context("spawn")
+    start, results = ctx.Barrier(3), ctx.Queue()
+    procs = [ctx.Process(target=_first_batch_in_a_process,
+                         args=(path, str(tmp_path / "cache"), start, results)) for _ in range(3)]
+    for p in procs:
+        p.start()
+    got = [results.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(30)
+        assert p.exitcode == 0
+    assert sorted(w for w, _ in got) == [0, 0, 1]
+    assert len({total for _, total in got}) == 1
+    copies = list((tmp_path / "cache" / "tables").glob("fleet-*.arrow"))
+    assert len(copies) == 1
+
+
 def test_a_packed_batch_keeps_nulls_as_nan_and_names_a_series_of_a_damaged_file(tmp_path):
     table = pa.table({"id": ["a"] * 4 + ["b"] * 3 + ["c"] * 5,
                       "n": pa.array([1, None, 3, 4, 5, None, 7, 8, 9, 10, 11, None], pa.int32()),

@@ -22,6 +22,7 @@ import json
 import os
 import stat
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 from linpipe.errors import InputError
@@ -151,3 +152,23 @@ def remember_sha256(path: Path, st: os.stat_result, sha256: str, started_ns: int
         write_sidecar(path, HASH_SUFFIX, json.dumps(entry).encode(), cache_dir)
     except InputError:
         pass  # the next run hashes the file again
+
+
+@contextmanager
+def made_once(target: Path):
+    """Held while `target` is made: the processes of one machine that make the same cached file
+    take turns (an exclusive lock on `target`.lock), so the first makes it and the others, once
+    it is there, read it, instead of each writing a copy of their own. Without fcntl (not POSIX),
+    nothing is held."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(target.with_name(target.name + ".lock"), os.O_RDWR | os.O_CREAT, file_mode())
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # and with it the lock

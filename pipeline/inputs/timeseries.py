@@ -33,7 +33,7 @@ import numpy as np
 
 from linpipe.errors import InputError, option
 from linpipe.inputs.base import Input, RecordInfo, stem
-from linpipe.inputs.cache import cache_root, file_mode
+from linpipe.inputs.cache import cache_root, file_mode, made_once
 from linpipe.inputs.csvfile import CsvFile, first_line
 from linpipe.inputs.tables import BATCH_ROWS, Table
 
@@ -506,9 +506,10 @@ class TimeSeriesInput(Input):
                 cols = list(self.channel_names) + ([self.time_column] if self.time_column else [])
                 target = self._cache_file("rows", cols)
                 if not target.exists():
-                    schema = table.schema
-                    self._write_atomic(target, _columns_schema(schema, cols),
-                                       table.pf.iter_batches(batch_size=GATHER_BATCH_ROWS, columns=cols))
+                    with made_once(target):  # a machine's other workers wait for it, then read it
+                        if not target.exists():
+                            rows = table.pf.iter_batches(batch_size=GATHER_BATCH_ROWS, columns=cols)
+                            self._write_atomic(target, _columns_schema(table.schema, cols), rows)
                 table = Table(target, "arrow")
             self._gather = table
         return self._gather
