@@ -99,8 +99,10 @@ class PipelineWorker:
         # while the model loads; each unit only while the store's lease is the job's (lease_token)
         self.writes = WriteProcess(store_path, lease_token)
         # the packed records' inputs are opened while the model loads: opening reads the input's
-        # index (seconds for a million records), which the first batch's read would wait for
-        self._opening = _open_beside(self.store.packed.inputs if self.store.packed else [], self._open)
+        # index (seconds for a million records) and makes what its batches read from (a Parquet
+        # file's copy), which the first batch's read would wait for
+        packed_inputs = self.store.packed.inputs if self.store.packed else []
+        self._opening = _open_beside(packed_inputs, self._open_for_batches)
         try:
             self.model = load_model(model, device=device)
         except BaseException:
@@ -141,6 +143,12 @@ class PipelineWorker:
         st = os.stat(path)
         # a worker reads sequence only: no header read back per record for its description
         return open_input(path, descriptions=False, **self.input_options), (st.st_size, st.st_mtime_ns)
+
+    def _open_for_batches(self, path: str) -> tuple[object, tuple[int, int]]:
+        """_open, then what its packed batches read from made ready (Input.prepare_many)."""
+        inp, sig = self._open(path)
+        inp.prepare_many()
+        return inp, sig
 
     def _input(self, path: str):
         from linpipe.errors import InputError

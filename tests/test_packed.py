@@ -271,3 +271,54 @@ def test_many_series_under_an_id_column_are_packed_too(timeseries, tmp_path):
             o, state = model.forward(x[sel][s:s + UNIT], state, outputs=["forecast"])
             parts.append(o["forecast"])
         assert np.array_equal(ds["forecast"].values, np.concatenate(parts), equal_nan=True), i
+
+
+def test_a_worker_makes_the_parquet_copy_of_its_series_beside_its_models_load(timeseries, tmp_path,
+                                                                              monkeypatch):
+    """The worker opens the packed series' Parquet file while its model loads and makes the copy
+    its batches read from then, not in the first batch's read; the batches then store every
+    series as the model computes it alone."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import linpipe
+    from linpipe.jobs.actor import PipelineWorker
+    from linpipe.jobs.driver import open_or_create_store
+    from linpipe.jobs.plan import plan_job
+    from linpipe.jobs.request import JobRequest
+
+    monkeypatch.setenv("LINPIPE_CACHE", str(tmp_path / "cache"))
+    ecg = pq.read_table(timeseries / "mitdb_100_ecg.parquet")
+    x = np.column_stack([ecg.column(c).to_numpy().astype(np.float32) for c in ("MLII_mV", "V5_mV")])
+    lengths = np.random.default_rng(8).integers(30, 400, size=60)
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    path = tmp_path / "fleet.parquet"
+    pq.write_table(pa.table({"id": np.repeat([f"s{i}" for i in range(60)], lengths),
+                             "MLII_mV": x[:lengths.sum(), 0], "V5_mV": x[:lengths.sum(), 1]}), path)
+    model_dir = tmp_path / "ts_model"
+    r = CliRunner().invoke(cli, ["model", "init", str(model_dir), "--modality", "timeseries",
+                                 "--channels", "2", "--d-model", "8", "--n-layers", "1", "--n-heads", "1",
+                                 "--mlp-hidden", "8"])
+    assert r.exit_code == 0, r.output
+    plan = plan_job(JobRequest(inputs=(str(path),), model=str(model_dir), id_column="id", unit_size=UNIT))
+    out = tmp_path / "fleet.zarr"
+    open_or_create_store(plan, str(out))
+    copies = tmp_path / "cache" / "tables"
+    assert not list(copies.glob("fleet-*.arrow"))
+    w = PipelineWorker(plan.model_ref, str(out), list(plan.outputs), device="cpu", threads=1,
+                       input_options=plan.input_options)
+    try:
+        deadline = time.monotonic() + 60
+        while not list(copies.glob("fleet-*.arrow")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert list(copies.glob("fleet-*.arrow")), "no copy made before the first batch"
+        for b in range(plan.packed.n_batches):
+            w.run_batch(b, plan.batch_units(b))
+    finally:
+        w.close()
+    res = linpipe.open_output(out)
+    model = linpipe.load_model(str(model_dir))
+    for i in (0, 17, 59):
+        got = res.dataset(f"s{i}")["forecast"].values
+        want, _ = model.forward(x[starts[i]:starts[i] + lengths[i]], model.init_state(), outputs=["forecast"])
+        assert np.array_equal(got, want["forecast"], equal_nan=True), i

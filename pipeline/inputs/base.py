@@ -101,6 +101,10 @@ class Input:
         records), returned in the order given, read in file order (see `position`)."""
         return self._in_file_order(list(requests), self.read)
 
+    def prepare_many(self) -> None:
+        """Make ready what read_many reads from, ahead of the first batch (a worker calls it
+        beside its model's load): nothing here; a Parquet file's cached copy for time series."""
+
     def _in_file_order(self, requests: list, read) -> list:
         """read(*request) of each request, called in file order, returned in the order given."""
         got = [None] * len(requests)

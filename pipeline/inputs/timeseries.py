@@ -17,8 +17,9 @@ memory once to sort it (the only case that does).
 
 A packed batch's series (read_many) are gathered with one take per table batch they touch, from
 an Arrow IPC file: the input's own, its converted or sorted copy, or for Parquet a copy of the
-channel and time columns made once in the cache on the first batch (a batch's series, longest
-first, lie all over the file: from Parquet each would decode another row group).
+channel and time columns made once in the cache (prepare_many, which a worker calls beside its
+model's load: a batch's series, longest first, lie all over the file, and from Parquet each
+would decode another row group).
 """
 
 from __future__ import annotations
@@ -465,6 +466,16 @@ class TimeSeriesInput(Input):
         for i, a, b in zip(gather, [0, *ends[:-1]], ends, strict=True):
             got[i] = (values[a:b], None if times is None else times[a:b])
         return got
+
+    def prepare_many(self) -> None:
+        """The table read_many takes rows from, made now (a Parquet file's copy: seconds for a
+        large file). If that fails, read_many reads one by one and read() names the problem."""
+        import pyarrow as pa
+
+        try:
+            self._gather_table()
+        except (pa.ArrowException, OSError):
+            pass
 
     def _gathered(self, starts: np.ndarray, sizes: np.ndarray) -> tuple:
         """Rows starts[k]..starts[k]+sizes[k]-1 of every k, back to back: channels as float32
