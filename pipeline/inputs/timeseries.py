@@ -387,6 +387,10 @@ class TimeSeriesInput(Input):
         return None
 
     # -- reading
+    def _read_columns(self) -> list[str]:
+        """The columns a read takes: the channels, then the time column if any."""
+        return list(self.channel_names) + ([self.time_column] if self.time_column else [])
+
     def read(self, record_id: str, start: int = 0, end: "int | None" = None):
         """Channels as float32 (n, C) (nulls -> NaN) and the time coordinate (n,) or None."""
 
@@ -411,7 +415,7 @@ class TimeSeriesInput(Input):
 
         run_starts, run_pos = self._runs[self._by_id[record_id]]
         table = self._tab()
-        cols = list(self.channel_names) + ([self.time_column] if self.time_column else [])
+        cols = self._read_columns()
         r0 = int(np.searchsorted(run_pos, start, side="right")) - 1
         r1 = int(np.searchsorted(run_pos, end, side="left"))  # runs r0..r1-1 overlap the slice
         lo = np.maximum(run_pos[r0:r1], start) - run_pos[r0:r1]
@@ -489,7 +493,7 @@ class TimeSeriesInput(Input):
         order = np.argsort(rows, kind="stable")  # file order: each table batch once
         unit = np.searchsorted(table.unit_starts, rows[order], side="right") - 1
         cuts = np.flatnonzero(np.diff(unit)) + 1
-        cols = list(self.channel_names) + ([self.time_column] if self.time_column else [])
+        cols = self._read_columns()
         values = np.empty((n, len(self.channel_names)), dtype=np.float32)
         time_parts = []
         for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), n], strict=True):
@@ -514,7 +518,7 @@ class TimeSeriesInput(Input):
         if self._gather is None:
             table = self._tab()
             if self._kind == "parquet":
-                cols = list(self.channel_names) + ([self.time_column] if self.time_column else [])
+                cols = self._read_columns()
                 target = self._cache_file("rows", cols)
                 if not target.exists():
                     with made_once(target):  # a machine's other workers wait for it, then read it
