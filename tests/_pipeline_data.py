@@ -209,3 +209,29 @@ def process_gone(pid: int, timeout: float = 30) -> bool:
         if time.time() >= deadline:
             return False
         time.sleep(0.05)
+
+
+def ecg_fleet(ecg_path, n_series: int, seed: int):
+    """A pyarrow Table: n_series series of 80-600 samples cut from the real 2-lead ECG, one after
+    another under an id column, each with its own sample times; then two series whose rows
+    alternate in blocks."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    ecg = pq.read_table(ecg_path)
+    x = np.column_stack([ecg.column(c).to_numpy().astype(np.float32) for c in ("MLII_mV", "V5_mV")])
+    rng = np.random.default_rng(seed)
+    ids, parts, times = [], [], []
+    for i in range(n_series):
+        n = int(rng.integers(80, 601))
+        s = int(rng.integers(0, len(x) - n))
+        ids += [f"ecg-{i:04d}"] * n
+        parts.append(x[s:s + n])
+        times.append(np.arange(n, dtype=np.int64) * 3 + i)
+    for block in range(6):  # "mix-a" and "mix-b" interleaved: read one by one
+        for name in ("mix-a", "mix-b"):
+            ids += [name] * 50
+            parts.append(x[block * 50:(block + 1) * 50])
+            times.append(np.arange(block * 50, (block + 1) * 50, dtype=np.int64))
+    v = np.concatenate(parts)
+    return pa.table({"id": ids, "t": np.concatenate(times), "MLII_mV": v[:, 0], "V5_mV": v[:, 1]})

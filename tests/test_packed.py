@@ -17,6 +17,7 @@ import pytest
 from _pipeline_data import CONTIG_UNIT as UNIT
 from _pipeline_data import (
     assert_same_bytes,
+    ecg_fleet,
     kill_session,
     make_tiny_model,
     record_outputs,
@@ -278,7 +279,6 @@ def test_a_worker_makes_the_parquet_copy_of_its_series_beside_its_models_load(ti
     """The worker opens the packed series' Parquet file while its model loads and makes the copy
     its batches read from then, not in the first batch's read; the batches then store every
     series as the model computes it alone."""
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
     import linpipe
@@ -288,19 +288,16 @@ def test_a_worker_makes_the_parquet_copy_of_its_series_beside_its_models_load(ti
     from linpipe.jobs.request import JobRequest
 
     monkeypatch.setenv("LINPIPE_CACHE", str(tmp_path / "cache"))
-    ecg = pq.read_table(timeseries / "mitdb_100_ecg.parquet")
-    x = np.column_stack([ecg.column(c).to_numpy().astype(np.float32) for c in ("MLII_mV", "V5_mV")])
-    lengths = np.random.default_rng(8).integers(30, 400, size=60)
-    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    table = ecg_fleet(timeseries / "mitdb_100_ecg.parquet", 60, seed=8)
     path = tmp_path / "fleet.parquet"
-    pq.write_table(pa.table({"id": np.repeat([f"s{i}" for i in range(60)], lengths),
-                             "MLII_mV": x[:lengths.sum(), 0], "V5_mV": x[:lengths.sum(), 1]}), path)
+    pq.write_table(table, path)
     model_dir = tmp_path / "ts_model"
     r = CliRunner().invoke(cli, ["model", "init", str(model_dir), "--modality", "timeseries",
                                  "--channels", "2", "--d-model", "8", "--n-layers", "1", "--n-heads", "1",
                                  "--mlp-hidden", "8"])
     assert r.exit_code == 0, r.output
-    plan = plan_job(JobRequest(inputs=(str(path),), model=str(model_dir), id_column="id", unit_size=UNIT))
+    plan = plan_job(JobRequest(inputs=(str(path),), model=str(model_dir), id_column="id", time_column="t",
+                               unit_size=UNIT))
     out = tmp_path / "fleet.zarr"
     open_or_create_store(plan, str(out))
     copies = tmp_path / "cache" / "tables"
@@ -318,7 +315,9 @@ def test_a_worker_makes_the_parquet_copy_of_its_series_beside_its_models_load(ti
         w.close()
     res = linpipe.open_output(out)
     model = linpipe.load_model(str(model_dir))
-    for i in (0, 17, 59):
-        got = res.dataset(f"s{i}")["forecast"].values
-        want, _ = model.forward(x[starts[i]:starts[i] + lengths[i]], model.init_state(), outputs=["forecast"])
-        assert np.array_equal(got, want["forecast"], equal_nan=True), i
+    ids = np.asarray(table["id"])
+    x = np.column_stack([table[c].to_numpy() for c in ("MLII_mV", "V5_mV")])
+    for rid in ("ecg-0000", "ecg-0017", "ecg-0059", "mix-b"):
+        got = res.dataset(rid)["forecast"].values
+        want, _ = model.forward(x[ids == rid], model.init_state(), outputs=["forecast"])
+        assert np.array_equal(got, want["forecast"], equal_nan=True), rid

@@ -10,6 +10,7 @@ import pyarrow.csv as pcsv
 import pyarrow.feather as feather
 import pyarrow.parquet as pq
 import pytest
+from _pipeline_data import ecg_fleet
 from click.testing import CliRunner
 
 import linpipe
@@ -229,28 +230,6 @@ def test_pickle_fingerprint_and_cli(timeseries, tmp_path):
     assert [r["length"] for r in info["records"]] == [rows] and "MLII_mV" in info["channels"]
 
 
-def _ecg_fleet(ecg_path, n_series: int, seed: int) -> pa.Table:
-    """n_series series of 80-600 samples cut from the real 2-lead ECG, one after another under an
-    id column, each with its own sample times; then two series whose rows alternate in blocks."""
-    ecg = pq.read_table(ecg_path)
-    x = np.column_stack([ecg.column(c).to_numpy().astype(np.float32) for c in ("MLII_mV", "V5_mV")])
-    rng = np.random.default_rng(seed)
-    ids, parts, times = [], [], []
-    for i in range(n_series):
-        n = int(rng.integers(80, 601))
-        s = int(rng.integers(0, len(x) - n))
-        ids += [f"ecg-{i:04d}"] * n
-        parts.append(x[s:s + n])
-        times.append(np.arange(n, dtype=np.int64) * 3 + i)
-    for block in range(6):  # "mix-a" and "mix-b" interleaved: read one by one
-        for name in ("mix-a", "mix-b"):
-            ids += [name] * 50
-            parts.append(x[block * 50:(block + 1) * 50])
-            times.append(np.arange(block * 50, (block + 1) * 50, dtype=np.int64))
-    v = np.concatenate(parts)
-    return pa.table({"id": ids, "t": np.concatenate(times), "MLII_mV": v[:, 0], "V5_mV": v[:, 1]})
-
-
 @pytest.mark.parametrize("fmt", ["parquet", "arrow", "csv"])
 def test_a_packed_batch_of_series_reads_as_read_does(timeseries, tmp_path, monkeypatch, fmt):
     """read_many of short series from the real ECG, longest first as a packed batch takes them
@@ -259,7 +238,7 @@ def test_a_packed_batch_of_series_reads_as_read_does(timeseries, tmp_path, monke
     are copied into the cache once, by the first batch, and taken from there after."""
     monkeypatch.setattr("linpipe.inputs.timeseries.GATHER_BATCH_ROWS", 3_000)  # series span batches
     monkeypatch.setattr(tables, "KEEP_BYTES", 100_000)  # a few batches kept: the rest read again
-    table = _ecg_fleet(timeseries / "mitdb_100_ecg.parquet", 300, seed=5)
+    table = ecg_fleet(timeseries / "mitdb_100_ecg.parquet", 300, seed=5)
     path = tmp_path / f"fleet.{fmt}"
     if fmt == "parquet":
         pq.write_table(table, path, row_group_size=7_000)
@@ -318,7 +297,7 @@ def test_workers_of_one_machine_make_the_parquet_copy_once(timeseries, tmp_path)
     import multiprocessing
 
     path = tmp_path / "fleet.parquet"
-    pq.write_table(_ecg_fleet(timeseries / "mitdb_100_ecg.parquet", 2_000, seed=11), path,
+    pq.write_table(ecg_fleet(timeseries / "mitdb_100_ecg.parquet", 2_000, seed=11), path,
                    row_group_size=50_000)
     ctx = multiprocessing.get_context("spawn")
     start, results = ctx.Barrier(3), ctx.Queue()
