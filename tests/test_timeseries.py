@@ -333,3 +333,96 @@ def test_a_packed_batch_keeps_nulls_as_nan_and_names_a_series_of_a_damaged_file(
         with pytest.raises(InputError, match=r"n\.parquet: series '\w', rows \d+-\d+: cannot read"):
             inp.read_many(requests)
     assert not list((tmp_path / "cache").rglob("*.tmp*")) and not list((tmp_path / "cache").rglob(".tmp-*"))
+
+
+def _index_by_rows(ids, times):
+    """The index the slow way, row by row: each series' runs of rows (first row, length), in
+    order of first appearance, and the first row whose time is below its series' time before it."""
+    runs: dict = {}
+    last: dict = {}
+    problem = None
+    for row, (i, t) in enumerate(zip(ids, times, strict=True)):
+        rl = runs.setdefault(i, [])
+        if rl and rl[-1][0] + rl[-1][1] == row:
+            rl[-1][1] += 1
+        else:
+            rl.append([row, 1])
+        if problem is None and i in last and t < last[i]:
+            problem = (i, row, last[i], t)
+        last[i] = t
+    return runs, problem
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("fmt", ["parquet", "arrow"])
+def test_the_index_of_many_series_is_the_row_by_row_index(timeseries, tmp_path, monkeypatch, fmt, seed):
+    """Series cut from the real ECG, in blocks that interleave and go on across the file's
+    batches (37 rows each), with times that go back at a chosen place: inside a run, at a run's
+    first row against the same batch or an earlier one, or at a batch's first row, and again at
+    every later row of that batch. The runs, lengths and the first row out of time order (its
+    series and times) are the slow index's."""
+    monkeypatch.setattr(tables, "BATCH_ROWS", 37)
+    rng = np.random.default_rng(seed)
+    ecg = pq.read_table(timeseries / "mitdb_100_ecg.parquet")
+    x = ecg.column("MLII_mV").to_numpy().astype(np.float32)
+    names = [f"ecg-{k}" for k in range(12)]
+    clock = dict.fromkeys(names, 0)
+    ids, times = [], []
+    while len(ids) < 3000:
+        name = names[int(rng.integers(0, len(names) if seed else 1 + len(ids) // 300))]
+        n = int(rng.integers(1, 40))
+        ids += [name] * n
+        times += list(range(clock[name], clock[name] + n))
+        clock[name] += n
+    times = np.array(times, np.int64)
+    start = int(rng.integers(0, len(x) - len(ids)))
+    values = x[start:start + len(ids)]
+
+    def written(t, tag):
+        table = pa.table({"id": ids, "t": t, "v": values})
+        path = tmp_path / f"{tag}.{fmt}"
+        if fmt == "parquet":
+            pq.write_table(table, path, row_group_size=37 * 6)  # read in batches of 37
+        else:
+            feather.write_feather(table, path, chunksize=37)
+        return path
+
+    with linpipe.open_input(written(times, "ok"), id_column="id", time_column="t") as inp:
+        runs, problem = _index_by_rows(ids, times.tolist())
+        assert problem is None
+        assert [r.id for r in inp.records] == list(runs)
+        for s, (name, rl) in enumerate(runs.items()):
+            starts, pos = inp._runs[s]
+            assert starts.tolist() == [a for a, _ in rl]
+            assert pos.tolist() == np.concatenate([[0], np.cumsum([n for _, n in rl])]).tolist()
+            assert inp.record(name).length == sum(n for _, n in rl)
+            v, t = inp.read(name)
+            rows = np.concatenate([np.arange(a, a + n) for a, n in rl])
+            np.testing.assert_array_equal(v[:, 0], values[rows])
+            np.testing.assert_array_equal(t, times[rows])
+
+    first = np.array([i == 0 or ids[i] != ids[i - 1] for i in range(len(ids))])
+    batch = np.arange(len(ids)) // 37
+    starts_after = np.array([first[r + 1:(batch[r] + 1) * 37].sum() for r in range(len(ids))])
+    places = {
+        "inside a run": np.flatnonzero(~first & (np.arange(len(ids)) % 37 != 0)),
+        # with runs of other series after it in its batch: the earliest of them is named
+        "a run's first row": np.flatnonzero(first & (starts_after >= 2)),
+        "a batch's first row": np.flatnonzero(np.arange(len(ids)) % 37 == 0)[1:],
+    }
+    for place, rows in places.items():
+        rows = rows[[ids[r] in ids[:r] for r in rows]]  # a series with a time before the row
+        assert rows.size, place
+        row = int(rows[rng.integers(0, len(rows))])
+        before = max(r for r in range(row) if ids[r] == ids[row])
+        t = times.copy()
+        t[row] = t[before] - 1 - int(rng.integers(0, 5))  # below its series' time before it
+        # later problems must not be the one named: every later row of its batch, some after it
+        later = np.arange(len(ids)) > row
+        t[later & ((batch == batch[row]) | (rng.random(len(ids)) < 0.01))] = -100
+        _, (name, at, was, now) = _index_by_rows(ids, t.tolist())
+        assert at == row, place
+        with pytest.raises(InputError) as e:
+            linpipe.open_input(written(t, place.replace(" ", "-").replace("'", "")), id_column="id",
+                               time_column="t")
+        assert f"series {name!r}: row {row} has time {now} after {was}: rows are not in time order" in str(e.value), place

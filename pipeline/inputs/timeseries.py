@@ -36,6 +36,7 @@ from linpipe.errors import InputError, option
 from linpipe.inputs.base import Input, RecordInfo, stem
 from linpipe.inputs.cache import cache_root, file_mode, made_once
 from linpipe.inputs.csvfile import CsvFile, first_line
+from linpipe.inputs.series_index import build_index
 from linpipe.inputs.tables import BATCH_ROWS, Table
 
 # Rows per batch of read_many's Arrow copy of a Parquet file: a packed batch takes rows once from
@@ -295,89 +296,13 @@ class TimeSeriesInput(Input):
             return col
         return None
 
-    # -- index: runs of rows per series, and the time-order check
+    # -- index: runs of rows per series, and the time-order check (linpipe.inputs.series_index)
     def _build_index(self) -> "str | None":
         """Fill records and runs; return a message if some series is out of time order."""
-        import pyarrow.compute as pc
-
-        cols = [c for c in (self.id_column, self.time_column) if c]
-        order: dict[str, int] = {}
-        runs: list[list[tuple[int, int]]] = []
-        last_time: list = []
-        if not self.id_column:
-            order[stem(self.path)] = 0
-            runs.append([(0, self._table.num_rows)])
-            last_time.append(None)
-        problem = None
-        for g0, batch in self._table.iter_units(cols) if cols else ():
-            n = batch.num_rows
-            if n == 0:
-                continue
-            if self.id_column:
-                ids = batch.column(self.id_column)
-                if ids.null_count:
-                    row = g0 + int(np.argmax(ids.is_null().to_numpy(zero_copy_only=False)))
-                    raise InputError(f"{self.path}: id column {self.id_column!r}: empty id at row {row}")
-                ids = ids.cast("string") if not ids.type == "string" else ids
-                change = (
-                    np.flatnonzero(
-                        pc.not_equal(ids.slice(1), ids.slice(0, n - 1)).to_numpy(zero_copy_only=False)
-                    )
-                    + 1
-                )
-                bounds = np.concatenate([[0], change, [n]])
-                run_ids = ids.take(bounds[:-1]).to_pylist()
-            else:
-                bounds = np.array([0, n])
-                run_ids = [None]
-            times = None
-            if self.time_column:
-                tcol = batch.column(self.time_column)
-                if tcol.null_count:
-                    row = g0 + int(np.argmax(tcol.is_null().to_numpy(zero_copy_only=False)))
-                    raise InputError(
-                        f"{self.path}: time column {self.time_column!r}: empty time at row {row}"
-                    )
-                times = tcol.to_numpy(zero_copy_only=False)
-                if times.dtype.kind == "f" and np.isnan(times).any():
-                    row = g0 + int(np.argmax(np.isnan(times)))
-                    raise InputError(f"{self.path}: time column {self.time_column!r}: NaN time at row {row}")
-            for k, rid in enumerate(run_ids):
-                a, b = int(bounds[k]), int(bounds[k + 1])
-                if self.id_column:
-                    s = order.setdefault(rid, len(order))
-                    if s == len(runs):
-                        runs.append([])
-                        last_time.append(None)
-                    rl = runs[s]
-                    if rl and rl[-1][0] + rl[-1][1] == g0 + a:
-                        rl[-1] = (rl[-1][0], rl[-1][1] + b - a)
-                    else:
-                        rl.append((g0 + a, b - a))
-                else:
-                    s = 0
-                if times is not None and problem is None:
-                    t = times[a:b]
-                    prev = last_time[s]
-                    back = np.flatnonzero(t[1:] < t[:-1])
-                    if prev is not None and t[0] < prev:
-                        problem = (s, g0 + a, prev, t[0])
-                    elif back.size:
-                        i = int(back[0])
-                        problem = (s, g0 + a + i + 1, t[i], t[i + 1])
-                    last_time[s] = t[-1]
-        names = list(order)
-        self._runs = []
-        for rl in runs:
-            starts = np.array([r[0] for r in rl], dtype=np.int64)
-            lens = np.array([r[1] for r in rl], dtype=np.int64)
-            self._runs.append((starts, np.concatenate([[0], np.cumsum(lens)])))
-        self._set_records(
-            [
-                RecordInfo(str(name), "", int(pos[-1]))
-                for name, (_, pos) in zip(names, self._runs, strict=True)
-            ]
-        )
+        names, self._runs, problem = build_index(self._table, self.path, self.id_column, self.time_column,
+                                                 stem(self.path))
+        self._set_records([RecordInfo(str(n), "", length)
+                           for n, length in zip(names, self._runs.lengths.tolist(), strict=True)])
         if problem is not None:
             s, row, before, after = problem
             return (
@@ -451,10 +376,10 @@ class TimeSeriesInput(Input):
         gather, starts, sizes = [], [], []
         for i, (rid, start, end) in enumerate(requests):
             _, start, end = self._check_range(rid, start, end)
-            run_starts, _ = self._runs[self._by_id[rid]]
-            if len(run_starts) == 1 and end > start:
+            first = self._runs.single_start(self._by_id[rid])
+            if first is not None and end > start:
                 gather.append(i)
-                starts.append(int(run_starts[0]) + start)
+                starts.append(first + start)
                 sizes.append(end - start)
             else:  # interleaved, or empty: as read() gives it
                 got[i] = self.read(rid, start, end)
