@@ -21,28 +21,34 @@ def model_channel_names(config) -> tuple[str, ...]:
     return tuple(getattr(config, "channel_names", ()) or ())
 
 
-def fit_channels(first_input: str, config, input_options: dict[str, Any], open_input) -> dict[str, Any]:
+def fit_channels(first_input: str, config, input_options: dict[str, Any],
+                 open_input) -> tuple[dict[str, Any], Any]:
     """The input options to read a series with, for a time-series model: as given, or, with no
-    --columns, the model's own channel names when the file has them all as columns."""
+    --columns, the model's own channel names when the file has them all as columns. Also the
+    first input when it was opened here as a time series with those options (else None; the
+    caller closes it): opening one builds its index, seconds for a large file."""
     names = model_channel_names(config)
     if (config.modality != "timeseries" or getattr(config, "series_norm", False)
             or input_options.get("columns") or not names):
-        return input_options
+        return input_options, None
     try:
         inp = open_input(first_input, **input_options)
     except InputError:  # e.g. a text column among the default channels: try the model's names
         inp = None
+    keep = False
     try:
         if inp is not None:
             if inp.modality != "timeseries" or tuple(inp.channel_names) == names:
-                return input_options
+                keep = inp.modality == "timeseries"
+                return input_options, inp if keep else None
             columns = set(inp.column_names)
             if not set(names) <= columns:
-                return input_options
+                keep = True
+                return input_options, inp
     finally:
-        if inp is not None:
+        if inp is not None and not keep:
             inp.close()
-    return {**input_options, "columns": list(names)}
+    return {**input_options, "columns": list(names)}, None
 
 
 def check_channels(path, inp, config, model_ref: str, input_options: dict[str, Any]) -> None:

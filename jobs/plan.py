@@ -208,8 +208,8 @@ def plan_job(request: JobRequest) -> JobPlan:
     m = load_model(model_ref, device="cpu")
     if os.path.isdir(os.fspath(model_ref)):  # actors may run elsewhere: an absolute path
         model_ref = os.path.abspath(os.fspath(model_ref))
-    input_options = fit_channels(os.path.abspath(os.fspath(request.inputs[0])), m.config, input_options,
-                                 open_input)
+    input_options, opened = fit_channels(os.path.abspath(os.fspath(request.inputs[0])), m.config,
+                                         input_options, open_input)
     if index_in_cache(input_options.get("index_in_cache")):  # $LINPIPE_INDEX_IN_CACHE: the actors too
         input_options["index_in_cache"] = True
     notes: list[str] = []
@@ -222,7 +222,8 @@ def plan_job(request: JobRequest) -> JobPlan:
     channels = None
     for n_input, path in enumerate(request.inputs):
         p = os.path.abspath(os.fspath(path))
-        inp = open_input(p, **input_options)
+        inp = opened if opened is not None else open_input(p, **input_options)
+        opened = None  # fit_channels opened the first input only
         try:
             if inp.modality != m.modality:
                 raise modality_error(path, inp.modality, model_ref, m.modality)

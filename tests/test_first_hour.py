@@ -160,6 +160,31 @@ def test_model_channel_names_pick_the_columns_by_name(tmp_path, timeseries):
     assert plan.input_options["columns"] == ["V5_mV", "MLII_mV"] and plan.channels == ("V5_mV", "MLII_mV")
 
 
+def test_a_plan_opens_a_series_file_once_when_its_default_columns_are_the_models(tmp_path, timeseries,
+                                                                              monkeypatch):
+    """Opening a time series builds its index (seconds for a large file): the plan reuses the
+    input it opened to match the model's channel names, unless the names change the columns."""
+    import pyarrow.parquet as pq
+
+    from linpipe.inputs import timeseries as ts
+    from linpipe.jobs.plan import plan_job
+    from linpipe.jobs.request import JobRequest
+
+    ecg = timeseries / "mitdb_100_ecg.parquet"
+    built = []
+    real = ts.build_index
+    monkeypatch.setattr(ts, "build_index", lambda *a, **k: built.append(a[1]) or real(*a, **k))
+    for order, opens in (("MLII_mV,V5_mV", 1), ("V5_mV,MLII_mV", 2)):
+        model = tmp_path / order.replace(",", "-")
+        r = run("train", ecg, "--out", model, "--time-column", "sample", "--columns", order, *TINY_TRAIN)
+        assert r.exit_code == 0, r.output
+        built.clear()
+        plan = plan_job(JobRequest(inputs=(str(ecg),), model=str(model),
+                                   time_column="sample"))
+        assert plan.channels == tuple(order.split(",")) and plan.total_positions == pq.ParquetFile(ecg).metadata.num_rows
+        assert built == [ecg] * opens, order
+
+
 def test_a_store_that_never_received_a_unit_is_replaced_without_overwrite(tmp_path, genomes):
     from linpipe.jobs.driver import open_or_create_store
     from linpipe.jobs.plan import plan_job
