@@ -181,7 +181,8 @@ def test_a_plan_opens_a_series_file_once_when_its_default_columns_are_the_models
         built.clear()
         plan = plan_job(JobRequest(inputs=(str(ecg),), model=str(model),
                                    time_column="sample"))
-        assert plan.channels == tuple(order.split(",")) and plan.total_positions == pq.ParquetFile(ecg).metadata.num_rows
+        assert plan.channels == tuple(order.split(","))
+        assert plan.total_positions == pq.ParquetFile(ecg).metadata.num_rows
         assert built == [ecg] * opens, order
 
 

@@ -425,4 +425,5 @@ def test_the_index_of_many_series_is_the_row_by_row_index(timeseries, tmp_path, 
         with pytest.raises(InputError) as e:
             linpipe.open_input(written(t, place.replace(" ", "-").replace("'", "")), id_column="id",
                                time_column="t")
-        assert f"series {name!r}: row {row} has time {now} after {was}: rows are not in time order" in str(e.value), place
+        said = f"series {name!r}: row {row} has time {now} after {was}: rows are not in time order"
+        assert said in str(e.value), place
