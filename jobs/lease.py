@@ -20,10 +20,11 @@ again, and go on only if it is still ours. Where there is no lease yet, ours is 
 conditional write (a local hard link; on S3, MinIO and the like a PUT with If-None-Match: *),
 so of two drivers that start at the same moment on a new store exactly one creates it; on a
 server that ignores the condition the later write wins and the other sees it at its re-read
-and stops. An expired lease is overwritten, with the same re-read. What remains is a
-driver whose read-to-write gap is longer than SETTLE_S (a stalled process): then both may go
-on, and the one whose lease was overwritten notices at its next renewal (at most HEARTBEAT_S
-later) and stops, its store left resumable; its workers write no unit once their lease is overwritten
+and stops. A local create needs no wait: the hard link is exclusive. An expired lease is
+overwritten, with the same re-read. What remains is a driver whose read-to-write gap is longer
+than SETTLE_S (a stalled process): then both may go on, and the one whose lease was overwritten
+notices at its next renewal (at most HEARTBEAT_S later) and stops, its store left resumable; its
+workers write no unit once their lease is overwritten
 (`LeaseGuard`: before a unit's first write and before its marker). Expiry compares
 wall clocks of different hosts: keep the cluster's clocks in sync (NTP) to well within EXPIRY_S.
 """
@@ -203,14 +204,16 @@ class Lease:
                 time.sleep(WAIT_POLL_S)
                 continue
             self._since = clock()
-            if cur is None and not self._location.create_bytes(self._path, self._encoded()):
+            created = cur is None and self._location.create_bytes(self._path, self._encoded())
+            if cur is None and not created:
                 if self.read() is not None:
                     force = False  # another driver created it just now: never take it from a twin
                     continue
                 self._write()  # an unreadable lease object counts as none
             elif cur is not None:
                 self._write()
-            time.sleep(SETTLE_S)  # a driver that wrote just after us wins; we see it here
+            if not (created and self._location.root is not None):  # a local create is exclusive
+                time.sleep(SETTLE_S)  # a driver that wrote just after us wins; we see it here
             again = self.read()
             if self._is_ours(again):
                 break

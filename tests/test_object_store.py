@@ -354,6 +354,35 @@ def test_drivers_racing_for_a_new_store_leave_exactly_one_owner(store_place, mon
     assert leases[0].read() is None
 
 
+def test_a_lease_waits_to_settle_only_where_taking_it_is_not_exclusive(store_place, monkeypatch):
+    """A new local store's lease is a hard link, which only one driver can make: it is taken
+    without the settling wait. An object store's conditional PUT may be ignored by its server,
+    and an overwritten lease (its owner gone) is a plain write anywhere: both wait, then read
+    the lease again."""
+    import linpipe.jobs.lease as lease_mod
+    from linpipe.jobs.lease import Lease
+
+    settle = 0.0123
+    monkeypatch.setattr(lease_mod, "SETTLE_S", settle)
+    waits = []
+    real_sleep = time.sleep
+    monkeypatch.setattr(lease_mod.time, "sleep", lambda s: waits.append(s) or real_sleep(s))
+    out = store_place("settle.zarr")
+    local = "://" not in out
+    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)
+    first = Lease(out, "lp-settle", pid=int(proc.stdout))  # a process of this host, since exited
+    first.acquire()
+    assert waits.count(settle) == (0 if local else 1)
+    first.stop_heartbeat()
+    waits.clear()
+    second = Lease(out, "lp-settle")  # takes over the exited process's lease: a plain write
+    second.acquire()
+    assert waits.count(settle) == 1 and second.read()["token"] == second.token
+    second.release()
+    assert second.read() is None
+
+
 def test_lease_of_a_dead_process_on_this_host_needs_no_expiry(store_place, mixed_fasta, tiny_dna):
     from linpipe.jobs.lease import Lease
 
