@@ -162,8 +162,9 @@ def test_model_channel_names_pick_the_columns_by_name(tmp_path, timeseries):
 
 def test_a_plan_opens_a_series_file_once_when_its_default_columns_are_the_models(tmp_path, timeseries,
                                                                               monkeypatch):
-    """Opening a time series builds its index (seconds for a large file): the plan reuses the
-    input it opened to match the model's channel names, unless the names change the columns."""
+    """Opening a time series reads its index (a pass over the file, seconds for a large one,
+    when none is kept): the plan reuses the input it opened to match the model's channel names,
+    unless the names change the columns."""
     import pyarrow.parquet as pq
 
     from linpipe.inputs import timeseries as ts
@@ -171,9 +172,9 @@ def test_a_plan_opens_a_series_file_once_when_its_default_columns_are_the_models
     from linpipe.jobs.request import JobRequest
 
     ecg = timeseries / "mitdb_100_ecg.parquet"
-    built = []
-    real = ts.build_index
-    monkeypatch.setattr(ts, "build_index", lambda *a, **k: built.append(a[1]) or real(*a, **k))
+    built = []  # the index read or built: once per open
+    real = ts.load_or_build
+    monkeypatch.setattr(ts, "load_or_build", lambda *a, **k: built.append(a[1]) or real(*a, **k))
     for order, opens in (("MLII_mV,V5_mV", 1), ("V5_mV,MLII_mV", 2)):
         model = tmp_path / order.replace(",", "-")
         r = run("train", ecg, "--out", model, "--time-column", "sample", "--columns", order, *TINY_TRAIN)

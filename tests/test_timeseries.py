@@ -427,3 +427,85 @@ def test_the_index_of_many_series_is_the_row_by_row_index(timeseries, tmp_path, 
                                time_column="t")
         said = f"series {name!r}: row {row} has time {now} after {was}: rows are not in time order"
         assert said in str(e.value), place
+
+
+def test_an_index_is_kept_for_the_file_as_it_is_and_built_again_when_it_changes(timeseries, tmp_path,
+                                                                                monkeypatch):
+    """The second open of a file takes its index from the cache: the same series, runs and
+    reads. A rewritten file, a damaged kept index, a file out of time order and a read-only
+    cache all make (or need) a pass over the file again; none gives another file's index."""
+    from linpipe.inputs import series_index
+
+    passes = []
+    real = series_index.build_index
+    monkeypatch.setattr(series_index, "build_index", lambda *a, **k: passes.append(a[1]) or real(*a, **k))
+    table = ecg_fleet(timeseries / "mitdb_100_ecg.parquet", 200, seed=5)
+    path = tmp_path / "fleet.parquet"
+    pq.write_table(table, path, row_group_size=5_000)
+
+    def opened():
+        with linpipe.open_input(path, id_column="id", time_column="t") as inp:
+            some = [r.id for r in inp.records[::37]] + [r.id for r in inp.records[-2:]]
+            return ([(r.id, r.length) for r in inp.records], [inp._runs[inp._by_id[i]] for i in some],
+                    {i: inp.read(i) for i in some})
+
+    # a file changed within RACY_NS of the pass: its index is not kept (a second change in the
+    # same tick of a coarse clock would leave its stat as it was)
+    assert opened()[0] == opened()[0] and passes == [path, path]
+    passes.clear()
+    monkeypatch.setattr(series_index, "RACY_NS", 0)  # from here, files written just now count as settled
+    first = opened()
+    assert passes == [path]
+    again = opened()
+    assert passes == [path]  # no second pass
+    assert again[0] == first[0]
+    for (s0, p0), (s1, p1) in zip(first[1], again[1], strict=True):
+        np.testing.assert_array_equal(s0, s1)
+        np.testing.assert_array_equal(p0, p1)
+    for i, (v, t) in first[2].items():
+        np.testing.assert_array_equal(again[2][i][0], v)
+        np.testing.assert_array_equal(again[2][i][1], t)
+    assert first[0][-2:] == [("mix-a", 300), ("mix-b", 300)]
+
+    # the file rewritten, as many rows, two series renamed: a new pass, and its own index
+    import pyarrow.compute as pc
+
+    renamed = table.set_column(0, "id", pc.replace_substring(table.column("id"), "mix", "alt"))
+    pq.write_table(renamed, path, row_group_size=5_000)
+    changed = opened()
+    assert passes == [path, path]
+    assert changed[0] == first[0][:-2] + [("alt-a", 300), ("alt-b", 300)]
+
+    # a damaged kept index is not read; the pass makes a good one again
+    kept = list((tmp_path / "cache" / "tables").glob("fleet.parquet-*.index.npz"))
+    assert len(kept) == 2
+    for f in kept:
+        f.write_bytes(f.read_bytes()[:100])
+    assert opened()[0] == changed[0] and passes == [path] * 3
+    assert opened()[0] == changed[0] and passes == [path] * 3
+
+    # out of time order: said at every open, nothing kept
+    bad = table.set_column(1, "t", pa.array(table.column("t").to_numpy()[::-1].copy()))
+    pq.write_table(bad, tmp_path / "bad.parquet")
+    for _ in range(2):
+        with pytest.raises(InputError, match="rows are not in time order"):
+            linpipe.open_input(tmp_path / "bad.parquet", id_column="id", time_column="t")
+    assert passes[-2:] == [tmp_path / "bad.parquet"] * 2
+    assert not list((tmp_path / "cache" / "tables").glob("bad.parquet-*"))
+
+    # one series with a time column: kept, and named after the input that opens it (a link
+    # to a file reads the file's kept index)
+    n0 = first[0][0][1]  # the first series' rows alone
+    pq.write_table(table.slice(0, n0).drop_columns(["id"]), tmp_path / "one.parquet")
+    (tmp_path / "link.parquet").symlink_to(tmp_path / "one.parquet")
+    for name in ("one", "link"):
+        with linpipe.open_input(tmp_path / f"{name}.parquet", time_column="t") as inp:
+            assert [(r.id, r.length) for r in inp.records] == [(name, n0)]
+    assert passes[-1] == tmp_path / "one.parquet" and tmp_path / "link.parquet" not in passes
+
+    # a cache folder that cannot be made (a file is in its way): opens as before, a pass each time
+    (tmp_path / "blocker").write_text("")
+    monkeypatch.setenv("LINPIPE_CACHE", str(tmp_path / "blocker" / "cache"))
+    for _ in range(2):
+        assert opened()[0] == changed[0]
+    assert passes[-2:] == [path, path]

@@ -1,16 +1,34 @@
 """A time-series file's index: which rows each series owns, and whether its times rise.
 
-One pass over the id and time columns (linpipe.inputs.timeseries builds it at every open) finds
-the runs of consecutive rows with one id. A file grouped by series has one run per series; a
-file whose series interleave has several. The work per record batch is a few numpy calls over
-the batch, not a step per series: a file of 100,000 short series has as many runs.
+One pass over the id and time columns finds the runs of consecutive rows with one id. A file
+grouped by series has one run per series; a file whose series interleave has several. The work
+per record batch is a few numpy calls over the batch, not a step per series: a file of 100,000
+short series has as many runs.
+
+The pass reads every row's id (about 1 s per 34M rows), and a job opens its inputs in the driver
+and in every worker, so an index is kept in the cache folder (`tables/NAME-KEY.index.npz`, plain
+arrays, read without pickle) keyed by the file read's path and its size, mtime, ctime, inode and
+device, as the hash cache keys a file's sha256 (linpipe.inputs.cache): any write to the file
+changes its ctime. An index of a file changed within RACY_NS of its build is not kept, nor one
+that found rows out of time order (that error is raised by a pass, each time).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
 import numpy as np
 
 from linpipe.errors import InputError
+from linpipe.inputs.cache import RACY_NS, cache_root, file_mode, stat_key
+
+INDEX_VERSION = 1  # of the kept index's arrays
 
 
 class SeriesRuns:
@@ -141,3 +159,69 @@ def _grouped(starts: np.ndarray, lens: np.ndarray, series: np.ndarray, n_series:
     by = np.argsort(series, kind="stable")
     offsets = np.concatenate([[0], np.cumsum(np.bincount(series, minlength=n_series))])
     return SeriesRuns(starts[by].astype(np.int64), lens[by].astype(np.int64), offsets.astype(np.int64))
+
+
+def load_or_build(table, path, id_column: "str | None", time_column: "str | None", name: str,
+                  cache_dir=None):
+    """build_index's result, from the kept index of table's file when there is one for the
+    file as it is now (else built, and kept where the cache folder is writable)."""
+    if not (id_column or time_column):  # one series, no time to check: nothing to read
+        return build_index(table, path, id_column, time_column, name)
+    st = os.stat(table.path)
+    target = _kept_path(Path(table.path), st, id_column, time_column, cache_dir)
+    kept = _load(target, table.num_rows)
+    if kept is not None:
+        names, runs = kept
+        return (names if id_column else [name]), runs, None  # one series: named by its input
+    started = time.time_ns()
+    names, runs, problem = build_index(table, path, id_column, time_column, name)
+    settled = max(st.st_ctime_ns, st.st_mtime_ns) < started - RACY_NS
+    if problem is None and settled and stat_key(os.stat(table.path)) == stat_key(st):
+        try:
+            _save(target, names, runs)
+        except OSError:
+            pass  # a read-only cache: the next open builds it again
+    return names, runs, problem
+
+
+def _kept_path(file: Path, st, id_column, time_column, cache_dir) -> Path:
+    file = file.resolve()  # a link to the file reads the file's index
+    key = json.dumps([INDEX_VERSION, str(file), stat_key(st), id_column, time_column])
+    digest = hashlib.sha256(key.encode()).hexdigest()[:24]
+    return cache_root(cache_dir) / "tables" / f"{file.name}-{digest}.index.npz"
+
+
+def _save(target: Path, names: list[str], runs: SeriesRuns) -> None:
+    encoded = [n.encode() for n in names]
+    name_ends = np.cumsum([len(b) for b in encoded], dtype=np.int64)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-", suffix=".npz")
+    try:
+        os.fchmod(fd, file_mode())
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, starts=runs.starts, lens=runs.lens, offsets=runs.offsets, name_ends=name_ends,
+                     name_bytes=np.frombuffer(b"".join(encoded), np.uint8))
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _load(target: Path, num_rows: int) -> "tuple[list[str], SeriesRuns] | None":
+    """The kept index at target, or None when there is none or it does not fit the file."""
+    try:
+        with np.load(target, allow_pickle=False) as z:
+            starts, lens, offsets = z["starts"], z["lens"], z["offsets"]
+            name_ends, blob = z["name_ends"], z["name_bytes"].tobytes()
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):  # none, or not whole
+        return None
+    n = len(offsets) - 1
+    if not (n >= 1 and len(name_ends) == n and offsets[0] == 0 and offsets[-1] == len(starts) == len(lens)
+            and (np.diff(offsets) >= 1).all() and int(lens.sum()) == num_rows and name_ends[-1] == len(blob)):
+        return None
+    bounds = [0, *name_ends.tolist()]
+    try:
+        names = [blob[a:b].decode() for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    except UnicodeDecodeError:
+        return None
+    return names, SeriesRuns(starts, lens, offsets)

@@ -8,7 +8,8 @@ reorders silently. Nulls and NaN come out as NaN.
 
 At open, one pass over just the id and time columns builds the index: for each series, the runs
 of consecutive rows it owns (one run when the file is grouped by series, as it should be for
-speed). read() then touches only the batches/row groups that hold the slice.
+speed), kept in the cache for the next open of the unchanged file (linpipe.inputs.series_index).
+read() then touches only the batches/row groups that hold the slice.
 
 CSV (and Arrow stream files) cannot be read at a row offset, so they are converted once, batch
 by batch, into an Arrow IPC file in the cache directory; the channels are parsed as float64 so a
@@ -36,7 +37,7 @@ from linpipe.errors import InputError, option
 from linpipe.inputs.base import Input, RecordInfo, stem
 from linpipe.inputs.cache import cache_root, file_mode, made_once
 from linpipe.inputs.csvfile import CsvFile, first_line
-from linpipe.inputs.series_index import build_index
+from linpipe.inputs.series_index import load_or_build
 from linpipe.inputs.tables import BATCH_ROWS, Table
 
 # Rows per batch of read_many's Arrow copy of a Parquet file: a packed batch takes rows once from
@@ -299,8 +300,8 @@ class TimeSeriesInput(Input):
     # -- index: runs of rows per series, and the time-order check (linpipe.inputs.series_index)
     def _build_index(self) -> "str | None":
         """Fill records and runs; return a message if some series is out of time order."""
-        names, self._runs, problem = build_index(self._table, self.path, self.id_column, self.time_column,
-                                                 stem(self.path))
+        names, self._runs, problem = load_or_build(self._table, self.path, self.id_column, self.time_column,
+                                                   stem(self.path), self.cache_dir)
         self._set_records([RecordInfo(str(n), "", length)
                            for n, length in zip(names, self._runs.lengths.tolist(), strict=True)])
         if problem is not None:
