@@ -159,19 +159,25 @@ def write_in_process(fasta, model, out, *, unit_size: int | None = None,
     return plan
 
 
-def kill_session(sid: int) -> None:
-    """SIGKILL what is left of the process session a killed subprocess led (its embedded Ray):
+def signal_session(sid: int, sig) -> None:
+    """Send sig to every process of the session a subprocess led (its embedded Ray included):
     only processes of that session, nothing else on the machine."""
     import os
-    import signal
 
     for d in os.listdir("/proc"):
         if d.isdigit():
             try:
                 if os.getsid(int(d)) == sid:
-                    os.kill(int(d), signal.SIGKILL)
+                    os.kill(int(d), sig)
             except OSError:
                 pass
+
+
+def kill_session(sid: int) -> None:
+    """SIGKILL what is left of the process session a killed subprocess led (its embedded Ray)."""
+    import signal
+
+    signal_session(sid, signal.SIGKILL)
 
 
 def read_fasta(path) -> dict[str, str]:

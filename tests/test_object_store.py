@@ -22,6 +22,7 @@ from _pipeline_data import (
     kill_session,
     make_tiny_model,
     record_outputs,
+    signal_session,
     store_arrays,
     write_fasta_slice,
 )
@@ -542,9 +543,10 @@ def ce_fasta(genomes, tmp_path_factory):
 @pytest.mark.slow
 def test_twin_refused_then_sigkilled_driver_resumes_bit_identical(store_place, ce_fasta, tiny_dna,
                                                                    tmp_path):
-    """A driver runs the job: a second submit is refused naming its pid and host; the driver is
-    SIGKILLed mid-job; the same submit then takes over at once (its owner is gone from this
-    host) and ends with the bytes of the uninterrupted local run."""
+    """A driver runs the job: a second submit, asked while the driver is held still mid-job, is
+    refused naming its pid and host; the driver is SIGKILLed; the same submit then takes over at
+    once (its owner is gone from this host) and ends with the bytes of the uninterrupted local
+    run."""
     import socket
 
     from linpipe.store import OutputStore
@@ -558,6 +560,9 @@ def test_twin_refused_then_sigkilled_driver_resumes_bit_identical(store_place, c
         while _units_done(out) < 3 and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
         assert proc.poll() is None, "the job finished before it could be killed"
+        # the driver and its Ray held still while the twin asks (a stalled driver): on a loaded
+        # machine the job could otherwise end before the twin's plan is made
+        signal_session(proc.pid, signal.SIGSTOP)
         twin = _submit(ce_fasta, tiny_dna, out)  # in this process: refused before any Ray starts
         assert proc.poll() is None, "the job finished while the twin asked"
         proc.send_signal(signal.SIGKILL)
