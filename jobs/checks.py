@@ -26,7 +26,7 @@ def fit_channels(first_input: str, config, input_options: dict[str, Any],
     """The input options to read a series with, for a time-series model: as given, or, with no
     --columns, the model's own channel names when the file has them all as columns. Also the
     first input when it was opened here as a time series with those options (else None; the
-    caller closes it): opening one builds its index, seconds for a large file."""
+    caller closes it): opening one reads its index, a pass over the file when none is kept."""
     names = model_channel_names(config)
     if (config.modality != "timeseries" or getattr(config, "series_norm", False)
             or input_options.get("columns") or not names):
@@ -34,21 +34,14 @@ def fit_channels(first_input: str, config, input_options: dict[str, Any],
     try:
         inp = open_input(first_input, **input_options)
     except InputError:  # e.g. a text column among the default channels: try the model's names
-        inp = None
-    keep = False
-    try:
-        if inp is not None:
-            if inp.modality != "timeseries" or tuple(inp.channel_names) == names:
-                keep = inp.modality == "timeseries"
-                return input_options, inp if keep else None
-            columns = set(inp.column_names)
-            if not set(names) <= columns:
-                keep = True
-                return input_options, inp
-    finally:
-        if inp is not None and not keep:
-            inp.close()
-    return {**input_options, "columns": list(names)}, None
+        return {**input_options, "columns": list(names)}, None
+    series = inp.modality == "timeseries"
+    as_given = (not series or tuple(inp.channel_names) == names
+                or not set(names) <= set(inp.column_names))
+    if as_given and series:
+        return input_options, inp  # read as opened: the caller takes it
+    inp.close()
+    return (input_options if as_given else {**input_options, "columns": list(names)}), None
 
 
 def check_channels(path, inp, config, model_ref: str, input_options: dict[str, Any]) -> None:

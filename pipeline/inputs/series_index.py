@@ -39,9 +39,6 @@ class SeriesRuns:
         self.starts, self.lens, self.offsets = starts, lens, offsets
         self.lengths = np.add.reduceat(lens, offsets[:-1]) if len(lens) else np.zeros(0, np.int64)
 
-    def __len__(self) -> int:
-        return len(self.offsets) - 1
-
     def __getitem__(self, s: int) -> tuple[np.ndarray, np.ndarray]:
         """Series s's runs: their first rows, and the series' position at each run's start
         (one more entry: the series' length last)."""
@@ -107,10 +104,7 @@ def build_index(table, path, id_column: "str | None", time_column: "str | None",
     (series, row, time before, time at row) or None) of an open linpipe.inputs.tables.Table."""
     import pyarrow.compute as pc
 
-    if not id_column:
-        runs = SeriesRuns(np.zeros(1, np.int64), np.array([table.num_rows], np.int64), np.array([0, 1]))
-        names = [name]
-    order: dict[str, int] = {}
+    order: dict[str, int] = {}  # id -> series number, in order of first appearance
     starts, lens, owners = [], [], []
     check = _TimeOrder() if time_column else None
     cols = [c for c in (id_column, time_column) if c]
@@ -147,6 +141,9 @@ def build_index(table, path, id_column: "str | None", time_column: "str | None",
     if id_column:
         runs = _grouped(np.concatenate(starts), np.concatenate(lens), np.concatenate(owners), len(order))
         names = list(order)
+    else:  # one series: every row
+        runs = SeriesRuns(np.zeros(1, np.int64), np.array([table.num_rows], np.int64), np.array([0, 1]))
+        names = [name]
     return names, runs, (check.problem if check is not None else None)
 
 
