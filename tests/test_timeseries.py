@@ -452,6 +452,14 @@ def test_an_index_is_kept_for_the_file_as_it_is_and_built_again_when_it_changes(
     # a file changed within RACY_NS of the pass: its index is not kept (a second change in the
     # same tick of a coarse clock would leave its stat as it was)
     assert opened()[0] == opened()[0] and passes == [path, path]
+    # but a CSV's conversion is linpipe's own, renamed into place whole: kept at its first open
+    csv = tmp_path / "fleet.csv"
+    table.to_pandas().to_csv(csv, index=False)
+    series = []
+    for _ in range(2):
+        with linpipe.open_input(csv, id_column="id", time_column="t") as inp:
+            series.append([(r.id, r.length) for r in inp.records])
+    assert series[0] == series[1] == opened()[0] and passes.count(csv) == 1
     passes.clear()
     monkeypatch.setattr(series_index, "RACY_NS", 0)  # from here, files written just now count as settled
     first = opened()

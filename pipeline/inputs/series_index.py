@@ -9,8 +9,9 @@ The pass reads every row's id (about 1 s per 34M rows), and a job opens its inpu
 and in every worker, so an index is kept in the cache folder (`tables/NAME-KEY.index.npz`, plain
 arrays, read without pickle) keyed by the file read's path and its size, mtime, ctime, inode and
 device, as the hash cache keys a file's sha256 (linpipe.inputs.cache): any write to the file
-changes its ctime. An index of a file changed within RACY_NS of its build is not kept, nor one
-that found rows out of time order (that error is raised by a pass, each time).
+changes its ctime. An index of a file changed within RACY_NS of its build is not kept (but for
+linpipe's own conversions, written once), nor one that found rows out of time order (that error
+is raised by a pass, each time).
 """
 
 from __future__ import annotations
@@ -159,9 +160,11 @@ def _grouped(starts: np.ndarray, lens: np.ndarray, series: np.ndarray, n_series:
 
 
 def load_or_build(table, path, id_column: "str | None", time_column: "str | None", name: str,
-                  cache_dir=None):
+                  cache_dir=None, written_once: bool = False):
     """build_index's result, from the kept index of table's file when there is one for the
-    file as it is now (else built, and kept where the cache folder is writable)."""
+    file as it is now (else built, and kept where the cache folder is writable).
+    written_once: table's file is linpipe's own (a conversion or sorted copy, renamed into
+    place whole and never written again), so its index is kept even when it is new."""
     if not (id_column or time_column):  # one series, no time to check: nothing to read
         return build_index(table, path, id_column, time_column, name)
     st = os.stat(table.path)
@@ -172,7 +175,7 @@ def load_or_build(table, path, id_column: "str | None", time_column: "str | None
         return (names if id_column else [name]), runs, None  # one series: named by its input
     started = time.time_ns()
     names, runs, problem = build_index(table, path, id_column, time_column, name)
-    settled = max(st.st_ctime_ns, st.st_mtime_ns) < started - RACY_NS
+    settled = written_once or max(st.st_ctime_ns, st.st_mtime_ns) < started - RACY_NS
     if problem is None and settled and stat_key(os.stat(table.path)) == stat_key(st):
         try:
             _save(target, names, runs)

@@ -301,7 +301,8 @@ class TimeSeriesInput(Input):
     def _build_index(self) -> "str | None":
         """Fill records and runs; return a message if some series is out of time order."""
         names, self._runs, problem = load_or_build(self._table, self.path, self.id_column, self.time_column,
-                                                   stem(self.path), self.cache_dir)
+                                                   stem(self.path), self.cache_dir,
+                                                   written_once=self.table_path != self.path)
         self._set_records([RecordInfo(str(n), "", length)
                            for n, length in zip(names, self._runs.lengths.tolist(), strict=True)])
         if problem is not None:
