@@ -221,6 +221,15 @@ def test_sigkilled_driver_on_a_packed_store_resumes_bit_identical(genomes, tiny,
     assert_same_bytes(store_arrays(clean), store_arrays(out))
 
 
+def _two_channel_model(model_dir, *, d_model: int, heads: int, hidden: int):
+    """A random one-layer time-series model of two channels, made by `linpipe model init`."""
+    r = CliRunner().invoke(cli, ["model", "init", str(model_dir), "--modality", "timeseries",
+                                 "--channels", "2", "--d-model", str(d_model), "--n-layers", "1",
+                                 "--n-heads", str(heads), "--mlp-hidden", str(hidden)])
+    assert r.exit_code == 0, r.output
+    return model_dir
+
+
 @pytest.mark.slow
 def test_many_series_under_an_id_column_are_packed_too(timeseries, tmp_path):
     """400 short and 2 long sensor series cut from the real 2-lead ECG, with time stamps."""
@@ -246,11 +255,7 @@ def test_many_series_under_an_id_column_are_packed_too(timeseries, tmp_path):
                       "V5_mV": frame["V5_mV"].to_numpy(np.float32)})
     path = tmp_path / "fleet.parquet"
     pq.write_table(table, path)
-    model_dir = tmp_path / "ts_model"
-    r = CliRunner().invoke(cli, ["model", "init", str(model_dir), "--modality", "timeseries",
-                                 "--channels", "2", "--d-model", "16", "--n-layers", "1", "--n-heads", "2",
-                                 "--mlp-hidden", "32"])
-    assert r.exit_code == 0, r.output
+    model_dir = _two_channel_model(tmp_path / "ts_model", d_model=16, heads=2, hidden=32)
     out = tmp_path / "fleet.zarr"
     r = CliRunner().invoke(cli, ["submit", str(path), "--model", str(model_dir), "--id-column", "sensor",
                                  "--time-column", "t", "--unit-size", str(UNIT), "--workers", "2",
@@ -291,11 +296,7 @@ def test_a_worker_makes_the_parquet_copy_of_its_series_beside_its_models_load(ti
     table = ecg_fleet(timeseries / "mitdb_100_ecg.parquet", 60, seed=8)
     path = tmp_path / "fleet.parquet"
     pq.write_table(table, path)
-    model_dir = tmp_path / "ts_model"
-    r = CliRunner().invoke(cli, ["model", "init", str(model_dir), "--modality", "timeseries",
-                                 "--channels", "2", "--d-model", "8", "--n-layers", "1", "--n-heads", "1",
-                                 "--mlp-hidden", "8"])
-    assert r.exit_code == 0, r.output
+    model_dir = _two_channel_model(tmp_path / "ts_model", d_model=8, heads=1, hidden=8)
     plan = plan_job(JobRequest(inputs=(str(path),), model=str(model_dir), id_column="id", time_column="t",
                                unit_size=UNIT))
     out = tmp_path / "fleet.zarr"
