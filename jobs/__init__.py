@@ -5,6 +5,7 @@ acyclic):
 
     detached (a job for the job server), driver (run_job), repair (verify --repair)
     preflight (every check before a run), split (one record over a group of actors)
+    worker_process (the actor Ray runs: the worker in a child process)
     actor (the worker), cluster (Ray set-up)
     overlap (the worker's threads), write_process (its writing process)
     plan (what work a request stands for), submission (the job-server client), lease

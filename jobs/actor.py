@@ -1,4 +1,5 @@
-"""The worker: a plain class that the driver wraps with ray.remote (one per GPU or CPU slot).
+"""The worker: a plain class, one per GPU or CPU slot, run by its Ray actor in a child process
+of the actor's (jobs/worker_process.py).
 
 It loads the model once, opens the output store once, and streams records: each call runs one
 unit (or one batch of short records), reading its own slice of the input and writing its own
@@ -9,9 +10,9 @@ that does not follow the one this worker ran last (a record that moved here from
 worker, or a resumed job) takes the state from the store's boundary state of the previous
 unit, so any worker can continue any record exactly where it stopped.
 
-`as_actor(cls)` is what the driver wraps: an error in __init__ comes back from the actor's
-first call as that call's exception (Ray reports an __init__ error only as the actor's death,
-in text).
+`as_actor(cls)` is what the driver wraps (around the relay that runs this class): an error in
+__init__ comes back from the actor's first call as that call's exception (Ray reports an
+__init__ error only as the actor's death, in text).
 """
 from __future__ import annotations
 
@@ -334,10 +335,11 @@ def _open_beside(paths, open_one) -> dict:
         opener.shutdown(wait=False)
 
 
-def as_actor(cls: type) -> type:
+def as_actor(cls: type, name: str | None = None) -> type:
     """`cls` for ray.remote: an exception its __init__ raises is kept, and every public method
     raises it as a WorkerStartError, so the driver gets the worker's own error from its first
-    call (ready, or a split's setup) instead of Ray's report of a dead actor."""
+    call (ready, or a split's setup) instead of Ray's report of a dead actor. name: the class's
+    name, which Ray shows (its process is `ray::NAME`); cls's own by default."""
 
     def __init__(self, *args, **kw):
         self._start_error = None
@@ -356,4 +358,4 @@ def as_actor(cls: type) -> type:
 
     methods = {name: checked(f) for name, f in inspect.getmembers(cls, inspect.isfunction)
                if not name.startswith("_")}
-    return type(cls.__name__, (cls,), {"__init__": __init__, "__module__": cls.__module__, **methods})
+    return type(name or cls.__name__, (cls,), {"__init__": __init__, "__module__": cls.__module__, **methods})

@@ -1,7 +1,8 @@
 """run_job: the driver of `linpipe submit`. It plans, the actors work.
 
 The driver reads only the inputs' indexes and the store's progress markers. It starts (or joins)
-Ray, creates one PipelineWorker actor per GPU or CPU slot, hands each actor the units of one
+Ray, creates one PipelineWorker actor per GPU or CPU slot (each runs its worker in a child process,
+worker_process.py), hands each actor the units of one
 stream (a record longer than a unit, longest first) or packed batches of short records, and keeps
 IN_FLIGHT calls on each actor (ray.wait), numbered in the order they were sent: the actor reads,
 runs and writes them overlapped (jobs/overlap.py), and memory stays flat however large the
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 from linpipe.errors import LinpipeError, StoreError
 from linpipe.strands import FORWARD
 
-from .actor import PipelineWorker, UnitResult, as_actor, peak_rss
+from .actor import UnitResult, as_actor, peak_rss
 from .cluster import start_ray, stop_ray, worker_slots
 from .errors import ClusterError, worker_error
 from .lease import Lease
@@ -30,6 +31,7 @@ from .plan import JobPlan, Record, Unit
 from .preflight import another_job, never_received_a_unit, preflight
 from .request import JobRequest, RunOptions
 from .split import SegmentWorker, check_split, run_split, split_segments
+from .worker_process import worker_actor
 
 # Calls on each actor at once, so units in flight in a worker: one being read, one in the model
 # and one being written (the actor runs IN_FLIGHT calls side by side: Ray's max_concurrency).
@@ -479,8 +481,9 @@ def _run_leased(plan, request, out, address, device, events, lease_token: str) -
         # torch threads: the CPUs an actor asked for (a GPU actor leaves it to torch)
         threads = None if options.get("num_gpus") else max(1, int(options.get("num_cpus", 1)))
         placement = dict(max_restarts=0, scheduling_strategy="SPREAD", **options)
-        # IN_FLIGHT calls side by side (overlapped), and ready() beside them
-        actor = ray.remote(as_actor(PipelineWorker)).options(max_concurrency=IN_FLIGHT + 1, **placement)
+        # IN_FLIGHT calls side by side (overlapped), and ready() beside them; the worker runs in a
+        # child process of the actor's, away from Ray's threads (worker_process.py)
+        actor = ray.remote(worker_actor()).options(max_concurrency=IN_FLIGHT + 1, **placement)
 
         def new_actor():
             return actor.remote(plan.model_ref, out, list(plan.outputs), device=device, threads=threads,

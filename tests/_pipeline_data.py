@@ -217,6 +217,26 @@ def process_gone(pid: int, timeout: float = 30) -> bool:
         time.sleep(0.05)
 
 
+def child_processes(pid: int, command_has: bytes = b"") -> list[int]:
+    """The live processes whose parent is pid (and whose command line holds command_has), from /proc."""
+    import os
+
+    found = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                state, ppid = f.read().rsplit(")", 1)[1].split()[:2]
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                cmd = f.read()
+        except OSError:
+            continue
+        if int(ppid) == pid and state not in ("Z", "X") and command_has in cmd:
+            found.append(int(d))
+    return found
+
+
 def ecg_fleet(ecg_path, n_series: int, seed: int):
     """A pyarrow Table: n_series series of 80-600 samples cut from the real 2-lead ECG, one after
     another under an id column, each with its own sample times; then two series whose rows

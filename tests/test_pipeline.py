@@ -345,7 +345,6 @@ def test_a_worker_that_cannot_start_is_reported_in_one_line(local_ray, genome, t
 
     import ray
 
-    from linpipe.jobs.actor import PipelineWorker, as_actor
     from linpipe.jobs.driver import open_or_create_store
     from linpipe.jobs.errors import WorkerStartError, worker_error
     from linpipe.jobs.plan import plan_job
@@ -355,7 +354,9 @@ def test_a_worker_that_cannot_start_is_reported_in_one_line(local_ray, genome, t
     plan = plan_job(JobRequest(inputs=(str(genome),), model=str(model), unit_size=UNIT))
     open_or_create_store(plan, str(tmp_path / "o.zarr"))
     shutil.rmtree(model)
-    h = ray.remote(as_actor(PipelineWorker)).options(num_cpus=0, max_restarts=0).remote(
+    from linpipe.jobs.worker_process import worker_actor
+
+    h = ray.remote(worker_actor()).options(num_cpus=0, max_restarts=0).remote(
         str(model), str(tmp_path / "o.zarr"), None)
     with pytest.raises(ray.exceptions.RayTaskError) as info:
         ray.get(h.ready.remote(), timeout=120)

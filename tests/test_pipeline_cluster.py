@@ -7,7 +7,14 @@ import os
 import signal
 
 import pytest
-from _pipeline_data import assert_same_bytes, make_tiny_model, store_arrays, write_fasta_slice
+from _pipeline_data import (
+    assert_same_bytes,
+    child_processes,
+    make_tiny_model,
+    process_gone,
+    store_arrays,
+    write_fasta_slice,
+)
 
 from linpipe.jobs.driver import JobEvents, run_job
 from linpipe.jobs.request import JobRequest
@@ -84,19 +91,43 @@ def test_job_spreads_across_both_worker_nodes(reference):
     assert s.positions_run == s.positions == 80_000 and s.worker_deaths == 0
 
 
+WORKER_PROCESS = b"linpipe.jobs.worker_process"
+
+
 def test_worker_killed_mid_record_resumes_to_the_same_bytes(genome, cluster, reference, store_place):
     """On a local path and on the S3 server: the worker that just finished a chunk of the long
-    record is SIGKILLed while it runs its next unit (one is queued on each worker)."""
+    record is SIGKILLed while it runs its next unit (one is queued on each worker). The process
+    it runs its worker in ends with it."""
     out = store_place("killed.zarr")
-    killed = []
+    killed, its_child = [], []
 
     def kill_worker(result, n):
         if not killed and _mid_record(result):
             pid = int(result.node.rsplit(":", 1)[1])
+            its_child.extend(child_processes(pid, WORKER_PROCESS))
             os.kill(pid, signal.SIGKILL)
             killed.append(pid)
 
     s = _run(genome, out, cluster, on_unit=kill_worker)
+    assert killed and s.worker_deaths == 1
+    assert len(its_child) == 1 and process_gone(its_child[0], timeout=10)
+    assert_same_bytes(store_arrays(reference[0]), store_arrays(out))
+
+
+def test_a_workers_own_process_killed_mid_record_is_a_dead_worker(genome, cluster, reference, tmp_path):
+    """The child process an actor runs its worker in is SIGKILLed mid-record: the actor ends
+    with it, the driver hands its units to a new worker, and the store ends with the bytes of
+    the uninterrupted run."""
+    out = tmp_path / "child.zarr"
+    killed = []
+
+    def kill_its_process(result, n):
+        if not killed and _mid_record(result):
+            (child,) = child_processes(int(result.node.rsplit(":", 1)[1]), WORKER_PROCESS)
+            os.kill(child, signal.SIGKILL)
+            killed.append(child)
+
+    s = _run(genome, out, cluster, on_unit=kill_its_process)
     assert killed and s.worker_deaths == 1
     assert_same_bytes(store_arrays(reference[0]), store_arrays(out))
 

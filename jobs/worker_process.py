@@ -1,0 +1,181 @@
+"""A Ray actor's worker in a process of its own (docs/pipeline.md, "Overlap in the worker").
+
+Ray runs threads of its own in every actor's process: they decode the calls' arguments, send the
+results back and keep the actor in touch with its node. Beside a small model they took the GIL
+that the model's thread needs between its ops. The same worker path ran the tiny model at 1.01x
+its bare forward in a plain process, and at 1.2x in a Ray actor (BENCHMARKS.md).
+
+So the actor that Ray runs is a relay (`WorkerRelay`). It starts one child process, which builds
+the PipelineWorker and runs its calls. The relay sends each call's arguments there (a Unit or a
+batch's Units: small) and its result back. Nothing per position passes through the relay: the
+child reads the input and its writing process writes the store, as before.
+
+Its ends:
+- The child ends as soon as the relay's socket closes (the actor exited, was killed or died),
+  as a killed worker would: its writing process still finishes the units it has received whole.
+- A child that dies takes the relay with it (the actor process exits), so the driver sees a dead
+  worker and hands its units to another, as for any worker that dies.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import pickle
+import socket
+import subprocess
+import sys
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
+
+from .actor import PipelineWorker, UnitResult, _node_id, as_actor, peak_rss
+from .write_process import _LENGTH, _recv_message
+
+CALLS = 4  # calls the child runs side by side: the driver's IN_FLIGHT, and ready() beside them
+
+
+def _send(sock: socket.socket, lock: threading.Lock, message) -> None:
+    body = pickle.dumps(message)
+    with lock:
+        sock.sendall(len(body).to_bytes(_LENGTH, "little") + body)
+
+
+class WorkerRelay:
+    """What Ray runs as the worker actor: PipelineWorker's calls, run in a child process.
+    Its __init__ returns once the child's worker has started, or raises the child's error."""
+
+    # the child's command, before its socket's descriptor; without the working directory on
+    # sys.path, so a `linpipe` folder there is not what it imports
+    command = (sys.executable, "-c",
+               "import sys; del sys.path[0]; from linpipe.jobs.worker_process import main; main()")
+
+    def __init__(self, *args, **kw):
+        mine, theirs = socket.socketpair()
+        self.proc = subprocess.Popen([*self.command, str(theirs.fileno())], pass_fds=[theirs.fileno()],
+                                     stdin=subprocess.DEVNULL)
+        theirs.close()
+        self.sock, self._lock = mine, threading.Lock()
+        self._pending: dict[int, Future] = {}
+        self._pending_lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._closing = False
+        self.node = f"{_node_id()}:{os.getpid()}"  # this process: the one Ray knows as the worker
+        _send(self.sock, self._lock, (args, kw))
+        got = _recv_message(self.sock)
+        if got is None:
+            self._lost()
+        ok, value = pickle.loads(got)
+        if not ok:
+            self.proc.wait()
+            raise value
+        self._answers = threading.Thread(target=self._take_answers, name="linpipe-relay", daemon=True)
+        self._answers.start()
+
+    def _call(self, method: str, *args, **kw):
+        fut: Future = Future()
+        with self._pending_lock:
+            n = next(self._ids)
+            self._pending[n] = fut
+        _send(self.sock, self._lock, (n, method, args, kw))
+        return fut.result()
+
+    def _take_answers(self) -> None:
+        try:
+            while (got := _recv_message(self.sock)) is not None:
+                n, ok, value = pickle.loads(got)
+                with self._pending_lock:
+                    fut = self._pending.pop(n)
+                fut.set_result(value) if ok else fut.set_exception(value)
+        except OSError:
+            pass
+        if not self._closing:
+            self._lost()
+
+    def _lost(self) -> None:
+        """The child died: so does this actor, and the driver hands its units to another worker."""
+        os._exit(1)
+
+    def _result(self, r: UnitResult) -> UnitResult:
+        """The child's result, named after this process (the one a user sees as the worker), with
+        this process's memory beside the child's and its writing process's."""
+        return replace(r, node=self.node, peak_rss=r.peak_rss + peak_rss())
+
+    def ready(self) -> str:
+        return self.node
+
+    def run_unit(self, unit, last: bool = False, seq: int | None = None) -> UnitResult:
+        return self._result(self._call("run_unit", unit, last=last, seq=seq))
+
+    def run_batch(self, batch: int, units: list, seq: int | None = None) -> UnitResult:
+        return self._result(self._call("run_batch", batch, units, seq=seq))
+
+    def peak_rss(self) -> int:
+        return self._call("peak_rss") + peak_rss()
+
+    def close(self) -> None:
+        """The child's worker closed (its writing process done), then the child ended."""
+        self._closing = True
+        try:
+            self._call("close")
+        finally:
+            try:  # the child's end of the stream (a close alone waits for the answers' recv)
+                self.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            self.sock.close()
+            self.proc.wait()
+
+
+def worker_actor() -> type:
+    """What the driver wraps with ray.remote: the relay, under the worker's name (Ray shows its
+    process as `ray::PipelineWorker`)."""
+    return as_actor(WorkerRelay, name="PipelineWorker")
+
+
+def serve(sock: socket.socket) -> None:
+    """The child: builds the worker from the first message, then runs each call it receives,
+    CALLS at a time, answering each with its result or its exception."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the relay; this ends after it
+    lock = threading.Lock()
+    got = _recv_message(sock)
+    if got is None:
+        return
+    args, kw = pickle.loads(got)
+    try:
+        worker = PipelineWorker(*args, **kw)
+    except BaseException as e:
+        _send(sock, lock, (False, _picklable(e)))
+        return
+    _send(sock, lock, (True, None))
+
+    def run(n, method, args, kw):
+        try:
+            answer = (n, True, getattr(worker, method)(*args, **kw))
+        except BaseException as e:
+            answer = (n, False, _picklable(e))
+        try:
+            _send(sock, lock, answer)
+        except OSError:
+            pass  # the relay is gone: main() is ending this process
+
+    pool = ThreadPoolExecutor(CALLS, thread_name_prefix="linpipe-call")
+    while (got := _recv_message(sock)) is not None:
+        pool.submit(run, *pickle.loads(got))
+
+
+def _picklable(e: BaseException) -> BaseException:
+    """e, or where it does not pickle, a RuntimeError with its type and message."""
+    try:
+        pickle.dumps(e)
+        return e
+    except Exception:
+        return RuntimeError(f"{type(e).__name__}: {e}")
+
+
+def main() -> None:
+    """The child's entry: argv is its socket's descriptor. It ends as soon as the socket does,
+    without waiting for the calls still running (as a killed worker)."""
+    serve(socket.socket(fileno=int(sys.argv[1])))
+    os._exit(0)
