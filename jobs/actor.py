@@ -27,6 +27,7 @@ from linpipe.errors import StoreError, option
 from linpipe.inputs.alphabet import reverse_complement
 from linpipe.strands import FORWARD, REVERSE
 
+from .child import peak_rss
 from .errors import WorkerStartError
 from .overlap import HostCopies, ModelThread, Turns, cast
 from .plan import Unit
@@ -52,16 +53,7 @@ class UnitResult:
     share: float = 1.0
 
 
-def peak_rss() -> int:
-    """Peak resident memory of this process in bytes (ru_maxrss is KiB on Linux)."""
-    import resource
-    import sys
-
-    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return kib if sys.platform == "darwin" else kib * 1024
-
-
-def _node_id() -> str:
+def node_id() -> str:
     """The Ray node this worker runs on (hosts can share a name on one machine), or the host
     outside Ray (a plain PipelineWorker in one process)."""
     try:
@@ -131,7 +123,7 @@ class PipelineWorker:
         # the thread that writes it)
         hidden = self.store.meta.get("hidden_dtype", "float32")
         self._dtypes = {"hidden": hidden, "hidden_rc": hidden}
-        self.node = f"{_node_id()}:{os.getpid()}"
+        self.node = f"{node_id()}:{os.getpid()}"
 
     def ready(self) -> str:
         """Returns once the model is loaded; the driver waits on it before handing out work."""

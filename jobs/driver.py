@@ -1,12 +1,11 @@
 """run_job: the driver of `linpipe submit`. It plans, the actors work.
 
 The driver reads only the inputs' indexes and the store's progress markers. It starts (or joins)
-Ray, creates one PipelineWorker actor per GPU or CPU slot (each runs its worker in a child process,
-worker_process.py), hands each actor the units of one
-stream (a record longer than a unit, longest first) or packed batches of short records, and keeps
-IN_FLIGHT calls on each actor (ray.wait), numbered in the order they were sent: the actor reads,
-runs and writes them overlapped (jobs/overlap.py), and memory stays flat however large the
-input is. A dead actor's work goes back to the front of the queue at its first unfinished
+Ray, creates one PipelineWorker actor per GPU or CPU slot (each runs its worker in a child
+process, worker_process.py), hands each actor the units of one stream (a record longer than a
+unit, longest first) or packed batches of short records, and keeps IN_FLIGHT calls on each
+actor (ray.wait), numbered in the order they were sent: the actor reads, runs and writes them
+overlapped (jobs/overlap.py), and memory stays flat however large the input is. A dead actor's work goes back to the front of the queue at its first unfinished
 unit; the actor that takes it over loads the boundary state from the store. Every write is
 idempotent (same unit, same bytes), so redoing a unit is always safe.
 
@@ -22,7 +21,8 @@ from dataclasses import dataclass, field
 from linpipe.errors import LinpipeError, StoreError
 from linpipe.strands import FORWARD
 
-from .actor import UnitResult, as_actor, peak_rss
+from .actor import UnitResult, as_actor
+from .child import peak_rss
 from .cluster import start_ray, stop_ray, worker_slots
 from .errors import ClusterError, worker_error
 from .lease import Lease

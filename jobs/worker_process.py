@@ -14,7 +14,12 @@ Its ends:
 - The child ends as soon as the relay's socket closes (the actor exited, was killed or died),
   as a killed worker would: its writing process still finishes the units it has received whole.
 - A child that dies takes the relay with it (the actor process exits), so the driver sees a dead
-  worker and hands its units to another, as for any worker that dies.
+  worker and hands its units to another, as for any worker that dies. One that dies before its
+  worker has started (killed for memory while loading the model) is that worker's start error,
+  saying how the child ended.
+
+The child and the socket to it are started, and messages framed, as for the writing process
+(child.py).
 """
 from __future__ import annotations
 
@@ -28,44 +33,41 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 
-from .actor import PipelineWorker, UnitResult, _node_id, as_actor, peak_rss
-from .write_process import _LENGTH, _recv_message
+from .actor import PipelineWorker, UnitResult, as_actor, node_id
+from .child import child_command, peak_rss, recv_message, send_message, start_child
 
 CALLS = 4  # calls the child runs side by side: the driver's IN_FLIGHT, and ready() beside them
-
-
-def _send(sock: socket.socket, lock: threading.Lock, message) -> None:
-    body = pickle.dumps(message)
-    with lock:
-        sock.sendall(len(body).to_bytes(_LENGTH, "little") + body)
 
 
 class WorkerRelay:
     """What Ray runs as the worker actor: PipelineWorker's calls, run in a child process.
     Its __init__ returns once the child's worker has started, or raises the child's error."""
 
-    # the child's command, before its socket's descriptor; without the working directory on
-    # sys.path, so a `linpipe` folder there is not what it imports
-    command = (sys.executable, "-c",
-               "import sys; del sys.path[0]; from linpipe.jobs.worker_process import main; main()")
+    command = child_command("linpipe.jobs.worker_process")  # before its socket's descriptor
 
     def __init__(self, *args, **kw):
-        mine, theirs = socket.socketpair()
-        self.proc = subprocess.Popen([*self.command, str(theirs.fileno())], pass_fds=[theirs.fileno()],
-                                     stdin=subprocess.DEVNULL)
-        theirs.close()
-        self.sock, self._lock = mine, threading.Lock()
+        self.proc, self.sock = start_child(self.command)
+        self._lock = threading.Lock()
         self._pending: dict[int, Future] = {}
         self._pending_lock = threading.Lock()
         self._ids = itertools.count(1)
         self._closing = False
-        self.node = f"{_node_id()}:{os.getpid()}"  # this process: the one Ray knows as the worker
-        _send(self.sock, self._lock, (args, kw))
-        got = _recv_message(self.sock)
-        if got is None:
-            self._lost()
+        self.node = f"{node_id()}:{os.getpid()}"  # this process: the one Ray knows as the worker
+        try:
+            _send(self.sock, self._lock, (args, kw))
+        except OSError:
+            pass  # the child is gone: said below
+        try:
+            got = recv_message(self.sock)
+        except OSError:  # reset: the child ended with our message unread
+            got = None
+        if got is None:  # the child ended before its worker started: its exit says how
+            self.sock.close()
+            raise RuntimeError(f"the worker's process (pid {self.proc.pid}) {_ended(self.proc)} "
+                               "before its worker started")
         ok, value = pickle.loads(got)
         if not ok:
+            self.sock.close()
             self.proc.wait()
             raise value
         self._answers = threading.Thread(target=self._take_answers, name="linpipe-relay", daemon=True)
@@ -81,7 +83,7 @@ class WorkerRelay:
 
     def _take_answers(self) -> None:
         try:
-            while (got := _recv_message(self.sock)) is not None:
+            while (got := recv_message(self.sock)) is not None:
                 n, ok, value = pickle.loads(got)
                 with self._pending_lock:
                     fut = self._pending.pop(n)
@@ -139,7 +141,7 @@ def serve(sock: socket.socket) -> None:
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the relay; this ends after it
     lock = threading.Lock()
-    got = _recv_message(sock)
+    got = recv_message(sock)
     if got is None:
         return
     args, kw = pickle.loads(got)
@@ -161,8 +163,23 @@ def serve(sock: socket.socket) -> None:
             pass  # the relay is gone: main() is ending this process
 
     pool = ThreadPoolExecutor(CALLS, thread_name_prefix="linpipe-call")
-    while (got := _recv_message(sock)) is not None:
+    while (got := recv_message(sock)) is not None:
         pool.submit(run, *pickle.loads(got))
+
+
+def _send(sock: socket.socket, lock: threading.Lock, message) -> None:
+    send_message(sock, pickle.dumps(message), lock)
+
+
+def _ended(proc: subprocess.Popen) -> str:
+    """How a child that closed its socket ended, in words."""
+    try:
+        code = proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        return "stopped answering"
+    return f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
 
 
 def _picklable(e: BaseException) -> BaseException:

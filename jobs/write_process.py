@@ -35,7 +35,8 @@ import numpy as np
 from linpipe.errors import StoreError
 from linpipe.strands import FORWARD
 
-_LENGTH = 8
+from .child import LENGTH, child_command, peak_rss, recv_exact, recv_message, send_message, start_child
+
 WRITERS = 3  # writes the child runs side by side: one per call in flight (IN_FLIGHT)
 
 
@@ -46,19 +47,14 @@ class WriteProcess:
 
     shared = True  # arrays through memory shared with the child where the system has it (Linux)
     # the child's command, before its arguments (its socket's descriptor, the store's path, the
-    # job's lease token or ""); without the working directory on sys.path, so a `linpipe` folder
-    # there is not what it imports
-    command = (sys.executable, "-c",
-               "import sys; del sys.path[0]; from linpipe.jobs.write_process import main; main()")
+    # job's lease token or "")
+    command = child_command("linpipe.jobs.write_process")
 
     def __init__(self, store_path: str, lease_token: str | None = None):
         """lease_token: the job's lease (jobs/lease.py); each unit is written only while the
         store's lease holds it (None: no check, a worker outside a driver's job)."""
         self.store_path = str(store_path)
-        mine, theirs = socket.socketpair()
-        proc = subprocess.Popen([*self.command, str(theirs.fileno()), self.store_path, lease_token or ""],
-                                pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
-        theirs.close()
+        proc, mine = start_child(self.command, self.store_path, lease_token or "")
         # what the answers' thread uses: it holds no reference to this object, so dropping it
         # (a worker never closed) ends the child through the finalizer
         self._link = _Link(self.store_path, proc, mine, shared=self.shared)
@@ -137,7 +133,7 @@ class _Link:
             with self._send:
                 header = pickle.dumps((n, op, args, kw, fields, None if buf is None else (buf.id, buf.size),
                                        self.buffers.forget() if self.buffers is not None else []))
-                prefix = len(header).to_bytes(_LENGTH, "little")
+                prefix = len(header).to_bytes(LENGTH, "little")
                 if fd is not None:  # a new buffer: its descriptor goes with the message's first bytes
                     sent = socket.send_fds(self.sock, [prefix], [fd])
                     os.close(fd)
@@ -157,7 +153,7 @@ class _Link:
 
     def _answers(self) -> None:
         try:
-            while (got := _recv_message(self.sock)) is not None:
+            while (got := recv_message(self.sock)) is not None:
                 n, error, text, rss = pickle.loads(got)
                 self.child_rss = max(self.child_rss, rss)
                 with self._lock:
@@ -273,34 +269,6 @@ def _error(error: bytes, text: str) -> BaseException:
         return StoreError(text)
 
 
-def _recv_exact(sock: socket.socket, buf) -> bool:
-    """Fill buf from sock; False at the end of the stream (before or inside it)."""
-    view, got = memoryview(buf).cast("B"), 0
-    while got < len(view):
-        n = sock.recv_into(view[got:])
-        if n == 0:
-            return False
-        got += n
-    return True
-
-
-def _recv_message(sock: socket.socket, fds: list | None = None) -> bytes | None:
-    """One message's body (None at the end of the stream); fds: where descriptors that came
-    with it go (the child's end)."""
-    length = bytearray(_LENGTH)
-    got = 0
-    if fds is not None:
-        first, fds[:], _, _ = socket.recv_fds(sock, _LENGTH, 4)
-        if not first:
-            return None
-        length[:len(first)] = first
-        got = len(first)
-    if not _recv_exact(sock, memoryview(length)[got:]):
-        return None
-    body = bytearray(int.from_bytes(length, "little"))
-    return bytes(body) if _recv_exact(sock, body) else None
-
-
 def serve(sock: socket.socket, store_path: str, lease_token: str | None = None) -> None:
     """The child: writes what arrives, WRITERS at a time, answering each once it is durable."""
     import signal
@@ -335,17 +303,12 @@ def serve(sock: socket.socket, store_path: str, lease_token: str | None = None) 
                 error = pickle.dumps(e)
             except Exception:
                 error = b""
-        import resource
-
-        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
-        body = pickle.dumps((n, error, text, rss))
-        with answer:
-            sock.sendall(len(body).to_bytes(_LENGTH, "little") + body)
+        send_message(sock, pickle.dumps((n, error, text, peak_rss())), answer)
 
     maps: dict[int, object] = {}  # the worker's shared buffers, by id
     fds: list[int] = []
     with ThreadPoolExecutor(WRITERS, thread_name_prefix="linpipe-write") as pool:
-        while (got := _recv_message(sock, fds)) is not None:
+        while (got := recv_message(sock, fds)) is not None:
             n, op, args, kw, fields, buffer, dropped = pickle.loads(got)
             for i in dropped:  # unmapped once no write holds a view of it
                 maps.pop(i, None)
@@ -368,7 +331,7 @@ def serve(sock: socket.socket, store_path: str, lease_token: str | None = None) 
                         v = np.frombuffer(maps[buffer[0]], np.uint8, size, at).view(dtype).reshape(shape)
                     else:
                         v = np.empty(shape, dtype=dtype)
-                        if at is None and size and not _recv_exact(sock, v.reshape(-1).view(np.uint8)):
+                        if at is None and size and not recv_exact(sock, v.reshape(-1).view(np.uint8)):
                             whole = False
                             break
                     groups[g][name] = v

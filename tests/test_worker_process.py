@@ -95,3 +95,24 @@ def test_a_worker_that_cannot_start_raises_its_own_error_from_the_relays_start(w
         WorkerRelay(gone, out, None, device="cpu", threads=1)
     assert str(there.value) == str(here.value) and gone in str(there.value)
     assert not child_processes(os.getpid(), b"linpipe.jobs.worker_process")
+
+
+@pytest.mark.parametrize("end, how", [("sys.exit(3)", "exited with code 3"),
+                                      ("os.kill(os.getpid(), 9)", "was killed by signal 9")])
+def test_a_child_that_ends_before_its_worker_starts_is_the_workers_start_error(
+        monkeypatch, tmp_path, end, how):
+    """The child ends before it answers (as one killed for memory while loading the model): the
+    actor's first call raises a WorkerStartError saying how the child ended, and this process
+    (the actor's, on Ray) goes on."""
+    import sys
+
+    from linpipe.jobs.errors import WorkerStartError
+    from linpipe.jobs.worker_process import worker_actor
+
+    monkeypatch.setattr(WorkerRelay, "command", (sys.executable, "-c", f"import os, sys; {end}"))
+    actor = worker_actor()(str(tmp_path / "model"), str(tmp_path / "o.zarr"), None, device="cpu", threads=1)
+    with pytest.raises(WorkerStartError) as e:
+        actor.ready()
+    msg = str(e.value)
+    assert "a worker could not start" in msg and how in msg and "before its worker started" in msg
+    assert "\n" not in msg
