@@ -5,9 +5,10 @@ Ray, creates one PipelineWorker actor per GPU or CPU slot (each runs its worker 
 process, worker_process.py), hands each actor the units of one stream (a record longer than a
 unit, longest first) or packed batches of short records, and keeps IN_FLIGHT calls on each
 actor (ray.wait), numbered in the order they were sent: the actor reads, runs and writes them
-overlapped (jobs/overlap.py), and memory stays flat however large the input is. A dead actor's work goes back to the front of the queue at its first unfinished
-unit; the actor that takes it over loads the boundary state from the store. Every write is
-idempotent (same unit, same bytes), so redoing a unit is always safe.
+overlapped (jobs/overlap.py), and memory stays flat however large the input is. A dead actor's
+work goes back to the front of the queue at its first unfinished unit; the actor that takes it
+over loads the boundary state from the store. Every write is idempotent (same unit, same
+bytes), so redoing a unit is always safe.
 
 The driver prints nothing: it reports to a JobEvents object, which the CLI renders.
 """

@@ -32,9 +32,16 @@ import sys
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
-from .actor import PipelineWorker, UnitResult, as_actor, node_id
 from .child import child_command, peak_rss, recv_message, send_message, start_child
+
+if TYPE_CHECKING:
+    from .actor import UnitResult
+
+# The worker's modules (actor.py and what it imports) are imported inside functions: the relay
+# imports them while its child starts (the child imports them too), not before, as Ray imports
+# this module before the actor's __init__.
 
 CALLS = 4  # calls the child runs side by side: the driver's IN_FLIGHT, and ready() beside them
 
@@ -52,11 +59,13 @@ class WorkerRelay:
         self._pending_lock = threading.Lock()
         self._ids = itertools.count(1)
         self._closing = False
-        self.node = f"{node_id()}:{os.getpid()}"  # this process: the one Ray knows as the worker
         try:
             _send(self.sock, self._lock, (args, kw))
         except OSError:
             pass  # the child is gone: said below
+        from .actor import node_id  # with the modules the calls' Units and results need
+
+        self.node = f"{node_id()}:{os.getpid()}"  # this process: the one Ray knows as the worker
         try:
             got = recv_message(self.sock)
         except OSError:  # reset: the child ended with our message unread
@@ -131,6 +140,8 @@ class WorkerRelay:
 def worker_actor() -> type:
     """What the driver wraps with ray.remote: the relay, under the worker's name (Ray shows its
     process as `ray::PipelineWorker`)."""
+    from .actor import as_actor
+
     return as_actor(WorkerRelay, name="PipelineWorker")
 
 
@@ -138,6 +149,8 @@ def serve(sock: socket.socket) -> None:
     """The child: builds the worker from the first message, then runs each call it receives,
     CALLS at a time, answering each with its result or its exception."""
     import signal
+
+    from .actor import PipelineWorker
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the relay; this ends after it
     lock = threading.Lock()
