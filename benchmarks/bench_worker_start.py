@@ -25,25 +25,31 @@ import pickle, sys
 sys.path.insert(0, sys.argv[3])
 from bench_host_path import job_store
 plan, lease_token = job_store(sys.argv[1], sys.argv[2], sys.argv[4] + "/o.zarr")
-with open(sys.argv[4] + "/plan.pickle", "wb") as f:  # the benchmark's own file, read back below
-    pickle.dump((plan, lease_token), f)
+with open(sys.argv[4] + "/plan.pickle", "wb") as f:  # the benchmark's own files, read back below
+    pickle.dump(plan, f)
+with open(sys.argv[4] + "/worker.pickle", "wb") as f:  # plain values, as the actor's arguments are
+    pickle.dump((plan.model_ref, list(plan.outputs), dict(plan.input_options), lease_token), f)
 """
 
 # a fresh process that has imported what Ray imports before an actor's __init__ (the class's
-# module), not torch: the worker's start includes torch's import, as an actor's does
+# module), not torch: the worker's start includes torch's import, as an actor's does, and the
+# imports the relay makes while its child starts
 ONE = r"""
 import json, pickle, sys, time
-from linpipe.jobs.actor import PipelineWorker
-from linpipe.jobs.worker_process import WorkerRelay
 d, kind = sys.argv[1], sys.argv[2]
-with open(d + "/plan.pickle", "rb") as f:
-    plan, lease_token = pickle.load(f)
+if kind == "relay":
+    from linpipe.jobs.worker_process import WorkerRelay as Worker
+else:
+    from linpipe.jobs.actor import PipelineWorker as Worker
+with open(d + "/worker.pickle", "rb") as f:
+    model_ref, outputs, input_options, lease_token = pickle.load(f)
 assert "torch" not in sys.modules
 t0 = time.perf_counter()
-w = (WorkerRelay if kind == "relay" else PipelineWorker)(
-    plan.model_ref, d + "/o.zarr", list(plan.outputs), device="cpu", threads=1,
-    input_options=plan.input_options, lease_token=lease_token)
+w = Worker(model_ref, d + "/o.zarr", outputs, device="cpu", threads=1, input_options=input_options,
+           lease_token=lease_token)
 t1 = time.perf_counter()
+with open(d + "/plan.pickle", "rb") as f:  # the first call's Units, decoded after the start, as on Ray
+    plan = pickle.load(f)
 r = w.run_batch(0, plan.batch_units(0))
 t2 = time.perf_counter()
 w.close()

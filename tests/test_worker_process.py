@@ -116,3 +116,15 @@ def test_a_child_that_ends_before_its_worker_starts_is_the_workers_start_error(
     msg = str(e.value)
     assert "a worker could not start" in msg and how in msg and "before its worker started" in msg
     assert "\n" not in msg
+
+
+def test_the_relays_module_imports_none_of_the_workers_modules():
+    """Ray imports the actor's module before its __init__: the relay's module imports neither
+    torch nor the worker's modules, which the relay then imports while its child starts."""
+    import subprocess
+    import sys
+
+    heavy = ("torch", "numpy", "zarr", "linpipe.jobs.actor", "linpipe.jobs.plan", "linpipe.store")
+    code = f"import sys, linpipe.jobs.worker_process; print(*[m for m in {heavy!r} if m in sys.modules])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/")
+    assert out.stdout.split() == []
