@@ -21,11 +21,12 @@ conditional write (a local hard link; on S3, MinIO and the like a PUT with If-No
 so of two drivers that start at the same moment on a new store exactly one creates it; on a
 server that ignores the condition the later write wins and the other sees it at its re-read
 and stops. A local create needs no wait: the hard link is exclusive. An expired lease is
-overwritten, with the same re-read. What remains is a driver whose read-to-write gap is longer
-than SETTLE_S (a stalled process): then both may go on, and the one whose lease was overwritten
-notices at its next renewal (at most HEARTBEAT_S later) and stops, its store left resumable; its
-workers write no unit once their lease is overwritten
-(`LeaseGuard`: before a unit's first write and before its marker). Expiry compares
+overwritten, with the same re-read. A forced takeover whose re-read finds the lease it took
+over renewed (its holder read the lease before our write and wrote after it) writes ours again.
+What remains is a driver whose read-to-write gap is longer than SETTLE_S (a stalled process):
+then both may go on, and the one whose lease was overwritten notices at its next renewal (at
+most HEARTBEAT_S later) and stops, its store left resumable; its workers write no unit once
+their lease is overwritten (`LeaseGuard`: before a unit's first write and before its marker). Expiry compares
 wall clocks of different hosts: keep the cluster's clocks in sync (NTP) to well within EXPIRY_S.
 """
 from __future__ import annotations
@@ -192,7 +193,7 @@ class Lease:
 
         force: take it even from a live driver. wait: poll every WAIT_POLL_S until it is
         free, calling on_wait(owner) once when it starts waiting."""
-        waited = False
+        waited, rewrites = False, 0
         while True:
             cur = self.read()
             if not force and self.is_live(cur):
@@ -217,6 +218,11 @@ class Lease:
             again = self.read()
             if self._is_ours(again):
                 break
+            if force and cur and again and again.get("token") == cur.get("token") and rewrites < 3:
+                # the lease we took over, renewed across our write (its holder read before it and
+                # wrote after): that holder has not seen ours, and its next renewal will
+                rewrites += 1
+                continue
             if not wait:
                 raise AlreadyRunning(self.out, again or cur or {})
             force = False  # the other one won: never take a lease from a racing twin

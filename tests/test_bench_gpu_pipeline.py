@@ -29,7 +29,10 @@ def test_bench_gpu_pipeline_runs_on_the_cpu(genomes, tmp_path, unit):
     assert calls == (1 if unit == 65_536 else 5 + 5)  # one packed batch, or 5 units per record
     assert ("0 long and 2 packed records" if unit == 65_536 else "2 long and 0 packed records") in out
     rates = re.search(r"bare forward: ([\d.]+) M.*worker path: ([\d.]+) M.* = ([\d.]+)x", out)
-    bare, piped, ratio = rates.groups()
-    assert float(bare) > 0 and float(piped) > 0 and abs(float(piped) / float(bare) - float(ratio)) < 0.01
+    bare, piped, ratio = (float(g) for g in rates.groups())
+    assert bare > 0 and piped > 0
+    # the rates are printed to 0.001 M positions/s, the ratio to 0.001: the ratio of the printed
+    # rates is the printed ratio within what that rounding allows (a slow machine's rates are small)
+    assert abs(piped / bare - ratio) <= ratio * (0.0005 / piped + 0.0005 / bare) + 0.0005
     assert "largest difference 0\n" in out
     assert "GPU busy n/a" in out

@@ -599,3 +599,46 @@ def test_overwrite_replaces_another_jobs_store(store_place, mixed_fasta, tiny_dn
     store = OutputStore.open(out, mode="r")
     assert store.meta["outputs"] == ["logprob"] and store.is_complete()
     assert store.meta["job_id"] == _plan(mixed_fasta, tiny_dna, "logprob").job_id
+
+
+def test_a_forced_takeover_wins_over_a_renewal_that_straddles_its_write(store_place, quick_lease):
+    """The live holder renews its lease across the taker's write (it reads its own lease just
+    before, and writes it back just after): the taker's re-read finds the holder's lease, writes
+    its own again and holds the lease; the holder's next renewal sees it and gives up."""
+    import threading
+
+    from linpipe.jobs.lease import Lease
+
+    out = store_place("straddle.zarr")
+    holder = Lease(out, "lp-straddle", host="node-7", pid=4242)
+    holder.acquire()
+    taker = Lease(out, "lp-straddle")
+    holder_read, taker_wrote = threading.Event(), threading.Event()
+    holder_write, taker_write = holder._write, taker._write
+
+    def renewal_after_the_takers_write():  # the holder's next renewal: it has read its own lease
+        holder._write = holder_write
+        holder_read.set()
+        taker_wrote.wait(10)
+        holder_write()
+
+    def takers_write():
+        taker_write()
+        taker_wrote.set()
+        time.sleep(0.05)  # the holder's write lands before the taker's re-read
+
+    holder._write = renewal_after_the_takers_write
+    taker._write = takers_write
+    try:
+        assert holder_read.wait(10)
+        taker.acquire(force=True)
+        assert taker.read()["token"] == taker.token
+        deadline = time.monotonic() + 10
+        while holder.lost is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert holder.lost is not None and holder.lost["token"] == taker.token
+        assert taker.read()["token"] == taker.token  # the holder never wrote its lease back
+    finally:
+        holder.stop_heartbeat()
+        taker.release()
+    assert taker.read() is None
