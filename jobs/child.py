@@ -40,6 +40,16 @@ def start_child(command: tuple[str, ...], *args: str) -> tuple[subprocess.Popen,
     return proc, mine
 
 
+def how_it_ended(proc: subprocess.Popen, timeout: float = 10) -> str:
+    """How a child that closed its socket ended, in words ("exited with code 3", "was killed by
+    signal 9"), waiting up to timeout for it; "is not answering" if it is still running."""
+    try:
+        code = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return "is not answering"
+    return f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+
+
 def send_message(sock: socket.socket, body: bytes, lock: threading.Lock) -> None:
     """One message; lock: the one every sender on sock holds, so messages do not interleave."""
     with lock:

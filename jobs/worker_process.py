@@ -27,14 +27,13 @@ import itertools
 import os
 import pickle
 import socket
-import subprocess
 import sys
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from .child import child_command, peak_rss, recv_message, send_message, start_child
+from .child import child_command, how_it_ended, peak_rss, recv_message, send_message, start_child
 
 if TYPE_CHECKING:
     from .actor import UnitResult
@@ -72,8 +71,11 @@ class WorkerRelay:
             got = None
         if got is None:  # the child ended before its worker started: its exit says how
             self.sock.close()
-            raise RuntimeError(f"the worker's process (pid {self.proc.pid}) {_ended(self.proc)} "
-                               "before its worker started")
+            how = how_it_ended(self.proc)
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+            raise RuntimeError(f"the worker's process (pid {self.proc.pid}) {how} before its worker started")
         ok, value = pickle.loads(got)
         if not ok:
             self.sock.close()
@@ -182,17 +184,6 @@ def serve(sock: socket.socket) -> None:
 
 def _send(sock: socket.socket, lock: threading.Lock, message) -> None:
     send_message(sock, pickle.dumps(message), lock)
-
-
-def _ended(proc: subprocess.Popen) -> str:
-    """How a child that closed its socket ended, in words."""
-    try:
-        code = proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        return "stopped answering"
-    return f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
 
 
 def _picklable(e: BaseException) -> BaseException:

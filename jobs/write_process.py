@@ -35,7 +35,16 @@ import numpy as np
 from linpipe.errors import StoreError
 from linpipe.strands import FORWARD
 
-from .child import LENGTH, child_command, peak_rss, recv_exact, recv_message, send_message, start_child
+from .child import (
+    LENGTH,
+    child_command,
+    how_it_ended,
+    peak_rss,
+    recv_exact,
+    recv_message,
+    send_message,
+    start_child,
+)
 
 WRITERS = 3  # writes the child runs side by side: one per call in flight (IN_FLIGHT)
 
@@ -168,14 +177,9 @@ class _Link:
 
     def _end(self) -> None:
         """The child took its last write: every call still waiting fails, naming how it ended."""
-        try:
-            code = self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            code = None
+        how = how_it_ended(self.proc)
         with self._lock:
             if self._ended is None:
-                how = "is not answering" if code is None else \
-                    f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
                 self._ended = (f"{self.store_path}: the worker's writing process (pid {self.proc.pid}) "
                                f"{how}; its unfinished units are not marked done: submit again to resume")
             pending, self._pending = list(self._pending.values()), {}
