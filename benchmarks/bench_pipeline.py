@@ -1,7 +1,8 @@
 """Pipeline benchmarks (issue 6): overhead, scaling, memory. Figures go to BENCHMARKS.md.
 
     python benchmarks/bench_pipeline.py overhead   # submit vs bare model forward, >= 4 Mb real genome
-        BENCH_MODEL=default|DIR (default: a small random model), BENCH_INPUT=4mb|8mb-record|20k-packed
+        BENCH_MODEL=default|DIR (default: a small random model), BENCH_INPUT=4mb|8mb-record|20k-packed,
+        BENCH_ROUNDS (overhead's alternations, default 3)
     python benchmarks/bench_pipeline.py scaling    # 1 vs 2 worker nodes (1 CPU each); one record = half
     python benchmarks/bench_pipeline.py memory     # peak RSS of driver and workers, 10 Mb vs 100 Mb
 
@@ -164,7 +165,7 @@ def tiny_model() -> str:
     return str(model_dir)
 
 
-def overhead(unit_size: int, rounds: int = 3):
+def overhead(unit_size: int, rounds: int = int(os.environ.get("BENCH_ROUNDS", 3))):
     """Bare forward and submit alternate `rounds` times, so that load changes on a shared
     machine hit both arms alike; the ratio is of the summed times, and per round."""
     genome = INPUTS[os.environ.get("BENCH_INPUT", "4mb")]()
@@ -186,6 +187,11 @@ def overhead(unit_size: int, rounds: int = 3):
         "ratio_per_round": [round(a / b, 3) for a, b in zip(sub, bare, strict=True)],
         "ray_startup_s": [round(r.startup_s, 2) for r in runs],
         "submit_positions_per_s": [round(r.positions_per_s) for r in runs],
+        # the ratio split: the worker's model time against the bare forward (the same model in
+        # another process), and the rest of the job's time, the pipeline's own, against it
+        "worker_model_over_bare": [round(r.model_s / b, 3) for r, b in zip(runs, bare, strict=True)],
+        "pipeline_over_bare": [round((r.seconds - r.model_s) / b, 4)
+                               for r, b in zip(runs, bare, strict=True)],
         "worker_s": {k: round(getattr(s, f"{k}_s"), 2) for k in ("read", "model", "write", "wait")},
         "worker_split": {k: round(v / busy, 3) for k, v in
                          (("read", s.read_s), ("model", s.model_s), ("write", s.write_s))},

@@ -146,6 +146,11 @@ class Outputs:
         self.arrays()
         return self._state.to_arrays()
 
+    @property
+    def buffers(self) -> tuple:
+        """The host buffers this unit's outputs are views of, until release()."""
+        return tuple(self._buffers)
+
     def release(self) -> None:
         if self._pool is not None:
             self._pool.give(self._buffers)
@@ -243,6 +248,11 @@ class HostCopies:
                 if b.shape[0] >= shape[0]:
                     return free.pop(i)
         return torch.empty(shape, dtype=dtype, pin_memory=self.device.type == "cuda")
+
+    def pooled(self) -> list:
+        """The free buffers, of every kind: what the next units take before making new ones."""
+        with self._lock:
+            return [b for free in self._free.values() for b in free]
 
     def give(self, buffers) -> None:
         """Buffers back for reuse, at most KEEP of a kind (the largest)."""

@@ -50,11 +50,11 @@ def test_units_copied_through_pinned_buffers_are_the_models_outputs_and_states(g
             np.testing.assert_array_equal(got[k], w[k])
         for k, v in w_state.items():  # the boundary state the store keeps after the unit
             np.testing.assert_array_equal(out.state_arrays()[k], v)
-        assert all(b.is_pinned() for b in out._buffers)
+        assert all(b.is_pinned() for b in out.buffers)
         out.release()
     # the buffers came back, and the next unit takes its own from them: no new pinned memory
-    pooled = {id(b) for free in host._free.values() for b in free}
+    pooled = {id(b) for b in host.pooled()}
     again, _ = host.forward(units[2], state, OUTPUTS, {"hidden": "float16"})
-    assert again._buffers and {id(b) for b in again._buffers} <= pooled
+    assert again.buffers and {id(b) for b in again.buffers} <= pooled
     assert again.arrays()["logprob"].shape == want[2][0]["logprob"].shape
     again.release()
