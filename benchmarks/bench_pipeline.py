@@ -165,9 +165,10 @@ def tiny_model() -> str:
     return str(model_dir)
 
 
-def overhead(unit_size: int, rounds: int = int(os.environ.get("BENCH_ROUNDS", 3))):
-    """Bare forward and submit alternate `rounds` times, so that load changes on a shared
+def overhead(unit_size: int):
+    """Bare forward and submit alternate BENCH_ROUNDS times, so that load changes on a shared
     machine hit both arms alike; the ratio is of the summed times, and per round."""
+    rounds = int(os.environ.get("BENCH_ROUNDS", 3))
     genome = INPUTS[os.environ.get("BENCH_INPUT", "4mb")]()
     model = os.environ.get("BENCH_MODEL") or tiny_model()
     bare, runs = [], []

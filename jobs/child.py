@@ -67,9 +67,9 @@ def recv_exact(sock: socket.socket, buf) -> bool:
     return True
 
 
-def recv_message(sock: socket.socket, fds: list | None = None) -> bytes | None:
-    """One message's body (None at the end of the stream); fds: where descriptors that came
-    with its first bytes go (sent with socket.send_fds)."""
+def recv_message(sock: socket.socket, fds: list | None = None) -> bytearray | None:
+    """One message's body, as received: not copied again (None at the end of the stream); fds:
+    where descriptors that came with its first bytes go (sent with socket.send_fds)."""
     length = bytearray(LENGTH)
     got = 0
     if fds is not None:
@@ -81,7 +81,7 @@ def recv_message(sock: socket.socket, fds: list | None = None) -> bytes | None:
     if not recv_exact(sock, memoryview(length)[got:]):
         return None
     body = bytearray(int.from_bytes(length, "little"))
-    return bytes(body) if recv_exact(sock, body) else None
+    return body if recv_exact(sock, body) else None
 
 
 def peak_rss() -> int:

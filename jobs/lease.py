@@ -26,8 +26,9 @@ over renewed (its holder read the lease before our write and wrote after it) wri
 What remains is a driver whose read-to-write gap is longer than SETTLE_S (a stalled process):
 then both may go on, and the one whose lease was overwritten notices at its next renewal (at
 most HEARTBEAT_S later) and stops, its store left resumable; its workers write no unit once
-their lease is overwritten (`LeaseGuard`: before a unit's first write and before its marker). Expiry compares
-wall clocks of different hosts: keep the cluster's clocks in sync (NTP) to well within EXPIRY_S.
+their lease is overwritten (`LeaseGuard`: before a unit's first write and before its marker).
+Expiry compares wall clocks of different hosts: keep the cluster's clocks in sync (NTP) to well
+within EXPIRY_S.
 """
 from __future__ import annotations
 
