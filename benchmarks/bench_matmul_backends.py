@@ -1,6 +1,7 @@
 """float32 x @ w.T on one CPU thread: torch's public op (MKL's sgemm) against oneDNN's
-(linpipe.model.onednn.onednn_linear, what the CPU forward's row tiles use), at the
-model's shapes, alternating rounds, medians in GFLOP/s.
+(linpipe.model.onednn.onednn_linear), the two products the CPU forward's row tiles choose from
+(`cpu_matmul`: what this machine takes is printed first), at the model's shapes, alternating
+rounds, medians in GFLOP/s.
 
 Usage: python benchmarks/bench_matmul_backends.py [--rounds 7]
 """
@@ -14,7 +15,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from linpipe.model.onednn import onednn_linear
+from linpipe.model.onednn import cpu_matmul, onednn_linear
 
 # (rows, in, out): the default model's qkv, MLP and o_proj tiles (D=64, M=128, 2,048 rows), the
 # bench model's (D=128, M=512) and the tiny model's (D=8, 16,384 rows)
@@ -36,7 +37,8 @@ def main():
     args = ap.parse_args()
     torch.set_num_threads(1)
     g = torch.Generator().manual_seed(0)
-    report = {}
+    report = {"cpu_capability": torch.backends.cpu.get_cpu_capability(), "forward_takes": cpu_matmul()}
+    print(json.dumps(report), flush=True)
     for m, k, n in SHAPES:
         x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g)
         flops = 2 * m * k * n

@@ -124,6 +124,8 @@ def preflight(request: JobRequest, run: RunOptions | None = None) -> Checked:
     cluster = check_cluster(run.address)  # first: a cluster that does not answer fails in seconds
     runtime_env = runtime_env_from(run.runtime_env, run.env) if is_job_server_address(run.address) else None
     plan = plan_job(request)
+    from linpipe.model.onednn import cpu_matmul  # torch: plan_job has imported it
+    cpu_matmul()  # a wrong LINPIPE_CPU_MATMUL is refused here, not by every worker
     if not run.address:  # an embedded Ray's slots are known now; a cluster's once Ray joined it
         check_split(plan, request.split, embedded_slots(request.workers, request.actor_resources))
     out = request.out_path

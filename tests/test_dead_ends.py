@@ -216,6 +216,19 @@ def test_a_split_into_more_segments_than_workers_is_refused_while_planning(tmp_p
     assert run(*args, "--split", 9, "--workers", 5).exit_code == 0  # 5 units: at most 5 segments
 
 
+def test_a_cpu_matmul_that_is_not_one_is_refused_while_planning(tmp_path, monkeypatch):
+    import linpipe.model.onednn as onednn
+
+    monkeypatch.setattr(onednn, "_chosen", None)
+    monkeypatch.setenv("LINPIPE_CPU_MATMUL", "blas")
+    out = tmp_path / "mt.zarr"
+    for more in (("--dry-run",), ()):
+        r = run("submit", EXAMPLES / "MT-human.fa", "--out", out, *more)
+        assert r.exit_code == 1 and len(error_lines(r)) == 1, r.output
+        assert "LINPIPE_CPU_MATMUL='blas'" in r.output and "mkl, onednn" in r.output
+        assert not out.exists()
+
+
 # ------------------------------------------------------------------ regions: the escape
 def test_a_genome_wide_bed_is_refused_or_skipped_and_clipped_as_asked(genomes, tmp_path, one_torch_thread):
     from _pipeline_data import assert_same_bytes, store_arrays, write_in_process

@@ -1,19 +1,32 @@
-"""oneDNN's float32 matrix product on the CPU, through torch's public oneDNN tensors.
+"""oneDNN's float32 matrix product on the CPU, through torch's public oneDNN tensors, and which
+of it and torch's own product (MKL's sgemm) the CPU forward uses on this machine.
 
-torch's `mm`, `addmm` and `F.linear` run float32 through MKL's sgemm, and MKL runs its AVX2 code
-on AMD CPUs: 100-110 GFLOP/s on one core of the AMD EPYC development VM against oneDNN's
-215-235 GFLOP/s for the model's shapes, with the same float32 accumulation (BENCHMARKS.md, "The
-CPU forward"). `Tensor.to_mkldnn` and the `aten.mkldnn_linear` operator reach oneDNN without
-any private part of torch; the GELU and the residual add follow as ordinary ops (fusing them
-into the product needs a private operator, which gave the same bytes, 1.1x faster). Where torch
-has no oneDNN, `onednn_linear` returns None and the caller uses MKL.
+MKL runs its AVX2 code on AMD CPUs. On an AMD EPYC with AVX-512, oneDNN's product ran the
+model's shapes at 215-235 GFLOP/s on one core against MKL's 100-110; on an AMD EPYC with AVX2
+only, oneDNN's AVX2 kernel and its copies in and out ran them at 15-47 against MKL's 57-64, and
+the whole forward 1.25-1.4x faster through MKL (BENCHMARKS.md, "The CPU forward" and "The
+matmul backend by CPU"). So the forward takes oneDNN where torch's CPU capability is AVX-512
+and MKL elsewhere: a rule of the machine, not a timing, because the two round differently and
+a machine must give the same bytes on every run. `LINPIPE_CPU_MATMUL=mkl` or `onednn` overrides
+it (on every node: a cluster of mixed CPUs then computes alike, bit for bit, where the same
+kernels run).
+
+`Tensor.to_mkldnn` and the `aten.mkldnn_linear` operator reach oneDNN without any private part
+of torch; the GELU and the residual add follow as ordinary ops (fusing them into the product
+needs a private operator, which gave the same bytes, 1.1x faster).
 """
 from __future__ import annotations
+
+import os
 
 import torch
 import torch.nn.functional as F
 
+from linpipe.errors import LinpipeError
+
+MATMULS = ("mkl", "onednn")
 _available = None  # whether this torch has oneDNN, once asked
+_chosen = None  # the forward's product on this machine, once decided
 
 
 def _has_onednn() -> bool:
@@ -21,6 +34,23 @@ def _has_onednn() -> bool:
     if _available is None:
         _available = bool(torch.backends.mkldnn.is_available())
     return _available
+
+
+def cpu_matmul() -> str:
+    """The float32 product the CPU forward's row tiles use here: "onednn" where torch runs
+    AVX-512 code and has oneDNN, else "mkl" (torch's own op); `LINPIPE_CPU_MATMUL` overrides."""
+    global _chosen
+    if _chosen is None:
+        asked = os.environ.get("LINPIPE_CPU_MATMUL", "").strip().lower()
+        if asked and asked not in MATMULS:
+            raise LinpipeError(f"LINPIPE_CPU_MATMUL={asked!r}: use one of {', '.join(MATMULS)}, or unset "
+                               "it (the machine's own choice)")
+        if asked:
+            _chosen = "onednn" if asked == "onednn" and _has_onednn() else "mkl"
+        else:
+            avx512 = torch.backends.cpu.get_cpu_capability().upper().startswith("AVX512")
+            _chosen = "onednn" if avx512 and _has_onednn() else "mkl"
+    return _chosen
 
 
 def onednn_linear(x, w, bias=None, *, gelu=False, residual=None):

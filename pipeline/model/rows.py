@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from linpipe.model.onednn import onednn_linear
+from linpipe.model.onednn import cpu_matmul, onednn_linear
 
 # Rows per tile are a multiple of this (32 float32 lanes: AVX-512's two-vector step), so that
 # a tile's elementwise ops have no scalar remainder.
@@ -55,8 +55,9 @@ def by_tiles(fn, tile: int, *rows):
 
 
 def _linear_tile(x, w, bias, gelu, residual):
-    """One tile: x @ w.T (+ bias), then GELU or + residual: oneDNN where it takes it."""
-    y = onednn_linear(x, w, bias, gelu=gelu, residual=residual)
+    """One tile: x @ w.T (+ bias), then GELU or + residual: oneDNN where this machine's forward
+    takes it (`cpu_matmul`) and it takes the tile."""
+    y = onednn_linear(x, w, bias, gelu=gelu, residual=residual) if cpu_matmul() == "onednn" else None
     if y is not None:
         return y
     y = F.linear(x, w, bias) if residual is None else torch.addmm(residual, x, w.t())
