@@ -343,6 +343,11 @@ def runtime_env_from(path: str | None, env_vars: tuple[str, ...] = ()) -> dict |
             raise LinpipeError(f"{option('env')} {item!r}: expected KEY=VALUE")
         pairs[k] = v
     for where, names in ((f"{path}: env_vars", env.get("env_vars") or {}), (option("env"), pairs)):
+        if names:  # a product the job's driver would refuse on the cluster is refused here
+            from linpipe.model.onednn import MATMUL_ENV, matmul_asked
+
+            if MATMUL_ENV in names:
+                matmul_asked(str(names[MATMUL_ENV]), f"{where}: {MATMUL_ENV}")
         if auth.TOKEN_ENV in names:
             # A runtime_env is stored with the job, readable by anyone who can list jobs.
             raise LinpipeError(f"{where}: {auth.TOKEN_ENV}: the cluster's token is not passed "

@@ -227,6 +227,19 @@ def test_a_cpu_matmul_that_is_not_one_is_refused_while_planning(tmp_path, monkey
         assert r.exit_code == 1 and len(error_lines(r)) == 1, r.output
         assert "LINPIPE_CPU_MATMUL='blas'" in r.output and "mkl, onednn" in r.output
         assert not out.exists()
+    # a job server's runtime_env: refused at the submit, not by the job's driver on the cluster
+    from linpipe.cli.common import spell
+    from linpipe.errors import LinpipeError
+    from linpipe.jobs.submission import runtime_env_from
+
+    with pytest.raises(LinpipeError) as e:
+        runtime_env_from(None, ("LINPIPE_CPU_MATMUL=blas",))
+    assert e.value.render(spell).startswith("--env: LINPIPE_CPU_MATMUL='blas': use one of mkl, onednn")
+    f = tmp_path / "env.yaml"
+    f.write_text("env_vars: {LINPIPE_CPU_MATMUL: BLAS}\n")
+    with pytest.raises(LinpipeError, match="env.yaml: env_vars: LINPIPE_CPU_MATMUL='BLAS'"):
+        runtime_env_from(str(f))
+    assert runtime_env_from(None, ("LINPIPE_CPU_MATMUL=MKL",))["env_vars"]["LINPIPE_CPU_MATMUL"] == "MKL"
 
 
 # ------------------------------------------------------------------ regions: the escape

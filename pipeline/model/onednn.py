@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from linpipe.errors import LinpipeError
 
 MATMULS = ("mkl", "onednn")
+MATMUL_ENV = "LINPIPE_CPU_MATMUL"
 _available = None  # whether this torch has oneDNN, once asked
 _chosen = None  # the forward's product on this machine, once decided
 
@@ -36,15 +37,22 @@ def _has_onednn() -> bool:
     return _available
 
 
+def matmul_asked(value: str, where: str = MATMUL_ENV) -> str | None:
+    """The product a LINPIPE_CPU_MATMUL value asks for, None for an empty one; where: how the
+    user gave it, for the error."""
+    asked = value.strip().lower()
+    if asked and asked not in MATMULS:
+        raise LinpipeError(f"{where}={value!r}: use one of {', '.join(MATMULS)}, or unset it (the "
+                           "machine's own choice)")
+    return asked or None
+
+
 def cpu_matmul() -> str:
     """The float32 product the CPU forward's row tiles use here: "onednn" where torch runs
     AVX-512 code and has oneDNN, else "mkl" (torch's own op); `LINPIPE_CPU_MATMUL` overrides."""
     global _chosen
     if _chosen is None:
-        asked = os.environ.get("LINPIPE_CPU_MATMUL", "").strip().lower()
-        if asked and asked not in MATMULS:
-            raise LinpipeError(f"LINPIPE_CPU_MATMUL={asked!r}: use one of {', '.join(MATMULS)}, or unset "
-                               "it (the machine's own choice)")
+        asked = matmul_asked(os.environ.get(MATMUL_ENV, ""))
         if asked:
             _chosen = "onednn" if asked == "onednn" and _has_onednn() else "mkl"
         else:
