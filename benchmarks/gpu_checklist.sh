@@ -14,6 +14,9 @@
 #                                                                   (kernels.log, kernels.json)
 #   4  benchmarks/bench_gpu_pipeline.py --mb 100: the default model over 100 Mb of real genome
 #      through the worker path vs the bare model, split, GPU busy fraction   (pipeline.log)
+#   5  (not in the default run) the host CPU's two float32 products at the model's shapes, MKL's
+#      and oneDNN's, and the one the CPU forward takes there (linpipe.model.onednn.cpu_matmul):
+#      another CPU to check the rule on, about a minute                    (cpu_matmul.log)
 #
 # Each item runs under its own timeout and the next runs whatever the last did; logs go to $OUT
 # (the device tool's folder) or ./gpu-out, with a summary in checklist.log. Ray is not needed:
@@ -90,7 +93,9 @@ if torch.cuda.is_available():
            step pipeline 240 "$py" benchmarks/bench_gpu_pipeline.py --mb "$mb" --model default --device cpu \
                --unit 65536
        fi ;;
-    *) say "no item $item (1-4)" ;;
+    5) step cpu_matmul 120 bash -c "lscpu | grep -E 'Model name|Flags' | cut -c1-400; \
+           $py benchmarks/bench_matmul_backends.py --rounds 3" ;;
+    *) say "no item $item (1-5)" ;;
     esac
 done
 say "done; logs in $out"

@@ -16,6 +16,7 @@ from _pipeline_data import (
 )
 
 import linpipe.model.onednn as onednn
+from linpipe.errors import LinpipeError
 from linpipe.inputs.alphabet import tokenize
 from linpipe.model import load_model
 
@@ -131,6 +132,14 @@ def test_the_machine_chooses_by_its_cpu(monkeypatch):
     monkeypatch.setattr(onednn, "_chosen", None)
     avx512 = torch.backends.cpu.get_cpu_capability().upper().startswith("AVX512")
     assert onednn.cpu_matmul() == ("onednn" if avx512 and torch.backends.mkldnn.is_available() else "mkl")
+    # a torch without oneDNN: MKL by the rule; asked for by name, refused rather than replaced
+    monkeypatch.setattr(onednn, "_available", False)
+    monkeypatch.setattr(onednn, "_chosen", None)
+    assert onednn.cpu_matmul() == "mkl"
+    monkeypatch.setattr(onednn, "_chosen", None)
+    monkeypatch.setenv("LINPIPE_CPU_MATMUL", "oneDNN")
+    with pytest.raises(LinpipeError, match="LINPIPE_CPU_MATMUL=onednn: this torch has no oneDNN"):
+        onednn.cpu_matmul()
 
 
 @pytest.mark.slow

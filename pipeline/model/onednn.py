@@ -3,13 +3,13 @@ of it and torch's own product (MKL's sgemm) the CPU forward uses on this machine
 
 MKL runs its AVX2 code on AMD CPUs. On an AMD EPYC with AVX-512, oneDNN's product ran the
 model's shapes at 215-235 GFLOP/s on one core against MKL's 100-110; on an AMD EPYC with AVX2
-only, oneDNN's AVX2 kernel and its copies in and out ran them at 15-47 against MKL's 57-64, and
-the whole forward 1.25-1.4x faster through MKL (BENCHMARKS.md, "The CPU forward" and "The
-matmul backend by CPU"). So the forward takes oneDNN where torch's CPU capability is AVX-512
-and MKL elsewhere: a rule of the machine, not a timing, because the two round differently and
-a machine must give the same bytes on every run. `LINPIPE_CPU_MATMUL=mkl` or `onednn` overrides
-it (on every node: a cluster of mixed CPUs then computes alike, bit for bit, where the same
-kernels run).
+only, oneDNN's AVX2 kernel and its copies in and out ran the default and bench models' shapes
+at 15-72 GFLOP/s against MKL's 57-71, and the whole forward was 1.1-1.4x faster through MKL
+(BENCHMARKS.md, "The CPU forward" and "The matmul backend by CPU"). So the forward takes oneDNN
+where torch's CPU capability is AVX-512 and MKL elsewhere: a rule of the machine, not a timing,
+because the two round differently and a machine must give the same bytes on every run.
+`LINPIPE_CPU_MATMUL=mkl` or `onednn` overrides the rule, e.g. on every node of a cluster of
+mixed CPUs, so that all its workers take the same product.
 
 `Tensor.to_mkldnn` and the `aten.mkldnn_linear` operator reach oneDNN without any private part
 of torch; the GELU and the residual add follow as ordinary ops (fusing them into the product
@@ -53,8 +53,11 @@ def cpu_matmul() -> str:
     global _chosen
     if _chosen is None:
         asked = matmul_asked(os.environ.get(MATMUL_ENV, ""))
+        if asked == "onednn" and not _has_onednn():
+            raise LinpipeError(f"{MATMUL_ENV}=onednn: this torch has no oneDNN "
+                               "(torch.backends.mkldnn.is_available() is False); use mkl, or unset it")
         if asked:
-            _chosen = "onednn" if asked == "onednn" and _has_onednn() else "mkl"
+            _chosen = asked
         else:
             avx512 = torch.backends.cpu.get_cpu_capability().upper().startswith("AVX512")
             _chosen = "onednn" if avx512 and _has_onednn() else "mkl"
