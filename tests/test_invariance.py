@@ -116,7 +116,8 @@ def test_thread_count_changes_no_byte(models, records, name, matmul):
 @pytest.mark.parametrize("name", ["tiny", "default"])
 def test_the_two_products_differ_by_round_off_only(models, records, name, monkeypatch):
     """A machine of the other kind (AVX-512 or not) takes the other product by default: its
-    outputs are those of this one to float32 round-off, not the same bytes."""
+    outputs are this one's to float32 round-off (on the AVX2 development VM not the same bytes:
+    BENCHMARKS.md, "The matmul backend by CPU")."""
     m = models[name]
     got = {}
     for which in onednn.MATMULS:
