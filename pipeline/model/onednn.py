@@ -53,14 +53,13 @@ def cpu_matmul() -> str:
     global _chosen
     if _chosen is None:
         asked = matmul_asked(os.environ.get(MATMUL_ENV, ""))
-        if asked == "onednn" and not _has_onednn():
+        if asked is None:
+            avx512 = torch.backends.cpu.get_cpu_capability().upper().startswith("AVX512")
+            asked = "onednn" if avx512 and _has_onednn() else "mkl"
+        elif asked == "onednn" and not _has_onednn():
             raise LinpipeError(f"{MATMUL_ENV}=onednn: this torch has no oneDNN "
                                "(torch.backends.mkldnn.is_available() is False); use mkl, or unset it")
-        if asked:
-            _chosen = asked
-        else:
-            avx512 = torch.backends.cpu.get_cpu_capability().upper().startswith("AVX512")
-            _chosen = "onednn" if avx512 and _has_onednn() else "mkl"
+        _chosen = asked
     return _chosen
 
 
