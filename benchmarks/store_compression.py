@@ -30,7 +30,8 @@ from linpipe.store import CODEC_CHOICE, codecs_for
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("LINPIPE_SHARED_DATA", REPO.parent / "shared" / "data"))
 FLOATS = ("none", "zstd-1", "zstd-3", "blosc-lz4-5-shuffle", "blosc-lz4-5-bitshuffle",
-          "blosc-lz4-5-bitshuffle+crc32c", "blosc-zstd-1-shuffle", "blosc-zstd-1-bitshuffle",
+          "blosc-lz4-5-bitshuffle+crc32c", "blosc-lz4-1-bitshuffle+crc32c", "blosc-lz4-3-bitshuffle+crc32c",
+          "blosc-lz4-9-bitshuffle+crc32c", "blosc-zstd-1-shuffle", "blosc-zstd-1-bitshuffle",
           "blosc-zstd-5-shuffle", "blosc-zstd-5-bitshuffle")
 BYTES = ("none", "zstd-1", "zstd-3", "zstd-9", "blosc-lz4-5-noshuffle", "blosc-zstd-5-noshuffle")
 SHARD_UNITS = 16  # units per shard in the sharded row

@@ -69,7 +69,7 @@ def another_job(out: str, meta: dict, plan: JobPlan) -> StoreError:
     """Why the store at out (its root metadata) cannot take this job's units: an input changed
     since it was written, an older linpipe wrote it, or it holds another job."""
     from linpipe.inputs.base import input_changes
-    from linpipe.store.layout import FORMAT_VERSION
+    from linpipe.store.layout import HASHED_INPUTS
 
     fix = f"start over with {option('overwrite')} or choose another {option('out')}"
     changed = input_changes(meta.get("inputs"), plan.files)
@@ -77,7 +77,7 @@ def another_job(out: str, meta: dict, plan: JobPlan) -> StoreError:
         return StoreError(f"{out}: cannot resume: input {'; input '.join(changed)}; the store holds "
                           f"outputs of the old content: {fix}")
     version = meta.get("format_version")
-    if isinstance(version, int) and version < FORMAT_VERSION:
+    if isinstance(version, int) and version < HASHED_INPUTS:
         return StoreError(f"{out}: written by an older linpipe ({meta.get('linpipe_version')}, output format "
                           f"{version}) that recorded no content hash of its inputs, so it cannot be resumed: "
                           f"{fix}")

@@ -95,7 +95,7 @@ def test_an_edited_input_is_named_by_submit_verify_and_score_variants(human, tin
     write_in_process(human, tiny, out, unit_size=262_144, outputs=("logprob",))
     meta = linpipe.open_output(out).meta
     st = os.stat(human)
-    assert meta["format_version"] == FORMAT_VERSION == 3
+    assert meta["format_version"] == FORMAT_VERSION == 4
     assert meta["inputs"] == [{"path": str(human), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
                                "sha256": sha256(human)}]
     submit = ["submit", human, "--model", tiny, "--out", out, "--unit-size", "262144", "--outputs", "logprob"]

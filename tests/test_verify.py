@@ -146,6 +146,76 @@ def test_missing_units_and_format_1(written, tmp_path):
     assert r.exit_code == 1 and r.output.startswith("Error: ") and "no checksums" in r.output
 
 
+def _unit_0_sums(out: Path, record_id: str) -> tuple[list[int], dict[str, bytes]]:
+    """The recorded checksums of a long record's unit 0, and its arrays' bytes as read back."""
+    store = OutputStore.open(str(out), mode="r")
+    key = store.record(record_id).key
+    names = store.unit_names(key)
+    sums = store.unit_sums(key)[0].tolist()
+    return sums[:len(names)], {n: store.array(key, n)[0:CONTIG_UNIT].tobytes() for n in names}
+
+
+def test_a_format_3_store_is_resumed_with_its_own_checksums(written, tmp_path, monkeypatch):
+    """Format 4 changed only the units' checksums (CRC-32C for zlib's CRC-32): a store of
+    format 3 half written goes on in format 3, every unit with a CRC-32, and verifies."""
+    import zlib
+
+    import google_crc32c
+
+    from linpipe.jobs.actor import PipelineWorker
+    from linpipe.jobs.driver import open_or_create_store
+
+    good, plan = written
+    fasta, model = good.parent / "contigs.fa", good.parent / "tiny"
+    out = tmp_path / "v3.zarr"
+    with monkeypatch.context() as m:
+        m.setattr("linpipe.store.create.FORMAT_VERSION", 3)
+        open_or_create_store(plan, str(out))
+    first = plan.streams[0]
+
+    def run_units(done_first: int | None):
+        """Units of the first long record after done_first (all: None) and, then, the rest."""
+        store = OutputStore.open(str(out), mode="r")
+        w = PipelineWorker(plan.model_ref, str(out), list(plan.outputs), device="cpu", threads=1,
+                           input_options=plan.input_options)
+        for r in plan.streams:
+            done = store.completed_units(store.record(r.id).key)
+            for i, c in enumerate(r.units()):
+                if i not in done and (done_first is None or r is first and i <= done_first):
+                    w.run_unit(c, last=i == r.n_units - 1)
+        if done_first is None:
+            for b in np.flatnonzero(~store.batches_done()).tolist():
+                w.run_batch(b, plan.batch_units(b))
+        w.close()
+
+    run_units(1)  # an older linpipe's job, stopped after the first record's units 0 and 1
+    r = CliRunner().invoke(cli, ["submit", str(fasta), "--model", str(model), "--unit-size", str(CONTIG_UNIT),
+                                 "--out", str(out), "--dry-run"])
+    assert r.exit_code == 0 and "older linpipe" not in r.output, r.output
+    run_units(None)  # resumed: the first record from its unit 2 (the state after unit 1, read back)
+    assert OutputStore.open(str(out), mode="r+").finalize()
+
+    reader = linpipe.open_output(out)
+    assert reader.meta["format_version"] == 3 and reader.complete
+    assert verify_store(str(out)).ok
+    # the same values as the format-4 store; each unit's checksums by its store's format
+    for rid in (s.id for s in plan.streams):
+        for name in ("logprob", "entropy"):
+            assert reader.read(rid, name).tobytes() == linpipe.open_output(good).read(rid, name).tobytes()
+    sums3, values3 = _unit_0_sums(out, first.id)
+    sums4, values4 = _unit_0_sums(good, first.id)
+    assert values3 == values4
+    assert sums3 == [2**32 | zlib.crc32(v) for v in values3.values()]
+    assert sums4 == [2**32 | google_crc32c.value(v) for v in values4.values()]
+    assert sums3 != sums4
+    # a damaged unit of the format-3 store is caught by its CRC-32
+    key = OutputStore.open(str(out), mode="r").record(first.id).key
+    chunks = out / key / "logprob" / "c"
+    (chunks / "1").write_bytes((chunks / "0").read_bytes())
+    report = verify_store(str(out))
+    assert [(p.kind, p.record, p.unit) for p in report.problems] == [("corrupt", first.id, 1)]
+
+
 def _two_units_damaged(good: Path, plan, out: Path) -> str:
     """A copy of the good store with chunk 1 and chunk 2 of the first long record's logprob
     replaced by its chunk 0 (valid bytes, wrong values); the record's id."""

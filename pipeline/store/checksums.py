@@ -14,24 +14,36 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from linpipe.store.layout import CHECKSUM_SET, is_rc
+from linpipe.store.layout import CHECKSUM_SET, CHECKSUMS, is_rc
 from linpipe.store.location import pool
 from linpipe.strands import FORWARD, REVERSE
 
 STATE = "state"  # the last column of a unit's checksums
 
 
-def checksum(values) -> int:
-    """CHECKSUM_SET | crc32 of an array's bytes as stored (its dtype, C order), or of bytes."""
+def kind_of(store) -> str:
+    """The checksum a store's units record (CHECKSUMS, by its format version)."""
+    return CHECKSUMS.get(store.format_version, "crc32")
+
+
+def checksum(values, kind: str) -> int:
+    """CHECKSUM_SET | the CRC `kind` ('crc32' or 'crc32c') of an array's bytes as stored (its
+    dtype, C order), or of bytes."""
+    if kind == "crc32c":
+        from google_crc32c import value as crc  # zarr's own crc32c codec uses it
+    elif kind == "crc32":
+        crc = zlib.crc32
+    else:
+        raise ValueError(f"unknown checksum {kind!r}")
     if isinstance(values, bytes):
-        return CHECKSUM_SET | zlib.crc32(values)
-    return CHECKSUM_SET | zlib.crc32(np.ascontiguousarray(values).view(np.uint8).reshape(-1))
+        return CHECKSUM_SET | crc(values)
+    return CHECKSUM_SET | crc(np.ascontiguousarray(values).view(np.uint8).reshape(-1))
 
 
-def unit_checksums(values, state_blob: bytes | None = None) -> np.ndarray:
+def unit_checksums(values, state_blob: bytes | None, kind: str) -> np.ndarray:
     """One checksum per array a unit wrote (0: an array it did not write), then its state's (0: no state)."""
-    return np.array([0 if v is None else checksum(v) for v in values]
-                    + [checksum(state_blob) if state_blob is not None else 0],
+    return np.array([0 if v is None else checksum(v, kind) for v in values]
+                    + [checksum(state_blob, kind) if state_blob is not None else 0],
                     dtype=np.uint64)
 
 
@@ -58,6 +70,7 @@ class UnitCheck:
 
     def __init__(self, store):
         self.store = store
+        self.kind = kind_of(store)
         self._sums: dict = {}
 
     def _sums_of(self, key: str | None, strand: str):
@@ -82,7 +95,7 @@ class UnitCheck:
             state = pool().submit(lambda st=strand: s.state_blob(key, unit, st) or b"") \
                 if sums[unit][-1] else None
             got, bad = _hold(order, sums[unit], names, values, lambda n: s.array(key, n)[start:end],
-                             state.result if state is not None else bytes)
+                             state.result if state is not None else bytes, self.kind)
             out.update(got)
             faults += bad
         return out, faults
@@ -98,14 +111,14 @@ class UnitCheck:
             order, sums = self._sums_of(None, FORWARD)
             recorded = sums[batch]
         return _hold(order, recorded, names, values, lambda n: p.array(n)[batch * cs:(batch + 1) * cs],
-                     lambda: b"")
+                     lambda: b"", self.kind)
 
 
 def _strand_of(name: str) -> str:
     return REVERSE if is_rc(name) else FORWARD
 
 
-def _hold(order: list[str], recorded: np.ndarray, names, keep: bool, read, read_state):
+def _hold(order: list[str], recorded: np.ndarray, names, keep: bool, read, read_state, kind: str):
     """Read one unit's arrays (those of `order` in `names`) and its state, and compare each
     with its recorded checksum: (values, faults)."""
     want = dict(zip(order + [STATE], recorded.tolist(), strict=True))
@@ -121,6 +134,6 @@ def _hold(order: list[str], recorded: np.ndarray, names, keep: bool, read, read_
             continue
         if keep and name != STATE:
             values[name] = got
-        if want[name] and checksum(got) != want[name]:
+        if want[name] and checksum(got, kind) != want[name]:
             faults.append(Fault(name))
     return values, faults

@@ -19,10 +19,13 @@ from linpipe.store.zarr_spec import KEY_ENCODING
 from linpipe.strands import FORWARD, REVERSE
 
 FORMAT = "linpipe-output"
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 # read, never written to: 1 (every record in its own group, no _packed/) and 2 (inputs recorded
-# as bare paths, job ids from sampled content); docs/output-format.md, Versioning
-READABLE_VERSIONS = (1, 2, 3)
+# as bare paths, job ids from sampled content); 3 is resumed in its own format, which differs
+# from 4 in its checksums only (CHECKSUMS); docs/output-format.md, Versioning
+READABLE_VERSIONS = (1, 2, 3, 4)
+WRITABLE_VERSIONS = (3, 4)
+HASHED_INPUTS = 3  # the first version that records its inputs' content hashes
 PROGRESS = "_linpipe"  # root group holding completion markers and boundary states
 PROGRESS_ABOUT = "linpipe completion markers and boundary states"
 CREATING = "linpipe_creating"  # root attribute while create() lays the store out
@@ -214,14 +217,18 @@ def state_array(nbytes: int) -> ArraySpec:
 
 
 def checksum_array(n_units: int, n_arrays: int) -> ArraySpec:
-    """`_linpipe/<key>/sum`, `_linpipe/_packed/sum`: per unit, CHECKSUM_SET | crc32 of each array
-    the unit wrote (its values over the unit's range, as stored), in the order of the store's
-    output names, then of the boundary state's bytes (0: no state). One Zarr chunk per unit."""
+    """`_linpipe/<key>/sum`, `_linpipe/_packed/sum`: per unit, CHECKSUM_SET | the checksum
+    (CHECKSUMS) of each array the unit wrote (its values over the unit's range, as stored), in
+    the order of the store's output names, then of the boundary state's bytes (0: no state).
+    One Zarr chunk per unit."""
     width = n_arrays + 1
     return ArraySpec("sum", "uint64", (DIM_UNIT, DIM_CHECKSUM), (n_units, width), (1, width), 0, "none")
 
 
-CHECKSUM_SET = 1 << 32  # marks a recorded checksum (a crc32 may itself be 0)
+CHECKSUM_SET = 1 << 32  # marks a recorded checksum (a CRC may itself be 0)
+# the unit checksums' function by format version: CRC-32C from 4 (the CPU's crc32 instruction,
+# 5x zlib's crc32 on a 2-core AVX2 VM: a tenth of a unit's write), zlib's CRC-32 before
+CHECKSUMS = {2: "crc32", 3: "crc32", 4: "crc32c"}
 
 
 def record_path(key: str, name: str | None = None) -> str:

@@ -30,7 +30,7 @@ import numpy as np
 
 from linpipe.errors import StoreError, option
 from linpipe.model.outputs import DNA
-from linpipe.store.checksums import unit_checksums
+from linpipe.store.checksums import kind_of, unit_checksums
 from linpipe.store.layout import (
     CHANNEL_NAMES,
     CREATING,
@@ -40,6 +40,7 @@ from linpipe.store.layout import (
     PROGRESS,
     READABLE_VERSIONS,
     TIME,
+    WRITABLE_VERSIONS,
     is_rc,
     progress_name,
     progress_path,
@@ -131,7 +132,7 @@ class OutputStore:
             raise StoreError(f"{os.fspath(path)}: mode must be 'r' or 'r+', got {mode!r}")
         location = Location(path, read_only=(mode == "r"))
         store = cls(location, _open_root(location), mode=mode)
-        if mode == "r+" and store.format_version != FORMAT_VERSION:
+        if mode == "r+" and store.format_version not in WRITABLE_VERSIONS:
             raise StoreError(f"{store.path}: written by linpipe {store.meta.get('linpipe_version')} in "
                              f"output format {store.format_version}; it can be read (linpipe.open_output) "
                              f"but not written to: use {option('overwrite')} to run the job anew, or "
@@ -375,7 +376,8 @@ class OutputStore:
         files = [raw.write(arr, idx, data) for (arr, data), (_, idx) in zip(written, chunks, strict=True)]
         by_zarr = [c for c, f in zip(chunks, files, strict=True) if f is None]
         blob, state_files = write_state()  # the boundary state after this unit (its bytes, or None)
-        checks = unit_checksums([None if v is None else v[1] for v in prepared.values()], blob)
+        checks = unit_checksums([None if v is None else v[1] for v in prepared.values()], blob,
+                                kind_of(self))
         files += state_files + [raw.write(sums, (index, 0), checks[None])]
         self._sync(by_zarr, files)
         if guard is not None:
