@@ -192,8 +192,10 @@ def test_a_format_3_store_is_resumed_with_its_own_checksums(written, tmp_path, m
     r = CliRunner().invoke(cli, ["submit", str(fasta), "--model", str(model), "--unit-size", str(CONTIG_UNIT),
                                  "--out", str(out), "--dry-run"])
     assert r.exit_code == 0 and "older linpipe" not in r.output, r.output
-    run_units(None)  # resumed: the first record from its unit 2 (the state after unit 1, read back)
-    assert OutputStore.open(str(out), mode="r+").finalize()
+    resumed = open_or_create_store(plan, str(out))  # the driver's resume: the store as it is
+    assert resumed.format_version == 3 and resumed.completed_units(resumed.record(first.id).key) == {0, 1}
+    run_units(None)  # the first record from its unit 2 (the state after unit 1, read back), then the rest
+    assert resumed.finalize()
 
     reader = linpipe.open_output(out)
     assert reader.meta["format_version"] == 3 and reader.complete
