@@ -18,8 +18,9 @@ alternating; the median of each is printed.
 The stand-in model returns a small model's real outputs over the input's first unit (so the
 codec sees real values), sliced to each unit's length.
 The long inputs are long enough for the rate to be the steady state's: a worker's first call
-costs some 20-40 ms more than the others (its writing process's first write), which over the
-30 calls of 8 Mb was a tenth of the run on a 2-core VM; that call's time is printed apart.
+costs more than the others (its writing process's first write, 20-40 ms more on a 2-core VM;
+here also the wait for that process's start, which a real worker's model load covers), which
+over the 30 calls of 8 Mb was a tenth of the run; that call's time is printed apart.
 """
 from __future__ import annotations
 
