@@ -227,7 +227,8 @@ def checksum_array(n_units: int, n_arrays: int) -> ArraySpec:
 
 CHECKSUM_SET = 1 << 32  # marks a recorded checksum (a CRC may itself be 0)
 # the unit checksums' function by format version: CRC-32C from 4 (the CPU's crc32 instruction,
-# 5x zlib's crc32 on a 2-core AVX2 VM: a tenth of a unit's write), zlib's CRC-32 before
+# 5x zlib's CRC-32 on a 2-core AVX2 VM, where that was a tenth of a logprob,entropy unit's write
+# and a sixth of a float16 hidden unit's), zlib's CRC-32 before
 CHECKSUMS = {2: "crc32", 3: "crc32", 4: "crc32c"}
 
 
