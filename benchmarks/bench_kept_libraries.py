@@ -6,7 +6,8 @@ run: alternating rounds, medians, the ratio library / linpipe. Figures go to BEN
     python benchmarks/bench_kept_libraries.py zarr [--rounds 3]
 
 bigwig: a whole-genome export (every genome in ../shared/data (LINPIPE_SHARED_DATA; else the
-same files in tests/data) joined into one FASTA, 7.75 Mb in 59 records; a store of `logprob` made by `linpipe submit` with a tiny random
+same files in tests/data) joined into one FASTA, 7.75 Mb in 59 records; a store of `logprob`
+made by `linpipe submit` with a tiny random
 model) written by linpipe.outputs.bigwig and by pybigtools from the same intervals, both read back
 with pyBigWig and compared value by value with the store.
 fasta: a bgzip genome (the same records, bgzip-compressed by pysam) opened cold (indexes built)
@@ -74,8 +75,8 @@ def _report(name: str, times: dict[str, list[float]], base: str) -> None:
     med = {k: statistics.median(v) for k, v in times.items()}
     for k, v in times.items():
         ratio = med[k] / med[base]
-        print(f"{name}: {k}: median {med[k]:.3f} s (rounds {', '.join(f'{x:.3f}' for x in v)}); "
-              f"{ratio:.2f}x {base}'s time")
+        print(f"{name}: {k}: median {med[k] * 1e3:.1f} ms (rounds {', '.join(f'{x * 1e3:.1f}' for x in v)}); "
+              f"{ratio:.3g}x {base}'s time")
 
 
 # ------------------------------------------------------------------------------------ bigwig
@@ -146,7 +147,8 @@ def check_bigwig(path: Path, store: Path) -> int:
             same = (got == want) | (np.isnan(got) & np.isnan(want))
             if not same.all():
                 k = int(np.argmin(same))
-                raise SystemExit(f"{path}: record {rid!r} position {k}: {got[k]} against the store's {want[k]}")
+                raise SystemExit(f"{path}: record {rid!r} position {k}: {got[k]} "
+                                 f"against the store's {want[k]}")
             n += want.size
     finally:
         bw.close()
@@ -252,11 +254,12 @@ def bench_fasta(rounds: int, n_reads: int) -> None:
                         else [(rec.id, rec.length) for rec in fa.records]
                     reads = _reads(records, n_reads)
                 if k == "linpipe":
-                    t, got_l = _timed(lambda fa=fa: _read_linpipe(fa, reads))
+                    t, got_l = _timed(lambda fa=fa, reads=reads: _read_linpipe(fa, reads))
                     times["linpipe reads"].append(t)
                 else:
-                    times["pysam fetch"].append(_timed(lambda fa=fa: [fa.fetch(*x) for x in reads])[0])
-                    t, got_p = _timed(lambda fa=fa: _read_pysam(fa, reads))
+                    t, _ = _timed(lambda fa=fa, reads=reads: [fa.fetch(*x) for x in reads])
+                    times["pysam fetch"].append(t)
+                    t, got_p = _timed(lambda fa=fa, reads=reads: _read_pysam(fa, reads))
                     times["pysam fetch + tokens"].append(t)
                 fa.close()
         for (tl, ml), (tp, mp), x in zip(got_l, got_p, reads, strict=True):
@@ -266,7 +269,8 @@ def bench_fasta(rounds: int, n_reads: int) -> None:
               "linpipe's and pysam's tokens and soft-mask equal in every read")
         for k in ("linpipe", "pysam"):
             print(f"fasta: {k}'s index files: " + ", ".join(
-                f"{f.name} {f.stat().st_size:,} B" for f in sorted(paths[k].parent.iterdir()) if f != paths[k]))
+                f"{f.name} {f.stat().st_size:,} B" for f in sorted(paths[k].parent.iterdir())
+                if f != paths[k]))
         for suffix in (".fai", ".gzi"):
             same = [(p.parent / (p.name + suffix)).read_bytes() for p in paths.values()]
             print(f"fasta: the {suffix} files are {'the same bytes' if same[0] == same[1] else 'DIFFERENT'}")
@@ -369,11 +373,11 @@ def bench_zarr(rounds: int, cases: str, records: int, long_mb: float) -> None:
         stores = {}
         for arm in arms:
             stores[arm] = Path(tmp) / f"{arm}.zarr"
-            subprocess.run([sys.executable, __file__, "zarr-write", str(stores[arm])], env=_arm_env(arm, site),
-                           check=True)
+            subprocess.run([sys.executable, __file__, "zarr-write", str(stores[arm])],
+                           env=_arm_env(arm, site), check=True)
         check_stores(stores)
-        cmd = [sys.executable, str(REPO / "benchmarks" / "bench_host_path.py"), "--rounds", "1", "--cases", cases,
-               "--records", str(records), "--long-mb", str(long_mb)]
+        cmd = [sys.executable, str(REPO / "benchmarks" / "bench_host_path.py"), "--rounds", "1",
+               "--cases", cases, "--records", str(records), "--long-mb", str(long_mb)]
         print("zarr: " + " ".join(cmd[1:]) + f", {rounds} rounds, arms alternated")
         lines: dict[str, list[str]] = {arm: [] for arm in arms}
         for r in range(rounds):
@@ -390,8 +394,8 @@ def bench_zarr(rounds: int, cases: str, records: int, long_mb: float) -> None:
     for what, by_arm in rates.items():
         med = {a: statistics.median(v) for a, v in by_arm.items() if v}
         print(f"zarr: {' '.join(what)}: " + "; ".join(
-            f"{a} {m:.2f} M positions/s ({m / med['linpipe']:.2f}x) [{', '.join(f'{x:.2f}' for x in by_arm[a])}]"
-            for a, m in med.items()))
+            f"{a} {m:.2f} M positions/s ({m / med['linpipe']:.2f}x) "
+            f"[{', '.join(f'{x:.2f}' for x in by_arm[a])}]" for a, m in med.items()))
 
 
 # ------------------------------------------------------------------------------------ main
