@@ -385,7 +385,9 @@ def bench_zarr(rounds: int, cases: str, records: int, long_mb: float) -> None:
                 out = subprocess.run(cmd, env=_arm_env(arm, site), capture_output=True, text=True)
                 if out.returncode:
                     raise SystemExit(f"{arm}: {' '.join(cmd)} failed:\n{out.stderr[-3000:]}")
-                lines[arm] += [ln for ln in out.stdout.splitlines() if "M positions/s" in ln]
+                got = [ln for ln in out.stdout.splitlines() if "M positions/s" in ln]
+                print(*(f"zarr: round {r + 1}, {arm}: {ln.strip()}" for ln in got), sep="\n", flush=True)
+                lines[arm] += got
         rates: dict[tuple, dict[str, list[float]]] = {}
         for arm, got in lines.items():
             for ln in got:
