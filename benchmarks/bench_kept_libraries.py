@@ -14,8 +14,9 @@ fasta: a bgzip genome (the same records, bgzip-compressed by pysam) opened cold 
 and warm (indexes present), then random 1-10 kb reads, by linpipe's FastaInput and by
 pysam.FastaFile; every read compared.
 zarr: benchmarks/bench_host_path.py's writes with linpipe's plain-file chunk writes (as shipped),
-with zarr-python's own write path for every chunk, and with that path on the `zarrs` codec
-pipeline when it is installed; each arm a fresh process per round.
+with zarr-python's own write path for every chunk (the same files fsynced), and with that path
+on the `zarrs` codec pipeline when it is installed; each arm a fresh process per round. Each
+arm also writes a store of 16 units, read back with zarr and xarray against the shipped arm's.
 """
 from __future__ import annotations
 
@@ -283,14 +284,28 @@ def bench_fasta(rounds: int, n_reads: int) -> None:
 # ------------------------------------------------------------------------------------ zarr
 
 ARMS = ("linpipe", "zarr", "zarrs")
-# Put on PYTHONPATH, this sends every chunk of a unit through zarr-python's own write path in
-# every process (the worker's writing process too) when LINPIPE_BENCH_CHUNKS asks for it.
+# Put on PYTHONPATH, this sends every chunk a unit writes (outputs, marker, checksums) through
+# zarr-python's own write path, in every process (the worker's writing process too), when
+# LINPIPE_BENCH_CHUNKS asks for it. The chunk's file is still handed back, so that it is fsynced
+# as linpipe's own are: both arms make the same files durable. The boundary state's uint8 chunk
+# (the `bytes` codec alone: zarr stores its bytes as they are) stays a plain write in both.
 SITECUSTOMIZE = """
 import os
 if os.environ.get("LINPIPE_BENCH_CHUNKS") in ("zarr", "zarrs"):
     from linpipe.store import rawchunks
-    rawchunks.encoder = lambda doc: None
-    rawchunks.RawChunks.document = lambda self, path: None
+    from linpipe.store.zarr_spec import chunk_key
+
+    rawchunks.encoder = lambda doc: None  # RawChunks.write hands every chunk to zarr
+    _write = rawchunks.RawChunks.write
+
+    def write(self, arr, index, values):
+        _write(self, arr, index, values)
+        doc = self.location.document(arr.path)
+        rel = f"{arr.path}/{chunk_key(doc.get('chunk_key_encoding') or {}, index)}"
+        root = self.location.root
+        return rel if root is not None and (root / rel).exists() else None
+
+    rawchunks.RawChunks.write = write
 """
 
 
