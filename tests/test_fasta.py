@@ -126,6 +126,30 @@ def test_bgzip_gzi_is_htslib_format_and_matches_pyfaidx(genomes, tmp_path):
         _check_slices(inp, exp, n_random=2)
 
 
+def test_htslib_reads_linpipes_bgzip_indexes_and_builds_the_same_bytes(genomes, tmp_path):
+    """linpipe keeps its own index and reader (BENCHMARKS.md, "Kept libraries"); what it writes
+    for a bgzip genome is samtools' .fai and htslib's .gzi, byte for byte, and htslib reads it."""
+    import pysam
+
+    src = tmp_path / "asm.fa.bgz"
+    shutil.copy(genomes / "abricate_Sepidermidis_ST14_assembly.fa.bgz", src)
+    with linpipe.open_input(src) as inp:
+        ours = {s: (tmp_path / f"asm.fa.bgz{s}").read_bytes() for s in (".fai", ".gzi")}
+        spans = [(r.id, r.length // 3, r.length // 3 + min(r.length // 2, 7000)) for r in inp.records]
+        with pysam.FastaFile(str(src)) as fa:  # htslib on linpipe's indexes, as they are
+            for rid, s, e in spans:
+                seq = fa.fetch(rid, s, e).encode()
+                tokens, mask = inp.read(rid, s, e)
+                np.testing.assert_array_equal(tokens, TOKEN_LUT[np.frombuffer(seq, np.uint8)])
+                np.testing.assert_array_equal(mask, SOFTMASK_LUT[np.frombuffer(seq, np.uint8)])
+    other = tmp_path / "htslib"
+    other.mkdir()
+    shutil.copy(src, other / "asm.fa.bgz")
+    pysam.FastaFile(str(other / "asm.fa.bgz")).close()  # htslib builds its own
+    for suffix, data in ours.items():
+        assert (other / f"asm.fa.bgz{suffix}").read_bytes() == data
+
+
 def test_fai_written_by_linpipe_works_in_pyfaidx_and_pyfaidx_fai_is_reused(genomes, tmp_path):
     for name in ["htslib_ce.fa", "korflab_Athaliana_TAIR_1pct.fa"]:
         src = tmp_path / name
@@ -207,6 +231,10 @@ def test_unequal_line_widths_fall_back_to_a_scan(tmp_path):
         np.testing.assert_array_equal(got, TOKEN_LUT[raw])
     with pytest.raises(pyfaidx.FastaIndexingError):  # and pyfaidx indeed refuses the file
         pyfaidx.Faidx(str(path))
+    import pysam
+
+    with pytest.raises(OSError):  # so does htslib (samtools faidx)
+        pysam.FastaFile(str(path))
 
 
 def test_plain_gzip_streams_and_reads_backwards(genomes, tmp_path):
