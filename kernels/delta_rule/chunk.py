@@ -1,0 +1,50 @@
+"""The chunked form of the delta rule in PyTorch (the CPU, and autograd anywhere).
+
+Same contract as naive.py. The sequence streams through in spans of SPAN positions carrying the
+state; in a span, every block of c positions gets its WY factors at once (one triangular solve
+and a few matmuls per block, stages.block_factors), the states entering the blocks follow one
+(K x K) @ (K x V) product per block (stages.fold_blocks), and the outputs are each block's local
+part plus its entering state's share. No Python loop over positions; plain autograd gives the
+backward.
+"""
+from __future__ import annotations
+
+import torch
+
+from .stages import BLOCK_SIZE, SPAN, check_inputs, run_span
+
+
+def chunk_delta_rule_torch(
+    q: torch.Tensor,  # (B, T, H, K), L2-normalised
+    k: torch.Tensor,  # (B, T, H, K), L2-normalised
+    v: torch.Tensor,  # (B, T, H, V)
+    beta: torch.Tensor,  # (B, T, H)
+    *,
+    log_gate: torch.Tensor | None = None,  # (B, T, H), g_t <= 0; None: no decay (DeltaNet)
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,  # S (B, H, K, V)
+    output_final_state: bool = False,
+    block_size: int = BLOCK_SIZE,
+    dtype: torch.dtype | None = None,
+):
+    """Returns (o (B, T, H, V) in q's dtype, final S (B, H, K, V) float32 or None).
+
+    Computes in float32 (float64 for float64 inputs, or `dtype` when given); the gates'
+    cumulative sums are float64 whatever the dtype. Differentiable."""
+    check_inputs(q, k, v, beta, log_gate)
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    cd = dtype or (torch.float64 if q.dtype == torch.float64 else torch.float32)
+    scale = K ** -0.5 if scale is None else scale
+    qc, kc, vc, bc = q.to(cd), k.to(cd), v.to(cd), beta.to(cd)
+    S = qc.new_zeros((B, H, K, V)) if initial_state is None else initial_state.to(cd)
+    c = max(1, int(block_size))
+    span = max(c, (SPAN // c) * c)
+    outs = []
+    for a in range(0, T, span):
+        sl = slice(a, a + span)
+        o, S, _, _ = run_span(qc[:, sl], kc[:, sl], vc[:, sl], bc[:, sl],
+                              None if log_gate is None else log_gate[:, sl], scale, c, S)
+        outs.append(o)
+    o = torch.cat(outs, 1) if outs else qc.new_zeros((B, 0, H, V))
+    return o.to(q.dtype), (S.float().contiguous() if output_final_state else None)
