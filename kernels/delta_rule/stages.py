@@ -43,6 +43,7 @@ BLOCK_SIZE = 64
 # Positions per span: the temporaries (a dozen (c, K) tiles per block, and a (K, K) M) stay in
 # cache, as in the linear-attention chunked form.
 SPAN = 2048
+_LOG2E = 1.4426950408889634  # log2(e): the gate weights are powers of 2 (exp2 is the faster)
 
 
 class Summary(NamedTuple):
@@ -75,13 +76,14 @@ def check_inputs(q, k, v, beta, log_gate) -> None:
 
 
 def _blocks(x, n, c):
-    """(B, t, H, ...) -> (B, H, n, c, ...) with rows past t zero."""
+    """(B, t, H, ...) -> (B, H, n, c, ...), contiguous (one copy, for the batched matmuls), with
+    rows past t zero."""
     B, t, H = x.shape[:3]
     rows = x.transpose(1, 2)
     if t < n * c:
         pad = [0, 0] * (x.dim() - 3) + [0, n * c - t]
         rows = torch.nn.functional.pad(rows, pad)
-    return rows.reshape(B, H, n, c, *x.shape[3:])
+    return rows.reshape(B, H, n, c, *x.shape[3:]).contiguous()
 
 
 def _positions(x, t):
@@ -100,46 +102,63 @@ class BlockFactors(NamedTuple):
     dS: torch.Tensor  # (B, H, n, K, V)
 
 
+def _bmm(a, b, add=None, alpha=1.0):
+    """a @ b (+ add) over the leading dims of (..., m, p) @ (..., p, n), as one batched call."""
+    lead = a.shape[:-2]
+    a3, b3 = a.reshape(-1, *a.shape[-2:]), b.reshape(-1, *b.shape[-2:])
+    if add is None:
+        return torch.bmm(a3, b3).view(*lead, a.shape[-2], b.shape[-1])
+    return torch.baddbmm(add.reshape(-1, *add.shape[-2:]), a3, b3, alpha=alpha).view(*lead, a.shape[-2],
+                                                                                       b.shape[-1])
+
+
 def block_factors(q, k, v, beta, log_gate, scale, c) -> BlockFactors:
     """The WY factors of every block of c positions at once (no loop over blocks or positions).
 
     q, k (B, t, H, K), v (B, t, H, V), beta and log_gate (B, t, H) (log_gate may be None), in the
     compute dtype but log_gate, read in float64. Rows past t are padded with beta = 0 and a gate
-    of 0: they keep the state as it is."""
+    of 0: they keep the state as it is.
+
+    The solve runs transposed, U^T (I + L)^T = (diag(beta) V)^T, on row-major (x, c) tiles: the
+    layout LAPACK's batched solve takes without copying (measured 2-5x faster on the CPU than the
+    (c, x) layout)."""
     B, t, H, K = q.shape
-    V = v.shape[-1]
     n = -(-t // c)
-    qb, kb, vb = _blocks(q, n, c), _blocks(k, n, c), _blocks(v, n, c)  # (B, H, n, c, K|V)
-    bb = _blocks(beta, n, c).unsqueeze(-1)  # (B, H, n, c, 1)
-    kk = kb @ kb.transpose(-1, -2)  # (B, H, n, c, c)
-    qk = qb @ kb.transpose(-1, -2)
-    kv_rhs = [bb * vb]
-    if log_gate is None:
-        k_end, total = kb, None
-        kv_rhs.append(bb * kb)
-        q_in = qb
-    else:
-        g = log_gate.to(torch.float64).clamp(min=LOG_GATE_MIN)
-        b = _blocks(g, n, c).cumsum(-1)  # (B, H, n, c): float64, from each block's start
-        last = b[..., -1:]
-        above = torch.full((c, c), float("-inf"), dtype=torch.float64, device=q.device).triu(1)
-        decay = torch.exp((b.unsqueeze(-1) - b.unsqueeze(-2)) + above).to(q.dtype)  # (B, H, n, c, c)
-        kk = kk * decay
-        qk = qk * decay
-        gam = torch.exp(b).to(q.dtype).unsqueeze(-1)  # (B, H, n, c, 1)
-        k_end = kb * torch.exp(last - b).to(q.dtype).unsqueeze(-1)
-        total = torch.exp(last).to(q.dtype).unsqueeze(-1)  # (B, H, n, 1, 1)
-        kv_rhs.append(bb * gam * kb)
-        q_in = qb * gam
-    L = (kk * bb).tril(-1)  # (B, H, n, c, c); the solve takes the unit diagonal as read
-    X = torch.linalg.solve_triangular(L, torch.cat(kv_rhs, -1), upper=False, unitriangular=True)
-    PX = qk.tril() @ X  # (B, H, n, c, V + K): [P U | P W]
-    o = PX[..., :V] * scale
-    q_state = (q_in - PX[..., V:]) * scale
-    KX = k_end.transpose(-1, -2) @ X  # (B, H, n, K, V + K): [dS | K_end^T W]
+    qb, kb = _blocks(q * scale, n, c), _blocks(k, n, c)  # (B, H, n, c, K)
+    kt = kb.transpose(-1, -2).contiguous()  # (B, H, n, K, c)
+    vt = _blocks(v, n, c).transpose(-1, -2)  # (B, H, n, V, c)
+    bt = _blocks(beta, n, c).unsqueeze(-2)  # (B, H, n, 1, c)
+    kbeta_t = kt * bt
+    LT = _bmm(kb, kbeta_t)  # (B, H, n, c, c): L^T, L_ij = beta_i k_i . k_j; the solve reads j < i only
+    P = _bmm(qb, kt)  # P_ij = scale q_i . k_j
     eye = torch.eye(K, dtype=q.dtype, device=q.device)
-    M = (eye if total is None else eye * total) - KX[..., V:]
-    return BlockFactors(o, q_state, M, KX[..., :V])
+    if log_gate is None:
+        P = P.tril()
+        k_end_t, w_rhs, q_in, total = kt, kbeta_t, qb, eye
+    else:
+        # cumulative log-gates in log2 units, float64 from each block's start; each weight is
+        # 2^(a difference <= 0), the difference taken in float64 before it is rounded
+        g = log_gate.to(torch.float64).clamp(min=LOG_GATE_MIN) * _LOG2E
+        b = _blocks(g, n, c).cumsum(-1)  # (B, H, n, c)
+        last = b[..., -1:]
+        above = torch.full((c, c), float("-inf"), dtype=q.dtype, device=q.device).triu(1)
+        decay = torch.exp2((b.unsqueeze(-1) - b.unsqueeze(-2)).to(q.dtype) + above)  # (B, H, n, c, c)
+        LT = (LT * decay.transpose(-1, -2)).contiguous()
+        P = P * decay
+        gam = torch.exp2(b).to(q.dtype).unsqueeze(-2)  # (B, H, n, 1, c)
+        k_end_t = kt * torch.exp2(last - b).to(q.dtype).unsqueeze(-2)
+        w_rhs, q_in = kbeta_t * gam, qb * gam.transpose(-1, -2)
+        total = eye * torch.exp2(last).to(q.dtype).unsqueeze(-1)  # (B, H, n, K, K)
+    Ut = torch.linalg.solve_triangular(LT, (vt * bt).contiguous(), upper=True, unitriangular=True,
+                                       left=False)  # (B, H, n, V, c)
+    Wt = torch.linalg.solve_triangular(LT, w_rhs.contiguous(), upper=True, unitriangular=True,
+                                       left=False)  # (B, H, n, K, c)
+    U, W = Ut.transpose(-1, -2), Wt.transpose(-1, -2)
+    o = _bmm(P, U)
+    q_state = _bmm(P, W, q_in, alpha=-1.0)  # q_in - P W
+    dS = _bmm(k_end_t, U)
+    M = _bmm(k_end_t, W, total.expand(*k_end_t.shape[:3], K, K), alpha=-1.0)  # total I - K_end^T W
+    return BlockFactors(o, q_state, M, dS)
 
 
 def fold_blocks(M, dS, S0, P0=None):
@@ -170,8 +189,8 @@ def run_span(q, k, v, beta, log_gate, scale, c, S0, P0=None):
     t = q.shape[1]
     f = block_factors(q, k, v, beta, log_gate, scale, c)
     starts, S, prefixes, P = fold_blocks(f.M, f.dS, S0, P0)
-    o = _positions(f.o + f.q_state @ starts, t)
-    q_state = None if P0 is None else _positions(f.q_state @ prefixes, t)
+    o = _positions(_bmm(f.q_state, starts, f.o), t)
+    q_state = None if P0 is None else _positions(_bmm(f.q_state, prefixes), t)
     return o, S, q_state, P
 
 
