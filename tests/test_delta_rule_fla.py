@@ -121,5 +121,5 @@ def test_gpu_training_runs_the_chunked_form_with_its_backward():
     got = torch.autograd.grad(o.square().sum(), leaves)
     o_ref, _ = naive_recurrent_delta_rule(*leaves[:4], log_gate=leaves[4], initial_state=S0)
     want = torch.autograd.grad(o_ref.square().sum(), leaves)
-    for a, b in zip(got, want):
+    for a, b in zip(got, want, strict=True):
         _close(a, b, 1e-8)

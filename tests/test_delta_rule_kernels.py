@@ -94,9 +94,10 @@ def test_split_and_resumed_at_any_cut(cuts):
     o_ref, S_ref = _reference(q, k, v, beta, gate, S0)
     edges = [0, *cuts, T]
     state, parts = S0, []
-    for a, b in zip(edges[:-1], edges[1:]):
-        o, state = chunk_delta_rule_torch(q[:, a:b], k[:, a:b], v[:, a:b], beta[:, a:b], log_gate=gate[:, a:b],
-                                          initial_state=state, output_final_state=True, dtype=torch.float64)
+    for a, b in zip(edges[:-1], edges[1:], strict=True):
+        o, state = chunk_delta_rule_torch(q[:, a:b], k[:, a:b], v[:, a:b], beta[:, a:b],
+                                          log_gate=gate[:, a:b], initial_state=state, output_final_state=True,
+                                          dtype=torch.float64)
         parts.append(o)
     _close(torch.cat(parts, 1), o_ref, 1e-6)
     _close(state, S_ref, 1e-6)
@@ -115,7 +116,7 @@ def test_summaries_fold_to_one_pass_exactly(gated, cuts):
     _close(whole.o_local + state_share(whole.q_state, S0), o_ref, 1e-12)
     edges = [0, *cuts, T]
     parts = [span_parts(q[:, a:b], k[:, a:b], v[:, a:b], beta[:, a:b], log_gate=_cut(gate, a, b),
-                        block_size=16, span=64) for a, b in zip(edges[:-1], edges[1:])]
+                        block_size=16, span=64) for a, b in zip(edges[:-1], edges[1:], strict=True)]
     folded = fold_summaries([p.summary for p in parts])
     _close(folded.M, whole.summary.M, 1e-12)
     _close(folded.dS, whole.summary.dS, 1e-12)
@@ -134,7 +135,8 @@ def test_beta_zero_only_decays_the_state():
     """beta = 0 writes nothing: the state entering is only decayed, S_t = exp(b_t) S0 with b_t
     the cumulative log-gate, and o_t = scale q_t^T S_t."""
     (q, k, v, beta, gate), S0 = _inputs(1, 100, 2, 16, 8, seed=9)
-    o, S = delta_rule(q, k, v, torch.zeros_like(beta), log_gate=gate, initial_state=S0, output_final_state=True)
+    o, S = delta_rule(q, k, v, torch.zeros_like(beta), log_gate=gate, initial_state=S0,
+                      output_final_state=True)
     b = gate.cumsum(1)  # (B, T, H)
     want = torch.einsum("bthk,bhkv->bthv", q, S0) * torch.exp(b).unsqueeze(-1) * 16 ** -0.5
     _close(o, want, 1e-12)
@@ -178,7 +180,7 @@ def test_gradients_match_the_recurrence():
             S = S.double()
         loss = (o * w_o).sum() + (S * w_S).sum()
         grads.append(torch.autograd.grad(loss, leaves))
-    for got, want in zip(*grads):
+    for got, want in zip(*grads, strict=True):
         _close(got, want, 1e-6)  # S passes through float32 in both
 
 
