@@ -75,15 +75,25 @@ def check_inputs(q, k, v, beta, log_gate) -> None:
         raise ValueError(f"log_gate must be <= 0 everywhere; got a maximum of {float(log_gate.max()):g}")
 
 
-def _blocks(x, n, c):
-    """(B, t, H, ...) -> (B, H, n, c, ...), contiguous (one copy, for the batched matmuls), with
-    rows past t zero."""
+def _pad_rows(x, n, c):
+    """(B, t, H, ...) -> a (B, H, n, c, ...) view (or padded copy) of the rows, past t zero."""
     B, t, H = x.shape[:3]
     rows = x.transpose(1, 2)
     if t < n * c:
-        pad = [0, 0] * (x.dim() - 3) + [0, n * c - t]
-        rows = torch.nn.functional.pad(rows, pad)
-    return rows.reshape(B, H, n, c, *x.shape[3:]).contiguous()
+        rows = torch.nn.functional.pad(rows, [0, 0] * (x.dim() - 3) + [0, n * c - t])
+    return rows.reshape(B, H, n, c, *x.shape[3:])
+
+
+def _blocks(x, n, c):
+    """(B, t, H, ...) -> (B, H, n, c, ...), contiguous (one copy, for the batched matmuls), with
+    rows past t zero."""
+    return _pad_rows(x, n, c).contiguous()
+
+
+def _blocks_t(x, n, c):
+    """(B, t, H, X) -> (B, H, n, X, c), contiguous, rows past t zero: each block's rows as
+    columns, the layout of the solve's right-hand sides."""
+    return _pad_rows(x, n, c).transpose(-1, -2).contiguous()
 
 
 def _positions(x, t):
@@ -126,7 +136,7 @@ def block_factors(q, k, v, beta, log_gate, scale, c) -> BlockFactors:
     n = -(-t // c)
     qb, kb = _blocks(q * scale, n, c), _blocks(k, n, c)  # (B, H, n, c, K)
     kt = kb.transpose(-1, -2).contiguous()  # (B, H, n, K, c)
-    vt = _blocks(v, n, c).transpose(-1, -2)  # (B, H, n, V, c)
+    vt = _blocks_t(v, n, c)  # (B, H, n, V, c)
     bt = _blocks(beta, n, c).unsqueeze(-2)  # (B, H, n, 1, c)
     kbeta_t = kt * bt
     LT = _bmm(kb, kbeta_t)  # (B, H, n, c, c): L^T, L_ij = beta_i k_i . k_j; the solve reads j < i only
@@ -149,11 +159,10 @@ def block_factors(q, k, v, beta, log_gate, scale, c) -> BlockFactors:
         k_end_t = kt * torch.exp2(last - b).to(q.dtype).unsqueeze(-2)
         w_rhs, q_in = kbeta_t * gam, qb * gam.transpose(-1, -2)
         total = eye * torch.exp2(last).to(q.dtype).unsqueeze(-1)  # (B, H, n, K, K)
-    Ut = torch.linalg.solve_triangular(LT, (vt * bt).contiguous(), upper=True, unitriangular=True,
-                                       left=False)  # (B, H, n, V, c)
-    Wt = torch.linalg.solve_triangular(LT, w_rhs.contiguous(), upper=True, unitriangular=True,
-                                       left=False)  # (B, H, n, K, c)
-    U, W = Ut.transpose(-1, -2), Wt.transpose(-1, -2)
+    V = v.shape[-1]
+    Xt = torch.linalg.solve_triangular(LT, torch.cat([vt * bt, w_rhs], -2), upper=True, unitriangular=True,
+                                       left=False)  # (B, H, n, V + K, c): [U | W]^T
+    U, W = Xt[..., :V, :].transpose(-1, -2), Xt[..., V:, :].transpose(-1, -2)
     o = _bmm(P, U)
     q_state = _bmm(P, W, q_in, alpha=-1.0)  # q_in - P W
     dS = _bmm(k_end_t, U)
