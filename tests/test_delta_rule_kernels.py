@@ -57,11 +57,11 @@ def _cut(x, a, b):
     return None if x is None else x[:, a:b]
 
 
-@pytest.mark.parametrize("T", [1, 15, 16, 17, 63, 64, 65, 300])
+@pytest.mark.parametrize("T", [1, 15, 16, 17, 31, 32, 33, 63, 65, 300])
 @pytest.mark.parametrize("gated", [False, True])
-@pytest.mark.parametrize("block_size", [16, 64])
+@pytest.mark.parametrize("block_size", [16, 32])
 def test_chunked_equals_naive_fp64(T, gated, block_size):
-    """Every length around the blocks' edges (16, 64), outputs and final states."""
+    """Every length around the blocks' edges (16, 32 = BLOCK_SIZE), outputs and final states."""
     (q, k, v, beta, gate), S0 = _inputs(2, T, 3, 16, 8, seed=T, gated=gated)
     o, S = chunk_delta_rule_torch(q, k, v, beta, log_gate=gate, initial_state=S0, output_final_state=True,
                                   block_size=block_size)

@@ -2,10 +2,10 @@
 
 Same contract as naive.py. The sequence streams through in spans of SPAN positions carrying the
 state; in a span, every block of c positions gets its WY factors at once (one triangular solve
-and a few matmuls per block, stages.block_factors), the states entering the blocks follow one
-(K x K) @ (K x V) product per block (stages.fold_blocks), and the outputs are each block's local
-part plus its entering state's share. No Python loop over positions; plain autograd gives the
-backward.
+and a few matmuls per block, stages.block_wy), then the blocks are carried in order, two small
+products a block (stages.carry_blocks: the values written, u = U - W S, and the state after),
+and every output follows at once (o = P u + q_in S). No Python loop over positions; plain
+autograd gives the backward.
 """
 from __future__ import annotations
 

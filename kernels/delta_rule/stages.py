@@ -37,9 +37,9 @@ import torch
 from ..linear_attn.stages import LOG_GATE_MIN
 
 # Positions per block of the chunked form (and of span_parts): chosen by measurement (one
-# thread, K = V = 64, docs/kernels.md): the solve and the c x c products grow with c, the
-# per-block fold (K x K x V) shrinks.
-BLOCK_SIZE = 64
+# thread, K = V = 64, T = 16,384, gated; benchmarks/bench_delta_rule.py): 32 beat 16, 24, 48
+# and 64; the solve and the c x c products grow with c, the per-block steps in order shrink.
+BLOCK_SIZE = 32
 # Positions per span: the temporaries (a dozen (c, K) tiles per block, and a (K, K) M) stay in
 # cache, as in the linear-attention chunked form.
 SPAN = 2048
@@ -102,6 +102,18 @@ def _positions(x, t):
     return x.reshape(B, H, n * c, X)[:, :, :t].transpose(1, 2)
 
 
+class WY(NamedTuple):
+    """Every block's WY representation (all (B, H, n, ...)): the values a block writes are
+    u = U - W S for the state S entering it."""
+
+    U: torch.Tensor  # (B, H, n, c, V)
+    W: torch.Tensor  # (B, H, n, c, K)
+    P: torch.Tensor  # (B, H, n, c, c): the causal scores scale q_i . k_j e^(b_i - b_j), j <= i
+    q_in: torch.Tensor  # (B, H, n, c, K): scale e^(b_i) q_i, the entering state's direct share
+    k_end_t: torch.Tensor  # (B, H, n, K, c): the keys weighted to the block's end, transposed
+    total: torch.Tensor | None  # (B, H, n, 1, 1): e^(b_c), the block's decay; None: no gates
+
+
 class BlockFactors(NamedTuple):
     """Each block on its own: outputs and state from a zero entering state, and the maps of the
     state entering it (all (B, H, n, ...))."""
@@ -122,7 +134,7 @@ def _bmm(a, b, add=None, alpha=1.0):
                                                                                        b.shape[-1])
 
 
-def block_factors(q, k, v, beta, log_gate, scale, c) -> BlockFactors:
+def block_wy(q, k, v, beta, log_gate, scale, c) -> WY:
     """The WY factors of every block of c positions at once (no loop over blocks or positions).
 
     q, k (B, t, H, K), v (B, t, H, V), beta and log_gate (B, t, H) (log_gate may be None), in the
@@ -141,10 +153,9 @@ def block_factors(q, k, v, beta, log_gate, scale, c) -> BlockFactors:
     kbeta_t = kt * bt
     LT = _bmm(kb, kbeta_t)  # (B, H, n, c, c): L^T, L_ij = beta_i k_i . k_j; the solve reads j < i only
     P = _bmm(qb, kt)  # P_ij = scale q_i . k_j
-    eye = torch.eye(K, dtype=q.dtype, device=q.device)
     if log_gate is None:
         P = P.tril()
-        k_end_t, w_rhs, q_in, total = kt, kbeta_t, qb, eye
+        k_end_t, w_rhs, q_in, total = kt, kbeta_t, qb, None
     else:
         # cumulative log-gates in log2 units, float64 from each block's start; each weight is
         # 2^(a difference <= 0), the difference taken in float64 before it is rounded
@@ -158,16 +169,46 @@ def block_factors(q, k, v, beta, log_gate, scale, c) -> BlockFactors:
         gam = torch.exp2(b).to(q.dtype).unsqueeze(-2)  # (B, H, n, 1, c)
         k_end_t = kt * torch.exp2(last - b).to(q.dtype).unsqueeze(-2)
         w_rhs, q_in = kbeta_t * gam, qb * gam.transpose(-1, -2)
-        total = eye * torch.exp2(last).to(q.dtype).unsqueeze(-1)  # (B, H, n, K, K)
+        total = torch.exp2(last).to(q.dtype).unsqueeze(-1)  # (B, H, n, 1, 1)
     V = v.shape[-1]
     Xt = torch.linalg.solve_triangular(LT, torch.cat([vt * bt, w_rhs], -2), upper=True, unitriangular=True,
                                        left=False)  # (B, H, n, V + K, c): [U | W]^T
-    U, W = Xt[..., :V, :].transpose(-1, -2), Xt[..., V:, :].transpose(-1, -2)
-    o = _bmm(P, U)
-    q_state = _bmm(P, W, q_in, alpha=-1.0)  # q_in - P W
-    dS = _bmm(k_end_t, U)
-    M = _bmm(k_end_t, W, total.expand(*k_end_t.shape[:3], K, K), alpha=-1.0)  # total I - K_end^T W
+    return WY(Xt[..., :V, :].transpose(-1, -2), Xt[..., V:, :].transpose(-1, -2), P, q_in, k_end_t, total)
+
+
+def block_factors(wy: WY) -> BlockFactors:
+    """Each block as an affine map of the state entering it, from its WY factors: outputs from
+    zero P U, the entering state's map q_in - P W, M = e^(b_c) I - K_end^T W, dS = K_end^T U."""
+    K = wy.W.shape[-1]
+    eye = torch.eye(K, dtype=wy.W.dtype, device=wy.W.device)
+    total = eye if wy.total is None else eye * wy.total  # (B, H, n, K, K) or (K, K)
+    o = _bmm(wy.P, wy.U)
+    q_state = _bmm(wy.P, wy.W, wy.q_in, alpha=-1.0)  # q_in - P W
+    dS = _bmm(wy.k_end_t, wy.U)
+    M = _bmm(wy.k_end_t, wy.W, total.expand(*wy.k_end_t.shape[:3], K, K), alpha=-1.0)  # total I - K_end^T W
     return BlockFactors(o, q_state, M, dS)
+
+
+def carry_blocks(wy: WY, S0):
+    """The chunked form's pass over a span's blocks in order, from S0 (B, H, K, V): each block's
+    written values u = U - W S and the state after it, total S + K_end^T u; then every output at
+    once, o = P u + q_in S. Fewer multiply-adds than the affine maps (no K x K M per block),
+    which only the split needs. Returns (o (B, H, n, c, V), S after the last block)."""
+    B, H, n, c, V = wy.U.shape
+    K = wy.W.shape[-1]
+    S = S0.reshape(B * H, K, V)
+    starts, us = [], []
+    for m in range(n):
+        starts.append(S)
+        u = torch.baddbmm(wy.U[:, :, m].reshape(B * H, c, V), wy.W[:, :, m].reshape(B * H, c, K), S,
+                          alpha=-1.0)
+        us.append(u)
+        if wy.total is not None:
+            S = S * wy.total[:, :, m].reshape(B * H, 1, 1)
+        S = torch.baddbmm(S, wy.k_end_t[:, :, m].reshape(B * H, K, c), u)
+    u = torch.stack(us, 1).view(B, H, n, c, V)
+    starts = torch.stack(starts, 1).view(B, H, n, K, V)
+    return _bmm(wy.q_in, starts, _bmm(wy.P, u)), S.view(B, H, K, V)
 
 
 def fold_blocks(M, dS, S0, P0=None):
@@ -196,7 +237,11 @@ def run_span(q, k, v, beta, log_gate, scale, c, S0, P0=None):
     """One span entering with S0: (o (B, t, H, V) with S0's share, S after, and with P0 the
     span's q_state (B, t, H, K) times P0 and the M's product times P0 after it, else None)."""
     t = q.shape[1]
-    f = block_factors(q, k, v, beta, log_gate, scale, c)
+    wy = block_wy(q, k, v, beta, log_gate, scale, c)
+    if P0 is None:
+        o, S = carry_blocks(wy, S0)
+        return _positions(o, t), S, None, None
+    f = block_factors(wy)
     starts, S, prefixes, P = fold_blocks(f.M, f.dS, S0, P0)
     o = _positions(_bmm(f.q_state, starts, f.o), t)
     q_state = None if P0 is None else _positions(_bmm(f.q_state, prefixes), t)
