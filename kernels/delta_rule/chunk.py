@@ -14,20 +14,12 @@ import torch
 from .stages import BLOCK_SIZE, SPAN, check_inputs, run_span
 
 
-def chunk_delta_rule_torch(
-    q: torch.Tensor,  # (B, T, H, K), L2-normalised
-    k: torch.Tensor,  # (B, T, H, K), L2-normalised
-    v: torch.Tensor,  # (B, T, H, V)
-    beta: torch.Tensor,  # (B, T, H)
-    *,
-    log_gate: torch.Tensor | None = None,  # (B, T, H), g_t <= 0; None: no decay (DeltaNet)
-    scale: float | None = None,
-    initial_state: torch.Tensor | None = None,  # S (B, H, K, V)
-    output_final_state: bool = False,
-    block_size: int = BLOCK_SIZE,
-    dtype: torch.dtype | None = None,
-):
-    """Returns (o (B, T, H, V) in q's dtype, final S (B, H, K, V) float32 or None).
+def chunk_delta_rule_torch(q, k, v, beta, *, log_gate=None, scale=None, initial_state=None,
+                           output_final_state=False, block_size: int = BLOCK_SIZE,
+                           dtype: torch.dtype | None = None):
+    """The contract of naive_recurrent_delta_rule: q, k (B, T, H, K) L2-normalised, v (B, T, H,
+    V), beta and log_gate (B, T, H), S (B, H, K, V). Returns (o (B, T, H, V) in q's dtype, final
+    S (B, H, K, V) float32 or None).
 
     Computes in float32 (float64 for float64 inputs, or `dtype` when given); the gates'
     cumulative sums are float64 whatever the dtype. Differentiable."""
