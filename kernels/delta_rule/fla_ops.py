@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from ..linear_attn.stages import LOG_GATE_MIN
+from .stages import check_inputs
 
 # fla's forms: "chunk" (the chunked kernels, with their backward; CUDA) and "fused_recurrent"
 # (token by token; the one that runs under Triton's interpreter in a reasonable time, for tests).
@@ -39,6 +40,7 @@ def fla_delta_rule(q, k, v, beta, *, log_gate=None, scale=None, initial_state=No
     call without gates runs the gated kernel with gates of 0 (the same recurrence). Log-gates
     below LOG_GATE_MIN count as it, as in every linpipe form (a gate of -inf would give nan in
     a difference of cumulative sums)."""
+    check_inputs(q, k, v, beta, log_gate)
     plain, gated = _ops(form)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     if log_gate is None and form == "chunk" and q.dtype == torch.float32:
