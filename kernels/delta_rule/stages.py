@@ -197,15 +197,17 @@ def carry_blocks(wy: WY, S0):
     B, H, n, c, V = wy.U.shape
     K = wy.W.shape[-1]
     S = S0.reshape(B * H, K, V)
+    U, W = wy.U.reshape(B * H, n, c, V), wy.W.reshape(B * H, n, c, K)  # views: (B, H) merge
+    k_end_t = wy.k_end_t.reshape(B * H, n, K, c)
+    total = None if wy.total is None else wy.total.reshape(B * H, n, 1, 1)
     starts, us = [], []
     for m in range(n):
         starts.append(S)
-        u = torch.baddbmm(wy.U[:, :, m].reshape(B * H, c, V), wy.W[:, :, m].reshape(B * H, c, K), S,
-                          alpha=-1.0)
+        u = torch.baddbmm(U[:, m], W[:, m], S, alpha=-1.0)
         us.append(u)
-        if wy.total is not None:
-            S = S * wy.total[:, :, m].reshape(B * H, 1, 1)
-        S = torch.baddbmm(S, wy.k_end_t[:, :, m].reshape(B * H, K, c), u)
+        if total is not None:
+            S = S * total[:, m]
+        S = torch.baddbmm(S, k_end_t[:, m], u)
     u = torch.stack(us, 1).view(B, H, n, c, V)
     starts = torch.stack(starts, 1).view(B, H, n, K, V)
     return _bmm(wy.q_in, starts, _bmm(wy.P, u)), S.view(B, H, K, V)
