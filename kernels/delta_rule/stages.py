@@ -24,6 +24,11 @@ P W) (c x K): the entering state's share costs one (c x K) @ (K x V) product, no
 Over a span of blocks, q_state of block m times the product of the M's before it is the span's
 q_state, and the M's and dS's fold as summaries: (M2, dS2) after (M1, dS1) is (M2 M1, M2 dS1 + dS2).
 
+Two passes use the WY factors (`block_wy`): the chunked form carries the state through a span's
+blocks in order without building M (`carry_blocks`: u = U - W S, S' = exp(b_{c-1}) S + K_end^T u,
+then o = P u + scale exp(b) Q S for every block at once), the fewer multiply-adds; the split's
+`span_parts` builds each block's affine map (`block_factors`) and folds it (`fold_blocks`).
+
 Gates are read as in linear attention (linpipe.kernels.linear_attn.stages): log-gates below
 LOG_GATE_MIN count as it, cumulative sums are float64, and every weight is exp of a difference
 <= 0, so nothing overflows.
