@@ -4,8 +4,9 @@
 # can download; then carry .gpu with the working tree (about 17 MB).
 #
 #   .gpu/wheels/   cp312 manylinux wheels of what linpipe imports and the usual CUDA image lacks:
-#                  zarr and its codecs (Ray's 79 MB wheel stays behind: the checklist drives
-#                  the worker in one process, as bench_gpu_pipeline.py does)
+#                  zarr and its codecs, fla-core and einops (the delta rule's kernels) (Ray's
+#                  79 MB wheel stays behind: the checklist drives the worker in one process,
+#                  as bench_gpu_pipeline.py does)
 #   .gpu/genomes/  the real genomes bench_gpu_pipeline.py tiles to 100 Mb (from ../shared/data)
 #
 #   bash benchmarks/gpu_carry.sh            # LINPIPE_SHARED_DATA: the data folder (../shared/data)
@@ -17,7 +18,7 @@ rm -rf "$dest"
 mkdir -p "$dest/wheels" "$dest/genomes"
 
 # one version of each (two stop the install there); the versions CI tests with
-wheels=(zarr==3.1.6 numcodecs==0.16.6 donfig==0.8.1.post1 google-crc32c==1.9.0 fla-core==0.6.0)
+wheels=(zarr==3.1.6 numcodecs==0.16.6 donfig==0.8.1.post1 google-crc32c==1.9.0 fla-core==0.6.0 einops==0.8.2)
 platforms=()
 for n in 2_28 2_27 2_17; do platforms+=(--platform "manylinux_${n}_x86_64"); done
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \

@@ -8,8 +8,10 @@
 #
 #   1  nvidia-smi, torch, triton, the device                       (env.log)
 #   2  the kernel tests on CUDA: tests/test_kernels_triton.py (its `gpu` tests: real sizes,
-#      a million positions in 16 calls), test_gated_kernels.py, test_chunk_form.py, and the
-#      worker's pinned host copies (test_host_copies.py)                      (tests.log)
+#      a million positions in 16 calls), test_gated_kernels.py, test_chunk_form.py, the delta
+#      rule's (test_delta_rule_fla.py: fla's chunked kernels through the dispatcher, float32 and
+#      bfloat16; test_delta_rule_kernels.py), and the worker's pinned host copies
+#      (test_host_copies.py)                                                  (tests.log)
 #   3  benchmarks/bench_kernels.py --quick: bandwidth bound, linpipe's kernel, PyTorch form
 #                                                                   (kernels.log, kernels.json)
 #   4  benchmarks/bench_gpu_pipeline.py --mb 100: the default model over 100 Mb of real genome
@@ -50,7 +52,7 @@ step() {
 # its wheel lays it out (pyproject's package-dir), so that nothing is built here
 site="${GPU_CHECKLIST_SITE:-/tmp/linpipe-gpu-site}"
 mkdir -p "$site/src/linpipe"
-if ! "$py" -c "import zarr, numcodecs, google_crc32c" 2>/dev/null; then
+if ! "$py" -c "import zarr, numcodecs, google_crc32c, einops, importlib.util as u; assert u.find_spec('fla')" 2>/dev/null; then
     "$py" -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site/wheels" \
         .gpu/wheels/*.whl >>"$summary" 2>&1 || say "wheels: install failed (run benchmarks/gpu_carry.sh and carry .gpu)"
 fi
@@ -81,10 +83,10 @@ if torch.cuda.is_available():
     2) if [ "$cuda" = 1 ]; then
            step tests 240 "$py" -m pytest -p no:cacheprovider -q -n 4 --dist loadfile \
                tests/test_kernels_triton.py tests/test_gated_kernels.py tests/test_chunk_form.py \
-               tests/test_host_copies.py
+               tests/test_delta_rule_fla.py tests/test_delta_rule_kernels.py tests/test_host_copies.py
        else  # the CUDA tests are skipped here; what runs is the collection and the CPU tests
            step tests 240 "$py" -m pytest -p no:cacheprovider -q -n 0 -m gpu tests/test_kernels_triton.py \
-               tests/test_host_copies.py
+               tests/test_delta_rule_fla.py tests/test_host_copies.py
        fi ;;
     3) step kernels 150 "$py" benchmarks/bench_kernels.py --quick --json "$out/kernels.json" ;;
     4) if [ "$cuda" = 1 ]; then
