@@ -118,6 +118,10 @@ class JobEvents:
     def waiting(self, owner: dict) -> None:
         """Another driver holds the job's lease; this one waits for it (run_job(wait=True))."""
 
+    def split_progress(self, record_id: str, positions: float) -> None:
+        """A split record's run moved on by this many positions' worth of work (its units'
+        unit_done events count none: a split's positions are reported here, layer by layer)."""
+
     def split_layer(self, record_id: str, layer: int, nodes: list[str], timing: dict) -> None:
         """A split record's segment group finished `layer` (nodes: its actors, "node:pid";
         timing: wall_s, compute_s of the slowest segment, exchange_s, bytes via the driver)."""
@@ -446,6 +450,9 @@ class _LeaseChecked(JobEvents):
 
     def worker_died(self, node, error):
         self.inner.worker_died(node, error)
+
+    def split_progress(self, record_id, positions):
+        self.inner.split_progress(record_id, positions)
 
     def split_layer(self, record_id, layer, nodes, timing):
         self.inner.split_layer(record_id, layer, nodes, timing)

@@ -1,0 +1,79 @@
+"""Where a split run (linpipe.model.segments) keeps what a resumed run needs, and the cost
+model that picks it (docs/sequence-parallel.md, "Surviving a kill").
+
+After a layer the next one needs each segment's residual stream h (T, D) and the states the
+exchanges produced. The states are small (per layer and segment H K (K+1) floats and W-1 rows)
+and always stored. h is either written to the store at a checkpoint (4 D bytes per position,
+two slots in turn) or, on resume, recomputed from the input and the stored states (a layer's
+work per position and layer since the last checkpoint). `checkpoint_every` picks how often.
+"""
+from __future__ import annotations
+
+import math
+
+# Assumed rates for the cost model, per worker. A CPU worker streams the default model (D 64,
+# 2 layers, 70 kFLOP per position and layer by layer_flops) at about 172k positions/s
+# (BENCHMARKS.md): about 24 GFLOP/s; an object store takes about 100 MB/s per writer.
+FLOPS_PER_S = 20e9
+STORE_BYTES_PER_S = 100e6
+# A checkpoint's write may add at most this share to the compute since the one before.
+OVERHEAD = 0.25
+# Two slots of h (2 x 4 D bytes per position) beyond this many bytes per record: recompute.
+STORE_BUDGET = 64 << 30
+
+
+def layer_flops(config) -> float:
+    """Multiply-adds x 2 per position of one layer: q, k, v, o projections, the MLP, and the
+    state's (K, V) products per head."""
+    D, M = config.d_model, config.mlp_hidden
+    return 2.0 * (4 * D * D + 2 * D * M + 2 * D * config.head_dim)
+
+
+def checkpoint_every(config, positions: int, *, flops_per_s: float = FLOPS_PER_S,
+                     store_bytes_per_s: float = STORE_BYTES_PER_S, budget: int = STORE_BUDGET) -> int | None:
+    """Every how many layers a split run of a record of `positions` writes h to the store
+    (None: never; a resume recomputes from the input). Writing costs 4 D / store_bytes_per_s
+    seconds per position; it pays once the layers between two checkpoints take 1 / OVERHEAD
+    times that, since a kill then loses at most those layers."""
+    D, L = config.d_model, config.n_layers
+    if 2 * 4 * D * positions > budget:
+        return None
+    write_s = 4 * D / store_bytes_per_s
+    layer_s = layer_flops(config) / flops_per_s
+    every = max(1, math.ceil(write_s / (OVERHEAD * layer_s)))
+    return every if every <= L else None
+
+
+def checkpoint_layers(n_layers: int, every: int | None) -> list[int]:
+    """The layers whose input h is checkpointed (n_layers: after the last), in order."""
+    if every is None:
+        return []
+    return [layer for layer in range(every, n_layers + 1, every)]
+
+
+def slot(layers: list[int], layer: int) -> int:
+    """Which of the two h slots the checkpoint of `layer` writes (they alternate)."""
+    return layers.index(layer) % 2
+
+
+def edge_tensors(edge_states: dict, layer: int) -> dict:
+    """A segment's states at its unit edges for `layer` as named float32 arrays, `<name>.<u>`
+    (the state after unit u), from SegmentRunner.edge_states (unit -> per layer (S, z, conv))."""
+    out = {}
+    for u, per_layer in edge_states.items():
+        if per_layer[layer] is None:
+            continue
+        for name, t in zip(("S", "z", "conv"), per_layer[layer], strict=True):
+            out[f"{name}.{u}"] = t.float().numpy()
+    return out
+
+
+def edges_from(tensors: dict) -> dict:
+    """edge_tensors' arrays back: unit -> (S, z, conv) tensors."""
+    import torch
+
+    got: dict[int, dict] = {}
+    for key, v in tensors.items():
+        name, u = key.rsplit(".", 1)
+        got.setdefault(int(u), {})[name] = torch.from_numpy(v.copy())
+    return {u: (d["S"], d["z"], d["conv"]) for u, d in got.items()}
