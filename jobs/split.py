@@ -131,13 +131,12 @@ class SegmentWorker(PipelineWorker):
 
     def resume(self, layer, initial):
         """begin and the layers before `layer` from the store's checkpoint of `layer`."""
-        from linpipe.model.checkpoints import edges_from, slot
+        from linpipe.model.checkpoints import restore_edges, slot
 
         t = time.perf_counter()
         sp = self.splits
         for j in range(layer):
-            for u, (S, z, conv) in edges_from(sp.get(f"edges/{j}/{self.k}")).items():
-                self.runner.record_edge((u + 1) * self.record.unit_size, j, S, z, conv)
+            restore_edges(self.runner, j, sp.get(f"edges/{j}/{self.k}"))
             self.edges_stored.add(j)
         at = slot(self.checkpoints, layer)
 
@@ -247,9 +246,8 @@ def run_split(record: Record, n_segments: int, store, new_actor, events, *, firs
     import ray
 
     from linpipe.model import ModelState
-    from linpipe.model.segments import run_layers, segment_bounds
-
     from linpipe.model.checkpoints import checkpoint_every, checkpoint_layers
+    from linpipe.model.segments import run_layers, segment_bounds
 
     bounds = segment_bounds(record.length, record.unit_size, n_segments, first_weight)
     stats = {"deaths": 0, "positions": 0, "units": [], "layer_s": [], "nodes": set(), "segments": len(bounds),
@@ -281,16 +279,18 @@ def run_split(record: Record, n_segments: int, store, new_actor, events, *, firs
                 state0 = ModelState.from_arrays(store.boundary_state(record.key, first_unit - 1))
             start, folds = resume_point(splits, checkpoints, k0, len(bounds))
             stats["resumed_at"].append(start)
-            progress.layer(start, len(weights))
+            n_layers = len(weights)
+            progress.layer(start, n_layers)
 
-            def hook(layer, nodes=nodes, group=group):
-                progress.layer(layer + 1, len(weights))
+            def hook(layer, nodes=nodes, group=group, n_layers=n_layers):
+                progress.layer(layer + 1, n_layers)
                 if on_layer is not None:
                     on_layer(record, layer, nodes, group.take())
 
-            def on_fold(layer, S, z, halos):
+            def on_fold(layer, S, z, halos, k0=k0):  # the fold of each segment from k0 on, and after the last
                 for i, k in enumerate(range(k0, len(bounds) + 1)):
-                    splits.put(f"fold/{layer}/{k}", {"S": S[i].numpy(), "z": z[i].numpy(), "conv": halos[i].numpy()})
+                    splits.put(f"fold/{layer}/{k}", {"S": S[i].numpy(), "z": z[i].numpy(),
+                                                     "conv": halos[i].numpy()})
 
             states = run_layers(_Timed(group, stats, hook), state0, weights, len(todo), exact_first=k0 == 0,
                                 start=start, folds=folds, on_fold=on_fold)
@@ -302,7 +302,7 @@ def run_split(record: Record, n_segments: int, store, new_actor, events, *, firs
                     stats["positions"] += u.positions * u.share
                     stats["units"].append(u)
                     events.unit_done(dataclasses.replace(u, share=0.0), len(stats["units"]))  # bar: _Progress
-            progress.layer(len(weights) + 1, len(weights))
+            progress.layer(n_layers + 1, n_layers)
             if first_incomplete_segment(store, record, bounds) <= k0:  # never loop on a store that
                 raise LinpipeError(f"record {record.id!r}: its split run ended but units of segment "
                                    f"{k0} are not marked done in the store")

@@ -77,3 +77,10 @@ def edges_from(tensors: dict) -> dict:
         name, u = key.rsplit(".", 1)
         got.setdefault(int(u), {})[name] = torch.from_numpy(v.copy())
     return {u: (d["S"], d["z"], d["conv"]) for u, d in got.items()}
+
+
+def restore_edges(runner, layer: int, tensors: dict) -> None:
+    """Puts a segment's unit edges' states of `layer` (edge_tensors' arrays) back into its
+    SegmentRunner, as its passes recorded them."""
+    for u, (S, z, conv) in edges_from(tensors).items():
+        runner.record_edge((u + 1) * runner.unit_size, layer, S, z, conv)

@@ -411,7 +411,8 @@ class SegmentRunner:
         if initial is None:
             raise ValueError("the first segment needs the state entering it")
         dev = self.model.device
-        self.initial = [(S.to(dev)[None], z.to(dev)[None], w.to(dev)[None]) for S, z, w in zip(*initial, strict=True)]
+        self.initial = [(S.to(dev)[None], z.to(dev)[None], w.to(dev)[None])
+                        for S, z, w in zip(*initial, strict=True)]
 
     @torch.inference_mode()
     def resume(self, layer: int, h_of, initial=None) -> Message:
