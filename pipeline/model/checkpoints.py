@@ -29,12 +29,16 @@ def layer_flops(config) -> float:
     return 2.0 * (4 * D * D + 2 * D * M + 2 * D * config.head_dim)
 
 
-def checkpoint_every(config, positions: int, *, flops_per_s: float = FLOPS_PER_S,
-                     store_bytes_per_s: float = STORE_BYTES_PER_S, budget: int = STORE_BUDGET) -> int | None:
+def checkpoint_every(config, positions: int, *, flops_per_s: float | None = None,
+                     store_bytes_per_s: float | None = None, budget: int | None = None) -> int | None:
     """Every how many layers a split run of a record of `positions` writes h to the store
     (None: never; a resume recomputes from the input). Writing costs 4 D / store_bytes_per_s
     seconds per position; it pays once the layers between two checkpoints take 1 / OVERHEAD
-    times that, since a kill then loses at most those layers."""
+    times that, since a kill then loses at most those layers. The rates default to the module's
+    (read at each call)."""
+    flops_per_s = FLOPS_PER_S if flops_per_s is None else flops_per_s
+    store_bytes_per_s = STORE_BYTES_PER_S if store_bytes_per_s is None else store_bytes_per_s
+    budget = STORE_BUDGET if budget is None else budget
     D, L = config.d_model, config.n_layers
     if 2 * 4 * D * positions > budget:
         return None
