@@ -293,7 +293,7 @@ def run_split(record: Record, n_segments: int, store, new_actor, events, *, firs
                                                      "conv": halos[i].numpy()})
 
             states = run_layers(_Timed(group, stats, hook), state0, weights, len(todo), exact_first=k0 == 0,
-                                start=start, folds=folds, on_fold=on_fold)
+                                start=start, folds=folds, on_fold=on_fold if checkpoints else None)
             done = sorted(store.completed_units(record.key, FORWARD))
             results = group.call("write", [(states[k].y[0], states[k + 1].to_arrays(), done)
                                            for k in range(len(todo))])
