@@ -31,7 +31,7 @@ from .options import actors_per_gpu, recorded
 from .plan import JobPlan, Record, Unit
 from .preflight import another_job, never_received_a_unit, preflight
 from .request import JobRequest, RunOptions
-from .split import SegmentWorker, check_split, run_split, split_segments
+from .split import SegmentWorker, check_split, plan_gain, run_split, split_segments
 from .worker_process import worker_actor
 
 # Calls on each actor at once, so units in flight in a worker: one being read, one in the model
@@ -502,7 +502,8 @@ def _run_leased(plan, request, out, address, device, events, lease_token: str) -
         split = request.split
         if split == "auto" and (request.regions or plan.modality != "dna" or options.get("num_gpus")):
             split = "never"  # auto: CPU actors on DNA only (no GPU was lent to measure it on)
-        splits = [(item, split_segments(item.record, total, possible, split)) for item in todo
+        gain = plan_gain(plan, threads)  # auto splits where the cost model predicts a gain
+        splits = [(item, split_segments(item.record, total, possible, split, gain)) for item in todo
                   if isinstance(item, Stream) and item.record.strand == FORWARD]
         splits = [(item, n) for item, n in splits if n > 1]
         for item, _n in splits:

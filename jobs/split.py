@@ -53,16 +53,33 @@ def spill_dirs(nbytes: int, budget: int) -> list[str]:
     return [disk]
 
 
-def split_segments(record: Record, total_positions: int, n_workers: int, split: str | int) -> int:
+def split_segments(record: Record, total_positions: int, n_workers: int, split: str | int,
+                   gain=None) -> int:
     """How many segments a streamed record runs in (1: the ordinary one-actor stream); split:
-    the request's, "auto", "never" or a number of segments."""
+    the request's, "auto", "never" or a number of segments. gain(positions, segments): the
+    predicted speed-up (checkpoints.split_gain); auto streams a record where it is less than
+    MIN_GAIN."""
+    from linpipe.model.checkpoints import MIN_GAIN
+
     if split == "never" or record.n_units < 2:
         return 1
     if isinstance(split, int):
         return max(1, min(split, record.n_units))
     if n_workers < 2 or record.length < AUTO_FACTOR * total_positions / n_workers:
         return 1
-    return min(n_workers, record.n_units)
+    n = min(n_workers, record.n_units)
+    return 1 if gain is not None and gain(record.length, n) < MIN_GAIN else n
+
+
+def plan_gain(plan, threads: int | None):
+    """The job's split_gain on workers of `threads` torch threads (None where the model's rate
+    is not known)."""
+    from linpipe.model.checkpoints import split_gain
+
+    rate = plan.stream_rate * max(1, threads or 1)
+    if rate <= 0:
+        return None
+    return lambda positions, n: split_gain(positions, n, rate, plan.n_layers, plan.split_first_weight)
 
 
 def check_split(plan, split, slots: int | None) -> None:

@@ -4,8 +4,8 @@ resumed store holds the bytes of an uninterrupted split run, and a resumed job r
 layers after its last checkpoint.
 
 Each run is a `run_job` in a subprocess of its own (its embedded Ray goes with its session).
-The tests' model is so small that the cost model would recompute rather than checkpoint: the
-driver script makes the store look fast enough to checkpoint every layer.
+The tests' model is so small that the cost model would neither split nor checkpoint: the driver
+script makes the CPU look slow and the store fast enough to split and checkpoint every layer.
 """
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ OUTPUTS = ("logprob", "entropy", "hidden")
 DRIVER = r'''
 import json, os, signal, sys, threading, time
 from linpipe.model import checkpoints
-checkpoints.STORE_BYTES_PER_S = 1e15  # checkpoint after every layer, for this tiny model
+checkpoints.STORE_BYTES_PER_S = 1e15  # checkpoint after every layer, for this tiny model,
+checkpoints.FLOPS_PER_S = 1e6  # and split it (auto) on 3 workers
 from linpipe.jobs.driver import JobEvents, run_job
 from linpipe.jobs.request import JobRequest
 from linpipe.store import OutputStore

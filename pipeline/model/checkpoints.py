@@ -1,5 +1,6 @@
-"""Where a split run (linpipe.model.segments) keeps what a resumed run needs, and the cost
-model that picks it (docs/sequence-parallel.md, "Surviving a kill").
+"""The split run's cost models (linpipe.model.segments; docs/sequence-parallel.md): where it
+keeps what a resumed run needs ("Surviving a kill"), and whether splitting a record pays on the
+workers a job has (`split_gain`, the planner's `auto`).
 
 After a layer the next one needs each segment's residual stream h (T, D) and the states the
 exchanges produced. The states are small (per layer and segment H K (K+1) floats and W-1 rows)
@@ -46,6 +47,32 @@ def checkpoint_every(config, positions: int, *, flops_per_s: float | None = None
     layer_s = layer_flops(config) / flops_per_s
     every = max(1, math.ceil(write_s / (OVERHEAD * layer_s)))
     return every if every <= L else None
+
+
+# A segment group's actors start and load the model before any work (the stream's actors
+# are started anyway); the exchange goes through the driver once per layer and segment.
+GROUP_START_S = 5.0
+EXCHANGE_S = 0.02
+# auto splits a record only when the split is predicted at least this much faster.
+MIN_GAIN = 1.2
+
+
+def stream_rate(config, threads: int = 1, flops_per_s: float | None = None) -> float:
+    """Predicted positions/s of one worker streaming a record through the model."""
+    flops_per_s = FLOPS_PER_S if flops_per_s is None else flops_per_s
+    return flops_per_s * max(1, threads) / (config.n_layers * layer_flops(config))
+
+
+def split_gain(positions: int, n_segments: int, rate: float, n_layers: int, first_weight: float) -> float:
+    """Predicted streamed time over split time of a record of `positions` on `n_segments`
+    workers of `rate` positions/s each. A later segment's work per position is first_weight
+    times the first segment's (segments.first_weight), so with the first segment's share
+    first_weight every segment takes positions * first_weight / ((first_weight + P - 1) rate);
+    the group's start and the exchanges come on top."""
+    P = max(1, n_segments)
+    split = (GROUP_START_S + positions * first_weight / ((first_weight + P - 1) * rate)
+             + n_layers * EXCHANGE_S * P)
+    return positions / rate / split
 
 
 def checkpoint_layers(n_layers: int, every: int | None) -> list[int]:
