@@ -84,9 +84,14 @@ class Watch(JobEvents):
         self.writers: dict[tuple[str, int], list[str]] = {}
         self.layers: list[tuple[str, int, list[str]]] = []
         self.kill_at = kill_at
+        self.bar: list[tuple[str, float]] = []  # the progress bar's moves: ("layer" | "unit", positions)
 
     def unit_done(self, result, units_done):
         self.writers.setdefault((result.key, result.unit), []).append(result.node)
+        self.bar.append(("unit", result.positions * result.share))
+
+    def split_progress(self, record_id, positions):
+        self.bar.append(("layer", positions))
 
     def split_layer(self, record_id, layer, nodes, timing):
         self.layers.append((record_id, layer, list(nodes)))
@@ -144,6 +149,10 @@ def test_auto_split_equals_serial_one_writer_per_chunk(split_one, one_record, mo
     # auto: one record, 3 workers: 3 segments, one exchange per layer (2 layers)
     assert [(r, layer) for r, layer, _ in events.layers] == [(LONG, 0), (LONG, 1)]
     assert len(set(events.layers[0][2])) == 3
+    # the progress bar moved with the layers, a third of the record at each of the 2 layers
+    # and the writes, and reached the record's positions once
+    moves = [(kind, round(n, 6)) for kind, n in events.bar if n]
+    assert moves == [("layer", 20_000.0)] * 3
     serial = tmp_path / "serial.zarr"
     write_in_process(one_record, model2, serial, unit_size=UNIT, outputs=OUTPUTS)
     assert_close(out, serial)
