@@ -55,7 +55,7 @@ def one(model, x, unit, folder):
     t2 = time.perf_counter()
     r.apply(0, S, z, halo)
     t3 = time.perf_counter()
-    sp = SplitRecords(Location(folder, read_only=False), "rec")
+    sp = SplitRecords(Location(folder, read_only=False), "rec", [(0, len(x))])
     for a, b in r.units:
         sp.put(f"h/0/{a // unit}", {"h": r.rows(a, b)})
     t4 = time.perf_counter()

@@ -105,18 +105,17 @@ class SegmentWorker(PipelineWorker):
         self.runner = None
         self.record: Record | None = None
 
-    def setup(self, record: Record, start: int, end: int, exact: bool, k: int = 0,
-              checkpoints: tuple[int, ...] = ()) -> str:
-        """exact: the record's first segment (it runs the layers itself, from the state it is
-        given in begin); k: the segment's index in the record; checkpoints: the layers whose
-        input it writes to the store (checkpoints.checkpoint_layers), with its unit edges'
-        states of the layers before."""
+    def setup(self, record: Record, bounds: list, k: int, checkpoints: tuple[int, ...] = ()) -> str:
+        """Segment k of `bounds` (the record's first runs the layers itself, from the state it
+        is given in begin); checkpoints: the layers whose input it writes to the store
+        (checkpoints.checkpoint_layers), with its unit edges' states of the layers before."""
         from linpipe.model.segments import SegmentRunner, spill_bytes
 
         if self.runner is not None:
             self.runner.close()
+        (start, end), exact = bounds[k], k == 0
         self.record, self.k, self.checkpoints = record, k, list(checkpoints)
-        self.splits = self.store.split_records(record.key)
+        self.splits = self.store.split_records(record.key, bounds)
         self.edges_stored: set[int] = set()
         dirs = spill_dirs(spill_bytes(self.model.config, end - start, exact), self.spill_budget)
         self.runner = SegmentRunner(self.model, self._read_model_input, start, end, record.unit_size,
@@ -269,8 +268,8 @@ def run_split(record: Record, n_segments: int, store, new_actor, events, *, firs
     bounds = segment_bounds(record.length, record.unit_size, n_segments, first_weight)
     stats = {"deaths": 0, "positions": 0, "units": [], "layer_s": [], "nodes": set(), "segments": len(bounds),
              "resumed_at": []}
-    splits = store.split_records(record.key)
-    splits.open(bounds)
+    splits = store.split_records(record.key, bounds)
+    splits.open()
     progress = _Progress(record, store, events)
     while True:
         k0 = first_incomplete_segment(store, record, bounds)
@@ -285,8 +284,7 @@ def run_split(record: Record, n_segments: int, store, new_actor, events, *, firs
             checkpoints = tuple(checkpoint_layers(len(weights), checkpoint_every(config, record.length)))
             # the record's first segment runs its layers from the state after BOS; a restarted
             # group's first segment is not it: it corrects, as in the run it replaces (same bits)
-            nodes = group.call("setup", [(record, a, b, a == 0, k0 + i, checkpoints)
-                                         for i, (a, b) in enumerate(todo)])
+            nodes = group.call("setup", [(record, bounds, k, checkpoints) for k in range(k0, len(bounds))])
             stats.setdefault("t_ready", time.monotonic())  # rates count from the actors' readiness
             stats["nodes"].update(n.rsplit(":", 1)[0] for n in nodes)
             if k0 == 0:

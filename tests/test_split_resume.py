@@ -130,7 +130,7 @@ def test_cost_model_checkpoints_wide_models_and_recomputes_where_writes_cost_mor
     assert [slot([1, 2, 3], layer) for layer in (1, 2, 3)] == [0, 1, 0]
 
 
-def test_split_records_are_checked_by_crc_and_voided_by_other_bounds(tmp_path, genomes):
+def test_split_records_are_checked_by_crc_and_kept_apart_by_bounds(tmp_path, genomes):
     from _pipeline_data import write_fasta_slice
 
     from linpipe.jobs.driver import open_or_create_store
@@ -143,20 +143,25 @@ def test_split_records_are_checked_by_crc_and_voided_by_other_bounds(tmp_path, g
     plan = plan_job(JobRequest(inputs=(str(fa),), model="default", out=str(out), unit_size=8192))
     store = open_or_create_store(plan, str(out))
     key = store.record_key("CHROMOSOME_I")
-    sp = store.split_records(key)
-    sp.open([(0, 8192), (8192, 24576)])
+    two, other = [(0, 8192), (8192, 24576)], [(0, 16384), (16384, 24576)]
+    sp = store.split_records(key, two)
     S = np.arange(12, dtype=np.float32).reshape(3, 4)
     sp.put("fold/0/1", {"S": S})
-    assert np.array_equal(sp.get("fold/0/1")["S"], S)
-    path = out / "_linpipe" / key / "split" / "fold" / "0" / "1"
+    assert np.array_equal(sp.get("fold/0/1")["S"], S) and sp.names() == ["fold/0/1"]
+    path = out / sp.prefix / "fold" / "0" / "1"
     data = bytearray(path.read_bytes())
     data[-6] ^= 1  # a flipped bit in the tensor's bytes: the record reads as absent
     path.write_bytes(bytes(data))
     assert sp.get("fold/0/1") is None and not sp.has("fold/0/1")
     sp.put("fold/0/1", {"S": S})
-    sp.open([(0, 8192), (8192, 24576)])  # the same bounds: kept
+    # a run under other bounds does not see them, and deletes them when it opens
+    elsewhere = store.split_records(key, other)
+    assert not elsewhere.has("fold/0/1")
+    sp.open()
     assert sp.has("fold/0/1")
-    sp.open([(0, 16384), (16384, 24576)])  # other bounds: void
-    assert not sp.has("fold/0/1") and sp.names() == ["layout"]
-    sp.clear()
-    assert sp.names() == [] and not (out / "_linpipe" / key / "split").exists()
+    elsewhere.put("ckpt/1/0", {"slot": np.zeros(1, np.int64)})
+    elsewhere.open()
+    layout = elsewhere.prefix.rsplit("/", 1)[1]
+    assert not sp.has("fold/0/1") and elsewhere.all_names() == [f"{layout}/ckpt/1/0"]
+    elsewhere.clear()
+    assert sp.all_names() == [] and not (out / sp.root).exists()

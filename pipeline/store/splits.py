@@ -4,14 +4,14 @@ the record's start.
 
 Every object is a set of named tensors (a safetensors blob, names, dtypes and shapes included)
 followed by the CRC-32C of those bytes (4 bytes, little-endian), under
-`_linpipe/<key>/split/`; one writer each, written whole (a local file aside, then renamed and
+`_linpipe/<key>/split/<layout>/`; one writer each, written whole (a local file aside, then renamed and
 fsynced; an object store's PUT). An object whose CRC does not match reads as absent: the run
 that needs it recomputes it. The objects are not zarr nodes (zarr lists past them), are
 deleted once the record's units are all written, and a finished local store drops any left.
-Names (`layer`, `k` the segment's index in the record, `u` a unit's index):
+They lie in a folder named after the segments' bounds (`layout_name`): a run under other
+bounds (another segment count) never reads them, and `SplitRecords.open` deletes them. Names
+inside it (`layer`, `k` the segment's index in the record, `u` a unit's index):
 
-- `layout`: `bounds` (P, 2) int64, the segments' record positions. Records made under other
-  bounds are void (a different segment count): `SplitRecords.open` deletes them.
 - `fold/<layer>/<k>`: the fold's state entering segment k at `layer` (k = P: after the last),
   as the model names its per-layer state (today `S`, `z`, `conv`).
 - `edges/<layer>/<k>`: segment k's state at each unit edge inside it for `layer`, as
@@ -50,13 +50,22 @@ def decode(data: bytes | None) -> dict | None:
     return load(blob)
 
 
-class SplitRecords:
-    """A split record's objects in one store (OutputStore.split_records)."""
+def layout_name(bounds) -> str:
+    """The folder of a run under these segment bounds: their count and a digest of them."""
+    import hashlib
 
-    def __init__(self, location, key: str):
+    b = np.asarray(bounds, dtype="<i8").reshape(-1, 2)
+    return f"p{len(b)}-{hashlib.sha256(b.tobytes()).hexdigest()[:16]}"
+
+
+class SplitRecords:
+    """A split record's objects in one store, for one set of segment bounds
+    (OutputStore.split_records)."""
+
+    def __init__(self, location, key: str, bounds):
         self.location = location
-        self.prefix = progress_path(key, "split")
-        self.written: list[str] = []  # by this process, for clear()
+        self.root = progress_path(key, "split")
+        self.prefix = f"{self.root}/{layout_name(bounds)}"
 
     def _path(self, name: str) -> str:
         return f"{self.prefix}/{name}"
@@ -66,7 +75,6 @@ class SplitRecords:
         rel = self._path(name)
         self.location.write_bytes(rel, encode(tensors))
         self.location.sync([], also=[rel])
-        self.written.append(name)
 
     def get(self, name: str) -> dict | None:
         return decode(self.location.read_bytes(self._path(name)))
@@ -78,23 +86,26 @@ class SplitRecords:
         self.location.delete(self._path(name))
 
     def names(self) -> list[str]:
-        """Every object's name (a listing: local folder or object-store prefix)."""
+        """Every object's name under these bounds (a listing)."""
         return self.location.names_under(self.prefix)
 
-    def clear(self) -> None:
-        for name in self.names():
-            self.delete(name)
-        if self.location.root is not None:  # the empty folders too
+    def all_names(self) -> list[str]:
+        """Every split object of the record, under any bounds, as `<layout>/<name>`."""
+        return self.location.names_under(self.root)
+
+    def _clear(self, folder: str, keep: str | None = None) -> None:
+        for name in self.location.names_under(folder):
+            if keep is None or not name.startswith(f"{keep}/"):
+                self.location.delete(f"{folder}/{name}")
+        if self.location.root is not None and keep is None:  # the empty folders too
             import shutil
 
-            shutil.rmtree(self.location.root / self.prefix, ignore_errors=True)
+            shutil.rmtree(self.location.root / folder, ignore_errors=True)
 
-    def open(self, bounds: list[tuple[int, int]]) -> None:
-        """Makes the records those of `bounds`: kept when made under the same bounds, else
-        deleted and the layout written anew."""
-        want = np.asarray(bounds, dtype=np.int64).reshape(-1, 2)
-        got = self.get("layout")
-        if got is not None and np.array_equal(got["bounds"], want):
-            return
-        self.clear()
-        self.put("layout", {"bounds": want})
+    def clear(self) -> None:
+        """Deletes every split object of the record, under any bounds."""
+        self._clear(self.root)
+
+    def open(self) -> None:
+        """Deletes the record's split objects made under other bounds (void for this run)."""
+        self._clear(self.root, keep=self.prefix[len(self.root) + 1:])
