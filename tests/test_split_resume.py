@@ -165,3 +165,21 @@ def test_split_records_are_checked_by_crc_and_kept_apart_by_bounds(tmp_path, gen
     assert not sp.has("fold/0/1") and elsewhere.all_names() == [f"{layout}/ckpt/1/0"]
     elsewhere.clear()
     assert sp.all_names() == [] and not (out / sp.root).exists()
+
+
+def test_the_cli_bar_moves_with_a_split_records_layers(capsys):
+    """submit's progress bar counts a split record's split_progress events, and not its units'
+    unit_done again (the driver reports those with no share)."""
+    from linpipe.cli.submit import _job_events
+    from linpipe.jobs.actor import UnitResult
+    from linpipe.jobs.driver import JobStart
+
+    events = _job_events()
+    events.started(JobStart("lp-x", "out.zarr", 1, 60_000, 0, 1, 2))
+    bar = events.progress
+    events.split_progress("chrI", 20_000)
+    assert bar.done == 20_000 and 0.3 < bar.fraction() < 0.4
+    events.split_progress("chrI", 40_000)
+    events.unit_done(UnitResult("k", 0, 8_192, 0.0, 0.0, 0.0, 0.0, "n:1", 0, 0.0), 1)
+    assert bar.done == 60_000 and bar.fraction() == 1.0
+    events.finished()
