@@ -143,7 +143,7 @@ def main():
 
     torch.set_num_threads(args.threads)
     import linpipe
-    from linpipe.outputs.variants import score_variants
+    from linpipe.jobs.variants import score_variants  # workers > 0: on Ray actors
 
     OUT.mkdir(parents=True, exist_ok=True)
     fasta = OUT / "genome.fa"

@@ -4,7 +4,8 @@ Each module imports only modules further down this list (tests/test_imports.py k
 acyclic):
 
     detached (a job for the job server), driver (run_job), repair (verify --repair)
-    preflight (every check before a run), split (one record over a group of actors)
+    preflight (every check before a run), split (one record over a group of actors),
+    variants (score-variants' replay units on actors)
     worker_process (the actor Ray runs: the worker in a child process)
     actor (the worker), cluster (Ray set-up)
     overlap (the worker's threads), write_process (its writing process)

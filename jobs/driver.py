@@ -31,7 +31,7 @@ from .options import actors_per_gpu, recorded
 from .plan import JobPlan, Record, Unit
 from .preflight import another_job, never_received_a_unit, preflight
 from .request import JobRequest, RunOptions
-from .split import SegmentWorker, check_split, run_split, split_segments
+from .split import SegmentWorker, check_split, plan_gain, run_split, split_segments
 from .worker_process import worker_actor
 
 # Calls on each actor at once, so units in flight in a worker: one being read, one in the model
@@ -117,6 +117,10 @@ class JobEvents:
 
     def waiting(self, owner: dict) -> None:
         """Another driver holds the job's lease; this one waits for it (run_job(wait=True))."""
+
+    def split_progress(self, record_id: str, positions: float) -> None:
+        """A split record's run moved on by this many positions' worth of work (its units'
+        unit_done events count none: a split's positions are reported here, layer by layer)."""
 
     def split_layer(self, record_id: str, layer: int, nodes: list[str], timing: dict) -> None:
         """A split record's segment group finished `layer` (nodes: its actors, "node:pid";
@@ -447,6 +451,9 @@ class _LeaseChecked(JobEvents):
     def worker_died(self, node, error):
         self.inner.worker_died(node, error)
 
+    def split_progress(self, record_id, positions):
+        self.inner.split_progress(record_id, positions)
+
     def split_layer(self, record_id, layer, nodes, timing):
         self.inner.split_layer(record_id, layer, nodes, timing)
         self.lease.check()
@@ -495,7 +502,8 @@ def _run_leased(plan, request, out, address, device, events, lease_token: str) -
         split = request.split
         if split == "auto" and (request.regions or plan.modality != "dna" or options.get("num_gpus")):
             split = "never"  # auto: CPU actors on DNA only (no GPU was lent to measure it on)
-        splits = [(item, split_segments(item.record, total, possible, split)) for item in todo
+        gain = plan_gain(plan, threads)  # auto splits where the cost model predicts a gain
+        splits = [(item, split_segments(item.record, total, possible, split, gain)) for item in todo
                   if isinstance(item, Stream) and item.record.strand == FORWARD]
         splits = [(item, n) for item, n in splits if n > 1]
         for item, _n in splits:

@@ -116,6 +116,9 @@ class JobPlan:
     regions_lenient: bool = False  # --regions-lenient: recorded with the regions (a repair reads them so)
     notes: tuple[str, ...] = ()  # what planning skipped or wrote that the user should hear of
     files: tuple[FileState, ...] = ()  # the inputs as the store records them (whole-content sha256)
+    # what split_gain needs of the model: one worker's predicted positions/s, its layers
+    stream_rate: float = 0.0
+    n_layers: int = 0
 
     @property
     def n_records(self) -> int:
@@ -185,6 +188,7 @@ def plan_job(request: JobRequest) -> JobPlan:
     from linpipe.inputs import open_input
     from linpipe.inputs.cache import index_in_cache
     from linpipe.model import load_model
+    from linpipe.model.checkpoints import stream_rate
     from linpipe.model.files import DEFAULT_MODEL, default_model_for
     from linpipe.model.outputs import output_names
     from linpipe.model.segments import first_weight
@@ -313,4 +317,5 @@ def plan_job(request: JobRequest) -> JobPlan:
                    first_weight(m.config),
                    channels, records, streams, packed, short_times.pop() if short_times else None, regions,
                    os.path.abspath(os.fspath(request.regions)) if request.regions else None,
-                   bool(request.regions and request.regions_lenient), tuple(notes), tuple(files))
+                   bool(request.regions and request.regions_lenient), tuple(notes), tuple(files),
+                   stream_rate(m.config), int(m.config.n_layers))

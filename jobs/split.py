@@ -15,6 +15,7 @@ an uninterrupted split run's.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 
@@ -52,16 +53,33 @@ def spill_dirs(nbytes: int, budget: int) -> list[str]:
     return [disk]
 
 
-def split_segments(record: Record, total_positions: int, n_workers: int, split: str | int) -> int:
+def split_segments(record: Record, total_positions: int, n_workers: int, split: str | int,
+                   gain=None) -> int:
     """How many segments a streamed record runs in (1: the ordinary one-actor stream); split:
-    the request's, "auto", "never" or a number of segments."""
+    the request's, "auto", "never" or a number of segments. gain(positions, segments): the
+    predicted speed-up (checkpoints.split_gain); auto streams a record where it is less than
+    MIN_GAIN."""
+    from linpipe.model.checkpoints import MIN_GAIN
+
     if split == "never" or record.n_units < 2:
         return 1
     if isinstance(split, int):
         return max(1, min(split, record.n_units))
     if n_workers < 2 or record.length < AUTO_FACTOR * total_positions / n_workers:
         return 1
-    return min(n_workers, record.n_units)
+    n = min(n_workers, record.n_units)
+    return 1 if gain is not None and gain(record.length, n) < MIN_GAIN else n
+
+
+def plan_gain(plan, threads: int | None):
+    """The job's split_gain on workers of `threads` torch threads (None where the model's rate
+    is not known)."""
+    from linpipe.model.checkpoints import split_gain
+
+    rate = plan.stream_rate * max(1, threads or 1)
+    if rate <= 0:
+        return None
+    return lambda positions, n: split_gain(positions, n, rate, plan.n_layers, plan.split_first_weight)
 
 
 def check_split(plan, split, slots: int | None) -> None:
@@ -87,14 +105,18 @@ class SegmentWorker(PipelineWorker):
         self.runner = None
         self.record: Record | None = None
 
-    def setup(self, record: Record, start: int, end: int, exact: bool) -> str:
-        """exact: the record's first segment (it runs the layers itself, from the state it is
-        given in begin)."""
+    def setup(self, record: Record, bounds: list, k: int, checkpoints: tuple[int, ...] = ()) -> str:
+        """Segment k of `bounds` (the record's first runs the layers itself, from the state it
+        is given in begin); checkpoints: the layers whose input it writes to the store
+        (checkpoints.checkpoint_layers), with its unit edges' states of the layers before."""
         from linpipe.model.segments import SegmentRunner, spill_bytes
 
         if self.runner is not None:
             self.runner.close()
-        self.record = record
+        (start, end), exact = bounds[k], k == 0
+        self.record, self.k, self.checkpoints = record, k, list(checkpoints)
+        self.splits = self.store.split_records(record.key, bounds)
+        self.edges_stored: set[int] = set()
         dirs = spill_dirs(spill_bytes(self.model.config, end - start, exact), self.spill_budget)
         self.runner = SegmentRunner(self.model, self._read_model_input, start, end, record.unit_size,
                                     spill_dir=dirs, outputs=self.outputs, exact=exact)
@@ -105,10 +127,10 @@ class SegmentWorker(PipelineWorker):
         return self._read(Unit(r.input_path, r.id, r.key, a, b, a // r.unit_size))[0]
 
     def model_info(self):
-        """(what the fold needs of each layer, the state after BOS as arrays)."""
+        """(what the fold needs of each layer, the state after BOS as arrays, the config)."""
         from linpipe.model.segments import layer_weights
 
-        return layer_weights(self.model.net), self.model.init_state().to_arrays()
+        return layer_weights(self.model.net), self.model.init_state().to_arrays(), self.model.config
 
     # The per-layer calls return (result, compute seconds): the driver tells the exchange's
     # own cost (barrier wall time less the slowest segment's compute) from the work.
@@ -118,7 +140,48 @@ class SegmentWorker(PipelineWorker):
 
     def apply(self, layer, S_in, z_in, halo):
         t = time.perf_counter()
-        return self.runner.apply(layer, S_in, z_in, halo), time.perf_counter() - t
+        msg = self.runner.apply(layer, S_in, z_in, halo)
+        if layer + 1 in self.checkpoints:
+            self._checkpoint(layer + 1)
+        return msg, time.perf_counter() - t
+
+    def resume(self, layer, initial):
+        """begin and the layers before `layer` from the store's checkpoint of `layer`."""
+        from linpipe.model.checkpoints import restore_edges, slot
+
+        t = time.perf_counter()
+        sp = self.splits
+        for j in range(layer):
+            restore_edges(self.runner, j, sp.get(f"edges/{j}/{self.k}"))
+            self.edges_stored.add(j)
+        at = slot(self.checkpoints, layer)
+
+        def h_of(a, b):
+            got = sp.get(f"h/{at}/{a // self.record.unit_size}")
+            if got is None:  # its marker is written after it, and it before the slot is reused
+                raise LinpipeError(f"{sp.prefix}: the checkpoint of layer {layer} lost unit "
+                                   f"{a // self.record.unit_size}")
+            return got["h"]
+
+        return self.runner.resume(layer, h_of, initial), time.perf_counter() - t
+
+    def _checkpoint(self, layer: int) -> None:
+        """The segment's layer input for `layer` and its unit edges' states of the layers
+        before, durable in the store; the marker last. The same slot's older checkpoint is
+        unmarked first, so a marker never names a slot that is being rewritten."""
+        from linpipe.model.checkpoints import edge_tensors, slot
+
+        sp, k, at = self.splits, self.k, slot(self.checkpoints, layer)
+        i = self.checkpoints.index(layer)
+        if i >= 2:
+            sp.delete(f"ckpt/{self.checkpoints[i - 2]}/{k}")
+        for j in range(layer):
+            if j not in self.edges_stored:
+                sp.put(f"edges/{j}/{k}", edge_tensors(self.runner.edge_states, j))
+                self.edges_stored.add(j)
+        for a, b in self.runner.units:
+            sp.put(f"h/{at}/{a // self.record.unit_size}", {"h": self.runner.rows(a, b)})
+        sp.put(f"ckpt/{layer}/{k}", {"slot": np.array([at], np.int64)})
 
     def write(self, y_prev, final_arrays: dict, skip: list[int]) -> list[UnitResult]:
         """Writes the segment's units (those not in skip) with their boundary states."""
@@ -148,7 +211,7 @@ class GroupLost(Exception):
 class RayGroup:
     """Calls one method on every segment's actor at once and waits for all (a barrier)."""
 
-    TIMED = ("begin", "apply")
+    TIMED = ("begin", "resume", "apply")
 
     def __init__(self, handles):
         self.handles = handles
@@ -199,32 +262,53 @@ def run_split(record: Record, n_segments: int, store, new_actor, events, *, firs
     import ray
 
     from linpipe.model import ModelState
+    from linpipe.model.checkpoints import checkpoint_every, checkpoint_layers
     from linpipe.model.segments import run_layers, segment_bounds
 
     bounds = segment_bounds(record.length, record.unit_size, n_segments, first_weight)
-    stats = {"deaths": 0, "positions": 0, "units": [], "layer_s": [], "nodes": set(), "segments": len(bounds)}
+    stats = {"deaths": 0, "positions": 0, "units": [], "layer_s": [], "nodes": set(), "segments": len(bounds),
+             "resumed_at": []}
+    splits = store.split_records(record.key, bounds)
+    splits.open()
+    progress = _Progress(record, store, events)
     while True:
         k0 = first_incomplete_segment(store, record, bounds)
         if k0 == len(bounds):
+            splits.clear()  # every unit is written: nothing of it is needed again
             return stats
         todo = bounds[k0:]
         handles = [new_actor() for _ in todo]
         group = RayGroup(handles)
         try:
+            weights, init, config = ray.get(handles[0].model_info.remote())
+            checkpoints = tuple(checkpoint_layers(len(weights), checkpoint_every(config, record.length)))
             # the record's first segment runs its layers from the state after BOS; a restarted
             # group's first segment is not it: it corrects, as in the run it replaces (same bits)
-            nodes = group.call("setup", [(record, a, b, a == 0) for a, b in todo])
+            nodes = group.call("setup", [(record, bounds, k, checkpoints) for k in range(k0, len(bounds))])
             stats.setdefault("t_ready", time.monotonic())  # rates count from the actors' readiness
             stats["nodes"].update(n.rsplit(":", 1)[0] for n in nodes)
-            weights, init = ray.get(handles[0].model_info.remote())
             if k0 == 0:
                 state0 = ModelState.from_arrays({k: np.array(v) for k, v in init.items()})
             else:  # the fold's value, stored with the last unit of the segment before
                 first_unit = bounds[k0][0] // record.unit_size
                 state0 = ModelState.from_arrays(store.boundary_state(record.key, first_unit - 1))
-            hook = None if on_layer is None else (
-                lambda layer, nodes=nodes, group=group: on_layer(record, layer, nodes, group.take()))
-            states = run_layers(_Timed(group, stats, hook), state0, weights, len(todo), exact_first=k0 == 0)
+            start, folds = resume_point(splits, checkpoints, k0, len(bounds))
+            stats["resumed_at"].append(start)
+            n_layers = len(weights)
+            progress.layer(start, n_layers)
+
+            def hook(layer, nodes=nodes, group=group, n_layers=n_layers):
+                progress.layer(layer + 1, n_layers)
+                if on_layer is not None:
+                    on_layer(record, layer, nodes, group.take())
+
+            def on_fold(layer, S, z, halos, k0=k0):  # the fold of each segment from k0 on, and after the last
+                for i, k in enumerate(range(k0, len(bounds) + 1)):
+                    splits.put(f"fold/{layer}/{k}", {"S": S[i].numpy(), "z": z[i].numpy(),
+                                                     "conv": halos[i].numpy()})
+
+            states = run_layers(_Timed(group, stats, hook), state0, weights, len(todo), exact_first=k0 == 0,
+                                start=start, folds=folds, on_fold=on_fold if checkpoints else None)
             done = sorted(store.completed_units(record.key, FORWARD))
             results = group.call("write", [(states[k].y[0], states[k + 1].to_arrays(), done)
                                            for k in range(len(todo))])
@@ -232,7 +316,8 @@ def run_split(record: Record, n_segments: int, store, new_actor, events, *, firs
                 for u in res:
                     stats["positions"] += u.positions * u.share
                     stats["units"].append(u)
-                    events.unit_done(u, len(stats["units"]))
+                    events.unit_done(dataclasses.replace(u, share=0.0), len(stats["units"]))  # bar: _Progress
+            progress.layer(n_layers + 1, n_layers)
             if first_incomplete_segment(store, record, bounds) <= k0:  # never loop on a store that
                 raise LinpipeError(f"record {record.id!r}: its split run ended but units of segment "
                                    f"{k0} are not marked done in the store")
@@ -248,6 +333,46 @@ def run_split(record: Record, n_segments: int, store, new_actor, events, *, firs
         finally:
             for h in handles:
                 ray.kill(h)
+
+
+def resume_point(splits, checkpoints, k0: int, n_segments: int):
+    """The latest checkpointed layer that every segment from k0 on holds, with the fold of each
+    layer before it stored for segments k0..n_segments: (layer, [(S, z, halos) per layer]);
+    (0, []) when there is none (the group begins from the input)."""
+    import torch
+
+    def fold(layer):
+        got = [splits.get(f"fold/{layer}/{k}") for k in range(k0, n_segments + 1)]
+        if any(g is None for g in got):
+            return None
+        return tuple([torch.from_numpy(g[name].copy()) for g in got] for name in ("S", "z", "conv"))
+
+    for layer in reversed(checkpoints):
+        if not all(splits.has(f"ckpt/{layer}/{k}") for k in range(k0, n_segments)):
+            continue
+        folds = [fold(j) for j in range(layer)]
+        if all(f is not None for f in folds):
+            return layer, folds
+    return 0, []
+
+
+class _Progress:
+    """A split record's share of the job's progress bar, as its layers pass: each of its L
+    layers and its writes count 1/(L+1) of the positions left (a group restarted after a loss
+    does not move the bar back, nor forward again over what it redoes)."""
+
+    def __init__(self, record: Record, store, events):
+        done = store.completed_units(record.key, FORWARD)
+        first = next((i for i in range(record.n_units) if i not in done), record.n_units)
+        self.left = record.length - min(record.length, first * record.unit_size)  # as work_left counts
+        self.record, self.events, self.reported = record, events, 0.0
+
+    def layer(self, reached: int, n_layers: int) -> None:
+        """`reached` of the n_layers + 1 steps (the layers, then the writes) are done."""
+        target = self.left * reached / (n_layers + 1)
+        if target > self.reported:
+            self.events.split_progress(self.record.id, target - self.reported)
+            self.reported = target
 
 
 class _Timed:

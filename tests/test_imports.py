@@ -130,3 +130,13 @@ def test_zarr_is_used_through_its_public_api_only(tmp_path):
     assert zarr_beyond_public(probe) == [
         "probe.py: zarr.core", "probe.py: zarr.core.metadata ArrayV3Metadata", "probe.py: zarr.api",
         "probe.py: zarr.storage _local"]
+
+
+def test_outputs_never_import_the_jobs_package():
+    """linpipe.outputs (export, plots, score-variants) works on a store alone: Ray and the
+    driver stay in linpipe.jobs, which reaches down to it, never the other way."""
+    graph = import_graph()
+    outputs = [m for m in graph if m == "linpipe.outputs" or m.startswith("linpipe.outputs.")]
+    assert "linpipe.outputs.variants" in outputs
+    wrong = {m: sorted(n for n in graph[m] if n.startswith("linpipe.jobs")) for m in outputs}
+    assert not any(wrong.values()), wrong

@@ -217,6 +217,29 @@ def test_planner_splits_only_long_records():
     assert split_segments(short, 8_600_000, 1, 5) == 3  # forced: capped by the record's chunks
 
 
+def test_auto_splits_only_where_the_cost_model_predicts_a_gain(tmp_path, genomes):
+    """The planner's model rate and split_gain: a new user's 2.46 Mb genome on two workers with
+    the default model gains too little over one streamed worker to split (the group's start
+    outweighs it); a 250 Mb chromosome splits; a forced --split N is not second-guessed."""
+    from linpipe.jobs.plan import Record, plan_job
+    from linpipe.jobs.request import JobRequest
+    from linpipe.jobs.split import plan_gain, split_segments
+    from linpipe.model.checkpoints import MIN_GAIN
+
+    fa = tmp_path / "one.fa"
+    fa.write_text(">r\n" + "ACGT" * 200 + "\n")
+    plan = plan_job(JobRequest(inputs=(str(fa),), model="default", out=str(tmp_path / "o.zarr")))
+    gain = plan_gain(plan, threads=1)
+    genome = Record("in.fa", "g", "g", 2_460_000, 262_144)
+    chrom = Record("in.fa", "c", "c", 250_000_000, 262_144)
+    assert gain(genome.length, 2) < MIN_GAIN and split_segments(genome, genome.length, 2, "auto", gain) == 1
+    assert split_segments(genome, genome.length, 2, "auto") == 2  # without the cost model it split
+    assert gain(chrom.length, 2) > 1.5 and split_segments(chrom, chrom.length, 2, "auto", gain) == 2
+    assert split_segments(genome, genome.length, 2, 2, gain) == 2
+    # more workers: more gain, until the exchanges and the group's start eat it
+    assert gain(chrom.length, 2) < gain(chrom.length, 8)
+
+
 def test_cli_refuses_a_bad_split(tmp_path, genomes):
     from click.testing import CliRunner
 

@@ -194,7 +194,7 @@ def test_vcfs_as_callers_write_them(case):
 @pytest.mark.slow
 def test_ray_workers_give_the_same_table(case):
     """The units on Ray actors (an embedded local Ray): the same rows and values as in process."""
-    from linpipe.outputs.variants import score_variants
+    from linpipe.jobs.variants import score_variants
 
     base, _fasta, out, _model, seqs = case
     vcf = _vcf(base / "ray.vcf", _variants(seqs), {k: len(v) for k, v in seqs.items()})

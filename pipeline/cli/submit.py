@@ -131,6 +131,10 @@ def _job_events(quiet: bool = False):
             if self.progress is not None:
                 self.progress.update(result.positions * result.share)
 
+        def split_progress(self, record_id, positions):
+            if self.progress is not None:
+                self.progress.update(positions)
+
         def worker_died(self, node, error):
             click.echo(f"worker {node} died ({error}); its work resumes from the last boundary state "
                        "on another worker", err=True)

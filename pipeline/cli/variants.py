@@ -36,7 +36,7 @@ def score_variants_cmd(store, vcf, out, window, genome, skip_mismatch, workers, 
 
     VCF: plain text, gzip or bgzip (no index needed), or BCF.
     """
-    from linpipe.outputs.variants import score_variants
+    from linpipe.jobs.variants import score_variants
 
     s = score_variants(store, vcf, out, window=window, genome=genome, skip_mismatch=skip_mismatch,
                        workers=workers, address=address, device=device, model=model)

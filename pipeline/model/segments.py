@@ -48,9 +48,6 @@ uninterrupted split run with the same segment boundaries.
 """
 from __future__ import annotations
 
-import os
-import tempfile
-
 import numpy as np
 import torch
 
@@ -58,6 +55,7 @@ from linpipe.kernels.linear_attn import advance, features, log_decay, log_gate_s
 from linpipe.model.exchange import LayerWeights, Message, fold_layer, layer_weights, tail_rows
 from linpipe.model.inference import Model
 from linpipe.model.network import Layer, ModelState
+from linpipe.model.spill import Spill
 
 # The record's first segment runs the layer's own attention; every later one also keeps the
 # normaliser's parts, spills wider rows and corrects them: 1.0-1.5x the first one's time per
@@ -110,59 +108,6 @@ def spill_bytes(config, positions: int, exact: bool = False) -> int:
     parts = 2 if passes_in_float64(config) else 1  # float64 numerators in two float32 parts
     per_head = (config.head_dim + 1) * parts + config.gated
     return positions * (2 * config.d_model + config.n_heads * per_head) * 4
-
-
-class _Spill:
-    """(T, width) float32 rows of a segment: in memory (spill_dirs None), or in a file in the
-    first of spill_dirs with room for all of it. The space is reserved up front (a full disk is
-    found at the start, not mid-run) and the file is unlinked at once: only the open descriptor
-    holds it, so even a SIGKILLed worker leaves nothing behind. Read and written with plain
-    calls, not mapped: touching GBs of fresh mapped pages cost ~3 µs per 4 KB page here."""
-
-    def __init__(self, T: int, width: int, spill_dirs=None):
-        self.width = width
-        self.file = self.mem = None
-        if spill_dirs is None:
-            self.mem = np.empty((T, width), np.float32)
-            return
-        dirs = [spill_dirs] if isinstance(spill_dirs, (str, os.PathLike)) else list(spill_dirs)
-        for k, d in enumerate(dirs):
-            fd = None
-            try:
-                fd, path = tempfile.mkstemp(prefix="linpipe-seg-", suffix=".f32", dir=d)
-                os.unlink(path)
-                if T * width:
-                    os.posix_fallocate(fd, 0, T * width * 4)
-            except OSError:  # no room (or no such folder): the next one
-                if fd is not None:
-                    os.close(fd)
-                if k == len(dirs) - 1:
-                    raise
-                continue
-            self.file = os.fdopen(fd, "r+b", buffering=0)
-            return
-
-    def get(self, i: int, j: int) -> np.ndarray:
-        if self.file is None:
-            return np.array(self.mem[i:j])
-        x = np.empty((j - i, self.width), np.float32)
-        self.file.seek(i * self.width * 4)
-        self.file.readinto(memoryview(x).cast("B"))
-        return x
-
-    def put(self, i: int, x: np.ndarray) -> None:
-        x = np.ascontiguousarray(x, dtype=np.float32)
-        if self.file is None:
-            self.mem[i:i + x.shape[0]] = x
-        else:
-            self.file.seek(i * self.width * 4)
-            self.file.write(memoryview(x).cast("B"))
-
-    def close(self):
-        self.mem = None
-        if self.file is not None:
-            self.file.close()
-            self.file = None
 
 
 def _buf(scratch, slot: str, like: torch.Tensor, *shape: int) -> torch.Tensor:
@@ -401,12 +346,12 @@ class SegmentRunner:
             a = b
         self.spans = [(s, min(s + step, b)) for a, b in self.units for s in range(a, b, step)]
         T = end - start
-        self.h = _Spill(T, self.D, spill_dir)  # the residual stream
+        self.h = Spill(T, self.D, spill_dir)  # the residual stream
         # what pass 1 leaves for pass 2, rewritten layer after layer: the first segment's o
         # (T, D); the others' q, numerators and denominators (T, D + H (V+1))
         wide = self.lw[0].wide  # the same feature map and normaliser in every layer
         self.row_width = self.D + c.n_heads * ((c.head_dim + 1) * (2 if wide else 1) + c.gated)
-        self.num = _Spill(T, self.D if exact else self.row_width, spill_dir)
+        self.num = Spill(T, self.D if exact else self.row_width, spill_dir)
         self.edge_states: dict[int, list] = {}  # unit index -> per layer (S, z, window)
         self.pass1 = None  # the layer whose pass 1 ran last
         self.initial = None  # exact: per layer (S, z, window) entering the segment, each (1, ...)
@@ -450,12 +395,8 @@ class SegmentRunner:
         """Embeds the segment's inputs into the spill and runs layer 0's pass 1 (exact: from
         `initial`, the state entering the segment as (S (L, H, K, V), z (L, H, K), conv (L, W-1,
         D))). Returns layer 0's message."""
-        dev = self.model.device
         if self.exact:
-            if initial is None:
-                raise ValueError("the first segment needs the state entering it")
-            self.initial = [(S.to(dev)[None], z.to(dev)[None], w.to(dev)[None])
-                            for S, z, w in zip(*initial, strict=True)]
+            self._set_initial(initial)
         first = self.pass1 = self._pass1(0)
         for a, b in self.units:
             x = self.model.to_tensor(self.read(a, b))
@@ -465,6 +406,33 @@ class SegmentRunner:
                     first.span(s, e, h)
                     self._put(s, h)
         return self._message(0)
+
+    def _set_initial(self, initial) -> None:
+        if initial is None:
+            raise ValueError("the first segment needs the state entering it")
+        dev = self.model.device
+        self.initial = [(S.to(dev)[None], z.to(dev)[None], w.to(dev)[None])
+                        for S, z, w in zip(*initial, strict=True)]
+
+    @torch.inference_mode()
+    def resume(self, layer: int, h_of, initial=None) -> Message:
+        """In place of begin and the apply calls before `layer`, from a checkpoint: h_of(a, b)
+        gives the layer input (b-a, D) float32 of each unit's positions [a, b); the states at
+        unit edges of the earlier layers are put back with record_edge. Runs pass 1 of `layer`
+        on that input, as apply did (none past the last layer), and returns its message."""
+        if self.exact:
+            self._set_initial(initial)
+        for a, b in self.units:
+            self.h.put(a - self.start, np.asarray(h_of(a, b), dtype=np.float32))
+        self.pass1 = self._pass1(layer) if layer < self.L else None
+        if self.pass1 is not None:
+            for s, e in self.spans:
+                self.pass1.span(s, e, self._h(s, e))
+        return self._message(layer)
+
+    def rows(self, a: int, b: int) -> np.ndarray:
+        """(b-a, D) float32: the residual stream at record positions [a, b) (a checkpoint's h)."""
+        return self.h.get(a - self.start, b - self.start)
 
     @torch.inference_mode()
     def apply(self, layer: int, S_in: torch.Tensor, z_in: torch.Tensor, halo: torch.Tensor) -> Message:
@@ -532,19 +500,30 @@ class InProcess:
 
 
 def run_layers(group, state0: ModelState, weights: list[LayerWeights], n_segments: int,
-               exact_first: bool = True) -> list[ModelState]:
+               exact_first: bool = True, *, start: int = 0, folds=(), on_fold=None) -> list[ModelState]:
     """The driver's side of a split run: the segments' first messages, then per layer the fold
     and one call that runs the layer (and the next one's first half). group.call(method,
     per-segment args) runs one method on every segment and returns the results in segment
     order. Returns the state entering every segment and after the last (n_segments + 1
-    states), from state0 entering the first."""
+    states), from state0 entering the first. start > 0: the segments resume at that layer
+    from a checkpoint ("resume" in place of "begin"), folds[layer] being the stored fold of
+    each layer before it; on_fold(layer, S, z, halos) sees every fold made here."""
     first = (state0.S[0].cpu(), state0.z[0].cpu(), state0.conv[0].cpu())
-    msgs = group.call("begin", [(first if k == 0 and exact_first else None,) for k in range(n_segments)])
+    firsts = [first if k == 0 and exact_first else None for k in range(n_segments)]
+    if start:
+        msgs = group.call("resume", [(start, f) for f in firsts])
+    else:
+        msgs = group.call("begin", [(f,) for f in firsts])
     Ss, zs, halos = [], [], []
     for layer, w in enumerate(weights):
-        S_l, z_l, h_l = fold_layer(w, state0.S[0, layer].cpu(), state0.z[0, layer].cpu(),
-                                   state0.conv[0, layer].cpu(), msgs)
-        msgs = group.call("apply", [(layer, S_l[k], z_l[k], h_l[k]) for k in range(n_segments)])
+        if layer < start:
+            S_l, z_l, h_l = folds[layer]
+        else:
+            S_l, z_l, h_l = fold_layer(w, state0.S[0, layer].cpu(), state0.z[0, layer].cpu(),
+                                       state0.conv[0, layer].cpu(), msgs)
+            if on_fold is not None:
+                on_fold(layer, S_l, z_l, h_l)
+            msgs = group.call("apply", [(layer, S_l[k], z_l[k], h_l[k]) for k in range(n_segments)])
         Ss.append(S_l)
         zs.append(z_l)
         halos.append(h_l)

@@ -373,11 +373,13 @@ def collect(scorer: VariantScorer, vcf: str, *, skip_mismatch: bool, summary: Su
 
 
 def score_variants(store_path: str, vcf: str, out: str, *, window: int = DEFAULT_WINDOW,
-                   genome: str | None = None, skip_mismatch: bool = False, workers: int = 0,
-                   address: str | None = None, device: str | None = None, model: str | None = None,
-                   threads: int | None = 1, on_unit=None) -> Summary:
+                   genome: str | None = None, skip_mismatch: bool = False, device: str | None = None,
+                   model: str | None = None, threads: int | None = 1, on_unit=None,
+                   replay=None) -> Summary:
     """Scores every variant of `vcf` against the store's genome and model; writes `out` (.tsv or
-    .parquet) in VCF order. workers > 0 runs the replay units on that many Ray actors."""
+    .parquet) in VCF order. replay(units, order, on_unit) -> [(rows, positions replayed)]: runs
+    the replay units elsewhere (linpipe.jobs.variants: on Ray actors) when there are two or
+    more; None: here."""
     if window < 1:
         raise LinpipeError(f"{option('window')} must be at least 1, got {window}")
     if not (out.endswith(".tsv") or out.endswith(".parquet")):
@@ -389,10 +391,8 @@ def score_variants(store_path: str, vcf: str, out: str, *, window: int = DEFAULT
         units, variants = collect(scorer, vcf, skip_mismatch=skip_mismatch, summary=summary)
         llr = np.full((len(variants), len(scorer.strands)), np.nan)
         order = sorted(units, key=lambda u: (u.record, u.index))
-        if workers and len(order) > 1:
-            done = _score_on_ray(store_path, units, order, window=window, genome=genome, model=model,
-                                 device=device, threads=threads, workers=workers, address=address,
-                                 on_unit=on_unit)
+        if replay is not None and len(order) > 1:
+            done = replay(units, order, on_unit)
             for rows, replayed in done:
                 for row, value in rows.items():
                     llr[row] = value
@@ -429,62 +429,6 @@ def _write(out: str, variants: list[Variant], llr: np.ndarray) -> None:
         df.to_parquet(out, index=False)
     else:
         df.to_csv(out, sep="\t", index=False, float_format="%.6g")
-
-
-class _RayScorer:
-    """A Ray actor around VariantScorer (one per CPU slot or GPU)."""
-
-    def __init__(self, store_path, window, genome, model, device, threads):
-        self.scorer = VariantScorer(store_path, window=window, genome=genome, model=model,
-                                    device=device, threads=threads)
-
-    def score(self, unit, variants):
-        rows = self.scorer.score(unit, variants)
-        return rows, self.scorer.replayed
-
-
-def _score_on_ray(store_path, units, order, *, window, genome, model, device, threads, workers, address,
-                  on_unit):
-    """Units on `workers` actors, at most two calls in flight per actor (ray.wait)."""
-    from linpipe.jobs.cluster import start_ray, stop_ray
-
-    started = start_ray(address, workers)
-    import ray
-
-    try:
-        opts = {"num_cpus": 1}
-        if device is None and int(ray.cluster_resources().get("GPU", 0)):
-            opts = {"num_gpus": 1, "num_cpus": 1}
-        actor_cls = ray.remote(**opts)(_RayScorer)
-        store_path = os.path.abspath(store_path)
-        genome = os.path.abspath(genome) if genome else None
-        actors = [actor_cls.remote(store_path, window, genome, model, device, threads)
-                  for _ in range(workers)]
-        pending, results = {}, []
-        todo = list(order)
-        free = [a for a in actors for _ in range(2)]
-        while todo or pending:
-            while todo and free:
-                u = todo.pop(0)
-                a = free.pop()
-                pending[a.score.remote(u, units[u])] = (a, u)
-            ready, _ = ray.wait(list(pending), num_returns=1)
-            for ref in ready:
-                a, u = pending.pop(ref)
-                try:
-                    results.append(ray.get(ref))
-                except ray.exceptions.RayTaskError as e:
-                    cause = e.cause if isinstance(getattr(e, "cause", None), LinpipeError) else None
-                    if cause is not None:
-                        raise cause from None
-                    raise
-                free.append(a)
-                if on_unit:
-                    on_unit(len(units[u]))
-        return results
-    finally:
-        if started:
-            stop_ray()
 
 
 def direct_llr(model, tokens: np.ndarray, pos: int, ref: str, alt: str, window: int) -> float:

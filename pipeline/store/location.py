@@ -213,6 +213,19 @@ class Location:
         except FileNotFoundError:
             pass
 
+    def names_under(self, rel: str) -> list[str]:
+        """The objects under folder `rel`, as paths relative to it (none when there is none)."""
+        if self.root is not None:
+            base = self.root / rel
+            return sorted(str(p.relative_to(base)) for p in base.rglob("*") if p.is_file()) \
+                if base.is_dir() else []
+        fs, p = self._fs()
+        base = f"{p}/{rel}"
+        try:
+            return sorted(f[len(base) + 1:] for f in fs.find(base))
+        except FileNotFoundError:
+            return []
+
     def files(self):
         """Paths of every file under a local store (nothing for a URL)."""
         if self.root is None:

@@ -553,6 +553,13 @@ class OutputStore:
         self._meta = meta
         return True
 
+    def split_records(self, key: str, bounds):
+        """What a split run of the long record `key` in segments `bounds` keeps here while it
+        runs (store/splits.py)."""
+        from linpipe.store.splits import SplitRecords
+
+        return SplitRecords(self._location, self.record(key).key, bounds)
+
     def size_on_disk(self) -> int:
         """Bytes stored under the store's root (files on disk, or objects in a bucket)."""
         return self._location.size()

@@ -1,0 +1,185 @@
+"""A split run resumed from a checkpoint (pipeline/model/checkpoints.py, store/splits.py): the
+layer input and the unit edges' states a segment leaves at a checkpoint, and the folds before
+it, give the same bytes as the uninterrupted split run; the store's records of them are
+checked by their CRC."""
+import numpy as np
+import pytest
+
+from linpipe.model import Model, ModelConfig, init_net
+from linpipe.model.checkpoints import (
+    checkpoint_every,
+    checkpoint_layers,
+    edge_tensors,
+    restore_edges,
+    slot,
+)
+from linpipe.model.exchange import layer_weights
+from linpipe.model.segments import InProcess, SegmentRunner, forward_split, run_layers, segment_bounds
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+UNIT = 256
+
+
+@pytest.fixture(scope="module")
+def tokens(genomes):
+    from linpipe.inputs import open_input
+
+    inp = open_input(str(genomes / "htslib_ce.fa"))
+    rec = inp.records[0]
+    x, _mask = inp.read(rec.id, 0, 2_000)
+    inp.close()
+    return np.asarray(x)
+
+
+def tiny(conv_width, gated, n_layers=3):
+    cfg = ModelConfig(modality="dna", d_model=16, n_layers=n_layers, n_heads=2, mlp_hidden=32,
+                      conv_width=conv_width, gate_normalizer=16.0 if gated else None)
+    return Model(init_net(cfg, seed=5, decay=[0.5, 0.999] if gated else None), cfg, device="cpu")
+
+
+class Stop(Exception):
+    pass
+
+
+def runners_for(model, x, bounds):
+    return [SegmentRunner(model, lambda a, b: x[a:b], s, e, UNIT, exact=k == 0)
+            for k, (s, e) in enumerate(bounds)]
+
+
+def outputs_of(runners, states):
+    got, unit_states = {}, {}
+    for k, r in enumerate(runners):
+        for idx, _a, _b, out, st in r.units_out(states[k].y[0], states[k + 1]):
+            for name, v in out.items():
+                got.setdefault(name, []).append(v)
+            unit_states[idx] = st.to_arrays()
+    return {k: np.concatenate(v) for k, v in got.items()}, unit_states
+
+
+@pytest.mark.parametrize("conv_width,gated", [(4, False), (4, True), (1, False)])
+@pytest.mark.parametrize("at", [1, 2, 3])  # 3: after the last layer (a kill during the writes)
+def test_resume_from_a_checkpoint_gives_the_uninterrupted_bytes(tokens, conv_width, gated, at):
+    model = tiny(conv_width, gated)
+    x = tokens
+    bounds = segment_bounds(len(x), UNIT, 3)
+    want, want_states, _ = forward_split(model, x, bounds, UNIT)
+    weights, state0 = layer_weights(model.net), model.init_state()
+
+    # the first run: stopped right after the checkpoint of `at` was taken
+    first = runners_for(model, x, bounds)
+    taken, folds = {}, []
+
+    class Checkpointing(InProcess):
+        def call(self, method, args):
+            out = super().call(method, args)
+            if method == "apply" and args[0][0] + 1 == at:
+                for k, r in enumerate(self.runners):
+                    taken[k] = ({a // UNIT: r.rows(a, b).copy() for a, b in r.units},
+                                {j: edge_tensors(r.edge_states, j) for j in range(at)})
+                raise Stop
+            return out
+
+    with pytest.raises(Stop):
+        run_layers(Checkpointing(first), state0, weights, len(bounds),
+                   on_fold=lambda layer, S, z, h: folds.append((S, z, h)))
+    for r in first:
+        r.close()
+    assert len(folds) == at
+
+    # the resumed run: fresh runners from what the checkpoint holds
+    again = runners_for(model, x, bounds)
+    for k, r in enumerate(again):
+        for j, tensors in taken[k][1].items():
+            restore_edges(r, j, tensors)
+
+    class Resuming(InProcess):
+        def call(self, method, args):
+            if method != "resume":
+                return super().call(method, args)
+            return [r.resume(layer, lambda a, b, k=k: taken[k][0][a // UNIT], initial)
+                    for k, (r, (layer, initial)) in enumerate(zip(self.runners, args, strict=True))]
+
+    states = run_layers(Resuming(again), state0, weights, len(bounds), start=at, folds=folds)
+    got, got_states = outputs_of(again, states)
+    for r in again:
+        r.close()
+    assert got.keys() == want.keys()
+    for name in want:
+        assert np.array_equal(got[name], want[name], equal_nan=True), name
+    for idx, st in want_states.items():
+        for name, v in st.to_arrays().items():
+            assert np.array_equal(got_states[idx][name], v), (idx, name)
+
+
+def test_cost_model_checkpoints_wide_models_and_recomputes_where_writes_cost_more():
+    small = ModelConfig(modality="dna", d_model=16, n_layers=2, n_heads=2, mlp_hidden=32)
+    default = ModelConfig(modality="dna", d_model=64, n_layers=2, n_heads=4, mlp_hidden=128)
+    wide = ModelConfig(modality="dna", d_model=512, n_layers=12, n_heads=8, mlp_hidden=2048)
+    # a small model's layer is quicker than writing its 4 D bytes per position: recompute
+    assert checkpoint_every(small, 4_000_000) is None
+    assert checkpoint_every(default, 4_000_000) is None
+    # a wide one's layer is worth checkpointing after each
+    assert checkpoint_every(wide, 4_000_000) == 1
+    # ... unless its two slots of h outgrow the store budget: recompute
+    assert checkpoint_every(wide, 250_000_000) is None
+    # a faster store moves the line
+    assert checkpoint_every(default, 4_000_000, store_bytes_per_s=1e10) == 1
+    assert checkpoint_layers(4, 1) == [1, 2, 3, 4] and checkpoint_layers(5, 2) == [2, 4]
+    assert checkpoint_layers(3, None) == []
+    assert [slot([1, 2, 3], layer) for layer in (1, 2, 3)] == [0, 1, 0]
+
+
+def test_split_records_are_checked_by_crc_and_kept_apart_by_bounds(tmp_path, genomes):
+    from _pipeline_data import write_fasta_slice
+
+    from linpipe.jobs.driver import open_or_create_store
+    from linpipe.jobs.plan import plan_job
+    from linpipe.jobs.request import JobRequest
+
+    fa = tmp_path / "one.fa"
+    write_fasta_slice(genomes / "htslib_ce.fa", fa, {"CHROMOSOME_I": 3 * 8192})
+    out = tmp_path / "s.zarr"
+    plan = plan_job(JobRequest(inputs=(str(fa),), model="default", out=str(out), unit_size=8192))
+    store = open_or_create_store(plan, str(out))
+    key = store.record_key("CHROMOSOME_I")
+    two, other = [(0, 8192), (8192, 24576)], [(0, 16384), (16384, 24576)]
+    sp = store.split_records(key, two)
+    S = np.arange(12, dtype=np.float32).reshape(3, 4)
+    sp.put("fold/0/1", {"S": S})
+    assert np.array_equal(sp.get("fold/0/1")["S"], S) and sp.names() == ["fold/0/1"]
+    path = out / sp.prefix / "fold" / "0" / "1"
+    data = bytearray(path.read_bytes())
+    data[-6] ^= 1  # a flipped bit in the tensor's bytes: the record reads as absent
+    path.write_bytes(bytes(data))
+    assert sp.get("fold/0/1") is None and not sp.has("fold/0/1")
+    sp.put("fold/0/1", {"S": S})
+    # a run under other bounds does not see them, and deletes them when it opens
+    elsewhere = store.split_records(key, other)
+    assert not elsewhere.has("fold/0/1")
+    sp.open()
+    assert sp.has("fold/0/1")
+    elsewhere.put("ckpt/1/0", {"slot": np.zeros(1, np.int64)})
+    elsewhere.open()
+    layout = elsewhere.prefix.rsplit("/", 1)[1]
+    assert not sp.has("fold/0/1") and elsewhere.all_names() == [f"{layout}/ckpt/1/0"]
+    elsewhere.clear()
+    assert sp.all_names() == [] and not (out / sp.root).exists()
+
+
+def test_the_cli_bar_moves_with_a_split_records_layers(capsys):
+    """submit's progress bar counts a split record's split_progress events, and not its units'
+    unit_done again (the driver reports those with no share)."""
+    from linpipe.cli.submit import _job_events
+    from linpipe.jobs.actor import UnitResult
+    from linpipe.jobs.driver import JobStart
+
+    events = _job_events()
+    events.started(JobStart("lp-x", "out.zarr", 1, 60_000, 0, 1, 2))
+    bar = events.progress
+    events.split_progress("chrI", 20_000)
+    assert bar.done == 20_000 and 0.3 < bar.fraction() < 0.4
+    events.split_progress("chrI", 40_000)
+    events.unit_done(UnitResult("k", 0, 8_192, 0.0, 0.0, 0.0, 0.0, "n:1", 0, 0.0), 1)
+    assert bar.done == 60_000 and bar.fraction() == 1.0
+    events.finished()
