@@ -175,3 +175,11 @@ def worker_job(genomes, tmp_path_factory):
     folder = tmp_path_factory.mktemp("worker_job")
     lengths = write_contigs(genomes, folder / "contigs.fa", 120, seed=5, long=4)
     return make_tiny_model(folder / "tiny"), folder / "contigs.fa", lengths
+
+
+@pytest.fixture(scope="module")
+def model_kind(request) -> str:
+    """Which tiny model (_pipeline_data.MODEL_KINDS) a module's fixtures write their store with:
+    "fixed" unless a test asks for each, with
+    @pytest.mark.parametrize("model_kind", MODEL_KINDS, indirect=True, scope="module")."""
+    return getattr(request, "param", "fixed")
