@@ -183,3 +183,17 @@ def model_kind(request) -> str:
     "fixed" unless a test asks for each, with
     @pytest.mark.parametrize("model_kind", MODEL_KINDS, indirect=True, scope="module")."""
     return getattr(request, "param", "fixed")
+
+
+@pytest.fixture(scope="session")
+def once():
+    """once(key, make): make()'s value, made the first time key is asked for. A module fixture
+    that some tests parametrise (model_kind) is set up apart from its plain instance: through
+    this, the default kind's store is still written once."""
+    made: dict = {}
+
+    def get(key, make):
+        if key not in made:
+            made[key] = make()
+        return made[key]
+    return get

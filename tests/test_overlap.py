@@ -120,7 +120,7 @@ def _take(turns, i, ran):
         ran.append(i)
 
 
-@pytest.mark.parametrize("strand", ["forward", "both"])
+@pytest.mark.parametrize("strand", ["forward", pytest.param("both", marks=pytest.mark.slow)])
 def test_overlapped_calls_write_the_bytes_of_calls_run_one_by_one(
         worker_job, tmp_path, strand, one_torch_thread, monkeypatch):
     """Started last first, the calls still meet the model one at a time in the driver's order,

@@ -19,7 +19,11 @@ def reverse_complement(seq: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def both(genomes, tmp_path_factory, one_torch_thread, model_kind):
+def both(genomes, tmp_path_factory, one_torch_thread, model_kind, once):
+    return once(("strands", model_kind), lambda: _both(genomes, tmp_path_factory, model_kind))
+
+
+def _both(genomes, tmp_path_factory, model_kind):
     base = tmp_path_factory.mktemp("strands")
     at = read_fasta(genomes / "korflab_Athaliana_TAIR_1pct.fa")["Chr2"][27_600:29_200]  # has an N run
     mt = next(iter(read_fasta(genomes / "minimap2_MT-human.fa").values()))[:300]

@@ -17,9 +17,13 @@ WINDOW = 40
 
 
 @pytest.fixture(scope="module")
-def case(genomes, tmp_path_factory, one_torch_thread, model_kind):
+def case(genomes, tmp_path_factory, one_torch_thread, model_kind, once):
     """A long record (4 chunks of 512) holding a real N run (A. thaliana Chr2 28030-28150), and a
     short packed record (the first 300 bp of human MT), in a store written by the pipeline."""
+    return once(("variants", model_kind), lambda: _case(genomes, tmp_path_factory, model_kind))
+
+
+def _case(genomes, tmp_path_factory, model_kind):
     base = tmp_path_factory.mktemp("variants")
     at = read_fasta(genomes / "korflab_Athaliana_TAIR_1pct.fa")["Chr2"][27_600:29_200]
     mt = read_fasta(genomes / "minimap2_MT-human.fa")

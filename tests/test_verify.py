@@ -31,7 +31,11 @@ def _tree(root: Path) -> dict[str, bytes]:
 
 
 @pytest.fixture(scope="module")
-def written(genomes, tmp_path_factory, model_kind):
+def written(genomes, tmp_path_factory, model_kind, once):
+    return once(("verify", model_kind), lambda: _written(genomes, tmp_path_factory, model_kind))
+
+
+def _written(genomes, tmp_path_factory, model_kind):
     base = tmp_path_factory.mktemp("verify")
     fasta = base / "contigs.fa"
     write_contigs(genomes, fasta, 120, seed=19, long=2)
