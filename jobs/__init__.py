@@ -12,7 +12,7 @@ acyclic):
     plan (what work a request stands for), submission (the job-server client), lease
     spec (YAML into requests), checks, regions, auth
     request (JobRequest, RunOptions)
-    options (every option, declared once), errors, child (a child process's start and socket),
+    options (every option, declared once), errors, child (a child process: its start, the channel),
     ray_compat (the leaves)
 
 Nothing here calls ray.init() at import time, imports click or prints.

@@ -1,20 +1,34 @@
-"""A worker's child processes and the socket to each (docs/pipeline.md, "Overlap in the worker").
+"""A worker's child processes and the one channel to each (docs/pipeline.md, "Overlap in the worker").
 
 Two of the worker's parts run in a process of their own: the worker itself, away from Ray's
 threads (worker_process.py), and its store's writes, away from the model's thread
 (write_process.py). Each child is a fresh Python that runs one module's main(), with its end of
-a socketpair as its first argument. Messages both ways are an 8-byte little-endian length, then
-that many bytes; what the bytes hold is the two ends' own affair.
+a socketpair as its first argument. Both are spoken to the same way:
+
+- framing: every message both ways is an 8-byte little-endian length, then that many bytes;
+- the parent's end is a `Channel`: a call is numbered and returns a Future at once; one thread
+  takes the answers, each `(number, ok, value)` pickled, and settles that call's Future;
+- the child's end answers each call through `Answers` with its value or its exception (pickled
+  apart, with its one line beside it, so that one that does not unpickle still says what it was);
+- the child's end of the stream (it exited, was killed, or died) fails every call still waiting,
+  and every later one, with the error the parent makes of how the child ended.
+
+What a call's body holds beyond its number is the two ends' own affair (the writing process sends
+its arrays through shared memory, whose descriptors go with a message's first bytes).
 
 A leaf of linpipe.jobs: it imports none of its modules.
 """
 from __future__ import annotations
 
+import itertools
+import pickle
 import resource
 import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future
 
 LENGTH = 8  # bytes of a message's length
 
@@ -50,10 +64,18 @@ def how_it_ended(proc: subprocess.Popen, timeout: float = 10) -> str:
     return f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
 
 
-def send_message(sock: socket.socket, body: bytes, lock: threading.Lock) -> None:
-    """One message; lock: the one every sender on sock holds, so messages do not interleave."""
+def send_message(sock: socket.socket, body: bytes, lock: threading.Lock, fds: Iterable[int] = (),
+                 tail: Iterable = ()) -> None:
+    """One message; lock: the one every sender on sock holds, so messages do not interleave.
+    fds: descriptors that go with its first bytes (socket.send_fds); tail: buffers sent raw
+    after it, outside its length (the receiver knows their sizes from the body)."""
+    prefix = len(body).to_bytes(LENGTH, "little")
     with lock:
-        sock.sendall(len(body).to_bytes(LENGTH, "little") + body)
+        if fds:
+            prefix = prefix[socket.send_fds(sock, [prefix], list(fds)):]
+        sock.sendall(prefix + body)
+        for t in tail:
+            sock.sendall(t)
 
 
 def recv_exact(sock: socket.socket, buf) -> bool:
@@ -82,6 +104,137 @@ def recv_message(sock: socket.socket, fds: list | None = None) -> bytearray | No
         return None
     body = bytearray(int.from_bytes(length, "little"))
     return body if recv_exact(sock, body) else None
+
+
+class Channel:
+    """The parent's end of one child: numbered calls, each settled by the child's answer.
+
+    lost(how): the exception for the calls the child will never answer (how: how_it_ended's
+    words); unreadable(text): the one for an exception of the child's that does not unpickle
+    here; ended(): called once the answers end (after the waiting calls failed), from the
+    answers' thread. The thread holds only this object, not its owner's."""
+
+    def __init__(self, proc: subprocess.Popen, sock: socket.socket, *, name: str,
+                 lost: Callable[[str], BaseException], unreadable: Callable[[str], BaseException],
+                 ended: Callable[[], None] | None = None):
+        self.proc, self.sock = proc, sock
+        self._lost, self._unreadable, self._on_end = lost, unreadable, ended
+        self._send = threading.Lock()
+        self._lock = threading.Lock()  # the pending calls and the refusal
+        self._pending: dict[int, Future] = {}
+        self._ids = itertools.count()
+        self._refusal: Callable[[], BaseException] | None = None  # why no call can be made
+        self._answers = threading.Thread(target=self._take_answers, name=name, daemon=True)
+        self._answers.start()
+
+    def open(self) -> tuple[int, Future]:
+        """A new call's number and its Future (raises at once once the child can take no call)."""
+        fut: Future = Future()
+        with self._lock:
+            if self._refusal is not None:
+                raise self._refusal()
+            n = next(self._ids)
+            self._pending[n] = fut
+        return n, fut
+
+    def drop(self, n: int) -> None:
+        """A call opened but never sent."""
+        with self._lock:
+            self._pending.pop(n, None)
+
+    def send(self, body: bytes, fds: Iterable[int] = (), tail: Iterable = ()) -> None:
+        """One message (send_message); a child that is gone fails its calls through their
+        Futures, so the error of a send to it is not the caller's."""
+        try:
+            send_message(self.sock, body, self._send, fds, tail)
+        except OSError:
+            pass
+
+    def call(self, *message) -> Future:
+        """(number, *message) pickled, and the Future of its answer."""
+        n, fut = self.open()
+        self.send(pickle.dumps((n, *message)))
+        return fut
+
+    def _take_answers(self) -> None:
+        try:
+            while (got := recv_message(self.sock)) is not None:
+                n, ok, value = pickle.loads(got)
+                with self._lock:
+                    fut = self._pending.pop(n)
+                fut.set_result(value) if ok else fut.set_exception(self._error(*value))
+        except OSError:
+            pass
+        how = how_it_ended(self.proc)
+        with self._lock:
+            if self._refusal is None:
+                self._refusal = lambda: self._lost(how)
+            pending, self._pending = list(self._pending.values()), {}
+        for fut in pending:
+            fut.set_exception(self._lost(how))
+        if self._on_end is not None:
+            self._on_end()
+
+    def _error(self, pickled: bytes, text: str) -> BaseException:
+        try:
+            return pickle.loads(pickled)
+        except Exception:
+            return self._unreadable(text)
+
+    def stop(self, refusal: Callable[[], BaseException]) -> None:
+        """No more calls from here (each raises refusal()), without waiting: the child sees the
+        end of its stream after the calls it has."""
+        with self._lock:
+            if self._refusal is None:
+                self._refusal = refusal
+        try:
+            self.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+
+    def close(self, refusal: Callable[[], BaseException], timeout: float = 60) -> None:
+        """stop, then wait for the child's answers to end (it exits at the end of its stream),
+        killing it after timeout."""
+        self.stop(refusal)
+        self._answers.join(timeout=timeout)
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self.sock.close()
+
+
+class Answers:
+    """The child's end: each call answered with (number, ok, value) in one message, whichever
+    thread ran it."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self._lock = threading.Lock()
+
+    def run(self, n: int, fn: Callable, *args, **kw) -> None:
+        """fn(*args, **kw)'s value or exception, as call n's answer."""
+        try:
+            value = fn(*args, **kw)
+        except BaseException as e:
+            self.send(n, False, e)
+        else:
+            self.send(n, True, value)
+
+    def send(self, n: int, ok: bool, value) -> None:
+        """Call n's answer: its value, or (not ok) the exception it raised."""
+        try:
+            send_message(self.sock, pickle.dumps((n, ok, value if ok else _pickled_error(value))), self._lock)
+        except OSError:
+            pass  # the parent is gone: this process is ending
+
+
+def _pickled_error(e: BaseException) -> tuple[bytes, str]:
+    """e pickled (b"" where it does not pickle) and its one line."""
+    try:
+        pickled = pickle.dumps(e)
+    except Exception:
+        pickled = b""
+    return pickled, f"{type(e).__name__}: {e}"
 
 
 def peak_rss() -> int:

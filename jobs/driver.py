@@ -17,7 +17,7 @@ from __future__ import annotations
 import collections
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from linpipe.errors import LinpipeError, StoreError
 from linpipe.strands import FORWARD
@@ -428,39 +428,25 @@ def _discard_unused(out: str) -> bool:
     return True
 
 
-class _LeaseChecked(JobEvents):
-    """The caller's events, and a stop once our lease was taken over (an exception raised from
-    unit_done ends the job; the store stays resumable)."""
+class _LeaseChecked:
+    """The caller's events, every one of them (whatever JobEvents declares, now or later), and
+    a stop once our lease was taken over after those that follow work done (an exception raised
+    from unit_done ends the job; the store stays resumable)."""
+
+    CHECKED = frozenset({"unit_done", "split_layer", "finished"})
 
     def __init__(self, inner: JobEvents, lease: Lease):
         self.inner, self.lease = inner, lease
 
-    def preparing(self, address):
-        self.inner.preparing(address)
+    def __getattr__(self, name: str):
+        event = getattr(self.inner, name)
+        if name not in self.CHECKED:
+            return event
 
-    def started(self, start):
-        self.inner.started(start)
-
-    def workers_ready(self):
-        self.inner.workers_ready()
-
-    def unit_done(self, result, units_done):
-        self.inner.unit_done(result, units_done)
-        self.lease.check()
-
-    def worker_died(self, node, error):
-        self.inner.worker_died(node, error)
-
-    def split_progress(self, record_id, positions):
-        self.inner.split_progress(record_id, positions)
-
-    def split_layer(self, record_id, layer, nodes, timing):
-        self.inner.split_layer(record_id, layer, nodes, timing)
-        self.lease.check()
-
-    def finished(self):
-        self.inner.finished()
-        self.lease.check()
+        def checked(*args, **kw):
+            event(*args, **kw)
+            self.lease.check()
+        return checked
 
 
 def _run_leased(plan, request, out, address, device, events, lease_token: str) -> JobSummary:
@@ -474,7 +460,8 @@ def _run_leased(plan, request, out, address, device, events, lease_token: str) -
         _finalize(store)
         events.started(JobStart(plan.job_id, out, n_records, total, total, 0, 0, strands=len(plan.strands),
                                 notes=plan.notes))
-        return JobSummary(plan.job_id, out, n_records, total, 0, 0.0, 0.0, store.size_on_disk(), 0,
+        return JobSummary(job_id=plan.job_id, out=out, records=n_records, positions=total, positions_run=0,
+                          seconds=0.0, startup_s=0.0, output_bytes=store.size_on_disk(), workers=0,
                           nothing_to_do=True)
 
     t_start = time.monotonic()
@@ -509,7 +496,6 @@ def _run_leased(plan, request, out, address, device, events, lease_token: str) -
         for item, _n in splits:
             todo.remove(item)
         split_stats = []
-        t_split = None
         if splits:
             n_workers = max(n_workers, max(n for _, n in splits))
             seg_actor = ray.remote(as_actor(SegmentWorker)).options(**placement)
@@ -538,23 +524,21 @@ def _run_leased(plan, request, out, address, device, events, lease_token: str) -
         if not _finalize(store):
             raise StoreError(f"{out}: the job ended but some units are not marked complete; "
                              "submit it again to finish them")
-        for st in split_stats:
-            t_split = min(t_split or st.get("t_ready", t_end), st.get("t_ready", t_end))
-            sched.positions_run += st["positions"]
-            sched.deaths += st["deaths"]
-            sched.nodes.update(st["nodes"])
-            for u in st["units"]:
-                sched.timings.add(u)
-                sched.worker_rss = max(sched.worker_rss, u.peak_rss)
-        if t_split is not None:
-            sched.t_ready = t_split
-        t0 = sched.t_ready or t_end
-        t = sched.timings
-        return JobSummary(plan.job_id, out, n_records, total, sched.positions_run, t_end - t0, t0 - t_start,
-                          store.size_on_disk(), n_workers, nodes=tuple(sorted(sched.nodes)),
-                          worker_deaths=sched.deaths, driver_peak_rss=peak_rss(),
-                          worker_peak_rss=sched.worker_rss, read_s=t.read_s, model_s=t.model_s,
-                          write_s=t.write_s, wait_s=t.wait_s, strands=len(plan.strands))
+        # the split records' counts beside the scheduler's (its own stay its own)
+        timings, units = replace(sched.timings), [u for st in split_stats for u in st["units"]]
+        for u in units:
+            timings.add(u)
+        t_split = min((st.get("t_ready", t_end) for st in split_stats), default=None)
+        t0 = (t_split if t_split is not None else sched.t_ready) or t_end
+        return JobSummary(
+            job_id=plan.job_id, out=out, records=n_records, positions=total,
+            positions_run=sched.positions_run + sum(st["positions"] for st in split_stats),
+            seconds=t_end - t0, startup_s=t0 - t_start, output_bytes=store.size_on_disk(), workers=n_workers,
+            nodes=tuple(sorted(sched.nodes.union(*(st["nodes"] for st in split_stats)))),
+            worker_deaths=sched.deaths + sum(st["deaths"] for st in split_stats), driver_peak_rss=peak_rss(),
+            worker_peak_rss=max([sched.worker_rss, *(u.peak_rss for u in units)]),
+            read_s=timings.read_s, model_s=timings.model_s, write_s=timings.write_s, wait_s=timings.wait_s,
+            strands=len(plan.strands))
     finally:
         if started:
             stop_ray()

@@ -495,7 +495,11 @@ def identity(values: dict[str, Any]) -> dict[str, Any]:
 def recorded(values: dict[str, Any]) -> dict[str, Any]:
     """A store's recorded options (its metadata), in the declaration's order: each given value at
     its `stored` place; the input options' mapping always (empty when none was given), its
-    entries in the order of `values`."""
+    entries in the order of `values`. Every name is a declared option's: one that is not (a
+    misspelt name would be a value the store silently never records) raises KeyError."""
+    unknown = [name for name in values if name not in BY_NAME]
+    if unknown:
+        raise KeyError(f"not a declared job option: {', '.join(unknown)}")
     meta: dict[str, Any] = {}
     for o in OPTIONS:
         head, _, tail = (o.stored or "").partition(".")

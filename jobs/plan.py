@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from linpipe.errors import InputError, LinpipeError, option
@@ -185,45 +185,108 @@ def plan_job(request: JobRequest) -> JobPlan:
 
     Reads only indexes (the driver, the dry run and the job-server path all start here, through
     preflight.py). Every refusal of the request itself is made here."""
-    from linpipe.inputs import open_input
-    from linpipe.inputs.cache import index_in_cache
-    from linpipe.model import load_model
     from linpipe.model.checkpoints import stream_rate
-    from linpipe.model.files import DEFAULT_MODEL, default_model_for
-    from linpipe.model.outputs import output_names
     from linpipe.model.segments import first_weight
     from linpipe.store.keys import make_keys
-    from linpipe.store.layout import RC, RC_OUTPUTS, base_output, is_rc
+    from linpipe.store.layout import is_rc
 
+    _check_options(request)
+    m, model_ref = _model(request)
+    found = _read_indexes(request, m, model_ref)
+    regions = _keep_regions(request, found)
+    if len(found.short_times) > 1:
+        raise InputError(f"the inputs' time columns have different types "
+                         f"({', '.join(sorted(found.short_times))}); one job's short series must share "
+                         "one time type")
+    outputs = _outputs(request, m, model_ref, found.channels)
+    unit_size = request.unit_size
+    planned = {"unit_size": unit_size, "outputs": outputs, **found.input_options}
+    if regions is not None:
+        from .regions import regions_digest
+
+        planned["regions"] = regions_digest(regions)
+    keys = make_keys([r.id for _, r, _ in found.long])
+    records = tuple(Record(p, r.id, keys[r.id], int(r.length), unit_size, r.description, t,
+                           regions=None if regions is None else regions[r.id])
+                    for p, r, t in found.long)
+    packed = PackedRecords.build(found.short_ids, found.short_desc, found.short_len, found.short_src,
+                                 unit_size=unit_size)
+    check_has_positions(request.inputs, len(records) + packed.n_records,
+                        sum(r.length for r in records) + packed.positions, m.modality)
+    # longest first: the long records bound the makespan (ties keep input order: deterministic)
+    streams = tuple(sorted(records, key=lambda r: -r.length))
+    if any(is_rc(o) for o in outputs):  # both strands: each record's reverse stream right after it
+        streams = tuple(s for r in streams for s in (r, replace(r, strand=REVERSE)))
+    return JobPlan(
+        job_id=job_id(found.fingerprints, m.sha256, identity(planned)),
+        inputs=tuple(os.path.abspath(os.fspath(p)) for p in request.inputs),
+        model_ref=model_ref, model_sha256=m.sha256, modality=m.modality, outputs=tuple(outputs),
+        unit_size=unit_size, input_options=found.input_options, d_model=int(m.config.d_model),
+        split_first_weight=first_weight(m.config), channels=found.channels, records=records,
+        streams=streams, packed=packed,
+        packed_time_dtype=found.short_times.pop() if found.short_times else None, regions=regions,
+        regions_path=os.path.abspath(os.fspath(request.regions)) if request.regions else None,
+        regions_lenient=bool(request.regions and request.regions_lenient), notes=tuple(found.notes),
+        files=tuple(found.files), stream_rate=stream_rate(m.config), n_layers=int(m.config.n_layers))
+
+
+def _check_options(request: JobRequest) -> None:
+    """The refusals that need nothing but the request."""
     if not request.inputs:
         raise InputError("no input given")
-    unit_size = request.unit_size
-    if unit_size < 1:
-        raise LinpipeError(f"{option('unit_size')} must be a positive number of positions, got {unit_size}")
+    if request.unit_size < 1:
+        raise LinpipeError(f"{option('unit_size')} must be a positive number of positions, "
+                           f"got {request.unit_size}")
     # a forced split is built and measured for whole DNA records only
-    forced_split = isinstance(request.split, int)
-    if forced_split and request.regions:
+    if isinstance(request.split, int) and request.regions:
         raise LinpipeError(f"{option('split')} with {option('regions')}: a split record would store outputs "
                            f"outside the regions; use one of them")
-    input_options = request.input_options
+
+
+def _model(request: JobRequest):
+    """The model, loaded on the CPU, and what actors pass to load_model (a directory made
+    absolute: actors may run elsewhere)."""
+    from linpipe.model import load_model
+    from linpipe.model.files import DEFAULT_MODEL, default_model_for
+
     model_ref = request.model
     if model_ref == DEFAULT_MODEL and not os.path.isdir(model_ref):  # the shipped one for the modality
         model_ref = default_model_for(os.fspath(request.inputs[0]))
     m = load_model(model_ref, device="cpu")
-    if os.path.isdir(os.fspath(model_ref)):  # actors may run elsewhere: an absolute path
+    if os.path.isdir(os.fspath(model_ref)):
         model_ref = os.path.abspath(os.fspath(model_ref))
+    return m, model_ref
+
+
+@dataclass
+class _Found:
+    """What the inputs' indexes hold: the long records, the short ones as columns, and what
+    the store and the job id record of each input."""
+
+    input_options: dict[str, Any]
+    long: list[tuple[str, Any, str | None]] = field(default_factory=list)  # (path, RecordInfo, time dtype)
+    short_ids: list[str] = field(default_factory=list)
+    short_desc: list[str] = field(default_factory=list)
+    short_len: list[int] = field(default_factory=list)
+    short_src: list[int] = field(default_factory=list)  # each short record's input, by number
+    short_times: set[str] = field(default_factory=set)  # the short series' time dtypes
+    fingerprints: list[str] = field(default_factory=list)
+    files: list[FileState] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    channels: tuple[str, ...] | None = None
+
+
+def _read_indexes(request: JobRequest, m, model_ref: str) -> _Found:
+    """Every input's records, held to the model (modality, channels), with unique ids."""
+    from linpipe.inputs import open_input
+    from linpipe.inputs.cache import index_in_cache
+
     input_options, opened = fit_channels(os.path.abspath(os.fspath(request.inputs[0])), m.config,
-                                         input_options, open_input)
+                                         request.input_options, open_input)
     if index_in_cache(input_options.get("index_in_cache")):  # $LINPIPE_INDEX_IN_CACHE: the actors too
         input_options["index_in_cache"] = True
-    notes: list[str] = []
-    long_found: list[tuple[str, Any, str | None]] = []  # (input path, RecordInfo, time dtype)
-    short_ids, short_desc, short_len, short_src = [], [], [], []
-    short_times: set[str] = set()
-    fingerprints: list[str] = []
-    files: list[FileState] = []
+    found = _Found(input_options)
     seen: dict[str, str] = {}
-    channels = None
     for n_input, path in enumerate(request.inputs):
         p = os.path.abspath(os.fspath(path))
         inp = opened if opened is not None else open_input(p, **input_options)
@@ -233,12 +296,12 @@ def plan_job(request: JobRequest) -> JobPlan:
                 raise modality_error(path, inp.modality, model_ref, m.modality)
             if not m.config.series_norm:  # a series_norm model reads any number of channels
                 check_channels(path, inp, m.config, model_ref, input_options)
-            files.append(inp.file_state())
-            fingerprints.append(inp.fingerprint())
-            notes += input_notes(path, inp)
+            found.files.append(inp.file_state())
+            found.fingerprints.append(inp.fingerprint())
+            found.notes += input_notes(path, inp)
             time_dtype = None
             if inp.modality == "timeseries":
-                channels = tuple(inp.channel_names)
+                found.channels = tuple(inp.channel_names)
                 first = next((r for r in inp.records if r.length > 0), None)
                 if first is not None:  # one time column per input: its dtype from one value
                     _values, t = inp.read(first.id, 0, 1)
@@ -248,35 +311,47 @@ def plan_job(request: JobRequest) -> JobPlan:
                     raise InputError(f"{path}: record {r.id!r} is also in {seen[r.id]}; "
                                      "record ids must be unique across a job's inputs")
                 seen[r.id] = path
-                if r.length > unit_size:
-                    long_found.append((p, r, time_dtype))
+                if r.length > request.unit_size:
+                    found.long.append((p, r, time_dtype))
                 else:
-                    short_ids.append(r.id)
-                    short_desc.append(r.description)
-                    short_len.append(int(r.length))
-                    short_src.append(n_input)
+                    found.short_ids.append(r.id)
+                    found.short_desc.append(r.description)
+                    found.short_len.append(int(r.length))
+                    found.short_src.append(n_input)
                     if time_dtype and r.length:
-                        short_times.add(time_dtype)
+                        found.short_times.add(time_dtype)
         finally:
             inp.close()
-    seen.clear()
-    regions = None
-    if request.regions:  # only the records with a region, each streamed whole
-        from .regions import Lenient, read_bed
+    return found
 
-        lengths = {r.id: int(r.length) for _, r, _ in long_found}
-        lengths.update(zip(short_ids, short_len, strict=True))
-        lenient = Lenient() if request.regions_lenient else None
-        regions = read_bed(os.fspath(request.regions), lengths, lenient=lenient)
-        if lenient is not None and lenient.note():
-            notes.append(f"{option('regions')} {request.regions}: {lenient.note()}")
-        long_found = [f for f in long_found if f[1].id in regions]
-        keep = [i for i, rid in enumerate(short_ids) if rid in regions]
-        short_ids, short_desc, short_len, short_src = ([col[i] for i in keep] for col in
-                                                        (short_ids, short_desc, short_len, short_src))
-    if len(short_times) > 1:
-        raise InputError(f"the inputs' time columns have different types ({', '.join(sorted(short_times))}); "
-                         "one job's short series must share one time type")
+
+def _keep_regions(request: JobRequest, found: _Found) -> dict | None:
+    """--regions: the BED's merged intervals by record id, and only the records with a region
+    kept in `found` (each streamed whole); None without regions."""
+    if not request.regions:
+        return None
+    from .regions import Lenient, read_bed
+
+    lengths = {r.id: int(r.length) for _, r, _ in found.long}
+    lengths.update(zip(found.short_ids, found.short_len, strict=True))
+    lenient = Lenient() if request.regions_lenient else None
+    regions = read_bed(os.fspath(request.regions), lengths, lenient=lenient)
+    if lenient is not None and lenient.note():
+        found.notes.append(f"{option('regions')} {request.regions}: {lenient.note()}")
+    found.long = [f for f in found.long if f[1].id in regions]
+    keep = [i for i, rid in enumerate(found.short_ids) if rid in regions]
+    for name in ("short_ids", "short_desc", "short_len", "short_src"):
+        column = getattr(found, name)
+        setattr(found, name, [column[i] for i in keep])
+    return regions
+
+
+def _outputs(request: JobRequest, m, model_ref: str, channels) -> list[str]:
+    """The outputs the job stores: those asked for (or the modality's defaults the model can
+    give), with --strand both's reverse-strand ones after them."""
+    from linpipe.model.outputs import output_names
+    from linpipe.store.layout import RC, RC_OUTPUTS, base_output, is_rc
+
     modality = m.modality
     cannot = m.config.unavailable_outputs
     outputs = list(request.outputs) if request.outputs else [o for o in output_names(modality, default=True)
@@ -292,30 +367,7 @@ def plan_job(request: JobRequest) -> JobPlan:
                                "(DNA only)")
         outputs += [o + RC for o in outputs if o in RC_OUTPUTS and o + RC not in outputs]
     check_lane_outputs(request.inputs, channels, m.config, model_ref, outputs)
-    if forced_split and modality != "dna":
+    if isinstance(request.split, int) and modality != "dna":
         raise LinpipeError(f"{option('split')} {request.split}: splitting a record is implemented and tested "
                            f"for DNA models only; this is a {modality} job (use {option('split')} never)")
-    planned = {"unit_size": unit_size, "outputs": outputs, **input_options}
-    if regions is not None:
-        from .regions import regions_digest
-
-        planned["regions"] = regions_digest(regions)
-    jid = job_id(fingerprints, m.sha256, identity(planned))
-    keys = make_keys([r.id for _, r, _ in long_found])
-    records = tuple(Record(p, r.id, keys[r.id], int(r.length), unit_size, r.description, t,
-                           regions=None if regions is None else regions[r.id])
-                    for p, r, t in long_found)
-    packed = PackedRecords.build(short_ids, short_desc, short_len, short_src, unit_size=unit_size)
-    check_has_positions(request.inputs, len(records) + packed.n_records,
-                        sum(r.length for r in records) + packed.positions, modality)
-    # longest first: the long records bound the makespan (ties keep input order: deterministic)
-    streams = tuple(sorted(records, key=lambda r: -r.length))
-    if any(is_rc(o) for o in outputs):  # both strands: each record's reverse stream right after it
-        streams = tuple(s for r in streams for s in (r, replace(r, strand=REVERSE)))
-    return JobPlan(jid, tuple(os.path.abspath(os.fspath(p)) for p in request.inputs), model_ref,
-                   m.sha256, modality, tuple(outputs), unit_size, input_options, int(m.config.d_model),
-                   first_weight(m.config),
-                   channels, records, streams, packed, short_times.pop() if short_times else None, regions,
-                   os.path.abspath(os.fspath(request.regions)) if request.regions else None,
-                   bool(request.regions and request.regions_lenient), tuple(notes), tuple(files),
-                   stream_rate(m.config), int(m.config.n_layers))
+    return outputs

@@ -3,26 +3,32 @@ this submit runs it.
 
 A JobRequest is the only description of a job before it is planned; the driver, the dry run,
 the job-server path and the spec parser all take or make one. Its fields are the job's options
-as declared in options.py (OPTIONS without `run`), after `inputs`; RunOptions' are the others
-(address, wait, ...). `argv()` is the single way back to `linpipe submit` arguments (what a
-job-server entrypoint runs).
+as declared in options.py (OPTIONS without `run`), in that order and with those defaults, after
+`inputs`; RunOptions' are the others (address, wait, ...). tests/test_options.py holds both
+classes to the declaration; each value is parsed by its option's kind on construction.
+`argv()` is the single way back to `linpipe submit` arguments (what a job-server entrypoint
+runs).
 """
 from __future__ import annotations
 
 import os
-from dataclasses import field, make_dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from linpipe.errors import LinpipeError, option
 from linpipe.inputs.base import stem
 
-from .options import BY_NAME, REQUEST_OPTIONS, RUN_OPTIONS, ActorResources, InvalidValue, Option
+from .options import (
+    BY_NAME,
+    DEFAULT_UNIT_SIZE,
+    REQUEST_OPTIONS,
+    RUN_OPTIONS,
+    ActorResources,
+    InvalidValue,
+    Option,
+)
 
 __all__ = ["ActorResources", "JobRequest", "RunOptions", "default_out", "is_job_server_address"]
-
-
-def _fields(options: tuple[Option, ...]) -> list[tuple[str, Any, Any]]:
-    return [(o.name, Any, field(default=o.default)) for o in options]
 
 
 def _coerce(obj, options: tuple[Option, ...]) -> None:
@@ -37,7 +43,29 @@ def _coerce(obj, options: tuple[Option, ...]) -> None:
                 raise LinpipeError(f"{option(o.name)}: {e}") from None
 
 
-class _Request:
+@dataclass(frozen=True)
+class JobRequest:
+    """One job as the user asked for it: `linpipe submit`'s flags, or one job of a spec."""
+
+    inputs: tuple[str, ...]
+    model: str = "default"
+    out: str | None = None
+    unit_size: int = DEFAULT_UNIT_SIZE
+    outputs: tuple[str, ...] | None = None
+    id_column: str | None = None  # time series: what open_input takes (input_options)
+    time_column: str | None = None
+    columns: tuple[str, ...] | None = None
+    time_format: str | None = None
+    sort: bool = False
+    index_in_cache: bool = False
+    strand: str = "forward"  # "forward" | "both"
+    regions: str | None = None  # a BED file
+    regions_lenient: bool = False
+    split: str | int = "auto"  # "auto" | "never" | a number of segments
+    workers: int | None = None
+    actor_resources: ActorResources = ActorResources()
+    overwrite: bool = False
+
     def __post_init__(self):
         _coerce(self, REQUEST_OPTIONS)
 
@@ -70,7 +98,18 @@ class _Request:
         return a + BY_NAME["address"].argv(address)
 
 
-class _Run:
+@dataclass(frozen=True)
+class RunOptions:
+    """How `linpipe submit` runs its jobs (never part of a job's identity)."""
+
+    address: str | None = None  # HOST:PORT of a Ray head, or http://HEAD:8265 (a job server)
+    wait: bool = False
+    force_takeover: bool = False
+    runtime_env: str | None = None  # a YAML file
+    env: tuple[str, ...] = ()  # KEY=VALUE entries
+    dry_run: bool = False
+    quiet: bool = False
+
     def __post_init__(self):
         _coerce(self, RUN_OPTIONS)
 
@@ -84,19 +123,6 @@ class _Run:
 def is_job_server_address(address: str | None) -> bool:
     """True for an http(s) address: submit through the job server rather than ray.init."""
     return bool(address) and address.startswith(("http://", "https://"))
-
-
-JobRequest = make_dataclass(
-    "JobRequest", [("inputs", tuple[str, ...])] + _fields(REQUEST_OPTIONS), bases=(_Request,),
-    frozen=True)
-JobRequest.__module__ = __name__  # where pickle finds it (make_dataclass takes `module` from 3.12)
-JobRequest.__doc__ = ("One job as the user asked for it: `linpipe submit`'s flags, or one job of a spec. "
-                      "Fields: inputs, then " + ", ".join(o.name for o in REQUEST_OPTIONS) + ".")
-
-RunOptions = make_dataclass("RunOptions", _fields(RUN_OPTIONS), bases=(_Run,), frozen=True)
-RunOptions.__module__ = __name__
-RunOptions.__doc__ = ("How `linpipe submit` runs its jobs: " + ", ".join(o.name for o in RUN_OPTIONS)
-                      + " (never part of a job's identity).")
 
 
 def default_out(inputs) -> str:

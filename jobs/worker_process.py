@@ -18,22 +18,19 @@ Its ends:
   worker has started (killed for memory while loading the model) is that worker's start error,
   saying how the child ended.
 
-The child and the socket to it are started, and messages framed, as for the writing process
-(child.py).
+The child is started, and its calls made and answered, through the channel the writing process
+uses too (child.py).
 """
 from __future__ import annotations
 
-import itertools
 import os
-import pickle
 import socket
 import sys
-import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from .child import child_command, how_it_ended, peak_rss, recv_message, send_message, start_child
+from .child import Answers, Channel, child_command, peak_rss, recv_message, start_child
 
 if TYPE_CHECKING:
     from .actor import UnitResult
@@ -52,61 +49,37 @@ class WorkerRelay:
     command = child_command("linpipe.jobs.worker_process")  # before its socket's descriptor
 
     def __init__(self, *args, **kw):
-        self.proc, self.sock = start_child(self.command)
-        self._lock = threading.Lock()
-        self._pending: dict[int, Future] = {}
-        self._pending_lock = threading.Lock()
-        self._ids = itertools.count(1)
-        self._closing = False
-        try:
-            _send(self.sock, self._lock, (args, kw))
-        except OSError:
-            pass  # the child is gone: said below
+        self._started = self._closing = False
+        proc, sock = start_child(self.command)
+        self.channel = Channel(proc, sock, name="linpipe-relay", lost=self._lost,
+                               unreadable=RuntimeError, ended=self._ended)
+        starting = self.channel.call("start", args, kw)
+        # set by the answers' thread before it can see the child end
+        starting.add_done_callback(lambda f: setattr(self, "_started", f.exception() is None))
         from .actor import node_id  # with the modules the calls' Units and results need
 
         self.node = f"{node_id()}:{os.getpid()}"  # this process: the one Ray knows as the worker
         try:
-            got = recv_message(self.sock)
-        except OSError:  # reset: the child ended with our message unread
-            got = None
-        if got is None:  # the child ended before its worker started: its exit says how
-            self.sock.close()
-            how = how_it_ended(self.proc)
-            if self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait()
-            raise RuntimeError(f"the worker's process (pid {self.proc.pid}) {how} before its worker started")
-        ok, value = pickle.loads(got)
-        if not ok:
-            self.sock.close()
-            self.proc.wait()
-            raise value
-        self._answers = threading.Thread(target=self._take_answers, name="linpipe-relay", daemon=True)
-        self._answers.start()
+            starting.result()
+        except BaseException:
+            self.channel.close(self._closed)
+            raise
+
+    def _lost(self, how: str) -> RuntimeError:
+        when = "" if self._started else " before its worker started"
+        return RuntimeError(f"the worker's process (pid {self.channel.proc.pid}) {how}{when}")
+
+    def _closed(self) -> RuntimeError:
+        return RuntimeError("the worker is closed")
+
+    def _ended(self) -> None:
+        """The child died: so does this actor, and the driver hands its units to another worker
+        (before its worker started, the start's call raises instead)."""
+        if self._started and not self._closing:
+            os._exit(1)
 
     def _call(self, method: str, *args, **kw):
-        fut: Future = Future()
-        with self._pending_lock:
-            n = next(self._ids)
-            self._pending[n] = fut
-        _send(self.sock, self._lock, (n, method, args, kw))
-        return fut.result()
-
-    def _take_answers(self) -> None:
-        try:
-            while (got := recv_message(self.sock)) is not None:
-                n, ok, value = pickle.loads(got)
-                with self._pending_lock:
-                    fut = self._pending.pop(n)
-                fut.set_result(value) if ok else fut.set_exception(value)
-        except OSError:
-            pass
-        if not self._closing:
-            self._lost()
-
-    def _lost(self) -> None:
-        """The child died: so does this actor, and the driver hands its units to another worker."""
-        os._exit(1)
+        return self.channel.call(method, args, kw).result()
 
     def _result(self, r: UnitResult) -> UnitResult:
         """The child's result, named after this process (the one a user sees as the worker), with
@@ -131,12 +104,7 @@ class WorkerRelay:
         try:
             self._call("close")
         finally:
-            try:  # the child's end of the stream (a close alone waits for the answers' recv)
-                self.sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            self.sock.close()
-            self.proc.wait()
+            self.channel.close(self._closed)
 
 
 def worker_actor() -> type:
@@ -148,51 +116,33 @@ def worker_actor() -> type:
 
 
 def serve(sock: socket.socket) -> None:
-    """The child: builds the worker from the first message, then runs each call it receives,
-    CALLS at a time, answering each with its result or its exception."""
+    """The child: builds the worker from the first call, then runs each call it receives, CALLS
+    at a time, answering each with its result or its exception."""
+    import pickle
     import signal
 
     from .actor import PipelineWorker
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the relay; this ends after it
-    lock = threading.Lock()
+    answers = Answers(sock)
     got = recv_message(sock)
     if got is None:
         return
-    args, kw = pickle.loads(got)
+    n, _start, args, kw = pickle.loads(got)
     try:
         worker = PipelineWorker(*args, **kw)
     except BaseException as e:
-        _send(sock, lock, (False, _picklable(e)))
+        answers.send(n, False, e)
         return
-    _send(sock, lock, (True, None))
+    answers.send(n, True, None)
 
-    def run(n, method, args, kw):
-        try:
-            answer = (n, True, getattr(worker, method)(*args, **kw))
-        except BaseException as e:
-            answer = (n, False, _picklable(e))
-        try:
-            _send(sock, lock, answer)
-        except OSError:
-            pass  # the relay is gone: main() is ending this process
+    def call(method, /, *args, **kw):
+        return getattr(worker, method)(*args, **kw)
 
     pool = ThreadPoolExecutor(CALLS, thread_name_prefix="linpipe-call")
     while (got := recv_message(sock)) is not None:
-        pool.submit(run, *pickle.loads(got))
-
-
-def _send(sock: socket.socket, lock: threading.Lock, message) -> None:
-    send_message(sock, pickle.dumps(message), lock)
-
-
-def _picklable(e: BaseException) -> BaseException:
-    """e, or where it does not pickle, a RuntimeError with its type and message."""
-    try:
-        pickle.dumps(e)
-        return e
-    except Exception:
-        return RuntimeError(f"{type(e).__name__}: {e}")
+        n, method, args, kw = pickle.loads(got)
+        pool.submit(answers.run, n, call, method, *args, **kw)
 
 
 def main() -> None:

@@ -11,12 +11,13 @@ then the marker), and an error in the child is raised in the call that asked for
 The child exits when the worker closes its socket, or dies: it finishes the writes it has
 received whole (each the same bytes any rerun writes) and takes no others.
 
-Messages: an 8-byte length, then a header (op, arguments, and the dtype and shape of each array,
-pickled: both ends are this module). The arrays' bytes are copied into memory shared with the
-child (a memfd whose descriptor goes over the socket once), where the child reads them in
-place; where the system has no memfd (macOS), they follow the header on the socket. (Through
-the socket, a unit of float16 `hidden` took the child's receiving thread some 170 reads, each
-waiting for the GIL its writing threads held: the host path ran at half its speed.)
+Calls and answers go through the channel every child of the worker has (child.py); a call's
+message is a header (op, arguments, and the dtype and shape of each array, pickled: both ends
+are this module). The arrays' bytes are copied into memory shared with the child (a memfd whose
+descriptor goes with a message's first bytes, once), where the child reads them in place; where
+the system has no memfd (macOS), they follow the header on the socket. (Through the socket, a
+unit of float16 `hidden` took the child's receiving thread some 170 reads, each waiting for the
+GIL its writing threads held: the host path ran at half its speed.)
 """
 from __future__ import annotations
 
@@ -24,27 +25,17 @@ import itertools
 import os
 import pickle
 import socket
-import subprocess
 import sys
 import threading
 import weakref
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from linpipe.errors import StoreError
 from linpipe.strands import FORWARD
 
-from .child import (
-    LENGTH,
-    child_command,
-    how_it_ended,
-    peak_rss,
-    recv_exact,
-    recv_message,
-    send_message,
-    start_child,
-)
+from .child import Answers, Channel, child_command, peak_rss, recv_exact, recv_message, start_child
 
 WRITERS = 3  # writes the child runs side by side: one per call in flight (IN_FLIGHT)
 
@@ -62,62 +53,43 @@ class WriteProcess:
     def __init__(self, store_path: str, lease_token: str | None = None):
         """lease_token: the job's lease (jobs/lease.py); each unit is written only while the
         store's lease holds it (None: no check, a worker outside a driver's job)."""
-        self.store_path = str(store_path)
-        proc, mine = start_child(self.command, self.store_path, lease_token or "")
-        # what the answers' thread uses: it holds no reference to this object, so dropping it
-        # (a worker never closed) ends the child through the finalizer
-        self._link = _Link(self.store_path, proc, mine, shared=self.shared)
-        self._dropped = weakref.finalize(self, self._link.stop)
+        self.store_path = path = str(store_path)
+        proc, sock = start_child(self.command, path, lease_token or "")
+
+        def lost(how: str) -> StoreError:
+            return StoreError(f"{path}: the worker's writing process (pid {proc.pid}) {how}; its "
+                              "unfinished units are not marked done: submit again to resume")
+
+        # the answers' thread holds the channel, not this object: dropping it (a worker never
+        # closed) ends the child through the finalizer
+        self._channel = Channel(proc, sock, name="linpipe-write-answers", lost=lost, unreadable=StoreError)
+        self._refusal = lambda: StoreError(f"{path}: the worker is closed")
+        self._dropped = weakref.finalize(self, self._channel.stop, self._refusal)
+        self.buffers = _Buffers() if self.shared and hasattr(os, "memfd_create") else None
+        self.child_rss = 0  # bytes: the child's peak resident memory, as its last answer said
 
     @property
     def pid(self) -> int:
-        return self._link.proc.pid
-
-    @property
-    def child_rss(self) -> int:
-        """Bytes: the child's peak resident memory, as its last answer said."""
-        return self._link.child_rss
+        return self._channel.proc.pid
 
     def write_unit(self, key: str, unit: int, arrays: dict | None, state: dict | None = None,
                    strand: str = FORWARD, last: bool = False) -> None:
         """OutputStore.write_unit in the child; last: the record's last unit (the child then
         drops its cached handles of that record's arrays)."""
-        self._link.call("write_unit", (key, unit), {"strand": strand, "last": last},
-                        arrays=arrays, state=state)
+        self._call("write_unit", (key, unit), {"strand": strand, "last": last}, arrays=arrays, state=state)
 
     def write_batch(self, batch: int, arrays: dict) -> None:
-        self._link.call("write_batch", (batch,), {}, arrays=arrays)
+        self._call("write_batch", (batch,), {}, arrays=arrays)
 
     def close(self) -> None:
         """No more writes: the child finishes those it has and exits."""
         self._dropped.detach()
-        self._link.stop()
-        self._link.wait()
+        self._channel.close(self._refusal)
+        if self.buffers is not None:
+            self.buffers.close()
 
-
-class _Link:
-    """The socket to one child, its calls waiting for an answer, and the thread that takes the
-    answers."""
-
-    def __init__(self, store_path: str, proc: subprocess.Popen, sock: socket.socket, shared: bool):
-        self.store_path, self.proc, self.sock = store_path, proc, sock
-        self._send = threading.Lock()
-        self._pending: dict[int, Future] = {}
-        self._lock = threading.Lock()
-        self._ids = itertools.count()
-        self._ended: str | None = None  # why the child can take no more writes
-        self.child_rss = 0
-        self.buffers = _Buffers() if shared and hasattr(os, "memfd_create") else None
-        self._reader = threading.Thread(target=self._answers, name="linpipe-write-answers", daemon=True)
-        self._reader.start()
-
-    def call(self, op: str, args: tuple, kw: dict, **groups) -> None:
-        fut: Future = Future()
-        with self._lock:
-            if self._ended is not None:
-                raise StoreError(self._ended)
-            n = next(self._ids)
-            self._pending[n] = fut
+    def _call(self, op: str, args: tuple, kw: dict, **groups) -> None:
+        n, fut = self._channel.open()
         buf = fd = None
         try:  # everything that can fail is done before the first byte goes
             groups = {g: None if a is None else {k: np.ascontiguousarray(v) for k, v in a.items()}
@@ -132,78 +104,28 @@ class _Link:
             at = iter(offsets if buf is not None else [None] * len(flat))
             fields = {g: None if a is None else [(k, v.dtype.str, v.shape, next(at)) for k, v in a.items()]
                       for g, a in groups.items()}
+            header = pickle.dumps((n, op, args, kw, fields, None if buf is None else (buf.id, buf.size),
+                                   self.buffers.forget() if self.buffers is not None else []))
         except BaseException:
-            with self._lock:
-                self._pending.pop(n, None)
+            self._channel.drop(n)
+            if fd is not None:
+                os.close(fd)
             if buf is not None:
                 self.buffers.give(buf)
             raise
         try:
-            with self._send:
-                header = pickle.dumps((n, op, args, kw, fields, None if buf is None else (buf.id, buf.size),
-                                       self.buffers.forget() if self.buffers is not None else []))
-                prefix = len(header).to_bytes(LENGTH, "little")
-                if fd is not None:  # a new buffer: its descriptor goes with the message's first bytes
-                    sent = socket.send_fds(self.sock, [prefix], [fd])
-                    os.close(fd)
-                    prefix = prefix[sent:]
-                self.sock.sendall(prefix + header)
-                if buf is None:  # no shared memory here: the bytes go through the socket
-                    for f in flat:
-                        if f.nbytes:
-                            self.sock.sendall(f)
-        except OSError:
-            pass  # the child is gone: its end is reported through the future, by _answers
+            # a new buffer's descriptor goes with the message's first bytes; without shared
+            # memory the arrays' bytes follow the header on the socket
+            self._channel.send(header, fds=[fd] if fd is not None else (),
+                               tail=[f for f in flat if f.nbytes] if buf is None else ())
+        finally:
+            if fd is not None:
+                os.close(fd)
         try:
-            fut.result()
+            self.child_rss = max(self.child_rss, fut.result())
         finally:
             if buf is not None:
                 self.buffers.give(buf)
-
-    def _answers(self) -> None:
-        try:
-            while (got := recv_message(self.sock)) is not None:
-                n, error, text, rss = pickle.loads(got)
-                self.child_rss = max(self.child_rss, rss)
-                with self._lock:
-                    fut = self._pending.pop(n)
-                if error is None:
-                    fut.set_result(None)
-                else:
-                    fut.set_exception(_error(error, text))
-        except OSError:
-            pass
-        self._end()
-
-    def _end(self) -> None:
-        """The child took its last write: every call still waiting fails, naming how it ended."""
-        how = how_it_ended(self.proc)
-        with self._lock:
-            if self._ended is None:
-                self._ended = (f"{self.store_path}: the worker's writing process (pid {self.proc.pid}) "
-                               f"{how}; its unfinished units are not marked done: submit again to resume")
-            pending, self._pending = list(self._pending.values()), {}
-        for fut in pending:
-            fut.set_exception(StoreError(self._ended))
-
-    def stop(self) -> None:
-        """No more writes from here (without waiting): the child ends after those it has."""
-        with self._lock:
-            if self._ended is None:
-                self._ended = f"{self.store_path}: the worker is closed"
-        try:
-            self.sock.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
-
-    def wait(self) -> None:
-        self._reader.join(timeout=60)
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        self.sock.close()
-        if self.buffers is not None:
-            self.buffers.close()
 
 
 def _aligned(n: int) -> int:
@@ -287,27 +209,20 @@ def serve(sock: socket.socket, store_path: str, lease_token: str | None = None) 
         guard = LeaseGuard(store_path, lease_token) if lease_token else None
     except Exception as e:  # every write is answered with it
         store, failed = None, e
-    answer = threading.Lock()
+    answers = Answers(sock)
 
-    def write(n, op, args, kw, groups):
-        error = text = None
-        try:
-            if failed is not None:
-                raise failed
-            if op == "write_unit":
-                last = kw.pop("last")
-                store.write_unit(*args, groups["arrays"], state=groups["state"], guard=guard, **kw)
-                if last:
-                    store.close()  # the finished record's cached handles (refilled lazily)
-            else:
-                store.write_batch(*args, groups["arrays"], guard=guard)
-        except BaseException as e:
-            text = f"{type(e).__name__}: {e}" if not isinstance(e, StoreError) else str(e)
-            try:
-                error = pickle.dumps(e)
-            except Exception:
-                error = b""
-        send_message(sock, pickle.dumps((n, error, text, peak_rss())), answer)
+    def write(op, args, kw, groups) -> int:
+        """One write, durable on return; the answer's value: this process's peak memory."""
+        if failed is not None:
+            raise failed
+        if op == "write_unit":
+            last = kw.pop("last")
+            store.write_unit(*args, groups["arrays"], state=groups["state"], guard=guard, **kw)
+            if last:
+                store.close()  # the finished record's cached handles (refilled lazily)
+        else:
+            store.write_batch(*args, groups["arrays"], guard=guard)
+        return peak_rss()
 
     maps: dict[int, object] = {}  # the worker's shared buffers, by id
     fds: list[int] = []
@@ -341,7 +256,7 @@ def serve(sock: socket.socket, store_path: str, lease_token: str | None = None) 
                     groups[g][name] = v
             if not whole:  # the worker died mid-message: that unit is not written
                 break
-            pool.submit(write, n, op, args, kw, groups)
+            pool.submit(answers.run, n, write, op, args, kw, groups)
     sock.close()
 
 

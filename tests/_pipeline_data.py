@@ -73,6 +73,11 @@ def assert_same_bytes(a: dict, b: dict) -> None:
         assert a[k].tobytes() == b[k].tobytes(), f"{k} differs"
 
 
+# The tiny models a module's store can be written with (conftest's model_kind): fixed decays, or
+# per-position log-gates.
+MODEL_KINDS = ("fixed", "gated")
+
+
 def make_tiny_model(directory: Path, gated: bool = False) -> str:
     """A small random DNA model (format v1), so the tests spend their time in the pipeline;
     gated: two layers whose heads gate their state by the data (one gate strong: its state

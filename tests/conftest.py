@@ -175,3 +175,25 @@ def worker_job(genomes, tmp_path_factory):
     folder = tmp_path_factory.mktemp("worker_job")
     lengths = write_contigs(genomes, folder / "contigs.fa", 120, seed=5, long=4)
     return make_tiny_model(folder / "tiny"), folder / "contigs.fa", lengths
+
+
+@pytest.fixture(scope="module")
+def model_kind(request) -> str:
+    """Which tiny model (_pipeline_data.MODEL_KINDS) a module's fixtures write their store with:
+    "fixed" unless a test asks for each, with
+    @pytest.mark.parametrize("model_kind", MODEL_KINDS, indirect=True, scope="module")."""
+    return getattr(request, "param", "fixed")
+
+
+@pytest.fixture(scope="session")
+def once():
+    """once(key, make): make()'s value, made the first time key is asked for. A module fixture
+    that some tests parametrise (model_kind) is set up apart from its plain instance: through
+    this, the default kind's store is still written once."""
+    made: dict = {}
+
+    def get(key, make):
+        if key not in made:
+            made[key] = make()
+        return made[key]
+    return get

@@ -13,6 +13,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow  # the benchmark end to end, in a process of its own
 @pytest.mark.parametrize("unit", [4_096, 65_536], ids=["streamed", "packed"])
 def test_bench_gpu_pipeline_runs_on_the_cpu(genomes, tmp_path, unit):
     fasta = tmp_path / "mt.fa"  # two real mitochondrial genomes, 16.5 kb each

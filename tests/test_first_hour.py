@@ -460,6 +460,7 @@ def test_every_help_has_an_example_and_every_option_says_what_it_does(path):
         target.make_context(target.name, rest)
 
 
+@pytest.mark.slow  # a training run in a process of its own
 def test_train_progress_in_a_log_file_is_lines_not_a_bar(genomes, tmp_path):
     import subprocess
     import sys

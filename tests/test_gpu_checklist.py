@@ -10,6 +10,7 @@ import pytest
 from conftest import REPO
 
 
+@pytest.mark.slow  # a fresh Python imports every package
 def test_the_gpu_checklists_layout_imports_every_package(tmp_path):
     site, out = tmp_path / "site", tmp_path / "out"
     env = {**os.environ, "OUT": str(out), "GPU_CHECKLIST_SITE": str(site), "PYTHON": sys.executable}

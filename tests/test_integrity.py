@@ -89,6 +89,7 @@ def test_one_base_changed_far_from_the_ends_is_another_job(human, tiny):
     assert before.files[0].sha256 != after.files[0].sha256
 
 
+@pytest.mark.slow  # end to end: submit, verify and score-variants
 def test_an_edited_input_is_named_by_submit_verify_and_score_variants(human, tiny, tmp_path,
                                                                       one_torch_thread):
     out = tmp_path / "chr1.zarr"

@@ -146,6 +146,31 @@ def test_library_messages_name_options_as_keywords(fasta):
     assert "--" not in str(e.value)
 
 
+def test_the_request_classes_declare_the_options_in_order_with_their_defaults():
+    """JobRequest's and RunOptions' fields, written out in request.py, are the declaration's:
+    the same names in the same order (after JobRequest's inputs), each with its option's default."""
+    from dataclasses import MISSING, fields
+
+    for cls, options, first in ((JobRequest, [o for o in OPTIONS if not o.run], ["inputs"]),
+                                (RunOptions, [o for o in OPTIONS if o.run], [])):
+        declared = fields(cls)
+        assert [f.name for f in declared] == first + [o.name for o in options]
+        assert all(f.default is MISSING for f in declared[:len(first)])
+        for f, o in zip(declared[len(first):], options, strict=True):
+            assert f.default == o.default, f.name
+
+
+def test_recorded_takes_only_declared_names():
+    """A misspelt name is refused, not silently left out of the store's metadata."""
+    from linpipe.jobs.options import recorded
+
+    meta = recorded({"unit_size": 4096, "outputs": ["logprob"], "sort": True})
+    assert meta == {"chunk_size": 4096, "outputs": ["logprob"], "input_options": {"sort": True}}
+    assert stored_values(meta) == {"unit_size": 4096, "outputs": ("logprob",), "sort": True}
+    with pytest.raises(KeyError, match="unit_sise"):
+        recorded({"unit_sise": 4096})
+
+
 # ------------------------------------------------------------ the store's recorded options and the job id
 
 def test_a_renamed_option_keeps_the_job_id(tmp_path, genomes):

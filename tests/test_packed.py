@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from _pipeline_data import CONTIG_UNIT as UNIT
 from _pipeline_data import (
+    MODEL_KINDS,
     assert_same_bytes,
     ecg_fleet,
     kill_session,
@@ -34,8 +35,8 @@ from linpipe.store.table import PackedRecords
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return make_tiny_model(tmp_path_factory.mktemp("model") / "tiny")
+def tiny(tmp_path_factory, model_kind):
+    return make_tiny_model(tmp_path_factory.mktemp("model") / "tiny", gated=model_kind == "gated")
 
 
 @pytest.fixture(scope="module")
@@ -196,6 +197,7 @@ def _units_done(out) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("model_kind", MODEL_KINDS, indirect=True, scope="module")
 def test_sigkilled_driver_on_a_packed_store_resumes_bit_identical(genomes, tiny, tmp_path):
     fasta = tmp_path / "many.fa"
     write_contigs(genomes, fasta, 900, seed=5, long=1)

@@ -3,7 +3,7 @@ when the record is read from its end toward 0, against the model run directly (n
 import numpy as np
 import pytest
 import zarr
-from _pipeline_data import make_tiny_model, read_fasta, write_in_process
+from _pipeline_data import MODEL_KINDS, make_tiny_model, read_fasta, write_in_process
 
 import linpipe
 from linpipe.inputs.alphabet import tokenize
@@ -19,20 +19,25 @@ def reverse_complement(seq: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def both(genomes, tmp_path_factory, one_torch_thread):
+def both(genomes, tmp_path_factory, one_torch_thread, model_kind, once):
+    return once(("strands", model_kind), lambda: _both(genomes, tmp_path_factory, model_kind))
+
+
+def _both(genomes, tmp_path_factory, model_kind):
     base = tmp_path_factory.mktemp("strands")
     at = read_fasta(genomes / "korflab_Athaliana_TAIR_1pct.fa")["Chr2"][27_600:29_200]  # has an N run
     mt = next(iter(read_fasta(genomes / "minimap2_MT-human.fa").values()))[:300]
     seqs = {"chr2": at, "mt": mt}
     fasta = base / "g.fa"
     fasta.write_text("".join(f">{k}\n{v}\n" for k, v in seqs.items()))
-    model = make_tiny_model(base / "tiny")
+    model = make_tiny_model(base / "tiny", gated=model_kind == "gated")
     out = base / "both.zarr"
     plan = write_in_process(fasta, model, out, unit_size=UNIT,
                             outputs=("logprob", "entropy", "logprob_rc", "entropy_rc"))
     return base, fasta, model, out, plan, seqs
 
 
+@pytest.mark.parametrize("model_kind", MODEL_KINDS, indirect=True, scope="module")
 def test_reverse_strand_equals_the_model_over_the_reverse_complement(both):
     from linpipe.model import load_model
 
@@ -120,6 +125,7 @@ def test_submit_both_strands_on_ray(both, tmp_path, split):
             assert got[k].tobytes() == want[k].tobytes(), k
 
 
+@pytest.mark.parametrize("model_kind", MODEL_KINDS, indirect=True, scope="module")
 def test_score_variants_reports_each_strand(both):
     """llr_fwd and llr_rc each equal the model run directly over the whole haplotypes of their
     strand (the reverse one: reverse-complemented, so its context is everything after the

@@ -291,6 +291,7 @@ def _first_batch_in_a_process(path, cache, start, results):
     results.put((len(wrote), float(sum(v.astype(np.float64).sum() for v, _ in got))))
 
 
+@pytest.mark.slow  # three spawned Python processes
 def test_workers_of_one_machine_make_the_parquet_copy_once(timeseries, tmp_path):
     """Three processes (a node's workers) read their first packed batch of one Parquet file at
     the same moment: one writes the cache's copy, the others wait for it and read it."""

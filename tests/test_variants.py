@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from _pipeline_data import make_tiny_model, read_fasta, write_in_process
+from _pipeline_data import MODEL_KINDS, make_tiny_model, read_fasta, write_in_process
 from click.testing import CliRunner
 
 from linpipe.cli import cli
@@ -17,9 +17,13 @@ WINDOW = 40
 
 
 @pytest.fixture(scope="module")
-def case(genomes, tmp_path_factory, one_torch_thread):
+def case(genomes, tmp_path_factory, one_torch_thread, model_kind, once):
     """A long record (4 chunks of 512) holding a real N run (A. thaliana Chr2 28030-28150), and a
     short packed record (the first 300 bp of human MT), in a store written by the pipeline."""
+    return once(("variants", model_kind), lambda: _case(genomes, tmp_path_factory, model_kind))
+
+
+def _case(genomes, tmp_path_factory, model_kind):
     base = tmp_path_factory.mktemp("variants")
     at = read_fasta(genomes / "korflab_Athaliana_TAIR_1pct.fa")["Chr2"][27_600:29_200]
     mt = read_fasta(genomes / "minimap2_MT-human.fa")
@@ -27,7 +31,7 @@ def case(genomes, tmp_path_factory, one_torch_thread):
     seqs = {"chr2": at, "mt": mt}
     fasta = base / "g.fa"
     fasta.write_text("".join(f">{k}\n{v}\n" for k, v in seqs.items()))
-    model = make_tiny_model(base / "tiny")
+    model = make_tiny_model(base / "tiny", gated=model_kind == "gated")
     out = base / "g.zarr"
     write_in_process(fasta, model, out, unit_size=UNIT, outputs=("logprob",))
     return base, fasta, out, model, seqs
@@ -74,6 +78,7 @@ def _variants(seqs):
     return sorted(rows, key=lambda r: (r[0] != "chr2", r[1]))  # sorted, as tabix needs
 
 
+@pytest.mark.parametrize("model_kind", MODEL_KINDS, indirect=True, scope="module")
 def test_llr_equals_the_model_run_directly(case):
     from linpipe.model import load_model
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _pipeline_data import CONTIG_UNIT, make_tiny_model, write_contigs, write_in_process
+from _pipeline_data import CONTIG_UNIT, MODEL_KINDS, make_tiny_model, write_contigs, write_in_process
 from click.testing import CliRunner
 
 import linpipe
@@ -31,15 +31,21 @@ def _tree(root: Path) -> dict[str, bytes]:
 
 
 @pytest.fixture(scope="module")
-def written(genomes, tmp_path_factory):
+def written(genomes, tmp_path_factory, model_kind, once):
+    return once(("verify", model_kind), lambda: _written(genomes, tmp_path_factory, model_kind))
+
+
+def _written(genomes, tmp_path_factory, model_kind):
     base = tmp_path_factory.mktemp("verify")
     fasta = base / "contigs.fa"
     write_contigs(genomes, fasta, 120, seed=19, long=2)
     out = base / "good.zarr"
-    plan = write_in_process(fasta, make_tiny_model(base / "tiny"), out, unit_size=CONTIG_UNIT)
+    plan = write_in_process(fasta, make_tiny_model(base / "tiny", gated=model_kind == "gated"), out,
+                            unit_size=CONTIG_UNIT)
     return out, plan
 
 
+@pytest.mark.parametrize("model_kind", MODEL_KINDS, indirect=True, scope="module")
 def test_a_good_store_verifies(written):
     out, plan = written
     report = verify_store(str(out))
@@ -48,6 +54,7 @@ def test_a_good_store_verifies(written):
     assert r.exit_code == 0 and json.loads(r.output)["units_checked"] == plan.n_units
 
 
+@pytest.mark.parametrize("model_kind", MODEL_KINDS, indirect=True, scope="module")
 def test_corruption_is_named_by_unit_and_repaired_bit_identically(written, tmp_path):
     good, plan = written
     out = tmp_path / "bad.zarr"

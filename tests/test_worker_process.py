@@ -39,6 +39,7 @@ def _relay(fasta, model, out):
     return plan, store, relay
 
 
+@pytest.mark.slow  # a worker in a child process, its writing process beside (test_child.py: quick)
 def test_a_relays_calls_write_the_bytes_of_the_worker_run_here_and_close_ends_its_processes(
         worker_job, tmp_path, one_torch_thread):
     tiny, fasta, _ = worker_job
@@ -65,6 +66,7 @@ def test_a_relays_calls_write_the_bytes_of_the_worker_run_here_and_close_ends_it
     assert_same_bytes(store_arrays(tmp_path / "here.zarr"), store_arrays(tmp_path / "relayed.zarr"))
 
 
+@pytest.mark.slow  # a worker in a child process, its writing process beside (test_child.py: quick)
 def test_a_calls_error_comes_back_with_its_type_and_the_relay_goes_on(worker_job, tmp_path, one_torch_thread):
     tiny, fasta, _ = worker_job
     plan, store, relay = _relay(fasta, tiny, tmp_path / "o.zarr")
@@ -80,6 +82,7 @@ def test_a_calls_error_comes_back_with_its_type_and_the_relay_goes_on(worker_job
         relay.close()
 
 
+@pytest.mark.slow  # a worker in a child process, its writing process beside (test_child.py: quick)
 def test_a_worker_that_cannot_start_raises_its_own_error_from_the_relays_start(worker_job, tmp_path):
     """The model folder is gone: the relay's start raises the error PipelineWorker raises here,
     and leaves no process behind."""

@@ -49,6 +49,7 @@ def test_a_write_that_fails_in_the_writing_process_raises_the_stores_own_error(
         w.close()
 
 
+@pytest.mark.slow  # a writing process killed or left behind and waited for
 def test_a_killed_writing_process_fails_the_call_in_one_line_and_the_job_resumes_bit_identical(
         worker_job, tmp_path, one_torch_thread):
     from linpipe.jobs.driver import Batch, work_left
@@ -85,6 +86,7 @@ def test_a_killed_writing_process_fails_the_call_in_one_line_and_the_job_resumes
     assert_same_bytes(store_arrays(tmp_path / "reference.zarr"), store_arrays(out))
 
 
+@pytest.mark.slow  # a writing process killed or left behind and waited for
 def test_the_writing_process_ends_with_its_worker(worker_job, tmp_path, one_torch_thread):
     tiny, fasta, _ = worker_job
     _, _, w = _worker(fasta, tiny, tmp_path / "closed.zarr")
@@ -158,7 +160,8 @@ def test_the_writing_process_does_not_import_torch(worker_job, tmp_path):
     assert got.stdout.strip() == "[]"
 
 
-@pytest.mark.parametrize("shared", [True, False], ids=["shared-memory", "socket"])
+@pytest.mark.parametrize("shared", [True, pytest.param(False, marks=pytest.mark.slow)],
+                         ids=["shared-memory", "socket"])  # the socket: macOS's path
 def test_both_strands_written_through_either_path_are_the_bytes_of_a_reference_run(
         worker_job, tmp_path, monkeypatch, shared, one_torch_thread):
     """The arrays reach the writing process through shared memory (Linux) or, where there is
