@@ -493,7 +493,8 @@ def _run_leased(plan, request, out, address, device, events, lease_token: str) -
         # Records much longer than a worker's share run first, each over a group of actors.
         # (the forward strand only: a segment reads its input forwards)
         split = request.split
-        if split == "auto" and (request.regions or plan.modality != "dna" or options.get("num_gpus")):
+        if split == "auto" and (request.regions or plan.modality != "dna" or options.get("num_gpus")
+                                or not plan.splittable):
             split = "never"  # auto: CPU actors on DNA only (no GPU was lent to measure it on)
         splits = [(item, split_segments(item.record, total, possible, split)) for item in todo
                   if isinstance(item, Stream) and item.record.strand == FORWARD]

@@ -116,6 +116,7 @@ class JobPlan:
     regions_lenient: bool = False  # --regions-lenient: recorded with the regions (a repair reads them so)
     notes: tuple[str, ...] = ()  # what planning skipped or wrote that the user should hear of
     files: tuple[FileState, ...] = ()  # the inputs as the store records them (whole-content sha256)
+    splittable: bool = True  # whether the model's records can be split (not yet the delta rule's)
 
     @property
     def n_records(self) -> int:
@@ -291,6 +292,10 @@ def plan_job(request: JobRequest) -> JobPlan:
     if forced_split and modality != "dna":
         raise LinpipeError(f"{option('split')} {request.split}: splitting a record is implemented and tested "
                            f"for DNA models only; this is a {modality} job (use {option('split')} never)")
+    if forced_split and m.config.delta:
+        raise LinpipeError(f"{option('split')} {request.split}: model {model_ref} is a {m.config.family} "
+                           "model, and splitting a record comes with the split's delta-rule stages "
+                           f"(the delta rule's segment summaries); use {option('split')} never")
     planned = {"unit_size": unit_size, "outputs": outputs, **input_options}
     if regions is not None:
         from .regions import regions_digest
@@ -313,4 +318,5 @@ def plan_job(request: JobRequest) -> JobPlan:
                    first_weight(m.config),
                    channels, records, streams, packed, short_times.pop() if short_times else None, regions,
                    os.path.abspath(os.fspath(request.regions)) if request.regions else None,
-                   bool(request.regions and request.regions_lenient), tuple(notes), tuple(files))
+                   bool(request.regions and request.regions_lenient), tuple(notes), tuple(files),
+                   not m.config.delta)
