@@ -1,0 +1,208 @@
+"""The pipeline with delta-rule models (family delta_net, gated_deltanet) on real genome slices:
+the tests that hold the linear-attention pipeline (imported from their modules), run on stores
+written with a delta-rule model, whose carried state is the rule's S and the q, k, v windows.
+
+- both strands and score-variants per strand (test_strands), variants from stored states in
+  long and packed records (test_variants), verify, --repair and export (test_verify): stores
+  written by the worker code in this process;
+- submit on Ray (streamed and packed records) SIGKILLed and resumed: bit-identical to an
+  uninterrupted run;
+- --split is refused while planning (the split's delta-rule stages are not wired yet).
+
+The delta rule runs its float32 recurrence for now (a few thousand positions a second), so the
+inputs are a few thousand to a few tens of thousands of positions."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from _pipeline_data import (
+    CONTIG_UNIT,
+    assert_same_bytes,
+    kill_session,
+    make_tiny_model,
+    read_fasta,
+    record_outputs,
+    store_arrays,
+    write_contigs,
+    write_in_process,
+)
+from click.testing import CliRunner
+from test_strands import UNIT as STRANDS_UNIT
+from test_strands import (
+    test_reverse_strand_equals_the_model_over_the_reverse_complement as strands_equal_model,
+)
+from test_strands import test_score_variants_reports_each_strand as variants_per_strand
+from test_variants import UNIT as VARIANTS_UNIT
+from test_variants import test_llr_equals_the_model_run_directly as llr_equals_model
+from test_verify import test_a_good_store_verifies as store_verifies
+from test_verify import test_corruption_is_named_by_unit_and_repaired_bit_identically as repaired
+
+import linpipe
+from linpipe.cli import cli
+from linpipe.errors import LinpipeError
+from linpipe.store import OutputStore
+
+
+@pytest.fixture(scope="module", params=["delta_net", "gated_deltanet"])
+def delta(request, tmp_path_factory):
+    path = make_tiny_model(tmp_path_factory.mktemp("model") / request.param, family=request.param)
+    assert linpipe.load_model(path).config.family == request.param
+    return path
+
+
+@pytest.fixture(scope="module")
+def gated_delta(tmp_path_factory):
+    return make_tiny_model(tmp_path_factory.mktemp("model") / "gdn", family="gated_deltanet")
+
+
+def _genome(genomes, base):
+    """A. thaliana Chr2 with its N run (a long record) and the first 300 bp of human MT (packed)."""
+    seqs = {"chr2": read_fasta(genomes / "korflab_Athaliana_TAIR_1pct.fa")["Chr2"][27_600:29_200],
+            "mt": next(iter(read_fasta(genomes / "minimap2_MT-human.fa").values()))[:300]}
+    fasta = base / "g.fa"
+    fasta.write_text("".join(f">{k}\n{v}\n" for k, v in seqs.items()))
+    return fasta, seqs
+
+
+def _both(genomes, model, base):
+    """test_strands' `both`: a store of both strands written with `model`."""
+    fasta, seqs = _genome(genomes, base)
+    out = base / "both.zarr"
+    plan = write_in_process(fasta, model, out, unit_size=STRANDS_UNIT,
+                            outputs=("logprob", "entropy", "logprob_rc", "entropy_rc"))
+    return base, fasta, model, out, plan, seqs
+
+
+@pytest.fixture(scope="module")
+def both(genomes, delta, tmp_path_factory, one_torch_thread):
+    return _both(genomes, delta, tmp_path_factory.mktemp("strands"))
+
+
+@pytest.fixture(scope="module")
+def both_gated(genomes, gated_delta, tmp_path_factory, one_torch_thread):
+    return _both(genomes, gated_delta, tmp_path_factory.mktemp("strands"))
+
+
+@pytest.fixture(scope="module")
+def case(genomes, tmp_path_factory, one_torch_thread):
+    """test_variants' `case`, written with a DeltaNet (no gate; the gated one scores both
+    strands)."""
+    base = tmp_path_factory.mktemp("variants")
+    model = make_tiny_model(base / "dn", family="delta_net")
+    fasta, seqs = _genome(genomes, base)
+    out = base / "g.zarr"
+    write_in_process(fasta, model, out, unit_size=VARIANTS_UNIT, outputs=("logprob",))
+    return base, fasta, out, model, seqs
+
+
+@pytest.fixture(scope="module")
+def written(genomes, gated_delta, tmp_path_factory, one_torch_thread):
+    """test_verify's `written` (long records of 2-4 units, packed batches), fewer contigs."""
+    base = tmp_path_factory.mktemp("verify")
+    fasta = base / "contigs.fa"
+    write_contigs(genomes, fasta, 10, seed=19, long=2)
+    out = base / "good.zarr"
+    return out, write_in_process(fasta, gated_delta, out, unit_size=CONTIG_UNIT)
+
+
+def test_both_strands_equal_the_model(both):
+    strands_equal_model(both)
+
+
+@pytest.mark.slow
+def test_score_variants_per_strand(both_gated):
+    variants_per_strand(both_gated)
+
+
+@pytest.mark.slow
+def test_score_variants_equal_the_model(case):
+    llr_equals_model(case)
+
+
+@pytest.mark.slow
+def test_verify_and_repair(written, tmp_path):
+    store_verifies(written)
+    repaired(written, tmp_path)
+
+
+@pytest.mark.slow
+def test_export_writes_the_stored_values(written, tmp_path):
+    import pandas as pd
+
+    out, plan = written
+    dest = tmp_path / "lp.parquet"
+    r = CliRunner().invoke(cli, ["export", str(out), "--format", "parquet", "--output", "logprob",
+                                 "-o", str(dest)])
+    assert r.exit_code == 0, r.output
+    df = pd.read_parquet(dest)
+    reader = linpipe.open_output(str(out))
+    assert len(df) == sum(int(reader.records[rid].length) for rid in reader.records)
+    for rid in (plan.streams[0].id, str(plan.packed.ids[0])):
+        got = df[df.record == rid].logprob.to_numpy()
+        np.testing.assert_array_equal(got, reader.read(rid, "logprob"))
+
+
+def _submit(fasta, model, out, *extra):
+    return [sys.executable, "-c", "from linpipe.cli import cli; cli()", "submit", str(fasta), "--model",
+            str(model), "--unit-size", str(CONTIG_UNIT), "--outputs", "logprob,entropy",
+            "--out", str(out), *extra]
+
+
+def _units_done(out) -> int:
+    try:
+        return OutputStore.open(str(out), mode="r").progress()["units_done"]
+    except Exception:  # not created yet: poll again
+        return 0
+
+
+@pytest.mark.slow
+def test_sigkilled_submit_resumes_bit_identical(genomes, gated_delta, tmp_path):
+    """submit on Ray (a long record streamed with its state, short ones packed) killed with
+    SIGKILL after a few units, then submitted again: the same bytes as one uninterrupted run."""
+    fasta = tmp_path / "many.fa"
+    write_contigs(genomes, fasta, 16, seed=5, long=1)
+    out, clean = tmp_path / "killed.zarr", tmp_path / "clean.zarr"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(_submit(fasta, gated_delta, out, "--workers", "1"), env=env,
+                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 240
+        while _units_done(out) < 2 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proc.poll() is None, "the job finished before it could be killed"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        progress = OutputStore.open(str(out), mode="r").progress()
+        assert 2 <= progress["units_done"] < progress["units"]
+        res = subprocess.run(_submit(fasta, gated_delta, out, "--workers", "1"), env=env, capture_output=True,
+                             text=True, timeout=400)
+        assert res.returncode == 0, res.stderr
+    finally:
+        kill_session(proc.pid)  # only what our own killed subprocess started
+    plan = write_in_process(fasta, gated_delta, clean, unit_size=CONTIG_UNIT, outputs=("logprob", "entropy"))
+    assert plan.records and plan.packed.n_batches > 1  # streamed and packed records both ran
+    assert_same_bytes(store_arrays(clean), store_arrays(out))
+    assert_same_bytes(record_outputs(clean), record_outputs(out))
+
+
+def test_split_is_refused_while_planning(genomes, gated_delta, tmp_path):
+    from linpipe.jobs.plan import plan_job
+    from linpipe.jobs.request import JobRequest
+
+    fasta = tmp_path / "ce.fa"
+    fasta.write_text(">I\n" + read_fasta(genomes / "htslib_ce.fa")["CHROMOSOME_I"][:6_000] + "\n")
+    with pytest.raises(LinpipeError, match="gated_deltanet model, and splitting a record comes with"):
+        plan_job(JobRequest(inputs=(str(fasta),), model=gated_delta, unit_size=1024, split=2))
+    r = CliRunner().invoke(cli, ["submit", str(fasta), "--model", gated_delta, "--unit-size", "1024",
+                                 "--split", "2", "--out", str(tmp_path / "o.zarr"), "--dry-run"])
+    assert r.exit_code != 0 and r.output.startswith("Error: --split 2: model ")
+    assert "delta-rule stages" in r.output and r.output.count("\n") == 1
+    # auto (the default) plans and never splits a delta-rule model's record
+    plan = plan_job(JobRequest(inputs=(str(fasta),), model=gated_delta, unit_size=1024))
+    assert not plan.splittable and plan.records[0].n_units == 6
