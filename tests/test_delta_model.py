@@ -220,6 +220,21 @@ def test_any_cut_and_any_batch_give_the_same_bytes(delta_dir, mt):
             assert got[k].tobytes() == alone[k].tobytes(), k
 
 
+def test_thread_count_gives_the_same_bytes(delta_dir, mt):
+    m = load_model(delta_dir)
+    x = mt[3000:4500]
+    one = m.forward(x, m.init_state())
+    torch.set_num_threads(2)
+    try:
+        two = m.forward(x, m.init_state())
+    finally:
+        torch.set_num_threads(1)
+    for k in one[0]:
+        assert one[0][k].tobytes() == two[0][k].tobytes(), k
+    for k, v in one[1].to_arrays().items():
+        assert v.tobytes() == two[1].to_arrays()[k].tobytes(), k
+
+
 def test_state_arrays_round_trip(delta_dir, mt):
     from linpipe.model import ModelState
 
