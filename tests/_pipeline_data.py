@@ -188,6 +188,41 @@ def kill_session(sid: int) -> None:
     signal_session(sid, signal.SIGKILL)
 
 
+def units_done(out) -> int:
+    """Units (and packed batches) a store has marked done; 0 before it exists."""
+    from linpipe.store import OutputStore
+
+    try:
+        return OutputStore.open(str(out), mode="r").progress()["units_done"]
+    except Exception:  # not created yet: poll again
+        return 0
+
+
+def submit_and_sigkill(cmd: list[str], out, units: int, wait_s: float = 180) -> dict:
+    """Run a submit command line in a session of its own, SIGKILL it once `units` units of the
+    store at `out` are done, and end what is left of its session. Returns the store's progress
+    after the kill."""
+    import os
+    import signal
+    import subprocess
+
+    from linpipe.store import OutputStore
+
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + wait_s
+        while units_done(out) < units and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proc.poll() is None, "the job finished before it could be killed"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        kill_session(proc.pid)  # only what our own killed subprocess started
+    return OutputStore.open(str(out), mode="r").progress()
+
+
 def read_fasta(path) -> dict[str, str]:
     """A small plain FASTA file as {record id: sequence} (tests' own reader, independent of linpipe's)."""
     out, name = {}, None

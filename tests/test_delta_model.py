@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from _pipeline_data import make_tiny_model
 from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
+from test_model_format import _DROP, _edit_config
 
 from linpipe.cli import cli
 from linpipe.errors import ModelError
@@ -97,7 +98,7 @@ def test_models_written_before_load_unchanged():
 @pytest.mark.parametrize("change, message", [
     ({"family": "mamba"}, "unknown 'family' 'mamba'"),
     ({"head_dim": 2.5}, "'head_dim' must be an integer"),
-    ({"head_dim": None}, "missing key 'head_dim'"),
+    ({"head_dim": _DROP}, "missing key 'head_dim'"),
     ({"expand_v": 0.3}, "'expand_v' 0.3 times head_dim 16 is not a positive integer"),
     ({"use_gate": "yes"}, "'use_gate' must be true or false"),
     ({"gate": {}}, "'gate' is for family 'linear_attn'"),
@@ -105,13 +106,7 @@ def test_models_written_before_load_unchanged():
 def test_bad_config_is_one_line(tmp_path, change, message):
     d = tmp_path / "m"
     make_tiny_model(d, family="gated_deltanet")
-    cfg = json.loads((d / "config.json").read_text())
-    for k, v in change.items():
-        if v is None:
-            cfg.pop(k)
-        else:
-            cfg[k] = v
-    (d / "config.json").write_text(json.dumps(cfg))
+    _edit_config(**change)(d)
     with pytest.raises(ModelError, match=message):
         load_model(d)
     res = CliRunner().invoke(cli, ["model", "info", str(d)])

@@ -13,32 +13,28 @@ The delta rule runs its float32 recurrence for now (a few thousand positions a s
 inputs are a few thousand to a few tens of thousands of positions."""
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
 from _pipeline_data import (
     CONTIG_UNIT,
     assert_same_bytes,
-    kill_session,
     make_tiny_model,
     read_fasta,
     record_outputs,
     store_arrays,
+    submit_and_sigkill,
     write_contigs,
     write_in_process,
 )
 from click.testing import CliRunner
-from test_strands import UNIT as STRANDS_UNIT
+from test_gated_pipeline import write_both, write_case, write_written
 from test_strands import (
     test_reverse_strand_equals_the_model_over_the_reverse_complement as strands_equal_model,
 )
 from test_strands import test_score_variants_reports_each_strand as variants_per_strand
-from test_variants import UNIT as VARIANTS_UNIT
 from test_variants import test_llr_equals_the_model_run_directly as llr_equals_model
 from test_verify import test_a_good_store_verifies as store_verifies
 
@@ -60,54 +56,15 @@ def gated_delta(tmp_path_factory):
     return make_tiny_model(tmp_path_factory.mktemp("model") / "gdn", family="gated_deltanet")
 
 
-def _genome(genomes, base):
-    """A. thaliana Chr2 with its N run (a long record) and the first 300 bp of human MT (packed)."""
-    seqs = {"chr2": read_fasta(genomes / "korflab_Athaliana_TAIR_1pct.fa")["Chr2"][27_600:29_200],
-            "mt": next(iter(read_fasta(genomes / "minimap2_MT-human.fa").values()))[:300]}
-    fasta = base / "g.fa"
-    fasta.write_text("".join(f">{k}\n{v}\n" for k, v in seqs.items()))
-    return fasta, seqs
-
-
-def _both(genomes, model, base):
-    """test_strands' `both`: a store of both strands written with `model`."""
-    fasta, seqs = _genome(genomes, base)
-    out = base / "both.zarr"
-    plan = write_in_process(fasta, model, out, unit_size=STRANDS_UNIT,
-                            outputs=("logprob", "entropy", "logprob_rc", "entropy_rc"))
-    return base, fasta, model, out, plan, seqs
-
-
 @pytest.fixture(scope="module")
 def both(genomes, delta, tmp_path_factory, one_torch_thread):
-    return _both(genomes, delta, tmp_path_factory.mktemp("strands"))
-
-
-@pytest.fixture(scope="module")
-def both_gated(genomes, gated_delta, tmp_path_factory, one_torch_thread):
-    return _both(genomes, gated_delta, tmp_path_factory.mktemp("strands"))
-
-
-@pytest.fixture(scope="module")
-def case(genomes, tmp_path_factory, one_torch_thread):
-    """test_variants' `case`, written with a DeltaNet (no gate; the gated one scores both
-    strands)."""
-    base = tmp_path_factory.mktemp("variants")
-    model = make_tiny_model(base / "dn", family="delta_net")
-    fasta, seqs = _genome(genomes, base)
-    out = base / "g.zarr"
-    write_in_process(fasta, model, out, unit_size=VARIANTS_UNIT, outputs=("logprob",))
-    return base, fasta, out, model, seqs
+    return write_both(genomes, delta, tmp_path_factory.mktemp("strands"))
 
 
 @pytest.fixture(scope="module")
 def written(genomes, gated_delta, tmp_path_factory, one_torch_thread):
     """test_verify's `written` (long records of 2-4 units, packed batches), fewer contigs."""
-    base = tmp_path_factory.mktemp("verify")
-    fasta = base / "contigs.fa"
-    write_contigs(genomes, fasta, 10, seed=19, long=2)
-    out = base / "good.zarr"
-    return out, write_in_process(fasta, gated_delta, out, unit_size=CONTIG_UNIT)
+    return write_written(genomes, gated_delta, tmp_path_factory.mktemp("verify"), contigs=10)
 
 
 def test_both_strands_equal_the_model(both):
@@ -115,13 +72,14 @@ def test_both_strands_equal_the_model(both):
 
 
 @pytest.mark.slow
-def test_score_variants_per_strand(both_gated):
-    variants_per_strand(both_gated)
+def test_score_variants_per_strand(genomes, gated_delta, tmp_path, one_torch_thread):
+    variants_per_strand(write_both(genomes, gated_delta, tmp_path))
 
 
 @pytest.mark.slow
-def test_score_variants_equal_the_model(case):
-    llr_equals_model(case)
+def test_score_variants_equal_the_model(genomes, tmp_path, one_torch_thread):
+    """test_variants' case with a DeltaNet (no gate; the gated one scores both strands)."""
+    llr_equals_model(write_case(genomes, make_tiny_model(tmp_path / "dn", family="delta_net"), tmp_path))
 
 
 @pytest.mark.slow
@@ -180,13 +138,6 @@ def _submit(fasta, model, out, *extra):
             "--out", str(out), *extra]
 
 
-def _units_done(out) -> int:
-    try:
-        return OutputStore.open(str(out), mode="r").progress()["units_done"]
-    except Exception:  # not created yet: poll again
-        return 0
-
-
 @pytest.mark.slow
 def test_sigkilled_submit_resumes_bit_identical(genomes, gated_delta, tmp_path):
     """submit on Ray (a long record streamed with its state, short ones packed) killed with
@@ -194,23 +145,11 @@ def test_sigkilled_submit_resumes_bit_identical(genomes, gated_delta, tmp_path):
     fasta = tmp_path / "many.fa"
     write_contigs(genomes, fasta, 16, seed=5, long=1)
     out, clean = tmp_path / "killed.zarr", tmp_path / "clean.zarr"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(_submit(fasta, gated_delta, out, "--workers", "1"), env=env,
-                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 240
-        while _units_done(out) < 2 and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert proc.poll() is None, "the job finished before it could be killed"
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
-        progress = OutputStore.open(str(out), mode="r").progress()
-        assert 2 <= progress["units_done"] < progress["units"]
-        res = subprocess.run(_submit(fasta, gated_delta, out, "--workers", "1"), env=env, capture_output=True,
-                             text=True, timeout=400)
-        assert res.returncode == 0, res.stderr
-    finally:
-        kill_session(proc.pid)  # only what our own killed subprocess started
+    progress = submit_and_sigkill(_submit(fasta, gated_delta, out, "--workers", "1"), out, 2, wait_s=240)
+    assert 2 <= progress["units_done"] < progress["units"]
+    res = subprocess.run(_submit(fasta, gated_delta, out, "--workers", "1"), capture_output=True, text=True,
+                         timeout=400)
+    assert res.returncode == 0, res.stderr
     plan = write_in_process(fasta, gated_delta, clean, unit_size=CONTIG_UNIT, outputs=("logprob", "entropy"))
     assert plan.records and plan.packed.n_batches > 1  # streamed and packed records both ran
     assert_same_bytes(store_arrays(clean), store_arrays(out))

@@ -42,35 +42,48 @@ def _genome(genomes, base):
     return fasta, seqs
 
 
+def write_both(genomes, model, base):
+    """test_strands' `both`: the genome's two strands written with `model` into `base`."""
+    fasta, seqs = _genome(genomes, base)
+    out = base / "both.zarr"
+    plan = write_in_process(fasta, model, out, unit_size=STRANDS_UNIT,
+                            outputs=("logprob", "entropy", "logprob_rc", "entropy_rc"))
+    return base, fasta, model, out, plan, seqs
+
+
+def write_case(genomes, model, base):
+    """test_variants' `case`: the genome's logprob written with `model` into `base`."""
+    fasta, seqs = _genome(genomes, base)
+    out = base / "g.zarr"
+    write_in_process(fasta, model, out, unit_size=VARIANTS_UNIT, outputs=("logprob",))
+    return base, fasta, out, model, seqs
+
+
 @pytest.fixture(scope="module")
 def both(genomes, gated, tmp_path_factory, one_torch_thread):
     """test_strands' `both`, written with the gated model."""
-    base = tmp_path_factory.mktemp("strands")
-    fasta, seqs = _genome(genomes, base)
-    out = base / "both.zarr"
-    plan = write_in_process(fasta, gated, out, unit_size=STRANDS_UNIT,
-                            outputs=("logprob", "entropy", "logprob_rc", "entropy_rc"))
-    return base, fasta, gated, out, plan, seqs
+    return write_both(genomes, gated, tmp_path_factory.mktemp("strands"))
 
 
 @pytest.fixture(scope="module")
 def case(genomes, gated, tmp_path_factory, one_torch_thread):
     """test_variants' `case`, written with the gated model."""
-    base = tmp_path_factory.mktemp("variants")
-    fasta, seqs = _genome(genomes, base)
-    out = base / "g.zarr"
-    write_in_process(fasta, gated, out, unit_size=VARIANTS_UNIT, outputs=("logprob",))
-    return base, fasta, out, gated, seqs
+    return write_case(genomes, gated, tmp_path_factory.mktemp("variants"))
+
+
+def write_written(genomes, model, base, contigs: int = 120):
+    """test_verify's `written`: `contigs` short pieces of real genomes, two long ones and the
+    edge cases, written with `model` into `base`."""
+    fasta = base / "contigs.fa"
+    write_contigs(genomes, fasta, contigs, seed=19, long=2)
+    out = base / "good.zarr"
+    return out, write_in_process(fasta, model, out, unit_size=CONTIG_UNIT)
 
 
 @pytest.fixture(scope="module")
 def written(genomes, gated, tmp_path_factory):
     """test_verify's `written`, with the gated model."""
-    base = tmp_path_factory.mktemp("verify")
-    fasta = base / "contigs.fa"
-    write_contigs(genomes, fasta, 120, seed=19, long=2)
-    out = base / "good.zarr"
-    return out, write_in_process(fasta, gated, out, unit_size=CONTIG_UNIT)
+    return write_written(genomes, gated, tmp_path_factory.mktemp("verify"))
 
 
 def test_both_strands_equal_the_model(both):
