@@ -273,3 +273,15 @@ def test_cli_train_family(genomes, tmp_path):
     assert r.exit_code == 0, r.output
     c = load_model(out).config
     assert c.family == "delta_net" and not c.use_gate and c.head_dim == 8
+
+
+@pytest.mark.slow
+def test_train_resumes_exactly(genomes, tmp_path):
+    """Stopped at a checkpoint (the lanes' states: S and the q, k, v windows) and resumed: the
+    losses of an uninterrupted run."""
+    mt = genomes / "minimap2_MT-human.fa"
+    cfg = TrainConfig(steps=12, batch=2, window=32, lr=1e-2, warmup=2, checkpoint_every=6)
+    full = train([mt], tmp_path / "full", TINY, cfg)
+    assert train([mt], tmp_path / "resumed", TINY, cfg, stop_at=6) is None
+    res = train([mt], tmp_path / "resumed", TINY, cfg, resume=True)
+    np.testing.assert_allclose(res.losses, full.losses, rtol=1e-6, atol=0)
