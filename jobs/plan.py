@@ -119,6 +119,7 @@ class JobPlan:
     # what split_gain needs of the model: one worker's predicted positions/s, its layers
     stream_rate: float = 0.0
     n_layers: int = 0
+    splittable: bool = True  # whether the model's records can be split (not yet the delta rule's)
 
     @property
     def n_records(self) -> int:
@@ -227,7 +228,8 @@ def plan_job(request: JobRequest) -> JobPlan:
         packed_time_dtype=found.short_times.pop() if found.short_times else None, regions=regions,
         regions_path=os.path.abspath(os.fspath(request.regions)) if request.regions else None,
         regions_lenient=bool(request.regions and request.regions_lenient), notes=tuple(found.notes),
-        files=tuple(found.files), stream_rate=stream_rate(m.config), n_layers=int(m.config.n_layers))
+        files=tuple(found.files), stream_rate=stream_rate(m.config), n_layers=int(m.config.n_layers),
+        splittable=not m.config.delta)
 
 
 def _check_options(request: JobRequest) -> None:
@@ -370,4 +372,8 @@ def _outputs(request: JobRequest, m, model_ref: str, channels) -> list[str]:
     if isinstance(request.split, int) and modality != "dna":
         raise LinpipeError(f"{option('split')} {request.split}: splitting a record is implemented and tested "
                            f"for DNA models only; this is a {modality} job (use {option('split')} never)")
+    if isinstance(request.split, int) and m.config.delta:
+        raise LinpipeError(f"{option('split')} {request.split}: model {model_ref} is a {m.config.family} "
+                           "model, and splitting a record comes with the split's delta-rule stages "
+                           f"(the delta rule's segment summaries); use {option('split')} never")
     return outputs

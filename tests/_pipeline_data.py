@@ -73,17 +73,32 @@ def assert_same_bytes(a: dict, b: dict) -> None:
         assert a[k].tobytes() == b[k].tobytes(), f"{k} differs"
 
 
-# The tiny models a module's store can be written with (conftest's model_kind): fixed decays, or
-# per-position log-gates.
-MODEL_KINDS = ("fixed", "gated")
+# The tiny models a module's store can be written with (conftest's model_kind): fixed decays,
+# per-position log-gates, or the gated delta rule (its state the rule's S and the q, k, v windows).
+MODEL_KINDS = ("fixed", "gated", "gated_deltanet")
 
 
-def make_tiny_model(directory: Path, gated: bool = False) -> str:
+def tiny_model_of(kind: str, directory: Path) -> str:
+    """make_tiny_model for one of MODEL_KINDS."""
+    if kind in ("fixed", "gated"):
+        return make_tiny_model(directory, gated=kind == "gated")
+    return make_tiny_model(directory, family=kind)
+
+
+def make_tiny_model(directory: Path, gated: bool = False, family: str | None = None) -> str:
     """A small random DNA model (format v1), so the tests spend their time in the pipeline;
     gated: two layers whose heads gate their state by the data (one gate strong: its state
-    lasts a few positions), so the split has a layer to fold after the first."""
+    lasts a few positions), so the split has a layer to fold after the first. family
+    (delta_net, gated_deltanet): a delta-rule model of 2 layers, D 32, 2 heads of K 16, with
+    fla's per-kind defaults (gated_deltanet: V = 2K and the output gate)."""
     from linpipe.model import ModelConfig, init_net, save_model
 
+    if family is not None:
+        g = family == "gated_deltanet"
+        cfg = ModelConfig(modality="dna", d_model=32, n_layers=2, n_heads=2, mlp_hidden=64, family=family,
+                          qk_head_dim=16, expand_v=2.0 if g else 1.0, use_gate=g)
+        save_model(init_net(cfg, seed=0), cfg, directory)
+        return str(directory)
     cfg = ModelConfig(modality="dna", d_model=16, n_layers=2 if gated else 1, n_heads=2, mlp_hidden=32,
                       gate_normalizer=16.0 if gated else None)
     net = init_net(cfg, seed=0, decay=[0.5, 0.999] if gated else None)
@@ -183,6 +198,41 @@ def kill_session(sid: int) -> None:
     import signal
 
     signal_session(sid, signal.SIGKILL)
+
+
+def units_done(out) -> int:
+    """Units (and packed batches) a store has marked done; 0 before it exists."""
+    from linpipe.store import OutputStore
+
+    try:
+        return OutputStore.open(str(out), mode="r").progress()["units_done"]
+    except Exception:  # not created yet: poll again
+        return 0
+
+
+def submit_and_sigkill(cmd: list[str], out, units: int, wait_s: float = 180) -> dict:
+    """Run a submit command line in a session of its own, SIGKILL it once `units` units of the
+    store at `out` are done, and end what is left of its session. Returns the store's progress
+    after the kill."""
+    import os
+    import signal
+    import subprocess
+
+    from linpipe.store import OutputStore
+
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + wait_s
+        while units_done(out) < units and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proc.poll() is None, "the job finished before it could be killed"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        kill_session(proc.pid)  # only what our own killed subprocess started
+    return OutputStore.open(str(out), mode="r").progress()
 
 
 def read_fasta(path) -> dict[str, str]:

@@ -6,8 +6,6 @@ wrong: an empty record, a record of one base, records of exactly one work unit a
 """
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -19,10 +17,10 @@ from _pipeline_data import (
     MODEL_KINDS,
     assert_same_bytes,
     ecg_fleet,
-    kill_session,
-    make_tiny_model,
     record_outputs,
     store_arrays,
+    submit_and_sigkill,
+    tiny_model_of,
     write_contigs,
     write_in_process,
 )
@@ -36,7 +34,7 @@ from linpipe.store.table import PackedRecords
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory, model_kind):
-    return make_tiny_model(tmp_path_factory.mktemp("model") / "tiny", gated=model_kind == "gated")
+    return tiny_model_of(model_kind, tmp_path_factory.mktemp("model") / "tiny")
 
 
 @pytest.fixture(scope="module")
@@ -189,36 +187,17 @@ def test_packed_and_long_records_equal_the_model_on_each_record_alone(contigs, t
     assert r.exit_code == 0 and png.stat().st_size > 0
 
 
-def _units_done(out) -> int:
-    try:
-        return OutputStore.open(str(out), mode="r").progress()["units_done"]
-    except Exception:  # not created yet: poll again
-        return 0
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("model_kind", MODEL_KINDS, indirect=True, scope="module")
 def test_sigkilled_driver_on_a_packed_store_resumes_bit_identical(genomes, tiny, tmp_path):
     fasta = tmp_path / "many.fa"
     write_contigs(genomes, fasta, 900, seed=5, long=1)
     out, clean = tmp_path / "killed.zarr", tmp_path / "clean.zarr"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(_submit(fasta, tiny, out, "--workers", "1"), env=env, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 180
-        while _units_done(out) < 5 and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert proc.poll() is None, "the job finished before it could be killed"
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
-        progress = OutputStore.open(str(out), mode="r").progress()
-        assert 5 <= progress["units_done"] < progress["units"]
-        res = subprocess.run(_submit(fasta, tiny, out, "--workers", "1"), env=env, capture_output=True,
-                             text=True, timeout=300)
-        assert res.returncode == 0, res.stderr
-    finally:
-        kill_session(proc.pid)  # only what our own killed subprocess started
+    progress = submit_and_sigkill(_submit(fasta, tiny, out, "--workers", "1"), out, 5)
+    assert 5 <= progress["units_done"] < progress["units"]
+    res = subprocess.run(_submit(fasta, tiny, out, "--workers", "1"), capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr
     write_in_process(fasta, tiny, clean, unit_size=UNIT)  # the uninterrupted run, without Ray
     assert_same_bytes(store_arrays(clean), store_arrays(out))
 

@@ -3,7 +3,7 @@ when the record is read from its end toward 0, against the model run directly (n
 import numpy as np
 import pytest
 import zarr
-from _pipeline_data import MODEL_KINDS, make_tiny_model, read_fasta, write_in_process
+from _pipeline_data import MODEL_KINDS, read_fasta, tiny_model_of, write_in_process
 
 import linpipe
 from linpipe.inputs.alphabet import tokenize
@@ -30,7 +30,7 @@ def _both(genomes, tmp_path_factory, model_kind):
     seqs = {"chr2": at, "mt": mt}
     fasta = base / "g.fa"
     fasta.write_text("".join(f">{k}\n{v}\n" for k, v in seqs.items()))
-    model = make_tiny_model(base / "tiny", gated=model_kind == "gated")
+    model = tiny_model_of(model_kind, base / "tiny")
     out = base / "both.zarr"
     plan = write_in_process(fasta, model, out, unit_size=UNIT,
                             outputs=("logprob", "entropy", "logprob_rc", "entropy_rc"))

@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from _pipeline_data import MODEL_KINDS, make_tiny_model, read_fasta, write_in_process
+from _pipeline_data import MODEL_KINDS, read_fasta, tiny_model_of, write_in_process
 from click.testing import CliRunner
 
 from linpipe.cli import cli
@@ -31,7 +31,7 @@ def _case(genomes, tmp_path_factory, model_kind):
     seqs = {"chr2": at, "mt": mt}
     fasta = base / "g.fa"
     fasta.write_text("".join(f">{k}\n{v}\n" for k, v in seqs.items()))
-    model = make_tiny_model(base / "tiny", gated=model_kind == "gated")
+    model = tiny_model_of(model_kind, base / "tiny")
     out = base / "g.zarr"
     write_in_process(fasta, model, out, unit_size=UNIT, outputs=("logprob",))
     return base, fasta, out, model, seqs

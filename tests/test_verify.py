@@ -16,7 +16,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _pipeline_data import CONTIG_UNIT, MODEL_KINDS, make_tiny_model, write_contigs, write_in_process
+from _pipeline_data import (
+    CONTIG_UNIT,
+    MODEL_KINDS,
+    make_tiny_model,
+    tiny_model_of,
+    write_contigs,
+    write_in_process,
+)
 from click.testing import CliRunner
 
 import linpipe
@@ -40,7 +47,7 @@ def _written(genomes, tmp_path_factory, model_kind):
     fasta = base / "contigs.fa"
     write_contigs(genomes, fasta, 120, seed=19, long=2)
     out = base / "good.zarr"
-    plan = write_in_process(fasta, make_tiny_model(base / "tiny", gated=model_kind == "gated"), out,
+    plan = write_in_process(fasta, tiny_model_of(model_kind, base / "tiny"), out,
                             unit_size=CONTIG_UNIT)
     return out, plan
 

@@ -140,6 +140,50 @@ model_size_options = options(
 )
 
 
+# the layer kinds (linpipe.model.config.FAMILIES), with fla 0.6's defaults per kind
+FAMILY_DEFAULTS = {"linear_attn": {}, "delta_net": {"expand_v": 1.0, "use_gate": False},
+                   "gated_deltanet": {"expand_v": 2.0, "use_gate": True}}
+
+family_options = options(
+    click.option("--family", type=click.Choice(list(FAMILY_DEFAULTS)), default="linear_attn",
+                 show_default=True,
+                 help="The layer kind: linear attention with the normaliser, or the delta rule "
+                 "(flash-linear-attention's DeltaNet; gated_deltanet: with its decay gate). "
+                 "docs/model-format.md."),
+    click.option("--head-dim", type=click.IntRange(1), default=None,
+                 help="Delta rule: K, the width of a head's queries and keys (default d-model / n-heads)."),
+    click.option("--expand-v", type=click.FloatRange(min=0, min_open=True), default=None,
+                 help="Delta rule: a head's value width over K (default 1 for delta_net, 2 for "
+                 "gated_deltanet)."),
+    click.option("--output-gate/--no-output-gate", default=None,
+                 help="Delta rule: gate the output, RMSNorm(o) * silu(g_proj(x)) (default: on for "
+                 "gated_deltanet, off for delta_net)."),
+    click.option("--allow-neg-eigval", is_flag=True,
+                 help="Delta rule: beta in (0, 2) instead of (0, 1)."),
+)
+
+
+def family_shape(family, head_dim, expand_v, output_gate, allow_neg_eigval, *, conv_width, gate) -> dict:
+    """ModelConfig's layer-kind keywords from the family options (--conv-width 1: no short
+    convolution)."""
+    delta = family != "linear_attn"
+    if not delta:
+        named = (("--head-dim", head_dim), ("--expand-v", expand_v), ("--output-gate", output_gate),
+                 ("--allow-neg-eigval", allow_neg_eigval or None))
+        given = [f for f, v in named if v is not None]
+        if given:
+            raise click.BadParameter(f"{given[0]} is for the delta-rule families", param_hint="--family")
+        return {}
+    if gate:
+        raise click.BadParameter(f"--gate is for the linear_attn family; {family} layers gate by their "
+                                 "own a_proj, A_log and dt_bias", param_hint="--gate")
+    defaults = FAMILY_DEFAULTS[family]
+    return dict(family=family, qk_head_dim=head_dim,
+                expand_v=defaults["expand_v"] if expand_v is None else expand_v,
+                use_gate=defaults["use_gate"] if output_gate is None else output_gate,
+                use_short_conv=conv_width > 1, allow_neg_eigval=allow_neg_eigval)
+
+
 def model_shape(d_model, n_layers, n_heads, mlp_hidden, conv_width, feature_map, no_normalize, gate=False,
                 gate_normalizer=16.0) -> dict:
     """ModelConfig's shape keywords from the model size options."""

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from .common import decay_values, examples, model_shape, model_size_options
+from .common import decay_values, examples, family_options, family_shape, model_shape, model_size_options
 
 
 @click.group("model", epilog=examples("linpipe model info", "linpipe model init my-model --d-model 32"))
@@ -14,17 +14,20 @@ def model_group():
 @model_group.command("init", epilog=examples(
     "linpipe model init my-model --d-model 32 --n-layers 2",
     "linpipe model init ecg-model --modality timeseries --channels 2",
-    "linpipe model init gated-model --gate"))
+    "linpipe model init gated-model --gate",
+    "linpipe model init gdn-model --family gated_deltanet --d-model 64 --n-heads 4"))
 @click.argument("directory", type=click.Path(file_okay=False))
 @click.option("--modality", type=click.Choice(["dna", "timeseries"]), default="dna", show_default=True,
               help="What the model reads: DNA bases or a multichannel time series.")
 @model_size_options
+@family_options
 @click.option("--channels", type=click.IntRange(1), default=None,
               help="Timeseries: number of input channels.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Random seed of the initial weights.")
 @click.option("--force", is_flag=True, help="Overwrite a model already in DIRECTORY.")
 def model_init(directory, modality, d_model, n_layers, n_heads, mlp_hidden, conv_width, feature_map,
-               no_normalize, decay, gate, gate_normalizer, channels, seed, force):
+               no_normalize, decay, gate, gate_normalizer, family, head_dim, expand_v, output_gate,
+               allow_neg_eigval, channels, seed, force):
     """Write a randomly initialised model to DIRECTORY."""
     from pathlib import Path
 
@@ -42,10 +45,12 @@ def model_init(directory, modality, d_model, n_layers, n_heads, mlp_hidden, conv
                      mean=(0.0,) * channels, std=(1.0,) * channels)
     config = ModelConfig(modality=modality, **model_shape(d_model, n_layers, n_heads, mlp_hidden, conv_width,
                                                           feature_map, no_normalize, gate, gate_normalizer),
+                         **family_shape(family, head_dim, expand_v, output_gate, allow_neg_eigval,
+                                        conv_width=conv_width, gate=gate),
                          **extra)
     net = init_net(config, seed=seed, decay=decay_values(decay))
     sha = save_model(net, config, directory)
-    click.echo(f"wrote {directory} ({modality}, sha256 {sha})")
+    click.echo(f"wrote {directory} ({modality}, {config.family}, sha256 {sha})")
 
 
 @model_group.command("info", epilog=examples("linpipe model info",
@@ -61,6 +66,7 @@ def model_info(model, as_json):
 
     m = load_model(model)
     info = {"path": str(m.path), "sha256": m.sha256, "parameters": count_parameters(m.config),
+            "family": m.config.family, "state_bytes_per_record": 4 * m.config.state_floats(),
             "config": m.config.to_json(),
             "decay": {f"layer {i}": [round(g, 8) for g in layer.attn.base_decay()]
                       for i, layer in enumerate(m.net.layers)}}
@@ -70,10 +76,17 @@ def model_info(model, as_json):
     click.echo(f"model       {info['path']}")
     click.echo(f"sha256      {info['sha256']}")
     click.echo(f"parameters  {info['parameters']:,}")
+    click.echo(f"family      {info['family']}")
+    click.echo(f"state       {info['state_bytes_per_record']:,} bytes per record (float32: "
+               + ", ".join(f"{k} {list(v)}" for k, v in m.config.state_shapes().items()) + ")")
     for k, v in info["config"].items():
-        click.echo(f"{k:<12}{json.dumps(v)}")
+        click.echo(f"{k:<11} {json.dumps(v)}")
     # a gated layer's decay at position t is exp(logsigmoid(gk_proj(x_t)) / normalizer): shown
     # where gk_proj's weights give 0 (its bias alone)
-    where = " (gk_proj's bias alone)" if m.config.gated else ""
+    where = ""
+    if m.config.gated:
+        where = " (gk_proj's bias alone)"
+    elif m.config.family == "gated_deltanet":  # exp(-exp(A_log) softplus(a_proj(x) + dt_bias))
+        where = " (dt_bias alone)"
     for k, v in info["decay"].items():
         click.echo(f"decay {k}{where}: {', '.join(f'{g:g}' for g in v)}")

@@ -8,6 +8,8 @@ import click
 from .common import (
     decay_values,
     examples,
+    family_options,
+    family_shape,
     input_options,
     model_shape,
     model_size_options,
@@ -29,6 +31,7 @@ def _command_line() -> str:
 @click.option("--out", "out", required=True, type=click.Path(file_okay=False),
               help="Model directory to write.")
 @model_size_options
+@family_options
 @click.option("--steps", type=click.IntRange(1), default=1000, show_default=True,
               help="Total optimizer steps.")
 @click.option("--batch", type=click.IntRange(1), default=8, show_default=True, help="Parallel lanes.")
@@ -56,7 +59,8 @@ def _command_line() -> str:
                    "model; docs/default-model.md). Trains on files with any channels.")
 @timeseries_options
 def train_cmd(inputs, out, d_model, n_layers, n_heads, mlp_hidden, conv_width, feature_map, no_normalize,
-              decay, gate, gate_normalizer, steps, batch, window, lr, seed, device, val_records,
+              decay, gate, gate_normalizer, family, head_dim, expand_v, output_gate, allow_neg_eigval,
+              steps, batch, window, lr, seed, device, val_records,
               checkpoint_every, threads, resume, force, quiet, series_norm, **ts):
     """Train a model on INPUTS (FASTA or time series) by next-position prediction into --out."""
     import numpy as np
@@ -69,6 +73,8 @@ def train_cmd(inputs, out, d_model, n_layers, n_heads, mlp_hidden, conv_width, f
                       val_records=tuple(v for v in (val_records or "").split(",") if v))
     kw = model_shape(d_model, n_layers, n_heads, mlp_hidden, conv_width, feature_map, no_normalize, gate,
                      gate_normalizer)
+    kw.update(family_shape(family, head_dim, expand_v, output_gate, allow_neg_eigval, conv_width=conv_width,
+                           gate=gate))
     if series_norm:
         kw["series_norm"] = True
     bar = None

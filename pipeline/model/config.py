@@ -15,6 +15,13 @@ FORMAT_NAME = "linpipe-model"
 FORMAT_VERSION = 1
 CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
 
+# The layer kinds: linear attention (with the normaliser; fixed decay or the "gate"), and the
+# delta rule without and with a decay gate (flash-linear-attention's DeltaNet, GatedDeltaNet).
+LINEAR_ATTN, DELTA_NET, GATED_DELTANET = "linear_attn", "delta_net", "gated_deltanet"
+FAMILIES = (LINEAR_ATTN, DELTA_NET, GATED_DELTANET)
+# config.json's keys of the delta-rule kinds (fla 0.6's names for them)
+DELTA_KEYS = ("family", "head_dim", "expand_v", "use_gate", "use_short_conv", "allow_neg_eigval")
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -41,6 +48,15 @@ class ModelConfig:
     # normalised input a, and the state decays by exp(g) there; the gk_proj tensors replace the
     # fixed decay. None: no gate (config.json without the "gate" key).
     gate_normalizer: float | None = None
+    # The layer kind (FAMILIES): today's linear attention with the normaliser, or the delta rule
+    # of flash-linear-attention 0.6's DeltaNet / GatedDeltaNet layers (docs/model-format.md).
+    # The keys below are theirs (fla's names) and are written for the delta-rule kinds only.
+    family: str = LINEAR_ATTN
+    qk_head_dim: int | None = None  # "head_dim": K of q and k (default d_model / n_heads)
+    expand_v: float = 1.0  # V = K * expand_v
+    use_gate: bool = False  # the output gate: o_norm is RMSNorm(o) * silu(g_proj(x))
+    use_short_conv: bool = True  # q, k, v each through a causal depthwise conv of conv_width
+    allow_neg_eigval: bool = False  # beta in (0, 2) instead of (0, 1)
 
     def __post_init__(self):
         err = _config_problem(self)
@@ -53,8 +69,46 @@ class ModelConfig:
         return self.gate_normalizer is not None
 
     @property
+    def delta(self) -> bool:
+        """Whether the layers run the delta rule (family delta_net or gated_deltanet)."""
+        return self.family != LINEAR_ATTN
+
+    @property
     def head_dim(self) -> int:
+        """K: the width of a head's queries and keys."""
+        if self.delta and self.qk_head_dim is not None:
+            return self.qk_head_dim
         return self.d_model // self.n_heads
+
+    @property
+    def head_v_dim(self) -> int:
+        """V: the width of a head's values (K for linear attention)."""
+        return round(self.head_dim * self.expand_v) if self.delta else self.head_dim
+
+    @property
+    def conv_channels(self) -> int:
+        """The channels the causal convolution runs over (the carried window's width): D for
+        linear attention; q, k and v concatenated (2HK + HV) for the delta rule."""
+        if not self.delta:
+            return self.d_model
+        return self.n_heads * (2 * self.head_dim + self.head_v_dim)
+
+    @property
+    def has_conv(self) -> bool:
+        """Whether the layers convolve (and so carry a window of W-1 inputs)."""
+        return self.use_short_conv if self.delta else self.conv_width > 1
+
+    def state_shapes(self) -> dict:
+        """Per record, the shape of each carried state array (ModelState): the delta rule keeps
+        no z (its K axis is 0 long and the array is not stored)."""
+        L, H, K, V = self.n_layers, self.n_heads, self.head_dim, self.head_v_dim
+        window = self.conv_width - 1 if self.has_conv else 0
+        return {"S": (L, H, K, V), "z": (L, H, 0 if self.delta else K),
+                "conv": (L, window, self.conv_channels), "y": (self.d_model,)}
+
+    def state_floats(self) -> int:
+        """Floats of the state carried per record (its size in float32s)."""
+        return sum(math.prod(s) for s in self.state_shapes().values())
 
     @property
     def vocab_out(self) -> int:
@@ -95,6 +149,12 @@ class ModelConfig:
                 d["series_norm"] = True
         if self.gated:
             d["gate"] = {"normalizer": self.gate_normalizer}
+        if self.delta:  # the linear attention's keys mean nothing here
+            for key in ("feature_map", "normalize", "attn_eps"):
+                del d[key]
+            d.update(family=self.family, head_dim=self.head_dim, expand_v=self.expand_v,
+                     use_gate=self.use_gate, use_short_conv=self.use_short_conv,
+                     allow_neg_eigval=self.allow_neg_eigval)
         return d
 
     @classmethod
@@ -110,8 +170,12 @@ class ModelConfig:
             hint = " (written by a newer linpipe; upgrade linpipe)" if newer else ""
             raise ModelError(f"{where}: unsupported model format version {ver!r}{hint}; "
                              f"this linpipe reads version {FORMAT_VERSION}")
-        required = ["modality", "d_model", "n_layers", "n_heads", "mlp_hidden", "feature_map",
-                    "normalize", "conv_width"]
+        family = d.get("family", LINEAR_ATTN)
+        if family not in FAMILIES:
+            raise ModelError(f"{where}: unknown 'family' {family!r} (expected one of {', '.join(FAMILIES)})")
+        delta = family != LINEAR_ATTN
+        required = ["modality", "d_model", "n_layers", "n_heads", "mlp_hidden", "conv_width"]
+        required += list(DELTA_KEYS) if delta else ["feature_map", "normalize"]
         if d.get("modality") == "timeseries":
             required += ["channels", "channel_names", "mean", "std"]
         for key in required:
@@ -137,13 +201,25 @@ class ModelConfig:
                 raise ModelError(f"{where}: {key!r} must be a list of numbers")
             return tuple(float(x) for x in v)
 
-        if not isinstance(d["normalize"], bool):
-            raise ModelError(f"{where}: 'normalize' must be true or false, got {d['normalize']!r}")
+        def flag(key, default):
+            v = d.get(key, default)
+            if not isinstance(v, bool):
+                raise ModelError(f"{where}: {key!r} must be true or false, got {v!r}")
+            return v
+
         kw = dict(modality=d["modality"], d_model=integer("d_model"), n_layers=integer("n_layers"),
                   n_heads=integer("n_heads"), mlp_hidden=integer("mlp_hidden"),
-                  feature_map=d["feature_map"], normalize=d["normalize"],
-                  conv_width=integer("conv_width"), attn_eps=number("attn_eps", 1e-6),
-                  norm_eps=number("norm_eps", 1e-5))
+                  conv_width=integer("conv_width"), norm_eps=number("norm_eps", 1e-5))
+        if delta:
+            if "gate" in d:
+                raise ModelError(f"{where}: 'gate' is for family {LINEAR_ATTN!r}; a {family} layer's "
+                                 "gate is its a_proj, A_log and dt_bias")
+            kw.update(family=family, qk_head_dim=integer("head_dim"), expand_v=number("expand_v", 1.0),
+                      use_gate=flag("use_gate", False), use_short_conv=flag("use_short_conv", True),
+                      allow_neg_eigval=flag("allow_neg_eigval", False))
+        else:
+            kw.update(feature_map=d["feature_map"], normalize=flag("normalize", True),
+                      attn_eps=number("attn_eps", 1e-6))
         if d["modality"] == "timeseries":
             names = d["channel_names"]
             if not isinstance(names, list) or not all(isinstance(x, str) for x in names):
@@ -188,7 +264,13 @@ def _config_problem(c: ModelConfig) -> str | None:
         v = getattr(c, key)
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             return f"{key!r} must be a positive integer, got {v!r}"
-    if c.d_model % c.n_heads:
+    if c.family not in FAMILIES:
+        return f"unknown family {c.family!r} (expected one of {', '.join(FAMILIES)})"
+    if c.delta:
+        problem = _delta_problem(c)
+        if problem:
+            return problem
+    elif c.d_model % c.n_heads:
         return f"d_model {c.d_model} is not divisible by n_heads {c.n_heads}"
     for key in ("attn_eps", "norm_eps"):
         v = getattr(c, key)
@@ -216,6 +298,49 @@ def _config_problem(c: ModelConfig) -> str | None:
     return None
 
 
+def _delta_problem(c: ModelConfig) -> str | None:
+    """What is wrong with a delta-rule config's own keys, or None."""
+    k = c.qk_head_dim
+    if k is None and c.d_model % c.n_heads:
+        return f"d_model {c.d_model} is not divisible by n_heads {c.n_heads} (give head_dim)"
+    if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+        return f"'head_dim' must be a positive integer, got {k!r}"
+    v = c.expand_v
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+        return f"'expand_v' must be a positive number, got {v!r}"
+    if not math.isclose(c.head_dim * v, round(c.head_dim * v), rel_tol=1e-5) or round(c.head_dim * v) < 1:
+        return f"'expand_v' {v:g} times head_dim {c.head_dim} is not a positive integer"
+    for key in ("use_gate", "use_short_conv", "allow_neg_eigval"):
+        if not isinstance(getattr(c, key), bool):
+            return f"{key!r} must be true or false, got {getattr(c, key)!r}"
+    if c.gate_normalizer is not None:
+        return f"'gate' is for family {LINEAR_ATTN!r}, not {c.family!r}"
+    if c.modality != "dna":
+        return f"family {c.family!r} is implemented for dna models only"
+    return None
+
+
+def _delta_shapes(c: ModelConfig, p: str) -> dict[str, tuple]:
+    """One delta-rule layer's tensors (prefix p), named and shaped as flash-linear-attention
+    0.6's DeltaNet / GatedDeltaNet layer and GatedMLP hold them."""
+    D, M, W, H = c.d_model, c.mlp_hidden, c.conv_width, c.n_heads
+    key, value = H * c.head_dim, H * c.head_v_dim
+    shapes = {p + "attn_norm.weight": (D,), p + "attn.q_proj.weight": (key, D),
+              p + "attn.k_proj.weight": (key, D), p + "attn.v_proj.weight": (value, D)}
+    if c.family == GATED_DELTANET:
+        shapes.update({p + "attn.a_proj.weight": (H, D), p + "attn.A_log": (H,), p + "attn.dt_bias": (H,)})
+    shapes[p + "attn.b_proj.weight"] = (H, D)
+    if c.use_short_conv:
+        for name, width in (("q", key), ("k", key), ("v", value)):
+            shapes[p + f"attn.{name}_conv1d.weight"] = (width, 1, W)
+    if c.use_gate:
+        shapes[p + "attn.g_proj.weight"] = (value, D)
+    shapes.update({p + "attn.o_norm.weight": (c.head_v_dim,), p + "attn.o_proj.weight": (D, value),
+                   p + "mlp_norm.weight": (D,), p + "mlp.gate_proj.weight": (M, D),
+                   p + "mlp.up_proj.weight": (M, D), p + "mlp.down_proj.weight": (D, M)})
+    return shapes
+
+
 def expected_shapes(c: ModelConfig) -> dict[str, tuple]:
     """Every tensor of format v1 and its shape, for this config."""
     D, M, W, H = c.d_model, c.mlp_hidden, c.conv_width, c.n_heads
@@ -229,6 +354,9 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple]:
         shapes = {"embed.weight": (D, c.channels), "embed.bias": (D,), "bos": (D,)}
     for i in range(c.n_layers):
         p = f"layers.{i}."
+        if c.delta:
+            shapes.update(_delta_shapes(c, p))
+            continue
         shapes[p + "attn_norm.weight"] = (D,)
         if W > 1:
             shapes[p + "attn.conv.weight"] = (D, W)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from linpipe.kernels.linear_attn import advance, features, log_decay, log_gate_sums, span_state
-from linpipe.model.network import causal_conv
+from linpipe.model.ops import causal_conv
 
 
 def tail_rows(x: torch.Tensor, keep: int) -> torch.Tensor:

@@ -202,10 +202,7 @@ class Model:
         return res, state
 
     def _check_state(self, state: ModelState):
-        c = self.config
-        L, H, K, D, W = c.n_layers, c.n_heads, c.head_dim, c.d_model, c.conv_width
-        want = {"S": (L, H, K, K), "z": (L, H, K), "conv": (L, W - 1, D), "y": (D,)}
-        for k, shape in want.items():
+        for k, shape in self.config.state_shapes().items():
             got = tuple(getattr(state, k).shape[1:])
             if got != shape:
                 raise ModelError(f"model state {k!r} has shape {list(got)}, this model needs {list(shape)}")

@@ -24,6 +24,8 @@ from linpipe.kernels import chunk_linear_attn, chunk_linear_attn_parts
 from linpipe.kernels.linear_attn.scratch import Scratch
 from linpipe.model import series
 from linpipe.model.config import ModelConfig
+from linpipe.model.delta import DeltaAttention, SwiGLU, init_delta_layer
+from linpipe.model.ops import CausalConv, RMSNorm
 from linpipe.model.rows import ROW_ALIGN, linear, map_rows, row_tile
 
 # Most positions (batch x length) per call that CPU inference keeps in reused buffers;
@@ -53,12 +55,15 @@ def forward_span(config: ModelConfig) -> int:
 @dataclass
 class ModelState:
     """The whole memory of the past: per layer S, z and the conv window, plus y of the last
-    position read. Batched (B leading) torch tensors; inference uses B = 1, or one lane per
-    channel for series_norm models, which also carry `norm` (linpipe.model.series)."""
+    position read, whatever the layer kind (ModelConfig.state_shapes). Batched (B leading)
+    torch tensors; inference uses B = 1, or one lane per channel for series_norm models, which
+    also carry `norm` (linpipe.model.series)."""
 
-    S: torch.Tensor  # (B, L, H, K, K) float32
-    z: torch.Tensor  # (B, L, H, K) float32
-    conv: torch.Tensor  # (B, L, W-1, D): the last W-1 normalised inputs of each conv
+    S: torch.Tensor  # (B, L, H, K, V) float32 (V = K for linear attention)
+    z: torch.Tensor  # (B, L, H, K) float32; (B, L, H, 0) for the delta rule, which has no z
+    # (B, L, W-1, C): the last W-1 inputs of each layer's conv, C = D (linear attention) or the
+    # delta rule's q, k, v projections concatenated (2HK + HV)
+    conv: torch.Tensor
     y: torch.Tensor  # (B, D): final representation of the last position read
     norm: torch.Tensor | None = None  # (B, NORM_SIZE) float64: series_norm models only
 
@@ -78,12 +83,15 @@ class ModelState:
 
     def to_arrays(self) -> dict[str, np.ndarray]:
         """Plain arrays (float32; norm float64) of a single-sequence state (conv only when
-        W > 1). A series_norm state keeps its lane axis (one lane per channel)."""
+        W > 1, z only when it holds values). A series_norm state keeps its lane axis (one lane
+        per channel)."""
         lanes = self.norm is not None
         if not lanes and self.batch_size != 1:
             raise ValueError(f"to_arrays needs a single-sequence state, got batch {self.batch_size}")
         pick = (lambda t: t) if lanes else (lambda t: t[0])
-        d = {"S": pick(self.S), "z": pick(self.z), "y": pick(self.y)}
+        d = {"S": pick(self.S), "y": pick(self.y)}
+        if self.z.shape[-1] > 0:
+            d["z"] = pick(self.z)
         if self.conv.shape[2] > 0:
             d["conv"] = pick(self.conv)
         out = {k: v.detach().to("cpu", torch.float32).numpy().copy() for k, v in d.items()}
@@ -97,10 +105,13 @@ class ModelState:
         lanes = "norm" in d
         try:
             S = torch.as_tensor(np.asarray(d["S"], dtype=np.float32), device=device)
-            z = torch.as_tensor(np.asarray(d["z"], dtype=np.float32), device=device)
             y = torch.as_tensor(np.asarray(d["y"], dtype=np.float32), device=device)
         except KeyError as e:
             raise ModelError(f"model state arrays lack {e.args[0]!r}") from None
+        if "z" in d:
+            z = torch.as_tensor(np.asarray(d["z"], dtype=np.float32), device=device)
+        else:  # the delta rule's state has no z
+            z = torch.zeros((*S.shape[:-2], 0), device=device)  # (L, H, 0), or with lanes
         if not lanes:
             S, z, y = S[None], z[None], y[None]
         if S.ndim != 5 or z.ndim != 4 or y.ndim != 2:
@@ -113,50 +124,6 @@ class ModelState:
             conv = torch.zeros((S.shape[0], S.shape[1], 0, y.shape[1]), device=device)
         norm = torch.as_tensor(np.asarray(d["norm"], dtype=np.float64), device=device) if lanes else None
         return cls(S, z, conv, y, norm)
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x, out=None):  # x (..., D)
-        r = torch.linalg.vector_norm(x, dim=-1, keepdim=True)  # (..., 1): no (..., D) square
-        r = (r * x.shape[-1] ** -0.5).pow(2).add(self.eps).rsqrt()
-        return torch.mul(x, r, out=out).mul_(self.weight)  # in place on a fresh product: autograd-safe
-
-
-class CausalConv(nn.Module):
-    """Depthwise causal convolution of width W; its window is part of the carried state."""
-
-    def __init__(self, dim: int, width: int):
-        super().__init__()
-        self.weight = nn.Parameter(torch.zeros(dim, width))  # (D, W); [:, W-1] hits the current position
-
-    def forward(self, a, window, out=None):  # a (B, T, D), window (B, W-1, D): the inputs before a
-        return causal_conv(a, window, self.weight, out)
-
-
-def causal_conv(a, window, weight, out=None):
-    """a (B, T, D) after window (B, W-1, D), weight (D, W) -> (conv (B, T, D), the last W-1
-    inputs). Also used without the module by the split's fold (linpipe.model.segments)."""
-    T = a.shape[1]
-    W = weight.shape[1]
-    # Shifted multiply-adds in the (B, T, D) layout: no transposes, no concatenated copy.
-    # Measured ~0.5 ms less per (2048, 128) span at 1 thread than a depthwise conv1d, whose
-    # transposed output also slowed the next matmul. In-place adds into a fresh product
-    # are autograd-safe (addcmul's backward does not read its output).
-    # The taps as contiguous rows: a strided tap vector (weight[:, j]) kept torch's broadcast
-    # multiply-add from vectorising, at 3x the time.
-    taps = weight.t().contiguous()  # (W, D)
-    c = torch.mul(a, taps[W - 1], out=out)  # (B, T, D)
-    for j in range(W - 1):  # tap j reads the input s = W-1-j positions back
-        s = W - 1 - j
-        c[:, s:].addcmul_(a[:, :max(T - s, 0)], taps[j])
-        c[:, :s].addcmul_(window[:, j:j + min(s, T)], taps[j])
-    new_window = torch.cat([window, a[:, -(W - 1):]], dim=1)[:, -(W - 1):]  # the last W-1 inputs
-    return c, new_window
 
 
 class Attention(nn.Module):
@@ -259,21 +226,21 @@ class Layer(nn.Module):
     def __init__(self, c: ModelConfig):
         super().__init__()
         self.attn_norm = RMSNorm(c.d_model, c.norm_eps)
-        self.attn = Attention(c)
+        self.attn = DeltaAttention(c, forward_span(c)) if c.delta else Attention(c)
         self.mlp_norm = RMSNorm(c.d_model, c.norm_eps)
-        self.mlp = MLP(c)
+        self.mlp = SwiGLU(c, forward_span(c)) if c.delta else MLP(c)
 
     def forward(self, h, S, z, window):
         """h (B, T, D) -> h + attention, then + MLP."""
         B, T, D = h.shape
         scratch = self.scratch(h)
         o, S, z, window = self.attn(self.attn_norm(h, out=scratch("attn_in", B, T, D)), S, z, window, scratch)
-        return self.finish(h, o.reshape(B, T, D), scratch), S, z, window
+        return self.finish(h, o.reshape(B, T, -1), scratch), S, z, window
 
     def finish(self, h, o, scratch):
-        """The layer after its attention o (B, T, D): h + o_proj(o), then + MLP."""
+        """The layer after its attention o (B, T, HV): h + o_proj(o), then + MLP."""
         B, T, D = h.shape
-        h = linear(o.reshape(B * T, D), self.attn.o_proj.weight, tile=row_tile(h, self.attn.tile),
+        h = linear(o.reshape(B * T, -1), self.attn.o_proj.weight, tile=row_tile(h, self.attn.tile),
                    residual=h.reshape(B * T, D)).view(B, T, D)
         return self.mlp(self.mlp_norm(h, out=scratch("mlp_in", B, T, D)), residual=h)
 
@@ -320,11 +287,11 @@ class LinpipeNet(nn.Module):
     def zero_state(self, batch_size: int) -> ModelState:
         c = self.config
         p = self.head.weight
-        L, H, K, D = c.n_layers, c.n_heads, c.head_dim, c.d_model
-        return ModelState(p.new_zeros((batch_size, L, H, K, K), dtype=torch.float32),
-                          p.new_zeros((batch_size, L, H, K), dtype=torch.float32),
-                          p.new_zeros((batch_size, L, c.conv_width - 1, D)),
-                          p.new_zeros((batch_size, D)),
+        shapes = c.state_shapes()
+        return ModelState(p.new_zeros((batch_size, *shapes["S"]), dtype=torch.float32),
+                          p.new_zeros((batch_size, *shapes["z"]), dtype=torch.float32),
+                          p.new_zeros((batch_size, *shapes["conv"])),
+                          p.new_zeros((batch_size, *shapes["y"])),
                           series.zero_norm(batch_size, p.device) if c.series_norm else None)
 
     def initial_state(self, batch_size: int = 1) -> ModelState:
@@ -393,6 +360,9 @@ def init_net(config: ModelConfig, *, seed: int = 0, decay=None) -> LinpipeNet:
     sets the fixed decays, or for a gated model the decays its gates start around (through
     gk_proj's bias)."""
     c = config
+    if c.delta and decay is not None:
+        raise ModelError(f"{option('decay')} is for the linear-attention family, not {c.family} (its "
+                         "decays start from A_log and dt_bias as flash-linear-attention's do)")
     if decay is None:
         decay = default_decay(c.n_heads)
     elif isinstance(decay, (int, float)):
@@ -421,6 +391,9 @@ def init_net(config: ModelConfig, *, seed: int = 0, decay=None) -> LinpipeNet:
             net.embed.bias.zero_()
             normal(net.bos, 1.0)
         for layer in net.layers:
+            if c.delta:
+                init_delta_layer(layer, c, normal, gen)
+                continue
             a = layer.attn
             if a.conv is not None:  # near-identity: mostly the current position, a little history
                 normal(a.conv.weight, 0.3 / math.sqrt(c.conv_width))

@@ -509,8 +509,9 @@ def write_report(result: TrainResult, meta: dict, config) -> None:
               "losses": [round(x, 5) for x in result.losses]}
     (out / "training.json").write_text(json.dumps(record, indent=1) + "\n")
     lines = ["# Training report", "", f"Command: `{meta.get('command') or '(library call)'}`", "",
-             f"Modality: {config.modality}; D={config.d_model} L={config.n_layers} H={config.n_heads} "
-             f"M={config.mlp_hidden} W={config.conv_width}; sha256 of model.safetensors: `{result.sha256}`",
+             f"Modality: {config.modality}; layers {config.family}; D={config.d_model} L={config.n_layers} "
+             f"H={config.n_heads} M={config.mlp_hidden} W={config.conv_width}; "
+             f"sha256 of model.safetensors: `{result.sha256}`",
              f"Steps: {len(losses)}; training time {meta.get('train_seconds', '?')} s (last session)",
              f"Final training loss (mean of last 50 steps): "
              f"{record['final_train_loss_mean50']:.4f} {unit}", "",

@@ -1,0 +1,200 @@
+"""The delta-rule layer kinds (config family `delta_net`, `gated_deltanet`): the attention and the
+SwiGLU MLP of flash-linear-attention 0.6's DeltaNet and GatedDeltaNet blocks, with their tensor
+names and shapes (docs/model-format.md), run through `linpipe.kernels.delta_rule`.
+
+Per layer, from the normalised input a (B, T, D):
+
+    q, k, v = silu(conv(q_proj a)), silu(conv(k_proj a)), silu(conv(v_proj a))  # causal, depthwise
+    q, k    = q / |q|, k / |k|                                                 # per head
+    beta    = sigmoid(b_proj a)            (x 2 with allow_neg_eigval)
+    g       = -exp(A_log) * softplus(a_proj a + dt_bias)   (gated_deltanet; none for delta_net)
+    o       = delta_rule(q, k, v, beta, g)  then  RMSNorm(o) * silu(g_proj a)  (the gate: use_gate)
+
+The carried state per layer is the rule's S (H, K, V) and the window of the last W-1 inputs of
+the three convolutions, concatenated (q, k, v) into one (W-1, 2HK + HV) array.
+
+Shapes: B batch, T positions, D = d_model, H heads, K = head_dim, V = K * expand_v, M = mlp_hidden.
+In CPU inference the position-wise ops run on fixed row tiles (linpipe.model.rows), as in the
+linear-attention layers, so a position's result does not depend on what shares its call.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from linpipe.kernels.delta_rule import delta_rule
+from linpipe.model.config import GATED_DELTANET, ModelConfig
+from linpipe.model.ops import causal_conv
+from linpipe.model.rows import linear, map_rows, row_tile
+
+L2_EPS = 1e-6  # inside flash-linear-attention's l2norm of q and k: x / sqrt(sum(x^2) + eps)
+# fla's initialisation of the gate's time steps: dt log-uniform in [DT_MIN, DT_MAX], floored
+DT_MIN, DT_MAX, DT_FLOOR = 1e-3, 0.1, 1e-4
+A_MAX = 16.0  # A = exp(A_log) starts uniform in (0, A_MAX)
+
+
+class ShortConv(nn.Module):
+    """A causal depthwise convolution's taps, held as torch's Conv1d holds them (C, 1, W), the
+    shape of fla's ShortConvolution weight; [:, 0, W-1] hits the current position."""
+
+    def __init__(self, channels: int, width: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(channels, 1, width))
+
+
+class GatedRMSNorm(nn.Module):
+    """fla's o_norm: RMSNorm over each head's V values, times silu of the output gate's value
+    (FusedRMSNormGated with the swish activation); without a gate, RMSNorm alone."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, o, g=None):  # o (..., V), g (..., V) or None
+        o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+        return o if g is None else o * F.silu(g)
+
+
+def l2norm(x):
+    """x (..., K) / sqrt(sum(x^2) + L2_EPS) (fla's l2norm)."""
+    return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + L2_EPS)
+
+
+class DeltaAttention(nn.Module):
+    """The token mixer of a delta-rule layer; o_proj is applied by Layer.finish, as for linear
+    attention."""
+
+    def __init__(self, c: ModelConfig, tile: int):
+        super().__init__()
+        D, H, K, V = c.d_model, c.n_heads, c.head_dim, c.head_v_dim
+        self.n_heads, self.head_dim, self.head_v_dim = H, K, V
+        self.key_dim, self.value_dim = H * K, H * V
+        self.gated = c.family == GATED_DELTANET
+        self.allow_neg_eigval = c.allow_neg_eigval
+        self.tile = tile  # rows of the position-wise ops' tiles in CPU inference
+        self.q_proj = nn.Linear(D, H * K, bias=False)
+        self.k_proj = nn.Linear(D, H * K, bias=False)
+        self.v_proj = nn.Linear(D, H * V, bias=False)
+        if self.gated:
+            self.a_proj = nn.Linear(D, H, bias=False)
+            self.A_log = nn.Parameter(torch.zeros(H))
+            self.dt_bias = nn.Parameter(torch.zeros(H))
+        self.b_proj = nn.Linear(D, H, bias=False)
+        if c.use_short_conv:
+            self.q_conv1d = ShortConv(H * K, c.conv_width)
+            self.k_conv1d = ShortConv(H * K, c.conv_width)
+            self.v_conv1d = ShortConv(H * V, c.conv_width)
+        self.use_short_conv = c.use_short_conv
+        self.g_proj = nn.Linear(D, H * V, bias=False) if c.use_gate else None
+        self.o_norm = GatedRMSNorm(V, c.norm_eps)
+        self.o_proj = nn.Linear(H * V, D, bias=False)
+
+    def base_decay(self) -> list[float]:
+        """Per head: the decay where a_proj gives 0, exp(-exp(A_log) softplus(dt_bias)); 1 for
+        delta_net (no decay)."""
+        with torch.no_grad():
+            if not self.gated:
+                return [1.0] * self.n_heads
+            return torch.exp(-self.A_log.double().exp() * F.softplus(self.dt_bias.double())).tolist()
+
+    def _side_weight(self):
+        """b_proj, a_proj (gated) and g_proj (use_gate) stacked for one matmul: (H [+ H] [+ HV], D)."""
+        parts = [self.b_proj.weight]
+        if self.gated:
+            parts.append(self.a_proj.weight)
+        if self.g_proj is not None:
+            parts.append(self.g_proj.weight)
+        return torch.cat(parts)
+
+    def _activate(self, x, side):
+        """Rows of the conv's output x (N, 2HK + HV) and the side projections (N, ...) -> q, k
+        (N, H, K) L2-normalised, v (N, H, V), beta (N, H), then the log-gates (N, H) if gated."""
+        N, H, K, V = x.shape[0], self.n_heads, self.head_dim, self.head_v_dim
+        x = F.silu(x)
+        q = l2norm(x[:, :H * K].reshape(N, H, K))
+        k = l2norm(x[:, H * K:2 * H * K].reshape(N, H, K))
+        v = x[:, 2 * H * K:].reshape(N, H, V)
+        beta = torch.sigmoid(side[:, :H])
+        if self.allow_neg_eigval:
+            beta = beta * 2.0
+        if not self.gated:
+            return q, k, v, beta
+        g = -self.A_log.float().exp() * F.softplus(side[:, H:2 * H] + self.dt_bias)
+        return q, k, v, beta, g
+
+    def _normed(self, o, g):
+        """Rows of the rule's output o (N, H, V) and the output gate's values (N, HV) or None ->
+        o_norm's (N, HV)."""
+        N = o.shape[0]
+        g = None if g is None else g.reshape(N, self.n_heads, self.head_v_dim)
+        return self.o_norm(o, g).reshape(N, -1)
+
+    def forward(self, a, S, z, window, scratch=None):
+        """Normalised inputs a (B, T, D) after S (B, H, K, V) and the conv window (B, W-1, 2HK +
+        HV) -> (o (B, T, HV) before o_proj, S after, z unchanged (empty), the new window)."""
+        B, T, D = a.shape
+        H = self.n_heads
+        tile = row_tile(a, self.tile)
+        rows = a.reshape(B * T, D)
+        w = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])  # (2HK + HV, D)
+        x = linear(rows, w, tile=tile).view(B, T, -1)  # (B, T, 2HK + HV)
+        if self.use_short_conv:
+            taps = torch.cat([self.q_conv1d.weight, self.k_conv1d.weight, self.v_conv1d.weight])[:, 0]
+            x, window = causal_conv(x, window, taps)
+        side = linear(rows, self._side_weight(), tile=tile)  # (B*T, H [+ H] [+ HV])
+        got = map_rows(self._activate, tile, x.reshape(B * T, -1), side)
+        q, k, v, beta = (t.view(B, T, *t.shape[1:]) for t in got[:4])
+        log_gate = got[4].view(B, T, H) if self.gated else None
+        o, S = delta_rule(q, k, v, beta, log_gate=log_gate, initial_state=S, output_final_state=True)
+        g_rows = side[:, H * (2 if self.gated else 1):] if self.g_proj is not None else None
+        o = map_rows(self._normed, tile, o.reshape(B * T, H, self.head_v_dim), g_rows)
+        return o.view(B, T, -1), S, z, window
+
+
+class SwiGLU(nn.Module):
+    """fla's GatedMLP: down_proj(silu(gate_proj m) * up_proj m)."""
+
+    def __init__(self, c: ModelConfig, tile: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(c.d_model, c.mlp_hidden, bias=False)
+        self.up_proj = nn.Linear(c.d_model, c.mlp_hidden, bias=False)
+        self.down_proj = nn.Linear(c.mlp_hidden, c.d_model, bias=False)
+        self.tile = tile
+
+    def forward(self, m, residual):
+        """residual + the MLP of m; m, residual (B, T, D)."""
+        B, T, D = m.shape
+        M = self.gate_proj.weight.shape[0]
+        tile = row_tile(m, self.tile)
+        gu = linear(m.reshape(B * T, D), torch.cat([self.gate_proj.weight, self.up_proj.weight]), tile=tile)
+        h = map_rows(lambda r: F.silu(r[:, :M]) * r[:, M:], tile, gu)  # (B*T, M)
+        return linear(h, self.down_proj.weight, tile=tile, residual=residual.reshape(B * T, D)).view(B, T, D)
+
+
+def init_delta_layer(layer, c: ModelConfig, normal, gen: torch.Generator) -> None:
+    """Random weights of one delta-rule layer (in no_grad): projections at 1/sqrt(fan-in), the
+    residual branches' outputs scaled down by depth, near-identity convolutions, and fla's
+    initial A_log and dt_bias."""
+    a, D, L = layer.attn, c.d_model, c.n_layers
+    for lin in (a.q_proj, a.k_proj, a.v_proj, a.b_proj, a.g_proj, getattr(a, "a_proj", None)):
+        if lin is not None:
+            normal(lin.weight, 1.0 / math.sqrt(D))
+    normal(a.o_proj.weight, 1.0 / math.sqrt(a.value_dim * 2 * L))
+    if a.use_short_conv:  # mostly the current position, a little history
+        for conv in (a.q_conv1d, a.k_conv1d, a.v_conv1d):
+            normal(conv.weight, 0.3 / math.sqrt(c.conv_width))
+            conv.weight[:, 0, -1] += 1.0
+    if a.gated:
+        H = c.n_heads
+        a.A_log.copy_(torch.log(torch.rand(H, generator=gen).clamp_min(1e-3) * A_MAX))
+        lo, hi = math.log(DT_MIN), math.log(DT_MAX)
+        dt = torch.exp(torch.rand(H, generator=gen) * (hi - lo) + lo).clamp_min(DT_FLOOR)
+        a.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # softplus(dt_bias) = dt
+    mlp = layer.mlp
+    normal(mlp.gate_proj.weight, 1.0 / math.sqrt(D))
+    normal(mlp.up_proj.weight, 1.0 / math.sqrt(D))
+    normal(mlp.down_proj.weight, 1.0 / math.sqrt(c.mlp_hidden * 2 * L))
