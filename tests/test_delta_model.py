@@ -185,24 +185,31 @@ def test_layer_computes_flas_formulas(delta_dir, mt):
     np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-5)
 
 
-def test_any_cut_and_any_batch_give_the_same_bytes(delta_dir, mt):
-    """A real record in one call, or cut at odd places with the state (the recurrent S and the q,
-    k, v convolutions' windows) carried: the same outputs and final state, bit for bit; and a
-    record batched with others (packed records, runs of positions from states) as alone."""
+def test_cuts_and_batches_give_the_same_bytes(delta_dir, mt):
+    """A real record in one call, or cut at multiples of the model's exact cut (512: whole groups
+    of the kernel's blocks) with the state (the recurrent S and the q, k, v convolutions' windows)
+    carried: the same outputs and final state, bit for bit; cut at odd places: within 1e-6 of
+    the largest magnitude (docs/pipeline.md, "Guarantees"); and a record batched with others
+    (packed records, runs of positions from states) as alone."""
     m = load_model(delta_dir)
     x = mt[:2500]
     whole, end = m.forward(x, m.init_state())
-    for cuts in ((1, 2, 3, 700, 2047), (999,), (5, 1234)):
+    assert m.exact_cut == 512
+    for cuts, exact in (((512, 1024, 2048), True), ((1, 2, 3, 700, 2047), False), ((999,), False)):
         state, parts = m.init_state(), []
         for a, b in zip((0, *cuts), (*cuts, len(x)), strict=True):
             out, state = m.forward(x[a:b], state)
             parts.append(out)
-        for k, want in whole.items():
-            assert np.concatenate([p[k] for p in parts]).tobytes() == want.tobytes(), (cuts, k)
         got_state = state.to_arrays()
         assert sorted(got_state) == ["S", "conv", "y"]  # no z: the delta rule has no normaliser
-        for k, v in end.to_arrays().items():
-            assert got_state[k].tobytes() == v.tobytes(), (cuts, k)
+        pairs = [(np.concatenate([p[k] for p in parts]), want, k) for k, want in whole.items()]
+        pairs += [(got_state[k], v, k) for k, v in end.to_arrays().items()]
+        for got, want, k in pairs:
+            if exact:
+                assert got.tobytes() == want.tobytes(), (cuts, k)
+            else:
+                scale = float(np.nanmax(np.abs(want)))
+                np.testing.assert_allclose(got, want, rtol=0, atol=1e-6 * scale, err_msg=f"{cuts} {k}")
     lengths = (1, 17, 300, 2500)
     for r, n in zip(m.forward_records([x[:n] for n in lengths]), lengths, strict=True):
         for k in whole:
