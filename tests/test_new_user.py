@@ -1,0 +1,161 @@
+"""Issue 55: the dead ends and wrong messages a new user hit, on real inputs (tests/data). Each
+test failed before its fix. (The job server that says to try again later: test_job_server_busy.py;
+a truncated gzip FASTA: test_inputs_errors.py.)"""
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+from _pipeline_data import make_tiny_model, write_fasta_slice
+from click.testing import CliRunner
+
+from linpipe.cli import cli
+from linpipe.jobs.options import OPTIONS, Choice, Flag
+
+UNIT = 2048
+
+
+def run(*args, **kw):
+    return CliRunner().invoke(cli, [str(a) for a in args], **kw)
+
+
+def one_line_error(r, *facts):
+    assert r.exit_code == 1 and isinstance(r.exception, SystemExit), r.output
+    assert r.output.startswith("Error: ") and len(r.output.strip().splitlines()) == 1, r.output
+    for f in facts:
+        assert f in r.output, (f, r.output)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> str:
+    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "m")
+
+
+@pytest.fixture(scope="module")
+def mt(genomes, tmp_path_factory) -> Path:
+    """Human mitochondrion, cut to 5 units and a bit: one long record."""
+    fa = tmp_path_factory.mktemp("mt") / "mt.fa"
+    write_fasta_slice(genomes / "minimap2_MT-human.fa", fa, 5 * UNIT + 300)
+    return fa
+
+
+# ------------------------------------------------------------------ 1: --strand both --dry-run
+def dna_values(o, tmp_path: Path, fasta: Path) -> list:
+    """Values of a job option to hold a DNA dry run to: every choice, a flag on, the declared
+    example (a BED over the record for regions); none for the time series' options."""
+    if o.run or o.name in ("model", "out") or o.help.startswith("Time series") or o.name == "time_format":
+        return []
+    if isinstance(o.kind, Choice):
+        return [c for c in o.kind.choices if c != o.default]
+    if isinstance(o.kind, Flag):
+        return [True]
+    if o.name == "regions":
+        bed = tmp_path / "regions.bed"
+        bed.write_text(f"{fasta.read_text().split()[0][1:]}\t100\t3000\n")
+        return [str(bed)]
+    if o.name == "outputs":
+        return [["logprob"], ["entropy", "hidden"], ["softmask"],
+                ["logprob", "entropy", "softmask", "hidden"]]
+    if o.name == "split":
+        return ["never", 2]
+    return [o.example]
+
+
+def as_flags(o, value) -> list[str]:
+    if value is True:
+        return [o.flag]
+    return [o.flag, ",".join(value) if isinstance(value, list) else str(value)]
+
+
+def test_every_option_with_both_strands_passes_the_dry_run(mt, tiny, tmp_path):
+    """Every DNA option's values (from OPTIONS), on each strand: the dry run answers, or refuses
+    in one line, never with a traceback; each refusal is the real run's (one preflight)."""
+    base = ["submit", mt, "--model", tiny, "--unit-size", UNIT, "--dry-run"]
+    cases = [(o, v) for o in OPTIONS for v in dna_values(o, tmp_path, mt)]
+    assert {o.name for o, _ in cases} >= {"strand", "outputs", "regions", "split", "unit_size", "overwrite"}
+    refused = []
+    for strand in ("forward", "both"):
+        for o, v in cases:
+            r = run(*base, "--strand", strand, "--out", tmp_path / f"{o.name}.zarr", *as_flags(o, v))
+            assert r.exception is None or isinstance(r.exception, SystemExit), (o.name, v, r.output)
+            if r.exit_code:
+                one_line_error(r)
+                refused.append((o.name, v, strand))
+    assert not [c for c in refused if c[0] != "split"], refused  # only a forced split of one short record
+
+
+def test_both_strands_from_a_spec_estimate_what_the_store_holds(mt, tiny, tmp_path):
+    """The estimate counts the reverse strand's arrays too: it is the bytes the store lays out."""
+    import zarr
+
+    from linpipe.jobs.driver import open_or_create_store
+    from linpipe.jobs.plan import plan_job
+    from linpipe.jobs.request import JobRequest
+
+    spec = tmp_path / "job.yaml"
+    spec.write_text(yaml.safe_dump({"inputs": [str(mt)], "model": tiny, "unit_size": UNIT, "strand": "both",
+                                    "outputs": ["logprob", "hidden"], "out": str(tmp_path / "s.zarr")}))
+    r = run("submit", "--spec", spec, "--dry-run")
+    assert r.exit_code == 0, r.output
+    assert "outputs:     logprob,hidden,logprob_rc,hidden_rc" in r.output
+    plan = plan_job(JobRequest(inputs=(str(mt),), model=tiny, unit_size=UNIT, strand="both",
+                               outputs=("logprob", "hidden")))
+    store = open_or_create_store(plan, str(tmp_path / "laid.zarr"))
+    root = zarr.open_group(str(tmp_path / "laid.zarr"), mode="r")
+    key = store.record(plan.records[0].id).key
+    laid = sum(root[f"{key}/{name}"].nbytes for name in plan.outputs)
+    assert plan.estimated_output_bytes() == laid
+    assert laid == 2 * plan.total_positions * (4 + 2 * 16)  # a strand: float32 logprob, 16 float16 hidden
+
+
+# ------------------------------------------------------------------ 4: --out where nothing can be written
+def test_an_output_in_the_kernels_filesystem_names_the_reason(mt, tiny):
+    if not Path("/proc/self/mounts").exists():
+        pytest.skip("no /proc: not Linux")
+    r = run("submit", mt, "--model", tiny, "--out", "/proc/o.zarr", "--dry-run")
+    one_line_error(r, "/proc/o.zarr: the output location is not writable", "kernel's proc filesystem",
+                   "choose another --out")
+    assert "No such file or directory" not in r.output
+
+
+# ------------------------------------------------------------------ 5: verify of a job that has not finished
+@pytest.fixture(scope="module")
+def unfinished(mt, tiny, tmp_path_factory, one_torch_thread):
+    """The store of a job stopped after 2 of its 6 units (written by the worker's own code)."""
+    from linpipe.jobs.actor import PipelineWorker
+    from linpipe.jobs.driver import open_or_create_store
+    from linpipe.jobs.plan import plan_job
+    from linpipe.jobs.request import JobRequest
+
+    out = tmp_path_factory.mktemp("unfinished") / "mt.zarr"
+    plan = plan_job(JobRequest(inputs=(str(mt),), model=tiny, unit_size=UNIT, outputs=("logprob", "entropy")))
+    open_or_create_store(plan, str(out))
+    w = PipelineWorker(plan.model_ref, str(out), list(plan.outputs), device="cpu", threads=1)
+    for u in plan.streams[0].units()[:2]:
+        w.run_unit(u)
+    w.close()
+    return out, plan
+
+
+def test_verify_of_an_unfinished_job_counts_done_missing_and_corrupt(unfinished, tmp_path):
+    out, plan = unfinished
+    r = run("verify", out)
+    assert r.exit_code == 3, r.output
+    last = r.output.strip().splitlines()[-1]
+    assert last.startswith(f"{out}: 6 units: 2 done, 4 missing, 0 corrupt;"), last
+    assert "has not finished (not damage)" in last and "corrupt or missing" not in r.output
+    report = json.loads(run("verify", out, "--json").output)
+    assert (report["units"], report["units_done"], report["units_missing"], report["units_corrupt"],
+            report["exit_status"]) == (6, 2, 4, 0, 3)
+    # a damaged unit besides: corruption decides the status
+    bad = tmp_path / "bad.zarr"
+    shutil.copytree(out, bad)
+    key = plan.records[0].key
+    chunk = bad / key / "logprob" / "c" / "1"
+    data = bytearray(chunk.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    chunk.write_bytes(bytes(data))
+    r = run("verify", bad)
+    assert r.exit_code == 1, r.output
+    assert f"{bad}: 6 units: 1 done, 4 missing, 1 corrupt;" in r.output and "--repair" in r.output
