@@ -5,6 +5,7 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 from _pipeline_data import make_tiny_model, write_fasta_slice
@@ -159,3 +160,62 @@ def test_verify_of_an_unfinished_job_counts_done_missing_and_corrupt(unfinished,
     r = run("verify", bad)
     assert r.exit_code == 1, r.output
     assert f"{bad}: 6 units: 1 done, 4 missing, 1 corrupt;" in r.output and "--repair" in r.output
+
+
+# ------------------------------------------------------------------ 6: a corrupt unit read by the library
+@pytest.fixture(scope="module")
+def damaged(genomes, tiny, tmp_path_factory, one_torch_thread):
+    """A complete store of long and packed records, one long record's logprob unit 2 and one
+    packed batch's entropy with a flipped bit each (the chunk no longer decodes)."""
+    from _pipeline_data import read_fasta, write_in_process
+
+    base = tmp_path_factory.mktemp("damaged")
+    fasta = base / "mt_and_pieces.fa"
+    human, orang = (next(iter(read_fasta(genomes / f"minimap2_MT-{n}.fa").values()))
+                    for n in ("human", "orang"))
+    pieces = "".join(f">orang{i}\n{orang[i * 700:(i + 1) * 700 - 37 * i]}\n" for i in range(4))
+    fasta.write_text(f">MT_human\n{human[:5 * UNIT + 300]}\n{pieces}")
+    out = base / "d.zarr"
+    plan = write_in_process(fasta, tiny, out, unit_size=UNIT)
+    long = plan.streams[0]  # the longest
+    assert long.n_units > 3 and plan.packed.n_batches >= 1
+    for chunk in (out / long.key / "logprob" / "c" / "2", out / "_packed" / "entropy" / "c" / "0"):
+        data = bytearray(chunk.read_bytes())
+        data[len(data) // 2] ^= 0x04
+        chunk.write_bytes(bytes(data))
+    return out, plan
+
+
+def test_every_read_of_a_corrupt_unit_is_one_error_naming_it(damaged, capfd, recwarn):
+    import gc
+
+    import linpipe
+    from linpipe.errors import StoreError
+
+    out, plan = damaged
+    long = plan.streams[0]
+    short = str(plan.packed.ids[plan.packed.rows(0)[0]])
+    reader = linpipe.open_output(out)
+    ds = reader.dataset(long.id)  # lazy: nothing read yet
+    assert np.isfinite(ds["logprob"][:2 * UNIT].values).all()  # units 0 and 1 are sound
+    unit2 = f"{out}: record {long.id!r} unit 2: logprob cannot be decoded"
+    batch0 = f"{out}: packed batch 0: entropy cannot be decoded"
+    reads = [(lambda: ds["logprob"].values, unit2),
+             (lambda: ds["logprob"][2 * UNIT + 5:3 * UNIT].mean().item(), unit2),
+             (lambda: reader.dataset(long.id, check=True), f"{out}: record {long.id!r} unit 2: logprob"),
+             (lambda: reader.read(long.id, "logprob"), unit2),
+             (lambda: reader.array(long.id, "logprob")[2 * UNIT], unit2),
+             (lambda: reader.read(short, "entropy"), batch0),
+             (lambda: reader.packed_dataset()["entropy"].values, batch0),
+             (lambda: list(reader.units("logprob")), f"{out}: record {long.id!r} unit 2: logprob")]
+    for read, says in reads:
+        with pytest.raises(StoreError) as e:
+            read()
+        assert str(e.value).startswith(says) and "\n" not in str(e.value), str(e.value)
+        assert f"linpipe verify {out} with repair" in str(e.value)
+    gc.collect()
+    assert "Task was destroyed" not in capfd.readouterr().err
+    assert [str(w.message) for w in recwarn if "Task" in str(w.message)] == []
+    # the other outputs and units read as written
+    assert reader.read(long.id, "entropy").shape == (long.length,)
+    assert reader.read(long.id, "logprob", 0, 2 * UNIT).dtype == np.float32
