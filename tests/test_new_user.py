@@ -219,3 +219,43 @@ def test_every_read_of_a_corrupt_unit_is_one_error_naming_it(damaged, capfd, rec
     # the other outputs and units read as written
     assert reader.read(long.id, "entropy").shape == (long.length,)
     assert reader.read(long.id, "logprob", 0, 2 * UNIT).dtype == np.float32
+
+
+# ------------------------------------------------------------------ 7: inspect shows regions and strands; index counts
+def test_inspect_shows_regions_and_strands_and_counts_what_was_written(mt, tiny, tmp_path, one_torch_thread):
+    from _pipeline_data import write_in_process
+
+    from linpipe.jobs.driver import open_or_create_store
+    from linpipe.jobs.plan import plan_job
+    from linpipe.jobs.request import JobRequest
+
+    bed = tmp_path / "one.bed"
+    bed.write_text("MT_human\t100\t3000\n")
+    out = tmp_path / "regions.zarr"
+    plan = write_in_process(mt, tiny, out, unit_size=UNIT, outputs=("logprob",), regions=str(bed))
+    r = run("inspect", out)
+    assert r.exit_code == 0, r.output
+    assert f"  regions      {bed}: 1 record, 2,900 positions stored" in r.output, r.output
+    assert "  strands      forward\n" in r.output
+    # the ratio is of the chunks written (units 0 and 1), not of the record's every position
+    key = plan.records[0].key
+    chunks = list((out / key / "logprob" / "c").iterdir())
+    assert len(chunks) == 2
+    raw = 2 * UNIT * 4
+    stored = sum(f.stat().st_size for f in out.glob("*/logprob/**/*") if f.is_file())  # long and packed
+    shown = float(r.output.split("compression ")[1].split("x")[0])
+    assert shown == pytest.approx(raw / stored, abs=0.01)
+    summary = json.loads(run("inspect", out, "--json").output)
+    assert summary["regions"]["positions"] == 2900 and summary["strands"] == ["+"]
+
+    both = tmp_path / "both.zarr"
+    open_or_create_store(plan_job(JobRequest(inputs=(str(mt),), model=tiny, unit_size=UNIT, strand="both")),
+                         str(both))
+    r = run("inspect", both)
+    assert "  strands      forward and reverse (the reverse strand's outputs end in _rc)" in r.output, r.output
+    assert "  regions  " not in r.output
+
+
+def test_index_counts_in_words(genomes):
+    r = run("index", genomes / "minimap2_MT-human.fa")
+    assert r.exit_code == 0 and "dna, 1 record, 16,569 positions" in r.output.splitlines()[0], r.output

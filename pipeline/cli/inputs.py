@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from .common import examples, input_options, timeseries_options
+from .common import examples, input_options, plural, timeseries_options
 
 
 @click.command("index", epilog=examples("linpipe index examples/MT-human.fa",
@@ -32,7 +32,8 @@ def index_cmd(input_path, cache_dir, as_json, **ts):
                             for r in inp.records],
             }, indent=2))
             return
-        click.echo(f"{inp.path}: {inp.modality}, {len(inp.records)} records, {inp.total_length:,} positions")
+        click.echo(f"{inp.path}: {inp.modality}, {plural(len(inp.records), 'record')}, "
+                   f"{plural(inp.total_length, 'position')}")
         if index is not None and str(index) != str(inp.path):
             click.echo(f"index: {index}")
         if inp.channel_names is not None:

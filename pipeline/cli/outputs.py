@@ -38,7 +38,15 @@ def inspect(store, as_json):
     for inp in s["inputs"] or []:
         click.echo(f"  input        {inp.get('path', inp) if isinstance(inp, dict) else inp}")
     click.echo(f"  outputs      {', '.join(s['outputs'])} (unit size {s['chunk_size']:,})")
+    both = len(s["strands"]) > 1
+    click.echo(f"  strands      {' and '.join(STRAND_NAMES[k] for k in s['strands'])}"
+               + (" (the reverse strand's outputs end in _rc)" if both else ""))
     click.echo(f"  records      {s['n_records']:,}, {s['positions']:,} positions")
+    if s["regions"]:
+        r = s["regions"]
+        click.echo(f"  regions      {r.get('path')}: {plural(r.get('records', 0), 'record')}, "
+                   f"{plural(r.get('positions', 0), 'position')} stored" + (" (lenient)" if r.get("lenient") else "")
+                   + "; outside them nothing is stored")
     if not s["complete"]:
         pct = 100 * s["positions_done"] / max(s["positions"], 1)
         click.echo(f"  progress     {s['positions_done']:,} positions done ({pct:.1f}%), "

@@ -332,13 +332,19 @@ class OutputReader:
         Long records are listed one by one; packed ones are summed up (there can be millions)."""
         raw = stored = 0
         records = []
+        # with --regions a unit outside them writes no chunk: count what was written, not the
+        # record's every position (which made a ratio of hundreds)
+        regions = self.meta.get("regions")
         for key, info in self._out.long_records.items():
             n = info.n_units
             done = n if self.complete else len(self._out.completed_units(key))
             frac = done / n if n else 1.0
             for name in self._out.output_names(key):
                 a = self._out.array(key, name)
-                raw += int(a.nbytes * frac)
+                if regions:
+                    raw += min(a.nbytes, a.nchunks_initialized * int(np.prod(a.chunks)) * a.dtype.itemsize)
+                else:
+                    raw += int(a.nbytes * frac)
                 stored += a.nbytes_stored()
             records.append({"key": key, "id": info.id, "length": info.length,
                             "modality": info.modality, "chunks_done": done, "chunks": n,
@@ -380,6 +386,7 @@ class OutputReader:
             "output_bytes_stored": stored,
             "compression_ratio": (raw / stored) if stored else None,
             "records": records, "packed": packed,
+            "strands": list(self._out.strands), "regions": regions,
         }
 
 
