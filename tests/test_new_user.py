@@ -221,7 +221,7 @@ def test_every_read_of_a_corrupt_unit_is_one_error_naming_it(damaged, capfd, rec
     assert reader.read(long.id, "logprob", 0, 2 * UNIT).dtype == np.float32
 
 
-# ------------------------------------------------------------------ 7: inspect shows regions and strands; index counts
+# ------------------------------------------------------------------ 7: inspect: regions, strands; index: counts
 def test_inspect_shows_regions_and_strands_and_counts_what_was_written(mt, tiny, tmp_path, one_torch_thread):
     from _pipeline_data import write_in_process
 
@@ -252,7 +252,8 @@ def test_inspect_shows_regions_and_strands_and_counts_what_was_written(mt, tiny,
     open_or_create_store(plan_job(JobRequest(inputs=(str(mt),), model=tiny, unit_size=UNIT, strand="both")),
                          str(both))
     r = run("inspect", both)
-    assert "  strands      forward and reverse (the reverse strand's outputs end in _rc)" in r.output, r.output
+    assert "  strands      forward and reverse (the reverse strand's outputs end in _rc)" in r.output, \
+        r.output
     assert "  regions  " not in r.output
 
 

@@ -44,9 +44,9 @@ def inspect(store, as_json):
     click.echo(f"  records      {s['n_records']:,}, {s['positions']:,} positions")
     if s["regions"]:
         r = s["regions"]
+        lenient = " (lenient)" if r.get("lenient") else ""
         click.echo(f"  regions      {r.get('path')}: {plural(r.get('records', 0), 'record')}, "
-                   f"{plural(r.get('positions', 0), 'position')} stored" + (" (lenient)" if r.get("lenient") else "")
-                   + "; outside them nothing is stored")
+                   f"{plural(r.get('positions', 0), 'position')} stored{lenient}; outside them nothing is stored")
     if not s["complete"]:
         pct = 100 * s["positions_done"] / max(s["positions"], 1)
         click.echo(f"  progress     {s['positions_done']:,} positions done ({pct:.1f}%), "
