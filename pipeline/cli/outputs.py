@@ -46,7 +46,7 @@ def inspect(store, as_json):
         r = s["regions"]
         lenient = " (lenient)" if r.get("lenient") else ""
         click.echo(f"  regions      {r.get('path')}: {plural(r.get('records', 0), 'record')}, "
-                   f"{plural(r.get('positions', 0), 'position')} stored{lenient}; outside them nothing is stored")
+                   f"{plural(r.get('positions', 0), 'position')} stored{lenient}; nothing outside them")
     if not s["complete"]:
         pct = 100 * s["positions_done"] / max(s["positions"], 1)
         click.echo(f"  progress     {s['positions_done']:,} positions done ({pct:.1f}%), "
