@@ -222,8 +222,8 @@ def test_every_read_of_a_corrupt_unit_is_one_error_naming_it(damaged, capfd, rec
 
 
 # ------------------------------------------------------------------ 7: inspect: regions, strands; index: counts
-def test_inspect_shows_regions_and_strands_and_the_ratio_of_what_was_written(mt, tiny, tmp_path,
-                                                                            one_torch_thread):
+def test_inspect_shows_regions_strands_and_the_ratio_of_what_was_written(mt, tiny, tmp_path,
+                                                                         one_torch_thread):
     from _pipeline_data import write_in_process
 
     from linpipe.jobs.driver import open_or_create_store
