@@ -221,7 +221,7 @@ def test_every_read_of_a_corrupt_unit_is_one_error_naming_it(damaged, capfd, rec
     assert reader.read(long.id, "logprob", 0, 2 * UNIT).dtype == np.float32
 
 
-# ------------------------------------------------------------------ 7: inspect: regions, strands; index: counts
+# ------------------------------------------------------------------ 7: inspect and index
 def test_inspect_shows_regions_strands_and_the_ratio_of_what_was_written(mt, tiny, tmp_path,
                                                                          one_torch_thread):
     from _pipeline_data import write_in_process
