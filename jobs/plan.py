@@ -184,7 +184,15 @@ def plan_job(request: JobRequest) -> JobPlan:
     """Validate the request's inputs, model and options, and plan its work.
 
     Reads only indexes (the driver, the dry run and the job-server path all start here, through
-    preflight.py). Every refusal of the request itself is made here."""
+    preflight.py). Every refusal of the request itself is made here; the inputs' sidecars
+    (indexes, hash caches) are written only for a request it accepts."""
+    from linpipe.inputs.cache import held
+
+    with held():
+        return _plan(request)
+
+
+def _plan(request: JobRequest) -> JobPlan:
     from linpipe.inputs import open_input
     from linpipe.inputs.cache import index_in_cache
     from linpipe.model import load_model

@@ -160,7 +160,13 @@ def check_store(plan: JobPlan, out: str, overwrite: bool) -> dict | None:
 
 def preflight(request: JobRequest, run: RunOptions | None = None) -> Checked:
     """Every check before a run (see the module's docstring); raises the first refusal."""
-    run = run or RunOptions()
+    from linpipe.inputs.cache import held
+
+    with held():  # the inputs' sidecars only for a job every check accepts
+        return _preflight(request, run or RunOptions())
+
+
+def _preflight(request: JobRequest, run: RunOptions) -> Checked:
     run.check()
     cluster = check_cluster(run.address)  # first: a cluster that does not answer fails in seconds
     runtime_env = runtime_env_from(run.runtime_env, run.env) if is_job_server_address(run.address) else None

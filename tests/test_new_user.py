@@ -261,3 +261,66 @@ def test_inspect_shows_regions_strands_and_the_ratio_of_what_was_written(mt, tin
 def test_index_counts_in_words(genomes):
     r = run("index", genomes / "minimap2_MT-human.fa")
     assert r.exit_code == 0 and "dna, 1 record, 16,569 positions" in r.output.splitlines()[0], r.output
+
+
+# ------------------------------------------------------------------ 8: sidecars
+REPO = Path(__file__).resolve().parents[1]
+
+
+def sidecars(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.rglob("*") if p.name.endswith((".fai", ".gzi", ".lpi", ".lphash")))
+
+
+@pytest.fixture
+def hash_at_once(monkeypatch):
+    """The hash cache takes a file just written (it waits two seconds for coarse clocks)."""
+    import linpipe.inputs.cache as cache
+
+    monkeypatch.setattr(cache, "RACY_NS", -10**18)
+
+
+def test_a_refused_input_gets_no_sidecars_and_an_accepted_one_does(timeseries, genomes, tiny, tmp_path,
+                                                                   monkeypatch, hash_at_once):
+    monkeypatch.setenv("LINPIPE_CACHE", str(tmp_path / "cache"))
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    rows = (timeseries / "statsmodels_co2_weekly.csv").read_text().splitlines()
+    rows[5], rows[6] = rows[6], rows[5]  # one row out of time order
+    (mine / "unsorted.csv").write_text("\n".join(rows) + "\n")
+    shutil.copy(genomes / "minimap2_MT-orang.fa", mine / "orang.fa")
+    r = run("submit", mine / "unsorted.csv", "--model", "default-timeseries", "--time-column", "date",
+            "--out", tmp_path / "u.zarr", "--dry-run")
+    one_line_error(r, "not in time order")
+    r = run("submit", mine / "orang.fa", "--model", "default-timeseries", "--out", tmp_path / "o.zarr",
+            "--dry-run")
+    one_line_error(r, "orang.fa")
+    assert sidecars(mine) == [] and sidecars(tmp_path / "cache") == []
+    # accepted: the index and the hash cache, beside the input (a folder of the user's)
+    r = run("submit", mine / "orang.fa", "--model", tiny, "--out", tmp_path / "o.zarr", "--dry-run")
+    assert r.exit_code == 0, r.output
+    assert sidecars(mine) == ["orang.fa.fai", "orang.fa.lphash"] and sidecars(tmp_path / "cache") == []
+
+
+def test_linpipes_own_examples_get_no_sidecars_and_the_cache_cleans(tmp_path, monkeypatch, hash_at_once):
+    """The README's example genome lives in linpipe's checkout: its index goes to the cache."""
+    example = REPO / "examples" / "MT-human.fa"
+    if not example.is_file():
+        pytest.skip("no examples/ here (an installed linpipe)")
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("LINPIPE_CACHE", str(cache))
+    before = sidecars(REPO / "examples")
+    r = run("index", example)
+    try:
+        assert r.exit_code == 0, r.output
+        assert sidecars(REPO / "examples") == before
+        assert sidecars(cache) == ["MT-human.fa.fai"] and f"index: {cache}" in r.output
+    finally:
+        for name in set(sidecars(REPO / "examples")) - set(before):
+            (REPO / "examples" / name).unlink()
+    (cache / "tables").mkdir()
+    (cache / "tables" / "x.arrow").write_bytes(b"0" * 1000)
+    r = run("cache", "clean")
+    assert r.exit_code == 0 and r.output.strip() == f"{cache}: removed 2 files (1.0 KiB)", r.output
+    assert list(cache.iterdir()) == []
+    r = run("cache", "clean", "--cache-dir", tmp_path / "nothing")
+    assert r.output.strip() == f"{tmp_path / 'nothing'}: removed 0 files (0 B)", r.output
