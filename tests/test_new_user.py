@@ -324,3 +324,60 @@ def test_linpipes_own_examples_get_no_sidecars_and_the_cache_cleans(tmp_path, mo
     assert list(cache.iterdir()) == []
     r = run("cache", "clean", "--cache-dir", tmp_path / "nothing")
     assert r.output.strip() == f"{tmp_path / 'nothing'}: removed 0 files (0 B)", r.output
+
+
+# ------------------------------------------------------------------ 9: a forward's threads from Python
+def test_a_forward_picks_its_threads_when_the_caller_did_not(genomes, tiny):
+    """Model.forward on torch's own threads: the cores nobody else runs on (one on a busy
+    machine), the caller's setting back afterwards, and the same bytes as on one thread."""
+    import torch
+    from _pipeline_data import read_fasta
+
+    from linpipe.inputs.alphabet import tokenize
+    from linpipe.model import threads as th
+
+    x = tokenize(next(iter(read_fasta(genomes / "minimap2_MT-human.fa").values()))[:6000])
+    before = torch.get_num_threads()  # another test's module may run on one thread
+    torch.set_num_threads(th.AT_IMPORT)
+    try:
+        _forward_threads(th, x, tiny)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _forward_threads(th, x, tiny):
+    import subprocess
+    import sys
+    import time
+
+    import torch
+
+    from linpipe.model import load_model
+
+    assert not th.caller_chose()
+    m = load_model(tiny)
+    auto, _ = m.forward(x, m.init_state())
+    assert torch.get_num_threads() == th.AT_IMPORT
+    one, _ = load_model(tiny, threads=1).forward(x, m.init_state())
+    for k in one:
+        assert auto[k].tobytes() == one[k].tobytes(), k
+
+    # as many busy processes as this process has CPUs: one thread is what a forward takes
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(th.cpus())]
+    try:
+        time.sleep(0.5)
+        with th.forward_threads(torch.device("cpu"), None):
+            assert torch.get_num_threads() == 1
+    finally:
+        for p in busy:
+            p.kill()
+            p.wait()
+    assert 1 <= th.idle_threads() <= torch.get_num_threads()
+    # a count the caller set is kept, and a count given to the model is used
+    torch.set_num_threads(th.AT_IMPORT + 1)
+    assert th.caller_chose()
+    with th.forward_threads(torch.device("cpu"), None):
+        assert torch.get_num_threads() == th.AT_IMPORT + 1
+    with th.forward_threads(torch.device("cpu"), 1):
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == th.AT_IMPORT + 1
