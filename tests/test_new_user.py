@@ -84,6 +84,12 @@ def test_every_option_with_both_strands_passes_the_dry_run(mt, tiny, tmp_path):
                 one_line_error(r)
                 refused.append((o.name, v, strand))
     assert not [c for c in refused if c[0] != "split"], refused  # only a forced split of one short record
+    # every option at once: each one's last value (split: never), on each strand
+    last = {o.name: (o, v) for o, v in cases if o.name != "strand" and v != 2}
+    together = [a for o, v in last.values() for a in as_flags(o, v)]
+    for strand in ("forward", "both"):
+        r = run(*base, "--strand", strand, "--out", tmp_path / "all.zarr", *together)
+        assert r.exit_code == 0, (strand, together, r.output)
 
 
 def test_both_strands_from_a_spec_estimate_what_the_store_holds(mt, tiny, tmp_path):
