@@ -97,7 +97,7 @@ class PipelineWorker:
         packed_inputs = self.store.packed.inputs if self.store.packed else []
         self._opening = _open_beside(packed_inputs, self._open_for_batches)
         try:
-            self.model = load_model(model, device=device)
+            self.model = load_model(model, device=device, threads=threads)
         except BaseException:
             self.writes.close()  # a worker that cannot start leaves no writing process behind
             raise

@@ -422,7 +422,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("index_in_cache", Flag(), "Keep the inputs' index files (.fai, .gzi, .lpi) in linpipe's cache "
            "folder ($LINPIPE_CACHE, else ~/.cache/linpipe), never beside the inputs (as "
            "$LINPIPE_INDEX_IN_CACHE=1 does for every command).",
-           default=False, default_text="beside an input whose folder is writable, else in the cache",
+           default=False, default_text="beside an input in a folder of the user's, else in the cache",
            example=True, input_option=True, stored="input_options.index_in_cache"),
     Option("strand", Choice("forward", "both"), "both: also the reverse strand, as logprob_rc, "
            "entropy_rc (hidden_rc) at the forward positions (DNA; docs/strands.md).", default="forward",

@@ -159,16 +159,19 @@ class JobPlan:
         return out
 
     def estimated_output_bytes(self) -> int:
-        """Uncompressed size of the job's outputs (an upper bound on what lands on disk)."""
+        """Uncompressed size of the job's outputs (an upper bound on what lands on disk): the
+        arrays the store lays out for them, the reverse strand's included, by their specs."""
         import numpy as np
 
         from linpipe.model.outputs import output_spec
+        from linpipe.store.layout import record_arrays
 
-        per_position = 0
-        for name in self.outputs:
-            spec = output_spec(self.modality, name)
-            width = spec.width(self.d_model, len(self.channels or ()) or 1) or 1
-            per_position += np.dtype(spec.dtype).itemsize * width
+        # one position of every output array, as the store would create it
+        arrays = record_arrays(self.modality, 1, None, self.outputs, unit_size=1, feature_dim=self.d_model,
+                               channels=list(self.channels or ()) or None,
+                               hidden_dtype=output_spec(self.modality, "hidden").dtype)
+        per_position = sum(np.dtype(a.dtype).itemsize * int(np.prod(a.shape))
+                           for a in arrays if a.name in self.outputs)
         return per_position * self.total_positions
 
 
@@ -185,7 +188,15 @@ def plan_job(request: JobRequest) -> JobPlan:
     """Validate the request's inputs, model and options, and plan its work.
 
     Reads only indexes (the driver, the dry run and the job-server path all start here, through
-    preflight.py). Every refusal of the request itself is made here."""
+    preflight.py). Every refusal of the request itself is made here; the inputs' sidecars
+    (indexes, hash caches) are written only for a request it accepts."""
+    from linpipe.inputs.cache import held
+
+    with held():
+        return _plan(request)
+
+
+def _plan(request: JobRequest) -> JobPlan:
     from linpipe.model.checkpoints import stream_rate
     from linpipe.model.segments import first_weight
     from linpipe.store.keys import make_keys

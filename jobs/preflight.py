@@ -55,8 +55,49 @@ def check_writable(out: str) -> None:
         os.close(fd)
         os.unlink(probe)
     except OSError as e:
-        raise StoreError(f"{out}: the output location is not writable "
-                         f"({existing}: {e.strerror or e})") from None
+        raise StoreError(f"{out}: the output location is not writable ({why_not_writable(existing, e)}); "
+                         f"choose another {option('out')}") from None
+
+
+# what the kernel shows as files (a probe there fails with ENOENT or EACCES, which would mislead)
+KERNEL_FILESYSTEMS = ("proc", "sysfs", "cgroup", "cgroup2", "debugfs", "tracefs", "securityfs",
+                      "configfs", "pstore", "bpf", "efivarfs", "fusectl", "mqueue", "binfmt_misc")
+
+
+def filesystem_type(folder: str) -> str | None:
+    """The type of the filesystem mounted at or above `folder` (Linux's /proc/self/mounts; None
+    elsewhere)."""
+    try:
+        with open("/proc/self/mounts") as f:
+            mounts = [line.split()[1:3] for line in f if len(line.split()) > 2]
+    except OSError:
+        return None
+    folder = os.path.realpath(folder)
+    found = None
+    for point, kind in mounts:
+        point = point.replace("\\040", " ")
+        if (folder == point or folder.startswith(point.rstrip("/") + "/")) and \
+                (found is None or len(point) >= len(found[0])):
+            found = (point, kind)
+    return found[1] if found else None
+
+
+def why_not_writable(folder: str, e: OSError) -> str:
+    """The real reason a folder takes no new file, in words."""
+    import errno
+
+    kind = filesystem_type(folder)
+    if kind in KERNEL_FILESYSTEMS:
+        return f"{folder} is the kernel's {kind} filesystem, not storage: it takes no files"
+    if e.errno == errno.EROFS:
+        return f"{folder} is on a read-only filesystem"
+    if e.errno in (errno.EACCES, errno.EPERM):
+        import getpass
+
+        return f"{folder}: permission denied to user {getpass.getuser()}"
+    if e.errno == errno.ENOSPC:
+        return f"{folder}: no space left on its filesystem"
+    return f"{folder}: {e.strerror or e}"
 
 
 def never_received_a_unit(store) -> bool:
@@ -119,7 +160,13 @@ def check_store(plan: JobPlan, out: str, overwrite: bool) -> dict | None:
 
 def preflight(request: JobRequest, run: RunOptions | None = None) -> Checked:
     """Every check before a run (see the module's docstring); raises the first refusal."""
-    run = run or RunOptions()
+    from linpipe.inputs.cache import held
+
+    with held():  # the inputs' sidecars only for a job every check accepts
+        return _preflight(request, run or RunOptions())
+
+
+def _preflight(request: JobRequest, run: RunOptions) -> Checked:
     run.check()
     cluster = check_cluster(run.address)  # first: a cluster that does not answer fails in seconds
     runtime_env = runtime_env_from(run.runtime_env, run.env) if is_job_server_address(run.address) else None

@@ -30,6 +30,11 @@ PREFIX = "linpipe-"
 CONNECT_TIMEOUT_S = 3.0
 ACTIVE = ("PENDING", "RUNNING")
 ENDED = ("SUCCEEDED", "FAILED", "STOPPED")
+# A busy head, or a dashboard agent still starting, answers "500 ... No available agent to submit
+# job, please try again later": such a request is retried after 1, 2, 4, 8, 16 s, then 30 s each
+# time, until RETRY_FOR_S have passed (a head's agent is up well within that).
+RETRY_FOR_S = 120.0
+RETRY_FIRST_S, RETRY_MAX_S = 1.0, 30.0
 
 
 class JobNotFound(LinpipeError):
@@ -174,12 +179,49 @@ def default_runtime_env(extra_env: dict[str, str] | None = None) -> dict[str, An
     return {"env_vars": env}
 
 
+def says_try_again(e: Exception) -> bool:
+    """The job server asked for the request again later (its own words: Ray's SDK puts the
+    answer's status and body in the RuntimeError)."""
+    return isinstance(e, RuntimeError) and "try again later" in str(e).lower()
+
+
+def retried(call: Callable[[], Any], what: str, *, notify: Callable[[str], None] | None = None,
+            retry_for_s: float | None = None, first_s: float | None = None) -> Any:
+    """call(), again after a growing wait while the job server says to try again later, for at
+    most retry_for_s; then a ClusterError in one line. `notify` hears of each wait (the library
+    does not print). None: RETRY_FOR_S, RETRY_FIRST_S."""
+    retry_for_s = RETRY_FOR_S if retry_for_s is None else retry_for_s
+    deadline = time.monotonic() + retry_for_s
+    wait_s = RETRY_FIRST_S if first_s is None else first_s
+    tries = 1
+    while True:
+        try:
+            return call()
+        except RuntimeError as e:
+            if not says_try_again(e):
+                raise
+            said = " ".join(str(e).split())
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ClusterError(f"{what}: the job server still said to try again later after {tries} "
+                                   f"tries over {retry_for_s:g} s ({said}); is the head overloaded, or "
+                                   "its dashboard agent down? (`ray status` on the head)") from None
+            pause = min(wait_s, left)
+            if notify is not None:
+                notify(f"{what}: the job server is busy ({said}); trying again in {pause:g} s")
+            time.sleep(pause)
+            wait_s = min(wait_s * 2, RETRY_MAX_S)
+            tries += 1
+
+
 def submit_job(client, *, job_id: str, command: list[str], out: str | None = None,
                is_complete: Callable[[], bool] | None = None,
                runtime_env: dict[str, Any] | None = None,
-               entrypoint_num_cpus: float | None = None) -> SubmitOutcome:
+               entrypoint_num_cpus: float | None = None,
+               notify: Callable[[str], None] | None = None) -> SubmitOutcome:
     """Submit a linpipe job detached, once: a running attempt is reported, not doubled, and a
-    job whose store is complete is not submitted again."""
+    job whose store is complete is not submitted again. What the job server says to try again
+    later is tried again (retried; notify hears of each wait)."""
     previous = attempts(client, job_id, out or "")
     running = [j for j in previous if j.status in ACTIVE]
     if running:
@@ -192,10 +234,11 @@ def submit_job(client, *, job_id: str, command: list[str], out: str | None = Non
     if entrypoint_num_cpus is not None:
         kwargs["entrypoint_num_cpus"] = entrypoint_num_cpus
     try:
-        client.submit_job(entrypoint=shlex.join(command),
-                          submission_id=submission_id, metadata=metadata,
-                          runtime_env=runtime_env if runtime_env is not None
-                          else default_runtime_env(), **kwargs)
+        retried(lambda: client.submit_job(entrypoint=shlex.join(command),
+                                          submission_id=submission_id, metadata=metadata,
+                                          runtime_env=runtime_env if runtime_env is not None
+                                          else default_runtime_env(), **kwargs),
+                f"job {job_id}", notify=notify)
     except RuntimeError as e:
         if "already exists" in str(e):  # a twin submitted in the same instant: report it
             return SubmitOutcome("running", submission_id, job_id)

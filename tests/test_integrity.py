@@ -103,7 +103,8 @@ def test_an_edited_input_is_named_by_submit_verify_and_score_variants(human, tin
     r = run(*submit, "--dry-run")
     assert r.exit_code == 0 and "complete; a run would have nothing to do" in r.output, r.output
     r = run("verify", out)
-    assert r.exit_code == 0 and r.output.strip().endswith("12 units checked, 1 input read: ok"), r.output
+    assert r.exit_code == 0, r.output
+    assert r.output.strip().endswith("12 units: 12 done, 0 missing, 0 corrupt; 1 input read: ok"), r.output
     original = tmp_path / "original.fa"
     shutil.copyfile(human, original)
 
@@ -120,7 +121,9 @@ def test_an_edited_input_is_named_by_submit_verify_and_score_variants(human, tin
     assert r.exit_code == 1, r.output
     assert f"input changed: {human}: its content changed (sha256 {sha256(original)[:12]}... -> " \
            f"{sha256(human)[:12]}...; same size, same modification time)" in r.output
-    assert r.output.strip().endswith("12 units checked, 1 input read: 1 input changed")
+    assert r.output.strip().endswith("12 units: 12 done, 0 missing, 0 corrupt; 1 input read, 1 changed: "
+                                     "the outputs belong to the input's old content: submit again with "
+                                     "--overwrite to start over")
     report = json.loads(run("verify", out, "--json").output)
     assert not report["ok"] and not report["problems"]
     assert [(i["path"], i["status"]) for i in report["inputs"]] == [(str(human), "changed")]

@@ -12,7 +12,7 @@ import click
 from linpipe.version import __version__
 
 from .common import Group, examples
-from .inputs import index_cmd
+from .inputs import cache_group, index_cmd
 from .jobs import cancel_cmd, list_cmd, logs_cmd, status_cmd
 from .model import model_group
 from .outputs import export, inspect, plot, verify
@@ -28,8 +28,8 @@ def cli():
     """linpipe: run causal linear-attention models over whole genomes and long time series."""
 
 
-for _command in (model_group, index_cmd, inspect, verify, export, plot, submit, status_cmd, logs_cmd,
-                 cancel_cmd, list_cmd, train_cmd, eval_cmd, score_variants_cmd):
+for _command in (model_group, index_cmd, cache_group, inspect, verify, export, plot, submit, status_cmd,
+                 logs_cmd, cancel_cmd, list_cmd, train_cmd, eval_cmd, score_variants_cmd):
     cli.add_command(_command)
 
 

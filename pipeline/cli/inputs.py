@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from .common import examples, input_options, timeseries_options
+from .common import examples, input_options, plural, timeseries_options
 
 
 @click.command("index", epilog=examples("linpipe index examples/MT-human.fa",
@@ -32,7 +32,8 @@ def index_cmd(input_path, cache_dir, as_json, **ts):
                             for r in inp.records],
             }, indent=2))
             return
-        click.echo(f"{inp.path}: {inp.modality}, {len(inp.records)} records, {inp.total_length:,} positions")
+        click.echo(f"{inp.path}: {inp.modality}, {plural(len(inp.records), 'record')}, "
+                   f"{plural(inp.total_length, 'position')}")
         if index is not None and str(index) != str(inp.path):
             click.echo(f"index: {index}")
         if inp.channel_names is not None:
@@ -46,3 +47,23 @@ def index_cmd(input_path, cache_dir, as_json, **ts):
         width = max(len(r.id) for r in inp.records)
         for r in inp.records:
             click.echo(f"{r.id:<{width}}  {r.length:>12,}  {r.description}".rstrip())
+
+
+@click.group("cache", epilog=examples("linpipe cache clean",
+                                      "linpipe cache clean --cache-dir /scratch/lp-cache"))
+def cache_group():
+    """linpipe's cache folder: indexes of inputs whose folder is not yours to fill, hash caches,
+    converted and sorted tables ($LINPIPE_CACHE, else ~/.cache/linpipe; docs/inputs.md)."""
+
+
+@cache_group.command("clean", epilog=examples("linpipe cache clean"))
+@click.option("--cache-dir", default=None, type=click.Path(file_okay=False), metavar="DIR",
+              help="The cache folder to empty (default $LINPIPE_CACHE or ~/.cache/linpipe).")
+def cache_clean_cmd(cache_dir):
+    """Remove everything in the cache folder (each file is made again when a job needs it);
+    index files beside inputs are left alone."""
+    from linpipe.inputs.cache import clean_cache
+    from linpipe.progress import human_bytes
+
+    done = clean_cache(cache_dir)
+    click.echo(f"{done.path}: removed {plural(done.files, 'file')} ({human_bytes(done.bytes)})")

@@ -38,7 +38,15 @@ def inspect(store, as_json):
     for inp in s["inputs"] or []:
         click.echo(f"  input        {inp.get('path', inp) if isinstance(inp, dict) else inp}")
     click.echo(f"  outputs      {', '.join(s['outputs'])} (unit size {s['chunk_size']:,})")
+    both = len(s["strands"]) > 1
+    click.echo(f"  strands      {' and '.join(STRAND_NAMES[k] for k in s['strands'])}"
+               + (" (the reverse strand's outputs end in _rc)" if both else ""))
     click.echo(f"  records      {s['n_records']:,}, {s['positions']:,} positions")
+    if s["regions"]:
+        r = s["regions"]
+        lenient = " (lenient)" if r.get("lenient") else ""
+        click.echo(f"  regions      {r.get('path')}: {plural(r.get('records', 0), 'record')}, "
+                   f"{plural(r.get('positions', 0), 'position')} stored{lenient}; nothing outside them")
     if not s["complete"]:
         pct = 100 * s["positions_done"] / max(s["positions"], 1)
         click.echo(f"  progress     {s['positions_done']:,} positions done ({pct:.1f}%), "
@@ -93,9 +101,11 @@ def verify(store, repair, as_json):
     and each of the job's inputs found here against the sha256 recorded of it.
 
     Each corrupt or missing unit is named by record and position range (or packed batch and its
-    records), each changed input by its path and what changed; the exit status is 1 when any
-    remains. While the store's job is running its units not yet written count as missing, and
-    the report says the job is running; --repair is then refused.
+    records), each changed input by its path and what changed, then the units done, missing and
+    corrupt are counted. Exit status: 0 the store is whole; 1 a unit is corrupt or an input
+    changed (or another error); 3 only missing units, none corrupt: the job has not finished
+    (submit it again to resume). While the store's job is running its units not yet written
+    count as missing, and the report says the job is running; --repair is then refused.
     """
     import json
 
@@ -129,18 +139,30 @@ def verify(store, repair, as_json):
         for i in report.inputs:
             if i.status != "same":
                 click.echo(i.describe())
-        wrong = [f"{plural(len(report.problems), 'unit')} corrupt or missing"] if report.problems else []
-        if report.changed_inputs:
-            wrong.append(f"{plural(len(report.changed_inputs), 'input')} changed")
         read = sum(i.status != "not found" and i.status != "not recorded" for i in report.inputs)
-        fixed = f", {repaired} repaired" if repaired else ""
-        click.echo(f"{report.path}: {plural(report.units, 'unit')} checked{fixed}, "
-                   f"{plural(read, 'input')} read: {'; '.join(wrong) or 'ok'}")
+        fixed = f" ({repaired} repaired)" if repaired else ""
+        changed = len(report.changed_inputs)
+        click.echo(f"{report.path}: {plural(report.units + report.missing, 'unit')}: {report.sound:,} done"
+                   f"{fixed}, {report.missing:,} missing, {report.corrupt:,} corrupt; "
+                   f"{plural(read, 'input')} read" + (f", {changed:,} changed" if changed else "")
+                   + f": {_verdict(report, running)}")
         if running and report.problems:
             click.echo(f"job {running.get('job_id')} is running ({holder(running)}): its missing units "
                        "may still be written", err=True)
-    if not report.ok:
-        raise SystemExit(1)
+    raise SystemExit(report.exit_status)
+
+
+def _verdict(report, running) -> str:
+    """What the numbers mean, and what to do (the exit status says the same to a script)."""
+    if report.exit_status == 0:
+        return "ok"
+    if report.corrupt:
+        return "damaged: `linpipe verify --repair` recomputes the corrupt units"
+    if report.changed_inputs:
+        return "the outputs belong to the input's old content: submit again with --overwrite to start over"
+    if running:
+        return "the job is still running"
+    return "the job has not finished (not damage): submit it again to resume"
 
 
 @click.command(epilog=examples(

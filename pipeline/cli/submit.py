@@ -71,7 +71,7 @@ def _submit_to_job_server(req, run) -> int:
     from linpipe.jobs.detached import submit_request
 
     client = sub.connect(run.address)  # first: an unreachable cluster fails in seconds
-    outcome = submit_request(client, req, run)
+    outcome = submit_request(client, req, run, notify=lambda line: click.echo(line, err=True))
     job, out = outcome.job_id, req.out_path
     if outcome.action == "complete":
         click.echo(f"Nothing to do: job {job} is complete. Outputs: {out}")

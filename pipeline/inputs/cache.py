@@ -1,11 +1,14 @@
 """Where linpipe keeps files derived from an input: sidecars (FASTA indexes) and cached tables.
 
-A sidecar goes next to its input when the input's folder is writable, else into the cache
-directory ($LINPIPE_CACHE, else ~/.cache/linpipe); asked to (`index_in_cache`, or
-$LINPIPE_INDEX_IN_CACHE=1 for every command), always into the cache, so that shared, read-mostly
-data folders get nothing written into them. A folder whose permission bits deny writing counts as
-read-only even for root. Converted time-series tables always go into the cache directory
-(`cache_root() / "tables"`).
+A sidecar goes next to its input when the input's folder is the user's to fill (users_folder:
+writable, owned by this user, and not inside linpipe's own source tree, such as its examples/),
+else into the cache directory ($LINPIPE_CACHE, else ~/.cache/linpipe); asked to
+(`index_in_cache`, or $LINPIPE_INDEX_IN_CACHE=1 for every command), always into the cache, so
+that shared, read-mostly data folders get nothing written into them. A folder whose permission
+bits deny writing counts as read-only even for root. Converted time-series tables always go into
+the cache directory (`cache_root() / "tables"`). Within `held()` (a job's planning) sidecars are
+written only once the block ends without an error: an input a job refuses gets none.
+`clean_cache()` (`linpipe cache clean`) empties the cache directory.
 
 The hash cache (`<input>.lphash`, a sidecar) keeps the sha256 of an input's whole content with
 the file's size, mtime, ctime, inode and device when it was hashed, so an unchanged genome is
@@ -20,9 +23,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import stat
 import tempfile
 from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
 from pathlib import Path
 
 from linpipe.errors import InputError
@@ -59,6 +65,27 @@ def folder_writable(folder: Path) -> bool:
     return os.access(folder, os.W_OK)
 
 
+# linpipe's own source tree (a checkout's examples/ and tests/data, or the installed package):
+# its files are not the user's folder to fill
+OWN_TREE = Path(__file__).resolve().parents[2]
+
+
+def users_folder(folder: Path) -> bool:
+    """True when a sidecar may go into folder: writable (folder_writable), owned by this user
+    (not a shared data folder that this user may merely write into), and outside linpipe's own
+    source tree."""
+    if not folder_writable(folder):
+        return False
+    try:
+        owner = folder.stat().st_uid
+        resolved = folder.resolve()
+    except OSError:
+        return False
+    if hasattr(os, "geteuid") and owner != os.geteuid():
+        return False
+    return resolved != OWN_TREE and OWN_TREE not in resolved.parents
+
+
 def cached_path(path: Path, suffix: str, cache_dir=None) -> Path:
     """The cache-dir location of path's sidecar: one folder per absolute input path."""
     key = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16]
@@ -90,12 +117,45 @@ def file_mode() -> int:
     return 0o666 & ~umask
 
 
+_HELD: ContextVar[list | None] = ContextVar("linpipe_held_sidecars", default=None)
+
+
+@contextmanager
+def held():
+    """Sidecars written inside the block (indexes, the hash cache) are kept in memory and written
+    when it ends without an error; an error drops them (a refused input gets no files)."""
+    writes: list = []
+    token = _HELD.set(writes)
+    try:
+        yield
+    finally:
+        _HELD.reset(token)
+    outer = _HELD.get()
+    if outer is not None:  # inside another block: its end decides
+        outer.extend(writes)
+        return
+    for write in writes:
+        try:
+            write()
+        except InputError:
+            pass  # made again next time (a read-only place: the reads went on from memory)
+
+
 def write_sidecar(path: Path, suffix: str, data: bytes, cache_dir=None, in_cache: bool = False) -> Path:
     """Write atomically (temp file + rename) next to path, or in the cache dir if that fails (or
-    only there, in_cache)."""
+    only there, in_cache; or when path's folder is not the user's to fill: users_folder). Inside
+    held(): returns where it will go and writes it when the block ends."""
     targets = sidecar_candidates(path, suffix, cache_dir)
-    if in_cache or not folder_writable(path.parent):
+    if in_cache or not users_folder(path.parent):
         targets = targets[1:]
+    writes = _HELD.get()
+    if writes is not None:
+        writes.append(lambda: _write_first(path, suffix, data, targets))
+        return targets[0]
+    return _write_first(path, suffix, data, targets)
+
+
+def _write_first(path: Path, suffix: str, data: bytes, targets: list[Path]) -> Path:
     last_err = None
     for target in targets:
         existing = target.parent
@@ -172,3 +232,38 @@ def made_once(target: Path):
         yield
     finally:
         os.close(fd)  # and with it the lock
+
+
+@dataclass(frozen=True)
+class Cleaned:
+    path: Path
+    files: int
+    bytes: int
+
+
+def clean_cache(cache_dir: "str | os.PathLike | None" = None) -> Cleaned:
+    """Remove everything in linpipe's cache directory (indexes of inputs whose folder took none,
+    hash caches, converted and sorted tables): each is made again when needed. The directory
+    itself stays; files elsewhere (sidecars beside inputs) are not touched."""
+    root = cache_root(cache_dir)
+    files = size = 0
+    if not root.is_dir():
+        return Cleaned(root, 0, 0)
+    for entry in root.iterdir():
+        inside = [entry] if not entry.is_dir() or entry.is_symlink() else \
+            [p for p in entry.rglob("*") if p.is_file() or p.is_symlink()]
+        for p in inside:
+            try:
+                size += p.lstat().st_size
+                files += 1
+            except OSError:
+                pass
+        try:
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+        except OSError as e:
+            raise InputError(f"{root}: cannot remove {entry.name} from linpipe's cache: {e.strerror or e}") \
+                from None
+    return Cleaned(root, files, size)

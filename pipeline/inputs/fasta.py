@@ -202,7 +202,10 @@ class FastaInput(Input):
         opener = open if self.fmt == "fasta" else gzip.open
         try:
             with opener(self.path, "rb") as fh:
-                entries, _ = scan_stream(fh.read, str(self.path))
+                # gzip: read1 hands over what each piece of compressed input decodes to, so a
+                # truncated file is scanned up to where its data really ends (read() drops the
+                # last MiB's decoded bytes with the error)
+                entries, _ = scan_stream(fh.read if self.fmt == "fasta" else fh.read1, str(self.path))
         except OSError as e:
             raise InputError(f"{self.path}: cannot read: {e}") from None
         seekable = self.fmt != "fasta-gzip"

@@ -405,8 +405,9 @@ def scan_stream(read, label: str) -> tuple[list[IndexEntry], int]:
         if isinstance(e, InputError):
             raise
         where = f"record {scanner.rec.name!r}, " if scanner.rec else ""
+        what = ("truncated compressed data: the file ends" if isinstance(e, EOFError)
+                else "corrupt or truncated compressed data: it stops decoding")
         raise InputError(
-            f"{label}: {where}corrupt or truncated compressed data after {scanner.pos} "
-            f"uncompressed bytes (line {scanner.lineno}): {e}"
+            f"{label}: {where}line {scanner.lineno}: {what} after {scanner.pos:,} bytes of text ({e})"
         ) from None
     return scanner.finish(), scanner.pos

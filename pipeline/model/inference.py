@@ -22,16 +22,20 @@ from linpipe.model.config import WEIGHTS_FILE, ModelConfig, expected_shapes
 from linpipe.model.files import file_sha256, read_config, read_tensors, resolve_model_path
 from linpipe.model.network import LinpipeNet, ModelState, y_before
 from linpipe.model.rows import linear, map_rows, row_tile
+from linpipe.model.threads import forward_threads
 
 
-def load_model(path_or_name="default", device=None) -> "Model":
-    """Loads and validates a format v1 model directory (or a shipped model by name)."""
+def load_model(path_or_name="default", device=None, threads: int | None = None) -> "Model":
+    """Loads and validates a format v1 model directory (or a shipped model by name). threads:
+    torch threads of each CPU forward (None: the caller's, else the cores not busy now:
+    linpipe.model.threads)."""
     directory = resolve_model_path(path_or_name)
     config = read_config(directory)
     tensors = read_tensors(directory, config)
     net = LinpipeNet(config)
     net.load_state_dict({k: v.float() for k, v in tensors.items()}, strict=True)
-    return Model(net, config, sha256=file_sha256(directory / WEIGHTS_FILE), path=directory, device=device)
+    return Model(net, config, sha256=file_sha256(directory / WEIGHTS_FILE), path=directory, device=device,
+                 threads=threads)
 
 
 def count_parameters(config: ModelConfig) -> int:
@@ -42,8 +46,9 @@ class Model:
     """Inference over a record's positions, a run at a time, with a carried state (see module docstring)."""
 
     def __init__(self, net: LinpipeNet, config: ModelConfig | None = None, *, sha256: str | None = None,
-                 path: Path | None = None, device=None):
+                 path: Path | None = None, device=None, threads: int | None = None):
         self.config = config or net.config
+        self.threads = threads  # torch threads of a CPU forward; None: linpipe.model.threads picks
         self.device = torch.device(device) if device is not None else next(net.parameters()).device
         self.net = net.to(self.device).eval()
         self.sha256 = sha256
@@ -180,7 +185,7 @@ class Model:
         B, T = xt.shape[:2]
         step = span or max(T, 1)
         res = {}
-        with torch.inference_mode():
+        with torch.inference_mode(), forward_threads(self.device, self.threads):
             for a in range(0, T, step):
                 xb = xt[:, a:a + step]
                 y, new = self.net(xb, state)

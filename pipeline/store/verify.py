@@ -51,6 +51,12 @@ class InputCheck:
         return f"input {self.status}: " + (self.detail or self.path)
 
 
+# `linpipe verify`'s exit status: the store is whole (0); a unit is corrupt or an input changed
+# (1: repair, or start over; also any other error); only units not written yet (3: the job has
+# not finished, and a run of it again resumes). 2 is click's, for a wrong command line.
+EXIT_OK, EXIT_BAD, EXIT_UNFINISHED = 0, 1, 3
+
+
 @dataclass
 class VerifyReport:
     path: str
@@ -63,11 +69,33 @@ class VerifyReport:
         return [i for i in self.inputs if i.status == "changed"]
 
     @property
+    def corrupt(self) -> int:
+        return sum(p.kind == "corrupt" for p in self.problems)
+
+    @property
+    def missing(self) -> int:
+        """Units never marked complete: not damage, the part of the job still to run."""
+        return sum(p.kind == "missing" for p in self.problems)
+
+    @property
+    def sound(self) -> int:
+        """Complete units that hold what their writer wrote."""
+        return self.units - self.corrupt
+
+    @property
     def ok(self) -> bool:
         return not self.problems and not self.changed_inputs
 
+    @property
+    def exit_status(self) -> int:
+        if self.corrupt or self.changed_inputs:
+            return EXIT_BAD
+        return EXIT_UNFINISHED if self.missing else EXIT_OK
+
     def as_dict(self) -> dict:
         return {"path": self.path, "units_checked": self.units, "ok": self.ok,
+                "units": self.units + self.missing, "units_done": self.sound, "units_missing": self.missing,
+                "units_corrupt": self.corrupt, "exit_status": self.exit_status,
                 "problems": [{"kind": p.kind, "unit": p.unit, "record": p.record, "start": p.start,
                               "end": p.end, "records": list(p.records), "detail": p.detail,
                               "strand": p.strand}
