@@ -296,7 +296,12 @@ def plan_job(request: JobRequest) -> JobPlan:
         from .regions import regions_digest
 
         planned["regions"] = regions_digest(regions)
-    jid = job_id(fingerprints, m.sha256, identity(planned))
+    ident = identity(planned)
+    if m.config.series_norm:  # what the code computes beyond the weights: a store of another never resumes
+        from linpipe.model.series import VERSION
+
+        ident["series_norm"] = VERSION
+    jid = job_id(fingerprints, m.sha256, ident)
     keys = make_keys([r.id for _, r, _ in long_found])
     records = tuple(Record(p, r.id, keys[r.id], int(r.length), unit_size, r.description, t,
                            regions=None if regions is None else regions[r.id])

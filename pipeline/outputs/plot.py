@@ -114,7 +114,7 @@ def plot_region(store, record: str, output, dest, *, region: str | None = None,
         name = label.split(" ", 1)[0] if overlay is not None else None
         _draw(ax, col, xs, width_px, downsampled, colour, name)
         if label.startswith("anomaly"):
-            for level in (-3, 3):  # three residual standard deviations
+            for level in (-3, 3):  # as rare as a normal's 3 sigma
                 ax.axhline(level, color="0.5", linewidth=0.6, linestyle="--")
         if overlay is not None or downsampled:
             ax.legend(loc="upper right", fontsize="small")
