@@ -53,3 +53,36 @@ def test_anomaly_carried_state_resumes_exactly_and_old_states_are_refused(model,
     arrays["norm"] = arrays["norm"][:, :17]  # a state an earlier linpipe saved
     with pytest.raises(ModelError, match="'norm' has 17 values"):
         model.forward(x[517:], ModelState.from_arrays(arrays))
+
+
+def test_eval_names_a_constant_channel_and_scores_the_others_with_mase(timeseries, tmp_path):
+    """A stock file's OpenInt is 0 on every day: its MAE ratios are 0/0, which made every
+    headline NaN; it is named instead, and the headline holds the other channels'."""
+    import json
+
+    from click.testing import CliRunner
+
+    from linpipe.cli import cli
+
+    lines = (timeseries / GOOG).read_text().splitlines()
+    stock = tmp_path / "goog_openint.csv"  # the real prices with the stock files' constant column
+    stock.write_text("\n".join([lines[0] + ",openint"] + [ln + ",0" for ln in lines[1:]]) + "\n")
+    args = ["eval", "default", str(stock), "--time-column", "date", "--season", "5"]
+    r = CliRunner().invoke(cli, args + ["--json"])
+    assert r.exit_code == 0, r.output
+    row = json.loads(r.output)["inputs"][0]
+    assert [s["channel"] for s in row["skipped"]] == ["openint"] and "constant" in row["skipped"][0]["why"]
+    kept = [ch for ch in row["channels"] if ch["channel"] != "openint"]
+    assert row["headline_channels"] == [ch["channel"] for ch in kept] and len(kept) == 6
+    for k, v in row["mean_ratio"].items():
+        assert np.isfinite(v) and v == pytest.approx(np.mean([ch["scores"][k]["ratio"] for ch in kept]))
+        assert row["mean_mase"][k] == pytest.approx(np.mean([ch["scores"][k]["mase"] for ch in kept]))
+    for ch in kept:  # MASE: the same positions' MAE over seasonal-naive's
+        s = ch["scores"]
+        assert s["model"]["mase"] == pytest.approx(s["model"]["mae"] / s["seasonal-naive"]["mae"])
+        assert s["seasonal-naive"]["mase"] == pytest.approx(1.0)
+    assert row["mean_mase"]["last-value"] < 1  # on prices a week back is worse than yesterday
+    text = CliRunner().invoke(cli, args)
+    assert text.exit_code == 0 and "nan" not in text.output.split("openint (")[0], text.output
+    assert "not in the means: openint: constant" in text.output and "mean over 6 channels" in text.output
+    assert "MASE" in text.output
