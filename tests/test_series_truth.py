@@ -86,3 +86,93 @@ def test_eval_names_a_constant_channel_and_scores_the_others_with_mase(timeserie
     assert text.exit_code == 0 and "nan" not in text.output.split("openint (")[0], text.output
     assert "not in the means: openint: constant" in text.output and "mean over 6 channels" in text.output
     assert "MASE" in text.output
+
+
+# --- linpipe plot ------------------------------------------------------------------------------
+def _png_size(path):
+    import struct
+
+    head = path.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">II", head[16:24])
+
+
+@pytest.fixture(scope="module")
+def goog_store(timeseries, tmp_path_factory):
+    from _pipeline_data import write_in_process
+
+    out = tmp_path_factory.mktemp("goog") / "goog.zarr"
+    write_in_process(timeseries / GOOG, "default", out, outputs=None, time_column="date")
+    return out
+
+
+def test_plot_channel_selects_panels_grouped_by_channel(goog_store, tmp_path):
+    from click.testing import CliRunner
+
+    from linpipe.cli import cli
+    from linpipe.outputs.plot import MIN_PANEL_PX, plot_region
+
+    png = tmp_path / "close.png"
+    args = ["plot", str(goog_store), "--record", "matplotlib_goog_daily", "--output", "forecast,anomaly"]
+    r = CliRunner().invoke(cli, args + ["--channel", "close", "--channel", "volume", "-o", str(png)])
+    assert r.exit_code == 0, r.output
+    assert "channels close, volume" in r.output and "x axis: time" in r.output
+    info = plot_region(goog_store, "matplotlib_goog_daily", ["forecast", "anomaly"], tmp_path / "b.png",
+                       channels=["close", "volume"])
+    assert info["panels"] == ["forecast close", "anomaly close", "forecast volume", "anomaly volume"]
+    assert _png_size(png) == (1600, info["height_px"]) == (1600, 4 * 400)
+    # all six channels and three outputs: 18 panels, each channel's together, shorter panels
+    every = plot_region(goog_store, "matplotlib_goog_daily", ["forecast", "residual", "anomaly"],
+                        tmp_path / "all.png")
+    assert len(every["panels"]) == 18 and every["panels"][3:6] == ["forecast high", "residual high",
+                                                                   "anomaly high"]
+    assert _png_size(tmp_path / "all.png")[1] == 18 * MIN_PANEL_PX < 18 * 400
+    bad = CliRunner().invoke(cli, args + ["--channel", "OpenInt", "-o", str(tmp_path / "x.png")])
+    assert bad.exit_code == 1 and len(bad.output.strip().splitlines()) == 1, bad.output
+    assert "no channel 'OpenInt'" in bad.output and "matplotlib_goog_daily" in bad.output
+    assert "open, high, low, close, volume, adj_close" in bad.output
+
+
+def test_genome_place_from_a_region_id():
+    from linpipe.outputs.plot import genome_place
+
+    assert genome_place("chr1:122835700-122907400", 71_700) == ("chr1", 122_835_700)  # bedtools, 0-based
+    assert genome_place("chr1:122835700-122907400", 71_701) == ("chr1", 122_835_699)  # samtools, 1-based
+    assert genome_place("chr1:122,835,700-122,907,400", 71_700) == ("chr1", 122_835_700)
+    assert genome_place("chr1:122835700-122907400", 5_000) is None  # not the record's own span
+    assert genome_place("MT_human", 16_569) is None
+
+
+def test_plot_dna_in_genome_coordinates_with_a_rolling_mean(genomes, tmp_path):
+    """A record cut as `bedtools getfasta` names it is drawn on the genome's axis, its per-base
+    log-probabilities under a 50-base rolling mean (the default; --smooth 0 turns it off)."""
+    import gzip
+
+    import pandas as pd
+    from _pipeline_data import write_in_process
+    from click.testing import CliRunner
+
+    from linpipe.cli import cli
+    from linpipe.outputs.plot import rolling_mean
+    from linpipe.store.reader import open_output
+
+    with gzip.open(genomes / "korflab_hg19_chr1_first3Mb.fa.gz", "rt") as f:
+        seq = "".join(line.strip() for line in f if not line.startswith(">"))
+    fa = tmp_path / "region.fa"
+    fa.write_text(">chr1:1000000-1005000\n" + seq[1_000_000:1_005_000] + "\n")
+    out = tmp_path / "region.zarr"
+    write_in_process(fa, "default", out)
+    png = tmp_path / "lp.png"
+    r = CliRunner().invoke(cli, ["plot", str(out), "--record", "chr1:1000000-1005000", "--output", "logprob",
+                                 "--region", "1000-3000", "-o", str(png)])
+    assert r.exit_code == 0, r.output
+    assert "chr1:1,001,000-1,003,000" in r.output and "mean over 50" in r.output
+    assert "genome coordinates, 0-based" in r.output
+    r = CliRunner().invoke(cli, ["plot", str(out), "--record", "chr1:1000000-1005000", "--output", "logprob",
+                                 "--smooth", "0", "-o", str(png)])
+    assert r.exit_code == 0 and "mean over" not in r.output, r.output
+    lp = np.asarray(open_output(out).dataset("chr1:1000000-1005000")["logprob"].values, dtype=np.float64)
+    lp[10:20] = np.nan  # a window with gaps averages what it has
+    want = pd.Series(lp).rolling(50, center=True, min_periods=1).mean().to_numpy()
+    np.testing.assert_allclose(rolling_mean(lp, 50), want, rtol=1e-9)
+    assert rolling_mean(lp, 50).std() < 0.5 * np.nanstd(lp)  # what the smoothing is for
