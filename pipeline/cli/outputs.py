@@ -181,7 +181,7 @@ def export(store, fmt, output, records, dest):
 @click.command(epilog=examples(
     "linpipe plot MT-human.zarr --record MT_human --output logprob --region 0-5000 -o mt.png",
     "linpipe plot ecg.zarr --record ecg-mitdb100 --output forecast,residual --region 0-3000 -o ecg.png",
-    "linpipe plot stocks.zarr --record goog --output forecast,anomaly --channel close -o close.png"))
+    "linpipe plot ecg.zarr --record ecg-mitdb100 --output forecast,residual --channel V5_mV -o v5.png"))
 @click.argument("store", type=click.Path())
 @click.option("--record", required=True, metavar="ID", help="Record id.")
 @click.option("--output", "output", required=True, metavar="NAME[,NAME...]",
