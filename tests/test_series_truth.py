@@ -124,6 +124,8 @@ def test_plot_channel_selects_panels_grouped_by_channel(goog_store, tmp_path):
     # all six channels and three outputs: 18 panels, each channel's together, shorter panels
     every = plot_region(goog_store, "matplotlib_goog_daily", ["forecast", "residual", "anomaly"],
                         tmp_path / "all.png")
+    assert every["channels"] == ["open", "high", "low", "close", "volume", "adj_close"] == (
+        every["channels"][:every["channels_in_store"]])
     assert len(every["panels"]) == 18 and every["panels"][3:6] == ["forecast high", "residual high",
                                                                    "anomaly high"]
     assert _png_size(tmp_path / "all.png")[1] == 18 * MIN_PANEL_PX < 18 * 400

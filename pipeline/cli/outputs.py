@@ -217,4 +217,6 @@ def plot(store, record, output, channels, region, smooth, dest, width):
         click.echo(f"Warning: {info['input_note']}", err=True)
     if info["channels"]:
         how += f"; channels {', '.join(info['channels'])}"
+        if len(info["channels"]) < info["channels_in_store"] and not chosen:
+            how += f" (the first {len(info['channels'])} of {info['channels_in_store']}: --channel picks)"
     click.echo(f"Wrote {dest}: {info['shown']} ({how}); x axis: {info['x_axis']}")

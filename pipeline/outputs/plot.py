@@ -217,6 +217,7 @@ def plot_region(store, record: str, output, dest, *, region: str | None = None,
     return {"record": info.id, "start": start, "end": end, "downsampled": downsampled,
             "missing": missing, "input_drawn": inputs is not None, "input_note": input_note,
             "panels": [r[1] for r in rows], "channels": [all_channels[j] for j in picked] if series else [],
+            "channels_in_store": len(all_channels) if series else 0,
             "shown": shown, "x_axis": dim, "smooth": smooth, "height_px": panel * len(rows)}
 
 
