@@ -178,3 +178,17 @@ def test_plot_dna_in_genome_coordinates_with_a_rolling_mean(genomes, tmp_path):
     want = pd.Series(lp).rolling(50, center=True, min_periods=1).mean().to_numpy()
     np.testing.assert_allclose(rolling_mean(lp, 50), want, rtol=1e-9)
     assert rolling_mean(lp, 50).std() < 0.5 * np.nanstd(lp)  # what the smoothing is for
+
+
+def test_a_series_job_id_holds_what_the_code_computes_beyond_the_weights(timeseries, monkeypatch):
+    """A store whose anomaly was computed otherwise (an earlier linpipe) is another job: never
+    resumed or repaired by this code, only replaced with --overwrite."""
+    from linpipe.jobs.plan import plan_job
+    from linpipe.jobs.request import JobRequest
+    from linpipe.model import series
+
+    req = JobRequest(inputs=(str(timeseries / "statsmodels_sunspots_yearly.csv"),), time_column="YEAR")
+    now = plan_job(req).job_id
+    assert plan_job(req).job_id == now
+    monkeypatch.setattr(series, "VERSION", series.VERSION - 1)
+    assert plan_job(req).job_id != now
