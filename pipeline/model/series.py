@@ -56,6 +56,7 @@ RESID_DECAY = 1 - 1 / 1024
 RESID_MIN_WEIGHT = 8.0  # anomaly is NaN until the residual scale has this much (EMA) weight
 MAE_TO_SD = math.sqrt(math.pi / 2)  # sd = sqrt(pi/2) * mean |r| for a normal residual
 TAIL_DECAY = 1 - 1 / 4096
+TAIL_SUB = 4096  # TAIL_DECAY^-4096 = e: one EMA step for a span of the model's
 # the normal residual's exceedance rates count as this many steps of evidence, so a short series
 # starts from the normal's calibration and a long one soon follows its own tail
 TAIL_PRIOR_WEIGHT = 128.0
@@ -65,14 +66,15 @@ _SUB = 128  # positions per EMA span: a^-128 stays far from overflow for every d
 CLIP_CHANGE, CLIP_FAST, CLIP_SLOW, CLIP_TARGET = 20.0, 20.0, 50.0, 50.0
 
 
-def ema(u, w, a: float, num0, den0):
+def ema(u, w, a: float, num0, den0, sub: int = _SUB):
     """Debiased EMA sums along T: num_t = a num_{t-1} + w_t u_t, den_t = a den_{t-1} + w_t.
-    u, w (B, T) float64 (u may be NaN where w = 0); num0, den0 (B,) carries. -> num, den (B, T)."""
+    u, w (B, T) float64 (u may be NaN where w = 0); num0, den0 (B,) carries. -> num, den (B, T).
+    `sub` positions a step: a^-sub must stay far from overflow (a slow decay affords more)."""
     B, T = u.shape
     u = torch.where(w > 0, u, torch.zeros_like(u))
     nums, dens = [], []
-    for s in range(0, T, _SUB):
-        ub, wb = u[:, s:s + _SUB], w[:, s:s + _SUB]
+    for s in range(0, T, sub):
+        ub, wb = u[:, s:s + sub], w[:, s:s + sub]
         j = torch.arange(ub.shape[1], dtype=torch.float64, device=u.device)
         p, inv = a ** j, a ** -j
         num = p * (a * num0[:, None] + torch.cumsum(wb * ub * inv, 1))
@@ -172,7 +174,7 @@ def anomaly(residual, norm_before, norm_after):
     over = (u.abs()[:, None, :] > levels[None, :, None]).to(torch.float64).reshape(B * J, T)  # (B*J, T)
     w_tail = ok.to(torch.float64)[:, None, :].expand(B, J, T).reshape(B * J, T)
     tn, td = ema(over, w_tail, TAIL_DECAY, norm_before[:, TAIL_N:TAIL_N + J].reshape(B * J),
-                 norm_before[:, TAIL_D:TAIL_D + 1].expand(B, J).reshape(B * J))
+                 norm_before[:, TAIL_D:TAIL_D + 1].expand(B, J).reshape(B * J), sub=TAIL_SUB)
     tn, td = tn.view(B, J, T), td.view(B, J, T)[:, 0]  # every level has the same weights
     prev_tn = torch.cat([norm_before[:, TAIL_N:TAIL_N + J, None], tn[:, :, :-1]], 2).transpose(1, 2)
     prev_td = torch.cat([norm_before[:, TAIL_D:TAIL_D + 1], td[:, :-1]], 1)
