@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
+import timeit
 
 import numpy as np
 import torch
@@ -19,12 +19,8 @@ from linpipe.training.data import read_records
 
 
 def best(f, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        f()
-        times.append(time.perf_counter() - t)
-    return min(times)
+    """The fastest of `repeat` calls, in seconds (the others waited on a busy machine)."""
+    return min(timeit.repeat(f, number=1, repeat=repeat))
 
 
 def main() -> None:
