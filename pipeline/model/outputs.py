@@ -60,7 +60,7 @@ OUTPUTS: dict[str, tuple[OutputSpec, ...]] = {
                    default=True),
         # series_norm models only (ModelConfig.unavailable_outputs): the residual over its causal
         # running scale, calibrated on its running tail (linpipe.model.series.anomaly)
-        OutputSpec("anomaly", "float32", CHANNEL, "normal-equivalent standard deviations",
+        OutputSpec("anomaly", "float32", CHANNEL, "normal-equivalent sigmas",
                    "anomaly score: |3| at the residuals' running 99.73% quantile", FLOAT_CODEC,
                    default=True),
         _HIDDEN,

@@ -190,7 +190,8 @@ def plot_region(store, record: str, output, dest, *, region: str | None = None,
                 ax.axhline(level, color="0.5", linewidth=0.6, linestyle="--")
         if overlay is not None or downsampled or smooth > 1:
             ax.legend(loc="upper right", fontsize="small")
-        ax.set_ylabel(label + (f" ({units})" if units else ""))
+        ax.set_ylabel(label + (f"\n({units})" if units else ""),
+                      fontsize="small" if panel < PANEL_PX else None)
     if times is None:  # whole numbers with separators, never matplotlib's "+1.228e8" offset
         axes[-1, 0].xaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
     if series:
