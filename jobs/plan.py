@@ -217,6 +217,11 @@ def _plan(request: JobRequest) -> JobPlan:
         from .regions import regions_digest
 
         planned["regions"] = regions_digest(regions)
+    ident = identity(planned)
+    if m.config.series_norm:  # what the code computes beyond the weights: a store of another never resumes
+        from linpipe.model.series import VERSION
+
+        ident["series_norm"] = VERSION
     keys = make_keys([r.id for _, r, _ in found.long])
     records = tuple(Record(p, r.id, keys[r.id], int(r.length), unit_size, r.description, t,
                            regions=None if regions is None else regions[r.id])
@@ -230,7 +235,7 @@ def _plan(request: JobRequest) -> JobPlan:
     if any(is_rc(o) for o in outputs):  # both strands: each record's reverse stream right after it
         streams = tuple(s for r in streams for s in (r, replace(r, strand=REVERSE)))
     return JobPlan(
-        job_id=job_id(found.fingerprints, m.sha256, identity(planned)),
+        job_id=job_id(found.fingerprints, m.sha256, ident),
         inputs=tuple(os.path.abspath(os.fspath(p)) for p in request.inputs),
         model_ref=model_ref, model_sha256=m.sha256, modality=m.modality, outputs=tuple(outputs),
         unit_size=unit_size, input_options=found.input_options, d_model=int(m.config.d_model),

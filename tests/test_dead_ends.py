@@ -161,7 +161,8 @@ def test_eval_scores_each_channel_in_its_own_units(tmp_path):
         assert ratio == pytest.approx(np.mean(per_channel))
         assert uv["mean_ratio"][k] == pytest.approx(ratio, rel=1e-3)
     r = run("eval", "default-timeseries", tmp_path / "ecg-uV.parquet", "--time-column", "sample")
-    assert "MAE / last-value MAE, mean over 2 channels:" in r.output and "V5_uV (" in r.output
+    assert "MAE / last-value MAE and MAE / seasonal-naive MAE (MASE), mean over 2 channels:" in r.output
+    assert "V5_uV (" in r.output
 
 
 # ------------------------------------------------------------------ refused while planning

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import click
 
+from linpipe.outputs import DNA_SMOOTH, MAX_CHANNELS
 from linpipe.strands import NAMES as STRAND_NAMES
 
 from .common import examples, open_reader, plural
@@ -201,27 +202,43 @@ def export(store, fmt, output, records, dest):
 
 @click.command(epilog=examples(
     "linpipe plot MT-human.zarr --record MT_human --output logprob --region 0-5000 -o mt.png",
-    "linpipe plot ecg.zarr --record ecg-mitdb100 --output forecast,residual --region 0-3000 -o ecg.png"))
+    "linpipe plot ecg.zarr --record ecg-mitdb100 --output forecast,residual --region 0-3000 -o ecg.png",
+    "linpipe plot ecg.zarr --record ecg-mitdb100 --output forecast,residual --channel V5_mV -o v5.png"))
 @click.argument("store", type=click.Path())
 @click.option("--record", required=True, metavar="ID", help="Record id.")
 @click.option("--output", "output", required=True, metavar="NAME[,NAME...]",
               help="Output(s) to plot, e.g. logprob, or forecast,residual (stacked panels; a "
                    "forecast is drawn over the input series).")
+@click.option("--channel", "channels", multiple=True, metavar="NAME[,NAME...]",
+              help="Time series: the channels to draw (repeatable or a comma list; default: the "
+                   f"first {MAX_CHANNELS}), each with its panels together.")
 @click.option("--region", default=None, metavar="START-END",
-              help="0-based, end exclusive (default: the whole record).")
+              help="Positions in the record, 0-based, end exclusive (default: the whole record). "
+                   "A record whose id is a region of its own length (chr1:1000-2000) is drawn in "
+                   "genome coordinates; --region still counts from the record's start.")
+@click.option("--smooth", type=click.IntRange(0), default=None, metavar="N",
+              help=f"Draw a centred rolling mean over N positions on top of the per-position values "
+                   f"(default: {DNA_SMOOTH} for DNA outputs, off for time series; 0 or 1: off).")
 @click.option("-o", "dest", required=True, type=click.Path(), help="PNG file to write.")
 @click.option("--width", default=1600, show_default=True, type=click.IntRange(200, 20000),
               help="Width in pixels.")
-def plot(store, record, output, region, dest, width):
+def plot(store, record, output, channels, region, smooth, dest, width):
     """Plot one output over a region as a PNG (min/max envelope when downsampled)."""
     from linpipe.outputs.plot import plot_region
 
     names = [o.strip() for o in output.split(",") if o.strip()]
+    chosen = [c.strip() for arg in channels for c in arg.split(",") if c.strip()]
     info = plot_region(open_reader(store), record, names if len(names) > 1 else output, dest, region=region,
-                       width_px=width)
+                       width_px=width, channels=chosen, smooth=smooth)
     how = "min/max envelope" if info["downsampled"] else "every position"
+    if info["smooth"] > 1:
+        how += f", mean over {info['smooth']:,}"
     if info.get("input_drawn"):
         how += "; with the input signal"
     if info.get("input_note"):
         click.echo(f"Warning: {info['input_note']}", err=True)
-    click.echo(f"Wrote {dest}: {info['record']}:{info['start']}-{info['end']} ({how})")
+    if info["channels"]:
+        how += f"; channels {', '.join(info['channels'])}"
+        if len(info["channels"]) < info["channels_in_store"] and not chosen:
+            how += f" (the first {len(info['channels'])} of {info['channels_in_store']}: --channel picks)"
+    click.echo(f"Wrote {dest}: {info['shown']} ({how}); x axis: {info['x_axis']}")

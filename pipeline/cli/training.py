@@ -138,15 +138,18 @@ def eval_cmd(model_dir, inputs, baseline_train, season, reset_every, as_json, **
             for name, v in row["scores"].items():
                 click.echo(f"  {name:<24} {v:.4f} bits/base")
             continue
-        n = len(row["channels"])
-        click.echo(f"  MAE / last-value MAE{', mean over ' + plural(n, 'channel') if n > 1 else ''}:")
+        kept = row["headline_channels"]
+        over = f", mean over {plural(len(kept), 'channel')}" if len(row["channels"]) > 1 else ""
+        click.echo(f"  MAE / last-value MAE and MAE / seasonal-naive MAE (MASE){over}:")
         for name, ratio in row["mean_ratio"].items():
-            click.echo(f"    {name:<36} {ratio:.4f}")
+            click.echo(f"    {name:<36} {ratio:.4f}  MASE {row['mean_mase'][name]:.4f}")
+        for s in row["skipped"]:
+            click.echo(f"  not in the means: {s['channel']}: {s['why']}")
         for ch in row["channels"]:
             click.echo(f"  {ch['channel']} ({ch['positions']:,} positions scored; seasonal-naive season "
                        f"{ch['season']}):")
             for name, v in ch["scores"].items():
                 click.echo(f"    {name:<36} MAE {v['mae']:.6g}  RMSE {v['rmse']:.6g}  "
-                           f"MAE/last-value {v['ratio']:.4f}")
+                           f"MAE/last-value {v['ratio']:.4f}  MASE {v['mase']:.4f}")
     if report["modality"] == "dna":
         click.echo(f"Markov order k chosen on training data: {report['markov_best_k']}")

@@ -58,9 +58,11 @@ OUTPUTS: dict[str, tuple[OutputSpec, ...]] = {
                    default=True),
         OutputSpec("residual", "float32", CHANNEL, None, "observed minus forecast", FLOAT_CODEC,
                    default=True),
-        # series_norm models only (ModelConfig.unavailable_outputs): residual / causal running scale
-        OutputSpec("anomaly", "float32", CHANNEL, "residual standard deviations",
-                   "standardised anomaly score", FLOAT_CODEC, default=True),
+        # series_norm models only (ModelConfig.unavailable_outputs): the residual over its causal
+        # running scale, calibrated on its running tail (linpipe.model.series.anomaly)
+        OutputSpec("anomaly", "float32", CHANNEL, "normal-equivalent sigmas",
+                   "anomaly score: |3| at the residuals' running 99.73% quantile", FLOAT_CODEC,
+                   default=True),
         _HIDDEN,
     ),
 }

@@ -8,7 +8,10 @@ run resumed from a carried state continues exactly where the previous one stoppe
 - scale s_t: EMA of |x_t - previous observed value| (the typical one-step change; half-life
   ~710 steps). It sets the units of everything else, so any scale of input looks alike.
 - fast and slow level EMAs (half-lives ~5 and ~89 steps).
-- residual scale: EMA of |residual| (filled in by inference, for the anomaly score).
+- residual scale: EMA of |residual| (filled in by inference, for the anomaly score), and the
+  residuals' tail: EMA rates at which |residual| in units of that scale exceeded each of
+  TAIL_LEVELS (half-life ~2,840 steps), from which the anomaly's calibration (`anomaly`) reads
+  the residuals' running 99.73% quantile.
 - the online calibration of the network's predicted change p against the change a that came
   (EMA sums of a p, p^2 and (a p)^2, half-life ~2,840 steps): the forecast uses w p, w the
   least-squares slope of a on p shrunk towards 0 unless the past shows it is real (`calibrate`),
@@ -30,10 +33,19 @@ import math
 
 import torch
 
+# What series_norm models compute beyond their weights (the carried statistics, the anomaly's
+# calibration): part of a job's id, so a store written under another version is not resumed.
+# 2: the anomaly calibrated on the residuals' running tail (1: on their mean |r| alone).
+VERSION = 2
 N_FEATURES = 5
-NORM_SIZE = 17
+# levels of |residual| / (sqrt(pi/2) EMA|residual|) whose exceedance rates the state carries:
+# log-spaced over where the 99.73% quantile of real residuals falls (3 for normal ones, 4-8
+# for prices and heartbeats)
+TAIL_LEVELS = tuple(1.5 * (32 / 1.5) ** (j / 11) for j in range(12))
 (LAST, HAS, SD_N, SD_D, LF_N, LF_D, LS_N, LS_D, RS_N, RS_D, DPREV, DPREV_OK, AC_P, AC_Q,
- CAL_P, CAL_Q, CAL_R) = range(NORM_SIZE)
+ CAL_P, CAL_Q, CAL_R, TAIL_D) = range(18)
+TAIL_N = TAIL_D + 1  # TAIL_N + j: the exceedance sum of TAIL_LEVELS[j]
+NORM_SIZE = TAIL_N + len(TAIL_LEVELS)
 AC_DECAY = 1 - 1 / 256
 CAL_DECAY = 1 - 1 / 4096
 CAL_SHRINK = 6.0  # k of the positive-part James-Stein shrinkage of w (chosen on synthetic walks)
@@ -43,18 +55,26 @@ SLOW_DECAY = 1 - 1 / 128
 RESID_DECAY = 1 - 1 / 1024
 RESID_MIN_WEIGHT = 8.0  # anomaly is NaN until the residual scale has this much (EMA) weight
 MAE_TO_SD = math.sqrt(math.pi / 2)  # sd = sqrt(pi/2) * mean |r| for a normal residual
+TAIL_DECAY = 1 - 1 / 4096
+TAIL_SUB = 4096  # TAIL_DECAY^-4096 = e: one EMA step for a span of the model's
+# the normal residual's exceedance rates count as this many steps of evidence, so a short series
+# starts from the normal's calibration and a long one soon follows its own tail
+TAIL_PRIOR_WEIGHT = 128.0
+SIGMAS = 3.0
+TAIL_RATE = math.erfc(SIGMAS / math.sqrt(2))  # 0.27%: |z| > 3 for a normal z
 _SUB = 128  # positions per EMA span: a^-128 stays far from overflow for every decay above
 CLIP_CHANGE, CLIP_FAST, CLIP_SLOW, CLIP_TARGET = 20.0, 20.0, 50.0, 50.0
 
 
-def ema(u, w, a: float, num0, den0):
+def ema(u, w, a: float, num0, den0, sub: int = _SUB):
     """Debiased EMA sums along T: num_t = a num_{t-1} + w_t u_t, den_t = a den_{t-1} + w_t.
-    u, w (B, T) float64 (u may be NaN where w = 0); num0, den0 (B,) carries. -> num, den (B, T)."""
+    u, w (B, T) float64 (u may be NaN where w = 0); num0, den0 (B,) carries. -> num, den (B, T).
+    `sub` positions a step: a^-sub must stay far from overflow (a slow decay affords more)."""
     B, T = u.shape
     u = torch.where(w > 0, u, torch.zeros_like(u))
     nums, dens = [], []
-    for s in range(0, T, _SUB):
-        ub, wb = u[:, s:s + _SUB], w[:, s:s + _SUB]
+    for s in range(0, T, sub):
+        ub, wb = u[:, s:s + sub], w[:, s:s + sub]
         j = torch.arange(ub.shape[1], dtype=torch.float64, device=u.device)
         p, inv = a ** j, a ** -j
         num = p * (a * num0[:, None] + torch.cumsum(wb * ub * inv, 1))
@@ -134,21 +154,56 @@ def normalise(x, norm):
 
 
 def anomaly(residual, norm_before, norm_after):
-    """Residual (B, T) float64 -> (score (B, T), norm_after with the residual-scale sums).
-    score_t = r_t / (sqrt(pi/2) * EMA|r| up to t-1): residual standard deviations for a normal
-    residual; NaN where r is NaN or the scale has less than RESID_MIN_WEIGHT weight."""
+    """Residual (B, T) float64 -> (score (B, T), norm_after with the residual scale and tail sums).
+
+    u_t = r_t / (sqrt(pi/2) * EMA|r| up to t-1) is the residual in standard deviations were it
+    normal; real residuals have heavier tails (|u| > 3 on 1-5% of steps of prices, heartbeats,
+    demand), so the score is 3 u_t / q_t, q_t the 99.73% quantile of |u| over the steps before t
+    (`tail_quantile`): |score| > 3 as often as a normal residual passes 3 standard deviations,
+    whatever the tails. NaN where r is NaN or the scale has less than RESID_MIN_WEIGHT weight."""
+    B, T = residual.shape
     w = (~torch.isnan(residual)).to(torch.float64)
     rn, rd = ema(residual.abs(), w, RESID_DECAY, norm_before[:, RS_N], norm_before[:, RS_D])
     prev_n = torch.cat([norm_before[:, RS_N:RS_N + 1], rn[:, :-1]], 1)
     prev_d = torch.cat([norm_before[:, RS_D:RS_D + 1], rd[:, :-1]], 1)
     scale = MAE_TO_SD * prev_n / prev_d.clamp(min=1e-300)
-    ok = (prev_d >= RESID_MIN_WEIGHT) & (scale > 0)
-    score = torch.where(ok, residual / torch.where(ok, scale, torch.ones_like(scale)),
-                        torch.full_like(residual, float("nan")))
+    ok = (prev_d >= RESID_MIN_WEIGHT) & (scale > 0) & (w > 0)
+    u = torch.where(ok, residual / torch.where(ok, scale, torch.ones_like(scale)), torch.zeros_like(residual))
+    levels = torch.tensor(TAIL_LEVELS, dtype=torch.float64, device=residual.device)
+    J = len(TAIL_LEVELS)
+    over = (u.abs()[:, None, :] > levels[None, :, None]).to(torch.float64).reshape(B * J, T)  # (B*J, T)
+    w_tail = ok.to(torch.float64)[:, None, :].expand(B, J, T).reshape(B * J, T)
+    tn, td = ema(over, w_tail, TAIL_DECAY, norm_before[:, TAIL_N:TAIL_N + J].reshape(B * J),
+                 norm_before[:, TAIL_D:TAIL_D + 1].expand(B, J).reshape(B * J), sub=TAIL_SUB)
+    tn, td = tn.view(B, J, T), td.view(B, J, T)[:, 0]  # every level has the same weights
+    prev_tn = torch.cat([norm_before[:, TAIL_N:TAIL_N + J, None], tn[:, :, :-1]], 2).transpose(1, 2)
+    prev_td = torch.cat([norm_before[:, TAIL_D:TAIL_D + 1], td[:, :-1]], 1)
+    q = tail_quantile(prev_tn, prev_td)  # (B, T)
+    score = torch.where(ok, SIGMAS * u / q, torch.full_like(residual, float("nan")))
     new = norm_after.clone()
-    if residual.shape[1]:
+    if T:
         new[:, RS_N], new[:, RS_D] = rn[:, -1], rd[:, -1]
+        new[:, TAIL_N:TAIL_N + J], new[:, TAIL_D] = tn[:, :, -1], td[:, -1]
     return score, new
+
+
+def tail_quantile(num, den):
+    """The level of |u| exceeded at rate TAIL_RATE: num (..., J) the EMA sums of exceedances of
+    TAIL_LEVELS, den (...) their weight -> (...), log-log interpolated between the levels that
+    bracket it (clamped to the first and last level). The rates are blended with a normal
+    residual's (TAIL_PRIOR_WEIGHT steps of it), which keeps them positive and strictly falling."""
+    levels = torch.tensor(TAIL_LEVELS, dtype=torch.float64, device=num.device)
+    prior = torch.special.erfc(levels / math.sqrt(2))
+    rate = (num + TAIL_PRIOR_WEIGHT * prior) / (den[..., None] + TAIL_PRIOR_WEIGHT)
+    J = len(TAIL_LEVELS)
+    k = (rate >= TAIL_RATE).sum(-1, keepdim=True)  # rate[k-1] >= TAIL_RATE > rate[k]
+    lo = (k - 1).clamp(0, J - 2)
+    log_rate, log_level = rate.log(), levels.log()
+    r0, r1 = log_rate.gather(-1, lo), log_rate.gather(-1, lo + 1)
+    f = ((math.log(TAIL_RATE) - r0) / (r1 - r0)).clamp(0, 1)
+    q = (log_level[lo] + f * (log_level[lo + 1] - log_level[lo])).exp()
+    q = torch.where(k == 0, levels[0], torch.where(k == J, levels[-1], q))
+    return q[..., 0]
 
 
 def calibrate(pred, target, norm_before, norm_after):

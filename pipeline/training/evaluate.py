@@ -6,7 +6,8 @@ dna: order-0 and order-k Markov models fitted on the model's training data (stor
 fitted on `baseline_train` files. timeseries: last-value, seasonal-naive and Holt
 exponential-smoothing forecasts, and optionally the model with its state reset every N rows
 (how much its long context is worth), scored per channel (channels may be in different units)
-with a scale-free headline: each predictor's MAE over last-value's, averaged over the channels.
+with scale-free headlines: each predictor's MAE over last-value's and over seasonal-naive's
+(MASE), averaged over the channels that have both scales (a constant one is named instead).
 """
 from __future__ import annotations
 
@@ -207,8 +208,11 @@ def evaluate_timeseries(model, records, season: int | None = None, chunk: int = 
     exponential smoothing; with reset_every, the model again with its state reset every that
     many rows (all of it, and, for series_norm models, the network's memory only). Channels are
     never pooled (their units differ: a temperature and a pressure); `ratio` is a predictor's MAE
-    over last-value's on the same channel, and the headline, `mean_ratio`, that ratio's mean over
-    the channels (scale-free: the same in any units)."""
+    over last-value's on the same channel and `mase` its MAE over seasonal-naive's (the mean
+    absolute scaled error, scaled on the same positions), and the headlines, `mean_ratio` and
+    `mean_mase`, their means over the channels (scale-free: the same in any units). A channel
+    either scale is 0 on (constant, as a stock file's OpenInt) or that has no scored position is
+    left out of the headlines and named in `skipped` with why, so it never turns them to NaN."""
     names = ["model", "last-value", "seasonal-naive", "exp-smoothing"]
     if reset_every:
         names.append(f"model-reset-{reset_every}")
@@ -241,21 +245,42 @@ def evaluate_timeseries(model, records, season: int | None = None, chunk: int = 
         for c in range(n_channels):
             for k, p in preds.items():
                 err[c][k].append((p[:, c] - v[:, c])[ok[:, c]])
-    out = []
+    out, skipped = [], []
     for c, name in enumerate(channels):
         scores = {}
         for k, e in err[c].items():
             e = np.concatenate(e) if e else np.zeros(0)
             scores[k] = {"mae": float(np.abs(e).mean()) if e.size else float("nan"),
                          "rmse": float(np.sqrt((e**2).mean())) if e.size else float("nan"), "n": int(e.size)}
-        base = scores["last-value"]["mae"]
+        base, seasonal_mae = scores["last-value"]["mae"], scores["seasonal-naive"]["mae"]
         for k in scores:
             scores[k]["ratio"] = scores[k]["mae"] / base if base > 0 else float("nan")
+            scores[k]["mase"] = scores[k]["mae"] / seasonal_mae if seasonal_mae > 0 else float("nan")
         scores["exp-smoothing"]["alpha_beta"] = holt_params[c]
         out.append({"channel": name, "season": seasons[c], "positions": scores["model"]["n"],
                     "scores": scores})
-    mean_ratio = {k: float(np.mean([ch["scores"][k]["ratio"] for ch in out])) for k in names}
-    return {"channels": out, "mean_ratio": mean_ratio}
+        why = _unscorable(scores["model"]["n"], base, seasonal_mae)
+        if why:
+            skipped.append({"channel": name, "why": why})
+    kept = [ch for ch in out if ch["channel"] not in {s["channel"] for s in skipped}]
+
+    def mean(key):
+        return {k: float(np.mean([ch["scores"][k][key] for ch in kept])) if kept else float("nan")
+                for k in names}
+
+    return {"channels": out, "mean_ratio": mean("ratio"), "mean_mase": mean("mase"),
+            "headline_channels": [ch["channel"] for ch in kept], "skipped": skipped}
+
+
+def _unscorable(n: int, last_value_mae: float, seasonal_mae: float) -> str | None:
+    """Why a channel has no scale-free figure (the headline leaves it out), or None."""
+    if n == 0:
+        return "no position where it and every forecast of it exist"
+    if not last_value_mae > 0:
+        return "constant on every scored row (last-value is exact: nothing to forecast)"
+    if not seasonal_mae > 0:
+        return "repeats exactly with its season (seasonal-naive is exact)"
+    return None
 
 
 def evaluate_inputs(model_dir, inputs, *, baseline_train=(), season=None, ts_options=None,
