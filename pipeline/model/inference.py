@@ -211,7 +211,7 @@ class Model:
             got = tuple(getattr(state, k).shape[1:])
             if got != shape:
                 raise ModelError(f"model state {k!r} has shape {list(got)}, this model needs {list(shape)}")
-        if c.series_norm and state.norm is not None and state.norm.shape[-1] != series.NORM_SIZE:
+        if self.config.series_norm and state.norm is not None and state.norm.shape[-1] != series.NORM_SIZE:
             raise ModelError(f"model state 'norm' has {state.norm.shape[-1]} values, this linpipe's "
                              f"series_norm models carry {series.NORM_SIZE} (a state saved by another "
                              f"linpipe version, whose anomaly score was computed otherwise)")
