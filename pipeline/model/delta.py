@@ -163,8 +163,8 @@ class DeltaAttention(nn.Module):
     def output(self, o, g_rows):
         """The rule's output o (B, T, H, V) and gate_rows -> (B, T, HV) after o_norm and the gate."""
         B, T = o.shape[:2]
-        tile = row_tile(o, self.tile)
-        return map_rows(self._normed, tile, o.reshape(B * T, self.n_heads, self.head_v_dim), g_rows).view(B, T, -1)
+        rows = o.reshape(B * T, self.n_heads, self.head_v_dim)
+        return map_rows(self._normed, row_tile(o, self.tile), rows, g_rows).view(B, T, -1)
 
     def forward(self, a, S, z, window, scratch=None):
         """Normalised inputs a (B, T, D) after S (B, H, K, V) and the conv window (B, W-1, 2HK +

@@ -138,7 +138,8 @@ class DeltaLocal:
     def message(self) -> Message:
         r, H, K, V = self.r, self.H, self.K, self.V
         if self.summary is None:  # the segment is all head rows: the identity
-            M, dS = torch.eye(K, dtype=torch.float64).expand(H, K, K).clone(), torch.zeros((H, K, V), dtype=torch.float64)
+            M = torch.eye(K, dtype=torch.float64).expand(H, K, K).clone()
+            dS = torch.zeros((H, K, V), dtype=torch.float64)
         else:
             M, dS = self.summary.M[0].double().cpu(), self.summary.dS[0].double().cpu()
         return Message(r.end - r.start, dS, torch.zeros((H, 0), dtype=torch.float64), self.head.cpu().clone(),

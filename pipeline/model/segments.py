@@ -127,8 +127,9 @@ class _LayerW:
         a = self.attn = layer.attn
         self.layer = layer
         self.H, self.K = a.n_heads, a.head_dim
-        decay, self.gated = getattr(a, "decay", None), getattr(a, "gk_proj", None) is not None
-        self.lg = None if decay is None else log_decay(decay.detach().double())  # its log-gates are spilled after the parts
+        decay = getattr(a, "decay", None)  # none in a delta-rule layer
+        self.gated = getattr(a, "gk_proj", None) is not None  # its log-gates are spilled after the parts
+        self.lg = None if decay is None else log_decay(decay.detach().double())
         self.wide = passes_in_float64(a)  # pass 1's numerators spilled as two float32 parts
         self.dtype = torch.float64 if self.wide else torch.float32  # of a later segment's passes
 
@@ -453,7 +454,8 @@ class SegmentRunner:
         if self.exact:
             fix = _Project(self, layer)
         else:
-            fix = (delta_split.DeltaCorrect if self.delta else _Correct)(self, layer, S_in, z_in, halo, self.pass1)
+            correct = delta_split.DeltaCorrect if self.delta else _Correct
+            fix = correct(self, layer, S_in, z_in, halo, self.pass1)
         local = self.pass1 = self._pass1(nxt) if nxt < self.L else None
         for s, e in self.spans:
             h = fix.span(s, e, self._h(s, e))
@@ -536,8 +538,8 @@ def run_layers(group, state0: ModelState, weights: list, n_segments: int,
             S_l, z_l, h_l = folds[layer]
         else:
             fold = w.fold if isinstance(w, delta_split.DeltaWeights) else lambda *a, w=w: fold_layer(w, *a)
-            S_l, z_l, h_l = fold(state0.S[0, layer].cpu(), state0.z[0, layer].cpu(), state0.conv[0, layer].cpu(),
-                                 msgs)
+            S_l, z_l, h_l = fold(state0.S[0, layer].cpu(), state0.z[0, layer].cpu(),
+                                 state0.conv[0, layer].cpu(), msgs)
             if on_fold is not None:
                 on_fold(layer, S_l, z_l, h_l)
             msgs = group.call("apply", [(layer, S_l[k], z_l[k], h_l[k]) for k in range(n_segments)])
