@@ -114,7 +114,7 @@ def test_delta_spill_is_as_budgeted(model, ce):
         assert r.h.mem.nbytes + r.num.mem.nbytes == spill_bytes(c, 1000, exact)
         r.close()
     gate = c.n_heads * c.head_v_dim if c.use_gate else 0
-    want = 1000 * (2 * c.d_model + c.n_heads * (c.head_v_dim + c.head_dim) + gate) * 4
+    want = 1000 * (c.d_model + c.n_heads * (c.head_v_dim + c.head_dim) + gate) * 4  # h, then the rows
     assert spill_bytes(c, 1000) == want
 
 
