@@ -90,3 +90,13 @@ def test_delta_resume_from_a_checkpoint_gives_the_uninterrupted_bytes(model, ce,
     bounds = segment_bounds(len(ce), unit, 3)
     assert_resumed_bytes(stopped_and_resumed(model, ce, bounds, unit, at, layer_weights(model.net)),
                          forward_split(model, ce, bounds, unit))
+
+
+def test_delta_split_without_short_convs(ce):
+    """use_short_conv false: no halo, no head rows (the state's conv window is empty)."""
+    from linpipe.model import Model, ModelConfig, init_net
+
+    cfg = ModelConfig(modality="dna", d_model=32, n_layers=2, n_heads=2, mlp_hidden=64, family="delta_net",
+                      qk_head_dim=16, use_short_conv=False)
+    model = Model(init_net(cfg, seed=2), cfg, device="cpu")
+    check(model, ce, [(0, 300), (300, 302), (302, 1500)], 300)

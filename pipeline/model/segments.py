@@ -338,7 +338,8 @@ class SegmentRunner:
         self.start, self.end, self.unit_size, self.exact = start, end, unit_size, exact
         self.outputs = model.select_outputs(outputs)
         c = model.config
-        self.L, self.W, self.D = c.n_layers, c.conv_width, c.d_model
+        self.L, self.D = c.n_layers, c.d_model
+        self.W = c.conv_width if c.has_conv else 1  # a delta-rule model may have no short conv
         self.lw = [_LayerW(layer) for layer in self.net.layers]
         self.base = min(end, start + self.W - 1)  # positions before it read the halo
         step = model.span or unit_size
