@@ -1,10 +1,22 @@
 """--split N with a delta-rule model on an embedded local Ray (jobs/split.py): a real record over
-two actors equals the streamed run within 1e-5 relative, one writer per unit."""
+two actors equals the streamed run within 1e-5 relative, one writer per unit; with an actor
+SIGKILLed at a layer's barrier the group resumes from the store's checkpoint (the delta rule's
+states in it) to the uninterrupted split run's bytes."""
 from __future__ import annotations
+
+import os
+import signal
 
 import numpy as np
 import pytest
-from _pipeline_data import make_tiny_model, record_outputs, write_fasta_slice, write_in_process
+from _pipeline_data import (
+    assert_same_bytes,
+    make_tiny_model,
+    record_outputs,
+    store_arrays,
+    write_fasta_slice,
+    write_in_process,
+)
 
 from linpipe.jobs.driver import JobEvents, run_job
 from linpipe.jobs.request import JobRequest
@@ -17,15 +29,22 @@ LONG = "CHROMOSOME_I"  # C. elegans chromosome I, its first 20 kb: 5 units
 
 
 class Watch(JobEvents):
-    def __init__(self):
+    """Who wrote each unit, the split's layer barriers; kill_at (layer, segment): SIGKILL that
+    segment's actor at that layer's barrier."""
+
+    def __init__(self, kill_at=None):
         self.writers: dict[tuple[str, int], list[str]] = {}
         self.layers: list[int] = []
+        self.kill_at = kill_at
 
     def unit_done(self, result, units_done):
         self.writers.setdefault((result.key, result.unit), []).append(result.node)
 
     def split_layer(self, record_id, layer, nodes, timing):
         self.layers.append(layer)
+        if self.kill_at and self.kill_at[0] == layer:
+            os.kill(int(nodes[self.kill_at[1]].rsplit(":", 1)[1]), signal.SIGKILL)  # this test's own Ray
+            self.kill_at = None
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +61,8 @@ def local_ray():
     shutil.rmtree(tmp, ignore_errors=True)
 
 
-def test_gated_deltanet_split_on_ray_equals_streamed(local_ray, genomes, tmp_path):
+def test_gated_deltanet_split_on_ray_equals_streamed_and_resumes(local_ray, genomes, tmp_path, monkeypatch):
+    monkeypatch.setattr("linpipe.model.checkpoints.STORE_BYTES_PER_S", 1e15)  # a checkpoint every layer
     model = make_tiny_model(tmp_path / "gdn", family="gated_deltanet")
     fasta = tmp_path / "ce_I.fa"
     assert write_fasta_slice(genomes / "htslib_ce.fa", fasta, {LONG: 20_000}) == {LONG: 20_000}
@@ -68,3 +88,12 @@ def test_gated_deltanet_split_on_ray_equals_streamed(local_ray, genomes, tmp_pat
         assert g.keys() == w.keys()
         for name in w:
             assert np.abs(g[name] - w[name]).max() <= 1e-5 * max(np.abs(w[name]).max(), 1e-30), name
+
+    # segment 1's actor killed at layer 0's barrier: the new group resumes at layer 1 from the
+    # store's checkpoint (no second layer-0 barrier), to the same bytes
+    again, events = tmp_path / "again.zarr", Watch(kill_at=(0, 1))
+    summary = run_job(JobRequest(inputs=(str(fasta),), model=model, out=str(again), unit_size=UNIT,
+                                 outputs=("logprob", "entropy"), workers=2, split=2), events=events)
+    assert summary.worker_deaths == 1 and events.layers == [0, 1]
+    assert_same_bytes(store_arrays(again), store_arrays(out))
+    assert_same_bytes(record_outputs(again), record_outputs(out))
