@@ -45,6 +45,10 @@ every unit edge can be stored as the streaming path stores it. The state stored 
 segment's last edge is the fold's value (the next segment's incoming state), so a run
 restarted from that stored state folds the same numbers in the same order: bit-identical to an
 uninterrupted split run with the same segment boundaries.
+
+A delta-rule model's layers run the same way with their own state algebra: its passes and fold
+are linpipe.model.delta_split's (DeltaLocal, DeltaCorrect, DeltaWeights.fold), picked here by
+the layer kind; everything else (spans, spills, edges, messages, checkpoints) is shared.
 """
 from __future__ import annotations
 
@@ -63,7 +67,8 @@ from linpipe.model.spill import Spill
 # normaliser's parts, spills wider rows and corrects them: 1.0-1.5x the first one's time per
 # position in one process (noisy), and with 1.25 two workers reached 1.47-1.69x one worker's
 # rate (BENCHMARKS.md, "One record over many workers"). So the first segment gets that much
-# more of the record.
+# more of the record. A delta-rule model's later segment took 1.16-1.36x its first one's time
+# (docs/sequence-parallel.md, "The split of a delta-rule model"): the same weight.
 FIRST_WEIGHT = 1.25
 # Where a later segment's passes run in float64 (passes_in_float64), they take 1.9-2.4x the
 # first segment's time per position (bench_split.py wide, default-size model; 1.15-1.48x in
