@@ -67,8 +67,8 @@ from linpipe.model.spill import Spill
 # normaliser's parts, spills wider rows and corrects them: 1.0-1.5x the first one's time per
 # position in one process (noisy), and with 1.25 two workers reached 1.47-1.69x one worker's
 # rate (BENCHMARKS.md, "One record over many workers"). So the first segment gets that much
-# more of the record. A delta-rule model's later segment took 1.16-1.36x its first one's time
-# (docs/sequence-parallel.md, "The split of a delta-rule model"): the same weight.
+# more of the record. A delta-rule model's later segment took 0.83-1.36x its first one's time on
+# a loaded machine (docs/sequence-parallel.md, "The split of a delta-rule model"): the same weight.
 FIRST_WEIGHT = 1.25
 # Where a later segment's passes run in float64 (passes_in_float64), they take 1.9-2.4x the
 # first segment's time per position (bench_split.py wide, default-size model; 1.15-1.48x in
