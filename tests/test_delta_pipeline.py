@@ -6,7 +6,7 @@ test_verify and test_packed take `gated_deltanet` among _pipeline_data.MODEL_KIN
   windows) recomputed to the same bytes; export of its values;
 - submit on Ray (streamed and packed records) SIGKILLed and resumed: bit-identical to an
   uninterrupted run;
-- --split is refused while planning (the split's delta-rule stages are not wired yet)."""
+- --split N plans (the split itself: test_delta_split.py), auto never splits a delta-rule model."""
 from __future__ import annotations
 
 import subprocess
@@ -29,7 +29,6 @@ from click.testing import CliRunner
 
 import linpipe
 from linpipe.cli import cli
-from linpipe.errors import LinpipeError
 from linpipe.store import OutputStore
 
 
@@ -123,18 +122,18 @@ def test_sigkilled_submit_resumes_bit_identical(genomes, gated_delta, tmp_path):
     assert_same_bytes(record_outputs(clean), record_outputs(out))
 
 
-def test_split_is_refused_while_planning(genomes, gated_delta, tmp_path):
+def test_split_plans_and_auto_keeps_off(genomes, gated_delta, tmp_path):
+    """--split N plans a delta-rule model's record (docs/sequence-parallel.md, "The split of a
+    delta-rule model"); auto, the default, never splits one (its costs are not in the cost model)."""
     from linpipe.jobs.plan import plan_job
     from linpipe.jobs.request import JobRequest
 
     fasta = tmp_path / "ce.fa"
     fasta.write_text(">I\n" + read_fasta(genomes / "htslib_ce.fa")["CHROMOSOME_I"][:6_000] + "\n")
-    with pytest.raises(LinpipeError, match="gated_deltanet model, and splitting a record comes with"):
-        plan_job(JobRequest(inputs=(str(fasta),), model=gated_delta, unit_size=1024, split=2))
+    plan = plan_job(JobRequest(inputs=(str(fasta),), model=gated_delta, unit_size=1024, split=2))
+    assert plan.records[0].n_units == 6
     r = CliRunner().invoke(cli, ["submit", str(fasta), "--model", gated_delta, "--unit-size", "1024",
                                  "--split", "2", "--out", str(tmp_path / "o.zarr"), "--dry-run"])
-    assert r.exit_code != 0 and r.output.startswith("Error: --split 2: model ")
-    assert "delta-rule stages" in r.output and r.output.count("\n") == 1
-    # auto (the default) plans and never splits a delta-rule model's record
+    assert r.exit_code == 0, r.output
     plan = plan_job(JobRequest(inputs=(str(fasta),), model=gated_delta, unit_size=1024))
-    assert not plan.splittable and plan.records[0].n_units == 6
+    assert not plan.splittable

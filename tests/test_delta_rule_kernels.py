@@ -105,7 +105,7 @@ def test_split_and_resumed_at_any_cut(cuts):
 def test_summaries_fold_to_one_pass_exactly(gated, cuts):
     """The split's algebra (stages): spans run from zero, their summaries folded in order and
     each span's outputs completed by its entering state's share, equal one pass in float64 at
-    any cut (to round-off), states and outputs."""
+    any cut (to round-off), states and outputs; so does one pass continued over the cuts."""
     T = 300
     (q, k, v, beta, gate), S0 = _inputs(2, T, 2, 16, 8, seed=len(cuts) + gated, gated=gated)
     whole = span_parts(q, k, v, beta, log_gate=gate, block_size=16, span=64)
@@ -126,6 +126,18 @@ def test_summaries_fold_to_one_pass_exactly(gated, cuts):
     alone = span_summary(k[:, :cuts[0]], v[:, :cuts[0]], beta[:, :cuts[0]], log_gate=_cut(gate, 0, cuts[0]))
     _close(alone.M, parts[0].summary.M, 1e-12)
     _close(alone.dS, parts[0].summary.dS, 1e-12)
+    # one pass continued over the cuts (before=: the running summary, as the split's pass 1
+    # carries it from span to span) is the whole pass
+    run, pieces = None, []
+    for a, b in zip(edges[:-1], edges[1:], strict=True):
+        p = span_parts(q[:, a:b], k[:, a:b], v[:, a:b], beta[:, a:b], log_gate=_cut(gate, a, b),
+                       block_size=16, span=64, before=run)
+        run = p.summary
+        pieces.append(p)
+    _close(torch.cat([p.o_local for p in pieces], 1), whole.o_local, 1e-12)
+    _close(torch.cat([p.q_state for p in pieces], 1), whole.q_state, 1e-12)
+    _close(run.M, whole.summary.M, 1e-12)
+    _close(run.dS, whole.summary.dS, 1e-12)
 
 
 def test_beta_zero_only_decays_the_state():

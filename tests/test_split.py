@@ -7,6 +7,7 @@ import os
 
 import numpy as np
 import pytest
+from _split_harness import LO, N_END, hg19_slice, rel, serial
 
 from linpipe.inputs.alphabet import tokenize
 from linpipe.model import Model, ModelConfig, init_net
@@ -14,18 +15,9 @@ from linpipe.model.segments import forward_split, segment_bounds
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-# hg19 chr1 starts with 10,000 N: [9,000, 11,600) holds the N run's end and real sequence
-N_END = 10_000
-LO, HI = 9_000, 11_600
-
-
 @pytest.fixture(scope="module")
 def tokens(genomes):
-    with gzip.open(genomes / "korflab_hg19_chr1_first3Mb.fa.gz", "rt") as f:
-        seq = "".join(line.strip() for line in f if not line.startswith(">"))[:HI]
-    x = tokenize(seq[LO:])
-    assert (x[:N_END - LO] == 4).all() and (x[N_END - LO:] < 4).all()  # N run, then ACGT
-    return x
+    return hg19_slice(genomes)
 
 
 def tiny(decay, normalize, feature_map, conv_width, n_layers=2, gated=False):
@@ -36,22 +28,6 @@ def tiny(decay, normalize, feature_map, conv_width, n_layers=2, gated=False):
                       gate_normalizer=16.0 if gated else None)
     decay = [0.5, 0.999] if gated else (None if decay else 1.0)
     return Model(init_net(cfg, seed=3, decay=decay), cfg, device="cpu")
-
-
-def serial(model, x, unit_size):
-    state = model.init_state()
-    parts, states = {}, {}
-    for i, a in enumerate(range(0, len(x), unit_size)):
-        out, state = model.forward(x[a:a + unit_size], state)
-        for k, v in out.items():
-            parts.setdefault(k, []).append(v)
-        states[i] = state
-    return {k: np.concatenate(v) for k, v in parts.items()}, states
-
-
-def rel(a, b):
-    a, b = np.nan_to_num(a, nan=0.0), np.nan_to_num(b, nan=0.0)
-    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
 
 
 def check(model, x, bounds, unit_size):

@@ -4,17 +4,12 @@ it, give the same bytes as the uninterrupted split run; the store's records of t
 checked by their CRC."""
 import numpy as np
 import pytest
+from _split_harness import assert_resumed_bytes, stopped_and_resumed
 
 from linpipe.model import Model, ModelConfig, init_net
-from linpipe.model.checkpoints import (
-    checkpoint_every,
-    checkpoint_layers,
-    edge_tensors,
-    restore_edges,
-    slot,
-)
+from linpipe.model.checkpoints import checkpoint_every, checkpoint_layers, slot
 from linpipe.model.exchange import layer_weights
-from linpipe.model.segments import InProcess, SegmentRunner, forward_split, run_layers, segment_bounds
+from linpipe.model.segments import forward_split, segment_bounds
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -38,78 +33,14 @@ def tiny(conv_width, gated, n_layers=3):
     return Model(init_net(cfg, seed=5, decay=[0.5, 0.999] if gated else None), cfg, device="cpu")
 
 
-class Stop(Exception):
-    pass
-
-
-def runners_for(model, x, bounds):
-    return [SegmentRunner(model, lambda a, b: x[a:b], s, e, UNIT, exact=k == 0)
-            for k, (s, e) in enumerate(bounds)]
-
-
-def outputs_of(runners, states):
-    got, unit_states = {}, {}
-    for k, r in enumerate(runners):
-        for idx, _a, _b, out, st in r.units_out(states[k].y[0], states[k + 1]):
-            for name, v in out.items():
-                got.setdefault(name, []).append(v)
-            unit_states[idx] = st.to_arrays()
-    return {k: np.concatenate(v) for k, v in got.items()}, unit_states
-
-
 @pytest.mark.parametrize("conv_width,gated", [(4, False), (4, True), (1, False)])
 @pytest.mark.parametrize("at", [1, 2, 3])  # 3: after the last layer (a kill during the writes)
 def test_resume_from_a_checkpoint_gives_the_uninterrupted_bytes(tokens, conv_width, gated, at):
     model = tiny(conv_width, gated)
     x = tokens
     bounds = segment_bounds(len(x), UNIT, 3)
-    want, want_states, _ = forward_split(model, x, bounds, UNIT)
-    weights, state0 = layer_weights(model.net), model.init_state()
-
-    # the first run: stopped right after the checkpoint of `at` was taken
-    first = runners_for(model, x, bounds)
-    taken, folds = {}, []
-
-    class Checkpointing(InProcess):
-        def call(self, method, args):
-            out = super().call(method, args)
-            if method == "apply" and args[0][0] + 1 == at:
-                for k, r in enumerate(self.runners):
-                    taken[k] = ({a // UNIT: r.rows(a, b).copy() for a, b in r.units},
-                                {j: edge_tensors(r.edge_states, j) for j in range(at)})
-                raise Stop
-            return out
-
-    with pytest.raises(Stop):
-        run_layers(Checkpointing(first), state0, weights, len(bounds),
-                   on_fold=lambda layer, S, z, h: folds.append((S, z, h)))
-    for r in first:
-        r.close()
-    assert len(folds) == at
-
-    # the resumed run: fresh runners from what the checkpoint holds
-    again = runners_for(model, x, bounds)
-    for k, r in enumerate(again):
-        for j, tensors in taken[k][1].items():
-            restore_edges(r, j, tensors)
-
-    class Resuming(InProcess):
-        def call(self, method, args):
-            if method != "resume":
-                return super().call(method, args)
-            return [r.resume(layer, lambda a, b, k=k: taken[k][0][a // UNIT], initial)
-                    for k, (r, (layer, initial)) in enumerate(zip(self.runners, args, strict=True))]
-
-    states = run_layers(Resuming(again), state0, weights, len(bounds), start=at, folds=folds)
-    got, got_states = outputs_of(again, states)
-    for r in again:
-        r.close()
-    assert got.keys() == want.keys()
-    for name in want:
-        assert np.array_equal(got[name], want[name], equal_nan=True), name
-    for idx, st in want_states.items():
-        for name, v in st.to_arrays().items():
-            assert np.array_equal(got_states[idx][name], v), (idx, name)
+    assert_resumed_bytes(stopped_and_resumed(model, x, bounds, UNIT, at, layer_weights(model.net)),
+                         forward_split(model, x, bounds, UNIT))
 
 
 def test_cost_model_checkpoints_wide_models_and_recomputes_where_writes_cost_more():

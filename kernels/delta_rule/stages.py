@@ -256,18 +256,25 @@ def run_span(q, k, v, beta, log_gate, scale, c, S0, P0=None):
 
 
 def span_parts(q, k, v, beta, *, log_gate=None, scale=None, block_size=BLOCK_SIZE,
-               span=SPAN) -> SpanParts:
+               span=SPAN, before: Summary | None = None) -> SpanParts:
     """A span from a zero state, in one pass: its outputs from zero, the map of an entering
     state to the outputs (q_state) and the span's summary (M, dS). Same inputs as the chunked
-    form, in its compute dtype (float32; float64 for float64 inputs)."""
+    form, in its compute dtype (float32; float64 for float64 inputs).
+
+    before: the summary of the positions before the span, from the same zero state (a pass
+    continued over several calls): outputs and summary then count from that earlier zero, and
+    q_state maps the state entering those earlier positions."""
     check_inputs(q, k, v, beta, log_gate)
     B, T, H, K = q.shape
     V = v.shape[-1]
     cd = torch.float64 if q.dtype == torch.float64 else torch.float32
     scale = K ** -0.5 if scale is None else scale
     q, k, v, beta = q.to(cd), k.to(cd), v.to(cd), beta.to(cd)
-    S = q.new_zeros((B, H, K, V))
-    P = torch.eye(K, dtype=cd, device=q.device).expand(B, H, K, K)
+    if before is None:
+        S = q.new_zeros((B, H, K, V))
+        P = torch.eye(K, dtype=cd, device=q.device).expand(B, H, K, K)
+    else:
+        S, P = before.dS.to(cd), before.M.to(cd)
     outs, qs = [], []
     for a in range(0, T, span):
         sl = slice(a, a + span)

@@ -68,6 +68,8 @@ class DeltaAttention(nn.Module):
     """The token mixer of a delta-rule layer; o_proj is applied by Layer.finish, as for linear
     attention."""
 
+    delta = True  # the layer kind, as ModelConfig.delta (the split reads it)
+
     def __init__(self, c: ModelConfig, tile: int):
         super().__init__()
         D, H, K, V = c.d_model, c.n_heads, c.head_dim, c.head_v_dim
@@ -133,26 +135,44 @@ class DeltaAttention(nn.Module):
         g = None if g is None else g.reshape(N, self.n_heads, self.head_v_dim)
         return self.o_norm(o, g).reshape(N, -1)
 
-    def forward(self, a, S, z, window, scratch=None):
-        """Normalised inputs a (B, T, D) after S (B, H, K, V) and the conv window (B, W-1, 2HK +
-        HV) -> (o (B, T, HV) before o_proj, S after, z unchanged (empty), the new window)."""
+    def project(self, a):
+        """Normalised inputs a (B, T, D) -> (x (B, T, 2HK + HV): the q, k, v projections before the
+        conv; side (B*T, H [+ H] [+ HV]): the b_proj, a_proj and g_proj rows)."""
         B, T, D = a.shape
-        H = self.n_heads
         tile = row_tile(a, self.tile)
         rows = a.reshape(B * T, D)
         w = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])  # (2HK + HV, D)
         x = linear(rows, w, tile=tile).view(B, T, -1)  # (B, T, 2HK + HV)
+        return x, linear(rows, self._side_weight(), tile=tile)
+
+    def rule_inputs(self, x, side, window):
+        """project's (x, side) after the conv window (B, W-1, 2HK + HV) -> ((q, k, v, beta, log_gate
+        or None), each (B, T, H, ...), the new window)."""
+        B, T = x.shape[:2]
         if self.use_short_conv:
             taps = torch.cat([self.q_conv1d.weight, self.k_conv1d.weight, self.v_conv1d.weight])[:, 0]
             x, window = causal_conv(x, window, taps)
-        side = linear(rows, self._side_weight(), tile=tile)  # (B*T, H [+ H] [+ HV])
-        got = map_rows(self._activate, tile, x.reshape(B * T, -1), side)
+        got = map_rows(self._activate, row_tile(x, self.tile), x.reshape(B * T, -1), side)
         q, k, v, beta = (t.view(B, T, *t.shape[1:]) for t in got[:4])
-        log_gate = got[4].view(B, T, H) if self.gated else None
+        return (q, k, v, beta, got[4].view(B, T, -1) if self.gated else None), window
+
+    def gate_rows(self, side):
+        """The output gate's pre-activations (B*T, HV) in project's side rows, None without use_gate."""
+        return side[:, self.n_heads * (2 if self.gated else 1):] if self.g_proj is not None else None
+
+    def output(self, o, g_rows):
+        """The rule's output o (B, T, H, V) and gate_rows -> (B, T, HV) after o_norm and the gate."""
+        B, T = o.shape[:2]
+        rows = o.reshape(B * T, self.n_heads, self.head_v_dim)
+        return map_rows(self._normed, row_tile(o, self.tile), rows, g_rows).view(B, T, -1)
+
+    def forward(self, a, S, z, window, scratch=None):
+        """Normalised inputs a (B, T, D) after S (B, H, K, V) and the conv window (B, W-1, 2HK +
+        HV) -> (o (B, T, HV) before o_proj, S after, z unchanged (empty), the new window)."""
+        x, side = self.project(a)
+        (q, k, v, beta, log_gate), window = self.rule_inputs(x, side, window)
         o, S = delta_rule(q, k, v, beta, log_gate=log_gate, initial_state=S, output_final_state=True)
-        g_rows = side[:, H * (2 if self.gated else 1):] if self.g_proj is not None else None
-        o = map_rows(self._normed, tile, o.reshape(B * T, H, self.head_v_dim), g_rows)
-        return o.view(B, T, -1), S, z, window
+        return self.output(o, self.gate_rows(side)), S, z, window
 
 
 class SwiGLU(nn.Module):

@@ -33,6 +33,9 @@ class Message:
     # the positions S holds (float64 (H,): pass 1's, after the head rows; after the fold, all)
     head_gate: torch.Tensor | None = None
     gate_sum: torch.Tensor | None = None
+    # the delta rule (linpipe.model.delta_split): S is dS and M its transition (H, K, K) float64,
+    # head the normalised inputs and tail the q, k, v projections (the conv's inputs)
+    M: torch.Tensor | None = None
 
 
 @dataclass

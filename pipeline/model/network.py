@@ -127,6 +127,8 @@ class ModelState:
 
 
 class Attention(nn.Module):
+    delta = False  # the layer kind, as ModelConfig.delta (the split reads it)
+
     def __init__(self, c: ModelConfig):
         super().__init__()
         D = c.d_model

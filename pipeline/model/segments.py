@@ -45,6 +45,10 @@ every unit edge can be stored as the streaming path stores it. The state stored 
 segment's last edge is the fold's value (the next segment's incoming state), so a run
 restarted from that stored state folds the same numbers in the same order: bit-identical to an
 uninterrupted split run with the same segment boundaries.
+
+A delta-rule model's layers run the same way with their own state algebra: its passes and fold
+are linpipe.model.delta_split's (DeltaLocal, DeltaCorrect, DeltaWeights.fold), picked here by
+the layer kind; everything else (spans, spills, edges, messages, checkpoints) is shared.
 """
 from __future__ import annotations
 
@@ -52,7 +56,9 @@ import numpy as np
 import torch
 
 from linpipe.kernels.linear_attn import advance, features, log_decay, log_gate_sums, state_outputs
-from linpipe.model.exchange import LayerWeights, Message, fold_layer, layer_weights, tail_rows
+from linpipe.model import delta_split
+from linpipe.model.exchange import Message, fold_layer, tail_rows
+from linpipe.model.exchange import layer_weights as attn_weights
 from linpipe.model.inference import Model
 from linpipe.model.network import Layer, ModelState
 from linpipe.model.spill import Spill
@@ -61,7 +67,8 @@ from linpipe.model.spill import Spill
 # normaliser's parts, spills wider rows and corrects them: 1.0-1.5x the first one's time per
 # position in one process (noisy), and with 1.25 two workers reached 1.47-1.69x one worker's
 # rate (BENCHMARKS.md, "One record over many workers"). So the first segment gets that much
-# more of the record.
+# more of the record. A delta-rule model's later segment took 0.83-1.36x its first one's time on
+# a loaded machine (docs/sequence-parallel.md, "The split of a delta-rule model"): the same weight.
 FIRST_WEIGHT = 1.25
 # Where a later segment's passes run in float64 (passes_in_float64), they take 1.9-2.4x the
 # first segment's time per position (bench_split.py wide, default-size model; 1.15-1.48x in
@@ -73,8 +80,8 @@ def passes_in_float64(attn) -> bool:
     """Whether a later segment's two passes run in float64, for a model config or Attention:
     with identity features and the normaliser phi(q).z can near zero, and float32 partial sums
     there lost up to 5.4x the serial run's distance from exact (BENCHMARKS.md, "One record over
-    many workers")."""
-    return bool(attn.normalize) and attn.feature_map == "identity"
+    many workers"). Never for the delta rule, which has no normaliser."""
+    return not attn.delta and bool(attn.normalize) and attn.feature_map == "identity"
 
 
 def first_weight(config) -> float:
@@ -102,7 +109,9 @@ def segment_bounds(length: int, unit_size: int, n_segments: int,
 def spill_bytes(config, positions: int, exact: bool = False) -> int:
     """Bytes a segment of `positions` keeps outside its spans: its residual stream, and
     what pass 1 leaves for pass 2 (the first segment: o; the others: q, the numerators and
-    the denominators, and a gated model's log-gates)."""
+    the denominators, and a gated model's log-gates; the delta rule: delta_split.row_width)."""
+    if config.delta:
+        return positions * (config.d_model + delta_split.row_width(config, exact)) * 4
     if exact:
         return positions * 2 * config.d_model * 4
     parts = 2 if passes_in_float64(config) else 1  # float64 numerators in two float32 parts
@@ -123,8 +132,9 @@ class _LayerW:
         a = self.attn = layer.attn
         self.layer = layer
         self.H, self.K = a.n_heads, a.head_dim
-        self.lg = None if a.decay is None else log_decay(a.decay.detach().double())
-        self.gated = a.gk_proj is not None  # its log-gates are spilled after the parts
+        decay = getattr(a, "decay", None)  # none in a delta-rule layer
+        self.gated = getattr(a, "gk_proj", None) is not None  # its log-gates are spilled after the parts
+        self.lg = None if decay is None else log_decay(decay.detach().double())
         self.wide = passes_in_float64(a)  # pass 1's numerators spilled as two float32 parts
         self.dtype = torch.float64 if self.wide else torch.float32  # of a later segment's passes
 
@@ -175,7 +185,7 @@ class _Attend:
         scratch = Layer.scratch(h)
         a = w.layer.attn_norm(h, out=scratch("attn_in", 1, n, D))
         o, self.S, self.z, self.window = w.attn(a, self.S, self.z, self.window, scratch)
-        r.num.put(s - r.start, o[0].reshape(n, D).to("cpu").numpy())
+        r.num.put(s - r.start, o[0].reshape(n, -1).to("cpu").numpy())
         if r.is_edge(e):
             r.record_edge(e, self.layer, self.S[0], self.z[0], self.window[0])
 
@@ -333,7 +343,8 @@ class SegmentRunner:
         self.start, self.end, self.unit_size, self.exact = start, end, unit_size, exact
         self.outputs = model.select_outputs(outputs)
         c = model.config
-        self.L, self.W, self.D = c.n_layers, c.conv_width, c.d_model
+        self.L, self.D = c.n_layers, c.d_model
+        self.W = c.conv_width if c.has_conv else 1  # a delta-rule model may have no short conv
         self.lw = [_LayerW(layer) for layer in self.net.layers]
         self.base = min(end, start + self.W - 1)  # positions before it read the halo
         step = model.span or unit_size
@@ -350,8 +361,12 @@ class SegmentRunner:
         # what pass 1 leaves for pass 2, rewritten layer after layer: the first segment's o
         # (T, D); the others' q, numerators and denominators (T, D + H (V+1))
         wide = self.lw[0].wide  # the same feature map and normaliser in every layer
-        self.row_width = self.D + c.n_heads * ((c.head_dim + 1) * (2 if wide else 1) + c.gated)
-        self.num = Spill(T, self.D if exact else self.row_width, spill_dir)
+        self.delta = c.delta
+        if c.delta:
+            self.row_width = delta_split.row_width(c, exact)
+        else:
+            self.row_width = self.D + c.n_heads * ((c.head_dim + 1) * (2 if wide else 1) + c.gated)
+        self.num = Spill(T, self.D if exact and not c.delta else self.row_width, spill_dir)
         self.edge_states: dict[int, list] = {}  # unit index -> per layer (S, z, window)
         self.pass1 = None  # the layer whose pass 1 ran last
         self.initial = None  # exact: per layer (S, z, window) entering the segment, each (1, ...)
@@ -381,7 +396,7 @@ class SegmentRunner:
     def _pass1(self, layer: int):
         if self.exact:
             return _Attend(self, layer, *self.initial[layer])
-        return _Local(self, layer)
+        return delta_split.DeltaLocal(self, layer) if self.delta else _Local(self, layer)
 
     def _message(self, layer: int) -> Message:
         """The message for `layer` (past the last layer: y of the last position)."""
@@ -442,7 +457,11 @@ class SegmentRunner:
         at unit edges inside the segment recorded. Returns the next layer's message (after the
         last layer: y of the last position)."""
         nxt = layer + 1
-        fix = _Project(self, layer) if self.exact else _Correct(self, layer, S_in, z_in, halo, self.pass1)
+        if self.exact:
+            fix = _Project(self, layer)
+        else:
+            correct = delta_split.DeltaCorrect if self.delta else _Correct
+            fix = correct(self, layer, S_in, z_in, halo, self.pass1)
         local = self.pass1 = self._pass1(nxt) if nxt < self.L else None
         for s, e in self.spans:
             h = fix.span(s, e, self._h(s, e))
@@ -483,6 +502,11 @@ class SegmentRunner:
             yield idx, a, b, out, state
 
 
+def layer_weights(net) -> list:
+    """What the fold needs of each layer: LayerWeights (linear attention) or DeltaWeights."""
+    return delta_split.delta_weights(net) if net.config.delta else attn_weights(net)
+
+
 def edge_state(Ss, zs, halos, y, k: int) -> ModelState:
     """The fold's state entering segment k (per layer lists Ss[l][k] ...; y: (D,))."""
     return ModelState(torch.stack([S[k] for S in Ss])[None], torch.stack([z[k] for z in zs])[None],
@@ -499,7 +523,7 @@ class InProcess:
         return [getattr(r, method)(*a) for r, a in zip(self.runners, args, strict=True)]
 
 
-def run_layers(group, state0: ModelState, weights: list[LayerWeights], n_segments: int,
+def run_layers(group, state0: ModelState, weights: list, n_segments: int,
                exact_first: bool = True, *, start: int = 0, folds=(), on_fold=None) -> list[ModelState]:
     """The driver's side of a split run: the segments' first messages, then per layer the fold
     and one call that runs the layer (and the next one's first half). group.call(method,
@@ -519,8 +543,9 @@ def run_layers(group, state0: ModelState, weights: list[LayerWeights], n_segment
         if layer < start:
             S_l, z_l, h_l = folds[layer]
         else:
-            S_l, z_l, h_l = fold_layer(w, state0.S[0, layer].cpu(), state0.z[0, layer].cpu(),
-                                       state0.conv[0, layer].cpu(), msgs)
+            fold = w.fold if isinstance(w, delta_split.DeltaWeights) else lambda *a, w=w: fold_layer(w, *a)
+            S_l, z_l, h_l = fold(state0.S[0, layer].cpu(), state0.z[0, layer].cpu(),
+                                 state0.conv[0, layer].cpu(), msgs)
             if on_fold is not None:
                 on_fold(layer, S_l, z_l, h_l)
             msgs = group.call("apply", [(layer, S_l[k], z_l[k], h_l[k]) for k in range(n_segments)])

@@ -1,0 +1,121 @@
+"""What the split's tests share (test_split.py, test_split_resume.py, test_delta_split.py): the
+streamed reference, the relative distance, and a split run stopped after a checkpoint and
+resumed from what it holds."""
+from __future__ import annotations
+
+import gzip
+
+import numpy as np
+import pytest
+
+from linpipe.inputs.alphabet import tokenize
+from linpipe.model.checkpoints import edge_tensors, restore_edges
+from linpipe.model.segments import InProcess, SegmentRunner, run_layers
+
+# hg19 chr1 starts with 10,000 N: [LO, HI) = [9,000, 11,600) holds the N run's end and real
+# sequence; N_END is the N run's end in record positions
+N_END, LO, HI = 10_000, 9_000, 11_600
+
+
+def hg19_slice(genomes):
+    """Tokens of hg19 chr1 [LO, HI) (tests/data): N, then ACGT from N_END - LO."""
+    with gzip.open(genomes / "korflab_hg19_chr1_first3Mb.fa.gz", "rt") as f:
+        seq = "".join(line.strip() for line in f if not line.startswith(">"))[:HI]
+    x = tokenize(seq[LO:])
+    assert (x[:N_END - LO] == 4).all() and (x[N_END - LO:] < 4).all()  # N run, then ACGT
+    return x
+
+
+def serial(model, x, unit_size):
+    """The streamed run unit by unit: (outputs, {unit index: ModelState after it})."""
+    state = model.init_state()
+    parts, states = {}, {}
+    for i, a in enumerate(range(0, len(x), unit_size)):
+        out, state = model.forward(x[a:a + unit_size], state)
+        for k, v in out.items():
+            parts.setdefault(k, []).append(v)
+        states[i] = state
+    return {k: np.concatenate(v) for k, v in parts.items()}, states
+
+
+def rel(a, b):
+    """max |a - b| over b's largest magnitude (NaN as 0)."""
+    a, b = np.nan_to_num(a, nan=0.0), np.nan_to_num(b, nan=0.0)
+    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
+
+
+def runners_for(model, x, bounds, unit):
+    return [SegmentRunner(model, lambda a, b: x[a:b], s, e, unit, exact=k == 0)
+            for k, (s, e) in enumerate(bounds)]
+
+
+def outputs_of(runners, states):
+    """Every segment's outputs in order and the state arrays after each unit."""
+    got, unit_states = {}, {}
+    for k, r in enumerate(runners):
+        for idx, _a, _b, out, st in r.units_out(states[k].y[0], states[k + 1]):
+            for name, v in out.items():
+                got.setdefault(name, []).append(v)
+            unit_states[idx] = st.to_arrays()
+    return {k: np.concatenate(v) for k, v in got.items()}, unit_states
+
+
+class Stop(Exception):
+    pass
+
+
+def stopped_and_resumed(model, x, bounds, unit, at, weights):
+    """A split run stopped right after the checkpoint of layer `at` (the segments' layer input and
+    unit edges' states, and the folds before it), then fresh runners resumed from what it holds:
+    (outputs, unit states) of the resumed run."""
+    state0 = model.init_state()
+    first = runners_for(model, x, bounds, unit)
+    taken, folds = {}, []
+
+    class Checkpointing(InProcess):
+        def call(self, method, args):
+            out = super().call(method, args)
+            if method == "apply" and args[0][0] + 1 == at:
+                for k, r in enumerate(self.runners):
+                    taken[k] = ({a // unit: r.rows(a, b).copy() for a, b in r.units},
+                                {j: edge_tensors(r.edge_states, j) for j in range(at)})
+                raise Stop
+            return out
+
+    with pytest.raises(Stop):
+        run_layers(Checkpointing(first), state0, weights, len(bounds),
+                   on_fold=lambda layer, S, z, h: folds.append((S, z, h)))
+    for r in first:
+        r.close()
+    assert len(folds) == at
+
+    again = runners_for(model, x, bounds, unit)
+    for k, r in enumerate(again):
+        for j, tensors in taken[k][1].items():
+            restore_edges(r, j, tensors)
+
+    class Resuming(InProcess):
+        def call(self, method, args):
+            if method != "resume":
+                return super().call(method, args)
+            return [r.resume(layer, lambda a, b, k=k: taken[k][0][a // unit], initial)
+                    for k, (r, (layer, initial)) in enumerate(zip(self.runners, args, strict=True))]
+
+    states = run_layers(Resuming(again), state0, weights, len(bounds), start=at, folds=folds)
+    try:
+        return outputs_of(again, states)
+    finally:
+        for r in again:
+            r.close()
+
+
+def assert_resumed_bytes(resumed, uninterrupted) -> None:
+    """stopped_and_resumed's (outputs, unit states) equal forward_split's, bit for bit."""
+    got, got_states = resumed
+    want, want_states, _ = uninterrupted
+    assert got.keys() == want.keys()
+    for name in want:
+        assert np.array_equal(got[name], want[name], equal_nan=True), name
+    for idx, st in want_states.items():
+        for name, v in st.to_arrays().items():
+            assert np.array_equal(got_states[idx][name], v), (idx, name)
