@@ -166,7 +166,8 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name, r in results.items():
         c, f, rp = r["beyond_cut"], r["beyond_far"], r["far_repeats"]
-        print(f"| {name} | {r['all']['positions']:,} | {r['all']['full']:.4f} | {r['all']['markov_self']:.4f} | "
+        a_ = r["all"]
+        print(f"| {name} | {a_['positions']:,} | {a_['full']:.4f} | {a_['markov_self']:.4f} | "
               f"{c['full']:.4f} | {c['cut']:.4f} | {c['gain']:+.4f} | {f['full']:.4f} | {f['cut']:.4f} | "
               f"{f['gain']:+.4f} | {rp['positions']:,} | {rp['full']:.4f} | {rp['cut']:.4f} | "
               f"{rp['gain']:+.4f} | {rp['markov_self']:.4f} |")

@@ -9,8 +9,8 @@ from linpipe.model import load_model
 from linpipe.training.data import read_dna_records
 from linpipe.training.evaluate import model_log2prob
 from linpipe.training.repeats import (
-    K,
     FarRepeatScore,
+    K,
     cut_log2prob,
     far_repeats,
     previous_occurrence,

@@ -182,7 +182,8 @@ def test_training_carries_the_state_exactly(tmp_path, mt, context):
         for key in ("S", "z", "conv", "y"):
             torch.testing.assert_close(lanes[key][lane], getattr(state, key)[0], rtol=1e-4, atol=1e-5)
     rec = json.loads((tmp_path / "checkpoint" / "trainer.json").read_text())
-    assert rec["cursor"] == [[0, 2560, 512 if context else 2560], [0, stretch + 2560, 512 if context else 2560]]
+    carried = 512 if context else 2560
+    assert rec["cursor"] == [[0, 2560, carried], [0, stretch + 2560, carried]]
 
 
 def test_long_context_training_on_a_genome(tmp_path, genomes):
@@ -197,7 +198,7 @@ def test_long_context_training_on_a_genome(tmp_path, genomes):
     # lane 0 walks the 190 kb contig's training part: 120 windows of 256, never reset
     assert rec["context_mean"] == pytest.approx(119 * 256 / 2 + 255 / 2, rel=0.02)
     assert "positions of context on average" in (tmp_path / "long" / "training_report.md").read_text()
-    bounded = train([fa], tmp_path / "bounded", TINY, replace(cfg, steps=8, context=512))
+    train([fa], tmp_path / "bounded", TINY, replace(cfg, steps=8, context=512))
     ctx = json.loads((tmp_path / "bounded" / "training.json").read_text())["context_mean"]
     assert ctx == pytest.approx(256 / 2 + 255 / 2)  # windows start with 0, 256, 0, 256, ... carried
 

@@ -68,8 +68,8 @@ def train_cmd(inputs, out, d_model, n_layers, n_heads, mlp_hidden, conv_width, f
     from linpipe.progress import Progress
     from linpipe.training.loop import TrainConfig, train
 
-    cfg = TrainConfig(steps=steps, batch=batch, window=window, context=context, lr=lr, seed=seed, device=device,
-                      checkpoint_every=checkpoint_every, threads=threads,
+    cfg = TrainConfig(steps=steps, batch=batch, window=window, context=context, lr=lr, seed=seed,
+                      device=device, checkpoint_every=checkpoint_every, threads=threads,
                       val_records=tuple(v for v in (val_records or "").split(",") if v))
     kw = model_shape(d_model, n_layers, n_heads, mlp_hidden, conv_width, feature_map, no_normalize, gate,
                      gate_normalizer)
@@ -138,7 +138,8 @@ def eval_cmd(model_dir, inputs, baseline_train, season, reset_every, as_json, **
                 click.echo(f"  {name:<24} {v:.4f} bits/base")
             far = row["far_repeats"]
             click.echo(f"  far repeats: {far['positions']:,} positions (the {K} bases ending there "
-                       f"occurred earlier in the record, the latest copy more than {FAR + CUT_WINDOW - 1:,} back)")
+                       f"occurred earlier in the record, the latest copy more than "
+                       f"{FAR + CUT_WINDOW - 1:,} back)")
             for name, v in far["scores"].items():
                 label = f"model, context cut to {FAR // 1000} kb" if name == "model-cut" else name
                 click.echo(f"    {label:<30} {v:.4f} bits/base")

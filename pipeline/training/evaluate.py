@@ -3,8 +3,7 @@ simple baselines computed on exactly the same positions.
 
 dna: order-0 and order-k Markov models fitted on the model's training data (stored by
 `linpipe train` in MODEL_DIR/markov.safetensors, k chosen there on the validation parts), or
-fitted on `baseline_train` files; over all positions and again at the far repeats
-(linpipe.training.repeats), where the model is also scored with its context cut to 10 kb. timeseries: last-value, seasonal-naive and Holt
+fitted on `baseline_train` files. timeseries: last-value, seasonal-naive and Holt
 exponential-smoothing forecasts, and optionally the model with its state reset every N rows
 (how much its long context is worth), scored per channel (channels may be in different units)
 with a scale-free headline: each predictor's MAE over last-value's, averaged over the channels.
@@ -28,7 +27,9 @@ MARKOV_FILE = "markov.safetensors"
 
 @dataclass
 class DnaScore:
-    """Summed -log2 p over scored positions, per predictor; bits per base = sum / n."""
+    """Summed -log2 p over scored positions, per predictor; bits per base = sum / n. `far`: the
+    same at the far repeats (linpipe.training.repeats), where the model is also scored with its
+    context cut to 10 kb."""
 
     name: str
     n: int = 0
