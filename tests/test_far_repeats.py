@@ -35,11 +35,16 @@ def brute_previous(tokens: np.ndarray, k: int = K) -> np.ndarray:
 def test_constructed_repeats_exactly():
     rng = np.random.default_rng(7)
     t = rng.integers(0, 4, 30_000).astype(np.uint8)
-    t[20_000:20_100] = t[1_000:1_100]  # 19,000 back: far
-    t[6_000:6_100] = t[2_000:2_100]  # 4,000 back: near
-    t[18_000:18_100] = t[2_000:2_100]  # its latest earlier copy is the near one, 12,000 back: far
-    t[13_000:13_040] = t[3_000:3_040]  # exactly 10,000 back: not far
-    t[14_001:14_041] = t[4_000:4_040]  # 10,001 back: far
+
+    def copy(src, dst, n):  # the bases on either side differ from the source's: copies of n exactly
+        t[dst:dst + n] = t[src:src + n]
+        t[dst - 1], t[dst + n] = (t[src - 1] + 1) % 4, (t[src + n] + 1) % 4
+
+    copy(1_000, 20_000, 100)  # 19,000 back: far
+    copy(2_000, 6_000, 100)  # 4,000 back: near
+    copy(6_000, 18_000, 100)  # its latest earlier copy is the near one, 12,000 back: far
+    copy(3_000, 13_000, 40)  # exactly 10,000 back: not far
+    copy(4_000, 14_001, 40)  # 10,001 back: far
     t[20_050] = N_TOKEN  # no 32-mer holding the N repeats
     pos, dist = far_repeats(t)
     expect = {**{i: 19_000 for i in range(20_031, 20_050)}, **{i: 19_000 for i in range(20_082, 20_100)},
@@ -73,6 +78,7 @@ def test_cut_scores_only_where_asked(genomes, tmp_path):
     rng = np.random.default_rng(3)
     t = rng.integers(0, 4, 9_000).astype(np.uint8)
     t[7_000:7_200] = t[500:700]
+    t[6_999], t[7_200] = (t[499] + 1) % 4, (t[700] + 1) % 4  # a copy of exactly 200 bases
     full = cut_log2prob(model, t, cut=2_000, window=700)
     some = cut_log2prob(model, t, cut=2_000, window=700, where=np.array([7_031, 7_100]))
     read = ~np.isnan(some)
