@@ -92,3 +92,37 @@ def test_cut_scores_only_where_asked(genomes, tmp_path):
     pos = score_far_repeats(score, model, t, model_log2prob(model, t), cut=2_000, window=700)
     assert pos.tolist() == list(range(7_031, 7_200)) and score.n == 169
     assert set(score.bits()) == {"model", "model-cut"}
+
+
+def test_eval_prints_far_repeats_beside_the_overall_figures(genomes, tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from linpipe.cli import cli
+
+    d = tmp_path / "m"
+    assert CliRunner().invoke(cli, ["model", "init", str(d), "--d-model", "16", "--n-layers", "1",
+                                    "--n-heads", "2"]).exit_code == 0
+    fa = genomes / "abricate_Sepidermidis_ST14_assembly.fa"
+    args = ["eval", str(d), str(fa), "--baseline-train", str(genomes / "minimap2_MT-human.fa")]
+    r = CliRunner().invoke(cli, [*args, "--json"])
+    assert r.exit_code == 0, r.output
+    far = json.loads(r.output)["inputs"][0]["far_repeats"]
+    # the same positions by hand: every record's far repeats, the model's full-context bits there
+    model = load_model(d)
+    want, bits = 0, 0.0
+    for _, t in read_dna_records(fa):
+        pos, _ = far_repeats(t, K, 10_999)
+        want += len(pos)
+        bits -= model_log2prob(model, t)[pos].sum()
+    assert far["positions"] == want > 0
+    assert far["scores"]["model"] == pytest.approx(bits / want, rel=1e-6)
+    assert set(far["scores"]) == {"model", "model-cut", "markov-0", "markov-2",
+                                  f"markov-{json.loads(r.output)['markov_best_k']}"}
+    text = CliRunner().invoke(cli, args)
+    assert text.exit_code == 0
+    lines = text.output.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("  far repeats: "))
+    assert f"{want:,} positions" in lines[at] and "more than 10,999 back" in lines[at]
+    assert lines[at + 1].split()[0] == "model" and "model, context cut to 10 kb" in lines[at + 2]
