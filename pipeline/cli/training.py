@@ -60,8 +60,8 @@ def _command_line() -> str:
                    "model; docs/default-model.md). Trains on files with any channels.")
 @timeseries_options
 def train_cmd(inputs, out, d_model, n_layers, n_heads, mlp_hidden, conv_width, feature_map, no_normalize,
-              decay, gate, gate_normalizer, steps, batch, window, context, lr, seed, device, val_records,
-              checkpoint_every, threads, resume, force, quiet, series_norm, **ts):
+              decay, gate, gate_normalizer, steps, batch, window, lr, seed, device, val_records,
+              checkpoint_every, threads, resume, force, quiet, series_norm, context, **ts):
     """Train a model on INPUTS (FASTA or time series) by next-position prediction into --out."""
     import numpy as np
 
