@@ -142,6 +142,6 @@ class LaneWalker:
         return [list(c) for c in self.cursor]
 
     def set_state(self, cursor):
-        """A cursor of get_state; one of two numbers a lane (checkpoints from before `context`
-        was counted) counts the carried positions from that point on."""
+        """A cursor of get_state. Checkpoints written before the carried positions were kept
+        hold two numbers a lane; their lanes count them from 0."""
         self.cursor = [list(map(int, c)) + [0] * (3 - len(c)) for c in cursor]

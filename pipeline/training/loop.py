@@ -321,7 +321,7 @@ def _train(inputs, out, model_kwargs, cfg, decay, resume, command, progress, sto
         for key in ("batch", "window", "val_fraction", "context"):
             if old.get(key, 0) != getattr(cfg, key):
                 raise LinpipeError(f"{ckpt}: {option('resume')} with {option(key)} {getattr(cfg, key)}, "
-                                   f"but the checkpoint was trained with {old[key]}")
+                                   f"but the checkpoint was trained with {old.get(key, 0)}")
         start, losses = int(saved["step"]), list(saved["losses"])
         if start >= cfg.steps:
             raise LinpipeError(f"{ckpt}: already at step {start}; give {option('steps')} above it to "
