@@ -104,7 +104,9 @@ def test_eval_prints_far_repeats_beside_the_overall_figures(genomes, tmp_path):
     d = tmp_path / "m"
     assert CliRunner().invoke(cli, ["model", "init", str(d), "--d-model", "16", "--n-layers", "1",
                                     "--n-heads", "2"]).exit_code == 0
-    fa = genomes / "abricate_Sepidermidis_ST14_assembly.fa"
+    (_, chr1), = read_dna_records(genomes / "korflab_hg19_chr1_first3Mb.fa.gz")
+    fa = tmp_path / "chr1_40kb.fa"  # 40 kb of human chr1 with 150 far repeats
+    fa.write_text(">chr1_1500k\n" + "".join("ACGTN"[b] for b in chr1[1_500_000:1_540_000]) + "\n")
     args = ["eval", str(d), str(fa), "--baseline-train", str(genomes / "minimap2_MT-human.fa")]
     r = CliRunner().invoke(cli, [*args, "--json"])
     assert r.exit_code == 0, r.output
