@@ -110,7 +110,7 @@ def plot(results: dict, path: str) -> None:
         ax3.plot(rmid, [b["cut"] for b in rd], marker="x", ls="--", color=line.get_color(),
                  label=f"{name}, cut to {r['cut'] // 1000} kb")
     if rd:
-        ax3.plot(rmid, [b["markov_self"] for b in rd], color="gray", ls=":",
+        ax3.plot(rmid, [b["markov_self"] for b in rd], color="gray", ls=":", marker=".",
                  label=f"order-{SELF_K} Markov of the target itself")
     ax3.set_xscale("log")
     ax3.set_xlabel("distance to the earlier copy (far repeats)")
