@@ -1,12 +1,14 @@
 """`linpipe train` on a real genome: the loss falls, resuming continues exactly, the model
 directory holds a loadable model, a report and no pickles; bad inputs give one-line errors."""
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
 
 from linpipe.cli import cli
+from linpipe.errors import LinpipeError
 from linpipe.model import load_model
 from linpipe.training.data import LaneWalker
 from linpipe.training.loop import TrainConfig, train
@@ -156,3 +158,56 @@ def test_windows_of_only_n_score_nothing(tmp_path, mt):
     # windows 20..29 hold only N: nothing to score, recorded as NaN; the rest are finite
     assert np.isnan(losses[20:30]).all() and np.isfinite(np.delete(losses, range(20, 30))).all()
     assert np.isfinite(res.val["bits_per_base"]["model"])
+
+
+@pytest.mark.parametrize("context", [0, 1024])
+def test_training_carries_the_state_exactly(tmp_path, mt, context):
+    """The lanes' state after 10 windows is the state of one forward over the positions the
+    lane read since its last reset: the whole walk, or (context 1024) the last two windows."""
+    import torch
+    from safetensors.torch import load_file
+
+    from linpipe.training.data import read_dna_records
+
+    # lr so small that Adam's steps (about lr each) leave every weight as it was
+    cfg = TrainConfig(steps=100, batch=2, window=256, lr=1e-30, warmup=1, context=context)
+    assert train([mt], tmp_path, TINY, cfg, stop_at=10) is None
+    model = load_model(tmp_path / "checkpoint")
+    lanes = load_file(str(tmp_path / "checkpoint" / "lanes.safetensors"))
+    (_, tokens), = read_dna_records(mt)
+    stretch = (len(tokens) - round(len(tokens) * 0.05)) // 2  # the training part over two lanes
+    for lane, start in enumerate((0, stretch)):
+        read_from = start + (2048 if context else 0)  # 10 windows, reset before the 5th and 9th
+        _, state = model.forward(tokens[read_from:start + 2560], model.init_state())
+        for key in ("S", "z", "conv", "y"):
+            torch.testing.assert_close(lanes[key][lane], getattr(state, key)[0], rtol=1e-4, atol=1e-5)
+    rec = json.loads((tmp_path / "checkpoint" / "trainer.json").read_text())
+    carried = 512 if context else 2560
+    assert rec["cursor"] == [[0, 2560, carried], [0, stretch + 2560, carried]]
+
+
+def test_long_context_training_on_a_genome(tmp_path, genomes):
+    """On the S. epidermidis contigs, lanes carry their state over tens of kb: the report says
+    how much context a scored position saw, and the loss falls; --context bounds it."""
+    fa = genomes / "abricate_Sepidermidis_ST14_assembly.fa"
+    cfg = TrainConfig(steps=120, batch=1, window=256, lr=1e-2, warmup=10, checkpoint_every=120)
+    res = train([fa], tmp_path / "long", TINY, cfg)
+    losses = np.asarray(res.losses)
+    assert losses[:15].mean() - losses[-15:].mean() > 0.05 and losses[-15:].mean() < 1.99
+    rec = json.loads((tmp_path / "long" / "training.json").read_text())
+    # the lane walks the 190 kb training part of the first contig: 120 windows of 256, no reset
+    assert rec["context_mean"] == pytest.approx(119 * 256 / 2 + 255 / 2)
+    assert "positions of context on average" in (tmp_path / "long" / "training_report.md").read_text()
+    train([fa], tmp_path / "bounded", TINY, replace(cfg, steps=8, context=512))
+    ctx = json.loads((tmp_path / "bounded" / "training.json").read_text())["context_mean"]
+    assert ctx == pytest.approx(256 / 2 + 255 / 2)  # windows start with 0, 256, 0, 256, ... carried
+
+
+def test_resume_keeps_the_context_count(tmp_path, mt):
+    cfg = TrainConfig(steps=30, batch=2, window=64, lr=1e-2, warmup=5, checkpoint_every=30, context=256)
+    whole = train([mt], tmp_path / "whole", TINY, cfg)
+    assert train([mt], tmp_path / "cut", TINY, cfg, stop_at=13) is None  # mid-way between resets
+    res = train([mt], tmp_path / "cut", TINY, cfg, resume=True)
+    np.testing.assert_allclose(res.losses, whole.losses, rtol=1e-4, atol=1e-5)
+    with pytest.raises(LinpipeError, match="context"):
+        train([mt], tmp_path / "cut", TINY, replace(cfg, steps=40, context=0), resume=True)

@@ -37,6 +37,10 @@ def _command_line() -> str:
 @click.option("--batch", type=click.IntRange(1), default=8, show_default=True, help="Parallel lanes.")
 @click.option("--window", type=click.IntRange(2), default=512, show_default=True,
               help="Positions per lane per step.")
+@click.option("--context", type=click.IntRange(0), default=0, show_default=True, metavar="N",
+              help="Positions a lane carries its state over, window to window, before it restarts "
+              "from the record-start state (0: to the record's end, as inference does; gradients "
+              "reach back only --window positions either way).")
 @click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=3e-3, show_default=True,
               help="Peak learning rate (Adam; linear warm-up, then cosine decay to a tenth).")
 @click.option("--seed", type=int, default=0, show_default=True,
@@ -61,15 +65,15 @@ def _command_line() -> str:
 def train_cmd(inputs, out, d_model, n_layers, n_heads, mlp_hidden, conv_width, feature_map, no_normalize,
               decay, gate, gate_normalizer, family, head_dim, expand_v, output_gate, allow_neg_eigval,
               steps, batch, window, lr, seed, device, val_records,
-              checkpoint_every, threads, resume, force, quiet, series_norm, **ts):
+              checkpoint_every, threads, resume, force, quiet, series_norm, context, **ts):
     """Train a model on INPUTS (FASTA or time series) by next-position prediction into --out."""
     import numpy as np
 
     from linpipe.progress import Progress
     from linpipe.training.loop import TrainConfig, train
 
-    cfg = TrainConfig(steps=steps, batch=batch, window=window, lr=lr, seed=seed, device=device,
-                      checkpoint_every=checkpoint_every, threads=threads,
+    cfg = TrainConfig(steps=steps, batch=batch, window=window, context=context, lr=lr, seed=seed,
+                      device=device, checkpoint_every=checkpoint_every, threads=threads,
                       val_records=tuple(v for v in (val_records or "").split(",") if v))
     kw = model_shape(d_model, n_layers, n_heads, mlp_hidden, conv_width, feature_map, no_normalize, gate,
                      gate_normalizer)
@@ -124,6 +128,7 @@ def eval_cmd(model_dir, inputs, baseline_train, season, reset_every, as_json, **
     import json
 
     from linpipe.training.evaluate import evaluate_inputs
+    from linpipe.training.repeats import CUT_WINDOW, FAR, K
 
     report = evaluate_inputs(model_dir, inputs, baseline_train=baseline_train, season=season,
                              ts_options=input_options(ts),
@@ -137,6 +142,13 @@ def eval_cmd(model_dir, inputs, baseline_train, season, reset_every, as_json, **
         if report["modality"] == "dna":
             for name, v in row["scores"].items():
                 click.echo(f"  {name:<24} {v:.4f} bits/base")
+            far = row["far_repeats"]
+            click.echo(f"  far repeats: {far['positions']:,} positions (the {K} bases ending there "
+                       f"occurred earlier in the record, the latest copy more than "
+                       f"{FAR + CUT_WINDOW - 1:,} back)")
+            for name, v in far["scores"].items():
+                label = f"model, context cut to {FAR // 1000} kb" if name == "model-cut" else name
+                click.echo(f"    {label:<30} {v:.4f} bits/base")
             continue
         kept = row["headline_channels"]
         over = f", mean over {plural(len(kept), 'channel')}" if len(row["channels"]) > 1 else ""

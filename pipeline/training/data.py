@@ -78,10 +78,16 @@ class LaneWalker:
     stretches, one per lane. A lane never crosses a record boundary inside a window: when its
     record ends, the rest of the window is padding (mask 0) and the lane's state must be reset
     before its next window (`resets`). At the end of its stretch a lane wraps to its start.
+
+    Between resets a lane's state is carried from window to window, so a position is predicted
+    with all the positions its lane read since its last reset as context (`carried`, at the
+    start of each window). `context` > 0 bounds that: a lane also resets once it has carried
+    its state over `context` positions (rounded up to whole windows); 0 carries it to the end
+    of the record's part in the lane's stretch, as inference carries it to the record's end.
     """
 
-    def __init__(self, parts: list[np.ndarray], batch: int, window: int):
-        self.parts, self.batch, self.window = parts, batch, window
+    def __init__(self, parts: list[np.ndarray], batch: int, window: int, context: int = 0):
+        self.parts, self.batch, self.window, self.context = parts, batch, window, context
         lengths = np.array([len(p) for p in parts], dtype=np.int64)
         total = int(lengths.sum())
         if total < batch * 2:
@@ -98,7 +104,17 @@ class LaneWalker:
                 if a < z:
                     runs.append((i, int(a - s), int(z - s)))
             self.runs.append(runs)
-        self.cursor = [[0, self.runs[b][0][1]] for b in range(batch)]  # (run, position)
+        # (run, position, positions carried since the lane's last reset)
+        self.cursor = [[0, self.runs[b][0][1], 0] for b in range(batch)]
+
+    @property
+    def carried(self) -> np.ndarray:
+        """(B,) positions of context each lane's state holds before its next window."""
+        return np.array([0 if self._resets(b) else c[2] for b, c in enumerate(self.cursor)])
+
+    def _resets(self, b: int) -> bool:
+        si, pos, carried = self.cursor[b]
+        return pos == self.runs[b][si][1] or (self.context > 0 and carried >= self.context)
 
     def next_batch(self):
         """(x (B, W), mask (B, W) bool, resets (B,) bool): resets[b] means lane b starts afresh."""
@@ -108,21 +124,24 @@ class LaneWalker:
         mask = np.zeros((self.batch, self.window), dtype=bool)
         resets = np.zeros(self.batch, dtype=bool)
         for b in range(self.batch):
-            si, pos = self.cursor[b]
+            resets[b] = self._resets(b)
+            si, pos, carried = self.cursor[b]
             part, start, end = self.runs[b][si]
-            resets[b] = pos == start
             n = min(self.window, end - pos)
             x[b, :n] = self.parts[part][pos : pos + n]
             mask[b, :n] = True
             pos += n
+            carried = n if resets[b] else carried + n
             if pos >= end:  # move to the next run (wrapping): fresh state there
                 si = (si + 1) % len(self.runs[b])
                 pos = self.runs[b][si][1]
-            self.cursor[b] = [si, pos]
+            self.cursor[b] = [si, pos, carried]
         return x, mask, resets
 
     def get_state(self):
         return [list(c) for c in self.cursor]
 
     def set_state(self, cursor):
-        self.cursor = [list(map(int, c)) for c in cursor]
+        """A cursor of get_state. Checkpoints written before the carried positions were kept
+        hold two numbers a lane; their lanes count them from 0."""
+        self.cursor = [list(map(int, c)) + [0] * (3 - len(c)) for c in cursor]

@@ -19,6 +19,7 @@ import numpy as np
 
 from linpipe.errors import ModelError, modality_mismatch, option
 from linpipe.training.markov import MarkovModel
+from linpipe.training.repeats import FarRepeatScore, score_far_repeats
 from linpipe.training.threads import torch_threads
 
 LN2 = math.log(2.0)
@@ -27,11 +28,14 @@ MARKOV_FILE = "markov.safetensors"
 
 @dataclass
 class DnaScore:
-    """Summed -log2 p over scored positions, per predictor; bits per base = sum / n."""
+    """Summed -log2 p over scored positions, per predictor; bits per base = sum / n. `far`: the
+    same at the far repeats (linpipe.training.repeats), where the model is also scored with its
+    context cut to 10 kb."""
 
     name: str
     n: int = 0
     sums: dict = field(default_factory=dict)
+    far: FarRepeatScore = field(default_factory=FarRepeatScore)  # the same at far repeats
 
     def add(self, key: str, neglog2: np.ndarray) -> None:
         self.sums[key] = self.sums.get(key, 0.0) + float(neglog2.sum())
@@ -82,11 +86,13 @@ def evaluate_dna(model, records, markov: MarkovModel, span: int = 65536) -> DnaS
         ok = ~np.isnan(lp)
         score.n += int(ok.sum())
         score.add("model", -lp[ok])
+        marks = {}
         for k in ks:
-            mk = markov.log2prob(tokens, k)
+            mk = marks[f"markov-{k}"] = markov.log2prob(tokens, k)
             if not np.array_equal(np.isnan(mk), ~ok):
                 raise AssertionError("model and Markov baseline scored different positions")
             score.add(f"markov-{k}", -mk[ok])
+        score_far_repeats(score.far, model, tokens, lp, marks)
     return score
 
 
@@ -313,7 +319,8 @@ def _evaluate_inputs(model_dir, inputs, baseline_train, season, ts_options, rese
             if mod != "dna":
                 raise modality_mismatch(p, mod, model_dir, "dna")
             score = evaluate_dna(model, recs, markov)
-            report["inputs"].append({"input": str(p), "positions": score.n, "scores": score.bits()})
+            report["inputs"].append({"input": str(p), "positions": score.n, "scores": score.bits(),
+                                     "far_repeats": {"positions": score.far.n, "scores": score.far.bits()}})
     else:
         for p in inputs:
             mod, recs, names = read_records(p, **(ts_options or {}))

@@ -2,8 +2,13 @@
 
 The network is `linpipe.model.LinpipeNet` (the same layers `Model.forward` runs). B lanes walk
 the training parts of the records in order, `window` positions per step, and carry the
-recurrent state (detached) from one window to the next, exactly as inference carries it from
-unit to unit; a lane restarts from the state after BOS at every record start.
+recurrent state from one window to the next, exactly as inference carries it from unit to
+unit: truncated backpropagation through time, gradients stop at a window's start
+(`state.detach()`), the state does not. So a position is predicted with all its lane read
+since the record's start (or the lane's) as context, hundreds of kb on a long record, though
+its gradient reaches back only `window` positions. A lane restarts from the state after BOS at
+every record start, and, with `context` > 0, after carrying its state over that many positions
+(`--context 512 --window 512`: no carried context at all, for measuring what it is worth).
 
 Losses: dna, cross-entropy over A/C/G/T in bits (targets that are N are skipped); timeseries,
 mean squared error of the forecast in normalised units ((x - mean) / std, with the channel
@@ -50,6 +55,8 @@ class TrainConfig:
     threads: int = 1  # torch intra-op threads: this model's ops are too small to gain from more
     val_fraction: float = 0.05
     val_records: tuple = ()
+    # positions a lane carries its state over before restarting from BOS; 0: to the record's end
+    context: int = 0
 
     def lr_at(self, step: int) -> float:
         if step < self.warmup:
@@ -253,6 +260,9 @@ def train(inputs, out, model_kwargs: dict | None = None, cfg: TrainConfig = Trai
     if cfg.steps < 1 or cfg.batch < 1 or cfg.window < 1 or not cfg.lr > 0:
         raise LinpipeError(f"{option('steps')}, {option('batch')}, {option('window')} must be >= 1 and "
                            f"{option('lr')} > 0 (got {cfg.steps}, {cfg.batch}, {cfg.window}, {cfg.lr})")
+    if cfg.context < 0:
+        raise LinpipeError(f"{option('context')} must be >= 0 (0: carry the state to the record's end; "
+                           f"got {cfg.context})")
     try:
         name = cfg.device
         if name == "auto":
@@ -308,10 +318,10 @@ def _train(inputs, out, model_kwargs, cfg, decay, resume, command, progress, sto
             raise LinpipeError(f"{ckpt}: {option('resume')} with different inputs than the checkpoint's "
                                f"({', '.join(Path(i['path']).name for i in saved.get('inputs', []))})")
         old = saved["train_config"]
-        for key in ("batch", "window", "val_fraction"):
-            if old[key] != getattr(cfg, key):
+        for key in ("batch", "window", "val_fraction", "context"):
+            if old.get(key, 0) != getattr(cfg, key):
                 raise LinpipeError(f"{ckpt}: {option('resume')} with {option(key)} {getattr(cfg, key)}, "
-                                   f"but the checkpoint was trained with {old[key]}")
+                                   f"but the checkpoint was trained with {old.get(key, 0)}")
         start, losses = int(saved["step"]), list(saved["losses"])
         if start >= cfg.steps:
             raise LinpipeError(f"{ckpt}: already at step {start}; give {option('steps')} above it to "
@@ -340,7 +350,7 @@ def _train(inputs, out, model_kwargs, cfg, decay, resume, command, progress, sto
         start, losses = 0, []
         out.mkdir(parents=True, exist_ok=True)
 
-    walker = LaneWalker(parts, cfg.batch, cfg.window)
+    walker = LaneWalker(parts, cfg.batch, cfg.window, cfg.context)
     opt = torch.optim.Adam([p for p in net.parameters() if p.requires_grad], lr=cfg.lr,
                            betas=(0.9, 0.98), eps=1e-8)
     if resume:
@@ -353,7 +363,9 @@ def _train(inputs, out, model_kwargs, cfg, decay, resume, command, progress, sto
             _save_markov(out, splits)
 
     t0 = time.time()
+    carried = []  # context (positions) of each step's windows at their start, mean over lanes
     for step in range(start, cfg.steps):
+        carried.append(float(walker.carried.mean()))
         xb, mb, resets = walker.next_batch()
         x = torch.from_numpy(xb.astype(np.int64) if modality == "dna" else xb).to(device)
         mask = torch.from_numpy(mb).to(device)
@@ -378,6 +390,7 @@ def _train(inputs, out, model_kwargs, cfg, decay, resume, command, progress, sto
             save_checkpoint(ckpt, net, config, opt, state, walker, step + 1, losses, meta)
             return None
     meta["train_seconds"] = round(time.time() - t0, 1)
+    meta["context_mean"] = round(float(np.mean(carried)) + (cfg.window - 1) / 2, 1)
 
     sha = save_model(net, config, out)
     val = validate(net, config, splits, out if modality == "dna" else None)
@@ -462,6 +475,13 @@ def validate(net, config, splits, markov_dir) -> dict:
         net.train()
 
 
+def _context_words(meta: dict) -> str:
+    tc = meta.get("train_config", {})
+    bound = tc.get("context", 0)
+    return (f"restarting every {bound} positions" if bound else "to the end of each record's "
+            "training part") + f", gradients through the last {tc.get('window', '?')}"
+
+
 def _last_observed(v: np.ndarray) -> np.ndarray:
     """The last-value forecast of every row of v (T, C): the last non-NaN value before it."""
     out = np.full_like(v, np.nan)
@@ -513,6 +533,9 @@ def write_report(result: TrainResult, meta: dict, config) -> None:
              f"H={config.n_heads} M={config.mlp_hidden} W={config.conv_width}; "
              f"sha256 of model.safetensors: `{result.sha256}`",
              f"Steps: {len(losses)}; training time {meta.get('train_seconds', '?')} s (last session)",
+             f"Context: the state carried from window to window "
+             f"({_context_words(meta)}); a scored position saw "
+             f"{meta.get('context_mean', '?')} positions of context on average (last session)",
              f"Final training loss (mean of last 50 steps): "
              f"{record['final_train_loss_mean50']:.4f} {unit}", "",
              "Validation (held-out parts, same positions for every predictor):", ""]
