@@ -42,9 +42,6 @@ LATER = ("linear_attn", "retnet", "gla", "mamba2")
 LETTERS = "ACGTN"  # the DNA letters whose ids the checkpoint must have
 LETTER_TOKENS = {"A": A, "C": C, "G": G, "T": T, "N": N}
 SILU = ("swish", "silu")
-# config keys that change only how fla computes (fused kernels, loss, training, generation)
-IGNORED = {"attn_mode", "fuse_norm", "fuse_swiglu", "fuse_cross_entropy", "fuse_linear_cross_entropy",
-           "use_l2warp", "use_cache", "initializer_range", "max_position_embeddings"}
 
 
 @dataclass(frozen=True)
