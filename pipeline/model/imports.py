@@ -30,6 +30,7 @@ from linpipe.model.config import (
     GATED_DELTANET,
     WEIGHTS_FILE,
     ModelConfig,
+    expected_shapes,
     origin_pairs,
 )
 from linpipe.model.files import PICKLE_NAMES, PICKLE_SUFFIXES, file_sha256
@@ -269,9 +270,8 @@ def convert(ck: Checkpoint, tokens: dict | None = None, bos: int | None = None):
     if gate is None:
         raise ModelError(f"{ck.path}: the weights have no tensor 'model.layers.0.mlp.gate_proj.weight'")
     if src:
-        extra = sorted(src)
-        raise ModelError(f"{ck.path}: tensor {extra[0]!r} has no place in a linpipe {fam['family']} model "
-                         f"(an option this import does not implement){' and more' if len(extra) > 1 else ''}")
+        raise ModelError(f"{ck.path}: tensor {sorted(src)[0]!r} has no place in a linpipe {fam['family']} "
+                         "model (an option this import does not implement)")
     origin = {"source": SOURCE, "model_type": fam["family"], "weights_sha256": ck.sha256,
               "tokens": {**tokens, "BOS": bos}, "vocab_size": vocab}
     try:
@@ -280,7 +280,25 @@ def convert(ck: Checkpoint, tokens: dict | None = None, bos: int | None = None):
                              origin=origin_pairs(origin), **fam)
     except ModelError as e:
         raise ModelError(f"{ck.where}: {str(e).removeprefix('invalid model config: ')}") from None
+    _check_layers(ck, config, out)
     return config, out
+
+
+def _check_layers(ck: Checkpoint, config: ModelConfig, tensors: dict) -> None:
+    """Each layer tensor is one the config expects, with its shape, named as the checkpoint names it."""
+    shapes = expected_shapes(config)
+    for name, t in tensors.items():
+        fla_name = "model." + name
+        if name not in shapes:
+            raise ModelError(f"{ck.path}: tensor {fla_name!r} has no place in a linpipe {config.family} "
+                             "model (an option this import does not implement)")
+        if tuple(t.shape) != shapes[name] and name.startswith("layers."):
+            raise ModelError(f"{ck.path}: tensor {fla_name!r} has shape {list(t.shape)}, expected "
+                             f"{list(shapes[name])} from its config.json")
+    missing = sorted(n for n in shapes if n not in tensors)
+    if missing:
+        raise ModelError(f"{ck.path}: the weights have no tensor {'model.' + missing[0]!r} (model_type "
+                         f"{config.family})")
 
 
 def import_checkpoint(src, out, tokens: dict | None = None, bos: int | None = None,
