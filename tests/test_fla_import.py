@@ -232,3 +232,28 @@ def test_fixtures_are_flas_word(tmp_path):
         fresh, stored = np.load(tmp_path / family / "expected.npz"), np.load(FLA / family / "expected.npz")
         for k in ("ce_mt/logprob", "ce_mt/entropy"):
             np.testing.assert_allclose(fresh[k], stored[k], rtol=0, atol=1e-6, err_msg=f"{family} {k}")
+
+
+@pytest.mark.slow  # importing fla and transformers takes tens of seconds on a busy 2-core machine
+def test_the_worked_example_of_docs_models_runs(tmp_path, monkeypatch):
+    """docs/models.md's example: its Python block makes a checkpoint with fla's classes (no forward:
+    no Triton), and `model import` / `model info` print what the page shows."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("fla.models")
+    import re
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "models.md").read_text()
+    block = re.search(r"^```python\n(.*?)^```", text, re.S | re.M).group(1)
+    monkeypatch.chdir(tmp_path)
+    exec(compile(block, "docs/models.md, python block", "exec"), {})
+    r = run("model", "import", "gdn-checkpoint", "gdn")
+    assert r.exit_code == 0, r.output
+    assert r.output.startswith("wrote gdn (gated_deltanet from flash-linear-attention gated_deltanet, "
+                               "vocabulary 8, sha256 ")
+    info = run("model", "info", "gdn").output.splitlines()
+    shown = text.split("$ linpipe model info gdn\n")[1].split("$ linpipe submit")[0].splitlines()
+    shown = [line for line in shown if line != "..."]
+    assert len(shown) == 3
+    for line in shown:  # "..." stands for what differs run to run (a sha256, a size)
+        head, _, tail = line.partition("...")
+        assert any(got.startswith(head) and got.endswith(tail) for got in info), line
