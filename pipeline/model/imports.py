@@ -33,7 +33,7 @@ from linpipe.model.config import (
     expected_shapes,
     origin_pairs,
 )
-from linpipe.model.files import PICKLE_NAMES, PICKLE_SUFFIXES, file_sha256
+from linpipe.model.files import PICKLE_NAMES, PICKLE_SUFFIXES, file_sha256, load_safetensors, read_json
 
 SOURCE = "flash-linear-attention"
 INDEX_FILE = "model.safetensors.index.json"
@@ -76,19 +76,11 @@ def parse_tokens(text: str) -> dict:
 
 def read_checkpoint(src) -> Checkpoint:
     """The checkpoint's config and tensors; refuses pickles and shards it cannot account for."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     d = Path(src)
     if not d.is_dir():
         raise ModelError(f"{d}: not a directory (an fla checkpoint is a directory with {CONFIG_FILE})")
     cfg = d / CONFIG_FILE
-    if not cfg.is_file():
-        raise ModelError(f"{d}: missing {CONFIG_FILE} (not an fla checkpoint directory)")
-    try:
-        config = json.loads(cfg.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ModelError(f"{cfg}: not valid JSON ({e})") from None
+    config = read_json(d, "an fla checkpoint directory")
     if not isinstance(config, dict):
         raise ModelError(f"{cfg}: expected a JSON object")
     if config.get("format") == "linpipe-model":
@@ -115,11 +107,7 @@ def read_checkpoint(src) -> Checkpoint:
         path = d / name
         if not path.is_file():
             raise ModelError(f"{d / INDEX_FILE}: shard {name} is missing")
-        try:
-            part = load_file(str(path))
-        except (SafetensorError, OSError, ValueError, RuntimeError) as e:
-            msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-            raise ModelError(f"{path}: not a readable safetensors file ({msg})") from None
+        part = load_safetensors(path)
         tensors.update({k: v.float() for k, v in part.items()})
         h.update(bytes.fromhex(file_sha256(path)))
     # the weights' sha256: of model.safetensors, or of the shards' sha256s in file-name order

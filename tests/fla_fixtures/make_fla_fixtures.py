@@ -24,6 +24,9 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+from _pipeline_data import read_fasta  # noqa: E402  (the tests' own FASTA reader, no linpipe)
+
 GENOMES = HERE.parent / "data" / "genomes"
 DEFAULT_OUT = HERE.parent / "data" / "fla"
 
@@ -50,22 +53,11 @@ FAMILIES = {
         tie_word_embeddings=True)),
     "gated_deltanet": ("GatedDeltaNetConfig", "GatedDeltaNetForCausalLM", dict(
         hidden_size=32, num_hidden_layers=2, num_heads=2, head_dim=16, expand_v=2.0, use_gate=True,
-        allow_neg_eigval=False, use_short_conv=True, conv_size=4, hidden_ratio=2)),
+        allow_neg_eigval=False, use_short_conv=True, conv_size=4, intermediate_size=96)),
 }
 COMMON = dict(vocab_size=len(VOCAB), pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS,
               attn_mode="fused_recurrent", fuse_norm=False, fuse_swiglu=False, fuse_cross_entropy=False,
               norm_eps=1e-6)
-
-
-def read_fasta(path: Path) -> dict[str, str]:
-    out, name = {}, None
-    for line in path.read_text().splitlines():
-        if line.startswith(">"):
-            name = line[1:].split()[0]
-            out[name] = []
-        elif name:
-            out[name].append(line.strip())
-    return {k: "".join(v) for k, v in out.items()}
 
 
 def records(genomes: Path = GENOMES) -> dict[str, str]:
