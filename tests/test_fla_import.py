@@ -27,9 +27,13 @@ from linpipe.model.config import origin_pairs
 
 FLA = Path(__file__).parent / "data" / "fla"
 SCRIPT = Path(__file__).parent / "fla_fixtures" / "make_fla_fixtures.py"
-FAMILIES = ("delta_net", "gated_deltanet")
-# delta_net's fixture has no tokenizer: its ids are given (gated_deltanet's come from vocab.json)
-TOKENS = {"delta_net": ["--tokens", "A=3,C=4,G=5,T=6,N=7"], "gated_deltanet": []}
+# the fixtures (make_fla_fixtures.FIXTURES): delta_net (tied embeddings, allow_neg_eigval,
+# expand_v 2), gated_deltanet (the output gate, a vocab.json), delta_net_no_conv (use_short_conv
+# false, the output gate, 4 heads)
+FIXTURES = ("delta_net", "gated_deltanet", "delta_net_no_conv")
+# only gated_deltanet's fixture has a tokenizer: the others' ids are given
+GIVEN = ["--tokens", "A=3,C=4,G=5,T=6,N=7"]
+TOKENS = {"delta_net": GIVEN, "gated_deltanet": [], "delta_net_no_conv": GIVEN}
 TOL = 1e-4
 
 
@@ -37,13 +41,13 @@ def run(*args):
     return CliRunner().invoke(cli, [str(a) for a in args])
 
 
-@pytest.fixture(scope="module", params=FAMILIES)
+@pytest.fixture(scope="module", params=FIXTURES)
 def imported(request, tmp_path_factory):
-    family = request.param
-    out = tmp_path_factory.mktemp("fla") / family
-    r = run("model", "import", FLA / family, out, *TOKENS[family])
+    name = request.param
+    out = tmp_path_factory.mktemp("fla") / name
+    r = run("model", "import", FLA / name, out, *TOKENS[name])
     assert r.exit_code == 0, r.output
-    return family, out
+    return name, out
 
 
 def assert_matches_fla(store, expected_npz, fasta):
@@ -67,14 +71,14 @@ def assert_matches_fla(store, expected_npz, fasta):
 # odd places; 100: the long record streamed in 4 units, the short two packed together
 @pytest.mark.parametrize("unit_size", [1024, 37, 100])
 def test_stored_logprobs_equal_flas(imported, unit_size, tmp_path, one_torch_thread):
-    family, model = imported
+    name, model = imported
     out = tmp_path / "out.zarr"
     plan = write_in_process(FLA / "records.fa", model, out, unit_size=unit_size,
                             outputs=("logprob", "entropy"))
     streamed = {r.id for r in plan.streams}
     assert streamed == ({"mt_human", "chr2_iupac", "ce_mt"} if unit_size == 37 else
                         {"mt_human"} if unit_size == 100 else set())
-    assert_matches_fla(out, FLA / family / "expected.npz", FLA / "records.fa")
+    assert_matches_fla(out, FLA / name / "expected.npz", FLA / "records.fa")
 
 
 def test_split_is_refused_until_the_delta_rule_split_lands(imported, tmp_path):
@@ -86,21 +90,22 @@ def test_split_is_refused_until_the_delta_rule_split_lands(imported, tmp_path):
 
 
 def test_info_shows_family_origin_and_state(imported):
-    family, model = imported
-    src = json.loads((FLA / family / "config.json").read_text())
+    name, model = imported
+    src = json.loads((FLA / name / "config.json").read_text())
+    family = src["model_type"]
     r = run("model", "info", model, "--json")
     assert r.exit_code == 0, r.output
     info = json.loads(r.output)
     assert info["family"] == family
     origin = info["origin"]
     assert origin["model_type"] == family and origin["source"] == "flash-linear-attention"
-    weights = (FLA / family / "model.safetensors").read_bytes()
+    weights = (FLA / name / "model.safetensors").read_bytes()
     assert origin["weights_sha256"] == hashlib.sha256(weights).hexdigest()
     assert origin["tokens"] == {"A": 3, "C": 4, "G": 5, "T": 6, "N": 7, "BOS": src["bos_token_id"]}
     assert info["config"]["head_vocab"] == src["vocab_size"]
     H, L = src["num_heads"], src["num_hidden_layers"]
     K = src.get("head_dim") or src["hidden_size"] * src["expand_k"] // H
-    V, W = int(K * src["expand_v"]), src["conv_size"]
+    V, W = int(K * src["expand_v"]), src["conv_size"] if src["use_short_conv"] else 1
     floats = L * H * K * V + L * (W - 1) * H * (2 * K + V) + src["hidden_size"]
     assert info["state_bytes_per_record"] == 4 * floats
     text = run("model", "info", model).output
@@ -224,7 +229,7 @@ def test_fixtures_are_flas_word(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     from safetensors.torch import load_file
 
-    for family in FAMILIES:
+    for family in FIXTURES:
         live, kept = (load_file(str(d / family / "model.safetensors")) for d in (tmp_path, FLA))
         assert live.keys() == kept.keys()
         for k in live:

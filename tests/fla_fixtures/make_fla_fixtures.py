@@ -3,11 +3,11 @@ classes: small random DeltaNet and GatedDeltaNet language models over a DNA-size
 saved with save_pretrained (safetensors), and fla's log-softmax at each next token of real
 genome records (docs/models.md).
 
-    python tests/fla_fixtures/make_fla_fixtures.py [OUT [RECORD...]]
-    # OUT: tests/data/fla by default; RECORDs: some of RECORDS' ids (default all)
+    python tests/fla_fixtures/make_fla_fixtures.py [OUT [NAME...]]
+    # OUT: tests/data/fla by default; NAMEs: some of FIXTURES' names and RECORDS' ids (default all)
 
 Runs on a CPU: fla's Triton kernels under TRITON_INTERPRET=1 with the autotuner cut to its first
-config (a few minutes). Writes OUT/records.fa (the records), and per family OUT/<family>/ with
+config (a few minutes). Writes OUT/records.fa (the records), and per fixture OUT/<name>/ with
 config.json, model.safetensors (and vocab.json for gated_deltanet: a character-level tokenizer)
 and expected.npz: per record id, `logprob` (T,) fla's log-probability of each position's token
 given BOS and the positions before it, and `entropy` (T,) of fla's whole-vocabulary prediction.
@@ -45,8 +45,8 @@ RECORDS = {
     "ce_mt": ("htslib_ce.fa", "CHROMOSOME_MtDNA", 0, 45),
 }
 
-# family -> (config class, model class, config keys); both two layers, tiny dims
-FAMILIES = {
+# fixture name -> (config class, model class, config keys); all two layers, tiny dims
+FIXTURES = {
     "delta_net": ("DeltaNetConfig", "DeltaNetForCausalLM", dict(
         hidden_size=32, num_hidden_layers=2, num_heads=2, expand_k=1.0, expand_v=2.0, use_gate=False,
         allow_neg_eigval=True, use_short_conv=True, conv_size=4, intermediate_size=64,
@@ -54,6 +54,9 @@ FAMILIES = {
     "gated_deltanet": ("GatedDeltaNetConfig", "GatedDeltaNetForCausalLM", dict(
         hidden_size=32, num_hidden_layers=2, num_heads=2, head_dim=16, expand_v=2.0, use_gate=True,
         allow_neg_eigval=False, use_short_conv=True, conv_size=4, intermediate_size=96)),
+    "delta_net_no_conv": ("DeltaNetConfig", "DeltaNetForCausalLM", dict(
+        hidden_size=32, num_hidden_layers=2, num_heads=4, expand_k=1.0, expand_v=1.0, use_gate=True,
+        allow_neg_eigval=False, use_short_conv=False, intermediate_size=64)),
 }
 COMMON = dict(vocab_size=len(VOCAB), pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS,
               attn_mode="fused_recurrent", fuse_norm=False, fuse_swiglu=False, fuse_cross_entropy=False,
@@ -88,12 +91,12 @@ def interpret_triton():
     autotuner.Autotuner.run = first_config
 
 
-def make_model(family: str, seed: int):
-    """A random fla model of the family, its weights scaled so that its predictions vary."""
+def make_model(name: str, seed: int):
+    """A random fla model of a fixture, its weights scaled so that its predictions vary."""
     import fla.models as models
     import torch
 
-    config_cls, model_cls, keys = FAMILIES[family]
+    config_cls, model_cls, keys = FIXTURES[name]
     torch.manual_seed(seed)
     model = getattr(models, model_cls)(getattr(models, config_cls)(**keys, **COMMON)).float().eval()
     gen = torch.Generator().manual_seed(seed)
@@ -129,12 +132,12 @@ def fla_predictions(model, seq: str) -> tuple[np.ndarray, np.ndarray]:
     return lp.numpy().astype(np.float32), ent.numpy().astype(np.float32)
 
 
-def write_family(family: str, out: Path, seqs: dict[str, str], seed: int) -> None:
-    model = make_model(family, seed)
-    d = out / family
+def write_fixture(name: str, out: Path, seqs: dict[str, str], seed: int) -> None:
+    model = make_model(name, seed)
+    d = out / name
     d.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(d, safe_serialization=True)
-    if family == "gated_deltanet":  # a character-level tokenizer: the import reads the ids here
+    if name == "gated_deltanet":  # a character-level tokenizer: the import reads the ids here
         (d / "vocab.json").write_text(json.dumps({tok: i for i, tok in enumerate(VOCAB)}, indent=1) + "\n")
     arrays = {}
     for rid, seq in seqs.items():
@@ -146,12 +149,13 @@ def write_family(family: str, out: Path, seqs: dict[str, str], seed: int) -> Non
 
 def main(out: Path = DEFAULT_OUT, only=()) -> None:
     interpret_triton()
-    seqs = {k: v for k, v in records().items() if not only or k in only}
+    seqs = {k: v for k, v in records().items() if k in only or not set(only) & set(RECORDS)}
     out.mkdir(parents=True, exist_ok=True)
     (out / "records.fa").write_text("".join(f">{k}\n{v}\n" for k, v in seqs.items()))
-    for seed, family in enumerate(FAMILIES):
-        write_family(family, out, seqs, seed)
-        print(f"wrote {out / family}", file=sys.stderr)
+    for seed, name in enumerate(FIXTURES):
+        if name in only or not set(only) & set(FIXTURES):
+            write_fixture(name, out, seqs, seed)
+            print(f"wrote {out / name}", file=sys.stderr)
 
 
 if __name__ == "__main__":
