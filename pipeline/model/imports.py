@@ -102,16 +102,15 @@ def read_checkpoint(src) -> Checkpoint:
             raise ModelError(f"{d / pickles[0]}: a pickle; linpipe never unpickles files (save the model "
                              "with save_pretrained(..., safe_serialization=True) for model.safetensors)")
         raise ModelError(f"{d}: no {WEIGHTS_FILE} nor {INDEX_FILE}")
-    tensors, h = {}, hashlib.sha256()
+    tensors, shas = {}, []
     for name in files:
         path = d / name
         if not path.is_file():
             raise ModelError(f"{d / INDEX_FILE}: shard {name} is missing")
-        part = load_safetensors(path)
-        tensors.update({k: v.float() for k, v in part.items()})
-        h.update(bytes.fromhex(file_sha256(path)))
+        tensors.update({k: v.float() for k, v in load_safetensors(path).items()})
+        shas.append(file_sha256(path))
     # the weights' sha256: of model.safetensors, or of the shards' sha256s in file-name order
-    sha = file_sha256(d / files[0]) if len(files) == 1 else h.hexdigest()
+    sha = shas[0] if len(shas) == 1 else hashlib.sha256(b"".join(bytes.fromhex(x) for x in shas)).hexdigest()
     return Checkpoint(d, config, tensors, sha)
 
 
