@@ -5,7 +5,8 @@ DeltaNetForCausalLM and GatedDeltaNetForCausalLM) hold small random checkpoints 
 log-softmax at each next token of three real genome records. An imported model's stored
 logprob (and entropy, over the checkpoint's whole vocabulary) equals fla's to 1e-4 in float32:
 one unit per record (packed together), many units cut at odd places, and streamed and packed
-records in one job. --split is refused for delta-rule models until the split's delta-rule stages
+records in one job (in process, as a worker runs them; and once through `linpipe submit` on
+Ray). --split is refused for delta-rule models until the split's delta-rule stages
 land (jobs/plan.py), so its parity waits for them.
 """
 from __future__ import annotations
@@ -79,6 +80,19 @@ def test_stored_logprobs_equal_flas(imported, unit_size, tmp_path, one_torch_thr
     assert streamed == ({"mt_human", "chr2_iupac", "ce_mt"} if unit_size == 37 else
                         {"mt_human"} if unit_size == 100 else set())
     assert_matches_fla(out, FLA / name / "expected.npz", FLA / "records.fa")
+
+
+@pytest.mark.slow  # a Ray cluster on loopback
+def test_linpipe_submit_on_ray_stores_flas_logprobs(tmp_path):
+    """`linpipe submit` itself (Ray, two workers; the long record streamed in units of 100, the
+    others packed) with the imported gated_deltanet checkpoint stores fla's numbers."""
+    model, out = tmp_path / "gdn", tmp_path / "ray.zarr"
+    assert run("model", "import", FLA / "gated_deltanet", model).exit_code == 0
+    r = subprocess.run([sys.executable, "-m", "linpipe.cli", "submit", str(FLA / "records.fa"), "--model",
+                        str(model), "--out", str(out), "--unit-size", "100", "--workers", "2",
+                        "--outputs", "logprob,entropy"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert_matches_fla(out, FLA / "gated_deltanet" / "expected.npz", FLA / "records.fa")
 
 
 def test_split_is_refused_until_the_delta_rule_split_lands(imported, tmp_path):
