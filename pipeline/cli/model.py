@@ -1,4 +1,5 @@
-"""linpipe model init|info: create and inspect models (format v1, docs/model-format.md)."""
+"""linpipe model init|import|info: create, import and inspect models (format v1,
+docs/model-format.md; importing flash-linear-attention checkpoints: docs/models.md)."""
 from __future__ import annotations
 
 import click
@@ -53,6 +54,30 @@ def model_init(directory, modality, d_model, n_layers, n_heads, mlp_hidden, conv
     click.echo(f"wrote {directory} ({modality}, {config.family}, sha256 {sha})")
 
 
+@model_group.command("import", epilog=examples(
+    "linpipe model import fla-checkpoint/ my-model",
+    "linpipe model import fla-checkpoint/ my-model --tokens A=3,C=4,G=5,T=6,N=7 --bos 1"))
+@click.argument("src", type=click.Path(exists=True, file_okay=False))
+@click.argument("out", type=click.Path(file_okay=False))
+@click.option("--tokens", default=None, metavar="A=ID,C=ID,G=ID,T=ID,N=ID",
+              help="The checkpoint's token ids of the DNA letters (lowercase reads as uppercase, other "
+                   "IUPAC letters as N). Optional when SRC has a character-level vocab.json or "
+                   "tokenizer.json.")
+@click.option("--bos", type=click.IntRange(0), default=None,
+              help="The token id read before each record  [default: config.json's bos_token_id]")
+@click.option("--force", is_flag=True, help="Replace a model already in OUT.")
+def model_import(src, out, tokens, bos, force):
+    """Import a flash-linear-attention checkpoint (config.json + model.safetensors, families
+    delta_net and gated_deltanet) from SRC into a linpipe model directory OUT."""
+    from linpipe.model.imports import import_checkpoint, parse_tokens
+
+    config, sha = import_checkpoint(src, out, tokens=parse_tokens(tokens) if tokens else None, bos=bos,
+                                    force=force)
+    origin = dict(config.origin)
+    click.echo(f"wrote {out} ({config.family} from {origin['source']} {origin['model_type']}, "
+               f"vocabulary {config.head_vocab}, sha256 {sha})")
+
+
 @model_group.command("info", epilog=examples("linpipe model info",
                                              "linpipe model info examples/models/ecg --json"))
 @click.argument("model", default="default")
@@ -67,7 +92,7 @@ def model_info(model, as_json):
     m = load_model(model)
     info = {"path": str(m.path), "sha256": m.sha256, "parameters": count_parameters(m.config),
             "family": m.config.family, "state_bytes_per_record": 4 * m.config.state_floats(),
-            "config": m.config.to_json(),
+            "config": m.config.to_json(), "origin": m.config.to_json().get("origin"),
             "decay": {f"layer {i}": [round(g, 8) for g in layer.attn.base_decay()]
                       for i, layer in enumerate(m.net.layers)}}
     if as_json:
@@ -77,9 +102,14 @@ def model_info(model, as_json):
     click.echo(f"sha256      {info['sha256']}")
     click.echo(f"parameters  {info['parameters']:,}")
     click.echo(f"family      {info['family']}")
+    if info["origin"]:
+        o = info["origin"]
+        click.echo(f"origin      {o['source']} {o['model_type']}, weights sha256 {o['weights_sha256']}")
     click.echo(f"state       {info['state_bytes_per_record']:,} bytes per record (float32: "
                + ", ".join(f"{k} {list(v)}" for k, v in m.config.state_shapes().items()) + ")")
     for k, v in info["config"].items():
+        if k == "origin":
+            continue
         click.echo(f"{k:<11} {json.dumps(v)}")
     # a gated layer's decay at position t is exp(logsigmoid(gk_proj(x_t)) / normalizer): shown
     # where gk_proj's weights give 0 (its bias alone)

@@ -57,6 +57,14 @@ class ModelConfig:
     use_gate: bool = False  # the output gate: o_norm is RMSNorm(o) * silu(g_proj(x))
     use_short_conv: bool = True  # q, k, v each through a causal depthwise conv of conv_width
     allow_neg_eigval: bool = False  # beta in (0, 2) instead of (0, 1)
+    # dna: the rows of the output head. 4 (A, C, G, T) for linpipe's own models; an imported
+    # model keeps its checkpoint's whole vocabulary (rows 0-3 its A, C, G, T, then the others),
+    # so that a base's log-probability is the checkpoint's log-softmax over all its tokens
+    # (config.json's "head_vocab"; absent when 4).
+    head_vocab: int = 4
+    # An imported model's source (config.json's "origin": model_type, the weights' sha256, the
+    # token ids read), as sorted (key, value) pairs; () for linpipe's own models.
+    origin: tuple = ()
 
     def __post_init__(self):
         err = _config_problem(self)
@@ -113,7 +121,7 @@ class ModelConfig:
     @property
     def vocab_out(self) -> int:
         """Width of the head: 4 classes (A, C, G, T) for dna, C channels for timeseries."""
-        return 4 if self.modality == "dna" else self.channels
+        return self.head_vocab if self.modality == "dna" else self.channels
 
     @property
     def output_names(self) -> tuple:
@@ -155,6 +163,10 @@ class ModelConfig:
             d.update(family=self.family, head_dim=self.head_dim, expand_v=self.expand_v,
                      use_gate=self.use_gate, use_short_conv=self.use_short_conv,
                      allow_neg_eigval=self.allow_neg_eigval)
+        if self.head_vocab != 4:
+            d["head_vocab"] = self.head_vocab
+        if self.origin:
+            d["origin"] = {k: dict(v) if isinstance(v, tuple) else v for k, v in self.origin}
         return d
 
     @classmethod
@@ -231,6 +243,10 @@ class ModelConfig:
             kw["series_norm"] = d.get("series_norm", False)
         if "gate" in d:
             kw["gate_normalizer"] = _gate_normalizer(d["gate"], where)
+        if "head_vocab" in d:
+            kw["head_vocab"] = integer("head_vocab")
+        if "origin" in d:
+            kw["origin"] = _origin(d["origin"], where)
         try:
             return cls(**kw)
         except ModelError as e:
@@ -252,6 +268,23 @@ def _gate_normalizer(gate, where: str) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise ModelError(f"{where}: 'gate' 'normalizer' must be a number, got {v!r}")
     return float(v)
+
+
+def _origin(origin, where: str) -> tuple:
+    """config.json's "origin" object (strings, numbers and flat objects of them) as sorted pairs."""
+    def plain(v):
+        return isinstance(v, (str, int, float)) and not isinstance(v, bool)
+
+    if not isinstance(origin, dict) or not all(
+            plain(v) or (isinstance(v, dict) and all(plain(x) for x in v.values())) for v in origin.values()):
+        raise ModelError(f"{where}: 'origin' must be an object of strings and numbers, got {origin!r}")
+    return origin_pairs(origin)
+
+
+def origin_pairs(origin: dict) -> tuple:
+    """An origin object as ModelConfig holds it: sorted (key, value) pairs, a nested object's too."""
+    return tuple(sorted((k, tuple(sorted(v.items())) if isinstance(v, dict) else v)
+                        for k, v in origin.items()))
 
 
 def _config_problem(c: ModelConfig) -> str | None:
@@ -291,8 +324,12 @@ def _config_problem(c: ModelConfig) -> str | None:
             return "'std' entries must be finite and > 0"
         if c.series_norm and c.channels != 1:
             return f"a series_norm model reads one channel per lane ('channels' 1), got {c.channels}"
+        if c.head_vocab != 4:
+            return "'head_vocab' is for dna models only"
     elif c.series_norm:
         return "'series_norm' is for timeseries models only"
+    elif isinstance(c.head_vocab, bool) or not isinstance(c.head_vocab, int) or c.head_vocab < 4:
+        return f"'head_vocab' must be an integer >= 4 (A, C, G, T first), got {c.head_vocab!r}"
     elif c.channels or c.channel_names or c.mean or c.std:
         return "channels/channel_names/mean/std are for timeseries models only"
     return None

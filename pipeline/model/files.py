@@ -111,21 +111,22 @@ def default_model_for(input_path) -> str:
     return SHIPPED_DEFAULTS["dna" if fmt.startswith("fasta") else "timeseries"]
 
 
-def read_config(directory: Path) -> ModelConfig:
+def read_json(directory: Path, what: str = "a linpipe model directory"):
+    """The parsed config.json of a directory (`what` says what it should have been)."""
     cfg = directory / CONFIG_FILE
     if not cfg.is_file():
-        raise ModelError(f"{directory}: missing {CONFIG_FILE} (not a linpipe model directory)")
+        raise ModelError(f"{directory}: missing {CONFIG_FILE} (not {what})")
     try:
-        d = json.loads(cfg.read_text())
+        return json.loads(cfg.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ModelError(f"{cfg}: not valid JSON ({e})") from None
-    return ModelConfig.from_json(d, str(cfg))
+
+
+def read_config(directory: Path) -> ModelConfig:
+    return ModelConfig.from_json(read_json(directory), str(directory / CONFIG_FILE))
 
 
 def read_tensors(directory: Path, config: ModelConfig) -> dict:
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     path = directory / WEIGHTS_FILE
     if not path.is_file():
         pickles = sorted(f.name for f in directory.iterdir()
@@ -134,6 +135,16 @@ def read_tensors(directory: Path, config: ModelConfig) -> dict:
             raise ModelError(f"{directory}: found {pickles[0]} but no {WEIGHTS_FILE}; linpipe loads "
                              f"safetensors only and never unpickles files (convert the weights)")
         raise ModelError(f"{directory}: missing {WEIGHTS_FILE}")
+    tensors = load_safetensors(path)
+    _check_tensors(config, tensors, str(path))
+    return tensors
+
+
+def load_safetensors(path: Path) -> dict:
+    """The tensors of a safetensors file; a pickle under its name is refused unread."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
     with open(path, "rb") as f:
         head = f.read(9)
     # safetensors: an 8-byte header length, then the JSON header. Only a file that is not that
@@ -144,10 +155,8 @@ def read_tensors(directory: Path, config: ModelConfig) -> dict:
         raise ModelError(f"{path}: this is a pickle/torch.save file, not safetensors; "
                          f"linpipe never unpickles files")
     try:
-        tensors = load_file(str(path))
+        return load_file(str(path))
     except (SafetensorError, OSError, ValueError, RuntimeError) as e:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ModelError(f"{path}: not a readable safetensors file ({msg})") from None
-    _check_tensors(config, tensors, str(path))
-    return tensors
 

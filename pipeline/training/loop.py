@@ -207,7 +207,7 @@ def _loss(net, x, mask, state, modality):
     pred, _, new = net.predict(x, state)
     if modality == "dna":
         ok = mask & (x < 4)
-        nll = F.cross_entropy(pred.reshape(-1, 4), x.clamp(max=3).reshape(-1), reduction="none")
+        nll = F.cross_entropy(pred.reshape(-1, pred.shape[-1]), x.clamp(max=3).reshape(-1), reduction="none")
         nll = nll.view_as(x)[ok]
         n = ok.sum()
         return nll.sum() / n.clamp(min=1) / LN2, int(n), new

@@ -1,0 +1,162 @@
+"""Make the flash-linear-attention fixtures of tests/test_fla_import.py with fla 0.6's own model
+classes: small random DeltaNet and GatedDeltaNet language models over a DNA-sized vocabulary,
+saved with save_pretrained (safetensors), and fla's log-softmax at each next token of real
+genome records (docs/models.md).
+
+    python tests/fla_fixtures/make_fla_fixtures.py [OUT [NAME...]]
+    # OUT: tests/data/fla by default; NAMEs: some of FIXTURES' names and RECORDS' ids (default all)
+
+Runs on a CPU: fla's Triton kernels under TRITON_INTERPRET=1 with the autotuner cut to its first
+config (a few minutes). Writes OUT/records.fa (the records), and per fixture OUT/<name>/ with
+config.json, model.safetensors (and vocab.json for gated_deltanet: a character-level tokenizer)
+and expected.npz: per record id, `logprob` (T,) fla's log-probability of each position's token
+given BOS and the positions before it, and `entropy` (T,) of fla's whole-vocabulary prediction.
+
+This script does not import linpipe: the fixtures are fla's word, not linpipe's.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+from _pipeline_data import read_fasta  # noqa: E402  (the tests' own FASTA reader, no linpipe)
+
+GENOMES = HERE.parent / "data" / "genomes"
+DEFAULT_OUT = HERE.parent / "data" / "fla"
+
+# The checkpoint's vocabulary: ids of its special tokens, the DNA letters, and a few other tokens
+# (never in the input, but part of the log-softmax's denominator).
+PAD, BOS, EOS = 0, 1, 2
+LETTER_IDS = {"A": 3, "C": 4, "G": 5, "T": 6, "N": 7}
+VOCAB = ["<pad>", "<s>", "</s>", "A", "C", "G", "T", "N", "<mask>", "<sep>", "<cls>", "<unk>"]
+
+# Real records (file, record id or None for the first, start, end): a long one of >= 256
+# positions with a lowercase base (human MT 3,107), one with IUPAC letters (A. thaliana Chr2
+# Y, K, S near 85,780), a short one.
+RECORDS = {
+    "mt_human": ("minimap2_MT-human.fa", None, 2900, 3220),
+    "chr2_iupac": ("korflab_Athaliana_TAIR_1pct.fa", "Chr2", 85760, 85840),
+    "ce_mt": ("htslib_ce.fa", "CHROMOSOME_MtDNA", 0, 45),
+}
+
+# fixture name -> (config class, model class, config keys); all two layers, tiny dims
+FIXTURES = {
+    "delta_net": ("DeltaNetConfig", "DeltaNetForCausalLM", dict(
+        hidden_size=32, num_hidden_layers=2, num_heads=2, expand_k=1.0, expand_v=2.0, use_gate=False,
+        allow_neg_eigval=True, use_short_conv=True, conv_size=4, intermediate_size=64,
+        tie_word_embeddings=True)),
+    "gated_deltanet": ("GatedDeltaNetConfig", "GatedDeltaNetForCausalLM", dict(
+        hidden_size=32, num_hidden_layers=2, num_heads=2, head_dim=16, expand_v=2.0, use_gate=True,
+        allow_neg_eigval=False, use_short_conv=True, conv_size=4, intermediate_size=96)),
+    "delta_net_no_conv": ("DeltaNetConfig", "DeltaNetForCausalLM", dict(
+        hidden_size=32, num_hidden_layers=2, num_heads=4, expand_k=1.0, expand_v=1.0, use_gate=True,
+        allow_neg_eigval=False, use_short_conv=False, intermediate_size=64)),
+}
+COMMON = dict(vocab_size=len(VOCAB), pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS,
+              attn_mode="fused_recurrent", fuse_norm=False, fuse_swiglu=False, fuse_cross_entropy=False,
+              norm_eps=1e-6)
+
+
+def records(genomes: Path = GENOMES) -> dict[str, str]:
+    """{id: sequence} of RECORDS, cut from the repository's real genomes."""
+    out = {}
+    for rid, (name, record, start, end) in RECORDS.items():
+        seqs = read_fasta(genomes / name)
+        out[rid] = seqs[record or next(iter(seqs))][start:end]
+    return out
+
+
+def token_ids(seq: str) -> list[int]:
+    """The checkpoint's ids of a sequence: lowercase as uppercase, other letters as N."""
+    return [LETTER_IDS.get(ch.upper(), LETTER_IDS["N"]) for ch in seq]
+
+
+def interpret_triton():
+    """fla's Triton kernels on the CPU: the interpreter, the autotuner's first config only."""
+    os.environ["TRITON_INTERPRET"] = "1"
+    import triton.runtime.autotuner as autotuner
+
+    run = autotuner.Autotuner.run
+
+    def first_config(self, *args, **kwargs):
+        self.configs = self.configs[:1]
+        return run(self, *args, **kwargs)
+
+    autotuner.Autotuner.run = first_config
+
+
+def make_model(name: str, seed: int):
+    """A random fla model of a fixture, its weights scaled so that its predictions vary."""
+    import fla.models as models
+    import torch
+
+    config_cls, model_cls, keys = FIXTURES[name]
+    torch.manual_seed(seed)
+    model = getattr(models, model_cls)(getattr(models, config_cls)(**keys, **COMMON)).float().eval()
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():  # fla's initialiser (std 0.02) predicts near-uniform: spread them out
+        for name, p in model.named_parameters():
+            if name.endswith(("A_log", "dt_bias")):
+                continue  # fla's own decay initialisation
+            noise = torch.randn(p.shape, generator=gen)
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.2 * noise)
+            elif "conv1d" in name:  # mostly the current position, some history
+                p.copy_(0.3 * noise)
+                p[..., -1] += 1.0
+            else:
+                # 1/sqrt(fan-in), the embeddings too: tied, they are the head, and logits of
+                # about unit scale keep every token's log-probability in play
+                p.copy_(noise / p.shape[-1] ** 0.5 if p.ndim > 1 else noise)
+    return model
+
+
+def fla_predictions(model, seq: str) -> tuple[np.ndarray, np.ndarray]:
+    """fla's log-probability of each token of seq after BOS and the tokens before it (T,), and the
+    entropy of its prediction there (T,), from the model's whole-vocabulary logits."""
+    import torch
+
+    ids = token_ids(seq)
+    x = torch.tensor([[BOS] + ids[:-1]])
+    with torch.no_grad():
+        logits = model(input_ids=x).logits[0].float()  # (T, vocab)
+    logp = torch.log_softmax(logits, -1)
+    lp = logp.gather(-1, torch.tensor(ids)[:, None])[:, 0]
+    ent = -(logp.exp() * logp).sum(-1)
+    return lp.numpy().astype(np.float32), ent.numpy().astype(np.float32)
+
+
+def write_fixture(name: str, out: Path, seqs: dict[str, str], seed: int) -> None:
+    model = make_model(name, seed)
+    d = out / name
+    d.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(d, safe_serialization=True)
+    if name == "gated_deltanet":  # a character-level tokenizer: the import reads the ids here
+        (d / "vocab.json").write_text(json.dumps({tok: i for i, tok in enumerate(VOCAB)}, indent=1) + "\n")
+    arrays = {}
+    for rid, seq in seqs.items():
+        lp, ent = fla_predictions(model, seq)
+        arrays[f"{rid}/logprob"], arrays[f"{rid}/entropy"] = lp, ent
+    np.savez(d / "expected.npz", **arrays)
+    (d / "generation_config.json").unlink(missing_ok=True)
+
+
+def main(out: Path = DEFAULT_OUT, only=()) -> None:
+    interpret_triton()
+    seqs = {k: v for k, v in records().items() if k in only or not set(only) & set(RECORDS)}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "records.fa").write_text("".join(f">{k}\n{v}\n" for k, v in seqs.items()))
+    for seed, name in enumerate(FIXTURES):
+        if name in only or not set(only) & set(FIXTURES):
+            write_fixture(name, out, seqs, seed)
+            print(f"wrote {out / name}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_OUT, tuple(sys.argv[2:]))

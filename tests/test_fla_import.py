@@ -1,0 +1,278 @@
+"""`linpipe model import` of flash-linear-attention checkpoints (docs/models.md).
+
+The fixtures (tests/data/fla/, made by tests/fla_fixtures/make_fla_fixtures.py with fla 0.6's own
+DeltaNetForCausalLM and GatedDeltaNetForCausalLM) hold small random checkpoints and fla's
+log-softmax at each next token of three real genome records. An imported model's stored
+logprob (and entropy, over the checkpoint's whole vocabulary) equals fla's to 1e-4 in float32:
+one unit per record (packed together), many units cut at odd places, and streamed and packed
+records in one job (in process, as a worker runs them; and once through `linpipe submit` on
+Ray). --split is refused for delta-rule models until the split's delta-rule stages
+land (jobs/plan.py), so its parity waits for them.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from _pipeline_data import read_fasta, record_outputs, write_in_process
+from click.testing import CliRunner
+
+from linpipe.cli import cli
+from linpipe.model.config import origin_pairs
+
+FLA = Path(__file__).parent / "data" / "fla"
+SCRIPT = Path(__file__).parent / "fla_fixtures" / "make_fla_fixtures.py"
+# the fixtures (make_fla_fixtures.FIXTURES): delta_net (tied embeddings, allow_neg_eigval,
+# expand_v 2), gated_deltanet (the output gate, a vocab.json), delta_net_no_conv (use_short_conv
+# false, the output gate, 4 heads)
+FIXTURES = ("delta_net", "gated_deltanet", "delta_net_no_conv")
+# only gated_deltanet's fixture has a tokenizer: the others' ids are given
+GIVEN = ["--tokens", "A=3,C=4,G=5,T=6,N=7"]
+TOKENS = {"delta_net": GIVEN, "gated_deltanet": [], "delta_net_no_conv": GIVEN}
+TOL = 1e-4
+
+
+def run(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+@pytest.fixture(scope="module", params=FIXTURES)
+def imported(request, tmp_path_factory):
+    name = request.param
+    out = tmp_path_factory.mktemp("fla") / name
+    r = run("model", "import", FLA / name, out, *TOKENS[name])
+    assert r.exit_code == 0, r.output
+    return name, out
+
+
+def assert_matches_fla(store, expected_npz, fasta):
+    """Every record's stored logprob and entropy equal fla's to TOL; logprob is NaN exactly at
+    the letters that are not A, C, G or T (lowercase included)."""
+    expected = np.load(expected_npz)
+    got = record_outputs(store)
+    seqs = read_fasta(fasta)
+    assert {k.split("/")[0] for k in got} == set(seqs)
+    for rid, seq in seqs.items():
+        lp, want = got[f"{rid}/logprob"], expected[f"{rid}/logprob"]
+        base = np.array([ch.upper() in "ACGT" for ch in seq])
+        assert lp.shape == want.shape == (len(seq),)
+        assert np.array_equal(np.isfinite(lp), base), rid
+        np.testing.assert_allclose(lp[base], want[base], rtol=0, atol=TOL, err_msg=rid)
+        np.testing.assert_allclose(got[f"{rid}/entropy"], expected[f"{rid}/entropy"], rtol=0, atol=TOL,
+                                   err_msg=rid)
+
+
+# 1,024: each record one unit, the three packed in one batch; 37: every record in units cut at
+# odd places; 100: the long record streamed in 4 units, the short two packed together
+@pytest.mark.parametrize("unit_size", [1024, 37, 100])
+def test_stored_logprobs_equal_flas(imported, unit_size, tmp_path, one_torch_thread):
+    name, model = imported
+    out = tmp_path / "out.zarr"
+    plan = write_in_process(FLA / "records.fa", model, out, unit_size=unit_size,
+                            outputs=("logprob", "entropy"))
+    streamed = {r.id for r in plan.streams}
+    assert streamed == ({"mt_human", "chr2_iupac", "ce_mt"} if unit_size == 37 else
+                        {"mt_human"} if unit_size == 100 else set())
+    assert_matches_fla(out, FLA / name / "expected.npz", FLA / "records.fa")
+
+
+@pytest.mark.slow  # a Ray cluster on loopback
+def test_linpipe_submit_on_ray_stores_flas_logprobs(tmp_path):
+    """`linpipe submit` itself (Ray, two workers; the long record streamed in units of 100, the
+    others packed) with the imported gated_deltanet checkpoint stores fla's numbers."""
+    model, out = tmp_path / "gdn", tmp_path / "ray.zarr"
+    assert run("model", "import", FLA / "gated_deltanet", model).exit_code == 0
+    r = subprocess.run([sys.executable, "-m", "linpipe.cli", "submit", str(FLA / "records.fa"), "--model",
+                        str(model), "--out", str(out), "--unit-size", "100", "--workers", "2",
+                        "--outputs", "logprob,entropy"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert_matches_fla(out, FLA / "gated_deltanet" / "expected.npz", FLA / "records.fa")
+
+
+def test_split_is_refused_until_the_delta_rule_split_lands(imported, tmp_path):
+    """The parity with --split waits for the split's delta-rule stages; until then the plan refuses."""
+    _, model = imported
+    r = run("submit", FLA / "records.fa", "--model", model, "--out", tmp_path / "o.zarr", "--split", "2",
+            "--dry-run")
+    assert r.exit_code != 0 and "--split" in r.output and "Traceback" not in r.output
+
+
+def test_info_shows_family_origin_and_state(imported):
+    name, model = imported
+    src = json.loads((FLA / name / "config.json").read_text())
+    family = src["model_type"]
+    r = run("model", "info", model, "--json")
+    assert r.exit_code == 0, r.output
+    info = json.loads(r.output)
+    assert info["family"] == family
+    origin = info["origin"]
+    assert origin["model_type"] == family and origin["source"] == "flash-linear-attention"
+    weights = (FLA / name / "model.safetensors").read_bytes()
+    assert origin["weights_sha256"] == hashlib.sha256(weights).hexdigest()
+    assert origin["tokens"] == {"A": 3, "C": 4, "G": 5, "T": 6, "N": 7, "BOS": src["bos_token_id"]}
+    assert info["config"]["head_vocab"] == src["vocab_size"]
+    H, L = src["num_heads"], src["num_hidden_layers"]
+    K = src.get("head_dim") or src["hidden_size"] * src["expand_k"] // H
+    V, W = int(K * src["expand_v"]), src["conv_size"] if src["use_short_conv"] else 1
+    floats = L * H * K * V + L * (W - 1) * H * (2 * K + V) + src["hidden_size"]
+    assert info["state_bytes_per_record"] == 4 * floats
+    text = run("model", "info", model).output
+    assert f"origin      flash-linear-attention {family}, weights sha256 {origin['weights_sha256']}" in text
+
+
+def _checkpoint(tmp_path, family="gated_deltanet", **changes):
+    """A copy of a fixture checkpoint with config.json changed (None deletes a key)."""
+    d = tmp_path / "src"
+    shutil.copytree(FLA / family, d)
+    cfg = json.loads((d / "config.json").read_text())
+    for k, v in changes.items():
+        if v is None:
+            cfg.pop(k, None)
+        else:
+            cfg[k] = v
+    (d / "config.json").write_text(json.dumps(cfg))
+    return d
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(model_type="llama"), "'model_type' is 'llama', not a flash-linear-attention family"),
+    (dict(model_type="gla"), "'model_type' is 'gla': its import comes in a later release"),
+    (dict(model_type="mamba2"), "'model_type' is 'mamba2': its import comes in a later release"),
+    (dict(attn={"layers": [1], "num_heads": 2}),
+     "'attn' makes a hybrid model with softmax attention layers [1]"),
+    (dict(num_v_heads=4), "'num_v_heads' is 4 with num_heads 2: grouped value heads are not implemented"),
+    (dict(output_gate_activation="sigmoid"), "'output_gate_activation' is 'sigmoid'"),
+    (dict(conv_bias=True), "'conv_bias' is true"),
+    (dict(hidden_act="gelu"), "'hidden_act' is 'gelu'"),
+    (dict(bos_token_id=None), "'bos_token_id' is None; give the id read before a record with --bos"),
+    (dict(bos_token_id=99), "the id 99 of BOS is outside the vocabulary (vocab_size 12)"),
+])
+def test_refusals_are_one_line_and_write_nothing(tmp_path, changes, message):
+    src, out = _checkpoint(tmp_path, **changes), tmp_path / "out"
+    r = run("model", "import", src, out)
+    assert r.exit_code != 0
+    assert r.output.count("\n") == 1 and message in r.output and "Traceback" not in r.output, r.output
+    assert not out.exists() and not list(tmp_path.glob(".out.*"))
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(qk_activation="relu"), "'qk_activation' is 'relu': only 'silu'"),
+    (dict(use_beta=False), "'use_beta' is False"),
+])
+def test_delta_net_options_not_implemented_are_refused(tmp_path, changes, message):
+    src = _checkpoint(tmp_path, "delta_net", **changes)
+    r = run("model", "import", src, tmp_path / "out", *TOKENS["delta_net"])
+    assert r.exit_code != 0 and message in r.output and r.output.count("\n") == 1, r.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_pickles_and_missing_token_ids_are_refused(tmp_path):
+    src = _checkpoint(tmp_path, "delta_net")
+    r = run("model", "import", src, tmp_path / "out")  # no tokenizer, no --tokens
+    assert r.exit_code != 0 and "give them with --tokens A=ID,C=ID,G=ID,T=ID,N=ID" in r.output
+    r = run("model", "import", src, tmp_path / "out", "--tokens", "A=3,C=4,G=5,T=6")
+    assert r.exit_code != 0 and "--tokens: no id for N" in r.output
+    r = run("model", "import", src, tmp_path / "out", "--tokens", "A=3,C=3,G=5,T=6,N=7")
+    assert r.exit_code != 0 and "four different ids" in r.output
+    (src / "model.safetensors").rename(src / "pytorch_model.bin")
+    r = run("model", "import", src, tmp_path / "out", *TOKENS["delta_net"])
+    assert r.exit_code != 0 and "pytorch_model.bin: a pickle; linpipe never unpickles files" in r.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_unknown_tensor_is_refused(tmp_path):
+    """A tensor of an option the import does not know (here a conv bias fla would add) is named."""
+    from safetensors.torch import load_file, save_file
+
+    src = _checkpoint(tmp_path)
+    t = load_file(str(src / "model.safetensors"))
+    t["model.layers.1.attn.q_conv1d.bias"] = t["model.layers.1.attn.b_proj.weight"][:, 0].clone()
+    save_file(t, str(src / "model.safetensors"))
+    r = run("model", "import", src, tmp_path / "out")
+    assert r.exit_code != 0 and "'model.layers.1.attn.q_conv1d.bias' has no place" in r.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_shards_and_tokens_flag_give_the_same_model(tmp_path):
+    """A checkpoint in two shards with an index imports to the same model bytes as one file, and
+    --tokens/--bos equal to the tokenizer's and config's ids change nothing."""
+    from safetensors.torch import load_file, save_file
+
+    one = tmp_path / "one"
+    assert run("model", "import", FLA / "gated_deltanet", one).exit_code == 0
+    src = _checkpoint(tmp_path)
+    t = load_file(str(src / "model.safetensors"))
+    names = sorted(t)
+    parts = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    for f, keys in parts.items():
+        save_file({k: t[k] for k in keys}, str(src / f))
+    (src / "model.safetensors").unlink()
+    (src / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {k: f for f, keys in parts.items() for k in keys}}))
+    sharded = tmp_path / "sharded"
+    r = run("model", "import", src, sharded, "--tokens", "a=3,c=4,g=5,t=6,n=7", "--bos", "1")
+    assert r.exit_code == 0, r.output
+    assert (one / "model.safetensors").read_bytes() == (sharded / "model.safetensors").read_bytes()
+    a, b = (json.loads((d / "config.json").read_text()) for d in (one, sharded))
+    assert a["origin"].pop("weights_sha256") != b["origin"].pop("weights_sha256")
+    assert a == b
+    r = run("model", "import", src, sharded)
+    assert r.exit_code != 0 and "not empty (use --force" in r.output
+
+
+def test_origin_round_trips_through_the_config():
+    origin = {"source": "flash-linear-attention", "tokens": {"A": 3, "BOS": 1}, "vocab_size": 12}
+    pairs = origin_pairs(origin)
+    assert {k: dict(v) if isinstance(v, tuple) else v for k, v in pairs} == origin
+
+
+@pytest.mark.slow
+def test_fixtures_are_flas_word(tmp_path):
+    """fla itself, live (under the Triton interpreter), makes the fixtures' weights and their
+    predictions on the short record again."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("fla.models")
+    r = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path), "ce_mt"], capture_output=True, text=True,
+                       timeout=900)
+    assert r.returncode == 0, r.stderr[-2000:]
+    from safetensors.torch import load_file
+
+    for family in FIXTURES:
+        live, kept = (load_file(str(d / family / "model.safetensors")) for d in (tmp_path, FLA))
+        assert live.keys() == kept.keys()
+        for k in live:
+            assert np.array_equal(live[k].numpy(), kept[k].numpy()), (family, k)
+        fresh, stored = np.load(tmp_path / family / "expected.npz"), np.load(FLA / family / "expected.npz")
+        for k in ("ce_mt/logprob", "ce_mt/entropy"):
+            np.testing.assert_allclose(fresh[k], stored[k], rtol=0, atol=1e-6, err_msg=f"{family} {k}")
+
+
+@pytest.mark.slow  # importing fla and transformers takes tens of seconds on a busy 2-core machine
+def test_the_worked_example_of_docs_models_runs(tmp_path, monkeypatch):
+    """docs/models.md's example: its Python block makes a checkpoint with fla's classes (no forward:
+    no Triton), and `model import` / `model info` print what the page shows."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("fla.models")
+    import re
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "models.md").read_text()
+    block = re.search(r"^```python\n(.*?)^```", text, re.S | re.M).group(1)
+    monkeypatch.chdir(tmp_path)
+    exec(compile(block, "docs/models.md, python block", "exec"), {})
+    r = run("model", "import", "gdn-checkpoint", "gdn")
+    assert r.exit_code == 0, r.output
+    assert r.output.startswith("wrote gdn (gated_deltanet from flash-linear-attention gated_deltanet, "
+                               "vocabulary 8, sha256 ")
+    info = run("model", "info", "gdn").output.splitlines()
+    shown = text.split("$ linpipe model info gdn\n")[1].split("$ linpipe submit")[0].splitlines()
+    shown = [line for line in shown if line != "..."]
+    assert len(shown) == 3
+    for line in shown:  # "..." stands for what differs run to run (a sha256, a size)
+        head, _, tail = line.partition("...")
+        assert any(got.startswith(head) and got.endswith(tail) for got in info), line
