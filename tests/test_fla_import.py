@@ -6,8 +6,7 @@ log-softmax at each next token of three real genome records. An imported model's
 logprob (and entropy, over the checkpoint's whole vocabulary) equals fla's to 1e-4 in float32:
 one unit per record (packed together), many units cut at odd places, and streamed and packed
 records in one job (in process, as a worker runs them; and once through `linpipe submit` on
-Ray). --split is refused for delta-rule models until the split's delta-rule stages
-land (jobs/plan.py), so its parity waits for them.
+Ray); and with the record split over 2 and 3 segments (the split's passes and exchange).
 """
 from __future__ import annotations
 
@@ -95,12 +94,28 @@ def test_linpipe_submit_on_ray_stores_flas_logprobs(tmp_path):
     assert_matches_fla(out, FLA / "gated_deltanet" / "expected.npz", FLA / "records.fa")
 
 
-def test_split_is_refused_until_the_delta_rule_split_lands(imported, tmp_path):
-    """The parity with --split waits for the split's delta-rule stages; until then the plan refuses."""
-    _, model = imported
-    r = run("submit", FLA / "records.fa", "--model", model, "--out", tmp_path / "o.zarr", "--split", "2",
-            "--dry-run")
-    assert r.exit_code != 0 and "--split" in r.output and "Traceback" not in r.output
+@pytest.mark.parametrize("parts", [2, 3])
+def test_split_logprobs_equal_flas(imported, parts, one_torch_thread):
+    """The longest record over 2 and 3 segments (the split's passes and exchange, in process, as
+    its actors run them; units of 37): fla's logprob and entropy to 1e-4."""
+    from linpipe.inputs import open_input
+    from linpipe.model import load_model
+    from linpipe.model.segments import forward_split, segment_bounds
+
+    name, model_dir = imported
+    model = load_model(str(model_dir), device="cpu")
+    with open_input(str(FLA / "records.fa")) as inp:
+        x, _mask = inp.read("mt_human", 0, inp.record("mt_human").length)
+    x = np.asarray(x)
+    bounds = segment_bounds(len(x), 37, parts)
+    assert len(bounds) == parts
+    got, _states, _final = forward_split(model, x, bounds, 37)
+    expected = np.load(FLA / name / "expected.npz")
+    seq = read_fasta(FLA / "records.fa")["mt_human"]
+    base = np.array([ch.upper() in "ACGT" for ch in seq])
+    assert np.array_equal(np.isfinite(got["logprob"]), base)
+    np.testing.assert_allclose(got["logprob"][base], expected["mt_human/logprob"][base], rtol=0, atol=TOL)
+    np.testing.assert_allclose(got["entropy"], expected["mt_human/entropy"], rtol=0, atol=TOL)
 
 
 def test_info_shows_family_origin_and_state(imported):
