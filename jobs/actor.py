@@ -224,8 +224,8 @@ class PipelineWorker:
             x, extra = read
             state = self._state_before(unit)
             if unit.strand == REVERSE:
-                out, state = self.host.forward(reverse_complement(x), state, list(self.reverse_outputs.values()),
-                                               self._dtypes)
+                out, state = self.host.forward(reverse_complement(x), state,
+                                               list(self.reverse_outputs.values()), self._dtypes)
                 extra = {}
             else:
                 out, state = self.host.forward(x, state, self.outputs, self._dtypes)

@@ -199,8 +199,8 @@ def plan_job(request: JobRequest) -> JobPlan:
 
 def _plan(request: JobRequest) -> JobPlan:
     from linpipe.model.checkpoints import stream_rate
-    from linpipe.model.segments import first_weight
     from linpipe.model.outputs import output_strands
+    from linpipe.model.segments import first_weight
     from linpipe.store.keys import make_keys
 
     _check_options(request)

@@ -46,7 +46,8 @@ def test_the_check_finds_each_way_of_spelling_a_strand():
     spelt = {
         "name.endswith('_rc')": 1, "base = name[:-3] if name.endswith('_rc') else name": 1,
         "out = f'{name}_rc'": 1, "def write(strand='-'): pass": 1, "if unit.strand == '+': pass": 1,
-        "unit = Unit(strand='-')": 1, "what = f'{a}-{b}' + ('-' if strand else '')": 1, "if request.strand == 'both': pass": 1, "STRAND_NAMES = {'+': 'forward'}": 2,
+        "unit = Unit(strand='-')": 1, "what = f'{a}-{b}' + ('-' if strand else '')": 1,
+        "if request.strand == 'both': pass": 1, "STRAND_NAMES = {'+': 'forward'}": 2,
     }
     for source, n in spelt.items():
         assert len(offences(source)) == n, source

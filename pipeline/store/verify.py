@@ -28,7 +28,7 @@ class UnitProblem:
     end: int
     records: tuple[str, ...] = ()  # a batch: the ids of its records
     detail: str = ""
-    strand: Strand = FORWARD  # REVERSE: the reverse strand's unit over the same positions (submit --strand both)
+    strand: Strand = FORWARD  # REVERSE: the reverse strand's unit over the same positions (--strand both)
 
     def describe(self) -> str:
         if self.record is not None:
