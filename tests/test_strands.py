@@ -96,6 +96,7 @@ def test_the_store_records_its_strands_and_an_older_one_reads_them_from_its_outp
     import shutil
     from pathlib import Path
 
+    from linpipe.errors import StoreError
     from linpipe.store import OutputStore
     from linpipe.strands import FORWARD, REVERSE
 
@@ -121,6 +122,10 @@ def test_the_store_records_its_strands_and_an_older_one_reads_them_from_its_outp
     assert report.ok and report.units == plan.n_units
     summary = linpipe.open_output(str(older)).summary()
     assert json.loads(json.dumps(summary["strands"])) == ["+", "-"]
+    meta["strands"] = ["+", "x"]  # not a strand: one line naming the store and the attribute
+    root.attrs["linpipe"] = meta
+    with pytest.raises(StoreError, match=r"older.zarr: root attribute linpipe.strands"):
+        OutputStore.open(str(older), mode="r")
     for fixture in ("store_v1", "store_v2"):
         old = OutputStore.open(str(Path(__file__).parent / "data" / fixture / "dna"), mode="r")
         assert old.strands == (FORWARD,) and "strands" not in old.meta
