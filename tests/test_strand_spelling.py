@@ -8,7 +8,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 HOME = REPO / "pipeline" / "strands.py"
 SUFFIX = "_rc"
-SIGNS = {"+", "-"}
+FORWARD_SIGN, REVERSE_SIGN = "+", "-"  # as BED and GFF spell them
+SIGNS = {FORWARD_SIGN, REVERSE_SIGN}
 WORDS = {"forward", "reverse", "both"}  # --strand's values and a strand's word
 
 
@@ -70,3 +71,32 @@ def test_strands_py_spells_each_strand():
 
     assert {s.value for s in STRANDS} == SIGNS and REVERSE.suffix == SUFFIX and FORWARD.suffix == ""
     assert {FORWARD.word, REVERSE.word, BOTH} == WORDS and set(CHOICES) == {ONLY_FORWARD, BOTH}
+
+
+def test_each_reverse_array_is_declared_by_its_forward_outputs_spec():
+    """The reverse strand's arrays are laid out from the specs reverse_spec declares: the forward
+    array's dtype, dims, chunks, fill, codec and units, under the name and strand of the spec."""
+    from dataclasses import replace
+
+    import pytest
+
+    from linpipe.model.outputs import DNA, TIMESERIES, output_spec, output_strands, reverse_spec, with_reverse
+    from linpipe.store.layout import record_arrays
+
+    names = with_reverse(DNA, ["logprob", "entropy", "softmask", "hidden"])
+    assert names[4:] == [reverse_spec(output_spec(DNA, n)).name for n in ("logprob", "entropy", "hidden")]
+    arrays = {a.name: a for a in record_arrays(DNA, 5000, None, names, unit_size=1024, feature_dim=8,
+                                               channels=None, hidden_dtype="float32")}
+    for name in names[4:]:
+        spec = output_spec(DNA, name)
+        forward = arrays[spec.computed_as]
+        assert spec.strand == REVERSE_SIGN and forward.strand == FORWARD_SIGN
+        assert arrays[name] == replace(forward, name=name, strand=spec.strand, attributes={
+            **forward.attributes, "long_name": forward.attributes["long_name"]
+            + " (reverse strand, at the forward position)"})
+    assert output_strands(DNA, names) == (FORWARD_SIGN, REVERSE_SIGN)
+    assert output_strands(DNA, names[:4]) == (FORWARD_SIGN,)
+    with pytest.raises(ValueError, match="softmask"):  # read from the input: no reverse strand
+        reverse_spec(output_spec(DNA, "softmask"))
+    assert with_reverse(TIMESERIES, ["forecast", "hidden"]) == ["forecast", "hidden"]
+
