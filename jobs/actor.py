@@ -111,7 +111,7 @@ class PipelineWorker:
 
         modality = self.store.modality
         self.reverse_outputs = {o: output_spec(modality, o).computed_as
-                           for o in on_strands(modality, self.outputs or (), (REVERSE,))}
+                                for o in on_strands(modality, self.outputs or (), (REVERSE,))}
         if self.outputs is not None:
             self.outputs = on_strands(modality, self.outputs, (FORWARD,))
         self.share = 0.5 if self.reverse_outputs else 1.0  # UnitResult.share of a stream's unit

@@ -83,7 +83,7 @@ def reverse_spec(spec: OutputSpec) -> OutputSpec:
     """The reverse strand's output of a stranded forward one: the same dtype, dims and codec,
     named with the reverse strand's suffix (logprob -> logprob_rc), its values stored at the
     forward positions."""
-    if not spec.stranded or spec.strand != FORWARD:
+    if not spec.stranded:
         raise ValueError(f"output {spec.name!r} has no reverse strand")
     return replace(spec, name=spec.name + REVERSE.suffix, strand=REVERSE, of=spec.name, stranded=False,
                    default=False, long_name=f"{spec.long_name} (reverse strand, at the forward position)")

@@ -65,8 +65,9 @@ DEFAULT_OUTPUTS = {m: list(output_names(m, default=True)) for m in MODALITIES}
 
 
 def progress_name(name: str, strand: Strand = FORWARD) -> str:
-    """done/sum/state for the forward strand's units, done_rc/sum_rc/state_rc for the reverse's."""
-    return name + strand.suffix
+    """done/sum/state for the forward strand's units, done_rc/sum_rc/state_rc for the reverse's
+    (a strand given by its sign, as a caller outside linpipe may, is taken as that Strand)."""
+    return name + Strand(strand).suffix
 
 
 OUTPUT_KINDS = STORED  # modality -> output name -> OutputSpec, either strand's
