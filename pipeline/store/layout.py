@@ -14,9 +14,20 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from linpipe.model.outputs import CHANNEL, DNA, FEATURE, MODALITIES, OUTPUTS, STORED, TIMESERIES, output_names
+from linpipe.errors import StoreError
+from linpipe.model.outputs import (
+    CHANNEL,
+    DNA,
+    FEATURE,
+    MODALITIES,
+    OUTPUTS,
+    STORED,
+    TIMESERIES,
+    output_names,
+    output_strands,
+)
 from linpipe.store.zarr_spec import KEY_ENCODING
-from linpipe.strands import FORWARD, Strand
+from linpipe.strands import FORWARD, Strand, parse
 
 FORMAT = "linpipe-output"
 FORMAT_VERSION = 4
@@ -68,6 +79,18 @@ def progress_name(name: str, strand: Strand = FORWARD) -> str:
     """done/sum/state for the forward strand's units, done_rc/sum_rc/state_rc for the reverse's
     (a strand given by its sign, as a caller outside linpipe may, is taken as that Strand)."""
     return name + Strand(strand).suffix
+
+
+def stored_strands(meta: dict, modality: str, where: str) -> tuple[Strand, ...]:
+    """The strands a store holds: its root attribute `strands`; a store written before it had
+    one holds the strands whose outputs it has (the one place a store's strands come from its
+    outputs: OutputStore reads them once, when it opens the store)."""
+    if "strands" not in meta:
+        return output_strands(modality, meta["outputs"])
+    try:
+        return parse(meta["strands"], f"{where}: root attribute linpipe.strands")
+    except ValueError as e:
+        raise StoreError(str(e)) from None
 
 
 OUTPUT_KINDS = STORED  # modality -> output name -> OutputSpec, either strand's

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from linpipe.errors import StoreError, option
-from linpipe.model.outputs import DNA, on_strands, output_strands
+from linpipe.model.outputs import DNA, on_strands
 from linpipe.store.checksums import kind_of, unit_checksums
 from linpipe.store.layout import (
     CHANNEL_NAMES,
@@ -46,6 +46,7 @@ from linpipe.store.layout import (
     record_path,
     state_array,
     state_path,
+    stored_strands,
 )
 from linpipe.store.location import Location, records_only
 from linpipe.store.packed import PackedGroup, PackedSlice
@@ -53,7 +54,7 @@ from linpipe.store.rawchunks import RawChunks
 from linpipe.store.records import RecordMap, StoredRecord
 from linpipe.store.table import PackedRecords
 from linpipe.store.zarr_spec import ZARR_JSON
-from linpipe.strands import FORWARD, REVERSE, Strand, parse
+from linpipe.strands import FORWARD, REVERSE, Strand
 from linpipe.version import __version__
 
 
@@ -72,7 +73,7 @@ class OutputStore:
         self._long_by_id = {info.id: key for key, info in self._long.items()}
         pinfo = self._meta.get("packed")
         self._packed = PackedGroup(group[PACKED], pinfo, self.unit_size) if pinfo else None
-        self._strands = self._stored_strands()
+        self._strands = stored_strands(self._meta, self.modality, self.path)
         self._arrays: dict[str, object] = {}
         self._resolved: dict[str, StoredRecord] = {}
         self._raw = RawChunks(location)
@@ -309,16 +310,6 @@ class OutputStore:
     def strands(self) -> tuple[Strand, ...]:
         """(FORWARD,) or (FORWARD, REVERSE) when the store holds the reverse strand's outputs."""
         return self._strands
-
-    def _stored_strands(self) -> tuple[Strand, ...]:
-        """The root attribute `strands`; a store written before it had one holds the strands
-        whose outputs it has (the one place a store's strands come from its outputs)."""
-        if "strands" not in self._meta:
-            return output_strands(self.modality, self._meta["outputs"])
-        try:
-            return parse(self._meta["strands"], f"{self.path}: root attribute linpipe.strands")
-        except ValueError as e:
-            raise StoreError(str(e)) from None
 
     def _check_strand(self, strand: Strand):
         if strand not in self.strands:
