@@ -105,13 +105,16 @@ class PipelineWorker:
         # softmask comes from the input, not the model: the model computes the rest.
         self.want_softmask = bool(outputs) and "softmask" in outputs
         self.outputs = [o for o in outputs if o != "softmask"] if outputs else None
-        # --strand both: the reverse strand's outputs, by the names the model computes them under
-        from linpipe.store.layout import base_output, is_rc
+        # --strand both: the reverse strand's outputs (stored name -> the name the model computes
+        # it under), and the forward strand's
+        from linpipe.model.outputs import STORED, on_strands, output_spec
 
-        self.rc_outputs = [base_output(o) for o in self.outputs or () if is_rc(o)]
+        modality = self.store.modality
+        self.reverse_outputs = {o: output_spec(modality, o).computed_as
+                                for o in on_strands(modality, self.outputs or (), (REVERSE,))}
         if self.outputs is not None:
-            self.outputs = [o for o in self.outputs if not is_rc(o)]
-        self.share = 0.5 if self.rc_outputs else 1.0  # UnitResult.share of a stream's unit
+            self.outputs = on_strands(modality, self.outputs, (FORWARD,))
+        self.share = 0.5 if self.reverse_outputs else 1.0  # UnitResult.share of a stream's unit
         # what the store keeps of the input's second array (read's aux), if anything
         self.aux_name = "time" if self.model.modality != "dna" else "softmask" if self.want_softmask else None
         # (store key, strand) -> (index of its next unit, ModelState after the unit before it)
@@ -122,7 +125,8 @@ class PipelineWorker:
         # what the store keeps hidden as (cast on the device when it leaves one; on the host, by
         # the thread that writes it)
         hidden = self.store.meta.get("hidden_dtype", "float32")
-        self._dtypes = {"hidden": hidden, "hidden_rc": hidden}
+        self._dtypes = {name: hidden for name, spec in STORED[modality].items()
+                        if spec.computed_as == "hidden"}
         self.node = f"{node_id()}:{os.getpid()}"
 
     def ready(self) -> str:
@@ -184,7 +188,7 @@ class PipelineWorker:
 
         arrays = self.store.boundary_state(unit.key, before, unit.strand)
         if arrays is None:  # that unit is not durable: its state cannot be taken up
-            strand = "" if unit.strand == FORWARD else f" ({unit.strand} strand)"
+            strand = "" if unit.strand == FORWARD else f" ({unit.strand.word} strand)"
             raise StoreError(f"{self.store.path}: record {unit.record_id!r}, unit {unit.index}{strand}: the "
                              f"state after unit {before} is not in the store (that unit is not complete); "
                              f"submit again to resume from it")
@@ -220,7 +224,8 @@ class PipelineWorker:
             x, extra = read
             state = self._state_before(unit)
             if unit.strand == REVERSE:
-                out, state = self.host.forward(reverse_complement(x), state, self.rc_outputs, self._dtypes)
+                out, state = self.host.forward(reverse_complement(x), state,
+                                               list(self.reverse_outputs.values()), self._dtypes)
                 extra = {}
             else:
                 out, state = self.host.forward(x, state, self.outputs, self._dtypes)
@@ -233,8 +238,8 @@ class PipelineWorker:
             out, extra = modelled
             try:
                 arrays = {**out.arrays(), **extra}
-                if unit.strand == REVERSE:
-                    arrays = {f"{k}_rc": v[::-1] for k, v in arrays.items()}
+                if unit.strand == REVERSE:  # the stored names, at the forward positions
+                    arrays = {name: arrays[k][::-1] for name, k in self.reverse_outputs.items()}
                 if unit.keep is not None:  # --regions: only what overlaps a region (nothing: no data)
                     arrays = mask_outside(arrays, unit.keep, unit.start) if unit.keep else None
                 self.writes.write_unit(unit.key, unit.index, arrays, state=out.state_arrays(),
@@ -269,14 +274,15 @@ class PipelineWorker:
 
         def model(read):
             xs = [x for x, _ in read]
-            if not self.rc_outputs:
+            if not self.reverse_outputs:
                 return self.model.forward_records(xs, outputs=self.outputs), read
             # both strands of every record in the one batched call
-            both = list(dict.fromkeys(list(self.outputs or self.model.output_names) + self.rc_outputs))
+            both = list(dict.fromkeys(list(self.outputs or self.model.output_names)
+                                      + list(self.reverse_outputs.values())))
             res = self.model.forward_records(xs + [reverse_complement(x) for x in xs], outputs=both)
             n = len(xs)
             return [{**{k: f[k] for k in (self.outputs or self.model.output_names)},
-                     **{f"{k}_rc": r[k][::-1] for k in self.rc_outputs}}
+                     **{name: r[k][::-1] for name, k in self.reverse_outputs.items()}}
                     for f, r in zip(res[:n], res[n:], strict=True)], read
 
         def write(modelled):

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from linpipe.errors import LinpipeError
+from linpipe.strands import BOTH, CHOICES, ONLY_FORWARD
 
 # Positions per work unit (and per Zarr chunk along positions). Measured (BENCHMARKS.md, "Pipeline"):
 # large enough that per-call overhead is lost in the model time, small enough that a genome
@@ -424,9 +425,9 @@ OPTIONS: tuple[Option, ...] = (
            "$LINPIPE_INDEX_IN_CACHE=1 does for every command).",
            default=False, default_text="beside an input in a folder of the user's, else in the cache",
            example=True, input_option=True, stored="input_options.index_in_cache"),
-    Option("strand", Choice("forward", "both"), "both: also the reverse strand, as logprob_rc, "
-           "entropy_rc (hidden_rc) at the forward positions (DNA; docs/strands.md).", default="forward",
-           example="both", identity=True),
+    Option("strand", Choice(*CHOICES), "both: also the reverse strand, as logprob_rc, "
+           "entropy_rc (hidden_rc) at the forward positions (DNA; docs/strands.md).", default=ONLY_FORWARD,
+           example=BOTH, identity=True),
     Option("regions", Text(), "Store outputs only inside these regions (BED, 0-based); records with a "
            "region are still streamed from their start, so the context is exact (docs/regions.md).",
            metavar="BED", example="regions.bed", identity=True,

@@ -19,7 +19,7 @@ from typing import Any
 from linpipe.errors import InputError, LinpipeError, option
 from linpipe.inputs.base import FileState
 from linpipe.store.table import PackedRecords
-from linpipe.strands import FORWARD, REVERSE
+from linpipe.strands import BOTH, FORWARD, REVERSE, Strand
 
 from .checks import (
     check_channels,
@@ -44,7 +44,7 @@ class Unit:
     start: int
     end: int
     index: int  # the Zarr chunk it writes (positions [start, end))
-    strand: str = FORWARD  # REVERSE: the reverse complement of [start, end), read from end to start
+    strand: Strand = FORWARD  # REVERSE: the reverse complement of [start, end), read from end to start
     keep: tuple[tuple[int, int], ...] | None = None  # --regions: what to store (None: everything)
 
     @property
@@ -65,7 +65,7 @@ class Record:
     time_dtype: str | None = None  # time series: the dtype of the time column
     # REVERSE: the reverse strand's stream of the same record: its steps run over the units from
     # the last to the first (step k writes unit n-1-k), with a state carried of its own
-    strand: str = FORWARD
+    strand: Strand = FORWARD
     regions: tuple[tuple[int, int], ...] | None = None  # --regions: the stored intervals
 
     @property
@@ -128,10 +128,11 @@ class JobPlan:
         return len(self.records) + self.packed.n_records
 
     @property
-    def strands(self) -> tuple[str, ...]:
-        from linpipe.store.layout import is_rc
+    def strands(self) -> tuple[Strand, ...]:
+        """The strands whose outputs the job stores (what its store records as `strands`)."""
+        from linpipe.model.outputs import output_strands
 
-        return (FORWARD, REVERSE) if any(is_rc(o) for o in self.outputs) else (FORWARD,)
+        return output_strands(self.modality, self.outputs)
 
     @property
     def total_positions(self) -> int:
@@ -200,9 +201,9 @@ def plan_job(request: JobRequest) -> JobPlan:
 
 def _plan(request: JobRequest) -> JobPlan:
     from linpipe.model.checkpoints import stream_rate
+    from linpipe.model.outputs import output_strands
     from linpipe.model.segments import first_weight
     from linpipe.store.keys import make_keys
-    from linpipe.store.layout import is_rc
 
     _check_options(request)
     m, model_ref = _model(request)
@@ -234,7 +235,7 @@ def _plan(request: JobRequest) -> JobPlan:
                         sum(r.length for r in records) + packed.positions, m.modality)
     # longest first: the long records bound the makespan (ties keep input order: deterministic)
     streams = tuple(sorted(records, key=lambda r: -r.length))
-    if any(is_rc(o) for o in outputs):  # both strands: each record's reverse stream right after it
+    if REVERSE in output_strands(m.modality, outputs):  # each record's reverse stream right after it
         streams = tuple(s for r in streams for s in (r, replace(r, strand=REVERSE)))
     return JobPlan(
         job_id=job_id(found.fingerprints, m.sha256, ident),
@@ -369,23 +370,23 @@ def _keep_regions(request: JobRequest, found: _Found) -> dict | None:
 def _outputs(request: JobRequest, m, model_ref: str, channels) -> list[str]:
     """The outputs the job stores: those asked for (or the modality's defaults the model can
     give), with --strand both's reverse-strand ones after them."""
-    from linpipe.model.outputs import output_names
-    from linpipe.store.layout import RC, RC_OUTPUTS, base_output, is_rc
+    from linpipe.model.outputs import STORED, output_names, with_reverse
 
     modality = m.modality
     cannot = m.config.unavailable_outputs
     outputs = list(request.outputs) if request.outputs else [o for o in output_names(modality, default=True)
                                                              if o not in cannot]
     known = [o for o in output_names(modality) if o not in cannot]
-    for o in outputs:
-        if o not in known and not (is_rc(o) and base_output(o) in RC_OUTPUTS and base_output(o) in known):
+    for o in outputs:  # a reverse strand's output (a spec's `outputs: [logprob_rc]`): by its forward one
+        spec = STORED[modality].get(o)
+        if spec is None or spec.computed_as not in known:
             raise LinpipeError(f"{option('outputs')}: unknown {modality} output {o!r} "
                                f"(one of {', '.join(known)})")
-    if request.strand == "both":
+    if request.strand == BOTH:
         if modality != "dna":
-            raise LinpipeError(f"{option('strand')} both: a {modality} model has no reverse strand "
+            raise LinpipeError(f"{option('strand')} {BOTH}: a {modality} model has no reverse strand "
                                "(DNA only)")
-        outputs += [o + RC for o in outputs if o in RC_OUTPUTS and o + RC not in outputs]
+        outputs = with_reverse(modality, outputs)
     check_lane_outputs(request.inputs, channels, m.config, model_ref, outputs)
     if isinstance(request.split, int) and modality != "dna":
         raise LinpipeError(f"{option('split')} {request.split}: splitting a record is implemented and tested "

@@ -17,6 +17,7 @@ from typing import Any
 
 from linpipe.errors import LinpipeError, option
 from linpipe.inputs.base import stem
+from linpipe.strands import ONLY_FORWARD
 
 from .options import (
     BY_NAME,
@@ -58,7 +59,7 @@ class JobRequest:
     time_format: str | None = None
     sort: bool = False
     index_in_cache: bool = False
-    strand: str = "forward"  # "forward" | "both"
+    strand: str = ONLY_FORWARD  # a value of linpipe.strands.CHOICES: ONLY_FORWARD or BOTH
     regions: str | None = None  # a BED file
     regions_lenient: bool = False
     split: str | int = "auto"  # "auto" | "never" | a number of segments

@@ -33,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from linpipe.errors import StoreError
-from linpipe.strands import FORWARD
+from linpipe.strands import FORWARD, Strand
 
 from .child import Answers, Channel, child_command, peak_rss, recv_exact, recv_message, start_child
 
@@ -73,7 +73,7 @@ class WriteProcess:
         return self._channel.proc.pid
 
     def write_unit(self, key: str, unit: int, arrays: dict | None, state: dict | None = None,
-                   strand: str = FORWARD, last: bool = False) -> None:
+                   strand: Strand = FORWARD, last: bool = False) -> None:
         """OutputStore.write_unit in the child; last: the record's last unit (the child then
         drops its cached handles of that record's arrays)."""
         self._call("write_unit", (key, unit), {"strand": strand, "last": last}, arrays=arrays, state=state)

@@ -88,6 +88,49 @@ def test_reverse_units_resume_from_their_own_states(both, tmp_path):
     assert after.tobytes() == before.tobytes() and verify_store(str(copy)).ok
 
 
+def test_the_store_records_its_strands_and_an_older_one_reads_them_from_its_outputs(both, tmp_path):
+    """A new store's root attribute `strands` holds both signs; the same store without it (as
+    linpipe wrote stores before recording it) holds the same strands, which verify, inspect and
+    a resumed unit go by; the format-1 and format-2 fixtures (one strand) hold the forward one."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from linpipe.errors import StoreError
+    from linpipe.store import OutputStore
+    from linpipe.strands import FORWARD, REVERSE
+
+    _base, _fasta, _model, out, plan, _seqs = both
+    assert linpipe.open_output(str(out)).meta["strands"] == ["+", "-"]
+    assert plan.strands == (FORWARD, REVERSE)
+    older = tmp_path / "older.zarr"
+    shutil.copytree(out, older)
+    root = zarr.open_group(str(older), mode="r+")
+    meta = dict(root.attrs["linpipe"])
+    del meta["strands"]
+    root.attrs["linpipe"] = meta
+    store = OutputStore.open(str(older), mode="r+")
+    assert "strands" not in store.meta and store.strands == (FORWARD, REVERSE)
+    key = plan.records[0].key
+    assert store.unit_names(key, REVERSE) == ["logprob_rc", "entropy_rc"]
+    blob = store.state_blob(key, 0, REVERSE)
+    s, e = store.unit_range(key, 0)
+    store.write_unit(key, 0, {n: store.array(key, n)[s:e] for n in store.unit_names(key, REVERSE)},
+                     state=store.boundary_state(key, 0, REVERSE), strand=REVERSE)  # rewritten as it was
+    assert store.state_blob(key, 0, REVERSE) == blob
+    report = verify_store(str(older))
+    assert report.ok and report.units == plan.n_units
+    summary = linpipe.open_output(str(older)).summary()
+    assert json.loads(json.dumps(summary["strands"])) == ["+", "-"]
+    meta["strands"] = ["+", "x"]  # not a strand: one line naming the store and the attribute
+    root.attrs["linpipe"] = meta
+    with pytest.raises(StoreError, match=r"older.zarr: root attribute linpipe.strands"):
+        OutputStore.open(str(older), mode="r")
+    for fixture in ("store_v1", "store_v2"):
+        old = OutputStore.open(str(Path(__file__).parent / "data" / fixture / "dna"), mode="r")
+        assert old.strands == (FORWARD,) and "strands" not in old.meta
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("split", ["never", "auto"])
 def test_submit_both_strands_on_ray(both, tmp_path, split):

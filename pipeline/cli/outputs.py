@@ -4,7 +4,7 @@ from __future__ import annotations
 import click
 
 from linpipe.outputs import DNA_SMOOTH, MAX_CHANNELS
-from linpipe.strands import NAMES as STRAND_NAMES
+from linpipe.strands import REVERSE, Strand
 
 from .common import examples, open_reader, plural
 
@@ -40,8 +40,8 @@ def inspect(store, as_json):
         click.echo(f"  input        {inp.get('path', inp) if isinstance(inp, dict) else inp}")
     click.echo(f"  outputs      {', '.join(s['outputs'])} (unit size {s['chunk_size']:,})")
     both = len(s["strands"]) > 1
-    click.echo(f"  strands      {' and '.join(STRAND_NAMES[k] for k in s['strands'])}"
-               + (" (the reverse strand's outputs end in _rc)" if both else ""))
+    click.echo(f"  strands      {' and '.join(Strand(k).word for k in s['strands'])}"
+               + (f" (the reverse strand's outputs end in {REVERSE.suffix})" if both else ""))
     click.echo(f"  records      {s['n_records']:,}, {s['positions']:,} positions")
     if s["regions"]:
         r = s["regions"]
@@ -63,7 +63,7 @@ def inspect(store, as_json):
         done = "done" if r["chunks_done"] == r["chunks"] else f"{r['chunks_done']}/{r['chunks']} units"
         per_strand = r.get("chunks_done_per_strand")
         if per_strand and r["chunks_done"] != r["chunks"]:
-            done = ", ".join(f"{STRAND_NAMES[k]} {v}/{r['chunks']}" for k, v in per_strand.items()) + " units"
+            done = ", ".join(f"{Strand(k).word} {v}/{r['chunks']}" for k, v in per_strand.items()) + " units"
         miss = ""
         if r["missing_ranges"]:
             miss = "  missing " + ", ".join(f"{a:,}-{b:,}" for a, b in r["missing_ranges"][:3])

@@ -2,11 +2,15 @@
 
 This table is the single source of those facts: the model computes the outputs marked
 `from_model`, the store lays every output out from its spec (dtype, trailing dim, units,
-compressor), and the job planner sizes a job from the dtypes.
+compressor), and the job planner sizes a job from the dtypes. An output marked `stranded` also
+has a reverse-strand spec (`reverse_spec`, `submit --strand both`, docs/strands.md): code asks
+a name's spec which strand it belongs to, never its spelling.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+from linpipe.strands import FORWARD, REVERSE, STRANDS, Strand
 
 DNA, TIMESERIES = "dna", "timeseries"
 MODALITIES = (DNA, TIMESERIES)
@@ -35,6 +39,14 @@ class OutputSpec:
     codec: str
     default: bool  # written when a job names no outputs
     from_model: bool = True  # False: taken from the input as it is read (softmask)
+    stranded: bool = False  # has a reverse-strand counterpart (the model's DNA outputs)
+    strand: Strand = FORWARD  # REVERSE: the output computed on the reverse complement
+    of: str | None = None  # a reverse spec's forward output: the name the model computes it under
+
+    @property
+    def computed_as(self) -> str:
+        """The name the model computes this output under (a reverse one: its forward output's)."""
+        return self.of or self.name
 
     def width(self, d_model: int, channels: int) -> int | None:
         """The trailing axis' length (None for one value per position)."""
@@ -43,15 +55,16 @@ class OutputSpec:
 
 _HIDDEN = OutputSpec("hidden", "float16", FEATURE, None, "hidden representation", FLOAT_CODEC,
                      default=False)
+# the forward strand's outputs; the reverse strand's come from reverse_spec (STORED)
 OUTPUTS: dict[str, tuple[OutputSpec, ...]] = {
     DNA: (
         OutputSpec("logprob", "float32", None, "nats", "log-probability of the base", FLOAT_CODEC,
-                   default=True),
+                   default=True, stranded=True),
         OutputSpec("entropy", "float32", None, "nats", "entropy of the prediction", FLOAT_CODEC,
-                   default=True),
+                   default=True, stranded=True),
         OutputSpec("softmask", "uint8", None, None, "soft-masked (lowercase) base", "zstd-9", default=True,
                    from_model=False),
-        _HIDDEN,
+        replace(_HIDDEN, stranded=True),
     ),
     TIMESERIES: (
         OutputSpec("forecast", "float32", CHANNEL, None, "one-step forecast", FLOAT_CODEC,
@@ -68,12 +81,48 @@ OUTPUTS: dict[str, tuple[OutputSpec, ...]] = {
 }
 
 
+def reverse_spec(spec: OutputSpec) -> OutputSpec:
+    """The reverse strand's output of a stranded forward one: the same dtype, dims and codec,
+    named with the reverse strand's suffix (logprob -> logprob_rc), its values stored at the
+    forward positions."""
+    if not spec.stranded:
+        raise ValueError(f"output {spec.name!r} has no reverse strand")
+    return replace(spec, name=spec.name + REVERSE.suffix, strand=REVERSE, of=spec.name, stranded=False,
+                   default=False, long_name=f"{spec.long_name} (reverse strand, at the forward position)")
+
+
+# every output a store can hold, by name: the forward ones, then the reverse strand's
+STORED: dict[str, dict[str, OutputSpec]] = {
+    m: {s.name: s for s in OUTPUTS[m] + tuple(reverse_spec(f) for f in OUTPUTS[m] if f.stranded)}
+    for m in MODALITIES}
+
+
 def output_spec(modality: str, name: str) -> OutputSpec:
-    """The spec of one output; KeyError names the modality's outputs."""
-    for spec in OUTPUTS[modality]:
-        if spec.name == name:
-            return spec
-    raise KeyError(f"{name!r} is not a {modality} output (one of {', '.join(output_names(modality))})")
+    """The spec of one output, either strand's; KeyError names the modality's outputs."""
+    spec = STORED[modality].get(name)
+    if spec is None:
+        raise KeyError(f"{name!r} is not a {modality} output (one of {', '.join(output_names(modality))})")
+    return spec
+
+
+def on_strands(modality: str, names, strands=STRANDS) -> list[str]:
+    """Those of the outputs `names` that belong to one of `strands` (names that are no output,
+    such as `time`, go with the forward strand's units)."""
+    own = STORED[modality]
+    return [n for n in names if (own[n].strand if n in own else FORWARD) in strands]
+
+
+def output_strands(modality: str, names) -> tuple[Strand, ...]:
+    """The strands whose outputs are among `names`, forward first."""
+    return tuple(s for s in STRANDS if on_strands(modality, names, (s,)))
+
+
+def with_reverse(modality: str, names) -> list[str]:
+    """The outputs `names`, then the reverse strand's of each stranded one not already there."""
+    names = list(names)
+    own = STORED[modality]
+    return names + [r.name for r in (reverse_spec(own[n]) for n in names if n in own and own[n].stranded)
+                    if r.name not in names]
 
 
 def output_names(modality: str, *, from_model: bool | None = None, default: bool | None = None) -> tuple:

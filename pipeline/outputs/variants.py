@@ -33,7 +33,7 @@ import numpy as np
 
 from linpipe.errors import LinpipeError, option
 from linpipe.inputs.alphabet import reverse_complement, tokenize
-from linpipe.strands import FORWARD, REVERSE
+from linpipe.strands import FORWARD, REVERSE, Strand
 
 DEFAULT_WINDOW = 128
 MAX_BATCH_POSITIONS = 1 << 16  # alternative haplotypes' positions per batched model call
@@ -66,7 +66,7 @@ class Summary:
     skipped: Counter = field(default_factory=Counter)
     units: int = 0
     replayed_positions: int = 0
-    strands: tuple[str, ...] = (FORWARD,)
+    strands: tuple[Strand, ...] = (FORWARD,)
 
 
 def read_vcf(path: str):
@@ -206,7 +206,7 @@ class VariantScorer:
         c = pos // self.unit_size
         return Unit(info.id, c, c * self.unit_size)
 
-    def _stored_state(self, record: str, unit: int, strand: str):
+    def _stored_state(self, record: str, unit: int, strand: Strand):
         """The state stored after unit `unit` on a strand (the fresh state past either end)."""
         from linpipe.model import ModelState
 
@@ -409,12 +409,13 @@ def score_variants(store_path: str, vcf: str, out: str, *, window: int = DEFAULT
         summary.scored = len(variants)
     finally:
         scorer.close()
-    _write(out, variants, llr)
+    _write(out, variants, llr, scorer.strands)
     return summary
 
 
-def _write(out: str, variants: list[Variant], llr: np.ndarray) -> None:
-    """One row per allele; with both strands, llr is their mean and llr_fwd, llr_rc each one."""
+def _write(out: str, variants: list[Variant], llr: np.ndarray, strands: tuple[Strand, ...]) -> None:
+    """One row per allele; with both strands, llr is their mean and llr_fwd, llr_rc each one
+    (llr_<Strand.tag>: the column of llr's strand)."""
     import pandas as pd
 
     cols = {"chrom": [v.chrom for v in variants], "pos": np.array([v.pos + 1 for v in variants], np.int64),
@@ -423,7 +424,8 @@ def _write(out: str, variants: list[Variant], llr: np.ndarray) -> None:
     if llr.shape[1] == 1:
         cols["llr"] = llr[:, 0]
     else:
-        cols.update({"llr": llr.mean(axis=1), "llr_fwd": llr[:, 0], "llr_rc": llr[:, 1]})
+        cols["llr"] = llr.mean(axis=1)
+        cols.update({f"llr_{strand.tag}": llr[:, i] for i, strand in enumerate(strands)})
     df = pd.DataFrame(cols)
     if out.endswith(".parquet"):
         df.to_parquet(out, index=False)

@@ -14,9 +14,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from linpipe.store.layout import CHECKSUM_SET, CHECKSUMS, is_rc
+from linpipe.model.outputs import on_strands
+from linpipe.store.layout import CHECKSUM_SET, CHECKSUMS
 from linpipe.store.location import pool
-from linpipe.strands import FORWARD, REVERSE
+from linpipe.strands import FORWARD, Strand
 
 STATE = "state"  # the last column of a unit's checksums
 
@@ -73,7 +74,7 @@ class UnitCheck:
         self.kind = kind_of(store)
         self._sums: dict = {}
 
-    def _sums_of(self, key: str | None, strand: str):
+    def _sums_of(self, key: str | None, strand: Strand):
         if (key, strand) not in self._sums:
             s = self.store
             names = s.unit_names(key, strand) if key is not None else s.output_names(None)
@@ -86,7 +87,7 @@ class UnitCheck:
         s = self.store
         if strands is None:
             strands = s.strands if names is None else \
-                tuple(st for st in s.strands if any(_strand_of(n) == st for n in names))
+                tuple(st for st in s.strands if on_strands(s.modality, names, (st,)))
         start, end = s.unit_range(key, unit)
         out, faults = {}, []
         for strand in strands:
@@ -112,10 +113,6 @@ class UnitCheck:
             recorded = sums[batch]
         return _hold(order, recorded, names, values, lambda n: p.array(n)[batch * cs:(batch + 1) * cs],
                      lambda: b"", self.kind)
-
-
-def _strand_of(name: str) -> str:
-    return REVERSE if is_rc(name) else FORWARD
 
 
 def _hold(order: list[str], recorded: np.ndarray, names, keep: bool, read, read_state, kind: str):

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from linpipe.errors import StoreError, option
-from linpipe.model.outputs import DNA
+from linpipe.model.outputs import DNA, output_strands
 from linpipe.store.keys import make_keys
 from linpipe.store.layout import (
     CHANNEL_NAMES,
@@ -29,13 +29,10 @@ from linpipe.store.layout import (
     PACKED,
     PROGRESS,
     PROGRESS_ABOUT,
-    RC_OUTPUTS,
     TABLE_CHUNK,
-    base_output,
     channel_array,
     checksum_array,
     done_array,
-    is_rc,
     packed_arrays,
     progress_name,
     progress_path,
@@ -48,7 +45,7 @@ from linpipe.store.packed import write_table
 from linpipe.store.records import StoredRecord
 from linpipe.store.table import PackedRecords, id_hashes
 from linpipe.store.zarr_spec import ZARR_JSON, array_document, encode, group_document
-from linpipe.strands import FORWARD, REVERSE
+from linpipe.strands import FORWARD, STRANDS
 from linpipe.version import __version__
 
 
@@ -107,8 +104,8 @@ def lay_out(path, *, meta: dict, records: list[dict], outputs, unit_size: int, f
     root_meta.update({
         "format": FORMAT, "format_version": FORMAT_VERSION,
         "linpipe_version": root_meta.get("version", __version__), "modality": modality,
-        "outputs": outputs, "chunk_size": unit_size, "feature_dim": feature_dim,
-        "channels": channels, "hidden_dtype": hidden_dtype,
+        "outputs": outputs, "strands": list(output_strands(modality, outputs)), "chunk_size": unit_size,
+        "feature_dim": feature_dim, "channels": channels, "hidden_dtype": hidden_dtype,
         "records": {key: i.stored() for key, i in long.items()},
         "packed": packed_meta, "complete": False,
     })
@@ -224,9 +221,9 @@ class _Templates:
         nodes[progress_path(key)] = group_document({"id": info.id})
         written = [sp for sp in specs if sp.name != CHANNEL_NAMES]
         done = array_document(self.done, (info.n_units,))
-        for strand in (FORWARD, REVERSE):
-            mine = [sp for sp in written if is_rc(sp.name) == (strand == REVERSE)]
-            if strand == REVERSE and not mine:
+        for strand in STRANDS:
+            mine = [sp for sp in written if sp.strand == strand]
+            if strand != FORWARD and not mine:
                 continue  # one strand only: no reverse markers
             nodes[progress_path(key, progress_name("done", strand))] = done
             nodes[progress_path(key, progress_name("sum", strand))] = self.sums(info.n_units, len(mine))
@@ -260,11 +257,6 @@ def _jsonable(obj, where: str):
 
 def _check_outputs(where, modality, outputs, feature_dim, channels):
     for name in outputs:
-        if is_rc(name) and base_output(name) not in RC_OUTPUTS:
-            raise StoreError(f"{where}: output {name!r}: only {', '.join(RC_OUTPUTS)} have a reverse strand")
-        if is_rc(name) and modality != "dna":
-            raise StoreError(f"{where}: output {name!r}: a {modality} store has no reverse strand")
-        name = base_output(name)
         if name not in OUTPUT_KINDS[modality]:
             raise StoreError(f"{where}: output {name!r} is not a {modality} output "
                              f"(one of {', '.join(OUTPUT_KINDS[modality])})")

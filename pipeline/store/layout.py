@@ -10,13 +10,24 @@ from the per-output facts in `linpipe.model.outputs`; the writer creates arrays 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from linpipe.model.outputs import CHANNEL, DNA, FEATURE, MODALITIES, OUTPUTS, TIMESERIES, output_names
+from linpipe.errors import StoreError
+from linpipe.model.outputs import (
+    CHANNEL,
+    DNA,
+    FEATURE,
+    MODALITIES,
+    OUTPUTS,
+    STORED,
+    TIMESERIES,
+    output_names,
+    output_strands,
+)
 from linpipe.store.zarr_spec import KEY_ENCODING
-from linpipe.strands import FORWARD, REVERSE
+from linpipe.strands import FORWARD, Strand, parse
 
 FORMAT = "linpipe-output"
 FORMAT_VERSION = 4
@@ -58,31 +69,32 @@ TIME_CODEC = "blosc-lz4-5-bitshuffle+crc32c"  # chosen in benchmarks/store_compr
 
 DEFAULT_OUTPUTS = {m: list(output_names(m, default=True)) for m in MODALITIES}
 
-# The reverse strand (`submit --strand both`): output NAME_rc holds NAME computed on the reverse
-# complement, read from the record's end toward 0, stored at the forward position. Its units
-# have their own markers, checksums and boundary states (`done_rc`, `sum_rc`, `state_rc/<i>`).
-RC = "_rc"
-RC_OUTPUTS = ("logprob", "entropy", "hidden")  # what the model computes (softmask comes from the input)
+# The reverse strand (`submit --strand both`): each stranded output has a reverse one
+# (linpipe.model.outputs.reverse_spec, named with REVERSE.suffix: logprob_rc) computed on the
+# reverse complement, read from the record's end toward 0, stored at the forward position. Its
+# units have their own markers, checksums and boundary states (`done_rc`, `sum_rc`, `state_rc/<i>`).
 
 
-def is_rc(name: str) -> bool:
-    return name.endswith(RC)
+def progress_name(name: str, strand: Strand = FORWARD) -> str:
+    """done/sum/state for the forward strand's units, done_rc/sum_rc/state_rc for the reverse's
+    (a strand given by its sign, as a caller outside linpipe may, is taken as that Strand)."""
+    return name + Strand(strand).suffix
 
 
-def base_output(name: str) -> str:
-    """logprob_rc -> logprob (the kind it shares dtype, dims and codec with)."""
-    return name[:-len(RC)] if is_rc(name) else name
+def stored_strands(meta: dict, modality: str, where: str) -> tuple[Strand, ...]:
+    """The strands a store holds: its root attribute `strands`; a store written before it had
+    one holds the strands whose outputs it has (the one place a store's strands come from its
+    outputs: OutputStore reads them once, when it opens the store)."""
+    if "strands" not in meta:
+        return output_strands(modality, meta["outputs"])
+    try:
+        return parse(meta["strands"], f"{where}: root attribute linpipe.strands")
+    except ValueError as e:
+        raise StoreError(str(e)) from None
 
 
-def strand_outputs(outputs, strand: str) -> list[str]:
-    """The outputs one strand's units write: the forward ones, or the _rc ones."""
-    return [o for o in outputs if is_rc(o) == (strand == REVERSE)]
-
-
-def progress_name(name: str, strand: str = FORWARD) -> str:
-    """done/sum/state for the forward strand's units, done_rc/sum_rc/state_rc for the reverse's."""
-    return name if strand == FORWARD else name + RC
-OUTPUT_KINDS = {m: {s.name: s for s in OUTPUTS[m]} for m in MODALITIES}
+OUTPUT_KINDS = STORED  # modality -> output name -> OutputSpec, either strand's
+# by forward output (a reverse one takes its forward output's codec), and `time`
 CODEC_CHOICE = {s.name: s.codec for m in MODALITIES for s in OUTPUTS[m]} | {TIME: TIME_CODEC}
 HIDDEN_DTYPES = ("float16", "float32")
 
@@ -116,6 +128,7 @@ class ArraySpec:
     fill_value: object
     codec: str | None
     attributes: dict = field(default_factory=dict)
+    strand: Strand = FORWARD  # whose units write it (REVERSE: a reverse-strand output)
 
     def create_kwargs(self) -> dict:
         """Keyword arguments of zarr.create_array / Group.create_array for this array."""
@@ -137,16 +150,15 @@ def record_arrays(modality: str, length: int, time_dtype: str | None, outputs, *
     dim = POSITION_DIM[modality]
     specs = []
     for name in outputs:
-        kind = OUTPUT_KINDS[modality][base_output(name)]
-        dtype = hidden_dtype if base_output(name) == "hidden" else kind.dtype
+        kind = OUTPUT_KINDS[modality][name]
+        dtype = hidden_dtype if kind.computed_as == "hidden" else kind.dtype
         width = kind.width(feature_dim, len(channels) if channels else 0)
         trailing = () if width is None else (width,)
         attrs = {k: v for k, v in (("units", kind.units), ("long_name", kind.long_name)) if v}
-        if is_rc(name) and "long_name" in attrs:
-            attrs["long_name"] += " (reverse strand, at the forward position)"
         specs.append(ArraySpec(name, dtype, (dim,) + ((kind.trailing,) if trailing else ()),
                                (length,) + trailing, (unit_size,) + trailing,
-                               0 if dtype == "uint8" else np.nan, CODEC_CHOICE[base_output(name)], attrs))
+                               0 if dtype == "uint8" else np.nan, CODEC_CHOICE[kind.computed_as], attrs,
+                               kind.strand))
     if time_dtype:
         tdt = np.dtype(time_dtype)
         attrs = {}
@@ -176,8 +188,7 @@ def packed_arrays(modality: str, outputs, *, n_batches: int, unit_size: int, fea
     dim = packed_dim(modality)
     own = POSITION_DIM[modality]
     return [s if s.name == CHANNEL_NAMES else
-            ArraySpec(s.name, s.dtype, tuple(dim if d in (own, DIM_TIME) else d for d in s.dims), s.shape,
-                      s.chunks, s.fill_value, s.codec, s.attributes)
+            replace(s, dims=tuple(dim if d in (own, DIM_TIME) else d for d in s.dims))
             for s in specs]
 
 
@@ -240,5 +251,5 @@ def progress_path(key: str, name: str | None = None) -> str:
     return f"{PROGRESS}/{key}" if name is None else f"{PROGRESS}/{key}/{name}"
 
 
-def state_path(key: str, unit: int, strand: str = FORWARD) -> str:
+def state_path(key: str, unit: int, strand: Strand = FORWARD) -> str:
     return f"{PROGRESS}/{key}/{progress_name('state', strand)}/{unit}"

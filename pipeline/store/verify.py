@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from linpipe.errors import StoreError
 from linpipe.store.checksums import UnitCheck
 from linpipe.store.writer import OutputStore
-from linpipe.strands import FORWARD, REVERSE
+from linpipe.strands import FORWARD, REVERSE, Strand
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class UnitProblem:
     end: int
     records: tuple[str, ...] = ()  # a batch: the ids of its records
     detail: str = ""
-    strand: str = FORWARD  # REVERSE: the reverse strand's unit over the same positions (submit --strand both)
+    strand: Strand = FORWARD  # REVERSE: the reverse strand's unit over the same positions (--strand both)
 
     def describe(self) -> str:
         if self.record is not None:

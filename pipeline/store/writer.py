@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from linpipe.errors import StoreError, option
-from linpipe.model.outputs import DNA
+from linpipe.model.outputs import DNA, on_strands
 from linpipe.store.checksums import kind_of, unit_checksums
 from linpipe.store.layout import (
     CHANNEL_NAMES,
@@ -41,12 +41,12 @@ from linpipe.store.layout import (
     READABLE_VERSIONS,
     TIME,
     WRITABLE_VERSIONS,
-    is_rc,
     progress_name,
     progress_path,
     record_path,
     state_array,
     state_path,
+    stored_strands,
 )
 from linpipe.store.location import Location, records_only
 from linpipe.store.packed import PackedGroup, PackedSlice
@@ -54,7 +54,7 @@ from linpipe.store.rawchunks import RawChunks
 from linpipe.store.records import RecordMap, StoredRecord
 from linpipe.store.table import PackedRecords
 from linpipe.store.zarr_spec import ZARR_JSON
-from linpipe.strands import FORWARD, REVERSE
+from linpipe.strands import FORWARD, REVERSE, Strand
 from linpipe.version import __version__
 
 
@@ -73,6 +73,7 @@ class OutputStore:
         self._long_by_id = {info.id: key for key, info in self._long.items()}
         pinfo = self._meta.get("packed")
         self._packed = PackedGroup(group[PACKED], pinfo, self.unit_size) if pinfo else None
+        self._strands = stored_strands(self._meta, self.modality, self.path)
         self._arrays: dict[str, object] = {}
         self._resolved: dict[str, StoredRecord] = {}
         self._raw = RawChunks(location)
@@ -266,14 +267,14 @@ class OutputStore:
             raise StoreError(f"{self.path}: opened read-only")
 
     def write_unit(self, key: str, unit: int, arrays: dict, state: dict | None = None,
-                    strand: str = FORWARD, guard=None):
+                    strand: Strand = FORWARD, guard=None):
         """Write one work unit of a long record: every output over the unit's range, then its
         state, then done.
 
         arrays: name -> array over exactly [unit*unit_size, min(length, (i+1)*unit_size))
         (and `time`, when the record was created with a time_dtype). state: the boundary state
         after this unit, as plain numpy arrays (ModelState.to_arrays()). strand REVERSE: the
-        reverse strand's unit over the same range (its `_rc` outputs, and the state after
+        reverse strand's unit over the same range (its reverse outputs, and the state after
         reading the unit backwards), with its own marker, checksums and state. guard: called
         before the unit's first write and again before its marker; what it raises stops the
         write there, the unit not marked done (a worker whose job no longer holds the store).
@@ -306,20 +307,19 @@ class OutputStore:
                             else self._drop_state(key, unit, strand), guard)
 
     @property
-    def strands(self) -> tuple[str, ...]:
-        """(FORWARD,) or (FORWARD, REVERSE) when the store holds the reverse strand's `_rc` outputs."""
-        return (FORWARD, REVERSE) if any(is_rc(o) for o in self._meta["outputs"]) else (FORWARD,)
+    def strands(self) -> tuple[Strand, ...]:
+        """(FORWARD,) or (FORWARD, REVERSE) when the store holds the reverse strand's outputs."""
+        return self._strands
 
-    def _check_strand(self, strand: str):
+    def _check_strand(self, strand: Strand):
         if strand not in self.strands:
-            raise StoreError(f"{self.path}: no {strand!r} strand in this store (strands: "
+            raise StoreError(f"{self.path}: no {str(strand)!r} strand in this store (strands: "
                              f"{', '.join(self.strands)})")
 
-    def unit_names(self, key: str, strand: str = FORWARD) -> list[str]:
-        """The arrays one strand's unit of a long record writes (output_names of that strand)."""
-        names = self.output_names(key)
-        return [n for n in names
-                if n == TIME and strand == FORWARD or n != TIME and is_rc(n) == (strand == REVERSE)]
+    def unit_names(self, key: str, strand: Strand = FORWARD) -> list[str]:
+        """The arrays one strand's unit of a long record writes (output_names of that strand;
+        `time` goes with the forward strand's)."""
+        return on_strands(self.modality, self.output_names(key), (strand,))
 
     def write_batch(self, batch: int, arrays: dict, guard=None):
         """Write one batch of packed records: each output's values of the batch's records back
@@ -389,12 +389,12 @@ class OutputStore:
         on an object store, where a write is durable when it returns)."""
         self._location.sync(chunks, also=[f for f in files if f is not None])
 
-    def _drop_state(self, key: str, unit: int, strand: str = FORWARD):
+    def _drop_state(self, key: str, unit: int, strand: Strand = FORWARD):
         """No stale state from an earlier attempt may outlive a write without one: (no blob, no files)."""
         del self._group[state_path(key, unit, strand)]
         return None, []
 
-    def state_blob(self, key: str, unit: int, strand: str = FORWARD) -> bytes | None:
+    def state_blob(self, key: str, unit: int, strand: Strand = FORWARD) -> bytes | None:
         """The stored bytes of a long record's boundary state after a unit (None if absent)."""
         import zarr
 
@@ -405,7 +405,7 @@ class OutputStore:
             return None
         return arr[:].tobytes()
 
-    def unit_sums(self, key: str | None, strand: str = FORWARD, unit: int | None = None) -> np.ndarray:
+    def unit_sums(self, key: str | None, strand: Strand = FORWARD, unit: int | None = None) -> np.ndarray:
         """(units, arrays + 1) recorded checksums of a long record's units (key None: the packed
         batches), columns in unit_names order, then the state; 0 where none was recorded. unit:
         that unit's row alone, (arrays + 1,): one small file, where the table is one per unit."""
@@ -418,7 +418,7 @@ class OutputStore:
             zeros = np.zeros((n, len(self.output_names(key)) + 1), dtype=np.uint64)
             return zeros if unit is None else zeros[unit]
 
-    def _write_state(self, key: str, unit: int, state: dict, strand: str = FORWARD):
+    def _write_state(self, key: str, unit: int, state: dict, strand: Strand = FORWARD):
         """One uint8 array per boundary holding the state as a safetensors blob (names, dtypes
         and shapes included): one metadata file and one Zarr chunk, whatever the model's layers.
         Returns (the blob's bytes, the files written)."""
@@ -440,7 +440,7 @@ class OutputStore:
         return blob, files
 
     # ------------------------------------------------------------------ progress
-    def completed_units(self, key: str, strand: str | None = None) -> set[int]:
+    def completed_units(self, key: str, strand: Strand | None = None) -> set[int]:
         """The units written; strand None: on every strand the store holds (what readers see)."""
         info = self.record(key)
         if info.packed:
@@ -474,7 +474,7 @@ class OutputStore:
                 out.append((s, e))
         return out
 
-    def boundary_state(self, key: str, unit: int, strand: str = FORWARD) -> dict | None:
+    def boundary_state(self, key: str, unit: int, strand: Strand = FORWARD) -> dict | None:
         """The state saved after `unit`, or None when that unit is not complete (or was
         written without a state; packed records have none). strand REVERSE: the reverse strand's
         state after reading unit `unit` (from the record's end down to its start)."""
