@@ -332,6 +332,27 @@ def test_linpipes_own_examples_get_no_sidecars_and_the_cache_cleans(tmp_path, mo
     assert r.output.strip() == f"{tmp_path / 'nothing'}: removed 0 files (0 B)", r.output
 
 
+def test_a_checkout_elsewhere_gets_no_sidecars_beside_its_examples(tmp_path, monkeypatch, hash_at_once):
+    """A plain `pip install .` puts the package outside the checkout: the README's example
+    genome, in a folder under a pyproject.toml naming linpipe, still gets its index in the
+    cache, while the same file in a folder of the user's gets it beside it."""
+    import shutil
+
+    checkout = tmp_path / "clone"
+    (checkout / "examples").mkdir(parents=True)
+    (checkout / "pyproject.toml").write_text((REPO / "pyproject.toml").read_text())
+    shutil.copy(REPO / "tests" / "data" / "genomes" / "minimap2_MT-human.fa", checkout / "examples" / "MT.fa")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    shutil.copy(checkout / "examples" / "MT.fa", mine / "MT.fa")
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("LINPIPE_CACHE", str(cache))
+    assert run("index", checkout / "examples" / "MT.fa").exit_code == 0
+    assert sidecars(checkout / "examples") == [] and sidecars(cache) == ["MT.fa.fai"]
+    assert run("index", mine / "MT.fa").exit_code == 0
+    assert sidecars(mine) == ["MT.fa.fai"]
+
+
 # ------------------------------------------------------------------ 9: a forward's threads from Python
 def test_a_forward_picks_its_threads_when_the_caller_did_not(genomes, tiny):
     """Model.forward on torch's own threads: the cores nobody else runs on (one on a busy

@@ -70,6 +70,19 @@ def folder_writable(folder: Path) -> bool:
 OWN_TREE = Path(__file__).resolve().parents[2]
 
 
+def _linpipe_checkout(folder: Path) -> bool:
+    """Whether folder lies in a checkout of linpipe (a pyproject.toml naming it above it): the
+    README's example genome after a plain `pip install .`, which puts the package elsewhere."""
+    for p in (folder, *folder.parents):
+        f = p / "pyproject.toml"
+        try:
+            if f.is_file() and 'name = "linpipe"' in f.read_text(errors="replace"):
+                return True
+        except OSError:
+            continue
+    return False
+
+
 def users_folder(folder: Path) -> bool:
     """True when a sidecar may go into folder: writable (folder_writable), owned by this user
     (not a shared data folder that this user may merely write into), and outside linpipe's own
@@ -83,7 +96,7 @@ def users_folder(folder: Path) -> bool:
         return False
     if hasattr(os, "geteuid") and owner != os.geteuid():
         return False
-    return resolved != OWN_TREE and OWN_TREE not in resolved.parents
+    return resolved != OWN_TREE and OWN_TREE not in resolved.parents and not _linpipe_checkout(resolved)
 
 
 def cached_path(path: Path, suffix: str, cache_dir=None) -> Path:
