@@ -43,13 +43,17 @@ def test_resume_from_a_checkpoint_gives_the_uninterrupted_bytes(tokens, conv_wid
                          forward_split(model, x, bounds, UNIT))
 
 
-def test_cost_model_checkpoints_wide_models_and_recomputes_where_writes_cost_more():
+def test_cost_model_checkpoints_where_measured_writes_cost_less_than_layers():
     small = ModelConfig(modality="dna", d_model=16, n_layers=2, n_heads=2, mlp_hidden=32)
     default = ModelConfig(modality="dna", d_model=64, n_layers=2, n_heads=4, mlp_hidden=128)
     wide = ModelConfig(modality="dna", d_model=512, n_layers=12, n_heads=8, mlp_hidden=2048)
-    # a small model's layer is quicker than writing its 4 D bytes per position: recompute
-    assert checkpoint_every(small, 4_000_000) is None
-    assert checkpoint_every(default, 4_000_000) is None
+    # a narrow layer's fixed cost per position outweighs writing its 4 D bytes: checkpoint
+    assert checkpoint_every(small, 4_000_000) == 1
+    # the default model's write is 0.3 of a layer (measured): after its last layer
+    assert checkpoint_every(default, 4_000_000) == 2
+    assert checkpoint_layers(default.n_layers, checkpoint_every(default, 4_000_000)) == [2]
+    # a slow store moves the line back to recomputing
+    assert checkpoint_every(default, 4_000_000, store_bytes_per_s=1e6) is None
     # a wide one's layer is worth checkpointing after each
     assert checkpoint_every(wide, 4_000_000) == 1
     # ... unless its two slots of h outgrow the store budget: recompute
