@@ -43,6 +43,43 @@ def test_resume_from_a_checkpoint_gives_the_uninterrupted_bytes(tokens, conv_wid
                          forward_split(model, x, bounds, UNIT))
 
 
+def test_the_default_model_resumed_after_its_last_checkpoint_redoes_no_layer(tokens, monkeypatch):
+    """The shipped model, at the checkpoints its cost model picks for the record: a run stopped
+    at the latest of them (a kill during the late layers or the writes) resumes there without
+    running any earlier layer again, and gives the uninterrupted bytes."""
+    from linpipe import load_model
+    from linpipe.model.segments import SegmentRunner
+
+    model = load_model("default", device="cpu")
+    x = tokens
+    checkpoints = checkpoint_layers(model.config.n_layers, checkpoint_every(model.config, len(x)))
+    assert checkpoints, "the default model takes no checkpoint: a kill redoes the record"
+    at = checkpoints[-1]
+    passes = []  # (what, layer) in the order the runners ran them
+
+    def counted(name, layer_of):
+        real = getattr(SegmentRunner, name)
+
+        def run(self, *args):
+            passes.append((name, layer_of(args)))
+            return real(self, *args)
+        monkeypatch.setattr(SegmentRunner, name, run)
+
+    counted("begin", lambda args: 0)
+    counted("apply", lambda args: args[0])
+    counted("_pass1", lambda args: args[0])
+    counted("resume", lambda args: args[0])
+    bounds = segment_bounds(len(x), UNIT, 2)
+    resumed = stopped_and_resumed(model, x, bounds, UNIT, at, layer_weights(model.net))
+    i = passes.index(("resume", at))
+    before, after = passes[:i], passes[i:]
+    # the stopped run ran every layer below `at` on both segments; the resumed one none of them
+    assert sorted({(w, n) for w, n in before if w == "apply"}) == [("apply", n) for n in range(at)]
+    assert all(w == "resume" or n >= at for w, n in after), after
+    assert [w for w, _ in after].count("resume") == len(bounds)
+    assert_resumed_bytes(resumed, forward_split(model, x, bounds, UNIT))
+
+
 def test_cost_model_checkpoints_where_measured_writes_cost_less_than_layers():
     small = ModelConfig(modality="dna", d_model=16, n_layers=2, n_heads=2, mlp_hidden=32)
     default = ModelConfig(modality="dna", d_model=64, n_layers=2, n_heads=4, mlp_hidden=128)
