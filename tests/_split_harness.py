@@ -1,6 +1,6 @@
 """What the split's tests share (test_split.py, test_split_resume.py, test_delta_split.py): the
-streamed reference, the relative distance, and a split run stopped after a checkpoint and
-resumed from what it holds."""
+streamed reference, the relative distance, and a split run stopped after a checkpoint (or only
+its folds) and resumed from what it holds."""
 from __future__ import annotations
 
 import gzip
@@ -104,6 +104,37 @@ def stopped_and_resumed(model, x, bounds, unit, at, weights):
     states = run_layers(Resuming(again), state0, weights, len(bounds), start=at, folds=folds)
     try:
         return outputs_of(again, states)
+    finally:
+        for r in again:
+            r.close()
+
+
+def stopped_and_replayed(model, x, bounds, unit, at, weights):
+    """A split run stopped right after the fold of layer `at` - 1 was stored (the kill came
+    during that layer's pass, and no checkpoint holds h), then fresh runners replayed the
+    layers before `at` from the stored folds: ((outputs, unit states) of the resumed run, the
+    layers the resumed run folded, i.e. exchanged)."""
+    state0 = model.init_state()
+    first = runners_for(model, x, bounds, unit)
+    folds = []
+
+    class Stopping(InProcess):
+        def call(self, method, args):
+            if method == "apply" and args[0][0] == at - 1:
+                raise Stop
+            return super().call(method, args)
+
+    with pytest.raises(Stop):
+        run_layers(Stopping(first), state0, weights, len(bounds),
+                   on_fold=lambda layer, S, z, h: folds.append((S, z, h)))
+    for r in first:
+        r.close()
+    assert len(folds) == at
+    again, folded = runners_for(model, x, bounds, unit), []
+    states = run_layers(InProcess(again), state0, weights, len(bounds), start=at, folds=folds, replay=True,
+                        on_fold=lambda layer, S, z, h: folded.append(layer))
+    try:
+        return outputs_of(again, states), folded
     finally:
         for r in again:
             r.close()

@@ -4,7 +4,7 @@ it, give the same bytes as the uninterrupted split run; the store's records of t
 checked by their CRC."""
 import numpy as np
 import pytest
-from _split_harness import assert_resumed_bytes, stopped_and_resumed
+from _split_harness import assert_resumed_bytes, stopped_and_replayed, stopped_and_resumed
 
 from linpipe.model import Model, ModelConfig, init_net
 from linpipe.model.checkpoints import checkpoint_every, checkpoint_layers, slot
@@ -41,6 +41,17 @@ def test_resume_from_a_checkpoint_gives_the_uninterrupted_bytes(tokens, conv_wid
     bounds = segment_bounds(len(x), UNIT, 3)
     assert_resumed_bytes(stopped_and_resumed(model, x, bounds, UNIT, at, layer_weights(model.net)),
                          forward_split(model, x, bounds, UNIT))
+
+
+@pytest.mark.parametrize("conv_width,gated", [(4, True), (1, False)])
+@pytest.mark.parametrize("at", [1, 3])  # 3: every fold stored, the kill in the last layer's pass
+def test_resume_without_h_replays_from_the_stored_folds_and_exchanges_none_of_them(tokens, conv_width,
+                                                                                    gated, at):
+    model = tiny(conv_width, gated)
+    bounds = segment_bounds(len(tokens), UNIT, 3)
+    resumed, folded = stopped_and_replayed(model, tokens, bounds, UNIT, at, layer_weights(model.net))
+    assert folded == list(range(at, model.config.n_layers))  # no layer before `at` is exchanged
+    assert_resumed_bytes(resumed, forward_split(model, tokens, bounds, UNIT))
 
 
 def test_the_default_model_resumed_after_its_last_checkpoint_redoes_no_layer(tokens, monkeypatch):
@@ -102,7 +113,9 @@ def test_cost_model_checkpoints_where_measured_writes_cost_less_than_layers():
     assert [slot([1, 2, 3], layer) for layer in (1, 2, 3)] == [0, 1, 0]
 
 
-def test_split_records_are_checked_by_crc_and_kept_apart_by_bounds(tmp_path, genomes):
+@pytest.fixture
+def split_store(tmp_path, genomes):
+    """(the store's path, the store, the key) of a job over 3 units of a real chromosome."""
     from _pipeline_data import write_fasta_slice
 
     from linpipe.jobs.driver import open_or_create_store
@@ -114,7 +127,37 @@ def test_split_records_are_checked_by_crc_and_kept_apart_by_bounds(tmp_path, gen
     out = tmp_path / "s.zarr"
     plan = plan_job(JobRequest(inputs=(str(fa),), model="default", out=str(out), unit_size=8192))
     store = open_or_create_store(plan, str(out))
-    key = store.record_key("CHROMOSOME_I")
+    return out, store, store.record_key("CHROMOSOME_I")
+
+
+def test_a_resume_reads_h_at_a_checkpoint_else_replays_the_stored_folds(split_store):
+    from linpipe.jobs.split import resume_point
+
+    _out, store, key = split_store
+    sp = store.split_records(key, [(0, 8192), (8192, 24576)])
+    sp.open()
+    assert resume_point(sp, [2], 0, 2, 3) == (0, [], False)
+
+    def put_fold(layer):
+        for k in range(3):  # segments 0, 1 and after the last
+            sp.put(f"fold/{layer}/{k}", {name: np.full((2, 2), 10 * layer + k, np.float32)
+                                         for name in ("S", "z", "conv")})
+
+    put_fold(0)
+    put_fold(1)
+    sp.put("fold/2/0", {name: np.zeros(1, np.float32) for name in ("S", "z", "conv")})  # layer 2 half stored
+    start, folds, replay = resume_point(sp, [2], 0, 2, 3)
+    assert (start, replay) == (2, True)
+    assert [[float(S[0, 0]) for S in f[0]] for f in folds] == [[0, 1, 2], [10, 11, 12]]
+    # a later segment's group: the folds from its segment on
+    assert [float(S[0, 0]) for S in resume_point(sp, [2], 1, 2, 3)[1][1][0]] == [11, 12]
+    for k in range(2):
+        sp.put(f"ckpt/2/{k}", {"slot": np.zeros(1, np.int64)})
+    assert resume_point(sp, [2], 0, 2, 3)[::2] == (2, False)  # h is read back, not recomputed
+
+
+def test_split_records_are_checked_by_crc_and_kept_apart_by_bounds(split_store):
+    out, store, key = split_store
     two, other = [(0, 8192), (8192, 24576)], [(0, 16384), (16384, 24576)]
     sp = store.split_records(key, two)
     S = np.arange(12, dtype=np.float32).reshape(3, 4)
