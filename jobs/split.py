@@ -165,6 +165,12 @@ class SegmentWorker(PipelineWorker):
 
         return self.runner.resume(layer, h_of, initial), time.perf_counter() - t
 
+    def replay(self, layer, folds, initial):
+        """begin and the layers before `layer` from the stored folds, with no exchange (no
+        checkpoint holds h)."""
+        t = time.perf_counter()
+        return self.runner.replay(layer, folds, initial), time.perf_counter() - t
+
     def _checkpoint(self, layer: int) -> None:
         """The segment's layer input for `layer` and its unit edges' states of the layers
         before, durable in the store; the marker last. The same slot's older checkpoint is
@@ -211,7 +217,7 @@ class GroupLost(Exception):
 class RayGroup:
     """Calls one method on every segment's actor at once and waits for all (a barrier)."""
 
-    TIMED = ("begin", "resume", "apply")
+    TIMED = ("begin", "resume", "replay", "apply")
 
     def __init__(self, handles):
         self.handles = handles
@@ -292,7 +298,7 @@ def run_split(record: Record, n_segments: int, store, new_actor, events, *, firs
             else:  # the fold's value, stored with the last unit of the segment before
                 first_unit = bounds[k0][0] // record.unit_size
                 state0 = ModelState.from_arrays(store.boundary_state(record.key, first_unit - 1))
-            start, folds = resume_point(splits, checkpoints, k0, len(bounds))
+            start, folds, replay = resume_point(splits, checkpoints, k0, len(bounds), len(weights))
             stats["resumed_at"].append(start)
             n_layers = len(weights)
             progress.layer(start, n_layers)
@@ -308,7 +314,7 @@ def run_split(record: Record, n_segments: int, store, new_actor, events, *, firs
                                                      "conv": halos[i].numpy()})
 
             states = run_layers(_Timed(group, stats, hook), state0, weights, len(todo), exact_first=k0 == 0,
-                                start=start, folds=folds, on_fold=on_fold if checkpoints else None)
+                                start=start, folds=folds, on_fold=on_fold, replay=replay)
             done = sorted(store.completed_units(record.key, FORWARD))
             results = group.call("write", [(states[k].y[0], states[k + 1].to_arrays(), done)
                                            for k in range(len(todo))])
@@ -335,10 +341,12 @@ def run_split(record: Record, n_segments: int, store, new_actor, events, *, firs
                 ray.kill(h)
 
 
-def resume_point(splits, checkpoints, k0: int, n_segments: int):
-    """The latest checkpointed layer that every segment from k0 on holds, with the fold of each
-    layer before it stored for segments k0..n_segments: (layer, [(S, z, halos) per layer]);
-    (0, []) when there is none (the group begins from the input)."""
+def resume_point(splits, checkpoints, k0: int, n_segments: int, n_layers: int):
+    """Where a group resumes: (layer, [(S, z, halos) per layer before it], replay). The latest
+    checkpointed layer that every segment from k0 on holds, with the fold of each layer before
+    it stored for segments k0..n_segments (replay False: h is read back); else the deepest
+    layer whose folds before it are all stored (replay True: the segments rerun those layers
+    from their tokens, but exchange nothing); (0, [], False) when there is none."""
     import torch
 
     def fold(layer):
@@ -352,8 +360,14 @@ def resume_point(splits, checkpoints, k0: int, n_segments: int):
             continue
         folds = [fold(j) for j in range(layer)]
         if all(f is not None for f in folds):
-            return layer, folds
-    return 0, []
+            return layer, folds, False
+    folds = []
+    for j in range(n_layers):  # the run stores the folds in layer order
+        got = fold(j)
+        if got is None:
+            break
+        folds.append(got)
+    return len(folds), folds, bool(folds)
 
 
 class _Progress:

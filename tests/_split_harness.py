@@ -1,6 +1,6 @@
 """What the split's tests share (test_split.py, test_split_resume.py, test_delta_split.py): the
-streamed reference, the relative distance, and a split run stopped after a checkpoint and
-resumed from what it holds."""
+streamed reference, the relative distance, and a split run stopped after a checkpoint (or only
+its folds) and resumed from what it holds."""
 from __future__ import annotations
 
 import gzip
@@ -64,13 +64,35 @@ class Stop(Exception):
     pass
 
 
+def folds_until_stopped(group, state0, weights, at):
+    """The folds a split run on `group` (InProcess) stored before it raised Stop (`at` of them);
+    its runners are closed."""
+    folds = []
+    with pytest.raises(Stop):
+        run_layers(group, state0, weights, len(group.runners),
+                   on_fold=lambda layer, S, z, h: folds.append((S, z, h)))
+    for r in group.runners:
+        r.close()
+    assert len(folds) == at
+    return folds
+
+
+def closing(runners, states):
+    """outputs_of the runners, which are closed after."""
+    try:
+        return outputs_of(runners, states)
+    finally:
+        for r in runners:
+            r.close()
+
+
 def stopped_and_resumed(model, x, bounds, unit, at, weights):
     """A split run stopped right after the checkpoint of layer `at` (the segments' layer input and
     unit edges' states, and the folds before it), then fresh runners resumed from what it holds:
     (outputs, unit states) of the resumed run."""
     state0 = model.init_state()
     first = runners_for(model, x, bounds, unit)
-    taken, folds = {}, []
+    taken = {}
 
     class Checkpointing(InProcess):
         def call(self, method, args):
@@ -82,12 +104,7 @@ def stopped_and_resumed(model, x, bounds, unit, at, weights):
                 raise Stop
             return out
 
-    with pytest.raises(Stop):
-        run_layers(Checkpointing(first), state0, weights, len(bounds),
-                   on_fold=lambda layer, S, z, h: folds.append((S, z, h)))
-    for r in first:
-        r.close()
-    assert len(folds) == at
+    folds = folds_until_stopped(Checkpointing(first), state0, weights, at)
 
     again = runners_for(model, x, bounds, unit)
     for k, r in enumerate(again):
@@ -101,12 +118,28 @@ def stopped_and_resumed(model, x, bounds, unit, at, weights):
             return [r.resume(layer, lambda a, b, k=k: taken[k][0][a // unit], initial)
                     for k, (r, (layer, initial)) in enumerate(zip(self.runners, args, strict=True))]
 
-    states = run_layers(Resuming(again), state0, weights, len(bounds), start=at, folds=folds)
-    try:
-        return outputs_of(again, states)
-    finally:
-        for r in again:
-            r.close()
+    return closing(again, run_layers(Resuming(again), state0, weights, len(bounds), start=at, folds=folds))
+
+
+def stopped_and_replayed(model, x, bounds, unit, at, weights):
+    """A split run stopped right after the fold of layer `at` - 1 was stored (the kill came
+    during that layer's pass, and no checkpoint holds h), then fresh runners replayed the
+    layers before `at` from the stored folds: ((outputs, unit states) of the resumed run, the
+    layers the resumed run folded, i.e. exchanged)."""
+    state0 = model.init_state()
+    first = runners_for(model, x, bounds, unit)
+
+    class Stopping(InProcess):
+        def call(self, method, args):
+            if method == "apply" and args[0][0] == at - 1:
+                raise Stop
+            return super().call(method, args)
+
+    folds = folds_until_stopped(Stopping(first), state0, weights, at)
+    again, folded = runners_for(model, x, bounds, unit), []
+    states = run_layers(InProcess(again), state0, weights, len(bounds), start=at, folds=folds, replay=True,
+                        on_fold=lambda layer, S, z, h: folded.append(layer))
+    return closing(again, states), folded
 
 
 def assert_resumed_bytes(resumed, uninterrupted) -> None:

@@ -4,7 +4,7 @@ it, give the same bytes as the uninterrupted split run; the store's records of t
 checked by their CRC."""
 import numpy as np
 import pytest
-from _split_harness import assert_resumed_bytes, stopped_and_resumed
+from _split_harness import assert_resumed_bytes, stopped_and_replayed, stopped_and_resumed
 
 from linpipe.model import Model, ModelConfig, init_net
 from linpipe.model.checkpoints import checkpoint_every, checkpoint_layers, slot
@@ -43,13 +43,65 @@ def test_resume_from_a_checkpoint_gives_the_uninterrupted_bytes(tokens, conv_wid
                          forward_split(model, x, bounds, UNIT))
 
 
-def test_cost_model_checkpoints_wide_models_and_recomputes_where_writes_cost_more():
+@pytest.mark.parametrize("conv_width,gated", [(4, True), (1, False)])
+@pytest.mark.parametrize("at", [1, 3])  # 3: every fold stored, the kill in the last layer's pass
+def test_resume_without_h_replays_from_the_stored_folds_and_exchanges_none_of_them(tokens, conv_width,
+                                                                                    gated, at):
+    model = tiny(conv_width, gated)
+    bounds = segment_bounds(len(tokens), UNIT, 3)
+    resumed, folded = stopped_and_replayed(model, tokens, bounds, UNIT, at, layer_weights(model.net))
+    assert folded == list(range(at, model.config.n_layers))  # no layer before `at` is exchanged
+    assert_resumed_bytes(resumed, forward_split(model, tokens, bounds, UNIT))
+
+
+def test_the_default_model_resumed_after_its_last_checkpoint_redoes_no_layer(tokens, monkeypatch):
+    """The shipped model, at the checkpoints its cost model picks for the record: a run stopped
+    at the latest of them (a kill during the late layers or the writes) resumes there without
+    running any earlier layer again, and gives the uninterrupted bytes."""
+    from linpipe import load_model
+    from linpipe.model.segments import SegmentRunner
+
+    model = load_model("default", device="cpu")
+    x = tokens
+    checkpoints = checkpoint_layers(model.config.n_layers, checkpoint_every(model.config, len(x)))
+    assert checkpoints, "the default model takes no checkpoint: a kill redoes the record"
+    at = checkpoints[-1]
+    passes = []  # (what, layer) in the order the runners ran them
+
+    def counted(name, layer_of):
+        real = getattr(SegmentRunner, name)
+
+        def run(self, *args):
+            passes.append((name, layer_of(args)))
+            return real(self, *args)
+        monkeypatch.setattr(SegmentRunner, name, run)
+
+    counted("begin", lambda args: 0)
+    counted("apply", lambda args: args[0])
+    counted("_pass1", lambda args: args[0])
+    counted("resume", lambda args: args[0])
+    bounds = segment_bounds(len(x), UNIT, 2)
+    resumed = stopped_and_resumed(model, x, bounds, UNIT, at, layer_weights(model.net))
+    i = passes.index(("resume", at))
+    before, after = passes[:i], passes[i:]
+    # the stopped run ran every layer below `at` on both segments; the resumed one none of them
+    assert sorted({(w, n) for w, n in before if w == "apply"}) == [("apply", n) for n in range(at)]
+    assert all(w == "resume" or n >= at for w, n in after), after
+    assert [w for w, _ in after].count("resume") == len(bounds)
+    assert_resumed_bytes(resumed, forward_split(model, x, bounds, UNIT))
+
+
+def test_cost_model_checkpoints_where_measured_writes_cost_less_than_layers():
     small = ModelConfig(modality="dna", d_model=16, n_layers=2, n_heads=2, mlp_hidden=32)
     default = ModelConfig(modality="dna", d_model=64, n_layers=2, n_heads=4, mlp_hidden=128)
     wide = ModelConfig(modality="dna", d_model=512, n_layers=12, n_heads=8, mlp_hidden=2048)
-    # a small model's layer is quicker than writing its 4 D bytes per position: recompute
-    assert checkpoint_every(small, 4_000_000) is None
-    assert checkpoint_every(default, 4_000_000) is None
+    # a narrow layer's fixed cost per position outweighs writing its 4 D bytes: checkpoint
+    assert checkpoint_every(small, 4_000_000) == 1
+    # the default model's write is 0.3 of a layer (measured): after its last layer
+    assert checkpoint_every(default, 4_000_000) == 2
+    assert checkpoint_layers(default.n_layers, checkpoint_every(default, 4_000_000)) == [2]
+    # a slow store moves the line back to recomputing
+    assert checkpoint_every(default, 4_000_000, store_bytes_per_s=1e6) is None
     # a wide one's layer is worth checkpointing after each
     assert checkpoint_every(wide, 4_000_000) == 1
     # ... unless its two slots of h outgrow the store budget: recompute
@@ -61,7 +113,9 @@ def test_cost_model_checkpoints_wide_models_and_recomputes_where_writes_cost_mor
     assert [slot([1, 2, 3], layer) for layer in (1, 2, 3)] == [0, 1, 0]
 
 
-def test_split_records_are_checked_by_crc_and_kept_apart_by_bounds(tmp_path, genomes):
+@pytest.fixture
+def split_store(tmp_path, genomes):
+    """(the store's path, the store, the key) of a job over 3 units of a real chromosome."""
     from _pipeline_data import write_fasta_slice
 
     from linpipe.jobs.driver import open_or_create_store
@@ -73,7 +127,37 @@ def test_split_records_are_checked_by_crc_and_kept_apart_by_bounds(tmp_path, gen
     out = tmp_path / "s.zarr"
     plan = plan_job(JobRequest(inputs=(str(fa),), model="default", out=str(out), unit_size=8192))
     store = open_or_create_store(plan, str(out))
-    key = store.record_key("CHROMOSOME_I")
+    return out, store, store.record_key("CHROMOSOME_I")
+
+
+def test_a_resume_reads_h_at_a_checkpoint_else_replays_the_stored_folds(split_store):
+    from linpipe.jobs.split import resume_point
+
+    _out, store, key = split_store
+    sp = store.split_records(key, [(0, 8192), (8192, 24576)])
+    sp.open()
+    assert resume_point(sp, [2], 0, 2, 3) == (0, [], False)
+
+    def put_fold(layer):
+        for k in range(3):  # segments 0, 1 and after the last
+            sp.put(f"fold/{layer}/{k}", {name: np.full((2, 2), 10 * layer + k, np.float32)
+                                         for name in ("S", "z", "conv")})
+
+    put_fold(0)
+    put_fold(1)
+    sp.put("fold/2/0", {name: np.zeros(1, np.float32) for name in ("S", "z", "conv")})  # layer 2 half stored
+    start, folds, replay = resume_point(sp, [2], 0, 2, 3)
+    assert (start, replay) == (2, True)
+    assert [[float(S[0, 0]) for S in f[0]] for f in folds] == [[0, 1, 2], [10, 11, 12]]
+    # a later segment's group: the folds from its segment on
+    assert [float(S[0, 0]) for S in resume_point(sp, [2], 1, 2, 3)[1][1][0]] == [11, 12]
+    for k in range(2):
+        sp.put(f"ckpt/2/{k}", {"slot": np.zeros(1, np.int64)})
+    assert resume_point(sp, [2], 0, 2, 3)[::2] == (2, False)  # h is read back, not recomputed
+
+
+def test_split_records_are_checked_by_crc_and_kept_apart_by_bounds(split_store):
+    out, store, key = split_store
     two, other = [(0, 8192), (8192, 24576)], [(0, 16384), (16384, 24576)]
     sp = store.split_records(key, two)
     S = np.arange(12, dtype=np.float32).reshape(3, 4)

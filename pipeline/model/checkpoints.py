@@ -16,7 +16,12 @@ import math
 # 2 layers, 70 kFLOP per position and layer by layer_flops) at about 172k positions/s
 # (BENCHMARKS.md): about 24 GFLOP/s; an object store takes about 100 MB/s per writer.
 FLOPS_PER_S = 20e9
-STORE_BYTES_PER_S = 100e6
+# Fitted to benchmarks/bench_split_checkpoint.py (one thread, local disk with fsync): a layer
+# pass took 14.09 us per position at D 64 and 75.24 at D 256, i.e. a fixed ~10 us per position
+# and layer beyond its FLOPs; writing h ran at about 55 MB/s. The decision needs only the ratio
+# write / pass (0.32 at D 64, 0.27 at D 256), which these reproduce.
+LAYER_FIXED_S = 10e-6
+STORE_BYTES_PER_S = 55e6
 # A checkpoint's write may add at most this share to the compute since the one before.
 OVERHEAD = 0.25
 # Two slots of h (2 x 4 D bytes per position) beyond this many bytes per record: recompute.
@@ -44,7 +49,7 @@ def checkpoint_every(config, positions: int, *, flops_per_s: float | None = None
     if 2 * 4 * D * positions > budget:
         return None
     write_s = 4 * D / store_bytes_per_s
-    layer_s = layer_flops(config) / flops_per_s
+    layer_s = LAYER_FIXED_S + layer_flops(config) / flops_per_s
     every = max(1, math.ceil(write_s / (OVERHEAD * layer_s)))
     return every if every <= L else None
 

@@ -445,6 +445,16 @@ class SegmentRunner:
                 self.pass1.span(s, e, self._h(s, e))
         return self._message(layer)
 
+    def replay(self, layer: int, folds, initial=None) -> Message:
+        """In place of begin and the apply calls before `layer` where no checkpoint holds h:
+        folds[j] is the stored (S, z, halo) entering the segment at layer j < `layer`, so the
+        same passes run on the same numbers as in the run that stored them (the same bytes),
+        with no exchange between them. Returns the message of `layer`."""
+        msg = self.begin(initial)
+        for j in range(layer):
+            msg = self.apply(j, *folds[j])
+        return msg
+
     def rows(self, a: int, b: int) -> np.ndarray:
         """(b-a, D) float32: the residual stream at record positions [a, b) (a checkpoint's h)."""
         return self.h.get(a - self.start, b - self.start)
@@ -524,17 +534,23 @@ class InProcess:
 
 
 def run_layers(group, state0: ModelState, weights: list, n_segments: int,
-               exact_first: bool = True, *, start: int = 0, folds=(), on_fold=None) -> list[ModelState]:
+               exact_first: bool = True, *, start: int = 0, folds=(), on_fold=None,
+               replay: bool = False) -> list[ModelState]:
     """The driver's side of a split run: the segments' first messages, then per layer the fold
     and one call that runs the layer (and the next one's first half). group.call(method,
     per-segment args) runs one method on every segment and returns the results in segment
     order. Returns the state entering every segment and after the last (n_segments + 1
     states), from state0 entering the first. start > 0: the segments resume at that layer
     from a checkpoint ("resume" in place of "begin"), folds[layer] being the stored fold of
-    each layer before it; on_fold(layer, S, z, halos) sees every fold made here."""
+    each layer before it; replay: no checkpoint holds the input of `start`, the segments run
+    the layers before it from their tokens with those folds ("replay", no exchange);
+    on_fold(layer, S, z, halos) sees every fold made here."""
     first = (state0.S[0].cpu(), state0.z[0].cpu(), state0.conv[0].cpu())
     firsts = [first if k == 0 and exact_first else None for k in range(n_segments)]
-    if start:
+    if start and replay:
+        msgs = group.call("replay", [(start, [tuple(part[k] for part in folds[j]) for j in range(start)], f)
+                                     for k, f in enumerate(firsts)])
+    elif start:
         msgs = group.call("resume", [(start, f) for f in firsts])
     else:
         msgs = group.call("begin", [(f,) for f in firsts])
