@@ -55,8 +55,8 @@ def model_init(directory, modality, d_model, n_layers, n_heads, mlp_hidden, conv
 
 
 @model_group.command("import", epilog=examples(
-    "linpipe model import fla-checkpoint/ my-model",
-    "linpipe model import fla-checkpoint/ my-model --tokens A=3,C=4,G=5,T=6,N=7 --bos 1"))
+    "linpipe model import examples/fla-gated-deltanet my-model",
+    "linpipe model import examples/fla-gated-deltanet my-model-ids --tokens A=3,C=4,G=5,T=6,N=7 --bos 1"))
 @click.argument("src", type=click.Path(exists=True, file_okay=False))
 @click.argument("out", type=click.Path(file_okay=False))
 @click.option("--tokens", default=None, metavar="A=ID,C=ID,G=ID,T=ID,N=ID",

@@ -84,7 +84,7 @@ def read_checkpoint(src) -> Checkpoint:
     if not isinstance(config, dict):
         raise ModelError(f"{cfg}: expected a JSON object")
     if config.get("format") == "linpipe-model":
-        raise ModelError(f"{cfg}: already a linpipe model (run it with --model {d})")
+        raise ModelError(f"{cfg}: already a linpipe model (run it with {option('model')} {d})")
     if (d / INDEX_FILE).is_file():
         try:
             weight_map = json.loads((d / INDEX_FILE).read_text())["weight_map"]
