@@ -1,5 +1,5 @@
 """Make the flash-linear-attention fixtures of tests/test_fla_import.py with fla 0.6's own model
-classes: small random DeltaNet and GatedDeltaNet language models over a DNA-sized vocabulary,
+classes: small random DeltaNet, GatedDeltaNet and GLA language models over a DNA-sized vocabulary,
 saved with save_pretrained (safetensors), and fla's log-softmax at each next token of real
 genome records (docs/models.md).
 
@@ -57,6 +57,13 @@ FIXTURES = {
     "delta_net_no_conv": ("DeltaNetConfig", "DeltaNetForCausalLM", dict(
         hidden_size=32, num_hidden_layers=2, num_heads=4, expand_k=1.0, expand_v=1.0, use_gate=True,
         allow_neg_eigval=False, use_short_conv=False, intermediate_size=64)),
+    "gla": ("GLAConfig", "GLAForCausalLM", dict(
+        hidden_size=32, num_hidden_layers=2, num_heads=2, expand_k=0.5, expand_v=1.0, use_short_conv=True,
+        conv_size=4, use_output_gate=True, intermediate_size=64)),
+    "gla_no_conv": ("GLAConfig", "GLAForCausalLM", dict(
+        hidden_size=32, num_hidden_layers=2, num_heads=4, expand_k=1.0, expand_v=0.5, use_short_conv=False,
+        use_output_gate=False, feature_map="relu", clamp_min=-0.05, intermediate_size=48,
+        tie_word_embeddings=True)),
 }
 COMMON = dict(vocab_size=len(VOCAB), pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS,
               attn_mode="fused_recurrent", fuse_norm=False, fuse_swiglu=False, fuse_cross_entropy=False,
