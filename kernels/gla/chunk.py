@@ -40,7 +40,8 @@ def check_inputs(q, k, v, log_gate) -> None:
         raise ValueError(f"q, k must be (B, T, H, K) and v (B, T, H, V); got {tuple(q.shape)}, "
                          f"{tuple(k.shape)}, {tuple(v.shape)}")
     if tuple(log_gate.shape) != tuple(q.shape):
-        raise ValueError(f"log_gate must have shape (B, T, H, K) = {tuple(q.shape)}; got {tuple(log_gate.shape)}")
+        raise ValueError(f"log_gate must have shape (B, T, H, K) = {tuple(q.shape)}; "
+                         f"got {tuple(log_gate.shape)}")
     if bool((log_gate > 0).any()):
         raise ValueError(f"log_gate must be <= 0 everywhere; got a maximum of {float(log_gate.max()):g}")
 

@@ -28,13 +28,15 @@ def fla_gla(q, k, v, log_gate, *, scale=None, initial_state=None, output_final_s
         from fla.ops.gla import chunk_gla, fused_recurrent_gla
     except ImportError as e:
         raise RuntimeError(
-            f"gated linear attention on a CUDA tensor needs flash-linear-attention's kernels, which could "
-            f"not be imported ({e}); install them: pip install 'linpipe[gpu]' (or pip install fla-core)") from e
+            f"gated linear attention on a CUDA tensor needs flash-linear-attention's kernels, which "
+            f"could not be imported ({e}); install them: pip install 'linpipe[gpu]' (or pip install "
+            "fla-core)") from e
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     g = log_gate.float().clamp(min=LOG_GATE_MIN)
     state = None if initial_state is None else initial_state.float()
     if form == "chunk":
-        o, S = chunk_gla(q, k, v, g=g, scale=scale, initial_state=state, output_final_state=output_final_state)
+        o, S = chunk_gla(q, k, v, g=g, scale=scale, initial_state=state,
+                         output_final_state=output_final_state)
     else:
         o, S = fused_recurrent_gla(q, k, v, gk=g, scale=scale, initial_state=state,
                                    output_final_state=output_final_state)
