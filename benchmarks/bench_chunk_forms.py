@@ -8,14 +8,16 @@ normaliser, final state) on random float32 inputs in inference mode and reports 
 its repeats; the table gives the median over rounds.
 
 Forms: `none` (no decay), `decay` (the default model's spread of fixed decays), `gated`
-(per-position log-gates logsigmoid(x)/16 around the same decays, as a gated model makes them)
-and `strong` (logsigmoid(x) of x ~ N(-4, 4^2): gates that empty the state within a block, whose
-weights reach float32's subnormal range).
+(per-position log-gates logsigmoid(x)/16 around the same decays, as a gated model makes them),
+`strong` (logsigmoid(x) of x ~ N(-4, 4^2): gates that empty the state within a block, whose
+weights reach float32's subnormal range) and `gla` (linpipe.kernels.gla's chunked form: a gate
+per key, (B, T, H, K) log-gates made as `gated`'s, no feature map, no normaliser).
 
 Sides: `new` (this checkout), `old` (--old-site: a `pip install --no-deps --target DIR` of an
 older linpipe), `fla` (--fla-site: a folder holding `fla` (pip install --no-deps --target DIR
 fla-core einops); its `naive_chunk_linear_attn`, normaliser on, phi applied before the timer,
-no decay and no carried state: it has neither).
+no decay and no carried state: it has neither; and `fla gla`, its `naive_recurrent_gla`, the only
+naive GLA form fla 0.6 has, on the `gla` form's inputs with the final state).
 
 Usage: python benchmarks/bench_chunk_forms.py [--old-site DIR] [--fla-site DIR] [--T 16384]
        [--H 4] [--K 64] [--rounds 5]
@@ -36,7 +38,17 @@ torch.set_num_threads(1)
 side, form, T, H, K, repeat = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:7])
 g = torch.Generator().manual_seed(0)
 q, k, v = (torch.randn(1, T, H, K, generator=g) for _ in range(3))
-if side == "fla":
+if side == "fla" and form == "gla":
+    import importlib.util, os
+    path = os.path.join(sys.argv[7], "fla", "ops", "gla", "naive.py")
+    spec = importlib.util.spec_from_file_location("fla_gla_naive", path)  # not fla/__init__ (Triton)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    spread = torch.tensor([1 - 2.0 ** -(4 + 12 * h / max(H - 1, 1)) for h in range(H)])
+    gk = torch.nn.functional.logsigmoid(torch.randn(1, T, H, K, generator=g)
+                                        + torch.logit(spread ** 16)[:, None]) / 16
+    call = lambda: mod.naive_recurrent_gla(q, k, v, gk, output_final_state=True)
+elif side == "fla":
     import importlib.util, os
     sys.path.insert(0, sys.argv[7])  # for einops
     path = os.path.join(sys.argv[7], "fla", "ops", "linear_attn", "naive.py")
@@ -56,6 +68,11 @@ else:
     elif form == "strong":
         gate = torch.nn.functional.logsigmoid(torch.randn(1, T, H, generator=g) * 4 - 4)
     call = lambda: chunk_linear_attn_torch(q, k, v, decay=decay, log_gate=gate, output_final_state=True)
+    if form == "gla":  # a gate per key, around the same decays
+        from linpipe.kernels.gla import chunk_gla_torch
+        gk = torch.nn.functional.logsigmoid(torch.randn(1, T, H, K, generator=g)
+                                            + torch.logit(spread ** 16)[:, None]) / 16
+        call = lambda: chunk_gla_torch(q, k, v, gk, output_final_state=True)
 with torch.inference_mode():
     call()
     times = []
@@ -88,7 +105,7 @@ def main():
     ap.add_argument("--K", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--repeat", type=int, default=7)
-    ap.add_argument("--forms", default="none,decay,gated,strong", help="forms of this checkout to time")
+    ap.add_argument("--forms", default="none,decay,gated,strong,gla", help="forms of this checkout to time")
     args = ap.parse_args()
     runs = [("new", f, None) for f in args.forms.split(",")]
     if args.old_site:
@@ -96,6 +113,8 @@ def main():
         runs += [("old", "none", old), ("old", "decay", old)]
     if args.fla_site:
         runs.append(("fla", "none", os.path.abspath(args.fla_site)))
+        if "gla" in args.forms.split(","):
+            runs.append(("fla", "gla", os.path.abspath(args.fla_site)))
     times = {(s, f): [] for s, f, _ in runs}
     load = os.getloadavg()
     for _ in range(args.rounds):

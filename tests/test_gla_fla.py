@@ -3,8 +3,8 @@
 
 Without a GPU, fla's token-by-token kernel (`fused_recurrent_gla`, the same argument wiring as
 its chunked one) runs under Triton's interpreter (TRITON_INTERPRET=1, set before anything imports
-triton) on small shapes; with a GPU, the chunked kernel the dispatcher calls runs compiled on
-CUDA tensors, through `gla` itself.
+triton; the autotuner cut to its first config) on small shapes; with a GPU, the chunked kernel
+the dispatcher calls runs compiled on CUDA tensors, through `gla` itself.
 """
 import os
 
@@ -22,6 +22,23 @@ from linpipe.kernels.gla import fla_gla, gla, naive_recurrent_gla  # noqa: E402
 
 DEV = "cuda" if ON_GPU else "cpu"
 FORM = "chunk" if ON_GPU else "fused_recurrent"
+
+
+@pytest.fixture(autouse=True)
+def first_config_only(monkeypatch):
+    """Under the interpreter, fla's autotuned GLA kernel runs its first config: timing the others
+    needs a GPU driver."""
+    if ON_GPU:
+        return
+    import triton.runtime.autotuner as autotuner
+
+    run = autotuner.Autotuner.run
+
+    def first(self, *args, **kwargs):
+        self.configs = self.configs[:1]
+        return run(self, *args, **kwargs)
+
+    monkeypatch.setattr(autotuner.Autotuner, "run", first)
 
 
 def _inputs(B, T, H, K, V, *, seed, dtype=torch.float32):
