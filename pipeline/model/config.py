@@ -18,9 +18,13 @@ CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
 # The layer kinds: linear attention (with the normaliser; fixed decay or the "gate"), and the
 # delta rule without and with a decay gate (flash-linear-attention's DeltaNet, GatedDeltaNet).
 LINEAR_ATTN, DELTA_NET, GATED_DELTANET = "linear_attn", "delta_net", "gated_deltanet"
-FAMILIES = (LINEAR_ATTN, DELTA_NET, GATED_DELTANET)
+GLA = "gla"  # fla's GatedLinearAttention: a gate per key (pipeline/model/gla.py)
+FAMILIES = (LINEAR_ATTN, DELTA_NET, GATED_DELTANET, GLA)
 # config.json's keys of the delta-rule kinds (fla 0.6's names for them)
 DELTA_KEYS = ("family", "head_dim", "expand_v", "use_gate", "use_short_conv", "allow_neg_eigval")
+# and gla's beside them: q and k's feature map, the gate ("gate": its normaliser), gk_proj's rank
+GLA_KEYS = ("feature_map", "gate", "gate_rank")
+GLA_FEATURE_MAPS = ("identity", "relu", "sigmoid", "silu")
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,10 @@ class ModelConfig:
     use_gate: bool = False  # the output gate: o_norm is RMSNorm(o) * silu(g_proj(x))
     use_short_conv: bool = True  # q, k, v each through a causal depthwise conv of conv_width
     allow_neg_eigval: bool = False  # beta in (0, 2) instead of (0, 1)
+    # gla: gk_proj's low rank (D -> gate_rank -> HK) and fla's clamp_min, the floor of the
+    # log-gates (None: none); the gate's normaliser is gate_normalizer, q and k's map feature_map
+    gate_rank: int | None = None
+    clamp_min: float | None = None
     # dna: the rows of the output head. 4 (A, C, G, T) for linpipe's own models; an imported
     # model keeps its checkpoint's whole vocabulary (rows 0-3 its A, C, G, T, then the others),
     # so that a base's log-probability is the checkpoint's log-softmax over all its tokens
@@ -159,10 +167,15 @@ class ModelConfig:
             d["gate"] = {"normalizer": self.gate_normalizer}
         if self.delta:  # the linear attention's keys mean nothing here
             for key in ("feature_map", "normalize", "attn_eps"):
-                del d[key]
+                if key != "feature_map" or self.family != GLA:  # gla's maps q and k
+                    del d[key]
             d.update(family=self.family, head_dim=self.head_dim, expand_v=self.expand_v,
                      use_gate=self.use_gate, use_short_conv=self.use_short_conv,
                      allow_neg_eigval=self.allow_neg_eigval)
+        if self.family == GLA:
+            d["gate_rank"] = self.gate_rank
+            if self.clamp_min is not None:
+                d["clamp_min"] = self.clamp_min
         if self.head_vocab != 4:
             d["head_vocab"] = self.head_vocab
         if self.origin:
@@ -188,6 +201,7 @@ class ModelConfig:
         delta = family != LINEAR_ATTN
         required = ["modality", "d_model", "n_layers", "n_heads", "mlp_hidden", "conv_width"]
         required += list(DELTA_KEYS) if delta else ["feature_map", "normalize"]
+        required += list(GLA_KEYS) if family == GLA else []
         if d.get("modality") == "timeseries":
             required += ["channels", "channel_names", "mean", "std"]
         for key in required:
@@ -223,12 +237,15 @@ class ModelConfig:
                   n_heads=integer("n_heads"), mlp_hidden=integer("mlp_hidden"),
                   conv_width=integer("conv_width"), norm_eps=number("norm_eps", 1e-5))
         if delta:
-            if "gate" in d:
+            if "gate" in d and family != GLA:
                 raise ModelError(f"{where}: 'gate' is for family {LINEAR_ATTN!r}; a {family} layer's "
                                  "gate is its a_proj, A_log and dt_bias")
             kw.update(family=family, qk_head_dim=integer("head_dim"), expand_v=number("expand_v", 1.0),
                       use_gate=flag("use_gate", False), use_short_conv=flag("use_short_conv", True),
                       allow_neg_eigval=flag("allow_neg_eigval", False))
+            if family == GLA:
+                kw.update(feature_map=d["feature_map"], gate_rank=integer("gate_rank"),
+                          clamp_min=number("clamp_min", 0.0) if d.get("clamp_min") is not None else None)
         else:
             kw.update(feature_map=d["feature_map"], normalize=flag("normalize", True),
                       attn_eps=number("attn_eps", 1e-6))
@@ -291,8 +308,9 @@ def _config_problem(c: ModelConfig) -> str | None:
     """The first thing wrong with a config, or None."""
     if c.modality not in MODALITIES:
         return f"unknown modality {c.modality!r} (expected one of {', '.join(MODALITIES)})"
-    if c.feature_map not in FEATURE_MAPS:
-        return f"unknown feature_map {c.feature_map!r} (expected one of {', '.join(FEATURE_MAPS)})"
+    maps = GLA_FEATURE_MAPS if c.family == GLA else FEATURE_MAPS
+    if c.feature_map not in maps:
+        return f"unknown feature_map {c.feature_map!r} (expected one of {', '.join(maps)})"
     for key in ("d_model", "n_layers", "n_heads", "mlp_hidden", "conv_width"):
         v = getattr(c, key)
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -350,17 +368,60 @@ def _delta_problem(c: ModelConfig) -> str | None:
     for key in ("use_gate", "use_short_conv", "allow_neg_eigval"):
         if not isinstance(getattr(c, key), bool):
             return f"{key!r} must be true or false, got {getattr(c, key)!r}"
-    if c.gate_normalizer is not None:
+    if c.family == GLA:
+        problem = _gla_problem(c)
+        if problem:
+            return problem
+    elif c.gate_normalizer is not None:
         return f"'gate' is for family {LINEAR_ATTN!r}, not {c.family!r}"
     if c.modality != "dna":
         return f"family {c.family!r} is implemented for dna models only"
     return None
 
 
+def _gla_problem(c: ModelConfig) -> str | None:
+    """What is wrong with a gla config's own keys, or None."""
+    if c.gate_normalizer is None:
+        return "a gla layer needs 'gate' (its normaliser: fla's gate_logit_normalizer)"
+    r = c.gate_rank
+    if isinstance(r, bool) or not isinstance(r, int) or r < 1:
+        return f"'gate_rank' must be a positive integer, got {r!r}"
+    m = c.clamp_min
+    if m is not None and not (isinstance(m, (int, float)) and math.isfinite(m) and m <= 0):
+        return f"'clamp_min' must be a number <= 0 (a log-gate's floor), got {m!r}"
+    return None
+
+
+def _mlp_shapes(c: ModelConfig, p: str) -> dict[str, tuple]:
+    """fla's GatedMLP (SwiGLU) and its norm, prefix p."""
+    D, M = c.d_model, c.mlp_hidden
+    return {p + "mlp_norm.weight": (D,), p + "mlp.gate_proj.weight": (M, D), p + "mlp.up_proj.weight": (M, D),
+            p + "mlp.down_proj.weight": (D, M)}
+
+
+def _gla_shapes(c: ModelConfig, p: str) -> dict[str, tuple]:
+    """One gla layer's tensors (prefix p), named and shaped as fla 0.6's GatedLinearAttention
+    (its gated norm as `g_norm`, whatever fuse_norm) and GatedMLP hold them."""
+    D, W, H, r = c.d_model, c.conv_width, c.n_heads, c.gate_rank
+    key, value = H * c.head_dim, H * c.head_v_dim
+    shapes = {p + "attn_norm.weight": (D,), p + "attn.q_proj.weight": (key, D),
+              p + "attn.k_proj.weight": (key, D), p + "attn.v_proj.weight": (value, D)}
+    if c.use_gate:
+        shapes[p + "attn.g_proj.weight"] = (value, D)
+    if c.use_short_conv:
+        for name, width in (("q", key), ("k", key), ("v", value)):
+            shapes[p + f"attn.{name}_conv1d.weight"] = (width, 1, W)
+    shapes.update({p + "attn.gk_proj.0.weight": (r, D), p + "attn.gk_proj.1.weight": (key, r),
+                   p + "attn.gk_proj.1.bias": (key,), p + "attn.g_norm.weight": (c.head_v_dim,),
+                   p + "attn.o_proj.weight": (D, value)})
+    shapes.update(_mlp_shapes(c, p))
+    return shapes
+
+
 def _delta_shapes(c: ModelConfig, p: str) -> dict[str, tuple]:
     """One delta-rule layer's tensors (prefix p), named and shaped as flash-linear-attention
     0.6's DeltaNet / GatedDeltaNet layer and GatedMLP hold them."""
-    D, M, W, H = c.d_model, c.mlp_hidden, c.conv_width, c.n_heads
+    D, W, H = c.d_model, c.conv_width, c.n_heads
     key, value = H * c.head_dim, H * c.head_v_dim
     shapes = {p + "attn_norm.weight": (D,), p + "attn.q_proj.weight": (key, D),
               p + "attn.k_proj.weight": (key, D), p + "attn.v_proj.weight": (value, D)}
@@ -372,9 +433,8 @@ def _delta_shapes(c: ModelConfig, p: str) -> dict[str, tuple]:
             shapes[p + f"attn.{name}_conv1d.weight"] = (width, 1, W)
     if c.use_gate:
         shapes[p + "attn.g_proj.weight"] = (value, D)
-    shapes.update({p + "attn.o_norm.weight": (c.head_v_dim,), p + "attn.o_proj.weight": (D, value),
-                   p + "mlp_norm.weight": (D,), p + "mlp.gate_proj.weight": (M, D),
-                   p + "mlp.up_proj.weight": (M, D), p + "mlp.down_proj.weight": (D, M)})
+    shapes.update({p + "attn.o_norm.weight": (c.head_v_dim,), p + "attn.o_proj.weight": (D, value)})
+    shapes.update(_mlp_shapes(c, p))
     return shapes
 
 
@@ -392,7 +452,7 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple]:
     for i in range(c.n_layers):
         p = f"layers.{i}."
         if c.delta:
-            shapes.update(_delta_shapes(c, p))
+            shapes.update(_gla_shapes(c, p) if c.family == GLA else _delta_shapes(c, p))
             continue
         shapes[p + "attn_norm.weight"] = (D,)
         if W > 1:

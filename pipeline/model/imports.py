@@ -28,18 +28,23 @@ from linpipe.model.config import (
     CONFIG_FILE,
     DELTA_NET,
     GATED_DELTANET,
+    GLA,
     WEIGHTS_FILE,
     ModelConfig,
     expected_shapes,
     origin_pairs,
 )
 from linpipe.model.files import PICKLE_NAMES, PICKLE_SUFFIXES, file_sha256, load_safetensors, read_json
+from linpipe.model.gla_import import gla_config
 
 SOURCE = "flash-linear-attention"
 INDEX_FILE = "model.safetensors.index.json"
-IMPORTED = (DELTA_NET, GATED_DELTANET)
+IMPORTED = (DELTA_NET, GATED_DELTANET, GLA)
 # fla 0.6 families whose state has a fixed size but whose import is not written yet
-LATER = ("linear_attn", "retnet", "gla", "mamba2")
+LATER = ("linear_attn", "retnet", "mamba2")
+# a family's ModelConfig keys from its checkpoint, where its module gives them (after the checks
+# every family shares)
+FAMILY_CONFIGS = {GLA: gla_config}
 LETTERS = "ACGTN"  # the DNA letters whose ids the checkpoint must have
 LETTER_TOKENS = {"A": A, "C": C, "G": G, "T": T, "N": N}
 SILU = ("swish", "silu")
@@ -174,6 +179,8 @@ def _family_config(ck: Checkpoint) -> dict:
                    ("vocab_size", cfg.get("vocab_size"))):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             _refuse(ck, key, f"must be a positive integer, got {v!r}")
+    if family in FAMILY_CONFIGS:
+        return FAMILY_CONFIGS[family](ck)
     if family == DELTA_NET:
         for key, want in (("qk_activation", "silu"), ("qk_norm", "l2"), ("use_beta", True),
                           ("use_output_norm", True)):
@@ -252,7 +259,9 @@ def convert(ck: Checkpoint, tokens: dict | None = None, bos: int | None = None):
     for i in range(L):
         prefix = f"model.layers.{i}."
         for name in [k for k in src if k.startswith(prefix)]:
-            out[f"layers.{i}." + name[len(prefix):]] = src.pop(name)
+            # fla names a gated RMSNorm by fuse_norm (g_norm_swish_gate when fused): linpipe's is g_norm
+            local = name[len(prefix):].replace(".g_norm_swish_gate.", ".g_norm.")
+            out[f"layers.{i}." + local] = src.pop(name)
     gate = out.get("layers.0.mlp.gate_proj.weight")
     if gate is None:
         raise ModelError(f"{ck.path}: the weights have no tensor 'model.layers.0.mlp.gate_proj.weight'")

@@ -23,8 +23,9 @@ from linpipe.inputs.alphabet import BOS, VOCAB_SIZE
 from linpipe.kernels import chunk_linear_attn, chunk_linear_attn_parts
 from linpipe.kernels.linear_attn.scratch import Scratch
 from linpipe.model import series
-from linpipe.model.config import ModelConfig
+from linpipe.model.config import GLA, ModelConfig
 from linpipe.model.delta import DeltaAttention, SwiGLU, init_delta_layer
+from linpipe.model.gla import GLAAttention, init_gla_layer
 from linpipe.model.ops import CausalConv, RMSNorm
 from linpipe.model.rows import ROW_ALIGN, linear, map_rows, row_tile
 
@@ -228,7 +229,8 @@ class Layer(nn.Module):
     def __init__(self, c: ModelConfig):
         super().__init__()
         self.attn_norm = RMSNorm(c.d_model, c.norm_eps)
-        self.attn = DeltaAttention(c, forward_span(c)) if c.delta else Attention(c)
+        self.attn = (GLAAttention(c, forward_span(c)) if c.family == GLA else
+                     DeltaAttention(c, forward_span(c)) if c.delta else Attention(c))
         self.mlp_norm = RMSNorm(c.d_model, c.norm_eps)
         self.mlp = SwiGLU(c, forward_span(c)) if c.delta else MLP(c)
 
@@ -394,7 +396,7 @@ def init_net(config: ModelConfig, *, seed: int = 0, decay=None) -> LinpipeNet:
             normal(net.bos, 1.0)
         for layer in net.layers:
             if c.delta:
-                init_delta_layer(layer, c, normal, gen)
+                (init_gla_layer if c.family == GLA else init_delta_layer)(layer, c, normal, gen)
                 continue
             a = layer.attn
             if a.conv is not None:  # near-identity: mostly the current position, a little history

@@ -1,0 +1,131 @@
+"""The `gla` layer kind: the token mixer of flash-linear-attention 0.6's GatedLinearAttention
+(GLA) with its tensor names and shapes (docs/model-format.md), run through
+`linpipe.kernels.gla`; its MLP is the delta-rule kinds' SwiGLU (fla's GatedMLP).
+
+Per layer, from the normalised input a (B, T, D):
+
+    q, k, v = conv(q_proj a), conv(k_proj a), conv(v_proj a)   # causal, depthwise, then silu
+                                                                # (use_short_conv; else as they are)
+    q, k    = phi(q), phi(k)                                    # feature_map: identity, relu, ...
+    g       = max(logsigmoid(gk_proj a) / gate_normalizer, clamp_min)  # (H, K): a gate per key
+    o       = gla(q, k, v, g)                                   # S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T
+    o       = RMSNorm(o) * silu(g_proj a)    (use_gate, fla's use_output_gate; RMSNorm alone without)
+
+gk_proj is low rank: D -> gate_rank -> HK, the second with a bias (fla's nn.Sequential, its
+tensors `gk_proj.0.weight`, `gk_proj.1.weight`, `gk_proj.1.bias`). The carried state per
+layer is the GLA state S (H, K, V) and, with the convolutions, the window of their last W-1
+inputs (q, k, v concatenated: (W-1, 2HK + HV)), as the delta-rule kinds carry them.
+
+Shapes: B batch, T positions, D = d_model, H heads, K = head_dim, V = K * expand_v, r = gate_rank.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from linpipe.kernels.gla import gla
+from linpipe.model.config import ModelConfig
+from linpipe.model.delta import GatedRMSNorm, ShortConv
+from linpipe.model.ops import causal_conv
+from linpipe.model.rows import linear, map_rows, row_tile
+
+# q and k's feature maps (config "feature_map"; fla's ACT2FN names, "identity" for its None)
+FEATURE_MAPS = {"identity": lambda x: x, "relu": F.relu, "sigmoid": torch.sigmoid, "silu": F.silu}
+
+
+class GLAAttention(nn.Module):
+    """The token mixer of a gla layer; o_proj is applied by Layer.finish, as for the other kinds."""
+
+    delta = True  # an fla layer kind: S (H, K, V), no z, the q, k, v conv window (the split reads it)
+
+    def __init__(self, c: ModelConfig, tile: int):
+        super().__init__()
+        D, H, K, V = c.d_model, c.n_heads, c.head_dim, c.head_v_dim
+        self.n_heads, self.head_dim, self.head_v_dim = H, K, V
+        self.tile = tile  # rows of the position-wise ops' tiles in CPU inference
+        self.q_proj = nn.Linear(D, H * K, bias=False)
+        self.k_proj = nn.Linear(D, H * K, bias=False)
+        self.v_proj = nn.Linear(D, H * V, bias=False)
+        self.g_proj = nn.Linear(D, H * V, bias=False) if c.use_gate else None
+        self.use_short_conv = c.use_short_conv
+        if c.use_short_conv:
+            self.q_conv1d = ShortConv(H * K, c.conv_width)
+            self.k_conv1d = ShortConv(H * K, c.conv_width)
+            self.v_conv1d = ShortConv(H * V, c.conv_width)
+        self.gk_proj = nn.Sequential(nn.Linear(D, c.gate_rank, bias=False), nn.Linear(c.gate_rank, H * K))
+        self.gate_normalizer, self.clamp_min = c.gate_normalizer, c.clamp_min
+        self.phi = FEATURE_MAPS[c.feature_map]
+        self.g_norm = GatedRMSNorm(V, c.norm_eps)
+        self.o_proj = nn.Linear(H * V, D, bias=False)
+
+    def base_decay(self) -> list[float]:
+        """Per head: the geometric mean over its keys of the decay where gk_proj's first
+        projection gives 0 (the bias alone), exp(max(logsigmoid(bias) / normalizer, clamp_min))."""
+        with torch.no_grad():
+            g = F.logsigmoid(self.gk_proj[1].bias.double()) / self.gate_normalizer
+            if self.clamp_min is not None:
+                g = g.clamp(min=self.clamp_min)
+            return torch.exp(g.view(self.n_heads, -1).mean(-1)).tolist()
+
+    def _activate(self, x, a):
+        """Rows of the projections x (N, 2HK + HV) after the conv and of the normalised input a
+        (N, D) -> q, k (N, H, K), v (N, H, V), the log-gates (N, H, K)."""
+        N, H, K = x.shape[0], self.n_heads, self.head_dim
+        if self.use_short_conv:
+            x = F.silu(x)
+        q = self.phi(x[:, :H * K]).reshape(N, H, K)
+        k = self.phi(x[:, H * K:2 * H * K]).reshape(N, H, K)
+        v = x[:, 2 * H * K:].reshape(N, H, self.head_v_dim)
+        g = F.logsigmoid(self.gk_proj(a)) / self.gate_normalizer
+        if self.clamp_min is not None:
+            g = g.clamp(min=self.clamp_min)
+        return q, k, v, g.reshape(N, H, K)
+
+    def _normed(self, o, gate_in):
+        """Rows of the kernel's output o (N, H, V) and the normalised input (N, D) -> (N, HV)
+        after g_norm and, with use_gate, silu(g_proj a)."""
+        N = o.shape[0]
+        g = None if self.g_proj is None else linear(gate_in, self.g_proj.weight).reshape(N, self.n_heads, -1)
+        return self.g_norm(o, g).reshape(N, -1)
+
+    def forward(self, a, S, z, window, scratch=None):
+        """Normalised inputs a (B, T, D) after S (B, H, K, V) and the conv window (B, W-1, 2HK +
+        HV) -> (o (B, T, HV) before o_proj, S after, z unchanged (empty), the new window)."""
+        B, T, D = a.shape
+        tile = row_tile(a, self.tile)
+        rows = a.reshape(B * T, D)
+        w = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])  # (2HK + HV, D)
+        x = linear(rows, w, tile=tile).view(B, T, -1)  # (B, T, 2HK + HV)
+        if self.use_short_conv:
+            taps = torch.cat([self.q_conv1d.weight, self.k_conv1d.weight, self.v_conv1d.weight])[:, 0]
+            x, window = causal_conv(x, window, taps)
+        q, k, v, g = (t.view(B, T, *t.shape[1:]) for t in map_rows(self._activate, tile, x.reshape(B * T, -1),
+                                                                   rows))
+        o, S = gla(q, k, v, g, initial_state=S, output_final_state=True)
+        o = map_rows(self._normed, tile, o.reshape(B * T, self.n_heads, self.head_v_dim), rows)
+        return o.view(B, T, -1), S, z, window
+
+
+def init_gla_layer(layer, c: ModelConfig, normal, gen: torch.Generator) -> None:
+    """Random weights of one gla layer (in no_grad): projections at 1/sqrt(fan-in), the residual
+    branches' outputs scaled down by depth, near-identity convolutions, and gates that start
+    around decays of 1 - 1/16 to 1 - 1/256 per key."""
+    a, D, L = layer.attn, c.d_model, c.n_layers
+    for lin in (a.q_proj, a.k_proj, a.v_proj, a.g_proj, a.gk_proj[0]):
+        if lin is not None:
+            normal(lin.weight, 1.0 / math.sqrt(lin.weight.shape[1]))
+    normal(a.gk_proj[1].weight, 1.0 / math.sqrt(c.gate_rank))
+    decay = 1 - 2.0 ** -(4 + 4 * torch.rand(a.gk_proj[1].bias.shape, generator=gen, dtype=torch.float64))
+    a.gk_proj[1].bias.copy_(torch.logit(decay ** c.gate_normalizer).float())
+    normal(a.o_proj.weight, 1.0 / math.sqrt(a.o_proj.weight.shape[1] * 2 * L))
+    if a.use_short_conv:  # mostly the current position, a little history
+        for conv in (a.q_conv1d, a.k_conv1d, a.v_conv1d):
+            normal(conv.weight, 0.3 / math.sqrt(c.conv_width))
+            conv.weight[:, 0, -1] += 1.0
+    mlp = layer.mlp
+    normal(mlp.gate_proj.weight, 1.0 / math.sqrt(D))
+    normal(mlp.up_proj.weight, 1.0 / math.sqrt(D))
+    normal(mlp.down_proj.weight, 1.0 / math.sqrt(c.mlp_hidden * 2 * L))

@@ -1,0 +1,65 @@
+"""fla 0.6's `gla` config -> the keys of a linpipe `gla` model (linpipe.model.imports calls it for
+that model_type, after the checks every family shares).
+
+What fla 0.6's GLAForCausalLM computes, and so what is imported:
+- `expand_k` (0.5) and `expand_v` (1.0) of hidden_size give the key and value widths;
+  `num_kv_heads` other than num_heads (grouped heads) is refused;
+- `feature_map` on q and k: None (identity), relu, sigmoid, silu/swish; others are refused;
+- `use_short_conv` (False) with `conv_size` (4): silu after each convolution;
+- `use_output_gate` (True): RMSNorm(o) times silu(g_proj x) (the gated norm, fused or not:
+  `fuse_norm` changes only its tensor's name); without it RMSNorm alone;
+- the gate logsigmoid(gk_proj x) / 16, floored at `clamp_min`; gk_proj's low rank is read from
+  its weights. fla 0.6's GLA layers do not read `gate_logit_normalizer` nor `gate_low_rank_dim`
+  from the config (they use 16 and the weights' shape): a `gate_logit_normalizer` other than 16
+  is refused, since the checkpoint's own fla may have trained with it;
+- `use_gk`, `use_gv`, `use_l2warp`, `fuse_*`, `attn_mode`: not read by fla 0.6's forward, ignored.
+"""
+from __future__ import annotations
+
+from linpipe.errors import ModelError
+from linpipe.model.config import DEFAULT_GATE_NORMALIZER, GLA
+
+# fla's ACT2FN names of q and k's feature maps -> linpipe's (None is fla's identity)
+FEATURE_MAP_NAMES = {None: "identity", "relu": "relu", "sigmoid": "sigmoid", "silu": "silu", "swish": "silu"}
+
+
+def gla_config(ck) -> dict:
+    """ModelConfig's gla keys from fla's config in checkpoint ck; refuses what linpipe does not
+    compute, in one line naming the key."""
+    cfg = ck.config
+
+    def refuse(key, why):
+        raise ModelError(f"{ck.where}: {key!r} {why}; nothing written")
+
+    def get(key, default):
+        return default if cfg.get(key) is None else cfg[key]
+
+    D, H = cfg["hidden_size"], cfg["num_heads"]
+    kv = cfg.get("num_kv_heads")
+    if kv is not None and kv != H:
+        refuse("num_kv_heads", f"is {kv} with num_heads {H}: grouped key/value heads are not implemented")
+    key_dim, value_dim = D * float(get("expand_k", 0.5)), D * float(get("expand_v", 1.0))
+    for name, width in (("expand_k", key_dim), ("expand_v", value_dim)):
+        if width != int(width) or width < H or int(width) % H:
+            refuse(name, f"gives a width of {width:g}, not a whole number of {H} heads")
+    fmap = cfg.get("feature_map")
+    if fmap not in FEATURE_MAP_NAMES:
+        names = ", ".join(str(x) for x in FEATURE_MAP_NAMES)
+        refuse("feature_map", f"is {fmap!r}: only {names} are implemented")
+    normalizer = get("gate_logit_normalizer", DEFAULT_GATE_NORMALIZER)
+    if normalizer != DEFAULT_GATE_NORMALIZER:
+        refuse("gate_logit_normalizer", f"is {normalizer!r}: fla 0.6's GLA layers ignore it and divide by "
+               f"{DEFAULT_GATE_NORMALIZER:g}, so which one the weights were trained with is not known")
+    clamp = cfg.get("clamp_min")
+    if clamp is not None and (isinstance(clamp, bool) or not isinstance(clamp, (int, float)) or clamp > 0):
+        refuse("clamp_min", f"is {clamp!r}: a log-gate's floor must be a number <= 0")
+    gk = ck.tensors.get("model.layers.0.attn.gk_proj.0.weight")
+    if gk is None:
+        raise ModelError(f"{ck.path}: the weights have no tensor 'model.layers.0.attn.gk_proj.0.weight'")
+    head_dim = int(key_dim) // H
+    return dict(family=GLA, qk_head_dim=head_dim, expand_v=(int(value_dim) // H) / head_dim,
+                use_gate=bool(get("use_output_gate", True)),
+                use_short_conv=bool(get("use_short_conv", False)),
+                conv_width=int(get("conv_size", 4)), norm_eps=float(get("norm_eps", 1e-6)),
+                feature_map=FEATURE_MAP_NAMES[fmap], gate_normalizer=float(normalizer),
+                gate_rank=int(gk.shape[0]), clamp_min=None if clamp is None else float(clamp))
