@@ -5,7 +5,7 @@ Every form shares one contract (see naive.py): q, k (B, T, H, K); v (B, T, H, V)
 (B, T, H, K) of g_t <= 0 per key; `scale` (K^-1/2 by default); the float32 state S (B, H, K, V)
 in via `initial_state` and out via `output_final_state`. Forms: naive.py (the float64
 recurrence, ground truth), chunk.py (the chunked form in PyTorch), fla_ops.py
-(flash-linear-attention's Triton kernels, CUDA).
+(flash-linear-attention's Triton kernels, CUDA); stages.py's span_parts for the split.
 """
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import torch
 from .chunk import BLOCK_SIZE, chunk_gla_torch
 from .fla_ops import fla_gla
 from .naive import naive_recurrent_gla
+from .stages import span_parts
 
 
 def gla(q, k, v, log_gate, *, scale=None, initial_state=None, output_final_state=False):
@@ -28,4 +29,4 @@ def gla(q, k, v, log_gate, *, scale=None, initial_state=None, output_final_state
     return chunk_gla_torch(q, k, v, log_gate, **kwargs)
 
 
-__all__ = ["BLOCK_SIZE", "chunk_gla_torch", "fla_gla", "gla", "naive_recurrent_gla"]
+__all__ = ["BLOCK_SIZE", "chunk_gla_torch", "fla_gla", "gla", "naive_recurrent_gla", "span_parts"]

@@ -116,6 +116,12 @@ def chunk_gla_torch(
     LOG_GATE_MIN count as it (a gate of -inf empties the state without a NaN). Differentiable.
     """
     check_inputs(q, k, v, log_gate)
+    o, S = _chunk(q, k, v, log_gate, scale, initial_state, block_size, dtype)
+    return o.to(q.dtype if dtype is None else o.dtype), (S.float() if output_final_state else None)
+
+
+def _chunk(q, k, v, log_gate, scale, initial_state, block_size=BLOCK_SIZE, dtype=None):
+    """chunk_gla_torch's work: (o (B, T, H, V), S after) both in the compute dtype."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     cd = dtype or (torch.float64 if q.dtype == torch.float64 else torch.float32)
@@ -131,5 +137,4 @@ def chunk_gla_torch(
         n = -(-t // c)
         o, S = _run_blocks(q[:, a:a + t], k[:, a:a + t], v[:, a:a + t], g[:, a:a + t], S, scale, n, c)
         outs.append(o.reshape(B, H, n * c, V)[:, :, :t].transpose(1, 2))  # (B, t, H, V)
-    o = torch.cat(outs, dim=1) if outs else q.new_zeros((B, 0, H, V))
-    return o.to(q.dtype if dtype is None else o.dtype), (S.float() if output_final_state else None)
+    return (torch.cat(outs, dim=1) if outs else q.new_zeros((B, 0, H, V))), S

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from linpipe.kernels.delta_rule import Summary, advance, fold_summaries, span_parts, state_share
+from linpipe.kernels.gla import span_parts as gla_span_parts
 from linpipe.model.exchange import Message, fold_halos, tail_rows
 from linpipe.model.network import Layer
 
@@ -58,8 +59,8 @@ class DeltaWeights:
             return None
         x, side = self.attn.project(head.float()[None])
         (q, k, v, beta, g), _ = self.attn.rule_inputs(x, side, halo.float()[None])
-        parts = span_parts(q.double(), k.double(), v.double(), beta.double(),
-                           log_gate=None if g is None else g.double())
+        parts = _span_parts(self.attn, q.double(), k.double(), v.double(),
+                            None if beta is None else beta.double(), None if g is None else g.double())
         return Summary(parts.summary.M[0], parts.summary.dS[0])
 
     def fold(self, S0, z0, window0, msgs: list[Message]):
@@ -80,6 +81,14 @@ class DeltaWeights:
             Ss.append(S.float())
             zs.append(z0.float())
         return Ss, zs, halos
+
+
+def _span_parts(attn, q, k, v, beta, log_gate, before=None):
+    """The layer kind's span_parts: the delta rule's, or GLA's (a gate per key, a diagonal M, no
+    beta) for a gla layer."""
+    if getattr(attn, "per_key_gate", False):
+        return gla_span_parts(q, k, v, log_gate, before=before)
+    return span_parts(q, k, v, beta, log_gate=log_gate, before=before)
 
 
 def delta_weights(net) -> list[DeltaWeights]:
@@ -123,8 +132,8 @@ class DeltaLocal:
         row = h.new_zeros((n, r.row_width))  # [o_local | q_state | gate]
         skip = min(n, max(0, r.base - s))  # positions whose conv read the unknown halo
         if skip < n:
-            parts = span_parts(q[:, skip:], k[:, skip:], v[:, skip:], beta[:, skip:],
-                               log_gate=None if g is None else g[:, skip:], before=self.summary)
+            cut = [None if t is None else t[:, skip:] for t in (q, k, v, beta, g)]
+            parts = _span_parts(at, *cut, before=self.summary)
             self.summary = parts.summary
             row[skip:, :HV] = parts.o_local[0].reshape(n - skip, HV)
             row[skip:, HV:HV + HK] = parts.q_state[0].reshape(n - skip, HK)

@@ -40,11 +40,13 @@ class GLAAttention(nn.Module):
     """The token mixer of a gla layer; o_proj is applied by Layer.finish, as for the other kinds."""
 
     delta = True  # an fla layer kind: S (H, K, V), no z, the q, k, v conv window (the split reads it)
+    per_key_gate = True  # its split runs GLA's span_parts (linpipe.kernels.gla.stages)
 
     def __init__(self, c: ModelConfig, tile: int):
         super().__init__()
         D, H, K, V = c.d_model, c.n_heads, c.head_dim, c.head_v_dim
         self.n_heads, self.head_dim, self.head_v_dim = H, K, V
+        self.key_dim, self.value_dim = H * K, H * V
         self.tile = tile  # rows of the position-wise ops' tiles in CPU inference
         self.q_proj = nn.Linear(D, H * K, bias=False)
         self.k_proj = nn.Linear(D, H * K, bias=False)
@@ -70,43 +72,70 @@ class GLAAttention(nn.Module):
                 g = g.clamp(min=self.clamp_min)
             return torch.exp(g.view(self.n_heads, -1).mean(-1)).tolist()
 
-    def _activate(self, x, a):
-        """Rows of the projections x (N, 2HK + HV) after the conv and of the normalised input a
-        (N, D) -> q, k (N, H, K), v (N, H, V), the log-gates (N, H, K)."""
+    def _activate(self, x, side):
+        """Rows of the projections x (N, 2HK + HV) after the conv and of project's side rows ->
+        q, k (N, H, K), v (N, H, V), the log-gates (N, H, K)."""
         N, H, K = x.shape[0], self.n_heads, self.head_dim
         if self.use_short_conv:
             x = F.silu(x)
         q = self.phi(x[:, :H * K]).reshape(N, H, K)
         k = self.phi(x[:, H * K:2 * H * K]).reshape(N, H, K)
         v = x[:, 2 * H * K:].reshape(N, H, self.head_v_dim)
-        g = F.logsigmoid(self.gk_proj(a)) / self.gate_normalizer
+        g = F.logsigmoid(side[:, :H * K]) / self.gate_normalizer
         if self.clamp_min is not None:
             g = g.clamp(min=self.clamp_min)
         return q, k, v, g.reshape(N, H, K)
 
-    def _normed(self, o, gate_in):
-        """Rows of the kernel's output o (N, H, V) and the normalised input (N, D) -> (N, HV)
-        after g_norm and, with use_gate, silu(g_proj a)."""
+    def _normed(self, o, g):
+        """Rows of the kernel's output o (N, H, V) and the output gate's values (N, HV) or None ->
+        g_norm's (N, HV)."""
         N = o.shape[0]
-        g = None if self.g_proj is None else linear(gate_in, self.g_proj.weight).reshape(N, self.n_heads, -1)
+        g = None if g is None else g.reshape(N, self.n_heads, self.head_v_dim)
         return self.g_norm(o, g).reshape(N, -1)
 
-    def forward(self, a, S, z, window, scratch=None):
-        """Normalised inputs a (B, T, D) after S (B, H, K, V) and the conv window (B, W-1, 2HK +
-        HV) -> (o (B, T, HV) before o_proj, S after, z unchanged (empty), the new window)."""
+    def project(self, a):
+        """Normalised inputs a (B, T, D) -> (x (B, T, 2HK + HV): the q, k, v projections before the
+        conv; side (B*T, HK [+ HV]): gk_proj's logits and g_proj's rows). The delta-rule kinds'
+        interface, which the split (linpipe.model.delta_split) runs."""
         B, T, D = a.shape
         tile = row_tile(a, self.tile)
         rows = a.reshape(B * T, D)
         w = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])  # (2HK + HV, D)
         x = linear(rows, w, tile=tile).view(B, T, -1)  # (B, T, 2HK + HV)
+        low = linear(rows, self.gk_proj[0].weight, tile=tile)  # (B*T, r)
+        side = linear(low, self.gk_proj[1].weight, tile=tile, bias=self.gk_proj[1].bias)  # (B*T, HK)
+        if self.g_proj is not None:
+            side = torch.cat([side, linear(rows, self.g_proj.weight, tile=tile)], dim=1)
+        return x, side
+
+    def rule_inputs(self, x, side, window):
+        """project's (x, side) after the conv window (B, W-1, 2HK + HV) -> ((q, k, v, None, log_gate),
+        each (B, T, H, ...), the new window): the delta rule's tuple, without its beta."""
+        B, T = x.shape[:2]
         if self.use_short_conv:
             taps = torch.cat([self.q_conv1d.weight, self.k_conv1d.weight, self.v_conv1d.weight])[:, 0]
             x, window = causal_conv(x, window, taps)
-        q, k, v, g = (t.view(B, T, *t.shape[1:]) for t in map_rows(self._activate, tile, x.reshape(B * T, -1),
-                                                                   rows))
+        got = map_rows(self._activate, row_tile(x, self.tile), x.reshape(B * T, -1), side)
+        q, k, v, g = (t.view(B, T, *t.shape[1:]) for t in got)
+        return (q, k, v, None, g), window
+
+    def gate_rows(self, side):
+        """The output gate's pre-activations (B*T, HV) in project's side rows, None without use_gate."""
+        return side[:, self.key_dim:] if self.g_proj is not None else None
+
+    def output(self, o, g_rows):
+        """The kernel's output o (B, T, H, V) and gate_rows -> (B, T, HV) after g_norm and the gate."""
+        B, T = o.shape[:2]
+        rows = o.reshape(B * T, self.n_heads, self.head_v_dim)
+        return map_rows(self._normed, row_tile(o, self.tile), rows, g_rows).view(B, T, -1)
+
+    def forward(self, a, S, z, window, scratch=None):
+        """Normalised inputs a (B, T, D) after S (B, H, K, V) and the conv window (B, W-1, 2HK +
+        HV) -> (o (B, T, HV) before o_proj, S after, z unchanged (empty), the new window)."""
+        x, side = self.project(a)
+        (q, k, v, _, g), window = self.rule_inputs(x, side, window)
         o, S = gla(q, k, v, g, initial_state=S, output_final_state=True)
-        o = map_rows(self._normed, tile, o.reshape(B * T, self.n_heads, self.head_v_dim), rows)
-        return o.view(B, T, -1), S, z, window
+        return self.output(o, self.gate_rows(side)), S, z, window
 
 
 def init_gla_layer(layer, c: ModelConfig, normal, gen: torch.Generator) -> None:
