@@ -10,7 +10,8 @@
 #   2  the kernel tests on CUDA: tests/test_kernels_triton.py (its `gpu` tests: real sizes,
 #      a million positions in 16 calls), test_gated_kernels.py, test_chunk_form.py, the delta
 #      rule's (test_delta_rule_fla.py: fla's chunked kernels through the dispatcher, float32 and
-#      bfloat16; test_delta_rule_kernels.py), and the worker's pinned host copies
+#      bfloat16; test_delta_rule_kernels.py), GLA's (test_gla_fla.py: fla's chunk_gla through the
+#      dispatcher), and the worker's pinned host copies
 #      (test_host_copies.py)                                                  (tests.log)
 #   3  benchmarks/bench_kernels.py --quick: bandwidth bound, linpipe's kernel, PyTorch form
 #                                                                   (kernels.log, kernels.json)
@@ -85,10 +86,11 @@ if torch.cuda.is_available():
     2) if [ "$cuda" = 1 ]; then
            step tests 240 "$py" -m pytest -p no:cacheprovider -q -n 4 --dist loadfile \
                tests/test_kernels_triton.py tests/test_gated_kernels.py tests/test_chunk_form.py \
-               tests/test_delta_rule_fla.py tests/test_delta_rule_kernels.py tests/test_host_copies.py
+               tests/test_delta_rule_fla.py tests/test_delta_rule_kernels.py tests/test_host_copies.py \
+               tests/test_gla_fla.py
        else  # the CUDA tests are skipped here; what runs is the collection and the CPU tests
            step tests 240 "$py" -m pytest -p no:cacheprovider -q -n 0 -m gpu tests/test_kernels_triton.py \
-               tests/test_delta_rule_fla.py tests/test_host_copies.py
+               tests/test_delta_rule_fla.py tests/test_host_copies.py tests/test_gla_fla.py
        fi ;;
     3) step kernels 150 "$py" benchmarks/bench_kernels.py --quick --json "$out/kernels.json" ;;
     4) if [ "$cuda" = 1 ]; then

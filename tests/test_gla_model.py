@@ -1,0 +1,121 @@
+"""The `gla` layer kind (fla's GatedLinearAttention) beyond the shared parity tests of
+tests/test_fla_import.py: the options its import refuses, fuse_norm's other tensor name, the
+config's JSON, a random gla network's state carried across a cut, and the per-key gates the
+layer makes."""
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+from test_fla_import import FLA, GIVEN, _checkpoint, run  # the shared fixtures and their helpers
+
+from linpipe.cli import cli
+from linpipe.errors import ModelError
+from linpipe.model import load_model
+from linpipe.model.config import GLA, ModelConfig
+from linpipe.model.network import LinpipeNet, init_net
+from linpipe.model.outputs import output_names
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(num_kv_heads=1), "'num_kv_heads' is 1 with num_heads 2: grouped key/value heads are not"),
+    (dict(feature_map="gelu"), "'feature_map' is 'gelu': only None, relu, sigmoid, silu, swish are"),
+    (dict(gate_logit_normalizer=8), "'gate_logit_normalizer' is 8: fla 0.6's GLA layers ignore it"),
+    (dict(clamp_min=0.5), "'clamp_min' is 0.5: a log-gate's floor must be a number <= 0"),
+    (dict(expand_k=0.3), "'expand_k' gives a width of 9.6, not a whole number of 2 heads"),
+    (dict(hidden_act="gelu"), "'hidden_act' is 'gelu'"),
+    (dict(attn={"layers": [0], "num_heads": 2}), "'attn' makes a hybrid model with softmax attention"),
+])
+def test_gla_options_not_implemented_are_refused(tmp_path, changes, message):
+    src, out = _checkpoint(tmp_path, "gla", **changes), tmp_path / "out"
+    r = run("model", "import", src, out, *GIVEN)
+    assert r.exit_code != 0
+    assert r.output.count("\n") == 1 and message in r.output and "Traceback" not in r.output, r.output
+    assert not out.exists()
+
+
+def test_fused_norm_names_import_to_the_same_model(tmp_path):
+    """fuse_norm true names the gated norm g_norm_swish_gate: the same weights, the same model;
+    gate_logit_normalizer 16 and the ignored keys (use_gk, use_l2warp) change nothing."""
+    from safetensors.torch import load_file, save_file
+
+    plain = tmp_path / "plain"
+    assert run("model", "import", FLA / "gla", plain, *GIVEN).exit_code == 0
+    src = _checkpoint(tmp_path, "gla", fuse_norm=True, gate_logit_normalizer=16, use_l2warp=True)
+    t = load_file(str(src / "model.safetensors"))
+    t = {k.replace(".g_norm.", ".g_norm_swish_gate."): v for k, v in t.items()}
+    assert any("g_norm_swish_gate" in k for k in t)
+    save_file(t, str(src / "model.safetensors"))
+    fused = tmp_path / "fused"
+    r = run("model", "import", src, fused, *GIVEN)
+    assert r.exit_code == 0, r.output
+    assert (plain / "model.safetensors").read_bytes() == (fused / "model.safetensors").read_bytes()
+
+
+def test_config_json_round_trips_and_is_validated(tmp_path):
+    out = tmp_path / "m"
+    assert run("model", "import", FLA / "gla_no_conv", out, *GIVEN).exit_code == 0
+    d = json.loads((out / "config.json").read_text())
+    assert (d["family"], d["feature_map"], d["clamp_min"]) == (GLA, "relu", -0.05)
+    assert d["gate"] == {"normalizer": 16.0}
+    c = ModelConfig.from_json(d)
+    assert c.to_json() == d
+    assert c.state_shapes()["S"] == (2, 4, 8, 4) and c.state_shapes()["conv"] == (2, 0, 4 * (2 * 8 + 4))
+    for key, value, message in (("gate_rank", 0, "'gate_rank' must be a positive integer"),
+                                ("clamp_min", 1.0, "'clamp_min' must be a number <= 0"),
+                                ("feature_map", "elu1", "unknown feature_map 'elu1'")):
+        with pytest.raises(ModelError, match=message):
+            ModelConfig.from_json({**d, key: value})
+    with pytest.raises(ModelError, match="missing key 'gate_rank'"):
+        ModelConfig.from_json({k: v for k, v in d.items() if k != "gate_rank"})
+
+
+def _gla_config(**kw):
+    base = dict(modality="dna", d_model=32, n_layers=2, n_heads=2, mlp_hidden=48, family=GLA, qk_head_dim=8,
+                expand_v=1.0, use_gate=True, use_short_conv=True, conv_width=4, norm_eps=1e-6,
+                feature_map="silu", gate_normalizer=16.0, gate_rank=4, clamp_min=None)
+    return ModelConfig(**{**base, **kw})
+
+
+def test_a_random_gla_network_carries_its_state_across_a_cut(tmp_path):
+    """A random gla network (init_net) saved and loaded: a record in two calls cut inside a
+    kernel block equals one call, every output, and the state after is the same."""
+    from linpipe.model import save_model
+
+    config = _gla_config()
+    save_model(init_net(config, seed=1), config, tmp_path / "m")
+    m = load_model(str(tmp_path / "m"), device="cpu")
+    x = np.random.default_rng(0).integers(0, 5, 301).astype(np.uint8)
+    one, s1 = m.forward(x, m.init_state())
+    a, s = m.forward(x[:77], m.init_state())
+    b, s2 = m.forward(x[77:], s)
+    assert set(one) == set(output_names("dna", from_model=True))
+    for name in one:
+        np.testing.assert_allclose(np.concatenate([a[name], b[name]]), one[name], rtol=0, atol=2e-5)
+    for k, v in s1.to_arrays().items():
+        np.testing.assert_allclose(s2.to_arrays()[k], v, rtol=0, atol=2e-5)
+    assert np.isfinite(one["logprob"][x < 4]).all() and np.ptp(one["logprob"][x < 4]) > 0.1
+
+
+def test_the_layer_gates_each_key_apart():
+    """The log-gates are per key, <= 0, floored at clamp_min, from gk_proj's low rank."""
+    net = init_net(_gla_config(clamp_min=-0.02), seed=2)
+    attn = net.layers[0].attn
+    a = torch.randn(1, 10, 32)
+    x, side = attn.project(a)
+    (q, k, v, beta, g), _ = attn.rule_inputs(x, side, torch.zeros(1, 3, x.shape[-1]))
+    assert beta is None and g.shape == (1, 10, 2, 8) and q.shape == (1, 10, 2, 8) and v.shape == (1, 10, 2, 8)
+    assert (g <= 0).all() and (g >= -0.02).all() and g.std() > 0
+    assert len(attn.base_decay()) == 2 and isinstance(LinpipeNet(_gla_config()), LinpipeNet)
+
+
+def test_info_shows_the_gla_gate(tmp_path):
+    out = tmp_path / "m"
+    assert run("model", "import", FLA / "gla", out, *GIVEN).exit_code == 0
+    text = CliRunner().invoke(cli, ["model", "info", str(out)]).output
+    assert "family      gla" in text and "decay layer 0 (gk_proj's bias alone): " in text, text
+    shutil.rmtree(out)
