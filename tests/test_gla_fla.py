@@ -13,15 +13,12 @@ import torch
 import torch.nn.functional as F
 
 ON_GPU = torch.cuda.is_available()
-if not ON_GPU:
-    os.environ["TRITON_INTERPRET"] = "1"
-pytest.importorskip("triton", reason="triton is not installed (pip install '.[test]')")
-pytest.importorskip("fla", reason="fla-core is not installed (pip install '.[test]')")
+DEV, FORM = ("cuda", "chunk") if ON_GPU else ("cpu", "fused_recurrent")
+os.environ.update({} if ON_GPU else {"TRITON_INTERPRET": "1"})  # before anything imports triton
+for needed, what in (("triton", "triton"), ("fla", "fla-core")):
+    pytest.importorskip(needed, reason=f"{what} is not installed (pip install '.[test]')")
 
 from linpipe.kernels.gla import fla_gla, gla, naive_recurrent_gla  # noqa: E402
-
-DEV = "cuda" if ON_GPU else "cpu"
-FORM = "chunk" if ON_GPU else "fused_recurrent"
 
 
 @pytest.fixture(autouse=True)

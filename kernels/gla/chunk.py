@@ -98,19 +98,10 @@ def _run_blocks(q, k, v, g, S, scale, n, c):
     return o, S
 
 
-def chunk_gla_torch(
-    q: torch.Tensor,  # (B, T, H, K)
-    k: torch.Tensor,  # (B, T, H, K)
-    v: torch.Tensor,  # (B, T, H, V)
-    log_gate: torch.Tensor,  # (B, T, H, K), g_t <= 0
-    *,
-    scale: float | None = None,
-    initial_state: torch.Tensor | None = None,  # S (B, H, K, V)
-    output_final_state: bool = False,
-    block_size: int = BLOCK_SIZE,
-    dtype: torch.dtype | None = None,
-):
-    """Returns (o (B, T, H, V) in q's dtype, final S (B, H, K, V) float32 or None).
+def chunk_gla_torch(q, k, v, log_gate, *, scale=None, initial_state=None, output_final_state=False,
+                    block_size: int = BLOCK_SIZE, dtype: torch.dtype | None = None):
+    """naive_recurrent_gla's contract: (o (B, T, H, V) in q's dtype, final S (B, H, K, V) float32
+    or None), in blocks of block_size.
 
     Computes in float32 (float64 for float64 inputs, or `dtype` when given). Log-gates below
     LOG_GATE_MIN count as it (a gate of -inf empties the state without a NaN). Differentiable.

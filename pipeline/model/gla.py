@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from linpipe.kernels.gla import gla
 from linpipe.model.config import ModelConfig
-from linpipe.model.delta import GatedRMSNorm, ShortConv
+from linpipe.model.delta import DeltaAttention, GatedRMSNorm, ShortConv
 from linpipe.model.ops import causal_conv
 from linpipe.model.rows import linear, map_rows, row_tile
 
@@ -123,11 +123,8 @@ class GLAAttention(nn.Module):
         """The output gate's pre-activations (B*T, HV) in project's side rows, None without use_gate."""
         return side[:, self.key_dim:] if self.g_proj is not None else None
 
-    def output(self, o, g_rows):
-        """The kernel's output o (B, T, H, V) and gate_rows -> (B, T, HV) after g_norm and the gate."""
-        B, T = o.shape[:2]
-        rows = o.reshape(B * T, self.n_heads, self.head_v_dim)
-        return map_rows(self._normed, row_tile(o, self.tile), rows, g_rows).view(B, T, -1)
+    # the kernel's output o (B, T, H, V) and gate_rows -> (B, T, HV) after g_norm (_normed) and the gate
+    output = DeltaAttention.output
 
     def forward(self, a, S, z, window, scratch=None):
         """Normalised inputs a (B, T, D) after S (B, H, K, V) and the conv window (B, W-1, 2HK +
