@@ -20,7 +20,8 @@ before o_norm is o_local + q_state S_in. So, as for linear attention:
 
 Per layer and head the message carries a (K, K) M beside the (K, V) dS, and pass 1 works out
 an M per block and a q_state row per position (docs/sequence-parallel.md, "The delta rule's
-summaries").
+summaries"). The gla kind runs the same passes through the same layer methods: its M is the
+diagonal diag(exp(summed log-gates)) (linpipe.kernels.gla.stages), and it has no beta.
 """
 from __future__ import annotations
 
