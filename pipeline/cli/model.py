@@ -116,7 +116,7 @@ def model_info(model, as_json):
     where = ""
     if m.config.gated:
         where = " (gk_proj's bias alone)"
-    elif m.config.family == "gated_deltanet":  # exp(-exp(A_log) softplus(a_proj(x) + dt_bias))
+    elif m.config.family in ("gated_deltanet", "mamba2"):  # exp(-exp(A_log) softplus(proj(x) + dt_bias))
         where = " (dt_bias alone)"
     for k, v in info["decay"].items():
         click.echo(f"decay {k}{where}: {', '.join(f'{g:g}' for g in v)}")
