@@ -29,11 +29,12 @@ FLA = Path(__file__).parent / "data" / "fla"
 SCRIPT = Path(__file__).parent / "fla_fixtures" / "make_fla_fixtures.py"
 # the fixtures (make_fla_fixtures.FIXTURES): delta_net (tied embeddings, allow_neg_eigval,
 # expand_v 2), gated_deltanet (the output gate, a vocab.json), delta_net_no_conv (use_short_conv
-# false, the output gate, 4 heads)
-FIXTURES = ("delta_net", "gated_deltanet", "delta_net_no_conv")
+# false, the output gate, 4 heads), mamba2 (n_groups 2, biases, a dt_limit that clamps; fla's
+# one-token decoding path)
+FIXTURES = ("delta_net", "gated_deltanet", "delta_net_no_conv", "mamba2")
 # only gated_deltanet's fixture has a tokenizer: the others' ids are given
 GIVEN = ["--tokens", "A=3,C=4,G=5,T=6,N=7"]
-TOKENS = {"delta_net": GIVEN, "gated_deltanet": [], "delta_net_no_conv": GIVEN}
+TOKENS = {"delta_net": GIVEN, "gated_deltanet": [], "delta_net_no_conv": GIVEN, "mamba2": GIVEN}
 TOL = 1e-4
 
 
@@ -134,8 +135,12 @@ def test_info_shows_family_origin_and_state(imported):
     assert info["config"]["head_vocab"] == src["vocab_size"]
     H, L = src["num_heads"], src["num_hidden_layers"]
     K = src.get("head_dim") or src["hidden_size"] * src["expand_k"] // H
-    V, W = int(K * src["expand_v"]), src["conv_size"] if src["use_short_conv"] else 1
-    floats = L * H * K * V + L * (W - 1) * H * (2 * K + V) + src["hidden_size"]
+    if family == "mamba2":  # S (H, N, P); the conv over x, B and C
+        conv = H * K + 2 * src["n_groups"] * src["state_size"]
+        floats = L * H * src["state_size"] * K + L * (src["conv_kernel"] - 1) * conv + src["hidden_size"]
+    else:
+        V, W = int(K * src["expand_v"]), src["conv_size"] if src["use_short_conv"] else 1
+        floats = L * H * K * V + L * (W - 1) * H * (2 * K + V) + src["hidden_size"]
     assert info["state_bytes_per_record"] == 4 * floats
     text = run("model", "info", model).output
     assert f"origin      flash-linear-attention {family}, weights sha256 {origin['weights_sha256']}" in text
@@ -158,7 +163,6 @@ def _checkpoint(tmp_path, family="gated_deltanet", **changes):
 @pytest.mark.parametrize("changes, message", [
     (dict(model_type="llama"), "'model_type' is 'llama', not a flash-linear-attention family"),
     (dict(model_type="gla"), "'model_type' is 'gla': its import comes in a later release"),
-    (dict(model_type="mamba2"), "'model_type' is 'mamba2': its import comes in a later release"),
     (dict(attn={"layers": [1], "num_heads": 2}),
      "'attn' makes a hybrid model with softmax attention layers [1]"),
     (dict(num_v_heads=4), "'num_v_heads' is 4 with num_heads 2: grouped value heads are not implemented"),
