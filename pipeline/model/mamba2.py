@@ -54,7 +54,7 @@ class Conv1d(nn.Module):
 class Mamba2Mixer(nn.Module):
     """fla's Mamba2 layer (the block's `mixer`)."""
 
-    delta = False  # the layer kind, as ModelConfig.delta (the split reads it)
+    delta = normalize = False  # the layer kind, as ModelConfig.delta and .normalized (the split reads them)
 
     def __init__(self, c, tile: int):
         super().__init__()
@@ -83,29 +83,29 @@ class Mamba2Mixer(nn.Module):
             dt = F.softplus(self.dt_bias.double()).clamp(lo, hi)
             return torch.exp(-self.A_log.double().exp() * dt).tolist()
 
-    def _ssd_inputs(self, xbc, dt):
+    def group_rows(self, t):
+        """B or C rows (n, G N) -> (n, H, N): head h reads group h // (H / G)."""
+        n, H, N, G = t.shape[0], self.n_heads, self.state_size, self.n_groups
+        return t.reshape(n, G, 1, N).expand(n, G, H // G, N).reshape(n, H, N)
+
+    def _ssd_rows(self, xbc, dt):
         """Rows of the conv's output xbc (n, I + 2GN) and dt's pre-activations (n, H) -> q = C,
-        k = B (n, H, N), v = dt x (n, H, P), the log-gates dt A (n, H) and x (n, H, P)."""
-        n, H, P, N, G = xbc.shape[0], self.n_heads, self.head_dim, self.state_size, self.n_groups
+        k = B (n, H, N), v = dt x (n, H, P), the log-gates dt A (n, H) and the skip D x (n, H, P)."""
+        n, H, P, G, N = xbc.shape[0], self.n_heads, self.head_dim, self.n_groups, self.state_size
         xbc = F.silu(xbc)
         x = xbc[:, :self.inner].reshape(n, H, P)
-
-        def heads(t):  # (n, G N) -> (n, H, N): head h reads group h // (H / G)
-            return t.reshape(n, G, 1, N).expand(n, G, H // G, N).reshape(n, H, N)
-
-        B = heads(xbc[:, self.inner:self.inner + G * N])
-        C = heads(xbc[:, self.inner + G * N:])
+        B = self.group_rows(xbc[:, self.inner:self.inner + G * N])
+        C = self.group_rows(xbc[:, self.inner + G * N:])
         lo, hi = self.dt_limit
         dt = F.softplus(dt + self.dt_bias).clamp(lo, hi)  # (n, H)
         log_gate = dt * -self.A_log.float().exp()
-        return C, B, x * dt.unsqueeze(-1), log_gate, x
+        return C, B, x * dt.unsqueeze(-1), log_gate, x * self.D.view(H, -1)
 
-    def _gated_norm(self, y, x, z):
-        """Rows of the SSD's output y (n, H, P), x (n, H, P) and the gate's z (n, I) -> (n, I):
-        y + D x through fla's gated RMSNorm (per group of I/G values), or y * silu(z) without it."""
+    def _normed(self, y, z):
+        """Rows of y + D x (n, H, P) and the gate's z (n, I) -> (n, I): fla's gated RMSNorm (per
+        group of I/G values), or y * silu(z) without it."""
         n = y.shape[0]
-        D = self.D.view(self.n_heads, -1)  # (H, 1) or (H, P)
-        y = (y + x * D).reshape(n, self.inner)
+        y = y.reshape(n, self.inner)
         if not self.rmsnorm:
             return y * F.silu(z)
         if not self.norm_before_gate:
@@ -114,27 +114,47 @@ class Mamba2Mixer(nn.Module):
         y = (g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + self.eps)).view(n, -1) * self.norm.weight
         return y * F.silu(z) if self.norm_before_gate else y
 
+    def project(self, a):
+        """Normalised inputs a (B, T, D) -> (xbc (B, T, I + 2GN): x, B and C before the conv; the
+        gate's z (B*T, I); dt's pre-activations (B*T, H))."""
+        Bn, T, Dm = a.shape
+        proj = linear(a.reshape(Bn * T, Dm), self.in_proj.weight, tile=row_tile(a, self.tile),
+                      bias=self.in_proj.bias)
+        xbc = proj[:, self.inner:self.inner + self.conv_dim].reshape(Bn, T, -1)
+        return xbc, proj[:, :self.inner], proj[:, self.inner + self.conv_dim:]
+
+    def ssd_inputs(self, xbc, dt, window):
+        """project's xbc and dt after the conv window (B, W-1, I + 2GN) -> ((q, k, v, log_gate,
+        skip), each (B, T, H, ...), as _ssd_rows gives them; the new window)."""
+        Bn, T = xbc.shape[:2]
+        xbc, window = causal_conv(xbc, window, self.conv1d.weight[:, 0])
+        if self.conv1d.bias is not None:
+            xbc = xbc + self.conv1d.bias
+        got = map_rows(self._ssd_rows, row_tile(xbc, self.tile), xbc.reshape(Bn * T, -1), dt)
+        return tuple(t.view(Bn, T, *t.shape[1:]) for t in got), window
+
+    @staticmethod
+    def kernel(q, k, v, log_gate, S):
+        """The SSD of (B, T, H, ...) q, k, v and log-gates from S (B, H, N, P): (y, S after)."""
+        zeros = S.new_zeros(S.shape[:3])  # the kernel's normaliser state, unused without it
+        y, (S, _) = chunk_linear_attn(q, k, v, feature_map="identity", normalize=False,
+                                      initial_state=(S, zeros), output_final_state=True, log_gate=log_gate)
+        return y, S
+
+    def output(self, y, z):
+        """y + D x (B, T, H, P) and the gate's z rows (B*T, I) -> (B, T, I), before out_proj."""
+        Bn, T = y.shape[:2]
+        rows = y.reshape(Bn * T, self.n_heads, -1)
+        return map_rows(self._normed, row_tile(y, self.tile), rows, z).view(Bn, T, -1)
+
     def forward(self, a, S, z, window, scratch=None):
         """Normalised inputs a (B, T, D) after S (B, H, N, P) and the conv window (B, W-1, I + 2GN)
         -> (the gated norm's output (B, T, I), before out_proj; S after; z unchanged (empty); the new
         window)."""
-        Bn, T, Dm = a.shape
-        tile = row_tile(a, self.tile)
-        proj = linear(a.reshape(Bn * T, Dm), self.in_proj.weight, tile=tile, bias=self.in_proj.bias)
-        gate = proj[:, :self.inner]  # (B*T, I)
-        xbc = proj[:, self.inner:self.inner + self.conv_dim].reshape(Bn, T, -1)
-        dt = proj[:, self.inner + self.conv_dim:]  # (B*T, H)
-        xbc, window = causal_conv(xbc, window, self.conv1d.weight[:, 0])
-        if self.conv1d.bias is not None:
-            xbc = xbc + self.conv1d.bias
-        q, k, v, log_gate, x = (t.view(Bn, T, *t.shape[1:]) for t in map_rows(
-            self._ssd_inputs, row_tile(xbc, self.tile), xbc.reshape(Bn * T, -1), dt))
-        zeros = S.new_zeros(S.shape[:3])  # the kernel's normaliser state, unused without it
-        y, (S, _) = chunk_linear_attn(q, k, v, feature_map="identity", normalize=False,
-                                      initial_state=(S, zeros), output_final_state=True, log_gate=log_gate)
-        rows = map_rows(self._gated_norm, tile, y.reshape(Bn * T, self.n_heads, -1),
-                        x.reshape(Bn * T, self.n_heads, -1), gate)
-        return rows.view(Bn, T, -1), S, z, window
+        xbc, gate, dt = self.project(a)
+        (q, k, v, log_gate, skip), window = self.ssd_inputs(xbc, dt, window)
+        y, S = self.kernel(q, k, v, log_gate, S)
+        return self.output(y + skip, gate), S, z, window
 
 
 class Mamba2Block(nn.Module):
@@ -150,14 +170,22 @@ class Mamba2Block(nn.Module):
         """The token mixer under the name the other layer kinds give it (model info's decays)."""
         return self.mixer
 
+    @property
+    def attn_norm(self) -> RMSNorm:
+        """The pre-norm under the other layer kinds' name (the split runs it)."""
+        return self.norm
+
     def forward(self, h, S, z, window):
         """h (B, T, D) after the block's state -> (h after, S, z, window)."""
-        B, T, D = h.shape
         o, S, z, window = self.mixer(self.norm(h), S, z, window)
+        return self.finish(h, o, None), S, z, window
+
+    def finish(self, h, o, scratch=None):
+        """The block after its mixer's o (B, T, I): h + out_proj(o)."""
+        B, T, D = h.shape
         out = self.mixer.out_proj
-        h = linear(o.reshape(B * T, -1), out.weight, tile=row_tile(h, self.mixer.tile), bias=out.bias,
-                   residual=h.reshape(B * T, D)).view(B, T, D)
-        return h, S, z, window
+        return linear(o.reshape(B * T, -1), out.weight, tile=row_tile(h, self.mixer.tile), bias=out.bias,
+                      residual=h.reshape(B * T, D)).view(B, T, D)
 
 
 def init_mamba2_block(block: Mamba2Block, c, normal, gen: torch.Generator) -> None:
