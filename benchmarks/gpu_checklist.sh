@@ -19,6 +19,9 @@
 #   5  (not in the default run) the host CPU's two float32 products at the model's shapes, MKL's
 #      and oneDNN's, and the one the CPU forward takes there (linpipe.model.onednn.cpu_matmul):
 #      another CPU to check the rule on, about a minute                    (cpu_matmul.log)
+#   6  (not in the default run) each imported fla family, one line each: its fixture checkpoint
+#      (tests/data/fla) imported, over --mb of real genome on the device, positions/s and its
+#      logprob against the CPU form (benchmarks/bench_imported_gpu.py)    (imported_<family>.log)
 #
 # Each item runs under its own timeout and the next runs whatever the last did; logs go to $OUT
 # (the device tool's folder) or ./gpu-out, with a summary in checklist.log. Ray is not needed:
@@ -97,7 +100,9 @@ if torch.cuda.is_available():
        fi ;;
     5) step cpu_matmul 120 bash -c "lscpu | grep -E 'Model name|Flags' | cut -c1-400; \
            $py benchmarks/bench_matmul_backends.py --rounds 3" ;;
-    *) say "no item $item (1-5)" ;;
+    6) step imported_mamba2 240 "$py" benchmarks/bench_imported_gpu.py --checkpoint tests/data/fla/mamba2 \
+           --tokens A=3,C=4,G=5,T=6,N=7 --mb "$mb" ;;
+    *) say "no item $item (1-6)" ;;
     esac
 done
 say "done; logs in $out"
