@@ -18,9 +18,8 @@ import torch
 import torch.nn.functional as F
 from _pipeline_data import read_fasta
 from _split_harness import rel, serial
-from click.testing import CliRunner
+from test_fla_import import _checkpoint, run
 
-from linpipe.cli import cli
 from linpipe.inputs.alphabet import tokenize
 from linpipe.model import Model, ModelConfig, init_net, load_model
 from linpipe.model.config import mamba2_pairs
@@ -30,10 +29,6 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 FLA = Path(__file__).parent / "data" / "fla"
 TOKENS = ["--tokens", "A=3,C=4,G=5,T=6,N=7"]
-
-
-def run(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args])
 
 
 @pytest.fixture(scope="module")
@@ -150,20 +145,6 @@ def test_split_states_equal_the_streamed_runs(imported, record, bounds, unit):
     assert all(rel(v, last[k]) < 1e-5 for k, v in final.to_arrays().items())
 
 
-def _checkpoint(tmp_path, **changes):
-    """A copy of the mamba2 fixture with config.json changed (None deletes a key)."""
-    d = tmp_path / "src"
-    shutil.copytree(FLA / "mamba2", d)
-    cfg = json.loads((d / "config.json").read_text())
-    for k, v in changes.items():
-        if v is None:
-            cfg.pop(k, None)
-        else:
-            cfg[k] = v
-    (d / "config.json").write_text(json.dumps(cfg))
-    return d
-
-
 @pytest.mark.parametrize("changes, message", [
     (dict(num_heads=3), "'num_heads' is 3; expand x hidden_size / head_dim gives 4"),
     (dict(n_groups=3), "'n_groups' is 3: 4 heads cannot share B and C in 3 groups"),
@@ -174,7 +155,7 @@ def _checkpoint(tmp_path, **changes):
     (dict(use_conv_bias=False), "tensor 'backbone.layers.0.mixer.conv1d.bias' has no place"),
 ])
 def test_refusals_are_one_line_and_write_nothing(tmp_path, changes, message):
-    src, out = _checkpoint(tmp_path, **changes), tmp_path / "out"
+    src, out = _checkpoint(tmp_path, "mamba2", **changes), tmp_path / "out"
     r = run("model", "import", src, out, *TOKENS)
     assert r.exit_code != 0
     assert r.output.count("\n") == 1 and message in r.output and "Traceback" not in r.output, r.output
@@ -188,15 +169,16 @@ def test_transformers_spellings_give_the_same_model(tmp_path):
     one = tmp_path / "one"
     assert run("model", "import", FLA / "mamba2", one, *TOKENS).exit_code == 0
     fla_cfg = json.loads((FLA / "mamba2" / "config.json").read_text())
-    src = _checkpoint(tmp_path, rmsnorm=None, dt_limit=None, norm_eps=None, rms_norm=fla_cfg["rmsnorm"],
-                      time_step_limit=fla_cfg["dt_limit"], layer_norm_epsilon=fla_cfg["norm_eps"])
+    src = _checkpoint(tmp_path, "mamba2", rmsnorm=None, dt_limit=None, norm_eps=None,
+                      rms_norm=fla_cfg["rmsnorm"], time_step_limit=fla_cfg["dt_limit"],
+                      layer_norm_epsilon=fla_cfg["norm_eps"])
     hf = tmp_path / "hf"
     r = run("model", "import", src, hf, *TOKENS)
     assert r.exit_code == 0, r.output
     assert (one / "model.safetensors").read_bytes() == (hf / "model.safetensors").read_bytes()
     assert json.loads((one / "config.json").read_text()) == json.loads((hf / "config.json").read_text())
     shutil.rmtree(src)
-    src = _checkpoint(tmp_path, dt_limit=[0.0, math.inf])
+    src = _checkpoint(tmp_path, "mamba2", dt_limit=[0.0, math.inf])
     assert run("model", "import", src, tmp_path / "inf", *TOKENS).exit_code == 0
     assert json.loads((tmp_path / "inf" / "config.json").read_text())["dt_limit"] == [0.0, None]
     assert load_model(str(tmp_path / "inf")).config.ssd["dt_limit"] == (0.0, None)

@@ -334,7 +334,7 @@ def _config_problem(c: ModelConfig) -> str | None:
     if c.family not in FAMILIES:
         return f"unknown family {c.family!r} (expected one of {', '.join(FAMILIES)})"
     if c.delta or c.family == MAMBA2:
-        problem = _delta_problem(c) if c.delta else _mamba2_problem(c)
+        problem = (_delta_problem(c) if c.delta else _mamba2_problem(c)) or _fla_kind_problem(c)
         if problem:
             return problem
     elif c.d_model % c.n_heads:
@@ -369,6 +369,15 @@ def _config_problem(c: ModelConfig) -> str | None:
     return None
 
 
+def _fla_kind_problem(c: ModelConfig) -> str | None:
+    """What the layer kinds of fla's families (the delta rule, mamba2) refuse of the common keys."""
+    if c.gate_normalizer is not None:
+        return f"'gate' is for family {LINEAR_ATTN!r}, not {c.family!r}"
+    if c.modality != "dna":
+        return f"family {c.family!r} is implemented for dna models only"
+    return None
+
+
 def _delta_problem(c: ModelConfig) -> str | None:
     """What is wrong with a delta-rule config's own keys, or None."""
     k = c.qk_head_dim
@@ -384,10 +393,6 @@ def _delta_problem(c: ModelConfig) -> str | None:
     for key in ("use_gate", "use_short_conv", "allow_neg_eigval"):
         if not isinstance(getattr(c, key), bool):
             return f"{key!r} must be true or false, got {getattr(c, key)!r}"
-    if c.gate_normalizer is not None:
-        return f"'gate' is for family {LINEAR_ATTN!r}, not {c.family!r}"
-    if c.modality != "dna":
-        return f"family {c.family!r} is implemented for dna models only"
     return None
 
 
@@ -454,10 +459,6 @@ def _mamba2_problem(c: ModelConfig) -> str | None:
     lo, hi = s["dt_limit"]
     if not (math.isfinite(lo) and lo >= 0 and (hi is None or hi >= lo)):
         return f"'dt_limit' must be 0 <= low <= high, got {[lo, hi]}"
-    if c.gate_normalizer is not None:
-        return f"'gate' is for family {LINEAR_ATTN!r}, not {c.family!r}"
-    if c.modality != "dna":
-        return f"family {c.family!r} is implemented for dna models only"
     return None
 
 
