@@ -10,6 +10,7 @@ import copy
 import json
 import math
 import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -182,3 +183,43 @@ def test_transformers_spellings_give_the_same_model(tmp_path):
     assert run("model", "import", src, tmp_path / "inf", *TOKENS).exit_code == 0
     assert json.loads((tmp_path / "inf" / "config.json").read_text())["dt_limit"] == [0.0, None]
     assert load_model(str(tmp_path / "inf")).config.ssd["dt_limit"] == (0.0, None)
+
+
+@pytest.mark.slow  # a Ray cluster on loopback
+def test_split_on_ray_equals_streamed(genomes, tmp_path):
+    """`--split 2` with the imported mamba2 checkpoint on an embedded local Ray (jobs/split.py):
+    20 kb of C. elegans chromosome I over two actors equals the streamed run within 1e-5
+    relative, outputs and stored unit-edge states, each unit written once."""
+    import ray
+    from _pipeline_data import record_outputs, write_fasta_slice, write_in_process
+
+    from linpipe.jobs.driver import run_job
+    from linpipe.jobs.request import JobRequest
+    from linpipe.store import OutputStore
+
+    model = tmp_path / "m2"
+    assert run("model", "import", FLA / "mamba2", model, *TOKENS).exit_code == 0
+    fasta = tmp_path / "ce_I.fa"
+    want_len = {"CHROMOSOME_I": 20_000}
+    assert write_fasta_slice(genomes / "htslib_ce.fa", fasta, want_len) == want_len
+    out, streamed = tmp_path / "split.zarr", tmp_path / "streamed.zarr"
+    ray_dir = tempfile.mkdtemp(prefix="lpm-")  # short: Ray's socket paths have a length limit
+    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=ray_dir, logging_level="WARNING",
+             log_to_driver=False)
+    try:
+        summary = run_job(JobRequest(inputs=(str(fasta),), model=str(model), out=str(out), unit_size=4096,
+                                     outputs=("logprob", "entropy"), workers=2, split=2))
+    finally:
+        ray.shutdown()
+        shutil.rmtree(ray_dir, ignore_errors=True)
+    assert summary.positions_run == 20_000 and summary.worker_deaths == 0
+    write_in_process(fasta, str(model), streamed, unit_size=4096, outputs=("logprob", "entropy"))
+    got, want = record_outputs(out), record_outputs(streamed)
+    assert got.keys() == want.keys()
+    for k in want:
+        assert rel(got[k], want[k]) < 1e-5, k
+    stores = [OutputStore.open(str(p), mode="r") for p in (out, streamed)]
+    key = stores[0].record_key("CHROMOSOME_I")
+    for i in range(5):
+        g, w = (s.boundary_state(key, i) for s in stores)
+        assert g.keys() == w.keys() and all(rel(g[n], w[n]) < 1e-5 for n in w), i
