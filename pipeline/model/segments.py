@@ -46,9 +46,9 @@ segment's last edge is the fold's value (the next segment's incoming state), so 
 restarted from that stored state folds the same numbers in the same order: bit-identical to an
 uninterrupted split run with the same segment boundaries.
 
-A delta-rule model's layers run the same way with their own state algebra: its passes and fold
-are linpipe.model.delta_split's (DeltaLocal, DeltaCorrect, DeltaWeights.fold), picked here by
-the layer kind; everything else (spans, spills, edges, messages, checkpoints) is shared.
+A delta-rule or mamba2 model's layers run the same way with their own state algebra: their passes
+and fold are linpipe.model.delta_split's or mamba2_split's (Local, Correct, weights' fold), picked
+here by the layer kind; everything else (spans, spills, edges, messages, checkpoints) is shared.
 """
 from __future__ import annotations
 
@@ -57,7 +57,6 @@ import torch
 
 from linpipe.kernels.linear_attn import advance, features, log_decay, log_gate_sums, state_outputs
 from linpipe.model import delta_split, mamba2_split
-from linpipe.model.config import MAMBA2
 from linpipe.model.exchange import Message, fold_layer, tail_rows
 from linpipe.model.exchange import layer_weights as attn_weights
 from linpipe.model.inference import Model
@@ -111,10 +110,9 @@ def spill_bytes(config, positions: int, exact: bool = False) -> int:
     """Bytes a segment of `positions` keeps outside its spans: its residual stream, and
     what pass 1 leaves for pass 2 (the first segment: o; the others: q, the numerators and
     the denominators, and a gated model's log-gates; the delta rule: delta_split.row_width)."""
-    if config.delta:
-        return positions * (config.d_model + delta_split.row_width(config, exact)) * 4
-    if config.family == MAMBA2:
-        return positions * (config.d_model + mamba2_split.row_width(config, exact)) * 4
+    if config.delta or config.ssd:
+        split = delta_split if config.delta else mamba2_split
+        return positions * (config.d_model + split.row_width(config, exact)) * 4
     if exact:
         return positions * 2 * config.d_model * 4
     parts = 2 if passes_in_float64(config) else 1  # float64 numerators in two float32 parts
@@ -364,13 +362,9 @@ class SegmentRunner:
         # what pass 1 leaves for pass 2, rewritten layer after layer: the first segment's o
         # (T, D); the others' q, numerators and denominators (T, D + H (V+1))
         wide = self.lw[0].wide  # the same feature map and normaliser in every layer
-        # a layer kind with passes of its own: (its pass 1, its pass 2), else None
-        self.kind = ((delta_split.DeltaLocal, delta_split.DeltaCorrect) if c.delta else
-                     (mamba2_split.Mamba2Local, mamba2_split.Mamba2Correct) if c.family == MAMBA2 else None)
-        if c.delta:
-            self.row_width = delta_split.row_width(c, exact)
-        elif self.kind:
-            self.row_width = mamba2_split.row_width(c, exact)
+        self.kind = delta_split if c.delta else mamba2_split if c.ssd else None  # a kind's own passes
+        if self.kind:
+            self.row_width = self.kind.row_width(c, exact)
         else:
             self.row_width = self.D + c.n_heads * ((c.head_dim + 1) * (2 if wide else 1) + c.gated)
         self.num = Spill(T, self.D if exact and not self.kind else self.row_width, spill_dir)
@@ -403,7 +397,7 @@ class SegmentRunner:
     def _pass1(self, layer: int):
         if self.exact:
             return _Attend(self, layer, *self.initial[layer])
-        return self.kind[0](self, layer) if self.kind else _Local(self, layer)
+        return self.kind.Local(self, layer) if self.kind else _Local(self, layer)
 
     def _message(self, layer: int) -> Message:
         """The message for `layer` (past the last layer: y of the last position)."""
@@ -477,7 +471,7 @@ class SegmentRunner:
         if self.exact:
             fix = _Project(self, layer)
         else:
-            correct = self.kind[1] if self.kind else _Correct
+            correct = self.kind.Correct if self.kind else _Correct
             fix = correct(self, layer, S_in, z_in, halo, self.pass1)
         local = self.pass1 = self._pass1(nxt) if nxt < self.L else None
         for s, e in self.spans:
@@ -520,11 +514,9 @@ class SegmentRunner:
 
 
 def layer_weights(net) -> list:
-    """What the fold needs of each layer: LayerWeights (linear attention), DeltaWeights or
-    Mamba2Weights (each with its own fold)."""
-    if net.config.family == MAMBA2:
-        return mamba2_split.mamba2_weights(net)
-    return delta_split.delta_weights(net) if net.config.delta else attn_weights(net)
+    """What the fold needs of each layer: LayerWeights, or its kind's own (with their fold)."""
+    kind = delta_split if net.config.delta else mamba2_split if net.config.ssd else None
+    return kind.weights(net) if kind else attn_weights(net)
 
 
 def edge_state(Ss, zs, halos, y, k: int) -> ModelState:
