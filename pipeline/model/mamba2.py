@@ -72,7 +72,7 @@ class Mamba2Mixer(nn.Module):
         self.A_log = nn.Parameter(torch.zeros(H))
         self.D = nn.Parameter(torch.ones(self.inner if s["D_has_hdim"] else H))
         if self.rmsnorm:
-            self.norm = RMSNorm(self.inner, c.norm_eps)  # its weight; the grouped norm is _gated_norm
+            self.norm = RMSNorm(self.inner, c.norm_eps)  # its weight; the grouped norm is _normed
         self.out_proj = nn.Linear(self.inner, D, bias=s["use_bias"])
 
     def base_decay(self) -> list[float]:
