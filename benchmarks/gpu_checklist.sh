@@ -20,8 +20,9 @@
 #   5  (not in the default run) the host CPU's two float32 products at the model's shapes, MKL's
 #      and oneDNN's, and the one the CPU forward takes there (linpipe.model.onednn.cpu_matmul):
 #      another CPU to check the rule on, about a minute                    (cpu_matmul.log)
-#   6  (not in the default run) imported fla models over a real genome (C. elegans chr I, 2 Mb), one
-#      line per family: positions/s on the device and logprob against the CPU form's (fla.log)
+#   6  (not in the default run) the imported fla fixtures (tests/data/fla, one line per family) over
+#      a real genome (C. elegans chr I, 2 Mb): positions/s on the device and logprob against the
+#      CPU form's (benchmarks/bench_fla_family.py)                         (fla_<fixture>.log)
 #
 # Each item runs under its own timeout and the next runs whatever the last did; logs go to $OUT
 # (the device tool's folder) or ./gpu-out, with a summary in checklist.log. Ray is not needed:
@@ -102,7 +103,9 @@ if torch.cuda.is_available():
     5) step cpu_matmul 120 bash -c "lscpu | grep -E 'Model name|Flags' | cut -c1-400; \
            $py benchmarks/bench_matmul_backends.py --rounds 3" ;;
     6) dev=cpu; pos=65536; [ "$cuda" = 1 ] && dev=cuda && pos=2000000
-       step fla 240 bash -c "$py benchmarks/bench_fla_family.py gla --device $dev --positions $pos" ;;
+       for fixture in delta_net gated_deltanet gla gla_no_conv mamba2; do
+           step "fla_$fixture" 240 "$py" benchmarks/bench_fla_family.py "$fixture" --device $dev --positions $pos
+       done ;;
     *) say "no item $item (1-6)" ;;
     esac
 done

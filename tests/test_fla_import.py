@@ -1,8 +1,8 @@
 """`linpipe model import` of flash-linear-attention checkpoints (docs/models.md).
 
 The fixtures (tests/data/fla/, made by tests/fla_fixtures/make_fla_fixtures.py with fla 0.6's own
-DeltaNetForCausalLM and GatedDeltaNetForCausalLM) hold small random checkpoints and fla's
-log-softmax at each next token of three real genome records. An imported model's stored
+DeltaNetForCausalLM, GatedDeltaNetForCausalLM and Mamba2ForCausalLM) hold small random
+checkpoints and fla's log-softmax at each next token of three real genome records. An imported model's stored
 logprob (and entropy, over the checkpoint's whole vocabulary) equals fla's to 1e-4 in float32:
 one unit per record (packed together), many units cut at odd places, and streamed and packed
 records in one job (in process, as a worker runs them; and once through `linpipe submit` on
@@ -30,12 +30,13 @@ SCRIPT = Path(__file__).parent / "fla_fixtures" / "make_fla_fixtures.py"
 # the fixtures (make_fla_fixtures.FIXTURES): delta_net (tied embeddings, allow_neg_eigval,
 # expand_v 2), gated_deltanet (the output gate, a vocab.json), delta_net_no_conv (use_short_conv
 # false, the output gate, 4 heads), gla (fla's GLA: short convs, the output gate, expand_k 0.5),
-# gla_no_conv (no conv, no output gate, a relu feature map, clamp_min, tied embeddings, 4 heads)
-FIXTURES = ("delta_net", "gated_deltanet", "delta_net_no_conv", "gla", "gla_no_conv")
+# gla_no_conv (no conv, no output gate, a relu feature map, clamp_min, tied embeddings, 4 heads),
+# mamba2 (n_groups 2, biases, a dt_limit that clamps; fla's one-token decoding path)
+FIXTURES = ("delta_net", "gated_deltanet", "delta_net_no_conv", "gla", "gla_no_conv", "mamba2")
 # only gated_deltanet's fixture has a tokenizer: the others' ids are given
 GIVEN = ["--tokens", "A=3,C=4,G=5,T=6,N=7"]
 TOKENS = {"delta_net": GIVEN, "gated_deltanet": [], "delta_net_no_conv": GIVEN,
-          "gla": GIVEN, "gla_no_conv": GIVEN}
+          "gla": GIVEN, "gla_no_conv": GIVEN, "mamba2": GIVEN}
 TOL = 1e-4
 
 
@@ -136,9 +137,13 @@ def test_info_shows_family_origin_and_state(imported):
     assert info["config"]["head_vocab"] == src["vocab_size"]
     H, L = src["num_heads"], src["num_hidden_layers"]
     K = src.get("head_dim") or src["hidden_size"] * src["expand_k"] // H
-    V = int(K * src["expand_v"]) if "head_dim" in src else int(src["hidden_size"] * src["expand_v"]) // H
-    W = src["conv_size"] if src["use_short_conv"] else 1
-    floats = L * H * K * V + L * (W - 1) * H * (2 * K + V) + src["hidden_size"]
+    if family == "mamba2":  # S (H, N, P); the conv over x, B and C
+        conv = H * K + 2 * src["n_groups"] * src["state_size"]
+        floats = L * H * src["state_size"] * K + L * (src["conv_kernel"] - 1) * conv + src["hidden_size"]
+    else:
+        V = int(K * src["expand_v"]) if "head_dim" in src else int(src["hidden_size"] * src["expand_v"]) // H
+        W = src["conv_size"] if src["use_short_conv"] else 1
+        floats = L * H * K * V + L * (W - 1) * H * (2 * K + V) + src["hidden_size"]
     assert info["state_bytes_per_record"] == 4 * floats
     text = run("model", "info", model).output
     assert f"origin      flash-linear-attention {family}, weights sha256 {origin['weights_sha256']}" in text
@@ -160,7 +165,7 @@ def _checkpoint(tmp_path, family="gated_deltanet", **changes):
 
 @pytest.mark.parametrize("changes, message", [
     (dict(model_type="llama"), "'model_type' is 'llama', not a flash-linear-attention family"),
-    (dict(model_type="mamba2"), "'model_type' is 'mamba2': its import comes in a later release"),
+    (dict(model_type="retnet"), "'model_type' is 'retnet': its import comes in a later release"),
     (dict(attn={"layers": [1], "num_heads": 2}),
      "'attn' makes a hybrid model with softmax attention layers [1]"),
     (dict(num_v_heads=4), "'num_v_heads' is 4 with num_heads 2: grouped value heads are not implemented"),

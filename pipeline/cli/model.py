@@ -68,7 +68,7 @@ def model_init(directory, modality, d_model, n_layers, n_heads, mlp_hidden, conv
 @click.option("--force", is_flag=True, help="Replace a model already in OUT.")
 def model_import(src, out, tokens, bos, force):
     """Import a flash-linear-attention checkpoint (config.json + model.safetensors, families
-    delta_net and gated_deltanet) from SRC into a linpipe model directory OUT."""
+    delta_net, gated_deltanet and mamba2) from SRC into a linpipe model directory OUT."""
     from linpipe.model.imports import import_checkpoint, parse_tokens
 
     config, sha = import_checkpoint(src, out, tokens=parse_tokens(tokens) if tokens else None, bos=bos,
@@ -116,7 +116,7 @@ def model_info(model, as_json):
     where = ""
     if m.config.gated:
         where = " (gk_proj's bias alone)"
-    elif m.config.family == "gated_deltanet":  # exp(-exp(A_log) softplus(a_proj(x) + dt_bias))
+    elif m.config.family in ("gated_deltanet", "mamba2"):  # exp(-exp(A_log) softplus(proj(x) + dt_bias))
         where = " (dt_bias alone)"
     for k, v in info["decay"].items():
         click.echo(f"decay {k}{where}: {', '.join(f'{g:g}' for g in v)}")

@@ -19,7 +19,10 @@ CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
 # delta rule without and with a decay gate (flash-linear-attention's DeltaNet, GatedDeltaNet).
 LINEAR_ATTN, DELTA_NET, GATED_DELTANET = "linear_attn", "delta_net", "gated_deltanet"
 GLA = "gla"  # fla's GatedLinearAttention: a gate per key (pipeline/model/gla.py)
-FAMILIES = (LINEAR_ATTN, DELTA_NET, GATED_DELTANET, GLA)
+MAMBA2 = "mamba2"  # flash-linear-attention's Mamba2 (its SSD: linear attention's scalar gate)
+FAMILIES = (LINEAR_ATTN, DELTA_NET, GATED_DELTANET, GLA, MAMBA2)
+# the kinds that run on the delta rule's state, window and split (gla: its M is diagonal)
+DELTA_KINDS = (DELTA_NET, GATED_DELTANET, GLA)
 # config.json's keys of the delta-rule kinds (fla 0.6's names for them)
 DELTA_KEYS = ("family", "head_dim", "expand_v", "use_gate", "use_short_conv", "allow_neg_eigval")
 # and gla's beside them: q and k's feature map, the gate ("gate": its normaliser), gk_proj's rank
@@ -65,6 +68,9 @@ class ModelConfig:
     # log-gates (None: none); the gate's normaliser is gate_normalizer, q and k's map feature_map
     gate_rank: int | None = None
     clamp_min: float | None = None
+    # family mamba2 (fla 0.6's Mamba2 layer, pipeline/model/mamba2.py; fla's names in config.json):
+    # qk_head_dim is then a head's width P (its V) and state_size N (its K: B and C per group)
+    mamba2: tuple = ()  # sorted (key, value) pairs of MAMBA2_KEYS; () for other families
     # dna: the rows of the output head. 4 (A, C, G, T) for linpipe's own models; an imported
     # model keeps its checkpoint's whole vocabulary (rows 0-3 its A, C, G, T, then the others),
     # so that a base's log-probability is the checkpoint's log-softmax over all its tokens
@@ -86,12 +92,19 @@ class ModelConfig:
 
     @property
     def delta(self) -> bool:
-        """Whether the layers run the delta rule (family delta_net or gated_deltanet)."""
-        return self.family != LINEAR_ATTN
+        """Whether the layers run on the delta rule's state, window and split (DELTA_KINDS)."""
+        return self.family in DELTA_KINDS
+
+    @property
+    def ssd(self) -> dict:
+        """A mamba2 model's own keys (MAMBA2_KEYS, with their defaults); {} for other families."""
+        return {**MAMBA2_DEFAULTS, **dict(self.mamba2)} if self.family == MAMBA2 else {}
 
     @property
     def head_dim(self) -> int:
         """K: the width of a head's queries and keys."""
+        if self.family == MAMBA2:
+            return self.ssd["state_size"]
         if self.delta and self.qk_head_dim is not None:
             return self.qk_head_dim
         return self.d_model // self.n_heads
@@ -99,12 +112,17 @@ class ModelConfig:
     @property
     def head_v_dim(self) -> int:
         """V: the width of a head's values (K for linear attention)."""
+        if self.family == MAMBA2:
+            return self.qk_head_dim
         return round(self.head_dim * self.expand_v) if self.delta else self.head_dim
 
     @property
     def conv_channels(self) -> int:
         """The channels the causal convolution runs over (the carried window's width): D for
-        linear attention; q, k and v concatenated (2HK + HV) for the delta rule."""
+        linear attention; q, k and v concatenated (2HK + HV) for the delta rule; mamba2's x, B and C
+        (HV + 2GK)."""
+        if self.family == MAMBA2:
+            return self.n_heads * self.head_v_dim + 2 * self.ssd["n_groups"] * self.head_dim
         if not self.delta:
             return self.d_model
         return self.n_heads * (2 * self.head_dim + self.head_v_dim)
@@ -114,12 +132,17 @@ class ModelConfig:
         """Whether the layers convolve (and so carry a window of W-1 inputs)."""
         return self.use_short_conv if self.delta else self.conv_width > 1
 
+    @property
+    def normalized(self) -> bool:
+        """Whether the layers' state has the normaliser z (linear attention only)."""
+        return self.family == LINEAR_ATTN
+
     def state_shapes(self) -> dict:
         """Per record, the shape of each carried state array (ModelState): the delta rule keeps
         no z (its K axis is 0 long and the array is not stored)."""
         L, H, K, V = self.n_layers, self.n_heads, self.head_dim, self.head_v_dim
         window = self.conv_width - 1 if self.has_conv else 0
-        return {"S": (L, H, K, V), "z": (L, H, 0 if self.delta else K),
+        return {"S": (L, H, K, V), "z": (L, H, K if self.normalized else 0),
                 "conv": (L, window, self.conv_channels), "y": (self.d_model,)}
 
     def state_floats(self) -> int:
@@ -176,6 +199,11 @@ class ModelConfig:
             d["gate_rank"] = self.gate_rank
             if self.clamp_min is not None:
                 d["clamp_min"] = self.clamp_min
+        if self.family == MAMBA2:
+            for key in ("feature_map", "normalize", "attn_eps"):
+                del d[key]
+            d.update(family=self.family, head_dim=self.qk_head_dim, **self.ssd)
+            d["dt_limit"] = list(d["dt_limit"])
         if self.head_vocab != 4:
             d["head_vocab"] = self.head_vocab
         if self.origin:
@@ -198,9 +226,10 @@ class ModelConfig:
         family = d.get("family", LINEAR_ATTN)
         if family not in FAMILIES:
             raise ModelError(f"{where}: unknown 'family' {family!r} (expected one of {', '.join(FAMILIES)})")
-        delta = family != LINEAR_ATTN
+        delta = family in DELTA_KINDS
         required = ["modality", "d_model", "n_layers", "n_heads", "mlp_hidden", "conv_width"]
-        required += list(DELTA_KEYS) if delta else ["feature_map", "normalize"]
+        required += (list(DELTA_KEYS) if delta else ["family", "head_dim", *MAMBA2_KEYS] if family == MAMBA2
+                     else ["feature_map", "normalize"])
         required += list(GLA_KEYS) if family == GLA else []
         if d.get("modality") == "timeseries":
             required += ["channels", "channel_names", "mean", "std"]
@@ -246,6 +275,9 @@ class ModelConfig:
             if family == GLA:
                 kw.update(feature_map=d["feature_map"], gate_rank=integer("gate_rank"),
                           clamp_min=number("clamp_min", 0.0) if d.get("clamp_min") is not None else None)
+        elif family == MAMBA2:
+            kw.update(family=family, qk_head_dim=integer("head_dim"),
+                      mamba2=mamba2_pairs({k: d[k] for k in MAMBA2_KEYS}, where))
         else:
             kw.update(feature_map=d["feature_map"], normalize=flag("normalize", True),
                       attn_eps=number("attn_eps", 1e-6))
@@ -313,12 +345,16 @@ def _config_problem(c: ModelConfig) -> str | None:
         return f"unknown feature_map {c.feature_map!r} (expected one of {', '.join(maps)})"
     for key in ("d_model", "n_layers", "n_heads", "mlp_hidden", "conv_width"):
         v = getattr(c, key)
+        if key == "mlp_hidden" and c.family == MAMBA2:  # its blocks have no MLP
+            if v != 0:
+                return f"'mlp_hidden' must be 0 for family {MAMBA2!r} (its blocks have no MLP), got {v!r}"
+            continue
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             return f"{key!r} must be a positive integer, got {v!r}"
     if c.family not in FAMILIES:
         return f"unknown family {c.family!r} (expected one of {', '.join(FAMILIES)})"
-    if c.delta:
-        problem = _delta_problem(c)
+    if c.delta or c.family == MAMBA2:
+        problem = (_delta_problem(c) if c.delta else _mamba2_problem(c)) or _fla_kind_problem(c)
         if problem:
             return problem
     elif c.d_model % c.n_heads:
@@ -353,6 +389,15 @@ def _config_problem(c: ModelConfig) -> str | None:
     return None
 
 
+def _fla_kind_problem(c: ModelConfig) -> str | None:
+    """What the layer kinds of fla's families (the delta rule, mamba2) refuse of the common keys."""
+    if c.gate_normalizer is not None and c.family != GLA:  # gla's is its gate's normaliser
+        return f"'gate' is for family {LINEAR_ATTN!r}, not {c.family!r}"
+    if c.modality != "dna":
+        return f"family {c.family!r} is implemented for dna models only"
+    return None
+
+
 def _delta_problem(c: ModelConfig) -> str | None:
     """What is wrong with a delta-rule config's own keys, or None."""
     k = c.qk_head_dim
@@ -372,10 +417,6 @@ def _delta_problem(c: ModelConfig) -> str | None:
         problem = _gla_problem(c)
         if problem:
             return problem
-    elif c.gate_normalizer is not None:
-        return f"'gate' is for family {LINEAR_ATTN!r}, not {c.family!r}"
-    if c.modality != "dna":
-        return f"family {c.family!r} is implemented for dna models only"
     return None
 
 
@@ -438,6 +479,69 @@ def _delta_shapes(c: ModelConfig, p: str) -> dict[str, tuple]:
     return shapes
 
 
+# config.json's keys of family mamba2 beside head_dim (fla 0.6's Mamba2Config names), their defaults
+MAMBA2_DEFAULTS = dict(state_size=128, n_groups=1, use_bias=False, use_conv_bias=True, D_has_hdim=False,
+                       rmsnorm=True, norm_before_gate=False, dt_limit=(0.0, None))
+MAMBA2_KEYS = tuple(MAMBA2_DEFAULTS)
+
+
+def mamba2_pairs(keys: dict, where: str) -> tuple:
+    """mamba2's keys as ModelConfig.mamba2 holds them (sorted pairs; dt_limit a pair of floats,
+    its upper end None for no limit), each checked for its type."""
+    out = {}
+    for key, default in MAMBA2_DEFAULTS.items():
+        v = keys.get(key, default)
+        if isinstance(default, bool):
+            if not isinstance(v, bool):
+                raise ModelError(f"{where}: {key!r} must be true or false, got {v!r}")
+        elif key == "dt_limit":
+            ok = isinstance(v, (list, tuple)) and len(v) == 2 and all(
+                x is None or (isinstance(x, (int, float)) and not isinstance(x, bool)) for x in v)
+            if not ok or v[0] is None:
+                raise ModelError(f"{where}: 'dt_limit' must be [low, high] (high null or Infinity: "
+                                 f"no limit), got {v!r}")
+            v = (float(v[0]), None if v[1] is None or math.isinf(v[1]) else float(v[1]))
+        elif isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ModelError(f"{where}: {key!r} must be a positive integer, got {v!r}")
+        out[key] = v
+    return tuple(sorted(out.items()))
+
+
+def _mamba2_problem(c: ModelConfig) -> str | None:
+    """What is wrong with a mamba2 config's own keys, or None."""
+    P = c.qk_head_dim
+    if isinstance(P, bool) or not isinstance(P, int) or P < 1:
+        return f"'head_dim' must be a positive integer, got {P!r}"
+    try:
+        s = {**MAMBA2_DEFAULTS, **dict(mamba2_pairs(dict(c.mamba2), "mamba2"))}
+    except ModelError as e:
+        return str(e).removeprefix("mamba2: ")
+    if c.n_heads % s["n_groups"]:
+        return f"n_heads {c.n_heads} is not divisible by 'n_groups' {s['n_groups']}"
+    lo, hi = s["dt_limit"]
+    if not (math.isfinite(lo) and lo >= 0 and (hi is None or hi >= lo)):
+        return f"'dt_limit' must be 0 <= low <= high, got {[lo, hi]}"
+    return None
+
+
+def _mamba2_shapes(c: ModelConfig, p: str) -> dict[str, tuple]:
+    """One mamba2 block's tensors (prefix p), named and shaped as fla 0.6's Mamba2Block holds
+    them: its norm and mixer (in_proj gives z, x, B, C and dt; no MLP)."""
+    s, D, H, P, W = c.ssd, c.d_model, c.n_heads, c.head_v_dim, c.conv_width
+    inner, conv = H * P, c.conv_channels
+    shapes = {p + "norm.weight": (D,), p + "mixer.in_proj.weight": (inner + conv + H, D),
+              p + "mixer.conv1d.weight": (conv, 1, W), p + "mixer.dt_bias": (H,), p + "mixer.A_log": (H,),
+              p + "mixer.D": (inner if s["D_has_hdim"] else H,), p + "mixer.out_proj.weight": (D, inner)}
+    if s["use_bias"]:
+        shapes[p + "mixer.in_proj.bias"] = (inner + conv + H,)
+        shapes[p + "mixer.out_proj.bias"] = (D,)
+    if s["use_conv_bias"]:
+        shapes[p + "mixer.conv1d.bias"] = (conv,)
+    if s["rmsnorm"]:
+        shapes[p + "mixer.norm.weight"] = (inner,)
+    return shapes
+
+
 def expected_shapes(c: ModelConfig) -> dict[str, tuple]:
     """Every tensor of format v1 and its shape, for this config."""
     D, M, W, H = c.d_model, c.mlp_hidden, c.conv_width, c.n_heads
@@ -453,6 +557,9 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple]:
         p = f"layers.{i}."
         if c.delta:
             shapes.update(_gla_shapes(c, p) if c.family == GLA else _delta_shapes(c, p))
+            continue
+        if c.family == MAMBA2:
+            shapes.update(_mamba2_shapes(c, p))
             continue
         shapes[p + "attn_norm.weight"] = (D,)
         if W > 1:

@@ -197,3 +197,7 @@ class DeltaCorrect:
                 S = advance(summary, self.Sh)[0].float()
             r.record_edge(e, self.index, S, _empty_z(at, S.device)[0], win)
         return h
+
+
+# the names linpipe.model.segments takes a layer kind's split by
+Local, Correct, weights = DeltaLocal, DeltaCorrect, delta_weights

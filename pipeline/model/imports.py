@@ -2,10 +2,11 @@
 model directory (docs/models.md).
 
 A checkpoint is config.json (with fla's `model_type`) and model.safetensors, or shards listed in
-model.safetensors.index.json. The delta-rule families map one to one onto linpipe's layer kinds
-(pipeline/model/delta.py mirrors fla's tensor names under `model.layers.i.`); the embedding keeps
-the rows of the DNA letters and BOS, and the head keeps every row of the checkpoint's vocabulary,
-A C G T first, so a base's log-probability is fla's log-softmax over the whole vocabulary.
+model.safetensors.index.json. The families map one to one onto linpipe's layer kinds
+(pipeline/model/delta.py and mamba2.py mirror fla's tensor names under `model.layers.i.`, mamba2's
+under `backbone.layers.i.`); the embedding keeps the rows of the DNA letters and BOS, and the head
+keeps every row of the checkpoint's vocabulary, A C G T first, so a base's log-probability is fla's
+log-softmax over the whole vocabulary.
 
 Every problem is a ModelError of one line naming the file and the key; nothing is written to
 the output until the whole model has been built and checked.
@@ -29,6 +30,7 @@ from linpipe.model.config import (
     DELTA_NET,
     GATED_DELTANET,
     GLA,
+    MAMBA2,
     WEIGHTS_FILE,
     ModelConfig,
     expected_shapes,
@@ -36,15 +38,18 @@ from linpipe.model.config import (
 )
 from linpipe.model.files import PICKLE_NAMES, PICKLE_SUFFIXES, file_sha256, load_safetensors, read_json
 from linpipe.model.gla_import import gla_config
+from linpipe.model.mamba2_import import mamba2_keys
 
 SOURCE = "flash-linear-attention"
 INDEX_FILE = "model.safetensors.index.json"
-IMPORTED = (DELTA_NET, GATED_DELTANET, GLA)
+IMPORTED = (DELTA_NET, GATED_DELTANET, GLA, MAMBA2)
 # fla 0.6 families whose state has a fixed size but whose import is not written yet
-LATER = ("linear_attn", "retnet", "mamba2")
+LATER = ("linear_attn", "retnet")
 # a family's ModelConfig keys from its checkpoint, where its module gives them (after the checks
 # every family shares)
 FAMILY_CONFIGS = {GLA: gla_config}
+# per family whose model is not fla's `model.` layout: (the prefix of its tensors, its final norm)
+LAYOUTS = {MAMBA2: ("backbone.", "norm_f")}
 LETTERS = "ACGTN"  # the DNA letters whose ids the checkpoint must have
 LETTER_TOKENS = {"A": A, "C": C, "G": G, "T": T, "N": N}
 SILU = ("swish", "silu")
@@ -152,7 +157,7 @@ def _refuse(ck: Checkpoint, key: str, why: str):
 
 
 def _family_config(ck: Checkpoint) -> dict:
-    """ModelConfig's delta-rule keys from fla's config; refuses what linpipe does not compute."""
+    """ModelConfig's family keys from fla's config; refuses what linpipe does not compute."""
     cfg = ck.config
     family = cfg.get("model_type")
     if family in LATER:
@@ -165,6 +170,8 @@ def _family_config(ck: Checkpoint) -> dict:
         layers = (cfg["attn"] or {}).get("layers") if isinstance(cfg["attn"], dict) else None
         _refuse(ck, "attn", f"makes a hybrid model with softmax attention layers {layers}, whose state "
                 "grows with the sequence (linpipe carries a fixed-size state)")
+    if family == MAMBA2:
+        return mamba2_keys(cfg, lambda key, why: _refuse(ck, key, why))
     for key in ("attnres_block_size",):
         if cfg.get(key) is not None:
             _refuse(ck, key, f"is {cfg[key]!r}: block attention residuals are not implemented")
@@ -241,7 +248,8 @@ def convert(ck: Checkpoint, tokens: dict | None = None, bos: int | None = None):
                              f"(model_type {cfg.get('model_type')})")
         return src.pop(name)
 
-    embed = take("model.embeddings.weight")
+    prefix, final_norm = LAYOUTS.get(fam["family"], ("model.", "norm"))
+    embed = take(prefix + "embeddings.weight")
     head = embed if cfg.get("tie_word_embeddings") else take("lm_head.weight")
     if "lm_head.weight" in src and cfg.get("tie_word_embeddings"):
         head = src.pop("lm_head.weight")  # transformers may save the tied copy too: the same values
@@ -254,16 +262,16 @@ def convert(ck: Checkpoint, tokens: dict | None = None, bos: int | None = None):
         rows[tok] = embed[ids[letter]]
     others = [i for i in range(vocab) if i not in bases]
     out = {"embed.weight": rows, "head.weight": head[bases + others].clone(), "head.bias": torch.zeros(vocab),
-           "norm.weight": take("model.norm.weight")}
+           "norm.weight": take(f"{prefix}{final_norm}.weight")}
     L = cfg["num_hidden_layers"]
     for i in range(L):
-        prefix = f"model.layers.{i}."
-        for name in [k for k in src if k.startswith(prefix)]:
+        layer = f"{prefix}layers.{i}."
+        for name in [k for k in src if k.startswith(layer)]:
             # fla names a gated RMSNorm by fuse_norm (g_norm_swish_gate when fused): linpipe's is g_norm
-            local = name[len(prefix):].replace(".g_norm_swish_gate.", ".g_norm.")
+            local = name[len(layer):].replace(".g_norm_swish_gate.", ".g_norm.")
             out[f"layers.{i}." + local] = src.pop(name)
     gate = out.get("layers.0.mlp.gate_proj.weight")
-    if gate is None:
+    if gate is None and "mlp_hidden" not in fam:
         raise ModelError(f"{ck.path}: the weights have no tensor 'model.layers.0.mlp.gate_proj.weight'")
     if src:
         raise ModelError(f"{ck.path}: tensor {sorted(src)[0]!r} has no place in a linpipe {fam['family']} "
@@ -271,9 +279,10 @@ def convert(ck: Checkpoint, tokens: dict | None = None, bos: int | None = None):
     origin = {"source": SOURCE, "model_type": fam["family"], "weights_sha256": ck.sha256,
               "tokens": {**tokens, "BOS": bos}, "vocab_size": vocab}
     try:
-        config = ModelConfig(modality="dna", d_model=cfg["hidden_size"], n_layers=L, n_heads=cfg["num_heads"],
-                             mlp_hidden=int(gate.shape[0]), head_vocab=vocab,
-                             origin=origin_pairs(origin), **fam)
+        mlp = None if gate is None else int(gate.shape[0])
+        shape = {"n_heads": cfg.get("num_heads"), "mlp_hidden": mlp, **fam}
+        config = ModelConfig(modality="dna", d_model=cfg["hidden_size"], n_layers=L, head_vocab=vocab,
+                             origin=origin_pairs(origin), **shape)
     except ModelError as e:
         raise ModelError(f"{ck.where}: {str(e).removeprefix('invalid model config: ')}") from None
     _check_layers(ck, config, out)
@@ -283,8 +292,9 @@ def convert(ck: Checkpoint, tokens: dict | None = None, bos: int | None = None):
 def _check_layers(ck: Checkpoint, config: ModelConfig, tensors: dict) -> None:
     """Each layer tensor is one the config expects, with its shape, named as the checkpoint names it."""
     shapes = expected_shapes(config)
+    prefix = LAYOUTS.get(config.family, ("model.",))[0]
     for name, t in tensors.items():
-        fla_name = "model." + name
+        fla_name = prefix + name
         if name not in shapes:
             raise ModelError(f"{ck.path}: tensor {fla_name!r} has no place in a linpipe {config.family} "
                              "model (an option this import does not implement)")
@@ -293,7 +303,7 @@ def _check_layers(ck: Checkpoint, config: ModelConfig, tensors: dict) -> None:
                              f"{list(shapes[name])} from its config.json")
     missing = sorted(n for n in shapes if n not in tensors)
     if missing:
-        raise ModelError(f"{ck.path}: the weights have no tensor {'model.' + missing[0]!r} (model_type "
+        raise ModelError(f"{ck.path}: the weights have no tensor {prefix + missing[0]!r} (model_type "
                          f"{config.family})")
 
 

@@ -23,9 +23,10 @@ from linpipe.inputs.alphabet import BOS, VOCAB_SIZE
 from linpipe.kernels import chunk_linear_attn, chunk_linear_attn_parts
 from linpipe.kernels.linear_attn.scratch import Scratch
 from linpipe.model import series
-from linpipe.model.config import GLA, ModelConfig
+from linpipe.model.config import GLA, MAMBA2, ModelConfig
 from linpipe.model.delta import DeltaAttention, SwiGLU, init_delta_layer
 from linpipe.model.gla import GLAAttention, init_gla_layer
+from linpipe.model.mamba2 import Mamba2Block, init_mamba2_block
 from linpipe.model.ops import CausalConv, RMSNorm
 from linpipe.model.rows import ROW_ALIGN, linear, map_rows, row_tile
 
@@ -45,7 +46,7 @@ MIN_SPAN, MAX_SPAN = 2048, 16384
 def forward_span(config: ModelConfig) -> int:
     """Positions per network call on the CPU for this model (see SPAN_FLOATS): a power of two,
     so a whole number of the kernel's fold groups and of ROW_ALIGN."""
-    width = max(3 * config.d_model, config.mlp_hidden)
+    width = max(3 * config.d_model, config.mlp_hidden, 2 * config.conv_channels if config.ssd else 0)
     span = MIN_SPAN
     while span * 2 <= MAX_SPAN and span * 2 * width <= SPAN_FLOATS:
         span *= 2
@@ -61,9 +62,9 @@ class ModelState:
     also carry `norm` (linpipe.model.series)."""
 
     S: torch.Tensor  # (B, L, H, K, V) float32 (V = K for linear attention)
-    z: torch.Tensor  # (B, L, H, K) float32; (B, L, H, 0) for the delta rule, which has no z
-    # (B, L, W-1, C): the last W-1 inputs of each layer's conv, C = D (linear attention) or the
-    # delta rule's q, k, v projections concatenated (2HK + HV)
+    z: torch.Tensor  # (B, L, H, K) float32; (B, L, H, 0) for the delta rule and mamba2: no z
+    # (B, L, W-1, C): the last W-1 inputs of each layer's conv, C = D (linear attention), the
+    # delta rule's q, k, v projections concatenated (2HK + HV) or mamba2's x, B, C (HV + 2GK)
     conv: torch.Tensor
     y: torch.Tensor  # (B, D): final representation of the last position read
     norm: torch.Tensor | None = None  # (B, NORM_SIZE) float64: series_norm models only
@@ -269,7 +270,8 @@ class LinpipeNet(nn.Module):
             self.bos = nn.Parameter(torch.zeros(D))
             self.register_buffer("mean", torch.tensor(c.mean, dtype=torch.float32), persistent=False)
             self.register_buffer("std", torch.tensor(c.std, dtype=torch.float32), persistent=False)
-        self.layers = nn.ModuleList(Layer(c) for _ in range(c.n_layers))
+        self.layers = nn.ModuleList(Mamba2Block(c, forward_span(c)) if c.family == MAMBA2 else Layer(c)
+                                    for _ in range(c.n_layers))
         self.norm = RMSNorm(D, c.norm_eps)
         self.head = nn.Linear(D, c.vocab_out)
         self.span = forward_span(c)
@@ -364,7 +366,7 @@ def init_net(config: ModelConfig, *, seed: int = 0, decay=None) -> LinpipeNet:
     sets the fixed decays, or for a gated model the decays its gates start around (through
     gk_proj's bias)."""
     c = config
-    if c.delta and decay is not None:
+    if (c.delta or c.family == MAMBA2) and decay is not None:
         raise ModelError(f"{option('decay')} is for the linear-attention family, not {c.family} (its "
                          "decays start from A_log and dt_bias as flash-linear-attention's do)")
     if decay is None:
@@ -397,6 +399,9 @@ def init_net(config: ModelConfig, *, seed: int = 0, decay=None) -> LinpipeNet:
         for layer in net.layers:
             if c.delta:
                 (init_gla_layer if c.family == GLA else init_delta_layer)(layer, c, normal, gen)
+                continue
+            if c.family == MAMBA2:
+                init_mamba2_block(layer, c, normal, gen)
                 continue
             a = layer.attn
             if a.conv is not None:  # near-identity: mostly the current position, a little history

@@ -46,9 +46,9 @@ segment's last edge is the fold's value (the next segment's incoming state), so 
 restarted from that stored state folds the same numbers in the same order: bit-identical to an
 uninterrupted split run with the same segment boundaries.
 
-A delta-rule model's layers run the same way with their own state algebra: its passes and fold
-are linpipe.model.delta_split's (DeltaLocal, DeltaCorrect, DeltaWeights.fold), picked here by
-the layer kind; everything else (spans, spills, edges, messages, checkpoints) is shared.
+A delta-rule or mamba2 model's layers run the same way with their own state algebra: their passes
+and fold are linpipe.model.delta_split's or mamba2_split's (Local, Correct, weights' fold), picked
+here by the layer kind; everything else (spans, spills, edges, messages, checkpoints) is shared.
 """
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ import numpy as np
 import torch
 
 from linpipe.kernels.linear_attn import advance, features, log_decay, log_gate_sums, state_outputs
-from linpipe.model import delta_split
+from linpipe.model import delta_split, mamba2_split
 from linpipe.model.exchange import Message, fold_layer, tail_rows
 from linpipe.model.exchange import layer_weights as attn_weights
 from linpipe.model.inference import Model
@@ -110,8 +110,9 @@ def spill_bytes(config, positions: int, exact: bool = False) -> int:
     """Bytes a segment of `positions` keeps outside its spans: its residual stream, and
     what pass 1 leaves for pass 2 (the first segment: o; the others: q, the numerators and
     the denominators, and a gated model's log-gates; the delta rule: delta_split.row_width)."""
-    if config.delta:
-        return positions * (config.d_model + delta_split.row_width(config, exact)) * 4
+    if config.delta or config.ssd:
+        split = delta_split if config.delta else mamba2_split
+        return positions * (config.d_model + split.row_width(config, exact)) * 4
     if exact:
         return positions * 2 * config.d_model * 4
     parts = 2 if passes_in_float64(config) else 1  # float64 numerators in two float32 parts
@@ -361,12 +362,12 @@ class SegmentRunner:
         # what pass 1 leaves for pass 2, rewritten layer after layer: the first segment's o
         # (T, D); the others' q, numerators and denominators (T, D + H (V+1))
         wide = self.lw[0].wide  # the same feature map and normaliser in every layer
-        self.delta = c.delta
-        if c.delta:
-            self.row_width = delta_split.row_width(c, exact)
+        self.kind = delta_split if c.delta else mamba2_split if c.ssd else None  # a kind's own passes
+        if self.kind:
+            self.row_width = self.kind.row_width(c, exact)
         else:
             self.row_width = self.D + c.n_heads * ((c.head_dim + 1) * (2 if wide else 1) + c.gated)
-        self.num = Spill(T, self.D if exact and not c.delta else self.row_width, spill_dir)
+        self.num = Spill(T, self.D if exact and not self.kind else self.row_width, spill_dir)
         self.edge_states: dict[int, list] = {}  # unit index -> per layer (S, z, window)
         self.pass1 = None  # the layer whose pass 1 ran last
         self.initial = None  # exact: per layer (S, z, window) entering the segment, each (1, ...)
@@ -396,7 +397,7 @@ class SegmentRunner:
     def _pass1(self, layer: int):
         if self.exact:
             return _Attend(self, layer, *self.initial[layer])
-        return delta_split.DeltaLocal(self, layer) if self.delta else _Local(self, layer)
+        return self.kind.Local(self, layer) if self.kind else _Local(self, layer)
 
     def _message(self, layer: int) -> Message:
         """The message for `layer` (past the last layer: y of the last position)."""
@@ -470,7 +471,7 @@ class SegmentRunner:
         if self.exact:
             fix = _Project(self, layer)
         else:
-            correct = delta_split.DeltaCorrect if self.delta else _Correct
+            correct = self.kind.Correct if self.kind else _Correct
             fix = correct(self, layer, S_in, z_in, halo, self.pass1)
         local = self.pass1 = self._pass1(nxt) if nxt < self.L else None
         for s, e in self.spans:
@@ -513,8 +514,9 @@ class SegmentRunner:
 
 
 def layer_weights(net) -> list:
-    """What the fold needs of each layer: LayerWeights (linear attention) or DeltaWeights."""
-    return delta_split.delta_weights(net) if net.config.delta else attn_weights(net)
+    """What the fold needs of each layer: LayerWeights, or its kind's own (with their fold)."""
+    kind = delta_split if net.config.delta else mamba2_split if net.config.ssd else None
+    return kind.weights(net) if kind else attn_weights(net)
 
 
 def edge_state(Ss, zs, halos, y, k: int) -> ModelState:
@@ -559,7 +561,7 @@ def run_layers(group, state0: ModelState, weights: list, n_segments: int,
         if layer < start:
             S_l, z_l, h_l = folds[layer]
         else:
-            fold = w.fold if isinstance(w, delta_split.DeltaWeights) else lambda *a, w=w: fold_layer(w, *a)
+            fold = getattr(w, "fold", None) or (lambda *a, w=w: fold_layer(w, *a))
             S_l, z_l, h_l = fold(state0.S[0, layer].cpu(), state0.z[0, layer].cpu(),
                                  state0.conv[0, layer].cpu(), msgs)
             if on_fold is not None:

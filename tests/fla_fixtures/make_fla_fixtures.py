@@ -1,5 +1,5 @@
 """Make the flash-linear-attention fixtures of tests/test_fla_import.py with fla 0.6's own model
-classes: small random DeltaNet, GatedDeltaNet and GLA language models over a DNA-sized vocabulary,
+classes: small random DeltaNet, GatedDeltaNet, GLA and Mamba2 language models over a DNA-sized vocabulary,
 saved with save_pretrained (safetensors), and fla's log-softmax at each next token of real
 genome records (docs/models.md).
 
@@ -64,7 +64,18 @@ FIXTURES = {
         hidden_size=32, num_hidden_layers=2, num_heads=4, expand_k=1.0, expand_v=0.5, use_short_conv=False,
         use_output_gate=False, feature_map="relu", clamp_min=-0.05, intermediate_size=48,
         tie_word_embeddings=True)),
+    # mamba2 runs fla's PyTorch path (torch_forward) on the CPU, one token at a time (STEPWISE);
+    # its norms are Triton
+    "mamba2": ("Mamba2Config", "Mamba2ForCausalLM", dict(
+        hidden_size=32, num_hidden_layers=2, head_dim=16, expand=2, state_size=16, n_groups=2,
+        conv_kernel=4, use_conv_bias=True, use_bias=True, chunk_size=64, dt_limit=(0.0, 0.2))),
 }
+# Fixtures whose predictions come from fla's one-token decoding path from a zero cache: fla 0.6's
+# Mamba2 PyTorch prefill pairs head h with B/C group h % n_groups, its decoding path (and the
+# mamba_ssm kernels it runs on CUDA, and transformers' Mamba2) with group h // (heads / n_groups)
+STEPWISE = ("mamba2",)
+# each fixture's seed: fixed, so that adding a fixture leaves the others' bytes as they are
+SEEDS = {"delta_net": 0, "gated_deltanet": 1, "delta_net_no_conv": 2, "gla": 3, "gla_no_conv": 4, "mamba2": 3}
 COMMON = dict(vocab_size=len(VOCAB), pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS,
               attn_mode="fused_recurrent", fuse_norm=False, fuse_swiglu=False, fuse_cross_entropy=False,
               norm_eps=1e-6)
@@ -139,6 +150,30 @@ def fla_predictions(model, seq: str) -> tuple[np.ndarray, np.ndarray]:
     return lp.numpy().astype(np.float32), ent.numpy().astype(np.float32)
 
 
+def fla_step_predictions(model, seq: str) -> tuple[np.ndarray, np.ndarray]:
+    """fla_predictions through fla's one-token decoding path: a Mamba2 model's cache starts at
+    zero (conv windows and SSD states), then BOS and each token in turn."""
+    import torch
+    from fla.models.cache_utils import Cache
+
+    ids = token_ids(seq)
+    cache = Cache()
+    for i, block in enumerate(model.backbone.layers):
+        m = block.mixer
+        cache.update(recurrent_state=torch.zeros(1, m.num_heads, m.head_dim, m.ssm_state_size),
+                     conv_state=torch.zeros(1, m.conv_dim, m.conv_kernel_size), layer_idx=i, offset=0)
+    logits = []
+    with torch.no_grad():
+        for tok in [BOS] + ids[:-1]:
+            out = model(input_ids=torch.tensor([[tok]]), past_key_values=cache, use_cache=True)
+            cache = out.past_key_values
+            logits.append(out.logits[0, -1].float())
+    logp = torch.log_softmax(torch.stack(logits), -1)  # (T, vocab)
+    lp = logp.gather(-1, torch.tensor(ids)[:, None])[:, 0]
+    ent = -(logp.exp() * logp).sum(-1)
+    return lp.numpy().astype(np.float32), ent.numpy().astype(np.float32)
+
+
 def write_fixture(name: str, out: Path, seqs: dict[str, str], seed: int) -> None:
     model = make_model(name, seed)
     d = out / name
@@ -148,7 +183,7 @@ def write_fixture(name: str, out: Path, seqs: dict[str, str], seed: int) -> None
         (d / "vocab.json").write_text(json.dumps({tok: i for i, tok in enumerate(VOCAB)}, indent=1) + "\n")
     arrays = {}
     for rid, seq in seqs.items():
-        lp, ent = fla_predictions(model, seq)
+        lp, ent = (fla_step_predictions if name in STEPWISE else fla_predictions)(model, seq)
         arrays[f"{rid}/logprob"], arrays[f"{rid}/entropy"] = lp, ent
     np.savez(d / "expected.npz", **arrays)
     (d / "generation_config.json").unlink(missing_ok=True)
@@ -159,9 +194,9 @@ def main(out: Path = DEFAULT_OUT, only=()) -> None:
     seqs = {k: v for k, v in records().items() if k in only or not set(only) & set(RECORDS)}
     out.mkdir(parents=True, exist_ok=True)
     (out / "records.fa").write_text("".join(f">{k}\n{v}\n" for k, v in seqs.items()))
-    for seed, name in enumerate(FIXTURES):
+    for name in FIXTURES:
         if name in only or not set(only) & set(FIXTURES):
-            write_fixture(name, out, seqs, seed)
+            write_fixture(name, out, seqs, SEEDS[name])
             print(f"wrote {out / name}", file=sys.stderr)
 
 

@@ -1,0 +1,70 @@
+"""`linpipe model import` of fla 0.6's `mamba2` checkpoints (Mamba2ForCausalLM): its config's keys
+as ModelConfig's (pipeline/model/mamba2.py), and where its tensors are (under `backbone.`, the
+final norm `norm_f`). transformers' Mamba2 checkpoints share the model_type and the tensor
+names; their spellings of three keys (`rms_norm`, `time_step_limit`, `layer_norm_epsilon`) are
+read too.
+
+Refusals go through the `refuse(key, why)` the caller gives (a one-line ModelError naming the file).
+"""
+from __future__ import annotations
+
+import math
+
+# where fla's Mamba2ForCausalLM keeps the embedding, the blocks and the final norm
+PREFIX, FINAL_NORM = "backbone.", "norm_f"
+# fla's key -> transformers' spelling of it
+ALIASES = {"rmsnorm": "rms_norm", "dt_limit": "time_step_limit", "norm_eps": "layer_norm_epsilon"}
+DEFAULTS = dict(head_dim=64, expand=2, state_size=128, n_groups=1, conv_kernel=4, use_bias=False,
+                use_conv_bias=True, D_has_hdim=False, rmsnorm=True, norm_before_gate=False,
+                dt_limit=(0.0, math.inf), norm_eps=1e-5, hidden_act="silu")
+
+
+def _get(cfg: dict, key: str):
+    """A key by fla's name or transformers', else its default (null counts as absent)."""
+    for name in (key, ALIASES.get(key)):
+        if name and cfg.get(name) is not None:
+            return cfg[name]
+    return DEFAULTS[key]
+
+
+def mamba2_keys(cfg: dict, refuse) -> dict:
+    """ModelConfig's keywords (all but the common ones) of an fla mamba2 config."""
+    def integer(key, v):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            refuse(key, f"must be a positive integer, got {v!r}")
+        return v
+
+    D = integer("hidden_size", cfg.get("hidden_size"))
+    for key in ("num_hidden_layers", "vocab_size"):
+        integer(key, cfg.get(key))
+    act = _get(cfg, "hidden_act")
+    if act not in ("silu", "swish"):
+        refuse("hidden_act", f"is {act!r}: the conv's activation and the gate are implemented with silu only")
+    P, N, G, W = (integer(k, _get(cfg, k)) for k in ("head_dim", "state_size", "n_groups", "conv_kernel"))
+    expand = _get(cfg, "expand")
+    inner = expand * D
+    if isinstance(expand, bool) or not isinstance(expand, (int, float)) or inner != int(inner) or inner % P:
+        refuse("expand", f"is {expand!r}: expand x hidden_size must be a whole number of heads of "
+               f"head_dim {P}")
+    H = int(inner) // P
+    if cfg.get("num_heads") not in (None, 0, H):
+        refuse("num_heads", f"is {cfg['num_heads']!r}; expand x hidden_size / head_dim gives {H}")
+    if H % G:
+        refuse("n_groups", f"is {G}: {H} heads cannot share B and C in {G} groups")
+    flags = {}
+    for key in ("use_bias", "use_conv_bias", "D_has_hdim", "rmsnorm", "norm_before_gate"):
+        flags[key] = _get(cfg, key)
+        if not isinstance(flags[key], bool):
+            refuse(key, f"must be true or false, got {flags[key]!r}")
+    limit = _get(cfg, "dt_limit")
+    if not (isinstance(limit, (list, tuple)) and len(limit) == 2
+            and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in limit)
+            and 0 <= limit[0] <= limit[1]):
+        refuse("dt_limit", f"is {limit!r}: expected [low, high] with 0 <= low <= high")
+    eps = _get(cfg, "norm_eps")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0:
+        refuse("norm_eps", f"must be a positive number, got {eps!r}")
+    hi = None if math.isinf(limit[1]) else float(limit[1])
+    ssd = dict(state_size=N, n_groups=G, dt_limit=(float(limit[0]), hi), **flags)
+    return dict(family="mamba2", n_heads=H, qk_head_dim=P, conv_width=W, norm_eps=float(eps),
+                mlp_hidden=0, mamba2=tuple(sorted(ssd.items())))
