@@ -18,7 +18,8 @@ CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
 # The layer kinds: linear attention (with the normaliser; fixed decay or the "gate"), and the
 # delta rule without and with a decay gate (flash-linear-attention's DeltaNet, GatedDeltaNet).
 LINEAR_ATTN, DELTA_NET, GATED_DELTANET = "linear_attn", "delta_net", "gated_deltanet"
-FAMILIES = (LINEAR_ATTN, DELTA_NET, GATED_DELTANET)
+RETNET = "retnet"  # flash-linear-attention's MultiScaleRetention (pipeline/model/retention.py)
+FAMILIES = (LINEAR_ATTN, DELTA_NET, GATED_DELTANET, RETNET)
 # config.json's keys of the delta-rule kinds (fla 0.6's names for them)
 DELTA_KEYS = ("family", "head_dim", "expand_v", "use_gate", "use_short_conv", "allow_neg_eigval")
 
@@ -79,39 +80,45 @@ class ModelConfig:
     @property
     def delta(self) -> bool:
         """Whether the layers run the delta rule (family delta_net or gated_deltanet)."""
+        return self.family in (DELTA_NET, GATED_DELTANET)
+
+    @property
+    def fla(self) -> bool:
+        """Whether the layers are one of flash-linear-attention's kinds (fla's keys and tensor
+        names, the SwiGLU MLP, no z): every family but linpipe's own linear attention."""
         return self.family != LINEAR_ATTN
 
     @property
     def head_dim(self) -> int:
         """K: the width of a head's queries and keys."""
-        if self.delta and self.qk_head_dim is not None:
+        if self.fla and self.qk_head_dim is not None:
             return self.qk_head_dim
         return self.d_model // self.n_heads
 
     @property
     def head_v_dim(self) -> int:
         """V: the width of a head's values (K for linear attention)."""
-        return round(self.head_dim * self.expand_v) if self.delta else self.head_dim
+        return round(self.head_dim * self.expand_v) if self.fla else self.head_dim
 
     @property
     def conv_channels(self) -> int:
         """The channels the causal convolution runs over (the carried window's width): D for
         linear attention; q, k and v concatenated (2HK + HV) for the delta rule."""
-        if not self.delta:
+        if not self.fla:
             return self.d_model
         return self.n_heads * (2 * self.head_dim + self.head_v_dim)
 
     @property
     def has_conv(self) -> bool:
         """Whether the layers convolve (and so carry a window of W-1 inputs)."""
-        return self.use_short_conv if self.delta else self.conv_width > 1
+        return self.use_short_conv if self.fla else self.conv_width > 1
 
     def state_shapes(self) -> dict:
         """Per record, the shape of each carried state array (ModelState): the delta rule keeps
         no z (its K axis is 0 long and the array is not stored)."""
         L, H, K, V = self.n_layers, self.n_heads, self.head_dim, self.head_v_dim
         window = self.conv_width - 1 if self.has_conv else 0
-        return {"S": (L, H, K, V), "z": (L, H, 0 if self.delta else K),
+        return {"S": (L, H, K, V), "z": (L, H, 0 if self.fla else K),
                 "conv": (L, window, self.conv_channels), "y": (self.d_model,)}
 
     def state_floats(self) -> int:
@@ -157,7 +164,7 @@ class ModelConfig:
                 d["series_norm"] = True
         if self.gated:
             d["gate"] = {"normalizer": self.gate_normalizer}
-        if self.delta:  # the linear attention's keys mean nothing here
+        if self.fla:  # the linear attention's keys mean nothing here
             for key in ("feature_map", "normalize", "attn_eps"):
                 del d[key]
             d.update(family=self.family, head_dim=self.head_dim, expand_v=self.expand_v,
@@ -185,7 +192,7 @@ class ModelConfig:
         family = d.get("family", LINEAR_ATTN)
         if family not in FAMILIES:
             raise ModelError(f"{where}: unknown 'family' {family!r} (expected one of {', '.join(FAMILIES)})")
-        delta = family != LINEAR_ATTN
+        delta = family != LINEAR_ATTN  # fla's keys (DELTA_KEYS)
         required = ["modality", "d_model", "n_layers", "n_heads", "mlp_hidden", "conv_width"]
         required += list(DELTA_KEYS) if delta else ["feature_map", "normalize"]
         if d.get("modality") == "timeseries":
@@ -299,7 +306,7 @@ def _config_problem(c: ModelConfig) -> str | None:
             return f"{key!r} must be a positive integer, got {v!r}"
     if c.family not in FAMILIES:
         return f"unknown family {c.family!r} (expected one of {', '.join(FAMILIES)})"
-    if c.delta:
+    if c.fla:
         problem = _delta_problem(c)
         if problem:
             return problem
@@ -354,7 +361,24 @@ def _delta_problem(c: ModelConfig) -> str | None:
         return f"'gate' is for family {LINEAR_ATTN!r}, not {c.family!r}"
     if c.modality != "dna":
         return f"family {c.family!r} is implemented for dna models only"
+    if c.family == RETNET and (c.use_short_conv or c.allow_neg_eigval):
+        return f"family {RETNET!r} has no short convolution nor negative eigenvalues"
     return None
+
+
+def _retnet_shapes(c: ModelConfig, p: str) -> dict[str, tuple]:
+    """One retention layer's tensors (prefix p), fla 0.6's MultiScaleRetention names (its output
+    norm `g_norm`, fused with the gate or not) and GatedMLP."""
+    D, M, H = c.d_model, c.mlp_hidden, c.n_heads
+    key, value = H * c.head_dim, H * c.head_v_dim
+    shapes = {p + "attn_norm.weight": (D,), p + "attn.q_proj.weight": (key, D),
+              p + "attn.k_proj.weight": (key, D), p + "attn.v_proj.weight": (value, D)}
+    if c.use_gate:
+        shapes[p + "attn.g_proj.weight"] = (value, D)
+    shapes.update({p + "attn.g_norm.weight": (c.head_v_dim,), p + "attn.o_proj.weight": (D, value),
+                   p + "mlp_norm.weight": (D,), p + "mlp.gate_proj.weight": (M, D),
+                   p + "mlp.up_proj.weight": (M, D), p + "mlp.down_proj.weight": (D, M)})
+    return shapes
 
 
 def _delta_shapes(c: ModelConfig, p: str) -> dict[str, tuple]:
@@ -391,8 +415,8 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple]:
         shapes = {"embed.weight": (D, c.channels), "embed.bias": (D,), "bos": (D,)}
     for i in range(c.n_layers):
         p = f"layers.{i}."
-        if c.delta:
-            shapes.update(_delta_shapes(c, p))
+        if c.fla:
+            shapes.update((_retnet_shapes if c.family == RETNET else _delta_shapes)(c, p))
             continue
         shapes[p + "attn_norm.weight"] = (D,)
         if W > 1:

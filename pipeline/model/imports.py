@@ -24,10 +24,12 @@ import torch
 
 from linpipe.errors import ModelError, option
 from linpipe.inputs.alphabet import BOS, A, C, G, N, T
+from linpipe.model import retention
 from linpipe.model.config import (
     CONFIG_FILE,
     DELTA_NET,
     GATED_DELTANET,
+    RETNET,
     WEIGHTS_FILE,
     ModelConfig,
     expected_shapes,
@@ -37,9 +39,11 @@ from linpipe.model.files import PICKLE_NAMES, PICKLE_SUFFIXES, file_sha256, load
 
 SOURCE = "flash-linear-attention"
 INDEX_FILE = "model.safetensors.index.json"
-IMPORTED = (DELTA_NET, GATED_DELTANET)
+IMPORTED = (DELTA_NET, GATED_DELTANET, RETNET)
 # fla 0.6 families whose state has a fixed size but whose import is not written yet
-LATER = ("linear_attn", "retnet", "gla", "mamba2")
+LATER = ("linear_attn", "gla", "mamba2")
+# family -> (its config keys from fla's config.json: f(cfg, refuse), fla's tensor names it renames)
+FAMILY_IMPORTS = {RETNET: (retention.import_keys, retention.FLA_NAMES)}
 LETTERS = "ACGTN"  # the DNA letters whose ids the checkpoint must have
 LETTER_TOKENS = {"A": A, "C": C, "G": G, "T": T, "N": N}
 SILU = ("swish", "silu")
@@ -174,6 +178,8 @@ def _family_config(ck: Checkpoint) -> dict:
                    ("vocab_size", cfg.get("vocab_size"))):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             _refuse(ck, key, f"must be a positive integer, got {v!r}")
+    if family in FAMILY_IMPORTS:
+        return FAMILY_IMPORTS[family][0](cfg, lambda key, why: _refuse(ck, key, why))
     if family == DELTA_NET:
         for key, want in (("qk_activation", "silu"), ("qk_norm", "l2"), ("use_beta", True),
                           ("use_output_norm", True)):
@@ -251,8 +257,9 @@ def convert(ck: Checkpoint, tokens: dict | None = None, bos: int | None = None):
     L = cfg["num_hidden_layers"]
     for i in range(L):
         prefix = f"model.layers.{i}."
+        renames = FAMILY_IMPORTS.get(fam["family"], (None, {}))[1]
         for name in [k for k in src if k.startswith(prefix)]:
-            out[f"layers.{i}." + name[len(prefix):]] = src.pop(name)
+            out[f"layers.{i}." + renames.get(name[len(prefix):], name[len(prefix):])] = src.pop(name)
     gate = out.get("layers.0.mlp.gate_proj.weight")
     if gate is None:
         raise ModelError(f"{ck.path}: the weights have no tensor 'model.layers.0.mlp.gate_proj.weight'")

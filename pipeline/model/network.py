@@ -23,9 +23,10 @@ from linpipe.inputs.alphabet import BOS, VOCAB_SIZE
 from linpipe.kernels import chunk_linear_attn, chunk_linear_attn_parts
 from linpipe.kernels.linear_attn.scratch import Scratch
 from linpipe.model import series
-from linpipe.model.config import ModelConfig
+from linpipe.model.config import RETNET, ModelConfig
 from linpipe.model.delta import DeltaAttention, SwiGLU, init_delta_layer
 from linpipe.model.ops import CausalConv, RMSNorm
+from linpipe.model.retention import Retention, init_retention_layer
 from linpipe.model.rows import ROW_ALIGN, linear, map_rows, row_tile
 
 # Most positions (batch x length) per call that CPU inference keeps in reused buffers;
@@ -228,9 +229,10 @@ class Layer(nn.Module):
     def __init__(self, c: ModelConfig):
         super().__init__()
         self.attn_norm = RMSNorm(c.d_model, c.norm_eps)
-        self.attn = DeltaAttention(c, forward_span(c)) if c.delta else Attention(c)
+        self.attn = (Retention(c, forward_span(c)) if c.family == RETNET else
+                     DeltaAttention(c, forward_span(c)) if c.delta else Attention(c))
         self.mlp_norm = RMSNorm(c.d_model, c.norm_eps)
-        self.mlp = SwiGLU(c, forward_span(c)) if c.delta else MLP(c)
+        self.mlp = SwiGLU(c, forward_span(c)) if c.fla else MLP(c)
 
     def forward(self, h, S, z, window):
         """h (B, T, D) -> h + attention, then + MLP."""
@@ -362,7 +364,7 @@ def init_net(config: ModelConfig, *, seed: int = 0, decay=None) -> LinpipeNet:
     sets the fixed decays, or for a gated model the decays its gates start around (through
     gk_proj's bias)."""
     c = config
-    if c.delta and decay is not None:
+    if c.fla and decay is not None:
         raise ModelError(f"{option('decay')} is for the linear-attention family, not {c.family} (its "
                          "decays start from A_log and dt_bias as flash-linear-attention's do)")
     if decay is None:
@@ -393,6 +395,9 @@ def init_net(config: ModelConfig, *, seed: int = 0, decay=None) -> LinpipeNet:
             net.embed.bias.zero_()
             normal(net.bos, 1.0)
         for layer in net.layers:
+            if c.family == RETNET:
+                init_retention_layer(layer, c, normal)
+                continue
             if c.delta:
                 init_delta_layer(layer, c, normal, gen)
                 continue

@@ -57,6 +57,18 @@ FIXTURES = {
     "delta_net_no_conv": ("DeltaNetConfig", "DeltaNetForCausalLM", dict(
         hidden_size=32, num_hidden_layers=2, num_heads=4, expand_k=1.0, expand_v=1.0, use_gate=True,
         allow_neg_eigval=False, use_short_conv=False, intermediate_size=64)),
+    "retnet": ("RetNetConfig", "RetNetForCausalLM", dict(
+        hidden_size=32, num_hidden_layers=2, num_heads=2, expand_k=1.0, expand_v=2.0, use_output_gate=True,
+        intermediate_size=64, fuse_norm=True)),
+    "retnet_no_gate": ("RetNetConfig", "RetNetForCausalLM", dict(
+        hidden_size=32, num_hidden_layers=2, num_heads=4, expand_k=2.0, expand_v=1.0, use_output_gate=False,
+        intermediate_size=48, tie_word_embeddings=True)),
+    "linear_attn": ("LinearAttentionConfig", "LinearAttentionForCausalLM", dict(
+        hidden_size=32, num_hidden_layers=2, num_heads=2, expand_k=1.0, expand_v=1.0,
+        feature_map="elementwise_product", intermediate_size=64, tie_word_embeddings=True)),
+    "linear_attn_elu": ("LinearAttentionConfig", "LinearAttentionForCausalLM", dict(
+        hidden_size=32, num_hidden_layers=2, num_heads=4, expand_k=1.0, expand_v=2.0, feature_map="elu",
+        norm_feature_map=True, intermediate_size=64)),
 }
 COMMON = dict(vocab_size=len(VOCAB), pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS,
               attn_mode="fused_recurrent", fuse_norm=False, fuse_swiglu=False, fuse_cross_entropy=False,
@@ -98,7 +110,7 @@ def make_model(name: str, seed: int):
 
     config_cls, model_cls, keys = FIXTURES[name]
     torch.manual_seed(seed)
-    model = getattr(models, model_cls)(getattr(models, config_cls)(**keys, **COMMON)).float().eval()
+    model = getattr(models, model_cls)(getattr(models, config_cls)(**{**COMMON, **keys})).float().eval()
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():  # fla's initialiser (std 0.02) predicts near-uniform: spread them out
         for name, p in model.named_parameters():
