@@ -248,7 +248,7 @@ def _plan(request: JobRequest) -> JobPlan:
         regions_path=os.path.abspath(os.fspath(request.regions)) if request.regions else None,
         regions_lenient=bool(request.regions and request.regions_lenient), notes=tuple(found.notes),
         files=tuple(found.files), stream_rate=stream_rate(m.config), n_layers=int(m.config.n_layers),
-        splittable=not m.config.delta)
+        splittable=not m.config.fla)
 
 
 def _check_options(request: JobRequest) -> None:
@@ -391,4 +391,9 @@ def _outputs(request: JobRequest, m, model_ref: str, channels) -> list[str]:
     if isinstance(request.split, int) and modality != "dna":
         raise LinpipeError(f"{option('split')} {request.split}: splitting a record is implemented and tested "
                            f"for DNA models only; this is a {modality} job (use {option('split')} never)")
+    from linpipe.model.config import UNSPLIT
+
+    if isinstance(request.split, int) and m.config.family in UNSPLIT:
+        raise LinpipeError(f"{option('split')} {request.split}: splitting a record is not implemented for "
+                           f"family {m.config.family!r} models (use {option('split')} never)")
     return outputs

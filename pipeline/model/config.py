@@ -20,6 +20,8 @@ CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
 LINEAR_ATTN, DELTA_NET, GATED_DELTANET = "linear_attn", "delta_net", "gated_deltanet"
 RETNET = "retnet"  # flash-linear-attention's MultiScaleRetention (pipeline/model/retention.py)
 FAMILIES = (LINEAR_ATTN, DELTA_NET, GATED_DELTANET, RETNET)
+# families whose records `--split` does not divide yet (their rotary frame is not in the exchange)
+UNSPLIT = (RETNET,)
 # config.json's keys of the delta-rule kinds (fla 0.6's names for them)
 DELTA_KEYS = ("family", "head_dim", "expand_v", "use_gate", "use_short_conv", "allow_neg_eigval")
 
