@@ -19,6 +19,8 @@
 #   5  (not in the default run) the host CPU's two float32 products at the model's shapes, MKL's
 #      and oneDNN's, and the one the CPU forward takes there (linpipe.model.onednn.cpu_matmul):
 #      another CPU to check the rule on, about a minute                    (cpu_matmul.log)
+#   6  (not in the default run) each imported fla family's fixture over a million positions of
+#      a real genome: positions/s, and logprob against the CPU form's   (fla_<family>.log)
 #
 # Each item runs under its own timeout and the next runs whatever the last did; logs go to $OUT
 # (the device tool's folder) or ./gpu-out, with a summary in checklist.log. Ray is not needed:
@@ -97,7 +99,10 @@ if torch.cuda.is_available():
        fi ;;
     5) step cpu_matmul 120 bash -c "lscpu | grep -E 'Model name|Flags' | cut -c1-400; \
            $py benchmarks/bench_matmul_backends.py --rounds 3" ;;
-    *) say "no item $item (1-5)" ;;
+    6) dev=$([ "$cuda" = 1 ] && echo cuda || echo cpu); n=$([ "$cuda" = 1 ] && echo 1000000 || echo 20000)
+       step fla_retnet 120 "$py" benchmarks/bench_fla_import.py retnet --device "$dev" --positions "$n"
+       ;;
+    *) say "no item $item (1-6)" ;;
     esac
 done
 say "done; logs in $out"
