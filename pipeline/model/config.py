@@ -19,9 +19,16 @@ CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
 # delta rule without and with a decay gate (flash-linear-attention's DeltaNet, GatedDeltaNet).
 LINEAR_ATTN, DELTA_NET, GATED_DELTANET = "linear_attn", "delta_net", "gated_deltanet"
 RETNET = "retnet"  # flash-linear-attention's MultiScaleRetention (pipeline/model/retention.py)
-FAMILIES = (LINEAR_ATTN, DELTA_NET, GATED_DELTANET, RETNET)
-# families whose records `--split` does not divide yet (their rotary frame is not in the exchange)
-UNSPLIT = (RETNET,)
+# flash-linear-attention's LinearAttention (model_type "linear_attn", a name linpipe's own layer
+# kind already has; pipeline/model/fla_linear.py)
+FLA_LINEAR_ATTN = "fla_linear_attn"
+FAMILIES = (LINEAR_ATTN, DELTA_NET, GATED_DELTANET, RETNET, FLA_LINEAR_ATTN)
+# families whose records `--split` does not divide yet (the exchange knows neither the rotary
+# frame nor learnt feature maps)
+UNSPLIT = (RETNET, FLA_LINEAR_ATTN)
+# fla's LinearAttention feature maps -> phi's width per K of q and k (all fixed-size states)
+QK_FEATURE_MAPS = {"identity": 1, "elu": 1, "relu": 1, "elementwise_product": 1, "t2r": 1, "hedgehog": 2,
+                   "dpfp": 8}
 # config.json's keys of the delta-rule kinds (fla 0.6's names for them)
 DELTA_KEYS = ("family", "head_dim", "expand_v", "use_gate", "use_short_conv", "allow_neg_eigval")
 
@@ -60,6 +67,12 @@ class ModelConfig:
     use_gate: bool = False  # the output gate: o_norm is RMSNorm(o) * silu(g_proj(x))
     use_short_conv: bool = True  # q, k, v each through a causal depthwise conv of conv_width
     allow_neg_eigval: bool = False  # beta in (0, 2) instead of (0, 1)
+    # fla_linear_attn: the feature map of q and k (QK_FEATURE_MAPS, config.json's
+    # "qk_feature_map"), and q, k divided by their sums after it (fla's norm_q, norm_k); its
+    # normaliser is `normalize` (fla's norm_feature_map)
+    qk_feature_map: str = "identity"
+    norm_q: bool = False
+    norm_k: bool = False
     # dna: the rows of the output head. 4 (A, C, G, T) for linpipe's own models; an imported
     # model keeps its checkpoint's whole vocabulary (rows 0-3 its A, C, G, T, then the others),
     # so that a base's log-probability is the checkpoint's log-softmax over all its tokens
@@ -115,12 +128,19 @@ class ModelConfig:
         """Whether the layers convolve (and so carry a window of W-1 inputs)."""
         return self.use_short_conv if self.fla else self.conv_width > 1
 
+    @property
+    def feature_dim(self) -> int:
+        """The width of phi(k), the state's K axis: head_dim, or fla_linear_attn's feature map's."""
+        return self.head_dim * (QK_FEATURE_MAPS[self.qk_feature_map] if self.family == FLA_LINEAR_ATTN else 1)
+
     def state_shapes(self) -> dict:
-        """Per record, the shape of each carried state array (ModelState): the delta rule keeps
-        no z (its K axis is 0 long and the array is not stored)."""
-        L, H, K, V = self.n_layers, self.n_heads, self.head_dim, self.head_v_dim
+        """Per record, the shape of each carried state array (ModelState): fla's kinds keep no z
+        (its K axis is 0 long and the array is not stored), but fla's linear attention with its
+        normaliser."""
+        L, H, K, V = self.n_layers, self.n_heads, self.feature_dim, self.head_v_dim
         window = self.conv_width - 1 if self.has_conv else 0
-        return {"S": (L, H, K, V), "z": (L, H, 0 if self.fla else K),
+        keeps_z = not self.fla or (self.family == FLA_LINEAR_ATTN and self.normalize)
+        return {"S": (L, H, K, V), "z": (L, H, K if keeps_z else 0),
                 "conv": (L, window, self.conv_channels), "y": (self.d_model,)}
 
     def state_floats(self) -> int:
@@ -172,6 +192,9 @@ class ModelConfig:
             d.update(family=self.family, head_dim=self.head_dim, expand_v=self.expand_v,
                      use_gate=self.use_gate, use_short_conv=self.use_short_conv,
                      allow_neg_eigval=self.allow_neg_eigval)
+            if self.family == FLA_LINEAR_ATTN:
+                d.update(qk_feature_map=self.qk_feature_map, normalize=self.normalize, norm_q=self.norm_q,
+                         norm_k=self.norm_k)
         if self.head_vocab != 4:
             d["head_vocab"] = self.head_vocab
         if self.origin:
@@ -238,6 +261,9 @@ class ModelConfig:
             kw.update(family=family, qk_head_dim=integer("head_dim"), expand_v=number("expand_v", 1.0),
                       use_gate=flag("use_gate", False), use_short_conv=flag("use_short_conv", True),
                       allow_neg_eigval=flag("allow_neg_eigval", False))
+            if family == FLA_LINEAR_ATTN:
+                kw.update(qk_feature_map=d.get("qk_feature_map"), normalize=flag("normalize", False),
+                          norm_q=flag("norm_q", False), norm_k=flag("norm_k", False))
         else:
             kw.update(feature_map=d["feature_map"], normalize=flag("normalize", True),
                       attn_eps=number("attn_eps", 1e-6))
@@ -363,8 +389,10 @@ def _delta_problem(c: ModelConfig) -> str | None:
         return f"'gate' is for family {LINEAR_ATTN!r}, not {c.family!r}"
     if c.modality != "dna":
         return f"family {c.family!r} is implemented for dna models only"
-    if c.family == RETNET and (c.use_short_conv or c.allow_neg_eigval):
-        return f"family {RETNET!r} has no short convolution nor negative eigenvalues"
+    if c.family in (RETNET, FLA_LINEAR_ATTN) and (c.use_short_conv or c.allow_neg_eigval):
+        return f"family {c.family!r} has no short convolution nor negative eigenvalues"
+    if c.family == FLA_LINEAR_ATTN and c.qk_feature_map not in QK_FEATURE_MAPS:
+        return f"unknown 'qk_feature_map' {c.qk_feature_map!r} (expected one of {', '.join(QK_FEATURE_MAPS)})"
     return None
 
 
@@ -378,6 +406,25 @@ def _retnet_shapes(c: ModelConfig, p: str) -> dict[str, tuple]:
     if c.use_gate:
         shapes[p + "attn.g_proj.weight"] = (value, D)
     shapes.update({p + "attn.g_norm.weight": (c.head_v_dim,), p + "attn.o_proj.weight": (D, value),
+                   p + "mlp_norm.weight": (D,), p + "mlp.gate_proj.weight": (M, D),
+                   p + "mlp.up_proj.weight": (M, D), p + "mlp.down_proj.weight": (D, M)})
+    return shapes
+
+
+def _fla_linear_shapes(c: ModelConfig, p: str) -> dict[str, tuple]:
+    """One fla LinearAttention layer's tensors (prefix p), named as fla 0.6 holds them: its
+    feature maps' weights (one map each for q and k), the output RMSNorm `norm`, GatedMLP."""
+    D, M, H, K = c.d_model, c.mlp_hidden, c.n_heads, c.head_dim
+    key, value = H * K, H * c.head_v_dim
+    shapes = {p + "attn_norm.weight": (D,), p + "attn.q_proj.weight": (key, D),
+              p + "attn.k_proj.weight": (key, D), p + "attn.v_proj.weight": (value, D)}
+    layers = {"elementwise_product": ("layer1", "layer2"), "hedgehog": ("layer",), "t2r": ("layer",)}
+    for qk in ("q", "k"):
+        for name in layers.get(c.qk_feature_map, ()):
+            shapes[p + f"attn.feature_map_{qk}.{name}.weight"] = (K, K)
+            if c.qk_feature_map != "t2r":  # fla's T2R map has no bias
+                shapes[p + f"attn.feature_map_{qk}.{name}.bias"] = (K,)
+    shapes.update({p + "attn.norm.weight": (c.head_v_dim,), p + "attn.o_proj.weight": (D, value),
                    p + "mlp_norm.weight": (D,), p + "mlp.gate_proj.weight": (M, D),
                    p + "mlp.up_proj.weight": (M, D), p + "mlp.down_proj.weight": (D, M)})
     return shapes
@@ -418,7 +465,8 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple]:
     for i in range(c.n_layers):
         p = f"layers.{i}."
         if c.fla:
-            shapes.update((_retnet_shapes if c.family == RETNET else _delta_shapes)(c, p))
+            kind = {RETNET: _retnet_shapes, FLA_LINEAR_ATTN: _fla_linear_shapes}.get(c.family, _delta_shapes)
+            shapes.update(kind(c, p))
             continue
         shapes[p + "attn_norm.weight"] = (D,)
         if W > 1:

@@ -24,7 +24,7 @@ import torch
 
 from linpipe.errors import ModelError, option
 from linpipe.inputs.alphabet import BOS, A, C, G, N, T
-from linpipe.model import retention
+from linpipe.model import fla_linear, retention
 from linpipe.model.config import (
     CONFIG_FILE,
     DELTA_NET,
@@ -39,11 +39,13 @@ from linpipe.model.files import PICKLE_NAMES, PICKLE_SUFFIXES, file_sha256, load
 
 SOURCE = "flash-linear-attention"
 INDEX_FILE = "model.safetensors.index.json"
-IMPORTED = (DELTA_NET, GATED_DELTANET, RETNET)
+IMPORTED = (DELTA_NET, GATED_DELTANET, RETNET, "linear_attn")  # fla's model_type names
 # fla 0.6 families whose state has a fixed size but whose import is not written yet
-LATER = ("linear_attn", "gla", "mamba2")
-# family -> (its config keys from fla's config.json: f(cfg, refuse), fla's tensor names it renames)
-FAMILY_IMPORTS = {RETNET: (retention.import_keys, retention.FLA_NAMES)}
+LATER = ("gla", "mamba2")
+# model_type -> (its config keys from fla's config.json: f(cfg, refuse), fla's layer tensor names
+# it renames, and what it does to the checkpoint's tensors first: f(cfg, tensors))
+FAMILY_IMPORTS = {RETNET: (retention.import_keys, retention.FLA_NAMES, None),
+                  "linear_attn": (fla_linear.import_keys, {}, fla_linear.tie_feature_maps)}
 LETTERS = "ACGTN"  # the DNA letters whose ids the checkpoint must have
 LETTER_TOKENS = {"A": A, "C": C, "G": G, "T": T, "N": N}
 SILU = ("swish", "silu")
@@ -215,6 +217,9 @@ def convert(ck: Checkpoint, tokens: dict | None = None, bos: int | None = None):
     its tokenizer), bos: the id read before the first position (else config's bos_token_id)."""
     cfg, src = ck.config, dict(ck.tensors)
     fam = _family_config(ck)
+    prepare = FAMILY_IMPORTS.get(cfg["model_type"], (None, {}, None))[2]
+    if prepare is not None:
+        src = prepare(cfg, src)
     if tokens is None:
         tokens = tokenizer_ids(ck.path)
     if tokens is None:
@@ -257,7 +262,7 @@ def convert(ck: Checkpoint, tokens: dict | None = None, bos: int | None = None):
     L = cfg["num_hidden_layers"]
     for i in range(L):
         prefix = f"model.layers.{i}."
-        renames = FAMILY_IMPORTS.get(fam["family"], (None, {}))[1]
+        renames = FAMILY_IMPORTS.get(cfg["model_type"], (None, {}, None))[1]
         for name in [k for k in src if k.startswith(prefix)]:
             out[f"layers.{i}." + renames.get(name[len(prefix):], name[len(prefix):])] = src.pop(name)
     gate = out.get("layers.0.mlp.gate_proj.weight")
@@ -266,7 +271,7 @@ def convert(ck: Checkpoint, tokens: dict | None = None, bos: int | None = None):
     if src:
         raise ModelError(f"{ck.path}: tensor {sorted(src)[0]!r} has no place in a linpipe {fam['family']} "
                          "model (an option this import does not implement)")
-    origin = {"source": SOURCE, "model_type": fam["family"], "weights_sha256": ck.sha256,
+    origin = {"source": SOURCE, "model_type": cfg["model_type"], "weights_sha256": ck.sha256,
               "tokens": {**tokens, "BOS": bos}, "vocab_size": vocab}
     try:
         config = ModelConfig(modality="dna", d_model=cfg["hidden_size"], n_layers=L, n_heads=cfg["num_heads"],

@@ -23,8 +23,9 @@ from linpipe.inputs.alphabet import BOS, VOCAB_SIZE
 from linpipe.kernels import chunk_linear_attn, chunk_linear_attn_parts
 from linpipe.kernels.linear_attn.scratch import Scratch
 from linpipe.model import series
-from linpipe.model.config import RETNET, ModelConfig
+from linpipe.model.config import FLA_LINEAR_ATTN, RETNET, ModelConfig
 from linpipe.model.delta import DeltaAttention, SwiGLU, init_delta_layer
+from linpipe.model.fla_linear import FlaLinearAttention, init_fla_linear_layer
 from linpipe.model.ops import CausalConv, RMSNorm
 from linpipe.model.retention import Retention, init_retention_layer
 from linpipe.model.rows import ROW_ALIGN, linear, map_rows, row_tile
@@ -230,6 +231,7 @@ class Layer(nn.Module):
         super().__init__()
         self.attn_norm = RMSNorm(c.d_model, c.norm_eps)
         self.attn = (Retention(c, forward_span(c)) if c.family == RETNET else
+                     FlaLinearAttention(c, forward_span(c)) if c.family == FLA_LINEAR_ATTN else
                      DeltaAttention(c, forward_span(c)) if c.delta else Attention(c))
         self.mlp_norm = RMSNorm(c.d_model, c.norm_eps)
         self.mlp = SwiGLU(c, forward_span(c)) if c.fla else MLP(c)
@@ -397,6 +399,9 @@ def init_net(config: ModelConfig, *, seed: int = 0, decay=None) -> LinpipeNet:
         for layer in net.layers:
             if c.family == RETNET:
                 init_retention_layer(layer, c, normal)
+                continue
+            if c.family == FLA_LINEAR_ATTN:
+                init_fla_linear_layer(layer, c, normal)
                 continue
             if c.delta:
                 init_delta_layer(layer, c, normal, gen)

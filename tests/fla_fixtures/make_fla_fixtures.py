@@ -69,6 +69,11 @@ FIXTURES = {
     "linear_attn_elu": ("LinearAttentionConfig", "LinearAttentionForCausalLM", dict(
         hidden_size=32, num_hidden_layers=2, num_heads=4, expand_k=1.0, expand_v=2.0, feature_map="elu",
         norm_feature_map=True, intermediate_size=64)),
+    "linear_attn_hedgehog": ("LinearAttentionConfig", "LinearAttentionForCausalLM", dict(
+        hidden_size=32, num_hidden_layers=2, num_heads=2, feature_map="hedgehog", tie_feature_map_qk=True,
+        norm_q=True, norm_k=True, norm_feature_map=True, intermediate_size=48)),
+    "linear_attn_dpfp": ("LinearAttentionConfig", "LinearAttentionForCausalLM", dict(
+        hidden_size=32, num_hidden_layers=2, num_heads=4, feature_map="dpfp", intermediate_size=48)),
 }
 COMMON = dict(vocab_size=len(VOCAB), pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS,
               attn_mode="fused_recurrent", fuse_norm=False, fuse_swiglu=False, fuse_cross_entropy=False,
