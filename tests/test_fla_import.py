@@ -30,12 +30,16 @@ SCRIPT = Path(__file__).parent / "fla_fixtures" / "make_fla_fixtures.py"
 # the fixtures (make_fla_fixtures.FIXTURES): delta_net (tied embeddings, allow_neg_eigval,
 # expand_v 2), gated_deltanet (the output gate, a vocab.json), delta_net_no_conv (use_short_conv
 # false, the output gate, 4 heads), retnet (rotary, the output gate fused with its norm), retnet_no_gate
-# (no output gate, expand_k 2, 4 heads, tied embeddings)
-FIXTURES = ("delta_net", "gated_deltanet", "delta_net_no_conv", "retnet", "retnet_no_gate")
+# (no output gate, expand_k 2, 4 heads, tied embeddings), linear_attn (fla's default feature map
+# elementwise_product, tied embeddings), linear_attn_elu (elu, the normaliser, expand_v 2, 4 heads)
+FIXTURES = ("delta_net", "gated_deltanet", "delta_net_no_conv", "retnet", "retnet_no_gate", "linear_attn",
+            "linear_attn_elu")
 # only gated_deltanet's fixture has a tokenizer: the others' ids are given
 GIVEN = ["--tokens", "A=3,C=4,G=5,T=6,N=7"]
 TOKENS = {"delta_net": GIVEN, "gated_deltanet": [], "delta_net_no_conv": GIVEN, "retnet": GIVEN,
-          "retnet_no_gate": GIVEN}
+          "retnet_no_gate": GIVEN, "linear_attn": GIVEN, "linear_attn_elu": GIVEN}
+# fla's model_type -> linpipe's family, where they differ (linpipe's own layer is linear_attn)
+FAMILY = {"linear_attn": "fla_linear_attn"}
 TOL = 1e-4
 
 
@@ -102,15 +106,17 @@ def test_split_logprobs_equal_flas(imported, parts, one_torch_thread):
     its actors run them; units of 37): fla's logprob and entropy to 1e-4."""
     from linpipe.inputs import open_input
     from linpipe.model import load_model
+    from linpipe.model.config import UNSPLIT
     from linpipe.model.segments import forward_split, segment_bounds
 
     name, model_dir = imported
-    if name.startswith("retnet"):  # refused, in one line naming the family
+    family = json.loads((model_dir / "config.json").read_text())["family"]
+    if family in UNSPLIT:  # refused, in one line naming the family
         from linpipe.errors import LinpipeError
         from linpipe.jobs.plan import plan_job
         from linpipe.jobs.request import JobRequest
 
-        said = f"split {parts}: splitting a record is not implemented for family 'retnet'"
+        said = f"split {parts}: splitting a record is not implemented for family '{family}'"
         with pytest.raises(LinpipeError, match=said):
             plan_job(JobRequest(inputs=(str(FLA / "records.fa"),), model=str(model_dir), split=parts))
         return
@@ -136,7 +142,7 @@ def test_info_shows_family_origin_and_state(imported):
     r = run("model", "info", model, "--json")
     assert r.exit_code == 0, r.output
     info = json.loads(r.output)
-    assert info["family"] == family
+    assert info["family"] == FAMILY.get(family, family)
     origin = info["origin"]
     assert origin["model_type"] == family and origin["source"] == "flash-linear-attention"
     weights = (FLA / name / "model.safetensors").read_bytes()
@@ -146,8 +152,10 @@ def test_info_shows_family_origin_and_state(imported):
     H, L = src["num_heads"], src["num_hidden_layers"]
     K = src.get("head_dim") or src["hidden_size"] * src["expand_k"] // H
     V = int(K * src["expand_v"]) if src.get("head_dim") else int(src["hidden_size"] * src["expand_v"] // H)
-    W = src["conv_size"] if src["use_short_conv"] else 1
-    floats = L * H * K * V + L * (W - 1) * H * (2 * K + V) + src["hidden_size"]
+    W = src["conv_size"] if src.get("use_short_conv") else 1
+    Fk = K * {"hedgehog": 2, "dpfp": 8}.get(src["feature_map"], 1) if family == "linear_attn" else K
+    z = L * H * Fk if src.get("norm_feature_map") else 0  # fla's linear attention's normaliser
+    floats = L * H * Fk * V + z + L * (W - 1) * H * (2 * K + V) + src["hidden_size"]
     assert info["state_bytes_per_record"] == 4 * floats
     text = run("model", "info", model).output
     assert f"origin      flash-linear-attention {family}, weights sha256 {origin['weights_sha256']}" in text

@@ -70,7 +70,7 @@ FIXTURES = {
         hidden_size=32, num_hidden_layers=2, num_heads=4, expand_k=1.0, expand_v=2.0, feature_map="elu",
         norm_feature_map=True, intermediate_size=64)),
     "linear_attn_hedgehog": ("LinearAttentionConfig", "LinearAttentionForCausalLM", dict(
-        hidden_size=32, num_hidden_layers=2, num_heads=2, feature_map="hedgehog", tie_feature_map_qk=True,
+        hidden_size=32, num_hidden_layers=2, num_heads=2, feature_map="hedgehog",
         norm_q=True, norm_k=True, norm_feature_map=True, intermediate_size=48)),
     "linear_attn_dpfp": ("LinearAttentionConfig", "LinearAttentionForCausalLM", dict(
         hidden_size=32, num_hidden_layers=2, num_heads=4, feature_map="dpfp", intermediate_size=48)),
