@@ -31,13 +31,15 @@ SCRIPT = Path(__file__).parent / "fla_fixtures" / "make_fla_fixtures.py"
 # expand_v 2), gated_deltanet (the output gate, a vocab.json), delta_net_no_conv (use_short_conv
 # false, the output gate, 4 heads), retnet (rotary, the output gate fused with its norm), retnet_no_gate
 # (no output gate, expand_k 2, 4 heads, tied embeddings), linear_attn (fla's default feature map
-# elementwise_product, tied embeddings), linear_attn_elu (elu, the normaliser, expand_v 2, 4 heads)
+# elementwise_product, tied embeddings), linear_attn_elu (elu, the normaliser, expand_v 2, 4 heads),
+# linear_attn_hedgehog (F = 2K, norm_q, norm_k, the normaliser), linear_attn_dpfp (F = 8K, 4 heads)
 FIXTURES = ("delta_net", "gated_deltanet", "delta_net_no_conv", "retnet", "retnet_no_gate", "linear_attn",
-            "linear_attn_elu")
+            "linear_attn_elu", "linear_attn_hedgehog", "linear_attn_dpfp")
 # only gated_deltanet's fixture has a tokenizer: the others' ids are given
 GIVEN = ["--tokens", "A=3,C=4,G=5,T=6,N=7"]
 TOKENS = {"delta_net": GIVEN, "gated_deltanet": [], "delta_net_no_conv": GIVEN, "retnet": GIVEN,
-          "retnet_no_gate": GIVEN, "linear_attn": GIVEN, "linear_attn_elu": GIVEN}
+          "retnet_no_gate": GIVEN, "linear_attn": GIVEN, "linear_attn_elu": GIVEN,
+          "linear_attn_hedgehog": GIVEN, "linear_attn_dpfp": GIVEN}
 # fla's model_type -> linpipe's family, where they differ (linpipe's own layer is linear_attn)
 FAMILY = {"linear_attn": "fla_linear_attn"}
 TOL = 1e-4
