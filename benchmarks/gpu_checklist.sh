@@ -101,6 +101,7 @@ if torch.cuda.is_available():
            $py benchmarks/bench_matmul_backends.py --rounds 3" ;;
     6) dev=$([ "$cuda" = 1 ] && echo cuda || echo cpu); n=$([ "$cuda" = 1 ] && echo 1000000 || echo 20000)
        step fla_retnet 120 "$py" benchmarks/bench_fla_import.py retnet --device "$dev" --positions "$n"
+       step fla_linear_attn 120 "$py" benchmarks/bench_fla_import.py linear_attn --device "$dev" --positions "$n"
        ;;
     *) say "no item $item (1-6)" ;;
     esac
