@@ -108,27 +108,49 @@ class Retention(nn.Module):
         g = None if g is None else g.reshape(N, self.n_heads, self.head_v_dim)
         return self.g_norm(o, g).reshape(N, -1)
 
-    def forward(self, a, S, z, window, scratch=None):
-        """Normalised inputs a (B, T, D) after S (B, H, K, V) (in the frame of a's first position)
-        -> (o (B, T, HV) before o_proj, S in the frame of the position after a, z and the conv
-        window unchanged (both empty))."""
+    def inputs(self, a):
+        """Normalised inputs a (B, T, D), a call's positions -> (q scaled, k rotated by their offsets
+        from the call's first position (B, T, H, K), v (B, T, H, V), the output gate's
+        pre-activations (B*T, HV) or None)."""
         B, T, D = a.shape
         H, K, V = self.n_heads, self.head_dim, self.head_v_dim
-        tile = row_tile(a, self.tile)
         parts = [self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]
         if self.g_proj is not None:
             parts.append(self.g_proj.weight)
-        x = linear(a.reshape(B * T, D), torch.cat(parts), tile=tile)  # (B*T, 2HK + HV [+ HV])
+        x = linear(a.reshape(B * T, D), torch.cat(parts), tile=row_tile(a, self.tile))  # (B*T, 2HK + 2HV?)
         cos, sin = self.rope(T, a.device)
         q = rotate(x[:, :H * K].view(B, T, H, K), cos, sin) * self.scale  # (B, T, H, K)
         k = rotate(x[:, H * K:2 * H * K].view(B, T, H, K), cos, sin)
         v = x[:, 2 * H * K:2 * H * K + H * V].view(B, T, H, V)
-        zeros = S.new_zeros((B, H, K))  # the kernel's normaliser state, unused without it
+        return q, k, v, x[:, 2 * H * K + H * V:] if self.g_proj is not None else None
+
+    def kernel(self, q, k, v, S):
+        """Retention of inputs' q, k, v from S (B, H, K, V) in the frame of their first position:
+        (o (B, T, H, V), S after them in the same frame)."""
+        zeros = S.new_zeros(S.shape[:-1])  # the kernel's normaliser state, unused without it
         o, (S, _) = chunk_linear_attn(q, k, v, decay=self.decay, feature_map="identity", normalize=False,
                                       initial_state=(S, zeros), output_final_state=True)
-        gate = x[:, 2 * H * K + H * V:] if self.g_proj is not None else None
-        o = map_rows(self._normed, tile, o.reshape(B * T, H, V), gate).view(B, T, H * V)
-        return o, turn_state(S, T, self.freq), z, window
+        return o, S
+
+    def turn(self, S, steps: int):
+        """S (..., K, V) decayed over `steps` positions and turned into the frame that many later
+        (float64 in, float64 out): the entering state's share after a span, for the split."""
+        g = self.decay.double().to(S.device) ** steps  # (H,)
+        return turn_state(S, steps, self.freq) * g[:, None, None]
+
+    def output(self, o, gate):
+        """The kernel's o (B, T, H, V) and gate rows (B*T, HV) or None -> (B, T, HV) after g_norm."""
+        B, T = o.shape[:2]
+        rows = o.reshape(B * T, self.n_heads, self.head_v_dim)
+        return map_rows(self._normed, row_tile(o, self.tile), rows, gate).view(B, T, -1)
+
+    def forward(self, a, S, z, window, scratch=None):
+        """Normalised inputs a (B, T, D) after S (B, H, K, V) (in the frame of a's first position)
+        -> (o (B, T, HV) before o_proj, S in the frame of the position after a, z and the conv
+        window unchanged (both empty))."""
+        q, k, v, gate = self.inputs(a)
+        o, S = self.kernel(q, k, v, S)
+        return self.output(o, gate), turn_state(S, a.shape[1], self.freq), z, window
 
 
 def init_retention_layer(layer, c: ModelConfig, normal) -> None:
