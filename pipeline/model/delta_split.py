@@ -187,3 +187,7 @@ class DeltaCorrect:
                 S = advance(summary, self.Sh)[0].float()
             r.record_edge(e, self.index, S, _empty_z(at, S.device)[0], win)
         return h
+
+
+# the split kind's names (segments.split_kind): its passes and the fold's per-layer weights
+Local, Correct, weights = DeltaLocal, DeltaCorrect, delta_weights

@@ -77,6 +77,7 @@ class Retention(nn.Module):
     """The token mixer of a retention layer; o_proj is applied by Layer.finish."""
 
     delta = False  # the layer kind the split reads (network.Attention's flag)
+    normalize = False  # no normaliser (segments.passes_in_float64 reads it)
 
     def __init__(self, c: ModelConfig, tile: int):
         super().__init__()

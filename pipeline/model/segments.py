@@ -46,9 +46,9 @@ segment's last edge is the fold's value (the next segment's incoming state), so 
 restarted from that stored state folds the same numbers in the same order: bit-identical to an
 uninterrupted split run with the same segment boundaries.
 
-A delta-rule model's layers run the same way with their own state algebra: its passes and fold
-are linpipe.model.delta_split's (DeltaLocal, DeltaCorrect, DeltaWeights.fold), picked here by
-the layer kind; everything else (spans, spills, edges, messages, checkpoints) is shared.
+A delta-rule or retention model's layers run the same way with their own state algebra: passes
+and fold of linpipe.model.delta_split or retention_split, picked by the layer kind (split_kind);
+everything else (spans, spills, edges, messages, checkpoints) is shared.
 """
 from __future__ import annotations
 
@@ -56,12 +56,12 @@ import numpy as np
 import torch
 
 from linpipe.kernels.linear_attn import advance, features, log_decay, log_gate_sums, state_outputs
-from linpipe.model import delta_split
 from linpipe.model.exchange import Message, fold_layer, tail_rows
 from linpipe.model.exchange import layer_weights as attn_weights
 from linpipe.model.inference import Model
 from linpipe.model.network import Layer, ModelState
 from linpipe.model.spill import Spill
+from linpipe.model.split_kinds import split_kind
 
 # The record's first segment runs the layer's own attention; every later one also keeps the
 # normaliser's parts, spills wider rows and corrects them: 1.0-1.5x the first one's time per
@@ -110,8 +110,8 @@ def spill_bytes(config, positions: int, exact: bool = False) -> int:
     """Bytes a segment of `positions` keeps outside its spans: its residual stream, and
     what pass 1 leaves for pass 2 (the first segment: o; the others: q, the numerators and
     the denominators, and a gated model's log-gates; the delta rule: delta_split.row_width)."""
-    if config.delta:
-        return positions * (config.d_model + delta_split.row_width(config, exact)) * 4
+    if split_kind(config):
+        return positions * (config.d_model + split_kind(config).row_width(config, exact)) * 4
     if exact:
         return positions * 2 * config.d_model * 4
     parts = 2 if passes_in_float64(config) else 1  # float64 numerators in two float32 parts
@@ -361,12 +361,12 @@ class SegmentRunner:
         # what pass 1 leaves for pass 2, rewritten layer after layer: the first segment's o
         # (T, D); the others' q, numerators and denominators (T, D + H (V+1))
         wide = self.lw[0].wide  # the same feature map and normaliser in every layer
-        self.delta = c.delta
-        if c.delta:
-            self.row_width = delta_split.row_width(c, exact)
+        self.kind = split_kind(c)
+        if self.kind:
+            self.row_width = self.kind.row_width(c, exact)
         else:
             self.row_width = self.D + c.n_heads * ((c.head_dim + 1) * (2 if wide else 1) + c.gated)
-        self.num = Spill(T, self.D if exact and not c.delta else self.row_width, spill_dir)
+        self.num = Spill(T, self.D if exact and not self.kind else self.row_width, spill_dir)
         self.edge_states: dict[int, list] = {}  # unit index -> per layer (S, z, window)
         self.pass1 = None  # the layer whose pass 1 ran last
         self.initial = None  # exact: per layer (S, z, window) entering the segment, each (1, ...)
@@ -396,7 +396,7 @@ class SegmentRunner:
     def _pass1(self, layer: int):
         if self.exact:
             return _Attend(self, layer, *self.initial[layer])
-        return delta_split.DeltaLocal(self, layer) if self.delta else _Local(self, layer)
+        return self.kind.Local(self, layer) if self.kind else _Local(self, layer)
 
     def _message(self, layer: int) -> Message:
         """The message for `layer` (past the last layer: y of the last position)."""
@@ -470,7 +470,7 @@ class SegmentRunner:
         if self.exact:
             fix = _Project(self, layer)
         else:
-            correct = delta_split.DeltaCorrect if self.delta else _Correct
+            correct = self.kind.Correct if self.kind else _Correct
             fix = correct(self, layer, S_in, z_in, halo, self.pass1)
         local = self.pass1 = self._pass1(nxt) if nxt < self.L else None
         for s, e in self.spans:
@@ -514,7 +514,7 @@ class SegmentRunner:
 
 def layer_weights(net) -> list:
     """What the fold needs of each layer: LayerWeights (linear attention) or DeltaWeights."""
-    return delta_split.delta_weights(net) if net.config.delta else attn_weights(net)
+    return split_kind(net.config).weights(net) if split_kind(net.config) else attn_weights(net)
 
 
 def edge_state(Ss, zs, halos, y, k: int) -> ModelState:
@@ -559,7 +559,7 @@ def run_layers(group, state0: ModelState, weights: list, n_segments: int,
         if layer < start:
             S_l, z_l, h_l = folds[layer]
         else:
-            fold = w.fold if isinstance(w, delta_split.DeltaWeights) else lambda *a, w=w: fold_layer(w, *a)
+            fold = getattr(w, "fold", None) or (lambda *a, w=w: fold_layer(w, *a))
             S_l, z_l, h_l = fold(state0.S[0, layer].cpu(), state0.z[0, layer].cpu(),
                                  state0.conv[0, layer].cpu(), msgs)
             if on_fold is not None:

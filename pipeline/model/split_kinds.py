@@ -1,0 +1,11 @@
+"""Which module holds a layer kind's own passes and fold for the sequence-parallel split
+(linpipe.model.segments picks by it): delta_split for the delta rule, retention_split for
+retention; None for linear attention, whose passes are segments.py's own."""
+from __future__ import annotations
+
+from linpipe.model import delta_split, retention_split
+
+
+def split_kind(config):
+    """The module of the layer kind's own passes and fold (Local, Correct, weights, row_width)."""
+    return delta_split if config.delta else {retention_split.FAMILY: retention_split}.get(config.family)
