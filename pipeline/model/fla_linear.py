@@ -104,23 +104,32 @@ class FlaLinearAttention(nn.Module):
     def _normed(self, o):
         return self.norm(o).reshape(o.shape[0], -1)
 
-    def forward(self, a, S, z, window, scratch=None):
-        """Normalised inputs a (B, T, D) after S (B, H, F, V) and z (B, H, F) (or (B, H, 0) without
-        the normaliser) -> (o (B, T, HV) before o_proj, S and z after, the conv window unchanged)."""
+    def inputs(self, a):
+        """Normalised inputs a (B, T, D) -> phi_q(q) scaled, phi_k(k) (B, T, H, F) and v (B, T, H, V)."""
         B, T, D = a.shape
-        H, K, V, Fd = self.n_heads, self.head_dim, self.head_v_dim, self.feature_dim
-        tile = row_tile(a, self.tile)
+        H, K, V = self.n_heads, self.head_dim, self.head_v_dim
         w = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])  # (2HK + HV, D)
+        tile = row_tile(a, self.tile)
         x = linear(a.reshape(B * T, D), w, tile=tile)  # (B*T, 2HK + HV)
         q, k = map_rows(lambda r: self._features(r[:, :H * K].view(-1, H, K),
                                                  r[:, H * K:2 * H * K].view(-1, H, K)), tile, x)
-        v = x[:, 2 * H * K:].view(B, T, H, V)
-        z_in = z if self.normalize else S.new_zeros((B, H, Fd))
-        o, (S, z_out) = chunk_linear_attn(q.view(B, T, H, Fd), k.view(B, T, H, Fd), v, feature_map="identity",
-                                          normalize=self.normalize, eps=NORMALISER_EPS,
-                                          initial_state=(S, z_in), output_final_state=True)
-        o = map_rows(self._normed, tile, o.reshape(B * T, H, V)).view(B, T, H * V)
-        return o, S, z_out if self.normalize else z, window
+        return q.view(B, T, H, -1), k.view(B, T, H, -1), x[:, 2 * H * K:].view(B, T, H, V)
+
+    def output(self, o):
+        """The kernel's o (B, T, H, V) -> (B, T, HV) after the output norm."""
+        B, T = o.shape[:2]
+        rows = o.reshape(B * T, self.n_heads, self.head_v_dim)
+        return map_rows(self._normed, row_tile(o, self.tile), rows).view(B, T, -1)
+
+    def forward(self, a, S, z, window, scratch=None):
+        """Normalised inputs a (B, T, D) after S (B, H, F, V) and z (B, H, F) (or (B, H, 0) without
+        the normaliser) -> (o (B, T, HV) before o_proj, S and z after, the conv window unchanged)."""
+        q, k, v = self.inputs(a)
+        z_in = z if self.normalize else S.new_zeros(S.shape[:-1])
+        o, (S, z_out) = chunk_linear_attn(q, k, v, feature_map="identity", normalize=self.normalize,
+                                          eps=NORMALISER_EPS, initial_state=(S, z_in),
+                                          output_final_state=True)
+        return self.output(o), S, z_out if self.normalize else z, window
 
 
 def init_fla_linear_layer(layer, c: ModelConfig, normal) -> None:
