@@ -391,9 +391,4 @@ def _outputs(request: JobRequest, m, model_ref: str, channels) -> list[str]:
     if isinstance(request.split, int) and modality != "dna":
         raise LinpipeError(f"{option('split')} {request.split}: splitting a record is implemented and tested "
                            f"for DNA models only; this is a {modality} job (use {option('split')} never)")
-    from linpipe.model.config import UNSPLIT
-
-    if isinstance(request.split, int) and m.config.family in UNSPLIT:
-        raise LinpipeError(f"{option('split')} {request.split}: splitting a record is not implemented for "
-                           f"family {m.config.family!r} models (use {option('split')} never)")
     return outputs

@@ -108,20 +108,9 @@ def test_split_logprobs_equal_flas(imported, parts, one_torch_thread):
     its actors run them; units of 37): fla's logprob and entropy to 1e-4."""
     from linpipe.inputs import open_input
     from linpipe.model import load_model
-    from linpipe.model.config import UNSPLIT
     from linpipe.model.segments import forward_split, segment_bounds
 
     name, model_dir = imported
-    family = json.loads((model_dir / "config.json").read_text())["family"]
-    if family in UNSPLIT:  # refused, in one line naming the family
-        from linpipe.errors import LinpipeError
-        from linpipe.jobs.plan import plan_job
-        from linpipe.jobs.request import JobRequest
-
-        said = f"split {parts}: splitting a record is not implemented for family '{family}'"
-        with pytest.raises(LinpipeError, match=said):
-            plan_job(JobRequest(inputs=(str(FLA / "records.fa"),), model=str(model_dir), split=parts))
-        return
     model = load_model(str(model_dir), device="cpu")
     with open_input(str(FLA / "records.fa")) as inp:
         x, _mask = inp.read("mt_human", 0, inp.record("mt_human").length)

@@ -23,9 +23,6 @@ RETNET = "retnet"  # flash-linear-attention's MultiScaleRetention (pipeline/mode
 # kind already has; pipeline/model/fla_linear.py)
 FLA_LINEAR_ATTN = "fla_linear_attn"
 FAMILIES = (LINEAR_ATTN, DELTA_NET, GATED_DELTANET, RETNET, FLA_LINEAR_ATTN)
-# families whose records `--split` does not divide yet (the exchange does not know learnt feature
-# maps)
-UNSPLIT = (FLA_LINEAR_ATTN,)
 # fla's LinearAttention feature maps -> phi's width per K of q and k (all fixed-size states)
 QK_FEATURE_MAPS = {"identity": 1, "elu": 1, "relu": 1, "elementwise_product": 1, "t2r": 1, "hedgehog": 2,
                    "dpfp": 8}

@@ -79,6 +79,7 @@ class FlaLinearAttention(nn.Module):
         self.n_heads, self.head_dim, self.head_v_dim, self.feature_dim = H, K, V, c.feature_dim
         self.tile = tile  # rows of the position-wise ops' tiles in CPU inference
         self.normalize, self.norm_q, self.norm_k = c.normalize, c.norm_q, c.norm_k
+        self.feature_map = c.qk_feature_map  # fla's name (segments.passes_in_float64 reads it)
         self.q_proj = nn.Linear(D, H * K, bias=False)
         self.k_proj = nn.Linear(D, H * K, bias=False)
         self.v_proj = nn.Linear(D, H * V, bias=False)
