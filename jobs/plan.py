@@ -119,8 +119,9 @@ class JobPlan:
     # what split_gain needs of the model: one worker's predicted positions/s, its layers
     stream_rate: float = 0.0
     n_layers: int = 0
-    # whether auto may split the model's records: not a delta-rule model's, whose split costs
-    # the cost model does not know yet (docs/sequence-parallel.md); --split N splits any
+    # whether auto may split the model's records: not an fla kind's (delta rule, retention, fla's
+    # linear attention), whose split costs the cost model does not know yet
+    # (docs/sequence-parallel.md); --split N splits any
     splittable: bool = True
 
     @property

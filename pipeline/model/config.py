@@ -393,38 +393,38 @@ def _delta_problem(c: ModelConfig) -> str | None:
     return None
 
 
-def _retnet_shapes(c: ModelConfig, p: str) -> dict[str, tuple]:
-    """One retention layer's tensors (prefix p), fla 0.6's MultiScaleRetention names (its output
-    norm `g_norm`, fused with the gate or not) and GatedMLP."""
+def _fla_shapes(c: ModelConfig, p: str, extra: dict, norm: str) -> dict[str, tuple]:
+    """One layer's tensors (prefix p) as fla 0.6's retention and linear attention hold them: the
+    q, k, v projections, the layer's `extra` ones, its output norm `norm`, o_proj, GatedMLP."""
     D, M, H = c.d_model, c.mlp_hidden, c.n_heads
     key, value = H * c.head_dim, H * c.head_v_dim
     shapes = {p + "attn_norm.weight": (D,), p + "attn.q_proj.weight": (key, D),
-              p + "attn.k_proj.weight": (key, D), p + "attn.v_proj.weight": (value, D)}
-    if c.use_gate:
-        shapes[p + "attn.g_proj.weight"] = (value, D)
-    shapes.update({p + "attn.g_norm.weight": (c.head_v_dim,), p + "attn.o_proj.weight": (D, value),
+              p + "attn.k_proj.weight": (key, D), p + "attn.v_proj.weight": (value, D), **extra}
+    shapes.update({p + f"attn.{norm}.weight": (c.head_v_dim,), p + "attn.o_proj.weight": (D, value),
                    p + "mlp_norm.weight": (D,), p + "mlp.gate_proj.weight": (M, D),
                    p + "mlp.up_proj.weight": (M, D), p + "mlp.down_proj.weight": (D, M)})
     return shapes
+
+
+def _retnet_shapes(c: ModelConfig, p: str) -> dict[str, tuple]:
+    """One retention layer's tensors: MultiScaleRetention's, its output norm `g_norm` (fused with
+    the gate or not), g_proj with the output gate."""
+    gate = {p + "attn.g_proj.weight": (c.n_heads * c.head_v_dim, c.d_model)} if c.use_gate else {}
+    return _fla_shapes(c, p, gate, "g_norm")
 
 
 def _fla_linear_shapes(c: ModelConfig, p: str) -> dict[str, tuple]:
-    """One fla LinearAttention layer's tensors (prefix p), named as fla 0.6 holds them: its
-    feature maps' weights (one map each for q and k), the output RMSNorm `norm`, GatedMLP."""
-    D, M, H, K = c.d_model, c.mlp_hidden, c.n_heads, c.head_dim
-    key, value = H * K, H * c.head_v_dim
-    shapes = {p + "attn_norm.weight": (D,), p + "attn.q_proj.weight": (key, D),
-              p + "attn.k_proj.weight": (key, D), p + "attn.v_proj.weight": (value, D)}
+    """One fla LinearAttention layer's tensors: its feature maps' weights (one map each for q and
+    k), the output RMSNorm `norm`."""
+    K = c.head_dim
     layers = {"elementwise_product": ("layer1", "layer2"), "hedgehog": ("layer",), "t2r": ("layer",)}
+    maps = {}
     for qk in ("q", "k"):
         for name in layers.get(c.qk_feature_map, ()):
-            shapes[p + f"attn.feature_map_{qk}.{name}.weight"] = (K, K)
+            maps[p + f"attn.feature_map_{qk}.{name}.weight"] = (K, K)
             if c.qk_feature_map != "t2r":  # fla's T2R map has no bias
-                shapes[p + f"attn.feature_map_{qk}.{name}.bias"] = (K,)
-    shapes.update({p + "attn.norm.weight": (c.head_v_dim,), p + "attn.o_proj.weight": (D, value),
-                   p + "mlp_norm.weight": (D,), p + "mlp.gate_proj.weight": (M, D),
-                   p + "mlp.up_proj.weight": (M, D), p + "mlp.down_proj.weight": (D, M)})
-    return shapes
+                maps[p + f"attn.feature_map_{qk}.{name}.bias"] = (K,)
+    return _fla_shapes(c, p, maps, "norm")
 
 
 def _delta_shapes(c: ModelConfig, p: str) -> dict[str, tuple]:

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from linpipe.kernels import chunk_linear_attn
 from linpipe.model.config import QK_FEATURE_MAPS, ModelConfig
 from linpipe.model.delta import GatedRMSNorm
+from linpipe.model.retention import head_widths
 from linpipe.model.rows import linear, map_rows, row_tile
 
 SUM_EPS = 1e-4  # fla's norm_q / norm_k: x / (sum(x) + SUM_EPS)
@@ -151,29 +152,18 @@ def init_fla_linear_layer(layer, c: ModelConfig, normal) -> None:
 def import_keys(cfg: dict, refuse) -> dict:
     """ModelConfig's keys of an fla `linear_attn` config.json; refuse(key, why) for what linpipe
     does not compute."""
-    D, H = cfg["hidden_size"], cfg["num_heads"]
-    kv = cfg.get("num_kv_heads")
-    if kv is not None and kv != H:
-        refuse("num_kv_heads", f"is {kv} with num_heads {H}: grouped key/value heads are not implemented")
     fmap = cfg.get("feature_map") if cfg.get("feature_map") is not None else "elementwise_product"
     if fmap not in QK_FEATURE_MAPS:
         refuse("feature_map", f"is {fmap!r}, not one of fla's linear attention feature maps "
                f"({', '.join(QK_FEATURE_MAPS)})")
-    dims = {}
-    for key, default in (("expand_k", 1.0), ("expand_v", 1.0)):
-        v = cfg.get(key) if cfg.get(key) is not None else default
-        width = D * v if isinstance(v, (int, float)) and not isinstance(v, bool) else 0.5
-        if width != round(width) or round(width) < 1 or round(width) % H:
-            refuse(key, f"is {v!r}: hidden_size x {key} must be a whole number of dims for each of {H} heads")
-        dims[key] = round(width) // H
+    K, V = head_widths(cfg, refuse, expand_v=1.0)
     flags = {}
     for key in ("norm_q", "norm_k", "norm_feature_map"):
         v = cfg.get(key, False)
         if not isinstance(v, bool):
             refuse(key, f"is {v!r}: expected true or false")
         flags[key] = v
-    K = dims["expand_k"]
-    return dict(family="fla_linear_attn", qk_head_dim=K, expand_v=dims["expand_v"] / K, use_gate=False,
+    return dict(family="fla_linear_attn", qk_head_dim=K, expand_v=V / K, use_gate=False,
                 use_short_conv=False, allow_neg_eigval=False, qk_feature_map=fmap,
                 normalize=flags["norm_feature_map"], norm_q=flags["norm_q"], norm_k=flags["norm_k"],
                 norm_eps=float(cfg.get("norm_eps") if cfg.get("norm_eps") is not None else 1e-6))

@@ -173,25 +173,31 @@ def init_retention_layer(layer, c: ModelConfig, normal) -> None:
 FLA_NAMES = {"attn.g_norm_swish_gate.weight": "attn.g_norm.weight"}
 
 
-def import_keys(cfg: dict, refuse) -> dict:
-    """ModelConfig's keys of an fla `retnet` config.json; refuse(key, why) for what linpipe does
-    not compute. fla's RetNetBlock passes neither use_short_conv nor conv_size to its layer, so a
-    retention layer never convolves whatever they say."""
+def head_widths(cfg: dict, refuse, expand_v: float) -> tuple[int, int]:
+    """K and V of fla's `expand_k` (default 1) and `expand_v` (default `expand_v`): hidden_size x
+    expand over num_heads; refuse(key, why) where that is not whole, or with grouped kv heads."""
     D, H = cfg["hidden_size"], cfg["num_heads"]
-    if cfg.get("feature_map") is not None:
-        refuse("feature_map", f"is {cfg['feature_map']!r}: retention with a feature map on q and k is not "
-               "implemented (only fla's default, none)")
     kv = cfg.get("num_kv_heads")
     if kv is not None and kv != H:
         refuse("num_kv_heads", f"is {kv} with num_heads {H}: grouped key/value heads are not implemented")
-    dims = {}
-    for key, default in (("expand_k", 1.0), ("expand_v", 2.0)):
+    dims = []
+    for key, default in (("expand_k", 1.0), ("expand_v", expand_v)):
         v = cfg.get(key) if cfg.get(key) is not None else default
         width = D * v if isinstance(v, (int, float)) and not isinstance(v, bool) else 0.5
         if width != round(width) or round(width) < 1 or round(width) % H:
             refuse(key, f"is {v!r}: hidden_size x {key} must be a whole number of dims for each of {H} heads")
-        dims[key] = round(width) // H
-    K, V = dims["expand_k"], dims["expand_v"]
+        dims.append(round(width) // H)
+    return dims[0], dims[1]
+
+
+def import_keys(cfg: dict, refuse) -> dict:
+    """ModelConfig's keys of an fla `retnet` config.json; refuse(key, why) for what linpipe does
+    not compute. fla's RetNetBlock passes neither use_short_conv nor conv_size to its layer, so a
+    retention layer never convolves whatever they say."""
+    if cfg.get("feature_map") is not None:
+        refuse("feature_map", f"is {cfg['feature_map']!r}: retention with a feature map on q and k is not "
+               "implemented (only fla's default, none)")
+    K, V = head_widths(cfg, refuse, expand_v=2.0)
     if K % 2 or K > 256:
         refuse("expand_k", f"gives heads of {K} key dims: fla's rotary embedding needs an even number <= 256")
     gate = cfg.get("use_output_gate")

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from linpipe.model import delta_split
 from linpipe.model.config import RETNET
 from linpipe.model.exchange import Message
 from linpipe.model.network import Layer
@@ -31,13 +32,9 @@ from linpipe.model.retention import turn_state
 FAMILY = RETNET  # the layer kind whose split this is
 
 
-def row_width(config, exact: bool) -> int:
-    """Columns of a retention segment's pass-1 spill: the first segment's o (HV); a later one's
-    o_local (HV), q (HK) and, with the output gate, its pre-activations (HV)."""
-    H, K, V = config.n_heads, config.head_dim, config.head_v_dim
-    if exact:
-        return H * V
-    return H * V + H * K + (H * V if config.use_gate else 0)
+# Columns of a segment's pass-1 spill, as the delta rule's: the first segment's o (HV); a later
+# one's o_local (HV), q (HK) and, with the output gate, its pre-activations (HV).
+row_width = delta_split.row_width
 
 
 @dataclass
