@@ -1,8 +1,9 @@
 """`linpipe model import` of flash-linear-attention checkpoints (docs/models.md).
 
 The fixtures (tests/data/fla/, made by tests/fla_fixtures/make_fla_fixtures.py with fla 0.6's own
-DeltaNetForCausalLM and GatedDeltaNetForCausalLM) hold small random checkpoints and fla's
-log-softmax at each next token of three real genome records. An imported model's stored
+DeltaNetForCausalLM, GatedDeltaNetForCausalLM, RetNetForCausalLM and LinearAttentionForCausalLM)
+hold small random checkpoints and fla's log-softmax at each next token of three real genome
+records. An imported model's stored
 logprob (and entropy, over the checkpoint's whole vocabulary) equals fla's to 1e-4 in float32:
 one unit per record (packed together), many units cut at odd places, and streamed and packed
 records in one job (in process, as a worker runs them; and once through `linpipe submit` on
