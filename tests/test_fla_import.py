@@ -127,6 +127,30 @@ def test_split_logprobs_equal_flas(imported, parts, one_torch_thread):
     np.testing.assert_allclose(got["entropy"], expected["mt_human/entropy"], rtol=0, atol=TOL)
 
 
+def test_split_unit_edge_states_are_the_serial_runs(imported, one_torch_thread):
+    """The state a split run stores after each unit (S, z, conv, y, in whatever frame the layer
+    kind carries it) is the one the serial run carries there, to the rounding of sums taken in
+    another order (1e-5 of the largest value; without decay the state sums every position): a job
+    resumed from either continues the same."""
+    from linpipe.inputs import open_input
+    from linpipe.model import load_model
+    from linpipe.model.segments import forward_split, segment_bounds
+
+    _name, model_dir = imported
+    model = load_model(str(model_dir), device="cpu")
+    with open_input(str(FLA / "records.fa")) as inp:
+        x = np.asarray(inp.read("mt_human", 0, inp.record("mt_human").length)[0])
+    _got, states, _final = forward_split(model, x, segment_bounds(len(x), 37, 3), 37)
+    state = model.init_state()
+    for i, a in enumerate(range(0, len(x), 37)):
+        _out, state = model.forward(x[a:a + 37], state, ["logprob"])
+        want, got = state.to_arrays(), states[i].to_arrays()
+        assert want.keys() == got.keys()
+        for k in want:
+            scale = max(1.0, float(np.abs(want[k]).max()))
+            np.testing.assert_allclose(got[k], want[k], rtol=0, atol=1e-5 * scale, err_msg=f"unit {i} {k}")
+
+
 def test_info_shows_family_origin_and_state(imported):
     name, model = imported
     src = json.loads((FLA / name / "config.json").read_text())
