@@ -103,7 +103,7 @@ if torch.cuda.is_available():
     5) step cpu_matmul 120 bash -c "lscpu | grep -E 'Model name|Flags' | cut -c1-400; \
            $py benchmarks/bench_matmul_backends.py --rounds 3" ;;
     6) dev=cpu; pos=65536; [ "$cuda" = 1 ] && dev=cuda && pos=2000000
-       for fixture in delta_net gated_deltanet gla gla_no_conv mamba2; do
+       for fixture in delta_net gated_deltanet gla gla_no_conv mamba2 retnet linear_attn linear_attn_dpfp; do
            step "fla_$fixture" 240 "$py" benchmarks/bench_fla_family.py "$fixture" --device $dev --positions $pos
        done ;;
     *) say "no item $item (1-6)" ;;

@@ -119,8 +119,9 @@ class JobPlan:
     # what split_gain needs of the model: one worker's predicted positions/s, its layers
     stream_rate: float = 0.0
     n_layers: int = 0
-    # whether auto may split the model's records: not a delta-rule or mamba2 model's, whose split
-    # costs the cost model does not know yet (docs/sequence-parallel.md); --split N splits any
+    # whether auto may split the model's records: not an fla kind's (delta rule, gla, retention,
+    # fla's linear attention, mamba2), whose split costs the cost model does not know yet
+    # (docs/sequence-parallel.md); --split N splits any
     splittable: bool = True
 
     @property
@@ -248,7 +249,7 @@ def _plan(request: JobRequest) -> JobPlan:
         regions_path=os.path.abspath(os.fspath(request.regions)) if request.regions else None,
         regions_lenient=bool(request.regions and request.regions_lenient), notes=tuple(found.notes),
         files=tuple(found.files), stream_rate=stream_rate(m.config), n_layers=int(m.config.n_layers),
-        splittable=not (m.config.delta or m.config.ssd))
+        splittable=not (m.config.fla or m.config.ssd))
 
 
 def _check_options(request: JobRequest) -> None:

@@ -1,8 +1,9 @@
 """`linpipe model import` of flash-linear-attention checkpoints (docs/models.md).
 
 The fixtures (tests/data/fla/, made by tests/fla_fixtures/make_fla_fixtures.py with fla 0.6's own
-DeltaNetForCausalLM, GatedDeltaNetForCausalLM and Mamba2ForCausalLM) hold small random
-checkpoints and fla's log-softmax at each next token of three real genome records. An imported model's stored
+DeltaNetForCausalLM, GatedDeltaNetForCausalLM, GLAForCausalLM, Mamba2ForCausalLM, RetNetForCausalLM
+and LinearAttentionForCausalLM) hold small random checkpoints and fla's log-softmax at each next
+token of three real genome records. An imported model's stored
 logprob (and entropy, over the checkpoint's whole vocabulary) equals fla's to 1e-4 in float32:
 one unit per record (packed together), many units cut at odd places, and streamed and packed
 records in one job (in process, as a worker runs them; and once through `linpipe submit` on
@@ -31,12 +32,18 @@ SCRIPT = Path(__file__).parent / "fla_fixtures" / "make_fla_fixtures.py"
 # expand_v 2), gated_deltanet (the output gate, a vocab.json), delta_net_no_conv (use_short_conv
 # false, the output gate, 4 heads), gla (fla's GLA: short convs, the output gate, expand_k 0.5),
 # gla_no_conv (no conv, no output gate, a relu feature map, clamp_min, tied embeddings, 4 heads),
-# mamba2 (n_groups 2, biases, a dt_limit that clamps; fla's one-token decoding path)
-FIXTURES = ("delta_net", "gated_deltanet", "delta_net_no_conv", "gla", "gla_no_conv", "mamba2")
+# mamba2 (n_groups 2, biases, a dt_limit that clamps; fla's one-token decoding path), retnet
+# (rotary, the output gate fused with its norm), retnet_no_gate (no output gate, expand_k 2, 4
+# heads, tied embeddings), linear_attn (fla's default feature map elementwise_product, tied
+# embeddings), linear_attn_elu (elu, the normaliser, expand_v 2, 4 heads), linear_attn_hedgehog
+# (F = 2K, norm_q, norm_k, the normaliser), linear_attn_dpfp (F = 8K, 4 heads)
+FIXTURES = ("delta_net", "gated_deltanet", "delta_net_no_conv", "gla", "gla_no_conv", "mamba2", "retnet",
+            "retnet_no_gate", "linear_attn", "linear_attn_elu", "linear_attn_hedgehog", "linear_attn_dpfp")
 # only gated_deltanet's fixture has a tokenizer: the others' ids are given
 GIVEN = ["--tokens", "A=3,C=4,G=5,T=6,N=7"]
-TOKENS = {"delta_net": GIVEN, "gated_deltanet": [], "delta_net_no_conv": GIVEN,
-          "gla": GIVEN, "gla_no_conv": GIVEN, "mamba2": GIVEN}
+TOKENS = {name: [] if name == "gated_deltanet" else GIVEN for name in FIXTURES}
+# fla's model_type -> linpipe's family, where they differ (linpipe's own layer is linear_attn)
+FAMILY = {"linear_attn": "fla_linear_attn"}
 TOL = 1e-4
 
 
@@ -121,6 +128,30 @@ def test_split_logprobs_equal_flas(imported, parts, one_torch_thread):
     np.testing.assert_allclose(got["entropy"], expected["mt_human/entropy"], rtol=0, atol=TOL)
 
 
+def test_split_unit_edge_states_are_the_serial_runs(imported, one_torch_thread):
+    """The state a split run stores after each unit (S, z, conv, y, in whatever frame the layer
+    kind carries it) is the one the serial run carries there, to the rounding of sums taken in
+    another order (1e-5 of the largest value; without decay the state sums every position): a job
+    resumed from either continues the same."""
+    from linpipe.inputs import open_input
+    from linpipe.model import load_model
+    from linpipe.model.segments import forward_split, segment_bounds
+
+    _name, model_dir = imported
+    model = load_model(str(model_dir), device="cpu")
+    with open_input(str(FLA / "records.fa")) as inp:
+        x = np.asarray(inp.read("mt_human", 0, inp.record("mt_human").length)[0])
+    _got, states, _final = forward_split(model, x, segment_bounds(len(x), 37, 3), 37)
+    state = model.init_state()
+    for i, a in enumerate(range(0, len(x), 37)):
+        _out, state = model.forward(x[a:a + 37], state, ["logprob"])
+        want, got = state.to_arrays(), states[i].to_arrays()
+        assert want.keys() == got.keys()
+        for k in want:
+            scale = max(1.0, float(np.abs(want[k]).max()))
+            np.testing.assert_allclose(got[k], want[k], rtol=0, atol=1e-5 * scale, err_msg=f"unit {i} {k}")
+
+
 def test_info_shows_family_origin_and_state(imported):
     name, model = imported
     src = json.loads((FLA / name / "config.json").read_text())
@@ -128,7 +159,7 @@ def test_info_shows_family_origin_and_state(imported):
     r = run("model", "info", model, "--json")
     assert r.exit_code == 0, r.output
     info = json.loads(r.output)
-    assert info["family"] == family
+    assert info["family"] == FAMILY.get(family, family)
     origin = info["origin"]
     assert origin["model_type"] == family and origin["source"] == "flash-linear-attention"
     weights = (FLA / name / "model.safetensors").read_bytes()
@@ -141,9 +172,12 @@ def test_info_shows_family_origin_and_state(imported):
         conv = H * K + 2 * src["n_groups"] * src["state_size"]
         floats = L * H * src["state_size"] * K + L * (src["conv_kernel"] - 1) * conv + src["hidden_size"]
     else:
-        V = int(K * src["expand_v"]) if "head_dim" in src else int(src["hidden_size"] * src["expand_v"]) // H
-        W = src["conv_size"] if src["use_short_conv"] else 1
-        floats = L * H * K * V + L * (W - 1) * H * (2 * K + V) + src["hidden_size"]
+        D = src["hidden_size"]
+        V = int(K * src["expand_v"]) if src.get("head_dim") else int(D * src["expand_v"] // H)
+        W = src["conv_size"] if src.get("use_short_conv") else 1
+        Fk = K * {"hedgehog": 2, "dpfp": 8}.get(src["feature_map"], 1) if family == "linear_attn" else K
+        z = L * H * Fk if src.get("norm_feature_map") else 0  # fla's linear attention's normaliser
+        floats = L * H * Fk * V + z + L * (W - 1) * H * (2 * K + V) + src["hidden_size"]
     assert info["state_bytes_per_record"] == 4 * floats
     text = run("model", "info", model).output
     assert f"origin      flash-linear-attention {family}, weights sha256 {origin['weights_sha256']}" in text
@@ -165,7 +199,6 @@ def _checkpoint(tmp_path, family="gated_deltanet", **changes):
 
 @pytest.mark.parametrize("changes, message", [
     (dict(model_type="llama"), "'model_type' is 'llama', not a flash-linear-attention family"),
-    (dict(model_type="retnet"), "'model_type' is 'retnet': its import comes in a later release"),
     (dict(attn={"layers": [1], "num_heads": 2}),
      "'attn' makes a hybrid model with softmax attention layers [1]"),
     (dict(num_v_heads=4), "'num_v_heads' is 4 with num_heads 2: grouped value heads are not implemented"),

@@ -6,7 +6,7 @@ facts (`linpipe.model.outputs`, which the store's layout reads) does not import 
 import importlib
 
 _WHERE = {
-    "CONFIG_FILE": "config", "ModelConfig": "config", "expected_shapes": "config",
+    "CONFIG_FILE": "config", "ModelConfig": "config", "expected_shapes": "shapes",
     "SHIPPED_MODELS": "files", "resolve_model_path": "files", "save_model": "files",
     "Model": "inference", "count_parameters": "inference", "load_model": "inference",
     "ModelState": "network", "init_net": "network",

@@ -7,7 +7,6 @@ import math
 from dataclasses import dataclass
 
 from linpipe.errors import ModelError
-from linpipe.inputs.alphabet import VOCAB_SIZE
 from linpipe.kernels.linear_attn.naive import FEATURE_MAPS
 from linpipe.model.outputs import MODALITIES, output_names, output_spec
 
@@ -20,9 +19,19 @@ CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
 LINEAR_ATTN, DELTA_NET, GATED_DELTANET = "linear_attn", "delta_net", "gated_deltanet"
 GLA = "gla"  # fla's GatedLinearAttention: a gate per key (pipeline/model/gla.py)
 MAMBA2 = "mamba2"  # flash-linear-attention's Mamba2 (its SSD: linear attention's scalar gate)
-FAMILIES = (LINEAR_ATTN, DELTA_NET, GATED_DELTANET, GLA, MAMBA2)
+RETNET = "retnet"  # flash-linear-attention's MultiScaleRetention (pipeline/model/retention.py)
+# flash-linear-attention's LinearAttention (model_type "linear_attn", a name linpipe's own layer
+# kind already has; pipeline/model/fla_linear.py)
+FLA_LINEAR_ATTN = "fla_linear_attn"
+FAMILIES = (LINEAR_ATTN, DELTA_NET, GATED_DELTANET, GLA, MAMBA2, RETNET, FLA_LINEAR_ATTN)
 # the kinds that run on the delta rule's state, window and split (gla: its M is diagonal)
 DELTA_KINDS = (DELTA_NET, GATED_DELTANET, GLA)
+# fla's attention kinds: fla's keys (DELTA_KEYS), q/k/v projections, the SwiGLU MLP, no z (but
+# fla's linear attention with its normaliser); mamba2's blocks are its own
+FLA_KINDS = (*DELTA_KINDS, RETNET, FLA_LINEAR_ATTN)
+# fla's LinearAttention feature maps -> phi's width per K of q and k (all fixed-size states)
+QK_FEATURE_MAPS = {"identity": 1, "elu": 1, "relu": 1, "elementwise_product": 1, "t2r": 1, "hedgehog": 2,
+                   "dpfp": 8}
 # config.json's keys of the delta-rule kinds (fla 0.6's names for them)
 DELTA_KEYS = ("family", "head_dim", "expand_v", "use_gate", "use_short_conv", "allow_neg_eigval")
 # and gla's beside them: q and k's feature map, the gate ("gate": its normaliser), gk_proj's rank
@@ -71,6 +80,12 @@ class ModelConfig:
     # family mamba2 (fla 0.6's Mamba2 layer, pipeline/model/mamba2.py; fla's names in config.json):
     # qk_head_dim is then a head's width P (its V) and state_size N (its K: B and C per group)
     mamba2: tuple = ()  # sorted (key, value) pairs of MAMBA2_KEYS; () for other families
+    # fla_linear_attn: the feature map of q and k (QK_FEATURE_MAPS, config.json's
+    # "qk_feature_map"), and q, k divided by their sums after it (fla's norm_q, norm_k); its
+    # normaliser is `normalize` (fla's norm_feature_map)
+    qk_feature_map: str = "identity"
+    norm_q: bool = False
+    norm_k: bool = False
     # dna: the rows of the output head. 4 (A, C, G, T) for linpipe's own models; an imported
     # model keeps its checkpoint's whole vocabulary (rows 0-3 its A, C, G, T, then the others),
     # so that a base's log-probability is the checkpoint's log-softmax over all its tokens
@@ -96,6 +111,11 @@ class ModelConfig:
         return self.family in DELTA_KINDS
 
     @property
+    def fla(self) -> bool:
+        """Whether the layers are one of flash-linear-attention's attention kinds (FLA_KINDS)."""
+        return self.family in FLA_KINDS
+
+    @property
     def ssd(self) -> dict:
         """A mamba2 model's own keys (MAMBA2_KEYS, with their defaults); {} for other families."""
         return {**MAMBA2_DEFAULTS, **dict(self.mamba2)} if self.family == MAMBA2 else {}
@@ -105,7 +125,7 @@ class ModelConfig:
         """K: the width of a head's queries and keys."""
         if self.family == MAMBA2:
             return self.ssd["state_size"]
-        if self.delta and self.qk_head_dim is not None:
+        if self.fla and self.qk_head_dim is not None:
             return self.qk_head_dim
         return self.d_model // self.n_heads
 
@@ -114,7 +134,7 @@ class ModelConfig:
         """V: the width of a head's values (K for linear attention)."""
         if self.family == MAMBA2:
             return self.qk_head_dim
-        return round(self.head_dim * self.expand_v) if self.delta else self.head_dim
+        return round(self.head_dim * self.expand_v) if self.fla else self.head_dim
 
     @property
     def conv_channels(self) -> int:
@@ -123,24 +143,30 @@ class ModelConfig:
         (HV + 2GK)."""
         if self.family == MAMBA2:
             return self.n_heads * self.head_v_dim + 2 * self.ssd["n_groups"] * self.head_dim
-        if not self.delta:
+        if not self.fla:
             return self.d_model
         return self.n_heads * (2 * self.head_dim + self.head_v_dim)
 
     @property
     def has_conv(self) -> bool:
         """Whether the layers convolve (and so carry a window of W-1 inputs)."""
-        return self.use_short_conv if self.delta else self.conv_width > 1
+        return self.use_short_conv if self.fla else self.conv_width > 1
 
     @property
     def normalized(self) -> bool:
-        """Whether the layers' state has the normaliser z (linear attention only)."""
-        return self.family == LINEAR_ATTN
+        """Whether the layers' state has the normaliser z (linear attention; fla's with its
+        normaliser)."""
+        return self.family == LINEAR_ATTN or (self.family == FLA_LINEAR_ATTN and self.normalize)
+
+    @property
+    def feature_dim(self) -> int:
+        """The width of phi(k), the state's K axis: head_dim, or fla_linear_attn's feature map's."""
+        return self.head_dim * (QK_FEATURE_MAPS[self.qk_feature_map] if self.family == FLA_LINEAR_ATTN else 1)
 
     def state_shapes(self) -> dict:
-        """Per record, the shape of each carried state array (ModelState): the delta rule keeps
-        no z (its K axis is 0 long and the array is not stored)."""
-        L, H, K, V = self.n_layers, self.n_heads, self.head_dim, self.head_v_dim
+        """Per record, the shape of each carried state array (ModelState): the kinds without a
+        normaliser keep no z (its K axis is 0 long and the array is not stored)."""
+        L, H, K, V = self.n_layers, self.n_heads, self.feature_dim, self.head_v_dim
         window = self.conv_width - 1 if self.has_conv else 0
         return {"S": (L, H, K, V), "z": (L, H, K if self.normalized else 0),
                 "conv": (L, window, self.conv_channels), "y": (self.d_model,)}
@@ -188,13 +214,16 @@ class ModelConfig:
                 d["series_norm"] = True
         if self.gated:
             d["gate"] = {"normalizer": self.gate_normalizer}
-        if self.delta:  # the linear attention's keys mean nothing here
+        if self.fla:  # the linear attention's keys mean nothing here
             for key in ("feature_map", "normalize", "attn_eps"):
                 if key != "feature_map" or self.family != GLA:  # gla's maps q and k
                     del d[key]
             d.update(family=self.family, head_dim=self.head_dim, expand_v=self.expand_v,
                      use_gate=self.use_gate, use_short_conv=self.use_short_conv,
                      allow_neg_eigval=self.allow_neg_eigval)
+            if self.family == FLA_LINEAR_ATTN:
+                d.update(qk_feature_map=self.qk_feature_map, normalize=self.normalize, norm_q=self.norm_q,
+                         norm_k=self.norm_k)
         if self.family == GLA:
             d["gate_rank"] = self.gate_rank
             if self.clamp_min is not None:
@@ -226,7 +255,7 @@ class ModelConfig:
         family = d.get("family", LINEAR_ATTN)
         if family not in FAMILIES:
             raise ModelError(f"{where}: unknown 'family' {family!r} (expected one of {', '.join(FAMILIES)})")
-        delta = family in DELTA_KINDS
+        delta = family in FLA_KINDS  # fla's keys (DELTA_KEYS)
         required = ["modality", "d_model", "n_layers", "n_heads", "mlp_hidden", "conv_width"]
         required += (list(DELTA_KEYS) if delta else ["family", "head_dim", *MAMBA2_KEYS] if family == MAMBA2
                      else ["feature_map", "normalize"])
@@ -272,6 +301,9 @@ class ModelConfig:
             kw.update(family=family, qk_head_dim=integer("head_dim"), expand_v=number("expand_v", 1.0),
                       use_gate=flag("use_gate", False), use_short_conv=flag("use_short_conv", True),
                       allow_neg_eigval=flag("allow_neg_eigval", False))
+            if family == FLA_LINEAR_ATTN:
+                kw.update(qk_feature_map=d.get("qk_feature_map"), normalize=flag("normalize", False),
+                          norm_q=flag("norm_q", False), norm_k=flag("norm_k", False))
             if family == GLA:
                 kw.update(feature_map=d["feature_map"], gate_rank=integer("gate_rank"),
                           clamp_min=number("clamp_min", 0.0) if d.get("clamp_min") is not None else None)
@@ -353,8 +385,8 @@ def _config_problem(c: ModelConfig) -> str | None:
             return f"{key!r} must be a positive integer, got {v!r}"
     if c.family not in FAMILIES:
         return f"unknown family {c.family!r} (expected one of {', '.join(FAMILIES)})"
-    if c.delta or c.family == MAMBA2:
-        problem = (_delta_problem(c) if c.delta else _mamba2_problem(c)) or _fla_kind_problem(c)
+    if c.fla or c.family == MAMBA2:
+        problem = (_delta_problem(c) if c.fla else _mamba2_problem(c)) or _fla_kind_problem(c)
         if problem:
             return problem
     elif c.d_model % c.n_heads:
@@ -390,7 +422,7 @@ def _config_problem(c: ModelConfig) -> str | None:
 
 
 def _fla_kind_problem(c: ModelConfig) -> str | None:
-    """What the layer kinds of fla's families (the delta rule, mamba2) refuse of the common keys."""
+    """What the layer kinds of fla's families (FLA_KINDS, mamba2) refuse of the common keys."""
     if c.gate_normalizer is not None and c.family != GLA:  # gla's is its gate's normaliser
         return f"'gate' is for family {LINEAR_ATTN!r}, not {c.family!r}"
     if c.modality != "dna":
@@ -399,7 +431,7 @@ def _fla_kind_problem(c: ModelConfig) -> str | None:
 
 
 def _delta_problem(c: ModelConfig) -> str | None:
-    """What is wrong with a delta-rule config's own keys, or None."""
+    """What is wrong with an fla attention kind's own keys (DELTA_KEYS and its family's), or None."""
     k = c.qk_head_dim
     if k is None and c.d_model % c.n_heads:
         return f"d_model {c.d_model} is not divisible by n_heads {c.n_heads} (give head_dim)"
@@ -417,6 +449,10 @@ def _delta_problem(c: ModelConfig) -> str | None:
         problem = _gla_problem(c)
         if problem:
             return problem
+    if c.family in (RETNET, FLA_LINEAR_ATTN) and (c.use_short_conv or c.allow_neg_eigval):
+        return f"family {c.family!r} has no short convolution nor negative eigenvalues"
+    if c.family == FLA_LINEAR_ATTN and c.qk_feature_map not in QK_FEATURE_MAPS:
+        return f"unknown 'qk_feature_map' {c.qk_feature_map!r} (expected one of {', '.join(QK_FEATURE_MAPS)})"
     return None
 
 
@@ -431,52 +467,6 @@ def _gla_problem(c: ModelConfig) -> str | None:
     if m is not None and not (isinstance(m, (int, float)) and math.isfinite(m) and m <= 0):
         return f"'clamp_min' must be a number <= 0 (a log-gate's floor), got {m!r}"
     return None
-
-
-def _mlp_shapes(c: ModelConfig, p: str) -> dict[str, tuple]:
-    """fla's GatedMLP (SwiGLU) and its norm, prefix p."""
-    D, M = c.d_model, c.mlp_hidden
-    return {p + "mlp_norm.weight": (D,), p + "mlp.gate_proj.weight": (M, D), p + "mlp.up_proj.weight": (M, D),
-            p + "mlp.down_proj.weight": (D, M)}
-
-
-def _gla_shapes(c: ModelConfig, p: str) -> dict[str, tuple]:
-    """One gla layer's tensors (prefix p), named and shaped as fla 0.6's GatedLinearAttention
-    (its gated norm as `g_norm`, whatever fuse_norm) and GatedMLP hold them."""
-    D, W, H, r = c.d_model, c.conv_width, c.n_heads, c.gate_rank
-    key, value = H * c.head_dim, H * c.head_v_dim
-    shapes = {p + "attn_norm.weight": (D,), p + "attn.q_proj.weight": (key, D),
-              p + "attn.k_proj.weight": (key, D), p + "attn.v_proj.weight": (value, D)}
-    if c.use_gate:
-        shapes[p + "attn.g_proj.weight"] = (value, D)
-    if c.use_short_conv:
-        for name, width in (("q", key), ("k", key), ("v", value)):
-            shapes[p + f"attn.{name}_conv1d.weight"] = (width, 1, W)
-    shapes.update({p + "attn.gk_proj.0.weight": (r, D), p + "attn.gk_proj.1.weight": (key, r),
-                   p + "attn.gk_proj.1.bias": (key,), p + "attn.g_norm.weight": (c.head_v_dim,),
-                   p + "attn.o_proj.weight": (D, value)})
-    shapes.update(_mlp_shapes(c, p))
-    return shapes
-
-
-def _delta_shapes(c: ModelConfig, p: str) -> dict[str, tuple]:
-    """One delta-rule layer's tensors (prefix p), named and shaped as flash-linear-attention
-    0.6's DeltaNet / GatedDeltaNet layer and GatedMLP hold them."""
-    D, W, H = c.d_model, c.conv_width, c.n_heads
-    key, value = H * c.head_dim, H * c.head_v_dim
-    shapes = {p + "attn_norm.weight": (D,), p + "attn.q_proj.weight": (key, D),
-              p + "attn.k_proj.weight": (key, D), p + "attn.v_proj.weight": (value, D)}
-    if c.family == GATED_DELTANET:
-        shapes.update({p + "attn.a_proj.weight": (H, D), p + "attn.A_log": (H,), p + "attn.dt_bias": (H,)})
-    shapes[p + "attn.b_proj.weight"] = (H, D)
-    if c.use_short_conv:
-        for name, width in (("q", key), ("k", key), ("v", value)):
-            shapes[p + f"attn.{name}_conv1d.weight"] = (width, 1, W)
-    if c.use_gate:
-        shapes[p + "attn.g_proj.weight"] = (value, D)
-    shapes.update({p + "attn.o_norm.weight": (c.head_v_dim,), p + "attn.o_proj.weight": (D, value)})
-    shapes.update(_mlp_shapes(c, p))
-    return shapes
 
 
 # config.json's keys of family mamba2 beside head_dim (fla 0.6's Mamba2Config names), their defaults
@@ -522,60 +512,3 @@ def _mamba2_problem(c: ModelConfig) -> str | None:
     if not (math.isfinite(lo) and lo >= 0 and (hi is None or hi >= lo)):
         return f"'dt_limit' must be 0 <= low <= high, got {[lo, hi]}"
     return None
-
-
-def _mamba2_shapes(c: ModelConfig, p: str) -> dict[str, tuple]:
-    """One mamba2 block's tensors (prefix p), named and shaped as fla 0.6's Mamba2Block holds
-    them: its norm and mixer (in_proj gives z, x, B, C and dt; no MLP)."""
-    s, D, H, P, W = c.ssd, c.d_model, c.n_heads, c.head_v_dim, c.conv_width
-    inner, conv = H * P, c.conv_channels
-    shapes = {p + "norm.weight": (D,), p + "mixer.in_proj.weight": (inner + conv + H, D),
-              p + "mixer.conv1d.weight": (conv, 1, W), p + "mixer.dt_bias": (H,), p + "mixer.A_log": (H,),
-              p + "mixer.D": (inner if s["D_has_hdim"] else H,), p + "mixer.out_proj.weight": (D, inner)}
-    if s["use_bias"]:
-        shapes[p + "mixer.in_proj.bias"] = (inner + conv + H,)
-        shapes[p + "mixer.out_proj.bias"] = (D,)
-    if s["use_conv_bias"]:
-        shapes[p + "mixer.conv1d.bias"] = (conv,)
-    if s["rmsnorm"]:
-        shapes[p + "mixer.norm.weight"] = (inner,)
-    return shapes
-
-
-def expected_shapes(c: ModelConfig) -> dict[str, tuple]:
-    """Every tensor of format v1 and its shape, for this config."""
-    D, M, W, H = c.d_model, c.mlp_hidden, c.conv_width, c.n_heads
-    if c.modality == "dna":
-        shapes = {"embed.weight": (VOCAB_SIZE, D)}
-    elif c.series_norm:
-        from linpipe.model.series import N_FEATURES
-
-        shapes = {"embed.weight": (D, N_FEATURES), "embed.bias": (D,), "bos": (D,)}
-    else:
-        shapes = {"embed.weight": (D, c.channels), "embed.bias": (D,), "bos": (D,)}
-    for i in range(c.n_layers):
-        p = f"layers.{i}."
-        if c.delta:
-            shapes.update(_gla_shapes(c, p) if c.family == GLA else _delta_shapes(c, p))
-            continue
-        if c.family == MAMBA2:
-            shapes.update(_mamba2_shapes(c, p))
-            continue
-        shapes[p + "attn_norm.weight"] = (D,)
-        if W > 1:
-            shapes[p + "attn.conv.weight"] = (D, W)
-        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
-            shapes[p + f"attn.{name}.weight"] = (D, D)
-        if c.gated:
-            shapes[p + "attn.gk_proj.weight"] = (H, D)
-            shapes[p + "attn.gk_proj.bias"] = (H,)
-        else:
-            shapes[p + "attn.decay"] = (H,)
-        shapes[p + "mlp_norm.weight"] = (D,)
-        shapes[p + "mlp.fc1.weight"] = (M, D)
-        shapes[p + "mlp.fc2.weight"] = (D, M)
-    shapes["norm.weight"] = (D,)
-    shapes["head.weight"] = (c.vocab_out, D)
-    shapes["head.bias"] = (c.vocab_out,)
-    return shapes
-

@@ -199,5 +199,5 @@ class DeltaCorrect:
         return h
 
 
-# the names linpipe.model.segments takes a layer kind's split by
+# the split kind's names (segments.split_kind): its passes and the fold's per-layer weights
 Local, Correct, weights = DeltaLocal, DeltaCorrect, delta_weights

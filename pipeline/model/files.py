@@ -17,8 +17,8 @@ from linpipe.model.config import (
     FORMAT_VERSION,
     WEIGHTS_FILE,
     ModelConfig,
-    expected_shapes,
 )
+from linpipe.model.shapes import expected_shapes
 
 # Files that hold pickled objects: loading them can run arbitrary code, so linpipe never does.
 PICKLE_NAMES = ("pytorch_model.bin", "model.bin")

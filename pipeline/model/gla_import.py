@@ -23,13 +23,10 @@ from linpipe.model.config import DEFAULT_GATE_NORMALIZER, GLA
 FEATURE_MAP_NAMES = {None: "identity", "relu": "relu", "sigmoid": "sigmoid", "silu": "silu", "swish": "silu"}
 
 
-def gla_config(ck) -> dict:
-    """ModelConfig's gla keys from fla's config in checkpoint ck; refuses what linpipe does not
-    compute, in one line naming the key."""
+def gla_config(ck, refuse) -> dict:
+    """ModelConfig's gla keys from fla's config in checkpoint ck; refuse(key, why) for what
+    linpipe does not compute."""
     cfg = ck.config
-
-    def refuse(key, why):
-        raise ModelError(f"{ck.where}: {key!r} {why}; nothing written")
 
     def get(key, default):
         return default if cfg.get(key) is None else cfg[key]

@@ -25,29 +25,30 @@ import torch
 
 from linpipe.errors import ModelError, option
 from linpipe.inputs.alphabet import BOS, A, C, G, N, T
+from linpipe.model import fla_linear, retention
 from linpipe.model.config import (
     CONFIG_FILE,
     DELTA_NET,
     GATED_DELTANET,
     GLA,
     MAMBA2,
+    RETNET,
     WEIGHTS_FILE,
     ModelConfig,
-    expected_shapes,
     origin_pairs,
 )
 from linpipe.model.files import PICKLE_NAMES, PICKLE_SUFFIXES, file_sha256, load_safetensors, read_json
 from linpipe.model.gla_import import gla_config
 from linpipe.model.mamba2_import import mamba2_keys
+from linpipe.model.shapes import expected_shapes
 
 SOURCE = "flash-linear-attention"
 INDEX_FILE = "model.safetensors.index.json"
-IMPORTED = (DELTA_NET, GATED_DELTANET, GLA, MAMBA2)
-# fla 0.6 families whose state has a fixed size but whose import is not written yet
-LATER = ("linear_attn", "retnet")
-# a family's ModelConfig keys from its checkpoint, where its module gives them (after the checks
-# every family shares)
-FAMILY_CONFIGS = {GLA: gla_config}
+IMPORTED = (DELTA_NET, GATED_DELTANET, GLA, MAMBA2, RETNET, "linear_attn")  # fla's model_type names
+# model_type -> (its ModelConfig keys, after the checks every family shares: f(checkpoint,
+# refuse), and what it does to the checkpoint's tensors first: f(cfg, tensors) or None)
+FAMILY_IMPORTS = {GLA: (gla_config, None), RETNET: (retention.import_keys, None),
+                  "linear_attn": (fla_linear.import_keys, fla_linear.tie_feature_maps)}
 # per family whose model is not fla's `model.` layout: (the prefix of its tensors, its final norm)
 LAYOUTS = {MAMBA2: ("backbone.", "norm_f")}
 LETTERS = "ACGTN"  # the DNA letters whose ids the checkpoint must have
@@ -160,12 +161,9 @@ def _family_config(ck: Checkpoint) -> dict:
     """ModelConfig's family keys from fla's config; refuses what linpipe does not compute."""
     cfg = ck.config
     family = cfg.get("model_type")
-    if family in LATER:
-        _refuse(ck, "model_type", f"is {family!r}: its import comes in a later release of linpipe "
-                f"(imported today: {', '.join(IMPORTED)})")
     if family not in IMPORTED:
         _refuse(ck, "model_type", f"is {family!r}, not a flash-linear-attention family linpipe imports "
-                f"({', '.join(IMPORTED)}; later: {', '.join(LATER)})")
+                f"({', '.join(IMPORTED)})")
     if cfg.get("attn"):
         layers = (cfg["attn"] or {}).get("layers") if isinstance(cfg["attn"], dict) else None
         _refuse(ck, "attn", f"makes a hybrid model with softmax attention layers {layers}, whose state "
@@ -186,8 +184,8 @@ def _family_config(ck: Checkpoint) -> dict:
                    ("vocab_size", cfg.get("vocab_size"))):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             _refuse(ck, key, f"must be a positive integer, got {v!r}")
-    if family in FAMILY_CONFIGS:
-        return FAMILY_CONFIGS[family](ck)
+    if family in FAMILY_IMPORTS:
+        return FAMILY_IMPORTS[family][0](ck, lambda key, why: _refuse(ck, key, why))
     if family == DELTA_NET:
         for key, want in (("qk_activation", "silu"), ("qk_norm", "l2"), ("use_beta", True),
                           ("use_output_norm", True)):
@@ -223,6 +221,9 @@ def convert(ck: Checkpoint, tokens: dict | None = None, bos: int | None = None):
     its tokenizer), bos: the id read before the first position (else config's bos_token_id)."""
     cfg, src = ck.config, dict(ck.tensors)
     fam = _family_config(ck)
+    prepare = FAMILY_IMPORTS.get(cfg["model_type"], (None, None))[1]
+    if prepare is not None:
+        src = prepare(cfg, src)
     if tokens is None:
         tokens = tokenizer_ids(ck.path)
     if tokens is None:
@@ -276,7 +277,7 @@ def convert(ck: Checkpoint, tokens: dict | None = None, bos: int | None = None):
     if src:
         raise ModelError(f"{ck.path}: tensor {sorted(src)[0]!r} has no place in a linpipe {fam['family']} "
                          "model (an option this import does not implement)")
-    origin = {"source": SOURCE, "model_type": fam["family"], "weights_sha256": ck.sha256,
+    origin = {"source": SOURCE, "model_type": cfg["model_type"], "weights_sha256": ck.sha256,
               "tokens": {**tokens, "BOS": bos}, "vocab_size": vocab}
     try:
         mlp = None if gate is None else int(gate.shape[0])

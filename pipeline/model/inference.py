@@ -18,10 +18,11 @@ from linpipe.inputs.alphabet import N as TOKEN_N
 from linpipe.kernels.linear_attn import EXACT_CUT
 from linpipe.kernels.linear_attn.scratch import hugepages
 from linpipe.model import series
-from linpipe.model.config import WEIGHTS_FILE, ModelConfig, expected_shapes
+from linpipe.model.config import WEIGHTS_FILE, ModelConfig
 from linpipe.model.files import file_sha256, read_config, read_tensors, resolve_model_path
 from linpipe.model.network import LinpipeNet, ModelState, y_before
 from linpipe.model.rows import linear, map_rows, row_tile
+from linpipe.model.shapes import expected_shapes
 from linpipe.model.threads import forward_threads
 
 

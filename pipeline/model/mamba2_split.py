@@ -28,8 +28,11 @@ from dataclasses import dataclass
 import torch
 
 from linpipe.kernels.linear_attn import advance, log_gate_sums, span_state, state_outputs
+from linpipe.model.config import MAMBA2
 from linpipe.model.exchange import Message, fold_halos, fold_states, tail_rows
 from linpipe.model.network import Layer
+
+FAMILY = MAMBA2  # the layer kind whose split this is
 
 
 def row_width(config, exact: bool) -> int:

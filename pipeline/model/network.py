@@ -23,11 +23,13 @@ from linpipe.inputs.alphabet import BOS, VOCAB_SIZE
 from linpipe.kernels import chunk_linear_attn, chunk_linear_attn_parts
 from linpipe.kernels.linear_attn.scratch import Scratch
 from linpipe.model import series
-from linpipe.model.config import GLA, MAMBA2, ModelConfig
+from linpipe.model.config import FLA_LINEAR_ATTN, GLA, MAMBA2, RETNET, ModelConfig
 from linpipe.model.delta import DeltaAttention, SwiGLU, init_delta_layer
+from linpipe.model.fla_linear import FlaLinearAttention, init_fla_linear_layer
 from linpipe.model.gla import GLAAttention, init_gla_layer
 from linpipe.model.mamba2 import Mamba2Block, init_mamba2_block
 from linpipe.model.ops import CausalConv, RMSNorm
+from linpipe.model.retention import Retention, init_retention_layer
 from linpipe.model.rows import ROW_ALIGN, linear, map_rows, row_tile
 
 # Most positions (batch x length) per call that CPU inference keeps in reused buffers;
@@ -231,9 +233,11 @@ class Layer(nn.Module):
         super().__init__()
         self.attn_norm = RMSNorm(c.d_model, c.norm_eps)
         self.attn = (GLAAttention(c, forward_span(c)) if c.family == GLA else
+                     Retention(c, forward_span(c)) if c.family == RETNET else
+                     FlaLinearAttention(c, forward_span(c)) if c.family == FLA_LINEAR_ATTN else
                      DeltaAttention(c, forward_span(c)) if c.delta else Attention(c))
         self.mlp_norm = RMSNorm(c.d_model, c.norm_eps)
-        self.mlp = SwiGLU(c, forward_span(c)) if c.delta else MLP(c)
+        self.mlp = SwiGLU(c, forward_span(c)) if c.fla else MLP(c)
 
     def forward(self, h, S, z, window):
         """h (B, T, D) -> h + attention, then + MLP."""
@@ -366,7 +370,7 @@ def init_net(config: ModelConfig, *, seed: int = 0, decay=None) -> LinpipeNet:
     sets the fixed decays, or for a gated model the decays its gates start around (through
     gk_proj's bias)."""
     c = config
-    if (c.delta or c.family == MAMBA2) and decay is not None:
+    if (c.fla or c.family == MAMBA2) and decay is not None:
         raise ModelError(f"{option('decay')} is for the linear-attention family, not {c.family} (its "
                          "decays start from A_log and dt_bias as flash-linear-attention's do)")
     if decay is None:
@@ -397,6 +401,12 @@ def init_net(config: ModelConfig, *, seed: int = 0, decay=None) -> LinpipeNet:
             net.embed.bias.zero_()
             normal(net.bos, 1.0)
         for layer in net.layers:
+            if c.family == RETNET:
+                init_retention_layer(layer, c, normal)
+                continue
+            if c.family == FLA_LINEAR_ATTN:
+                init_fla_linear_layer(layer, c, normal)
+                continue
             if c.delta:
                 (init_gla_layer if c.family == GLA else init_delta_layer)(layer, c, normal, gen)
                 continue

@@ -46,9 +46,10 @@ segment's last edge is the fold's value (the next segment's incoming state), so 
 restarted from that stored state folds the same numbers in the same order: bit-identical to an
 uninterrupted split run with the same segment boundaries.
 
-A delta-rule or mamba2 model's layers run the same way with their own state algebra: their passes
-and fold are linpipe.model.delta_split's or mamba2_split's (Local, Correct, weights' fold), picked
-here by the layer kind; everything else (spans, spills, edges, messages, checkpoints) is shared.
+A delta-rule, gla, mamba2, retention or fla linear-attention model's layers run the same way
+with their own state algebra: passes and fold of linpipe.model.delta_split, mamba2_split,
+retention_split or fla_linear_split, picked by the layer kind (split_kinds.split_kind);
+everything else (spans, spills, edges, messages, checkpoints) is shared.
 """
 from __future__ import annotations
 
@@ -56,12 +57,12 @@ import numpy as np
 import torch
 
 from linpipe.kernels.linear_attn import advance, features, log_decay, log_gate_sums, state_outputs
-from linpipe.model import delta_split, mamba2_split
 from linpipe.model.exchange import Message, fold_layer, tail_rows
 from linpipe.model.exchange import layer_weights as attn_weights
 from linpipe.model.inference import Model
 from linpipe.model.network import Layer, ModelState
 from linpipe.model.spill import Spill
+from linpipe.model.split_kinds import split_kind
 
 # The record's first segment runs the layer's own attention; every later one also keeps the
 # normaliser's parts, spills wider rows and corrects them: 1.0-1.5x the first one's time per
@@ -110,9 +111,8 @@ def spill_bytes(config, positions: int, exact: bool = False) -> int:
     """Bytes a segment of `positions` keeps outside its spans: its residual stream, and
     what pass 1 leaves for pass 2 (the first segment: o; the others: q, the numerators and
     the denominators, and a gated model's log-gates; the delta rule: delta_split.row_width)."""
-    if config.delta or config.ssd:
-        split = delta_split if config.delta else mamba2_split
-        return positions * (config.d_model + split.row_width(config, exact)) * 4
+    if split_kind(config):
+        return positions * (config.d_model + split_kind(config).row_width(config, exact)) * 4
     if exact:
         return positions * 2 * config.d_model * 4
     parts = 2 if passes_in_float64(config) else 1  # float64 numerators in two float32 parts
@@ -362,7 +362,7 @@ class SegmentRunner:
         # what pass 1 leaves for pass 2, rewritten layer after layer: the first segment's o
         # (T, D); the others' q, numerators and denominators (T, D + H (V+1))
         wide = self.lw[0].wide  # the same feature map and normaliser in every layer
-        self.kind = delta_split if c.delta else mamba2_split if c.ssd else None  # a kind's own passes
+        self.kind = split_kind(c)
         if self.kind:
             self.row_width = self.kind.row_width(c, exact)
         else:
@@ -515,8 +515,7 @@ class SegmentRunner:
 
 def layer_weights(net) -> list:
     """What the fold needs of each layer: LayerWeights, or its kind's own (with their fold)."""
-    kind = delta_split if net.config.delta else mamba2_split if net.config.ssd else None
-    return kind.weights(net) if kind else attn_weights(net)
+    return split_kind(net.config).weights(net) if split_kind(net.config) else attn_weights(net)
 
 
 def edge_state(Ss, zs, halos, y, k: int) -> ModelState:

@@ -1,5 +1,6 @@
 """Make the flash-linear-attention fixtures of tests/test_fla_import.py with fla 0.6's own model
-classes: small random DeltaNet, GatedDeltaNet, GLA and Mamba2 language models over a DNA-sized vocabulary,
+classes: small random DeltaNet, GatedDeltaNet, GLA, Mamba2, RetNet and LinearAttention language models
+over a DNA-sized vocabulary,
 saved with save_pretrained (safetensors), and fla's log-softmax at each next token of real
 genome records (docs/models.md).
 
@@ -69,13 +70,32 @@ FIXTURES = {
     "mamba2": ("Mamba2Config", "Mamba2ForCausalLM", dict(
         hidden_size=32, num_hidden_layers=2, head_dim=16, expand=2, state_size=16, n_groups=2,
         conv_kernel=4, use_conv_bias=True, use_bias=True, chunk_size=64, dt_limit=(0.0, 0.2))),
+    "retnet": ("RetNetConfig", "RetNetForCausalLM", dict(
+        hidden_size=32, num_hidden_layers=2, num_heads=2, expand_k=1.0, expand_v=2.0, use_output_gate=True,
+        intermediate_size=64, fuse_norm=True)),
+    "retnet_no_gate": ("RetNetConfig", "RetNetForCausalLM", dict(
+        hidden_size=32, num_hidden_layers=2, num_heads=4, expand_k=2.0, expand_v=1.0, use_output_gate=False,
+        intermediate_size=48, tie_word_embeddings=True)),
+    "linear_attn": ("LinearAttentionConfig", "LinearAttentionForCausalLM", dict(
+        hidden_size=32, num_hidden_layers=2, num_heads=2, expand_k=1.0, expand_v=1.0,
+        feature_map="elementwise_product", intermediate_size=64, tie_word_embeddings=True)),
+    "linear_attn_elu": ("LinearAttentionConfig", "LinearAttentionForCausalLM", dict(
+        hidden_size=32, num_hidden_layers=2, num_heads=4, expand_k=1.0, expand_v=2.0, feature_map="elu",
+        norm_feature_map=True, intermediate_size=64)),
+    "linear_attn_hedgehog": ("LinearAttentionConfig", "LinearAttentionForCausalLM", dict(
+        hidden_size=32, num_hidden_layers=2, num_heads=2, feature_map="hedgehog",
+        norm_q=True, norm_k=True, norm_feature_map=True, intermediate_size=48)),
+    "linear_attn_dpfp": ("LinearAttentionConfig", "LinearAttentionForCausalLM", dict(
+        hidden_size=32, num_hidden_layers=2, num_heads=4, feature_map="dpfp", intermediate_size=48)),
 }
 # Fixtures whose predictions come from fla's one-token decoding path from a zero cache: fla 0.6's
 # Mamba2 PyTorch prefill pairs head h with B/C group h % n_groups, its decoding path (and the
 # mamba_ssm kernels it runs on CUDA, and transformers' Mamba2) with group h // (heads / n_groups)
 STEPWISE = ("mamba2",)
 # each fixture's seed: fixed, so that adding a fixture leaves the others' bytes as they are
-SEEDS = {"delta_net": 0, "gated_deltanet": 1, "delta_net_no_conv": 2, "gla": 3, "gla_no_conv": 4, "mamba2": 3}
+SEEDS = {"delta_net": 0, "gated_deltanet": 1, "delta_net_no_conv": 2, "gla": 3, "gla_no_conv": 4, "mamba2": 3,
+         "retnet": 3, "retnet_no_gate": 4, "linear_attn": 5, "linear_attn_elu": 6, "linear_attn_hedgehog": 7,
+         "linear_attn_dpfp": 8}
 COMMON = dict(vocab_size=len(VOCAB), pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS,
               attn_mode="fused_recurrent", fuse_norm=False, fuse_swiglu=False, fuse_cross_entropy=False,
               norm_eps=1e-6)
@@ -116,7 +136,7 @@ def make_model(name: str, seed: int):
 
     config_cls, model_cls, keys = FIXTURES[name]
     torch.manual_seed(seed)
-    model = getattr(models, model_cls)(getattr(models, config_cls)(**keys, **COMMON)).float().eval()
+    model = getattr(models, model_cls)(getattr(models, config_cls)(**{**COMMON, **keys})).float().eval()
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():  # fla's initialiser (std 0.02) predicts near-uniform: spread them out
         for name, p in model.named_parameters():

@@ -1,0 +1,183 @@
+"""flash-linear-attention's LinearAttention layer kind (config family `fla_linear_attn`, fla 0.6's
+model_type `linear_attn`; linpipe's own layer kind is also called linear_attn, with another
+layout), with fla's GatedMLP (pipeline/model/delta.py's SwiGLU), its tensor names and shapes
+(docs/model-format.md), run through linpipe's linear-attention kernel (identity feature map
+there: phi is applied here, where its weights are).
+
+Per layer, from the normalised input a:
+
+    q, k, v = q_proj a, k_proj a, v_proj a        # (T, H, K), (T, H, K), (T, H, V)
+    q, k    = phi_q(q), phi_k(k)                  # (T, H, F): the feature maps below
+    q, k    = q / (sum q + 1e-4), k / (...)       # norm_q, norm_k (off by default)
+    S_t     = S_(t-1) + k_t v_t^T,  o_t = (F^-1/2 q_t)^T S_t   (no decay)
+    o_t     = o_t / ((F^-1/2 q_t) . z_t + 1e-10),  z_t = sum k   (the normaliser: norm_feature_map)
+    o       = RMSNorm(o) per head
+
+Feature maps (fla's names; each has a fixed width F, so the state S (H, F, V) is fixed):
+identity, elu (elu + 1), relu (F = K); elementwise_product (layer1(x) * layer2(x), two K x K
+affine maps), t2r (relu(layer(x)), K x K, no bias); hedgehog (softmax([2 layer(x), -2 layer(x)]),
+F = 2K); dpfp (x' = [relu(x), relu(-x)], then x' times x' rolled by 1..4 places, F = 8K).
+
+Shapes: B batch, T positions, D = d_model, H heads, K = head_dim, F = feature_dim, V = K * expand_v.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from linpipe.kernels import chunk_linear_attn
+from linpipe.model.config import QK_FEATURE_MAPS, ModelConfig
+from linpipe.model.delta import GatedRMSNorm
+from linpipe.model.retention import head_widths
+from linpipe.model.rows import linear, map_rows, row_tile
+
+SUM_EPS = 1e-4  # fla's norm_q / norm_k: x / (sum(x) + SUM_EPS)
+NORMALISER_EPS = 1e-10  # fla's normalised linear attention: o / (q . z + NORMALISER_EPS)
+DPFP_NU = 4  # fla's DPFPFeatureMap default, which LinearAttention keeps
+
+
+class FeatureMap(nn.Module):
+    """One of fla's feature maps (module docstring), with its weights under fla's names."""
+
+    def __init__(self, kind: str, K: int):
+        super().__init__()
+        self.kind = kind
+        if kind == "elementwise_product":
+            self.layer1, self.layer2 = nn.Linear(K, K), nn.Linear(K, K)
+        elif kind in ("hedgehog", "t2r"):
+            self.layer = nn.Linear(K, K, bias=kind == "hedgehog")
+
+    def forward(self, x):  # (..., K) -> (..., F)
+        if self.kind == "elu":
+            return F.elu(x) + 1.0
+        if self.kind == "relu":
+            return F.relu(x)
+        if self.kind == "elementwise_product":
+            return self.layer1(x) * self.layer2(x)
+        if self.kind == "t2r":
+            return F.relu(self.layer(x))
+        if self.kind == "hedgehog":
+            y = 2 * self.layer(x)
+            return torch.softmax(torch.cat([y, -y], dim=-1), dim=-1)
+        if self.kind == "dpfp":
+            x = torch.cat([F.relu(x), F.relu(-x)], dim=-1)  # (..., 2K)
+            rolled = torch.cat([x.roll(shifts=j, dims=-1) for j in range(1, DPFP_NU + 1)], dim=-1)
+            return x.repeat(*([1] * (x.ndim - 1)), DPFP_NU) * rolled
+        return x  # identity
+
+
+class FlaLinearAttention(nn.Module):
+    """The token mixer of an fla LinearAttention layer; o_proj is applied by Layer.finish."""
+
+    delta = False  # the layer kind the split reads (network.Attention's flag)
+
+    def __init__(self, c: ModelConfig, tile: int):
+        super().__init__()
+        D, H, K, V = c.d_model, c.n_heads, c.head_dim, c.head_v_dim
+        self.n_heads, self.head_dim, self.head_v_dim, self.feature_dim = H, K, V, c.feature_dim
+        self.tile = tile  # rows of the position-wise ops' tiles in CPU inference
+        self.normalize, self.norm_q, self.norm_k = c.normalize, c.norm_q, c.norm_k
+        self.feature_map = c.qk_feature_map  # fla's name (segments.passes_in_float64 reads it)
+        self.q_proj = nn.Linear(D, H * K, bias=False)
+        self.k_proj = nn.Linear(D, H * K, bias=False)
+        self.v_proj = nn.Linear(D, H * V, bias=False)
+        self.feature_map_q = FeatureMap(c.qk_feature_map, K)
+        self.feature_map_k = FeatureMap(c.qk_feature_map, K)
+        self.norm = GatedRMSNorm(V, c.norm_eps)
+        self.o_proj = nn.Linear(H * V, D, bias=False)
+        self.scale = c.feature_dim ** -0.5
+
+    def base_decay(self) -> list[float]:
+        """Per head: 1 (fla's linear attention does not decay)."""
+        return [1.0] * self.n_heads
+
+    def _features(self, q, k):
+        """Rows of q, k (N, H, K) -> phi_q(q) scaled, phi_k(k) (N, H, F), with norm_q, norm_k."""
+        q, k = self.feature_map_q(q), self.feature_map_k(k)
+        if self.norm_q:
+            q = q / (q.sum(-1, keepdim=True) + SUM_EPS)
+        if self.norm_k:
+            k = k / (k.sum(-1, keepdim=True) + SUM_EPS)
+        return q * self.scale, k
+
+    def _normed(self, o):
+        return self.norm(o).reshape(o.shape[0], -1)
+
+    def inputs(self, a):
+        """Normalised inputs a (B, T, D) -> phi_q(q) scaled, phi_k(k) (B, T, H, F) and v (B, T, H, V)."""
+        B, T, D = a.shape
+        H, K, V = self.n_heads, self.head_dim, self.head_v_dim
+        w = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])  # (2HK + HV, D)
+        tile = row_tile(a, self.tile)
+        x = linear(a.reshape(B * T, D), w, tile=tile)  # (B*T, 2HK + HV)
+        q, k = map_rows(lambda r: self._features(r[:, :H * K].view(-1, H, K),
+                                                 r[:, H * K:2 * H * K].view(-1, H, K)), tile, x)
+        return q.view(B, T, H, -1), k.view(B, T, H, -1), x[:, 2 * H * K:].view(B, T, H, V)
+
+    def output(self, o):
+        """The kernel's o (B, T, H, V) -> (B, T, HV) after the output norm."""
+        B, T = o.shape[:2]
+        rows = o.reshape(B * T, self.n_heads, self.head_v_dim)
+        return map_rows(self._normed, row_tile(o, self.tile), rows).view(B, T, -1)
+
+    def forward(self, a, S, z, window, scratch=None):
+        """Normalised inputs a (B, T, D) after S (B, H, F, V) and z (B, H, F) (or (B, H, 0) without
+        the normaliser) -> (o (B, T, HV) before o_proj, S and z after, the conv window unchanged)."""
+        q, k, v = self.inputs(a)
+        z_in = z if self.normalize else S.new_zeros(S.shape[:-1])
+        o, (S, z_out) = chunk_linear_attn(q, k, v, feature_map="identity", normalize=self.normalize,
+                                          eps=NORMALISER_EPS, initial_state=(S, z_in),
+                                          output_final_state=True)
+        return self.output(o), S, z_out if self.normalize else z, window
+
+
+def init_fla_linear_layer(layer, c: ModelConfig, normal) -> None:
+    """Random weights of one fla linear-attention layer (in no_grad): projections and feature maps
+    at 1/sqrt(fan-in), the residual branches' outputs scaled down by depth."""
+    a, D, L = layer.attn, c.d_model, c.n_layers
+    for lin in (a.q_proj, a.k_proj, a.v_proj):
+        normal(lin.weight, 1.0 / math.sqrt(D))
+    for p in (*a.feature_map_q.parameters(), *a.feature_map_k.parameters()):
+        normal(p, 1.0 / math.sqrt(c.head_dim))
+    normal(a.o_proj.weight, 1.0 / math.sqrt(c.n_heads * c.head_v_dim * 2 * L))
+    mlp = layer.mlp
+    normal(mlp.gate_proj.weight, 1.0 / math.sqrt(D))
+    normal(mlp.up_proj.weight, 1.0 / math.sqrt(D))
+    normal(mlp.down_proj.weight, 1.0 / math.sqrt(c.mlp_hidden * 2 * L))
+
+
+def import_keys(ck, refuse) -> dict:
+    """ModelConfig's keys of an fla `linear_attn` checkpoint ck (its config.json); refuse(key,
+    why) for what linpipe does not compute."""
+    cfg = ck.config
+    fmap = cfg.get("feature_map") if cfg.get("feature_map") is not None else "elementwise_product"
+    if fmap not in QK_FEATURE_MAPS:
+        refuse("feature_map", f"is {fmap!r}, not one of fla's linear attention feature maps "
+               f"({', '.join(QK_FEATURE_MAPS)})")
+    K, V = head_widths(cfg, refuse, expand_v=1.0)
+    flags = {}
+    for key in ("norm_q", "norm_k", "norm_feature_map"):
+        v = cfg.get(key, False)
+        if not isinstance(v, bool):
+            refuse(key, f"is {v!r}: expected true or false")
+        flags[key] = v
+    return dict(family="fla_linear_attn", qk_head_dim=K, expand_v=V / K, use_gate=False,
+                use_short_conv=False, allow_neg_eigval=False, qk_feature_map=fmap,
+                normalize=flags["norm_feature_map"], norm_q=flags["norm_q"], norm_k=flags["norm_k"],
+                norm_eps=float(cfg.get("norm_eps") if cfg.get("norm_eps") is not None else 1e-6))
+
+
+def tie_feature_maps(cfg: dict, tensors: dict) -> dict:
+    """With tie_feature_map_qk, fla's q and k share one map, which a checkpoint may hold once
+    (under feature_map_q): linpipe's layer keeps a copy for k."""
+    if not cfg.get("tie_feature_map_qk"):
+        return tensors
+    out = dict(tensors)
+    for name, t in tensors.items():
+        twin = name.replace(".attn.feature_map_q.", ".attn.feature_map_k.")
+        if twin != name and twin not in out:
+            out[twin] = t.clone()
+    return out

@@ -1,0 +1,202 @@
+"""The retention layer kind (config family `retnet`): flash-linear-attention 0.6's MultiScaleRetention
+with its GatedMLP (pipeline/model/delta.py's SwiGLU), tensor names and shapes as fla holds them
+(docs/model-format.md), run through linpipe's linear-attention kernel (per-head decay, identity
+feature map, no normaliser).
+
+Per layer, from the normalised input a:
+
+    q, k, v = q_proj a, k_proj a, v_proj a             # (T, H, K), (T, H, K), (T, H, V)
+    q, k    = rope(q, t), rope(k, t)                   # rotary, fla's RotaryEmbedding(K)
+    S_t     = gamma_h S_{t-1} + k_t v_t^T,  o_t = (K^-1/2 q_t)^T S_t,  gamma_h = 1 - 2^(-5-h)
+    o       = RMSNorm(o) * silu(g_proj a)              (RMSNorm(o) alone without the output gate)
+
+Rotary position embeddings rotate each head's halves (x[:K/2], x[K/2:]) pairwise by the angle
+t * f_i, f_i = base^(-2i/K) (base 10,000, fla's float32 frequencies), t the absolute position.
+Only the difference of positions reaches an output: (R_t q)^T R_j k = q^T R_(j-t) k. So linpipe
+carries the state in the frame of the next position p, S~ = R_(-p) S (R acting on the K axis): a
+call of T positions rotates its q and k by their offsets 0..T-1 from its first position, runs
+the kernel from S~ and turns the state after it by R_(-T). The state stays position-free (a
+stored unit-edge state, a variant's boundary state and a packed record's fresh one mean the same
+thing wherever they sit in a record) and no angle is ever that of an absolute position: the
+largest is a call's length, computed in float64 and reduced modulo 2 pi before its sine and
+cosine, exact to float64 at any length.
+
+Shapes: B batch, T positions, D = d_model, H heads, K = head_dim, V = K * expand_v, M = mlp_hidden.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+
+from linpipe.kernels import chunk_linear_attn
+from linpipe.model.config import ModelConfig
+from linpipe.model.delta import GatedRMSNorm
+from linpipe.model.rows import linear, map_rows, row_tile
+
+ROPE_BASE = 10000.0  # fla's RotaryEmbedding default, which MultiScaleRetention keeps
+DECAY_OFFSET = 5.0  # head h decays by 1 - 2^-(DECAY_OFFSET + h) (fla's retention kernels)
+TWO_PI = 2.0 * math.pi
+
+
+def retention_decay(n_heads: int) -> torch.Tensor:
+    """The fixed decay of each head, (H,) float32 as fla's kernels compute it."""
+    return 1 - 2.0 ** (-DECAY_OFFSET - torch.arange(n_heads, dtype=torch.float32))
+
+
+def rope_frequencies(head_dim: int) -> torch.Tensor:
+    """f_i = 1 / base^(2i/K), (K/2,): fla's float32 values, held in float64."""
+    return (1.0 / (ROPE_BASE ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))).double()
+
+
+def rope_angles(positions: torch.Tensor, freq: torch.Tensor) -> torch.Tensor:
+    """The rotary angles (N, K/2) of integer positions (N,) in float64, reduced to [0, 2 pi)."""
+    return torch.remainder(positions.to(torch.float64)[:, None] * freq.to(positions.device), TWO_PI)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x (..., K) with each pair (x_i, x_(i+K/2)) rotated by the angle whose cos and sin (broadcast
+    to (..., K/2)) are given (fla's non-interleaved rotary)."""
+    h = x.shape[-1] // 2
+    x1, x2 = x[..., :h], x[..., h:]
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+def turn_state(S: torch.Tensor, steps: int, freq: torch.Tensor) -> torch.Tensor:
+    """The state S (B, H, K, V) in the frame `steps` positions later: R_(-steps) on its K axis,
+    in float64."""
+    a = rope_angles(torch.tensor([steps], device=S.device), freq)[0]  # (K/2,)
+    cos, sin = a.cos()[:, None], a.sin()[:, None]  # (K/2, 1) against (..., K/2, V)
+    h = S.shape[-2] // 2
+    S1, S2 = S[..., :h, :].double(), S[..., h:, :].double()
+    return torch.cat([S1 * cos + S2 * sin, S2 * cos - S1 * sin], dim=-2).to(S.dtype)
+
+
+class Retention(nn.Module):
+    """The token mixer of a retention layer; o_proj is applied by Layer.finish."""
+
+    delta = False  # the layer kind the split reads (network.Attention's flag)
+    normalize = False  # no normaliser (segments.passes_in_float64 reads it)
+
+    def __init__(self, c: ModelConfig, tile: int):
+        super().__init__()
+        D, H, K, V = c.d_model, c.n_heads, c.head_dim, c.head_v_dim
+        self.n_heads, self.head_dim, self.head_v_dim = H, K, V
+        self.tile = tile  # rows of the position-wise ops' tiles in CPU inference
+        self.q_proj = nn.Linear(D, H * K, bias=False)
+        self.k_proj = nn.Linear(D, H * K, bias=False)
+        self.v_proj = nn.Linear(D, H * V, bias=False)
+        self.g_proj = nn.Linear(D, H * V, bias=False) if c.use_gate else None
+        self.g_norm = GatedRMSNorm(V, c.norm_eps)
+        self.o_proj = nn.Linear(H * V, D, bias=False)
+        self.scale = K ** -0.5
+        self.register_buffer("decay", retention_decay(H), persistent=False)
+        self.register_buffer("freq", rope_frequencies(K), persistent=False)
+
+    def base_decay(self) -> list[float]:
+        """Per head: the fixed decay gamma_h."""
+        return [float(g) for g in self.decay]
+
+    def rope(self, T: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin (1, T, 1, K/2) float32 of offsets 0..T-1 from a call's first position."""
+        a = rope_angles(torch.arange(T, device=device), self.freq)[None, :, None]
+        return a.cos().float(), a.sin().float()
+
+    def _normed(self, o, g):
+        """Rows of the kernel's output o (N, H, V) and the gate's values (N, HV) or None -> (N, HV)."""
+        N = o.shape[0]
+        g = None if g is None else g.reshape(N, self.n_heads, self.head_v_dim)
+        return self.g_norm(o, g).reshape(N, -1)
+
+    def inputs(self, a):
+        """Normalised inputs a (B, T, D), a call's positions -> (q scaled, k rotated by their offsets
+        from the call's first position (B, T, H, K), v (B, T, H, V), the output gate's
+        pre-activations (B*T, HV) or None)."""
+        B, T, D = a.shape
+        H, K, V = self.n_heads, self.head_dim, self.head_v_dim
+        parts = [self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]
+        if self.g_proj is not None:
+            parts.append(self.g_proj.weight)
+        x = linear(a.reshape(B * T, D), torch.cat(parts), tile=row_tile(a, self.tile))  # (B*T, 2HK + 2HV?)
+        cos, sin = self.rope(T, a.device)
+        q = rotate(x[:, :H * K].view(B, T, H, K), cos, sin) * self.scale  # (B, T, H, K)
+        k = rotate(x[:, H * K:2 * H * K].view(B, T, H, K), cos, sin)
+        v = x[:, 2 * H * K:2 * H * K + H * V].view(B, T, H, V)
+        return q, k, v, x[:, 2 * H * K + H * V:] if self.g_proj is not None else None
+
+    def kernel(self, q, k, v, S):
+        """Retention of inputs' q, k, v from S (B, H, K, V) in the frame of their first position:
+        (o (B, T, H, V), S after them in the same frame)."""
+        zeros = S.new_zeros(S.shape[:-1])  # the kernel's normaliser state, unused without it
+        o, (S, _) = chunk_linear_attn(q, k, v, decay=self.decay, feature_map="identity", normalize=False,
+                                      initial_state=(S, zeros), output_final_state=True)
+        return o, S
+
+    def turn(self, S, steps: int):
+        """S (..., K, V) decayed over `steps` positions and turned into the frame that many later
+        (float64 in, float64 out): the entering state's share after a span, for the split."""
+        g = self.decay.double().to(S.device) ** steps  # (H,)
+        return turn_state(S, steps, self.freq) * g[:, None, None]
+
+    def output(self, o, gate):
+        """The kernel's o (B, T, H, V) and gate rows (B*T, HV) or None -> (B, T, HV) after g_norm."""
+        B, T = o.shape[:2]
+        rows = o.reshape(B * T, self.n_heads, self.head_v_dim)
+        return map_rows(self._normed, row_tile(o, self.tile), rows, gate).view(B, T, -1)
+
+    def forward(self, a, S, z, window, scratch=None):
+        """Normalised inputs a (B, T, D) after S (B, H, K, V) (in the frame of a's first position)
+        -> (o (B, T, HV) before o_proj, S in the frame of the position after a, z and the conv
+        window unchanged (both empty))."""
+        q, k, v, gate = self.inputs(a)
+        o, S = self.kernel(q, k, v, S)
+        return self.output(o, gate), turn_state(S, a.shape[1], self.freq), z, window
+
+
+def init_retention_layer(layer, c: ModelConfig, normal) -> None:
+    """Random weights of one retention layer (in no_grad): projections at 1/sqrt(fan-in), the
+    residual branches' outputs scaled down by depth."""
+    a, D, L = layer.attn, c.d_model, c.n_layers
+    for lin in (a.q_proj, a.k_proj, a.v_proj, a.g_proj):
+        if lin is not None:
+            normal(lin.weight, 1.0 / math.sqrt(D))
+    normal(a.o_proj.weight, 1.0 / math.sqrt(c.n_heads * c.head_v_dim * 2 * L))
+    mlp = layer.mlp
+    normal(mlp.gate_proj.weight, 1.0 / math.sqrt(D))
+    normal(mlp.up_proj.weight, 1.0 / math.sqrt(D))
+    normal(mlp.down_proj.weight, 1.0 / math.sqrt(c.mlp_hidden * 2 * L))
+
+
+def head_widths(cfg: dict, refuse, expand_v: float) -> tuple[int, int]:
+    """K and V of fla's `expand_k` (default 1) and `expand_v` (default `expand_v`): hidden_size x
+    expand over num_heads; refuse(key, why) where that is not whole, or with grouped kv heads."""
+    D, H = cfg["hidden_size"], cfg["num_heads"]
+    kv = cfg.get("num_kv_heads")
+    if kv is not None and kv != H:
+        refuse("num_kv_heads", f"is {kv} with num_heads {H}: grouped key/value heads are not implemented")
+    dims = []
+    for key, default in (("expand_k", 1.0), ("expand_v", expand_v)):
+        v = cfg.get(key) if cfg.get(key) is not None else default
+        width = D * v if isinstance(v, (int, float)) and not isinstance(v, bool) else 0.5
+        if width != round(width) or round(width) < 1 or round(width) % H:
+            refuse(key, f"is {v!r}: hidden_size x {key} must be a whole number of dims for each of {H} heads")
+        dims.append(round(width) // H)
+    return dims[0], dims[1]
+
+
+def import_keys(ck, refuse) -> dict:
+    """ModelConfig's keys of an fla `retnet` checkpoint ck (its config.json); refuse(key, why) for
+    what linpipe does not compute. fla's RetNetBlock passes neither use_short_conv nor conv_size
+    to its layer, so a retention layer never convolves whatever they say."""
+    cfg = ck.config
+    if cfg.get("feature_map") is not None:
+        refuse("feature_map", f"is {cfg['feature_map']!r}: retention with a feature map on q and k is not "
+               "implemented (only fla's default, none)")
+    K, V = head_widths(cfg, refuse, expand_v=2.0)
+    if K % 2 or K > 256:
+        refuse("expand_k", f"gives heads of {K} key dims: fla's rotary embedding needs an even number <= 256")
+    gate = cfg.get("use_output_gate")
+    return dict(family="retnet", qk_head_dim=K, expand_v=V / K, use_gate=True if gate is None else bool(gate),
+                use_short_conv=False, allow_neg_eigval=False,
+                norm_eps=float(cfg.get("norm_eps") if cfg.get("norm_eps") is not None else 1e-6))
