@@ -25,6 +25,7 @@ from linpipe.model import series
 ERR_DECAY = 1 - 1 / 1024  # the per-lag error EMA (half-life ~710 steps, as the scale s)
 MIN_WEIGHT = 8.0  # a lag competes once its error has this much (EMA) weight
 CLIP = series.CLIP_TARGET
+SHRINK = 9.0  # k of the mix's shrinkage (series.calibrate; docs/default-model.md: why 9)
 BLOCK = 256  # positions at a time: the per-lag tensors are (B, BLOCK, lags)
 MIX_P, MIX_Q, MIX_R, AGE = range(series.NORM_SIZE, series.NORM_SIZE + 4)
 HIST = AGE + 1  # HIST .. HIST + lags: the last lags + 1 values, oldest first
@@ -82,6 +83,6 @@ def mix(x, base, scale, f1, norm_before, norm_after, lags: int):
         age = ok[:, -P:].sum(1).to(torch.float64)
     pred = (f2 - f1) / scale  # the season's change over the network's, in units of s
     target = (x - f1) / scale
-    lam, new = series.calibrate(torch.nan_to_num(pred), target, norm_before, new, (MIX_P, MIX_Q, MIX_R))
+    lam, new = series.calibrate(torch.nan_to_num(pred), target, norm_before, new, (MIX_P, MIX_Q, MIX_R), SHRINK)
     new[:, hs], new[:, AGE], new[:, ns], new[:, ds] = hist, age, errn, errd
     return f1 + lam * torch.nan_to_num(f2 - f1), new

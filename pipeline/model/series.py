@@ -212,7 +212,7 @@ def tail_quantile(num, den):
     return q[..., 0]
 
 
-def calibrate(pred, target, norm_before, norm_after, slots=(CAL_P, CAL_Q, CAL_R)):
+def calibrate(pred, target, norm_before, norm_after, slots=(CAL_P, CAL_Q, CAL_R), shrink=CAL_SHRINK):
     """pred (B, T): the network's change in units of s; target (B, T): the change that came (NaN
     where none) -> (w (B, T) from the sums before each step, norm_after with the sums after).
 
@@ -221,7 +221,7 @@ def calibrate(pred, target, norm_before, norm_after, slots=(CAL_P, CAL_Q, CAL_R)
     EMA weights squared for the variance): a slope the past cannot tell from 0 (a random walk,
     where no change is predictable) gives w = 0 exactly, the last-value forecast; a well-supported
     one (z^2 >> k) is kept. Nothing seen yet: w = 0. `slots`: where in norm the three sums live
-    (linpipe.model.season calibrates its own mix the same way in its own slots)."""
+    and `shrink` k (linpipe.model.season calibrates its own mix the same way, in its own slots)."""
     i_p, i_q, i_r = slots
     ok = ~torch.isnan(target)
     a = torch.where(ok, target.clamp(-CLIP_TARGET, CLIP_TARGET), torch.zeros_like(target))
@@ -234,7 +234,7 @@ def calibrate(pred, target, norm_before, norm_after, slots=(CAL_P, CAL_Q, CAL_R)
                               for i, c in ((i_p, cp), (i_q, cq), (i_r, cr)))
     slope = prev_p / prev_q.clamp(min=1e-300)
     # z^2 = slope^2 / var(slope) = (sum a p)^2 / sum' (a p)^2, sum' with the weights squared
-    keep = (1 - CAL_SHRINK * prev_r / (prev_p * prev_p).clamp(min=1e-300)).clamp(min=0)
+    keep = (1 - shrink * prev_r / (prev_p * prev_p).clamp(min=1e-300)).clamp(min=0)
     w = torch.where((prev_q > 0) & (prev_p > 0), slope * keep, torch.zeros_like(slope)).clamp(0, 1)
     new = norm_after.clone()
     if pred.shape[1]:
