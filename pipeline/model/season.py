@@ -83,6 +83,7 @@ def mix(x, base, scale, f1, norm_before, norm_after, lags: int):
         age = ok[:, -P:].sum(1).to(torch.float64)
     pred = (f2 - f1) / scale  # the season's change over the network's, in units of s
     target = (x - f1) / scale
-    lam, new = series.calibrate(torch.nan_to_num(pred), target, norm_before, new, (MIX_P, MIX_Q, MIX_R), SHRINK)
+    lam, new = series.calibrate(torch.nan_to_num(pred), target, norm_before, new, (MIX_P, MIX_Q, MIX_R),
+                                SHRINK)
     new[:, hs], new[:, AGE], new[:, ns], new[:, ds] = hist, age, errn, errd
     return f1 + lam * torch.nan_to_num(f2 - f1), new
