@@ -226,6 +226,8 @@ def _plan(request: JobRequest) -> JobPlan:
         from linpipe.model.series import VERSION
 
         ident["series_norm"] = VERSION
+        if m.config.season_lags:  # the same weights forecast otherwise with a season carried
+            ident["season_lags"] = m.config.season_lags
     keys = make_keys([r.id for _, r, _ in found.long])
     records = tuple(Record(p, r.id, keys[r.id], int(r.length), unit_size, r.description, t,
                            regions=None if regions is None else regions[r.id])

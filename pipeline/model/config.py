@@ -94,6 +94,10 @@ class ModelConfig:
     # An imported model's source (config.json's "origin": model_type, the weights' sha256, the
     # token ids read), as sorted (key, value) pairs; () for linpipe's own models.
     origin: tuple = ()
+    # series_norm only: the longest season (in rows) the carried state tracks; the forecast then
+    # mixes in the change one season back, the season picked online (linpipe.model.season).
+    # 0: none (config.json without "season_lags").
+    season_lags: int = 0
 
     def __post_init__(self):
         err = _config_problem(self)
@@ -212,6 +216,8 @@ class ModelConfig:
                      mean=list(self.mean), std=list(self.std))
             if self.series_norm:
                 d["series_norm"] = True
+            if self.season_lags:
+                d["season_lags"] = self.season_lags
         if self.gated:
             d["gate"] = {"normalizer": self.gate_normalizer}
         if self.fla:  # the linear attention's keys mean nothing here
@@ -322,6 +328,8 @@ class ModelConfig:
             if not isinstance(d.get("series_norm", False), bool):
                 raise ModelError(f"{where}: 'series_norm' must be true or false, got {d['series_norm']!r}")
             kw["series_norm"] = d.get("series_norm", False)
+            if "season_lags" in d:
+                kw["season_lags"] = integer("season_lags")
         if "gate" in d:
             kw["gate_normalizer"] = _gate_normalizer(d["gate"], where)
         if "head_vocab" in d:
@@ -398,6 +406,10 @@ def _config_problem(c: ModelConfig) -> str | None:
     v = c.gate_normalizer
     if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
         return f"'gate' 'normalizer' must be a positive number, got {v!r}"
+    if isinstance(c.season_lags, bool) or not isinstance(c.season_lags, int) or c.season_lags < 0:
+        return f"'season_lags' must be a non-negative integer, got {c.season_lags!r}"
+    if c.season_lags and not c.series_norm:
+        return "'season_lags' is for series_norm models only"
     if c.modality == "timeseries":
         if isinstance(c.channels, bool) or not isinstance(c.channels, int) or c.channels < 1:
             return f"'channels' must be a positive integer for timeseries, got {c.channels!r}"

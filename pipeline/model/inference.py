@@ -17,7 +17,7 @@ from linpipe.errors import ModelError
 from linpipe.inputs.alphabet import N as TOKEN_N
 from linpipe.kernels.linear_attn import EXACT_CUT
 from linpipe.kernels.linear_attn.scratch import hugepages
-from linpipe.model import series
+from linpipe.model import season, series
 from linpipe.model.config import WEIGHTS_FILE, ModelConfig
 from linpipe.model.files import file_sha256, read_config, read_tensors, resolve_model_path
 from linpipe.model.network import LinpipeNet, ModelState, y_before
@@ -167,6 +167,9 @@ class Model:
         p = p.to(torch.float64)  # the change, in running scales
         w, new.norm = series.calibrate(p, nz["target"], before.norm, new.norm)
         fc = nz["base"] + nz["scale"] * (w * p)  # NaN: nothing observed yet
+        if self.config.season_lags:
+            fc, new.norm = season.mix(x[..., 0], nz["base"], nz["scale"], fc, before.norm, new.norm,
+                                      self.config.season_lags)
         r = x[..., 0] - fc
         res = {"hidden": y} if "hidden" in outs else {}
         if "forecast" in outs:
@@ -212,10 +215,11 @@ class Model:
             got = tuple(getattr(state, k).shape[1:])
             if got != shape:
                 raise ModelError(f"model state {k!r} has shape {list(got)}, this model needs {list(shape)}")
-        if self.config.series_norm and state.norm is not None and state.norm.shape[-1] != series.NORM_SIZE:
-            raise ModelError(f"model state 'norm' has {state.norm.shape[-1]} values, this linpipe's "
-                             f"series_norm models carry {series.NORM_SIZE} (a state saved by another "
-                             f"linpipe version, whose anomaly score was computed otherwise)")
+        size = series.norm_size(self.config.season_lags)
+        if self.config.series_norm and state.norm is not None and state.norm.shape[-1] != size:
+            raise ModelError(f"model state 'norm' has {state.norm.shape[-1]} values, this model "
+                             f"carries {size} (a state saved by another model or linpipe version, "
+                             f"whose anomaly score was computed otherwise)")
 
     def _lanes_outputs(self, outputs, outs, channels: int) -> tuple:
         """series_norm: `hidden` is per channel, so with several channels it is dropped when no

@@ -302,7 +302,7 @@ class LinpipeNet(nn.Module):
                           p.new_zeros((batch_size, *shapes["z"]), dtype=torch.float32),
                           p.new_zeros((batch_size, *shapes["conv"])),
                           p.new_zeros((batch_size, *shapes["y"])),
-                          series.zero_norm(batch_size, p.device) if c.series_norm else None)
+                          series.zero_norm(batch_size, p.device, c.season_lags) if c.series_norm else None)
 
     def initial_state(self, batch_size: int = 1) -> ModelState:
         """The state after reading BOS (differentiable): computed once and repeated for every

@@ -93,8 +93,14 @@ def _scale(num, den, last):
     return torch.where((den > 0) & (s > 0), s, fallback)
 
 
-def zero_norm(batch: int, device=None) -> torch.Tensor:
-    return torch.zeros((batch, NORM_SIZE), dtype=torch.float64, device=device)
+def norm_size(season_lags: int = 0) -> int:
+    """Values a lane carries: NORM_SIZE, and with a season (linpipe.model.season) the mix's three
+    sums, the history's length, the last season_lags + 1 values and each lag's error sums."""
+    return NORM_SIZE + (4 + 3 * season_lags + 1 if season_lags else 0)
+
+
+def zero_norm(batch: int, device=None, season_lags: int = 0) -> torch.Tensor:
+    return torch.zeros((batch, norm_size(season_lags)), dtype=torch.float64, device=device)
 
 
 def normalise(x, norm):
@@ -206,7 +212,7 @@ def tail_quantile(num, den):
     return q[..., 0]
 
 
-def calibrate(pred, target, norm_before, norm_after):
+def calibrate(pred, target, norm_before, norm_after, slots=(CAL_P, CAL_Q, CAL_R), shrink=CAL_SHRINK):
     """pred (B, T): the network's change in units of s; target (B, T): the change that came (NaN
     where none) -> (w (B, T) from the sums before each step, norm_after with the sums after).
 
@@ -214,21 +220,23 @@ def calibrate(pred, target, norm_before, norm_after):
     by max(0, 1 - k / z^2), z the slope over its standard error (heteroscedasticity-robust; the
     EMA weights squared for the variance): a slope the past cannot tell from 0 (a random walk,
     where no change is predictable) gives w = 0 exactly, the last-value forecast; a well-supported
-    one (z^2 >> k) is kept. Nothing seen yet: w = 0."""
+    one (z^2 >> k) is kept. Nothing seen yet: w = 0. `slots`: where in norm the three sums live
+    and `shrink` k (linpipe.model.season calibrates its own mix the same way, in its own slots)."""
+    i_p, i_q, i_r = slots
     ok = ~torch.isnan(target)
     a = torch.where(ok, target.clamp(-CLIP_TARGET, CLIP_TARGET), torch.zeros_like(target))
     w_ok = ok.to(torch.float64)
-    zero = norm_before[:, CAL_P] * 0
-    cp, _ = ema(a * pred, w_ok, CAL_DECAY, norm_before[:, CAL_P], zero)
-    cq, _ = ema(pred * pred, w_ok, CAL_DECAY, norm_before[:, CAL_Q], zero)
-    cr, _ = ema((a * pred) ** 2, w_ok, CAL_DECAY ** 2, norm_before[:, CAL_R], zero)
+    zero = norm_before[:, i_p] * 0
+    cp, _ = ema(a * pred, w_ok, CAL_DECAY, norm_before[:, i_p], zero)
+    cq, _ = ema(pred * pred, w_ok, CAL_DECAY, norm_before[:, i_q], zero)
+    cr, _ = ema((a * pred) ** 2, w_ok, CAL_DECAY ** 2, norm_before[:, i_r], zero)
     prev_p, prev_q, prev_r = (torch.cat([norm_before[:, i:i + 1], c[:, :-1]], 1)
-                              for i, c in ((CAL_P, cp), (CAL_Q, cq), (CAL_R, cr)))
+                              for i, c in ((i_p, cp), (i_q, cq), (i_r, cr)))
     slope = prev_p / prev_q.clamp(min=1e-300)
     # z^2 = slope^2 / var(slope) = (sum a p)^2 / sum' (a p)^2, sum' with the weights squared
-    keep = (1 - CAL_SHRINK * prev_r / (prev_p * prev_p).clamp(min=1e-300)).clamp(min=0)
+    keep = (1 - shrink * prev_r / (prev_p * prev_p).clamp(min=1e-300)).clamp(min=0)
     w = torch.where((prev_q > 0) & (prev_p > 0), slope * keep, torch.zeros_like(slope)).clamp(0, 1)
     new = norm_after.clone()
     if pred.shape[1]:
-        new[:, CAL_P], new[:, CAL_Q], new[:, CAL_R] = cp[:, -1], cq[:, -1], cr[:, -1]
+        new[:, i_p], new[:, i_q], new[:, i_r] = cp[:, -1], cq[:, -1], cr[:, -1]
     return w, new
