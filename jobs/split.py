@@ -128,7 +128,7 @@ class SegmentWorker(PipelineWorker):
 
     def model_info(self):
         """(what the fold needs of each layer, the state after BOS as arrays, the config)."""
-        from linpipe.model.segments import layer_weights
+        from linpipe.model.segments_run import layer_weights
 
         return layer_weights(self.model.net), self.model.init_state().to_arrays(), self.model.config
 
@@ -276,7 +276,8 @@ def run_split(record: Record, n_segments: int, store, new_actor, events, *, firs
     kill a worker there). Returns counts for the job summary."""
     from linpipe.model import ModelState
     from linpipe.model.checkpoints import checkpoint_every, checkpoint_layers
-    from linpipe.model.segments import run_layers, segment_bounds
+    from linpipe.model.segments import segment_bounds
+    from linpipe.model.segments_run import run_layers
 
     bounds = segment_bounds(record.length, record.unit_size, n_segments, first_weight)
     stats = {"deaths": 0, "positions": 0, "units": [], "layer_s": [], "nodes": set(), "segments": len(bounds),
