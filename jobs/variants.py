@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import os
 
+from .actor import as_actor, node_id
 from .cluster import start_ray, stop_ray
 from .errors import ClusterError
 from .pool import Pool, placement
@@ -21,8 +22,6 @@ class _RayScorer:
 
     def __init__(self, store_path, window, genome, model, device, threads):
         from linpipe.outputs.variants import VariantScorer
-
-        from .actor import node_id
 
         self.node = f"{node_id()}:{os.getpid()}"
         self.scorer = VariantScorer(store_path, window=window, genome=genome, model=model,
@@ -55,7 +54,8 @@ class RayReplay:
             import ray
 
             where = placement(self.workers, device=self.device)
-            actor = ray.remote(_RayScorer).options(**where.options)
+            # a scorer that cannot start says why in its ready(), not as a dead actor (as_actor)
+            actor = ray.remote(as_actor(_RayScorer)).options(**where.options)
             todo = collections.deque(order)
 
             def new_actor():
