@@ -55,7 +55,8 @@ def test_a_dead_actors_calls_go_to_its_user_in_the_order_sent_and_a_new_actor_ta
 
     cls = _actor(ray_here)
     lost = []
-    pool = Pool(cls.remote, 2, describe=str, on_lost=lambda slot, e: lost.append([c.work for c in slot.calls]))
+    pool = Pool(cls.remote, 2, describe=str,
+                on_lost=lambda slot, e: lost.append([c.work for c in slot.calls]))
     try:
         while not all(s.ready for s in pool.slots):
             pool.wait()
