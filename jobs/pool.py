@@ -170,6 +170,8 @@ class Pool:
                 self._lost(slot, e)  # the actor died (an error in __init__ comes as a task's)
                 continue
             except ray.exceptions.RayTaskError as e:
+                if call is not None:
+                    slot.calls.remove(call)  # answered: its error is the caller's now
                 raise worker_error(e, self.describe(call.work if call else None)) from None
             if call is None:
                 slot.ready, slot.node = True, result
