@@ -349,7 +349,8 @@ def stage_accuracy(out: Path) -> None:
 
     from linpipe.inputs.alphabet import tokenize
     from linpipe.model import Model, ModelConfig, init_net
-    from linpipe.model.segments import forward_split, segment_bounds
+    from linpipe.model.segments import segment_bounds
+    from linpipe.model.segments_run import forward_split
 
     torch.set_num_threads(1)
     x = tokenize(_seqs(DATA / "korflab_hg19_chr1_first3Mb.fa.gz")[0][9_000:11_600])

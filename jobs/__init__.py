@@ -6,6 +6,7 @@ acyclic):
     detached (a job for the job server), driver (run_job), repair (verify --repair)
     preflight (every check before a run), split (one record over a group of actors),
     variants (score-variants' replay units on actors)
+    pool (the one loop of Ray work: actor slots, calls in flight, a dead actor's work requeued)
     worker_process (the actor Ray runs: the worker in a child process)
     actor (the worker), cluster (Ray set-up)
     overlap (the worker's threads), write_process (its writing process)

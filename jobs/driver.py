@@ -4,7 +4,7 @@ The driver reads only the inputs' indexes and the store's progress markers. It s
 Ray, creates one PipelineWorker actor per GPU or CPU slot (each runs its worker in a child
 process, worker_process.py), hands each actor the units of one stream (a record longer than a
 unit, longest first) or packed batches of short records, and keeps IN_FLIGHT calls on each
-actor (ray.wait), numbered in the order they were sent: the actor reads, runs and writes them
+actor (a Pool, pool.py), numbered in the order they were sent: the actor reads, runs and writes them
 overlapped (jobs/overlap.py), and memory stays flat however large the input is. A dead actor's
 work goes back to the front of the queue at its first unfinished unit; the actor that takes it
 over loads the boundary state from the store. Every write is idempotent (same unit, same
@@ -24,11 +24,12 @@ from linpipe.strands import FORWARD
 
 from .actor import UnitResult, as_actor
 from .child import peak_rss
-from .cluster import start_ray, stop_ray, worker_slots
-from .errors import ClusterError, worker_error
+from .cluster import start_ray, stop_ray
+from .errors import ClusterError
 from .lease import Lease
 from .options import actors_per_gpu, recorded
 from .plan import JobPlan, Record, Unit
+from .pool import Pool, Slot, placement
 from .preflight import another_job, never_received_a_unit, preflight
 from .request import JobRequest, RunOptions
 from .split import SegmentWorker, check_split, plan_gain, run_split, split_segments
@@ -39,12 +40,6 @@ from .worker_process import worker_actor
 IN_FLIGHT = 3
 # An actor that dies this many times per worker slot means something is wrong with the job.
 MAX_DEATHS_PER_WORKER = 3
-# How long the driver waits with no live worker before giving up (a node that never returns).
-NO_WORKER_TIMEOUT_S = 120.0
-# The first actors start together (model loading takes seconds); work waits for all of them,
-# so long records spread over every worker, but no longer than this for a slow one.
-START_GRACE_S = 30.0
-
 
 @dataclass(frozen=True)
 class JobSummary:
@@ -211,26 +206,6 @@ def work_left(plan: JobPlan, store) -> tuple[collections.deque, int]:
 
 # ------------------------------------------------------------------------------ scheduling
 @dataclass
-class _Call:
-    ref: object  # a Ray ObjectRef
-    item: Stream | Batch
-    unit: Unit | None  # a stream's unit; None: a batch
-
-
-@dataclass
-class _Slot:
-    """One actor and the work it holds."""
-
-    handle: object
-    ready_ref: object
-    ready: bool = False
-    node: str = "?"
-    item: Stream | None = None  # the stream whose units it is being handed
-    calls: collections.deque[_Call] = field(default_factory=collections.deque)  # in the order sent
-    sent: int = 0  # calls sent so far: the next one's number (the actor runs its model in this order)
-
-
-@dataclass
 class Timings:
     """Worker seconds summed over every call."""
 
@@ -247,111 +222,87 @@ class Timings:
 
 
 class Scheduler:
-    """Hands work items to actors, at most IN_FLIGHT calls each, and replaces dead actors."""
+    """The units' policy on a Pool (pool.py): IN_FLIGHT calls on each actor, a stream's units on
+    the actor that holds it, a dead actor's work back to the front of the queue."""
 
     def __init__(self, new_actor, todo: collections.deque, n_workers: int, events: JobEvents,
                  batch_units=None):
-        self.new_actor = new_actor
         self.batch_units = batch_units  # batch index -> the records' units (JobPlan.batch_units)
         self.todo = todo
         self.n_workers = n_workers
         self.events = events
-        self.slots = [self._new_slot() for _ in range(n_workers)]
-        self.deaths = 0
         self.units_done = 0
         self.positions_run = 0
         self.nodes: set[str] = set()
         self.worker_rss = 0
         self.timings = Timings()
         self.t_ready: float | None = None
+        self.pool = Pool(new_actor, n_workers, describe=self._describe, on_lost=self._requeue,
+                         on_ready=self._ready)
 
-    def _new_slot(self) -> _Slot:
-        h = self.new_actor()
-        return _Slot(h, h.ready.remote())
+    @property
+    def deaths(self) -> int:
+        return self.pool.deaths
 
-    def _top_up(self, slot: _Slot) -> None:
+    def _ready(self, slot: Slot) -> None:
+        if self.t_ready is None:
+            self.t_ready = time.monotonic()
+            self.events.workers_ready()
+
+    @staticmethod
+    def _describe(work: tuple[Stream | Batch, Unit | None] | None) -> str:
+        """A call's work (its item and a stream's unit), in words."""
+        if work is None:
+            return "starting a worker"
+        item, unit = work
+        if unit is None:
+            return f"packed batch {item.index} of short records"
+        return f"record {unit.record_id!r} positions {unit.start}-{unit.end} of {unit.input_path}"
+
+    def _top_up(self, slot: Slot) -> None:
         """Keep IN_FLIGHT calls on the actor: the next units of its stream, then the next items."""
         while len(slot.calls) < IN_FLIGHT:
-            item = slot.item
+            item = slot.held
             if item is None:
                 if not self.todo:
                     return
                 item = self.todo.popleft()
-            h, seq = slot.handle, slot.sent
             if isinstance(item, Batch):
                 b = item.index
-                call = _Call(h.run_batch.remote(b, self.batch_units(b), seq=seq), item, None)
+                self.pool.send(slot, "run_batch", b, self.batch_units(b), seq=slot.sent, work=(item, None))
             else:
                 unit = item.record.unit(item.next)
                 last = item.next == item.record.n_units - 1
-                call = _Call(h.run_unit.remote(unit, last=last, seq=seq), item, unit)
+                self.pool.send(slot, "run_unit", unit, last=last, seq=slot.sent, work=(item, unit))
                 item.next += 1
-            slot.item = item if isinstance(item, Stream) and not item.handed_out else None
-            slot.calls.append(call)
-            slot.sent += 1
+            slot.held = item if isinstance(item, Stream) and not item.handed_out else None
 
-    def _requeue(self, slot: _Slot) -> None:
+    def _requeue(self, slot: Slot, e: Exception) -> None:
         """A dead slot's work goes back to the front of the queue, in the order it was sent: its
         batches, and each stream from its first unit without a result."""
         lost: dict[int, Stream | Batch] = {}  # by id(item), in the order sent
         for c in slot.calls:
-            if id(c.item) not in lost:
-                r = c.item if c.unit is None else c.item.record
-                lost[id(c.item)] = c.item if c.unit is None else Stream(r, r.step(c.unit))
-        if slot.item is not None and id(slot.item) not in lost:
-            lost[id(slot.item)] = Stream(slot.item.record, slot.item.next)
+            item, unit = c.work
+            if id(item) not in lost:
+                lost[id(item)] = item if unit is None else Stream(item.record, item.record.step(unit))
+        if slot.held is not None and id(slot.held) not in lost:
+            lost[id(slot.held)] = Stream(slot.held.record, slot.held.next)
         for item in reversed(lost.values()):
             self.todo.appendleft(item)
+        if self.deaths > MAX_DEATHS_PER_WORKER * self.n_workers:
+            raise ClusterError(f"workers died {self.deaths} times; giving up (the store stays resumable)")
+        self.events.worker_died(slot.node, type(e).__name__)
 
     def run(self) -> None:
-        import ray
-
-        t_created = last_alive = time.monotonic()
-        balanced = False  # work starts once every first actor is up (or after a grace period)
-        while self.todo or any(s.calls for s in self.slots):
-            if not balanced:
-                balanced = all(s.ready for s in self.slots) or (
-                    any(s.ready for s in self.slots) and time.monotonic() - t_created > START_GRACE_S)
-            for s in self.slots:
-                if s.ready and balanced:
+        pool = self.pool
+        while self.todo or pool.busy:
+            if pool.started:  # work waits for every first actor (or a grace period)
+                for s in pool.ready_slots():
                     self._top_up(s)
-            waiting: dict = {}  # ref -> (slot, call or None for the ready() call)
-            for s in self.slots:
-                if not s.ready:
-                    waiting[s.ready_ref] = (s, None)
-                for c in s.calls:
-                    waiting[c.ref] = (s, c)
-            if not waiting:
-                raise ClusterError("no Ray worker is left to run the job; the store stays resumable")
-            done, _ = ray.wait(list(waiting), num_returns=1, timeout=1.0)
-            if any(s.ready for s in self.slots):
-                last_alive = time.monotonic()
-            elif time.monotonic() - last_alive > NO_WORKER_TIMEOUT_S:
-                raise ClusterError(f"no Ray worker could start in {NO_WORKER_TIMEOUT_S:.0f} s "
-                                   "(not enough free CPUs/GPUs on the cluster?); the store stays resumable")
-            for ref in done:
-                slot, call = waiting[ref]
-                if slot in self.slots:  # else a dead slot's leftover reference
-                    self._collect(ray, ref, slot, call)
+            for _call, result in pool.wait():
+                self._done(result)
 
-    def _collect(self, ray, ref, slot: _Slot, call: _Call | None) -> None:
-        try:
-            result = ray.get(ref)
-        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as e:
-            self._replace(ray, slot, e)  # the actor died (an error in __init__ comes as a task's)
-            return
-        except ray.exceptions.RayTaskError as e:
-            c = call.unit if call else None
-            what = (f"record {c.record_id!r} positions {c.start}-{c.end} of {c.input_path}" if c
-                    else f"packed batch {call.item.index} of short records" if call else "starting a worker")
-            raise worker_error(e, what) from None
-        if call is None:  # the ready() call
-            slot.ready, slot.node = True, result
-            if self.t_ready is None:
-                self.t_ready = time.monotonic()
-                self.events.workers_ready()
-            return
-        slot.calls.remove(call)
+    def _done(self, result: UnitResult) -> None:
         self.units_done += 1
         self.positions_run += result.positions * result.share
         self.nodes.add(result.node.rsplit(":", 1)[0])
@@ -359,19 +310,8 @@ class Scheduler:
         self.timings.add(result)
         self.events.unit_done(result, self.units_done)
 
-    def _replace(self, ray, slot: _Slot, e: Exception) -> None:
-        self.deaths += 1
-        self.slots.remove(slot)
-        ray.kill(slot.handle)  # an unreachable actor must not write on behind our back
-        self._requeue(slot)
-        if self.deaths > MAX_DEATHS_PER_WORKER * self.n_workers:
-            raise ClusterError(f"workers died {self.deaths} times; giving up (the store stays resumable)")
-        self.events.worker_died(slot.node, type(e).__name__)
-        self.slots.append(self._new_slot())
-
-    def stop(self, ray) -> None:
-        for s in self.slots:
-            ray.kill(s.handle)
+    def stop(self) -> None:
+        self.pool.close()
 
 
 # ------------------------------------------------------------------------------ the job
@@ -470,15 +410,13 @@ def _run_leased(plan, request, out, address, device, events, lease_token: str) -
     try:
         import ray
 
-        possible, options = worker_slots(request.workers, request.actor_resources)
+        where = placement(request.workers, request.actor_resources, device)
+        possible, threads = where.slots, where.threads
         check_split(plan, request.split, possible)  # a cluster's slots are known only now
         n_workers = max(1, min(possible, len(todo)))  # no idle actors for a small job
-        # torch threads: the CPUs an actor asked for (a GPU actor leaves it to torch)
-        threads = None if options.get("num_gpus") else max(1, int(options.get("num_cpus", 1)))
-        placement = dict(max_restarts=0, scheduling_strategy="SPREAD", **options)
         # IN_FLIGHT calls side by side (overlapped), and ready() beside them; the worker runs in a
         # child process of the actor's, away from Ray's threads (worker_process.py)
-        actor = ray.remote(worker_actor()).options(max_concurrency=IN_FLIGHT + 1, **placement)
+        actor = ray.remote(worker_actor()).options(max_concurrency=IN_FLIGHT + 1, **where.options)
 
         def new_actor():
             return actor.remote(plan.model_ref, out, list(plan.outputs), device=device, threads=threads,
@@ -487,7 +425,7 @@ def _run_leased(plan, request, out, address, device, events, lease_token: str) -
         # Records much longer than a worker's share run first, each over a group of actors.
         # (the forward strand only: a segment reads its input forwards)
         split = request.split
-        if split == "auto" and (request.regions or plan.modality != "dna" or options.get("num_gpus")
+        if split == "auto" and (request.regions or plan.modality != "dna" or where.num_gpus
                                 or not plan.splittable):
             split = "never"  # auto: CPU actors on DNA only (no GPU was lent to measure it on)
         gain = plan_gain(plan, threads)  # auto splits where the cost model predicts a gain
@@ -499,7 +437,7 @@ def _run_leased(plan, request, out, address, device, events, lease_token: str) -
         split_stats = []
         if splits:
             n_workers = max(n_workers, max(n for _, n in splits))
-            seg_actor = ray.remote(as_actor(SegmentWorker)).options(**placement)
+            seg_actor = ray.remote(as_actor(SegmentWorker)).options(**where.options)
 
             mem = request.actor_resources.memory
             budget = None if mem is None else mem // 2
@@ -511,7 +449,7 @@ def _run_leased(plan, request, out, address, device, events, lease_token: str) -
 
         events.started(JobStart(plan.job_id, out, n_records, total, done_positions, len(todo) + len(splits),
                                 n_workers, possible, strands=len(plan.strands), notes=plan.notes,
-                                per_gpu=actors_per_gpu(options.get("num_gpus"))))
+                                per_gpu=actors_per_gpu(where.num_gpus)))
         for item, n in splits:
             split_stats.append(run_split(item.record, n, store, new_segment_actor, events,
                                          first_weight=plan.split_first_weight,
@@ -520,7 +458,7 @@ def _run_leased(plan, request, out, address, device, events, lease_token: str) -
         sched = Scheduler(new_actor, todo, min(n_workers, len(todo)), events, plan.batch_units)
         sched.run()
         events.finished()
-        sched.stop(ray)
+        sched.stop()
         t_end = time.monotonic()
         if not _finalize(store):
             raise StoreError(f"{out}: the job ended but some units are not marked complete; "

@@ -25,8 +25,8 @@ from linpipe.errors import LinpipeError, option
 from linpipe.strands import FORWARD
 
 from .actor import PipelineWorker, UnitResult
-from .errors import worker_error
 from .plan import Record, Unit
+from .pool import Pool
 
 # auto: split a record when it is this many times longer than an even share of the job (its
 # stream alone would outlast the other workers by half a share or more).
@@ -128,7 +128,7 @@ class SegmentWorker(PipelineWorker):
 
     def model_info(self):
         """(what the fold needs of each layer, the state after BOS as arrays, the config)."""
-        from linpipe.model.segments import layer_weights
+        from linpipe.model.segments_run import layer_weights
 
         return layer_weights(self.model.net), self.model.init_state().to_arrays(), self.model.config
 
@@ -215,29 +215,35 @@ class GroupLost(Exception):
 
 
 class RayGroup:
-    """Calls one method on every segment's actor at once and waits for all (a barrier)."""
+    """A segment group on a Pool (pool.py) that does not replace its dead: each call goes to its
+    own segment's actor, all at once, and the group waits for all (a barrier); a lost actor is
+    GroupLost."""
 
     TIMED = ("begin", "resume", "replay", "apply")
 
-    def __init__(self, handles):
-        self.handles = handles
+    def __init__(self, new_actor, n: int, what: str):
+        self.pool = Pool(new_actor, n, describe=lambda work: what, on_lost=self._lost, replace=False)
         self.timing = {"wall_s": 0.0, "compute_s": 0.0, "bytes": 0}  # since the last take()
+
+    @staticmethod
+    def _lost(slot, e: Exception) -> None:
+        raise GroupLost(type(e).__name__)
 
     def take(self) -> dict:
         t, self.timing = self.timing, {"wall_s": 0.0, "compute_s": 0.0, "bytes": 0}
         return {**t, "exchange_s": t["wall_s"] - t["compute_s"]}
 
+    def first(self, method: str, *args):
+        """One call on the first segment's actor."""
+        pool = self.pool
+        return pool.gather([pool.send(pool.slots[0], method, *args)])[0]
+
     def call(self, method: str, args: list[tuple]) -> list:
         import pickle
 
-        import ray
-
         t0 = time.perf_counter()
-        refs = [getattr(h, method).remote(*a) for h, a in zip(self.handles, args, strict=True)]
-        try:
-            out = ray.get(refs)
-        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as e:
-            raise GroupLost(type(e).__name__) from None
+        pool = self.pool
+        out = pool.gather([pool.send(s, method, *a) for s, a in zip(pool.slots, args, strict=True)])
         if method not in self.TIMED:
             return out
         self.timing["wall_s"] += time.perf_counter() - t0
@@ -245,6 +251,9 @@ class RayGroup:
         out = [v for v, _ in out]
         self.timing["bytes"] += len(pickle.dumps(args)) + len(pickle.dumps(out))  # to and from the driver
         return out
+
+    def close(self) -> None:
+        self.pool.close()
 
 
 def first_incomplete_segment(store, record: Record, bounds) -> int:
@@ -265,11 +274,10 @@ def run_split(record: Record, n_segments: int, store, new_actor, events, *, firs
     every layer's barrier (timing: wall, slowest-segment compute and exchange seconds, and
     bytes through the driver, since the previous call (layer 0 includes the embedding); tests
     kill a worker there). Returns counts for the job summary."""
-    import ray
-
     from linpipe.model import ModelState
     from linpipe.model.checkpoints import checkpoint_every, checkpoint_layers
-    from linpipe.model.segments import run_layers, segment_bounds
+    from linpipe.model.segments import segment_bounds
+    from linpipe.model.segments_run import run_layers
 
     bounds = segment_bounds(record.length, record.unit_size, n_segments, first_weight)
     stats = {"deaths": 0, "positions": 0, "units": [], "layer_s": [], "nodes": set(), "segments": len(bounds),
@@ -283,10 +291,10 @@ def run_split(record: Record, n_segments: int, store, new_actor, events, *, firs
             splits.clear()  # every unit is written: nothing of it is needed again
             return stats
         todo = bounds[k0:]
-        handles = [new_actor() for _ in todo]
-        group = RayGroup(handles)
+        group = None
         try:
-            weights, init, config = ray.get(handles[0].model_info.remote())
+            group = RayGroup(new_actor, len(todo), f"record {record.id!r} of {record.input_path} (split)")
+            weights, init, config = group.first("model_info")
             checkpoints = tuple(checkpoint_layers(len(weights), checkpoint_every(config, record.length)))
             # the record's first segment runs its layers from the state after BOS; a restarted
             # group's first segment is not it: it corrects, as in the run it replaces (same bits)
@@ -327,18 +335,16 @@ def run_split(record: Record, n_segments: int, store, new_actor, events, *, firs
             if first_incomplete_segment(store, record, bounds) <= k0:  # never loop on a store that
                 raise LinpipeError(f"record {record.id!r}: its split run ended but units of segment "
                                    f"{k0} are not marked done in the store")
-        except (GroupLost, ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as e:
+        except GroupLost as e:
             stats["deaths"] += 1
             events.worker_died(f"segment group of record {record.id}", str(e) or type(e).__name__)
             if stats["deaths"] > MAX_GROUP_RESTARTS:
                 raise LinpipeError(f"record {record.id!r}: its segment group lost a worker "
                                    f"{stats['deaths']} times; giving up (the store stays resumable)"
                                    ) from None
-        except ray.exceptions.RayTaskError as e:
-            raise worker_error(e, f"record {record.id!r} of {record.input_path} (split)") from None
         finally:
-            for h in handles:
-                ray.kill(h)
+            if group is not None:
+                group.close()
 
 
 def resume_point(splits, checkpoints, k0: int, n_segments: int, n_layers: int):

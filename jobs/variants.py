@@ -2,70 +2,93 @@
 in process and takes the Ray side from here, so that linpipe.outputs never imports linpipe.jobs."""
 from __future__ import annotations
 
+import collections
 import os
 
-from linpipe.errors import LinpipeError
-
+from .actor import as_actor, node_id
 from .cluster import start_ray, stop_ray
+from .errors import ClusterError
+from .pool import Pool, placement
+
+# Calls on each actor at once: one running, one waiting beside it.
+IN_FLIGHT = 2
+# An actor that dies this many times per worker means something is wrong.
+MAX_DEATHS_PER_WORKER = 3
 
 
 class _RayScorer:
-    """A Ray actor around VariantScorer (one per CPU slot or GPU)."""
+    """A Ray actor around VariantScorer (one per worker slot: a CPU, or a GPU where the cluster
+    has them, as pool.placement decides for every kind of work)."""
 
     def __init__(self, store_path, window, genome, model, device, threads):
         from linpipe.outputs.variants import VariantScorer
 
+        self.node = f"{node_id()}:{os.getpid()}"
         self.scorer = VariantScorer(store_path, window=window, genome=genome, model=model,
                                     device=device, threads=threads)
+
+    def ready(self) -> str:
+        return self.node
 
     def score(self, unit, variants):
         rows = self.scorer.score(unit, variants)
         return rows, self.scorer.replayed
 
 
-def ray_replay(store_path, *, window, genome, model, device, threads, workers: int, address):
-    """A `replay` for outputs.variants.score_variants: the units on `workers` actors, at most
-    two calls in flight per actor (ray.wait)."""
+class RayReplay:
+    """A `replay` for outputs.variants.score_variants: the units on `workers` actors of a Pool
+    (pool.py), IN_FLIGHT calls on each; a dead actor's units go back to the front of the queue,
+    for the others or its replacement. `deaths`: the actors lost in the last call."""
 
-    def replay(units, order, on_unit):
-        started = start_ray(address, workers)
-        import ray
+    def __init__(self, store_path, *, window, genome, model, device, threads, workers: int, address):
+        self.where = os.path.abspath(store_path)
+        self.fasta = os.path.abspath(genome) if genome else None
+        self.window, self.model, self.device, self.threads = window, model, device, threads
+        self.workers, self.address = workers, address
+        self.deaths = 0
 
+    def __call__(self, units, order, on_unit):
+        started = start_ray(self.address, self.workers)
+        pool = None
         try:
-            opts = {"num_cpus": 1}
-            if device is None and int(ray.cluster_resources().get("GPU", 0)):
-                opts = {"num_gpus": 1, "num_cpus": 1}
-            actor_cls = ray.remote(**opts)(_RayScorer)
-            where = os.path.abspath(store_path)
-            fasta = os.path.abspath(genome) if genome else None
-            actors = [actor_cls.remote(where, window, fasta, model, device, threads) for _ in range(workers)]
-            pending, results = {}, []
-            todo = list(order)
-            free = [a for a in actors for _ in range(2)]
-            while todo or pending:
-                while todo and free:
-                    u = todo.pop(0)
-                    a = free.pop()
-                    pending[a.score.remote(u, units[u])] = (a, u)
-                ready, _ = ray.wait(list(pending), num_returns=1)
-                for ref in ready:
-                    a, u = pending.pop(ref)
-                    try:
-                        results.append(ray.get(ref))
-                    except ray.exceptions.RayTaskError as e:
-                        cause = e.cause if isinstance(getattr(e, "cause", None), LinpipeError) else None
-                        if cause is not None:
-                            raise cause from None
-                        raise
-                    free.append(a)
+            import ray
+
+            where = placement(self.workers, device=self.device)
+            # a scorer that cannot start says why in its ready(), not as a dead actor (as_actor)
+            actor = ray.remote(as_actor(_RayScorer)).options(**where.options)
+            todo = collections.deque(order)
+
+            def new_actor():
+                return actor.remote(self.where, self.window, self.fasta, self.model, self.device,
+                                    self.threads)
+
+            def requeue(slot, e):
+                todo.extendleft(reversed([c.work for c in slot.calls]))  # in the order they were sent
+                if pool.deaths > MAX_DEATHS_PER_WORKER * self.workers:
+                    raise ClusterError(f"score-variants' workers died {pool.deaths} times; giving up")
+
+            def describe(u):
+                return "starting a worker" if u is None else f"replaying record {u.record!r} from {u.start}"
+
+            pool = Pool(new_actor, max(1, min(where.slots, len(order))), describe=describe, on_lost=requeue)
+            results = []
+            while todo or pool.busy:
+                if pool.started:
+                    for slot in pool.ready_slots():
+                        while todo and len(slot.calls) < IN_FLIGHT:
+                            u = todo.popleft()
+                            pool.send(slot, "score", u, units[u], work=u)
+                for call, result in pool.wait():
+                    results.append(result)
                     if on_unit:
-                        on_unit(len(units[u]))
+                        on_unit(len(units[call.work]))
             return results
         finally:
+            if pool is not None:
+                self.deaths = pool.deaths
+                pool.close()
             if started:
                 stop_ray()
-
-    return replay
 
 
 def score_variants(store_path: str, vcf: str, out: str, *, workers: int = 0, address: str | None = None,
@@ -76,7 +99,7 @@ def score_variants(store_path: str, vcf: str, out: str, *, workers: int = 0, add
 
     replay = None
     if workers:
-        replay = ray_replay(store_path, window=kw.get("window", DEFAULT_WINDOW), genome=kw.get("genome"),
+        replay = RayReplay(store_path, window=kw.get("window", DEFAULT_WINDOW), genome=kw.get("genome"),
                             model=kw.get("model"), device=kw.get("device"), threads=kw.get("threads", 1),
                             workers=workers, address=address)
     return score(store_path, vcf, out, replay=replay, **kw)

@@ -10,7 +10,8 @@ import pytest
 
 from linpipe.inputs.alphabet import tokenize
 from linpipe.model.checkpoints import edge_tensors, restore_edges
-from linpipe.model.segments import InProcess, SegmentRunner, run_layers
+from linpipe.model.segments import SegmentRunner
+from linpipe.model.segments_run import InProcess, run_layers
 
 # hg19 chr1 starts with 10,000 N: [LO, HI) = [9,000, 11,600) holds the N run's end and real
 # sequence; N_END is the N run's end in record positions

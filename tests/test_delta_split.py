@@ -9,7 +9,8 @@ from _pipeline_data import make_tiny_model
 from _split_harness import LO, N_END, assert_resumed_bytes, hg19_slice, rel, serial, stopped_and_resumed
 
 from linpipe.model import load_model
-from linpipe.model.segments import SegmentRunner, forward_split, layer_weights, segment_bounds, spill_bytes
+from linpipe.model.segments import SegmentRunner, segment_bounds, spill_bytes
+from linpipe.model.segments_run import forward_split, layer_weights
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -110,7 +110,8 @@ def test_split_logprobs_equal_flas(imported, parts, one_torch_thread):
     its actors run them; units of 37): fla's logprob and entropy to 1e-4."""
     from linpipe.inputs import open_input
     from linpipe.model import load_model
-    from linpipe.model.segments import forward_split, segment_bounds
+    from linpipe.model.segments import segment_bounds
+    from linpipe.model.segments_run import forward_split
 
     name, model_dir = imported
     model = load_model(str(model_dir), device="cpu")
@@ -135,7 +136,8 @@ def test_split_unit_edge_states_are_the_serial_runs(imported, one_torch_thread):
     resumed from either continues the same."""
     from linpipe.inputs import open_input
     from linpipe.model import load_model
-    from linpipe.model.segments import forward_split, segment_bounds
+    from linpipe.model.segments import segment_bounds
+    from linpipe.model.segments_run import forward_split
 
     _name, model_dir = imported
     model = load_model(str(model_dir), device="cpu")

@@ -80,3 +80,18 @@ def test_a_fraction_of_a_gpu_per_actor_puts_several_workers_on_one_gpu(gpu_clust
     assert start.workers == s.workers == workers  # one GPU: two actors of half a GPU, or one
     assert start.per_gpu == (2 if num_gpus == 0.5 else 1)
     assert s.positions_run == s.positions == 16_569 + 16_499 and s.worker_deaths == 0
+
+
+@pytest.mark.slow  # a multi-node Ray cluster
+def test_placement_gives_every_kind_of_work_the_gpu_unless_its_device_is_the_cpu(gpu_cluster):
+    """pool.placement, for the driver's units, the split's segments and score-variants' replays
+    alike: a GPU each where the cluster has GPUs, a CPU each for a CPU device, and what
+    --actor-resources asks above both."""
+    from linpipe.jobs.pool import placement
+
+    gpu, cpu = placement(None), placement(None, device="cpu")
+    assert (gpu.slots, gpu.num_gpus, gpu.threads) == (1, 1, None)
+    assert (cpu.slots, cpu.num_gpus, cpu.threads) == (4, None, 1)
+    asked = placement(3, ActorResources(num_gpus=0.25, num_cpus=1), device="cpu")
+    assert (asked.slots, asked.num_gpus) == (3, 0.25)
+    assert gpu.options["max_restarts"] == 0 and gpu.options["scheduling_strategy"] == "SPREAD"

@@ -24,7 +24,7 @@ from test_fla_import import _checkpoint, run
 from linpipe.inputs.alphabet import tokenize
 from linpipe.model import Model, ModelConfig, init_net, load_model
 from linpipe.model.config import mamba2_pairs
-from linpipe.model.segments import forward_split
+from linpipe.model.segments_run import forward_split
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -11,7 +11,8 @@ from _split_harness import LO, N_END, hg19_slice, rel, serial
 
 from linpipe.inputs.alphabet import tokenize
 from linpipe.model import Model, ModelConfig, init_net
-from linpipe.model.segments import forward_split, segment_bounds
+from linpipe.model.segments import segment_bounds
+from linpipe.model.segments_run import forward_split
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -252,7 +253,8 @@ import resource, sys
 import numpy as np
 import torch
 from linpipe.model import Model, ModelConfig, init_net
-from linpipe.model.segments import forward_split, segment_bounds
+from linpipe.model.segments import segment_bounds
+from linpipe.model.segments_run import forward_split
 torch.set_num_threads(1)
 n, spill = int(sys.argv[1]), sys.argv[2]
 cfg = ModelConfig(modality="dna", d_model=128, n_layers=2, n_heads=4, mlp_hidden=128)

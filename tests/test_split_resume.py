@@ -9,7 +9,8 @@ from _split_harness import assert_resumed_bytes, stopped_and_replayed, stopped_a
 from linpipe.model import Model, ModelConfig, init_net
 from linpipe.model.checkpoints import checkpoint_every, checkpoint_layers, slot
 from linpipe.model.exchange import layer_weights
-from linpipe.model.segments import forward_split, segment_bounds
+from linpipe.model.segments import segment_bounds
+from linpipe.model.segments_run import forward_split
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -211,6 +211,58 @@ def test_ray_workers_give_the_same_table(case):
     pd.testing.assert_frame_equal(pd.read_parquet(here), pd.read_parquet(there), check_exact=True)
 
 
+def _scorers() -> list[int]:
+    """The score-variants actors of this process's embedded Ray (its raylet's workers), those
+    running a unit first."""
+    import os
+
+    from _pipeline_data import child_processes
+
+    found = [p for raylet in child_processes(os.getpid(), b"raylet")
+             for p in child_processes(raylet, b"_RayScorer")]
+
+    def running(pid):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                return b"_RayScorer.score" in f.read()  # Ray's process title while a call runs
+        except OSError:
+            return False
+    return sorted(found, key=lambda p: not running(p))
+
+
+@pytest.mark.slow
+def test_an_actor_killed_mid_replay_hands_its_units_to_another(case):
+    """Two Ray actors of an embedded local Ray (on loopback): after the first unit, an actor
+    that holds units is SIGKILLed; its units run again on another actor (the pool's requeue),
+    and the table equals the one scored in process."""
+    import os
+    import signal
+
+    from _pipeline_data import process_gone
+
+    from linpipe.jobs.variants import RayReplay
+    from linpipe.outputs.variants import score_variants
+
+    base, _fasta, out, _model, seqs = case
+    vcf = _vcf(base / "kill.vcf", _variants(seqs), {k: len(v) for k, v in seqs.items()})
+    here, there = base / "k_here.parquet", base / "k_there.parquet"
+    a = score_variants(str(out), str(vcf), str(here), window=WINDOW)
+    replay = RayReplay(str(out), window=WINDOW, genome=None, model=None, device=None, threads=1,
+                       workers=2, address=None)
+    killed = []
+
+    def kill_one(n):
+        if not killed:
+            (pid, *_) = _scorers()
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+
+    b = score_variants(str(out), str(vcf), str(there), window=WINDOW, replay=replay, on_unit=kill_one)
+    assert killed and process_gone(killed[0], timeout=10) and replay.deaths == 1
+    assert (a.scored, a.units, a.replayed_positions) == (b.scored, b.units, b.replayed_positions)
+    pd.testing.assert_frame_equal(pd.read_parquet(here), pd.read_parquet(there), check_exact=True)
+
+
 def test_another_genome_is_refused(case):
     """--input with other content than the store's genome: refused, since the stored states
     belong to the sequence they were computed on."""

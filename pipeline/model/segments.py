@@ -50,6 +50,9 @@ A delta-rule, gla, mamba2, retention or fla linear-attention model's layers run 
 with their own state algebra: passes and fold of linpipe.model.delta_split, mamba2_split,
 retention_split or fla_linear_split, picked by the layer kind (split_kinds.split_kind);
 everything else (spans, spills, edges, messages, checkpoints) is shared.
+
+This module is a segment's side (SegmentRunner); the driver's side, which folds the messages and
+calls every segment per layer (run_layers, forward_split), is linpipe.model.segments_run.
 """
 from __future__ import annotations
 
@@ -57,8 +60,7 @@ import numpy as np
 import torch
 
 from linpipe.kernels.linear_attn import advance, features, log_decay, log_gate_sums, state_outputs
-from linpipe.model.exchange import Message, fold_layer, tail_rows
-from linpipe.model.exchange import layer_weights as attn_weights
+from linpipe.model.exchange import Message, tail_rows
 from linpipe.model.inference import Model
 from linpipe.model.network import Layer, ModelState
 from linpipe.model.spill import Spill
@@ -511,88 +513,3 @@ class SegmentRunner:
                                    torch.stack([p[1] for p in per_layer])[None],
                                    torch.stack([p[2] for p in per_layer])[None], prev_y.cpu())
             yield idx, a, b, out, state
-
-
-def layer_weights(net) -> list:
-    """What the fold needs of each layer: LayerWeights, or its kind's own (with their fold)."""
-    return split_kind(net.config).weights(net) if split_kind(net.config) else attn_weights(net)
-
-
-def edge_state(Ss, zs, halos, y, k: int) -> ModelState:
-    """The fold's state entering segment k (per layer lists Ss[l][k] ...; y: (D,))."""
-    return ModelState(torch.stack([S[k] for S in Ss])[None], torch.stack([z[k] for z in zs])[None],
-                      torch.stack([h[k] for h in halos])[None], y.view(1, -1))
-
-
-class InProcess:
-    """Runs every segment's calls one after another in this process (tests, one-worker use)."""
-
-    def __init__(self, runners: list[SegmentRunner]):
-        self.runners = runners
-
-    def call(self, method: str, args: list[tuple]) -> list:
-        return [getattr(r, method)(*a) for r, a in zip(self.runners, args, strict=True)]
-
-
-def run_layers(group, state0: ModelState, weights: list, n_segments: int,
-               exact_first: bool = True, *, start: int = 0, folds=(), on_fold=None,
-               replay: bool = False) -> list[ModelState]:
-    """The driver's side of a split run: the segments' first messages, then per layer the fold
-    and one call that runs the layer (and the next one's first half). group.call(method,
-    per-segment args) runs one method on every segment and returns the results in segment
-    order. Returns the state entering every segment and after the last (n_segments + 1
-    states), from state0 entering the first. start > 0: the segments resume at that layer
-    from a checkpoint ("resume" in place of "begin"), folds[layer] being the stored fold of
-    each layer before it; replay: no checkpoint holds the input of `start`, the segments run
-    the layers before it from their tokens with those folds ("replay", no exchange);
-    on_fold(layer, S, z, halos) sees every fold made here."""
-    first = (state0.S[0].cpu(), state0.z[0].cpu(), state0.conv[0].cpu())
-    firsts = [first if k == 0 and exact_first else None for k in range(n_segments)]
-    if start and replay:
-        msgs = group.call("replay", [(start, [tuple(part[k] for part in folds[j]) for j in range(start)], f)
-                                     for k, f in enumerate(firsts)])
-    elif start:
-        msgs = group.call("resume", [(start, f) for f in firsts])
-    else:
-        msgs = group.call("begin", [(f,) for f in firsts])
-    Ss, zs, halos = [], [], []
-    for layer, w in enumerate(weights):
-        if layer < start:
-            S_l, z_l, h_l = folds[layer]
-        else:
-            fold = getattr(w, "fold", None) or (lambda *a, w=w: fold_layer(w, *a))
-            S_l, z_l, h_l = fold(state0.S[0, layer].cpu(), state0.z[0, layer].cpu(),
-                                 state0.conv[0, layer].cpu(), msgs)
-            if on_fold is not None:
-                on_fold(layer, S_l, z_l, h_l)
-            msgs = group.call("apply", [(layer, S_l[k], z_l[k], h_l[k]) for k in range(n_segments)])
-        Ss.append(S_l)
-        zs.append(z_l)
-        halos.append(h_l)
-    ys = [state0.y[0].cpu()] + [m.y for m in msgs]
-    return [edge_state(Ss, zs, halos, ys[k], k) for k in range(n_segments + 1)]
-
-
-def forward_split(model: Model, x, bounds: list[tuple[int, int]], unit_size: int, state0=None,
-                  outputs=None, spill_dir=None):
-    """One record's outputs computed segment by segment (in this process): the split method's
-    reference. Returns (outputs of the whole [bounds[0][0], bounds[-1][1]) range, {unit
-    index: ModelState after it}, final state)."""
-    x = np.asarray(x)
-    state0 = model.init_state() if state0 is None else state0
-    runners = [SegmentRunner(model, lambda a, b: x[a:b], s, e, unit_size, spill_dir=spill_dir,
-                             outputs=outputs, exact=k == 0) for k, (s, e) in enumerate(bounds)]
-    try:
-        states = run_layers(InProcess(runners), state0, layer_weights(model.net), len(runners))
-        got: dict[str, list] = {}
-        unit_states = {}
-        for k, r in enumerate(runners):
-            for idx, _a, b, out, st in r.units_out(states[k].y[0], states[k + 1]):
-                for name, v in out.items():
-                    got.setdefault(name, []).append(v)
-                if b % unit_size == 0 or b == bounds[-1][1]:  # a unit's end (not a segment's cut)
-                    unit_states[idx] = st
-        return {k: np.concatenate(v) for k, v in got.items()}, unit_states, states[-1]
-    finally:
-        for r in runners:
-            r.close()

@@ -1,0 +1,102 @@
+"""The driver's side of a split run (linpipe.model.segments holds each segment's side): the
+segments' first messages, then per layer the fold (linpipe.model.exchange, or the layer kind's own:
+linpipe.model.split_kinds) and one call that runs the layer on every segment; the group that
+takes those calls is jobs/split.py's segment group of Ray actors, or `InProcess`. `forward_split`:
+a whole record segment by segment in this process, the split's reference.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from linpipe.model.exchange import fold_layer
+from linpipe.model.exchange import layer_weights as attn_weights
+from linpipe.model.inference import Model
+from linpipe.model.network import ModelState
+from linpipe.model.segments import SegmentRunner
+from linpipe.model.split_kinds import split_kind
+
+
+def layer_weights(net) -> list:
+    """What the fold needs of each layer: LayerWeights, or its kind's own (with their fold)."""
+    return split_kind(net.config).weights(net) if split_kind(net.config) else attn_weights(net)
+
+
+def edge_state(Ss, zs, halos, y, k: int) -> ModelState:
+    """The fold's state entering segment k (per layer lists Ss[l][k] ...; y: (D,))."""
+    return ModelState(torch.stack([S[k] for S in Ss])[None], torch.stack([z[k] for z in zs])[None],
+                      torch.stack([h[k] for h in halos])[None], y.view(1, -1))
+
+
+class InProcess:
+    """Runs every segment's calls one after another in this process (tests, one-worker use)."""
+
+    def __init__(self, runners: list[SegmentRunner]):
+        self.runners = runners
+
+    def call(self, method: str, args: list[tuple]) -> list:
+        return [getattr(r, method)(*a) for r, a in zip(self.runners, args, strict=True)]
+
+
+def run_layers(group, state0: ModelState, weights: list, n_segments: int,
+               exact_first: bool = True, *, start: int = 0, folds=(), on_fold=None,
+               replay: bool = False) -> list[ModelState]:
+    """The driver's side of a split run: the segments' first messages, then per layer the fold
+    and one call that runs the layer (and the next one's first half). group.call(method,
+    per-segment args) runs one method on every segment and returns the results in segment
+    order. Returns the state entering every segment and after the last (n_segments + 1
+    states), from state0 entering the first. start > 0: the segments resume at that layer
+    from a checkpoint ("resume" in place of "begin"), folds[layer] being the stored fold of
+    each layer before it; replay: no checkpoint holds the input of `start`, the segments run
+    the layers before it from their tokens with those folds ("replay", no exchange);
+    on_fold(layer, S, z, halos) sees every fold made here."""
+    first = (state0.S[0].cpu(), state0.z[0].cpu(), state0.conv[0].cpu())
+    firsts = [first if k == 0 and exact_first else None for k in range(n_segments)]
+    if start and replay:
+        msgs = group.call("replay", [(start, [tuple(part[k] for part in folds[j]) for j in range(start)], f)
+                                     for k, f in enumerate(firsts)])
+    elif start:
+        msgs = group.call("resume", [(start, f) for f in firsts])
+    else:
+        msgs = group.call("begin", [(f,) for f in firsts])
+    Ss, zs, halos = [], [], []
+    for layer, w in enumerate(weights):
+        if layer < start:
+            S_l, z_l, h_l = folds[layer]
+        else:
+            fold = getattr(w, "fold", None) or (lambda *a, w=w: fold_layer(w, *a))
+            S_l, z_l, h_l = fold(state0.S[0, layer].cpu(), state0.z[0, layer].cpu(),
+                                 state0.conv[0, layer].cpu(), msgs)
+            if on_fold is not None:
+                on_fold(layer, S_l, z_l, h_l)
+            msgs = group.call("apply", [(layer, S_l[k], z_l[k], h_l[k]) for k in range(n_segments)])
+        Ss.append(S_l)
+        zs.append(z_l)
+        halos.append(h_l)
+    ys = [state0.y[0].cpu()] + [m.y for m in msgs]
+    return [edge_state(Ss, zs, halos, ys[k], k) for k in range(n_segments + 1)]
+
+
+def forward_split(model: Model, x, bounds: list[tuple[int, int]], unit_size: int, state0=None,
+                  outputs=None, spill_dir=None):
+    """One record's outputs computed segment by segment (in this process): the split method's
+    reference. Returns (outputs of the whole [bounds[0][0], bounds[-1][1]) range, {unit
+    index: ModelState after it}, final state)."""
+    x = np.asarray(x)
+    state0 = model.init_state() if state0 is None else state0
+    runners = [SegmentRunner(model, lambda a, b: x[a:b], s, e, unit_size, spill_dir=spill_dir,
+                             outputs=outputs, exact=k == 0) for k, (s, e) in enumerate(bounds)]
+    try:
+        states = run_layers(InProcess(runners), state0, layer_weights(model.net), len(runners))
+        got: dict[str, list] = {}
+        unit_states = {}
+        for k, r in enumerate(runners):
+            for idx, _a, b, out, st in r.units_out(states[k].y[0], states[k + 1]):
+                for name, v in out.items():
+                    got.setdefault(name, []).append(v)
+                if b % unit_size == 0 or b == bounds[-1][1]:  # a unit's end (not a segment's cut)
+                    unit_states[idx] = st
+        return {k: np.concatenate(v) for k, v in got.items()}, unit_states, states[-1]
+    finally:
+        for r in runners:
+            r.close()
