@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from linpipe.errors import ModelError
-from linpipe.inputs.alphabet import VOCAB_SIZE
-from linpipe.kernels.linear_attn.naive import FEATURE_MAPS
 from linpipe.model.outputs import MODALITIES, output_names, output_spec
 
 FORMAT_NAME = "linpipe-model"
@@ -22,41 +20,77 @@ FAMILIES = (LINEAR_ATTN, DELTA_NET, GATED_DELTANET)
 # config.json's keys of the delta-rule kinds (fla 0.6's names for them)
 DELTA_KEYS = ("family", "head_dim", "expand_v", "use_gate", "use_short_conv", "allow_neg_eigval")
 
+# Format v1's feature maps, phi of the linear-attention layers (docs/model-format.md); the kernels
+# implement each (linpipe.kernels.FEATURE_MAPS, tests/test_model_options.py). Named here, not
+# imported, so that the command line reads this module's declarations without importing torch.
+FEATURE_MAPS = ("elu1", "relu", "identity")
+GATE_KEYS = ("normalizer",)
+DEFAULT_GATE_NORMALIZER = 16.0  # flash-linear-attention's gate_logit_normalizer
 
+
+# A field's metadata, where `linpipe model init` and `linpipe train` offer it as an option
+# (linpipe.cli.common.field_options builds the option from it): "help"; "default", the flag's
+# default where a new model's differs from the field's (None: derived from other options);
+# "min" (or "above": exclusive) for a number; "choices"; "flag" where it is not the name with
+# dashes ("--no-x" for a field that defaults to True, "--x/--no-x" for a three-way switch).
 @dataclass(frozen=True)
 class ModelConfig:
-    modality: str
-    d_model: int
-    n_layers: int
-    n_heads: int
-    mlp_hidden: int
-    feature_map: str = "elu1"
-    normalize: bool = True
-    conv_width: int = 4
+    modality: str = field(metadata={"default": "dna", "choices": MODALITIES,
+                                    "help": "What the model reads: DNA bases or a multichannel time series."})
+    d_model: int = field(metadata={"default": 64, "min": 1,
+                                   "help": "Width of the model (features per position)."})
+    n_layers: int = field(metadata={"default": 2, "min": 1, "help": "Linear-attention layers."})
+    n_heads: int = field(metadata={"default": 4, "min": 1,
+                                   "help": "Attention heads per layer (must divide --d-model)."})
+    mlp_hidden: int = field(metadata={"default": None, "min": 1, "help": "Default: 4 x d-model."})
+    feature_map: str = field(default="elu1", metadata={
+        "choices": FEATURE_MAPS, "help": "The positive map applied to queries and keys."})
+    normalize: bool = field(default=True, metadata={"flag": "--no-normalize",
+                                                    "help": "Drop the attention normaliser q.z."})
+    conv_width: int = field(default=4, metadata={"min": 1, "help": "1: no convolution."})
     attn_eps: float = 1e-6
     norm_eps: float = 1e-5
-    channels: int = 0  # timeseries only
+    channels: int = field(default=0, metadata={  # timeseries only
+        "default": None, "min": 1, "help": "Timeseries: number of input channels."})
     channel_names: tuple = ()
     mean: tuple = ()
     std: tuple = ()
     # timeseries only: causal per-series normalisation (linpipe.model.series). Channels run as
     # independent lanes of one univariate network, so any number of channels of any scale fits;
     # `channels` is then 1 and mean/std are unused. Absent from config.json when off.
-    series_norm: bool = False
+    series_norm: bool = field(default=False, metadata={
+        "help": "Time series: causal per-series normalisation, each channel its own lane, "
+                "forecasting the change from the last value (the shipped default-timeseries "
+                "model; docs/default-model.md). Trains on files with any channels."})
     # A data-dependent gate per head (flash-linear-attention's simple-GLA convention): at each
     # position the log-gate g = logsigmoid(gk_proj(a)) / gate_normalizer <= 0 of the layer's
     # normalised input a, and the state decays by exp(g) there; the gk_proj tensors replace the
     # fixed decay. None: no gate (config.json without the "gate" key).
-    gate_normalizer: float | None = None
+    gate_normalizer: float | None = field(default=None, metadata={
+        "default": DEFAULT_GATE_NORMALIZER, "above": 0, "help": "With --gate: the divisor of the log-gate."})
     # The layer kind (FAMILIES): today's linear attention with the normaliser, or the delta rule
     # of flash-linear-attention 0.6's DeltaNet / GatedDeltaNet layers (docs/model-format.md).
-    # The keys below are theirs (fla's names) and are written for the delta-rule kinds only.
-    family: str = LINEAR_ATTN
-    qk_head_dim: int | None = None  # "head_dim": K of q and k (default d_model / n_heads)
-    expand_v: float = 1.0  # V = K * expand_v
-    use_gate: bool = False  # the output gate: o_norm is RMSNorm(o) * silu(g_proj(x))
+    # The keys below are theirs (fla's names) and are written for the delta-rule kinds only;
+    # their flags default to None: the family's own default (linpipe.cli.common.family_shape).
+    family: str = field(default=LINEAR_ATTN, metadata={
+        "choices": FAMILIES,
+        "help": "The layer kind: linear attention with the normaliser, or the delta rule "
+                "(flash-linear-attention's DeltaNet; gated_deltanet: with its decay gate). "
+                "docs/model-format.md."})
+    qk_head_dim: int | None = field(default=None, metadata={  # "head_dim": K of q and k
+        "flag": "--head-dim", "min": 1,
+        "help": "Delta rule: K, the width of a head's queries and keys (default d-model / n-heads)."})
+    expand_v: float = field(default=1.0, metadata={  # V = K * expand_v
+        "default": None, "above": 0,
+        "help": "Delta rule: a head's value width over K (default 1 for delta_net, 2 for gated_deltanet)."})
+    # the output gate: o_norm is RMSNorm(o) * silu(g_proj(x))
+    use_gate: bool = field(default=False, metadata={
+        "flag": "--output-gate/--no-output-gate", "default": None,
+        "help": "Delta rule: gate the output, RMSNorm(o) * silu(g_proj(x)) (default: on for "
+                "gated_deltanet, off for delta_net)."})
     use_short_conv: bool = True  # q, k, v each through a causal depthwise conv of conv_width
-    allow_neg_eigval: bool = False  # beta in (0, 2) instead of (0, 1)
+    allow_neg_eigval: bool = field(default=False, metadata={  # beta in (0, 2) instead of (0, 1)
+        "help": "Delta rule: beta in (0, 2) instead of (0, 1)."})
     # dna: the rows of the output head. 4 (A, C, G, T) for linpipe's own models; an imported
     # model keeps its checkpoint's whole vocabulary (rows 0-3 its A, C, G, T, then the others),
     # so that a base's log-probability is the checkpoint's log-softmax over all its tokens
@@ -253,10 +287,6 @@ class ModelConfig:
             raise ModelError(f"{where}: {str(e).removeprefix('invalid model config: ')}") from None
 
 
-GATE_KEYS = ("normalizer",)
-DEFAULT_GATE_NORMALIZER = 16.0  # flash-linear-attention's gate_logit_normalizer
-
-
 def _gate_normalizer(gate, where: str) -> float:
     """The normaliser of config.json's "gate" object ({} takes the default 16)."""
     if not isinstance(gate, dict):
@@ -382,6 +412,8 @@ def expected_shapes(c: ModelConfig) -> dict[str, tuple]:
     """Every tensor of format v1 and its shape, for this config."""
     D, M, W, H = c.d_model, c.mlp_hidden, c.conv_width, c.n_heads
     if c.modality == "dna":
+        from linpipe.inputs.alphabet import VOCAB_SIZE
+
         shapes = {"embed.weight": (VOCAB_SIZE, D)}
     elif c.series_norm:
         from linpipe.model.series import N_FEATURES
