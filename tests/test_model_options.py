@@ -69,7 +69,8 @@ def test_train_at_its_defaults_is_the_default_train_config():
 
     params = TRAIN.make_context("train", REQUIRED["train"]).params
     assert TrainConfig(**field_values(TrainConfig, params)) == TrainConfig()
-    params = TRAIN.make_context("train", [*REQUIRED["train"], "--val-records", "r1,r2", "--lr", "0.01"]).params
+    args = [*REQUIRED["train"], "--val-records", "r1,r2", "--lr", "0.01"]
+    params = TRAIN.make_context("train", args).params
     cfg = TrainConfig(**field_values(TrainConfig, params))
     assert (cfg.val_records, cfg.lr) == (("r1", "r2"), 0.01)
 
