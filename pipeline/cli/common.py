@@ -105,7 +105,7 @@ def input_options(params: dict) -> dict:
 
 # ------------------------------------------------------------------ options from a config's fields
 # What a field's metadata may say (linpipe.model.config.ModelConfig says what each key means).
-FIELD_KEYS = {"help", "default", "min", "above", "choices", "flag", "metavar", "comma_list"}
+FIELD_KEYS = {"help", "default", "min", "above", "choices", "flag", "switch", "metavar", "comma_list"}
 
 
 def _comma_list(ctx, param, value) -> tuple:
@@ -120,8 +120,8 @@ def field_default(f: dataclasses.Field):
 
 
 def field_flag(f: dataclasses.Field) -> str:
-    """A declared field's flag (the first of a pair)."""
-    return f.metadata.get("flag", "--" + f.name.replace("_", "-")).split("/")[0]
+    """A declared field's flag (of a switch, the one that turns it on)."""
+    return "--" + f.metadata.get("flag", f.name).replace("_", "-")
 
 
 def field_option(f: dataclasses.Field):
@@ -132,17 +132,15 @@ def field_option(f: dataclasses.Field):
     if unknown or "help" not in m:
         raise TypeError(f"{f.name}: metadata keys {sorted(unknown)} (expected {sorted(FIELD_KEYS)}, "
                         "with help)")
-    default = field_default(f)
-    flag = m.get("flag", field_flag(f))
+    default, flag, text = field_default(f), field_flag(f), render(m["help"], spell)
     kind = f.type.split("|")[0].strip()  # annotations are text (from __future__ import annotations)
-    if "/" in flag:  # on, off, or not given (None)
-        return click.option(flag, f.name, default=default, help=m["help"])
+    if m.get("switch"):  # on, off, or not given (None)
+        return click.option(f"{flag}/--no-{flag[2:]}", f.name, default=default, help=text)
     if kind == "bool":
-        return click.option(flag, f.name, is_flag=True, flag_value=not default, default=default,
-                            help=m["help"])
+        return click.option(flag, f.name, is_flag=True, flag_value=not default, default=default, help=text)
     if m.get("comma_list"):
         return click.option(flag, f.name, default=None, metavar=m.get("metavar"), callback=_comma_list,
-                            help=m["help"])
+                            help=text)
     number = {"int": int, "float": float}.get(kind)
     if "choices" in m:
         kind_type = click.Choice(list(m["choices"]))
@@ -153,7 +151,7 @@ def field_option(f: dataclasses.Field):
     else:
         kind_type = number or str
     return click.option(flag, f.name, type=kind_type, default=default, show_default=default is not None,
-                        metavar=m.get("metavar"), help=m["help"])
+                        metavar=m.get("metavar"), help=text)
 
 
 def declared_fields(cls) -> dict[str, dataclasses.Field]:

@@ -6,7 +6,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
-from linpipe.errors import ModelError
+from linpipe.errors import ModelError, option
 from linpipe.model.outputs import MODALITIES, output_names, output_spec
 
 FORMAT_NAME = "linpipe-model"
@@ -29,10 +29,11 @@ DEFAULT_GATE_NORMALIZER = 16.0  # flash-linear-attention's gate_logit_normalizer
 
 
 # A field's metadata, where `linpipe model init` and `linpipe train` offer it as an option
-# (linpipe.cli.common.field_options builds the option from it): "help"; "default", the flag's
-# default where a new model's differs from the field's (None: derived from other options);
-# "min" (or "above": exclusive) for a number; "choices"; "flag" where it is not the name with
-# dashes ("--no-x" for a field that defaults to True, "--x/--no-x" for a three-way switch).
+# (linpipe.cli.common.field_options builds the option from it): "help" (other options named by
+# linpipe.errors.option); "default", the flag's default where a new model's differs from the
+# field's (None: derived from other options); "min" (or "above": exclusive) for a number;
+# "choices"; "flag", the option's name where it is not the field's (a field that defaults to True
+# is turned off by its flag; "switch": on, off or not given, as --x/--no-x).
 @dataclass(frozen=True)
 class ModelConfig:
     modality: str = field(metadata={"default": "dna", "choices": MODALITIES,
@@ -41,11 +42,11 @@ class ModelConfig:
                                    "help": "Width of the model (features per position)."})
     n_layers: int = field(metadata={"default": 2, "min": 1, "help": "Linear-attention layers."})
     n_heads: int = field(metadata={"default": 4, "min": 1,
-                                   "help": "Attention heads per layer (must divide --d-model)."})
+                                   "help": f"Attention heads per layer (must divide {option('d_model')})."})
     mlp_hidden: int = field(metadata={"default": None, "min": 1, "help": "Default: 4 x d-model."})
     feature_map: str = field(default="elu1", metadata={
         "choices": FEATURE_MAPS, "help": "The positive map applied to queries and keys."})
-    normalize: bool = field(default=True, metadata={"flag": "--no-normalize",
+    normalize: bool = field(default=True, metadata={"flag": "no_normalize",
                                                     "help": "Drop the attention normaliser q.z."})
     conv_width: int = field(default=4, metadata={"min": 1, "help": "1: no convolution."})
     attn_eps: float = 1e-6
@@ -67,7 +68,8 @@ class ModelConfig:
     # normalised input a, and the state decays by exp(g) there; the gk_proj tensors replace the
     # fixed decay. None: no gate (config.json without the "gate" key).
     gate_normalizer: float | None = field(default=None, metadata={
-        "default": DEFAULT_GATE_NORMALIZER, "above": 0, "help": "With --gate: the divisor of the log-gate."})
+        "default": DEFAULT_GATE_NORMALIZER, "above": 0,
+        "help": f"With {option('gate')}: the divisor of the log-gate."})
     # The layer kind (FAMILIES): today's linear attention with the normaliser, or the delta rule
     # of flash-linear-attention 0.6's DeltaNet / GatedDeltaNet layers (docs/model-format.md).
     # The keys below are theirs (fla's names) and are written for the delta-rule kinds only;
@@ -78,14 +80,14 @@ class ModelConfig:
                 "(flash-linear-attention's DeltaNet; gated_deltanet: with its decay gate). "
                 "docs/model-format.md."})
     qk_head_dim: int | None = field(default=None, metadata={  # "head_dim": K of q and k
-        "flag": "--head-dim", "min": 1,
+        "flag": "head_dim", "min": 1,
         "help": "Delta rule: K, the width of a head's queries and keys (default d-model / n-heads)."})
     expand_v: float = field(default=1.0, metadata={  # V = K * expand_v
         "default": None, "above": 0,
         "help": "Delta rule: a head's value width over K (default 1 for delta_net, 2 for gated_deltanet)."})
     # the output gate: o_norm is RMSNorm(o) * silu(g_proj(x))
     use_gate: bool = field(default=False, metadata={
-        "flag": "--output-gate/--no-output-gate", "default": None,
+        "flag": "output_gate", "switch": True, "default": None,
         "help": "Delta rule: gate the output, RMSNorm(o) * silu(g_proj(x)) (default: on for "
                 "gated_deltanet, off for delta_net)."})
     use_short_conv: bool = True  # q, k, v each through a causal depthwise conv of conv_width

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from linpipe.errors import option
+
 
 # A field's metadata makes it an option of `linpipe train` (keys as ModelConfig's,
 # linpipe.model.config; "metavar" the value's name in the help, "comma_list" for a tuple given
@@ -24,7 +26,8 @@ class TrainConfig:
     warmup: int = 50  # linear warm-up steps, then cosine decay to lr / 10
     clip: float = 1.0
     checkpoint_every: int = field(default=200, metadata={
-        "min": 1, "help": "Steps between checkpoints in --out/checkpoint (what --resume continues from)."})
+        "min": 1, "help": f"Steps between checkpoints in {option('out')}/checkpoint (what {option('resume')} "
+                "continues from)."})
     # torch intra-op threads: this model's ops are too small to gain from more
     threads: int = field(default=1, metadata={
         "min": 1, "help": "CPU threads for torch (more rarely helps models this small)."})
@@ -37,7 +40,7 @@ class TrainConfig:
         "min": 0, "metavar": "N",
         "help": "Positions a lane carries its state over, window to window, before it restarts "
                 "from the record-start state (0: to the record's end, as inference does; gradients "
-                "reach back only --window positions either way)."})
+                f"reach back only {option('window')} positions either way)."})
 
     def lr_at(self, step: int) -> float:
         if step < self.warmup:
