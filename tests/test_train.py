@@ -186,6 +186,7 @@ def test_training_carries_the_state_exactly(tmp_path, mt, context):
     assert rec["cursor"] == [[0, 2560, carried], [0, stretch + 2560, carried]]
 
 
+@pytest.mark.slow  # 120 steps over a 2.5 Mb genome
 def test_long_context_training_on_a_genome(tmp_path, genomes):
     """On the S. epidermidis contigs, lanes carry their state over tens of kb: the report says
     how much context a scored position saw, and the loss falls; --context bounds it."""
