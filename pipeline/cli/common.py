@@ -144,10 +144,9 @@ def field_option(f: dataclasses.Field):
     number = {"int": int, "float": float}.get(kind)
     if "choices" in m:
         kind_type = click.Choice(list(m["choices"]))
-    elif number is int and "min" in m:
-        kind_type = click.IntRange(m["min"])
-    elif number is float and "above" in m:
-        kind_type = click.FloatRange(min=m["above"], min_open=True)
+    elif "min" in m or "above" in m:
+        bounded = click.IntRange if number is int else click.FloatRange
+        kind_type = bounded(min=m.get("min", m.get("above")), min_open="above" in m)
     else:
         kind_type = number or str
     return click.option(flag, f.name, type=kind_type, default=default, show_default=default is not None,
