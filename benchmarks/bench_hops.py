@@ -3,13 +3,15 @@ job runs (the actor's relay, the worker's own process, its writing process) agai
 with one hop fewer, where the relay does the writes itself (the worker's process sends each
 unit's arrays to the relay's process, through shared memory as to a writing process of its own).
 
-    python benchmarks/bench_hops.py [--rounds 5] [--records 20000] [--d-model 8]
+    python benchmarks/bench_hops.py [--rounds 5] [--records 20000] [--d-model 8] [--ray]
+        [--cases genome,packed]
 
 Inputs: a short real genome (S. epidermidis ST14, 2.5 Mb, ../shared/data or
 LINPIPE_SHARED_DATA) as one streamed job, and --records packed records of 80-600 bp cut from
 the real genomes there (benchmarks/bench_host_path.py's). Each round runs both shapes, in
 alternating order, through a WorkerRelay in this process (no Ray: what the relay does beside
-the writes is only this script's calls), with the calls made as the driver makes them
+the writes is only this script's calls) or, with --ray, as a Ray actor on a local Ray (its
+threads beside the relay's writes, as in a job), with the calls made as the driver makes them
 (IN_FLIGHT at a time, numbered); the seconds from the first call to the last unit durable are
 printed, each shape's median and the fewer-hop shape's ratio per round. The two stores of a
 round are compared byte for byte.
@@ -20,6 +22,7 @@ own, over a socket whose other end the worker's process is given in place of a w
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import os
 import signal
@@ -40,18 +43,20 @@ from bench_host_path import SHARED, _inputs, job_store, overlapped  # noqa: E402
 
 GENOME = SHARED / "genomes" / "abricate_Sepidermidis_ST14_assembly.fa"
 
-_signal = signal.signal
-
-
-def _main_thread_signal(sig, handler):
+def _serve_on_a_thread() -> None:
     """write_process.serve sets its SIGINT handler, which only a main thread may: on the relay's
     write thread it is left as it is."""
-    if threading.current_thread() is threading.main_thread():
-        return _signal(sig, handler)
-    return None
+    if getattr(signal.signal, "main_only", False):
+        return
+    real = signal.signal
 
+    def main_only(sig, handler):
+        if threading.current_thread() is threading.main_thread():
+            return real(sig, handler)
+        return None
 
-signal.signal = _main_thread_signal
+    main_only.main_only = True
+    signal.signal = main_only
 
 
 # ------------------------------------------------------------------ the fewer-hop shape
@@ -67,6 +72,7 @@ def relay_writes_class():
                    "child_main()")
 
         def __init__(self, model, store_path, outputs, **kw):
+            _serve_on_a_thread()
             mine, theirs = socket.socketpair()
             self.writer = threading.Thread(target=write_process.serve,
                                            args=(mine, store_path, kw.get("lease_token")), daemon=True)
@@ -141,8 +147,31 @@ def digest(folder: Path) -> str:
     return h.hexdigest()
 
 
-def run(shape, fasta: Path, model: str, out: Path) -> tuple[float, float]:
+class InRay:
+    """A shape as the driver runs it: a Ray actor (the relay, named as a job names it) with
+    IN_FLIGHT calls in its threads; its methods wait for the actor's answers."""
+
+    def __init__(self, cls, *args, **kw):
+        import ray
+
+        from linpipe.jobs.actor import as_actor
+        from linpipe.jobs.driver import IN_FLIGHT
+
+        self.actor = ray.remote(as_actor(cls, name="PipelineWorker")).options(
+            max_concurrency=IN_FLIGHT + 1, num_cpus=1).remote(*args, **kw)
+        ray.get(self.actor.ready.remote())
+
+    def __getattr__(self, name):
+        import ray
+
+        method = getattr(self.actor, name)
+        return lambda *args, **kw: ray.get(method.remote(*args, **kw))
+
+
+def run(shape, fasta: Path, model: str, out: Path, in_ray: bool) -> tuple[float, float]:
     """(seconds of the calls, seconds of the worker's start) of one shape over one job."""
+    if in_ray:
+        shape = functools.partial(InRay, shape)
     plan, token = job_store(fasta, model, out)
     calls = [("run_unit", (c,), {"last": i == r.n_units - 1}) for r in plan.streams
              for i, c in enumerate(r.units())]
@@ -161,7 +190,14 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--records", type=int, default=20_000)
     ap.add_argument("--d-model", type=int, default=8)
+    ap.add_argument("--ray", action="store_true", help="each shape as a Ray actor (a local Ray of 2 CPUs)")
+    ap.add_argument("--cases", default="genome,packed")
     args = ap.parse_args()
+    if args.ray:
+        import ray
+
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])
+        ray.init(num_cpus=2, include_dashboard=False)
     from linpipe.jobs.worker_process import WorkerRelay
     from linpipe.model import init_net, save_model
     from linpipe.model.config import ModelConfig
@@ -173,8 +209,9 @@ def main() -> None:
         config = ModelConfig(modality="dna", d_model=args.d_model, n_layers=2, n_heads=2,
                              mlp_hidden=4 * args.d_model)
         save_model(init_net(config, seed=0), config, model)
-        cases = {"2.5 Mb genome": GENOME}
-        cases |= {k: v for k, v in _inputs(d, args.records, 0.01).items() if "packed" in k}
+        cases = {"2.5 Mb genome": GENOME} if "genome" in args.cases else {}
+        if "packed" in args.cases:
+            cases |= {k: v for k, v in _inputs(d, args.records, 0.01).items() if "packed" in k}
         for label, fasta in cases.items():
             times = {s: [] for s in shapes}
             starts = {s: [] for s in shapes}
@@ -183,7 +220,7 @@ def main() -> None:
                 order = list(shapes) if r % 2 == 0 else list(shapes)[::-1]
                 for name in order:
                     out = d / f"{name.split()[0]}.zarr"
-                    secs, start = run(shapes[name], fasta, model, out)
+                    secs, start = run(shapes[name], fasta, model, out, args.ray)
                     times[name].append(secs)
                     starts[name].append(start)
                     digests[name] = digest(out)
