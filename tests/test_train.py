@@ -31,6 +31,7 @@ def full_run(tmp_path_factory, mt):
     return res
 
 
+@pytest.mark.slow  # 200 steps of training (full_run)
 def test_loss_falls_over_200_steps(full_run):
     losses = np.asarray(full_run.losses)
     assert len(losses) == 200 and np.isfinite(losses).all()
@@ -48,6 +49,7 @@ def test_progress_reports_every_step_with_the_running_loss(full_run):
     assert steps[9].loss == pytest.approx(np.mean(full_run.losses[:10]), rel=1e-6)
 
 
+@pytest.mark.slow  # 200 steps of training (full_run)
 def test_resume_continues_from_the_same_loss(tmp_path, mt, full_run):
     assert train([mt], tmp_path, TINY, CFG, stop_at=120) is None
     saved = json.loads((tmp_path / "checkpoint" / "trainer.json").read_text())
