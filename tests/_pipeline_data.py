@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 CONTIG_UNIT = 2_048  # the work unit of the contig tests: records up to it are packed
 UNIT = CONTIG_UNIT
@@ -76,6 +77,9 @@ def assert_same_bytes(a: dict, b: dict) -> None:
 # The tiny models a module's store can be written with (conftest's model_kind): fixed decays,
 # per-position log-gates, or the gated delta rule (its state the rule's S and the q, k, v windows).
 MODEL_KINDS = ("fixed", "gated", "gated_deltanet")
+# As tests parametrise model_kind: the quick suite (-m "not slow") writes a module's store with the
+# fixed model only, the whole suite with each kind (a store apiece, the gated kinds' slower).
+KIND_PARAMS = tuple(k if k == "fixed" else pytest.param(k, marks=pytest.mark.slow) for k in MODEL_KINDS)
 
 
 def tiny_model_of(kind: str, directory: Path) -> str:

@@ -135,6 +135,7 @@ def test_channels_of_any_scale_are_independent_lanes(model, ecg, timeseries):
     np.testing.assert_allclose(small["anomaly"][:, 0], both["anomaly"][:, 1], rtol=1e-3, atol=1e-4)
 
 
+@pytest.mark.slow  # the shipped model over the whole held-out file, and its baselines
 def test_beats_last_value_on_held_out_ppg_and_figures_come_from_forecasts(model, timeseries):
     _, recs, _ = read_records(timeseries / HELD_OUT, time_column="timer")  # the whole held-out file
     scores = evaluate_timeseries(model, recs, season=100)["channels"][0]["scores"]

@@ -58,12 +58,17 @@ def _same(a: dict, b: dict, what) -> None:
         assert np.array_equal(a[k], b[k], equal_nan=True), (what, k)
 
 
+# The shipped default model (64 wide) under each product, in the whole suite; the quick suite
+# (-m "not slow") holds the tiny and gated models to the same guarantees.
+DEFAULT = pytest.param("default", marks=pytest.mark.slow)
+
+
 def _within(a: dict, b: dict, what, rtol=1e-6) -> None:
     for k in a:
         np.testing.assert_allclose(a[k], b[k], rtol=rtol, atol=0, err_msg=f"{what} {k}")
 
 
-@pytest.mark.parametrize("name", ["tiny", "gated", "default"])
+@pytest.mark.parametrize("name", ["tiny", "gated", DEFAULT])
 def test_a_record_does_not_depend_on_its_batch(models, records, name, matmul):
     m = models[name]
     alone = [m.forward_records([x], OUTS)[0] for x in records]
@@ -80,7 +85,7 @@ def test_a_record_does_not_depend_on_its_batch(models, records, name, matmul):
         _same(alone[i], got, (name, "forward_batch", i))
 
 
-@pytest.mark.parametrize("name", ["tiny", "gated", "default"])
+@pytest.mark.parametrize("name", ["tiny", "gated", DEFAULT])
 def test_cuts_at_the_exact_cut_change_no_byte(models, records, name, matmul):
     m = models[name]
     x = records[0]
@@ -100,7 +105,7 @@ def test_cuts_at_the_exact_cut_change_no_byte(models, records, name, matmul):
         _within({k: np.concatenate([p[k] for p in parts]) for k in OUTS}, whole, (name, step))
 
 
-@pytest.mark.parametrize("name", ["tiny", "default"])
+@pytest.mark.parametrize("name", ["tiny", DEFAULT])
 def test_thread_count_changes_no_byte(models, records, name, matmul):
     m = models[name]
     one = m.forward_records(records, OUTS)

@@ -70,7 +70,7 @@ def test_matches_naive_every_variant(feature_map, normalize, with_decay):
            initial_state=_state(1, 2, 16, 32))
 
 
-@pytest.mark.parametrize("T", [1, 63, 64, 65, 300])
+@pytest.mark.parametrize("T", [1, 63, 64, 65, pytest.param(300, marks=pytest.mark.slow)])  # 300: 5 blocks
 def test_any_length(T):
     q, k, v = _inputs(1, T, 2, 16, 16, seed=T)
     _check(q, k, v, decay=torch.tensor([0.9, 1.0], device=DEV))
@@ -81,6 +81,7 @@ def test_head_dims_not_powers_of_two():
     _check(q, k, v, initial_state=_state(1, 1, 24, 48))
 
 
+@pytest.mark.slow  # the interpreter over several records or blocks
 def test_default_blocks():
     # the default blocks and span length (64 positions: 3 spans per batch row), B = 2
     q, k, v = _inputs(2, 130, 2, 32, 32)
@@ -97,6 +98,7 @@ def test_span_len_must_fit_blocks():
         chunk_linear_attn_triton(q, k, v, block_size=16, span_len=40)
 
 
+@pytest.mark.slow  # the interpreter over several records or blocks
 def test_varlen_pack_each_record_has_its_own_state():
     lengths = [65, 1, 0, 33, 100, 16]  # a zero-length record passes its initial state through
     H, K, V = 2, 16, 32
@@ -135,6 +137,7 @@ def test_rejects_decay_outside_unit_interval():
             chunk_linear_attn_triton(q, k, v, decay=torch.tensor(bad, device=DEV))
 
 
+@pytest.mark.slow  # the interpreter over many spans
 @pytest.mark.parametrize("normalize", [True, False])
 def test_split_and_resume_equals_one_call(normalize):
     T, cut = 200, 77  # the cut falls inside a block and inside a span
@@ -182,13 +185,14 @@ def test_gated_matches_naive_every_variant(feature_map, normalize):
            initial_state=_state(1, 2, 16, 32))
 
 
-@pytest.mark.parametrize("T", [1, 63, 64, 65, 300])
+@pytest.mark.parametrize("T", [1, 63, 64, 65, pytest.param(300, marks=pytest.mark.slow)])
 def test_gated_any_length_and_with_a_decay(T):
     q, k, v = _inputs(1, T, 2, 16, 16, seed=T)
     decay = torch.tensor([0.9, 1.0], device=DEV) if T > 64 else None  # a decay and a gate: both apply
     _check(q, k, v, log_gate=_gates(1, T, 2, seed=T), decay=decay)
 
 
+@pytest.mark.slow  # the interpreter over several records or blocks
 def test_gated_varlen_pack_and_resume():
     """Packed records each read their own gates (the last segment's summed gate carries no state
     into the next record); [0:T] equals [0:cut] then [cut:T] with the carried state."""

@@ -495,6 +495,7 @@ def test_transient_errors_are_told_from_permanent_ones():
     assert not is_transient(ValueError("bad request"))
 
 
+@pytest.mark.slow  # the moto server's start
 def test_s3fs_reads_the_endpoint_from_the_environment(s3_server):
     """AWS_ENDPOINT_URL (what the tests set) and fsspec's FSSPEC_S3_ENDPOINT_URL both point s3fs
     at a MinIO-like server, with no storage options in linpipe's calls."""

@@ -2,6 +2,7 @@
 import subprocess
 import sys
 
+import pytest
 from click.testing import CliRunner
 
 import linpipe
@@ -29,6 +30,7 @@ def test_version():
     assert res.exit_code == 0 and linpipe.__version__ in res.output
 
 
+@pytest.mark.slow  # a child process that imports torch
 def test_import_does_not_import_triton_or_ray():
     code = ("import sys, linpipe, linpipe.kernels, linpipe.jobs; "
             "print('triton' in sys.modules, 'ray' in sys.modules)")

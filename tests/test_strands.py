@@ -3,7 +3,7 @@ when the record is read from its end toward 0, against the model run directly (n
 import numpy as np
 import pytest
 import zarr
-from _pipeline_data import MODEL_KINDS, read_fasta, tiny_model_of, write_in_process
+from _pipeline_data import KIND_PARAMS, read_fasta, tiny_model_of, write_in_process
 
 import linpipe
 from linpipe.inputs.alphabet import tokenize
@@ -37,7 +37,7 @@ def _both(genomes, tmp_path_factory, model_kind):
     return base, fasta, model, out, plan, seqs
 
 
-@pytest.mark.parametrize("model_kind", MODEL_KINDS, indirect=True, scope="module")
+@pytest.mark.parametrize("model_kind", KIND_PARAMS, indirect=True, scope="module")
 def test_reverse_strand_equals_the_model_over_the_reverse_complement(both):
     from linpipe.model import load_model
 
@@ -169,7 +169,7 @@ def test_submit_both_strands_on_ray(both, tmp_path, split):
             assert got[k].tobytes() == want[k].tobytes(), k
 
 
-@pytest.mark.parametrize("model_kind", MODEL_KINDS, indirect=True, scope="module")
+@pytest.mark.parametrize("model_kind", KIND_PARAMS, indirect=True, scope="module")
 def test_score_variants_reports_each_strand(both):
     """llr_fwd and llr_rc each equal the model run directly over the whole haplotypes of their
     strand (the reverse one: reverse-complemented, so its context is everything after the

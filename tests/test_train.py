@@ -31,6 +31,7 @@ def full_run(tmp_path_factory, mt):
     return res
 
 
+@pytest.mark.slow  # 200 steps of training (full_run)
 def test_loss_falls_over_200_steps(full_run):
     losses = np.asarray(full_run.losses)
     assert len(losses) == 200 and np.isfinite(losses).all()
@@ -48,6 +49,7 @@ def test_progress_reports_every_step_with_the_running_loss(full_run):
     assert steps[9].loss == pytest.approx(np.mean(full_run.losses[:10]), rel=1e-6)
 
 
+@pytest.mark.slow  # 200 steps of training (full_run)
 def test_resume_continues_from_the_same_loss(tmp_path, mt, full_run):
     assert train([mt], tmp_path, TINY, CFG, stop_at=120) is None
     saved = json.loads((tmp_path / "checkpoint" / "trainer.json").read_text())
@@ -186,6 +188,7 @@ def test_training_carries_the_state_exactly(tmp_path, mt, context):
     assert rec["cursor"] == [[0, 2560, carried], [0, stretch + 2560, carried]]
 
 
+@pytest.mark.slow  # 120 steps over a 2.5 Mb genome
 def test_long_context_training_on_a_genome(tmp_path, genomes):
     """On the S. epidermidis contigs, lanes carry their state over tens of kb: the report says
     how much context a scored position saw, and the loss falls; --context bounds it."""

@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from _pipeline_data import MODEL_KINDS, read_fasta, tiny_model_of, write_in_process
+from _pipeline_data import KIND_PARAMS, read_fasta, tiny_model_of, write_in_process
 from click.testing import CliRunner
 
 from linpipe.cli import cli
@@ -78,7 +78,7 @@ def _variants(seqs):
     return sorted(rows, key=lambda r: (r[0] != "chr2", r[1]))  # sorted, as tabix needs
 
 
-@pytest.mark.parametrize("model_kind", MODEL_KINDS, indirect=True, scope="module")
+@pytest.mark.parametrize("model_kind", KIND_PARAMS, indirect=True, scope="module")
 def test_llr_equals_the_model_run_directly(case):
     from linpipe.model import load_model
 

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from _pipeline_data import (
     CONTIG_UNIT,
-    MODEL_KINDS,
+    KIND_PARAMS,
     make_tiny_model,
     tiny_model_of,
     write_contigs,
@@ -52,7 +52,7 @@ def _written(genomes, tmp_path_factory, model_kind):
     return out, plan
 
 
-@pytest.mark.parametrize("model_kind", MODEL_KINDS, indirect=True, scope="module")
+@pytest.mark.parametrize("model_kind", KIND_PARAMS, indirect=True, scope="module")
 def test_a_good_store_verifies(written):
     out, plan = written
     report = verify_store(str(out))
@@ -61,7 +61,7 @@ def test_a_good_store_verifies(written):
     assert r.exit_code == 0 and json.loads(r.output)["units_checked"] == plan.n_units
 
 
-@pytest.mark.parametrize("model_kind", MODEL_KINDS, indirect=True, scope="module")
+@pytest.mark.parametrize("model_kind", KIND_PARAMS, indirect=True, scope="module")
 def test_corruption_is_named_by_unit_and_repaired_bit_identically(written, tmp_path):
     good, plan = written
     out = tmp_path / "bad.zarr"

@@ -3,12 +3,14 @@ declared once (the job options' from their declaration, linpipe.jobs.options), a
 printing helpers."""
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import click
 
 from linpipe.errors import LinpipeError, option, render
 from linpipe.jobs.options import BY_NAME, OPTIONS, Choice, InvalidValue
+from linpipe.model.config import GATED_DELTANET, LINEAR_ATTN, ModelConfig
 
 
 def spell(name: str) -> str:
@@ -101,7 +103,72 @@ def input_options(params: dict) -> dict:
     return {k: list(v) if isinstance(v, tuple) else v for k in INPUT_OPTIONS if (v := params.get(k))}
 
 
-# ------------------------------------------------------------------ model size (model init, train)
+# ------------------------------------------------------------------ options from a config's fields
+# What a field's metadata may say (linpipe.model.config.ModelConfig says what each key means).
+FIELD_KEYS = {"help", "default", "min", "above", "choices", "flag", "switch", "metavar", "comma_list"}
+
+
+def _comma_list(ctx, param, value) -> tuple:
+    return tuple(v for v in (value or "").split(",") if v)
+
+
+def field_default(f: dataclasses.Field):
+    """A declared field's default on the command line: the metadata's when it gives one."""
+    if f.metadata.get("comma_list"):
+        return f.default
+    return f.metadata.get("default", f.default)
+
+
+def field_flag(f: dataclasses.Field) -> str:
+    """A declared field's flag (of a switch, the one that turns it on)."""
+    return "--" + f.metadata.get("flag", f.name).replace("_", "-")
+
+
+def field_option(f: dataclasses.Field):
+    """The click option of a config field declared as one (its metadata): the value arrives as
+    the field takes it (a flag that defaults to True turns it off)."""
+    m = f.metadata
+    unknown = set(m) - FIELD_KEYS
+    if unknown or "help" not in m:
+        raise TypeError(f"{f.name}: metadata keys {sorted(unknown)} (expected {sorted(FIELD_KEYS)}, "
+                        "with help)")
+    default, flag, text = field_default(f), field_flag(f), render(m["help"], spell)
+    kind = f.type.split("|")[0].strip()  # annotations are text (from __future__ import annotations)
+    if m.get("switch"):  # on, off, or not given (None)
+        return click.option(f"{flag}/--no-{flag[2:]}", f.name, default=default, help=text)
+    if kind == "bool":
+        return click.option(flag, f.name, is_flag=True, flag_value=not default, default=default, help=text)
+    if m.get("comma_list"):
+        return click.option(flag, f.name, default=None, metavar=m.get("metavar"), callback=_comma_list,
+                            help=text)
+    number = {"int": int, "float": float}.get(kind)
+    if "choices" in m:
+        kind_type = click.Choice(list(m["choices"]))
+    elif "min" in m or "above" in m:
+        bounded = click.IntRange if number is int else click.FloatRange
+        kind_type = bounded(min=m.get("min", m.get("above")), min_open="above" in m)
+    else:
+        kind_type = number or str
+    return click.option(flag, f.name, type=kind_type, default=default, show_default=default is not None,
+                        metavar=m.get("metavar"), help=text)
+
+
+def declared_fields(cls) -> dict[str, dataclasses.Field]:
+    """The fields of a config class that are options, by name, in the class's order."""
+    return {f.name: f for f in dataclasses.fields(cls) if f.metadata}
+
+
+def field_options(cls, names=None):
+    """The options of a config class's declared fields `names` (default: all), in that order."""
+    fields = declared_fields(cls)
+    return options(*(field_option(fields[n]) for n in (names or fields)))
+
+
+def field_values(cls, params: dict) -> dict:
+    """The keywords of a config class from the parsed options of its declared fields."""
+    return {n: params[n] for n in declared_fields(cls) if n in params}
+
+
 def decay_values(text):
     if text is None:
         return None
@@ -114,19 +181,14 @@ def decay_values(text):
     return vals[0] if len(vals) == 1 else vals
 
 
+# model init, train: the network's size and layer kind (ModelConfig's declared fields), the
+# initial decays (init_net's) and the gate's switch (the "gate" key; its normaliser is a field)
+SIZE_FIELDS = ("d_model", "n_layers", "n_heads", "mlp_hidden", "conv_width", "feature_map", "normalize")
+FAMILY_FIELDS = ("family", "qk_head_dim", "expand_v", "use_gate", "allow_neg_eigval")
+MODEL_OPTIONS = ("decay", "gate")  # the model options that are no field
+
 model_size_options = options(
-    click.option("--d-model", type=click.IntRange(1), default=64, show_default=True,
-                 help="Width of the model (features per position)."),
-    click.option("--n-layers", type=click.IntRange(1), default=2, show_default=True,
-                 help="Linear-attention layers."),
-    click.option("--n-heads", type=click.IntRange(1), default=4, show_default=True,
-                 help="Attention heads per layer (must divide --d-model)."),
-    click.option("--mlp-hidden", type=click.IntRange(1), default=None, help="Default: 4 x d-model."),
-    click.option("--conv-width", type=click.IntRange(1), default=4, show_default=True,
-                 help="1: no convolution."),
-    click.option("--feature-map", type=click.Choice(["elu1", "relu", "identity"]), default="elu1",
-                 show_default=True, help="The positive map applied to queries and keys."),
-    click.option("--no-normalize", is_flag=True, help="Drop the attention normaliser q.z."),
+    field_options(ModelConfig, SIZE_FIELDS),
     click.option("--decay", default=None, metavar="VALUE[,VALUE...]",
                  help="One value for every head, or one per head "
                  "(comma-separated), each in (0, 1]; with --gate the decays the gates start "
@@ -135,61 +197,40 @@ model_size_options = options(
                  help="Gate each head's state by the data: at every position it decays by "
                  "exp(logsigmoid(gk_proj(x)) / normalizer), learnt (flash-linear-attention's "
                  "simple GLA) instead of a fixed decay."),
-    click.option("--gate-normalizer", type=click.FloatRange(min=0, min_open=True), default=16.0,
-                 show_default=True, help="With --gate: the divisor of the log-gate."),
+    field_options(ModelConfig, ("gate_normalizer",)),
 )
+family_options = field_options(ModelConfig, FAMILY_FIELDS)
+
+# fla 0.6's defaults per delta-rule kind where they differ from ModelConfig's
+FAMILY_DEFAULTS = {GATED_DELTANET: {"expand_v": 2.0, "use_gate": True}}
 
 
-# the layer kinds (linpipe.model.config.FAMILIES), with fla 0.6's defaults per kind
-FAMILY_DEFAULTS = {"linear_attn": {}, "delta_net": {"expand_v": 1.0, "use_gate": False},
-                   "gated_deltanet": {"expand_v": 2.0, "use_gate": True}}
-
-family_options = options(
-    click.option("--family", type=click.Choice(list(FAMILY_DEFAULTS)), default="linear_attn",
-                 show_default=True,
-                 help="The layer kind: linear attention with the normaliser, or the delta rule "
-                 "(flash-linear-attention's DeltaNet; gated_deltanet: with its decay gate). "
-                 "docs/model-format.md."),
-    click.option("--head-dim", type=click.IntRange(1), default=None,
-                 help="Delta rule: K, the width of a head's queries and keys (default d-model / n-heads)."),
-    click.option("--expand-v", type=click.FloatRange(min=0, min_open=True), default=None,
-                 help="Delta rule: a head's value width over K (default 1 for delta_net, 2 for "
-                 "gated_deltanet)."),
-    click.option("--output-gate/--no-output-gate", default=None,
-                 help="Delta rule: gate the output, RMSNorm(o) * silu(g_proj(x)) (default: on for "
-                 "gated_deltanet, off for delta_net)."),
-    click.option("--allow-neg-eigval", is_flag=True,
-                 help="Delta rule: beta in (0, 2) instead of (0, 1)."),
-)
-
-
-def family_shape(family, head_dim, expand_v, output_gate, allow_neg_eigval, *, conv_width, gate) -> dict:
-    """ModelConfig's layer-kind keywords from the family options (--conv-width 1: no short
+def model_fields(params: dict) -> dict:
+    """ModelConfig's keywords from `model init`'s or `train`'s parsed options: mlp_hidden 4 x
+    d_model unless given; the gate's normaliser only with --gate; the delta-rule keys only for
+    their families, each not given at that family's default (--conv-width 1: no short
     convolution)."""
-    delta = family != "linear_attn"
-    if not delta:
-        named = (("--head-dim", head_dim), ("--expand-v", expand_v), ("--output-gate", output_gate),
-                 ("--allow-neg-eigval", allow_neg_eigval or None))
-        given = [f for f, v in named if v is not None]
+    fields = declared_fields(ModelConfig)
+    kw = field_values(ModelConfig, params)
+    if kw["mlp_hidden"] is None:
+        kw["mlp_hidden"] = 4 * kw["d_model"]
+    if not params["gate"]:
+        kw["gate_normalizer"] = None
+    family = kw["family"]
+    if family == LINEAR_ATTN:
+        given = [n for n in FAMILY_FIELDS[1:] if kw.pop(n) != field_default(fields[n])]
         if given:
-            raise click.BadParameter(f"{given[0]} is for the delta-rule families", param_hint="--family")
-        return {}
-    if gate:
+            raise click.BadParameter(f"{field_flag(fields[given[0]])} is for the delta-rule families",
+                                     param_hint="--family")
+        return kw
+    if params["gate"]:
         raise click.BadParameter(f"--gate is for the linear_attn family; {family} layers gate by their "
                                  "own a_proj, A_log and dt_bias", param_hint="--gate")
-    defaults = FAMILY_DEFAULTS[family]
-    return dict(family=family, qk_head_dim=head_dim,
-                expand_v=defaults["expand_v"] if expand_v is None else expand_v,
-                use_gate=defaults["use_gate"] if output_gate is None else output_gate,
-                use_short_conv=conv_width > 1, allow_neg_eigval=allow_neg_eigval)
-
-
-def model_shape(d_model, n_layers, n_heads, mlp_hidden, conv_width, feature_map, no_normalize, gate=False,
-                gate_normalizer=16.0) -> dict:
-    """ModelConfig's shape keywords from the model size options."""
-    return dict(d_model=d_model, n_layers=n_layers, n_heads=n_heads, mlp_hidden=mlp_hidden or 4 * d_model,
-                feature_map=feature_map, normalize=not no_normalize, conv_width=conv_width,
-                gate_normalizer=gate_normalizer if gate else None)
+    for n in ("expand_v", "use_gate"):
+        if kw[n] is None:
+            kw[n] = FAMILY_DEFAULTS.get(family, {}).get(n, fields[n].default)
+    kw["use_short_conv"] = kw["conv_width"] > 1
+    return kw
 
 
 # ------------------------------------------------------------------ stores and the job server

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import click
 
-from .common import decay_values, examples, family_options, family_shape, model_shape, model_size_options
+from linpipe.model.config import ModelConfig
+
+from .common import decay_values, examples, family_options, field_options, model_fields, model_size_options
 
 
 @click.group("model", epilog=examples("linpipe model info", "linpipe model init my-model --d-model 32"))
@@ -18,21 +20,20 @@ def model_group():
     "linpipe model init gated-model --gate",
     "linpipe model init gdn-model --family gated_deltanet --d-model 64 --n-heads 4"))
 @click.argument("directory", type=click.Path(file_okay=False))
-@click.option("--modality", type=click.Choice(["dna", "timeseries"]), default="dna", show_default=True,
-              help="What the model reads: DNA bases or a multichannel time series.")
+@field_options(ModelConfig, ("modality",))
 @model_size_options
 @family_options
-@click.option("--channels", type=click.IntRange(1), default=None,
-              help="Timeseries: number of input channels.")
+@field_options(ModelConfig, ("channels",))
 @click.option("--seed", type=int, default=0, show_default=True, help="Random seed of the initial weights.")
 @click.option("--force", is_flag=True, help="Overwrite a model already in DIRECTORY.")
-def model_init(directory, modality, d_model, n_layers, n_heads, mlp_hidden, conv_width, feature_map,
-               no_normalize, decay, gate, gate_normalizer, family, head_dim, expand_v, output_gate,
-               allow_neg_eigval, channels, seed, force):
+def model_init(directory, decay, seed, force, **fields):
     """Write a randomly initialised model to DIRECTORY."""
     from pathlib import Path
 
-    from linpipe.model import CONFIG_FILE, ModelConfig, init_net, save_model
+    from linpipe.model import CONFIG_FILE, init_net, save_model
+
+    kw = model_fields(fields)
+    modality, channels = kw.pop("modality"), kw.pop("channels")
 
     if modality == "timeseries" and channels is None:
         raise click.BadParameter("timeseries models need --channels", param_hint="--channels")
@@ -44,11 +45,7 @@ def model_init(directory, modality, d_model, n_layers, n_heads, mlp_hidden, conv
     if modality == "timeseries":
         extra = dict(channels=channels, channel_names=tuple(f"ch{i}" for i in range(channels)),
                      mean=(0.0,) * channels, std=(1.0,) * channels)
-    config = ModelConfig(modality=modality, **model_shape(d_model, n_layers, n_heads, mlp_hidden, conv_width,
-                                                          feature_map, no_normalize, gate, gate_normalizer),
-                         **family_shape(family, head_dim, expand_v, output_gate, allow_neg_eigval,
-                                        conv_width=conv_width, gate=gate),
-                         **extra)
+    config = ModelConfig(modality=modality, **kw, **extra)
     net = init_net(config, seed=seed, decay=decay_values(decay))
     sha = save_model(net, config, directory)
     click.echo(f"wrote {directory} ({modality}, {config.family}, sha256 {sha})")

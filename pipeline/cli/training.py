@@ -5,13 +5,17 @@ import sys
 
 import click
 
+from linpipe.model.config import ModelConfig
+from linpipe.training.config import TrainConfig
+
 from .common import (
     decay_values,
     examples,
     family_options,
-    family_shape,
+    field_options,
+    field_values,
     input_options,
-    model_shape,
+    model_fields,
     model_size_options,
     plural,
     timeseries_options,
@@ -32,55 +36,21 @@ def _command_line() -> str:
               help="Model directory to write.")
 @model_size_options
 @family_options
-@click.option("--steps", type=click.IntRange(1), default=1000, show_default=True,
-              help="Total optimizer steps.")
-@click.option("--batch", type=click.IntRange(1), default=8, show_default=True, help="Parallel lanes.")
-@click.option("--window", type=click.IntRange(2), default=512, show_default=True,
-              help="Positions per lane per step.")
-@click.option("--context", type=click.IntRange(0), default=0, show_default=True, metavar="N",
-              help="Positions a lane carries its state over, window to window, before it restarts "
-              "from the record-start state (0: to the record's end, as inference does; gradients "
-              "reach back only --window positions either way).")
-@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=3e-3, show_default=True,
-              help="Peak learning rate (Adam; linear warm-up, then cosine decay to a tenth).")
-@click.option("--seed", type=int, default=0, show_default=True,
-              help="Random seed of the initial weights and the lanes' starting points.")
-@click.option("--device", default="auto", show_default=True, metavar="DEVICE",
-              help="auto (a CUDA GPU when there is one, else cpu), cpu, cuda, cuda:1, ...")
-@click.option("--val-records", default=None, metavar="ID[,ID...]",
-              help="Comma-separated record ids to hold out whole "
-              "(default: the last 5% of every record).")
-@click.option("--checkpoint-every", type=click.IntRange(1), default=200, show_default=True,
-              help="Steps between checkpoints in --out/checkpoint (what --resume continues from).")
-@click.option("--threads", type=click.IntRange(1), default=1, show_default=True,
-              help="CPU threads for torch (more rarely helps models this small).")
+@field_options(TrainConfig)
 @click.option("--resume", is_flag=True, help="Continue from the checkpoint in --out (same inputs).")
 @click.option("--force", is_flag=True, help="Overwrite a model (or any files) already in --out.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-@click.option("--series-norm", is_flag=True,
-              help="Time series: causal per-series normalisation, each channel its own lane, "
-                   "forecasting the change from the last value (the shipped default-timeseries "
-                   "model; docs/default-model.md). Trains on files with any channels.")
+@field_options(ModelConfig, ("series_norm",))
 @timeseries_options
-def train_cmd(inputs, out, d_model, n_layers, n_heads, mlp_hidden, conv_width, feature_map, no_normalize,
-              decay, gate, gate_normalizer, family, head_dim, expand_v, output_gate, allow_neg_eigval,
-              steps, batch, window, lr, seed, device, val_records,
-              checkpoint_every, threads, resume, force, quiet, series_norm, context, **ts):
+def train_cmd(inputs, out, decay, resume, force, quiet, **params):
     """Train a model on INPUTS (FASTA or time series) by next-position prediction into --out."""
     import numpy as np
 
     from linpipe.progress import Progress
-    from linpipe.training.loop import TrainConfig, train
+    from linpipe.training.loop import train
 
-    cfg = TrainConfig(steps=steps, batch=batch, window=window, context=context, lr=lr, seed=seed,
-                      device=device, checkpoint_every=checkpoint_every, threads=threads,
-                      val_records=tuple(v for v in (val_records or "").split(",") if v))
-    kw = model_shape(d_model, n_layers, n_heads, mlp_hidden, conv_width, feature_map, no_normalize, gate,
-                     gate_normalizer)
-    kw.update(family_shape(family, head_dim, expand_v, output_gate, allow_neg_eigval, conv_width=conv_width,
-                           gate=gate))
-    if series_norm:
-        kw["series_norm"] = True
+    cfg = TrainConfig(**field_values(TrainConfig, params))
+    kw = model_fields(params)
     bar = None
 
     def show(info):
@@ -92,7 +62,7 @@ def train_cmd(inputs, out, d_model, n_layers, n_heads, mlp_hidden, conv_width, f
     try:
         res = train(inputs, out, kw, cfg, decay=decay_values(decay), resume=resume,
                     command=_command_line(), progress=None if quiet else show,
-                    ts_options=input_options(ts), force=force)
+                    ts_options=input_options(params), force=force)
     finally:
         if bar is not None:
             bar.close()

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from linpipe.errors import ModelError
-from linpipe.kernels.linear_attn.naive import FEATURE_MAPS
+from linpipe.errors import ModelError, option
 from linpipe.model.outputs import MODALITIES, output_names, output_spec
 
 FORMAT_NAME = "linpipe-model"
@@ -29,6 +28,8 @@ DELTA_KINDS = (DELTA_NET, GATED_DELTANET, GLA)
 # fla's attention kinds: fla's keys (DELTA_KEYS), q/k/v projections, the SwiGLU MLP, no z (but
 # fla's linear attention with its normaliser); mamba2's blocks are its own
 FLA_KINDS = (*DELTA_KINDS, RETNET, FLA_LINEAR_ATTN)
+# the kinds `linpipe model init` and `linpipe train` make; the others come by `linpipe model import`
+TRAINED = (LINEAR_ATTN, DELTA_NET, GATED_DELTANET)
 # fla's LinearAttention feature maps -> phi's width per K of q and k (all fixed-size states)
 QK_FEATURE_MAPS = {"identity": 1, "elu": 1, "relu": 1, "elementwise_product": 1, "t2r": 1, "hedgehog": 2,
                    "dpfp": 8}
@@ -38,41 +39,79 @@ DELTA_KEYS = ("family", "head_dim", "expand_v", "use_gate", "use_short_conv", "a
 GLA_KEYS = ("feature_map", "gate", "gate_rank")
 GLA_FEATURE_MAPS = ("identity", "relu", "sigmoid", "silu")
 
+# Format v1's feature maps, phi of the linear-attention layers (docs/model-format.md); the kernels
+# implement each (linpipe.kernels.FEATURE_MAPS, tests/test_model_options.py). Named here, not
+# imported, so that the command line reads this module's declarations without importing torch.
+FEATURE_MAPS = ("elu1", "relu", "identity")
+GATE_KEYS = ("normalizer",)
+DEFAULT_GATE_NORMALIZER = 16.0  # flash-linear-attention's gate_logit_normalizer
 
+
+# A field's metadata, where `linpipe model init` and `linpipe train` offer it as an option
+# (linpipe.cli.common.field_options builds the option from it): "help" (other options named by
+# linpipe.errors.option); "default", the flag's default where a new model's differs from the
+# field's (None: derived from other options); "min" (or "above": exclusive) for a number;
+# "choices"; "flag", the option's name where it is not the field's (a field that defaults to True
+# is turned off by its flag; "switch": on, off or not given, as --x/--no-x).
 @dataclass(frozen=True)
 class ModelConfig:
-    modality: str
-    d_model: int
-    n_layers: int
-    n_heads: int
-    mlp_hidden: int
-    feature_map: str = "elu1"
-    normalize: bool = True
-    conv_width: int = 4
+    modality: str = field(metadata={"default": "dna", "choices": MODALITIES,
+                                    "help": "What the model reads: DNA bases or a multichannel time series."})
+    d_model: int = field(metadata={"default": 64, "min": 1,
+                                   "help": "Width of the model (features per position)."})
+    n_layers: int = field(metadata={"default": 2, "min": 1, "help": "Linear-attention layers."})
+    n_heads: int = field(metadata={"default": 4, "min": 1,
+                                   "help": f"Attention heads per layer (must divide {option('d_model')})."})
+    mlp_hidden: int = field(metadata={"default": None, "min": 1, "help": "Default: 4 x d-model."})
+    feature_map: str = field(default="elu1", metadata={
+        "choices": FEATURE_MAPS, "help": "The positive map applied to queries and keys."})
+    normalize: bool = field(default=True, metadata={"flag": "no_normalize",
+                                                    "help": "Drop the attention normaliser q.z."})
+    conv_width: int = field(default=4, metadata={"min": 1, "help": "1: no convolution."})
     attn_eps: float = 1e-6
     norm_eps: float = 1e-5
-    channels: int = 0  # timeseries only
+    channels: int = field(default=0, metadata={  # timeseries only
+        "default": None, "min": 1, "help": "Timeseries: number of input channels."})
     channel_names: tuple = ()
     mean: tuple = ()
     std: tuple = ()
     # timeseries only: causal per-series normalisation (linpipe.model.series). Channels run as
     # independent lanes of one univariate network, so any number of channels of any scale fits;
     # `channels` is then 1 and mean/std are unused. Absent from config.json when off.
-    series_norm: bool = False
+    series_norm: bool = field(default=False, metadata={
+        "help": "Time series: causal per-series normalisation, each channel its own lane, "
+                "forecasting the change from the last value (the shipped default-timeseries "
+                "model; docs/default-model.md). Trains on files with any channels."})
     # A data-dependent gate per head (flash-linear-attention's simple-GLA convention): at each
     # position the log-gate g = logsigmoid(gk_proj(a)) / gate_normalizer <= 0 of the layer's
     # normalised input a, and the state decays by exp(g) there; the gk_proj tensors replace the
     # fixed decay. None: no gate (config.json without the "gate" key).
-    gate_normalizer: float | None = None
+    gate_normalizer: float | None = field(default=None, metadata={
+        "default": DEFAULT_GATE_NORMALIZER, "above": 0,
+        "help": f"With {option('gate')}: the divisor of the log-gate."})
     # The layer kind (FAMILIES): today's linear attention with the normaliser, or the delta rule
     # of flash-linear-attention 0.6's DeltaNet / GatedDeltaNet layers (docs/model-format.md).
-    # The keys below are theirs (fla's names) and are written for the delta-rule kinds only.
-    family: str = LINEAR_ATTN
-    qk_head_dim: int | None = None  # "head_dim": K of q and k (default d_model / n_heads)
-    expand_v: float = 1.0  # V = K * expand_v
-    use_gate: bool = False  # the output gate: o_norm is RMSNorm(o) * silu(g_proj(x))
+    # The keys below are theirs (fla's names) and are written for the delta-rule kinds only;
+    # their flags default to None: the family's own default (linpipe.cli.common.family_shape).
+    family: str = field(default=LINEAR_ATTN, metadata={
+        "choices": TRAINED,
+        "help": "The layer kind: linear attention with the normaliser, or the delta rule "
+                "(flash-linear-attention's DeltaNet; gated_deltanet: with its decay gate). "
+                "docs/model-format.md (the other families come by model import)."})
+    qk_head_dim: int | None = field(default=None, metadata={  # "head_dim": K of q and k
+        "flag": "head_dim", "min": 1,
+        "help": "Delta rule: K, the width of a head's queries and keys (default d-model / n-heads)."})
+    expand_v: float = field(default=1.0, metadata={  # V = K * expand_v
+        "default": None, "above": 0,
+        "help": "Delta rule: a head's value width over K (default 1 for delta_net, 2 for gated_deltanet)."})
+    # the output gate: o_norm is RMSNorm(o) * silu(g_proj(x))
+    use_gate: bool = field(default=False, metadata={
+        "flag": "output_gate", "switch": True, "default": None,
+        "help": "Delta rule: gate the output, RMSNorm(o) * silu(g_proj(x)) (default: on for "
+                "gated_deltanet, off for delta_net)."})
     use_short_conv: bool = True  # q, k, v each through a causal depthwise conv of conv_width
-    allow_neg_eigval: bool = False  # beta in (0, 2) instead of (0, 1)
+    allow_neg_eigval: bool = field(default=False, metadata={  # beta in (0, 2) instead of (0, 1)
+        "help": "Delta rule: beta in (0, 2) instead of (0, 1)."})
     # gla: gk_proj's low rank (D -> gate_rank -> HK) and fla's clamp_min, the floor of the
     # log-gates (None: none); the gate's normaliser is gate_normalizer, q and k's map feature_map
     gate_rank: int | None = None
@@ -340,10 +379,6 @@ class ModelConfig:
             return cls(**kw)
         except ModelError as e:
             raise ModelError(f"{where}: {str(e).removeprefix('invalid model config: ')}") from None
-
-
-GATE_KEYS = ("normalizer",)
-DEFAULT_GATE_NORMALIZER = 16.0  # flash-linear-attention's gate_logit_normalizer
 
 
 def _gate_normalizer(gate, where: str) -> float:

@@ -22,7 +22,6 @@ loss_curve.png.
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -32,6 +31,7 @@ import numpy as np
 
 from linpipe.errors import InputError, LinpipeError, ModelError, option
 from linpipe.model.series import CLIP_TARGET
+from linpipe.training.config import TrainConfig
 from linpipe.training.data import LaneWalker, read_records, split_records
 from linpipe.training.evaluate import LN2, MARKOV_FILE, fit_markov, model_log2prob
 from linpipe.training.markov import MarkovModel
@@ -39,30 +39,6 @@ from linpipe.training.threads import torch_threads
 
 CHECKPOINT_DIR = "checkpoint"
 VAL_CONTEXT = 65536  # positions before a validation part read to warm the state up
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    steps: int = 1000
-    batch: int = 8
-    window: int = 512
-    lr: float = 3e-3
-    seed: int = 0
-    device: str = "auto"  # "auto": the first CUDA GPU when there is one, else the CPU
-    warmup: int = 50  # linear warm-up steps, then cosine decay to lr / 10
-    clip: float = 1.0
-    checkpoint_every: int = 200
-    threads: int = 1  # torch intra-op threads: this model's ops are too small to gain from more
-    val_fraction: float = 0.05
-    val_records: tuple = ()
-    # positions a lane carries its state over before restarting from BOS; 0: to the record's end
-    context: int = 0
-
-    def lr_at(self, step: int) -> float:
-        if step < self.warmup:
-            return self.lr * (step + 1) / self.warmup
-        frac = (step - self.warmup) / max(1, self.steps - self.warmup)
-        return self.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
 
 
 @dataclass(frozen=True)
@@ -240,7 +216,7 @@ def _reset_lanes(net, state, resets):
                       pick(init.y, state.y), None if state.norm is None else pick(init.norm, state.norm))
 
 
-def train(inputs, out, model_kwargs: dict | None = None, cfg: TrainConfig = TrainConfig(), *,
+def train(inputs, out, model_kwargs: dict | None = None, cfg: TrainConfig | None = None, *,
           decay=None, resume: bool = False, command: str = "",
           progress: Callable[[StepInfo], None] | None = None,
           stop_at: int | None = None, ts_options: dict | None = None,
@@ -254,6 +230,7 @@ def train(inputs, out, model_kwargs: dict | None = None, cfg: TrainConfig = Trai
     """
     import torch
 
+    cfg = cfg or TrainConfig()
     out = Path(out)
     if not resume:
         check_out_free(out, force=force)

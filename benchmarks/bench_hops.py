@@ -1,0 +1,238 @@
+"""The worker path's hops (docs/pipeline.md, "Why three processes per worker"): the shape a
+job runs (the actor's relay, the worker's own process, its writing process) against the shape
+with one hop fewer, where the relay does the writes itself (the worker's process sends each
+unit's arrays to the relay's process, through shared memory as to a writing process of its own).
+
+    python benchmarks/bench_hops.py [--rounds 5] [--records 20000] [--d-model 8] [--ray]
+        [--cases genome,packed]
+
+Inputs: a short real genome (S. epidermidis ST14, 2.5 Mb, ../shared/data or
+LINPIPE_SHARED_DATA) as one streamed job, and --records packed records of 80-600 bp cut from
+the real genomes there (benchmarks/bench_host_path.py's). Each round runs both shapes, in
+alternating order, through a WorkerRelay in this process (no Ray: what the relay does beside
+the writes is only this script's calls) or, with --ray, as a Ray actor on a local Ray (its
+threads beside the relay's writes, as in a job), with the calls made as the driver makes them
+(IN_FLIGHT at a time, numbered); the seconds from the first call to the last unit durable are
+printed, each shape's median and the fewer-hop shape's ratio per round. The two stores of a
+round are compared byte for byte.
+
+The fewer-hop shape exists here only: the relay serves write_process.serve on a thread of its
+own, over a socket whose other end the worker's process is given in place of a writing process.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import hashlib
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import weakref
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from bench_host_path import SHARED, _inputs, job_store, overlapped  # noqa: E402
+
+GENOME = SHARED / "genomes" / "abricate_Sepidermidis_ST14_assembly.fa"
+
+def _serve_on_a_thread() -> None:
+    """write_process.serve sets its SIGINT handler, which only a main thread may: on the relay's
+    write thread it is left as it is."""
+    if getattr(signal.signal, "main_only", False):
+        return
+    real = signal.signal
+
+    def main_only(sig, handler):
+        if threading.current_thread() is threading.main_thread():
+            return real(sig, handler)
+        return None
+
+    main_only.main_only = True
+    signal.signal = main_only
+
+
+# ------------------------------------------------------------------ the fewer-hop shape
+def relay_writes_class():
+    from linpipe.jobs import child, worker_process, write_process
+    from linpipe.jobs.worker_process import WorkerRelay
+
+    class RelayWrites(WorkerRelay):
+        """The relay, serving its worker's writes on a thread of its own."""
+
+        command = (sys.executable, "-c",
+                   f"import sys; sys.path.insert(0, {str(HERE)!r}); from bench_hops import child_main; "
+                   "child_main()")
+
+        def __init__(self, model, store_path, outputs, **kw):
+            _serve_on_a_thread()
+            mine, theirs = socket.socketpair()
+            self.writer = threading.Thread(target=write_process.serve,
+                                           args=(mine, store_path, kw.get("lease_token")), daemon=True)
+            self.writer.start()
+
+            def start(command):  # the child's call socket, then its write socket
+                a, b = socket.socketpair()
+                fds = [b.fileno(), theirs.fileno()]
+                proc = subprocess.Popen([*command, *map(str, fds)], pass_fds=fds, stdin=subprocess.DEVNULL)
+                b.close()
+                theirs.close()
+                return proc, a
+
+            worker_process.start_child = start
+            try:
+                super().__init__(model, store_path, outputs, **kw)
+            finally:
+                worker_process.start_child = child.start_child
+
+        def close(self):
+            super().close()
+            self.writer.join()
+
+    return RelayWrites
+
+
+class _Relay:
+    """The writes' other end, as a Channel sees a child: the relay outlives the worker."""
+
+    pid = os.getppid()
+
+    def poll(self):
+        return 0
+
+    def wait(self, timeout=None):
+        return 0
+
+
+def child_main() -> None:
+    """The worker's process of the fewer-hop shape: argv is its call socket's descriptor and its
+    write socket's; its PipelineWorker writes through the latter."""
+    from linpipe.errors import StoreError
+    from linpipe.jobs import actor, worker_process, write_process
+    from linpipe.jobs.child import Channel
+
+    write_fd = int(sys.argv[2])
+
+    class WritesToRelay(write_process.WriteProcess):
+        def __init__(self, store_path, lease_token=None):
+            self.store_path = str(store_path)
+            self._channel = Channel(_Relay(), socket.socket(fileno=write_fd), name="linpipe-write-answers",
+                                    lost=lambda how: StoreError(f"the relay's writes ended: {how}"),
+                                    unreadable=StoreError)
+            self._refusal = lambda: StoreError(f"{store_path}: the worker is closed")
+            self._dropped = weakref.finalize(self, self._channel.stop, self._refusal)
+            self.buffers = write_process._Buffers() if hasattr(os, "memfd_create") else None
+            self.child_rss = 0
+
+    actor.WriteProcess = WritesToRelay
+    worker_process.serve(socket.socket(fileno=int(sys.argv[1])))
+    os._exit(0)
+
+
+# ------------------------------------------------------------------ the benchmark
+def digest(folder: Path) -> str:
+    """The store's bytes: every file's path and content, the lease object left out."""
+    h = hashlib.sha256()
+    for p in sorted(folder.rglob("*")):
+        if p.is_file() and "lease" not in p.name:
+            h.update(str(p.relative_to(folder)).encode())
+            h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+class InRay:
+    """A shape as the driver runs it: a Ray actor (the relay, named as a job names it) with
+    IN_FLIGHT calls in its threads; its methods wait for the actor's answers."""
+
+    def __init__(self, cls, *args, **kw):
+        import ray
+
+        from linpipe.jobs.actor import as_actor
+        from linpipe.jobs.driver import IN_FLIGHT
+
+        self.actor = ray.remote(as_actor(cls, name="PipelineWorker")).options(
+            max_concurrency=IN_FLIGHT + 1, num_cpus=1).remote(*args, **kw)
+        ray.get(self.actor.ready.remote())
+
+    def __getattr__(self, name):
+        import ray
+
+        method = getattr(self.actor, name)
+        return lambda *args, **kw: ray.get(method.remote(*args, **kw))
+
+
+def run(shape, fasta: Path, model: str, out: Path, in_ray: bool) -> tuple[float, float]:
+    """(seconds of the calls, seconds of the worker's start) of one shape over one job."""
+    if in_ray:
+        shape = functools.partial(InRay, shape)
+    plan, token = job_store(fasta, model, out)
+    calls = [("run_unit", (c,), {"last": i == r.n_units - 1}) for r in plan.streams
+             for i, c in enumerate(r.units())]
+    calls += [("run_batch", (b, plan.batch_units(b)), {}) for b in range(plan.packed.n_batches)]
+    t0 = time.perf_counter()
+    w = shape(plan.model_ref, str(out), list(plan.outputs), device="cpu", threads=1,
+              input_options=plan.input_options, lease_token=token)
+    t1 = time.perf_counter()
+    overlapped(w, calls)
+    w.close()
+    return time.perf_counter() - t1, t1 - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--records", type=int, default=20_000)
+    ap.add_argument("--d-model", type=int, default=8)
+    ap.add_argument("--ray", action="store_true", help="each shape as a Ray actor (a local Ray of 2 CPUs)")
+    ap.add_argument("--cases", default="genome,packed")
+    args = ap.parse_args()
+    if args.ray:
+        import ray
+
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])
+        ray.init(num_cpus=2, include_dashboard=False)
+    from linpipe.jobs.worker_process import WorkerRelay
+    from linpipe.model import init_net, save_model
+    from linpipe.model.config import ModelConfig
+
+    shapes = {"relay + worker + writer": WorkerRelay, "relay writes": relay_writes_class()}
+    with tempfile.TemporaryDirectory(prefix="bench-hops-") as tmp:
+        d = Path(tmp)
+        model = str(d / "model")
+        config = ModelConfig(modality="dna", d_model=args.d_model, n_layers=2, n_heads=2,
+                             mlp_hidden=4 * args.d_model)
+        save_model(init_net(config, seed=0), config, model)
+        cases = {"2.5 Mb genome": GENOME} if "genome" in args.cases else {}
+        if "packed" in args.cases:
+            cases |= {k: v for k, v in _inputs(d, args.records, 0.01).items() if "packed" in k}
+        for label, fasta in cases.items():
+            times = {s: [] for s in shapes}
+            starts = {s: [] for s in shapes}
+            for r in range(args.rounds):
+                digests = {}
+                order = list(shapes) if r % 2 == 0 else list(shapes)[::-1]
+                for name in order:
+                    out = d / f"{name.split()[0]}.zarr"
+                    secs, start = run(shapes[name], fasta, model, out, args.ray)
+                    times[name].append(secs)
+                    starts[name].append(start)
+                    digests[name] = digest(out)
+                assert len(set(digests.values())) == 1, f"round {r}: the shapes stored different bytes"
+                a, b = (times[s][-1] for s in shapes)
+                print(f"{label}, round {r + 1}: {a:.2f} s, {b:.2f} s, ratio {b / a:.3f}", flush=True)
+            ratios = [b / a for a, b in zip(*times.values(), strict=True)]
+            print(f"{label}: " + "; ".join(f"{s} median {statistics.median(t):.2f} s (start "
+                                          f"{statistics.median(starts[s]):.2f} s)" for s, t in times.items())
+                  + f"; fewer-hop / current per round: median {statistics.median(ratios):.3f}, "
+                  f"range {min(ratios):.3f}-{max(ratios):.3f}; stores identical", flush=True)
+
+
+if __name__ == "__main__":
+    main()
