@@ -69,3 +69,23 @@ def test_season_lags_in_config_and_states_and_job_ids(models, timeseries, tmp_pa
     ids = {plan_job(JobRequest(inputs=(str(timeseries / TEMPS[1]),), time_column="date", model=m)).job_id
            for m in ("default-timeseries", "default-timeseries-v1")}
     assert len(ids) == 2
+
+
+def test_train_takes_season_lags_from_the_command_line(timeseries, tmp_path):
+    """`linpipe train --series-norm --season-lags N` writes a model that carries the season; the
+    option without --series-norm is one line naming the key."""
+    from click.testing import CliRunner
+
+    from linpipe.cli import cli
+
+    src = timeseries / "statsmodels_sunspots_yearly.csv"
+    common = [str(src), "--time-column", "YEAR", "--d-model", "8", "--n-layers", "1", "--n-heads", "2",
+              "--steps", "2", "--batch", "2", "--window", "32", "--quiet"]
+    out = tmp_path / "m"
+    res = CliRunner().invoke(cli, ["train", *common, "--out", str(out), "--series-norm", "--season-lags", "12"])
+    assert res.exit_code == 0, res.output
+    assert json.loads((out / "config.json").read_text())["season_lags"] == 12
+    assert linpipe.load_model(str(out)).config.season_lags == 12
+    res = CliRunner().invoke(cli, ["train", *common, "--out", str(tmp_path / "n"), "--season-lags", "12"])
+    assert res.exit_code != 0 and "season_lags" in res.output and "Traceback" not in res.output
+    assert len(res.output.strip().splitlines()) == 1

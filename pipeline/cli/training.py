@@ -40,7 +40,7 @@ def _command_line() -> str:
 @click.option("--resume", is_flag=True, help="Continue from the checkpoint in --out (same inputs).")
 @click.option("--force", is_flag=True, help="Overwrite a model (or any files) already in --out.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-@field_options(ModelConfig, ("series_norm",))
+@field_options(ModelConfig, ("series_norm", "season_lags"))
 @timeseries_options
 def train_cmd(inputs, out, decay, resume, force, quiet, **params):
     """Train a model on INPUTS (FASTA or time series) by next-position prediction into --out."""

@@ -136,7 +136,9 @@ class ModelConfig:
     # series_norm only: the longest season (in rows) the carried state tracks; the forecast then
     # mixes in the change one season back, the season picked online (linpipe.model.season).
     # 0: none (config.json without "season_lags").
-    season_lags: int = 0
+    season_lags: int = field(default=0, metadata={
+        "min": 0, "help": "Time series with series_norm: the longest season in rows the carried state "
+                          "tracks (the shipped default-timeseries: 400); 0: none."})
 
     def __post_init__(self):
         err = _config_problem(self)
