@@ -82,7 +82,8 @@ def test_train_takes_season_lags_from_the_command_line(timeseries, tmp_path):
     common = [str(src), "--time-column", "YEAR", "--d-model", "8", "--n-layers", "1", "--n-heads", "2",
               "--steps", "2", "--batch", "2", "--window", "32", "--quiet"]
     out = tmp_path / "m"
-    res = CliRunner().invoke(cli, ["train", *common, "--out", str(out), "--series-norm", "--season-lags", "12"])
+    res = CliRunner().invoke(cli, ["train", *common, "--out", str(out), "--series-norm",
+                                   "--season-lags", "12"])
     assert res.exit_code == 0, res.output
     assert json.loads((out / "config.json").read_text())["season_lags"] == 12
     assert linpipe.load_model(str(out)).config.season_lags == 12
