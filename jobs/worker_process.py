@@ -96,7 +96,7 @@ class WorkerRelay:
 
     def _result(self, r: UnitResult) -> UnitResult:
         """The child's result, named after this process (the one a user sees as the worker), with
-        this process's memory beside the child's and its writing process's."""
+        this process's memory (its writes') beside the child's."""
         return replace(r, node=self.node, peak_rss=r.peak_rss + peak_rss())
 
     def ready(self) -> str:
@@ -112,7 +112,7 @@ class WorkerRelay:
         return self._call("peak_rss") + peak_rss()
 
     def close(self) -> None:
-        """The child's worker closed (its writing process done), then the child ended."""
+        """The child's worker closed (the writes it sent done), then the child ended."""
         self._closing = True
         try:
             self._call("close")
