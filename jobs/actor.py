@@ -93,7 +93,7 @@ class PipelineWorker:
         self.store = OutputStore.open(store_path, mode="r+")
         # the units' writes, in another process (the relay's, or one started first: its imports,
         # 0.5 s, run while the model loads); each unit only while the store's lease is the job's
-        self.writes = WriteProcess(store_path, lease_token, sock=write_socket)
+        self.writes = WriteProcess(store_path, lease_token, write_socket)
         # the packed records' inputs are opened while the model loads: opening reads the input's
         # index (seconds for a million records) and makes what its batches read from (a Parquet
         # file's copy), which the first batch's read would wait for
