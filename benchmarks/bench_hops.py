@@ -1,4 +1,4 @@
-"""The worker path's hops (docs/pipeline.md, "Why the worker's processes"): the shape a job
+"""The worker path's hops (docs/pipeline.md, "Why two processes per worker"): the shape a job
 runs (the actor's relay serving the writes on a thread, and the worker's own process) against
 the shape with one hop more, where the worker's process starts a writing process of its own and
 sends each unit's arrays there (through shared memory, as to the relay).
