@@ -1,7 +1,7 @@
-"""The worker path's hops (docs/pipeline.md, "Why three processes per worker"): the shape a
-job runs (the actor's relay, the worker's own process, its writing process) against the shape
-with one hop fewer, where the relay does the writes itself (the worker's process sends each
-unit's arrays to the relay's process, through shared memory as to a writing process of its own).
+"""The worker path's hops (docs/pipeline.md, "Why two processes per worker"): the shape a job
+runs (the actor's relay serving the writes on a thread, and the worker's own process) against
+the shape with one hop more, where the worker's process starts a writing process of its own and
+sends each unit's arrays there (through shared memory, as to the relay).
 
     python benchmarks/bench_hops.py [--rounds 5] [--records 20000] [--d-model 8] [--ray]
         [--cases genome,packed]
@@ -13,11 +13,10 @@ alternating order, through a WorkerRelay in this process (no Ray: what the relay
 the writes is only this script's calls) or, with --ray, as a Ray actor on a local Ray (its
 threads beside the relay's writes, as in a job), with the calls made as the driver makes them
 (IN_FLIGHT at a time, numbered); the seconds from the first call to the last unit durable are
-printed, each shape's median and the fewer-hop shape's ratio per round. The two stores of a
+printed, each shape's median and the relay-writes shape's ratio per round. The two stores of a
 round are compared byte for byte.
 
-The fewer-hop shape exists here only: the relay serves write_process.serve on a thread of its
-own, over a socket whose other end the worker's process is given in place of a writing process.
+Both shapes are jobs/worker_process.py's WorkerRelay: `writes_here` picks where the writes run.
 """
 from __future__ import annotations
 
@@ -25,15 +24,10 @@ import argparse
 import functools
 import hashlib
 import os
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
-import weakref
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -43,97 +37,16 @@ from bench_host_path import SHARED, _inputs, job_store, overlapped  # noqa: E402
 
 GENOME = SHARED / "genomes" / "abricate_Sepidermidis_ST14_assembly.fa"
 
-def _serve_on_a_thread() -> None:
-    """write_process.serve sets its SIGINT handler, which only a main thread may: on the relay's
-    write thread it is left as it is."""
-    if getattr(signal.signal, "main_only", False):
-        return
-    real = signal.signal
-
-    def main_only(sig, handler):
-        if threading.current_thread() is threading.main_thread():
-            return real(sig, handler)
-        return None
-
-    main_only.main_only = True
-    signal.signal = main_only
-
-
-# ------------------------------------------------------------------ the fewer-hop shape
-def relay_writes_class():
-    from linpipe.jobs import child, worker_process, write_process
+# ------------------------------------------------------------------ the shape with one hop more
+def three_processes_class():
     from linpipe.jobs.worker_process import WorkerRelay
 
-    class RelayWrites(WorkerRelay):
-        """The relay, serving its worker's writes on a thread of its own."""
+    class ThreeProcesses(WorkerRelay):
+        """The relay, its worker's process, and that one's writing process."""
 
-        command = (sys.executable, "-c",
-                   f"import sys; sys.path.insert(0, {str(HERE)!r}); from bench_hops import child_main; "
-                   "child_main()")
+        writes_here = False
 
-        def __init__(self, model, store_path, outputs, **kw):
-            _serve_on_a_thread()
-            mine, theirs = socket.socketpair()
-            self.writer = threading.Thread(target=write_process.serve,
-                                           args=(mine, store_path, kw.get("lease_token")), daemon=True)
-            self.writer.start()
-
-            def start(command):  # the child's call socket, then its write socket
-                a, b = socket.socketpair()
-                fds = [b.fileno(), theirs.fileno()]
-                proc = subprocess.Popen([*command, *map(str, fds)], pass_fds=fds, stdin=subprocess.DEVNULL)
-                b.close()
-                theirs.close()
-                return proc, a
-
-            worker_process.start_child = start
-            try:
-                super().__init__(model, store_path, outputs, **kw)
-            finally:
-                worker_process.start_child = child.start_child
-
-        def close(self):
-            super().close()
-            self.writer.join()
-
-    return RelayWrites
-
-
-class _Relay:
-    """The writes' other end, as a Channel sees a child: the relay outlives the worker."""
-
-    pid = os.getppid()
-
-    def poll(self):
-        return 0
-
-    def wait(self, timeout=None):
-        return 0
-
-
-def child_main() -> None:
-    """The worker's process of the fewer-hop shape: argv is its call socket's descriptor and its
-    write socket's; its PipelineWorker writes through the latter."""
-    from linpipe.errors import StoreError
-    from linpipe.jobs import actor, worker_process, write_process
-    from linpipe.jobs.child import Channel
-
-    write_fd = int(sys.argv[2])
-
-    class WritesToRelay(write_process.WriteProcess):
-        def __init__(self, store_path, lease_token=None):
-            self.store_path = str(store_path)
-            self._channel = Channel(_Relay(), socket.socket(fileno=write_fd), name="linpipe-write-answers",
-                                    lost=lambda how: StoreError(f"the relay's writes ended: {how}"),
-                                    unreadable=StoreError)
-            self._refusal = lambda: StoreError(f"{store_path}: the worker is closed")
-            self._dropped = weakref.finalize(self, self._channel.stop, self._refusal)
-            self.buffers = write_process._Buffers() if hasattr(os, "memfd_create") else None
-            self.child_rss = 0
-
-    actor.WriteProcess = WritesToRelay
-    worker_process.serve(socket.socket(fileno=int(sys.argv[1])))
-    os._exit(0)
+    return ThreeProcesses
 
 
 # ------------------------------------------------------------------ the benchmark
@@ -202,7 +115,7 @@ def main() -> None:
     from linpipe.model import init_net, save_model
     from linpipe.model.config import ModelConfig
 
-    shapes = {"relay + worker + writer": WorkerRelay, "relay writes": relay_writes_class()}
+    shapes = {"relay + worker + writer": three_processes_class(), "relay writes": WorkerRelay}
     with tempfile.TemporaryDirectory(prefix="bench-hops-") as tmp:
         d = Path(tmp)
         model = str(d / "model")
@@ -230,7 +143,7 @@ def main() -> None:
             ratios = [b / a for a, b in zip(*times.values(), strict=True)]
             print(f"{label}: " + "; ".join(f"{s} median {statistics.median(t):.2f} s (start "
                                           f"{statistics.median(starts[s]):.2f} s)" for s, t in times.items())
-                  + f"; fewer-hop / current per round: median {statistics.median(ratios):.3f}, "
+                  + f"; relay writes / three processes per round: median {statistics.median(ratios):.3f}, "
                   f"range {min(ratios):.3f}-{max(ratios):.3f}; stores identical", flush=True)
 
 

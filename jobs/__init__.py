@@ -9,7 +9,7 @@ acyclic):
     pool (the one loop of Ray work: actor slots, calls in flight, a dead actor's work requeued)
     worker_process (the actor Ray runs: the worker in a child process)
     actor (the worker), cluster (Ray set-up)
-    overlap (the worker's threads), write_process (its writing process)
+    overlap (the worker's threads), write_process (its writes, in the relay's process)
     plan (what work a request stands for), submission (the job-server client), lease
     spec (YAML into requests), checks, regions, auth
     request (JobRequest, RunOptions)

@@ -1,5 +1,5 @@
 """The worker: a plain class, one per GPU or CPU slot, run by its Ray actor in a child process
-of the actor's (jobs/worker_process.py).
+of the actor's (jobs/worker_process.py), which serves its writes.
 
 It loads the model once, opens the output store once, and streams records: each call runs one
 unit (or one batch of short records), reading its own slice of the input and writing its own
@@ -74,7 +74,10 @@ class PipelineWorker:
 
     def __init__(self, model: str, store_path: str, outputs: list[str] | None, *,
                  device: str | None = None, threads: int | None = None,
-                 input_options: dict | None = None, lease_token: str | None = None):
+                 input_options: dict | None = None, lease_token: str | None = None,
+                 write_socket: socket.socket | None = None):
+        """write_socket: where its relay serves its writes (write_process.serve_beside, with the
+        lease_token); None: a writing process of its own."""
         import torch
 
         if threads:
@@ -88,9 +91,9 @@ class PipelineWorker:
         self._inputs: dict[str, object] = {}
         self._stats: dict[str, tuple[int, int]] = {}  # path -> (size, mtime_ns) when opened
         self.store = OutputStore.open(store_path, mode="r+")
-        # the units' writes, in a process of their own, started first: its imports (0.5 s) run
-        # while the model loads; each unit only while the store's lease is the job's (lease_token)
-        self.writes = WriteProcess(store_path, lease_token)
+        # the units' writes, in another process (the relay's, or one started first: its imports,
+        # 0.5 s, run while the model loads); each unit only while the store's lease is the job's
+        self.writes = WriteProcess(store_path, lease_token, write_socket)
         # the packed records' inputs are opened while the model loads: opening reads the input's
         # index (seconds for a million records) and makes what its batches read from (a Parquet
         # file's copy), which the first batch's read would wait for
@@ -302,8 +305,8 @@ class PipelineWorker:
                           self.node, self.peak_rss())
 
     def peak_rss(self) -> int:
-        """This worker's peak resident memory: its process's and its writing process's (the
-        buffers they share count in both)."""
+        """This worker's peak resident memory: its process's and its writing process's, if it has
+        one (the buffers they share count in both; the relay counts its own writes)."""
         return peak_rss() + self.writes.child_rss
 
     def close(self) -> None:

@@ -1,9 +1,12 @@
 """A worker's child processes and the one channel to each (docs/pipeline.md, "Overlap in the worker").
 
-Two of the worker's parts run in a process of their own: the worker itself, away from Ray's
-threads (worker_process.py), and its store's writes, away from the model's thread
-(write_process.py). Each child is a fresh Python that runs one module's main(), with its end of
-a socketpair as its first argument. Both are spoken to the same way:
+The worker runs in a process of its own, away from Ray's threads (worker_process.py), and its
+store's writes away from the model's thread (write_process.py): under a relay, on a thread of the
+relay's process, which hands the worker's process a second socket for them; outside one (a
+worker in tests and benchmarks), in a writing process of the worker's own. Each child is a fresh
+Python that runs one module's main(), with its end of a socketpair as its first argument (and the
+sockets it is given beside it after). Every channel, to a child or to the relay's writes, is
+spoken to the same way:
 
 - framing: every message both ways is an 8-byte little-endian length, then that many bytes;
 - the parent's end is a `Channel`: a call is numbered and returns a Future at once; one thread
@@ -13,8 +16,8 @@ a socketpair as its first argument. Both are spoken to the same way:
 - the child's end of the stream (it exited, was killed, or died) fails every call still waiting,
   and every later one, with the error the parent makes of how the child ended.
 
-What a call's body holds beyond its number is the two ends' own affair (the writing process sends
-its arrays through shared memory, whose descriptors go with a message's first bytes).
+What a call's body holds beyond its number is the two ends' own affair (the writes send their
+arrays through shared memory, whose descriptors go with a message's first bytes).
 
 A leaf of linpipe.jobs: it imports none of its modules.
 """
@@ -27,7 +30,7 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 
 LENGTH = 8  # bytes of a message's length
@@ -39,24 +42,31 @@ def child_command(module: str) -> tuple[str, ...]:
     return (sys.executable, "-c", f"import sys; del sys.path[0]; from {module} import main; main()")
 
 
-def start_child(command: tuple[str, ...], *args: str) -> tuple[subprocess.Popen, socket.socket]:
-    """command's process, given its end of a socketpair (the descriptor, as its first argument)
-    and then args; returns it and this end."""
+def start_child(command: tuple[str, ...], *args: str,
+                beside: Sequence[socket.socket] = ()) -> tuple[subprocess.Popen, socket.socket]:
+    """command's process, given its end of a socketpair (the descriptor, as its first argument),
+    then the descriptors of the sockets beside (handed over: closed here once it has them), then
+    args; returns it and this end."""
     mine, theirs = socket.socketpair()
+    given = [theirs.fileno(), *(s.fileno() for s in beside)]
     try:
-        proc = subprocess.Popen([*command, str(theirs.fileno()), *args], pass_fds=[theirs.fileno()],
+        proc = subprocess.Popen([*command, *map(str, given), *args], pass_fds=given,
                                 stdin=subprocess.DEVNULL)
     except BaseException:
         mine.close()
         raise
     finally:
-        theirs.close()
+        for s in (theirs, *beside):
+            s.close()
     return proc, mine
 
 
-def how_it_ended(proc: subprocess.Popen, timeout: float = 10) -> str:
+def how_it_ended(proc: subprocess.Popen | None, timeout: float = 10) -> str:
     """How a child that closed its socket ended, in words ("exited with code 3", "was killed by
-    signal 9"), waiting up to timeout for it; "is not answering" if it is still running."""
+    signal 9"), waiting up to timeout for it; "is not answering" if it is still running. proc
+    None: the other end is no child of this process's (a thread of the parent's)."""
+    if proc is None:
+        return "closed its end"
     try:
         code = proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -112,9 +122,11 @@ class Channel:
     lost(how): the exception for the calls the child will never answer (how: how_it_ended's
     words); unreadable(text): the one for an exception of the child's that does not unpickle
     here; ended(): called once the answers end (after the waiting calls failed), from the
-    answers' thread. The thread holds only this object, not its owner's."""
+    answers' thread. The thread holds only this object, not its owner's. proc None: the calls
+    go to a socket this process was given, served by a thread of its parent's (the relay's
+    writes, write_process.serve_beside), which this end neither waits for nor kills."""
 
-    def __init__(self, proc: subprocess.Popen, sock: socket.socket, *, name: str,
+    def __init__(self, proc: subprocess.Popen | None, sock: socket.socket, *, name: str,
                  lost: Callable[[str], BaseException], unreadable: Callable[[str], BaseException],
                  ended: Callable[[], None] | None = None):
         self.proc, self.sock = proc, sock
@@ -197,9 +209,10 @@ class Channel:
         killing it after timeout."""
         self.stop(refusal)
         self._answers.join(timeout=timeout)
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self.proc.kill()
+            self.proc.wait()
         self.sock.close()
 
 

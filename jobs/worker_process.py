@@ -7,19 +7,22 @@ its bare forward in a plain process, and at 1.2x in a Ray actor (BENCHMARKS.md).
 
 So the actor that Ray runs is a relay (`WorkerRelay`). It starts one child process, which builds
 the PipelineWorker and runs its calls. The relay sends each call's arguments there (a Unit or a
-batch's Units: small) and its result back. Nothing per position passes through the relay: the
-child reads the input and its writing process writes the store, as before.
+batch's Units: small) and its result back. The child reads the input itself, and the relay
+serves the store's writes on a thread of its own (write_process.serve_beside) over a second
+socket the child is given: the model's thread is the child's alone, and the writes take one hop,
+not a third process (measured 3-11% faster as a Ray actor, the same bytes: docs/pipeline.md).
 
 Its ends:
 - The child ends as soon as the relay's socket closes (the actor exited, was killed or died),
-  as a killed worker would: its writing process still finishes the units it has received whole.
+  as a killed worker would; the writes in flight die with the relay, unmarked, and are redone
+  on resume.
 - A child that dies takes the relay with it (the actor process exits), so the driver sees a dead
   worker and hands its units to another, as for any worker that dies. One that dies before its
   worker has started (killed for memory while loading the model) is that worker's start error,
   saying how the child ended.
 
-The child is started, and its calls made and answered, through the channel the writing process
-uses too (child.py).
+The child is started, and its calls and its writes made and answered, through the one channel
+(child.py).
 """
 from __future__ import annotations
 
@@ -43,17 +46,27 @@ CALLS = 4  # calls the child runs side by side: the driver's IN_FLIGHT, and read
 
 
 class WorkerRelay:
-    """What Ray runs as the worker actor: PipelineWorker's calls, run in a child process.
-    Its __init__ returns once the child's worker has started, or raises the child's error."""
+    """What Ray runs as the worker actor: PipelineWorker's calls, run in a child process, and its
+    writes, served here. Its __init__ returns once the child's worker has started, or raises the
+    child's error."""
 
-    command = child_command("linpipe.jobs.worker_process")  # before its socket's descriptor
+    command = child_command("linpipe.jobs.worker_process")  # before its sockets' descriptors
+    # the writes served on a thread here (False: in a writing process the child starts, the shape
+    # with one hop more that benchmarks/bench_hops.py measures against)
+    writes_here = True
 
-    def __init__(self, *args, **kw):
+    def __init__(self, model: str, store_path: str, outputs, **kw):
         self._started = self._closing = False
-        proc, sock = start_child(self.command)
+        beside, self.writer = [], None
+        if self.writes_here:  # first: its store's opening runs while the child starts
+            from .write_process import serve_beside
+
+            sock, self.writer = serve_beside(store_path, kw.get("lease_token"))
+            beside.append(sock)
+        proc, sock = start_child(self.command, beside=beside)
         self.channel = Channel(proc, sock, name="linpipe-relay", lost=self._lost,
                                unreadable=RuntimeError, ended=self._ended)
-        starting = self.channel.call("start", args, kw)
+        starting = self.channel.call("start", (model, store_path, outputs), kw)
         # set by the answers' thread before it can see the child end
         starting.add_done_callback(lambda f: setattr(self, "_started", f.exception() is None))
         from .actor import node_id  # with the modules the calls' Units and results need
@@ -62,7 +75,7 @@ class WorkerRelay:
         try:
             starting.result()
         except BaseException:
-            self.channel.close(self._closed)
+            self._end()
             raise
 
     def _lost(self, how: str) -> RuntimeError:
@@ -83,7 +96,7 @@ class WorkerRelay:
 
     def _result(self, r: UnitResult) -> UnitResult:
         """The child's result, named after this process (the one a user sees as the worker), with
-        this process's memory beside the child's and its writing process's."""
+        this process's memory (its writes') beside the child's."""
         return replace(r, node=self.node, peak_rss=r.peak_rss + peak_rss())
 
     def ready(self) -> str:
@@ -99,12 +112,19 @@ class WorkerRelay:
         return self._call("peak_rss") + peak_rss()
 
     def close(self) -> None:
-        """The child's worker closed (its writing process done), then the child ended."""
+        """The child's worker closed (the writes it sent done), then the child ended."""
         self._closing = True
         try:
             self._call("close")
         finally:
-            self.channel.close(self._closed)
+            self._end()
+
+    def _end(self) -> None:
+        """The child ended, and with it its end of the writes' socket: the writes it sent are
+        done once their thread ends."""
+        self.channel.close(self._closed)
+        if self.writer is not None:
+            self.writer.join(timeout=60)
 
 
 def worker_actor() -> type:
@@ -115,9 +135,10 @@ def worker_actor() -> type:
     return as_actor(WorkerRelay, name="PipelineWorker")
 
 
-def serve(sock: socket.socket) -> None:
-    """The child: builds the worker from the first call, then runs each call it receives, CALLS
-    at a time, answering each with its result or its exception."""
+def serve(sock: socket.socket, write_socket: socket.socket | None = None) -> None:
+    """The child: builds the worker from the first call (writing through write_socket, where the
+    relay serves its writes), then runs each call it receives, CALLS at a time, answering each
+    with its result or its exception."""
     import pickle
     import signal
 
@@ -130,7 +151,7 @@ def serve(sock: socket.socket) -> None:
         return
     n, _start, args, kw = pickle.loads(got)
     try:
-        worker = PipelineWorker(*args, **kw)
+        worker = PipelineWorker(*args, **kw, write_socket=write_socket)
     except BaseException as e:
         answers.send(n, False, e)
         return
@@ -146,7 +167,9 @@ def serve(sock: socket.socket) -> None:
 
 
 def main() -> None:
-    """The child's entry: argv is its socket's descriptor. It ends as soon as the socket does,
-    without waiting for the calls still running (as a killed worker)."""
-    serve(socket.socket(fileno=int(sys.argv[1])))
+    """The child's entry: argv is its call socket's descriptor, then its write socket's where the
+    relay serves its writes. It ends as soon as the call socket does, without waiting for the
+    calls still running (as a killed worker)."""
+    writes = socket.socket(fileno=int(sys.argv[2])) if len(sys.argv) > 2 else None
+    serve(socket.socket(fileno=int(sys.argv[1])), writes)
     os._exit(0)

@@ -1,22 +1,25 @@
-"""The store's writes in a process of their own (docs/pipeline.md, "Overlap in the worker").
+"""The store's writes away from the model's thread (docs/pipeline.md, "Overlap in the worker").
 
 A worker's model runs on one thread and needs the GIL between its ops. Compressing, checksumming
 and writing a unit is Python too, and run in a thread beside the model it held the GIL the model
-waited for (a small model ran 10-30% slower in the worker than alone on this account). So each
-worker starts one child process that opens the store and does the writes; the worker sends it a
-unit's arrays over a socket and waits for its answer. The guarantees stay the worker's: a call
-returns only once the child has written its unit durably (data, checksums, boundary state,
-then the marker), and an error in the child is raised in the call that asked for the write.
+waited for (a small model ran 10-30% slower in the worker than alone on this account). So the
+writes run in another process: under a Ray actor, on a thread of the relay's (`serve_beside`:
+the worker already has a process of its own, and one hop fewer measured 3-11% faster); outside
+one, in a child process the worker starts (`WriteProcess`). Either way the worker sends a unit's
+arrays over a socket and waits for the answer. The guarantees stay the worker's: a call returns
+only once the unit is written durably (data, checksums, boundary state, then the marker), and an
+error in the writes is raised in the call that asked for the write.
 
-The child exits when the worker closes its socket, or dies: it finishes the writes it has
-received whole (each the same bytes any rerun writes) and takes no others.
+A writing process exits when the worker closes its socket, or dies: it finishes the writes it has
+received whole (each the same bytes any rerun writes) and takes no others. The relay's writes
+end with the relay: a killed actor's writes in flight are not marked, and redone on resume.
 
-Calls and answers go through the channel every child of the worker has (child.py); a call's
-message is a header (op, arguments, and the dtype and shape of each array, pickled: both ends
-are this module). The arrays' bytes are copied into memory shared with the child (a memfd whose
-descriptor goes with a message's first bytes, once), where the child reads them in place; where
+Calls and answers go through the one channel (child.py); a call's message is a header (op,
+arguments, and the dtype and shape of each array, pickled: both ends are this module). The
+arrays' bytes are copied into memory shared with the writes' process (a memfd whose
+descriptor goes with a message's first bytes, once), where the writes read them in place; where
 the system has no memfd (macOS), they follow the header on the socket. (Through the socket, a
-unit of float16 `hidden` took the child's receiving thread some 170 reads, each waiting for the
+unit of float16 `hidden` took the writing process's receiving thread some 170 reads, each waiting for the
 GIL its writing threads held: the host path ran at half its speed.)
 """
 from __future__ import annotations
@@ -41,24 +44,30 @@ WRITERS = 3  # writes the child runs side by side: one per call in flight (IN_FL
 
 
 class WriteProcess:
-    """The worker's end: write_unit and write_batch as OutputStore has them, run in the child;
-    each returns once the unit is durable, or raises the child's error. Dropped without close(),
-    its child still ends (after the writes it has)."""
+    """The worker's end: write_unit and write_batch as OutputStore has them, run in its writing
+    process (or the relay's writes); each returns once the unit is durable, or raises the error
+    there. Dropped without close(), its child still ends (after the writes it has)."""
 
     shared = True  # arrays through memory shared with the child where the system has it (Linux)
     # the child's command, before its arguments (its socket's descriptor, the store's path, the
     # job's lease token or "")
     command = child_command("linpipe.jobs.write_process")
 
-    def __init__(self, store_path: str, lease_token: str | None = None):
+    def __init__(self, store_path: str, lease_token: str | None = None, sock: socket.socket | None = None):
         """lease_token: the job's lease (jobs/lease.py); each unit is written only while the
-        store's lease holds it (None: no check, a worker outside a driver's job)."""
+        store's lease holds it (None: no check, a worker outside a driver's job). sock: a socket
+        whose other end serve_beside serves (the relay's writes, which check the lease): no
+        child is started (None: one is)."""
         self.store_path = path = str(store_path)
-        proc, sock = start_child(self.command, path, lease_token or "")
+        if sock is None:
+            proc, sock = start_child(self.command, path, lease_token or "")
+            pid = f"the worker's writing process (pid {proc.pid})"
+        else:
+            proc, pid = None, f"the relay's writes (pid {os.getppid()})"
 
         def lost(how: str) -> StoreError:
-            return StoreError(f"{path}: the worker's writing process (pid {proc.pid}) {how}; its "
-                              "unfinished units are not marked done: submit again to resume")
+            return StoreError(f"{path}: {pid} {how}; its unfinished units are not marked done: "
+                              "submit again to resume")
 
         # the answers' thread holds the channel, not this object: dropping it (a worker never
         # closed) ends the child through the finalizer
@@ -66,11 +75,14 @@ class WriteProcess:
         self._refusal = lambda: StoreError(f"{path}: the worker is closed")
         self._dropped = weakref.finalize(self, self._channel.stop, self._refusal)
         self.buffers = _Buffers() if self.shared and hasattr(os, "memfd_create") else None
-        self.child_rss = 0  # bytes: the child's peak resident memory, as its last answer said
+        # bytes: the writing process's peak resident memory, as its last answer said (0 for the
+        # relay's writes: the relay counts its own process)
+        self.child_rss = 0
 
     @property
-    def pid(self) -> int:
-        return self._channel.proc.pid
+    def pid(self) -> int | None:
+        """The writing process's (None: the relay's writes)."""
+        return None if self._channel.proc is None else self._channel.proc.pid
 
     def write_unit(self, key: str, unit: int, arrays: dict | None, state: dict | None = None,
                    strand: Strand = FORWARD, last: bool = False) -> None:
@@ -122,7 +134,9 @@ class WriteProcess:
             if fd is not None:
                 os.close(fd)
         try:
-            self.child_rss = max(self.child_rss, fut.result())
+            rss = fut.result()
+            if self._channel.proc is not None:
+                self.child_rss = max(self.child_rss, rss)
         finally:
             if buf is not None:
                 self.buffers.give(buf)
@@ -196,14 +210,16 @@ def _error(error: bytes, text: str) -> BaseException:
 
 
 def serve(sock: socket.socket, store_path: str, lease_token: str | None = None) -> None:
-    """The child: writes what arrives, WRITERS at a time, answering each once it is durable."""
+    """The writes (a writing process's, or the relay's on a thread): writes what arrives on sock,
+    WRITERS at a time, answering each once it is durable."""
     import signal
 
     from linpipe.store import OutputStore
 
     from .lease import LeaseGuard
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the worker; this ends after it
+    if threading.current_thread() is threading.main_thread():  # only a main thread may set it
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the worker; this ends after it
     try:
         store, failed = OutputStore.open(store_path, mode="r+"), None
         guard = LeaseGuard(store_path, lease_token) if lease_token else None
@@ -258,6 +274,17 @@ def serve(sock: socket.socket, store_path: str, lease_token: str | None = None) 
                 break
             pool.submit(answers.run, n, write, op, args, kw, groups)
     sock.close()
+
+
+def serve_beside(store_path: str, lease_token: str | None = None) -> tuple[socket.socket, threading.Thread]:
+    """serve on a thread of this process (the relay's): the socket to hand the worker's process
+    (WriteProcess's sock there) and the thread, which ends once that socket's other end has closed
+    and the writes it sent are done."""
+    mine, theirs = socket.socketpair()
+    thread = threading.Thread(target=serve, args=(mine, store_path, lease_token),
+                              name="linpipe-relay-writes", daemon=True)
+    thread.start()
+    return theirs, thread
 
 
 def main() -> None:

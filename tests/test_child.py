@@ -1,15 +1,18 @@
 """The one channel to a worker's child process (jobs/child.py), with a real child: a call's
 value and error come back to it, an error that does not unpickle here still says what it was,
-and the child's death fails the call waiting for it and every later one, saying how it ended."""
+and the child's death fails the call waiting for it and every later one, saying how it ended.
+A socket handed to a child beside its own (the relay's writes) is a channel of its own."""
 from __future__ import annotations
 
+import socket
 import sys
 
 import pytest
 
 from linpipe.jobs.child import Channel, start_child
 
-# A child that answers "square" calls, raises for "fail", and dies (SIGKILL) on "die".
+# A child that answers "square" calls, raises for "fail", and dies (SIGKILL) on "die", on the
+# last socket it is given (its own, or one handed to it beside its own).
 CHILD = """
 import os, pickle, signal, socket, sys
 from linpipe.jobs.child import Answers, recv_message
@@ -18,7 +21,7 @@ class Unreadable(Exception):
     def __init__(self, a, b):
         super().__init__(f"{a}/{b}")
 
-sock = socket.socket(fileno=int(sys.argv[1]))
+sock = socket.socket(fileno=int(sys.argv[-1]))
 answers = Answers(sock)
 while (got := recv_message(sock)) is not None:
     n, op, x = pickle.loads(got)
@@ -73,3 +76,21 @@ def test_a_closed_channel_refuses_calls_and_its_child_ends(channel):
     assert channel.proc.returncode == 0
     with pytest.raises(Lost, match="^closed$"):
         channel.call("square", 3)
+
+
+def test_a_socket_handed_to_a_child_beside_its_own_carries_calls_of_its_own():
+    """As the relay hands the worker's process the socket of its writes: the child answers on
+    it, this end of it waits for and kills no process, and the child's death ends its calls."""
+    mine, theirs = socket.socketpair()
+    proc, own = start_child((sys.executable, "-c", CHILD), beside=[theirs])
+    assert theirs.fileno() == -1  # handed over: closed here
+    ch = Channel(None, mine, name="test-beside", lost=lambda how: Lost(f"other end {how}"),
+                 unreadable=lambda text: RuntimeError(text))
+    try:
+        assert [ch.call("square", x).result(timeout=30) for x in (3, 4)] == [9, 16]
+        with pytest.raises(Lost, match="^other end closed its end$"):
+            ch.call("die", 0).result(timeout=30)
+        assert proc.wait(timeout=30) == -9
+    finally:
+        ch.close(lambda: Lost("closed"), timeout=10)
+        own.close()

@@ -1,9 +1,10 @@
 """A worker actor's own process (jobs/worker_process.py): the relay that Ray runs starts a child
 that builds the PipelineWorker and runs its calls. On real genome pieces, in this process (the
 relay as Ray runs it, without Ray): the store its calls write, side by side and numbered as the
-driver sends them, is the bytes of the worker run here; a call's error comes back with its own
-type and message, and the calls after it go on; a worker that cannot start raises its own error
-from the relay's start; close() ends the child and its writing process. (On Ray, the actor and
+driver sends them, is the bytes of the worker run here, written by the relay's own process (no
+writing process is started); a call's error comes back with its own type and message, and the
+calls after it go on; a worker that cannot start raises its own error from the relay's start;
+close() ends the child and the relay's writes. (On Ray, the actor and
 its child killed mid-record: tests/test_pipeline_cluster.py.)
 """
 from __future__ import annotations
@@ -39,14 +40,22 @@ def _relay(fasta, model, out):
     return plan, store, relay
 
 
-@pytest.mark.slow  # a worker in a child process, its writing process beside (test_child.py: quick)
-def test_a_relays_calls_write_the_bytes_of_the_worker_run_here_and_close_ends_its_processes(
+@pytest.mark.slow  # a worker in a child process (test_child.py: quick)
+def test_a_relays_calls_write_the_bytes_of_the_worker_run_here_with_no_writing_process(
         worker_job, tmp_path, one_torch_thread):
+    """The worker in a plain process writes through a writing process of its own; under the
+    relay it starts none (the child is the relay's only process, and has none of its own): the
+    relay serves the writes on a thread, and the store is the same bytes."""
+    import threading
+
     tiny, fasta, _ = worker_job
     write_in_process(fasta, tiny, tmp_path / "here.zarr", unit_size=UNIT, outputs=OUTPUTS)
+    before = child_processes(os.getpid())
     plan, store, relay = _relay(fasta, tiny, tmp_path / "relayed.zarr")
-    (child,) = child_processes(os.getpid(), b"linpipe.jobs.worker_process")
-    (writer,) = child_processes(child, b"linpipe.jobs.write_process")
+    (child,) = set(child_processes(os.getpid())) - set(before)
+    assert child_processes(os.getpid(), b"linpipe.jobs.worker_process") == [child]
+    assert child_processes(child) == []
+    assert relay.writer in threading.enumerate()
     try:
         calls = _calls(plan)
         assert relay.ready() == relay.node and relay.node.endswith(f":{os.getpid()}")
@@ -56,17 +65,18 @@ def test_a_relays_calls_write_the_bytes_of_the_worker_run_here_and_close_ends_it
             results += _run_overlapped(relay, group, list(reversed(range(len(group)))), first)
         assert [r.positions for r in results] == [c[1][0].positions if c[0] == "run_unit"
                                                  else sum(u.positions for u in c[1][1]) for c in calls]
-        # named after this process; its memory counts the child's, the writer's and this one's
+        # named after this process; its memory counts the child's and this one's (the writes')
         assert {r.node for r in results} == {relay.node}
         assert relay.peak_rss() >= max(r.peak_rss for r in results) > 200 * 2**20
+        assert child_processes(child) == []  # still no writing process, every unit written
     finally:
         relay.close()
-    assert process_gone(child, timeout=10) and process_gone(writer, timeout=10)
+    assert process_gone(child, timeout=10) and not relay.writer.is_alive()
     assert store.finalize()
     assert_same_bytes(store_arrays(tmp_path / "here.zarr"), store_arrays(tmp_path / "relayed.zarr"))
 
 
-@pytest.mark.slow  # a worker in a child process, its writing process beside (test_child.py: quick)
+@pytest.mark.slow  # a worker in a child process (test_child.py: quick)
 def test_a_calls_error_comes_back_with_its_type_and_the_relay_goes_on(worker_job, tmp_path, one_torch_thread):
     tiny, fasta, _ = worker_job
     plan, store, relay = _relay(fasta, tiny, tmp_path / "o.zarr")
@@ -82,7 +92,7 @@ def test_a_calls_error_comes_back_with_its_type_and_the_relay_goes_on(worker_job
         relay.close()
 
 
-@pytest.mark.slow  # a worker in a child process, its writing process beside (test_child.py: quick)
+@pytest.mark.slow  # a worker in a child process (test_child.py: quick)
 def test_a_worker_that_cannot_start_raises_its_own_error_from_the_relays_start(worker_job, tmp_path):
     """The model folder is gone: the relay's start raises the error PipelineWorker raises here,
     and leaves no process behind."""
