@@ -5,23 +5,13 @@ linear_attn, linear_attn_elu, ...)."""
 from __future__ import annotations
 
 import json
-import shutil
-from pathlib import Path
 
 import pytest
 import torch
-from click.testing import CliRunner
+from _fla_data import GIVEN, assert_refused, checkpoint, run
 
-from linpipe.cli import cli
 from linpipe.model.config import QK_FEATURE_MAPS
 from linpipe.model.fla_linear import FeatureMap
-
-FLA = Path(__file__).parent / "data" / "fla"
-GIVEN = ["--tokens", "A=3,C=4,G=5,T=6,N=7"]
-
-
-def run(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args])
 
 
 @pytest.mark.slow  # importing fla and transformers takes tens of seconds on a busy 2-core machine
@@ -48,21 +38,12 @@ def test_feature_maps_are_flas(kind):
     torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
 
 
-def _checkpoint(tmp_path, name="linear_attn", **changes):
-    d = tmp_path / "src"
-    shutil.copytree(FLA / name, d)
-    cfg = json.loads((d / "config.json").read_text())
-    cfg.update(changes)
-    (d / "config.json").write_text(json.dumps(cfg))
-    return d
-
-
 def test_tied_feature_maps_held_once_import(tmp_path):
     """With tie_feature_map_qk, a checkpoint holding the map once (under feature_map_q) imports
     with k's map a copy of q's; without the flag the missing tensor is named."""
     from safetensors.torch import load_file, save_file
 
-    src = _checkpoint(tmp_path)
+    src = checkpoint(tmp_path, "linear_attn")
     t = load_file(str(src / "model.safetensors"))
     save_file({k: v for k, v in t.items() if ".feature_map_k." not in k}, str(src / "model.safetensors"))
     r = run("model", "import", src, tmp_path / "untied", *GIVEN)
@@ -86,7 +67,4 @@ def test_tied_feature_maps_held_once_import(tmp_path):
     (dict(norm_q="yes"), "'norm_q' is 'yes': expected true or false"),
 ])
 def test_linear_attn_options_not_implemented_are_refused(tmp_path, changes, message):
-    out = tmp_path / "out"
-    r = run("model", "import", _checkpoint(tmp_path, **changes), out, *GIVEN)
-    assert r.exit_code != 0 and message in r.output and r.output.count("\n") == 1, r.output
-    assert not out.exists()
+    assert_refused(tmp_path, "linear_attn", changes, message)

@@ -8,8 +8,8 @@ import shutil
 import numpy as np
 import pytest
 import torch
+from _fla_data import FLA, GIVEN, assert_refused, checkpoint, run
 from click.testing import CliRunner
-from test_fla_import import FLA, GIVEN, _checkpoint, run  # the shared fixtures and their helpers
 
 from linpipe.cli import cli
 from linpipe.errors import ModelError
@@ -31,11 +31,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
     (dict(attn={"layers": [0], "num_heads": 2}), "'attn' makes a hybrid model with softmax attention"),
 ])
 def test_gla_options_not_implemented_are_refused(tmp_path, changes, message):
-    src, out = _checkpoint(tmp_path, "gla", **changes), tmp_path / "out"
-    r = run("model", "import", src, out, *GIVEN)
-    assert r.exit_code != 0
-    assert r.output.count("\n") == 1 and message in r.output and "Traceback" not in r.output, r.output
-    assert not out.exists()
+    assert_refused(tmp_path, "gla", changes, message)
 
 
 def test_fused_norm_names_import_to_the_same_model(tmp_path):
@@ -45,7 +41,7 @@ def test_fused_norm_names_import_to_the_same_model(tmp_path):
 
     plain = tmp_path / "plain"
     assert run("model", "import", FLA / "gla", plain, *GIVEN).exit_code == 0
-    src = _checkpoint(tmp_path, "gla", fuse_norm=True, gate_logit_normalizer=16, use_l2warp=True)
+    src = checkpoint(tmp_path, "gla", fuse_norm=True, gate_logit_normalizer=16, use_l2warp=True)
     t = load_file(str(src / "model.safetensors"))
     t = {k.replace(".g_norm.", ".g_norm_swish_gate."): v for k, v in t.items()}
     assert any("g_norm_swish_gate" in k for k in t)

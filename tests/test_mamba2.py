@@ -11,15 +11,14 @@ import json
 import math
 import shutil
 import tempfile
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from _fla_data import FLA, GIVEN, assert_refused, checkpoint, run
 from _pipeline_data import read_fasta
 from _split_harness import rel, serial
-from test_fla_import import _checkpoint, run
 
 from linpipe.inputs.alphabet import tokenize
 from linpipe.model import Model, ModelConfig, init_net, load_model
@@ -28,8 +27,6 @@ from linpipe.model.segments_run import forward_split
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-FLA = Path(__file__).parent / "data" / "fla"
-TOKENS = ["--tokens", "A=3,C=4,G=5,T=6,N=7"]
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +38,7 @@ def record():
 @pytest.fixture(scope="module")
 def imported(tmp_path_factory):
     out = tmp_path_factory.mktemp("m2") / "mamba2"
-    r = run("model", "import", FLA / "mamba2", out, *TOKENS)
+    r = run("model", "import", FLA / "mamba2", out, *GIVEN)
     assert r.exit_code == 0, r.output
     return load_model(str(out), device="cpu")
 
@@ -156,11 +153,7 @@ def test_split_states_equal_the_streamed_runs(imported, record, bounds, unit):
     (dict(use_conv_bias=False), "tensor 'backbone.layers.0.mixer.conv1d.bias' has no place"),
 ])
 def test_refusals_are_one_line_and_write_nothing(tmp_path, changes, message):
-    src, out = _checkpoint(tmp_path, "mamba2", **changes), tmp_path / "out"
-    r = run("model", "import", src, out, *TOKENS)
-    assert r.exit_code != 0
-    assert r.output.count("\n") == 1 and message in r.output and "Traceback" not in r.output, r.output
-    assert not out.exists()
+    assert_refused(tmp_path, "mamba2", changes, message)
 
 
 def test_transformers_spellings_give_the_same_model(tmp_path):
@@ -168,19 +161,19 @@ def test_transformers_spellings_give_the_same_model(tmp_path):
     layer_norm_epsilon): the same checkpoint imports to the same bytes; an unbounded limit
     (Infinity in config.json) is stored as null and loads."""
     one = tmp_path / "one"
-    assert run("model", "import", FLA / "mamba2", one, *TOKENS).exit_code == 0
+    assert run("model", "import", FLA / "mamba2", one, *GIVEN).exit_code == 0
     fla_cfg = json.loads((FLA / "mamba2" / "config.json").read_text())
-    src = _checkpoint(tmp_path, "mamba2", rmsnorm=None, dt_limit=None, norm_eps=None,
+    src = checkpoint(tmp_path, "mamba2", rmsnorm=None, dt_limit=None, norm_eps=None,
                       rms_norm=fla_cfg["rmsnorm"], time_step_limit=fla_cfg["dt_limit"],
                       layer_norm_epsilon=fla_cfg["norm_eps"])
     hf = tmp_path / "hf"
-    r = run("model", "import", src, hf, *TOKENS)
+    r = run("model", "import", src, hf, *GIVEN)
     assert r.exit_code == 0, r.output
     assert (one / "model.safetensors").read_bytes() == (hf / "model.safetensors").read_bytes()
     assert json.loads((one / "config.json").read_text()) == json.loads((hf / "config.json").read_text())
     shutil.rmtree(src)
-    src = _checkpoint(tmp_path, "mamba2", dt_limit=[0.0, math.inf])
-    assert run("model", "import", src, tmp_path / "inf", *TOKENS).exit_code == 0
+    src = checkpoint(tmp_path, "mamba2", dt_limit=[0.0, math.inf])
+    assert run("model", "import", src, tmp_path / "inf", *GIVEN).exit_code == 0
     assert json.loads((tmp_path / "inf" / "config.json").read_text())["dt_limit"] == [0.0, None]
     assert load_model(str(tmp_path / "inf")).config.ssd["dt_limit"] == (0.0, None)
 
@@ -198,7 +191,7 @@ def test_split_on_ray_equals_streamed(genomes, tmp_path):
     from linpipe.store import OutputStore
 
     model = tmp_path / "m2"
-    assert run("model", "import", FLA / "mamba2", model, *TOKENS).exit_code == 0
+    assert run("model", "import", FLA / "mamba2", model, *GIVEN).exit_code == 0
     fasta = tmp_path / "ce_I.fa"
     want_len = {"CHROMOSOME_I": 20_000}
     assert write_fasta_slice(genomes / "htslib_ce.fa", fasta, want_len) == want_len

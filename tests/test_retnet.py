@@ -5,18 +5,14 @@ does not compute. Parity with fla itself: tests/test_fla_import.py (fixtures ret
 retnet_no_gate)."""
 from __future__ import annotations
 
-import json
-import shutil
 from decimal import Decimal, getcontext
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from click.testing import CliRunner
+from _fla_data import assert_refused
 
-from linpipe.cli import cli
 from linpipe.model.config import ModelConfig
 from linpipe.model.retention import (
     Retention,
@@ -27,7 +23,6 @@ from linpipe.model.retention import (
     turn_state,
 )
 
-FLA = Path(__file__).parent / "data" / "fla"
 PI = Decimal("3.14159265358979323846264338327950288419716939937510582097494459230781640628620899863")
 
 
@@ -105,15 +100,6 @@ def test_state_in_the_next_positions_frame_gives_absolute_retention(p0):
     np.testing.assert_allclose(S[0].double().numpy(), framed.numpy(), rtol=0, atol=2e-5)
 
 
-def _checkpoint(tmp_path, **changes):
-    d = tmp_path / "src"
-    shutil.copytree(FLA / "retnet", d)
-    cfg = json.loads((d / "config.json").read_text())
-    cfg.update(changes)
-    (d / "config.json").write_text(json.dumps(cfg))
-    return d
-
-
 @pytest.mark.parametrize("changes, message", [
     (dict(feature_map="relu"), "'feature_map' is 'relu': retention with a feature map"),
     (dict(num_kv_heads=1), "'num_kv_heads' is 1 with num_heads 2: grouped key/value heads"),
@@ -122,8 +108,4 @@ def _checkpoint(tmp_path, **changes):
     (dict(hidden_act="gelu"), "'hidden_act' is 'gelu'"),
 ])
 def test_retnet_options_not_implemented_are_refused(tmp_path, changes, message):
-    out = tmp_path / "out"
-    r = CliRunner().invoke(cli, ["model", "import", str(_checkpoint(tmp_path, **changes)), str(out),
-                                 "--tokens", "A=3,C=4,G=5,T=6,N=7"])
-    assert r.exit_code != 0 and message in r.output and r.output.count("\n") == 1, r.output
-    assert not out.exists()
+    assert_refused(tmp_path, "retnet", changes, message)

@@ -1,0 +1,43 @@
+"""What the tests of `linpipe model import` share: the fla fixtures (tests/data/fla, made by
+tests/fla_fixtures/make_fla_fixtures.py), a fixture checkpoint with its config changed, and the
+check that an import is refused in one line with nothing written."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from linpipe.cli import cli
+
+FLA = Path(__file__).parent / "data" / "fla"
+GIVEN = ["--tokens", "A=3,C=4,G=5,T=6,N=7"]  # the fixtures' ids of the DNA letters
+
+
+def run(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def checkpoint(tmp_path, family="gated_deltanet", **changes):
+    """A copy of a fixture checkpoint with config.json changed (None deletes a key)."""
+    d = tmp_path / "src"
+    shutil.copytree(FLA / family, d)
+    cfg = json.loads((d / "config.json").read_text())
+    for k, v in changes.items():
+        if v is None:
+            cfg.pop(k, None)
+        else:
+            cfg[k] = v
+    (d / "config.json").write_text(json.dumps(cfg))
+    return d
+
+
+def assert_refused(tmp_path, family, changes, message, tokens=GIVEN):
+    """Importing the fixture `family` with config.json `changes` fails in one line holding
+    `message`, with no traceback, and writes nothing."""
+    out = tmp_path / "out"
+    r = run("model", "import", checkpoint(tmp_path, family, **changes), out, *tokens)
+    assert r.exit_code != 0
+    assert r.output.count("\n") == 1 and message in r.output and "Traceback" not in r.output, r.output
+    assert not out.exists()
