@@ -89,18 +89,20 @@ def tiny_model_of(kind: str, directory: Path) -> str:
     return make_tiny_model(directory, family=kind)
 
 
-def make_tiny_model(directory: Path, gated: bool = False, family: str | None = None) -> str:
+def make_tiny_model(directory: Path, gated: bool = False, family: str | None = None,
+                    n_v_heads: int | None = None) -> str:
     """A small random DNA model (format v1), so the tests spend their time in the pipeline;
     gated: two layers whose heads gate their state by the data (one gate strong: its state
     lasts a few positions), so the split has a layer to fold after the first. family
     (delta_net, gated_deltanet): a delta-rule model of 2 layers, D 32, 2 heads of K 16, with
-    fla's per-kind defaults (gated_deltanet: V = 2K and the output gate)."""
+    fla's per-kind defaults (gated_deltanet: V = 2K and the output gate; n_v_heads: its value
+    heads)."""
     from linpipe.model import ModelConfig, init_net, save_model
 
     if family is not None:
         g = family == "gated_deltanet"
         cfg = ModelConfig(modality="dna", d_model=32, n_layers=2, n_heads=2, mlp_hidden=64, family=family,
-                          qk_head_dim=16, expand_v=2.0 if g else 1.0, use_gate=g)
+                          qk_head_dim=16, expand_v=2.0 if g else 1.0, use_gate=g, n_v_heads=n_v_heads)
         save_model(init_net(cfg, seed=0), cfg, directory)
         return str(directory)
     cfg = ModelConfig(modality="dna", d_model=16, n_layers=2 if gated else 1, n_heads=2, mlp_hidden=32,

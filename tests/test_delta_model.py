@@ -4,6 +4,7 @@ its formulas, every cut and batch of a real genome through the one forward core,
 import json
 import math
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,12 +23,16 @@ from linpipe.model import ModelConfig, init_net, load_model
 from linpipe.training.loop import TrainConfig, train
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-FAMILIES = ("delta_net", "gated_deltanet")
+# the models the layer tests run: each family, and gated_deltanet with grouped value heads (2
+# query/key heads serving 4 value heads)
+MODELS = {"delta_net": {}, "gated_deltanet": {}, "gated_deltanet_gva": dict(n_v_heads=4)}
 
 
-@pytest.fixture(scope="module", params=FAMILIES)
+@pytest.fixture(scope="module", params=MODELS)
 def delta_dir(request, tmp_path_factory):
-    return make_tiny_model(tmp_path_factory.mktemp("d") / request.param, family=request.param)
+    family = request.param.removesuffix("_gva")
+    return make_tiny_model(tmp_path_factory.mktemp("d") / request.param, family=family,
+                           **MODELS[request.param])
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +74,29 @@ def test_init_writes_fla_tensors_and_info_shows_family_and_state(tmp_path):
     assert not [k for k in load_file(str(dn / "model.safetensors")) if "conv1d" in k or "A_log" in k]
 
 
+def test_grouped_value_heads_shapes_config_and_state(tmp_path):
+    """n_v_heads 4 over 2 query/key heads: q, k (and their convs) per query/key head; v, b_proj,
+    a_proj, A_log, dt_bias, g_proj and o_proj per value head; config.json's "n_v_heads" (absent
+    without); the state S (L, HV, K, V) and the conv window 2HK + HV V wide, as model info says."""
+    d = make_tiny_model(tmp_path / "gva", family="gated_deltanet", n_v_heads=4)
+    t = load_file(str(Path(d) / "model.safetensors"))
+    want = {"q_proj.weight": (32, 32), "k_proj.weight": (32, 32), "v_proj.weight": (128, 32),
+            "q_conv1d.weight": (32, 1, 4), "v_conv1d.weight": (128, 1, 4), "b_proj.weight": (4, 32),
+            "a_proj.weight": (4, 32), "A_log": (4,), "dt_bias": (4,), "g_proj.weight": (128, 32),
+            "o_norm.weight": (32,), "o_proj.weight": (32, 128)}
+    for name, shape in want.items():
+        assert tuple(t[f"layers.0.attn.{name}"].shape) == shape, name
+    assert json.loads((Path(d) / "config.json").read_text())["n_v_heads"] == 4
+    plain = make_tiny_model(tmp_path / "gdn", family="gated_deltanet")
+    assert "n_v_heads" not in json.loads((Path(plain) / "config.json").read_text())
+    m = load_model(d)
+    assert m.config.state_shapes()["S"] == (2, 4, 16, 32) and m.config.conv_channels == 2 * 32 + 128
+    assert m.init_state().S.shape == (1, 2, 4, 16, 32)
+    info = json.loads(CliRunner().invoke(cli, ["model", "info", d, "--json"]).output)
+    assert info["state_bytes_per_record"] == 4 * (2 * (4 * 16 * 32 + 3 * (2 * 32 + 128)) + 32)
+    assert info["config"]["n_v_heads"] == 4 and len(info["decay"]["layer 0"]) == 4
+
+
 def test_save_load_round_trip_computes_the_same_bytes(delta_dir, mt, tmp_path):
     m = load_model(delta_dir)
     assert m.config.delta and m.config == ModelConfig.from_json(m.config.to_json())
@@ -102,6 +130,10 @@ def test_models_written_before_load_unchanged():
     ({"expand_v": 0.3}, "'expand_v' 0.3 times head_dim 16 is not a positive integer"),
     ({"use_gate": "yes"}, "'use_gate' must be true or false"),
     ({"gate": {}}, "'gate' is for family 'linear_attn'"),
+    ({"n_v_heads": 3}, "'n_v_heads' must be a positive multiple of n_heads 2, got 3"),
+    ({"n_v_heads": 1}, "'n_v_heads' must be a positive multiple of n_heads 2, got 1"),
+    ({"n_v_heads": 4.0}, "'n_v_heads' must be an integer"),
+    ({"n_v_heads": 4, "family": "delta_net"}, "'n_v_heads' is for family 'gated_deltanet', not 'delta_net'"),
 ])
 def test_bad_config_is_one_line(tmp_path, change, message):
     d = tmp_path / "m"
@@ -148,7 +180,7 @@ def _reference_layer(layer, c, a):
     """One delta-rule layer's attention branch, h -> o_proj(...), written from fla's formulas with
     plain torch ops (F.conv1d, the float64 recurrence), on a (1, T, D)."""
     at = layer.attn
-    H, K, V = c.n_heads, c.head_dim, c.head_v_dim
+    H, HV, K, V = c.n_heads, c.v_heads, c.head_dim, c.head_v_dim
     T = a.shape[1]
 
     def conv(x, module):  # depthwise causal: pad W-1 on the left
@@ -157,16 +189,18 @@ def _reference_layer(layer, c, a):
 
     q = F.silu(conv(at.q_proj(a), at.q_conv1d)).view(1, T, H, K)
     k = F.silu(conv(at.k_proj(a), at.k_conv1d)).view(1, T, H, K)
-    v = F.silu(conv(at.v_proj(a), at.v_conv1d)).view(1, T, H, V)
+    v = F.silu(conv(at.v_proj(a), at.v_conv1d)).view(1, T, HV, V)
     q = q / torch.sqrt((q * q).sum(-1, keepdim=True) + 1e-6)
     k = k / torch.sqrt((k * k).sum(-1, keepdim=True) + 1e-6)
+    qk_head = torch.arange(HV) // (HV // H)  # fla's GVA: value head j reads q/k head j // G
+    q, k = q[:, :, qk_head], k[:, :, qk_head]
     beta = torch.sigmoid(at.b_proj(a))
     g = -torch.exp(at.A_log) * F.softplus(at.a_proj(a) + at.dt_bias) if c.family == "gated_deltanet" else None
     o, _ = naive_recurrent_delta_rule(q, k, v, beta, log_gate=g)
     o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + c.norm_eps) * at.o_norm.weight
     if c.use_gate:
-        o = o * F.silu(at.g_proj(a).view(1, T, H, V))
-    return at.o_proj(o.reshape(1, T, H * V))
+        o = o * F.silu(at.g_proj(a).view(1, T, HV, V))
+    return at.o_proj(o.reshape(1, T, HV * V))
 
 
 def test_layer_computes_flas_formulas(delta_dir, mt):
@@ -178,7 +212,7 @@ def test_layer_computes_flas_formulas(delta_dir, mt):
         a = layer.attn_norm(m.net.embed_inputs(torch.from_numpy(mt[None, :300].astype(np.int64))))
         S0 = torch.zeros((1, *c.state_shapes()["S"][1:]))
         window = torch.zeros((1, c.conv_width - 1, c.conv_channels))
-        o, S, _, _ = layer.attn(a, S0, torch.zeros(1, c.n_heads, 0), window)
+        o, S, _, _ = layer.attn(a, S0, torch.zeros(1, c.v_heads, 0), window)
         got = F.linear(o, layer.attn.o_proj.weight)
         want = _reference_layer(layer, c, a)
     assert S.shape == S0.shape and bool((S != 0).any())

@@ -14,7 +14,10 @@ from linpipe.model.segments_run import forward_split, layer_weights
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-FAMILIES = ["delta_net", "gated_deltanet"]
+# each family, and gated_deltanet with grouped value heads (2 query/key heads, 4 value heads)
+MODELS = {"delta_net": {}, "gated_deltanet": {}, "gated_deltanet_gva": dict(n_v_heads=4)}
+
+
 @pytest.fixture(scope="module")
 def hg19(genomes):
     return hg19_slice(genomes)
@@ -30,10 +33,11 @@ def ce(genomes):
     return np.asarray(x)
 
 
-@pytest.fixture(scope="module", params=FAMILIES)
+@pytest.fixture(scope="module", params=MODELS)
 def model(request, tmp_path_factory):
-    return load_model(make_tiny_model(tmp_path_factory.mktemp(request.param), family=request.param),
-                      device="cpu")
+    d = make_tiny_model(tmp_path_factory.mktemp(request.param), family=request.param.removesuffix("_gva"),
+                        **MODELS[request.param])
+    return load_model(d, device="cpu")
 
 
 def check(model, x, bounds, unit_size):
@@ -80,8 +84,9 @@ def test_delta_spill_is_as_budgeted(model, ce):
         r = SegmentRunner(model, lambda a, b: ce[a:b], 0, 1000, 500, exact=exact)
         assert r.h.mem.nbytes + r.num.mem.nbytes == spill_bytes(c, 1000, exact)
         r.close()
-    gate = c.n_heads * c.head_v_dim if c.use_gate else 0
-    want = 1000 * (c.d_model + c.n_heads * (c.head_v_dim + c.head_dim) + gate) * 4  # h, then the rows
+    HV = c.v_heads  # the rule's heads: q_state holds q per value head
+    gate = HV * c.head_v_dim if c.use_gate else 0
+    want = 1000 * (c.d_model + HV * (c.head_v_dim + c.head_dim) + gate) * 4  # h, then the rows
     assert spill_bytes(c, 1000) == want
 
 

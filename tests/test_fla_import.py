@@ -33,9 +33,11 @@ SCRIPT = Path(__file__).parent / "fla_fixtures" / "make_fla_fixtures.py"
 # (rotary, the output gate fused with its norm), retnet_no_gate (no output gate, expand_k 2, 4
 # heads, tied embeddings), linear_attn (fla's default feature map elementwise_product, tied
 # embeddings), linear_attn_elu (elu, the normaliser, expand_v 2, 4 heads), linear_attn_hedgehog
-# (F = 2K, norm_q, norm_k, the normaliser), linear_attn_dpfp (F = 8K, 4 heads)
+# (F = 2K, norm_q, norm_k, the normaliser), linear_attn_dpfp (F = 8K, 4 heads), gated_deltanet_gva
+# (grouped value heads: 2 query/key heads, num_v_heads 4, expand_v 1, the output gate)
 FIXTURES = ("delta_net", "gated_deltanet", "delta_net_no_conv", "gla", "gla_no_conv", "mamba2", "retnet",
-            "retnet_no_gate", "linear_attn", "linear_attn_elu", "linear_attn_hedgehog", "linear_attn_dpfp")
+            "retnet_no_gate", "linear_attn", "linear_attn_elu", "linear_attn_hedgehog", "linear_attn_dpfp",
+            "gated_deltanet_gva")
 # only gated_deltanet's fixture has a tokenizer: the others' ids are given
 TOKENS = {name: [] if name == "gated_deltanet" else GIVEN for name in FIXTURES}
 # fla's model_type -> linpipe's family, where they differ (linpipe's own layer is linear_attn)
@@ -162,6 +164,7 @@ def test_info_shows_family_origin_and_state(imported):
     assert origin["tokens"] == {"A": 3, "C": 4, "G": 5, "T": 6, "N": 7, "BOS": src["bos_token_id"]}
     assert info["config"]["head_vocab"] == src["vocab_size"]
     H, L = src["num_heads"], src["num_hidden_layers"]
+    HV = src.get("num_v_heads") or H  # gated_deltanet's value heads: the state's
     K = src.get("head_dim") or src["hidden_size"] * src["expand_k"] // H
     if family == "mamba2":  # S (H, N, P); the conv over x, B and C
         conv = H * K + 2 * src["n_groups"] * src["state_size"]
@@ -172,7 +175,7 @@ def test_info_shows_family_origin_and_state(imported):
         W = src["conv_size"] if src.get("use_short_conv") else 1
         Fk = K * {"hedgehog": 2, "dpfp": 8}.get(src["feature_map"], 1) if family == "linear_attn" else K
         z = L * H * Fk if src.get("norm_feature_map") else 0  # fla's linear attention's normaliser
-        floats = L * H * Fk * V + z + L * (W - 1) * H * (2 * K + V) + src["hidden_size"]
+        floats = L * HV * Fk * V + z + L * (W - 1) * (2 * H * K + HV * V) + src["hidden_size"]
     assert info["state_bytes_per_record"] == 4 * floats
     text = run("model", "info", model).output
     assert f"origin      flash-linear-attention {family}, weights sha256 {origin['weights_sha256']}" in text
@@ -182,7 +185,9 @@ def test_info_shows_family_origin_and_state(imported):
     (dict(model_type="llama"), "'model_type' is 'llama', not a flash-linear-attention family"),
     (dict(attn={"layers": [1], "num_heads": 2}),
      "'attn' makes a hybrid model with softmax attention layers [1]"),
-    (dict(num_v_heads=4), "'num_v_heads' is 4 with num_heads 2: grouped value heads are not implemented"),
+    (dict(num_v_heads=3), "'num_v_heads' is 3 with num_heads 2: grouped value heads need a positive "
+                          "multiple of num_heads"),
+    (dict(num_v_heads=1), "'num_v_heads' is 1 with num_heads 2"),
     (dict(output_gate_activation="sigmoid"), "'output_gate_activation' is 'sigmoid'"),
     (dict(conv_bias=True), "'conv_bias' is true"),
     (dict(hidden_act="gelu"), "'hidden_act' is 'gelu'"),

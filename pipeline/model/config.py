@@ -112,6 +112,9 @@ class ModelConfig:
     use_short_conv: bool = True  # q, k, v each through a causal depthwise conv of conv_width
     allow_neg_eigval: bool = field(default=False, metadata={  # beta in (0, 2) instead of (0, 1)
         "help": "Delta rule: beta in (0, 2) instead of (0, 1)."})
+    # gated_deltanet's value heads (fla's num_v_heads; config.json's "n_v_heads", absent when
+    # None): a multiple of n_heads, each query/key head serving n_v_heads / n_heads of them
+    n_v_heads: int | None = None
     # gla: gk_proj's low rank (D -> gate_rank -> HK) and fla's clamp_min, the floor of the
     # log-gates (None: none); the gate's normaliser is gate_normalizer, q and k's map feature_map
     gate_rank: int | None = None
@@ -182,15 +185,20 @@ class ModelConfig:
         return round(self.head_dim * self.expand_v) if self.fla else self.head_dim
 
     @property
+    def v_heads(self) -> int:
+        """The heads of the values, the gates and the state: n_v_heads, else n_heads."""
+        return self.n_v_heads or self.n_heads
+
+    @property
     def conv_channels(self) -> int:
         """The channels the causal convolution runs over (the carried window's width): D for
         linear attention; q, k and v concatenated (2HK + HV) for the delta rule; mamba2's x, B and C
-        (HV + 2GK)."""
+        (HV + 2GK); with grouped value heads HV counts the value heads."""
         if self.family == MAMBA2:
             return self.n_heads * self.head_v_dim + 2 * self.ssd["n_groups"] * self.head_dim
         if not self.fla:
             return self.d_model
-        return self.n_heads * (2 * self.head_dim + self.head_v_dim)
+        return self.n_heads * 2 * self.head_dim + self.v_heads * self.head_v_dim
 
     @property
     def has_conv(self) -> bool:
@@ -211,7 +219,7 @@ class ModelConfig:
     def state_shapes(self) -> dict:
         """Per record, the shape of each carried state array (ModelState): the kinds without a
         normaliser keep no z (its K axis is 0 long and the array is not stored)."""
-        L, H, K, V = self.n_layers, self.n_heads, self.feature_dim, self.head_v_dim
+        L, H, K, V = self.n_layers, self.v_heads, self.feature_dim, self.head_v_dim
         window = self.conv_width - 1 if self.has_conv else 0
         return {"S": (L, H, K, V), "z": (L, H, K if self.normalized else 0),
                 "conv": (L, window, self.conv_channels), "y": (self.d_model,)}
@@ -268,6 +276,8 @@ class ModelConfig:
             d.update(family=self.family, head_dim=self.head_dim, expand_v=self.expand_v,
                      use_gate=self.use_gate, use_short_conv=self.use_short_conv,
                      allow_neg_eigval=self.allow_neg_eigval)
+            if self.n_v_heads is not None:
+                d["n_v_heads"] = self.n_v_heads
             if self.family == FLA_LINEAR_ATTN:
                 d.update(qk_feature_map=self.qk_feature_map, normalize=self.normalize, norm_q=self.norm_q,
                          norm_k=self.norm_k)
@@ -375,6 +385,8 @@ class ModelConfig:
             kw["gate_normalizer"] = _gate_normalizer(d["gate"], where)
         if "head_vocab" in d:
             kw["head_vocab"] = integer("head_vocab")
+        if "n_v_heads" in d:
+            kw["n_v_heads"] = integer("n_v_heads")
         if "origin" in d:
             kw["origin"] = _origin(d["origin"], where)
         try:
@@ -430,6 +442,8 @@ def _config_problem(c: ModelConfig) -> str | None:
             return f"{key!r} must be a positive integer, got {v!r}"
     if c.family not in FAMILIES:
         return f"unknown family {c.family!r} (expected one of {', '.join(FAMILIES)})"
+    if c.n_v_heads is not None and c.family != GATED_DELTANET:
+        return f"'n_v_heads' is for family {GATED_DELTANET!r}, not {c.family!r}"
     if c.fla or c.family == MAMBA2:
         problem = (_delta_problem(c) if c.fla else _mamba2_problem(c)) or _fla_kind_problem(c)
         if problem:
@@ -494,6 +508,9 @@ def _delta_problem(c: ModelConfig) -> str | None:
     for key in ("use_gate", "use_short_conv", "allow_neg_eigval"):
         if not isinstance(getattr(c, key), bool):
             return f"{key!r} must be true or false, got {getattr(c, key)!r}"
+    hv = c.n_v_heads
+    if hv is not None and (isinstance(hv, bool) or not isinstance(hv, int) or hv < 1 or hv % c.n_heads):
+        return f"'n_v_heads' must be a positive multiple of n_heads {c.n_heads}, got {hv!r}"
     if c.family == GLA:
         problem = _gla_problem(c)
         if problem:

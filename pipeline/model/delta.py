@@ -10,10 +10,16 @@ Per layer, from the normalised input a (B, T, D):
     g       = -exp(A_log) * softplus(a_proj a + dt_bias)   (gated_deltanet; none for delta_net)
     o       = delta_rule(q, k, v, beta, g)  then  RMSNorm(o) * silu(g_proj a)  (the gate: use_gate)
 
-The carried state per layer is the rule's S (H, K, V) and the window of the last W-1 inputs of
-the three convolutions, concatenated (q, k, v) into one (W-1, 2HK + HV) array.
+With grouped value heads (gated_deltanet's n_v_heads, fla's num_v_heads) v, beta, the gate, the
+output and its norm have HV > H heads, each query/key head serving G = HV / H of them: q and k
+are repeated per group in fla's order (value head j reads query/key head j // G), and the rule
+runs with HV heads, so its state algebra (and the split's) is the one of HV plain heads.
 
-Shapes: B batch, T positions, D = d_model, H heads, K = head_dim, V = K * expand_v, M = mlp_hidden.
+The carried state per layer is the rule's S (HV, K, V) and the window of the last W-1 inputs of
+the three convolutions, concatenated (q, k, v) into one (W-1, 2HK + HV V) array.
+
+Shapes: B batch, T positions, D = d_model, H query/key heads, HV value heads (H without grouped
+value heads), K = head_dim, V = K * expand_v, M = mlp_hidden.
 In CPU inference the position-wise ops run on fixed row tiles (linpipe.model.rows), as in the
 linear-attention layers, so a position's result does not depend on what shares its call.
 """
@@ -72,31 +78,32 @@ class DeltaAttention(nn.Module):
 
     def __init__(self, c: ModelConfig, tile: int):
         super().__init__()
-        D, H, K, V = c.d_model, c.n_heads, c.head_dim, c.head_v_dim
-        self.n_heads, self.head_dim, self.head_v_dim = H, K, V
-        self.key_dim, self.value_dim = H * K, H * V
+        D, H, HV, K, V = c.d_model, c.n_heads, c.v_heads, c.head_dim, c.head_v_dim
+        # n_heads: the rule's and the state's heads (the value heads); qk_heads: q and k's
+        self.n_heads, self.qk_heads, self.head_dim, self.head_v_dim = HV, H, K, V
+        self.key_dim, self.value_dim = H * K, HV * V
         self.gated = c.family == GATED_DELTANET
         self.allow_neg_eigval = c.allow_neg_eigval
         self.tile = tile  # rows of the position-wise ops' tiles in CPU inference
         self.q_proj = nn.Linear(D, H * K, bias=False)
         self.k_proj = nn.Linear(D, H * K, bias=False)
-        self.v_proj = nn.Linear(D, H * V, bias=False)
+        self.v_proj = nn.Linear(D, HV * V, bias=False)
         if self.gated:
-            self.a_proj = nn.Linear(D, H, bias=False)
-            self.A_log = nn.Parameter(torch.zeros(H))
-            self.dt_bias = nn.Parameter(torch.zeros(H))
-        self.b_proj = nn.Linear(D, H, bias=False)
+            self.a_proj = nn.Linear(D, HV, bias=False)
+            self.A_log = nn.Parameter(torch.zeros(HV))
+            self.dt_bias = nn.Parameter(torch.zeros(HV))
+        self.b_proj = nn.Linear(D, HV, bias=False)
         if c.use_short_conv:
             self.q_conv1d = ShortConv(H * K, c.conv_width)
             self.k_conv1d = ShortConv(H * K, c.conv_width)
-            self.v_conv1d = ShortConv(H * V, c.conv_width)
+            self.v_conv1d = ShortConv(HV * V, c.conv_width)
         self.use_short_conv = c.use_short_conv
-        self.g_proj = nn.Linear(D, H * V, bias=False) if c.use_gate else None
+        self.g_proj = nn.Linear(D, HV * V, bias=False) if c.use_gate else None
         self.o_norm = GatedRMSNorm(V, c.norm_eps)
-        self.o_proj = nn.Linear(H * V, D, bias=False)
+        self.o_proj = nn.Linear(HV * V, D, bias=False)
 
     def base_decay(self) -> list[float]:
-        """Per head: the decay where a_proj gives 0, exp(-exp(A_log) softplus(dt_bias)); 1 for
+        """Per (value) head: the decay where a_proj gives 0, exp(-exp(A_log) softplus(dt_bias)); 1 for
         delta_net (no decay)."""
         with torch.no_grad():
             if not self.gated:
@@ -104,7 +111,8 @@ class DeltaAttention(nn.Module):
             return torch.exp(-self.A_log.double().exp() * F.softplus(self.dt_bias.double())).tolist()
 
     def _side_weight(self):
-        """b_proj, a_proj (gated) and g_proj (use_gate) stacked for one matmul: (H [+ H] [+ HV], D)."""
+        """b_proj, a_proj (gated) and g_proj (use_gate) stacked for one matmul: (HV [+ HV] [+ HV V],
+        D)."""
         parts = [self.b_proj.weight]
         if self.gated:
             parts.append(self.a_proj.weight)
@@ -113,41 +121,44 @@ class DeltaAttention(nn.Module):
         return torch.cat(parts)
 
     def _activate(self, x, side):
-        """Rows of the conv's output x (N, 2HK + HV) and the side projections (N, ...) -> q, k
-        (N, H, K) L2-normalised, v (N, H, V), beta (N, H), then the log-gates (N, H) if gated."""
-        N, H, K, V = x.shape[0], self.n_heads, self.head_dim, self.head_v_dim
+        """Rows of the conv's output x (N, 2HK + HV V) and the side projections (N, ...) -> q, k
+        (N, HV, K) L2-normalised (repeated per value-head group), v (N, HV, V), beta (N, HV),
+        then the log-gates (N, HV) if gated."""
+        N, H, HV, K, V = x.shape[0], self.qk_heads, self.n_heads, self.head_dim, self.head_v_dim
         x = F.silu(x)
         q = l2norm(x[:, :H * K].reshape(N, H, K))
         k = l2norm(x[:, H * K:2 * H * K].reshape(N, H, K))
-        v = x[:, 2 * H * K:].reshape(N, H, V)
-        beta = torch.sigmoid(side[:, :H])
+        if HV != H:  # fla's (h g) order: value head j reads query/key head j // G
+            q, k = q.repeat_interleave(HV // H, dim=1), k.repeat_interleave(HV // H, dim=1)
+        v = x[:, 2 * H * K:].reshape(N, HV, V)
+        beta = torch.sigmoid(side[:, :HV])
         if self.allow_neg_eigval:
             beta = beta * 2.0
         if not self.gated:
             return q, k, v, beta
-        g = -self.A_log.float().exp() * F.softplus(side[:, H:2 * H] + self.dt_bias)
+        g = -self.A_log.float().exp() * F.softplus(side[:, HV:2 * HV] + self.dt_bias)
         return q, k, v, beta, g
 
     def _normed(self, o, g):
-        """Rows of the rule's output o (N, H, V) and the output gate's values (N, HV) or None ->
-        o_norm's (N, HV)."""
+        """Rows of the rule's output o (N, HV, V) and the output gate's values (N, HV V) or None ->
+        o_norm's (N, HV V)."""
         N = o.shape[0]
         g = None if g is None else g.reshape(N, self.n_heads, self.head_v_dim)
         return self.o_norm(o, g).reshape(N, -1)
 
     def project(self, a):
-        """Normalised inputs a (B, T, D) -> (x (B, T, 2HK + HV): the q, k, v projections before the
-        conv; side (B*T, H [+ H] [+ HV]): the b_proj, a_proj and g_proj rows)."""
+        """Normalised inputs a (B, T, D) -> (x (B, T, 2HK + HV V): the q, k, v projections before
+        the conv; side (B*T, HV [+ HV] [+ HV V]): the b_proj, a_proj and g_proj rows)."""
         B, T, D = a.shape
         tile = row_tile(a, self.tile)
         rows = a.reshape(B * T, D)
-        w = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])  # (2HK + HV, D)
-        x = linear(rows, w, tile=tile).view(B, T, -1)  # (B, T, 2HK + HV)
+        w = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])  # (2HK + HV V, D)
+        x = linear(rows, w, tile=tile).view(B, T, -1)  # (B, T, 2HK + HV V)
         return x, linear(rows, self._side_weight(), tile=tile)
 
     def rule_inputs(self, x, side, window):
-        """project's (x, side) after the conv window (B, W-1, 2HK + HV) -> ((q, k, v, beta, log_gate
-        or None), each (B, T, H, ...), the new window)."""
+        """project's (x, side) after the conv window (B, W-1, 2HK + HV V) -> ((q, k, v, beta,
+        log_gate or None), each (B, T, HV, ...), the new window)."""
         B, T = x.shape[:2]
         if self.use_short_conv:
             taps = torch.cat([self.q_conv1d.weight, self.k_conv1d.weight, self.v_conv1d.weight])[:, 0]
@@ -157,18 +168,18 @@ class DeltaAttention(nn.Module):
         return (q, k, v, beta, got[4].view(B, T, -1) if self.gated else None), window
 
     def gate_rows(self, side):
-        """The output gate's pre-activations (B*T, HV) in project's side rows, None without use_gate."""
+        """The output gate's pre-activations (B*T, HV V) in project's side rows, None without use_gate."""
         return side[:, self.n_heads * (2 if self.gated else 1):] if self.g_proj is not None else None
 
     def output(self, o, g_rows):
-        """The rule's output o (B, T, H, V) and gate_rows -> (B, T, HV) after o_norm and the gate."""
+        """The rule's output o (B, T, HV, V) and gate_rows -> (B, T, HV V) after o_norm and the gate."""
         B, T = o.shape[:2]
         rows = o.reshape(B * T, self.n_heads, self.head_v_dim)
         return map_rows(self._normed, row_tile(o, self.tile), rows, g_rows).view(B, T, -1)
 
     def forward(self, a, S, z, window, scratch=None):
-        """Normalised inputs a (B, T, D) after S (B, H, K, V) and the conv window (B, W-1, 2HK +
-        HV) -> (o (B, T, HV) before o_proj, S after, z unchanged (empty), the new window)."""
+        """Normalised inputs a (B, T, D) after S (B, HV, K, V) and the conv window (B, W-1, 2HK +
+        HV V) -> (o (B, T, HV V) before o_proj, S after, z unchanged (empty), the new window)."""
         x, side = self.project(a)
         (q, k, v, beta, log_gate), window = self.rule_inputs(x, side, window)
         o, S = delta_rule(q, k, v, beta, log_gate=log_gate, initial_state=S, output_final_state=True)
@@ -209,7 +220,7 @@ def init_delta_layer(layer, c: ModelConfig, normal, gen: torch.Generator) -> Non
             normal(conv.weight, 0.3 / math.sqrt(c.conv_width))
             conv.weight[:, 0, -1] += 1.0
     if a.gated:
-        H = c.n_heads
+        H = c.v_heads
         a.A_log.copy_(torch.log(torch.rand(H, generator=gen).clamp_min(1e-3) * A_MAX))
         lo, hi = math.log(DT_MIN), math.log(DT_MAX)
         dt = torch.exp(torch.rand(H, generator=gen) * (hi - lo) + lo).clamp_min(DT_FLOOR)

@@ -38,8 +38,9 @@ from linpipe.model.network import Layer
 
 def row_width(config, exact: bool) -> int:
     """Columns of a delta-rule segment's pass-1 spill: the first segment's o (HV); a later
-    one's o_local (HV), q_state (HK) and, with the output gate, its pre-activations (HV)."""
-    H, K, V = config.n_heads, config.head_dim, config.head_v_dim
+    one's o_local (HV), q_state (HK) and, with the output gate, its pre-activations (HV); H the
+    rule's heads (the value heads: q_state holds q repeated per value-head group)."""
+    H, K, V = config.v_heads, config.head_dim, config.head_v_dim
     if exact:
         return H * V
     return H * V + H * K + (H * V if config.use_gate else 0)

@@ -199,11 +199,14 @@ def _family_config(ck: Checkpoint) -> dict:
         head_dim = int(key_dim) // H
         expand_v = (value_dim / H) / head_dim
         use_gate = bool(_flag(cfg, "use_gate", False))
+        v_heads = None
     else:
         v_heads = cfg.get("num_v_heads")
-        if v_heads is not None and v_heads != H:
-            _refuse(ck, "num_v_heads", f"is {v_heads} with num_heads {H}: grouped value heads are not "
-                    "implemented")
+        # fla's kernels map value head j to query/key head j // (num_v_heads / num_heads)
+        if v_heads is not None and (isinstance(v_heads, bool) or not isinstance(v_heads, int) or v_heads < 1
+                                    or v_heads % H):
+            _refuse(ck, "num_v_heads", f"is {v_heads!r} with num_heads {H}: grouped value heads need a "
+                    "positive multiple of num_heads")
         act = _flag(cfg, "output_gate_activation", "swish")
         if act not in SILU:
             _refuse(ck, "output_gate_activation", f"is {act!r}: only swish is implemented")
@@ -211,6 +214,7 @@ def _family_config(ck: Checkpoint) -> dict:
         expand_v = float(_flag(cfg, "expand_v", 2.0))
         use_gate = bool(_flag(cfg, "use_gate", True))
     return dict(family=family, qk_head_dim=int(head_dim), expand_v=float(expand_v), use_gate=use_gate,
+                n_v_heads=None if v_heads in (None, H) else v_heads,
                 use_short_conv=bool(_flag(cfg, "use_short_conv", True)),
                 allow_neg_eigval=bool(_flag(cfg, "allow_neg_eigval", False)),
                 conv_width=int(_flag(cfg, "conv_size", 4)), norm_eps=float(_flag(cfg, "norm_eps", 1e-6)))

@@ -68,14 +68,15 @@ def _fla_linear_shapes(c: ModelConfig, p: str) -> dict[str, tuple]:
 
 def _delta_shapes(c: ModelConfig, p: str) -> dict[str, tuple]:
     """One delta-rule layer's tensors (prefix p), named and shaped as flash-linear-attention
-    0.6's DeltaNet / GatedDeltaNet layer and GatedMLP hold them."""
-    D, W, H = c.d_model, c.conv_width, c.n_heads
-    key, value = H * c.head_dim, H * c.head_v_dim
+    0.6's DeltaNet / GatedDeltaNet layer and GatedMLP hold them: q and k per query/key head, v,
+    the gates and the output per value head (c.v_heads)."""
+    D, W, HV = c.d_model, c.conv_width, c.v_heads
+    key, value = c.n_heads * c.head_dim, HV * c.head_v_dim
     shapes = {p + "attn_norm.weight": (D,), p + "attn.q_proj.weight": (key, D),
               p + "attn.k_proj.weight": (key, D), p + "attn.v_proj.weight": (value, D)}
     if c.family == GATED_DELTANET:
-        shapes.update({p + "attn.a_proj.weight": (H, D), p + "attn.A_log": (H,), p + "attn.dt_bias": (H,)})
-    shapes[p + "attn.b_proj.weight"] = (H, D)
+        shapes.update({p + "attn.a_proj.weight": (HV, D), p + "attn.A_log": (HV,), p + "attn.dt_bias": (HV,)})
+    shapes[p + "attn.b_proj.weight"] = (HV, D)
     if c.use_short_conv:
         for name, width in (("q", key), ("k", key), ("v", value)):
             shapes[p + f"attn.{name}_conv1d.weight"] = (width, 1, W)

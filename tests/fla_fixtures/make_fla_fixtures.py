@@ -1,8 +1,7 @@
 """Make the flash-linear-attention fixtures of tests/test_fla_import.py with fla 0.6's own model
-classes: small random DeltaNet, GatedDeltaNet, GLA, Mamba2, RetNet and LinearAttention language models
-over a DNA-sized vocabulary,
-saved with save_pretrained (safetensors), and fla's log-softmax at each next token of real
-genome records (docs/models.md).
+classes: small random DeltaNet, GatedDeltaNet (one with grouped value heads), GLA, Mamba2, RetNet
+and LinearAttention language models over a DNA-sized vocabulary, saved with save_pretrained
+(safetensors), and fla's log-softmax at each next token of real genome records (docs/models.md).
 
     python tests/fla_fixtures/make_fla_fixtures.py [OUT [NAME...]]
     # OUT: tests/data/fla by default; NAMEs: some of FIXTURES' names and RECORDS' ids (default all)
@@ -55,6 +54,10 @@ FIXTURES = {
     "gated_deltanet": ("GatedDeltaNetConfig", "GatedDeltaNetForCausalLM", dict(
         hidden_size=32, num_hidden_layers=2, num_heads=2, head_dim=16, expand_v=2.0, use_gate=True,
         allow_neg_eigval=False, use_short_conv=True, conv_size=4, intermediate_size=96)),
+    # grouped value heads: each of the 2 query/key heads serves 2 of the 4 value heads
+    "gated_deltanet_gva": ("GatedDeltaNetConfig", "GatedDeltaNetForCausalLM", dict(
+        hidden_size=32, num_hidden_layers=2, num_heads=2, num_v_heads=4, head_dim=16, expand_v=1.0,
+        use_gate=True, allow_neg_eigval=False, use_short_conv=True, conv_size=4, intermediate_size=64)),
     "delta_net_no_conv": ("DeltaNetConfig", "DeltaNetForCausalLM", dict(
         hidden_size=32, num_hidden_layers=2, num_heads=4, expand_k=1.0, expand_v=1.0, use_gate=True,
         allow_neg_eigval=False, use_short_conv=False, intermediate_size=64)),
@@ -95,7 +98,7 @@ STEPWISE = ("mamba2",)
 # each fixture's seed: fixed, so that adding a fixture leaves the others' bytes as they are
 SEEDS = {"delta_net": 0, "gated_deltanet": 1, "delta_net_no_conv": 2, "gla": 3, "gla_no_conv": 4, "mamba2": 3,
          "retnet": 3, "retnet_no_gate": 4, "linear_attn": 5, "linear_attn_elu": 6, "linear_attn_hedgehog": 7,
-         "linear_attn_dpfp": 8}
+         "linear_attn_dpfp": 8, "gated_deltanet_gva": 9}
 COMMON = dict(vocab_size=len(VOCAB), pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS,
               attn_mode="fused_recurrent", fuse_norm=False, fuse_swiglu=False, fuse_cross_entropy=False,
               norm_eps=1e-6)
