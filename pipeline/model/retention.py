@@ -25,6 +25,7 @@ Shapes: B batch, T positions, D = d_model, H heads, K = head_dim, V = K * expand
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -53,6 +54,17 @@ def rope_frequencies(head_dim: int) -> torch.Tensor:
 def rope_angles(positions: torch.Tensor, freq: torch.Tensor) -> torch.Tensor:
     """The rotary angles (N, K/2) of integer positions (N,) in float64, reduced to [0, 2 pi)."""
     return torch.remainder(positions.to(torch.float64)[:, None] * freq.to(positions.device), TWO_PI)
+
+
+@functools.lru_cache(maxsize=2)
+def offset_rotations(T: int, head_dim: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin (1, T, 1, K/2) float32 of the angles of offsets 0..T-1 (a call's positions from
+    its first), computed once and shared read-only by every layer and call of that length on that
+    device: a run's calls mostly have one length (its span) and a record's last call another, so
+    two are kept. Made outside inference_mode, so that a call with gradients may use them too."""
+    with torch.inference_mode(False):
+        a = rope_angles(torch.arange(T, device=device), rope_frequencies(head_dim))[None, :, None]
+        return a.cos().float(), a.sin().float()
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -98,11 +110,6 @@ class Retention(nn.Module):
         """Per head: the fixed decay gamma_h."""
         return [float(g) for g in self.decay]
 
-    def rope(self, T: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin (1, T, 1, K/2) float32 of offsets 0..T-1 from a call's first position."""
-        a = rope_angles(torch.arange(T, device=device), self.freq)[None, :, None]
-        return a.cos().float(), a.sin().float()
-
     def _normed(self, o, g):
         """Rows of the kernel's output o (N, H, V) and the gate's values (N, HV) or None -> (N, HV)."""
         N = o.shape[0]
@@ -119,7 +126,7 @@ class Retention(nn.Module):
         if self.g_proj is not None:
             parts.append(self.g_proj.weight)
         x = linear(a.reshape(B * T, D), torch.cat(parts), tile=row_tile(a, self.tile))  # (B*T, 2HK + 2HV?)
-        cos, sin = self.rope(T, a.device)
+        cos, sin = offset_rotations(T, K, a.device)
         q = rotate(x[:, :H * K].view(B, T, H, K), cos, sin) * self.scale  # (B, T, H, K)
         k = rotate(x[:, H * K:2 * H * K].view(B, T, H, K), cos, sin)
         v = x[:, 2 * H * K:2 * H * K + H * V].view(B, T, H, V)
