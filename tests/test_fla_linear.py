@@ -10,15 +10,17 @@ import pytest
 import torch
 from _fla_data import GIVEN, assert_refused, checkpoint, run
 
-from linpipe.model.config import QK_FEATURE_MAPS
+from linpipe.model.config import FAMILY_FEATURE_MAPS, FLA_LINEAR_ATTN
 from linpipe.model.fla_linear import FeatureMap
+
+MAPS = FAMILY_FEATURE_MAPS[FLA_LINEAR_ATTN]  # name -> phi's width per K
 
 
 @pytest.mark.slow  # importing fla and transformers takes tens of seconds on a busy 2-core machine
-@pytest.mark.parametrize("kind", list(QK_FEATURE_MAPS))
+@pytest.mark.parametrize("kind", list(MAPS))
 def test_feature_maps_are_flas(kind):
     """phi of every feature map equals fla 0.6's LinearAttention's own (its module, weights copied),
-    with the width QK_FEATURE_MAPS gives."""
+    with the width the config's list gives."""
     pytest.importorskip("fla.layers")
     from fla.layers import LinearAttention
 
@@ -34,7 +36,7 @@ def test_feature_maps_are_flas(kind):
     x = torch.randn(5, 7, 2, K)
     with torch.no_grad():
         want, got = theirs(x), mine(x)
-    assert got.shape == (5, 7, 2, K * QK_FEATURE_MAPS[kind])
+    assert got.shape == (5, 7, 2, K * MAPS[kind])
     torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
 
 

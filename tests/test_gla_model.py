@@ -77,6 +77,19 @@ def _gla_config(**kw):
     return ModelConfig(**{**base, **kw})
 
 
+def test_the_declared_feature_maps_are_the_implemented_ones():
+    """gla's feature maps are named once (config.FAMILY_FEATURE_MAPS, gla_import's list): gla.py
+    implements exactly those, the import maps fla's names onto them, and each makes a config."""
+    from linpipe.model import gla
+    from linpipe.model.config import FAMILY_FEATURE_MAPS
+    from linpipe.model.gla_import import FEATURE_MAP_NAMES
+
+    assert tuple(gla.FEATURE_MAPS) == FAMILY_FEATURE_MAPS[GLA]
+    assert set(FEATURE_MAP_NAMES.values()) == set(FAMILY_FEATURE_MAPS[GLA])
+    for name in FAMILY_FEATURE_MAPS[GLA]:
+        assert _gla_config(feature_map=name).feature_map == name
+
+
 def test_a_random_gla_network_carries_its_state_across_a_cut(tmp_path):
     """A random gla network (init_net) saved and loaded: a record in two calls cut inside a
     kernel block equals one call, every output, and the state after is the same."""

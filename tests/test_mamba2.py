@@ -22,7 +22,7 @@ from _split_harness import rel, serial
 
 from linpipe.inputs.alphabet import tokenize
 from linpipe.model import Model, ModelConfig, init_net, load_model
-from linpipe.model.config import mamba2_pairs
+from linpipe.model.mamba2_import import mamba2_pairs
 from linpipe.model.segments_run import forward_split
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

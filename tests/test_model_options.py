@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from linpipe.cli import cli
 from linpipe.cli.common import INPUT_OPTIONS, MODEL_OPTIONS, declared_fields, field_default, field_flag, spell
 from linpipe.errors import render
-from linpipe.model.config import FEATURE_MAPS, TRAINED, ModelConfig
+from linpipe.model.config import FAMILY_FEATURE_MAPS, LINEAR_ATTN, TRAINED, ModelConfig
 from linpipe.model.outputs import MODALITIES
 from linpipe.training.config import TrainConfig
 
@@ -51,13 +51,12 @@ def test_every_option_is_a_declared_field_with_its_default_choices_and_help(comm
 def test_the_choices_are_what_the_config_and_the_kernels_accept():
     """Every choice makes a valid config, and the feature maps are the kernels' own list."""
     from linpipe.kernels import FEATURE_MAPS as IMPLEMENTED
-    from linpipe.model.config import LINEAR_ATTN
 
-    assert FEATURE_MAPS == IMPLEMENTED
+    assert FAMILY_FEATURE_MAPS[LINEAR_ATTN] == IMPLEMENTED
     assert declared_fields(ModelConfig)["family"].metadata["choices"] == TRAINED
     assert declared_fields(ModelConfig)["modality"].metadata["choices"] == MODALITIES
     base = dict(modality="dna", d_model=8, n_layers=1, n_heads=2, mlp_hidden=16)
-    for fm in FEATURE_MAPS:
+    for fm in FAMILY_FEATURE_MAPS[LINEAR_ATTN]:
         assert ModelConfig(**base, feature_map=fm).feature_map == fm
     for family in TRAINED:
         extra = {} if family == LINEAR_ATTN else {"qk_head_dim": 4}

@@ -16,6 +16,7 @@ from _fla_data import assert_refused
 from linpipe.model.config import ModelConfig
 from linpipe.model.retention import (
     Retention,
+    offset_rotations,
     retention_decay,
     rope_angles,
     rope_frequencies,
@@ -98,6 +99,22 @@ def test_state_in_the_next_positions_frame_gives_absolute_retention(p0):
     np.testing.assert_allclose(torch.cat(got).view(53, 2, 16).numpy(), want.numpy(), rtol=0, atol=2e-5)
     framed = turn_state(want_S[None], p0 + 53, layer.freq)[0]
     np.testing.assert_allclose(S[0].double().numpy(), framed.numpy(), rtol=0, atol=2e-5)
+
+
+def test_the_kept_rotations_serve_inference_and_gradients_alike():
+    """The cos and sin kept per call length, first made inside a Model's inference_mode, serve
+    a later call that computes gradients (an inference tensor cannot be saved for backward), and
+    give that call's q and k the same bytes."""
+    offset_rotations.cache_clear()
+    layer = _layer()
+    a = torch.randn(1, 37, 16)
+    with torch.inference_mode():
+        q, k, _, _ = layer.inputs(a)
+    layer.requires_grad_(True)
+    q2, k2, _, _ = layer.inputs(a)
+    (q2.sum() + k2.sum()).backward()
+    assert layer.q_proj.weight.grad is not None and layer.k_proj.weight.grad.abs().sum() > 0
+    assert torch.equal(q, q2.detach()) and torch.equal(k, k2.detach())
 
 
 @pytest.mark.parametrize("changes, message", [

@@ -7,6 +7,8 @@ import math
 from dataclasses import dataclass, field
 
 from linpipe.errors import ModelError, option
+from linpipe.model import fla_linear_import, gla_import, mamba2_import, retention_import
+from linpipe.model.mamba2_import import MAMBA2_DEFAULTS, MAMBA2_KEYS, mamba2_pairs
 from linpipe.model.outputs import MODALITIES, output_names, output_spec
 
 FORMAT_NAME = "linpipe-model"
@@ -30,21 +32,24 @@ DELTA_KINDS = (DELTA_NET, GATED_DELTANET, GLA)
 FLA_KINDS = (*DELTA_KINDS, RETNET, FLA_LINEAR_ATTN)
 # the kinds `linpipe model init` and `linpipe train` make; the others come by `linpipe model import`
 TRAINED = (LINEAR_ATTN, DELTA_NET, GATED_DELTANET)
-# fla's LinearAttention feature maps -> phi's width per K of q and k (all fixed-size states)
-QK_FEATURE_MAPS = {"identity": 1, "elu": 1, "relu": 1, "elementwise_product": 1, "t2r": 1, "hedgehog": 2,
-                   "dpfp": 8}
 # config.json's keys of the delta-rule kinds (fla 0.6's names for them)
 DELTA_KEYS = ("family", "head_dim", "expand_v", "use_gate", "use_short_conv", "allow_neg_eigval")
 # and gla's beside them: q and k's feature map, the gate ("gate": its normaliser), gk_proj's rank
 GLA_KEYS = ("feature_map", "gate", "gate_rank")
-GLA_FEATURE_MAPS = ("identity", "relu", "sigmoid", "silu")
 
-# Format v1's feature maps, phi of the linear-attention layers (docs/model-format.md); the kernels
-# implement each (linpipe.kernels.FEATURE_MAPS, tests/test_model_options.py). Named here, not
-# imported, so that the command line reads this module's declarations without importing torch.
-FEATURE_MAPS = ("elu1", "relu", "identity")
+# q and k's feature maps phi, by the family whose config names one (docs/model-format.md):
+# linpipe's own linear attention ("feature_map"; the kernels implement each:
+# linpipe.kernels.FEATURE_MAPS, tests/test_model_options.py; named here, not imported, so that the
+# command line reads this module's declarations without importing torch), gla ("feature_map",
+# gla_import) and fla's LinearAttention ("qk_feature_map", fla_linear_import: each with phi's
+# width per K). The other families keep linear attention's "feature_map", unused.
+FAMILY_FEATURE_MAPS = {LINEAR_ATTN: ("elu1", "relu", "identity"), GLA: gla_import.FEATURE_MAPS,
+                       FLA_LINEAR_ATTN: fla_linear_import.FEATURE_MAPS}
+# family -> f(config): what is wrong with that family's own keys, or None (beside its import)
+FAMILY_CHECKS = {GLA: gla_import.config_problem, MAMBA2: mamba2_import.config_problem,
+                 RETNET: retention_import.config_problem, FLA_LINEAR_ATTN: fla_linear_import.config_problem}
 GATE_KEYS = ("normalizer",)
-DEFAULT_GATE_NORMALIZER = 16.0  # flash-linear-attention's gate_logit_normalizer
+DEFAULT_GATE_NORMALIZER = gla_import.GATE_LOGIT_NORMALIZER  # flash-linear-attention's gate_logit_normalizer
 
 
 # A field's metadata, where `linpipe model init` and `linpipe train` offer it as an option
@@ -64,7 +69,7 @@ class ModelConfig:
                                    "help": f"Attention heads per layer (must divide {option('d_model')})."})
     mlp_hidden: int = field(metadata={"default": None, "min": 1, "help": "Default: 4 x d-model."})
     feature_map: str = field(default="elu1", metadata={
-        "choices": FEATURE_MAPS, "help": "The positive map applied to queries and keys."})
+        "choices": FAMILY_FEATURE_MAPS[LINEAR_ATTN], "help": "The positive map applied to queries and keys."})
     normalize: bool = field(default=True, metadata={"flag": "no_normalize",
                                                     "help": "Drop the attention normaliser q.z."})
     conv_width: int = field(default=4, metadata={"min": 1, "help": "1: no convolution."})
@@ -122,7 +127,7 @@ class ModelConfig:
     # family mamba2 (fla 0.6's Mamba2 layer, pipeline/model/mamba2.py; fla's names in config.json):
     # qk_head_dim is then a head's width P (its V) and state_size N (its K: B and C per group)
     mamba2: tuple = ()  # sorted (key, value) pairs of MAMBA2_KEYS; () for other families
-    # fla_linear_attn: the feature map of q and k (QK_FEATURE_MAPS, config.json's
+    # fla_linear_attn: the feature map of q and k (FAMILY_FEATURE_MAPS, config.json's
     # "qk_feature_map"), and q, k divided by their sums after it (fla's norm_q, norm_k); its
     # normaliser is `normalize` (fla's norm_feature_map)
     qk_feature_map: str = "identity"
@@ -214,7 +219,9 @@ class ModelConfig:
     @property
     def feature_dim(self) -> int:
         """The width of phi(k), the state's K axis: head_dim, or fla_linear_attn's feature map's."""
-        return self.head_dim * (QK_FEATURE_MAPS[self.qk_feature_map] if self.family == FLA_LINEAR_ATTN else 1)
+        if self.family != FLA_LINEAR_ATTN:
+            return self.head_dim
+        return self.head_dim * FAMILY_FEATURE_MAPS[FLA_LINEAR_ATTN][self.qk_feature_map]
 
     def state_shapes(self) -> dict:
         """Per record, the shape of each carried state array (ModelState): the kinds without a
@@ -429,7 +436,7 @@ def _config_problem(c: ModelConfig) -> str | None:
     """The first thing wrong with a config, or None."""
     if c.modality not in MODALITIES:
         return f"unknown modality {c.modality!r} (expected one of {', '.join(MODALITIES)})"
-    maps = GLA_FEATURE_MAPS if c.family == GLA else FEATURE_MAPS
+    maps = FAMILY_FEATURE_MAPS[GLA if c.family == GLA else LINEAR_ATTN]
     if c.feature_map not in maps:
         return f"unknown feature_map {c.feature_map!r} (expected one of {', '.join(maps)})"
     for key in ("d_model", "n_layers", "n_heads", "mlp_hidden", "conv_width"):
@@ -445,7 +452,9 @@ def _config_problem(c: ModelConfig) -> str | None:
     if c.n_v_heads is not None and c.family != GATED_DELTANET:
         return f"'n_v_heads' is for family {GATED_DELTANET!r}, not {c.family!r}"
     if c.fla or c.family == MAMBA2:
-        problem = (_delta_problem(c) if c.fla else _mamba2_problem(c)) or _fla_kind_problem(c)
+        own = FAMILY_CHECKS.get(c.family)
+        problem = ((_delta_problem(c) if c.fla else None) or (own(c) if own else None)
+                   or _fla_kind_problem(c))
         if problem:
             return problem
     elif c.d_model % c.n_heads:
@@ -494,7 +503,7 @@ def _fla_kind_problem(c: ModelConfig) -> str | None:
 
 
 def _delta_problem(c: ModelConfig) -> str | None:
-    """What is wrong with an fla attention kind's own keys (DELTA_KEYS and its family's), or None."""
+    """What is wrong with an fla attention kind's DELTA_KEYS (a family's own: FAMILY_CHECKS), or None."""
     k = c.qk_head_dim
     if k is None and c.d_model % c.n_heads:
         return f"d_model {c.d_model} is not divisible by n_heads {c.n_heads} (give head_dim)"
@@ -511,70 +520,4 @@ def _delta_problem(c: ModelConfig) -> str | None:
     hv = c.n_v_heads
     if hv is not None and (isinstance(hv, bool) or not isinstance(hv, int) or hv < 1 or hv % c.n_heads):
         return f"'n_v_heads' must be a positive multiple of n_heads {c.n_heads}, got {hv!r}"
-    if c.family == GLA:
-        problem = _gla_problem(c)
-        if problem:
-            return problem
-    if c.family in (RETNET, FLA_LINEAR_ATTN) and (c.use_short_conv or c.allow_neg_eigval):
-        return f"family {c.family!r} has no short convolution nor negative eigenvalues"
-    if c.family == FLA_LINEAR_ATTN and c.qk_feature_map not in QK_FEATURE_MAPS:
-        return f"unknown 'qk_feature_map' {c.qk_feature_map!r} (expected one of {', '.join(QK_FEATURE_MAPS)})"
-    return None
-
-
-def _gla_problem(c: ModelConfig) -> str | None:
-    """What is wrong with a gla config's own keys, or None."""
-    if c.gate_normalizer is None:
-        return "a gla layer needs 'gate' (its normaliser: fla's gate_logit_normalizer)"
-    r = c.gate_rank
-    if isinstance(r, bool) or not isinstance(r, int) or r < 1:
-        return f"'gate_rank' must be a positive integer, got {r!r}"
-    m = c.clamp_min
-    if m is not None and not (isinstance(m, (int, float)) and math.isfinite(m) and m <= 0):
-        return f"'clamp_min' must be a number <= 0 (a log-gate's floor), got {m!r}"
-    return None
-
-
-# config.json's keys of family mamba2 beside head_dim (fla 0.6's Mamba2Config names), their defaults
-MAMBA2_DEFAULTS = dict(state_size=128, n_groups=1, use_bias=False, use_conv_bias=True, D_has_hdim=False,
-                       rmsnorm=True, norm_before_gate=False, dt_limit=(0.0, None))
-MAMBA2_KEYS = tuple(MAMBA2_DEFAULTS)
-
-
-def mamba2_pairs(keys: dict, where: str) -> tuple:
-    """mamba2's keys as ModelConfig.mamba2 holds them (sorted pairs; dt_limit a pair of floats,
-    its upper end None for no limit), each checked for its type."""
-    out = {}
-    for key, default in MAMBA2_DEFAULTS.items():
-        v = keys.get(key, default)
-        if isinstance(default, bool):
-            if not isinstance(v, bool):
-                raise ModelError(f"{where}: {key!r} must be true or false, got {v!r}")
-        elif key == "dt_limit":
-            ok = isinstance(v, (list, tuple)) and len(v) == 2 and all(
-                x is None or (isinstance(x, (int, float)) and not isinstance(x, bool)) for x in v)
-            if not ok or v[0] is None:
-                raise ModelError(f"{where}: 'dt_limit' must be [low, high] (high null or Infinity: "
-                                 f"no limit), got {v!r}")
-            v = (float(v[0]), None if v[1] is None or math.isinf(v[1]) else float(v[1]))
-        elif isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ModelError(f"{where}: {key!r} must be a positive integer, got {v!r}")
-        out[key] = v
-    return tuple(sorted(out.items()))
-
-
-def _mamba2_problem(c: ModelConfig) -> str | None:
-    """What is wrong with a mamba2 config's own keys, or None."""
-    P = c.qk_head_dim
-    if isinstance(P, bool) or not isinstance(P, int) or P < 1:
-        return f"'head_dim' must be a positive integer, got {P!r}"
-    try:
-        s = {**MAMBA2_DEFAULTS, **dict(mamba2_pairs(dict(c.mamba2), "mamba2"))}
-    except ModelError as e:
-        return str(e).removeprefix("mamba2: ")
-    if c.n_heads % s["n_groups"]:
-        return f"n_heads {c.n_heads} is not divisible by 'n_groups' {s['n_groups']}"
-    lo, hi = s["dt_limit"]
-    if not (math.isfinite(lo) and lo >= 0 and (hi is None or hi >= lo)):
-        return f"'dt_limit' must be 0 <= low <= high, got {[lo, hi]}"
     return None

@@ -29,9 +29,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from linpipe.kernels import chunk_linear_attn
-from linpipe.model.config import QK_FEATURE_MAPS, ModelConfig
+from linpipe.model.config import ModelConfig
 from linpipe.model.delta import GatedRMSNorm
-from linpipe.model.retention import head_widths
 from linpipe.model.rows import linear, map_rows, row_tile
 
 SUM_EPS = 1e-4  # fla's norm_q / norm_k: x / (sum(x) + SUM_EPS)
@@ -147,37 +146,3 @@ def init_fla_linear_layer(layer, c: ModelConfig, normal) -> None:
     normal(mlp.gate_proj.weight, 1.0 / math.sqrt(D))
     normal(mlp.up_proj.weight, 1.0 / math.sqrt(D))
     normal(mlp.down_proj.weight, 1.0 / math.sqrt(c.mlp_hidden * 2 * L))
-
-
-def import_keys(ck, refuse) -> dict:
-    """ModelConfig's keys of an fla `linear_attn` checkpoint ck (its config.json); refuse(key,
-    why) for what linpipe does not compute."""
-    cfg = ck.config
-    fmap = cfg.get("feature_map") if cfg.get("feature_map") is not None else "elementwise_product"
-    if fmap not in QK_FEATURE_MAPS:
-        refuse("feature_map", f"is {fmap!r}, not one of fla's linear attention feature maps "
-               f"({', '.join(QK_FEATURE_MAPS)})")
-    K, V = head_widths(cfg, refuse, expand_v=1.0)
-    flags = {}
-    for key in ("norm_q", "norm_k", "norm_feature_map"):
-        v = cfg.get(key, False)
-        if not isinstance(v, bool):
-            refuse(key, f"is {v!r}: expected true or false")
-        flags[key] = v
-    return dict(family="fla_linear_attn", qk_head_dim=K, expand_v=V / K, use_gate=False,
-                use_short_conv=False, allow_neg_eigval=False, qk_feature_map=fmap,
-                normalize=flags["norm_feature_map"], norm_q=flags["norm_q"], norm_k=flags["norm_k"],
-                norm_eps=float(cfg.get("norm_eps") if cfg.get("norm_eps") is not None else 1e-6))
-
-
-def tie_feature_maps(cfg: dict, tensors: dict) -> dict:
-    """With tie_feature_map_qk, fla's q and k share one map, which a checkpoint may hold once
-    (under feature_map_q): linpipe's layer keeps a copy for k."""
-    if not cfg.get("tie_feature_map_qk"):
-        return tensors
-    out = dict(tensors)
-    for name, t in tensors.items():
-        twin = name.replace(".attn.feature_map_q.", ".attn.feature_map_k.")
-        if twin != name and twin not in out:
-            out[twin] = t.clone()
-    return out

@@ -32,7 +32,7 @@ from linpipe.model.delta import DeltaAttention, GatedRMSNorm, ShortConv
 from linpipe.model.ops import causal_conv
 from linpipe.model.rows import linear, map_rows, row_tile
 
-# q and k's feature maps (config "feature_map"; fla's ACT2FN names, "identity" for its None)
+# q and k's feature maps, by the names config "feature_map" takes (gla_import.FEATURE_MAPS)
 FEATURE_MAPS = {"identity": lambda x: x, "relu": F.relu, "sigmoid": torch.sigmoid, "silu": F.silu}
 
 

@@ -1,5 +1,8 @@
-"""fla 0.6's `gla` config -> the keys of a linpipe `gla` model (linpipe.model.imports calls it for
-that model_type, after the checks every family shares).
+"""The gla family's config keys (pipeline/model/gla.py): its feature maps and what a linpipe `gla`
+config must satisfy (ModelConfig checks it through config.FAMILY_CHECKS), and fla 0.6's `gla`
+config -> the keys of a linpipe `gla` model (linpipe.model.imports calls it for that model_type,
+after the checks every family shares). This module imports no other of linpipe.model's:
+config.py imports it.
 
 What fla 0.6's GLAForCausalLM computes, and so what is imported:
 - `expand_k` (0.5) and `expand_v` (1.0) of hidden_size give the key and value widths;
@@ -16,11 +19,31 @@ What fla 0.6's GLAForCausalLM computes, and so what is imported:
 """
 from __future__ import annotations
 
-from linpipe.errors import ModelError
-from linpipe.model.config import DEFAULT_GATE_NORMALIZER, GLA
+import math
 
-# fla's ACT2FN names of q and k's feature maps -> linpipe's (None is fla's identity)
-FEATURE_MAP_NAMES = {None: "identity", "relu": "relu", "sigmoid": "sigmoid", "silu": "silu", "swish": "silu"}
+from linpipe.errors import ModelError
+
+# q and k's feature maps (config "feature_map"; gla.py implements each): fla's ACT2FN names,
+# "identity" for its None
+FEATURE_MAPS = ("identity", "relu", "sigmoid", "silu")
+# fla's names of them -> linpipe's (swish is silu)
+FEATURE_MAP_NAMES = {None: "identity", **{m: m for m in FEATURE_MAPS if m != "identity"}, "swish": "silu"}
+# fla's gate_logit_normalizer, which its GLA layers divide the log-gate by whatever their config
+# says (config.DEFAULT_GATE_NORMALIZER for linpipe's own gated linear attention too)
+GATE_LOGIT_NORMALIZER = 16.0
+
+
+def config_problem(c) -> str | None:
+    """What is wrong with a gla ModelConfig's own keys, or None."""
+    if c.gate_normalizer is None:
+        return "a gla layer needs 'gate' (its normaliser: fla's gate_logit_normalizer)"
+    r = c.gate_rank
+    if isinstance(r, bool) or not isinstance(r, int) or r < 1:
+        return f"'gate_rank' must be a positive integer, got {r!r}"
+    m = c.clamp_min
+    if m is not None and not (isinstance(m, (int, float)) and math.isfinite(m) and m <= 0):
+        return f"'clamp_min' must be a number <= 0 (a log-gate's floor), got {m!r}"
+    return None
 
 
 def gla_config(ck, refuse) -> dict:
@@ -43,10 +66,10 @@ def gla_config(ck, refuse) -> dict:
     if fmap not in FEATURE_MAP_NAMES:
         names = ", ".join(str(x) for x in FEATURE_MAP_NAMES)
         refuse("feature_map", f"is {fmap!r}: only {names} are implemented")
-    normalizer = get("gate_logit_normalizer", DEFAULT_GATE_NORMALIZER)
-    if normalizer != DEFAULT_GATE_NORMALIZER:
+    normalizer = get("gate_logit_normalizer", GATE_LOGIT_NORMALIZER)
+    if normalizer != GATE_LOGIT_NORMALIZER:
         refuse("gate_logit_normalizer", f"is {normalizer!r}: fla 0.6's GLA layers ignore it and divide by "
-               f"{DEFAULT_GATE_NORMALIZER:g}, so which one the weights were trained with is not known")
+               f"{GATE_LOGIT_NORMALIZER:g}, so which one the weights were trained with is not known")
     clamp = cfg.get("clamp_min")
     if clamp is not None and (isinstance(clamp, bool) or not isinstance(clamp, (int, float)) or clamp > 0):
         refuse("clamp_min", f"is {clamp!r}: a log-gate's floor must be a number <= 0")
@@ -54,7 +77,7 @@ def gla_config(ck, refuse) -> dict:
     if gk is None:
         raise ModelError(f"{ck.path}: the weights have no tensor 'model.layers.0.attn.gk_proj.0.weight'")
     head_dim = int(key_dim) // H
-    return dict(family=GLA, qk_head_dim=head_dim, expand_v=(int(value_dim) // H) / head_dim,
+    return dict(family="gla", qk_head_dim=head_dim, expand_v=(int(value_dim) // H) / head_dim,
                 use_gate=bool(get("use_output_gate", True)),
                 use_short_conv=bool(get("use_short_conv", False)),
                 conv_width=int(get("conv_size", 4)), norm_eps=float(get("norm_eps", 1e-6)),

@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +26,7 @@ import torch
 
 from linpipe.errors import ModelError, option
 from linpipe.inputs.alphabet import BOS, A, C, G, N, T
-from linpipe.model import fla_linear, retention
+from linpipe.model import fla_linear_import, mamba2_import, retention_import
 from linpipe.model.config import (
     CONFIG_FILE,
     DELTA_NET,
@@ -39,18 +40,31 @@ from linpipe.model.config import (
 )
 from linpipe.model.files import PICKLE_NAMES, PICKLE_SUFFIXES, file_sha256, load_safetensors, read_json
 from linpipe.model.gla_import import gla_config
-from linpipe.model.mamba2_import import mamba2_keys
 from linpipe.model.shapes import expected_shapes
 
 SOURCE = "flash-linear-attention"
 INDEX_FILE = "model.safetensors.index.json"
-IMPORTED = (DELTA_NET, GATED_DELTANET, GLA, MAMBA2, RETNET, "linear_attn")  # fla's model_type names
-# model_type -> (its ModelConfig keys, after the checks every family shares: f(checkpoint,
-# refuse), and what it does to the checkpoint's tensors first: f(cfg, tensors) or None)
-FAMILY_IMPORTS = {GLA: (gla_config, None), RETNET: (retention.import_keys, None),
-                  "linear_attn": (fla_linear.import_keys, fla_linear.tie_feature_maps)}
-# per family whose model is not fla's `model.` layout: (the prefix of its tensors, its final norm)
-LAYOUTS = {MAMBA2: ("backbone.", "norm_f")}
+
+
+@dataclass(frozen=True)
+class FamilyImport:
+    """How the checkpoints of one fla model_type are imported."""
+
+    keys: Callable | None  # f(checkpoint, refuse(key, why)) -> its ModelConfig keys, after the common checks
+    prepare: Callable | None = None  # f(fla's config, tensors) -> the tensors to take, or None
+    layout: tuple = ("model.", "norm")  # the prefix of its tensors, its final norm
+    attention: bool = True  # the attention layers' checks apply (mamba2's blocks are its own)
+
+
+# model_type -> its import; delta_net and gated_deltanet are _family_config's own, fla's layout
+FAMILY_IMPORTS = {GLA: FamilyImport(gla_config),
+                  MAMBA2: FamilyImport(mamba2_import.mamba2_keys, attention=False,
+                                       layout=(mamba2_import.PREFIX, mamba2_import.FINAL_NORM)),
+                  RETNET: FamilyImport(retention_import.import_keys),
+                  "linear_attn": FamilyImport(fla_linear_import.import_keys,
+                                              prepare=fla_linear_import.tie_feature_maps)}
+DELTA_IMPORT = FamilyImport(keys=None)  # the delta-rule families' layout, no prepare
+IMPORTED = (DELTA_NET, GATED_DELTANET, *FAMILY_IMPORTS)  # fla's model_type names
 LETTERS = "ACGTN"  # the DNA letters whose ids the checkpoint must have
 LETTER_TOKENS = {"A": A, "C": C, "G": G, "T": T, "N": N}
 SILU = ("swish", "silu")
@@ -157,6 +171,24 @@ def _refuse(ck: Checkpoint, key: str, why: str):
     raise ModelError(f"{ck.where}: {key!r} {why}; nothing written")
 
 
+def _check_attention(ck: Checkpoint) -> None:
+    """Refuses what the attention families' layers (all but mamba2) do not compute."""
+    cfg = ck.config
+    for key in ("attnres_block_size",):
+        if cfg.get(key) is not None:
+            _refuse(ck, key, f"is {cfg[key]!r}: block attention residuals are not implemented")
+    if _flag(cfg, "hidden_act", "swish") not in SILU:
+        _refuse(ck, "hidden_act", f"is {cfg['hidden_act']!r}: the MLP is implemented with swish only")
+    if cfg.get("conv_bias"):
+        _refuse(ck, "conv_bias", "is true: short convolutions with a bias are not implemented")
+    if cfg.get("elementwise_affine") is False:
+        _refuse(ck, "elementwise_affine", "is false: norms without weights are not implemented")
+    for key in ("hidden_size", "num_heads", "num_hidden_layers", "vocab_size"):
+        v = cfg.get(key)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            _refuse(ck, key, f"must be a positive integer, got {v!r}")
+
+
 def _family_config(ck: Checkpoint) -> dict:
     """ModelConfig's family keys from fla's config; refuses what linpipe does not compute."""
     cfg = ck.config
@@ -168,24 +200,12 @@ def _family_config(ck: Checkpoint) -> dict:
         layers = (cfg["attn"] or {}).get("layers") if isinstance(cfg["attn"], dict) else None
         _refuse(ck, "attn", f"makes a hybrid model with softmax attention layers {layers}, whose state "
                 "grows with the sequence (linpipe carries a fixed-size state)")
-    if family == MAMBA2:
-        return mamba2_keys(cfg, lambda key, why: _refuse(ck, key, why))
-    for key in ("attnres_block_size",):
-        if cfg.get(key) is not None:
-            _refuse(ck, key, f"is {cfg[key]!r}: block attention residuals are not implemented")
-    if _flag(cfg, "hidden_act", "swish") not in SILU:
-        _refuse(ck, "hidden_act", f"is {cfg['hidden_act']!r}: the MLP is implemented with swish only")
-    if cfg.get("conv_bias"):
-        _refuse(ck, "conv_bias", "is true: short convolutions with a bias are not implemented")
-    if cfg.get("elementwise_affine") is False:
-        _refuse(ck, "elementwise_affine", "is false: norms without weights are not implemented")
-    D, H = cfg.get("hidden_size"), cfg.get("num_heads")
-    for key, v in (("hidden_size", D), ("num_heads", H), ("num_hidden_layers", cfg.get("num_hidden_layers")),
-                   ("vocab_size", cfg.get("vocab_size"))):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            _refuse(ck, key, f"must be a positive integer, got {v!r}")
-    if family in FAMILY_IMPORTS:
-        return FAMILY_IMPORTS[family][0](ck, lambda key, why: _refuse(ck, key, why))
+    hooks = FAMILY_IMPORTS.get(family, DELTA_IMPORT)
+    if hooks.attention:
+        _check_attention(ck)
+    if hooks.keys is not None:
+        return hooks.keys(ck, lambda key, why: _refuse(ck, key, why))
+    D, H = cfg["hidden_size"], cfg["num_heads"]
     if family == DELTA_NET:
         for key, want in (("qk_activation", "silu"), ("qk_norm", "l2"), ("use_beta", True),
                           ("use_output_norm", True)):
@@ -225,9 +245,9 @@ def convert(ck: Checkpoint, tokens: dict | None = None, bos: int | None = None):
     its tokenizer), bos: the id read before the first position (else config's bos_token_id)."""
     cfg, src = ck.config, dict(ck.tensors)
     fam = _family_config(ck)
-    prepare = FAMILY_IMPORTS.get(cfg["model_type"], (None, None))[1]
-    if prepare is not None:
-        src = prepare(cfg, src)
+    hooks = FAMILY_IMPORTS.get(cfg["model_type"], DELTA_IMPORT)
+    if hooks.prepare is not None:
+        src = hooks.prepare(cfg, src)
     if tokens is None:
         tokens = tokenizer_ids(ck.path)
     if tokens is None:
@@ -253,7 +273,7 @@ def convert(ck: Checkpoint, tokens: dict | None = None, bos: int | None = None):
                              f"(model_type {cfg.get('model_type')})")
         return src.pop(name)
 
-    prefix, final_norm = LAYOUTS.get(fam["family"], ("model.", "norm"))
+    prefix, final_norm = hooks.layout
     embed = take(prefix + "embeddings.weight")
     head = embed if cfg.get("tie_word_embeddings") else take("lm_head.weight")
     if "lm_head.weight" in src and cfg.get("tie_word_embeddings"):
@@ -297,7 +317,7 @@ def convert(ck: Checkpoint, tokens: dict | None = None, bos: int | None = None):
 def _check_layers(ck: Checkpoint, config: ModelConfig, tensors: dict) -> None:
     """Each layer tensor is one the config expects, with its shape, named as the checkpoint names it."""
     shapes = expected_shapes(config)
-    prefix = LAYOUTS.get(config.family, ("model.",))[0]
+    prefix = FAMILY_IMPORTS.get(ck.config["model_type"], DELTA_IMPORT).layout[0]
     for name, t in tensors.items():
         fla_name = prefix + name
         if name not in shapes:

@@ -1,19 +1,29 @@
-"""`linpipe model import` of fla 0.6's `mamba2` checkpoints (Mamba2ForCausalLM): its config's keys
-as ModelConfig's (pipeline/model/mamba2.py), and where its tensors are (under `backbone.`, the
-final norm `norm_f`). transformers' Mamba2 checkpoints share the model_type and the tensor
-names; their spellings of three keys (`rms_norm`, `time_step_limit`, `layer_norm_epsilon`) are
-read too.
+"""The mamba2 family's config keys (pipeline/model/mamba2.py): what a linpipe `mamba2` config holds
+and must satisfy (ModelConfig checks it through config.FAMILY_CHECKS), and `linpipe model import`
+of fla 0.6's `mamba2` checkpoints (Mamba2ForCausalLM): its config's keys as ModelConfig's, and
+where its tensors are (under `backbone.`, the final norm `norm_f`). transformers' Mamba2
+checkpoints share the model_type and the tensor names; their spellings of three keys
+(`rms_norm`, `time_step_limit`, `layer_norm_epsilon`) are read too.
 
-Refusals go through the `refuse(key, why)` the caller gives (a one-line ModelError naming the file).
+Import refusals go through the `refuse(key, why)` the caller gives (a one-line ModelError naming
+the file). This module imports no other of linpipe.model's: config.py imports it.
 """
 from __future__ import annotations
 
 import math
 
+from linpipe.errors import ModelError
+
+# config.json's keys of family mamba2 beside head_dim (fla 0.6's Mamba2Config names), their defaults
+MAMBA2_DEFAULTS = dict(state_size=128, n_groups=1, use_bias=False, use_conv_bias=True, D_has_hdim=False,
+                       rmsnorm=True, norm_before_gate=False, dt_limit=(0.0, None))
+MAMBA2_KEYS = tuple(MAMBA2_DEFAULTS)
+
 # where fla's Mamba2ForCausalLM keeps the embedding, the blocks and the final norm
 PREFIX, FINAL_NORM = "backbone.", "norm_f"
 # fla's key -> transformers' spelling of it
 ALIASES = {"rmsnorm": "rms_norm", "dt_limit": "time_step_limit", "norm_eps": "layer_norm_epsilon"}
+# fla 0.6's Mamba2Config defaults of the keys the import reads
 DEFAULTS = dict(head_dim=64, expand=2, state_size=128, n_groups=1, conv_kernel=4, use_bias=False,
                 use_conv_bias=True, D_has_hdim=False, rmsnorm=True, norm_before_gate=False,
                 dt_limit=(0.0, math.inf), norm_eps=1e-5, hidden_act="silu")
@@ -27,8 +37,50 @@ def _get(cfg: dict, key: str):
     return DEFAULTS[key]
 
 
-def mamba2_keys(cfg: dict, refuse) -> dict:
-    """ModelConfig's keywords (all but the common ones) of an fla mamba2 config."""
+def mamba2_pairs(keys: dict, where: str) -> tuple:
+    """mamba2's keys as ModelConfig.mamba2 holds them (sorted pairs; dt_limit a pair of floats,
+    its upper end None for no limit), each checked for its type."""
+    out = {}
+    for key, default in MAMBA2_DEFAULTS.items():
+        v = keys.get(key, default)
+        if isinstance(default, bool):
+            if not isinstance(v, bool):
+                raise ModelError(f"{where}: {key!r} must be true or false, got {v!r}")
+        elif key == "dt_limit":
+            ok = isinstance(v, (list, tuple)) and len(v) == 2 and all(
+                x is None or (isinstance(x, (int, float)) and not isinstance(x, bool)) for x in v)
+            if not ok or v[0] is None:
+                raise ModelError(f"{where}: 'dt_limit' must be [low, high] (high null or Infinity: "
+                                 f"no limit), got {v!r}")
+            v = (float(v[0]), None if v[1] is None or math.isinf(v[1]) else float(v[1]))
+        elif isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ModelError(f"{where}: {key!r} must be a positive integer, got {v!r}")
+        out[key] = v
+    return tuple(sorted(out.items()))
+
+
+def config_problem(c) -> str | None:
+    """What is wrong with a mamba2 ModelConfig's own keys, or None."""
+    P = c.qk_head_dim
+    if isinstance(P, bool) or not isinstance(P, int) or P < 1:
+        return f"'head_dim' must be a positive integer, got {P!r}"
+    try:
+        s = {**MAMBA2_DEFAULTS, **dict(mamba2_pairs(dict(c.mamba2), "mamba2"))}
+    except ModelError as e:
+        return str(e).removeprefix("mamba2: ")
+    if c.n_heads % s["n_groups"]:
+        return f"n_heads {c.n_heads} is not divisible by 'n_groups' {s['n_groups']}"
+    lo, hi = s["dt_limit"]
+    if not (math.isfinite(lo) and lo >= 0 and (hi is None or hi >= lo)):
+        return f"'dt_limit' must be 0 <= low <= high, got {[lo, hi]}"
+    return None
+
+
+def mamba2_keys(ck, refuse) -> dict:
+    """ModelConfig's keywords (all but the common ones) of an fla mamba2 checkpoint ck (its
+    config.json)."""
+    cfg = ck.config
+
     def integer(key, v):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             refuse(key, f"must be a positive integer, got {v!r}")

@@ -25,6 +25,7 @@ Shapes: B batch, T positions, D = d_model, H heads, K = head_dim, V = K * expand
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -53,6 +54,17 @@ def rope_frequencies(head_dim: int) -> torch.Tensor:
 def rope_angles(positions: torch.Tensor, freq: torch.Tensor) -> torch.Tensor:
     """The rotary angles (N, K/2) of integer positions (N,) in float64, reduced to [0, 2 pi)."""
     return torch.remainder(positions.to(torch.float64)[:, None] * freq.to(positions.device), TWO_PI)
+
+
+@functools.lru_cache(maxsize=2)
+def offset_rotations(T: int, head_dim: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin (1, T, 1, K/2) float32 of the angles of offsets 0..T-1 (a call's positions from
+    its first), computed once and shared read-only by every layer and call of that length on that
+    device: a run's calls mostly have one length (its span) and a record's last call another, so
+    two are kept. Made outside inference_mode, so that a call with gradients may use them too."""
+    with torch.inference_mode(False):
+        a = rope_angles(torch.arange(T, device=device), rope_frequencies(head_dim))[None, :, None]
+        return a.cos().float(), a.sin().float()
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -98,11 +110,6 @@ class Retention(nn.Module):
         """Per head: the fixed decay gamma_h."""
         return [float(g) for g in self.decay]
 
-    def rope(self, T: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin (1, T, 1, K/2) float32 of offsets 0..T-1 from a call's first position."""
-        a = rope_angles(torch.arange(T, device=device), self.freq)[None, :, None]
-        return a.cos().float(), a.sin().float()
-
     def _normed(self, o, g):
         """Rows of the kernel's output o (N, H, V) and the gate's values (N, HV) or None -> (N, HV)."""
         N = o.shape[0]
@@ -119,7 +126,7 @@ class Retention(nn.Module):
         if self.g_proj is not None:
             parts.append(self.g_proj.weight)
         x = linear(a.reshape(B * T, D), torch.cat(parts), tile=row_tile(a, self.tile))  # (B*T, 2HK + 2HV?)
-        cos, sin = self.rope(T, a.device)
+        cos, sin = offset_rotations(T, K, a.device)
         q = rotate(x[:, :H * K].view(B, T, H, K), cos, sin) * self.scale  # (B, T, H, K)
         k = rotate(x[:, H * K:2 * H * K].view(B, T, H, K), cos, sin)
         v = x[:, 2 * H * K:2 * H * K + H * V].view(B, T, H, V)
@@ -166,37 +173,3 @@ def init_retention_layer(layer, c: ModelConfig, normal) -> None:
     normal(mlp.gate_proj.weight, 1.0 / math.sqrt(D))
     normal(mlp.up_proj.weight, 1.0 / math.sqrt(D))
     normal(mlp.down_proj.weight, 1.0 / math.sqrt(c.mlp_hidden * 2 * L))
-
-
-def head_widths(cfg: dict, refuse, expand_v: float) -> tuple[int, int]:
-    """K and V of fla's `expand_k` (default 1) and `expand_v` (default `expand_v`): hidden_size x
-    expand over num_heads; refuse(key, why) where that is not whole, or with grouped kv heads."""
-    D, H = cfg["hidden_size"], cfg["num_heads"]
-    kv = cfg.get("num_kv_heads")
-    if kv is not None and kv != H:
-        refuse("num_kv_heads", f"is {kv} with num_heads {H}: grouped key/value heads are not implemented")
-    dims = []
-    for key, default in (("expand_k", 1.0), ("expand_v", expand_v)):
-        v = cfg.get(key) if cfg.get(key) is not None else default
-        width = D * v if isinstance(v, (int, float)) and not isinstance(v, bool) else 0.5
-        if width != round(width) or round(width) < 1 or round(width) % H:
-            refuse(key, f"is {v!r}: hidden_size x {key} must be a whole number of dims for each of {H} heads")
-        dims.append(round(width) // H)
-    return dims[0], dims[1]
-
-
-def import_keys(ck, refuse) -> dict:
-    """ModelConfig's keys of an fla `retnet` checkpoint ck (its config.json); refuse(key, why) for
-    what linpipe does not compute. fla's RetNetBlock passes neither use_short_conv nor conv_size
-    to its layer, so a retention layer never convolves whatever they say."""
-    cfg = ck.config
-    if cfg.get("feature_map") is not None:
-        refuse("feature_map", f"is {cfg['feature_map']!r}: retention with a feature map on q and k is not "
-               "implemented (only fla's default, none)")
-    K, V = head_widths(cfg, refuse, expand_v=2.0)
-    if K % 2 or K > 256:
-        refuse("expand_k", f"gives heads of {K} key dims: fla's rotary embedding needs an even number <= 256")
-    gate = cfg.get("use_output_gate")
-    return dict(family="retnet", qk_head_dim=K, expand_v=V / K, use_gate=True if gate is None else bool(gate),
-                use_short_conv=False, allow_neg_eigval=False,
-                norm_eps=float(cfg.get("norm_eps") if cfg.get("norm_eps") is not None else 1e-6))
