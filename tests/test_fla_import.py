@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 from _fla_data import FLA, GIVEN, assert_refused, checkpoint, run
 from _pipeline_data import read_fasta, record_outputs, write_in_process
+from _quick import cells
 
 from linpipe.model.config import origin_pairs
 
@@ -36,6 +37,10 @@ SCRIPT = Path(__file__).parent / "fla_fixtures" / "make_fla_fixtures.py"
 # (F = 2K, norm_q, norm_k, the normaliser), linear_attn_dpfp (F = 8K, 4 heads)
 FIXTURES = ("delta_net", "gated_deltanet", "delta_net_no_conv", "gla", "gla_no_conv", "mamba2", "retnet",
             "retnet_no_gate", "linear_attn", "linear_attn_elu", "linear_attn_hedgehog", "linear_attn_dpfp")
+# one fixture per family runs the forward tests in the quick suite (-m "not slow"); the other
+# options of a family, and any fixture added later unless named here, run in the full suite
+QUICK = ("gated_deltanet", "gla", "mamba2", "retnet", "linear_attn")
+FIXTURE_PARAMS = cells(FIXTURES, quick=QUICK)
 # only gated_deltanet's fixture has a tokenizer: the others' ids are given
 TOKENS = {name: [] if name == "gated_deltanet" else GIVEN for name in FIXTURES}
 # fla's model_type -> linpipe's family, where they differ (linpipe's own layer is linear_attn)
@@ -44,13 +49,16 @@ TOL = 1e-4
 
 
 
-@pytest.fixture(scope="module", params=FIXTURES)
+@pytest.fixture(scope="module", params=FIXTURE_PARAMS)
 def imported(request, tmp_path_factory):
     name = request.param
-    out = tmp_path_factory.mktemp("fla") / name
+    return name, import_fixture(name, tmp_path_factory.mktemp("fla") / name)
+
+
+def import_fixture(name, out):
     r = run("model", "import", FLA / name, out, *TOKENS[name])
     assert r.exit_code == 0, r.output
-    return name, out
+    return out
 
 
 def assert_matches_fla(store, expected_npz, fasta):
@@ -71,8 +79,12 @@ def assert_matches_fla(store, expected_npz, fasta):
 
 
 # 1,024: each record one unit, the three packed in one batch; 37: every record in units cut at
-# odd places; 100: the long record streamed in 4 units, the short two packed together
-@pytest.mark.parametrize("unit_size", [1024, 37, 100])
+# odd places; 100: the long record streamed in 4 units, the short two packed together (the two
+# ways in one job: in the quick suite once, the model's part being the other two's)
+@pytest.mark.parametrize("imported,unit_size", cells(
+    [(name, u) for name in FIXTURES for u in (1024, 37, 100)],
+    quick=[(name, u) for name in QUICK for u in (1024, 37)] + [("gated_deltanet", 100)]),
+    indirect=["imported"], scope="module")
 def test_stored_logprobs_equal_flas(imported, unit_size, tmp_path, one_torch_thread):
     name, model = imported
     out = tmp_path / "out.zarr"
@@ -97,7 +109,11 @@ def test_linpipe_submit_on_ray_stores_flas_logprobs(tmp_path):
     assert_matches_fla(out, FLA / "gated_deltanet" / "expected.npz", FLA / "records.fa")
 
 
-@pytest.mark.parametrize("parts", [2, 3])
+# 3 segments: a first, a middle and a last; 2 in the quick suite once
+@pytest.mark.parametrize("imported,parts", cells(
+    [(name, parts) for name in FIXTURES for parts in (2, 3)],
+    quick=[(name, 3) for name in QUICK] + [("gated_deltanet", 2)]),
+    indirect=["imported"], scope="module")
 def test_split_logprobs_equal_flas(imported, parts, one_torch_thread):
     """The longest record over 2 and 3 segments (the split's passes and exchange, in process, as
     its actors run them; units of 37): fla's logprob and entropy to 1e-4."""
@@ -147,8 +163,10 @@ def test_split_unit_edge_states_are_the_serial_runs(imported, one_torch_thread):
             np.testing.assert_allclose(got[k], want[k], rtol=0, atol=1e-5 * scale, err_msg=f"unit {i} {k}")
 
 
-def test_info_shows_family_origin_and_state(imported):
-    name, model = imported
+# every fixture: the import's reading of each option costs no forward pass
+@pytest.mark.parametrize("name", FIXTURES)
+def test_info_shows_family_origin_and_state(name, tmp_path):
+    model = import_fixture(name, tmp_path / name)
     src = json.loads((FLA / name / "config.json").read_text())
     family = src["model_type"]
     r = run("model", "info", model, "--json")
