@@ -109,27 +109,35 @@ def test_linpipe_submit_on_ray_stores_flas_logprobs(tmp_path):
     assert_matches_fla(out, FLA / "gated_deltanet" / "expected.npz", FLA / "records.fa")
 
 
+def split_run(once, model_dir, parts):
+    """The imported model, the longest record's tokens, its split into `parts` segments (units of
+    37) and forward_split's (outputs, unit edge states, final state): made once per model and
+    count, for the two split tests (neither changes them)."""
+    def make():
+        from linpipe.inputs import open_input
+        from linpipe.model import load_model
+        from linpipe.model.segments import segment_bounds
+        from linpipe.model.segments_run import forward_split
+
+        model = load_model(str(model_dir), device="cpu")
+        with open_input(str(FLA / "records.fa")) as inp:
+            x = np.asarray(inp.read("mt_human", 0, inp.record("mt_human").length)[0])
+        bounds = segment_bounds(len(x), 37, parts)
+        return model, x, bounds, forward_split(model, x, bounds, 37)
+    return once(("fla split", str(model_dir), parts), make)
+
+
 # 3 segments: a first, a middle and a last; 2 in the quick suite once
 @pytest.mark.parametrize("imported,parts", cells(
     [(name, parts) for name in FIXTURES for parts in (2, 3)],
     quick=[(name, 3) for name in QUICK] + [("gated_deltanet", 2)]),
     indirect=["imported"], scope="module")
-def test_split_logprobs_equal_flas(imported, parts, one_torch_thread):
+def test_split_logprobs_equal_flas(imported, parts, one_torch_thread, once):
     """The longest record over 2 and 3 segments (the split's passes and exchange, in process, as
     its actors run them; units of 37): fla's logprob and entropy to 1e-4."""
-    from linpipe.inputs import open_input
-    from linpipe.model import load_model
-    from linpipe.model.segments import segment_bounds
-    from linpipe.model.segments_run import forward_split
-
     name, model_dir = imported
-    model = load_model(str(model_dir), device="cpu")
-    with open_input(str(FLA / "records.fa")) as inp:
-        x, _mask = inp.read("mt_human", 0, inp.record("mt_human").length)
-    x = np.asarray(x)
-    bounds = segment_bounds(len(x), 37, parts)
+    _model, _x, bounds, (got, _states, _final) = split_run(once, model_dir, parts)
     assert len(bounds) == parts
-    got, _states, _final = forward_split(model, x, bounds, 37)
     expected = np.load(FLA / name / "expected.npz")
     seq = read_fasta(FLA / "records.fa")["mt_human"]
     base = np.array([ch.upper() in "ACGT" for ch in seq])
@@ -138,21 +146,13 @@ def test_split_logprobs_equal_flas(imported, parts, one_torch_thread):
     np.testing.assert_allclose(got["entropy"], expected["mt_human/entropy"], rtol=0, atol=TOL)
 
 
-def test_split_unit_edge_states_are_the_serial_runs(imported, one_torch_thread):
+def test_split_unit_edge_states_are_the_serial_runs(imported, one_torch_thread, once):
     """The state a split run stores after each unit (S, z, conv, y, in whatever frame the layer
     kind carries it) is the one the serial run carries there, to the rounding of sums taken in
     another order (1e-5 of the largest value; without decay the state sums every position): a job
     resumed from either continues the same."""
-    from linpipe.inputs import open_input
-    from linpipe.model import load_model
-    from linpipe.model.segments import segment_bounds
-    from linpipe.model.segments_run import forward_split
-
     _name, model_dir = imported
-    model = load_model(str(model_dir), device="cpu")
-    with open_input(str(FLA / "records.fa")) as inp:
-        x = np.asarray(inp.read("mt_human", 0, inp.record("mt_human").length)[0])
-    _got, states, _final = forward_split(model, x, segment_bounds(len(x), 37, 3), 37)
+    model, x, _bounds, (_got, states, _final) = split_run(once, model_dir, 3)
     state = model.init_state()
     for i, a in enumerate(range(0, len(x), 37)):
         _out, state = model.forward(x[a:a + 37], state, ["logprob"])
