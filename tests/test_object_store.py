@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from shutil import copytree
 
 import numpy as np
 import pytest
@@ -107,16 +108,13 @@ def reference(finished):
 
 @pytest.fixture
 def finished_at(finished, mixed_fasta, tiny_dna):
-    """finished_at(out): the job's complete store at out, for a test of what comes after a job.
-    A local one is a copy of the module's run (the same files: a store holds no path of its
-    own); an object store's is the job run again."""
-    import shutil
-
+    """finished_at(out): out holding the job's complete store: on a local path a copy of the
+    module's run (a store holds no path of its own), on an object store the job run again."""
     def make(out: str) -> str:
         if "://" in out:
             _run_units(mixed_fasta, tiny_dna, out)
         else:
-            shutil.copytree(finished, out)
+            copytree(finished, out)
         return out
     return make
 
