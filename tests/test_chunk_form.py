@@ -4,6 +4,7 @@ import sys
 
 import pytest
 import torch
+from _quick import cells
 
 from linpipe.kernels import chunk_linear_attn, chunk_linear_attn_torch, naive_recurrent_linear_attn
 from linpipe.kernels.linear_attn import chunk as chunk_mod
@@ -31,10 +32,12 @@ def _close(a, b, tol):
     assert (a - b).abs().max() <= tol * scale, float((a - b).abs().max() / scale)
 
 
-@pytest.mark.parametrize("head_dim", [16, 32, 64])
-@pytest.mark.parametrize("feature_map", ["elu1", "relu", "identity"])
-@pytest.mark.parametrize("normalize", [True, False])
-@pytest.mark.parametrize("gamma", ["one", "below_one"])
+# the quick suite: each head size, feature map, normaliser and decay at least once
+@pytest.mark.parametrize("gamma,normalize,feature_map,head_dim", cells(
+    [(g, n, f, d) for g in ("one", "below_one") for n in (True, False) for f in ("elu1", "relu", "identity")
+     for d in (16, 32, 64)],
+    quick=[("one", True, "elu1", 16), ("below_one", False, "relu", 32), ("below_one", True, "identity", 64),
+           ("one", False, "identity", 32)]))
 def test_chunked_equals_naive_fp64(head_dim, feature_map, normalize, gamma):
     B, H = 2, 3
     T = 70 + head_dim  # never a multiple of the block (32 here, 64 by default)
@@ -111,8 +114,10 @@ def test_gradients_match_naive():
         _close(a, b, 1e-9)
 
 
-@pytest.mark.parametrize("decay", [(0.8, 0.9999), (1.0, 1.0)])
-@pytest.mark.parametrize("normalize", [True, False])
+# the quick suite: strong decay with the normaliser, no decay without
+@pytest.mark.parametrize("normalize,decay", cells(
+    [(n, d) for n in (True, False) for d in ((0.8, 0.9999), (1.0, 1.0))],
+    quick=[(True, (0.8, 0.9999)), (False, (1.0, 1.0))]))
 def test_many_blocks_and_spans(decay, normalize):
     """Several spans of hundreds of blocks (the two-level prefix over blocks), a last span
     whose block count is not a multiple of the prefix group, a ragged tail, strong and no decay,

@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from _pipeline_data import make_tiny_model
+from _quick import cells
 from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
 from test_model_format import _DROP, _edit_config
@@ -219,6 +220,8 @@ def test_layer_computes_flas_formulas(delta_dir, mt):
     np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-5)
 
 
+# the two byte guarantees below run one family each in the quick suite, both in the full suite
+@pytest.mark.parametrize("delta_dir", cells(FAMILIES, quick=["delta_net"]), indirect=True, scope="module")
 def test_cuts_and_batches_give_the_same_bytes(delta_dir, mt):
     """A real record in one call, or cut at multiples of the model's exact cut (512: whole groups
     of the kernel's blocks) with the state (the recurrent S and the q, k, v convolutions' windows)
@@ -256,6 +259,8 @@ def test_cuts_and_batches_give_the_same_bytes(delta_dir, mt):
             assert got[k].tobytes() == alone[k].tobytes(), k
 
 
+@pytest.mark.parametrize("delta_dir", cells(FAMILIES, quick=["gated_deltanet"]), indirect=True,
+                         scope="module")
 def test_thread_count_gives_the_same_bytes(delta_dir, mt):
     m = load_model(delta_dir)
     x = mt[3000:4500]

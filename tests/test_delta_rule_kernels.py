@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from _quick import cells
 
 from linpipe.kernels.delta_rule import (
     advance,
@@ -54,7 +55,8 @@ def _cut(x, a, b):
     return None if x is None else x[:, a:b]
 
 
-@pytest.mark.parametrize("T", [1, 15, 16, 17, 31, 32, 33, 63, 65, 300])
+# the quick suite: 1, both sides of 64 (a multiple of both blocks) and a long one
+@pytest.mark.parametrize("T", cells([1, 15, 16, 17, 31, 32, 33, 63, 65, 300], quick=[1, 63, 65, 300]))
 @pytest.mark.parametrize("gated", [False, True])
 @pytest.mark.parametrize("block_size", [16, 32])
 def test_chunked_equals_naive_fp64(T, gated, block_size):

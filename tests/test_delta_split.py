@@ -6,6 +6,7 @@ gives the uninterrupted one's bytes."""
 import numpy as np
 import pytest
 from _pipeline_data import make_tiny_model
+from _quick import cells
 from _split_harness import LO, N_END, assert_resumed_bytes, hg19_slice, rel, serial, stopped_and_resumed
 
 from linpipe.model import load_model
@@ -60,7 +61,10 @@ def check(model, x, bounds, unit_size):
         assert rel(v, last[name]) < 1e-5, name
 
 
-@pytest.mark.parametrize("parts", [2, 3])
+# the quick suite: each family, each P
+@pytest.mark.parametrize("model,parts", cells([(f, p) for f in FAMILIES for p in (2, 3)],
+                                              quick=[("delta_net", 2), ("gated_deltanet", 3)]),
+                         indirect=["model"], scope="module")
 def test_delta_split_equals_streamed_on_unit_edges(model, hg19, parts):
     """P = 2, 3 on unit edges (the Ray path's layout), over the N run's end and real sequence."""
     bounds = segment_bounds(len(hg19), 256, parts)
@@ -90,7 +94,10 @@ def test_delta_spill_is_as_budgeted(model, ce):
     assert spill_bytes(c, 1000) == want
 
 
-@pytest.mark.parametrize("at", [1, 2])  # 2: after the last layer (a kill during the writes)
+# at 2: after the last layer (a kill during the writes); the quick suite: each family, each `at`
+@pytest.mark.parametrize("model,at", cells([(f, at) for f in FAMILIES for at in (1, 2)],
+                                           quick=[("delta_net", 1), ("gated_deltanet", 2)]),
+                         indirect=["model"], scope="module")
 def test_delta_resume_from_a_checkpoint_gives_the_uninterrupted_bytes(model, ce, at):
     unit = 256
     bounds = segment_bounds(len(ce), unit, 3)

@@ -485,7 +485,7 @@ def ecg_store(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("output", ["forecast", "residual"])
+@pytest.mark.parametrize("output", [pytest.param("forecast", marks=pytest.mark.slow), "residual"])
 def test_plot_draws_the_input_beside_forecast_and_residual(output, ecg_store, tmp_path):
     from linpipe.outputs.plot import plot_region
 

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 from _fla_data import FLA, GIVEN, assert_refused, checkpoint, run
 from _pipeline_data import read_fasta, record_outputs, write_in_process
+from _quick import cells
 
 from linpipe.model.config import origin_pairs
 
@@ -38,6 +39,10 @@ SCRIPT = Path(__file__).parent / "fla_fixtures" / "make_fla_fixtures.py"
 FIXTURES = ("delta_net", "gated_deltanet", "delta_net_no_conv", "gla", "gla_no_conv", "mamba2", "retnet",
             "retnet_no_gate", "linear_attn", "linear_attn_elu", "linear_attn_hedgehog", "linear_attn_dpfp",
             "gated_deltanet_gva")
+# one fixture per family runs the forward tests in the quick suite (-m "not slow"); the other
+# options of a family, and any fixture added later unless named here, run in the full suite
+QUICK = ("gated_deltanet", "gla", "mamba2", "retnet", "linear_attn")
+FIXTURE_PARAMS = cells(FIXTURES, quick=QUICK)
 # only gated_deltanet's fixture has a tokenizer: the others' ids are given
 TOKENS = {name: [] if name == "gated_deltanet" else GIVEN for name in FIXTURES}
 # fla's model_type -> linpipe's family, where they differ (linpipe's own layer is linear_attn)
@@ -46,13 +51,16 @@ TOL = 1e-4
 
 
 
-@pytest.fixture(scope="module", params=FIXTURES)
+@pytest.fixture(scope="module", params=FIXTURE_PARAMS)
 def imported(request, tmp_path_factory):
     name = request.param
-    out = tmp_path_factory.mktemp("fla") / name
+    return name, import_fixture(name, tmp_path_factory.mktemp("fla") / name)
+
+
+def import_fixture(name, out):
     r = run("model", "import", FLA / name, out, *TOKENS[name])
     assert r.exit_code == 0, r.output
-    return name, out
+    return out
 
 
 def assert_matches_fla(store, expected_npz, fasta):
@@ -73,8 +81,12 @@ def assert_matches_fla(store, expected_npz, fasta):
 
 
 # 1,024: each record one unit, the three packed in one batch; 37: every record in units cut at
-# odd places; 100: the long record streamed in 4 units, the short two packed together
-@pytest.mark.parametrize("unit_size", [1024, 37, 100])
+# odd places; 100: the long record streamed in 4 units, the short two packed together (the two
+# ways in one job: in the quick suite once, the model's part being the other two's)
+@pytest.mark.parametrize("imported,unit_size", cells(
+    [(name, u) for name in FIXTURES for u in (1024, 37, 100)],
+    quick=[(name, u) for name in QUICK for u in (1024, 37)] + [("gated_deltanet", 100)]),
+    indirect=["imported"], scope="module")
 def test_stored_logprobs_equal_flas(imported, unit_size, tmp_path, one_torch_thread):
     name, model = imported
     out = tmp_path / "out.zarr"
@@ -99,23 +111,35 @@ def test_linpipe_submit_on_ray_stores_flas_logprobs(tmp_path):
     assert_matches_fla(out, FLA / "gated_deltanet" / "expected.npz", FLA / "records.fa")
 
 
-@pytest.mark.parametrize("parts", [2, 3])
-def test_split_logprobs_equal_flas(imported, parts, one_torch_thread):
+def split_run(once, model_dir, parts):
+    """The imported model, the longest record's tokens, its split into `parts` segments (units of
+    37) and forward_split's (outputs, unit edge states, final state): made once per model and
+    count, for the two split tests (neither changes them)."""
+    def make():
+        from linpipe.inputs import open_input
+        from linpipe.model import load_model
+        from linpipe.model.segments import segment_bounds
+        from linpipe.model.segments_run import forward_split
+
+        model = load_model(str(model_dir), device="cpu")
+        with open_input(str(FLA / "records.fa")) as inp:
+            x = np.asarray(inp.read("mt_human", 0, inp.record("mt_human").length)[0])
+        bounds = segment_bounds(len(x), 37, parts)
+        return model, x, bounds, forward_split(model, x, bounds, 37)
+    return once(("fla split", str(model_dir), parts), make)
+
+
+# 3 segments: a first, a middle and a last; 2 in the quick suite once
+@pytest.mark.parametrize("imported,parts", cells(
+    [(name, parts) for name in FIXTURES for parts in (2, 3)],
+    quick=[(name, 3) for name in QUICK] + [("gated_deltanet", 2)]),
+    indirect=["imported"], scope="module")
+def test_split_logprobs_equal_flas(imported, parts, one_torch_thread, once):
     """The longest record over 2 and 3 segments (the split's passes and exchange, in process, as
     its actors run them; units of 37): fla's logprob and entropy to 1e-4."""
-    from linpipe.inputs import open_input
-    from linpipe.model import load_model
-    from linpipe.model.segments import segment_bounds
-    from linpipe.model.segments_run import forward_split
-
     name, model_dir = imported
-    model = load_model(str(model_dir), device="cpu")
-    with open_input(str(FLA / "records.fa")) as inp:
-        x, _mask = inp.read("mt_human", 0, inp.record("mt_human").length)
-    x = np.asarray(x)
-    bounds = segment_bounds(len(x), 37, parts)
+    _model, _x, bounds, (got, _states, _final) = split_run(once, model_dir, parts)
     assert len(bounds) == parts
-    got, _states, _final = forward_split(model, x, bounds, 37)
     expected = np.load(FLA / name / "expected.npz")
     seq = read_fasta(FLA / "records.fa")["mt_human"]
     base = np.array([ch.upper() in "ACGT" for ch in seq])
@@ -124,21 +148,13 @@ def test_split_logprobs_equal_flas(imported, parts, one_torch_thread):
     np.testing.assert_allclose(got["entropy"], expected["mt_human/entropy"], rtol=0, atol=TOL)
 
 
-def test_split_unit_edge_states_are_the_serial_runs(imported, one_torch_thread):
+def test_split_unit_edge_states_are_the_serial_runs(imported, one_torch_thread, once):
     """The state a split run stores after each unit (S, z, conv, y, in whatever frame the layer
     kind carries it) is the one the serial run carries there, to the rounding of sums taken in
     another order (1e-5 of the largest value; without decay the state sums every position): a job
     resumed from either continues the same."""
-    from linpipe.inputs import open_input
-    from linpipe.model import load_model
-    from linpipe.model.segments import segment_bounds
-    from linpipe.model.segments_run import forward_split
-
     _name, model_dir = imported
-    model = load_model(str(model_dir), device="cpu")
-    with open_input(str(FLA / "records.fa")) as inp:
-        x = np.asarray(inp.read("mt_human", 0, inp.record("mt_human").length)[0])
-    _got, states, _final = forward_split(model, x, segment_bounds(len(x), 37, 3), 37)
+    model, x, _bounds, (_got, states, _final) = split_run(once, model_dir, 3)
     state = model.init_state()
     for i, a in enumerate(range(0, len(x), 37)):
         _out, state = model.forward(x[a:a + 37], state, ["logprob"])
@@ -149,8 +165,10 @@ def test_split_unit_edge_states_are_the_serial_runs(imported, one_torch_thread):
             np.testing.assert_allclose(got[k], want[k], rtol=0, atol=1e-5 * scale, err_msg=f"unit {i} {k}")
 
 
-def test_info_shows_family_origin_and_state(imported):
-    name, model = imported
+# every fixture: the import's reading of each option costs no forward pass
+@pytest.mark.parametrize("name", FIXTURES)
+def test_info_shows_family_origin_and_state(name, tmp_path):
+    model = import_fixture(name, tmp_path / name)
     src = json.loads((FLA / name / "config.json").read_text())
     family = src["model_type"]
     r = run("model", "info", model, "--json")

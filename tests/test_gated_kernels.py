@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from _quick import cells
 
 from linpipe.kernels import chunk_linear_attn, chunk_linear_attn_torch, naive_recurrent_linear_attn
 from linpipe.kernels.linear_attn import chunk as chunk_mod
@@ -43,7 +44,8 @@ def _reference(q, k, v, gate, init, **kw):
                                        initial_state=init, output_final_state=True, **kw)
 
 
-@pytest.mark.parametrize("T", [1, 31, 32, 33, 63, 64, 65, 300])
+# the quick suite: 1, both sides of 64 and a long one
+@pytest.mark.parametrize("T", cells([1, 31, 32, 33, 63, 64, 65, 300], quick=[1, 63, 65, 300]))
 @pytest.mark.parametrize("feature_map,normalize", [("elu1", True), ("relu", False), ("identity", True)])
 def test_chunked_equals_naive_fp64(T, feature_map, normalize):
     """Every length around the block edges (32 and 64), outputs and final states."""

@@ -6,6 +6,7 @@ naive GLA on the same inputs."""
 import pytest
 import torch
 import torch.nn.functional as F
+from _quick import cells
 
 from linpipe.kernels.gla import chunk as chunk_mod
 from linpipe.kernels.gla import chunk_gla_torch, gla, naive_recurrent_gla
@@ -36,7 +37,8 @@ def _reference(q, k, v, gate, S0, **kw):
                                output_final_state=True, **kw)
 
 
-@pytest.mark.parametrize("T", [1, 15, 16, 17, 63, 65, 300])
+# the quick suite: 1, both sides of 64 and a long one
+@pytest.mark.parametrize("T", cells([1, 15, 16, 17, 63, 65, 300], quick=[1, 63, 65, 300]))
 def test_chunked_equals_naive_fp64(T):
     """Every length around the block edges (16, 32, 64), outputs and final states, K != V."""
     (q, k, v, gate), S0 = _inputs(2, T, 3, 16, 8, seed=T)

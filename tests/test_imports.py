@@ -3,6 +3,8 @@ linpipe name, with every import it makes, at the top of the file or inside a fun
 import ast
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 FOLDERS = {"pipeline": "linpipe", "jobs": "linpipe.jobs", "kernels": "linpipe.kernels"}
 
@@ -72,8 +74,13 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def test_the_graph_sees_every_kind_of_import():
-    graph = import_graph()
+@pytest.fixture(scope="module")
+def graph():
+    """The packages' import graph, parsed once for the tests that read it (none changes it)."""
+    return import_graph()
+
+
+def test_the_graph_sees_every_kind_of_import(graph):
     assert "linpipe.jobs.options" in graph["linpipe.jobs.request"]  # from .options import ...
     assert "linpipe.jobs.submission" in graph["linpipe.jobs.cluster"]  # inside a function
     assert "linpipe.inputs.fasta" in graph["linpipe.inputs"]  # a package's __init__, in a function
@@ -81,8 +88,8 @@ def test_the_graph_sees_every_kind_of_import():
     assert "linpipe.kernels.linear_attn" in graph["linpipe.kernels"]  # from .linear_attn import X
 
 
-def test_no_import_cycle():
-    cycle = find_cycle(import_graph())
+def test_no_import_cycle(graph):
+    cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
@@ -132,10 +139,9 @@ def test_zarr_is_used_through_its_public_api_only(tmp_path):
         "probe.py: zarr.storage _local"]
 
 
-def test_outputs_never_import_the_jobs_package():
+def test_outputs_never_import_the_jobs_package(graph):
     """linpipe.outputs (export, plots, score-variants) works on a store alone: Ray and the
     driver stay in linpipe.jobs, which reaches down to it, never the other way."""
-    graph = import_graph()
     outputs = [m for m in graph if m == "linpipe.outputs" or m.startswith("linpipe.outputs.")]
     assert "linpipe.outputs.variants" in outputs
     wrong = {m: sorted(n for n in graph[m] if n.startswith("linpipe.jobs")) for m in outputs}

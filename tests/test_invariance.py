@@ -14,6 +14,7 @@ from _pipeline_data import (
     write_in_process,
     write_three_records,
 )
+from _quick import cells
 
 import linpipe.model.onednn as onednn
 from linpipe.errors import LinpipeError
@@ -63,12 +64,20 @@ def _same(a: dict, b: dict, what) -> None:
 DEFAULT = pytest.param("default", marks=pytest.mark.slow)
 
 
+def by_product(quick):
+    """(matmul, model) cells for a test of the tiny, gated and default models under each product;
+    the quick suite runs the pairs in quick (each product, each small model)."""
+    return pytest.mark.parametrize("matmul,name", cells(
+        [(mm, name) for mm in onednn.MATMULS for name in ("tiny", "gated", "default")], quick=quick),
+        indirect=["matmul"])
+
+
 def _within(a: dict, b: dict, what, rtol=1e-6) -> None:
     for k in a:
         np.testing.assert_allclose(a[k], b[k], rtol=rtol, atol=0, err_msg=f"{what} {k}")
 
 
-@pytest.mark.parametrize("name", ["tiny", "gated", DEFAULT])
+@by_product(quick=[("mkl", "tiny"), ("onednn", "gated")])
 def test_a_record_does_not_depend_on_its_batch(models, records, name, matmul):
     m = models[name]
     alone = [m.forward_records([x], OUTS)[0] for x in records]
@@ -85,7 +94,7 @@ def test_a_record_does_not_depend_on_its_batch(models, records, name, matmul):
         _same(alone[i], got, (name, "forward_batch", i))
 
 
-@pytest.mark.parametrize("name", ["tiny", "gated", DEFAULT])
+@by_product(quick=[("mkl", "gated"), ("onednn", "tiny")])
 def test_cuts_at_the_exact_cut_change_no_byte(models, records, name, matmul):
     m = models[name]
     x = records[0]

@@ -11,6 +11,7 @@ import sys
 
 import pytest
 import torch
+from _quick import cells
 
 ON_GPU = torch.cuda.is_available()
 if not ON_GPU:
@@ -60,9 +61,13 @@ def _check(q, k, v, *, rtol=2e-5, **kw):
     _close(z, rz, rtol)
 
 
-@pytest.mark.parametrize("feature_map", ["elu1", "relu", "identity"])
-@pytest.mark.parametrize("normalize", [True, False])
-@pytest.mark.parametrize("with_decay", [False, True])
+FEATURE_MAPS = ("elu1", "relu", "identity")
+
+
+# the interpreter takes about a second a cell: the quick suite runs each value of each parameter
+@pytest.mark.parametrize("feature_map,normalize,with_decay", cells(
+    [(f, n, d) for d in (False, True) for n in (True, False) for f in FEATURE_MAPS],
+    quick=[("elu1", True, False), ("relu", False, True), ("identity", True, True)]))
 def test_matches_naive_every_variant(feature_map, normalize, with_decay):
     q, k, v = _inputs(1, 50, 2, 16, 32, feature_map=feature_map)  # 2 spans, 4 blocks, a tail
     decay = torch.tensor([0.95, 0.6], device=DEV) if with_decay else None
@@ -70,7 +75,11 @@ def test_matches_naive_every_variant(feature_map, normalize, with_decay):
            initial_state=_state(1, 2, 16, 32))
 
 
-@pytest.mark.parametrize("T", [1, 63, 64, 65, pytest.param(300, marks=pytest.mark.slow)])  # 300: 5 blocks
+# 65: two spans of the small blocks and a tail; 64 (no tail) and 300 (5 blocks) in the full suite
+LENGTHS = cells([1, 63, 64, 65, 300], quick=[1, 63, 65])
+
+
+@pytest.mark.parametrize("T", LENGTHS)
 def test_any_length(T):
     q, k, v = _inputs(1, T, 2, 16, 16, seed=T)
     _check(q, k, v, decay=torch.tensor([0.9, 1.0], device=DEV))
@@ -177,15 +186,18 @@ def _gates(B, T, H, seed=5):
     return gate.to(DEV)
 
 
-@pytest.mark.parametrize("feature_map", ["elu1", "relu", "identity"])
-@pytest.mark.parametrize("normalize", [True, False])
+GATED_QUICK = [("elu1", True), ("relu", False), ("identity", True)]
+
+
+@pytest.mark.parametrize("feature_map,normalize",
+                         cells([(f, n) for n in (True, False) for f in FEATURE_MAPS], quick=GATED_QUICK))
 def test_gated_matches_naive_every_variant(feature_map, normalize):
     q, k, v = _inputs(1, 50, 2, 16, 32, feature_map=feature_map)  # 2 segments, 4 blocks, a tail
     _check(q, k, v, feature_map=feature_map, normalize=normalize, log_gate=_gates(1, 50, 2),
            initial_state=_state(1, 2, 16, 32))
 
 
-@pytest.mark.parametrize("T", [1, 63, 64, 65, pytest.param(300, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("T", LENGTHS)
 def test_gated_any_length_and_with_a_decay(T):
     q, k, v = _inputs(1, T, 2, 16, 16, seed=T)
     decay = torch.tensor([0.9, 1.0], device=DEV) if T > 64 else None  # a decay and a gate: both apply

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from shutil import copytree
 
 import numpy as np
 import pytest
@@ -92,11 +93,30 @@ def _submit(fasta, model, out, *extra):
 
 
 @pytest.fixture(scope="module")
-def reference(mixed_fasta, tiny_dna, tmp_path_factory):
-    """The job run uninterrupted into a local store: every array, and every record's outputs."""
+def finished(mixed_fasta, tiny_dna, tmp_path_factory):
+    """The job run uninterrupted into a local store, once for the module: its path."""
     out = str(tmp_path_factory.mktemp("ref") / "ref.zarr")
     _run_units(mixed_fasta, tiny_dna, out)
-    return store_arrays(out), record_outputs(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference(finished):
+    """The uninterrupted run's every array, and every record's outputs."""
+    return store_arrays(finished), record_outputs(finished)
+
+
+@pytest.fixture
+def finished_at(finished, mixed_fasta, tiny_dna):
+    """finished_at(out): out holding the job's complete store: on a local path a copy of the
+    module's run (a store holds no path of its own), on an object store the job run again."""
+    def make(out: str) -> str:
+        if "://" in out:
+            _run_units(mixed_fasta, tiny_dna, out)
+        else:
+            copytree(finished, out)
+        return out
+    return make
 
 
 @pytest.fixture(autouse=True)
@@ -172,9 +192,8 @@ def test_resumed_store_is_bit_identical_and_reads_alike(store_place, mixed_fasta
             assert ACCESS_KEY.encode() not in data and SECRET_KEY.encode() not in data, name
 
 
-def test_another_job_on_the_store_is_refused(store_place, mixed_fasta, tiny_dna):
-    out = store_place("mt.zarr")
-    _run_units(mixed_fasta, tiny_dna, out)
+def test_another_job_on_the_store_is_refused(finished_at, store_place, mixed_fasta, tiny_dna):
+    out = finished_at(store_place("mt.zarr"))
     res = CliRunner().invoke(cli, ["submit", str(mixed_fasta), "--model", str(tiny_dna), "--unit-size",
                                    str(UNIT), "--outputs", "logprob", "--out", out])
     assert res.exit_code == 1 and isinstance(res.exception, SystemExit)
@@ -186,13 +205,12 @@ def _job_id(fasta, model):
     return _plan(fasta, model).job_id
 
 
-def test_a_live_lease_refuses_a_second_driver_and_overwrite(store_place, mixed_fasta, tiny_dna):
+def test_a_live_lease_refuses_a_second_driver_and_overwrite(finished_at, store_place, mixed_fasta, tiny_dna):
     """While another driver holds the job's lease, submit (with or without --overwrite) says
     `already running` with the owner and exits non-zero, and the store is untouched."""
     from linpipe.jobs.lease import Lease
 
-    out = store_place("mt.zarr")
-    _run_units(mixed_fasta, tiny_dna, out)
+    out = finished_at(store_place("mt.zarr"))
     before = store_arrays(out)
     holder = Lease(out, _job_id(mixed_fasta, tiny_dna), host="node-7", pid=4242)
     holder.acquire()
@@ -209,11 +227,10 @@ def test_a_live_lease_refuses_a_second_driver_and_overwrite(store_place, mixed_f
     assert holder.read() is None  # released: the object is gone
 
 
-def test_force_takeover_takes_a_live_lease(store_place, mixed_fasta, tiny_dna):
+def test_force_takeover_takes_a_live_lease(finished_at, store_place, mixed_fasta, tiny_dna):
     from linpipe.jobs.lease import Lease, LeaseLost
 
-    out = store_place("mt.zarr")
-    _run_units(mixed_fasta, tiny_dna, out)
+    out = finished_at(store_place("mt.zarr"))
     holder = Lease(out, _job_id(mixed_fasta, tiny_dna), host="node-7", pid=4242)
     holder.acquire()
     try:
@@ -232,7 +249,7 @@ def test_force_takeover_takes_a_live_lease(store_place, mixed_fasta, tiny_dna):
     assert holder.read() is None
 
 
-def test_wait_follows_the_running_driver(store_place, mixed_fasta, tiny_dna, monkeypatch):
+def test_wait_follows_the_running_driver(finished_at, store_place, mixed_fasta, tiny_dna, monkeypatch):
     """--wait: while another driver holds the lease, submit waits (and says so); once that
     driver releases it, the submit goes on and finds the job complete. The holder releases
     only once the submit has said it waits, so the wait always happens."""
@@ -240,8 +257,7 @@ def test_wait_follows_the_running_driver(store_place, mixed_fasta, tiny_dna, mon
 
     from linpipe.jobs.lease import Lease
 
-    out = store_place("mt.zarr")
-    _run_units(mixed_fasta, tiny_dna, out)
+    out = finished_at(store_place("mt.zarr"))
     holder = Lease(out, _job_id(mixed_fasta, tiny_dna), host="node-3", pid=77)
     holder.acquire()
     waiting = threading.Event()
@@ -272,15 +288,15 @@ def test_wait_follows_the_running_driver(store_place, mixed_fasta, tiny_dna, mon
     assert "Nothing to do" in res.output
 
 
-def test_a_stale_lease_is_taken_over_after_its_expiry(store_place, mixed_fasta, tiny_dna, monkeypatch):
+def test_a_stale_lease_is_taken_over_after_its_expiry(finished_at, store_place, mixed_fasta, tiny_dna,
+                                                      monkeypatch):
     """A driver on another host that stopped renewing (it died): refused up to the last moment
     its lease is live, taken over by the next submit from its expiry on. The lease clock is
     stepped to those moments, not waited for."""
     import linpipe.jobs.lease as lease_mod
     from linpipe.jobs.lease import Lease
 
-    out = store_place("mt.zarr")
-    _run_units(mixed_fasta, tiny_dna, out)
+    out = finished_at(store_place("mt.zarr"))
     dead = Lease(out, _job_id(mixed_fasta, tiny_dna), host="node-9", pid=99)
     dead.acquire()
     dead.stop_heartbeat()  # its process is gone: no more renewals, no release
@@ -384,11 +400,11 @@ def test_a_lease_waits_to_settle_only_where_taking_it_is_not_exclusive(store_pla
     assert second.read() is None
 
 
-def test_lease_of_a_dead_process_on_this_host_needs_no_expiry(store_place, mixed_fasta, tiny_dna):
+def test_lease_of_a_dead_process_on_this_host_needs_no_expiry(finished_at, store_place, mixed_fasta,
+                                                              tiny_dna):
     from linpipe.jobs.lease import Lease
 
-    out = store_place("mt.zarr")
-    _run_units(mixed_fasta, tiny_dna, out)
+    out = finished_at(store_place("mt.zarr"))
     proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                           text=True, check=True)
     gone = Lease(out, _job_id(mixed_fasta, tiny_dna), pid=int(proc.stdout))  # this host, exited pid
@@ -588,11 +604,10 @@ def test_twin_refused_then_sigkilled_driver_resumes_bit_identical(store_place, c
 
 
 @pytest.mark.slow
-def test_overwrite_replaces_another_jobs_store(store_place, mixed_fasta, tiny_dna):
+def test_overwrite_replaces_another_jobs_store(finished_at, store_place, mixed_fasta, tiny_dna):
     from linpipe.store import OutputStore
 
-    out = store_place("mt.zarr")
-    _run_units(mixed_fasta, tiny_dna, out)
+    out = finished_at(store_place("mt.zarr"))
     res = CliRunner().invoke(cli, ["submit", str(mixed_fasta), "--model", str(tiny_dna), "--unit-size",
                                    str(UNIT), "--outputs", "logprob", "--workers", "1", "--out", out,
                                    "--overwrite"])

@@ -7,6 +7,7 @@ import os
 
 import numpy as np
 import pytest
+from _quick import cells
 from _split_harness import LO, N_END, hg19_slice, rel, serial
 
 from linpipe.inputs.alphabet import tokenize
@@ -63,9 +64,10 @@ def check(model, x, bounds, unit_size):
 
 
 # Every decay, normaliser, feature map and convolution width; the quick suite (-m "not slow")
-# runs the cases where decay, normaliser and width are all on or all off: each value of each.
-GRID = [pytest.param(d, n, f, w, marks=() if d == n == (w == 4) else pytest.mark.slow)
-        for d in (True, False) for n in (True, False) for f in ("elu1", "relu", "identity") for w in (1, 4)]
+# runs each feature map once, with decay, normaliser and width all on or all off: each value of each.
+GRID = cells([(d, n, f, w) for d in (True, False) for n in (True, False) for f in ("elu1", "relu", "identity")
+              for w in (1, 4)],
+             quick=[(True, True, "elu1", 4), (False, False, "relu", 1), (True, True, "identity", 4)])
 
 
 @pytest.mark.parametrize("decay,normalize,feature_map,conv_width", GRID)
@@ -79,8 +81,10 @@ def test_split_equals_serial_chunk_edges(tokens, decay, normalize, feature_map, 
         check(model, tokens, bounds, chunk)
 
 
-@pytest.mark.parametrize("decay,conv_width,gated", [(True, 4, False), (False, 4, False), (True, 1, False),
-                                                   (True, 4, True)])
+# the quick suite: no decay, a width of 1 (no halo), and gates (with decay and the halo)
+@pytest.mark.parametrize("decay,conv_width,gated", cells(
+    [(True, 4, False), (False, 4, False), (True, 1, False), (True, 4, True)],
+    quick=[(False, 4, False), (True, 1, False), (True, 4, True)]))
 def test_split_short_segments_and_n_runs(tokens, decay, conv_width, gated):
     """Segments shorter than the conv window (1 and 2 positions: the halo reaches back over
     them), edges inside the N run, on its last N, on its first base, and off chunk edges; with
@@ -93,8 +97,10 @@ def test_split_short_segments_and_n_runs(tokens, decay, conv_width, gated):
         check(model, tokens, bounds, 1024)
 
 
-@pytest.mark.parametrize("normalize,feature_map,conv_width", [(True, "elu1", 4), (True, "identity", 4),
-                                                            (False, "relu", 1)])
+# the quick suite: identity (twice the spill rows) and relu without the normaliser or a conv
+@pytest.mark.parametrize("normalize,feature_map,conv_width",
+                         cells([(True, "elu1", 4), (True, "identity", 4), (False, "relu", 1)],
+                               quick=[(True, "identity", 4), (False, "relu", 1)]))
 def test_gated_split_equals_serial_unit_edges(tokens, normalize, feature_map, conv_width):
     """A gated model: every segment's fold carries its summed log-gate, pass 2 the cumulative
     gates from the head rows' end; P = 2, 3, 5 on unit edges. Its spill rows hold the log-gates

@@ -4,6 +4,7 @@ it, give the same bytes as the uninterrupted split run; the store's records of t
 checked by their CRC."""
 import numpy as np
 import pytest
+from _quick import cells
 from _split_harness import assert_resumed_bytes, stopped_and_replayed, stopped_and_resumed
 
 from linpipe.model import Model, ModelConfig, init_net
@@ -34,8 +35,12 @@ def tiny(conv_width, gated, n_layers=3):
     return Model(init_net(cfg, seed=5, decay=[0.5, 0.999] if gated else None), cfg, device="cpu")
 
 
-@pytest.mark.parametrize("conv_width,gated", [(4, False), (4, True), (1, False)])
-@pytest.mark.parametrize("at", [1, 2, 3])  # 3: after the last layer (a kill during the writes)
+MODELS = [(4, False), (4, True), (1, False)]  # conv_width, gated
+
+
+# at 3: after the last layer (a kill during the writes); the quick suite: each `at`, each model
+@pytest.mark.parametrize("conv_width,gated,at", cells([(w, g, at) for at in (1, 2, 3) for w, g in MODELS],
+                                                      quick=[(4, False, 1), (1, False, 2), (4, True, 3)]))
 def test_resume_from_a_checkpoint_gives_the_uninterrupted_bytes(tokens, conv_width, gated, at):
     model = tiny(conv_width, gated)
     x = tokens
@@ -44,8 +49,9 @@ def test_resume_from_a_checkpoint_gives_the_uninterrupted_bytes(tokens, conv_wid
                          forward_split(model, x, bounds, UNIT))
 
 
-@pytest.mark.parametrize("conv_width,gated", [(4, True), (1, False)])
-@pytest.mark.parametrize("at", [1, 3])  # 3: every fold stored, the kill in the last layer's pass
+# at 3: every fold stored, the kill in the last layer's pass
+@pytest.mark.parametrize("conv_width,gated,at", cells([(w, g, at) for at in (1, 3) for w, g in MODELS[1:]],
+                                                      quick=[(1, False, 1), (4, True, 3)]))
 def test_resume_without_h_replays_from_the_stored_folds_and_exchanges_none_of_them(tokens, conv_width,
                                                                                     gated, at):
     model = tiny(conv_width, gated)

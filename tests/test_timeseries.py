@@ -11,6 +11,7 @@ import pyarrow.feather as feather
 import pyarrow.parquet as pq
 import pytest
 from _pipeline_data import ecg_fleet
+from _quick import cells
 from click.testing import CliRunner
 
 import linpipe
@@ -109,8 +110,9 @@ def _write_all(df, tmp_path, row_group=1000):
     return [tmp_path / "s.parquet", tmp_path / "s.arrow", tmp_path / "s.csv"]
 
 
-@pytest.mark.parametrize("whole_row_groups", [True, False])
-@pytest.mark.parametrize("interleave", [False, True])
+# the quick suite: each value of each, not every pair
+@pytest.mark.parametrize("interleave,whole_row_groups", cells(
+    [(i, w) for i in (False, True) for w in (True, False)], quick=[(False, True), (True, False)]))
 def test_many_series_in_one_file_every_format(tmp_path, interleave, whole_row_groups, monkeypatch):
     """Every slice of every series, in and out of file order (Parquet row groups read whole
     and kept, or streamed as larger ones are)."""
@@ -354,8 +356,10 @@ def _index_by_rows(ids, times):
     return runs, problem
 
 
-@pytest.mark.parametrize("seed", range(4))
-@pytest.mark.parametrize("fmt", ["parquet", "arrow"])
+# seed 0 starts with few series; the quick suite runs it and one other seed in each format
+@pytest.mark.parametrize("fmt,seed", cells(
+    [(f, s) for f in ("parquet", "arrow") for s in range(4)],
+    quick=[("parquet", 0), ("arrow", 0), ("parquet", 1), ("arrow", 2)]))
 def test_the_index_of_many_series_is_the_row_by_row_index(timeseries, tmp_path, monkeypatch, fmt, seed):
     """Series cut from the real ECG, in blocks that interleave and go on across the file's
     batches (37 rows each), with times that go back at a chosen place: inside a run, at a run's
