@@ -221,7 +221,7 @@ def test_layer_computes_flas_formulas(delta_dir, mt):
 
 
 # the two byte guarantees below run one family each in the quick suite, both in the full suite
-@pytest.mark.parametrize("delta_dir", cells(FAMILIES, quick=["delta_net"]), indirect=True, scope="module")
+@pytest.mark.parametrize("delta_dir", cells(list(MODELS), quick=["delta_net"]), indirect=True, scope="module")
 def test_cuts_and_batches_give_the_same_bytes(delta_dir, mt):
     """A real record in one call, or cut at multiples of the model's exact cut (512: whole groups
     of the kernel's blocks) with the state (the recurrent S and the q, k, v convolutions' windows)
@@ -259,7 +259,7 @@ def test_cuts_and_batches_give_the_same_bytes(delta_dir, mt):
             assert got[k].tobytes() == alone[k].tobytes(), k
 
 
-@pytest.mark.parametrize("delta_dir", cells(FAMILIES, quick=["gated_deltanet"]), indirect=True,
+@pytest.mark.parametrize("delta_dir", cells(list(MODELS), quick=["gated_deltanet"]), indirect=True,
                          scope="module")
 def test_thread_count_gives_the_same_bytes(delta_dir, mt):
     m = load_model(delta_dir)

@@ -62,7 +62,7 @@ def check(model, x, bounds, unit_size):
 
 
 # the quick suite: each family, each P
-@pytest.mark.parametrize("model,parts", cells([(f, p) for f in FAMILIES for p in (2, 3)],
+@pytest.mark.parametrize("model,parts", cells([(f, p) for f in MODELS for p in (2, 3)],
                                               quick=[("delta_net", 2), ("gated_deltanet", 3)]),
                          indirect=["model"], scope="module")
 def test_delta_split_equals_streamed_on_unit_edges(model, hg19, parts):
@@ -95,7 +95,7 @@ def test_delta_spill_is_as_budgeted(model, ce):
 
 
 # at 2: after the last layer (a kill during the writes); the quick suite: each family, each `at`
-@pytest.mark.parametrize("model,at", cells([(f, at) for f in FAMILIES for at in (1, 2)],
+@pytest.mark.parametrize("model,at", cells([(f, at) for f in MODELS for at in (1, 2)],
                                            quick=[("delta_net", 1), ("gated_deltanet", 2)]),
                          indirect=["model"], scope="module")
 def test_delta_resume_from_a_checkpoint_gives_the_uninterrupted_bytes(model, ce, at):
