@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import pyBigWig
 import pytest
+from _store_data import HUMAN_BASES, UNIT, build_dna_store, build_ts_store
 from click.testing import CliRunner
-from test_store import HUMAN_BASES, UNIT, build_dna_store, build_ts_store
 
 from linpipe.cli import cli
 from linpipe.outputs.export import export_parquet, export_track, value_runs

@@ -10,113 +10,32 @@ from __future__ import annotations
 import errno
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
-from shutil import copytree
 
 import numpy as np
 import pytest
+from _object_store_job import (  # noqa: F401  (fixtures: taken by name)
+    UNIT,
+    finished,
+    finished_at,
+    mixed_fasta,
+    plan_here,
+    reference,
+    run_units,
+    submit_cli,
+    tiny_dna,
+)
 from _pipeline_data import (
     assert_same_bytes,
-    kill_session,
-    make_tiny_model,
     record_outputs,
-    signal_session,
     store_arrays,
-    write_fasta_slice,
 )
 from _s3 import ACCESS_KEY, SECRET_KEY, all_objects
 from click.testing import CliRunner
 
 from linpipe.cli import cli
-
-UNIT = 2_048
-OUTPUTS = "logprob,entropy,softmask"
-
-
-@pytest.fixture(scope="module")
-def tiny_dna(tmp_path_factory):
-    return make_tiny_model(tmp_path_factory.mktemp("dna_model") / "tiny")
-
-
-@pytest.fixture(scope="module")
-def mixed_fasta(genomes, tmp_path_factory):
-    """Real sequence: the whole human mitochondrion (16,569 bases: a long record, 9 units) and
-    the first 1,500 bases of 7 C. elegans records (short: packed)."""
-    path = tmp_path_factory.mktemp("mixed") / "mixed.fa"
-    write_fasta_slice(genomes / "htslib_ce.fa", path, 1_500)
-    with open(path, "a") as f:
-        f.write((genomes / "minimap2_MT-human.fa").read_text())
-    return path
-
-
-def _plan(fasta, model, outputs=OUTPUTS):
-    from linpipe.jobs.plan import plan_job
-    from linpipe.jobs.request import JobRequest
-
-    return plan_job(JobRequest(inputs=(str(fasta),), model=str(model), unit_size=UNIT,
-                               outputs=tuple(outputs.split(","))))
-
-
-def _run_units(fasta, model, out, *, stop_after: int | None = None) -> int:
-    """Create (or reopen) the job's store and run its units here, as the workers would (the
-    same class, one thread), stopping after `stop_after` units; returns the units run."""
-    from linpipe.jobs.actor import PipelineWorker
-    from linpipe.jobs.driver import open_or_create_store, work_left
-
-    plan = _plan(fasta, model)
-    store = open_or_create_store(plan, out)
-    todo, _ = work_left(plan, store)
-    w = PipelineWorker(plan.model_ref, out, list(plan.outputs), device="cpu", threads=1)
-    n = 0
-    for item in todo:
-        if hasattr(item, "record"):
-            for i in range(item.next, item.record.n_units):
-                if stop_after is not None and n >= stop_after:
-                    return n
-                w.run_unit(item.record.unit(i), last=i == item.record.n_units - 1)
-                n += 1
-        else:
-            if stop_after is not None and n >= stop_after:
-                return n
-            w.run_batch(item.index, plan.batch_units(item.index))
-            n += 1
-    store.finalize()
-    return n
-
-
-def _submit(fasta, model, out, *extra):
-    return CliRunner().invoke(cli, ["submit", str(fasta), "--model", str(model), "--unit-size", str(UNIT),
-                                    "--outputs", OUTPUTS, "--out", out, *extra])
-
-
-@pytest.fixture(scope="module")
-def finished(mixed_fasta, tiny_dna, tmp_path_factory):
-    """The job run uninterrupted into a local store, once for the module: its path."""
-    out = str(tmp_path_factory.mktemp("ref") / "ref.zarr")
-    _run_units(mixed_fasta, tiny_dna, out)
-    return out
-
-
-@pytest.fixture(scope="module")
-def reference(finished):
-    """The uninterrupted run's every array, and every record's outputs."""
-    return store_arrays(finished), record_outputs(finished)
-
-
-@pytest.fixture
-def finished_at(finished, mixed_fasta, tiny_dna):
-    """finished_at(out): out holding the job's complete store: on a local path a copy of the
-    module's run (a store holds no path of its own), on an object store the job run again."""
-    def make(out: str) -> str:
-        if "://" in out:
-            _run_units(mixed_fasta, tiny_dna, out)
-        else:
-            copytree(finished, out)
-        return out
-    return make
 
 
 @pytest.fixture(autouse=True)
@@ -135,18 +54,18 @@ def test_resumed_store_is_bit_identical_and_reads_alike(store_place, mixed_fasta
     from linpipe.store.reader import IncompleteStoreWarning
 
     out = store_place("mt.zarr")
-    assert _run_units(mixed_fasta, tiny_dna, out, stop_after=5) == 5
+    assert run_units(mixed_fasta, tiny_dna, out, stop_after=5) == 5
     with pytest.warns(IncompleteStoreWarning):
         linpipe.open_output(out)
     res = CliRunner().invoke(cli, ["inspect", out, "--json"])
     assert res.exit_code == 0, res.output
     partial = json.loads(res.stdout)
-    _run_units(mixed_fasta, tiny_dna, out)  # the resume: the rest of the units, from the store
+    run_units(mixed_fasta, tiny_dna, out)  # the resume: the rest of the units, from the store
     ref_arrays, ref_outputs = reference
     assert_same_bytes(ref_arrays, store_arrays(out))
     assert_same_bytes(ref_outputs, record_outputs(out))
 
-    res = _submit(mixed_fasta, tiny_dna, out)
+    res = submit_cli(mixed_fasta, tiny_dna, out)
     assert res.exit_code == 0, res.output
     assert "Nothing to do" in res.output and out in res.output
 
@@ -202,7 +121,7 @@ def test_another_job_on_the_store_is_refused(finished_at, store_place, mixed_fas
 
 # ----------------------------------------------------------------------------- the lease
 def _job_id(fasta, model):
-    return _plan(fasta, model).job_id
+    return plan_here(fasta, model).job_id
 
 
 def test_a_live_lease_refuses_a_second_driver_and_overwrite(finished_at, store_place, mixed_fasta, tiny_dna):
@@ -216,7 +135,7 @@ def test_a_live_lease_refuses_a_second_driver_and_overwrite(finished_at, store_p
     holder.acquire()
     try:
         for extra in ((), ("--overwrite",)):
-            res = _submit(mixed_fasta, tiny_dna, out, *extra)
+            res = submit_cli(mixed_fasta, tiny_dna, out, *extra)
             assert res.exit_code == 1 and isinstance(res.exception, SystemExit), res.output
             assert res.output.startswith("Error: ") and len(res.output.strip().splitlines()) == 1
             assert "already running" in res.output and "pid 4242" in res.output and "node-7" in res.output
@@ -234,7 +153,7 @@ def test_force_takeover_takes_a_live_lease(finished_at, store_place, mixed_fasta
     holder = Lease(out, _job_id(mixed_fasta, tiny_dna), host="node-7", pid=4242)
     holder.acquire()
     try:
-        res = _submit(mixed_fasta, tiny_dna, out, "--force-takeover")
+        res = submit_cli(mixed_fasta, tiny_dna, out, "--force-takeover")
         assert res.exit_code == 0, res.output
         assert "Nothing to do" in res.output
         # the taker released its lease when it ended: the old holder's next beat finds a lease
@@ -278,7 +197,7 @@ def test_wait_follows_the_running_driver(finished_at, store_place, mixed_fasta, 
     ends = threading.Thread(target=holder_ends)
     ends.start()
     try:
-        res = _submit(mixed_fasta, tiny_dna, out, "--wait")
+        res = submit_cli(mixed_fasta, tiny_dna, out, "--wait")
         waited = waiting.is_set()
     finally:
         waiting.set()  # a submit that never waited: let the holder end too
@@ -303,11 +222,11 @@ def test_a_stale_lease_is_taken_over_after_its_expiry(finished_at, store_place, 
     doc = dead.read()
     now = [doc["expires"] - 0.001]
     monkeypatch.setattr(lease_mod, "clock", lambda: now[0])
-    res = _submit(mixed_fasta, tiny_dna, out)
+    res = submit_cli(mixed_fasta, tiny_dna, out)
     assert res.exit_code == 1 and "already running" in res.output and "node-9" in res.output, res.output
     assert dead.read() == doc  # the refused driver left the lease as it was
     now[0] = doc["expires"]
-    res = _submit(mixed_fasta, tiny_dna, out)
+    res = submit_cli(mixed_fasta, tiny_dna, out)
     assert res.exit_code == 0, res.output
     assert "Nothing to do" in res.output
     assert dead.read() is None  # the taker released its own lease
@@ -330,7 +249,7 @@ def test_a_store_whose_creation_was_interrupted_is_laid_out_anew(store_place, mi
     assert OutputStore.creation_interrupted(out)
     r = CliRunner().invoke(cli, ["inspect", out])
     assert r.exit_code == 1 and "creation of this output store was interrupted" in r.output
-    _run_units(mixed_fasta, tiny_dna, out)  # the driver's open_or_create_store, then every unit
+    run_units(mixed_fasta, tiny_dna, out)  # the driver's open_or_create_store, then every unit
     assert not OutputStore.creation_interrupted(out)
     assert_same_bytes(reference[0], store_arrays(out))
 
@@ -411,7 +330,7 @@ def test_lease_of_a_dead_process_on_this_host_needs_no_expiry(finished_at, store
     gone.acquire()
     gone.stop_heartbeat()
     assert gone.read()["expires"] > time.time() + 0.5
-    res = _submit(mixed_fasta, tiny_dna, out)
+    res = submit_cli(mixed_fasta, tiny_dna, out)
     assert res.exit_code == 0, res.output
     assert "Nothing to do" in res.output
 
@@ -427,7 +346,7 @@ def test_a_lease_alone_is_not_a_store(store_place, mixed_fasta, tiny_dna):
     mine.acquire()
     try:
         assert not OutputStore.exists(out)
-        _run_units(mixed_fasta, tiny_dna, out, stop_after=1)
+        run_units(mixed_fasta, tiny_dna, out, stop_after=1)
         assert OutputStore.exists(out)
         assert mine.read()["token"] == mine.token
     finally:
@@ -468,7 +387,7 @@ def test_throttled_writes_are_retried_and_the_store_is_bit_identical(s3_server, 
     out = f"{s3_server.new_bucket()}/throttled.zarr"
     # every chunk: outputs, table, boundary states, completion markers
     counts = _faulty_stores(monkeypatch, tmp_path, "slow_down", 2, contains="/c/")
-    _run_units(mixed_fasta, tiny_dna, out)
+    run_units(mixed_fasta, tiny_dna, out)
     attempts = counts()
     assert any(k.startswith("_linpipe/") and "/done/" in k for k in attempts)  # markers too
     assert attempts and all(n >= 3 for n in attempts.values())  # two SlowDowns, then the write
@@ -483,13 +402,13 @@ def test_a_permanent_error_is_not_retried_and_leaves_the_unit_unmarked(s3_server
     from linpipe.store import OutputStore
 
     out = f"{s3_server.new_bucket()}/denied.zarr"
-    _run_units(mixed_fasta, tiny_dna, out, stop_after=0)  # the store, laid out
+    run_units(mixed_fasta, tiny_dna, out, stop_after=0)  # the store, laid out
     store = OutputStore.open(out, mode="r")
     mt = next(k for k in store.long_records)
 
     counts = _faulty_stores(monkeypatch, tmp_path, "denied", 10**6, prefix=f"{mt}/logprob/c/")
     with pytest.raises(PermissionError) as caught:
-        _run_units(mixed_fasta, tiny_dna, out, stop_after=1)
+        run_units(mixed_fasta, tiny_dna, out, stop_after=1)
     assert list(counts().values()) == [1]  # one attempt, no retry
     monkeypatch.undo()
     assert OutputStore.open(out, mode="r").completed_units(mt) == set()
@@ -529,92 +448,6 @@ def test_s3fs_reads_the_endpoint_from_the_environment(s3_server):
     env["FSSPEC_S3_ENDPOINT_URL"] = s3_server.endpoint
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert res.returncode == 0 and res.stdout.strip() == "x", res.stderr
-
-
-# ----------------------------------------------------------------------------- whole jobs (Ray)
-def _submit_cmd(fasta, model, out, *extra):
-    return [sys.executable, "-c", "from linpipe.cli import cli; cli()", "submit", str(fasta),
-            "--model", str(model), "--unit-size", str(UNIT), "--outputs", OUTPUTS,
-            "--workers", "1", "--out", out, *extra]
-
-
-def _units_done(out) -> int:
-    from linpipe.store import OutputStore
-
-    try:
-        p = OutputStore.open(out, mode="r").progress()
-        return p["units_done"]
-    except Exception:  # not created yet: poll again
-        return 0
-
-
-@pytest.fixture(scope="module")
-def ce_fasta(genomes, tmp_path_factory):
-    """7 real C. elegans records cut at 120 kb (one of 120 kb, six of 5 kb): 77 units of 2,048,
-    enough that a driver is surely mid-job when the test looks, on a loaded runner too."""
-    path = tmp_path_factory.mktemp("ce") / "ce_slice.fa"
-    write_fasta_slice(genomes / "htslib_ce.fa", path, 120_000)
-    return path
-
-
-@pytest.mark.slow
-def test_twin_refused_then_sigkilled_driver_resumes_bit_identical(store_place, ce_fasta, tiny_dna,
-                                                                   tmp_path):
-    """A driver runs the job: a second submit, asked while the driver is held still mid-job, is
-    refused naming its pid and host; the driver is SIGKILLed; the same submit then takes over at
-    once (its owner is gone from this host) and ends with the bytes of the uninterrupted local
-    run."""
-    import socket
-
-    from linpipe.store import OutputStore
-
-    out = store_place("killed.zarr")
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "LINPIPE_LEASE_HEARTBEAT_S": "1"}
-    proc = subprocess.Popen(_submit_cmd(ce_fasta, tiny_dna, out), env=env, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 180
-        while _units_done(out) < 3 and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert proc.poll() is None, "the job finished before it could be killed"
-        # the driver and its Ray held still while the twin asks (a stalled driver): on a loaded
-        # machine the job could otherwise end before the twin's plan is made
-        signal_session(proc.pid, signal.SIGSTOP)
-        twin = _submit(ce_fasta, tiny_dna, out)  # in this process: refused before any Ray starts
-        assert proc.poll() is None, "the job finished while the twin asked"
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
-        # and the rest of its session, as when its machine dies: its Ray workers would otherwise
-        # finish their calls in flight (IN_FLIGHT per actor) and could complete the job first
-        kill_session(proc.pid)
-        assert twin.exit_code == 1, twin.output
-        assert "already running" in twin.output and f"pid {proc.pid}" in twin.output
-        assert socket.gethostname() in twin.output
-        progress = OutputStore.open(out, mode="r").progress()
-        assert 3 <= progress["units_done"] < progress["units"] == 77  # killed mid-job
-        res = subprocess.run(_submit_cmd(ce_fasta, tiny_dna, out), env=env, capture_output=True,
-                             text=True, timeout=300)
-        assert res.returncode == 0, res.stderr
-    finally:
-        kill_session(proc.pid)  # only what our own killed subprocess started
-    assert "Done: job lp-" in res.stdout
-    ref = str(tmp_path / "reference.zarr")
-    _run_units(ce_fasta, tiny_dna, ref)
-    assert_same_bytes(store_arrays(ref), store_arrays(out))
-
-
-@pytest.mark.slow
-def test_overwrite_replaces_another_jobs_store(finished_at, store_place, mixed_fasta, tiny_dna):
-    from linpipe.store import OutputStore
-
-    out = finished_at(store_place("mt.zarr"))
-    res = CliRunner().invoke(cli, ["submit", str(mixed_fasta), "--model", str(tiny_dna), "--unit-size",
-                                   str(UNIT), "--outputs", "logprob", "--workers", "1", "--out", out,
-                                   "--overwrite"])
-    assert res.exit_code == 0, res.output
-    store = OutputStore.open(out, mode="r")
-    assert store.meta["outputs"] == ["logprob"] and store.is_complete()
-    assert store.meta["job_id"] == _plan(mixed_fasta, tiny_dna, "logprob").job_id
 
 
 def test_a_forced_takeover_wins_over_a_renewal_that_straddles_its_write(store_place, quick_lease):

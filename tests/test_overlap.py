@@ -20,7 +20,7 @@ from _pipeline_data import (
     store_arrays,
     write_in_process,
 )
-from test_store import kill_at_hook
+from _store_data import kill_at_hook
 
 from linpipe.jobs.overlap import HostCopies, ModelThread, Turns, cast
 from linpipe.strands import FORWARD, REVERSE

@@ -13,14 +13,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
-from test_store import (
+from _store_data import (
     KILLED_OPEN,
     KILLED_WRITE,
-    _tree_bytes,
     build_dna_store,
     build_ts_store,
     kill_at_hook,
     state_after,
+    tree_bytes,
 )
 
 from linpipe.errors import StoreError
@@ -147,7 +147,7 @@ def test_planted_strays_are_removed_and_every_chunk_stays(tmp_path, genomes):
     assert (path / "_linpipe" / "lease.json").read_text() == "{}"
     (path / "_linpipe" / "lease.json").unlink()
     assert OutputStore.open(clean).finalize()
-    assert _tree_bytes(path) == _tree_bytes(clean)  # every chunk and document, nothing else
+    assert tree_bytes(path) == tree_bytes(clean)  # every chunk and document, nothing else
     assert _folders(path) == _folders(clean)  # and no folder the strays made
     assert list(leftovers(FORMAT_V2)) == []  # an older store holds nothing to remove
 
@@ -192,7 +192,7 @@ def test_a_writer_killed_mid_chunk_leaves_nothing_after_the_resume(tmp_path, gen
     assert store.finalize() and not leftover.exists()
     clean = tmp_path / "clean.zarr"
     build_dna_store(clean, genomes)
-    assert _tree_bytes(path) == _tree_bytes(clean)
+    assert tree_bytes(path) == tree_bytes(clean)
 
 
 KILLED_LAYING_OUT = r"""
@@ -225,7 +225,7 @@ def test_a_driver_killed_while_laying_out_leaves_a_store_marked_as_being_created
     records = [{"id": f"contig_{i}", "length": 5000 + i} for i in range(50)]
     OutputStore.create(path, meta={}, records=records, unit_size=1000)  # no overwrite needed
     OutputStore.create(tmp_path / "clean.zarr", meta={}, records=records, unit_size=1000)
-    assert _tree_bytes(path) == _tree_bytes(tmp_path / "clean.zarr")
+    assert tree_bytes(path) == tree_bytes(tmp_path / "clean.zarr")
     assert OutputStore.open(path).n_units("contig_49") == 6
 
 
