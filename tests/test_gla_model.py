@@ -1,7 +1,7 @@
 """The `gla` layer kind (fla's GatedLinearAttention) beyond the shared parity tests of
 tests/test_fla_import.py: the options its import refuses, fuse_norm's other tensor name, the
-config's JSON, a random gla network's state carried across a cut, and the per-key gates the
-layer makes."""
+config's JSON, a random gla network's state carried across a cut, the per-key gates the layer
+makes, and grouped key/value heads (n_kv_heads) in fla's order."""
 import json
 import shutil
 
