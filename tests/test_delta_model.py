@@ -135,6 +135,8 @@ def test_models_written_before_load_unchanged():
     ({"n_v_heads": 1}, "'n_v_heads' must be a positive multiple of n_heads 2, got 1"),
     ({"n_v_heads": 4.0}, "'n_v_heads' must be an integer"),
     ({"n_v_heads": 4, "family": "delta_net"}, "'n_v_heads' is for family 'gated_deltanet', not 'delta_net'"),
+    ({"n_kv_heads": 1},
+     "'n_kv_heads' is for families 'gla', 'retnet', 'fla_linear_attn', not 'gated_deltanet'"),
 ])
 def test_bad_config_is_one_line(tmp_path, change, message):
     d = tmp_path / "m"

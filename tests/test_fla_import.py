@@ -35,10 +35,12 @@ SCRIPT = Path(__file__).parent / "fla_fixtures" / "make_fla_fixtures.py"
 # heads, tied embeddings), linear_attn (fla's default feature map elementwise_product, tied
 # embeddings), linear_attn_elu (elu, the normaliser, expand_v 2, 4 heads), linear_attn_hedgehog
 # (F = 2K, norm_q, norm_k, the normaliser), linear_attn_dpfp (F = 8K, 4 heads), gated_deltanet_gva
-# (grouped value heads: 2 query/key heads, num_v_heads 4, expand_v 1, the output gate)
+# (grouped value heads: 2 query/key heads, num_v_heads 4, expand_v 1, the output gate); gla_gqa,
+# retnet_gqa, linear_attn_gqa (grouped key/value heads: 4 query heads, num_kv_heads 2; gla's with
+# short convs and the output gate, linear_attn's with the normaliser)
 FIXTURES = ("delta_net", "gated_deltanet", "delta_net_no_conv", "gla", "gla_no_conv", "mamba2", "retnet",
             "retnet_no_gate", "linear_attn", "linear_attn_elu", "linear_attn_hedgehog", "linear_attn_dpfp",
-            "gated_deltanet_gva")
+            "gated_deltanet_gva", "gla_gqa", "retnet_gqa", "linear_attn_gqa")
 # one fixture per family runs the forward tests in the quick suite (-m "not slow"); the other
 # options of a family, and any fixture added later unless named here, run in the full suite
 QUICK = ("gated_deltanet", "gla", "mamba2", "retnet", "linear_attn")
@@ -183,6 +185,7 @@ def test_info_shows_family_origin_and_state(name, tmp_path):
     assert info["config"]["head_vocab"] == src["vocab_size"]
     H, L = src["num_heads"], src["num_hidden_layers"]
     HV = src.get("num_v_heads") or H  # gated_deltanet's value heads: the state's
+    KV = src.get("num_kv_heads") or H  # gla's, retnet's, linear_attn's k and v heads (not the state's)
     K = src.get("head_dim") or src["hidden_size"] * src["expand_k"] // H
     if family == "mamba2":  # S (H, N, P); the conv over x, B and C
         conv = H * K + 2 * src["n_groups"] * src["state_size"]
@@ -193,7 +196,8 @@ def test_info_shows_family_origin_and_state(name, tmp_path):
         W = src["conv_size"] if src.get("use_short_conv") else 1
         Fk = K * {"hedgehog": 2, "dpfp": 8}.get(src["feature_map"], 1) if family == "linear_attn" else K
         z = L * H * Fk if src.get("norm_feature_map") else 0  # fla's linear attention's normaliser
-        floats = L * HV * Fk * V + z + L * (W - 1) * (2 * H * K + HV * V) + src["hidden_size"]
+        conv = (H + KV) * K + (HV if HV != H else KV) * V  # q's, k's and v's channels
+        floats = L * HV * Fk * V + z + L * (W - 1) * conv + src["hidden_size"]
     assert info["state_bytes_per_record"] == 4 * floats
     text = run("model", "info", model).output
     assert f"origin      flash-linear-attention {family}, weights sha256 {origin['weights_sha256']}" in text

@@ -64,7 +64,7 @@ def test_tied_feature_maps_held_once_import(tmp_path):
 
 @pytest.mark.parametrize("changes, message", [
     (dict(feature_map="performer"), "'feature_map' is 'performer', not one of fla's linear attention"),
-    (dict(num_kv_heads=1), "'num_kv_heads' is 1 with num_heads 2: grouped key/value heads"),
+    (dict(num_kv_heads=3), "'num_kv_heads' is 3 with num_heads 2: grouped key/value heads need a positive"),
     (dict(expand_v=0.53125), "'expand_v' is 0.53125: hidden_size x expand_v must be a whole number"),
     (dict(norm_q="yes"), "'norm_q' is 'yes': expected true or false"),
 ])

@@ -1,7 +1,7 @@
 """The `gla` layer kind (fla's GatedLinearAttention) beyond the shared parity tests of
 tests/test_fla_import.py: the options its import refuses, fuse_norm's other tensor name, the
-config's JSON, a random gla network's state carried across a cut, and the per-key gates the
-layer makes."""
+config's JSON, a random gla network's state carried across a cut, the per-key gates the layer
+makes, and grouped key/value heads (n_kv_heads) in fla's order."""
 import json
 import shutil
 
@@ -22,7 +22,9 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.mark.parametrize("changes, message", [
-    (dict(num_kv_heads=1), "'num_kv_heads' is 1 with num_heads 2: grouped key/value heads are not"),
+    (dict(num_kv_heads=3), "'num_kv_heads' is 3 with num_heads 2: grouped key/value heads need a positive "
+                           "divisor of num_heads"),
+    (dict(num_kv_heads=0), "'num_kv_heads' is 0 with num_heads 2"),
     (dict(feature_map="gelu"), "'feature_map' is 'gelu': only None, relu, sigmoid, silu, swish are"),
     (dict(gate_logit_normalizer=8), "'gate_logit_normalizer' is 8: fla 0.6's GLA layers ignore it"),
     (dict(clamp_min=0.5), "'clamp_min' is 0.5: a log-gate's floor must be a number <= 0"),
@@ -90,12 +92,14 @@ def test_the_declared_feature_maps_are_the_implemented_ones():
         assert _gla_config(feature_map=name).feature_map == name
 
 
-def test_a_random_gla_network_carries_its_state_across_a_cut(tmp_path):
-    """A random gla network (init_net) saved and loaded: a record in two calls cut inside a
-    kernel block equals one call, every output, and the state after is the same."""
+@pytest.mark.parametrize("heads", [{}, dict(n_heads=4, n_kv_heads=2)])
+def test_a_random_gla_network_carries_its_state_across_a_cut(tmp_path, heads):
+    """A random gla network (init_net) saved and loaded, with and without grouped key/value
+    heads: a record in two calls cut inside a kernel block equals one call, every output, and the
+    state after is the same."""
     from linpipe.model import save_model
 
-    config = _gla_config()
+    config = _gla_config(**heads)
     save_model(init_net(config, seed=1), config, tmp_path / "m")
     m = load_model(str(tmp_path / "m"), device="cpu")
     x = np.random.default_rng(0).integers(0, 5, 301).astype(np.uint8)
@@ -129,3 +133,32 @@ def test_info_shows_the_gla_gate(tmp_path):
     text = CliRunner().invoke(cli, ["model", "info", str(out)]).output
     assert "family      gla" in text and "decay layer 0 (gk_proj's bias alone): " in text, text
     shutil.rmtree(out)
+
+
+def test_grouped_kv_heads_serve_their_query_heads_in_flas_order():
+    """n_kv_heads 2 of 4 heads: k_proj, v_proj, their convolutions and gk_proj's output per kv
+    head; k, v and the log-gates repeated so that query heads 2i and 2i+1 read kv head i (fla's
+    '(h g)' order); the state per query head, the conv window narrower; config.json's n_kv_heads
+    (absent without it) round-trips, and a value that does not divide n_heads is refused."""
+    c = _gla_config(n_heads=4, n_kv_heads=2)
+    attn = init_net(c, seed=3).layers[0].attn
+    assert attn.k_proj.weight.shape == attn.v_proj.weight.shape == (16, 32)
+    widths = (attn.k_conv1d.weight.shape[0], attn.v_conv1d.weight.shape[0], attn.gk_proj[1].bias.shape[0])
+    assert widths == (16, 16, 16)
+    assert c.conv_channels == 4 * 8 + 2 * (8 + 8) and c.state_shapes()["S"] == (2, 4, 8, 8)
+    x, side = attn.project(torch.randn(1, 10, 32))
+    (q, k, v, _, g), window = attn.rule_inputs(x, side, torch.zeros(1, 3, c.conv_channels))
+    assert window.shape == (1, 3, 64) and q.shape == k.shape == v.shape == g.shape == (1, 10, 4, 8)
+    for t in (k, v, g):
+        assert torch.equal(t[:, :, 0], t[:, :, 1]) and torch.equal(t[:, :, 2], t[:, :, 3])
+        assert not torch.equal(t[:, :, 1], t[:, :, 2])
+    assert not torch.equal(q[:, :, 0], q[:, :, 1])
+    decay = attn.base_decay()
+    assert len(decay) == 4 and decay[0] == decay[1] and decay[2] == decay[3] and decay[1] != decay[2]
+    d = c.to_json()
+    assert d["n_kv_heads"] == 2 and ModelConfig.from_json(d) == c
+    assert "n_kv_heads" not in _gla_config().to_json()
+    for value in (3, 0):
+        message = f"'n_kv_heads' must be a positive divisor of n_heads 4, got {value}"
+        with pytest.raises(ModelError, match=message):
+            ModelConfig.from_json({**d, "n_kv_heads": value})

@@ -119,7 +119,7 @@ def test_the_kept_rotations_serve_inference_and_gradients_alike():
 
 @pytest.mark.parametrize("changes, message", [
     (dict(feature_map="relu"), "'feature_map' is 'relu': retention with a feature map"),
-    (dict(num_kv_heads=1), "'num_kv_heads' is 1 with num_heads 2: grouped key/value heads"),
+    (dict(num_kv_heads=3), "'num_kv_heads' is 3 with num_heads 2: grouped key/value heads need a positive"),
     (dict(expand_k=0.53125), "'expand_k' is 0.53125: hidden_size x expand_k must be a whole number"),
     (dict(expand_k=0.3125), "'expand_k' gives heads of 5 key dims"),
     (dict(hidden_act="gelu"), "'hidden_act' is 'gelu'"),

@@ -30,6 +30,8 @@ DELTA_KINDS = (DELTA_NET, GATED_DELTANET, GLA)
 # fla's attention kinds: fla's keys (DELTA_KEYS), q/k/v projections, the SwiGLU MLP, no z (but
 # fla's linear attention with its normaliser); mamba2's blocks are its own
 FLA_KINDS = (*DELTA_KINDS, RETNET, FLA_LINEAR_ATTN)
+# the kinds with fla's grouped key/value heads (num_kv_heads; config "n_kv_heads")
+KV_HEAD_FAMILIES = (GLA, RETNET, FLA_LINEAR_ATTN)
 # the kinds `linpipe model init` and `linpipe train` make; the others come by `linpipe model import`
 TRAINED = (LINEAR_ATTN, DELTA_NET, GATED_DELTANET)
 # config.json's keys of the delta-rule kinds (fla 0.6's names for them)
@@ -120,6 +122,10 @@ class ModelConfig:
     # gated_deltanet's value heads (fla's num_v_heads; config.json's "n_v_heads", absent when
     # None): a multiple of n_heads, each query/key head serving n_v_heads / n_heads of them
     n_v_heads: int | None = None
+    # gla's, retnet's and fla_linear_attn's key/value heads (fla's num_kv_heads; config.json's
+    # "n_kv_heads", absent when None): a divisor of n_heads, each serving n_heads / n_kv_heads query
+    # heads; the state stays per query head
+    n_kv_heads: int | None = None
     # gla: gk_proj's low rank (D -> gate_rank -> HK) and fla's clamp_min, the floor of the
     # log-gates (None: none); the gate's normaliser is gate_normalizer, q and k's map feature_map
     gate_rank: int | None = None
@@ -195,15 +201,23 @@ class ModelConfig:
         return self.n_v_heads or self.n_heads
 
     @property
+    def kv_heads(self) -> int:
+        """The heads of the k and v projections (gla's gate and k, v convolutions too):
+        n_kv_heads, else n_heads."""
+        return self.n_kv_heads or self.n_heads
+
+    @property
     def conv_channels(self) -> int:
         """The channels the causal convolution runs over (the carried window's width): D for
         linear attention; q, k and v concatenated (2HK + HV) for the delta rule; mamba2's x, B and C
-        (HV + 2GK); with grouped value heads HV counts the value heads."""
+        (HV + 2GK); with grouped value heads HV counts the value heads, with grouped key/value heads
+        k and v count the kv heads (HK + H_kv (K + V))."""
         if self.family == MAMBA2:
             return self.n_heads * self.head_v_dim + 2 * self.ssd["n_groups"] * self.head_dim
         if not self.fla:
             return self.d_model
-        return self.n_heads * 2 * self.head_dim + self.v_heads * self.head_v_dim
+        K, V = self.head_dim, self.head_v_dim
+        return (self.n_heads + self.kv_heads) * K + (self.n_v_heads or self.kv_heads) * V
 
     @property
     def has_conv(self) -> bool:
@@ -285,6 +299,8 @@ class ModelConfig:
                      allow_neg_eigval=self.allow_neg_eigval)
             if self.n_v_heads is not None:
                 d["n_v_heads"] = self.n_v_heads
+            if self.n_kv_heads is not None:
+                d["n_kv_heads"] = self.n_kv_heads
             if self.family == FLA_LINEAR_ATTN:
                 d.update(qk_feature_map=self.qk_feature_map, normalize=self.normalize, norm_q=self.norm_q,
                          norm_k=self.norm_k)
@@ -394,6 +410,8 @@ class ModelConfig:
             kw["head_vocab"] = integer("head_vocab")
         if "n_v_heads" in d:
             kw["n_v_heads"] = integer("n_v_heads")
+        if "n_kv_heads" in d:
+            kw["n_kv_heads"] = integer("n_kv_heads")
         if "origin" in d:
             kw["origin"] = _origin(d["origin"], where)
         try:
@@ -451,6 +469,8 @@ def _config_problem(c: ModelConfig) -> str | None:
         return f"unknown family {c.family!r} (expected one of {', '.join(FAMILIES)})"
     if c.n_v_heads is not None and c.family != GATED_DELTANET:
         return f"'n_v_heads' is for family {GATED_DELTANET!r}, not {c.family!r}"
+    if c.n_kv_heads is not None and c.family not in KV_HEAD_FAMILIES:
+        return f"'n_kv_heads' is for families {', '.join(map(repr, KV_HEAD_FAMILIES))}, not {c.family!r}"
     if c.fla or c.family == MAMBA2:
         own = FAMILY_CHECKS.get(c.family)
         problem = ((_delta_problem(c) if c.fla else None) or (own(c) if own else None)
@@ -520,4 +540,7 @@ def _delta_problem(c: ModelConfig) -> str | None:
     hv = c.n_v_heads
     if hv is not None and (isinstance(hv, bool) or not isinstance(hv, int) or hv < 1 or hv % c.n_heads):
         return f"'n_v_heads' must be a positive multiple of n_heads {c.n_heads}, got {hv!r}"
+    kv = c.n_kv_heads
+    if kv is not None and (isinstance(kv, bool) or not isinstance(kv, int) or kv < 1 or c.n_heads % kv):
+        return f"'n_kv_heads' must be a positive divisor of n_heads {c.n_heads}, got {kv!r}"
     return None

@@ -56,7 +56,7 @@ class DeltaWeights:
     @torch.inference_mode()
     def head_summary(self, halo: torch.Tensor, head: torch.Tensor):
         """The summary (float64 (H, K, K), (H, K, V)) of a segment's head rows (their normalised
-        inputs (n, D)) entering with conv window `halo` (W-1, 2HK + HV); None for no rows."""
+        inputs (n, D)) entering with conv window `halo` (W-1, conv_channels); None for no rows."""
         if head.shape[0] == 0:
             return None
         x, side = self.attn.project(head.float()[None])
@@ -111,7 +111,7 @@ class DeltaLocal:
         a = self.attn = self.layer.attn
         dev = r.model.device
         self.H, self.K, self.V = a.n_heads, a.head_dim, a.head_v_dim
-        C = 2 * a.key_dim + a.value_dim
+        C = r.model.config.conv_channels  # q's, k's and v's projections (fewer k, v with kv heads)
         self.window = torch.zeros((1, r.W - 1, C), device=dev)  # stands in for the unknown halo
         self.summary = None  # from the first position after the head rows; None: none yet
         self.head = torch.zeros((0, r.D), device=dev)  # the first W-1 normalised inputs

@@ -18,6 +18,10 @@ identity, elu (elu + 1), relu (F = K); elementwise_product (layer1(x) * layer2(x
 affine maps), t2r (relu(layer(x)), K x K, no bias); hedgehog (softmax([2 layer(x), -2 layer(x)]),
 F = 2K); dpfp (x' = [relu(x), relu(-x)], then x' times x' rolled by 1..4 places, F = 8K).
 
+With grouped key/value heads (n_kv_heads, fla's num_kv_heads) k_proj and v_proj have H_kv
+heads, repeated to H heads before the feature maps in fla's order (query head j reads kv head
+j // (H / H_kv)); the kernel runs with H heads, so the state stays (H, F, V).
+
 Shapes: B batch, T positions, D = d_model, H heads, K = head_dim, F = feature_dim, V = K * expand_v.
 """
 from __future__ import annotations
@@ -75,14 +79,15 @@ class FlaLinearAttention(nn.Module):
 
     def __init__(self, c: ModelConfig, tile: int):
         super().__init__()
-        D, H, K, V = c.d_model, c.n_heads, c.head_dim, c.head_v_dim
-        self.n_heads, self.head_dim, self.head_v_dim, self.feature_dim = H, K, V, c.feature_dim
+        D, H, KV, K, V = c.d_model, c.n_heads, c.kv_heads, c.head_dim, c.head_v_dim
+        self.n_heads, self.kv_heads, self.head_dim, self.head_v_dim = H, KV, K, V
+        self.feature_dim = c.feature_dim
         self.tile = tile  # rows of the position-wise ops' tiles in CPU inference
         self.normalize, self.norm_q, self.norm_k = c.normalize, c.norm_q, c.norm_k
         self.feature_map = c.qk_feature_map  # fla's name (segments.passes_in_float64 reads it)
         self.q_proj = nn.Linear(D, H * K, bias=False)
-        self.k_proj = nn.Linear(D, H * K, bias=False)
-        self.v_proj = nn.Linear(D, H * V, bias=False)
+        self.k_proj = nn.Linear(D, KV * K, bias=False)
+        self.v_proj = nn.Linear(D, KV * V, bias=False)
         self.feature_map_q = FeatureMap(c.qk_feature_map, K)
         self.feature_map_k = FeatureMap(c.qk_feature_map, K)
         self.norm = GatedRMSNorm(V, c.norm_eps)
@@ -106,15 +111,25 @@ class FlaLinearAttention(nn.Module):
         return self.norm(o).reshape(o.shape[0], -1)
 
     def inputs(self, a):
-        """Normalised inputs a (B, T, D) -> phi_q(q) scaled, phi_k(k) (B, T, H, F) and v (B, T, H, V)."""
+        """Normalised inputs a (B, T, D) -> phi_q(q) scaled, phi_k(k) (B, T, H, F) and v (B, T, H, V),
+        k and v repeated per group of query heads."""
         B, T, D = a.shape
-        H, K, V = self.n_heads, self.head_dim, self.head_v_dim
-        w = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])  # (2HK + HV, D)
+        H, KV, K, V = self.n_heads, self.kv_heads, self.head_dim, self.head_v_dim
+        w = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])  # (HK + H_kv (K + V), D)
         tile = row_tile(a, self.tile)
-        x = linear(a.reshape(B * T, D), w, tile=tile)  # (B*T, 2HK + HV)
-        q, k = map_rows(lambda r: self._features(r[:, :H * K].view(-1, H, K),
-                                                 r[:, H * K:2 * H * K].view(-1, H, K)), tile, x)
-        return q.view(B, T, H, -1), k.view(B, T, H, -1), x[:, 2 * H * K:].view(B, T, H, V)
+        x = linear(a.reshape(B * T, D), w, tile=tile)  # (B*T, HK + H_kv (K + V))
+
+        def features(r):
+            k = r[:, H * K:(H + KV) * K].view(-1, KV, K)
+            if KV != H:  # fla's (h g) order: query head j reads kv head j // G
+                k = k.repeat_interleave(H // KV, dim=1)
+            return self._features(r[:, :H * K].view(-1, H, K), k)
+
+        q, k = map_rows(features, tile, x)
+        v = x[:, (H + KV) * K:].view(B, T, KV, V)
+        if KV != H:
+            v = v.repeat_interleave(H // KV, dim=2)
+        return q.view(B, T, H, -1), k.view(B, T, H, -1), v
 
     def output(self, o):
         """The kernel's o (B, T, H, V) -> (B, T, HV) after the output norm."""

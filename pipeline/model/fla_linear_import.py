@@ -41,7 +41,8 @@ def import_keys(ck, refuse) -> dict:
             refuse(key, f"is {v!r}: expected true or false")
         flags[key] = v
     return dict(family="fla_linear_attn", qk_head_dim=K, expand_v=V / K, use_gate=False,
-                use_short_conv=False, allow_neg_eigval=False, qk_feature_map=fmap,
+                n_kv_heads=retention_import.kv_heads(cfg, refuse), use_short_conv=False,
+                allow_neg_eigval=False, qk_feature_map=fmap,
                 normalize=flags["norm_feature_map"], norm_q=flags["norm_q"], norm_k=flags["norm_k"],
                 norm_eps=float(cfg.get("norm_eps") if cfg.get("norm_eps") is not None else 1e-6))
 

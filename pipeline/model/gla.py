@@ -16,6 +16,11 @@ tensors `gk_proj.0.weight`, `gk_proj.1.weight`, `gk_proj.1.bias`). The carried s
 layer is the GLA state S (H, K, V) and, with the convolutions, the window of their last W-1
 inputs (q, k, v concatenated: (W-1, 2HK + HV)), as the delta-rule kinds carry them.
 
+With grouped key/value heads (n_kv_heads, fla's num_kv_heads) k, v, their convolutions and
+gk_proj's output have H_kv heads (the window (W-1, HK + H_kv (K + V))); after the convolution
+and the gate's logsigmoid each is repeated to H heads in fla's order (query head j reads kv
+head j // (H / H_kv)) and the kernel runs with H heads, so the state stays (H, K, V).
+
 Shapes: B batch, T positions, D = d_model, H heads, K = head_dim, V = K * expand_v, r = gate_rank.
 """
 from __future__ import annotations
@@ -44,20 +49,19 @@ class GLAAttention(nn.Module):
 
     def __init__(self, c: ModelConfig, tile: int):
         super().__init__()
-        D, H, K, V = c.d_model, c.n_heads, c.head_dim, c.head_v_dim
-        self.n_heads, self.head_dim, self.head_v_dim = H, K, V
-        self.key_dim, self.value_dim = H * K, H * V
+        D, H, KV, K, V = c.d_model, c.n_heads, c.kv_heads, c.head_dim, c.head_v_dim
+        self.n_heads, self.kv_heads, self.head_dim, self.head_v_dim = H, KV, K, V
         self.tile = tile  # rows of the position-wise ops' tiles in CPU inference
         self.q_proj = nn.Linear(D, H * K, bias=False)
-        self.k_proj = nn.Linear(D, H * K, bias=False)
-        self.v_proj = nn.Linear(D, H * V, bias=False)
+        self.k_proj = nn.Linear(D, KV * K, bias=False)
+        self.v_proj = nn.Linear(D, KV * V, bias=False)
         self.g_proj = nn.Linear(D, H * V, bias=False) if c.use_gate else None
         self.use_short_conv = c.use_short_conv
         if c.use_short_conv:
             self.q_conv1d = ShortConv(H * K, c.conv_width)
-            self.k_conv1d = ShortConv(H * K, c.conv_width)
-            self.v_conv1d = ShortConv(H * V, c.conv_width)
-        self.gk_proj = nn.Sequential(nn.Linear(D, c.gate_rank, bias=False), nn.Linear(c.gate_rank, H * K))
+            self.k_conv1d = ShortConv(KV * K, c.conv_width)
+            self.v_conv1d = ShortConv(KV * V, c.conv_width)
+        self.gk_proj = nn.Sequential(nn.Linear(D, c.gate_rank, bias=False), nn.Linear(c.gate_rank, KV * K))
         self.gate_normalizer, self.clamp_min = c.gate_normalizer, c.clamp_min
         self.phi = FEATURE_MAPS[c.feature_map]
         self.g_norm = GatedRMSNorm(V, c.norm_eps)
@@ -65,26 +69,32 @@ class GLAAttention(nn.Module):
 
     def base_decay(self) -> list[float]:
         """Per head: the geometric mean over its keys of the decay where gk_proj's first
-        projection gives 0 (the bias alone), exp(max(logsigmoid(bias) / normalizer, clamp_min))."""
+        projection gives 0 (the bias alone), exp(max(logsigmoid(bias) / normalizer, clamp_min));
+        a query head has its kv head's."""
         with torch.no_grad():
             g = F.logsigmoid(self.gk_proj[1].bias.double()) / self.gate_normalizer
             if self.clamp_min is not None:
                 g = g.clamp(min=self.clamp_min)
-            return torch.exp(g.view(self.n_heads, -1).mean(-1)).tolist()
+            decay = torch.exp(g.view(self.kv_heads, -1).mean(-1))
+            return decay.repeat_interleave(self.n_heads // self.kv_heads).tolist()
 
     def _activate(self, x, side):
-        """Rows of the projections x (N, 2HK + HV) after the conv and of project's side rows ->
-        q, k (N, H, K), v (N, H, V), the log-gates (N, H, K)."""
-        N, H, K = x.shape[0], self.n_heads, self.head_dim
+        """Rows of the projections x (N, HK + H_kv (K + V)) after the conv and of project's side
+        rows -> q, k (N, H, K), v (N, H, V), the log-gates (N, H, K): k, v and the gates repeated
+        per group of query heads."""
+        N, H, KV, K = x.shape[0], self.n_heads, self.kv_heads, self.head_dim
         if self.use_short_conv:
             x = F.silu(x)
         q = self.phi(x[:, :H * K]).reshape(N, H, K)
-        k = self.phi(x[:, H * K:2 * H * K]).reshape(N, H, K)
-        v = x[:, 2 * H * K:].reshape(N, H, self.head_v_dim)
-        g = F.logsigmoid(side[:, :H * K]) / self.gate_normalizer
+        k = self.phi(x[:, H * K:(H + KV) * K]).reshape(N, KV, K)
+        v = x[:, (H + KV) * K:].reshape(N, KV, self.head_v_dim)
+        g = F.logsigmoid(side[:, :KV * K]) / self.gate_normalizer
         if self.clamp_min is not None:
             g = g.clamp(min=self.clamp_min)
-        return q, k, v, g.reshape(N, H, K)
+        g = g.reshape(N, KV, K)
+        if KV != H:  # fla's (h g) order: query head j reads kv head j // G
+            k, v, g = (t.repeat_interleave(H // KV, dim=1) for t in (k, v, g))
+        return q, k, v, g
 
     def _normed(self, o, g):
         """Rows of the kernel's output o (N, H, V) and the output gate's values (N, HV) or None ->
@@ -94,23 +104,23 @@ class GLAAttention(nn.Module):
         return self.g_norm(o, g).reshape(N, -1)
 
     def project(self, a):
-        """Normalised inputs a (B, T, D) -> (x (B, T, 2HK + HV): the q, k, v projections before the
-        conv; side (B*T, HK [+ HV]): gk_proj's logits and g_proj's rows). The delta-rule kinds'
-        interface, which the split (linpipe.model.delta_split) runs."""
+        """Normalised inputs a (B, T, D) -> (x (B, T, HK + H_kv (K + V)): the q, k, v projections
+        before the conv; side (B*T, H_kv K [+ HV]): gk_proj's logits and g_proj's rows). The
+        delta-rule kinds' interface, which the split (linpipe.model.delta_split) runs."""
         B, T, D = a.shape
         tile = row_tile(a, self.tile)
         rows = a.reshape(B * T, D)
-        w = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])  # (2HK + HV, D)
-        x = linear(rows, w, tile=tile).view(B, T, -1)  # (B, T, 2HK + HV)
+        w = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])  # (HK + H_kv (K + V), D)
+        x = linear(rows, w, tile=tile).view(B, T, -1)
         low = linear(rows, self.gk_proj[0].weight, tile=tile)  # (B*T, r)
-        side = linear(low, self.gk_proj[1].weight, tile=tile, bias=self.gk_proj[1].bias)  # (B*T, HK)
+        side = linear(low, self.gk_proj[1].weight, tile=tile, bias=self.gk_proj[1].bias)  # (B*T, H_kv K)
         if self.g_proj is not None:
             side = torch.cat([side, linear(rows, self.g_proj.weight, tile=tile)], dim=1)
         return x, side
 
     def rule_inputs(self, x, side, window):
-        """project's (x, side) after the conv window (B, W-1, 2HK + HV) -> ((q, k, v, None, log_gate),
-        each (B, T, H, ...), the new window): the delta rule's tuple, without its beta."""
+        """project's (x, side) after the conv window (B, W-1, HK + H_kv (K + V)) -> ((q, k, v, None,
+        log_gate), each (B, T, H, ...), the new window): the delta rule's tuple, without its beta."""
         B, T = x.shape[:2]
         if self.use_short_conv:
             taps = torch.cat([self.q_conv1d.weight, self.k_conv1d.weight, self.v_conv1d.weight])[:, 0]
@@ -121,14 +131,14 @@ class GLAAttention(nn.Module):
 
     def gate_rows(self, side):
         """The output gate's pre-activations (B*T, HV) in project's side rows, None without use_gate."""
-        return side[:, self.key_dim:] if self.g_proj is not None else None
+        return side[:, self.kv_heads * self.head_dim:] if self.g_proj is not None else None
 
     # the kernel's output o (B, T, H, V) and gate_rows -> (B, T, HV) after g_norm (_normed) and the gate
     output = DeltaAttention.output
 
     def forward(self, a, S, z, window, scratch=None):
-        """Normalised inputs a (B, T, D) after S (B, H, K, V) and the conv window (B, W-1, 2HK +
-        HV) -> (o (B, T, HV) before o_proj, S after, z unchanged (empty), the new window)."""
+        """Normalised inputs a (B, T, D) after S (B, H, K, V) and the conv window (B, W-1, HK +
+        H_kv (K + V)) -> (o (B, T, HV) before o_proj, S after, z unchanged (empty), the new window)."""
         x, side = self.project(a)
         (q, k, v, _, g), window = self.rule_inputs(x, side, window)
         o, S = gla(q, k, v, g, initial_state=S, output_final_state=True)

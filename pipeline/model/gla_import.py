@@ -1,12 +1,13 @@
 """The gla family's config keys (pipeline/model/gla.py): its feature maps and what a linpipe `gla`
 config must satisfy (ModelConfig checks it through config.FAMILY_CHECKS), and fla 0.6's `gla`
 config -> the keys of a linpipe `gla` model (linpipe.model.imports calls it for that model_type,
-after the checks every family shares). This module imports no other of linpipe.model's:
-config.py imports it.
+after the checks every family shares). This module imports no other of linpipe.model's but
+retention_import (torch-free): config.py imports it.
 
 What fla 0.6's GLAForCausalLM computes, and so what is imported:
 - `expand_k` (0.5) and `expand_v` (1.0) of hidden_size give the key and value widths;
-  `num_kv_heads` other than num_heads (grouped heads) is refused;
+  `num_kv_heads` (grouped key/value heads: k, v, gk_proj's output and the k, v convolutions per
+  kv head) a divisor of num_heads;
 - `feature_map` on q and k: None (identity), relu, sigmoid, silu/swish; others are refused;
 - `use_short_conv` (False) with `conv_size` (4): silu after each convolution;
 - `use_output_gate` (True): RMSNorm(o) times silu(g_proj x) (the gated norm, fused or not:
@@ -22,6 +23,7 @@ from __future__ import annotations
 import math
 
 from linpipe.errors import ModelError
+from linpipe.model.retention_import import kv_heads
 
 # q and k's feature maps (config "feature_map"; gla.py implements each): fla's ACT2FN names,
 # "identity" for its None
@@ -55,9 +57,7 @@ def gla_config(ck, refuse) -> dict:
         return default if cfg.get(key) is None else cfg[key]
 
     D, H = cfg["hidden_size"], cfg["num_heads"]
-    kv = cfg.get("num_kv_heads")
-    if kv is not None and kv != H:
-        refuse("num_kv_heads", f"is {kv} with num_heads {H}: grouped key/value heads are not implemented")
+    kv = kv_heads(cfg, refuse)
     key_dim, value_dim = D * float(get("expand_k", 0.5)), D * float(get("expand_v", 1.0))
     for name, width in (("expand_k", key_dim), ("expand_v", value_dim)):
         if width != int(width) or width < H or int(width) % H:
@@ -78,7 +78,7 @@ def gla_config(ck, refuse) -> dict:
         raise ModelError(f"{ck.path}: the weights have no tensor 'model.layers.0.attn.gk_proj.0.weight'")
     head_dim = int(key_dim) // H
     return dict(family="gla", qk_head_dim=head_dim, expand_v=(int(value_dim) // H) / head_dim,
-                use_gate=bool(get("use_output_gate", True)),
+                use_gate=bool(get("use_output_gate", True)), n_kv_heads=kv,
                 use_short_conv=bool(get("use_short_conv", False)),
                 conv_width=int(get("conv_size", 4)), norm_eps=float(get("norm_eps", 1e-6)),
                 feature_map=FEATURE_MAP_NAMES[fmap], gate_normalizer=float(normalizer),

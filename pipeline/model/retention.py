@@ -21,6 +21,10 @@ thing wherever they sit in a record) and no angle is ever that of an absolute po
 largest is a call's length, computed in float64 and reduced modulo 2 pi before its sine and
 cosine, exact to float64 at any length.
 
+With grouped key/value heads (n_kv_heads, fla's num_kv_heads) k_proj and v_proj have H_kv
+heads; k after its rotation and v are repeated to H heads in fla's order (query head j reads kv
+head j // (H / H_kv)). Each head keeps its own decay, so the state stays (H, K, V).
+
 Shapes: B batch, T positions, D = d_model, H heads, K = head_dim, V = K * expand_v, M = mlp_hidden.
 """
 from __future__ import annotations
@@ -93,12 +97,12 @@ class Retention(nn.Module):
 
     def __init__(self, c: ModelConfig, tile: int):
         super().__init__()
-        D, H, K, V = c.d_model, c.n_heads, c.head_dim, c.head_v_dim
-        self.n_heads, self.head_dim, self.head_v_dim = H, K, V
+        D, H, KV, K, V = c.d_model, c.n_heads, c.kv_heads, c.head_dim, c.head_v_dim
+        self.n_heads, self.kv_heads, self.head_dim, self.head_v_dim = H, KV, K, V
         self.tile = tile  # rows of the position-wise ops' tiles in CPU inference
         self.q_proj = nn.Linear(D, H * K, bias=False)
-        self.k_proj = nn.Linear(D, H * K, bias=False)
-        self.v_proj = nn.Linear(D, H * V, bias=False)
+        self.k_proj = nn.Linear(D, KV * K, bias=False)
+        self.v_proj = nn.Linear(D, KV * V, bias=False)
         self.g_proj = nn.Linear(D, H * V, bias=False) if c.use_gate else None
         self.g_norm = GatedRMSNorm(V, c.norm_eps)
         self.o_proj = nn.Linear(H * V, D, bias=False)
@@ -118,19 +122,23 @@ class Retention(nn.Module):
 
     def inputs(self, a):
         """Normalised inputs a (B, T, D), a call's positions -> (q scaled, k rotated by their offsets
-        from the call's first position (B, T, H, K), v (B, T, H, V), the output gate's
-        pre-activations (B*T, HV) or None)."""
+        from the call's first position (B, T, H, K), v (B, T, H, V) (k and v repeated per group of
+        query heads), the output gate's pre-activations (B*T, HV) or None)."""
         B, T, D = a.shape
-        H, K, V = self.n_heads, self.head_dim, self.head_v_dim
+        H, KV, K, V = self.n_heads, self.kv_heads, self.head_dim, self.head_v_dim
         parts = [self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]
         if self.g_proj is not None:
             parts.append(self.g_proj.weight)
-        x = linear(a.reshape(B * T, D), torch.cat(parts), tile=row_tile(a, self.tile))  # (B*T, 2HK + 2HV?)
+        # (B*T, HK + H_kv (K + V) [+ HV])
+        x = linear(a.reshape(B * T, D), torch.cat(parts), tile=row_tile(a, self.tile))
         cos, sin = offset_rotations(T, K, a.device)
         q = rotate(x[:, :H * K].view(B, T, H, K), cos, sin) * self.scale  # (B, T, H, K)
-        k = rotate(x[:, H * K:2 * H * K].view(B, T, H, K), cos, sin)
-        v = x[:, 2 * H * K:2 * H * K + H * V].view(B, T, H, V)
-        return q, k, v, x[:, 2 * H * K + H * V:] if self.g_proj is not None else None
+        end_k, end_v = (H + KV) * K, (H + KV) * K + KV * V
+        k = rotate(x[:, H * K:end_k].view(B, T, KV, K), cos, sin)
+        v = x[:, end_k:end_v].view(B, T, KV, V)
+        if KV != H:  # fla's (h g) order: query head j reads kv head j // G
+            k, v = k.repeat_interleave(H // KV, dim=2), v.repeat_interleave(H // KV, dim=2)
+        return q, k, v, x[:, end_v:] if self.g_proj is not None else None
 
     def kernel(self, q, k, v, S):
         """Retention of inputs' q, k, v from S (B, H, K, V) in the frame of their first position:

@@ -14,13 +14,23 @@ def config_problem(c) -> str | None:
     return None
 
 
+def kv_heads(cfg: dict, refuse) -> int | None:
+    """ModelConfig's n_kv_heads of fla's `num_kv_heads` (gla, retnet, linear_attn): None where
+    absent or num_heads; refuse(key, why) where it does not divide num_heads (fla's layers assert
+    it does: each kv head serves num_heads / num_kv_heads query heads)."""
+    H, kv = cfg["num_heads"], cfg.get("num_kv_heads")
+    if kv is None or kv == H:
+        return None
+    if isinstance(kv, bool) or not isinstance(kv, int) or kv < 1 or H % kv:
+        refuse("num_kv_heads", f"is {kv!r} with num_heads {H}: grouped key/value heads need a positive "
+               "divisor of num_heads")
+    return kv
+
+
 def head_widths(cfg: dict, refuse, expand_v: float) -> tuple[int, int]:
     """K and V of fla's `expand_k` (default 1) and `expand_v` (default `expand_v`): hidden_size x
-    expand over num_heads; refuse(key, why) where that is not whole, or with grouped kv heads."""
+    expand over num_heads; refuse(key, why) where that is not whole."""
     D, H = cfg["hidden_size"], cfg["num_heads"]
-    kv = cfg.get("num_kv_heads")
-    if kv is not None and kv != H:
-        refuse("num_kv_heads", f"is {kv} with num_heads {H}: grouped key/value heads are not implemented")
     dims = []
     for key, default in (("expand_k", 1.0), ("expand_v", expand_v)):
         v = cfg.get(key) if cfg.get(key) is not None else default
@@ -44,5 +54,5 @@ def import_keys(ck, refuse) -> dict:
         refuse("expand_k", f"gives heads of {K} key dims: fla's rotary embedding needs an even number <= 256")
     gate = cfg.get("use_output_gate")
     return dict(family="retnet", qk_head_dim=K, expand_v=V / K, use_gate=True if gate is None else bool(gate),
-                use_short_conv=False, allow_neg_eigval=False,
+                n_kv_heads=kv_heads(cfg, refuse), use_short_conv=False, allow_neg_eigval=False,
                 norm_eps=float(cfg.get("norm_eps") if cfg.get("norm_eps") is not None else 1e-6))

@@ -15,18 +15,20 @@ def _mlp_shapes(c: ModelConfig, p: str) -> dict[str, tuple]:
 
 def _gla_shapes(c: ModelConfig, p: str) -> dict[str, tuple]:
     """One gla layer's tensors (prefix p), named and shaped as fla 0.6's GatedLinearAttention
-    (its gated norm as `g_norm`, whatever fuse_norm) and GatedMLP hold them."""
+    (its gated norm as `g_norm`, whatever fuse_norm) and GatedMLP hold them: k, v, their
+    convolutions and gk_proj's output per key/value head (c.kv_heads)."""
     D, W, H, r = c.d_model, c.conv_width, c.n_heads, c.gate_rank
     key, value = H * c.head_dim, H * c.head_v_dim
+    kv_key, kv_value = c.kv_heads * c.head_dim, c.kv_heads * c.head_v_dim
     shapes = {p + "attn_norm.weight": (D,), p + "attn.q_proj.weight": (key, D),
-              p + "attn.k_proj.weight": (key, D), p + "attn.v_proj.weight": (value, D)}
+              p + "attn.k_proj.weight": (kv_key, D), p + "attn.v_proj.weight": (kv_value, D)}
     if c.use_gate:
         shapes[p + "attn.g_proj.weight"] = (value, D)
     if c.use_short_conv:
-        for name, width in (("q", key), ("k", key), ("v", value)):
+        for name, width in (("q", key), ("k", kv_key), ("v", kv_value)):
             shapes[p + f"attn.{name}_conv1d.weight"] = (width, 1, W)
-    shapes.update({p + "attn.gk_proj.0.weight": (r, D), p + "attn.gk_proj.1.weight": (key, r),
-                   p + "attn.gk_proj.1.bias": (key,), p + "attn.g_norm.weight": (c.head_v_dim,),
+    shapes.update({p + "attn.gk_proj.0.weight": (r, D), p + "attn.gk_proj.1.weight": (kv_key, r),
+                   p + "attn.gk_proj.1.bias": (kv_key,), p + "attn.g_norm.weight": (c.head_v_dim,),
                    p + "attn.o_proj.weight": (D, value)})
     shapes.update(_mlp_shapes(c, p))
     return shapes
@@ -34,12 +36,12 @@ def _gla_shapes(c: ModelConfig, p: str) -> dict[str, tuple]:
 
 def _fla_shapes(c: ModelConfig, p: str, extra: dict, norm: str) -> dict[str, tuple]:
     """One layer's tensors (prefix p) as fla 0.6's retention and linear attention hold them: the
-    q, k, v projections, the layer's `extra` ones, its output norm `norm`, o_proj, GatedMLP."""
-    D, M, H = c.d_model, c.mlp_hidden, c.n_heads
-    key, value = H * c.head_dim, H * c.head_v_dim
-    shapes = {p + "attn_norm.weight": (D,), p + "attn.q_proj.weight": (key, D),
-              p + "attn.k_proj.weight": (key, D), p + "attn.v_proj.weight": (value, D), **extra}
-    shapes.update({p + f"attn.{norm}.weight": (c.head_v_dim,), p + "attn.o_proj.weight": (D, value),
+    q, k, v projections (k and v per key/value head), the layer's `extra` ones, its output norm
+    `norm`, o_proj, GatedMLP."""
+    D, M, H, KV, K, V = c.d_model, c.mlp_hidden, c.n_heads, c.kv_heads, c.head_dim, c.head_v_dim
+    shapes = {p + "attn_norm.weight": (D,), p + "attn.q_proj.weight": (H * K, D),
+              p + "attn.k_proj.weight": (KV * K, D), p + "attn.v_proj.weight": (KV * V, D), **extra}
+    shapes.update({p + f"attn.{norm}.weight": (c.head_v_dim,), p + "attn.o_proj.weight": (D, H * V),
                    p + "mlp_norm.weight": (D,), p + "mlp.gate_proj.weight": (M, D),
                    p + "mlp.up_proj.weight": (M, D), p + "mlp.down_proj.weight": (D, M)})
     return shapes

@@ -68,6 +68,11 @@ FIXTURES = {
         hidden_size=32, num_hidden_layers=2, num_heads=4, expand_k=1.0, expand_v=0.5, use_short_conv=False,
         use_output_gate=False, feature_map="relu", clamp_min=-0.05, intermediate_size=48,
         tie_word_embeddings=True)),
+    # grouped key/value heads: k, v, gk_proj's output and the k, v convolutions per kv head,
+    # each of the 2 kv heads serving 2 of the 4 query heads
+    "gla_gqa": ("GLAConfig", "GLAForCausalLM", dict(
+        hidden_size=32, num_hidden_layers=2, num_heads=4, num_kv_heads=2, expand_k=1.0, expand_v=1.0,
+        use_short_conv=True, conv_size=4, use_output_gate=True, intermediate_size=64)),
     # mamba2 runs fla's PyTorch path (torch_forward) on the CPU, one token at a time (STEPWISE);
     # its norms are Triton
     "mamba2": ("Mamba2Config", "Mamba2ForCausalLM", dict(
@@ -79,6 +84,9 @@ FIXTURES = {
     "retnet_no_gate": ("RetNetConfig", "RetNetForCausalLM", dict(
         hidden_size=32, num_hidden_layers=2, num_heads=4, expand_k=2.0, expand_v=1.0, use_output_gate=False,
         intermediate_size=48, tie_word_embeddings=True)),
+    "retnet_gqa": ("RetNetConfig", "RetNetForCausalLM", dict(
+        hidden_size=32, num_hidden_layers=2, num_heads=4, num_kv_heads=2, expand_k=1.0, expand_v=1.0,
+        use_output_gate=True, intermediate_size=64)),
     "linear_attn": ("LinearAttentionConfig", "LinearAttentionForCausalLM", dict(
         hidden_size=32, num_hidden_layers=2, num_heads=2, expand_k=1.0, expand_v=1.0,
         feature_map="elementwise_product", intermediate_size=64, tie_word_embeddings=True)),
@@ -90,6 +98,9 @@ FIXTURES = {
         norm_q=True, norm_k=True, norm_feature_map=True, intermediate_size=48)),
     "linear_attn_dpfp": ("LinearAttentionConfig", "LinearAttentionForCausalLM", dict(
         hidden_size=32, num_hidden_layers=2, num_heads=4, feature_map="dpfp", intermediate_size=48)),
+    "linear_attn_gqa": ("LinearAttentionConfig", "LinearAttentionForCausalLM", dict(
+        hidden_size=32, num_hidden_layers=2, num_heads=4, num_kv_heads=2, expand_k=1.0, expand_v=1.0,
+        feature_map="elementwise_product", norm_feature_map=True, intermediate_size=64)),
 }
 # Fixtures whose predictions come from fla's one-token decoding path from a zero cache: fla 0.6's
 # Mamba2 PyTorch prefill pairs head h with B/C group h % n_groups, its decoding path (and the
@@ -98,7 +109,8 @@ STEPWISE = ("mamba2",)
 # each fixture's seed: fixed, so that adding a fixture leaves the others' bytes as they are
 SEEDS = {"delta_net": 0, "gated_deltanet": 1, "delta_net_no_conv": 2, "gla": 3, "gla_no_conv": 4, "mamba2": 3,
          "retnet": 3, "retnet_no_gate": 4, "linear_attn": 5, "linear_attn_elu": 6, "linear_attn_hedgehog": 7,
-         "linear_attn_dpfp": 8, "gated_deltanet_gva": 9}
+         "linear_attn_dpfp": 8, "gated_deltanet_gva": 9, "gla_gqa": 10,
+         "retnet_gqa": 11, "linear_attn_gqa": 12}
 COMMON = dict(vocab_size=len(VOCAB), pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS,
               attn_mode="fused_recurrent", fuse_norm=False, fuse_swiglu=False, fuse_cross_entropy=False,
               norm_eps=1e-6)
