@@ -1,35 +1,14 @@
-"""The job the object-store tests run (test_object_store.py, test_object_store_jobs.py): a tiny
-random DNA model over real sequence (a long record and packed short ones), run in this process by
-the workers' own class, and the fixtures of its finished store. The fixtures are imported by
-name into each test module (each module gets its own instances)."""
+"""The job the object-store tests run (tests/object_store/): its plan, its units run in this
+process by the workers' own class, and `linpipe submit` in this process. The model and input
+fixtures are tests/object_store/conftest.py's."""
 from __future__ import annotations
 
-from shutil import copytree
-
-import pytest
-from _pipeline_data import make_tiny_model, record_outputs, store_arrays, write_fasta_slice
 from click.testing import CliRunner
 
 from linpipe.cli import cli
 
 UNIT = 2_048
 OUTPUTS = "logprob,entropy,softmask"
-
-
-@pytest.fixture(scope="module")
-def tiny_dna(tmp_path_factory):
-    return make_tiny_model(tmp_path_factory.mktemp("dna_model") / "tiny")
-
-
-@pytest.fixture(scope="module")
-def mixed_fasta(genomes, tmp_path_factory):
-    """Real sequence: the whole human mitochondrion (16,569 bases: a long record, 9 units) and
-    the first 1,500 bases of 7 C. elegans records (short: packed)."""
-    path = tmp_path_factory.mktemp("mixed") / "mixed.fa"
-    write_fasta_slice(genomes / "htslib_ce.fa", path, 1_500)
-    with open(path, "a") as f:
-        f.write((genomes / "minimap2_MT-human.fa").read_text())
-    return path
 
 
 def plan_here(fasta, model, outputs=OUTPUTS):
@@ -70,30 +49,3 @@ def run_units(fasta, model, out, *, stop_after: int | None = None) -> int:
 def submit_cli(fasta, model, out, *extra):
     return CliRunner().invoke(cli, ["submit", str(fasta), "--model", str(model), "--unit-size", str(UNIT),
                                     "--outputs", OUTPUTS, "--out", out, *extra])
-
-
-@pytest.fixture(scope="module")
-def finished(mixed_fasta, tiny_dna, tmp_path_factory):
-    """The job run uninterrupted into a local store, once for the module: its path."""
-    out = str(tmp_path_factory.mktemp("ref") / "ref.zarr")
-    run_units(mixed_fasta, tiny_dna, out)
-    return out
-
-
-@pytest.fixture(scope="module")
-def reference(finished):
-    """The uninterrupted run's every array, and every record's outputs."""
-    return store_arrays(finished), record_outputs(finished)
-
-
-@pytest.fixture
-def finished_at(finished, mixed_fasta, tiny_dna):
-    """finished_at(out): out holding the job's complete store: on a local path a copy of the
-    module's run (a store holds no path of its own), on an object store the job run again."""
-    def make(out: str) -> str:
-        if "://" in out:
-            run_units(mixed_fasta, tiny_dna, out)
-        else:
-            copytree(finished, out)
-        return out
-    return make

@@ -11,18 +11,7 @@ import sys
 import time
 
 import pytest
-from _object_store_job import (  # noqa: F401  (fixtures: taken by name)
-    OUTPUTS,
-    UNIT,
-    finished,
-    finished_at,
-    mixed_fasta,
-    plan_here,
-    reference,
-    run_units,
-    submit_cli,
-    tiny_dna,
-)
+from _object_store_job import OUTPUTS, UNIT, plan_here, run_units, submit_cli
 from _pipeline_data import assert_same_bytes, kill_session, signal_session, store_arrays, write_fasta_slice
 from click.testing import CliRunner
 

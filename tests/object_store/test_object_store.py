@@ -13,20 +13,11 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
-from _object_store_job import (  # noqa: F401  (fixtures: taken by name)
-    UNIT,
-    finished,
-    finished_at,
-    mixed_fasta,
-    plan_here,
-    reference,
-    run_units,
-    submit_cli,
-    tiny_dna,
-)
+from _object_store_job import UNIT, plan_here, run_units, submit_cli
 from _pipeline_data import (
     assert_same_bytes,
     record_outputs,
@@ -36,6 +27,8 @@ from _s3 import ACCESS_KEY, SECRET_KEY, all_objects
 from click.testing import CliRunner
 
 from linpipe.cli import cli
+
+TESTS = Path(__file__).resolve().parent.parent  # tests/: _faulty_writer.py, for a child process
 
 
 @pytest.fixture(autouse=True)
@@ -368,7 +361,7 @@ def _faulty_stores(monkeypatch, tmp_path, error: str, failures: int, **match):
     monkeypatch.setenv(_faulty_writer.FAULTS_ENV, json.dumps({"error": error, "failures": failures,
                                                               "attempts": str(attempts), **match}))
     monkeypatch.setattr(WriteProcess, "command", (
-        sys.executable, "-c", f"import sys; sys.path[0] = {os.path.dirname(__file__)!r}; "
+        sys.executable, "-c", f"import sys; sys.path[0] = {str(TESTS)!r}; "
                               "from _faulty_writer import main; main()"))
 
     def counts() -> dict[str, int]:
