@@ -2,12 +2,13 @@
 what a linpipe `fla_linear_attn` config must satisfy beside the fla kinds' keys (ModelConfig checks
 it through config.FAMILY_CHECKS), and fla 0.6's `linear_attn` config -> the keys of a linpipe
 `fla_linear_attn` model (linpipe.model.imports calls it for that model_type, after the checks
-every family shares). This module imports no other of linpipe.model's but retention_import:
-config.py imports it.
+every family shares). This module imports no other of linpipe.model's but retention_import and
+fla_keys: config.py imports it.
 """
 from __future__ import annotations
 
 from linpipe.model import retention_import
+from linpipe.model.fla_keys import head_widths, kv_heads
 
 # fla's LinearAttention feature maps (config "qk_feature_map"; fla_linear.py implements each) ->
 # phi's width per K of q and k (all fixed-size states)
@@ -33,7 +34,7 @@ def import_keys(ck, refuse) -> dict:
     if fmap not in FEATURE_MAPS:
         refuse("feature_map", f"is {fmap!r}, not one of fla's linear attention feature maps "
                f"({', '.join(FEATURE_MAPS)})")
-    K, V = retention_import.head_widths(cfg, refuse, expand_v=1.0)
+    K, V = head_widths(cfg, refuse, expand_v=1.0)
     flags = {}
     for key in ("norm_q", "norm_k", "norm_feature_map"):
         v = cfg.get(key, False)
@@ -41,7 +42,7 @@ def import_keys(ck, refuse) -> dict:
             refuse(key, f"is {v!r}: expected true or false")
         flags[key] = v
     return dict(family="fla_linear_attn", qk_head_dim=K, expand_v=V / K, use_gate=False,
-                n_kv_heads=retention_import.kv_heads(cfg, refuse), use_short_conv=False,
+                n_kv_heads=kv_heads(cfg, refuse), use_short_conv=False,
                 allow_neg_eigval=False, qk_feature_map=fmap,
                 normalize=flags["norm_feature_map"], norm_q=flags["norm_q"], norm_k=flags["norm_k"],
                 norm_eps=float(cfg.get("norm_eps") if cfg.get("norm_eps") is not None else 1e-6))

@@ -2,7 +2,7 @@
 config must satisfy (ModelConfig checks it through config.FAMILY_CHECKS), and fla 0.6's `gla`
 config -> the keys of a linpipe `gla` model (linpipe.model.imports calls it for that model_type,
 after the checks every family shares). This module imports no other of linpipe.model's but
-retention_import (torch-free): config.py imports it.
+fla_keys (torch-free): config.py imports it.
 
 What fla 0.6's GLAForCausalLM computes, and so what is imported:
 - `expand_k` (0.5) and `expand_v` (1.0) of hidden_size give the key and value widths;
@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 
 from linpipe.errors import ModelError
-from linpipe.model.retention_import import kv_heads
+from linpipe.model.fla_keys import kv_heads
 
 # q and k's feature maps (config "feature_map"; gla.py implements each): fla's ACT2FN names,
 # "identity" for its None
