@@ -238,7 +238,7 @@ class Scheduler:
         self.timings = Timings()
         self.t_ready: float | None = None
         self.pool = Pool(new_actor, n_workers, describe=self._describe, on_lost=self._requeue,
-                         on_ready=self._ready)
+                         on_ready=self._ready, close="close")
 
     @property
     def deaths(self) -> int:

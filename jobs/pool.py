@@ -31,6 +31,8 @@ NO_WORKER_TIMEOUT_S = 120.0
 START_GRACE_S = 30.0
 # One ray.wait waits at most this long: the no-worker clock runs between two.
 WAIT_S = 1.0
+# How long closing waits for the actors' own close before killing them.
+CLOSE_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -92,16 +94,20 @@ class Pool:
     raised (work None: starting an actor). on_lost(slot, error): an actor died; slot.calls are the
     calls it never answered, slot.held what it kept; requeue them or raise. replace: a new actor
     takes a dead one's place (else the pool shrinks). ready: the actors' method that returns their
-    node once they can work (None: no such call; an actor counts as ready at once)."""
+    node once they can work (None: no such call; an actor counts as ready at once). close: the
+    actors' method that ends what they started (their child processes) before the pool kills
+    them (None: killed at once)."""
 
     def __init__(self, new_actor: Callable[[], object], size: int, *, describe: Callable[[object], str],
                  on_lost: Callable[[Slot, Exception], None], replace: bool = True,
-                 ready: str | None = "ready", on_ready: Callable[[Slot], None] | None = None):
+                 ready: str | None = "ready", on_ready: Callable[[Slot], None] | None = None,
+                 close: str | None = None):
         import ray
 
         self.ray = ray
         self.new_actor, self.describe, self.on_lost = new_actor, describe, on_lost
         self.replace, self.ready_method, self.on_ready = replace, ready, on_ready
+        self.close_method = close
         self.deaths = 0
         self._started = False
         self.t_created = self.last_alive = time.monotonic()
@@ -202,7 +208,15 @@ class Pool:
             self._add()
 
     def close(self) -> None:
-        """Every actor killed (their work is done, or given up)."""
+        """Every actor killed (their work is done, or given up); an idle one closes first, where
+        the pool has a close method. Ray's kill ends an actor's child processes before the actor:
+        an actor that dies with its child (the worker's relay) would die first, and Ray would
+        report that death as an unexpected system error on the driver's stdout."""
+        if self.close_method:
+            idle = [s for s in self.slots if s.ready and not s.calls]
+            refs = [getattr(s.handle, self.close_method).remote() for s in idle]
+            if refs:
+                self.ray.wait(refs, num_returns=len(refs), timeout=CLOSE_S)
         for s in self.slots:
             self.ray.kill(s.handle)
         self.slots = []

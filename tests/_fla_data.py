@@ -41,3 +41,22 @@ def assert_refused(tmp_path, family, changes, message, tokens=GIVEN):
     assert r.exit_code != 0
     assert r.output.count("\n") == 1 and message in r.output and "Traceback" not in r.output, r.output
     assert not out.exists()
+
+
+def fla_naive(folder: str):
+    """flash-linear-attention's naive reference of fla/ops/<folder>/naive.py, loaded from its
+    file: importing the fla package takes seconds (it imports Triton and transformers); the file
+    needs only torch and einops."""
+    import importlib.util
+
+    import pytest
+
+    spec = importlib.util.find_spec("fla")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("fla-core is not installed (pip install '.[test]')")
+    pytest.importorskip("einops")
+    path = Path(next(iter(spec.submodule_search_locations))) / "ops" / folder / "naive.py"
+    mod_spec = importlib.util.spec_from_file_location(f"fla_{folder}_naive", path)
+    mod = importlib.util.module_from_spec(mod_spec)
+    mod_spec.loader.exec_module(mod)
+    return mod

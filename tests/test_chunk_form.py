@@ -210,22 +210,6 @@ def test_cuda_tensor_without_triton_is_a_clear_error(monkeypatch):
     assert o.shape == q.shape
 
 
-def test_an_fla_kernel_that_cannot_be_imported_is_a_clear_error():
-    """The gla and delta-rule CUDA forms take fla's kernels through one lazy import: a kernel
-    that cannot be imported (here an op fla does not have) names the computation and what to
-    install, on one line."""
-    from linpipe.kernels.fla import fla_kernel
-
-    with pytest.raises(RuntimeError) as err:
-        fla_kernel("no_such_op", "chunk", "the op under test")
-    msg = str(err.value)
-    assert msg.startswith("the op under test on a CUDA tensor needs flash-linear-attention's kernels")
-    assert "fla.ops.no_such_op" in msg and "pip install 'linpipe[gpu]'" in msg and "\n" not in msg
-    assert isinstance(err.value.__cause__, ImportError)
-    with pytest.raises(ValueError, match="unknown fla form 'parallel'"):
-        fla_kernel("gla", "parallel", "gated linear attention")
-
-
 @pytest.mark.parametrize("decay", [None, (0.8, 0.999)])
 @pytest.mark.parametrize("t", [1, 40, 97])
 def test_stages_compose_a_split_sequence(decay, t):

@@ -15,13 +15,19 @@ import torch.nn.functional as F
 ON_GPU = torch.cuda.is_available()
 if not ON_GPU:
     os.environ["TRITON_INTERPRET"] = "1"
-pytest.importorskip("triton", reason="triton is not installed (pip install '.[test]')")
-pytest.importorskip("fla", reason="fla-core is not installed (pip install '.[test]')")
 
 from linpipe.kernels.delta_rule import delta_rule, fla_delta_rule, naive_recurrent_delta_rule  # noqa: E402
 
 DEV = "cuda" if ON_GPU else "cpu"
 FORM = "chunk" if ON_GPU else "fused_recurrent"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def triton_and_fla():
+    """Imported when a test here runs, not when the module is collected (fla's import takes
+    seconds, in every test process)."""
+    for needed, what in (("triton", "triton"), ("fla", "fla-core")):
+        pytest.importorskip(needed, reason=f"{what} is not installed (pip install '.[test]')")
 
 
 def _inputs(B, T, H, K, V, *, seed, gated, dtype=torch.float32):
@@ -83,6 +89,22 @@ def test_unknown_form():
     (q, k, v, beta, _), _ = _inputs(1, 4, 1, 16, 16, seed=0, gated=False)
     with pytest.raises(ValueError, match="unknown fla form"):
         fla_delta_rule(q, k, v, beta, form="parallel")
+
+
+def test_an_fla_kernel_that_cannot_be_imported_is_a_clear_error():
+    """The gla and delta-rule CUDA forms take fla's kernels through one lazy import: a kernel
+    that cannot be imported (here an op fla does not have) names the computation and what to
+    install, on one line."""
+    from linpipe.kernels.fla import fla_kernel
+
+    with pytest.raises(RuntimeError) as err:
+        fla_kernel("no_such_op", "chunk", "the op under test")
+    msg = str(err.value)
+    assert msg.startswith("the op under test on a CUDA tensor needs flash-linear-attention's kernels")
+    assert "fla.ops.no_such_op" in msg and "pip install 'linpipe[gpu]'" in msg and "\n" not in msg
+    assert isinstance(err.value.__cause__, ImportError)
+    with pytest.raises(ValueError, match="unknown fla form 'parallel'"):
+        fla_kernel("gla", "parallel", "gated linear attention")
 
 
 # ---- real sizes: only on a CUDA device -------------------------------------------------------

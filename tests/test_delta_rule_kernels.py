@@ -2,13 +2,12 @@
 recurrence: awkward shapes around the blocks' edges, final states, split and resumed at any cut,
 the stages' summaries folded at any cut, a million positions in 16 calls, beta = 0, gates of
 exactly 0 and near -inf, gradients, and flash-linear-attention's own naive references."""
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+from _fla_data import fla_naive
 from _quick import cells
 
 from linpipe.kernels.delta_rule import (
@@ -222,26 +221,12 @@ def test_million_positions_in_16_calls_vs_float64():
     _close(state, S_ref, 1e-5)
 
 
-def _fla_naive(folder):
-    """flash-linear-attention's naive reference of fla/ops/<folder>/naive.py, loaded from its
-    file: importing the fla package imports Triton, the file needs only torch and einops."""
-    spec = importlib.util.find_spec("fla")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("fla-core is not installed (pip install '.[test]')")
-    pytest.importorskip("einops")
-    path = Path(next(iter(spec.submodule_search_locations))) / "ops" / folder / "naive.py"
-    mod_spec = importlib.util.spec_from_file_location(f"fla_{folder}_naive", path)
-    mod = importlib.util.module_from_spec(mod_spec)
-    mod_spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.mark.parametrize("T", [1, 63, 65, 300])
 def test_matches_flash_linear_attention_gated_delta_rule(T):
     """fla's naive gated delta rule (recurrent and chunked) and ours on the same q, k, v, beta,
     g, an initial state in and the final state out: a Gated DeltaNet layer trained with fla
     computes the same thing here."""
-    fla = _fla_naive("gated_delta_rule")
+    fla = fla_naive("gated_delta_rule")
     (q, k, v, beta, gate), S0 = _inputs(2, T, 3, 16, 32, seed=T, dtype=torch.float32)
     want, S_want = fla.naive_recurrent_gated_delta_rule(q, k, v, beta, gate, initial_state=S0.clone(),
                                                         output_final_state=True)
@@ -258,7 +243,7 @@ def test_matches_flash_linear_attention_gated_delta_rule(T):
 def test_matches_flash_linear_attention_delta_rule(T):
     """fla's naive delta rule (its recurrence, in the (B, H, T, K) layout, scale K^-1/2 inside)
     and ours; and its chunkwise form (no entering state, T a whole number of its blocks of 32)."""
-    fla = _fla_naive("delta_rule")
+    fla = fla_naive("delta_rule")
     (q, k, v, beta, _), S0 = _inputs(2, T, 3, 16, 32, seed=T, dtype=torch.float32, gated=False)
     heads_first = [x.transpose(1, 2) for x in (q, k, v, beta)]
     want, S_want = fla.delta_rule_recurrence(*heads_first, initial_state=S0.clone(), output_final_state=True)

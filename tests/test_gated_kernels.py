@@ -2,13 +2,12 @@
 CPU chunked form and the stages: against the float64 recurrence on awkward shapes, with gates
 near -inf and of exactly 0, split and resumed at any cut, over a million positions, a fixed
 decay as a constant gate, gradients, and fla's own reference on the same q, k, v, g."""
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+from _fla_data import fla_naive
 from _quick import cells
 
 from linpipe.kernels import chunk_linear_attn, chunk_linear_attn_torch, naive_recurrent_linear_attn
@@ -235,27 +234,12 @@ def test_million_positions_in_16_calls_vs_float64():
     _close(state[1], z_ref, 1e-5)
 
 
-def _fla_naive():
-    """flash-linear-attention's naive simple-GLA reference (fla/ops/simple_gla/naive.py), loaded
-    from its file: importing the fla package imports Triton, this file needs only torch and
-    einops."""
-    spec = importlib.util.find_spec("fla")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("fla-core is not installed (pip install '.[test]')")
-    pytest.importorskip("einops")
-    path = Path(next(iter(spec.submodule_search_locations))) / "ops" / "simple_gla" / "naive.py"
-    mod_spec = importlib.util.spec_from_file_location("fla_simple_gla_naive", path)
-    mod = importlib.util.module_from_spec(mod_spec)
-    mod_spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.mark.parametrize("T", [1, 63, 65, 300])
 def test_matches_flash_linear_attention_simple_gla(T):
     """fla's naive simple-GLA (recurrent and chunked) and ours on the same q, k, v, g: identity
     features, no normaliser, q scaled by K^-0.5 as fla scales it, an initial state in and the
     final state out. A simple-GLA layer trained with fla computes the same thing here."""
-    fla = _fla_naive()
+    fla = fla_naive("simple_gla")
     B, H, K, V = 2, 3, 16, 32
     g = torch.Generator().manual_seed(T)
     q, k = (torch.randn(B, T, H, K, generator=g) for _ in range(2))

@@ -15,10 +15,16 @@ import torch.nn.functional as F
 ON_GPU = torch.cuda.is_available()
 DEV, FORM = ("cuda", "chunk") if ON_GPU else ("cpu", "fused_recurrent")
 os.environ.update({} if ON_GPU else {"TRITON_INTERPRET": "1"})  # before anything imports triton
-for needed, what in (("triton", "triton"), ("fla", "fla-core")):
-    pytest.importorskip(needed, reason=f"{what} is not installed (pip install '.[test]')")
 
 from linpipe.kernels.gla import fla_gla, gla, naive_recurrent_gla  # noqa: E402
+
+
+@pytest.fixture(scope="module", autouse=True)
+def triton_and_fla():
+    """Imported when a test here runs, not when the module is collected (fla's import takes
+    seconds, in every test process)."""
+    for needed, what in (("triton", "triton"), ("fla", "fla-core")):
+        pytest.importorskip(needed, reason=f"{what} is not installed (pip install '.[test]')")
 
 
 @pytest.fixture(autouse=True)

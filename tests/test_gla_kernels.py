@@ -6,6 +6,7 @@ naive GLA on the same inputs."""
 import pytest
 import torch
 import torch.nn.functional as F
+from _fla_data import fla_naive
 from _quick import cells
 
 from linpipe.kernels.gla import chunk as chunk_mod
@@ -136,11 +137,10 @@ def test_bad_shapes_and_positive_gates_are_refused():
 def test_flas_naive_gla_agrees():
     """fla's own naive GLA (fla.ops.gla.naive, float32) on the same inputs: same layout, scale
     and state (B, H, K, V)."""
-    pytest.importorskip("fla", reason="fla-core is not installed (pip install '.[test]')")
-    from fla.ops.gla.naive import naive_recurrent_gla as fla_naive
+    fla_naive_gla = fla_naive("gla").naive_recurrent_gla
 
     (q, k, v, gate), S0 = _inputs(2, 70, 2, 16, 8, seed=9, dtype=torch.float32)
-    o_fla, S_fla = fla_naive(q, k, v, gate, initial_state=S0, output_final_state=True)
+    o_fla, S_fla = fla_naive_gla(q, k, v, gate, initial_state=S0, output_final_state=True)
     o, S = chunk_gla_torch(q, k, v, gate, initial_state=S0, output_final_state=True)
     _close(o, o_fla, 1e-5)
     _close(S, S_fla, 1e-5)

@@ -98,3 +98,39 @@ def test_a_call_that_raised_is_the_linpipe_error_it_carries_in_its_users_words(r
         assert pool.deaths == 0
     finally:
         pool.close()
+
+
+def test_closing_asks_each_idle_actor_to_close_before_killing_it(ray_here, tmp_path):
+    """An actor that ends with its child process (the worker's relay) closes the child itself:
+    Ray's kill would end the child first and the actor's own exit would be reported as a crash."""
+    from linpipe.jobs.pool import Pool
+
+    class Closing:
+        def ready(self):
+            import os
+
+            return f"here:{os.getpid()}"
+
+        def block(self, seconds):
+            import time
+
+            time.sleep(seconds)
+
+        def close(self):
+            import os
+
+            (tmp_path / f"closed-{os.getpid()}").write_text("")
+
+    cls = ray_here.remote(Closing).options(max_restarts=0, max_concurrency=2)
+    pool = Pool(cls.remote, 2, describe=str, on_lost=lambda slot, e: None, close="close")
+    while not all(s.ready for s in pool.slots):
+        pool.wait()
+    idle, busy = pool.slots
+    pool.send(busy, "block", 60, work="block")  # a call in flight: that actor is killed unasked
+    handles = [s.handle for s in pool.slots]
+    pool.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"closed-{idle.node.split(':')[1]}"]
+    assert pool.slots == []
+    for h in handles:  # both gone
+        with pytest.raises(ray_here.exceptions.RayActorError):
+            ray_here.get(h.ready.remote(), timeout=60)

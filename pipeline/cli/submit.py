@@ -4,6 +4,7 @@ cluster's job server, or check it (--dry-run). Its options are the job options' 
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 
 import click
@@ -162,8 +163,11 @@ def _run_here(req, run):
     from linpipe.jobs.driver import run_job
     from linpipe.progress import human_bytes, human_count, human_time
 
-    s = run_job(req, address=run.address, events=_job_events(run.quiet), wait=run.wait,
-                force_takeover=run.force_takeover)
+    # stdout holds the summary alone: Ray prints what its raylets report (a worker's death) on
+    # the driver's stdout, from a thread of its own, while the job runs.
+    with contextlib.redirect_stdout(sys.stderr):
+        s = run_job(req, address=run.address, events=_job_events(run.quiet), wait=run.wait,
+                    force_takeover=run.force_takeover)
     if s.nothing_to_do:
         click.echo(f"Nothing to do: job {s.job_id} is complete. Outputs: {s.out}")
         return
