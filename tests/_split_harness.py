@@ -7,6 +7,7 @@ import gzip
 
 import numpy as np
 import pytest
+from _pipeline_data import record_outputs
 
 from linpipe.inputs.alphabet import tokenize
 from linpipe.model.checkpoints import edge_tensors, restore_edges
@@ -153,3 +154,17 @@ def assert_resumed_bytes(resumed, uninterrupted) -> None:
     for idx, st in want_states.items():
         for name, v in st.to_arrays().items():
             assert np.array_equal(got_states[idx][name], v), (idx, name)
+
+
+def assert_close(out, serial):
+    """The split store's outputs equal the serial run's to rel 1e-5 (hidden: float16's step)."""
+    got, want = record_outputs(out), record_outputs(serial)
+    assert got.keys() == want.keys()
+    for k in want:
+        a, b = np.nan_to_num(got[k].astype(np.float64)), np.nan_to_num(want[k].astype(np.float64))
+        assert np.array_equal(np.isnan(got[k].astype(float)), np.isnan(want[k].astype(float))), k
+        if want[k].dtype == np.float16:  # hidden is stored as float16: one rounding step more
+            step = np.spacing(np.maximum(np.abs(got[k]), np.abs(want[k]))).astype(np.float64)
+            assert (np.abs(a - b) <= step + 1e-5 * np.abs(b).max()).all(), k
+        else:
+            assert np.abs(a - b).max() <= 1e-5 * max(np.abs(b).max(), 1e-30), k

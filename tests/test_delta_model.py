@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from _model_edits import DROP, edit_config
 from _pipeline_data import make_tiny_model
 from _quick import cells
 from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
-from test_model_format import _DROP, _edit_config
 
 from linpipe.cli import cli
 from linpipe.errors import ModelError
@@ -127,7 +127,7 @@ def test_models_written_before_load_unchanged():
 @pytest.mark.parametrize("change, message", [
     ({"family": "mamba"}, "unknown 'family' 'mamba'"),
     ({"head_dim": 2.5}, "'head_dim' must be an integer"),
-    ({"head_dim": _DROP}, "missing key 'head_dim'"),
+    ({"head_dim": DROP}, "missing key 'head_dim'"),
     ({"expand_v": 0.3}, "'expand_v' 0.3 times head_dim 16 is not a positive integer"),
     ({"use_gate": "yes"}, "'use_gate' must be true or false"),
     ({"gate": {}}, "'gate' is for family 'linear_attn'"),
@@ -141,7 +141,7 @@ def test_models_written_before_load_unchanged():
 def test_bad_config_is_one_line(tmp_path, change, message):
     d = tmp_path / "m"
     make_tiny_model(d, family="gated_deltanet")
-    _edit_config(**change)(d)
+    edit_config(**change)(d)
     with pytest.raises(ModelError, match=message):
         load_model(d)
     res = CliRunner().invoke(cli, ["model", "info", str(d)])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from _pipeline_data import make_tiny_model, read_fasta, write_in_process
-from test_split_ray import assert_close
+from _split_harness import assert_close
 
 import linpipe
 

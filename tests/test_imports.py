@@ -146,3 +146,16 @@ def test_outputs_never_import_the_jobs_package(graph):
     assert "linpipe.outputs.variants" in outputs
     wrong = {m: sorted(n for n in graph[m] if n.startswith("linpipe.jobs")) for m in outputs}
     assert not any(wrong.values()), wrong
+
+
+def test_no_test_module_imports_another():
+    """What tests share lives in tests/_*.py: a test module imported by another would be
+    collected twice over and tie one file's tests to another's internals (scripts given to
+    subprocesses included)."""
+    import re
+
+    pattern = re.compile(r"^\s*(?:from|import)\s+(test_\w+)", re.M)
+    found = {str(p.relative_to(REPO)): pattern.findall(p.read_text())
+             for p in sorted((REPO / "tests").rglob("*.py"))}
+    assert {p: names for p, names in found.items() if names} == {}
+    assert pattern.findall("x = 1\n    from test_overlap import _worker\n") == ["test_overlap"]

@@ -7,6 +7,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
+from _model_edits import DROP, edit_config
 from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
 
@@ -104,19 +105,6 @@ def test_save_load_round_trip(tmp_path):
 
 
 # --- malformed and mismatched directories: (how to break it, the message) -------------------
-def _edit_config(**changes):
-    def f(d):
-        cfg = json.loads((d / "config.json").read_text())
-        for k, v in changes.items():
-            if v is _DROP:
-                cfg.pop(k)
-            else:
-                cfg[k] = v
-        (d / "config.json").write_text(json.dumps(cfg))
-    return f
-
-
-_DROP = object()
 
 
 def _edit_tensors(fn):
@@ -147,8 +135,8 @@ CASES = {
                     "tensor 'layers.0.attn.q_proj.weight' has shape [32, 16], expected [32, 32]"),
     "extra tensor": (_edit_tensors(lambda t: t.__setitem__("layers.2.attn.decay", torch.ones(2))),
                      "unexpected tensor 'layers.2.attn.decay'"),
-    "config/weights mismatch": (_edit_config(d_model=64), "has shape [6, 32], expected [6, 64]"),
-    "conv tensor with width 1": (_edit_config(conv_width=1), "unexpected tensor 'layers.0.attn.conv.weight'"),
+    "config/weights mismatch": (edit_config(d_model=64), "has shape [6, 32], expected [6, 64]"),
+    "conv tensor with width 1": (edit_config(conv_width=1), "unexpected tensor 'layers.0.attn.conv.weight'"),
     "decay above one": (
         _edit_tensors(lambda t: t.__setitem__("layers.0.attn.decay", torch.tensor([1.5, 1.0]))),
                         "'layers.0.attn.decay' has values outside (0, 1]"),
@@ -156,14 +144,14 @@ CASES = {
                    "'layers.1.attn.decay' has values outside (0, 1]"),
     "nan weights": (_edit_tensors(lambda t: t["head.bias"].__setitem__(0, float("nan"))),
                     "tensor 'head.bias' has non-finite values"),
-    "unknown feature map": (_edit_config(feature_map="softmax"), "unknown feature_map 'softmax'"),
-    "version 2": (_edit_config(version=2), "unsupported model format version 2"),
-    "not linpipe": (_edit_config(format="hf-transformers"), "'format' is 'hf-transformers'"),
-    "missing key": (_edit_config(n_heads=_DROP), "missing key 'n_heads'"),
-    "bad type": (_edit_config(d_model="32"), "'d_model' must be an integer"),
-    "heads do not divide": (_edit_config(n_heads=3), "d_model 32 is not divisible by n_heads 3"),
-    "unknown modality": (_edit_config(modality="protein"), "unknown modality 'protein'"),
-    "timeseries without channels": (_edit_config(modality="timeseries"), "missing key 'channels'"),
+    "unknown feature map": (edit_config(feature_map="softmax"), "unknown feature_map 'softmax'"),
+    "version 2": (edit_config(version=2), "unsupported model format version 2"),
+    "not linpipe": (edit_config(format="hf-transformers"), "'format' is 'hf-transformers'"),
+    "missing key": (edit_config(n_heads=DROP), "missing key 'n_heads'"),
+    "bad type": (edit_config(d_model="32"), "'d_model' must be an integer"),
+    "heads do not divide": (edit_config(n_heads=3), "d_model 32 is not divisible by n_heads 3"),
+    "unknown modality": (edit_config(modality="protein"), "unknown modality 'protein'"),
+    "timeseries without channels": (edit_config(modality="timeseries"), "missing key 'channels'"),
     "config not json": (lambda d: (d / "config.json").write_text("{oops"), "config.json: not valid JSON"),
     "no config": (lambda d: (d / "config.json").unlink(), "missing config.json"),
     "pytorch_model.bin instead": (_replace_with_pickle("pytorch_model.bin"),
@@ -174,12 +162,12 @@ CASES = {
     "torch.save under the safetensors name":
         (_torch_save_as_safetensors, "not safetensors; linpipe never unpickles"),
     # the gate: a config key selects it, its tensors replace the fixed decay
-    "gate not an object": (_edit_config(gate=16), "'gate' must be an object"),
-    "gate key misspelt": (_edit_config(gate={"normaliser": 16}), "'gate' has unknown key 'normaliser'"),
-    "gate normalizer zero": (_edit_config(gate={"normalizer": 0}),
+    "gate not an object": (edit_config(gate=16), "'gate' must be an object"),
+    "gate key misspelt": (edit_config(gate={"normaliser": 16}), "'gate' has unknown key 'normaliser'"),
+    "gate normalizer zero": (edit_config(gate={"normalizer": 0}),
                              "'gate' 'normalizer' must be a positive number"),
-    "gate normalizer text": (_edit_config(gate={"normalizer": "16"}), "'gate' 'normalizer' must be a number"),
-    "gate without its tensors": (_edit_config(gate={}), "missing tensor 'layers.0.attn.gk_proj.weight'"),
+    "gate normalizer text": (edit_config(gate={"normalizer": "16"}), "'gate' 'normalizer' must be a number"),
+    "gate without its tensors": (edit_config(gate={}), "missing tensor 'layers.0.attn.gk_proj.weight'"),
     "no weights": (lambda d: (d / "model.safetensors").unlink(), "missing model.safetensors"),
     "truncated weights": (lambda d: (d / "model.safetensors").write_bytes(
         (d / "model.safetensors").read_bytes()[:500]), "not a readable safetensors file"),

@@ -21,46 +21,10 @@ from _pipeline_data import (
     write_in_process,
 )
 from _store_data import kill_at_hook
+from _worker_calls import job_calls, run_overlapped, worker_of
 
 from linpipe.jobs.overlap import HostCopies, ModelThread, Turns, cast
 from linpipe.strands import FORWARD, REVERSE
-
-
-def _calls(plan):
-    """Every call of a job in the driver's order: (method, args, kwargs)."""
-    calls = []
-    for r in plan.streams:
-        for i, c in enumerate(r.units()):
-            calls.append(("run_unit", (c,), {"last": i == r.n_units - 1}))
-    for b in range(plan.packed.n_batches):
-        calls.append(("run_batch", (b, plan.batch_units(b)), {}))
-    return calls
-
-
-def _worker(fasta, model, out, **options):
-    from linpipe.jobs.actor import PipelineWorker
-    from linpipe.jobs.driver import open_or_create_store
-    from linpipe.jobs.plan import plan_job
-    from linpipe.jobs.request import JobRequest
-
-    plan = plan_job(JobRequest(inputs=(str(fasta),), model=str(model), unit_size=UNIT,
-                               outputs=("logprob", "entropy", "softmask"), **options))
-    store = open_or_create_store(plan, str(out))
-    w = PipelineWorker(plan.model_ref, str(out), list(plan.outputs), device="cpu", threads=1,
-                       input_options=plan.input_options)
-    return plan, store, w
-
-
-def _run_overlapped(w, calls, order, first: int = 0):
-    """The calls numbered in the driver's order (from `first`), started in `order` on as many
-    threads (Ray gives each of an actor's concurrent calls a thread: their start order is not
-    guaranteed)."""
-    with ThreadPoolExecutor(len(calls)) as pool:
-        futures = {}
-        for i in order:
-            name, args, kw = calls[i]
-            futures[i] = pool.submit(getattr(w, name), *args, seq=first + i, **kw)
-        return [futures[i].result() for i in range(len(calls))]
 
 
 def test_turns_go_in_the_callers_numbers_whatever_order_they_arrive():
@@ -127,8 +91,8 @@ def test_overlapped_calls_write_the_bytes_of_calls_run_one_by_one(
     on the model's one thread, and write what a serial run writes."""
     tiny, fasta, _ = worker_job
     write_in_process(fasta, tiny, tmp_path / "serial.zarr", unit_size=UNIT, strand=strand)
-    plan, store, w = _worker(fasta, tiny, tmp_path / "overlapped.zarr", strand=strand)
-    calls = _calls(plan)
+    plan, store, w = worker_of(fasta, tiny, tmp_path / "overlapped.zarr", strand=strand)
+    calls = job_calls(plan)
     assert len(plan.streams) >= 4 and plan.packed.n_batches >= 4
     model_ran, submit = [], ModelThread.submit
 
@@ -140,7 +104,7 @@ def test_overlapped_calls_write_the_bytes_of_calls_run_one_by_one(
 
     monkeypatch.setattr(ModelThread, "submit", submit_noted)
     order = list(range(len(calls)))[::-1]  # the last first: each waits for its turn
-    results = _run_overlapped(w, calls, order)
+    results = run_overlapped(w, calls, order)
     assert model_ran == [(i, "linpipe-model") for i in range(len(calls))]
     assert sum(r.positions for r in results) == sum(r.length for r in plan.streams) + sum(
         plan.packed.batch_positions(b) for b in range(plan.packed.n_batches))
@@ -156,8 +120,8 @@ def test_a_call_that_fails_lets_the_later_calls_go_on(worker_job, tmp_path, one_
     from linpipe.errors import InputError
 
     tiny, fasta, _ = worker_job
-    plan, store, w = _worker(fasta, tiny, tmp_path / "o.zarr")
-    calls = _calls(plan)
+    plan, store, w = worker_of(fasta, tiny, tmp_path / "o.zarr")
+    calls = job_calls(plan)
     first = plan.streams[0]
     gone = first.unit(0).input_path
     moved = tmp_path / "moved.fa"
@@ -170,7 +134,7 @@ def test_a_call_that_fails_lets_the_later_calls_go_on(worker_job, tmp_path, one_
                 head.result(timeout=60)
     finally:
         shutil.move(moved, gone)
-    rest = _run_overlapped(w, calls, range(len(calls)), first=1)  # the calls after the failed one
+    rest = run_overlapped(w, calls, range(len(calls)), first=1)  # the calls after the failed one
     assert len(rest) == len(calls)
     assert all(len(store.completed_units(r.key)) == r.n_units for r in plan.streams)
 
@@ -187,7 +151,7 @@ def test_packed_inputs_open_while_the_model_loads_and_are_checked_when_read(
     tiny, fasta, _ = worker_job
     copy = tmp_path / "contigs.fa"
     shutil.copy(fasta, copy)
-    plan, store, w = _worker(copy, tiny, tmp_path / "o.zarr")
+    plan, store, w = worker_of(copy, tiny, tmp_path / "o.zarr")
     units = plan.batch_units(0)
     assert set(w._opening) == {units[0].input_path}  # the very path the batches read
     w._opening[units[0].input_path].result(timeout=60)  # opened
@@ -196,7 +160,7 @@ def test_packed_inputs_open_while_the_model_loads_and_are_checked_when_read(
     with pytest.raises(InputError, match=r"contigs\.fa: the input changed mid-job"):
         w.run_batch(0, units)
     w.close()
-    _, _, fresh = _worker(copy, tiny, tmp_path / "o.zarr")
+    _, _, fresh = worker_of(copy, tiny, tmp_path / "o.zarr")
     r = fresh.run_batch(0, units)
     assert r.positions == plan.packed.batch_positions(0) and store.batches_done()[0]
     fresh.close()
@@ -258,13 +222,13 @@ def test_the_hosts_cast_to_float16_is_numpys_bit_for_bit():
 _OVERLAPPED_RUN = """
 import sys
 sys.path.insert(0, {tests!r})
-from test_overlap import _worker, _calls, _run_overlapped
+from _worker_calls import job_calls, run_overlapped, worker_of
 from linpipe.jobs.write_process import WriteProcess
 WriteProcess.command = (sys.executable, {writer!r})  # the writing process, with the hook below
-plan, store, w = _worker({fasta!r}, {model!r}, {out!r})
-calls = _calls(plan)
+plan, store, w = worker_of({fasta!r}, {model!r}, {out!r})
+calls = job_calls(plan)
 for i in range(0, len(calls), 3):  # IN_FLIGHT calls at a time, as the driver keeps them
-    _run_overlapped(w, calls[i:i + 3], range(min(3, len(calls) - i)), first=i)
+    run_overlapped(w, calls[i:i + 3], range(min(3, len(calls) - i)), first=i)
 """
 
 # The worker's writing process, hooked: it stops in the data round of a record's unit after one
@@ -323,7 +287,7 @@ def test_killed_with_writes_in_flight_keeps_only_durable_units_and_resumes_bit_i
     assert report.units >= 1 and not [p for p in report.problems if p.kind != "missing"]
     from linpipe.jobs.driver import Batch, work_left
 
-    plan, store, w = _worker(fasta, tiny, out)
+    plan, store, w = worker_of(fasta, tiny, out)
     todo, _ = work_left(plan, store)
     assert todo  # the killed run left work; the resume runs only that
     for item in todo:
@@ -347,7 +311,7 @@ def test_a_unit_whose_previous_state_is_missing_is_a_one_line_error(
     from linpipe.errors import StoreError
 
     tiny, fasta, _ = worker_job
-    plan, store, w = _worker(fasta, tiny, tmp_path / "o.zarr", strand="both")
+    plan, store, w = worker_of(fasta, tiny, tmp_path / "o.zarr", strand="both")
     rec = next(r for r in plan.streams if r.strand == strand)
     units = rec.units()  # in reading order: the reverse strand's from the record's end
     with pytest.raises(StoreError) as err:

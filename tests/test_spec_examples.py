@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from _schedule import LINPIPE, installable_units, parse_crontab, parse_unit
 from click.testing import CliRunner
-from test_jobs_schedule import LINPIPE, parse_crontab, parse_unit
 
 from linpipe.cli import cli
 from linpipe.jobs.spec import load_spec
@@ -115,7 +115,6 @@ def test_cron_line_runs_its_dry_run(checkout, tmp_path):
 
 @pytest.mark.slow
 def test_systemd_service_runs_its_dry_run(checkout, tmp_path):
-    from test_jobs_schedule import installable_units
 
     _timer, service = installable_units(tmp_path)
     s = parse_unit(service)["Service"]

@@ -18,6 +18,7 @@ from _pipeline_data import (
     write_fasta_slice,
     write_in_process,
 )
+from _split_harness import assert_close
 
 from linpipe.jobs.driver import JobEvents, run_job
 from linpipe.jobs.request import JobRequest
@@ -105,20 +106,6 @@ class Watch(JobEvents):
 def states(path, key, n):
     store = OutputStore.open(str(path), mode="r")
     return [store.boundary_state(key, i) for i in range(n)]
-
-
-def assert_close(out, serial):
-    """The split store's outputs equal the serial run's to rel 1e-5 (hidden: float16's step)."""
-    got, want = record_outputs(out), record_outputs(serial)
-    assert got.keys() == want.keys()
-    for k in want:
-        a, b = np.nan_to_num(got[k].astype(np.float64)), np.nan_to_num(want[k].astype(np.float64))
-        assert np.array_equal(np.isnan(got[k].astype(float)), np.isnan(want[k].astype(float))), k
-        if want[k].dtype == np.float16:  # hidden is stored as float16: one rounding step more
-            step = np.spacing(np.maximum(np.abs(got[k]), np.abs(want[k]))).astype(np.float64)
-            assert (np.abs(a - b) <= step + 1e-5 * np.abs(b).max()).all(), k
-        else:
-            assert np.abs(a - b).max() <= 1e-5 * max(np.abs(b).max(), 1e-30), k
 
 
 def units_by_writer(out, events) -> list[list[int]]:

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import zarr
 from _pipeline_data import KIND_PARAMS, read_fasta, tiny_model_of, write_in_process
+from _variants_data import WINDOW, direct_llr, edge_variants, write_vcf
 
 import linpipe
 from linpipe.inputs.alphabet import tokenize
@@ -176,16 +177,15 @@ def test_score_variants_reports_each_strand(both):
     allele), at the edges of both strands' chunks and windows; llr is their mean."""
     import pandas as pd
     from click.testing import CliRunner
-    from test_variants import WINDOW, _direct, _variants, _vcf
 
     from linpipe.cli import cli
     from linpipe.model import load_model
 
     base, _fasta, model_dir, out, _plan, seqs = both
-    rows = _variants(seqs) + [("chr2", 2 * UNIT, seqs["chr2"][2 * UNIT - 1].upper(), "N"),
+    rows = edge_variants(seqs) + [("chr2", 2 * UNIT, seqs["chr2"][2 * UNIT - 1].upper(), "N"),
                               ("chr2", 6, seqs["chr2"][5:8].upper(), "G")]
     rows = sorted(set(rows), key=lambda r: (r[0] != "chr2", r[1], r[2], r[3]))
-    vcf = _vcf(base / "both.vcf", rows, {k: len(v) for k, v in seqs.items()})
+    vcf = write_vcf(base / "both.vcf", rows, {k: len(v) for k, v in seqs.items()})
     tsv = base / "both.tsv"
     r = CliRunner().invoke(cli, ["score-variants", str(out), str(vcf), "-o", str(tsv),
                                  "--window", str(WINDOW)])
@@ -194,8 +194,9 @@ def test_score_variants_reports_each_strand(both):
     assert list(got.columns) == ["chrom", "pos", "id", "ref", "alt", "llr", "llr_fwd", "llr_rc"]
     model = load_model(model_dir, device="cpu")
     rc = reverse_complement
-    fwd, fwd_bound = np.array([_direct(model, seqs[c], p - 1, ref, alt, WINDOW) for c, p, ref, alt in rows]).T
-    rev, rev_bound = np.array([_direct(model, rc(seqs[c]), len(seqs[c]) - (p - 1 + len(ref)), rc(ref),
+    fwd, fwd_bound = np.array([direct_llr(model, seqs[c], p - 1, ref, alt, WINDOW)
+                               for c, p, ref, alt in rows]).T
+    rev, rev_bound = np.array([direct_llr(model, rc(seqs[c]), len(seqs[c]) - (p - 1 + len(ref)), rc(ref),
                                        rc(alt), WINDOW) for c, p, ref, alt in rows]).T
     # within the documented bound (docs/variants.md), plus the TSV's rounding to 6 digits
     for col, want, bound in (("llr_fwd", fwd, fwd_bound), ("llr_rc", rev, rev_bound),

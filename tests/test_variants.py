@@ -1,19 +1,14 @@
 """score-variants: llr from the stored boundary states equals the model run directly over both
 whole haplotypes from the record's start (no store), at the edges that matter."""
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 from _pipeline_data import KIND_PARAMS, read_fasta, tiny_model_of, write_in_process
+from _variants_data import UNIT, WINDOW, direct_llr, edge_variants, write_vcf
 from click.testing import CliRunner
 
 from linpipe.cli import cli
-from linpipe.inputs.alphabet import tokenize
-
-UNIT = 512
-WINDOW = 40
-
 
 
 @pytest.fixture(scope="module")
@@ -37,55 +32,14 @@ def _case(genomes, tmp_path_factory, model_kind):
     return base, fasta, out, model, seqs
 
 
-def _direct(model, seq: str, pos: int, ref: str, alt: str, window: int) -> tuple[float, float]:
-    """Both haplotypes from the record's start through the model, no store, no replay: (llr,
-    its documented bound: 1e-6 of the sum of |logprob| over both windows, docs/variants.md)."""
-    x = tokenize(seq)
-    rend = pos + len(ref)
-    dend = min(rend + window - 1, len(x))
-    alt_x = np.concatenate([x[:pos], tokenize(alt), x[rend:dend]])
-    lp_ref = model.forward(x[:dend], model.init_state(), outputs=["logprob"])[0]["logprob"][pos:]
-    lp_alt = model.forward(alt_x, model.init_state(), outputs=["logprob"])[0]["logprob"][pos:]
-    llr = float(np.nansum(lp_alt, dtype=np.float64) - np.nansum(lp_ref, dtype=np.float64))
-    size = np.nansum(np.abs(lp_alt), dtype=np.float64) + np.nansum(np.abs(lp_ref), dtype=np.float64)
-    return llr, 1e-6 * float(size)
-
-
-def _vcf(path: Path, rows, contigs) -> Path:
-    lines = ["##fileformat=VCFv4.2"] + [f"##contig=<ID={k},length={n}>" for k, n in contigs.items()]
-    lines.append("#CHROM\tPOS\tID\tREF\tALT\tQUAL\tFILTER\tINFO")
-    lines += [f"{c}\t{p}\t.\t{r}\t{a}\t.\tPASS\t." for c, p, r, a in rows]
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
-def _variants(seqs):
-    """(chrom, 1-based pos, ref, alt) at position 0, around and on the chunk edges, in and next
-    to the N run, within W of the record's end, indels and an MNV across an edge."""
-    s, mt = seqs["chr2"], seqs["mt"]
-    alt = {"A": "C", "C": "G", "G": "T", "T": "A", "N": "A"}
-    rows = []
-    for p in (0, 1, UNIT - 20, UNIT - 1, UNIT, UNIT + 1, 2 * UNIT, 3 * UNIT - 1, 3 * UNIT,
-              400, 430 + 60, 430 + 121, len(s) - WINDOW + 3, len(s) - 1):
-        b = s[p].upper()
-        rows.append(("chr2", p + 1, b, alt[b]))
-    p = UNIT - 2  # a deletion across the first edge, an insertion on the second, an MNV across the third
-    rows.append(("chr2", p + 1, s[p:p + 4].upper(), s[p].upper()))
-    rows.append(("chr2", 2 * UNIT + 1, s[2 * UNIT].upper(), s[2 * UNIT].upper() + "GATTACA"))
-    rows.append(("chr2", 3 * UNIT, s[3 * UNIT - 1:3 * UNIT + 1].upper(), "TT"))
-    for p in (0, 150, len(mt) - 2):
-        rows.append(("mt", p + 1, mt[p].upper(), alt[mt[p].upper()]))
-    return sorted(rows, key=lambda r: (r[0] != "chr2", r[1]))  # sorted, as tabix needs
-
-
 @pytest.mark.parametrize("model_kind", KIND_PARAMS, indirect=True, scope="module")
 def test_llr_equals_the_model_run_directly(case):
     from linpipe.model import load_model
 
     base, fasta, out, model_dir, seqs = case
     assert "N" * 100 in seqs["chr2"]  # the N run is really there
-    rows = _variants(seqs)
-    vcf = _vcf(base / "v.vcf", rows, {k: len(v) for k, v in seqs.items()})
+    rows = edge_variants(seqs)
+    vcf = write_vcf(base / "v.vcf", rows, {k: len(v) for k, v in seqs.items()})
     tsv = base / "effects.tsv"
     r = CliRunner().invoke(cli, ["score-variants", str(out), str(vcf), "-o", str(tsv),
                                  "--window", str(WINDOW)])
@@ -104,13 +58,13 @@ def test_llr_equals_the_model_run_directly(case):
     exact = pd.read_parquet(pq).llr.to_numpy()
     np.testing.assert_allclose(got.llr.to_numpy(), exact, rtol=5e-6, atol=0)
     model = load_model(model_dir, device="cpu")
-    want, bound = np.array([_direct(model, seqs[c], p - 1, ref, alt, WINDOW) for c, p, ref, alt in rows]).T
+    want, bound = np.array([direct_llr(model, seqs[c], p - 1, ref, alt, WINDOW) for c, p, ref, alt in rows]).T
     assert (np.abs(exact - want) <= bound).all(), np.abs(exact - want) / bound
     assert np.isfinite(want).all() and np.abs(want).min() > 0  # every variant moved the likelihood
 
     # a variant's llr does not depend on the others in the file: any subset, the same float64
     for keep in (slice(0, None, 3), slice(5, 7), slice(2, 3)):
-        sub = _vcf(base / "sub.vcf", rows[keep], {k: len(v) for k, v in seqs.items()})
+        sub = write_vcf(base / "sub.vcf", rows[keep], {k: len(v) for k, v in seqs.items()})
         r = CliRunner().invoke(cli, ["score-variants", str(out), str(sub), "-o", str(base / "sub.parquet"),
                                      "--window", str(WINDOW)])
         assert r.exit_code == 0, r.output
@@ -125,7 +79,7 @@ def test_bad_lines_are_named_or_counted(case):
             ("chr2", 701, wrong, s[700].upper()),          # line 6: REF does not match the genome
             ("chr9", 5, "A", "C"),                         # an unknown contig
             ("mt", 20, seqs["mt"][19].upper(), "<DEL>")]   # a symbolic allele
-    vcf = _vcf(base / "bad.vcf", rows, {"chr2": len(s), "mt": len(seqs["mt"])})
+    vcf = write_vcf(base / "bad.vcf", rows, {"chr2": len(s), "mt": len(seqs["mt"])})
     tsv = base / "bad.tsv"
     r = CliRunner().invoke(cli, ["score-variants", str(out), str(vcf), "-o", str(tsv)])
     assert r.exit_code != 0
@@ -202,7 +156,7 @@ def test_ray_workers_give_the_same_table(case):
     from linpipe.jobs.variants import score_variants
 
     base, _fasta, out, _model, seqs = case
-    vcf = _vcf(base / "ray.vcf", _variants(seqs), {k: len(v) for k, v in seqs.items()})
+    vcf = write_vcf(base / "ray.vcf", edge_variants(seqs), {k: len(v) for k, v in seqs.items()})
     here, there = base / "here.parquet", base / "there.parquet"
     a = score_variants(str(out), str(vcf), str(here), window=WINDOW)
     b = score_variants(str(out), str(vcf), str(there), window=WINDOW, workers=2)
@@ -244,7 +198,7 @@ def test_an_actor_killed_mid_replay_hands_its_units_to_another(case):
     from linpipe.outputs.variants import score_variants
 
     base, _fasta, out, _model, seqs = case
-    vcf = _vcf(base / "kill.vcf", _variants(seqs), {k: len(v) for k, v in seqs.items()})
+    vcf = write_vcf(base / "kill.vcf", edge_variants(seqs), {k: len(v) for k, v in seqs.items()})
     here, there = base / "k_here.parquet", base / "k_there.parquet"
     a = score_variants(str(out), str(vcf), str(here), window=WINDOW)
     replay = RayReplay(str(out), window=WINDOW, genome=None, model=None, device=None, threads=1,
@@ -271,7 +225,8 @@ def test_another_genome_is_refused(case):
     text = fasta.read_text()
     i = text.index("\n", text.index("mt")) + 1
     other.write_text(text[:i] + ("A" if text[i] != "A" else "C") + text[i + 1:])  # one base changed
-    vcf = _vcf(base / "one.vcf", [("mt", 2, text[i + 1], "A" if text[i + 1] != "A" else "C")], {"mt": 300})
+    vcf = write_vcf(base / "one.vcf", [("mt", 2, text[i + 1], "A" if text[i + 1] != "A" else "C")],
+                    {"mt": 300})
     r = CliRunner().invoke(cli, ["score-variants", str(out), str(vcf), "-o", str(base / "o.tsv"),
                                  "--input", str(other)])
     assert r.exit_code != 0 and "not the genome the store" in r.output and str(other) in r.output

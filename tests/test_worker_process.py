@@ -20,7 +20,7 @@ from _pipeline_data import (
     store_arrays,
     write_in_process,
 )
-from test_overlap import _calls, _run_overlapped
+from _worker_calls import job_calls, run_overlapped
 
 from linpipe.errors import StoreError
 from linpipe.jobs.worker_process import WorkerRelay
@@ -57,12 +57,12 @@ def test_a_relays_calls_write_the_bytes_of_the_worker_run_here_with_no_writing_p
     assert child_processes(child) == []
     assert relay.writer in threading.enumerate()
     try:
-        calls = _calls(plan)
+        calls = job_calls(plan)
         assert relay.ready() == relay.node and relay.node.endswith(f":{os.getpid()}")
         results = []
         for first in range(0, len(calls), 3):  # three calls in flight, started out of order
             group = calls[first:first + 3]
-            results += _run_overlapped(relay, group, list(reversed(range(len(group)))), first)
+            results += run_overlapped(relay, group, list(reversed(range(len(group)))), first)
         assert [r.positions for r in results] == [c[1][0].positions if c[0] == "run_unit"
                                                  else sum(u.positions for u in c[1][1]) for c in calls]
         # named after this process; its memory counts the child's and this one's (the writes')

@@ -22,7 +22,7 @@ from _pipeline_data import (
     store_arrays,
     write_in_process,
 )
-from test_overlap import _worker
+from _worker_calls import job_calls, worker_of
 
 from linpipe.errors import StoreError
 
@@ -30,7 +30,7 @@ from linpipe.errors import StoreError
 def test_a_write_that_fails_in_the_writing_process_raises_the_stores_own_error(
         worker_job, tmp_path, one_torch_thread):
     tiny, fasta, _ = worker_job
-    plan, store, w = _worker(fasta, tiny, tmp_path / "o.zarr")
+    plan, store, w = worker_of(fasta, tiny, tmp_path / "o.zarr")
     try:
         used = int(store.packed.batch_positions(0))
         wrong = {"logprob": np.zeros(used + 1, np.float32), "entropy": np.zeros(used, np.float32),
@@ -56,7 +56,7 @@ def test_a_killed_writing_process_fails_the_call_in_one_line_and_the_job_resumes
 
     tiny, fasta, _ = worker_job
     out = tmp_path / "killed.zarr"
-    plan, store, w = _worker(fasta, tiny, out)
+    plan, store, w = worker_of(fasta, tiny, out)
     rec = plan.streams[0]
     first = w.run_unit(rec.unit(0))
     assert first.peak_rss > w.writes.child_rss > 0  # the worker's memory counts its writing process's
@@ -71,7 +71,7 @@ def test_a_killed_writing_process_fails_the_call_in_one_line_and_the_job_resumes
     assert store.completed_units(rec.key) == {0}
     w.close()
 
-    plan, store, w = _worker(fasta, tiny, out)  # the resume
+    plan, store, w = worker_of(fasta, tiny, out)  # the resume
     todo, _ = work_left(plan, store)
     for item in todo:
         if isinstance(item, Batch):
@@ -89,14 +89,14 @@ def test_a_killed_writing_process_fails_the_call_in_one_line_and_the_job_resumes
 @pytest.mark.slow  # a writing process killed or left behind and waited for
 def test_the_writing_process_ends_with_its_worker(worker_job, tmp_path, one_torch_thread):
     tiny, fasta, _ = worker_job
-    _, _, w = _worker(fasta, tiny, tmp_path / "closed.zarr")
+    _, _, w = worker_of(fasta, tiny, tmp_path / "closed.zarr")
     pid = w.writes.pid
     w.close()
     assert process_gone(pid, timeout=0)  # close() waits for it
     with pytest.raises(StoreError, match="the worker is closed"):
         w.writes.write_batch(0, {})
 
-    plan, _, w = _worker(fasta, tiny, tmp_path / "dropped.zarr")
+    plan, _, w = worker_of(fasta, tiny, tmp_path / "dropped.zarr")
     w.run_unit(plan.streams[0].unit(0))  # the model's thread has run a call of the worker's
     w.run_batch(0, plan.batch_units(0))
     pid = w.writes.pid
@@ -106,8 +106,8 @@ def test_the_writing_process_ends_with_its_worker(worker_job, tmp_path, one_torc
 
     pid_file = tmp_path / "pid"
     script = (f"import sys, time; sys.path.insert(0, {os.path.dirname(__file__)!r})\n"
-              f"from test_overlap import _worker\n"
-              f"_, _, w = _worker({str(fasta)!r}, {str(tiny)!r}, {str(tmp_path / 'killed.zarr')!r})\n"
+              f"from _worker_calls import worker_of\n"
+              f"_, _, w = worker_of({str(fasta)!r}, {str(tiny)!r}, {str(tmp_path / 'killed.zarr')!r})\n"
               f"open({str(pid_file)!r}, 'w').write(str(w.writes.pid))\n"
               f"time.sleep(120)\n")
     worker = subprocess.Popen([sys.executable, "-c", script])
@@ -129,7 +129,7 @@ def test_a_worker_whose_model_does_not_load_leaves_no_writing_process(worker_job
     from linpipe.jobs import actor
 
     tiny, fasta, _ = worker_job
-    _worker(fasta, tiny, tmp_path / "o.zarr")[2].close()  # the store, laid out
+    worker_of(fasta, tiny, tmp_path / "o.zarr")[2].close()  # the store, laid out
     broken = tmp_path / "broken"
     shutil.copytree(tiny, broken)
     (broken / "model.safetensors").write_bytes(b"not a safetensors file")
@@ -150,7 +150,7 @@ def test_the_writing_process_does_not_import_torch(worker_job, tmp_path):
     """It opens the store and writes, nothing more: started beside the model's load, it must not
     take seconds of CPU importing torch (`linpipe.model` imports its modules on first use)."""
     tiny, fasta, _ = worker_job
-    _worker(fasta, tiny, tmp_path / "o.zarr")[2].close()  # the store, laid out
+    worker_of(fasta, tiny, tmp_path / "o.zarr")[2].close()  # the store, laid out
     code = ("import sys; from linpipe.store import OutputStore; "
             f"OutputStore.open({str(tmp_path / 'o.zarr')!r}, mode='r+'); "
             "import linpipe.jobs.write_process; "
@@ -167,7 +167,6 @@ def test_both_strands_written_through_either_path_are_the_bytes_of_a_reference_r
     """The arrays reach the writing process through shared memory (Linux) or, where there is
     none, through the socket: the store is the same bytes either way (reverse-strand arrays are
     views read backwards, the soft-mask uint8, the boundary states a dict of arrays)."""
-    from test_overlap import _calls
 
     from linpipe.jobs.write_process import WriteProcess
 
@@ -175,8 +174,8 @@ def test_both_strands_written_through_either_path_are_the_bytes_of_a_reference_r
     write_in_process(fasta, tiny, tmp_path / "reference.zarr", unit_size=UNIT, strand="both")
     monkeypatch.setattr(WriteProcess, "shared", shared)
     out = tmp_path / "o.zarr"
-    plan, store, w = _worker(fasta, tiny, out, strand="both")
-    for name, args, kw in _calls(plan):
+    plan, store, w = worker_of(fasta, tiny, out, strand="both")
+    for name, args, kw in job_calls(plan):
         getattr(w, name)(*args, **kw)
     w.close()
     assert store.finalize()
@@ -271,7 +270,7 @@ def test_a_unit_whose_guard_fails_before_its_marker_is_not_marked_done(
     from linpipe.jobs.lease import LeaseLost
 
     tiny, fasta, _ = worker_job
-    plan, store, w = _worker(fasta, tiny, tmp_path / "o.zarr")
+    plan, store, w = worker_of(fasta, tiny, tmp_path / "o.zarr")
     w.close()
     rec = plan.streams[0]
     start, end = store.unit_range(rec.key, 0)
