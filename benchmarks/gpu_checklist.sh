@@ -9,9 +9,8 @@
 #   1  nvidia-smi, torch, triton, the device                       (env.log)
 #   2  the kernel tests on CUDA: tests/test_kernels_triton.py (its `gpu` tests: real sizes,
 #      a million positions in 16 calls), test_gated_kernels.py, test_chunk_form.py, the delta
-#      rule's (test_delta_rule_fla.py: fla's chunked kernels through the dispatcher, float32 and
-#      bfloat16; test_delta_rule_kernels.py), GLA's (test_gla_fla.py: fla's chunk_gla through the
-#      dispatcher), and the worker's pinned host copies
+#      rule's and GLA's (test_fla_kernels.py: fla's chunked kernels through the dispatchers,
+#      float32 and bfloat16; test_delta_rule_kernels.py), and the worker's pinned host copies
 #      (test_host_copies.py)                                                  (tests.log)
 #   3  benchmarks/bench_kernels.py --quick: bandwidth bound, linpipe's kernel, PyTorch form
 #                                                                   (kernels.log, kernels.json)
@@ -87,11 +86,10 @@ if torch.cuda.is_available():
     2) if [ "$cuda" = 1 ]; then
            step tests 240 "$py" -m pytest -p no:cacheprovider -q -n 4 --dist loadfile \
                tests/test_kernels_triton.py tests/test_gated_kernels.py tests/test_chunk_form.py \
-               tests/test_delta_rule_fla.py tests/test_delta_rule_kernels.py tests/test_host_copies.py \
-               tests/test_gla_fla.py
+               tests/test_fla_kernels.py tests/test_delta_rule_kernels.py tests/test_host_copies.py
        else  # the CUDA tests are skipped here; what runs is the collection and the CPU tests
            step tests 240 "$py" -m pytest -p no:cacheprovider -q -n 0 -m gpu tests/test_kernels_triton.py \
-               tests/test_delta_rule_fla.py tests/test_host_copies.py tests/test_gla_fla.py
+               tests/test_fla_kernels.py tests/test_host_copies.py
        fi ;;
     3) step kernels 150 "$py" benchmarks/bench_kernels.py --quick --json "$out/kernels.json" ;;
     4) if [ "$cuda" = 1 ]; then

@@ -369,17 +369,23 @@ def test_a_run_that_stops_before_its_first_unit_leaves_no_store(genomes, tmp_pat
     write_fasta_slice(genomes / "korflab_Athaliana_TAIR_1pct.fa", fasta, 4 * UNIT)
     out = tmp_path / "at.zarr"
     req = JobRequest(inputs=(str(fasta),), out=str(out), unit_size=UNIT, workers=1)
-    with pytest.raises(KeyboardInterrupt):
+    from linpipe.jobs.cluster import start_ray, stop_ray
+
+    with pytest.raises(KeyboardInterrupt):  # the run's own local Ray, as a user's first run has
         run_job(req, events=_StopAt("started").events)
     assert not out.exists()
-    with pytest.raises(KeyboardInterrupt):
-        run_job(req, events=_StopAt("unit_done").events)
-    progress = OutputStore.open(str(out), mode="r").progress()
-    assert 0 < progress["units_done"] < progress["units"] and not progress["complete"]
-    with pytest.raises(KeyboardInterrupt):  # a resumed run that stops at once keeps what was done
-        run_job(req, events=_StopAt("started").events)
-    assert OutputStore.open(str(out), mode="r").progress()["units_done"] == progress["units_done"]
-    s = run_job(req)
+    assert start_ray(None, 1)  # the later runs join one Ray (each start takes seconds)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_job(req, events=_StopAt("unit_done").events)
+        progress = OutputStore.open(str(out), mode="r").progress()
+        assert 0 < progress["units_done"] < progress["units"] and not progress["complete"]
+        with pytest.raises(KeyboardInterrupt):  # a resumed run that stops at once keeps what was done
+            run_job(req, events=_StopAt("started").events)
+        assert OutputStore.open(str(out), mode="r").progress()["units_done"] == progress["units_done"]
+        s = run_job(req)
+    finally:
+        stop_ray()
     assert s.positions_run < s.positions and OutputStore.open(str(out), mode="r").is_complete()
 
 

@@ -1,6 +1,6 @@
 """The pipeline with delta-rule models (family delta_net, gated_deltanet) on real genome slices,
-beyond what the shared modules run with every tiny model kind (test_strands, test_variants,
-test_verify and test_packed take `gated_deltanet` among _pipeline_data.MODEL_KINDS):
+beyond what the shared modules run with every tiny model kind (test_strands, test_variants and
+test_verify take `gated_deltanet` among _pipeline_data.MODEL_KINDS):
 
 - verify and --repair of a delta-rule store: a lost boundary state (the rule's S and the q, k, v
   windows) recomputed to the same bytes; export of its values;

@@ -4,6 +4,8 @@ the split's barrier, score-variants' replays) rely on. Their own tests kill real
 on a plain actor: a dead actor's unanswered calls, in the order sent, and a call's error."""
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from linpipe.errors import LinpipeError, StoreError
@@ -131,6 +133,9 @@ def test_closing_asks_each_idle_actor_to_close_before_killing_it(ray_here, tmp_p
     pool.close()
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"closed-{idle.node.split(':')[1]}"]
     assert pool.slots == []
-    for h in handles:  # both gone
+    for h in handles:  # both gone (Ray's kill lands a moment later: a call may still be answered)
+        deadline = time.monotonic() + 60
         with pytest.raises(ray_here.exceptions.RayActorError):
-            ray_here.get(h.ready.remote(), timeout=60)
+            while time.monotonic() < deadline:
+                ray_here.get(h.ready.remote(), timeout=60)
+                time.sleep(0.1)

@@ -37,10 +37,11 @@ def _units_done(out) -> int:
 
 @pytest.fixture(scope="module")
 def ce_fasta(genomes, tmp_path_factory):
-    """7 real C. elegans records cut at 120 kb (one of 120 kb, six of 5 kb): 77 units of 2,048,
-    enough that a driver is surely mid-job when the test looks, on a loaded runner too."""
+    """7 real C. elegans records cut at 48 kb (one of 48 kb, six of 5 kb): 42 units of 2,048,
+    so that a driver is mid-job when the test looks (it holds the driver still, SIGSTOP, as soon
+    as 3 units are done)."""
     path = tmp_path_factory.mktemp("ce") / "ce_slice.fa"
-    write_fasta_slice(genomes / "htslib_ce.fa", path, 120_000)
+    write_fasta_slice(genomes / "htslib_ce.fa", path, 48_000)
     return path
 
 
@@ -78,7 +79,7 @@ def test_twin_refused_then_sigkilled_driver_resumes_bit_identical(store_place, c
         assert "already running" in twin.output and f"pid {proc.pid}" in twin.output
         assert socket.gethostname() in twin.output
         progress = OutputStore.open(out, mode="r").progress()
-        assert 3 <= progress["units_done"] < progress["units"] == 77  # killed mid-job
+        assert 3 <= progress["units_done"] < progress["units"] == 42  # killed mid-job
         res = subprocess.run(_submit_cmd(ce_fasta, tiny_dna, out), env=env, capture_output=True,
                              text=True, timeout=300)
         assert res.returncode == 0, res.stderr
