@@ -168,12 +168,12 @@ def pytest_runtest_protocol(item, nextitem):
 
 @pytest.fixture(scope="session")
 def worker_job(genomes, tmp_path_factory):
-    """The worker tests' job: the tiny model, and 120 pieces of real genomes with 4 records of
+    """The worker tests' job: the tiny model, and 40 pieces of real genomes with 4 records of
     several units, as (model folder, FASTA, {record: length})."""
     from _pipeline_data import make_tiny_model, write_contigs
 
     folder = tmp_path_factory.mktemp("worker_job")
-    lengths = write_contigs(genomes, folder / "contigs.fa", 120, seed=5, long=4)
+    lengths = write_contigs(genomes, folder / "contigs.fa", 40, seed=6, long=4)
     return make_tiny_model(folder / "tiny"), folder / "contigs.fa", lengths
 
 

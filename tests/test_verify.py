@@ -48,7 +48,7 @@ def written(genomes, tmp_path_factory, model_kind, once):
 def _written(genomes, tmp_path_factory, model_kind):
     base = tmp_path_factory.mktemp("verify")
     fasta = base / "contigs.fa"
-    write_contigs(genomes, fasta, 120, seed=19, long=2)
+    write_contigs(genomes, fasta, 40, seed=19, long=2)
     out = base / "good.zarr"
     plan = write_in_process(fasta, tiny_model_of(model_kind, base / "tiny"), out,
                             unit_size=CONTIG_UNIT)
