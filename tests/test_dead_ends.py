@@ -139,11 +139,12 @@ def test_eval_scores_each_channel_in_its_own_units(tmp_path):
 
     from linpipe.training.evaluate import auto_season
 
-    table = pd.read_parquet(EXAMPLES / "ecg-mitdb100.parquet")
+    table = pd.read_parquet(EXAMPLES / "ecg-mitdb100.parquet").iloc[:6_000]  # 16 s of 2 leads
+    table.to_parquet(tmp_path / "ecg-mV.parquet", index=False)
     micro = table.assign(V5_mV=table.V5_mV * 1000).rename(columns={"V5_mV": "V5_uV"})
     micro.to_parquet(tmp_path / "ecg-uV.parquet", index=False)
     reports = []
-    for path in (EXAMPLES / "ecg-mitdb100.parquet", tmp_path / "ecg-uV.parquet"):
+    for path in (tmp_path / "ecg-mV.parquet", tmp_path / "ecg-uV.parquet"):
         r = run("eval", "default-timeseries", path, "--time-column", "sample", "--json")
         assert r.exit_code == 0, r.output
         reports.append(__import__("json").loads(r.output)["inputs"][0])
