@@ -1,6 +1,7 @@
 """Helpers for the pipeline tests: short slices of real genomes and whole-store comparisons."""
 from __future__ import annotations
 
+import contextlib
 import gzip
 import time
 from pathlib import Path
@@ -216,28 +217,39 @@ def units_done(out) -> int:
         return 0
 
 
-def submit_and_sigkill(cmd: list[str], out, units: int, wait_s: float = 180) -> dict:
-    """Run a submit command line in a session of its own, SIGKILL it once `units` units of the
-    store at `out` are done, and end what is left of its session. Returns the store's progress
-    after the kill."""
+@contextlib.contextmanager
+def submit_running(cmd: list[str], out, units: int, *, wait_s: float = 180, env: dict | None = None,
+                   done=None):
+    """A submit command line running in a process session of its own, handed over (its Popen)
+    once `done(out)` (units_done: the store's units and packed batches) reaches `units` while it
+    still runs; on leaving, what is left of its session is killed (its embedded Ray)."""
     import os
-    import signal
     import subprocess
 
-    from linpipe.store import OutputStore
-
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    done = done or units_done
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + wait_s
-        while units_done(out) < units and proc.poll() is None and time.monotonic() < deadline:
+        while done(out) < units and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
         assert proc.poll() is None, "the job finished before it could be killed"
+        yield proc
+    finally:
+        kill_session(proc.pid)  # only what our own subprocess started
+
+
+def submit_and_sigkill(cmd: list[str], out, units: int, wait_s: float = 180) -> dict:
+    """Run a submit command line, SIGKILL it once `units` units of the store at `out` are done,
+    and end what is left of its session. Returns the store's progress after the kill."""
+    import signal
+
+    from linpipe.store import OutputStore
+
+    with submit_running(cmd, out, units, wait_s=wait_s) as proc:
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
-    finally:
-        kill_session(proc.pid)  # only what our own killed subprocess started
     return OutputStore.open(str(out), mode="r").progress()
 
 

@@ -10,15 +10,14 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 
 import numpy as np
 import pytest
 from _pipeline_data import (
     assert_same_bytes,
-    kill_session,
     make_tiny_model,
     store_arrays,
+    submit_running,
     write_fasta_slice,
     write_in_process,
 )
@@ -131,13 +130,7 @@ def _reference_store(fasta, model, out):
 def test_sigkilled_driver_resumes_to_the_bytes_of_an_uninterrupted_run(ce_slice, tiny_dna, tmp_path):
     out = tmp_path / "killed.zarr"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(_submit_cmd(ce_slice, tiny_dna, out), env=env, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 120
-        while _units_done(out) < 3 and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert proc.poll() is None, "the job finished before it could be killed"
+    with submit_running(_submit_cmd(ce_slice, tiny_dna, out), out, 3, wait_s=120, done=_units_done) as proc:
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
         done = _units_done(out)
@@ -152,8 +145,6 @@ def test_sigkilled_driver_resumes_to_the_bytes_of_an_uninterrupted_run(ce_slice,
         assert res.returncode == 0, res.stderr
         assert os.listdir(tmpdir) == []
         os.rmdir(tmpdir)
-    finally:
-        kill_session(proc.pid)  # only what our own killed subprocess started
     assert "Done: job lp-" in res.stdout and f"{90_000:,} positions" in res.stdout
     ran = res.stdout.split("positions (", 1)[1].split(" run)", 1)[0]
     assert ran != "90.00k"  # the chunks of the killed run were kept, not redone

@@ -8,11 +8,17 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 from _object_store_job import OUTPUTS, UNIT, plan_here, run_units, submit_cli
-from _pipeline_data import assert_same_bytes, kill_session, signal_session, store_arrays, write_fasta_slice
+from _pipeline_data import (
+    assert_same_bytes,
+    kill_session,
+    signal_session,
+    store_arrays,
+    submit_running,
+    write_fasta_slice,
+)
 from click.testing import CliRunner
 
 from linpipe.cli import cli
@@ -23,16 +29,6 @@ def _submit_cmd(fasta, model, out, *extra):
     return [sys.executable, "-c", "from linpipe.cli import cli; cli()", "submit", str(fasta),
             "--model", str(model), "--unit-size", str(UNIT), "--outputs", OUTPUTS,
             "--workers", "1", "--out", out, *extra]
-
-
-def _units_done(out) -> int:
-    from linpipe.store import OutputStore
-
-    try:
-        p = OutputStore.open(out, mode="r").progress()
-        return p["units_done"]
-    except Exception:  # not created yet: poll again
-        return 0
 
 
 @pytest.fixture(scope="module")
@@ -58,13 +54,7 @@ def test_twin_refused_then_sigkilled_driver_resumes_bit_identical(store_place, c
 
     out = store_place("killed.zarr")
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "LINPIPE_LEASE_HEARTBEAT_S": "1"}
-    proc = subprocess.Popen(_submit_cmd(ce_fasta, tiny_dna, out), env=env, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 180
-        while _units_done(out) < 3 and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert proc.poll() is None, "the job finished before it could be killed"
+    with submit_running(_submit_cmd(ce_fasta, tiny_dna, out), out, 3, env=env) as proc:
         # the driver and its Ray held still while the twin asks (a stalled driver): on a loaded
         # machine the job could otherwise end before the twin's plan is made
         signal_session(proc.pid, signal.SIGSTOP)
@@ -83,8 +73,6 @@ def test_twin_refused_then_sigkilled_driver_resumes_bit_identical(store_place, c
         res = subprocess.run(_submit_cmd(ce_fasta, tiny_dna, out), env=env, capture_output=True,
                              text=True, timeout=300)
         assert res.returncode == 0, res.stderr
-    finally:
-        kill_session(proc.pid)  # only what our own killed subprocess started
     assert "Done: job lp-" in res.stdout
     ref = str(tmp_path / "reference.zarr")
     run_units(ce_fasta, tiny_dna, ref)
