@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from linpipe.errors import LinpipeError, StoreError, option
+from linpipe.places import check_apart
 
 from .cluster import check_cluster, embedded_slots
 from .plan import JobPlan, plan_job
@@ -168,6 +169,10 @@ def preflight(request: JobRequest, run: RunOptions | None = None) -> Checked:
 
 def _preflight(request: JobRequest, run: RunOptions) -> Checked:
     run.check()
+    # a store laid out anew (--overwrite, or one that never received a unit) empties its folder
+    model = request.model if os.path.isdir(os.fspath(request.model)) else None  # else a shipped name
+    check_apart(request.out_path, [*(("input", p) for p in request.inputs), ("model", model),
+                                   ("regions file", request.regions)])
     cluster = check_cluster(run.address)  # first: a cluster that does not answer fails in seconds
     runtime_env = runtime_env_from(run.runtime_env, run.env) if is_job_server_address(run.address) else None
     plan = plan_job(request)

@@ -61,7 +61,7 @@ def test_model_import_never_writes_over_its_checkpoint(tmp_path, case):
     line = refused(["model", "import", str(src), str(out), "--tokens", "A=0,C=1,G=2,T=3,N=4", "--force"],
                    before, tmp_path, src, out)
     if "link" in case:
-        assert "resolved" in line and str(tmp_path / "good2") in line
+        assert "resolve" in line and str(tmp_path / "good2") in line
 
 
 def _job(base: Path, genomes: Path):

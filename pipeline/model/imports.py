@@ -338,8 +338,10 @@ def import_checkpoint(src, out, tokens: dict | None = None, bos: int | None = No
     and its weights' sha256. OUT is written whole or not at all."""
     from linpipe.model.files import _check_tensors, save_model
     from linpipe.model.network import LinpipeNet
+    from linpipe.places import check_apart
 
     out = Path(out)
+    check_apart(out, [("checkpoint", src)])  # --force would replace the user's only copy
     if out.exists() and not out.is_dir():
         raise ModelError(f"{out}: exists and is not a directory")
     if out.is_dir() and any(out.iterdir()) and not force:

@@ -15,6 +15,7 @@ import numpy as np
 
 from linpipe.errors import StoreError, option
 from linpipe.model.outputs import DNA
+from linpipe.places import check_apart
 from linpipe.store.layout import DIM_CHANNEL, POSITION_DIM, TIME
 from linpipe.store.reader import OutputReader, as_reader
 
@@ -113,6 +114,7 @@ def export_track(store, output: str, dest, *, fmt: str = "bigwig", records=None)
     if fmt not in TRACK_FORMATS:
         raise StoreError(f"unknown track format {fmt!r} (one of {', '.join(TRACK_FORMATS)})")
     reader = as_reader(store)
+    check_apart(dest, [("store", reader.path)])
     ids = _select(reader, records)
     _check_track(reader, ids, output)
     dest = os.fspath(dest)
@@ -154,6 +156,7 @@ def export_parquet(store, output, dest, *, records=None) -> int:
     `output` is one name or a list. Returns the number of rows written.
     """
     reader = as_reader(store)
+    check_apart(dest, [("store", reader.path)])
     ids = _select(reader, records)
     names = [output] if isinstance(output, str) else list(output)
     channels = reader.meta.get("channels") or []

@@ -21,6 +21,7 @@ from linpipe.errors import StoreError
 from linpipe.model.outputs import TIMESERIES
 from linpipe.outputs import DNA_SMOOTH, MAX_CHANNELS
 from linpipe.outputs.export import replaced_when_done
+from linpipe.places import check_apart
 from linpipe.store.layout import DIM_FEATURE
 from linpipe.store.reader import as_reader
 
@@ -121,6 +122,7 @@ def plot_region(store, record: str, output, dest, *, region: str | None = None,
     reader = as_reader(store)
     key = reader.key(record)
     info = reader.records[key]
+    check_apart(dest, [("store", reader.path), ("input", info.input)])  # a series' input is drawn
     where = f"{reader.path}: record {info.id!r}: "
     start, end = parse_region(region, info.length, where)
     n = end - start

@@ -33,6 +33,7 @@ import numpy as np
 
 from linpipe.errors import LinpipeError, option
 from linpipe.inputs.alphabet import reverse_complement, tokenize
+from linpipe.places import check_apart
 from linpipe.strands import FORWARD, REVERSE, Strand
 
 DEFAULT_WINDOW = 128
@@ -122,11 +123,8 @@ def _read_bcf(path: str):
         vf.close()
 
 
-def _genome_inputs(store, override: str | None):
-    """record id -> open input, for the FASTA the store was made from (or `override`), checked
-    to be that content: each file's sha256 is one the store recorded of its inputs (a copy
-    elsewhere has it too), so the stored states are known to belong to this sequence."""
-    from linpipe.inputs import open_input
+def genome_paths(store, override: str | None) -> list[str]:
+    """The FASTA files the store was made from (or `override`), as the store records them."""
     from linpipe.inputs.base import FileState
 
     meta = store.meta
@@ -138,9 +136,19 @@ def _genome_inputs(store, override: str | None):
         raise LinpipeError(f"{store.path}: written by an older linpipe ({meta.get('linpipe_version')}) that "
                            "recorded no content hash of its inputs, so no genome can be checked to be the "
                            f"one its states came from: run the job again with {option('overwrite')}")
-    paths = [override] if override else [r.path for r in recorded]
+    return [override] if override else [r.path for r in recorded]
+
+
+def _genome_inputs(store, override: str | None):
+    """record id -> open input, for the FASTA the store was made from (or `override`), checked
+    to be that content: each file's sha256 is one the store recorded of its inputs (a copy
+    elsewhere has it too), so the stored states are known to belong to this sequence."""
+    from linpipe.inputs import open_input
+    from linpipe.inputs.base import FileState
+
+    recorded = [FileState.from_stored(i) for i in store.meta.get("inputs") or ()]
     where, opened = {}, []
-    for p in paths:
+    for p in genome_paths(store, override):
         if not os.path.isfile(p):
             raise LinpipeError(f"{p}: the store's input is not here; give the genome with {option('input')}")
         inp = open_input(p)
@@ -384,6 +392,10 @@ def score_variants(store_path: str, vcf: str, out: str, *, window: int = DEFAULT
         raise LinpipeError(f"{option('window')} must be at least 1, got {window}")
     if not (out.endswith(".tsv") or out.endswith(".parquet")):
         raise LinpipeError(f"{out}: the output must end in .tsv or .parquet")
+    from linpipe.store import OutputStore
+
+    genomes = genome_paths(OutputStore.open(store_path, mode="r"), genome)
+    check_apart(out, [("store", store_path), ("VCF", vcf), *(("genome", p) for p in genomes)])
     summary = Summary()
     scorer = VariantScorer(store_path, window=window, genome=genome, model=model, device=device,
                            threads=threads)

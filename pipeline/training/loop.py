@@ -230,8 +230,11 @@ def train(inputs, out, model_kwargs: dict | None = None, cfg: TrainConfig | None
     """
     import torch
 
+    from linpipe.places import check_apart
+
     cfg = cfg or TrainConfig()
     out = Path(out)
+    check_apart(out, [("input", p) for p in inputs])
     if not resume:
         check_out_free(out, force=force)
     if cfg.steps < 1 or cfg.batch < 1 or cfg.window < 1 or not cfg.lr > 0:
