@@ -139,18 +139,21 @@ def test_split_and_resumed_at_any_cut(cuts):
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 1e-5)])
-def test_decays_that_empty_the_state_and_none_at_all(dtype, tol):
+def test_decays_that_empty_the_state_and_none_at_all(dtype, tol, monkeypatch):
     """Time steps of 1e4 (a decay of exp(-1e4) or less: the state emptied at once, within a block,
     at a block's first row and over a stretch of blocks), steps of exactly 0 (the state kept
     whole for hundreds of positions, over a span edge) and a channel with A = 0 (a sum that never
     decays): no inf or NaN, and the recurrence's values."""
-    T = 2 * stages_mod.SPAN + 77
+    monkeypatch.setattr(stages_mod, "SPAN_ELEMENTS", 256 * 6 * 16)  # spans of 256 positions
+    span = stages_mod.span_positions(1, 6, 16, stages_mod.BLOCK_SIZE)
+    assert span == 256
+    T = 2 * span + 77
     ops, opts, h0 = _inputs(1, T, 6, 16, seed=3, dtype=dtype)
     delta = ops["delta"]
     delta[0, 5, 0] = 1e4
     delta[0, 64, 1] = 1e4  # a block's first row
     delta[0, 100:140, 2] = 1e4
-    delta[0, stages_mod.SPAN - 10:stages_mod.SPAN + 300, 3] = -1e4  # softplus(-1e4) = 0: no step
+    delta[0, span - 10:span + 300, 3] = -1e4  # softplus(-1e4) = 0: no step
     ops["A"][4] = 0.0  # channel 4 only adds
     y_ref, h_ref = _reference(ops, opts, h0)
     for ctx in (torch.no_grad, torch.inference_mode):

@@ -1,7 +1,8 @@
 """The chunked form of Mamba's selective scan in PyTorch (the CPU, and autograd anywhere). Same
 contract as naive.py.
 
-The sequence streams through in spans of SPAN positions carrying the state; in a span, every
+The sequence streams through in spans carrying the state (stages.span_positions: as many
+positions as keep a span's temporaries near 2 MB); in a span, every
 block of c rows runs its local scan from a zero state at once (one op per row over all blocks),
 the blocks are carried in order, and every output follows at once (stages.run_span). No Python
 loop over positions; plain autograd gives the backward (the ops are out of place when a gradient
@@ -12,12 +13,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .stages import BLOCK_SIZE, SPAN, check_inputs, scan
+from .stages import BLOCK_SIZE, check_inputs, scan
 
 
 def chunk_selective_scan_torch(u, delta, A, B, C, *, D=None, z=None, delta_bias=None, delta_softplus=False,
                                initial_state=None, output_final_state=False, block_size: int = BLOCK_SIZE,
-                               span: int = SPAN, dtype: torch.dtype | None = None):
+                               span: int | None = None, dtype: torch.dtype | None = None):
     """naive_selective_scan's contract: u, delta (B, T, D), A (D, N), B, C (B, T, N), D and
     delta_bias (D,), z (B, T, D), the state (B, D, N). Returns (y (B, T, D) in u's dtype, final
     state (B, D, N) float32 or None).

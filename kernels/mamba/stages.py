@@ -36,12 +36,14 @@ import torch.nn.functional as F
 
 from ..linear_attn.scratch import workspace
 
-# Rows per block and positions per span of the chunked form, chosen by measurement (one thread,
-# T = 16,384, D = 256, N = 16; benchmarks/cpu_forms/mamba.py): a block costs 2 ops per row and
-# the fold one op per block, and a span's two (span, N, D) temporaries (8 MB each at D = 256)
-# stay in the last-level cache.
-BLOCK_SIZE = 32
-SPAN = 512
+# Rows per block of the chunked form, and elements (B span N D) of each of a span's two big
+# temporaries, chosen by measurement (one thread, T = 16,384, D = 256, N = 16; blocks of 16 and
+# 32, spans of 64 to 1,024 positions): a block costs 2 ops per row and the fold one op per block;
+# spans of 128 positions (2 MB temporaries) ran ~20% faster than spans of 512 (8 MB), whose
+# temporaries fall out of the cache between the passes; at D = 1,536 (Mamba-130m's width) spans
+# of 16 to 32 positions (one or two blocks, 1.5 to 3 MB) beat 64 to 256.
+BLOCK_SIZE = 16
+SPAN_ELEMENTS = 1 << 19
 # Positions of the entering state's share (`state_share`) computed at once: a (piece, N, D)
 # temporary.
 SHARE_PIECE = 512
@@ -140,15 +142,16 @@ def run_span(dt, u, A2t, B, C, h, c, inplace):
     a = torch.mul(dtb.unsqueeze(3), A2t, out=_buffer(shape, u, "a", inplace))
     a = a.exp2_() if inplace else a.exp2()
     x = torch.mul(v, Bb, out=_buffer(shape, u, "x", inplace))  # (B, n, c, N, D): dt_i u_i B_i
+    xr, ar = x.unbind(2), a.unbind(2)  # each row of every block: (B, n, N, D) views
     if inplace:
         for i in range(1, c):
-            x[:, :, i].addcmul_(a[:, :, i], x[:, :, i - 1])
-            a[:, :, i].mul_(a[:, :, i - 1])
+            xr[i].addcmul_(ar[i], xr[i - 1])
+            ar[i].mul_(ar[i - 1])
     else:
-        xs, ps = [x[:, :, 0]], [a[:, :, 0]]
+        xs, ps = [xr[0]], [ar[0]]
         for i in range(1, c):
-            xs.append(torch.addcmul(x[:, :, i], a[:, :, i], xs[-1]))
-            ps.append(a[:, :, i] * ps[-1])
+            xs.append(torch.addcmul(xr[i], ar[i], xs[-1]))
+            ps.append(ar[i] * ps[-1])
         x, a = torch.stack(xs, 2), torch.stack(ps, 2)
     starts = []
     for m in range(n):  # the fold over blocks: the state entering each
@@ -160,11 +163,20 @@ def run_span(dt, u, A2t, B, C, h, c, inplace):
     return y.view(batch, n * c, Dn)[:, :t], h
 
 
+def span_positions(batch, Dn, N, c, span=None) -> int:
+    """Positions per span: `span`, or as many as keep a span's temporaries at SPAN_ELEMENTS,
+    rounded down to whole blocks (one at least)."""
+    if span is None:
+        span = SPAN_ELEMENTS // max(1, batch * Dn * N)
+    return max(c, span // c * c)
+
+
 def scan(u, delta, A, B, C, *, D=None, delta_bias=None, delta_softplus=False, h=None,
-         block_size=BLOCK_SIZE, span=SPAN, dtype=None):
+         block_size=BLOCK_SIZE, span=None, dtype=None):
     """The chunked scan over all positions, spans in order carrying the state: (o (B, T, D) =
     sum_n C_t h_t + D u_t, before any gate, in the compute dtype; the state after (B, D, N) in the
-    compute dtype; the time steps dt (B, T, D)). h: the entering state (B, D, N) or None."""
+    compute dtype; the time steps dt (B, T, D)). h: the entering state (B, D, N) or None; span:
+    positions per span (default: span_positions')."""
     batch, T, Dn = u.shape
     N = A.shape[1]
     cd = compute_dtype(u, dtype)
@@ -175,7 +187,7 @@ def scan(u, delta, A, B, C, *, D=None, delta_bias=None, delta_softplus=False, h=
     inplace = not (torch.is_grad_enabled() and any(
         x is not None and x.requires_grad for x in (u, delta, A, B, C, D, delta_bias, h)))
     c = max(1, int(block_size))
-    step = max(c, span // c * c)
+    step = span_positions(batch, Dn, N, c, span)
     outs = []
     for s in range(0, T, step):
         sl = slice(s, s + step)
@@ -188,7 +200,7 @@ def scan(u, delta, A, B, C, *, D=None, delta_bias=None, delta_softplus=False, h=
 
 
 def span_parts(u, delta, A, B, C, *, D=None, delta_bias=None, delta_softplus=False,
-               before: Summary | None = None, block_size=BLOCK_SIZE, span=SPAN) -> SpanParts:
+               before: Summary | None = None, block_size=BLOCK_SIZE, span=None) -> SpanParts:
     """A span from a zero state, in one pass: its outputs before the gate (o_local), the summed
     time steps that map an entering state to them (dt_cum) and its summary (dt_sum, dh), in the
     compute dtype (float32; float64 for float64 inputs).
@@ -207,7 +219,7 @@ def span_parts(u, delta, A, B, C, *, D=None, delta_bias=None, delta_softplus=Fal
 
 
 def span_summary(u, delta, A, B, C, *, delta_bias=None, delta_softplus=False, block_size=BLOCK_SIZE,
-                 span=SPAN) -> Summary:
+                 span=None) -> Summary:
     """A span's summary (dt_sum, dh) alone (its outputs are discarded)."""
     return span_parts(u, delta, A, B, C, delta_bias=delta_bias, delta_softplus=delta_softplus,
                       block_size=block_size, span=span).summary
