@@ -176,7 +176,7 @@ def scan(u, delta, A, B, C, *, D=None, delta_bias=None, delta_softplus=False, h=
     """The chunked scan over all positions, spans in order carrying the state: (o (B, T, D) =
     sum_n C_t h_t + D u_t, before any gate, in the compute dtype; the state after (B, D, N) in the
     compute dtype; the time steps dt (B, T, D)). h: the entering state (B, D, N) or None; span:
-    positions per span (default: span_positions')."""
+    positions per span (default: span_positions())."""
     batch, T, Dn = u.shape
     N = A.shape[1]
     cd = compute_dtype(u, dtype)
