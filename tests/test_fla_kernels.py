@@ -1,6 +1,8 @@
 """fla's Triton kernels under linpipe's contract, against the float64 recurrences: the delta rule
-(linpipe.kernels.delta_rule.fla_delta_rule) and GLA (linpipe.kernels.gla.fla_gla), and the one
-lazy import they share (linpipe.kernels.fla).
+(linpipe.kernels.delta_rule.fla_delta_rule), GLA (linpipe.kernels.gla.fla_gla) and Mamba's
+selective scan through GLA's kernels (linpipe.kernels.mamba.fla_selective_scan), and the one
+lazy import they share (linpipe.kernels.fla); and fla's Mamba layer, whose SiLU is a Triton
+kernel, against its composition with linpipe's scan.
 
 Without a GPU, fla's token-by-token kernels (`fused_recurrent_*`, the same argument wiring as its
 chunked ones) run under Triton's interpreter (TRITON_INTERPRET=1, set before anything imports
@@ -19,6 +21,8 @@ os.environ.update({} if ON_GPU else {"TRITON_INTERPRET": "1"})  # before anythin
 
 from linpipe.kernels.delta_rule import delta_rule, fla_delta_rule, naive_recurrent_delta_rule  # noqa: E402
 from linpipe.kernels.gla import fla_gla, gla, naive_recurrent_gla  # noqa: E402
+from linpipe.kernels.mamba import fla_ops as mamba_fla_ops  # noqa: E402
+from linpipe.kernels.mamba import naive_selective_scan, selective_scan  # noqa: E402
 
 gpu = pytest.mark.skipif(not ON_GPU, reason="needs a CUDA device")
 
@@ -216,3 +220,79 @@ def test_gla_on_cuda_real_size_matches_naive(dtype, rtol):
     assert o1.is_cuda and o1.dtype == dtype and S2.dtype == torch.float32
     _close(torch.cat([o1, o2], 1), o_ref, rtol)
     _close(S2, S_ref, rtol)
+
+
+# ---- Mamba's selective scan (GLA with each channel its own head) --------------------------------
+def _mamba_inputs(batch, T, D, N, *, seed, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    u, delta, z = (torch.randn(batch, T, D, generator=g) for _ in range(3))
+    B, C = (torch.randn(batch, T, N, generator=g) for _ in range(2))
+    A = -torch.exp(torch.randn(D, N, generator=g) + 1.0)
+    ops = dict(u=u, delta=delta, A=A, B=B, C=C, D=torch.randn(D, generator=g), z=z,
+               delta_bias=torch.randn(D, generator=g) - 2.0)
+    return {k: v.to(dtype) for k, v in ops.items()}, torch.randn(batch, D, N, generator=g)
+
+
+@pytest.mark.parametrize("T", [1, 33])
+def test_mamba_through_gla_kernels_matches_the_recurrence(T, monkeypatch):
+    """The scan as GLA (q = C, k = dt B, v = u, log-gates dt A, a head per channel): outputs and
+    the entering and final state (B, D, N), with D, the gate and the softplus; the operands made
+    a few positions at a time (the state carried from piece to piece)."""
+    monkeypatch.setattr(mamba_fla_ops, "PIECE_ELEMENTS", 2 * 3 * 16 * 16)  # 16 positions a piece
+    ops, h0 = _mamba_inputs(2, T, 3, 16, seed=T)
+    y, h = mamba_fla_ops.fla_selective_scan(**ops, delta_softplus=True, initial_state=h0,
+                                            output_final_state=True, form=FORM)
+    y_ref, h_ref = naive_selective_scan(**{k: v.double() for k, v in ops.items()}, delta_softplus=True,
+                                        initial_state=h0.double(), output_final_state=True)
+    assert y.dtype == torch.float32 and h.dtype == torch.float32 and h.shape == h0.shape
+    _close(y, y_ref, 2e-5)
+    _close(h, h_ref, 2e-5)
+
+
+@gpu
+@pytest.mark.gpu
+def test_mamba_on_cuda_real_size_matches_naive():
+    """selective_scan on CUDA tensors (fla's chunk_gla, a head per channel): Mamba-130m's 1,536
+    channels and 16 states, 4,100 positions in two calls carrying the state, against the float64
+    recurrence."""
+    ops, h0 = _mamba_inputs(1, 4100, 1536, 16, seed=1)
+    ref = naive_selective_scan(**{k: v.double() for k, v in ops.items()}, delta_softplus=True,
+                               initial_state=h0.double(), output_final_state=True)
+    cuda = {k: v.cuda() for k, v in ops.items()}
+    with torch.inference_mode():
+        first = {k: v[:, :2049] if v.dim() == 3 else v for k, v in cuda.items()}
+        rest = {k: v[:, 2049:] if v.dim() == 3 else v for k, v in cuda.items()}
+        y1, h1 = selective_scan(**first, delta_softplus=True, initial_state=h0.cuda(),
+                                output_final_state=True)
+        y2, h2 = selective_scan(**rest, delta_softplus=True, initial_state=h1, output_final_state=True)
+    assert y1.is_cuda and h2.dtype == torch.float32
+    _close(torch.cat([y1, y2], 1), ref[0], 1e-3)
+    _close(h2, ref[1], 1e-3)
+
+
+@pytest.mark.slow  # fla's layers import transformers: seconds of CPU (tens on a busy 2-core machine)
+def test_flas_mamba_layer_is_linpipes_scan_between_its_projections():
+    """fla's Mamba layer (its PyTorch path on a CPU: in_proj, the causal conv and SiLU, x_proj,
+    dt_proj and softplus, the scan, the gate, out_proj) equals that composition with linpipe's
+    scan, outputs and the cached state (B, D, N) alike, with random weights."""
+    pytest.importorskip("transformers")
+    from fla.layers.mamba import Mamba
+
+    torch.manual_seed(0)
+    layer = Mamba(hidden_size=16, state_size=8, conv_kernel=4, intermediate_size=32, dt_rank=4, layer_idx=0,
+                  backend="triton").eval()
+    with torch.no_grad():
+        layer.A_log.add_(0.3 * torch.randn_like(layer.A_log))
+        layer.D.normal_()
+    x = torch.randn(2, 70, 16)
+    with torch.no_grad():
+        want, _conv, h_want = layer.slow_forward(x, use_cache=True)
+        xs, gate = layer.in_proj(x).chunk(2, dim=-1)  # (B, T, I) each
+        xs = F.silu(layer.conv1d(xs.transpose(1, 2))[..., :x.shape[1]]).transpose(1, 2)
+        dt_low, B, C = torch.split(layer.x_proj(xs), [layer.dt_rank, 8, 8], dim=-1)
+        delta = dt_low @ layer.dt_proj.weight.t()  # dt_proj without its bias: the scan adds it
+        y, h = selective_scan(xs, delta, -torch.exp(layer.A_log), B, C, D=layer.D, z=gate,
+                              delta_bias=layer.dt_proj.bias, delta_softplus=True, output_final_state=True)
+        got = layer.out_proj(y)
+    _close(got, want, 1e-5)
+    _close(h, h_want, 1e-5)

@@ -1,6 +1,6 @@
 """Make the flash-linear-attention fixtures of tests/test_fla_import.py with fla 0.6's own model
-classes: small random DeltaNet, GatedDeltaNet (one with grouped value heads), GLA, Mamba2, RetNet
-and LinearAttention language models over a DNA-sized vocabulary, saved with save_pretrained
+classes: small random DeltaNet, GatedDeltaNet (one with grouped value heads), GLA, Mamba, Mamba2,
+RetNet and LinearAttention language models over a DNA-sized vocabulary, saved with save_pretrained
 (safetensors), and fla's log-softmax at each next token of real genome records (docs/models.md).
 
     python tests/fla_fixtures/make_fla_fixtures.py [OUT [NAME...]]
@@ -8,8 +8,9 @@ and LinearAttention language models over a DNA-sized vocabulary, saved with save
 
 Runs on a CPU: fla's Triton kernels under TRITON_INTERPRET=1 with the autotuner cut to its first
 config (a few minutes). Writes OUT/records.fa (the records), and per fixture OUT/<name>/ with
-config.json, model.safetensors (and vocab.json for gated_deltanet: a character-level tokenizer)
-and expected.npz: per record id, `logprob` (T,) fla's log-probability of each position's token
+config.json, model.safetensors (and vocab.json for gated_deltanet: a character-level tokenizer),
+versions.json (the torch, transformers and fla that made it; fixtures made before it was written
+have none) and expected.npz: per record id, `logprob` (T,) fla's log-probability of each position's token
 given BOS and the positions before it, and `entropy` (T,) of fla's whole-vocabulary prediction.
 
 This script does not import linpipe: the fixtures are fla's word, not linpipe's.
@@ -73,6 +74,11 @@ FIXTURES = {
     "gla_gqa": ("GLAConfig", "GLAForCausalLM", dict(
         hidden_size=32, num_hidden_layers=2, num_heads=4, num_kv_heads=2, expand_k=1.0, expand_v=1.0,
         use_short_conv=True, conv_size=4, use_output_gate=True, intermediate_size=64)),
+    # Mamba (v1): fla's PyTorch path on the CPU (slow_forward: the scan position by position), its
+    # norms and SiLU Triton; the state-spaces checkpoints' shape (16 states, conv 4, no biases)
+    "mamba": ("MambaConfig", "MambaForCausalLM", dict(
+        hidden_size=32, num_hidden_layers=2, state_size=16, expand=2, conv_kernel=4, use_bias=False,
+        use_conv_bias=True, residual_in_fp32=True)),
     # mamba2 runs fla's PyTorch path (torch_forward) on the CPU, one token at a time (STEPWISE);
     # its norms are Triton
     "mamba2": ("Mamba2Config", "Mamba2ForCausalLM", dict(
@@ -110,7 +116,7 @@ STEPWISE = ("mamba2",)
 SEEDS = {"delta_net": 0, "gated_deltanet": 1, "delta_net_no_conv": 2, "gla": 3, "gla_no_conv": 4, "mamba2": 3,
          "retnet": 3, "retnet_no_gate": 4, "linear_attn": 5, "linear_attn_elu": 6, "linear_attn_hedgehog": 7,
          "linear_attn_dpfp": 8, "gated_deltanet_gva": 9, "gla_gqa": 10,
-         "retnet_gqa": 11, "linear_attn_gqa": 12}
+         "retnet_gqa": 11, "linear_attn_gqa": 12, "mamba": 13}
 COMMON = dict(vocab_size=len(VOCAB), pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS,
               attn_mode="fused_recurrent", fuse_norm=False, fuse_swiglu=False, fuse_cross_entropy=False,
               norm_eps=1e-6)
@@ -152,11 +158,19 @@ def make_model(name: str, seed: int):
     config_cls, model_cls, keys = FIXTURES[name]
     torch.manual_seed(seed)
     model = getattr(models, model_cls)(getattr(models, config_cls)(**{**COMMON, **keys})).float().eval()
+    return spread(model, seed)
+
+
+def spread(model, seed: int):
+    """model with its weights drawn again (in place) so that its predictions vary, the decays'
+    and time steps' own initialisations kept."""
+    import torch
+
     gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():  # fla's initialiser (std 0.02) predicts near-uniform: spread them out
+    with torch.no_grad():  # the libraries' initialisers (std 0.02) predict near-uniform: spread them out
         for name, p in model.named_parameters():
-            if name.endswith(("A_log", "dt_bias")):
-                continue  # fla's own decay initialisation
+            if name.endswith(("A_log", "dt_bias", "dt_proj.bias")):
+                continue  # the library's own decay and time-step initialisation
             noise = torch.randn(p.shape, generator=gen)
             if name.endswith("norm.weight"):
                 p.copy_(1.0 + 0.2 * noise)
@@ -222,6 +236,17 @@ def write_fixture(name: str, out: Path, seqs: dict[str, str], seed: int) -> None
         arrays[f"{rid}/logprob"], arrays[f"{rid}/entropy"] = lp, ent
     np.savez(d / "expected.npz", **arrays)
     (d / "generation_config.json").unlink(missing_ok=True)
+    (d / "versions.json").write_text(json.dumps(versions(), indent=1) + "\n")
+
+
+def versions() -> dict[str, str]:
+    """The versions of the libraries that made a fixture."""
+    from importlib.metadata import version
+
+    import torch
+
+    return {"torch": torch.__version__.split("+")[0], "transformers": version("transformers"),
+            "flash-linear-attention": version("flash-linear-attention"), "fla-core": version("fla-core")}
 
 
 def main(out: Path = DEFAULT_OUT, only=()) -> None:
