@@ -201,3 +201,14 @@ def test_unit_size_in_the_pipeline(genomes, tmp_path, one_torch_thread):
         got[unit] = record_outputs(tmp_path / f"u{unit}.zarr")
     assert_same_bytes(got[512], got[1_536])
     _within(got[1_000], got[512], "unit 1000")
+
+
+def test_a_product_with_a_bias_and_a_residual_keeps_both(matmul):
+    """The row tiles' x @ w.T + bias + residual under each product (mamba2's out_proj has a bias
+    and adds the residual): equal to torch's unfused ops, the bias never dropped."""
+    from linpipe.model.rows import linear
+    g = torch.Generator().manual_seed(0)
+    x, w, b, r = (torch.randn(s, generator=g) for s in ((70, 24), (12, 24), (12,), (70, 12)))
+    want = torch.nn.functional.linear(x, w, b) + r
+    got = linear(x, w, tile=16, bias=b, residual=r.clone())
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)

@@ -60,7 +60,12 @@ def _linear_tile(x, w, bias, gelu, residual):
     y = onednn_linear(x, w, bias, gelu=gelu, residual=residual) if cpu_matmul() == "onednn" else None
     if y is not None:
         return y
-    y = F.linear(x, w, bias) if residual is None else torch.addmm(residual, x, w.t())
+    if residual is None:
+        y = F.linear(x, w, bias)
+    elif bias is None:
+        y = torch.addmm(residual, x, w.t())
+    else:  # the product and its bias, then the residual: oneDNN's order
+        y = F.linear(x, w, bias).add_(residual)
     return torch.ops.aten.gelu_(y) if gelu else y
 
 
