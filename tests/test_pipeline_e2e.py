@@ -135,8 +135,8 @@ def test_sigkilled_driver_resumes_to_the_bytes_of_an_uninterrupted_run(ce_slice,
         proc.wait(timeout=30)
         done = _units_done(out)
         assert 3 <= done < 51  # killed mid-job
-        # Ray's head processes die with the driver; its agents may linger a while. The same
-        # submit, run now beside them, starts a fresh embedded Ray and resumes.
+        # The same submit, run again, starts a fresh embedded Ray and resumes (the killed one's
+        # processes end with it: tests/test_ray_leftovers.py).
         # Its own temporary folder (short: Ray's socket paths): an embedded Ray's session folder
         # goes with it when the job ends (the killed run's cannot).
         tmpdir = tempfile.mkdtemp(prefix="lpt", dir="/tmp")
