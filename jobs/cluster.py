@@ -151,7 +151,7 @@ def start_ray(address: str | None, workers: int | None) -> bool:
 
         _embedded_dir = tempfile.mkdtemp(prefix="lpray-")
         try:
-            _watchdog = Watchdog(_embedded_dir)
+            _watchdog = Watchdog(_embedded_dir) if os.name == "posix" else None  # pipes handed down
             with working_directory(_embedded_dir), environment(MARK, _embedded_dir):
                 init_local(_embedded_dir, num_cpus=workers or os.cpu_count() or 1, include_dashboard=False,
                            dashboard_host="127.0.0.1", **common)
