@@ -47,6 +47,8 @@ def _command_line() -> str:
 @timeseries_options
 def train_cmd(inputs, out, decay, resume, force, quiet, **params):
     """Train a model on INPUTS (FASTA or time series) by next-position prediction into --out."""
+    import time
+
     import numpy as np
 
     from linpipe.progress import Progress
@@ -58,8 +60,8 @@ def train_cmd(inputs, out, decay, resume, force, quiet, **params):
 
     def show(info):
         nonlocal bar
-        if bar is None:
-            bar = Progress(info.total, done=info.start, label="steps")
+        if bar is None:  # the rate counts from the session's first step, not from this call
+            bar = Progress(info.total, done=info.start, label="steps", t0=time.monotonic() - info.seconds)
         bar.update(info.step - bar.done, note=f"loss {info.loss:.4f}")
 
     try:
