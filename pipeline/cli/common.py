@@ -300,7 +300,8 @@ def ray_address_option(f):
             click.echo("Warning: --address is deprecated here; use --ray-address", err=True)
         return value
 
-    f = click.option("--address", "address", default=None, hidden=True, callback=older, expose_value=True)(f)
+    f = click.option("--address", "address", default=None, hidden=True, callback=older,
+                     help="The older name of --ray-address (deprecated).")(f)
     return click.option("--ray-address", "ray_address", default=None, metavar="HOST:PORT",
                         help="Ray cluster to join (its head's GCS address) for the actors "
                              "(default: an embedded local Ray).")(f)
