@@ -49,8 +49,14 @@ def shim(tree: Path, into: Path) -> Path:
     pkg.mkdir(parents=True)
     for entry in (tree / "pipeline").iterdir():
         (pkg / entry.name).symlink_to(entry.resolve())
-    for sub in ("kernels", "jobs"):
-        (pkg / sub).symlink_to((tree / sub).resolve())
+    (pkg / "jobs").symlink_to((tree / "jobs").resolve())
+    own = tree / "kernels" / "package"  # linpipe.kernels' own folder, its ops beside it (pyproject)
+    if not own.is_dir():  # a tree from before that layout: kernels/ is the package
+        (pkg / "kernels").symlink_to((tree / "kernels").resolve())
+        return into
+    (pkg / "kernels").mkdir()
+    for entry in [*own.iterdir(), *(d for d in (tree / "kernels").iterdir() if (d / "__init__.py").exists())]:
+        (pkg / "kernels" / entry.name).symlink_to(entry.resolve())
     return into
 
 

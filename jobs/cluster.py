@@ -22,6 +22,7 @@ from .request import is_job_server_address
 GCS_CONNECT_TIMEOUT_S = 5.0
 
 _embedded_dir: str | None = None  # the folder of the embedded Ray that start_ray started
+_watchdog = None  # its Watchdog (watchdog.py): the Ray's processes end with this process
 
 
 def check_cluster(address: str | None) -> str:
@@ -145,16 +146,33 @@ def start_ray(address: str | None, workers: int | None) -> bool:
         # An embedded Ray: no dashboard (nothing here uses one) and, should Ray start one
         # anyway, on loopback only. Ray 2.59+ puts it behind a token of its own (made in
         # ~/.ray/auth_token if there is none), which this process holds.
-        global _embedded_dir
+        global _embedded_dir, _watchdog
+        from .watchdog import MARK, Watchdog
+
         _embedded_dir = tempfile.mkdtemp(prefix="lpray-")
         try:
-            with working_directory(_embedded_dir):
+            _watchdog = Watchdog(_embedded_dir) if os.name == "posix" else None  # pipes handed down
+            with working_directory(_embedded_dir), environment(MARK, _embedded_dir):
                 init_local(_embedded_dir, num_cpus=workers or os.cpu_count() or 1, include_dashboard=False,
                            dashboard_host="127.0.0.1", **common)
         except BaseException:
             stop_ray()
             raise
     return True
+
+
+@contextlib.contextmanager
+def environment(name: str, value: str):
+    """os.environ[name] = value while ray.init starts Ray's processes (they keep it), then as before."""
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
 
 
 @contextlib.contextmanager
@@ -173,13 +191,17 @@ def working_directory(folder: str):
 
 
 def stop_ray() -> None:
-    """Shut down the Ray that start_ray started, and remove an embedded Ray's folder: its
-    session logs and sockets (a scheduled job would otherwise leave one more in the temporary
-    folder each run). linpipe reports what went wrong itself, so nothing in it is needed later."""
-    global _embedded_dir
+    """Shut down the Ray that start_ray started; of an embedded one, end what is left (its
+    watchdog's sweep) and remove its folder, its session logs and sockets (a scheduled job would
+    otherwise leave one more in the temporary folder each run). linpipe reports what went wrong
+    itself, so nothing in it is needed later."""
+    global _embedded_dir, _watchdog
     import ray
 
     ray.shutdown()
+    if _watchdog is not None:  # what the shutdown left of the Ray (nothing, as a rule) ends now
+        _watchdog.close()
+        _watchdog = None
     if _embedded_dir is not None:
         shutil.rmtree(_embedded_dir, ignore_errors=True)
         _embedded_dir = None

@@ -47,8 +47,9 @@ class JobSummary:
     out: str
     records: int
     positions: int  # all positions of the job
-    # positions computed by this run (the rest were already complete); on both strands a
-    # position counts half for each strand's unit (UnitResult.share)
+    # positions computed by this run; on both strands a position counts half for each strand's
+    # unit (UnitResult.share). A split record counts 1/(L+1) of its positions for each of its L
+    # layers and for its writes (jobs/split.py, _Progress).
     positions_run: float
     seconds: float  # from the first worker ready to the end
     startup_s: float  # Ray start-up plus actor creation and model loading
@@ -64,6 +65,9 @@ class JobSummary:
     write_s: float = 0.0
     wait_s: float = 0.0  # calls waiting for their turn to read or to run the model
     strands: int = 1  # 2: --strand both (positions count when run on both)
+    # positions taken from before this run, as positions_run counts them: the units an earlier
+    # run completed, and of a split record the layers it had checkpointed and the units it wrote
+    positions_resumed: float = 0.0
 
     @property
     def positions_per_s(self) -> float:
@@ -116,6 +120,11 @@ class JobEvents:
     def split_progress(self, record_id: str, positions: float) -> None:
         """A split record's run moved on by this many positions' worth of work (its units'
         unit_done events count none: a split's positions are reported here, layer by layer)."""
+
+    def split_resumed(self, record_id: str, positions: float) -> None:
+        """A split record resumes after what an earlier run did (its checkpointed layers, the
+        units it wrote): this many positions' worth of its work is taken from before (done, not
+        run: no rate counts it)."""
 
     def split_layer(self, record_id: str, layer: int, nodes: list[str], timing: dict) -> None:
         """A split record's segment group finished `layer` (nodes: its actors, "node:pid";
@@ -402,7 +411,7 @@ def _run_leased(plan, request, out, address, device, events, lease_token: str) -
                                 notes=plan.notes))
         return JobSummary(job_id=plan.job_id, out=out, records=n_records, positions=total, positions_run=0,
                           seconds=0.0, startup_s=0.0, output_bytes=store.size_on_disk(), workers=0,
-                          nothing_to_do=True)
+                          nothing_to_do=True, positions_resumed=total)
 
     t_start = time.monotonic()
     events.preparing(address)
@@ -471,7 +480,8 @@ def _run_leased(plan, request, out, address, device, events, lease_token: str) -
         t0 = (t_split if t_split is not None else sched.t_ready) or t_end
         return JobSummary(
             job_id=plan.job_id, out=out, records=n_records, positions=total,
-            positions_run=sched.positions_run + sum(st["positions"] for st in split_stats),
+            positions_run=sched.positions_run + sum(st["run"] for st in split_stats),
+            positions_resumed=done_positions + sum(st["resumed"] for st in split_stats),
             seconds=t_end - t0, startup_s=t0 - t_start, output_bytes=store.size_on_disk(), workers=n_workers,
             nodes=tuple(sorted(sched.nodes.union(*(st["nodes"] for st in split_stats)))),
             worker_deaths=sched.deaths + sum(st["deaths"] for st in split_stats), driver_peak_rss=peak_rss(),

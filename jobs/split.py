@@ -280,8 +280,10 @@ def run_split(record: Record, n_segments: int, store, new_actor, events, *, firs
     from linpipe.model.segments_run import run_layers
 
     bounds = segment_bounds(record.length, record.unit_size, n_segments, first_weight)
+    # positions: of the units this run wrote; run and resumed: the record's work this run did and
+    # what it took from an earlier run, as its progress counts them (_Progress)
     stats = {"deaths": 0, "positions": 0, "units": [], "layer_s": [], "nodes": set(), "segments": len(bounds),
-             "resumed_at": []}
+             "resumed_at": [], "run": 0.0, "resumed": 0.0}
     splits = store.split_records(record.key, bounds)
     splits.open()
     progress = _Progress(record, store, events)
@@ -289,6 +291,7 @@ def run_split(record: Record, n_segments: int, store, new_actor, events, *, firs
         k0 = first_incomplete_segment(store, record, bounds)
         if k0 == len(bounds):
             splits.clear()  # every unit is written: nothing of it is needed again
+            stats["run"], stats["resumed"] = progress.reported - progress.resumed, progress.resumed
             return stats
         todo = bounds[k0:]
         group = None
@@ -307,8 +310,10 @@ def run_split(record: Record, n_segments: int, store, new_actor, events, *, firs
                 first_unit = bounds[k0][0] // record.unit_size
                 state0 = ModelState.from_arrays(store.boundary_state(record.key, first_unit - 1))
             start, folds, replay = resume_point(splits, checkpoints, k0, len(bounds), len(weights))
-            stats["resumed_at"].append(start)
             n_layers = len(weights)
+            if not stats["resumed_at"]:  # what an earlier run did: checkpointed layers, written units
+                progress.resume(0 if replay else start, n_layers)
+            stats["resumed_at"].append(start)
             progress.layer(start, n_layers)
 
             def hook(layer, nodes=nodes, group=group, n_layers=n_layers):
@@ -379,13 +384,25 @@ def resume_point(splits, checkpoints, k0: int, n_segments: int, n_layers: int):
 class _Progress:
     """A split record's share of the job's progress bar, as its layers pass: each of its L
     layers and its writes count 1/(L+1) of the positions left (a group restarted after a loss
-    does not move the bar back, nor forward again over what it redoes)."""
+    does not move the bar back, nor forward again over what it redoes). The layers a run resumes
+    after, read back from an earlier run's checkpoint, count as taken from before (`resumed`),
+    not as work this run did, and so do the writes of units it had written (past the first
+    unit not written, which the run does not write again)."""
 
     def __init__(self, record: Record, store, events):
         done = store.completed_units(record.key, FORWARD)
         first = next((i for i in range(record.n_units) if i not in done), record.n_units)
         self.left = record.length - min(record.length, first * record.unit_size)  # as work_left counts
-        self.record, self.events, self.reported = record, events, 0.0
+        self.written = sum(min(record.length, (i + 1) * record.unit_size) - i * record.unit_size
+                           for i in done if i > first)
+        self.record, self.events, self.reported, self.resumed = record, events, 0.0, 0.0
+
+    def resume(self, start: int, n_layers: int) -> None:
+        """The run's first group starts after `start` layers an earlier run checkpointed."""
+        self.resumed = (self.left * start + self.written) / (n_layers + 1)
+        if self.resumed > 0:
+            self.events.split_resumed(self.record.id, self.resumed)
+            self.reported = self.resumed
 
     def layer(self, reached: int, n_layers: int) -> None:
         """`reached` of the n_layers + 1 steps (the layers, then the writes) are done."""

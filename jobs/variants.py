@@ -9,6 +9,7 @@ from .actor import as_actor, node_id
 from .cluster import start_ray, stop_ray
 from .errors import ClusterError
 from .pool import Pool, placement
+from .request import is_job_server_address
 
 # Calls on each actor at once: one running, one waiting beside it.
 IN_FLIGHT = 2
@@ -40,15 +41,15 @@ class RayReplay:
     (pool.py), IN_FLIGHT calls on each; a dead actor's units go back to the front of the queue,
     for the others or its replacement. `deaths`: the actors lost in the last call."""
 
-    def __init__(self, store_path, *, window, genome, model, device, threads, workers: int, address):
+    def __init__(self, store_path, *, window, genome, model, device, threads, workers: int, ray_address):
         self.where = os.path.abspath(store_path)
         self.fasta = os.path.abspath(genome) if genome else None
         self.window, self.model, self.device, self.threads = window, model, device, threads
-        self.workers, self.address = workers, address
+        self.workers, self.ray_address = workers, ray_address
         self.deaths = 0
 
     def __call__(self, units, order, on_unit):
-        started = start_ray(self.address, self.workers)
+        started = start_ray(self.ray_address, self.workers)
         pool = None
         try:
             import ray
@@ -91,15 +92,21 @@ class RayReplay:
                 stop_ray()
 
 
-def score_variants(store_path: str, vcf: str, out: str, *, workers: int = 0, address: str | None = None,
+def score_variants(store_path: str, vcf: str, out: str, *, workers: int = 0, ray_address: str | None = None,
                    **kw):
-    """outputs.variants.score_variants, its replay units on `workers` Ray actors (0: in process)."""
+    """outputs.variants.score_variants, its replay units on `workers` Ray actors (0: in process),
+    on the cluster whose head's GCS is `ray_address` (HOST:PORT; None: an embedded local Ray)."""
+    from linpipe.errors import option
     from linpipe.outputs.variants import DEFAULT_WINDOW
     from linpipe.outputs.variants import score_variants as score
 
+    if ray_address and is_job_server_address(ray_address):
+        raise ClusterError(f"{option('ray_address')} {ray_address}: a job server's address; score-variants "
+                           "runs here and joins the cluster by its head's GCS address, HOST:PORT "
+                           "(6379 by default)")
     replay = None
     if workers:
         replay = RayReplay(store_path, window=kw.get("window", DEFAULT_WINDOW), genome=kw.get("genome"),
                             model=kw.get("model"), device=kw.get("device"), threads=kw.get("threads", 1),
-                            workers=workers, address=address)
+                            workers=workers, ray_address=ray_address)
     return score(store_path, vcf, out, replay=replay, **kw)

@@ -36,7 +36,9 @@ class Progress:
     """Counts what is done (positions, steps); call update(n) as it finishes and close() at the end."""
 
     def __init__(self, total: int, *, done: int = 0, stream=None, tty: bool | None = None,
-                 log_every: float = 10.0, label: str = "positions"):
+                 log_every: float = 10.0, label: str = "positions", t0: float | None = None):
+        """done: what was done before this run (no rate counts it); t0: when this run's work
+        began (time.monotonic()), if before now."""
         self.total = total
         self.start_done = done
         self.done = done
@@ -45,7 +47,7 @@ class Progress:
         self.log_every = log_every
         self.label = label
         self.note = ""
-        self.t0 = time.monotonic()
+        self.t0 = time.monotonic() if t0 is None else t0
         self._last = 0.0
         self._logged = None  # `done` when the last log line was written
         self._width = 0
@@ -82,6 +84,12 @@ class Progress:
         elif now - self._last >= self.log_every:
             self._log()
             self._last = now
+
+    def skip(self, n: float) -> None:
+        """n more units found done before this run (a resume learns some only as it goes):
+        the bar moves, the rate does not count them."""
+        self.done += n
+        self.start_done += n
 
     def _log(self) -> None:
         print(f"progress: {self.line()}", file=self.stream, flush=True)

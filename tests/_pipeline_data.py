@@ -200,6 +200,27 @@ def signal_session(sid: int, sig) -> None:
                 pass
 
 
+def session_processes(sid: int) -> dict[int, str]:
+    """The live processes (zombies left out) of the process session a subprocess led, with
+    their command lines, from /proc."""
+    import os
+
+    found = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+            if state not in ("Z", "X") and os.getsid(int(d)) == sid:
+                found[int(d)] = cmd
+        except OSError:  # ended meanwhile
+            pass
+    return found
+
+
 def kill_session(sid: int) -> None:
     """SIGKILL what is left of the process session a killed subprocess led (its embedded Ray)."""
     import signal

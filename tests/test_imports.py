@@ -1,25 +1,10 @@
-"""The packages' imports form no cycle: every module under pipeline/, jobs/ and kernels/, by its
+"""The packages' imports form no cycle: every module of every package pyproject.toml lists, by its
 linpipe name, with every import it makes, at the top of the file or inside a function."""
 import ast
 from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[1]
-FOLDERS = {"pipeline": "linpipe", "jobs": "linpipe.jobs", "kernels": "linpipe.kernels"}
-
-
-def modules() -> dict[str, tuple[Path, bool]]:
-    """linpipe name -> (file, whether it is a package's __init__)."""
-    found = {}
-    for folder, package in FOLDERS.items():
-        for path in sorted((REPO / folder).rglob("*.py")):
-            parts = list(path.relative_to(REPO / folder).with_suffix("").parts)
-            is_package = parts[-1] == "__init__"
-            if is_package:
-                parts = parts[:-1]
-            found[".".join([package, *parts])] = (path, is_package)
-    return found
+from _layout import REPO, modules
 
 
 def imported(name: str, is_package: bool, node: ast.AST, known) -> list[str]:

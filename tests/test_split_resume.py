@@ -205,3 +205,10 @@ def test_the_cli_bar_moves_with_a_split_records_layers(capsys):
     events.unit_done(UnitResult("k", 0, 8_192, 0.0, 0.0, 0.0, 0.0, "n:1", 0, 0.0), 1)
     assert bar.done == 60_000 and bar.fraction() == 1.0
     events.finished()
+    # a run resumed after checkpointed layers: the bar moves over them, the rate counts none
+    events.started(JobStart("lp-x", "out.zarr", 1, 60_000, 0, 1, 2))
+    bar = events.progress
+    events.split_resumed("chrI", 40_000)
+    assert bar.done == 40_000 and bar.rate() == 0.0
+    events.split_progress("chrI", 20_000)
+    assert bar.done == 60_000 and 0 < bar.rate() and bar.done - bar.start_done == 20_000

@@ -44,6 +44,9 @@ def test_progress_reports_every_step_with_the_running_loss(full_run):
     steps = full_run.progress
     assert [s.step for s in steps] == list(range(1, 201))
     assert {(s.start, s.total) for s in steps} == {(0, 200)}
+    # the time since the first step began: the steps' rate, from the first step on
+    seconds = [s.seconds for s in steps]
+    assert 0 < seconds[0] and all(a < b for a, b in zip(seconds, seconds[1:], strict=False))
     # the running loss is the mean of the last 50 steps' losses
     assert steps[-1].loss == pytest.approx(np.mean(full_run.losses[-50:]), rel=1e-6)
     assert steps[9].loss == pytest.approx(np.mean(full_run.losses[:10]), rel=1e-6)
@@ -90,6 +93,14 @@ def test_lanes_walk_records_in_order_and_reset_at_starts():
     assert resets[0] == [True, True] and resets[1] == [False, True]  # lane 1 enters part 2
 
 
+def _rate(line: str) -> float:
+    """The steps per second a progress line says ("12/12 steps (100.0%), 9.94/s, ...")."""
+    import re
+
+    number, unit = re.search(r", ([\d.]+)([kMG]?)/s", line).groups()
+    return float(number) * {"": 1, "k": 1e3, "M": 1e6, "G": 1e9}[unit]
+
+
 def test_cli_train_and_progress(tmp_path, mt, monkeypatch):
     import shlex
     import sys
@@ -102,8 +113,13 @@ def test_cli_train_and_progress(tmp_path, mt, monkeypatch):
     assert r.exit_code == 0, r.output
     assert "validation bits per base: model" in r.output and "markov-2" in r.output
     # the progress bar (log lines off a terminal) ends at the last step with the running loss
-    last = [line for line in r.output.splitlines() if line.startswith("progress: ")][-1]
+    lines = [line for line in r.output.splitlines() if line.startswith("progress: ")]
+    first, last = lines[0], lines[-1]
     assert last.startswith("progress: 12/12 steps (100.0%)") and ", loss " in last
+    # the first line (step 1, logged at once) says the rate of that step, not of the moment
+    # between the step's end and the bar's start (thousands of steps a second)
+    assert first.startswith("progress: 1/12 steps (8.3%)")
+    assert 0 < _rate(first) < 10 * _rate(last), (first, last)
     quiet = CliRunner().invoke(cli, ["train", str(mt), "--out", str(tmp_path / "q"), "--d-model", "16",
                                      "--n-layers", "1", "--n-heads", "2", "--steps", "2", "--batch", "2",
                                      "--window", "32", "--quiet"])

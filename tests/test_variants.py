@@ -71,6 +71,29 @@ def test_llr_equals_the_model_run_directly(case):
         assert np.array_equal(pd.read_parquet(base / "sub.parquet").llr.to_numpy(), exact[keep]), keep
 
 
+def test_the_summary_counts_alleles_and_vcf_lines(case):
+    """A line with two ALTs is two alleles: "Scored 5 alleles from 4 VCF lines", each scored."""
+    base, _fasta, out, _model, seqs = case
+    s = seqs["chr2"]
+    other = {"A": "CG", "C": "GT", "G": "TA", "T": "AC"}  # two ALTs that are not the REF
+    rows = [("chr2", p, s[p - 1].upper(), ",".join(other[s[p - 1].upper()])) for p in (11, 600)]
+    rows += [("chr2", 900, s[899].upper(), other[s[899].upper()][0]), ("mt", 20, seqs["mt"][19].upper(), "*")]
+    vcf = write_vcf(base / "multi.vcf", rows, {"chr2": len(s), "mt": len(seqs["mt"])})
+    tsv = base / "multi.tsv"
+    r = CliRunner().invoke(cli, ["score-variants", str(out), str(vcf), "-o", str(tsv)])
+    assert r.exit_code == 0, r.output
+    assert r.output.startswith("Scored 5 alleles from 4 VCF lines in "), r.output
+    assert "Skipped 1 allele: 1 " in r.output  # the line whose ALT is "*"
+    assert len(pd.read_csv(tsv, sep="\t")) == 5
+    # the cluster to join is --ray-address (HOST:PORT); --address, its older name, still works
+    r = CliRunner().invoke(cli, ["score-variants", str(out), str(vcf), "-o", str(tsv), "--address", "h:1"])
+    assert r.exit_code == 0 and "Warning: --address is deprecated here; use --ray-address" in r.output
+    r = CliRunner().invoke(cli, ["score-variants", str(out), str(vcf), "-o", str(tsv), "--workers", "2",
+                                 "--ray-address", "http://127.0.0.1:8265"])
+    err = [line for line in r.output.splitlines() if line.startswith("Error:")]
+    assert r.exit_code == 1 and len(err) == 1 and err[0].startswith("Error: --ray-address http://"), r.output
+
+
 def test_bad_lines_are_named_or_counted(case):
     base, _fasta, out, _model, seqs = case
     s = seqs["chr2"]
@@ -202,7 +225,7 @@ def test_an_actor_killed_mid_replay_hands_its_units_to_another(case):
     here, there = base / "k_here.parquet", base / "k_there.parquet"
     a = score_variants(str(out), str(vcf), str(here), window=WINDOW)
     replay = RayReplay(str(out), window=WINDOW, genome=None, model=None, device=None, threads=1,
-                       workers=2, address=None)
+                       workers=2, ray_address=None)
     killed = []
 
     def kill_one(n):

@@ -9,17 +9,11 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from _layout import REPO, package_folder, packages, setuptools_table
 
 pytestmark = pytest.mark.slow  # builds and installs a wheel
 
-ROOTS = {"pipeline": "linpipe", "kernels": "linpipe/kernels", "jobs": "linpipe/jobs"}
-
-
-def _source_folder(pkg: str, package_dir: dict) -> Path:
-    """The repo folder of package `pkg` under pyproject's package-dir mapping."""
-    parent = max((p for p in package_dir if pkg == p or pkg.startswith(p + ".")), key=len)
-    return REPO / package_dir[parent] / pkg[len(parent) :].lstrip(".").replace(".", "/")
+ROOTS = ("pipeline", "kernels", "jobs")
 
 
 @pytest.fixture(scope="module")
@@ -35,14 +29,15 @@ def wheel(tmp_path_factory) -> Path:
 
 def test_wheel_has_every_subpackage_and_the_default_model(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
-    for folder, pkg in ROOTS.items():
-        for d, _, files in os.walk(REPO / folder):
-            if "__pycache__" in d:
-                continue
-            rel = Path(d).relative_to(REPO / folder)
-            for f in files:
-                if f.endswith(".py"):
-                    assert f"{pkg}/{rel.as_posix() + '/' if str(rel) != '.' else ''}{f}" in names, (d, f)
+    listed = packages()
+    for pkg, folder in listed.items():
+        for f in folder.glob("*.py"):
+            assert f"{pkg.replace('.', '/')}/{f.name}" in names, (pkg, f)
+    # every Python file of the three folders is in a listed package (tests/test_layout.py says
+    # which folders; here: that the wheel holds them all)
+    sources = {p for top in ROOTS for p in (REPO / top).rglob("*.py") if "__pycache__" not in p.parts}
+    assert sources == {f for folder in listed.values() for f in folder.glob("*.py")}
+    assert any(n.startswith("linpipe/kernels/linear_attn/") for n in names)
     for f in ("config.json", "model.safetensors"):
         assert f"linpipe/model/shipped/default/{f}" in names
     for f in ("whole_genome.yaml", "assemblies.yaml", "timeseries.yaml"):
@@ -50,12 +45,11 @@ def test_wheel_has_every_subpackage_and_the_default_model(wheel):
 
 
 def test_every_package_data_glob_names_files_the_wheel_holds(wheel):
-    tomllib = pytest.importorskip("tomllib", reason="Python 3.10 has no tomllib to read pyproject.toml")
     names = set(zipfile.ZipFile(wheel).namelist())
-    setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    setuptools = setuptools_table()
     assert setuptools["package-data"]
     for pkg, globs in setuptools["package-data"].items():
-        folder = _source_folder(pkg, setuptools["package-dir"])
+        folder = package_folder(pkg, setuptools["package-dir"])
         for pattern in globs:
             found = [p.relative_to(folder).as_posix() for p in folder.glob(pattern)]
             assert found, f"package-data {pkg}: {pattern!r} matches no file"
@@ -72,6 +66,7 @@ def test_the_installed_wheel_loads_the_default_model_outside_the_repo(wheel, tmp
     )
     code = (
         "import importlib.metadata, linpipe, linpipe.jobs.driver, linpipe.kernels.linear_attn.triton_chunk; "
+        "from linpipe.kernels import chunk_linear_attn; from linpipe.kernels.fla import fla_kernel; "
         "assert linpipe.__file__.startswith(%r), linpipe.__file__; "
         "print(linpipe.load_model('default').config.d_model, linpipe.__version__, "
         "importlib.metadata.version('linpipe'))" % str(target)

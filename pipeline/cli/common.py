@@ -58,6 +58,41 @@ def options(*decorators):
     return apply
 
 
+# ------------------------------------------------------------------ options several commands take
+# Each declared once, with one meaning wherever it appears (tests/test_cli_reference.py holds every
+# flag to one declaration in pipeline/cli/); a command's docstring says what is its own.
+json_option = click.option("--json", "as_json", is_flag=True,
+                           help="Print JSON instead of text (for scripts).")
+force_option = click.option("--force", is_flag=True,
+                            help="Write the model into an output directory that already holds one (or "
+                                 "other files): linpipe's files there are replaced, the others stay.")
+cache_dir_option = click.option(
+    "--cache-dir", default=None, type=click.Path(file_okay=False), metavar="DIR",
+    help="linpipe's cache folder: indexes of inputs whose folder is read-only (or with "
+         "--index-in-cache), hash caches and converted tables (default: $LINPIPE_CACHE, else "
+         "~/.cache/linpipe).")
+# the store's outputs by name (docs/output-format.md); not submit's --outputs, which picks what a
+# job computes
+output_option = click.option("--output", "output", required=True, metavar="NAME[,NAME...]",
+                             help="The store's output to read, e.g. logprob; a comma list where the "
+                                  "command takes several (forecast,residual).")
+
+
+def record_option(*, many: bool):
+    """--record ID: a record of the store by its id; `many`: repeatable, every record when not
+    given (the parameter is then `records`, a tuple), else one, required."""
+    return click.option("--record", "records" if many else "record", multiple=many, required=not many,
+                        metavar="ID", help="A record of the store, by its id"
+                        + ("; repeatable (default: every record)." if many else "."))
+
+
+def out_option(what: str, *, folder: bool = False):
+    """-o/--out: what a command writes, a file (or a `folder`); `what` says which, in words."""
+    return click.option("-o", "--out", "out", required=True, metavar="DIR" if folder else "FILE",
+                        type=click.Path(dir_okay=folder, file_okay=not folder),
+                        help=f"What to write: {what}.")
+
+
 # ------------------------------------------------------------------ the declared job options
 class Declared(click.ParamType):
     """A job option's value, parsed by its kind (the one parser a spec file uses too); a bad
@@ -248,11 +283,28 @@ def open_reader(path):
     return reader
 
 
-# status, logs, cancel, list: the job server (--address of submit is declared with the job options)
+# status, logs, cancel, list: the job server (--address of submit is declared with the job options:
+# http://HEAD:8265 there is this, the job server; HOST:PORT there joins the cluster, which only
+# submit does by that name: score-variants' --ray-address)
 job_server_option = click.option(
     "--address", default=None, metavar="http://HOST:8265",
     help="Ray job server (default: $LINPIPE_ADDRESS, $RAY_API_SERVER_ADDRESS, "
          "an http $RAY_ADDRESS, else http://127.0.0.1:8265).")
+
+
+def ray_address_option(f):
+    """--ray-address HOST:PORT: the Ray cluster whose head's GCS a command joins to run its actors
+    there (its driver stays here); `--address`, its older name, still works, with a warning."""
+    def older(ctx, param, value):
+        if value is not None:
+            click.echo("Warning: --address is deprecated here; use --ray-address", err=True)
+        return value
+
+    f = click.option("--address", "address", default=None, hidden=True, callback=older,
+                     help="The older name of --ray-address (deprecated).")(f)
+    return click.option("--ray-address", "ray_address", default=None, metavar="HOST:PORT",
+                        help="Ray cluster to join (its head's GCS address) for the actors "
+                             "(default: an embedded local Ray).")(f)
 
 
 def follow_until_done(client, submission_id: str) -> int:

@@ -3,20 +3,18 @@ from __future__ import annotations
 
 import click
 
-from .common import examples, input_options, plural, timeseries_options
+from .common import cache_dir_option, examples, input_options, json_option, plural, timeseries_options
 
 
 @click.command("index", epilog=examples("linpipe index examples/MT-human.fa",
                                         "linpipe index examples/ecg-mitdb100.parquet --time-column sample"))
 @click.argument("input_path", metavar="INPUT", type=click.Path(path_type=str))
 @timeseries_options
-@click.option("--cache-dir", default=None, type=click.Path(file_okay=False), metavar="DIR",
-              help="linpipe's cache folder: where indexes go when the input's folder is read-only "
-                   "or with --index-in-cache, and converted tables (default $LINPIPE_CACHE or "
-                   "~/.cache/linpipe).")
-@click.option("--json", "as_json", is_flag=True, help="Print the records as JSON.")
+@cache_dir_option
+@json_option
 def index_cmd(input_path, cache_dir, as_json, **ts):
-    """Build (or reuse) the index of INPUT and print its records and lengths."""
+    """Build (or reuse) the index of INPUT and print its records and lengths (--json: with its
+    path, modality, channels and fingerprint)."""
     import json
 
     from linpipe.inputs import open_input
@@ -57,10 +55,9 @@ def cache_group():
 
 
 @cache_group.command("clean", epilog=examples("linpipe cache clean"))
-@click.option("--cache-dir", default=None, type=click.Path(file_okay=False), metavar="DIR",
-              help="The cache folder to empty (default $LINPIPE_CACHE or ~/.cache/linpipe).")
+@cache_dir_option
 def cache_clean_cmd(cache_dir):
-    """Remove everything in the cache folder (each file is made again when a job needs it);
+    """Remove everything in linpipe's cache folder (each file is made again when a job needs it);
     index files beside inputs are left alone."""
     from linpipe.inputs.cache import clean_cache
     from linpipe.progress import human_bytes

@@ -6,7 +6,16 @@ import click
 
 from linpipe.model.config import ModelConfig
 
-from .common import decay_values, examples, family_options, field_options, model_fields, model_size_options
+from .common import (
+    decay_values,
+    examples,
+    family_options,
+    field_options,
+    force_option,
+    json_option,
+    model_fields,
+    model_size_options,
+)
 
 
 @click.group("model", epilog=examples("linpipe model info", "linpipe model init my-model --d-model 32"))
@@ -25,7 +34,7 @@ def model_group():
 @family_options
 @field_options(ModelConfig, ("channels",))
 @click.option("--seed", type=int, default=0, show_default=True, help="Random seed of the initial weights.")
-@click.option("--force", is_flag=True, help="Overwrite a model already in DIRECTORY.")
+@force_option
 def model_init(directory, decay, seed, force, **fields):
     """Write a randomly initialised model to DIRECTORY."""
     from pathlib import Path
@@ -62,7 +71,7 @@ def model_init(directory, decay, seed, force, **fields):
                    "tokenizer.json.")
 @click.option("--bos", type=click.IntRange(0), default=None,
               help="The token id read before each record  [default: config.json's bos_token_id]")
-@click.option("--force", is_flag=True, help="Replace a model already in OUT.")
+@force_option
 def model_import(src, out, tokens, bos, force):
     """Import a flash-linear-attention checkpoint (config.json + model.safetensors, families
     delta_net, gated_deltanet and mamba2) from SRC into a linpipe model directory OUT."""
@@ -78,7 +87,7 @@ def model_import(src, out, tokens, bos, force):
 @model_group.command("info", epilog=examples("linpipe model info",
                                              "linpipe model info examples/models/ecg --json"))
 @click.argument("model", default="default")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@json_option
 def model_info(model, as_json):
     """Print a model's config, parameter count and weights sha256 (MODEL: a directory or a
     shipped model's name; default: the shipped default)."""

@@ -6,12 +6,12 @@ import click
 from linpipe.outputs import DNA_SMOOTH, MAX_CHANNELS
 from linpipe.strands import REVERSE, Strand
 
-from .common import examples, open_reader, plural
+from .common import examples, json_option, open_reader, out_option, output_option, plural, record_option
 
 
 @click.command(epilog=examples("linpipe inspect MT-human.zarr", "linpipe inspect MT-human.zarr --json"))
 @click.argument("store", type=click.Path())
-@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON (for scripts).")
+@json_option
 def inspect(store, as_json):
     """Summarise an output store: records, outputs, completion, model, size, compression."""
     import json
@@ -96,7 +96,7 @@ def _running(lease: dict) -> dict:
 @click.option("--repair", is_flag=True,
               help="Recompute the corrupt and missing units from their boundary states (needs the "
                    "job's inputs and model where they were), then verify again.")
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (for scripts).")
+@json_option
 def verify(store, repair, as_json):
     """Re-read every unit of an output store and check it against the checksums written with it,
     and each of the job's inputs found here against the sha256 recorded of it.
@@ -172,13 +172,12 @@ def _verdict(report, running) -> str:
 @click.argument("store", type=click.Path())
 @click.option("--format", "fmt", type=click.Choice(["bigwig", "bedgraph", "parquet"]), required=True,
               help="bigwig or bedgraph: a genome-browser track of one per-base output; parquet: a table.")
-@click.option("--output", "output", required=True, metavar="NAME[,NAME...]",
-              help="Output to export, e.g. logprob (parquet: a comma list).")
-@click.option("--record", "records", multiple=True, metavar="ID",
-              help="Record id to export (repeatable; default all).")
-@click.option("-o", "dest", required=True, type=click.Path(), help="File to write.")
-def export(store, fmt, output, records, dest):
-    """Export an output as a genome-browser track (bigWig, bedGraph) or a Parquet table."""
+@output_option
+@record_option(many=True)
+@out_option("a bigWig, bedGraph or Parquet file")
+def export(store, fmt, output, records, out):
+    """Export an output as a genome-browser track (bigWig, bedGraph: one output) or a Parquet
+    table (a comma list of outputs)."""
     import warnings
 
     from linpipe.outputs.export import export_parquet, export_track
@@ -188,12 +187,12 @@ def export(store, fmt, output, records, dest):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", CorruptUnitWarning)
         if fmt == "parquet":
-            n = export_parquet(reader, [o.strip() for o in output.split(",") if o.strip()], dest,
+            n = export_parquet(reader, [o.strip() for o in output.split(",") if o.strip()], out,
                                records=list(records))
-            done = f"Wrote {n:,} rows to {dest}"
+            done = f"Wrote {n:,} rows to {out}"
         else:
-            n = export_track(reader, output, dest, fmt=fmt, records=list(records))
-            done = f"Wrote {n:,} intervals to {dest}"
+            n = export_track(reader, output, out, fmt=fmt, records=list(records))
+            done = f"Wrote {n:,} intervals to {out}"
     for w in caught:
         if issubclass(w.category, CorruptUnitWarning):
             click.echo(f"Warning: {w.message}", err=True)
@@ -205,10 +204,8 @@ def export(store, fmt, output, records, dest):
     "linpipe plot ecg.zarr --record ecg-mitdb100 --output forecast,residual --region 0-3000 -o ecg.png",
     "linpipe plot ecg.zarr --record ecg-mitdb100 --output forecast,residual --channel V5_mV -o v5.png"))
 @click.argument("store", type=click.Path())
-@click.option("--record", required=True, metavar="ID", help="Record id.")
-@click.option("--output", "output", required=True, metavar="NAME[,NAME...]",
-              help="Output(s) to plot, e.g. logprob, or forecast,residual (stacked panels; a "
-                   "forecast is drawn over the input series).")
+@record_option(many=False)
+@output_option
 @click.option("--channel", "channels", multiple=True, metavar="NAME[,NAME...]",
               help="Time series: the channels to draw (repeatable or a comma list; default: the "
                    f"first {MAX_CHANNELS}), each with its panels together.")
@@ -219,16 +216,17 @@ def export(store, fmt, output, records, dest):
 @click.option("--smooth", type=click.IntRange(0), default=None, metavar="N",
               help=f"Draw a centred rolling mean over N positions on top of the per-position values "
                    f"(default: {DNA_SMOOTH} for DNA outputs, off for time series; 0 or 1: off).")
-@click.option("-o", "dest", required=True, type=click.Path(), help="PNG file to write.")
+@out_option("a PNG")
 @click.option("--width", default=1600, show_default=True, type=click.IntRange(200, 20000),
               help="Width in pixels.")
-def plot(store, record, output, channels, region, smooth, dest, width):
-    """Plot one output over a region as a PNG (min/max envelope when downsampled)."""
+def plot(store, record, output, channels, region, smooth, out, width):
+    """Plot outputs over a region as a PNG (min/max envelope when downsampled): several outputs
+    (a comma list) as stacked panels, a forecast drawn over the input series."""
     from linpipe.outputs.plot import plot_region
 
     names = [o.strip() for o in output.split(",") if o.strip()]
     chosen = [c.strip() for arg in channels for c in arg.split(",") if c.strip()]
-    info = plot_region(open_reader(store), record, names if len(names) > 1 else output, dest, region=region,
+    info = plot_region(open_reader(store), record, names if len(names) > 1 else output, out, region=region,
                        width_px=width, channels=chosen, smooth=smooth)
     how = "min/max envelope" if info["downsampled"] else "every position"
     if info["smooth"] > 1:
@@ -241,4 +239,4 @@ def plot(store, record, output, channels, region, smooth, dest, width):
         how += f"; channels {', '.join(info['channels'])}"
         if len(info["channels"]) < info["channels_in_store"] and not chosen:
             how += f" (the first {len(info['channels'])} of {info['channels_in_store']}: --channel picks)"
-    click.echo(f"Wrote {dest}: {info['shown']} ({how}); x axis: {info['x_axis']}")
+    click.echo(f"Wrote {out}: {info['shown']} ({how}); x axis: {info['x_axis']}")

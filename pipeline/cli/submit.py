@@ -136,6 +136,10 @@ def _job_events(quiet: bool = False):
             if self.progress is not None:
                 self.progress.update(positions)
 
+        def split_resumed(self, record_id, positions):
+            if self.progress is not None:
+                self.progress.skip(positions)
+
         def worker_died(self, node, error):
             click.echo(f"worker {node} died ({error}); its work resumes from the last boundary state "
                        "on another worker", err=True)
@@ -171,8 +175,9 @@ def _run_here(req, run):
     if s.nothing_to_do:
         click.echo(f"Nothing to do: job {s.job_id} is complete. Outputs: {s.out}")
         return
+    before = f", {human_count(s.positions_resumed)} from before" if s.positions_resumed else ""
     click.echo(f"Done: job {s.job_id}: {plural(s.records, 'record')}, {_positions(s.positions, s.strands)} "
-               f"({human_count(s.positions_run)} run) in {human_time(s.seconds)} "
+               f"({human_count(s.positions_run)} run{before}) in {human_time(s.seconds)} "
                f"({human_count(s.positions_per_s)} positions/s on {plural(s.workers, 'worker')}; "
                f"start-up {s.startup_s:.1f} s), {human_bytes(s.output_bytes)} written.")
     busy = s.read_s + s.model_s + s.write_s

@@ -10,13 +10,17 @@ from linpipe.training.config import TrainConfig
 
 from .common import (
     decay_values,
+    declared_options,
     examples,
     family_options,
     field_options,
     field_values,
+    force_option,
     input_options,
+    json_option,
     model_fields,
     model_size_options,
+    out_option,
     plural,
     timeseries_options,
 )
@@ -32,18 +36,19 @@ def _command_line() -> str:
     "linpipe train examples/MT-human.fa examples/MT-orang.fa --out my-model --steps 200",
     "linpipe train examples/ecg-mitdb100.parquet --time-column sample --out ecg-model --steps 200"))
 @click.argument("inputs", nargs=-1, required=True, type=click.Path(dir_okay=False))
-@click.option("--out", "out", required=True, type=click.Path(file_okay=False),
-              help="Model directory to write.")
+@out_option("the model directory", folder=True)
 @model_size_options
 @family_options
 @field_options(TrainConfig)
 @click.option("--resume", is_flag=True, help="Continue from the checkpoint in --out (same inputs).")
-@click.option("--force", is_flag=True, help="Overwrite a model (or any files) already in --out.")
-@click.option("--quiet", is_flag=True, help="No progress bar.")
+@force_option
+@declared_options(("quiet",))  # submit's: one --quiet
 @field_options(ModelConfig, ("series_norm", "season_lags"))
 @timeseries_options
 def train_cmd(inputs, out, decay, resume, force, quiet, **params):
     """Train a model on INPUTS (FASTA or time series) by next-position prediction into --out."""
+    import time
+
     import numpy as np
 
     from linpipe.progress import Progress
@@ -55,8 +60,8 @@ def train_cmd(inputs, out, decay, resume, force, quiet, **params):
 
     def show(info):
         nonlocal bar
-        if bar is None:
-            bar = Progress(info.total, done=info.start, label="steps")
+        if bar is None:  # the rate counts from the session's first step, not from this call
+            bar = Progress(info.total, done=info.start, label="steps", t0=time.monotonic() - info.seconds)
         bar.update(info.step - bar.done, note=f"loss {info.loss:.4f}")
 
     try:
@@ -90,7 +95,7 @@ def train_cmd(inputs, out, decay, resume, force, quiet, **params):
 @click.option("--reset-every", type=click.IntRange(1), default=None, metavar="N",
               help="timeseries: also score the model with its state reset every N rows (what "
                    "its long context is worth).")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@json_option
 @timeseries_options
 def eval_cmd(model_dir, inputs, baseline_train, season, reset_every, as_json, **ts):
     """Score a model on INPUTS next to simple baselines on the same positions (MODEL_DIR: a

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from .common import examples, plural
+from .common import examples, out_option, plural, ray_address_option
 
 
 @click.command("score-variants", epilog=examples(
@@ -12,8 +12,8 @@ from .common import examples, plural
     "--workers 8 --skip-mismatch"))
 @click.argument("store", type=click.Path(file_okay=False))
 @click.argument("vcf", type=click.Path(dir_okay=False))
-@click.option("-o", "--out", "out", required=True, type=click.Path(dir_okay=False),
-              help="Effects table to write: .tsv or .parquet (columns chrom pos id ref alt llr, VCF order).")
+@out_option("the effects table, .tsv or .parquet (columns chrom pos id ref alt llr, one row per allele "
+                 "in VCF order)")
 @click.option("--window", type=click.IntRange(1), default=128, show_default=True,
               help="W: score the allele and the W-1 bases after it (W positions for an SNV).")
 @click.option("--input", "genome", default=None, type=click.Path(dir_okay=False),
@@ -24,13 +24,13 @@ from .common import examples, plural
               "are always skipped and counted.")
 @click.option("--workers", type=click.IntRange(0), default=0, show_default=True,
               help="Ray actors for the replay units (0: in this process).")
-@click.option("--address", default=None, metavar="HOST:PORT",
-              help="Ray cluster to join with --workers (default: an embedded local Ray).")
+@ray_address_option
 @click.option("--device", default=None, metavar="DEVICE",
               help="cpu, cuda, cuda:1, ... (default: a CUDA GPU when there is one).")
 @click.option("--model", default=None, metavar="DIR|NAME",
               help="The store's model, if it moved (checked by sha256).")
-def score_variants_cmd(store, vcf, out, window, genome, skip_mismatch, workers, address, device, model):
+def score_variants_cmd(store, vcf, out, window, genome, skip_mismatch, workers, ray_address, address, device,
+                       model):
     """Log-likelihood ratio (nats) of each VCF variant with the whole record before it as
     context: replays at most one unit from the store's boundary state (docs/variants.md).
 
@@ -39,10 +39,11 @@ def score_variants_cmd(store, vcf, out, window, genome, skip_mismatch, workers, 
     from linpipe.jobs.variants import score_variants
 
     s = score_variants(store, vcf, out, window=window, genome=genome, skip_mismatch=skip_mismatch,
-                       workers=workers, address=address, device=device, model=model)
+                       workers=workers, ray_address=ray_address or address, device=device, model=model)
     skipped = sum(s.skipped.values())
-    click.echo(f"Scored {plural(s.scored, 'variant')} in {plural(s.units, 'replay unit')} "
-               f"({s.replayed_positions:,} positions replayed) -> {out}")
+    # a VCF line holds one allele per ALT: both counts, so that neither reads as the other
+    click.echo(f"Scored {plural(s.scored, 'allele')} from {plural(s.lines, 'VCF line')} in "
+               f"{plural(s.units, 'replay unit')} ({s.replayed_positions:,} positions replayed) -> {out}")
     if skipped:
         click.echo(f"Skipped {plural(skipped, 'allele')}: " + ", ".join(
             f"{n} {why}" for why, n in sorted(s.skipped.items())), err=True)

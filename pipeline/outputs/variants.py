@@ -63,7 +63,8 @@ class Summary:
     """What score_variants did: counts, and why alleles were skipped (symbolic and missing ALTs
     always; REF mismatches, unknown contigs and malformed alleles with --skip-mismatch)."""
 
-    scored: int = 0
+    scored: int = 0  # alleles (a VCF line holds one per ALT)
+    lines: int = 0  # the VCF's data lines read
     skipped: Counter = field(default_factory=Counter)
     units: int = 0
     replayed_positions: int = 0
@@ -363,6 +364,7 @@ def collect(scorer: VariantScorer, vcf: str, *, skip_mismatch: bool, summary: Su
     variants: list[Variant] = []
     lengths: dict = {}
     for place, chrom, pos, vid, ref, alts in read_vcf(vcf):
+        summary.lines += 1
         for alt in alts or (None,):
             skip = _not_a_sequence(alt)
             if skip is not None:

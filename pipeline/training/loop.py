@@ -49,6 +49,7 @@ class StepInfo:
     start: int  # the step this session started from
     total: int  # TrainConfig.steps
     loss: float  # mean loss of the last 50 steps (NaN: none of them scored anything)
+    seconds: float = 0.0  # since this session's first step began (its steps' rate: (step - start) / seconds)
 
 
 @dataclass
@@ -342,7 +343,7 @@ def _train(inputs, out, model_kwargs, cfg, decay, resume, command, progress, sto
         if modality == "dna":
             _save_markov(out, splits)
 
-    t0 = time.time()
+    t0, began = time.time(), time.monotonic()
     carried = []  # context (positions) of each step's windows at their start, mean over lanes
     for step in range(start, cfg.steps):
         carried.append(float(walker.carried.mean()))
@@ -363,7 +364,7 @@ def _train(inputs, out, model_kwargs, cfg, decay, resume, command, progress, sto
         if progress is not None:
             recent = losses[-50:]
             running = float(np.nanmean(recent)) if np.isfinite(recent).any() else float("nan")
-            progress(StepInfo(step + 1, start, cfg.steps, running))
+            progress(StepInfo(step + 1, start, cfg.steps, running, time.monotonic() - began))
         if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
             save_checkpoint(ckpt, net, config, opt, state, walker, step + 1, losses, meta)
         if stop_at is not None and step + 1 >= stop_at:

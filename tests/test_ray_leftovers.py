@@ -1,0 +1,80 @@
+"""No process of a `linpipe submit`'s embedded Ray outlives the submit, however it ends: SIGKILLed,
+its raylet's agents and workers (which Ray leaves orphaned) end within seconds, by the
+watchdog beside them (jobs/watchdog.py), and a concurrent submit's Ray is left alone."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+from _pipeline_data import kill_session, make_tiny_model, session_processes, units_done
+
+pytestmark = pytest.mark.slow  # two embedded Rays, started together
+
+GONE_S = 10  # "within seconds": the sweep takes well under one
+
+
+def _submit(fasta, model, out, tmpdir) -> subprocess.Popen:
+    """A real `linpipe submit` in a process session of its own (so that every process its
+    embedded Ray starts can be found by that session), its Ray's folder under `tmpdir`."""
+    linpipe = os.path.join(os.path.dirname(sys.executable), "linpipe")
+    cmd = [linpipe, "submit", str(fasta), "--model", str(model), "--unit-size", "2048",
+           "--outputs", "logprob", "--workers", "1", "--out", str(out), "-q"]
+    return subprocess.Popen(cmd, env={**os.environ, "TMPDIR": str(tmpdir)}, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _until(what, timeout: float):
+    """what() once it is truthy, polled, or its last value after timeout seconds."""
+    deadline = time.monotonic() + timeout
+    while not (got := what()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return got
+
+
+def test_a_killed_submits_ray_ends_with_it_and_a_concurrent_submits_ray_is_untouched(genomes, tmp_path):
+    model = make_tiny_model(tmp_path / "tiny")
+    fasta = genomes / "htslib_ce.fa"  # 1 Mb: hundreds of units, far from done when killed
+    folders = [tempfile.mkdtemp(prefix="lpt", dir="/tmp") for _ in range(2)]  # short: Ray's socket paths
+    procs = [_submit(fasta, model, tmp_path / f"{n}.zarr", f) for n, f in zip("ab", folders, strict=True)]
+    a, b = procs
+    try:
+        for proc, name in ((a, "a"), (b, "b")):
+            out = tmp_path / f"{name}.zarr"
+            assert _until(lambda p=proc, o=out: units_done(o) >= 1 or p.poll() is not None, 240)
+            assert proc.poll() is None, f"submit {name} ended before it could be killed"
+        a.send_signal(signal.SIGSTOP)  # a still-running submit, which cannot finish meanwhile
+        a_ray = {pid: cmd for pid, cmd in session_processes(a.pid).items() if pid != a.pid}
+        b_ray = {pid: cmd for pid, cmd in session_processes(b.pid).items() if pid != b.pid}
+        for ray in (a_ray, b_ray):  # the raylet's agents and its worker, besides the head's processes
+            assert any(cmd.startswith("ray::") for cmd in ray.values()), ray
+            assert any("raylet" in cmd for cmd in ray.values()), ray
+
+        b.send_signal(signal.SIGKILL)
+        b.wait(timeout=30)
+        left = _until(lambda: not session_processes(b.pid), GONE_S) or session_processes(b.pid)
+        assert left is True, f"processes of the killed submit's Ray still alive after {GONE_S} s: {left}"
+        assert _until(lambda: os.listdir(folders[1]) == [], GONE_S), os.listdir(folders[1])  # Ray's folder
+
+        still = session_processes(a.pid)
+        assert set(a_ray) <= set(still), {pid: a_ray[pid] for pid in set(a_ray) - set(still)}
+        a.send_signal(signal.SIGCONT)  # its Ray goes on: another unit is written
+        before = units_done(tmp_path / "a.zarr")
+        assert _until(lambda: units_done(tmp_path / "a.zarr") > before or a.poll() is not None, 120)
+        a.send_signal(signal.SIGKILL)
+        a.wait(timeout=30)
+        left = _until(lambda: not session_processes(a.pid), GONE_S) or session_processes(a.pid)
+        assert left is True, f"processes of the killed submit's Ray still alive after {GONE_S} s: {left}"
+        assert _until(lambda: os.listdir(folders[0]) == [], GONE_S), os.listdir(folders[0])
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
+            kill_session(proc.pid)  # whatever is left of our own subprocesses' sessions, and nothing else
+        for folder in folders:
+            shutil.rmtree(folder, ignore_errors=True)
