@@ -104,6 +104,10 @@ RCPS fixtures are reverse-complement equivariant as Caduceus claims (the reverse
 hidden state equals the forward's flipped along positions and channels; its log-probabilities at
 A, C, G, T equal the forward's complemented and flipped); checks that CaduceusForMaskedLM's own
 ``forward(...).logits`` equals the head applied here; prints the CPU time per position.
+
+``--published``: writes OUT/published/<checkpoint>/tensors.json beside each hand-written published
+config.json (sources in OUT/published/README.md): every key of CaduceusForMaskedLM built from that
+config on the meta device, its shape and dtype, and for a tied copy the key it is tied to.
 """
 from __future__ import annotations
 
