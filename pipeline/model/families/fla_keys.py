@@ -52,18 +52,26 @@ def has_conv(config) -> bool:
     return config.layer.use_short_conv and config.conv_width > 1
 
 
-def read_heads(d: dict, check) -> dict:
-    """FlaHeads' keywords from a parsed config.json (check: the typed readers)."""
-    return dict(head_dim=check.integer("head_dim"), expand_v=check.number("expand_v", 1.0),
-                use_gate=check.flag("use_gate", False), use_short_conv=check.flag("use_short_conv", True),
-                allow_neg_eigval=check.flag("allow_neg_eigval", False))
+def read_heads(d: dict, check, group: str | None = None) -> dict:
+    """FlaHeads' keywords from a parsed config.json (check: the typed readers), and the grouped
+    heads' key `group` (n_v_heads, n_kv_heads) where given."""
+    kw = dict(head_dim=check.integer("head_dim"), expand_v=check.number("expand_v", 1.0),
+              use_gate=check.flag("use_gate", False), use_short_conv=check.flag("use_short_conv", True),
+              allow_neg_eigval=check.flag("allow_neg_eigval", False))
+    if group and group in d:
+        kw[group] = check.integer(group)
+    return kw
 
 
-def heads_json(name: str, config) -> dict:
-    """config.json's HEAD_KEYS of a model of family `name`."""
+def heads_json(name: str, config, group: str | None = None) -> dict:
+    """config.json's HEAD_KEYS of a model of family `name`, then its grouped heads' key `group`
+    (n_v_heads, n_kv_heads) where set."""
     o = config.layer
-    return dict(family=name, head_dim=key_dim(config), expand_v=o.expand_v, use_gate=o.use_gate,
-                use_short_conv=o.use_short_conv, allow_neg_eigval=o.allow_neg_eigval)
+    d = dict(family=name, head_dim=key_dim(config), expand_v=o.expand_v, use_gate=o.use_gate,
+             use_short_conv=o.use_short_conv, allow_neg_eigval=o.allow_neg_eigval)
+    if group and getattr(o, group, None) is not None:
+        d[group] = getattr(o, group)
+    return d
 
 
 def heads_problem(config) -> str | None:

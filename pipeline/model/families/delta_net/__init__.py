@@ -63,16 +63,10 @@ class DeltaRule(Family):
     flag_defaults: dict = {}  # fla's defaults where they differ from FlaHeads' (model init)
 
     def read(self, d, where, check) -> dict:
-        kw = fla_keys.read_heads(d, check)
-        if "n_v_heads" in d:
-            kw["n_v_heads"] = check.integer("n_v_heads")
-        return kw
+        return fla_keys.read_heads(d, check, "n_v_heads")
 
     def tail_json(self, config) -> dict:
-        d = fla_keys.heads_json(self.name, config)
-        if getattr(config.layer, "n_v_heads", None) is not None:
-            d["n_v_heads"] = config.layer.n_v_heads
-        return d
+        return fla_keys.heads_json(self.name, config, "n_v_heads")
 
     def problem(self, config) -> str | None:
         hv = getattr(config.layer, "n_v_heads", None)

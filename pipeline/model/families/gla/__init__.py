@@ -120,13 +120,11 @@ class GLA(Family):
     def read(self, d, where, check) -> dict:
         from linpipe.model.families.linear_attn import gate_normalizer
 
-        kw = fla_keys.read_heads(d, check)
+        kw = fla_keys.read_heads(d, check, "n_kv_heads")
         kw.update(feature_map=d["feature_map"], gate_normalizer=gate_normalizer(d["gate"], where),
                   gate_rank=check.integer("gate_rank"))
         if d.get("clamp_min") is not None:
             kw["clamp_min"] = check.number("clamp_min", 0.0)
-        if "n_kv_heads" in d:
-            kw["n_kv_heads"] = check.integer("n_kv_heads")
         return kw
 
     def head_json(self, config) -> dict:
@@ -134,10 +132,8 @@ class GLA(Family):
 
     def tail_json(self, config) -> dict:
         o = config.layer
-        d = {"gate": {"normalizer": o.gate_normalizer}, **fla_keys.heads_json(self.name, config)}
-        if o.n_kv_heads is not None:
-            d["n_kv_heads"] = o.n_kv_heads
-        d["gate_rank"] = o.gate_rank
+        heads = fla_keys.heads_json(self.name, config, "n_kv_heads")
+        d = {"gate": {"normalizer": o.gate_normalizer}, **heads, "gate_rank": o.gate_rank}
         if o.clamp_min is not None:
             d["clamp_min"] = o.clamp_min
         return d

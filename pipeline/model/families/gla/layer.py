@@ -38,7 +38,7 @@ from linpipe.model.families.delta_net.layer import DeltaAttention
 from linpipe.model.families.fla_keys import has_conv, key_dim, value_dim
 from linpipe.model.rows import linear, map_rows, row_tile
 
-# q and k's feature maps, by the names config "feature_map" takes (gla_import.FEATURE_MAPS)
+# q and k's feature maps, by the names config "feature_map" takes (families/gla: FEATURE_MAPS)
 FEATURE_MAPS = {"identity": lambda x: x, "relu": F.relu, "sigmoid": torch.sigmoid, "silu": F.silu}
 
 

@@ -43,16 +43,10 @@ class KVHeads(Family):
     required = fla_keys.HEAD_KEYS
 
     def read(self, d, where, check) -> dict:
-        kw = fla_keys.read_heads(d, check)
-        if "n_kv_heads" in d:
-            kw["n_kv_heads"] = check.integer("n_kv_heads")
-        return kw
+        return fla_keys.read_heads(d, check, "n_kv_heads")
 
     def tail_json(self, config) -> dict:
-        d = fla_keys.heads_json(self.name, config)
-        if config.layer.n_kv_heads is not None:
-            d["n_kv_heads"] = config.layer.n_kv_heads
-        return d
+        return fla_keys.heads_json(self.name, config, "n_kv_heads")
 
     def problem(self, config) -> str | None:
         return (fla_keys.heads_problem(config)
