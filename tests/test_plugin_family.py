@@ -94,7 +94,7 @@ def test_streamed_packed_killed_and_split_runs(plugin, in_process, tmp_path):
     m = load_model(model)
     x = open_input(fasta).read("CHROMOSOME_I", 0, 5 * UNIT - 300)[0]
     want, _ = m.forward(x, m.init_state(), ["logprob"])  # the long record's, in this process
-    got = open_output(streamed).dataset("CHROMOSOME_I")["logprob"][:]
+    got = open_output(streamed).dataset("CHROMOSOME_I")["logprob"].values
     np.testing.assert_allclose(got, want["logprob"], rtol=1e-5, atol=1e-5)
 
     killed = tmp_path / "killed.zarr"
@@ -115,6 +115,6 @@ def test_streamed_packed_killed_and_split_runs(plugin, in_process, tmp_path):
     assert r.returncode == 0, r.stderr
     bounds = segment_bounds(len(x), UNIT, 2, first_weight(m.config))
     ref, _, _ = forward_split(m, x, bounds, UNIT, outputs=["logprob"])
-    got = open_output(split).dataset("CHROMOSOME_I")["logprob"][:]
+    got = open_output(split).dataset("CHROMOSOME_I")["logprob"].values
     assert got.tobytes() == ref["logprob"].tobytes()
     np.testing.assert_allclose(got, want["logprob"], rtol=1e-5, atol=1e-5)
