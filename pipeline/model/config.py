@@ -55,9 +55,9 @@ class ModelConfig:
     # own linear attention); its own keys are `layer`.
     family: str = field(default=families.DEFAULT, metadata={
         "choices": families.trained(),
-        "help": "The layer kind: linear attention with the normaliser, or the delta rule "
-                "(flash-linear-attention's DeltaNet; gated_deltanet: with its decay gate). "
-                "docs/model-format.md (the other families come by model import)."})
+        "help": "The layers' family: " + "; ".join(f"{n}, {families.family(n).summary}"
+                                                    for n in families.trained())
+                + ". docs/model-format.md (the other families come by model import)."})
     # dna: the rows of the output head. 4 (A, C, G, T) for linpipe's own models; an imported
     # model keeps its checkpoint's whole vocabulary (rows 0-3 its A, C, G, T, then the others),
     # so that a base's log-probability is the checkpoint's log-softmax over all its tokens

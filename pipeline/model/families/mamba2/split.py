@@ -193,5 +193,5 @@ class Mamba2Correct:
         return h
 
 
-# the names linpipe.model.segments takes a layer kind's split by
+# the split protocol's names (linpipe.model.segments)
 Local, Correct, weights = Mamba2Local, Mamba2Correct, mamba2_weights
