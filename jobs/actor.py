@@ -110,7 +110,7 @@ class PipelineWorker:
         self.outputs = [o for o in outputs if o != "softmask"] if outputs else None
         # --strand both: the reverse strand's outputs (stored name -> the name the model computes
         # it under), and the forward strand's
-        from linpipe.model.outputs import STORED, on_strands, output_spec
+        from linpipe.output_specs import STORED, on_strands, output_spec
 
         modality = self.store.modality
         self.reverse_outputs = {o: output_spec(modality, o).computed_as

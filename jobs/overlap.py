@@ -208,10 +208,7 @@ class HostCopies:
         with torch.cuda.stream(side):
             for name, t in res.items():
                 arrays[name] = self._copy(t[0], (dtypes or {}).get(name, "float32"), side, buffers)
-            host_state = type(state)(*(self._copy(getattr(state, f), None, side, buffers, keep=True)
-                                       for f in ("S", "z", "conv", "y")),
-                                     norm=None if state.norm is None else
-                                     self._copy(state.norm, None, side, buffers, keep=True))
+            host_state = state.map(lambda t: self._copy(t, None, side, buffers, keep=True))
             copied = torch.cuda.Event()
             copied.record(side)
         return Outputs(arrays, host_state, copied, buffers, self), state

@@ -131,7 +131,7 @@ class JobPlan:
     @property
     def strands(self) -> tuple[Strand, ...]:
         """The strands whose outputs the job stores (what its store records as `strands`)."""
-        from linpipe.model.outputs import output_strands
+        from linpipe.output_specs import output_strands
 
         return output_strands(self.modality, self.outputs)
 
@@ -167,7 +167,7 @@ class JobPlan:
         arrays the store lays out for them, the reverse strand's included, by their specs."""
         import numpy as np
 
-        from linpipe.model.outputs import output_spec
+        from linpipe.output_specs import output_spec
         from linpipe.store.layout import record_arrays
 
         # one position of every output array, as the store would create it
@@ -202,8 +202,8 @@ def plan_job(request: JobRequest) -> JobPlan:
 
 def _plan(request: JobRequest) -> JobPlan:
     from linpipe.model.checkpoints import stream_rate
-    from linpipe.model.outputs import output_strands
     from linpipe.model.segments import first_weight
+    from linpipe.output_specs import output_strands
     from linpipe.store.keys import make_keys
 
     _check_options(request)
@@ -251,7 +251,7 @@ def _plan(request: JobRequest) -> JobPlan:
         regions_path=os.path.abspath(os.fspath(request.regions)) if request.regions else None,
         regions_lenient=bool(request.regions and request.regions_lenient), notes=tuple(found.notes),
         files=tuple(found.files), stream_rate=stream_rate(m.config), n_layers=int(m.config.n_layers),
-        splittable=not (m.config.fla or m.config.ssd))
+        splittable=m.config.spec.auto_split)
 
 
 def _check_options(request: JobRequest) -> None:
@@ -270,12 +270,13 @@ def _check_options(request: JobRequest) -> None:
 def _model(request: JobRequest):
     """The model, loaded on the CPU, and what actors pass to load_model (a directory made
     absolute: actors may run elsewhere)."""
+    from linpipe.inputs.base import input_modality
     from linpipe.model import load_model
-    from linpipe.model.files import DEFAULT_MODEL, default_model_for
+    from linpipe.model.files import DEFAULT_MODEL, SHIPPED_DEFAULTS
 
     model_ref = request.model
     if model_ref == DEFAULT_MODEL and not os.path.isdir(model_ref):  # the shipped one for the modality
-        model_ref = default_model_for(os.fspath(request.inputs[0]))
+        model_ref = SHIPPED_DEFAULTS[input_modality(os.fspath(request.inputs[0]))]
     m = load_model(model_ref, device="cpu")
     if os.path.isdir(os.fspath(model_ref)):
         model_ref = os.path.abspath(os.fspath(model_ref))
@@ -373,7 +374,7 @@ def _keep_regions(request: JobRequest, found: _Found) -> dict | None:
 def _outputs(request: JobRequest, m, model_ref: str, channels) -> list[str]:
     """The outputs the job stores: those asked for (or the modality's defaults the model can
     give), with --strand both's reverse-strand ones after them."""
-    from linpipe.model.outputs import STORED, output_names, with_reverse
+    from linpipe.output_specs import STORED, output_names, with_reverse
 
     modality = m.modality
     cannot = m.config.unavailable_outputs

@@ -138,9 +138,9 @@ class SegmentWorker(PipelineWorker):
         t = time.perf_counter()
         return self.runner.begin(initial), time.perf_counter() - t
 
-    def apply(self, layer, S_in, z_in, halo):
+    def apply(self, layer, state_in):
         t = time.perf_counter()
-        msg = self.runner.apply(layer, S_in, z_in, halo)
+        msg = self.runner.apply(layer, state_in)
         if layer + 1 in self.checkpoints:
             self._checkpoint(layer + 1)
         return msg, time.perf_counter() - t
@@ -321,10 +321,9 @@ def run_split(record: Record, n_segments: int, store, new_actor, events, *, firs
                 if on_layer is not None:
                     on_layer(record, layer, nodes, group.take())
 
-            def on_fold(layer, S, z, halos, k0=k0):  # the fold of each segment from k0 on, and after the last
+            def on_fold(layer, states, k0=k0):  # the fold of each segment from k0 on, and after the last
                 for i, k in enumerate(range(k0, len(bounds) + 1)):
-                    splits.put(f"fold/{layer}/{k}", {"S": S[i].numpy(), "z": z[i].numpy(),
-                                                     "conv": halos[i].numpy()})
+                    splits.put(f"fold/{layer}/{k}", {n: t.numpy() for n, t in states[i].items()})
 
             states = run_layers(_Timed(group, stats, hook), state0, weights, len(todo), exact_first=k0 == 0,
                                 start=start, folds=folds, on_fold=on_fold, replay=replay)
@@ -353,9 +352,9 @@ def run_split(record: Record, n_segments: int, store, new_actor, events, *, firs
 
 
 def resume_point(splits, checkpoints, k0: int, n_segments: int, n_layers: int):
-    """Where a group resumes: (layer, [(S, z, halos) per layer before it], replay). The latest
-    checkpointed layer that every segment from k0 on holds, with the fold of each layer before
-    it stored for segments k0..n_segments (replay False: h is read back); else the deepest
+    """Where a group resumes: (layer, [per layer before it, the state entering each segment],
+    replay). The latest checkpointed layer that every segment from k0 on holds, with the fold of
+    each layer before it stored for segments k0..n_segments (replay False: h is read back); else the deepest
     layer whose folds before it are all stored (replay True: the segments rerun those layers
     from their tokens, but exchange nothing); (0, [], False) when there is none."""
     import torch
@@ -364,7 +363,7 @@ def resume_point(splits, checkpoints, k0: int, n_segments: int, n_layers: int):
         got = [splits.get(f"fold/{layer}/{k}") for k in range(k0, n_segments + 1)]
         if any(g is None for g in got):
             return None
-        return tuple([torch.from_numpy(g[name].copy()) for g in got] for name in ("S", "z", "conv"))
+        return [{n: torch.from_numpy(t.copy()) for n, t in g.items()} for g in got]
 
     for layer in reversed(checkpoints):
         if not all(splits.has(f"ckpt/{layer}/{k}") for k in range(k0, n_segments)):

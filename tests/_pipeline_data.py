@@ -103,7 +103,7 @@ def make_tiny_model(directory: Path, gated: bool = False, family: str | None = N
     if family is not None:
         g = family == "gated_deltanet"
         cfg = ModelConfig(modality="dna", d_model=32, n_layers=2, n_heads=2, mlp_hidden=64, family=family,
-                          qk_head_dim=16, expand_v=2.0 if g else 1.0, use_gate=g, n_v_heads=n_v_heads)
+                          head_dim=16, expand_v=2.0 if g else 1.0, use_gate=g, n_v_heads=n_v_heads)
         save_model(init_net(cfg, seed=0), cfg, directory)
         return str(directory)
     cfg = ModelConfig(modality="dna", d_model=16, n_layers=2 if gated else 1, n_heads=2, mlp_hidden=32,

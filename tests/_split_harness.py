@@ -72,7 +72,7 @@ def folds_until_stopped(group, state0, weights, at):
     folds = []
     with pytest.raises(Stop):
         run_layers(group, state0, weights, len(group.runners),
-                   on_fold=lambda layer, S, z, h: folds.append((S, z, h)))
+                   on_fold=lambda layer, states: folds.append(states))
     for r in group.runners:
         r.close()
     assert len(folds) == at
@@ -140,7 +140,7 @@ def stopped_and_replayed(model, x, bounds, unit, at, weights):
     folds = folds_until_stopped(Stopping(first), state0, weights, at)
     again, folded = runners_for(model, x, bounds, unit), []
     states = run_layers(InProcess(again), state0, weights, len(bounds), start=at, folds=folds, replay=True,
-                        on_fold=lambda layer, S, z, h: folded.append(layer))
+                        on_fold=lambda layer, states: folded.append(layer))
     return closing(again, states), folded
 
 

@@ -21,6 +21,7 @@ from linpipe.errors import ModelError
 from linpipe.inputs.alphabet import tokenize
 from linpipe.kernels.delta_rule import naive_recurrent_delta_rule
 from linpipe.model import ModelConfig, init_net, load_model
+from linpipe.model.families.fla_keys import key_dim, value_dim
 from linpipe.training.loop import TrainConfig, train
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -71,7 +72,7 @@ def test_init_writes_fla_tensors_and_info_shows_family_and_state(tmp_path):
     assert CliRunner().invoke(cli, ["model", "init", str(dn), "--family", "delta_net", "--d-model", "16",
                                     "--n-heads", "2", "--conv-width", "1"]).exit_code == 0
     c = load_model(dn).config
-    assert (c.head_dim, c.head_v_dim, c.use_gate, c.use_short_conv) == (8, 8, False, False)
+    assert (key_dim(c), value_dim(c), c.layer.use_gate, c.layer.use_short_conv) == (8, 8, False, False)
     assert not [k for k in load_file(str(dn / "model.safetensors")) if "conv1d" in k or "A_log" in k]
 
 
@@ -91,8 +92,9 @@ def test_grouped_value_heads_shapes_config_and_state(tmp_path):
     plain = make_tiny_model(tmp_path / "gdn", family="gated_deltanet")
     assert "n_v_heads" not in json.loads((Path(plain) / "config.json").read_text())
     m = load_model(d)
-    assert m.config.state_shapes()["S"] == (2, 4, 16, 32) and m.config.conv_channels == 2 * 32 + 128
-    assert m.init_state().S.shape == (1, 2, 4, 16, 32)
+    shapes = m.config.state_shapes()
+    assert shapes["S"] == (2, 4, 16, 32) and shapes["conv"][-1] == 2 * 32 + 128
+    assert m.init_state().arrays["S"].shape == (1, 2, 4, 16, 32)
     info = json.loads(CliRunner().invoke(cli, ["model", "info", d, "--json"]).output)
     assert info["state_bytes_per_record"] == 4 * (2 * (4 * 16 * 32 + 3 * (2 * 32 + 128)) + 32)
     assert info["config"]["n_v_heads"] == 4 and len(info["decay"]["layer 0"]) == 4
@@ -100,7 +102,7 @@ def test_grouped_value_heads_shapes_config_and_state(tmp_path):
 
 def test_save_load_round_trip_computes_the_same_bytes(delta_dir, mt, tmp_path):
     m = load_model(delta_dir)
-    assert m.config.delta and m.config == ModelConfig.from_json(m.config.to_json())
+    assert m.config.family != "linear_attn" and m.config == ModelConfig.from_json(m.config.to_json())
     again = tmp_path / "again"
     shutil.copytree(delta_dir, again)
     from linpipe.model import Model, save_model
@@ -120,7 +122,7 @@ def test_models_written_before_load_unchanged():
 
     for name in ("default", "default-timeseries"):
         m = load_model(name)
-        assert m.config.family == "linear_attn" and not m.config.delta
+        assert m.config.family == "linear_attn" and "family" not in m.config.to_json()
         assert m.config.to_json() == json.loads((SHIPPED_MODELS / name / "config.json").read_text())
 
 
@@ -130,7 +132,7 @@ def test_models_written_before_load_unchanged():
     ({"head_dim": DROP}, "missing key 'head_dim'"),
     ({"expand_v": 0.3}, "'expand_v' 0.3 times head_dim 16 is not a positive integer"),
     ({"use_gate": "yes"}, "'use_gate' must be true or false"),
-    ({"gate": {}}, "'gate' is for family 'linear_attn'"),
+    ({"gate": {}}, "'gate' is for families 'linear_attn', 'gla', not 'gated_deltanet'"),
     ({"n_v_heads": 3}, "'n_v_heads' must be a positive multiple of n_heads 2, got 3"),
     ({"n_v_heads": 1}, "'n_v_heads' must be a positive multiple of n_heads 2, got 1"),
     ({"n_v_heads": 4.0}, "'n_v_heads' must be an integer"),
@@ -183,7 +185,7 @@ def _reference_layer(layer, c, a):
     """One delta-rule layer's attention branch, h -> o_proj(...), written from fla's formulas with
     plain torch ops (F.conv1d, the float64 recurrence), on a (1, T, D)."""
     at = layer.attn
-    H, HV, K, V = c.n_heads, c.v_heads, c.head_dim, c.head_v_dim
+    H, HV, K, V = c.n_heads, c.spec.v_heads(c), key_dim(c), value_dim(c)
     T = a.shape[1]
 
     def conv(x, module):  # depthwise causal: pad W-1 on the left
@@ -201,7 +203,7 @@ def _reference_layer(layer, c, a):
     g = -torch.exp(at.A_log) * F.softplus(at.a_proj(a) + at.dt_bias) if c.family == "gated_deltanet" else None
     o, _ = naive_recurrent_delta_rule(q, k, v, beta, log_gate=g)
     o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + c.norm_eps) * at.o_norm.weight
-    if c.use_gate:
+    if c.layer.use_gate:
         o = o * F.silu(at.g_proj(a).view(1, T, HV, V))
     return at.o_proj(o.reshape(1, T, HV * V))
 
@@ -214,8 +216,9 @@ def test_layer_computes_flas_formulas(delta_dir, mt):
     with torch.no_grad():
         a = layer.attn_norm(m.net.embed_inputs(torch.from_numpy(mt[None, :300].astype(np.int64))))
         S0 = torch.zeros((1, *c.state_shapes()["S"][1:]))
-        window = torch.zeros((1, c.conv_width - 1, c.conv_channels))
-        o, S, _, _ = layer.attn(a, S0, torch.zeros(1, c.v_heads, 0), window)
+        window = torch.zeros((1, *c.state_shapes()["conv"][1:]))
+        o, after = layer.attn(a, {"S": S0, "conv": window})
+        S = after["S"]
         got = F.linear(o, layer.attn.o_proj.weight)
         want = _reference_layer(layer, c, a)
     assert S.shape == S0.shape and bool((S != 0).any())
@@ -288,12 +291,12 @@ def test_state_arrays_round_trip(delta_dir, mt):
     b, _ = m.forward(mt[100:300], back)
     assert all(a[k].tobytes() == b[k].tobytes() for k in a)
     bad = {**st.to_arrays(), "z": np.zeros((2, 2, 16), np.float32)}  # a linear-attention state
-    with pytest.raises(ModelError, match="model state 'z' has shape"):
+    with pytest.raises(ModelError, match="model state 'z': this model's state has no such array"):
         m.forward(mt[:10], ModelState.from_arrays(bad))
 
 
 TINY = dict(d_model=16, n_layers=1, n_heads=2, mlp_hidden=32, conv_width=4, family="gated_deltanet",
-            qk_head_dim=8, expand_v=2.0, use_gate=True)
+            head_dim=8, expand_v=2.0, use_gate=True)
 CFG = TrainConfig(steps=30, batch=4, window=32, lr=1e-2, warmup=5, checkpoint_every=100)
 
 
@@ -320,7 +323,7 @@ def test_cli_train_family(genomes, tmp_path):
                                  "2", "--steps", "3", "--batch", "2", "--window", "32", "--quiet"])
     assert r.exit_code == 0, r.output
     c = load_model(out).config
-    assert c.family == "delta_net" and not c.use_gate and c.head_dim == 8
+    assert c.family == "delta_net" and not c.layer.use_gate and key_dim(c) == 8
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""The split for delta-rule models (pipeline/model/delta_split.py): a record in P segments, each
+"""The split for delta-rule models (pipeline/model/families/delta_net/split.py): a record in P segments, each
 layer's (M, dS) summaries folded across segments, equals the streamed run within the documented
 tolerance (docs/sequence-parallel.md: 1e-5 relative), on real genome slices; a resumed split run
 gives the uninterrupted one's bytes."""
@@ -10,6 +10,7 @@ from _quick import cells
 from _split_harness import LO, N_END, assert_resumed_bytes, hg19_slice, rel, serial, stopped_and_resumed
 
 from linpipe.model import load_model
+from linpipe.model.families.fla_keys import key_dim, value_dim
 from linpipe.model.segments import SegmentRunner, segment_bounds, spill_bytes
 from linpipe.model.segments_run import forward_split, layer_weights
 
@@ -88,9 +89,9 @@ def test_delta_spill_is_as_budgeted(model, ce):
         r = SegmentRunner(model, lambda a, b: ce[a:b], 0, 1000, 500, exact=exact)
         assert r.h.mem.nbytes + r.num.mem.nbytes == spill_bytes(c, 1000, exact)
         r.close()
-    HV = c.v_heads  # the rule's heads: q_state holds q per value head
-    gate = HV * c.head_v_dim if c.use_gate else 0
-    want = 1000 * (c.d_model + HV * (c.head_v_dim + c.head_dim) + gate) * 4  # h, then the rows
+    HV, K, V = c.spec.v_heads(c), key_dim(c), value_dim(c)  # the rule's heads: q_state holds q per value head
+    gate = HV * V if c.layer.use_gate else 0
+    want = 1000 * (c.d_model + HV * (V + K) + gate) * 4  # h, then the rows
     assert spill_bytes(c, 1000) == want
 
 
@@ -110,6 +111,6 @@ def test_delta_split_without_short_convs(ce):
     from linpipe.model import Model, ModelConfig, init_net
 
     cfg = ModelConfig(modality="dna", d_model=32, n_layers=2, n_heads=2, mlp_hidden=64, family="delta_net",
-                      qk_head_dim=16, use_short_conv=False)
+                      head_dim=16, use_short_conv=False)
     model = Model(init_net(cfg, seed=2), cfg, device="cpu")
     check(model, ce, [(0, 300), (300, 302), (302, 1500)], 300)

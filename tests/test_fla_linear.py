@@ -10,10 +10,10 @@ import pytest
 import torch
 from _fla_data import GIVEN, assert_refused, checkpoint, run
 
-from linpipe.model.config import FAMILY_FEATURE_MAPS, FLA_LINEAR_ATTN
-from linpipe.model.fla_linear import FeatureMap
+from linpipe.model.families.fla_linear_attn import FEATURE_MAPS
+from linpipe.model.families.fla_linear_attn.layer import FeatureMap
 
-MAPS = FAMILY_FEATURE_MAPS[FLA_LINEAR_ATTN]  # name -> phi's width per K
+MAPS = FEATURE_MAPS  # name -> phi's width per K
 
 
 @pytest.mark.slow  # importing fla and transformers takes tens of seconds on a busy 2-core machine

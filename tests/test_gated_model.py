@@ -47,7 +47,7 @@ def test_a_fixed_decay_model_has_no_gate(tmp_path):
     res = CliRunner().invoke(cli, ["model", "init", str(tmp_path / "m"), "--d-model", "16", "--n-heads", "2"])
     assert res.exit_code == 0
     assert "gate" not in json.loads((tmp_path / "m" / "config.json").read_text())
-    assert not load_model(tmp_path / "m").config.gated
+    assert not load_model(tmp_path / "m").config.layer.gated
 
 
 @pytest.mark.parametrize("case", ["decay in a gated model", "gate tensors without the key", "infinite bias"])
@@ -125,7 +125,7 @@ def test_train_gated_learns_its_gates_and_resumes_exactly(genomes, tmp_path):
     assert np.isfinite(losses).all() and losses[:10].mean() - losses[-10:].mean() > 0.05
     trained, start = load_model(tmp_path / "full"), init_net(ModelConfig(modality="dna", **TINY), seed=0)
     moved = trained.net.layers[0].attn.gk_proj.weight - start.layers[0].attn.gk_proj.weight
-    assert trained.config.gated and float(moved.abs().max()) > 1e-3  # the gates were trained
+    assert trained.config.layer.gated and float(moved.abs().max()) > 1e-3  # the gates were trained
     assert train([mt], tmp_path / "resumed", TINY, CFG, stop_at=30) is None
     res = train([mt], tmp_path / "resumed", TINY, CFG, resume=True)
     np.testing.assert_allclose(res.losses, full.losses, rtol=1e-4, atol=1e-5)
@@ -137,5 +137,5 @@ def test_cli_train_gate(genomes, tmp_path):
                                  "--d-model", "16", "--n-layers", "1", "--n-heads", "2", "--gate",
                                  "--steps", "3", "--batch", "2", "--window", "32", "--quiet"])
     assert r.exit_code == 0, r.output
-    assert load_model(out).config.gate_normalizer == 16.0
+    assert load_model(out).config.layer.gate_normalizer == 16.0
     assert isinstance(load_model(out), Model)

@@ -13,7 +13,7 @@ import linpipe
 @pytest.fixture(scope="module")
 def gated(tmp_path_factory):
     path = make_tiny_model(tmp_path_factory.mktemp("model") / "gated", gated=True)
-    assert linpipe.load_model(path).config.gated
+    assert linpipe.load_model(path).config.layer.gated
     return path
 
 

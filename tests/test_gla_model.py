@@ -14,9 +14,11 @@ from click.testing import CliRunner
 from linpipe.cli import cli
 from linpipe.errors import ModelError
 from linpipe.model import load_model
-from linpipe.model.config import GLA, ModelConfig
+from linpipe.model.config import ModelConfig
 from linpipe.model.network import init_net
-from linpipe.model.outputs import output_names
+from linpipe.output_specs import output_names
+
+GLA = "gla"
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -62,7 +64,7 @@ def test_config_json_round_trips_and_is_validated(tmp_path):
     assert d["gate"] == {"normalizer": 16.0}
     c = ModelConfig.from_json(d)
     assert c.to_json() == d
-    assert c.state_shapes()["S"] == (2, 4, 8, 4) and c.state_shapes()["conv"] == (2, 0, 4 * (2 * 8 + 4))
+    assert c.state_shapes()["S"] == (2, 4, 8, 4) and "conv" not in c.state_shapes()  # no conv: no window
     for key, value, message in (("gate_rank", 0, "'gate_rank' must be a positive integer"),
                                 ("clamp_min", 1.0, "'clamp_min' must be a number <= 0"),
                                 ("feature_map", "elu1", "unknown feature_map 'elu1'")):
@@ -73,23 +75,22 @@ def test_config_json_round_trips_and_is_validated(tmp_path):
 
 
 def _gla_config(**kw):
-    base = dict(modality="dna", d_model=32, n_layers=2, n_heads=2, mlp_hidden=48, family=GLA, qk_head_dim=8,
+    base = dict(modality="dna", d_model=32, n_layers=2, n_heads=2, mlp_hidden=48, family=GLA, head_dim=8,
                 expand_v=1.0, use_gate=True, use_short_conv=True, conv_width=4, norm_eps=1e-6,
                 feature_map="silu", gate_normalizer=16.0, gate_rank=4, clamp_min=None)
     return ModelConfig(**{**base, **kw})
 
 
 def test_the_declared_feature_maps_are_the_implemented_ones():
-    """gla's feature maps are named once (config.FAMILY_FEATURE_MAPS, gla_import's list): gla.py
-    implements exactly those, the import maps fla's names onto them, and each makes a config."""
-    from linpipe.model import gla
-    from linpipe.model.config import FAMILY_FEATURE_MAPS
-    from linpipe.model.gla_import import FEATURE_MAP_NAMES
+    """gla's feature maps are named once (families/gla's FEATURE_MAPS): its layer implements
+    exactly those, the import maps fla's names onto them, and each makes a config."""
+    from linpipe.model.families.gla import FEATURE_MAP_NAMES, FEATURE_MAPS
+    from linpipe.model.families.gla import layer as gla
 
-    assert tuple(gla.FEATURE_MAPS) == FAMILY_FEATURE_MAPS[GLA]
-    assert set(FEATURE_MAP_NAMES.values()) == set(FAMILY_FEATURE_MAPS[GLA])
-    for name in FAMILY_FEATURE_MAPS[GLA]:
-        assert _gla_config(feature_map=name).feature_map == name
+    assert tuple(gla.FEATURE_MAPS) == FEATURE_MAPS
+    assert set(FEATURE_MAP_NAMES.values()) == set(FEATURE_MAPS)
+    for name in FEATURE_MAPS:
+        assert _gla_config(feature_map=name).layer.feature_map == name
 
 
 @pytest.mark.parametrize("heads", [{}, dict(n_heads=4, n_kv_heads=2)])
@@ -145,9 +146,9 @@ def test_grouped_kv_heads_serve_their_query_heads_in_flas_order():
     assert attn.k_proj.weight.shape == attn.v_proj.weight.shape == (16, 32)
     widths = (attn.k_conv1d.weight.shape[0], attn.v_conv1d.weight.shape[0], attn.gk_proj[1].bias.shape[0])
     assert widths == (16, 16, 16)
-    assert c.conv_channels == 4 * 8 + 2 * (8 + 8) and c.state_shapes()["S"] == (2, 4, 8, 8)
+    assert c.state_shapes()["conv"][-1] == 4 * 8 + 2 * (8 + 8) and c.state_shapes()["S"] == (2, 4, 8, 8)
     x, side = attn.project(torch.randn(1, 10, 32))
-    (q, k, v, _, g), window = attn.rule_inputs(x, side, torch.zeros(1, 3, c.conv_channels))
+    (q, k, v, _, g), window = attn.rule_inputs(x, side, torch.zeros(1, 3, 64))
     assert window.shape == (1, 3, 64) and q.shape == k.shape == v.shape == g.shape == (1, 10, 4, 8)
     for t in (k, v, g):
         assert torch.equal(t[:, :, 0], t[:, :, 1]) and torch.equal(t[:, :, 2], t[:, :, 3])

@@ -22,7 +22,7 @@ from _split_harness import rel, serial
 
 from linpipe.inputs.alphabet import tokenize
 from linpipe.model import Model, ModelConfig, init_net, load_model
-from linpipe.model.mamba2_import import mamba2_pairs
+from linpipe.model.families.mamba2 import mamba2_pairs
 from linpipe.model.segments_run import forward_split
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -50,15 +50,16 @@ def reference_hidden(net, x) -> np.ndarray:
 
     net = net.double()
     c = net.config
-    s, H, P, N, W = c.ssd, c.n_heads, c.head_v_dim, c.head_dim, c.conv_width
-    G, inner = s["n_groups"], c.n_heads * c.head_v_dim
-    lo, hi = s["dt_limit"]
+    o, H, W = c.layer, c.n_heads, c.conv_width
+    P, N, G, inner = o.head_dim, o.state_size, o.n_groups, c.n_heads * o.head_dim
+    lo, hi = o.dt_limit
+    channels = inner + 2 * G * N
 
     def rms(t, w, eps):
         return t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + eps) * w
 
     f64 = dict(dtype=torch.float64)
-    blocks = [(b, torch.zeros(H, P, N, **f64), torch.zeros(W, c.conv_channels, **f64)) for b in net.layers]
+    blocks = [(b, torch.zeros(H, P, N, **f64), torch.zeros(W, channels, **f64)) for b in net.layers]
     ys = []
     with torch.no_grad():
         for tok in [BOS, *x.tolist()]:
@@ -66,7 +67,7 @@ def reference_hidden(net, x) -> np.ndarray:
             for i, (b, S, win) in enumerate(blocks):
                 m = b.mixer
                 proj = F.linear(rms(h, b.norm.weight, c.norm_eps), m.in_proj.weight, m.in_proj.bias)
-                z, xbc, dt = proj.split([inner, c.conv_channels, H])
+                z, xbc, dt = proj.split([inner, channels, H])
                 win = torch.cat([win[1:], xbc[None]])
                 xbc = (win * m.conv1d.weight[:, 0].t()).sum(0)
                 xbc = F.silu(xbc + (0 if m.conv1d.bias is None else m.conv1d.bias))
@@ -80,9 +81,9 @@ def reference_hidden(net, x) -> np.ndarray:
                     S[hd] = decay * S[hd] + dt[hd] * torch.outer(xs[hd], B[g])
                     y[hd] = S[hd] @ C[g] + m.D.view(H, -1)[hd] * xs[hd]
                 y = y.reshape(-1)
-                if not s["rmsnorm"]:
+                if not o.rmsnorm:
                     y = y * F.silu(z)
-                elif s["norm_before_gate"]:
+                elif o.norm_before_gate:
                     y = rms(y.view(G, -1), 1.0, c.norm_eps).reshape(-1) * m.norm.weight * F.silu(z)
                 else:
                     y = rms((y * F.silu(z)).view(G, -1), 1.0, c.norm_eps).reshape(-1) * m.norm.weight
@@ -105,7 +106,7 @@ OPTIONS = [
 @pytest.mark.parametrize("keys, width", [(OPTIONS[0], 3), (OPTIONS[1], 2)])
 def test_block_matches_a_token_by_token_ssd_across_odd_units(record, keys, width):
     config = ModelConfig(modality="dna", d_model=12, n_layers=2, n_heads=6, mlp_hidden=0, conv_width=width,
-                         family="mamba2", qk_head_dim=5, mamba2=mamba2_pairs(keys, "test"))
+                         family="mamba2", head_dim=5, **dict(mamba2_pairs(keys, "test")))
     net = init_net(config, seed=3)
     with torch.no_grad():  # biases and D away from fla's zeros and ones, so that they count
         for name, p in net.named_parameters():
@@ -175,7 +176,7 @@ def test_transformers_spellings_give_the_same_model(tmp_path):
     src = checkpoint(tmp_path, "mamba2", dt_limit=[0.0, math.inf])
     assert run("model", "import", src, tmp_path / "inf", *GIVEN).exit_code == 0
     assert json.loads((tmp_path / "inf" / "config.json").read_text())["dt_limit"] == [0.0, None]
-    assert load_model(str(tmp_path / "inf")).config.ssd["dt_limit"] == (0.0, None)
+    assert load_model(str(tmp_path / "inf")).config.layer.dt_limit == (0.0, None)
 
 
 @pytest.mark.slow  # a Ray cluster on loopback

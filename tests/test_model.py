@@ -225,7 +225,8 @@ def test_state_arrays_round_trip_and_resume(tmp_path, genomes):
     arrays = mid.to_arrays()
     c = model.config
     assert {k: v.shape for k, v in arrays.items()} == {
-        "S": (c.n_layers, c.n_heads, c.head_dim, c.head_dim), "z": (c.n_layers, c.n_heads, c.head_dim),
+        "S": (c.n_layers, c.n_heads, c.d_model // c.n_heads, c.d_model // c.n_heads),
+        "z": (c.n_layers, c.n_heads, c.d_model // c.n_heads),
         "y": (c.d_model,), "conv": (c.n_layers, c.conv_width - 1, c.d_model)}
     assert all(v.dtype == np.float32 for v in arrays.values())
     rest, _ = model.forward(x[200:], ModelState.from_arrays(arrays))
@@ -297,7 +298,7 @@ def test_training_path_is_differentiable_and_consistent(tmp_path, genomes):
     inf, _ = model.forward(x[:128], model.init_state())
     logp = torch.log_softmax(pred[0].detach(), -1).gather(-1, xt[0].clamp(max=3)[:, None])[:, 0].numpy()
     np.testing.assert_allclose(logp[x[:128] < 4], inf["logprob"][x[:128] < 4], rtol=1e-5, atol=1e-5)
-    assert state.detach().S.requires_grad is False
+    assert state.detach().arrays["S"].requires_grad is False
 
 
 def test_default_model_loads_and_runs(genomes):
@@ -330,7 +331,7 @@ def test_inference_leaves_weights_and_inputs_untouched(tmp_path, genomes):
 def test_big_batched_calls_match_the_buffered_path(tmp_path, genomes):
     """forward_records batches many positions per call, beyond what CPU inference keeps in
     reused buffers (INFER_BUFFERED): that allocating path gives the streamed outputs."""
-    from linpipe.model import network as model_mod
+    from linpipe.model import blocks as model_mod
 
     model = _dna_model(tmp_path)
     n = model_mod.INFER_BUFFERED // 2 + 100

@@ -61,7 +61,7 @@ def test_init_timeseries_and_refuses_overwrite(tmp_path):
             "--feature-map", "relu", "--conv-width", "1"]
     assert CliRunner().invoke(cli, args).exit_code == 0
     m = load_model(d)
-    assert m.modality == "timeseries" and m.config.channels == 3 and not m.config.normalize
+    assert m.modality == "timeseries" and m.config.channels == 3 and not m.config.layer.normalize
     out, _ = m.forward(np.random.default_rng(0).normal(size=(50, 3)).astype(np.float32), m.init_state())
     assert set(out) == {"forecast", "residual", "hidden"} and out["forecast"].shape == (50, 3)
     res = CliRunner().invoke(cli, args)

@@ -10,10 +10,20 @@ import pytest
 from click.testing import CliRunner
 
 from linpipe.cli import cli
-from linpipe.cli.common import INPUT_OPTIONS, MODEL_OPTIONS, declared_fields, field_default, field_flag, spell
+from linpipe.cli.common import (
+    INPUT_OPTIONS,
+    MODEL_OPTIONS,
+    declared_fields,
+    family_fields,
+    field_default,
+    field_flag,
+    spell,
+)
 from linpipe.errors import render
-from linpipe.model.config import FAMILY_FEATURE_MAPS, LINEAR_ATTN, TRAINED, ModelConfig
-from linpipe.model.outputs import MODALITIES
+from linpipe.model import families
+from linpipe.model.config import ModelConfig
+from linpipe.model.families.linear_attn import FEATURE_MAPS
+from linpipe.output_specs import MODALITIES
 from linpipe.training.config import TrainConfig
 
 INIT, TRAIN = cli.commands["model"].commands["init"], cli.commands["train"]
@@ -28,7 +38,7 @@ REQUIRED = {"init": ("m",), "train": ("a.fa", "--out", "m")}
 
 def field_params(command, others):
     """(field, click parameter) of each option of `command` that is no other."""
-    fields = declared_fields(ModelConfig) | declared_fields(TrainConfig)
+    fields = declared_fields(ModelConfig) | family_fields() | declared_fields(TrainConfig)
     params = [p for p in command.params if p.name not in others]
     return [(fields[p.name], p) for p in params]
 
@@ -52,14 +62,14 @@ def test_the_choices_are_what_the_config_and_the_kernels_accept():
     """Every choice makes a valid config, and the feature maps are the kernels' own list."""
     from linpipe.kernels import FEATURE_MAPS as IMPLEMENTED
 
-    assert FAMILY_FEATURE_MAPS[LINEAR_ATTN] == IMPLEMENTED
-    assert declared_fields(ModelConfig)["family"].metadata["choices"] == TRAINED
+    assert FEATURE_MAPS == IMPLEMENTED
+    assert declared_fields(ModelConfig)["family"].metadata["choices"] == families.trained()
     assert declared_fields(ModelConfig)["modality"].metadata["choices"] == MODALITIES
     base = dict(modality="dna", d_model=8, n_layers=1, n_heads=2, mlp_hidden=16)
-    for fm in FAMILY_FEATURE_MAPS[LINEAR_ATTN]:
-        assert ModelConfig(**base, feature_map=fm).feature_map == fm
-    for family in TRAINED:
-        extra = {} if family == LINEAR_ATTN else {"qk_head_dim": 4}
+    for fm in FEATURE_MAPS:
+        assert ModelConfig(**base, feature_map=fm).layer.feature_map == fm
+    for family in families.trained():
+        extra = {} if family == families.DEFAULT else {"head_dim": 4}
         assert ModelConfig(**base, family=family, **extra).family == family
 
 
@@ -82,13 +92,14 @@ def test_model_init_at_its_defaults_writes_the_declared_config(tmp_path):
     res = CliRunner().invoke(cli, ["model", "init", str(tmp_path / "m")])
     assert res.exit_code == 0, res.output
     config = ModelConfig.from_json(json.loads((tmp_path / "m" / "config.json").read_text()))
-    for name, f in declared_fields(ModelConfig).items():
+    own = declared_fields(families.family(families.DEFAULT).Options)
+    for name, f in {**declared_fields(ModelConfig), **own}.items():
         want = field_default(f)
         if name == "mlp_hidden":
             want = 4 * config.d_model
         elif want is None or name == "gate_normalizer":  # derived, or only with --gate
             want = f.default
-        assert getattr(config, name) == want, name
+        assert getattr(config.layer if name in own else config, name) == want, name
 
 
 @pytest.mark.parametrize("family,expand_v,use_gate",
@@ -98,13 +109,13 @@ def test_a_delta_family_takes_its_own_defaults(tmp_path, family, expand_v, use_g
                                    "--d-model", "16", "--n-heads", "2", "--n-layers", "1"])
     assert res.exit_code == 0, res.output
     config = ModelConfig.from_json(json.loads((tmp_path / "m" / "config.json").read_text()))
-    assert (config.family, config.expand_v, config.use_gate) == (family, expand_v, use_gate)
-    assert config.use_short_conv and config.gate_normalizer is None
+    assert (config.family, config.layer.expand_v, config.layer.use_gate) == (family, expand_v, use_gate)
+    assert config.layer.use_short_conv and not hasattr(config.layer, "gate_normalizer")
 
 
 @pytest.mark.parametrize("args,says", [
-    (["--head-dim", "8"], "--head-dim is for the delta-rule families"),
-    (["--no-output-gate"], "--output-gate is for the delta-rule families"),
+    (["--head-dim", "8"], "--head-dim is for families delta_net, gated_deltanet"),
+    (["--no-output-gate"], "--output-gate is for families delta_net, gated_deltanet"),
     (["--family", "delta_net", "--gate"], "--gate is for the linear_attn family"),
     (["--feature-map", "softmax"], "'softmax' is not one of 'elu1', 'relu', 'identity'"),
 ])
@@ -119,13 +130,14 @@ def test_gate_and_no_normalize_reach_the_config(tmp_path):
                                    "--no-normalize", "--d-model", "16", "--n-layers", "1"])
     assert res.exit_code == 0, res.output
     config = ModelConfig.from_json(json.loads((tmp_path / "m" / "config.json").read_text()))
-    assert (config.gate_normalizer, config.normalize, config.mlp_hidden) == (8.0, False, 64)
+    assert (config.layer.gate_normalizer, config.layer.normalize, config.mlp_hidden) == (8.0, False, 64)
 
 
 def test_every_declared_field_has_an_option():
     """A field declared as an option appears on a command (model init or train)."""
     named = {p.name for c in (INIT, TRAIN) for p in c.params}
-    for cls in (ModelConfig, TrainConfig):
+    trained = [families.family(n).Options for n in families.trained()]
+    for cls in (ModelConfig, TrainConfig, *trained):
         assert set(declared_fields(cls)) <= named, cls.__name__
 
 

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from _fla_data import assert_refused
 
 from linpipe.model.config import ModelConfig
-from linpipe.model.retention import (
+from linpipe.model.families.retnet.layer import (
     Retention,
     offset_rotations,
     retention_decay,
@@ -52,7 +52,7 @@ def test_angles_past_2_24_are_the_exact_ones(p):
 
 def _layer(H=2, K=8, V=16, seed=0):
     c = ModelConfig(modality="dna", d_model=16, n_layers=1, n_heads=H, mlp_hidden=8, family="retnet",
-                    qk_head_dim=K, expand_v=V / K, use_gate=True, use_short_conv=False)
+                    head_dim=K, expand_v=V / K, use_gate=True, use_short_conv=False)
     torch.manual_seed(seed)
     layer = Retention(c, 2048)
     with torch.no_grad():
@@ -91,11 +91,12 @@ def test_state_in_the_next_positions_frame_gives_absolute_retention(p0):
     w = layer.g_norm.weight.double()
     want = want_o * torch.rsqrt(want_o.pow(2).mean(-1, keepdim=True) + layer.g_norm.eps) * w * F.silu(g)
     # the zero state is the same in every frame: the layer's frame starts at p0
-    S, z, win, got = torch.zeros(1, 2, 8, 16), torch.zeros(1, 2, 0), torch.zeros(1, 0, 16), []
+    state, got = {"S": torch.zeros(1, 2, 8, 16)}, []
     with torch.no_grad():
         for s, e in ((0, 1), (1, 20), (20, 21), (21, 53)):
-            o, S, z, win = layer(a[:, s:e], S, z, win)
+            o, state = layer(a[:, s:e], state)
             got.append(o[0])
+    S = state["S"]
     np.testing.assert_allclose(torch.cat(got).view(53, 2, 16).numpy(), want.numpy(), rtol=0, atol=2e-5)
     framed = turn_state(want_S[None], p0 + 53, layer.freq)[0]
     np.testing.assert_allclose(S[0].double().numpy(), framed.numpy(), rtol=0, atol=2e-5)

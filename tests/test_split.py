@@ -39,7 +39,7 @@ def check(model, x, bounds, unit_size):
     the float64 run as the serial one is (within 3x its distance, plus 1e-5)."""
     want, want_states = serial(model, x, unit_size)
     got, got_states, _ = forward_split(model, x, bounds, unit_size)
-    ill = model.config.normalize and model.config.feature_map == "identity"
+    ill = model.config.layer.normalize and model.config.layer.feature_map == "identity"
     if ill:
         exact, exact_states = serial(Model(copy.deepcopy(model.net).double(), model.config, device="cpu"),
                                      x, unit_size)
@@ -111,7 +111,8 @@ def test_gated_split_equals_serial_unit_edges(tokens, normalize, feature_map, co
     for parts in (2, 3, 5):
         check(model, tokens, segment_bounds(len(tokens), 500, parts), 500)
     r = SegmentRunner(model, lambda a, b: tokens[a:b], 0, 1000, 500)
-    per_head = (model.config.head_dim + 1) * (2 if feature_map == "identity" else 1) + 1  # + its gate
+    K = model.config.d_model // model.config.n_heads
+    per_head = (K + 1) * (2 if feature_map == "identity" else 1) + 1  # + its gate
     assert r.h.mem.nbytes + r.num.mem.nbytes == spill_bytes(model.config, 1000)
     assert spill_bytes(model.config, 1000) == 1000 * (2 * 16 + 2 * per_head) * 4
     r.close()
@@ -167,21 +168,15 @@ def test_float64_passes_give_the_first_segment_a_larger_share(feature_map, norma
     """Only identity features with the normaliser run a later segment's passes in float64
     (about twice the time): the first segment's weight follows, and the spill holds the
     numerators' second float32 part."""
-    from linpipe.model.segments import (
-        FIRST_WEIGHT,
-        FIRST_WEIGHT_FLOAT64,
-        first_weight,
-        passes_in_float64,
-        spill_bytes,
-    )
+    from linpipe.model.families.linear_attn.split import FIRST_WEIGHT_FLOAT64, passes_in_float64
+    from linpipe.model.segments import FIRST_WEIGHT, first_weight, spill_bytes
 
     cfg = ModelConfig(modality="dna", d_model=16, n_layers=2, n_heads=2, mlp_hidden=32,
                       feature_map=feature_map, normalize=normalize)
     assert passes_in_float64(cfg) is float64
-    assert passes_in_float64(tiny(False, normalize, feature_map, 4).net.layers[0].attn) is float64
     assert first_weight(cfg) == (FIRST_WEIGHT_FLOAT64 if float64 else FIRST_WEIGHT)
     assert FIRST_WEIGHT_FLOAT64 > FIRST_WEIGHT > 1
-    numerators = cfg.n_heads * (cfg.head_dim + 1) * 4  # bytes per position, one float32 part
+    numerators = cfg.n_heads * (cfg.d_model // cfg.n_heads + 1) * 4  # bytes per position, one float32 part
     assert spill_bytes(cfg, 10) - spill_bytes(dataclasses.replace(cfg, normalize=False), 10) == \
         (10 * numerators if float64 else 0)
 

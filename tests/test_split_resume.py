@@ -9,9 +9,8 @@ from _split_harness import assert_resumed_bytes, stopped_and_replayed, stopped_a
 
 from linpipe.model import Model, ModelConfig, init_net
 from linpipe.model.checkpoints import checkpoint_every, checkpoint_layers, slot
-from linpipe.model.exchange import layer_weights
 from linpipe.model.segments import segment_bounds
-from linpipe.model.segments_run import forward_split
+from linpipe.model.segments_run import forward_split, layer_weights
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -155,9 +154,9 @@ def test_a_resume_reads_h_at_a_checkpoint_else_replays_the_stored_folds(split_st
     sp.put("fold/2/0", {name: np.zeros(1, np.float32) for name in ("S", "z", "conv")})  # layer 2 half stored
     start, folds, replay = resume_point(sp, [2], 0, 2, 3)
     assert (start, replay) == (2, True)
-    assert [[float(S[0, 0]) for S in f[0]] for f in folds] == [[0, 1, 2], [10, 11, 12]]
+    assert [[float(st["S"][0, 0]) for st in f] for f in folds] == [[0, 1, 2], [10, 11, 12]]
     # a later segment's group: the folds from its segment on
-    assert [float(S[0, 0]) for S in resume_point(sp, [2], 1, 2, 3)[1][1][0]] == [11, 12]
+    assert [float(st["S"][0, 0]) for st in resume_point(sp, [2], 1, 2, 3)[1][1]] == [11, 12]
     for k in range(2):
         sp.put(f"ckpt/2/{k}", {"slot": np.zeros(1, np.int64)})
     assert resume_point(sp, [2], 0, 2, 3)[::2] == (2, False)  # h is read back, not recomputed

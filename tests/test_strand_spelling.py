@@ -1,7 +1,7 @@
 """A strand is spelt in one place, linpipe/strands.py: no other module under pipeline/, jobs/ or
 kernels/ builds or matches the reverse strand's name suffix, spells a strand's sign ("+", "-")
 beside a strand, or spells --strand's values; they ask the Strand, and an output's strand comes
-from its spec (linpipe.model.outputs), never from its name."""
+from its spec (linpipe.output_specs), never from its name."""
 import ast
 from pathlib import Path
 
@@ -80,7 +80,7 @@ def test_each_reverse_array_is_declared_by_its_forward_outputs_spec():
 
     import pytest
 
-    from linpipe.model.outputs import DNA, TIMESERIES, output_spec, output_strands, reverse_spec, with_reverse
+    from linpipe.output_specs import DNA, TIMESERIES, output_spec, output_strands, reverse_spec, with_reverse
     from linpipe.store.layout import record_arrays
 
     names = with_reverse(DNA, ["logprob", "entropy", "softmask", "hidden"])

@@ -1,5 +1,5 @@
 """GLA's state algebra for callers that compose their own pass (the sequence-parallel split,
-linpipe.model.delta_split), in the delta rule's terms (linpipe.kernels.delta_rule.stages):
+linpipe.model.families.delta_net.split), in the delta rule's terms (linpipe.kernels.delta_rule.stages):
 over a run of positions the state after it is affine in the state entering it, S' = M S + dS,
 where for a gate per key M = diag(exp(B)) and B (H, K) is the run's summed log-gate; and each
 position's output is its output from a zero state plus q_state_i^T S, q_state_i = scale q_i

@@ -8,9 +8,10 @@ import sys
 
 import click
 
-from linpipe.errors import LinpipeError, option, render
+from linpipe.errors import LinpipeError, ModelError, option, render
 from linpipe.jobs.options import BY_NAME, OPTIONS, Choice, InvalidValue
-from linpipe.model.config import GATED_DELTANET, LINEAR_ATTN, ModelConfig
+from linpipe.model import families
+from linpipe.model.config import ModelConfig
 
 
 def spell(name: str) -> str:
@@ -216,11 +217,26 @@ def decay_values(text):
     return vals[0] if len(vals) == 1 else vals
 
 
-# model init, train: the network's size and layer kind (ModelConfig's declared fields), the
-# initial decays (init_net's) and the gate's switch (the "gate" key; its normaliser is a field)
-SIZE_FIELDS = ("d_model", "n_layers", "n_heads", "mlp_hidden", "conv_width", "feature_map", "normalize")
-FAMILY_FIELDS = ("family", "qk_head_dim", "expand_v", "use_gate", "allow_neg_eigval")
+# model init, train: the network's size (ModelConfig's declared fields), the initial decays
+# (init_net's) and the gate's switch (linear attention's "gate" key; its normaliser is a field)
+SIZE_FIELDS = ("d_model", "n_layers", "n_heads", "mlp_hidden", "conv_width")
 MODEL_OPTIONS = ("decay", "gate")  # the model options that are no field
+
+
+def family_fields() -> dict[str, dataclasses.Field]:
+    """The declared fields of every trained family's Options (linpipe.model.families), by name,
+    in the registry's order: `model init`'s and `train`'s family options."""
+    out = {}
+    for name in families.trained():
+        for n, f in declared_fields(families.family(name).Options).items():
+            out.setdefault(n, f)
+    return out
+
+
+def _owners(field: str) -> list[str]:
+    """The trained families that declare an option."""
+    return [n for n in families.trained() if field in declared_fields(families.family(n).Options)]
+
 
 model_size_options = options(
     field_options(ModelConfig, SIZE_FIELDS),
@@ -232,39 +248,29 @@ model_size_options = options(
                  help="Gate each head's state by the data: at every position it decays by "
                  "exp(logsigmoid(gk_proj(x)) / normalizer), learnt (flash-linear-attention's "
                  "simple GLA) instead of a fixed decay."),
-    field_options(ModelConfig, ("gate_normalizer",)),
 )
-family_options = field_options(ModelConfig, FAMILY_FIELDS)
-
-# fla 0.6's defaults per delta-rule kind where they differ from ModelConfig's
-FAMILY_DEFAULTS = {GATED_DELTANET: {"expand_v": 2.0, "use_gate": True}}
+family_options = options(field_options(ModelConfig, ("family",)),
+                         *(field_option(f) for f in family_fields().values()))
 
 
 def model_fields(params: dict) -> dict:
     """ModelConfig's keywords from `model init`'s or `train`'s parsed options: mlp_hidden 4 x
-    d_model unless given; the gate's normaliser only with --gate; the delta-rule keys only for
-    their families, each not given at that family's default (--conv-width 1: no short
-    convolution)."""
-    fields = declared_fields(ModelConfig)
+    d_model unless given; the family's own options as its Family.from_flags makes them (another
+    family's option given is refused)."""
     kw = field_values(ModelConfig, params)
     if kw["mlp_hidden"] is None:
         kw["mlp_hidden"] = 4 * kw["d_model"]
-    if not params["gate"]:
-        kw["gate_normalizer"] = None
-    family = kw["family"]
-    if family == LINEAR_ATTN:
-        given = [n for n in FAMILY_FIELDS[1:] if kw.pop(n) != field_default(fields[n])]
-        if given:
-            raise click.BadParameter(f"{field_flag(fields[given[0]])} is for the delta-rule families",
-                                     param_hint="--family")
-        return kw
-    if params["gate"]:
-        raise click.BadParameter(f"--gate is for the linear_attn family; {family} layers gate by their "
-                                 "own a_proj, A_log and dt_bias", param_hint="--gate")
-    for n in ("expand_v", "use_gate"):
-        if kw[n] is None:
-            kw[n] = FAMILY_DEFAULTS.get(family, {}).get(n, fields[n].default)
-    kw["use_short_conv"] = kw["conv_width"] > 1
+    spec = families.family(kw["family"])
+    own = declared_fields(spec.Options)
+    for name, f in family_fields().items():
+        if name not in own and params.get(name, field_default(f)) != field_default(f):
+            owners = _owners(name)
+            which = f"the {owners[0]} family" if len(owners) == 1 else f"families {', '.join(owners)}"
+            raise click.BadParameter(f"{field_flag(f)} is for {which}", param_hint="--family")
+    try:
+        kw.update(spec.from_flags({n: params.get(n) for n in own}, params))
+    except ModelError as e:  # an option the family refuses: a usage error
+        raise click.UsageError(e.render(spell)) from None
     return kw
 
 

@@ -60,7 +60,14 @@ def model_init(directory, decay, seed, force, **fields):
     click.echo(f"wrote {directory} ({modality}, {config.family}, sha256 {sha})")
 
 
-@model_group.command("import", epilog=examples(
+def _import_help() -> str:
+    from linpipe.model import families
+
+    return ("Import a flash-linear-attention checkpoint (config.json + model.safetensors, model_type "
+            f"{', '.join(families.imported())}) from SRC into a linpipe model directory OUT.")
+
+
+@model_group.command("import", help=_import_help(), epilog=examples(
     "linpipe model import examples/fla-gated-deltanet my-model",
     "linpipe model import examples/fla-gated-deltanet my-model-ids --tokens A=3,C=4,G=5,T=6,N=7 --bos 1"))
 @click.argument("src", type=click.Path(exists=True, file_okay=False))
@@ -73,8 +80,6 @@ def model_init(directory, decay, seed, force, **fields):
               help="The token id read before each record  [default: config.json's bos_token_id]")
 @force_option
 def model_import(src, out, tokens, bos, force):
-    """Import a flash-linear-attention checkpoint (config.json + model.safetensors, families
-    delta_net, gated_deltanet and mamba2) from SRC into a linpipe model directory OUT."""
     from linpipe.model.imports import import_checkpoint, parse_tokens
 
     config, sha = import_checkpoint(src, out, tokens=parse_tokens(tokens) if tokens else None, bos=bos,
@@ -97,7 +102,7 @@ def model_info(model, as_json):
 
     m = load_model(model)
     info = {"path": str(m.path), "sha256": m.sha256, "parameters": count_parameters(m.config),
-            "family": m.config.family, "state_bytes_per_record": 4 * m.config.state_floats(),
+            "family": m.config.family, "state_bytes_per_record": m.config.state_bytes(),
             "config": m.config.to_json(), "origin": m.config.to_json().get("origin"),
             "decay": {f"layer {i}": [round(g, 8) for g in layer.attn.base_decay()]
                       for i, layer in enumerate(m.net.layers)}}
@@ -117,12 +122,6 @@ def model_info(model, as_json):
         if k == "origin":
             continue
         click.echo(f"{k:<11} {json.dumps(v)}")
-    # a gated layer's decay at position t is exp(logsigmoid(gk_proj(x_t)) / normalizer): shown
-    # where gk_proj's weights give 0 (its bias alone)
-    where = ""
-    if m.config.gated:
-        where = " (gk_proj's bias alone)"
-    elif m.config.family in ("gated_deltanet", "mamba2"):  # exp(-exp(A_log) softplus(proj(x) + dt_bias))
-        where = " (dt_bias alone)"
+    where = m.config.spec.decay_where(m.config)  # where a data-dependent decay is read
     for k, v in info["decay"].items():
         click.echo(f"decay {k}{where}: {', '.join(f'{g:g}' for g in v)}")

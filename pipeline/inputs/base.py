@@ -267,6 +267,16 @@ def _looks_binary(head: bytes) -> bool:
     return len(head) > 0 and nontext / len(head) > 0.3
 
 
+def input_modality(path) -> str:
+    """What an input holds, by its format read from the first bytes: "dna" (FASTA) or "timeseries"
+    (CSV, Parquet, Arrow). An unreadable input counts as "dna"; its own error comes when it is opened."""
+    try:
+        fmt = sniff_format(Path(path))
+    except (InputError, OSError):
+        return "dna"
+    return "dna" if fmt.startswith("fasta") else "timeseries"
+
+
 def sniff_format(path: Path) -> str:
     """One of 'fasta', 'fasta-gzip', 'fasta-bgzf', 'parquet', 'arrow', 'arrow-stream', 'csv'."""
     _check_path(path)

@@ -1,15 +1,17 @@
-"""The model: config.py (format v1 config), network.py (the layers), files.py (save/read a model
-directory), inference.py (Model, load_model).
+"""The model: config.py (format v1 config), families/ (one folder per family, found through one
+registry), network.py (the network, written once), state.py (the carried state), files.py
+(save/read a model directory), inference.py (Model, load_model).
 
-The names below are imported on first use, so that a process that needs only the per-output
-facts (`linpipe.model.outputs`, which the store's layout reads) does not import torch."""
+The names below are imported on first use: the command line reads the torch-free declarations
+(config.py and the families' specs) and must not import torch (`linpipe --help` starts in a
+second)."""
 import importlib
 
 _WHERE = {
     "CONFIG_FILE": "config", "ModelConfig": "config", "expected_shapes": "shapes",
     "SHIPPED_MODELS": "files", "resolve_model_path": "files", "save_model": "files",
     "Model": "inference", "count_parameters": "inference", "load_model": "inference",
-    "ModelState": "network", "init_net": "network",
+    "ModelState": "state", "init_net": "network",
 }
 
 __all__ = sorted(_WHERE)

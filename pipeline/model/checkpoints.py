@@ -32,7 +32,7 @@ def layer_flops(config) -> float:
     """Multiply-adds x 2 per position of one layer: q, k, v, o projections, the MLP, and the
     state's (K, V) products per head."""
     D, M = config.d_model, config.mlp_hidden
-    return 2.0 * (4 * D * D + 2 * D * M + 2 * D * config.head_dim)
+    return 2.0 * (4 * D * D + 2 * D * M + 2 * D * config.spec.key_width(config))
 
 
 def checkpoint_every(config, positions: int, *, flops_per_s: float | None = None,
@@ -94,29 +94,30 @@ def slot(layers: list[int], layer: int) -> int:
 
 def edge_tensors(edge_states: dict, layer: int) -> dict:
     """A segment's states at its unit edges for `layer` as named float32 arrays, `<name>.<u>`
-    (the state after unit u), from SegmentRunner.edge_states (unit -> per layer (S, z, conv))."""
+    (the family's array `name` after unit u), from SegmentRunner.edge_states (unit -> per layer
+    its arrays)."""
     out = {}
     for u, per_layer in edge_states.items():
         if per_layer[layer] is None:
             continue
-        for name, t in zip(("S", "z", "conv"), per_layer[layer], strict=True):
+        for name, t in per_layer[layer].items():
             out[f"{name}.{u}"] = t.float().numpy()
     return out
 
 
 def edges_from(tensors: dict) -> dict:
-    """edge_tensors' arrays back: unit -> (S, z, conv) tensors."""
+    """edge_tensors' arrays back: unit -> the layer's arrays (tensors)."""
     import torch
 
-    got: dict[int, dict] = {}
-    for key, v in tensors.items():
+    got: dict = {}
+    for key, a in tensors.items():
         name, u = key.rsplit(".", 1)
-        got.setdefault(int(u), {})[name] = torch.from_numpy(v.copy())
-    return {u: (d["S"], d["z"], d["conv"]) for u, d in got.items()}
+        got.setdefault(int(u), {})[name] = torch.from_numpy(a.copy())
+    return got
 
 
 def restore_edges(runner, layer: int, tensors: dict) -> None:
     """Puts a segment's unit edges' states of `layer` (edge_tensors' arrays) back into its
-    SegmentRunner, as its passes recorded them."""
-    for u, (S, z, conv) in edges_from(tensors).items():
-        runner.record_edge((u + 1) * runner.unit_size, layer, S, z, conv)
+    runner (SegmentRunner.record_edge)."""
+    for u, state in edges_from(tensors).items():
+        runner.record_edge((u + 1) * runner.unit_size, layer, state)

@@ -24,7 +24,8 @@ from linpipe.model.shapes import expected_shapes
 PICKLE_NAMES = ("pytorch_model.bin", "model.bin")
 PICKLE_SUFFIXES = (".pt", ".pth", ".pkl", ".pickle", ".ckpt", ".bin")
 SHIPPED_MODELS = Path(__file__).resolve().parent / "shipped"
-# The shipped model `default` stands for when a job names none, by the input's modality.
+# The shipped model `default` stands for when a job names none, by the input's modality
+# (linpipe.inputs.base.input_modality).
 DEFAULT_MODEL = "default"
 SHIPPED_DEFAULTS = {"dna": "default", "timeseries": "default-timeseries"}
 
@@ -95,20 +96,6 @@ def resolve_model_path(path_or_name) -> Path:
         shipped = sorted(x.name for x in SHIPPED_MODELS.iterdir() if x.is_dir())
     raise ModelError(f"{name}: no such model directory, and no shipped model of that name "
                      f"(shipped: {', '.join(shipped) or 'none'})")
-
-
-def default_model_for(input_path) -> str:
-    """The shipped model for an input's modality (by its format, read from the first bytes):
-    `default` for FASTA, `default-timeseries` for CSV/Parquet/Arrow. An unreadable input gets
-    `default`, and its own error comes when it is opened."""
-    from linpipe.errors import InputError
-    from linpipe.inputs.base import sniff_format
-
-    try:
-        fmt = sniff_format(Path(input_path))
-    except (InputError, OSError):
-        return DEFAULT_MODEL
-    return SHIPPED_DEFAULTS["dna" if fmt.startswith("fasta") else "timeseries"]
 
 
 def read_json(directory: Path, what: str = "a linpipe model directory"):

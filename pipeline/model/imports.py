@@ -2,9 +2,9 @@
 model directory (docs/models.md).
 
 A checkpoint is config.json (with fla's `model_type`) and model.safetensors, or shards listed in
-model.safetensors.index.json. The families map one to one onto linpipe's layer kinds
-(pipeline/model/delta.py and mamba2.py mirror fla's tensor names under `model.layers.i.`, mamba2's
-under `backbone.layers.i.`); the embedding keeps the rows of the DNA letters and BOS, and the head
+model.safetensors.index.json. Each model_type is one family's (its `Import`, linpipe.model.families:
+its config keys, and its layers mirror fla's tensor names under `model.layers.i.`, mamba2's under
+`backbone.layers.i.`); the embedding keeps the rows of the DNA letters and BOS, and the head
 keeps every row of the checkpoint's vocabulary, A C G T first, so a base's log-probability is fla's
 log-softmax over the whole vocabulary.
 
@@ -18,7 +18,6 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,45 +25,15 @@ import torch
 
 from linpipe.errors import ModelError, option
 from linpipe.inputs.alphabet import BOS, A, C, G, N, T
-from linpipe.model import fla_linear_import, mamba2_import, retention_import
-from linpipe.model.config import (
-    CONFIG_FILE,
-    DELTA_NET,
-    GATED_DELTANET,
-    GLA,
-    MAMBA2,
-    RETNET,
-    WEIGHTS_FILE,
-    ModelConfig,
-    origin_pairs,
-)
+from linpipe.model import families
+from linpipe.model.config import CONFIG_FILE, WEIGHTS_FILE, ModelConfig, origin_pairs
 from linpipe.model.files import PICKLE_NAMES, PICKLE_SUFFIXES, file_sha256, load_safetensors, read_json
-from linpipe.model.gla_import import gla_config
 from linpipe.model.shapes import expected_shapes
 
 SOURCE = "flash-linear-attention"
 INDEX_FILE = "model.safetensors.index.json"
 
 
-@dataclass(frozen=True)
-class FamilyImport:
-    """How the checkpoints of one fla model_type are imported."""
-
-    keys: Callable | None  # f(checkpoint, refuse(key, why)) -> its ModelConfig keys, after the common checks
-    prepare: Callable | None = None  # f(fla's config, tensors) -> the tensors to take, or None
-    layout: tuple = ("model.", "norm")  # the prefix of its tensors, its final norm
-    attention: bool = True  # the attention layers' checks apply (mamba2's blocks are its own)
-
-
-# model_type -> its import; delta_net and gated_deltanet are _family_config's own, fla's layout
-FAMILY_IMPORTS = {GLA: FamilyImport(gla_config),
-                  MAMBA2: FamilyImport(mamba2_import.mamba2_keys, attention=False,
-                                       layout=(mamba2_import.PREFIX, mamba2_import.FINAL_NORM)),
-                  RETNET: FamilyImport(retention_import.import_keys),
-                  "linear_attn": FamilyImport(fla_linear_import.import_keys,
-                                              prepare=fla_linear_import.tie_feature_maps)}
-DELTA_IMPORT = FamilyImport(keys=None)  # the delta-rule families' layout, no prepare
-IMPORTED = (DELTA_NET, GATED_DELTANET, *FAMILY_IMPORTS)  # fla's model_type names
 LETTERS = "ACGTN"  # the DNA letters whose ids the checkpoint must have
 LETTER_TOKENS = {"A": A, "C": C, "G": G, "T": T, "N": N}
 SILU = ("swish", "silu")
@@ -189,55 +158,26 @@ def _check_attention(ck: Checkpoint) -> None:
             _refuse(ck, key, f"must be a positive integer, got {v!r}")
 
 
+def _import_of(ck: Checkpoint) -> families.Import:
+    """The import of the checkpoint's model_type (its family's); refuses one linpipe does not read."""
+    family = families.by_model_type(ck.config.get("model_type"))
+    if family is None:
+        _refuse(ck, "model_type", f"is {ck.config.get('model_type')!r}, not a flash-linear-attention family "
+                f"linpipe imports ({', '.join(families.imported())})")
+    return family.imports
+
+
 def _family_config(ck: Checkpoint) -> dict:
     """ModelConfig's family keys from fla's config; refuses what linpipe does not compute."""
     cfg = ck.config
-    family = cfg.get("model_type")
-    if family not in IMPORTED:
-        _refuse(ck, "model_type", f"is {family!r}, not a flash-linear-attention family linpipe imports "
-                f"({', '.join(IMPORTED)})")
+    how = _import_of(ck)
     if cfg.get("attn"):
         layers = (cfg["attn"] or {}).get("layers") if isinstance(cfg["attn"], dict) else None
         _refuse(ck, "attn", f"makes a hybrid model with softmax attention layers {layers}, whose state "
                 "grows with the sequence (linpipe carries a fixed-size state)")
-    hooks = FAMILY_IMPORTS.get(family, DELTA_IMPORT)
-    if hooks.attention:
+    if how.attention:
         _check_attention(ck)
-    if hooks.keys is not None:
-        return hooks.keys(ck, lambda key, why: _refuse(ck, key, why))
-    D, H = cfg["hidden_size"], cfg["num_heads"]
-    if family == DELTA_NET:
-        for key, want in (("qk_activation", "silu"), ("qk_norm", "l2"), ("use_beta", True),
-                          ("use_output_norm", True)):
-            if _flag(cfg, key, want) != want:
-                _refuse(ck, key, f"is {cfg[key]!r}: only {want!r} (fla's default) is implemented")
-        key_dim = D * float(_flag(cfg, "expand_k", 1.0))
-        value_dim = D * float(_flag(cfg, "expand_v", 1.0))
-        if key_dim % H or value_dim % H:
-            _refuse(ck, "expand_k", f"gives key/value widths {key_dim:g}/{value_dim:g}, not divisible "
-                    f"by {H} heads")
-        head_dim = int(key_dim) // H
-        expand_v = (value_dim / H) / head_dim
-        use_gate = bool(_flag(cfg, "use_gate", False))
-        v_heads = None
-    else:
-        v_heads = cfg.get("num_v_heads")
-        # fla's kernels map value head j to query/key head j // (num_v_heads / num_heads)
-        if v_heads is not None and (isinstance(v_heads, bool) or not isinstance(v_heads, int) or v_heads < 1
-                                    or v_heads % H):
-            _refuse(ck, "num_v_heads", f"is {v_heads!r} with num_heads {H}: grouped value heads need a "
-                    "positive multiple of num_heads")
-        act = _flag(cfg, "output_gate_activation", "swish")
-        if act not in SILU:
-            _refuse(ck, "output_gate_activation", f"is {act!r}: only swish is implemented")
-        head_dim = _flag(cfg, "head_dim", 256)
-        expand_v = float(_flag(cfg, "expand_v", 2.0))
-        use_gate = bool(_flag(cfg, "use_gate", True))
-    return dict(family=family, qk_head_dim=int(head_dim), expand_v=float(expand_v), use_gate=use_gate,
-                n_v_heads=None if v_heads in (None, H) else v_heads,
-                use_short_conv=bool(_flag(cfg, "use_short_conv", True)),
-                allow_neg_eigval=bool(_flag(cfg, "allow_neg_eigval", False)),
-                conv_width=int(_flag(cfg, "conv_size", 4)), norm_eps=float(_flag(cfg, "norm_eps", 1e-6)))
+    return how.keys(ck, lambda key, why: _refuse(ck, key, why))
 
 
 def convert(ck: Checkpoint, tokens: dict | None = None, bos: int | None = None):
@@ -245,9 +185,9 @@ def convert(ck: Checkpoint, tokens: dict | None = None, bos: int | None = None):
     its tokenizer), bos: the id read before the first position (else config's bos_token_id)."""
     cfg, src = ck.config, dict(ck.tensors)
     fam = _family_config(ck)
-    hooks = FAMILY_IMPORTS.get(cfg["model_type"], DELTA_IMPORT)
-    if hooks.prepare is not None:
-        src = hooks.prepare(cfg, src)
+    how = _import_of(ck)
+    if how.prepare is not None:
+        src = how.prepare(cfg, src)
     if tokens is None:
         tokens = tokenizer_ids(ck.path)
     if tokens is None:
@@ -273,7 +213,7 @@ def convert(ck: Checkpoint, tokens: dict | None = None, bos: int | None = None):
                              f"(model_type {cfg.get('model_type')})")
         return src.pop(name)
 
-    prefix, final_norm = hooks.layout
+    prefix, final_norm = how.layout
     embed = take(prefix + "embeddings.weight")
     head = embed if cfg.get("tie_word_embeddings") else take("lm_head.weight")
     if "lm_head.weight" in src and cfg.get("tie_word_embeddings"):
@@ -317,7 +257,7 @@ def convert(ck: Checkpoint, tokens: dict | None = None, bos: int | None = None):
 def _check_layers(ck: Checkpoint, config: ModelConfig, tensors: dict) -> None:
     """Each layer tensor is one the config expects, with its shape, named as the checkpoint names it."""
     shapes = expected_shapes(config)
-    prefix = FAMILY_IMPORTS.get(ck.config["model_type"], DELTA_IMPORT).layout[0]
+    prefix = _import_of(ck).layout[0]
     for name, t in tensors.items():
         fla_name = prefix + name
         if name not in shapes:

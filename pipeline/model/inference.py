@@ -20,9 +20,10 @@ from linpipe.kernels.linear_attn.scratch import hugepages
 from linpipe.model import season, series
 from linpipe.model.config import WEIGHTS_FILE, ModelConfig
 from linpipe.model.files import file_sha256, read_config, read_tensors, resolve_model_path
-from linpipe.model.network import LinpipeNet, ModelState, y_before
+from linpipe.model.network import LinpipeNet, y_before
 from linpipe.model.rows import linear, map_rows, row_tile
 from linpipe.model.shapes import expected_shapes
+from linpipe.model.state import ModelState
 from linpipe.model.threads import forward_threads
 
 
@@ -211,10 +212,17 @@ class Model:
         return res, state
 
     def _check_state(self, state: ModelState):
-        for k, shape in self.config.state_shapes().items():
-            got = tuple(getattr(state, k).shape[1:])
-            if got != shape:
-                raise ModelError(f"model state {k!r} has shape {list(got)}, this model needs {list(shape)}")
+        shapes = self.config.state_shapes()
+        got = {**state.arrays, "y": state.y}
+        for k in got.keys() - shapes.keys():
+            raise ModelError(f"model state {k!r}: this model's state has no such array "
+                             f"(it carries {', '.join(shapes)})")
+        for k, shape in shapes.items():
+            if k not in got:
+                raise ModelError(f"model state lacks {k!r}, which this model carries (shape {list(shape)})")
+            if tuple(got[k].shape[1:]) != shape:
+                raise ModelError(f"model state {k!r} has shape {list(got[k].shape[1:])}, this model needs "
+                                 f"{list(shape)}")
         size = series.norm_size(self.config.season_lags)
         if self.config.series_norm and state.norm is not None and state.norm.shape[-1] != size:
             raise ModelError(f"model state 'norm' has {state.norm.shape[-1]} values, this model "
@@ -258,7 +266,7 @@ class Model:
                 if state.batch_size != 1 or bool(state.norm.any()):
                     raise ModelError(f"model state has {state.batch_size} channel lanes, the input "
                                      f"{lanes} channels")
-                state = state._map(lambda t: t.expand(lanes, *t.shape[1:]).clone())  # a fresh state
+                state = state.map(lambda t: t.expand(lanes, *t.shape[1:]).clone())  # a fresh state
         res, state = self.run(xt, state, outs, self.span)
         return {k: v[0] for k, v in self._numpy(res, lanes).items()}, state
 
@@ -330,8 +338,6 @@ class Model:
             with torch.inference_mode():
                 state = self.net.initial_state(xt.shape[0])
         else:
-            st = [s.to(self.device) for s in states]
-            state = ModelState(*(torch.cat([getattr(s, f) for s in st]) for f in ("S", "z", "conv", "y")),
-                               norm=torch.cat([s.norm for s in st]) if c.series_norm else None)
+            state = ModelState.cat([s.to(self.device) for s in states])
         res = self._numpy(self.run(xt, state, outs, self.span)[0], lanes)
         return [{o: res[o][r, :len(x)].copy() for o in outs} for r, x in enumerate(xs)]

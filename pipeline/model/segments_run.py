@@ -1,31 +1,26 @@
 """The driver's side of a split run (linpipe.model.segments holds each segment's side): the
-segments' first messages, then per layer the fold (linpipe.model.exchange, or the layer kind's own:
-linpipe.model.split_kinds) and one call that runs the layer on every segment; the group that
+segments' first messages, then per layer the fold (the family's, families/<name>/split.py) and one
+call that runs the layer on every segment; the group that
 takes those calls is jobs/split.py's segment group of Ray actors, or `InProcess`. `forward_split`:
 a whole record segment by segment in this process, the split's reference.
 """
 from __future__ import annotations
 
 import numpy as np
-import torch
 
-from linpipe.model.exchange import fold_layer
-from linpipe.model.exchange import layer_weights as attn_weights
 from linpipe.model.inference import Model
-from linpipe.model.network import ModelState
-from linpipe.model.segments import SegmentRunner
-from linpipe.model.split_kinds import split_kind
+from linpipe.model.segments import SegmentRunner, split_of
+from linpipe.model.state import ModelState
 
 
 def layer_weights(net) -> list:
-    """What the fold needs of each layer: LayerWeights, or its kind's own (with their fold)."""
-    return split_kind(net.config).weights(net) if split_kind(net.config) else attn_weights(net)
+    """What the fold needs of each layer: its family's (each with its fold)."""
+    return split_of(net.config).weights(net)
 
 
-def edge_state(Ss, zs, halos, y, k: int) -> ModelState:
-    """The fold's state entering segment k (per layer lists Ss[l][k] ...; y: (D,))."""
-    return ModelState(torch.stack([S[k] for S in Ss])[None], torch.stack([z[k] for z in zs])[None],
-                      torch.stack([h[k] for h in halos])[None], y.view(1, -1))
+def edge_state(folds: list[list[dict]], y, k: int) -> ModelState:
+    """The fold's state entering segment k (folds[layer][k]: that layer's arrays; y: (D,))."""
+    return ModelState.stack([{n: v[None] for n, v in f[k].items()} for f in folds], y.view(1, -1))
 
 
 class InProcess:
@@ -47,34 +42,30 @@ def run_layers(group, state0: ModelState, weights: list, n_segments: int,
     order. Returns the state entering every segment and after the last (n_segments + 1
     states), from state0 entering the first. start > 0: the segments resume at that layer
     from a checkpoint ("resume" in place of "begin"), folds[layer] being the stored fold of
-    each layer before it; replay: no checkpoint holds the input of `start`, the segments run
-    the layers before it from their tokens with those folds ("replay", no exchange);
-    on_fold(layer, S, z, halos) sees every fold made here."""
-    first = (state0.S[0].cpu(), state0.z[0].cpu(), state0.conv[0].cpu())
+    each layer before it (per segment, the layer's arrays); replay: no checkpoint holds the
+    input of `start`, the segments run the layers before it from their tokens with those folds
+    ("replay", no exchange); on_fold(layer, states) sees every fold made here."""
+    first = {k: v[0].cpu() for k, v in state0.arrays.items()}
     firsts = [first if k == 0 and exact_first else None for k in range(n_segments)]
     if start and replay:
-        msgs = group.call("replay", [(start, [tuple(part[k] for part in folds[j]) for j in range(start)], f)
+        msgs = group.call("replay", [(start, [folds[j][k] for j in range(start)], f)
                                      for k, f in enumerate(firsts)])
     elif start:
         msgs = group.call("resume", [(start, f) for f in firsts])
     else:
         msgs = group.call("begin", [(f,) for f in firsts])
-    Ss, zs, halos = [], [], []
+    done = []
     for layer, w in enumerate(weights):
         if layer < start:
-            S_l, z_l, h_l = folds[layer]
+            states = folds[layer]
         else:
-            fold = getattr(w, "fold", None) or (lambda *a, w=w: fold_layer(w, *a))
-            S_l, z_l, h_l = fold(state0.S[0, layer].cpu(), state0.z[0, layer].cpu(),
-                                 state0.conv[0, layer].cpu(), msgs)
+            states = w.fold({k: v[0, layer].cpu() for k, v in state0.arrays.items()}, msgs)
             if on_fold is not None:
-                on_fold(layer, S_l, z_l, h_l)
-            msgs = group.call("apply", [(layer, S_l[k], z_l[k], h_l[k]) for k in range(n_segments)])
-        Ss.append(S_l)
-        zs.append(z_l)
-        halos.append(h_l)
+                on_fold(layer, states)
+            msgs = group.call("apply", [(layer, states[k]) for k in range(n_segments)])
+        done.append(states)
     ys = [state0.y[0].cpu()] + [m.y for m in msgs]
-    return [edge_state(Ss, zs, halos, ys[k], k) for k in range(n_segments + 1)]
+    return [edge_state(done, ys[k], k) for k in range(n_segments + 1)]
 
 
 def forward_split(model: Model, x, bounds: list[tuple[int, int]], unit_size: int, state0=None,

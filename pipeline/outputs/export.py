@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from linpipe.errors import StoreError, option
-from linpipe.model.outputs import DNA
+from linpipe.output_specs import DNA
 from linpipe.places import check_apart
 from linpipe.store.layout import DIM_CHANNEL, POSITION_DIM, TIME
 from linpipe.store.reader import OutputReader, as_reader

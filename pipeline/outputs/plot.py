@@ -18,7 +18,7 @@ import re
 import numpy as np
 
 from linpipe.errors import StoreError
-from linpipe.model.outputs import TIMESERIES
+from linpipe.output_specs import TIMESERIES
 from linpipe.outputs import DNA_SMOOTH, MAX_CHANNELS
 from linpipe.outputs.export import replaced_when_done
 from linpipe.places import check_apart

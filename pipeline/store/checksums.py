@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from linpipe.model.outputs import on_strands
+from linpipe.output_specs import on_strands
 from linpipe.store.layout import CHECKSUM_SET, CHECKSUMS
 from linpipe.store.location import pool
 from linpipe.strands import FORWARD, Strand

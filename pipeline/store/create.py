@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from linpipe.errors import StoreError, option
-from linpipe.model.outputs import DNA, output_strands
+from linpipe.output_specs import DNA, output_strands
 from linpipe.store.keys import make_keys
 from linpipe.store.layout import (
     CHANNEL_NAMES,

@@ -6,7 +6,7 @@ their outputs concatenated along one axis, one batch of records per Zarr chunk, 
 table (id, description, length, offset) as arrays. Progress lives in `_linpipe/`: completion
 markers (`<key>/done`, `_packed/done`, one Zarr chunk per work unit) and the long records'
 boundary states (`<key>/state/<unit>`). Every array is described here by an `ArraySpec`, built
-from the per-output facts in `linpipe.model.outputs`; the writer creates arrays from specs only.
+from the per-output facts in `linpipe.output_specs`; the writer creates arrays from specs only.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from linpipe.errors import StoreError
-from linpipe.model.outputs import (
+from linpipe.output_specs import (
     CHANNEL,
     DNA,
     FEATURE,
@@ -70,7 +70,7 @@ TIME_CODEC = "blosc-lz4-5-bitshuffle+crc32c"  # chosen in benchmarks/store_compr
 DEFAULT_OUTPUTS = {m: list(output_names(m, default=True)) for m in MODALITIES}
 
 # The reverse strand (`submit --strand both`): each stranded output has a reverse one
-# (linpipe.model.outputs.reverse_spec, named with REVERSE.suffix: logprob_rc) computed on the
+# (linpipe.output_specs.reverse_spec, named with REVERSE.suffix: logprob_rc) computed on the
 # reverse complement, read from the record's end toward 0, stored at the forward position. Its
 # units have their own markers, checksums and boundary states (`done_rc`, `sum_rc`, `state_rc/<i>`).
 

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from linpipe.errors import StoreError, option
-from linpipe.model.outputs import DNA, on_strands
+from linpipe.output_specs import DNA, on_strands
 from linpipe.store.checksums import kind_of, unit_checksums
 from linpipe.store.layout import (
     CHANNEL_NAMES,

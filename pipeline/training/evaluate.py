@@ -304,10 +304,11 @@ def _evaluate_inputs(model_dir, inputs, baseline_train, season, ts_options, rese
     for p in list(inputs) + list(baseline_train):
         if not Path(p).is_file():
             raise InputError(f"{p}: no such file")
-    from linpipe.model.files import DEFAULT_MODEL, default_model_for
+    from linpipe.inputs.base import input_modality
+    from linpipe.model.files import DEFAULT_MODEL, SHIPPED_DEFAULTS
 
     if model_dir == DEFAULT_MODEL and inputs and not Path(model_dir).is_dir():  # by the input's modality
-        model_dir = default_model_for(inputs[0])
+        model_dir = SHIPPED_DEFAULTS[input_modality(inputs[0])]
     model = load_model(model_dir)
     report = {"model": str(model.path), "sha256": model.sha256, "modality": model.modality, "inputs": []}
     if model.modality == "dna":

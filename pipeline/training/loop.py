@@ -138,8 +138,7 @@ def save_checkpoint(ckpt: Path, net, config, opt, state, walker, step, losses, m
             if "step" in st:
                 tensors[f"{names[id(p)]}.step"] = torch.as_tensor(st["step"], dtype=torch.float32).reshape(1)
     save_file(tensors, str(ckpt / "optimizer.safetensors"))
-    lanes = {k: getattr(state, k).detach().cpu().contiguous() for k in ("S", "z", "conv", "y", "norm")
-             if getattr(state, k) is not None}
+    lanes = {k: t.detach().cpu().contiguous() for k, t in state.tensors().items()}
     save_file(lanes, str(ckpt / "lanes.safetensors"))
     (ckpt / "trainer.json").write_text(json.dumps(
         {"step": step, "cursor": walker.get_state(), "losses": losses, **meta}, indent=1) + "\n")
@@ -203,18 +202,10 @@ def _reset_lanes(net, state, resets):
     """Lanes flagged in `resets` start from the (differentiable) state after BOS."""
     import torch
 
-    from linpipe.model import ModelState
-
     if not resets.any():
         return state
     init = net.initial_state(state.batch_size)
-    r = torch.as_tensor(resets, device=state.S.device)
-
-    def pick(a, b):
-        return torch.where(r.view(-1, *([1] * (a.dim() - 1))), a, b)
-
-    return ModelState(pick(init.S, state.S), pick(init.z, state.z), pick(init.conv, state.conv),
-                      pick(init.y, state.y), None if state.norm is None else pick(init.norm, state.norm))
+    return init.where(torch.as_tensor(resets, device=state.y.device), state)
 
 
 def train(inputs, out, model_kwargs: dict | None = None, cfg: TrainConfig | None = None, *,
@@ -337,7 +328,7 @@ def _train(inputs, out, model_kwargs, cfg, decay, resume, command, progress, sto
     if resume:
         _restore_optimizer(opt, net, opt_t)
         walker.set_state(saved["cursor"])
-        state = ModelState(lane_t["S"], lane_t["z"], lane_t["conv"], lane_t["y"], lane_t.get("norm"))
+        state = ModelState.from_tensors(lane_t)
     else:
         state = net.zero_state(cfg.batch)  # every lane resets on its first window
         if modality == "dna":

@@ -21,38 +21,53 @@ from dataclasses import dataclass
 import torch
 
 from linpipe.kernels.linear_attn import chunk_linear_attn_parts
-from linpipe.model.config import FLA_LINEAR_ATTN
+from linpipe.model.blocks import scratch_of
 from linpipe.model.exchange import Message
-from linpipe.model.fla_linear import NORMALISER_EPS
-from linpipe.model.network import Layer
+from linpipe.model.families.fla_keys import value_dim
+from linpipe.model.families.fla_linear_attn import feature_dim
+from linpipe.model.families.fla_linear_attn.layer import NORMALISER_EPS
 
-FAMILY = FLA_LINEAR_ATTN  # the layer kind whose split this is
+
+def halo(config) -> int:
+    """No convolution: no rows read the segment before."""
+    return 0
 
 
 def row_width(config, exact: bool) -> int:
     """Columns of a segment's pass-1 spill: the first segment's o (HV); a later one's numerators
     (HV), denominators (H) and phi(q) (HF)."""
-    H, F, V = config.n_heads, config.feature_dim, config.head_v_dim
+    H, F, V = config.n_heads, feature_dim(config), value_dim(config)
     return H * V if exact else H * V + H + H * F
+
+
+def _state(S, z, normalize: bool) -> dict:
+    return {"S": S, **({"z": z} if normalize else {})}
 
 
 @dataclass
 class FlaLinearWeights:
-    """The fold needs nothing of a layer but its state's sum."""
+    """The fold needs nothing of a layer but whether it has the normaliser."""
 
-    def fold(self, S0, z0, window0, msgs: list[Message]):
-        """The (S, z, halo) entering each segment and after the last (three lists of P + 1), each a
+    normalize: bool
+
+    def fold(self, state0: dict, msgs: list[Message]) -> list[dict]:
+        """The layer's state entering each segment and after the last (P + 1 dicts), each a
         function of the float32 state before it (a restarted run folds the same bits)."""
+        S0 = state0["S"]
+        z0 = state0.get("z", S0.new_zeros(S0.shape[:-1])[..., :0])  # (H, 0) without the normaliser
         Ss, zs = [S0.float()], [z0.float()]
         for m in msgs:
-            S, z = (m.S, m.z) if m.absolute else (Ss[-1].double() + m.S, zs[-1].double() + m.z)
+            if m.absolute:
+                S, z = m.state["S"], m.state.get("z", z0)
+            else:
+                S, z = Ss[-1].double() + m.S, zs[-1].double() + m.z
             Ss.append(S.float())
             zs.append(z.float())
-        return Ss, zs, [window0.float()] * len(Ss)
+        return [_state(S, z, self.normalize) for S, z in zip(Ss, zs, strict=True)]
 
 
 def weights(net) -> list[FlaLinearWeights]:
-    return [FlaLinearWeights() for _ in net.layers]
+    return [FlaLinearWeights(blk.attn.normalize) for blk in net.layers]
 
 
 class Local:
@@ -72,7 +87,7 @@ class Local:
         """h (1, n, D): the layer's input at record positions [s, e) (exact)."""
         r = self.r
         n, H, F, HV = e - s, self.H, self.F, self.H * self.V
-        q, k, v = self.layer.attn.inputs(self.layer.attn_norm(h, out=Layer.scratch(h)("attn_in", 1, n, r.D)))
+        q, k, v = self.layer.attn.inputs(self.layer.attn_norm(h, out=scratch_of(h)("attn_in", 1, n, r.D)))
         num, den, (self.S, self.z) = chunk_linear_attn_parts(q, k, v, feature_map="identity",
                                                              initial_state=(self.S, self.z))
         row = h.new_empty((n, r.row_width))  # [num | den | phi(q)]
@@ -86,18 +101,18 @@ class Local:
     def message(self) -> Message:
         r = self.r
         z = self.z[0] if self.layer.attn.normalize else self.z[0, :, :0]  # no z without the normaliser
-        return Message(r.end - r.start, self.S[0].double().cpu(), z.double().cpu(), torch.zeros((0, r.D)),
-                       torch.zeros((0, r.D)))
+        return Message(r.end - r.start, self.S[0].double().cpu(), z.double().cpu())
 
 
 class Correct:
     """Pass 2 of one layer over a segment that is not first, from its exact incoming state."""
 
-    def __init__(self, runner, layer: int, S_in, z_in, halo, local: Local):
+    def __init__(self, runner, layer: int, state_in: dict, local: Local):
         r = self.r = runner
         self.layer, self.local, self.index = r.net.layers[layer], local, layer
         dev = r.model.device
-        self.S, self.z_in, self.window = S_in.to(dev), z_in.to(dev), halo
+        self.S = state_in["S"].to(dev)
+        self.z_in = state_in["z"].to(dev) if "z" in state_in else None
         self.z = self.z_in if self.layer.attn.normalize else torch.zeros_like(local.z[0])
 
     def span(self, s: int, e: int, h: torch.Tensor) -> torch.Tensor:
@@ -110,9 +125,9 @@ class Correct:
         if at.normalize:
             den = row[:, HV:HV + H] + torch.einsum("nhf,hf->nh", q, self.z)
             num = num / (den + NORMALISER_EPS).unsqueeze(-1)
-        h = self.layer.finish(h, at.output(num[None]), Layer.scratch(h))
+        h = self.layer.finish(h, at.output(num[None]), scratch_of(h))
         if r.is_edge(e):
             S_loc, z_loc = lc.edges[e]
-            z = (z_loc + self.z_in) if at.normalize else self.z_in
-            r.record_edge(e, self.index, S_loc + self.S, z, self.window)
+            r.record_edge(e, self.index, _state(S_loc + self.S, (z_loc + self.z_in) if at.normalize else None,
+                                                at.normalize))
         return h

@@ -1,4 +1,4 @@
-"""The mamba2 layer kind (config family `mamba2`): flash-linear-attention 0.6's Mamba2Block (a
+"""The mamba2 layer (family `mamba2`): flash-linear-attention 0.6's Mamba2Block (a
 pre-norm, the Mamba2 mixer, the residual; no MLP) with its tensor names and shapes
 (docs/model-format.md), its SSD run through linear attention's kernel (linpipe.kernels).
 
@@ -33,7 +33,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from linpipe.kernels import chunk_linear_attn
-from linpipe.model.ops import RMSNorm, causal_conv
+from linpipe.model.blocks import RMSNorm, causal_conv
+from linpipe.model.families.mamba2 import conv_channels
 from linpipe.model.rows import linear, map_rows, row_tile
 
 # fla's initialisation of the time steps: dt log-uniform in [DT_MIN, DT_MAX], floored
@@ -52,28 +53,27 @@ class Conv1d(nn.Module):
 
 
 class Mamba2Mixer(nn.Module):
-    """fla's Mamba2 layer (the block's `mixer`)."""
-
-    delta = normalize = False  # the layer kind, as ModelConfig.delta and .normalized (the split reads them)
+    """fla's Mamba2 layer (the block's `mixer`). Its state: {"S" (B, H, N, P), "conv" (B, W-1,
+    I + 2GN) when W > 1}."""
 
     def __init__(self, c, tile: int):
         super().__init__()
-        s = c.ssd
-        D, H, P, N, G = c.d_model, c.n_heads, c.head_v_dim, c.head_dim, s["n_groups"]
+        o = c.layer
+        D, H, P, N, G = c.d_model, c.n_heads, o.head_dim, o.state_size, o.n_groups
         self.n_heads, self.head_dim, self.state_size, self.n_groups = H, P, N, G
         self.inner = H * P
-        self.conv_dim = c.conv_channels  # I + 2GN
-        self.dt_limit = s["dt_limit"]
-        self.rmsnorm, self.norm_before_gate, self.eps = s["rmsnorm"], s["norm_before_gate"], c.norm_eps
+        self.conv_dim = conv_channels(c)  # I + 2GN
+        self.dt_limit = o.dt_limit
+        self.rmsnorm, self.norm_before_gate, self.eps = o.rmsnorm, o.norm_before_gate, c.norm_eps
         self.tile = tile  # rows of the position-wise ops' tiles in CPU inference
-        self.in_proj = nn.Linear(D, self.inner + self.conv_dim + H, bias=s["use_bias"])
-        self.conv1d = Conv1d(self.conv_dim, c.conv_width, s["use_conv_bias"])
+        self.in_proj = nn.Linear(D, self.inner + self.conv_dim + H, bias=o.use_bias)
+        self.conv1d = Conv1d(self.conv_dim, c.conv_width, o.use_conv_bias)
         self.dt_bias = nn.Parameter(torch.zeros(H))
         self.A_log = nn.Parameter(torch.zeros(H))
-        self.D = nn.Parameter(torch.ones(self.inner if s["D_has_hdim"] else H))
+        self.D = nn.Parameter(torch.ones(self.inner if o.D_has_hdim else H))
         if self.rmsnorm:
             self.norm = RMSNorm(self.inner, c.norm_eps)  # its weight; the grouped norm is _normed
-        self.out_proj = nn.Linear(self.inner, D, bias=s["use_bias"])
+        self.out_proj = nn.Linear(self.inner, D, bias=o.use_bias)
 
     def base_decay(self) -> list[float]:
         """Per head: the decay where in_proj's dt is 0, exp(-exp(A_log) softplus(dt_bias))
@@ -147,14 +147,14 @@ class Mamba2Mixer(nn.Module):
         rows = y.reshape(Bn * T, self.n_heads, -1)
         return map_rows(self._normed, row_tile(y, self.tile), rows, z).view(Bn, T, -1)
 
-    def forward(self, a, S, z, window, scratch=None):
-        """Normalised inputs a (B, T, D) after S (B, H, N, P) and the conv window (B, W-1, I + 2GN)
-        -> (the gated norm's output (B, T, I), before out_proj; S after; z unchanged (empty); the new
-        window)."""
+    def forward(self, a, state: dict, scratch=None):
+        """Normalised inputs a (B, T, D) after the state -> (the gated norm's output (B, T, I), before
+        out_proj; the state after)."""
         xbc, gate, dt = self.project(a)
+        window = state.get("conv", xbc.new_zeros((a.shape[0], 0, self.conv_dim)))  # none when W = 1
         (q, k, v, log_gate, skip), window = self.ssd_inputs(xbc, dt, window)
-        y, S = self.kernel(q, k, v, log_gate, S)
-        return self.output(y + skip, gate), S, z, window
+        y, S = self.kernel(q, k, v, log_gate, state["S"])
+        return self.output(y + skip, gate), {"S": S, **({"conv": window} if "conv" in state else {})}
 
 
 class Mamba2Block(nn.Module):
@@ -167,18 +167,18 @@ class Mamba2Block(nn.Module):
 
     @property
     def attn(self) -> Mamba2Mixer:
-        """The token mixer under the name the other layer kinds give it (model info's decays)."""
+        """The token mixer under the name blocks.Layer gives it (the split, model info's decays)."""
         return self.mixer
 
     @property
     def attn_norm(self) -> RMSNorm:
-        """The pre-norm under the other layer kinds' name (the split runs it)."""
+        """The pre-norm under blocks.Layer's name (the split runs it)."""
         return self.norm
 
-    def forward(self, h, S, z, window):
-        """h (B, T, D) after the block's state -> (h after, S, z, window)."""
-        o, S, z, window = self.mixer(self.norm(h), S, z, window)
-        return self.finish(h, o, None), S, z, window
+    def forward(self, h, state: dict):
+        """h (B, T, D) after the block's state -> (h after, the state after)."""
+        o, state = self.mixer(self.norm(h), state)
+        return self.finish(h, o, None), state
 
     def finish(self, h, o, scratch=None):
         """The block after its mixer's o (B, T, I): h + out_proj(o)."""
@@ -188,7 +188,11 @@ class Mamba2Block(nn.Module):
                       residual=h.reshape(B * T, D)).view(B, T, D)
 
 
-def init_mamba2_block(block: Mamba2Block, c, normal, gen: torch.Generator) -> None:
+def make_block(c, tile: int) -> Mamba2Block:
+    return Mamba2Block(c, tile)
+
+
+def init_block(block: Mamba2Block, c, normal, gen: torch.Generator, decay=None) -> None:
     """Random weights of one mamba2 block (in no_grad): projections at 1/sqrt(fan-in), out_proj
     scaled down by depth, near-identity convolutions, and fla's initial A_log, dt_bias and D."""
     m = block.mixer

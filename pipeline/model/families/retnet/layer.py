@@ -1,5 +1,5 @@
-"""The retention layer kind (config family `retnet`): flash-linear-attention 0.6's MultiScaleRetention
-with its GatedMLP (pipeline/model/delta.py's SwiGLU), tensor names and shapes as fla holds them
+"""The retention layer (family `retnet`): flash-linear-attention 0.6's MultiScaleRetention
+with its GatedMLP (blocks.SwiGLU), tensor names and shapes as fla holds them
 (docs/model-format.md), run through linpipe's linear-attention kernel (per-head decay, identity
 feature map, no normaliser).
 
@@ -36,8 +36,8 @@ import torch
 import torch.nn as nn
 
 from linpipe.kernels import chunk_linear_attn
-from linpipe.model.config import ModelConfig
-from linpipe.model.delta import GatedRMSNorm
+from linpipe.model.blocks import GatedRMSNorm, Layer, SwiGLU, init_swiglu
+from linpipe.model.families.fla_keys import key_dim, value_dim
 from linpipe.model.rows import linear, map_rows, row_tile
 
 ROPE_BASE = 10000.0  # fla's RotaryEmbedding default, which MultiScaleRetention keeps
@@ -90,20 +90,19 @@ def turn_state(S: torch.Tensor, steps: int, freq: torch.Tensor) -> torch.Tensor:
 
 
 class Retention(nn.Module):
-    """The token mixer of a retention layer; o_proj is applied by Layer.finish."""
+    """The token mixer of a retention layer; o_proj is applied by Layer.finish. Its state: {"S"
+    (B, H, K, V)}, in the frame of the next position."""
 
-    delta = False  # the layer kind the split reads (network.Attention's flag)
-    normalize = False  # no normaliser (segments.passes_in_float64 reads it)
-
-    def __init__(self, c: ModelConfig, tile: int):
+    def __init__(self, c, tile: int):
         super().__init__()
-        D, H, KV, K, V = c.d_model, c.n_heads, c.kv_heads, c.head_dim, c.head_v_dim
+        o = c.layer
+        D, H, KV, K, V = c.d_model, c.n_heads, o.n_kv_heads or c.n_heads, key_dim(c), value_dim(c)
         self.n_heads, self.kv_heads, self.head_dim, self.head_v_dim = H, KV, K, V
         self.tile = tile  # rows of the position-wise ops' tiles in CPU inference
         self.q_proj = nn.Linear(D, H * K, bias=False)
         self.k_proj = nn.Linear(D, KV * K, bias=False)
         self.v_proj = nn.Linear(D, KV * V, bias=False)
-        self.g_proj = nn.Linear(D, H * V, bias=False) if c.use_gate else None
+        self.g_proj = nn.Linear(D, H * V, bias=False) if o.use_gate else None
         self.g_norm = GatedRMSNorm(V, c.norm_eps)
         self.o_proj = nn.Linear(H * V, D, bias=False)
         self.scale = K ** -0.5
@@ -160,24 +159,24 @@ class Retention(nn.Module):
         rows = o.reshape(B * T, self.n_heads, self.head_v_dim)
         return map_rows(self._normed, row_tile(o, self.tile), rows, gate).view(B, T, -1)
 
-    def forward(self, a, S, z, window, scratch=None):
+    def forward(self, a, state: dict, scratch=None):
         """Normalised inputs a (B, T, D) after S (B, H, K, V) (in the frame of a's first position)
-        -> (o (B, T, HV) before o_proj, S in the frame of the position after a, z and the conv
-        window unchanged (both empty))."""
+        -> (o (B, T, HV) before o_proj, S in the frame of the position after a)."""
         q, k, v, gate = self.inputs(a)
-        o, S = self.kernel(q, k, v, S)
-        return self.output(o, gate), turn_state(S, a.shape[1], self.freq), z, window
+        o, S = self.kernel(q, k, v, state["S"])
+        return self.output(o, gate), {"S": turn_state(S, a.shape[1], self.freq)}
 
 
-def init_retention_layer(layer, c: ModelConfig, normal) -> None:
+def make_block(c, tile: int) -> Layer:
+    return Layer(c.d_model, c.norm_eps, Retention(c, tile), SwiGLU(c.d_model, c.mlp_hidden, tile))
+
+
+def init_block(layer, c, normal, gen=None, decay=None) -> None:
     """Random weights of one retention layer (in no_grad): projections at 1/sqrt(fan-in), the
     residual branches' outputs scaled down by depth."""
     a, D, L = layer.attn, c.d_model, c.n_layers
     for lin in (a.q_proj, a.k_proj, a.v_proj, a.g_proj):
         if lin is not None:
             normal(lin.weight, 1.0 / math.sqrt(D))
-    normal(a.o_proj.weight, 1.0 / math.sqrt(c.n_heads * c.head_v_dim * 2 * L))
-    mlp = layer.mlp
-    normal(mlp.gate_proj.weight, 1.0 / math.sqrt(D))
-    normal(mlp.up_proj.weight, 1.0 / math.sqrt(D))
-    normal(mlp.down_proj.weight, 1.0 / math.sqrt(c.mlp_hidden * 2 * L))
+    normal(a.o_proj.weight, 1.0 / math.sqrt(c.n_heads * a.head_v_dim * 2 * L))
+    init_swiglu(layer.mlp, D, L, normal)

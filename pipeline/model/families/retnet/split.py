@@ -1,8 +1,8 @@
-"""The sequence-parallel split (linpipe.model.segments) for the retention kind (family `retnet`):
+"""The sequence-parallel split (linpipe.model.segments) for retention (family `retnet`):
 the same runner, exchange and checkpoints, with the rotary frame in the state algebra.
 
 A retention layer carries its state in the frame of the next position (pipeline/model/
-retention.py): after n positions the state entering them has become gamma^n R_(-n) S_in (R_(-n)
+retnet/layer.py): after n positions the state entering them has become gamma^n R_(-n) S_in (R_(-n)
 turning its K axis), plus what the n positions added. So per layer and head:
 
 1. Pass 1 (`Local`), a later segment from a zero state: span by span (the serial run's spans),
@@ -23,18 +23,19 @@ from dataclasses import dataclass
 
 import torch
 
-from linpipe.model import delta_split
-from linpipe.model.config import RETNET
+from linpipe.model.blocks import scratch_of
 from linpipe.model.exchange import Message
-from linpipe.model.network import Layer
-from linpipe.model.retention import turn_state
-
-FAMILY = RETNET  # the layer kind whose split this is
-
+from linpipe.model.families.delta_net import split as delta_split
+from linpipe.model.families.retnet.layer import turn_state
 
 # Columns of a segment's pass-1 spill, as the delta rule's: the first segment's o (HV); a later
 # one's o_local (HV), q (HK) and, with the output gate, its pre-activations (HV).
 row_width = delta_split.row_width
+
+
+def halo(config) -> int:
+    """No convolution: no rows read the segment before."""
+    return 0
 
 
 @dataclass
@@ -43,15 +44,14 @@ class RetentionWeights:
 
     attn: torch.nn.Module
 
-    def fold(self, S0, z0, window0, msgs: list[Message]):
-        """The (S, z, halo) entering each segment and after the last (three lists of P + 1), a
-        function of the float32 S_in(k) alone (a run restarted from a stored edge state folds the
-        same bits); z and the halo are empty."""
-        Ss = [S0.float()]
+    def fold(self, state0: dict, msgs: list[Message]) -> list[dict]:
+        """The layer's state entering each segment and after the last (P + 1 dicts), a function
+        of the float32 S_in(k) alone (a run restarted from a stored edge state folds the same bits)."""
+        Ss = [state0["S"].float()]
         for m in msgs:
-            S = m.S if m.absolute else self.attn.turn(Ss[-1].double(), m.length) + m.S
+            S = m.state["S"] if m.absolute else self.attn.turn(Ss[-1].double(), m.length) + m.S
             Ss.append(S.float())
-        return Ss, [z0.float()] * len(Ss), [window0.float()] * len(Ss)
+        return [{"S": S} for S in Ss]
 
 
 def weights(net) -> list[RetentionWeights]:
@@ -74,7 +74,7 @@ class Local:
         """h (1, n, D): the layer's input at record positions [s, e) (exact)."""
         r, at = self.r, self.layer.attn
         n, HV, HK = e - s, self.H * self.V, self.H * self.K
-        scratch = Layer.scratch(h)
+        scratch = scratch_of(h)
         q, k, v, gate = at.inputs(self.layer.attn_norm(h, out=scratch("attn_in", 1, n, r.D)))
         o, S = at.kernel(q, k, v, self.S)
         self.S = turn_state(S, n, at.freq)  # the kernel decayed it: turned into the next frame
@@ -89,20 +89,18 @@ class Local:
 
     def message(self) -> Message:
         r = self.r
-        empty_z = torch.zeros((self.H, 0), dtype=torch.float64)
-        return Message(r.end - r.start, self.S[0].double().cpu(), empty_z, torch.zeros((0, r.D)),
-                       torch.zeros((0, r.D)))
+        return Message(r.end - r.start, self.S[0].double().cpu())
 
 
 class Correct:
     """Pass 2 of one retention layer over a segment that is not first, from its exact incoming
     state (module docstring)."""
 
-    def __init__(self, runner, layer: int, S_in, z_in, halo, local: Local):
+    def __init__(self, runner, layer: int, state_in: dict, local: Local):
         r = self.r = runner
         self.layer, self.local, self.index = r.net.layers[layer], local, layer
-        self.Sc = S_in.to(r.model.device).double()  # (H, K, V): the entering state's share, frame of the span
-        self.z, self.window = z_in, halo
+        # (H, K, V): the entering state's share, in the frame of the span
+        self.Sc = state_in["S"].to(r.model.device).double()
 
     def span(self, s: int, e: int, h: torch.Tensor) -> torch.Tensor:
         r, lc, at = self.r, self.local, self.layer.attn
@@ -116,9 +114,9 @@ class Correct:
         raw = row[:, :HV].view(1, n, H, V) + share.float()[None]
         gate = row[:, HV + HK:] if at.g_proj is not None else None
         o = at.output(raw, gate)
-        h = self.layer.finish(h, o, Layer.scratch(h))
+        h = self.layer.finish(h, o, scratch_of(h))
         self.Sc = at.turn(self.Sc, n)
         if r.is_edge(e):
             S = (lc.edges[e].double() + self.Sc).float()
-            r.record_edge(e, self.index, S, self.z, self.window)
+            r.record_edge(e, self.index, {"S": S})
         return h

@@ -28,19 +28,26 @@ from dataclasses import dataclass
 import torch
 
 from linpipe.kernels.linear_attn import advance, log_gate_sums, span_state, state_outputs
-from linpipe.model.config import MAMBA2
+from linpipe.model.blocks import scratch_of
 from linpipe.model.exchange import Message, fold_halos, fold_states, tail_rows
-from linpipe.model.network import Layer
 
-FAMILY = MAMBA2  # the layer kind whose split this is
+
+def halo(config) -> int:
+    """Rows at a segment's start whose conv reads the segment before."""
+    return config.conv_width - 1
 
 
 def row_width(config, exact: bool) -> int:
     """Columns of a mamba2 segment's pass-1 spill: the first segment's o (I = HP); a later one's
     y_loc + D x (I), C (GN), the gate's z (I) and the log-gates (H)."""
-    H, N, G = config.n_heads, config.head_dim, config.ssd["n_groups"]
-    inner = H * config.head_v_dim
-    return inner if exact else 2 * inner + G * N + H
+    o, H = config.layer, config.n_heads
+    inner = H * o.head_dim
+    return inner if exact else 2 * inner + o.n_groups * o.state_size + H
+
+
+def _state(S, window) -> dict:
+    """A block's state arrays (the window where W > 1)."""
+    return {"S": S, **({"conv": window} if window.shape[-2] else {})}
 
 
 def _columns(m):
@@ -48,10 +55,6 @@ def _columns(m):
     inner, GN = m.inner, m.n_groups * m.state_size
     return (slice(0, inner), slice(inner, inner + GN), slice(inner + GN, 2 * inner + GN),
             slice(2 * inner + GN, 2 * inner + GN + m.n_heads))
-
-
-def _no_z(m, device, dtype=torch.float32):
-    return torch.zeros((m.n_heads, 0), device=device, dtype=dtype)
 
 
 @dataclass
@@ -73,18 +76,23 @@ class Mamba2Weights:
         S, _ = advance(S, S.new_zeros(S.shape[:2]), 0.0, 0.0, log_total=m.gate_sum)  # over the rest
         return S, log_gate_sums(g[0].double())[-1] + m.gate_sum
 
-    def fold(self, S0, z0, window0, msgs: list[Message]):
-        """The (S, z, halo) entering each segment and after the last (three lists of P + 1); z
-        is mamba2's empty one."""
-        halos = fold_halos(window0.float(), [m.tail for m in msgs])
+    def fold(self, state0: dict, msgs: list[Message]) -> list[dict]:
+        """The block's state entering each segment and after the last (P + 1 dicts)."""
+        S0 = state0["S"]
+        window0 = state0.get("conv", S0.new_zeros((0, self.mixer.conv_dim)))
+        tails = [m.state.get("conv", window0[:0]) if m.absolute else m.tail for m in msgs]
+        halos = fold_halos(window0.float(), tails)
+        no_z = S0.new_zeros((S0.shape[0], 0))
         full = []
         for k, m in enumerate(msgs):
-            if not m.absolute:
+            if m.absolute:
+                m = Message(m.length, m.state["S"], no_z, absolute=True)
+            else:
                 hS, total = self.head_share(halos[k], m)
-                m = Message(m.length, m.S + hS, m.z, gate_sum=total)
+                m = Message(m.length, m.S + hS, no_z.double(), gate_sum=total)
             full.append(m)
-        Ss, zs = fold_states(S0, z0, full, None)
-        return Ss, zs, halos
+        Ss, _ = fold_states(S0, no_z, full, None)
+        return [_state(S, win) for S, win in zip(Ss, halos, strict=True)]
 
 
 def mamba2_weights(net) -> list[Mamba2Weights]:
@@ -133,20 +141,21 @@ class Mamba2Local:
             self.edges[e] = (self.S[0].clone(), self.window[0].clone())
 
     def message(self) -> Message:
-        r, m = self.r, self.mixer
-        return Message(r.end - r.start, self.S[0].double().cpu(), _no_z(m, "cpu", torch.float64),
-                       self.head.cpu().clone(), self.tail.cpu().clone(), gate_sum=self.gate_sum.clone())
+        r = self.r
+        return Message(r.end - r.start, self.S[0].double().cpu(), head=self.head.cpu().clone(),
+                       tail=self.tail.cpu().clone(), gate_sum=self.gate_sum.clone())
 
 
 class Mamba2Correct:
     """Pass 2 of one mamba2 block over a segment that is not first, from its exact incoming state
     and halo (module docstring)."""
 
-    def __init__(self, runner, layer: int, S_in, z_in, halo, local: Mamba2Local):
+    def __init__(self, runner, layer: int, state_in: dict, local: Mamba2Local):
         r = self.r = runner
         self.block, self.local, self.index = r.net.layers[layer], local, layer
         dev = r.model.device
-        self.S, self.z = S_in.to(dev)[None], z_in.to(dev)[None]
+        self.S = state_in["S"].to(dev)[None]
+        halo = state_in.get("conv", self.S.new_zeros((0, self.block.mixer.conv_dim)))
         self.window = halo.to(dev)[None]  # (1, W-1, I + 2GN), carried through the head rows
         self.Sh = self.S[0].double() if r.base == r.start else None  # the state after the head rows
         self.cum = torch.zeros(self.block.mixer.n_heads, dtype=torch.float64, device=dev)  # log-gates since
@@ -159,7 +168,8 @@ class Mamba2Correct:
         nh = min(n, max(0, r.base - s))  # head rows in this span
         if nh:  # the mixer from the incoming state, on the true conv window
             a = lc.head[s - r.start:s - r.start + nh][None]  # (1, nh, D)
-            oh, self.S, self.z, self.window = m(a, self.S, self.z, self.window)
+            oh, got = m(a, _state(self.S, self.window))
+            self.S, self.window = got["S"], got.get("conv", self.window)
             o[:nh] = oh[0]
             if s + nh == r.base:
                 self.Sh = self.S[0].double()
@@ -171,7 +181,7 @@ class Mamba2Correct:
             y = row[nh:, cy].view(n - nh, H, -1) + share
             o[nh:] = m.output(y[None], row[nh:, cz])[0]
             self.cum = cum[-1]
-        h = self.block.finish(h, o[None], Layer.scratch(h))
+        h = self.block.finish(h, o[None], scratch_of(h))
         if r.is_edge(e):
             if e <= r.base:
                 S, win = self.S[0], self.window[0]
@@ -179,9 +189,9 @@ class Mamba2Correct:
                 S_loc, win = lc.edges[e]
                 zeros = self.Sh.new_zeros(self.Sh.shape[:2])
                 S = advance(self.Sh, zeros, S_loc.double(), zeros, log_total=self.cum)[0].float()
-            r.record_edge(e, self.index, S, _no_z(m, S.device), win)
+            r.record_edge(e, self.index, _state(S, win))
         return h
 
 
-# the names linpipe.model.segments takes a layer kind's split by
+# the split protocol's names (linpipe.model.segments)
 Local, Correct, weights = Mamba2Local, Mamba2Correct, mamba2_weights

@@ -1,18 +1,21 @@
-"""The mamba2 family's config keys (pipeline/model/mamba2.py): what a linpipe `mamba2` config holds
-and must satisfy (ModelConfig checks it through config.FAMILY_CHECKS), and `linpipe model import`
-of fla 0.6's `mamba2` checkpoints (Mamba2ForCausalLM): its config's keys as ModelConfig's, and
-where its tensors are (under `backbone.`, the final norm `norm_f`). transformers' Mamba2
-checkpoints share the model_type and the tensor names; their spellings of three keys
-(`rms_norm`, `time_step_limit`, `layer_norm_epsilon`) are read too.
+"""flash-linear-attention 0.6's Mamba2 (config family `mamba2`): Mamba2Block, a pre-norm and the
+Mamba2 mixer whose SSD is linear attention's scalar-gate case (layer.py; its split: split.py).
+Here: its config keys (what a linpipe `mamba2` config holds and must satisfy), its state, and
+`linpipe model import` of fla 0.6's `mamba2` checkpoints (Mamba2ForCausalLM): its config's keys as
+ModelConfig's, and where its tensors are (under `backbone.`, the final norm `norm_f`).
+transformers' Mamba2 checkpoints share the model_type and the tensor names; their spellings of
+three keys (`rms_norm`, `time_step_limit`, `layer_norm_epsilon`) are read too.
 
 Import refusals go through the `refuse(key, why)` the caller gives (a one-line ModelError naming
-the file). This module imports no other of linpipe.model's: config.py imports it.
+the file).
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from linpipe.errors import ModelError
+from linpipe.model.families.base import Family, Import, StateArray
 
 # config.json's keys of family mamba2 beside head_dim (fla 0.6's Mamba2Config names), their defaults
 MAMBA2_DEFAULTS = dict(state_size=128, n_groups=1, use_bias=False, use_conv_bias=True, D_has_hdim=False,
@@ -59,13 +62,27 @@ def mamba2_pairs(keys: dict, where: str) -> tuple:
     return tuple(sorted(out.items()))
 
 
+@dataclass(frozen=True)
+class Options:
+    head_dim: int | None = None  # P: a head's width (its values)
+    state_size: int = 128  # N: B's and C's width per group (the state's K axis)
+    n_groups: int = 1  # G: the groups of heads that share B and C
+    use_bias: bool = False  # in_proj's and out_proj's biases
+    use_conv_bias: bool = True
+    D_has_hdim: bool = False  # the skip D per value (I) instead of per head (H)
+    rmsnorm: bool = True  # the gated RMSNorm before out_proj (else y * silu(z))
+    norm_before_gate: bool = False
+    dt_limit: tuple = (0.0, None)  # dt's clamp (None: no upper limit)
+
+
 def config_problem(c) -> str | None:
     """What is wrong with a mamba2 ModelConfig's own keys, or None."""
-    P = c.qk_head_dim
+    o = c.layer
+    P = o.head_dim
     if isinstance(P, bool) or not isinstance(P, int) or P < 1:
         return f"'head_dim' must be a positive integer, got {P!r}"
     try:
-        s = {**MAMBA2_DEFAULTS, **dict(mamba2_pairs(dict(c.mamba2), "mamba2"))}
+        s = dict(mamba2_pairs({k: getattr(o, k) for k in MAMBA2_KEYS}, "mamba2"))
     except ModelError as e:
         return str(e).removeprefix("mamba2: ")
     if c.n_heads % s["n_groups"]:
@@ -118,5 +135,51 @@ def mamba2_keys(ck, refuse) -> dict:
         refuse("norm_eps", f"must be a positive number, got {eps!r}")
     hi = None if math.isinf(limit[1]) else float(limit[1])
     ssd = dict(state_size=N, n_groups=G, dt_limit=(float(limit[0]), hi), **flags)
-    return dict(family="mamba2", n_heads=H, qk_head_dim=P, conv_width=W, norm_eps=float(eps),
-                mlp_hidden=0, mamba2=tuple(sorted(ssd.items())))
+    return dict(family="mamba2", n_heads=H, head_dim=P, conv_width=W, norm_eps=float(eps), mlp_hidden=0,
+                **ssd)
+
+
+def conv_channels(config) -> int:
+    """The channels of the conv and its window: x, B and C (H P + 2 G N)."""
+    o = config.layer
+    return config.n_heads * o.head_dim + 2 * o.n_groups * o.state_size
+
+
+class Mamba2(Family):
+    name = "mamba2"
+    Options = Options
+    imports = Import("mamba2", mamba2_keys, layout=(PREFIX, FINAL_NORM), attention=False)
+    layer = "linpipe.model.families.mamba2.layer"
+    split = "linpipe.model.families.mamba2.split"
+    summary = "fla's Mamba2: its SSD through linear attention's scalar gate"
+    required = ("family", "head_dim", *MAMBA2_KEYS)
+    mlp = False
+
+    def read(self, d, where, check) -> dict:
+        own = mamba2_pairs({k: d[k] for k in MAMBA2_KEYS}, where)
+        return dict(head_dim=check.integer("head_dim"), **dict(own))
+
+    def tail_json(self, config) -> dict:
+        o = config.layer
+        d = {"family": self.name, "head_dim": o.head_dim, **{k: getattr(o, k) for k in MAMBA2_KEYS}}
+        d["dt_limit"] = list(d["dt_limit"])
+        return d
+
+    def problem(self, config) -> str | None:
+        return config_problem(config)
+
+    def state(self, config) -> tuple[StateArray, ...]:
+        o, L, H = config.layer, config.n_layers, config.n_heads
+        arrays = (StateArray("S", (L, H, o.state_size, o.head_dim)),)
+        if config.conv_width > 1:  # the last W-1 rows of x, B and C
+            arrays += (StateArray("conv", (L, config.conv_width - 1, conv_channels(config))),)
+        return arrays
+
+    def span_width(self, config) -> int:
+        return max(3 * config.d_model, config.mlp_hidden, 2 * conv_channels(config))
+
+    def decay_where(self, config) -> str:
+        return " (dt_bias alone)"  # exp(-exp(A_log) softplus(dt + dt_bias))
+
+
+FAMILY = Mamba2()

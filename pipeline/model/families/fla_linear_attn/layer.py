@@ -1,6 +1,6 @@
-"""flash-linear-attention's LinearAttention layer kind (config family `fla_linear_attn`, fla 0.6's
-model_type `linear_attn`; linpipe's own layer kind is also called linear_attn, with another
-layout), with fla's GatedMLP (pipeline/model/delta.py's SwiGLU), its tensor names and shapes
+"""flash-linear-attention's LinearAttention layer (family `fla_linear_attn`, fla 0.6's model_type
+`linear_attn`; linpipe's own family is also called linear_attn, with another layout), with fla's
+GatedMLP (blocks.SwiGLU), its tensor names and shapes
 (docs/model-format.md), run through linpipe's linear-attention kernel (identity feature map
 there: phi is applied here, where its weights are).
 
@@ -33,8 +33,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from linpipe.kernels import chunk_linear_attn
-from linpipe.model.config import ModelConfig
-from linpipe.model.delta import GatedRMSNorm
+from linpipe.model.blocks import GatedRMSNorm, Layer, SwiGLU, init_swiglu
+from linpipe.model.families.fla_keys import key_dim, value_dim
+from linpipe.model.families.fla_linear_attn import feature_dim
 from linpipe.model.rows import linear, map_rows, row_tile
 
 SUM_EPS = 1e-4  # fla's norm_q / norm_k: x / (sum(x) + SUM_EPS)
@@ -73,26 +74,26 @@ class FeatureMap(nn.Module):
 
 
 class FlaLinearAttention(nn.Module):
-    """The token mixer of an fla LinearAttention layer; o_proj is applied by Layer.finish."""
+    """The token mixer of an fla LinearAttention layer; o_proj is applied by Layer.finish. Its state:
+    {"S" (B, H, F, V), "z" (B, H, F) with the normaliser}."""
 
-    delta = False  # the layer kind the split reads (network.Attention's flag)
-
-    def __init__(self, c: ModelConfig, tile: int):
+    def __init__(self, c, tile: int):
         super().__init__()
-        D, H, KV, K, V = c.d_model, c.n_heads, c.kv_heads, c.head_dim, c.head_v_dim
+        o = c.layer
+        D, H, KV, K, V = c.d_model, c.n_heads, o.n_kv_heads or c.n_heads, key_dim(c), value_dim(c)
         self.n_heads, self.kv_heads, self.head_dim, self.head_v_dim = H, KV, K, V
-        self.feature_dim = c.feature_dim
+        self.feature_dim = feature_dim(c)
         self.tile = tile  # rows of the position-wise ops' tiles in CPU inference
-        self.normalize, self.norm_q, self.norm_k = c.normalize, c.norm_q, c.norm_k
-        self.feature_map = c.qk_feature_map  # fla's name (segments.passes_in_float64 reads it)
+        self.normalize, self.norm_q, self.norm_k = o.normalize, o.norm_q, o.norm_k
+        self.feature_map = o.qk_feature_map  # fla's name
         self.q_proj = nn.Linear(D, H * K, bias=False)
         self.k_proj = nn.Linear(D, KV * K, bias=False)
         self.v_proj = nn.Linear(D, KV * V, bias=False)
-        self.feature_map_q = FeatureMap(c.qk_feature_map, K)
-        self.feature_map_k = FeatureMap(c.qk_feature_map, K)
+        self.feature_map_q = FeatureMap(o.qk_feature_map, K)
+        self.feature_map_k = FeatureMap(o.qk_feature_map, K)
         self.norm = GatedRMSNorm(V, c.norm_eps)
         self.o_proj = nn.Linear(H * V, D, bias=False)
-        self.scale = c.feature_dim ** -0.5
+        self.scale = self.feature_dim ** -0.5
 
     def base_decay(self) -> list[float]:
         """Per head: 1 (fla's linear attention does not decay)."""
@@ -137,27 +138,29 @@ class FlaLinearAttention(nn.Module):
         rows = o.reshape(B * T, self.n_heads, self.head_v_dim)
         return map_rows(self._normed, row_tile(o, self.tile), rows).view(B, T, -1)
 
-    def forward(self, a, S, z, window, scratch=None):
-        """Normalised inputs a (B, T, D) after S (B, H, F, V) and z (B, H, F) (or (B, H, 0) without
-        the normaliser) -> (o (B, T, HV) before o_proj, S and z after, the conv window unchanged)."""
+    def forward(self, a, state: dict, scratch=None):
+        """Normalised inputs a (B, T, D) after S (B, H, F, V) and z (B, H, F) (with the normaliser)
+        -> (o (B, T, HV) before o_proj, the state after)."""
         q, k, v = self.inputs(a)
-        z_in = z if self.normalize else S.new_zeros(S.shape[:-1])
+        S = state["S"]
+        z_in = state["z"] if self.normalize else S.new_zeros(S.shape[:-1])
         o, (S, z_out) = chunk_linear_attn(q, k, v, feature_map="identity", normalize=self.normalize,
                                           eps=NORMALISER_EPS, initial_state=(S, z_in),
                                           output_final_state=True)
-        return self.output(o), S, z_out if self.normalize else z, window
+        return self.output(o), {"S": S, **({"z": z_out} if self.normalize else {})}
 
 
-def init_fla_linear_layer(layer, c: ModelConfig, normal) -> None:
+def make_block(c, tile: int) -> Layer:
+    return Layer(c.d_model, c.norm_eps, FlaLinearAttention(c, tile), SwiGLU(c.d_model, c.mlp_hidden, tile))
+
+
+def init_block(layer, c, normal, gen=None, decay=None) -> None:
     """Random weights of one fla linear-attention layer (in no_grad): projections and feature maps
     at 1/sqrt(fan-in), the residual branches' outputs scaled down by depth."""
     a, D, L = layer.attn, c.d_model, c.n_layers
     for lin in (a.q_proj, a.k_proj, a.v_proj):
         normal(lin.weight, 1.0 / math.sqrt(D))
     for p in (*a.feature_map_q.parameters(), *a.feature_map_k.parameters()):
-        normal(p, 1.0 / math.sqrt(c.head_dim))
-    normal(a.o_proj.weight, 1.0 / math.sqrt(c.n_heads * c.head_v_dim * 2 * L))
-    mlp = layer.mlp
-    normal(mlp.gate_proj.weight, 1.0 / math.sqrt(D))
-    normal(mlp.up_proj.weight, 1.0 / math.sqrt(D))
-    normal(mlp.down_proj.weight, 1.0 / math.sqrt(c.mlp_hidden * 2 * L))
+        normal(p, 1.0 / math.sqrt(a.head_dim))
+    normal(a.o_proj.weight, 1.0 / math.sqrt(c.n_heads * a.head_v_dim * 2 * L))
+    init_swiglu(layer.mlp, D, L, normal)

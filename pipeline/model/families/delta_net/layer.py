@@ -1,6 +1,6 @@
-"""The delta-rule layer kinds (config family `delta_net`, `gated_deltanet`): the attention and the
-SwiGLU MLP of flash-linear-attention 0.6's DeltaNet and GatedDeltaNet blocks, with their tensor
-names and shapes (docs/model-format.md), run through `linpipe.kernels.delta_rule`.
+"""The delta-rule layers (families delta_net and gated_deltanet): the attention and the SwiGLU MLP
+of flash-linear-attention 0.6's DeltaNet and GatedDeltaNet blocks, with their tensor names and
+shapes (docs/model-format.md), run through `linpipe.kernels.delta_rule`.
 
 Per layer, from the normalised input a (B, T, D):
 
@@ -31,59 +31,29 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from linpipe.kernels.delta_rule import delta_rule
-from linpipe.model.config import GATED_DELTANET, ModelConfig
-from linpipe.model.ops import causal_conv
+from linpipe.kernels.delta_rule import delta_rule, span_parts
+from linpipe.model.blocks import GatedRMSNorm, Layer, ShortConv, SwiGLU, causal_conv, init_swiglu, l2norm
+from linpipe.model.families.fla_keys import has_conv, key_dim, value_dim
 from linpipe.model.rows import linear, map_rows, row_tile
 
-L2_EPS = 1e-6  # inside flash-linear-attention's l2norm of q and k: x / sqrt(sum(x^2) + eps)
 # fla's initialisation of the gate's time steps: dt log-uniform in [DT_MIN, DT_MAX], floored
 DT_MIN, DT_MAX, DT_FLOOR = 1e-3, 0.1, 1e-4
 A_MAX = 16.0  # A = exp(A_log) starts uniform in (0, A_MAX)
 
 
-class ShortConv(nn.Module):
-    """A causal depthwise convolution's taps, held as torch's Conv1d holds them (C, 1, W), the
-    shape of fla's ShortConvolution weight; [:, 0, W-1] hits the current position."""
-
-    def __init__(self, channels: int, width: int):
-        super().__init__()
-        self.weight = nn.Parameter(torch.zeros(channels, 1, width))
-
-
-class GatedRMSNorm(nn.Module):
-    """fla's o_norm: RMSNorm over each head's V values, times silu of the output gate's value
-    (FusedRMSNormGated with the swish activation); without a gate, RMSNorm alone."""
-
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, o, g=None):  # o (..., V), g (..., V) or None
-        o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
-        return o if g is None else o * F.silu(g)
-
-
-def l2norm(x):
-    """x (..., K) / sqrt(sum(x^2) + L2_EPS) (fla's l2norm)."""
-    return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + L2_EPS)
-
-
 class DeltaAttention(nn.Module):
-    """The token mixer of a delta-rule layer; o_proj is applied by Layer.finish, as for linear
-    attention."""
+    """The token mixer of a delta-rule layer; o_proj is applied by Layer.finish. Its state:
+    {"S" (B, HV, K, V), "conv" (B, W-1, 2HK + HV V) with the short convolutions}."""
 
-    delta = True  # the layer kind, as ModelConfig.delta (the split reads it)
-
-    def __init__(self, c: ModelConfig, tile: int):
+    def __init__(self, c, tile: int):
         super().__init__()
-        D, H, HV, K, V = c.d_model, c.n_heads, c.v_heads, c.head_dim, c.head_v_dim
-        # n_heads: the rule's and the state's heads (the value heads); qk_heads: q and k's
-        self.n_heads, self.qk_heads, self.head_dim, self.head_v_dim = HV, H, K, V
+        o = c.layer
+        D, H, HV, K, V = c.d_model, c.n_heads, c.spec.v_heads(c), key_dim(c), value_dim(c)
+        # v_heads: the rule's and the state's heads; qk_heads: q and k's
+        self.v_heads, self.qk_heads, self.head_dim, self.head_v_dim = HV, H, K, V
         self.key_dim, self.value_dim = H * K, HV * V
-        self.gated = c.family == GATED_DELTANET
-        self.allow_neg_eigval = c.allow_neg_eigval
+        self.gated = c.spec.gated
+        self.allow_neg_eigval = o.allow_neg_eigval
         self.tile = tile  # rows of the position-wise ops' tiles in CPU inference
         self.q_proj = nn.Linear(D, H * K, bias=False)
         self.k_proj = nn.Linear(D, H * K, bias=False)
@@ -93,12 +63,13 @@ class DeltaAttention(nn.Module):
             self.A_log = nn.Parameter(torch.zeros(HV))
             self.dt_bias = nn.Parameter(torch.zeros(HV))
         self.b_proj = nn.Linear(D, HV, bias=False)
-        if c.use_short_conv:
+        if o.use_short_conv:
             self.q_conv1d = ShortConv(H * K, c.conv_width)
             self.k_conv1d = ShortConv(H * K, c.conv_width)
             self.v_conv1d = ShortConv(HV * V, c.conv_width)
-        self.use_short_conv = c.use_short_conv
-        self.g_proj = nn.Linear(D, HV * V, bias=False) if c.use_gate else None
+        self.use_short_conv = o.use_short_conv
+        self.carries_window = has_conv(c)  # W > 1: the window is part of the state
+        self.g_proj = nn.Linear(D, HV * V, bias=False) if o.use_gate else None
         self.o_norm = GatedRMSNorm(V, c.norm_eps)
         self.o_proj = nn.Linear(HV * V, D, bias=False)
 
@@ -107,7 +78,7 @@ class DeltaAttention(nn.Module):
         delta_net (no decay)."""
         with torch.no_grad():
             if not self.gated:
-                return [1.0] * self.n_heads
+                return [1.0] * self.v_heads
             return torch.exp(-self.A_log.double().exp() * F.softplus(self.dt_bias.double())).tolist()
 
     def _side_weight(self):
@@ -124,7 +95,7 @@ class DeltaAttention(nn.Module):
         """Rows of the conv's output x (N, 2HK + HV V) and the side projections (N, ...) -> q, k
         (N, HV, K) L2-normalised (repeated per value-head group), v (N, HV, V), beta (N, HV),
         then the log-gates (N, HV) if gated."""
-        N, H, HV, K, V = x.shape[0], self.qk_heads, self.n_heads, self.head_dim, self.head_v_dim
+        N, H, HV, K, V = x.shape[0], self.qk_heads, self.v_heads, self.head_dim, self.head_v_dim
         x = F.silu(x)
         q = l2norm(x[:, :H * K].reshape(N, H, K))
         k = l2norm(x[:, H * K:2 * H * K].reshape(N, H, K))
@@ -143,7 +114,7 @@ class DeltaAttention(nn.Module):
         """Rows of the rule's output o (N, HV, V) and the output gate's values (N, HV V) or None ->
         o_norm's (N, HV V)."""
         N = o.shape[0]
-        g = None if g is None else g.reshape(N, self.n_heads, self.head_v_dim)
+        g = None if g is None else g.reshape(N, self.v_heads, self.head_v_dim)
         return self.o_norm(o, g).reshape(N, -1)
 
     def project(self, a):
@@ -169,44 +140,38 @@ class DeltaAttention(nn.Module):
 
     def gate_rows(self, side):
         """The output gate's pre-activations (B*T, HV V) in project's side rows, None without use_gate."""
-        return side[:, self.n_heads * (2 if self.gated else 1):] if self.g_proj is not None else None
+        return side[:, self.v_heads * (2 if self.gated else 1):] if self.g_proj is not None else None
 
     def output(self, o, g_rows):
         """The rule's output o (B, T, HV, V) and gate_rows -> (B, T, HV V) after o_norm and the gate."""
         B, T = o.shape[:2]
-        rows = o.reshape(B * T, self.n_heads, self.head_v_dim)
+        rows = o.reshape(B * T, self.v_heads, self.head_v_dim)
         return map_rows(self._normed, row_tile(o, self.tile), rows, g_rows).view(B, T, -1)
 
-    def forward(self, a, S, z, window, scratch=None):
-        """Normalised inputs a (B, T, D) after S (B, HV, K, V) and the conv window (B, W-1, 2HK +
-        HV V) -> (o (B, T, HV V) before o_proj, S after, z unchanged (empty), the new window)."""
+    def span_parts(self, q, k, v, beta, log_gate, before=None):
+        """The stages' summary of a span (linpipe.kernels.delta_rule.stages), for the split."""
+        return span_parts(q, k, v, beta, log_gate=log_gate, before=before)
+
+    def empty_window(self, a):
+        """The window of a layer whose convolution carries none: (B, 0, 2HK + HV V)."""
+        return a.new_zeros((a.shape[0], 0, 2 * self.key_dim + self.value_dim))
+
+    def forward(self, a, state: dict, scratch=None):
+        """Normalised inputs a (B, T, D) after the state -> (o (B, T, HV V) before o_proj, the
+        state after)."""
         x, side = self.project(a)
+        window = state["conv"] if self.carries_window else self.empty_window(a)
         (q, k, v, beta, log_gate), window = self.rule_inputs(x, side, window)
-        o, S = delta_rule(q, k, v, beta, log_gate=log_gate, initial_state=S, output_final_state=True)
-        return self.output(o, self.gate_rows(side)), S, z, window
+        o, S = delta_rule(q, k, v, beta, log_gate=log_gate, initial_state=state["S"], output_final_state=True)
+        after = {"S": S, **({"conv": window} if self.carries_window else {})}
+        return self.output(o, self.gate_rows(side)), after
 
 
-class SwiGLU(nn.Module):
-    """fla's GatedMLP: down_proj(silu(gate_proj m) * up_proj m)."""
-
-    def __init__(self, c: ModelConfig, tile: int):
-        super().__init__()
-        self.gate_proj = nn.Linear(c.d_model, c.mlp_hidden, bias=False)
-        self.up_proj = nn.Linear(c.d_model, c.mlp_hidden, bias=False)
-        self.down_proj = nn.Linear(c.mlp_hidden, c.d_model, bias=False)
-        self.tile = tile
-
-    def forward(self, m, residual):
-        """residual + the MLP of m; m, residual (B, T, D)."""
-        B, T, D = m.shape
-        M = self.gate_proj.weight.shape[0]
-        tile = row_tile(m, self.tile)
-        gu = linear(m.reshape(B * T, D), torch.cat([self.gate_proj.weight, self.up_proj.weight]), tile=tile)
-        h = map_rows(lambda r: F.silu(r[:, :M]) * r[:, M:], tile, gu)  # (B*T, M)
-        return linear(h, self.down_proj.weight, tile=tile, residual=residual.reshape(B * T, D)).view(B, T, D)
+def make_block(c, tile: int) -> Layer:
+    return Layer(c.d_model, c.norm_eps, DeltaAttention(c, tile), SwiGLU(c.d_model, c.mlp_hidden, tile))
 
 
-def init_delta_layer(layer, c: ModelConfig, normal, gen: torch.Generator) -> None:
+def init_block(layer, c, normal, gen: torch.Generator, decay=None) -> None:
     """Random weights of one delta-rule layer (in no_grad): projections at 1/sqrt(fan-in), the
     residual branches' outputs scaled down by depth, near-identity convolutions, and fla's
     initial A_log and dt_bias."""
@@ -220,12 +185,9 @@ def init_delta_layer(layer, c: ModelConfig, normal, gen: torch.Generator) -> Non
             normal(conv.weight, 0.3 / math.sqrt(c.conv_width))
             conv.weight[:, 0, -1] += 1.0
     if a.gated:
-        H = c.v_heads
+        H = a.v_heads
         a.A_log.copy_(torch.log(torch.rand(H, generator=gen).clamp_min(1e-3) * A_MAX))
         lo, hi = math.log(DT_MIN), math.log(DT_MAX)
         dt = torch.exp(torch.rand(H, generator=gen) * (hi - lo) + lo).clamp_min(DT_FLOOR)
         a.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # softplus(dt_bias) = dt
-    mlp = layer.mlp
-    normal(mlp.gate_proj.weight, 1.0 / math.sqrt(D))
-    normal(mlp.up_proj.weight, 1.0 / math.sqrt(D))
-    normal(mlp.down_proj.weight, 1.0 / math.sqrt(c.mlp_hidden * 2 * L))
+    init_swiglu(layer.mlp, D, L, normal)

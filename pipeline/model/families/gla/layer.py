@@ -1,6 +1,6 @@
-"""The `gla` layer kind: the token mixer of flash-linear-attention 0.6's GatedLinearAttention
+"""The gla layer (family `gla`): the token mixer of flash-linear-attention 0.6's GatedLinearAttention
 (GLA) with its tensor names and shapes (docs/model-format.md), run through
-`linpipe.kernels.gla`; its MLP is the delta-rule kinds' SwiGLU (fla's GatedMLP).
+`linpipe.kernels.gla`; its MLP is fla's GatedMLP (blocks.SwiGLU).
 
 Per layer, from the normalised input a (B, T, D):
 
@@ -32,38 +32,40 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from linpipe.kernels.gla import gla
-from linpipe.model.config import ModelConfig
-from linpipe.model.delta import DeltaAttention, GatedRMSNorm, ShortConv
-from linpipe.model.ops import causal_conv
+from linpipe.kernels.gla import span_parts as gla_span_parts
+from linpipe.model.blocks import GatedRMSNorm, Layer, ShortConv, SwiGLU, causal_conv, init_swiglu
+from linpipe.model.families.delta_net.layer import DeltaAttention
+from linpipe.model.families.fla_keys import has_conv, key_dim, value_dim
 from linpipe.model.rows import linear, map_rows, row_tile
 
-# q and k's feature maps, by the names config "feature_map" takes (gla_import.FEATURE_MAPS)
+# q and k's feature maps, by the names config "feature_map" takes (families/gla: FEATURE_MAPS)
 FEATURE_MAPS = {"identity": lambda x: x, "relu": F.relu, "sigmoid": torch.sigmoid, "silu": F.silu}
 
 
 class GLAAttention(nn.Module):
-    """The token mixer of a gla layer; o_proj is applied by Layer.finish, as for the other kinds."""
+    """The token mixer of a gla layer; o_proj is applied by Layer.finish. Its state: {"S" (B, H, K,
+    V), "conv" (B, W-1, HK + H_kv (K + V)) with the short convolutions}; its split is the delta
+    rule's (families/delta_net/split.py) through the same methods, with GLA's span_parts."""
 
-    delta = True  # an fla layer kind: S (H, K, V), no z, the q, k, v conv window (the split reads it)
-    per_key_gate = True  # its split runs GLA's span_parts (linpipe.kernels.gla.stages)
-
-    def __init__(self, c: ModelConfig, tile: int):
+    def __init__(self, c, tile: int):
         super().__init__()
-        D, H, KV, K, V = c.d_model, c.n_heads, c.kv_heads, c.head_dim, c.head_v_dim
-        self.n_heads, self.kv_heads, self.head_dim, self.head_v_dim = H, KV, K, V
+        o = c.layer
+        D, H, KV, K, V = c.d_model, c.n_heads, o.n_kv_heads or c.n_heads, key_dim(c), value_dim(c)
+        self.v_heads, self.kv_heads, self.head_dim, self.head_v_dim = H, KV, K, V
         self.tile = tile  # rows of the position-wise ops' tiles in CPU inference
         self.q_proj = nn.Linear(D, H * K, bias=False)
         self.k_proj = nn.Linear(D, KV * K, bias=False)
         self.v_proj = nn.Linear(D, KV * V, bias=False)
-        self.g_proj = nn.Linear(D, H * V, bias=False) if c.use_gate else None
-        self.use_short_conv = c.use_short_conv
-        if c.use_short_conv:
+        self.g_proj = nn.Linear(D, H * V, bias=False) if o.use_gate else None
+        self.use_short_conv = o.use_short_conv
+        self.carries_window = has_conv(c)  # W > 1: the window is part of the state
+        if o.use_short_conv:
             self.q_conv1d = ShortConv(H * K, c.conv_width)
             self.k_conv1d = ShortConv(KV * K, c.conv_width)
             self.v_conv1d = ShortConv(KV * V, c.conv_width)
-        self.gk_proj = nn.Sequential(nn.Linear(D, c.gate_rank, bias=False), nn.Linear(c.gate_rank, KV * K))
-        self.gate_normalizer, self.clamp_min = c.gate_normalizer, c.clamp_min
-        self.phi = FEATURE_MAPS[c.feature_map]
+        self.gk_proj = nn.Sequential(nn.Linear(D, o.gate_rank, bias=False), nn.Linear(o.gate_rank, KV * K))
+        self.gate_normalizer, self.clamp_min = o.gate_normalizer, o.clamp_min
+        self.phi = FEATURE_MAPS[o.feature_map]
         self.g_norm = GatedRMSNorm(V, c.norm_eps)
         self.o_proj = nn.Linear(H * V, D, bias=False)
 
@@ -76,13 +78,13 @@ class GLAAttention(nn.Module):
             if self.clamp_min is not None:
                 g = g.clamp(min=self.clamp_min)
             decay = torch.exp(g.view(self.kv_heads, -1).mean(-1))
-            return decay.repeat_interleave(self.n_heads // self.kv_heads).tolist()
+            return decay.repeat_interleave(self.v_heads // self.kv_heads).tolist()
 
     def _activate(self, x, side):
         """Rows of the projections x (N, HK + H_kv (K + V)) after the conv and of project's side
         rows -> q, k (N, H, K), v (N, H, V), the log-gates (N, H, K): k, v and the gates repeated
         per group of query heads."""
-        N, H, KV, K = x.shape[0], self.n_heads, self.kv_heads, self.head_dim
+        N, H, KV, K = x.shape[0], self.v_heads, self.kv_heads, self.head_dim
         if self.use_short_conv:
             x = F.silu(x)
         q = self.phi(x[:, :H * K]).reshape(N, H, K)
@@ -100,13 +102,13 @@ class GLAAttention(nn.Module):
         """Rows of the kernel's output o (N, H, V) and the output gate's values (N, HV) or None ->
         g_norm's (N, HV)."""
         N = o.shape[0]
-        g = None if g is None else g.reshape(N, self.n_heads, self.head_v_dim)
+        g = None if g is None else g.reshape(N, self.v_heads, self.head_v_dim)
         return self.g_norm(o, g).reshape(N, -1)
 
     def project(self, a):
         """Normalised inputs a (B, T, D) -> (x (B, T, HK + H_kv (K + V)): the q, k, v projections
         before the conv; side (B*T, H_kv K [+ HV]): gk_proj's logits and g_proj's rows). The
-        delta-rule kinds' interface, which the split (linpipe.model.delta_split) runs."""
+        delta rule's interface, which the split (families/delta_net/split.py) runs."""
         B, T, D = a.shape
         tile = row_tile(a, self.tile)
         rows = a.reshape(B * T, D)
@@ -136,16 +138,31 @@ class GLAAttention(nn.Module):
     # the kernel's output o (B, T, H, V) and gate_rows -> (B, T, HV) after g_norm (_normed) and the gate
     output = DeltaAttention.output
 
-    def forward(self, a, S, z, window, scratch=None):
-        """Normalised inputs a (B, T, D) after S (B, H, K, V) and the conv window (B, W-1, HK +
-        H_kv (K + V)) -> (o (B, T, HV) before o_proj, S after, z unchanged (empty), the new window)."""
+    def span_parts(self, q, k, v, beta, log_gate, before=None):
+        """GLA's summary of a span (a diagonal M, no beta; linpipe.kernels.gla.stages), for the split."""
+        return gla_span_parts(q, k, v, log_gate, before=before)
+
+    def empty_window(self, a):
+        """The window of a layer whose convolution carries none: (B, 0, HK + H_kv (K + V))."""
+        K, V = self.head_dim, self.head_v_dim
+        return a.new_zeros((a.shape[0], 0, self.v_heads * K + self.kv_heads * (K + V)))
+
+    def forward(self, a, state: dict, scratch=None):
+        """Normalised inputs a (B, T, D) after the state -> (o (B, T, HV) before o_proj, the state
+        after)."""
         x, side = self.project(a)
+        window = state["conv"] if self.carries_window else self.empty_window(a)
         (q, k, v, _, g), window = self.rule_inputs(x, side, window)
-        o, S = gla(q, k, v, g, initial_state=S, output_final_state=True)
-        return self.output(o, self.gate_rows(side)), S, z, window
+        o, S = gla(q, k, v, g, initial_state=state["S"], output_final_state=True)
+        after = {"S": S, **({"conv": window} if self.carries_window else {})}
+        return self.output(o, self.gate_rows(side)), after
 
 
-def init_gla_layer(layer, c: ModelConfig, normal, gen: torch.Generator) -> None:
+def make_block(c, tile: int) -> Layer:
+    return Layer(c.d_model, c.norm_eps, GLAAttention(c, tile), SwiGLU(c.d_model, c.mlp_hidden, tile))
+
+
+def init_block(layer, c, normal, gen: torch.Generator, decay=None) -> None:
     """Random weights of one gla layer (in no_grad): projections at 1/sqrt(fan-in), the residual
     branches' outputs scaled down by depth, near-identity convolutions, and gates that start
     around decays of 1 - 1/16 to 1 - 1/256 per key."""
@@ -153,15 +170,12 @@ def init_gla_layer(layer, c: ModelConfig, normal, gen: torch.Generator) -> None:
     for lin in (a.q_proj, a.k_proj, a.v_proj, a.g_proj, a.gk_proj[0]):
         if lin is not None:
             normal(lin.weight, 1.0 / math.sqrt(lin.weight.shape[1]))
-    normal(a.gk_proj[1].weight, 1.0 / math.sqrt(c.gate_rank))
+    normal(a.gk_proj[1].weight, 1.0 / math.sqrt(c.layer.gate_rank))
     decay = 1 - 2.0 ** -(4 + 4 * torch.rand(a.gk_proj[1].bias.shape, generator=gen, dtype=torch.float64))
-    a.gk_proj[1].bias.copy_(torch.logit(decay ** c.gate_normalizer).float())
+    a.gk_proj[1].bias.copy_(torch.logit(decay ** c.layer.gate_normalizer).float())
     normal(a.o_proj.weight, 1.0 / math.sqrt(a.o_proj.weight.shape[1] * 2 * L))
     if a.use_short_conv:  # mostly the current position, a little history
         for conv in (a.q_conv1d, a.k_conv1d, a.v_conv1d):
             normal(conv.weight, 0.3 / math.sqrt(c.conv_width))
             conv.weight[:, 0, -1] += 1.0
-    mlp = layer.mlp
-    normal(mlp.gate_proj.weight, 1.0 / math.sqrt(D))
-    normal(mlp.up_proj.weight, 1.0 / math.sqrt(D))
-    normal(mlp.down_proj.weight, 1.0 / math.sqrt(c.mlp_hidden * 2 * L))
+    init_swiglu(layer.mlp, D, L, normal)
