@@ -204,7 +204,8 @@ def carry_blocks(wy: WY, S0):
     S = S0.reshape(B * H, K, V)
     U, W = wy.U.reshape(B * H, n, c, V), wy.W.reshape(B * H, n, c, K)  # views: (B, H) merge
     k_end_t = wy.k_end_t.reshape(B * H, n, K, c)
-    total = None if wy.total is None else wy.total.reshape(B * H, n, 1, 1)
+    # the block's decay: a scalar (B, H, n, 1, 1), or one per key (B, H, n, K, 1) (linpipe.kernels.kda)
+    total = None if wy.total is None else wy.total.reshape(B * H, n, *wy.total.shape[-2:])
     starts, us = [], []
     for m in range(n):
         starts.append(S)
@@ -240,19 +241,53 @@ def fold_blocks(M, dS, S0, P0=None):
     return starts, S.view(B, H, K, V), torch.stack(prefixes, 1).view(B, H, n, K, K), P.view(B, H, K, K)
 
 
-def run_span(q, k, v, beta, log_gate, scale, c, S0, P0=None):
-    """One span entering with S0: (o (B, t, H, V) with S0's share, S after, and with P0 the
-    span's q_state (B, t, H, K) times P0 and the M's product times P0 after it, else None)."""
-    t = q.shape[1]
-    wy = block_wy(q, k, v, beta, log_gate, scale, c)
+def run_wy(wy: WY, t, S0, P0=None):
+    """One span's blocks from their WY factors, entering with S0 (B, H, K, V): (o (B, t, H, V)
+    with S0's share, S after, and with P0 (B, H, K, K) the span's q_state (B, t, H, K) times P0
+    and the M's product times P0 after it, else None). t: the span's positions (the blocks' rows
+    past t are padding)."""
     if P0 is None:
         o, S = carry_blocks(wy, S0)
         return _positions(o, t), S, None, None
     f = block_factors(wy)
     starts, S, prefixes, P = fold_blocks(f.M, f.dS, S0, P0)
     o = _positions(_bmm(f.q_state, starts, f.o), t)
-    q_state = None if P0 is None else _positions(_bmm(f.q_state, prefixes), t)
+    q_state = _positions(_bmm(f.q_state, prefixes), t)
     return o, S, q_state, P
+
+
+def spans_outputs(wy_of, T, span, S, like):
+    """The chunked form's pass: spans of `span` positions in order from the state S (B, H, K,
+    V), wy_of(a, b) the WY factors of positions a:b. like: a (B, T, H, V) tensor of the outputs'
+    shape, dtype and device. Returns (o (B, T, H, V), S after)."""
+    outs = []
+    for a in range(0, T, span):
+        b = min(a + span, T)
+        o, S, _, _ = run_wy(wy_of(a, b), b - a, S)
+        outs.append(o)
+    B, _, H, V = like.shape
+    return (torch.cat(outs, 1) if outs else like.new_zeros((B, 0, H, V))), S
+
+
+def spans_parts(wy_of, T, span, shape, like, before: Summary | None = None) -> SpanParts:
+    """span_parts' pass over spans of `span` positions: wy_of(a, b) the WY factors of positions
+    a:b, shape (B, H, K, V), like a tensor of the compute dtype and device; before as in
+    span_parts."""
+    B, H, K, V = shape
+    if before is None:
+        S = like.new_zeros((B, H, K, V))
+        P = torch.eye(K, dtype=like.dtype, device=like.device).expand(B, H, K, K)
+    else:
+        S, P = before.dS.to(like.dtype), before.M.to(like.dtype)
+    outs, qs = [], []
+    for a in range(0, T, span):
+        b = min(a + span, T)
+        o, S, q_state, P = run_wy(wy_of(a, b), b - a, S, P)
+        outs.append(o)
+        qs.append(q_state)
+    if not outs:
+        return SpanParts(like.new_zeros((B, 0, H, V)), like.new_zeros((B, 0, H, K)), Summary(P.clone(), S))
+    return SpanParts(torch.cat(outs, 1), torch.cat(qs, 1), Summary(P, S))
 
 
 def span_parts(q, k, v, beta, *, log_gate=None, scale=None, block_size=BLOCK_SIZE,
@@ -270,21 +305,10 @@ def span_parts(q, k, v, beta, *, log_gate=None, scale=None, block_size=BLOCK_SIZ
     cd = torch.float64 if q.dtype == torch.float64 else torch.float32
     scale = K ** -0.5 if scale is None else scale
     q, k, v, beta = q.to(cd), k.to(cd), v.to(cd), beta.to(cd)
-    if before is None:
-        S = q.new_zeros((B, H, K, V))
-        P = torch.eye(K, dtype=cd, device=q.device).expand(B, H, K, K)
-    else:
-        S, P = before.dS.to(cd), before.M.to(cd)
-    outs, qs = [], []
-    for a in range(0, T, span):
-        sl = slice(a, a + span)
-        o, S, q_state, P = run_span(q[:, sl], k[:, sl], v[:, sl], beta[:, sl],
-                                    None if log_gate is None else log_gate[:, sl], scale, block_size, S, P)
-        outs.append(o)
-        qs.append(q_state)
-    if not outs:
-        return SpanParts(q.new_zeros((B, 0, H, V)), q.new_zeros((B, 0, H, K)), Summary(P.clone(), S))
-    return SpanParts(torch.cat(outs, 1), torch.cat(qs, 1), Summary(P, S))
+    return spans_parts(lambda a, b: block_wy(q[:, a:b], k[:, a:b], v[:, a:b], beta[:, a:b],
+                                             None if log_gate is None else log_gate[:, a:b], scale,
+                                             block_size),
+                       T, span, (B, H, K, V), q, before)
 
 
 def span_summary(k, v, beta, *, log_gate=None, block_size=BLOCK_SIZE, span=SPAN) -> Summary:
