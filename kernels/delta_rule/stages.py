@@ -194,11 +194,18 @@ def block_factors(wy: WY) -> BlockFactors:
     return BlockFactors(o, q_state, M, dS)
 
 
-def carry_blocks(wy: WY, S0):
+def carry_blocks(wy: WY, S0, scratch=None):
     """The chunked form's pass over a span's blocks in order, from S0 (B, H, K, V): each block's
     written values u = U - W S and the state after it, total S + K_end^T u; then every output at
     once, o = P u + q_in S. Fewer multiply-adds than the affine maps (no K x K M per block),
-    which only the split needs. Returns (o (B, H, n, c, V), S after the last block)."""
+    which only the split needs. Returns (o (B, H, n, c, V), S after the last block).
+
+    scratch (a reusing linpipe.kernels.linear_attn.scratch.Scratch, inference only): the
+    per-block values, states and outputs go to its buffers, laid out block-major (n, B, H, ...),
+    the layout `wy`'s fields are read in without a copy when they are views of block-major
+    tensors (linpipe.kernels.kda); the same products, so the same numbers."""
+    if scratch is not None and scratch.reuse:
+        return _carry_into(wy, S0, scratch)
     B, H, n, c, V = wy.U.shape
     K = wy.W.shape[-1]
     S = S0.reshape(B * H, K, V)
@@ -217,6 +224,35 @@ def carry_blocks(wy: WY, S0):
     u = torch.stack(us, 1).view(B, H, n, c, V)
     starts = torch.stack(starts, 1).view(B, H, n, K, V)
     return _bmm(wy.q_in, starts, _bmm(wy.P, u)), S.view(B, H, K, V)
+
+
+def _block_major(x):
+    """(B, H, n, ...) -> (n, B H, ...) of the same elements: a view of block-major storage,
+    else a copy."""
+    return x.movedim(2, 0).reshape(x.shape[2], x.shape[0] * x.shape[1], *x.shape[3:])
+
+
+def _carry_into(wy: WY, S0, scratch):
+    """carry_blocks into scratch buffers: each block's products written in place, one (B H)
+    batch per block (contiguous in block-major storage)."""
+    B, H, n, c, V = wy.U.shape
+    K = wy.W.shape[-1]
+    U, W, k_end_t = (_block_major(x) for x in (wy.U, wy.W, wy.k_end_t))  # (n, B H, ...)
+    total = None if wy.total is None else _block_major(wy.total)
+    starts = scratch("dr_starts", n + 1, B * H, K, V)  # the state entering each block, then the last
+    u = scratch("dr_u", n, B * H, c, V)
+    starts[0].copy_(S0.reshape(B * H, K, V))
+    for m in range(n):
+        torch.baddbmm(U[m], W[m], starts[m], alpha=-1.0, out=u[m])
+        if total is None:
+            starts[m + 1].copy_(starts[m])
+        else:
+            torch.mul(starts[m], total[m], out=starts[m + 1])
+        starts[m + 1].baddbmm_(k_end_t[m], u[m])
+    o = scratch("dr_o", n, B * H, c, V)
+    torch.bmm(_block_major(wy.P).view(-1, c, c), u.view(-1, c, V), out=o.view(-1, c, V))
+    o.view(-1, c, V).baddbmm_(_block_major(wy.q_in).view(-1, c, K), starts[:n].view(-1, K, V))
+    return o.view(n, B, H, c, V).movedim(0, 2), starts[n].view(B, H, K, V).clone()  # not the scratch
 
 
 def fold_blocks(M, dS, S0, P0=None):

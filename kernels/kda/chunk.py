@@ -2,17 +2,22 @@
 
 Same contract as naive.py. The sequence streams through in spans of SPAN positions carrying the
 state; in a span, every block of c positions gets its WY factors at once (stages.block_wy: the
-per-channel scores as two matmuls a block, one triangular solve), then the delta rule's pass
-carries the blocks in order (linpipe.kernels.delta_rule.stages: u = U - W S and the state after,
-two small products a block) and every output follows at once. No Python loop over positions;
-plain autograd gives the backward.
+per-channel scores as two matmuls a block, one small triangular inverse), then the delta rule's
+pass carries the blocks in order (linpipe.kernels.delta_rule.stages.carry_blocks: u = U - W S
+and the state after, two small products a block) and every output follows at once. No Python
+loop over positions; plain autograd gives the backward.
+
+In inference every temporary lives in per-thread buffers reused from span to span and call to
+call (linpipe.kernels.linear_attn.scratch): on the VMs linpipe runs on, first-touching fresh
+memory costs more than the arithmetic done on it.
 """
 from __future__ import annotations
 
 import torch
 
-from ..delta_rule.stages import spans_outputs
-from .stages import BLOCK_SIZE, SPAN, block_wy, check_inputs, value_heads
+from ..delta_rule.stages import carry_blocks
+from ..linear_attn.scratch import Scratch, hugepages
+from .stages import BLOCK_SIZE, SPAN, block_wy, check_inputs
 
 
 def chunk_kda_torch(q, k, v, beta, *, log_gate, scale=None, initial_state=None, output_final_state=False,
@@ -28,12 +33,30 @@ def chunk_kda_torch(q, k, v, beta, *, log_gate, scale=None, initial_state=None, 
     HV, V = v.shape[2], v.shape[3]
     cd = dtype or (torch.float64 if q.dtype == torch.float64 else torch.float32)
     scale = K ** -0.5 if scale is None else scale
-    qc, kc = value_heads(q.to(cd), HV), value_heads(k.to(cd), HV)  # (B, T, HV, K)
-    vc, bc = v.to(cd), beta.to(cd)
+    qc, kc, vc, bc = q.to(cd), k.to(cd), v.to(cd), beta.to(cd)
     S = qc.new_zeros((B, HV, K, V)) if initial_state is None else initial_state.to(cd)
+    grad = torch.is_grad_enabled() and any(
+        x is not None and x.requires_grad for x in (q, k, v, beta, log_gate, initial_state))
+    scratch = Scratch(qc, reuse=not grad)
     c = max(1, int(block_size))
     span = max(c, (SPAN // c) * c)
-    o, S = spans_outputs(lambda a, b: block_wy(qc[:, a:b], kc[:, a:b], vc[:, a:b], bc[:, a:b],
-                                               log_gate[:, a:b], scale, c),
-                         T, span, S, vc)
-    return o.to(q.dtype), (S.float().contiguous() if output_final_state else None)
+    out = qc.new_empty((B, T, HV, V)) if scratch.reuse else None
+    if out is not None:
+        hugepages(out)
+    outs = []
+    for a in range(0, T, span):
+        t = min(span, T - a)
+        wy = block_wy(qc[:, a:a + t], kc[:, a:a + t], vc[:, a:a + t], bc[:, a:a + t], log_gate[:, a:a + t],
+                      scale, c, scratch)
+        o, S = carry_blocks(wy, S, scratch)  # o (B, HV, n, c, V)
+        rows = o.permute(0, 2, 3, 1, 4)  # (B, n, c, HV, V)
+        if out is None:
+            outs.append(rows.reshape(B, -1, HV, V)[:, :t])
+            continue
+        whole = t // c * c  # the full blocks, then the rows of a last partial one
+        out[:, a:a + whole].view(B, whole // c, c, HV, V).copy_(rows[:, :whole // c])
+        if whole < t:
+            out[:, a + whole:a + t].copy_(rows[:, -1, :t - whole])
+    if out is None:
+        out = torch.cat(outs, 1) if outs else qc.new_zeros((B, 0, HV, V))
+    return out.to(q.dtype), (S.float().contiguous() if output_final_state else None)

@@ -29,7 +29,7 @@ block's middle row r, so that L and P are each one matmul per block, (K e^(b - b
 (K e^(b_r - b))^T. The two factors grow as the gates between row r and the block's ends
 strengthen; a block where a channel's gates sum past FACTOR_MAX on either side of r (its state
 emptied within half a block) has its L and P computed with every weight explicit instead
-(`_strong_scores`), and only that block. Gates are read as the delta rule's: log-gates below
+(`_strong_blocks`), and only that block. Gates are read as the delta rule's: log-gates below
 LOG_GATE_MIN count as it, and the other weights (q_in's e^(b_i), K_end's e^(b_c - b_j), the
 block's total e^(b_c)) are at most 1.
 """
@@ -46,6 +46,7 @@ from ..delta_rule.stages import (
     spans_parts,
     state_share,
 )
+from ..linear_attn.scratch import Scratch
 from ..linear_attn.stages import LOG_GATE_MIN
 
 # Positions per block of the chunked form (and of span_parts); see chunk.py.
@@ -81,90 +82,136 @@ def check_inputs(q, k, v, beta, log_gate) -> None:
         raise ValueError(f"log_gate must be <= 0 everywhere; got a maximum of {float(log_gate.max()):g}")
 
 
-def value_heads(x, HV):
-    """(B, t, H, K) -> (B, t, HV, K): query/key head h serves value heads h G .. h G + G - 1
-    (fla's repeat_interleave); a view when HV == H."""
-    B, t, H, K = x.shape
-    if HV == H:
+def _pad_rows(x, rows):
+    """(B, t, ...) -> (B, rows, ...), the rows past t zero (x itself when t == rows)."""
+    t = x.shape[1]
+    if t == rows:
         return x
-    return x.unsqueeze(3).expand(B, t, H, HV // H, K).reshape(B, t, HV, K)
+    return torch.nn.functional.pad(x, [0, 0] * (x.dim() - 2) + [0, rows - t])
 
 
-def _blocks(x, n, c):
-    """(B, t, H, ...) -> (B, H, n, c, ...), contiguous, rows past t zero."""
-    B, t, H = x.shape[:3]
-    rows = x.transpose(1, 2)
-    if t < n * c:
-        rows = torch.nn.functional.pad(rows, [0, 0] * (x.dim() - 3) + [0, n * c - t])
-    return rows.reshape(B, H, n, c, *x.shape[3:]).contiguous()
+def _blocked(x, n, c):
+    """(B, n c, H, ...) -> the block-major (n, B, H, c, ...) view of its blocks (no copy)."""
+    B, _, H = x.shape[:3]
+    return x.view(B, n, c, H, *x.shape[3:]).transpose(2, 3).transpose(0, 1)
 
 
-def _strong_scores(qb, kb, bt, b, idx):
-    """The scores of the blocks idx (a tuple of index tensors into (B, H, n)) with every weight
-    explicit: (P (m, c, c), L^T (m, c, c)), P_ij = sum_d q_id k_jd 2^(b_id - b_jd) for j <= i (q
-    scaled), L^T_ji = beta_i sum_d k_id k_jd 2^(b_id - b_jd) for j < i, 0 elsewhere. b in log2
-    units, float64."""
-    qs, ks, bs, betas = qb[idx], kb[idx], b[idx], bt[idx]  # (m, c, K), (m, c, K), (m, c, K), (m, 1, c)
-    c = qs.shape[1]
-    above = torch.ones(c, c, dtype=torch.bool, device=qs.device).triu(1)[None, :, :, None]
-    w = torch.exp2((bs[:, :, None, :] - bs[:, None, :, :]).masked_fill(above, float("-inf"))).to(qs.dtype)
-    P = torch.einsum("mik,mjk,mijk->mij", qs, ks, w)  # (m, c, c), j <= i
-    L = torch.einsum("mik,mjk,mijk->mij", ks, ks, w).tril(-1) * betas.transpose(-1, -2)  # beta_i, j < i
-    return P, L.transpose(-1, -2)
+def _per_value_head(weight, x, G, out):
+    """weight (n, B, HV, c, K) times the blocks of x (B, n c, H, K), each of x's heads serving G
+    value heads: (n, B, HV, c, K) in the weight's layout (the product is the copy into blocks)."""
+    n, B, HV, c, K = weight.shape
+    xb = _blocked(x, n, c)  # (n, B, H, c, K), a view
+    if G == 1:
+        return torch.mul(weight, xb, out=out)
+    H = HV // G
+    return torch.mul(weight.view(n, B, H, G, c, K), xb.unsqueeze(3),
+                     out=None if out is None else out.view(n, B, H, G, c, K)).view(n, B, HV, c, K)
 
 
-def block_wy(q, k, v, beta, log_gate, scale, c) -> WY:
-    """The WY factors of every block of c positions at once (no loop over blocks or positions).
+def _mm(a, b, out, alpha=1.0):
+    """alpha a @ b over the leading dims of (..., m, p) @ (..., p, q): into out when given."""
+    if out is None:
+        r = torch.matmul(a, b)
+        return r if alpha == 1.0 else r * alpha
+    lead = a.shape[:-2]
+    o3 = out.view(-1, a.shape[-2], b.shape[-1])
+    o3.baddbmm_(a.reshape(-1, *a.shape[-2:]), b.reshape(-1, *b.shape[-2:]), beta=0.0, alpha=alpha)
+    return out.view(*lead, a.shape[-2], b.shape[-1])
 
-    q, k (B, t, HV, K) (already one per value head), v (B, t, HV, V), beta (B, t, HV), log_gate
-    (B, t, HV, K), in the compute dtype but log_gate, read in float64. Rows past t are padded
-    with beta = 0 and gates of 0: they keep the state as it is."""
-    B, t, HV, K = q.shape
-    V = v.shape[-1]
+
+def _strong_blocks(q, k, b, scale, idx, G):
+    """Every weight of the blocks idx (index tensors into (n, B, HV)) explicit, for blocks whose
+    gates are too strong for the factored scores: (P (m, c, c) scaled, j <= i; L^T (m, c, c)
+    without beta, j < i; q_in (m, c, K); k e^(b) (m, c, K); K_end (m, c, K)). b (n, B, HV, c, K)
+    in log2 units, float64; q, k (B, n c, H, K)."""
+    n, B, HV, c, K = b.shape
+    qb, kb = (_blocked(x, n, c).repeat_interleave(G, dim=2)[idx] for x in (q, k))  # (m, c, K)
+    bs = b[idx]  # (m, c, K)
+    above = torch.ones(c, c, dtype=torch.bool, device=b.device).triu(1)[None, :, :, None]
+    w = torch.exp2((bs[:, :, None, :] - bs[:, None, :, :]).masked_fill(above, float("-inf"))).to(qb.dtype)
+    P = torch.einsum("mik,mjk,mijk->mij", qb, kb, w) * scale  # (m, c, c): j <= i
+    LT = torch.einsum("mik,mjk,mijk->mji", kb, kb, w).triu(1)  # L^T_ji for j < i, beta apart
+    gam = torch.exp2(bs).to(qb.dtype)
+    k_end = kb * torch.exp2(bs[:, -1:] - bs).to(qb.dtype)
+    return P, LT, qb * gam * scale, kb * gam, k_end
+
+
+def block_wy(q, k, v, beta, log_gate, scale, c, scratch: Scratch | None = None) -> WY:
+    """The WY factors of every block of c positions at once (no loop over blocks or positions),
+    in the delta rule's form (linpipe.kernels.delta_rule.stages.WY), the block's decay a (K, 1)
+    column.
+
+    q, k (B, t, H, K), v (B, t, HV, V), beta (B, t, HV) in the compute dtype, log_gate (B, t,
+    HV, K) (its cumulative sums are float64). Rows past t are padded with beta = 0 and gates of
+    0: they keep the state as it is. scratch: a reusing Scratch (inference) puts every
+    temporary in its buffers; the fields are then views (B, HV, n, ...) of block-major (n, B,
+    HV, ...) tensors, as carry_blocks takes them without a copy.
+
+    The solve inverts each block's unit triangular I + L once (a c x c right-hand side) and
+    multiplies: [U | W] = (I + L)^-1 diag(beta) [V | K e^b] as two matmuls, several times faster
+    on the CPU than LAPACK's solve with K + V right-hand sides."""
+    B, t, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    G = HV // H
     n = -(-t // c)
-    cd = q.dtype
-    qb, kb = _blocks(q * scale, n, c), _blocks(k, n, c)  # (B, HV, n, c, K)
-    vt = _blocks(v, n, c).transpose(-1, -2)  # (B, HV, n, V, c)
-    bt = _blocks(beta, n, c).unsqueeze(-2)  # (B, HV, n, 1, c)
+    cd, dev = q.dtype, q.device
+    s = scratch if scratch is not None else Scratch(q, reuse=False)
+    s64 = Scratch(torch.empty(0, dtype=torch.float64, device=dev), s.reuse)
+    q, k, v, beta, log_gate = (_pad_rows(x, n * c) for x in (q, k, v, beta, log_gate))
+    shape = (n, B, HV, c, K)
     # cumulative log-gates in log2 units, float64 from each block's start
-    g = log_gate.to(torch.float64).clamp(min=LOG_GATE_MIN) * _LOG2E
-    b = _blocks(g, n, c).cumsum(3)  # (B, HV, n, c, K)
+    gb = _blocked(log_gate, n, c)
+    b = s64("kda_b", *shape)
+    b = gb.double() if b is None else b.copy_(gb)
+    b = torch.clamp(b, min=LOG_GATE_MIN, out=s64.same(b))
+    b = torch.cumsum(torch.mul(b, _LOG2E, out=s64.same(b)), 3, out=s64.same(b))
     r = c // 2
-    up = b - b[:, :, :, r:r + 1]  # b_i - b_r: >= 0 above row r, <= 0 below
+    b_r, last = b[:, :, :, r:r + 1], b[:, :, :, -1:]  # (n, B, HV, 1, K)
+    up = torch.sub(b, b_r, out=s64("kda_up", *shape))  # b_i - b_r: >= 0 above row r, <= 0 below
     limit = FACTOR_MAX * _LOG2E
-    strong = (up[:, :, :, 0] > limit) | (up[:, :, :, -1] < -limit)  # (B, HV, n, K)
+    strong = (up[:, :, :, 0] > limit) | (up[:, :, :, -1] < -limit)  # (n, B, HV, K)
     any_strong = bool(strong.any())
     if any_strong:
-        up = up.clamp(-limit, limit)  # those blocks' scores are replaced below
-    rise = torch.exp2(up.to(cd))  # e^(b_i - b_r)
-    fall = torch.exp2((-up).to(cd))  # e^(b_r - b_j)
-    k_fall = kb * fall
-    P = (qb * rise) @ k_fall.transpose(-1, -2)  # (B, HV, n, c, c): P_ij for j <= i
-    LT = k_fall @ (kb * rise).transpose(-1, -2) * bt  # L^T_ji = beta_i k_i . k_j e^(b_i - b_j): j < i
+        up = torch.clamp(up, -limit, limit, out=s64.same(up))  # those blocks' weights are replaced below
+    rise = s("kda_rise", *shape)
+    rise = up.to(cd) if rise is None else rise.copy_(up)
+    rise = torch.exp2(rise, out=s.same(rise))  # e^(b_i - b_r)
+    fall = torch.reciprocal(rise, out=s("kda_fall", *shape))  # e^(b_r - b_j)
+    q_rise = _per_value_head(rise, q, G, s("kda_qr", *shape))
+    k_rise = _per_value_head(rise, k, G, s("kda_kr", *shape))
+    k_fall = _per_value_head(fall, k, G, s("kda_kf", *shape))
+    # the other weights from the factors: e^(b_i) = e^(b_r) e^(b_i - b_r), e^(b_c - b_j) =
+    # e^(b_c - b_r) e^(b_r - b_j), each at most 1 (a product below float32's range flushes to 0)
+    at_r = torch.exp2(b_r.to(cd))  # (n, B, HV, 1, K)
+    q_in = torch.mul(q_rise, at_r * scale, out=s("kda_qin", *shape))
+    w = torch.mul(k_rise, at_r, out=s("kda_w", *shape))
+    k_end = torch.mul(k_fall, torch.exp2((last - b_r).to(cd)), out=s("kda_kend", *shape))
+    P = _mm(q_rise, k_fall.transpose(-1, -2), s("kda_P", n, B, HV, c, c), alpha=scale)  # P_ij, j <= i
+    LT = _mm(k_fall, k_rise.transpose(-1, -2), s("kda_LT", n, B, HV, c, c))  # L^T_ji, j < i, beta apart
     if any_strong:
         idx = strong.any(-1).nonzero(as_tuple=True)
-        P_s, LT_s = _strong_scores(qb, kb, bt, b, idx)
-        P[idx], LT[idx] = P_s, LT_s
-    P = P.tril()
-    last = b[:, :, :, -1:]  # (B, HV, n, 1, K)
-    gam = torch.exp2(b.to(cd))  # e^(b_i) <= 1
-    q_in = qb * gam
-    k_end_t = (kb * torch.exp2((last - b).to(cd))).transpose(-1, -2)  # (B, HV, n, K, c)
-    w_rhs = (kb * gam).transpose(-1, -2) * bt  # (B, HV, n, K, c)
-    total = torch.exp2(last.to(cd)).transpose(-1, -2)  # (B, HV, n, K, 1)
-    Xt = torch.linalg.solve_triangular(LT, torch.cat([vt * bt, w_rhs], -2), upper=True, unitriangular=True,
-                                       left=False)  # (B, HV, n, V + K, c): [U | W]^T
-    return WY(Xt[..., :V, :].transpose(-1, -2), Xt[..., V:, :].transpose(-1, -2), P, q_in, k_end_t, total)
+        P[idx], LT[idx], q_in[idx], w[idx], k_end[idx] = _strong_blocks(q, k, b, scale, idx, G)
+    P = torch.tril(P, out=s.same(P))
+    bt = _blocked(beta, n, c)  # (n, B, HV, c)
+    LT = torch.mul(LT, bt.unsqueeze(-2), out=s.same(LT))  # column i times beta_i
+    eye = torch.eye(c, dtype=cd, device=dev).expand_as(LT)
+    X = torch.linalg.solve_triangular(LT, eye, upper=True, unitriangular=True, left=False,
+                                      out=s("kda_X", n, B, HV, c, c))  # (I + L^T)^-1
+    Y = torch.mul(X, bt.unsqueeze(-1), out=s("kda_Y", n, B, HV, c, c))  # ((I + L)^-1 diag(beta))^T
+    vb = s("kda_v", n, B, HV, c, V)
+    vb = _blocked(v, n, c).contiguous() if vb is None else vb.copy_(_blocked(v, n, c))
+    U = _mm(Y.transpose(-1, -2), vb, s("kda_U", n, B, HV, c, V))
+    W = _mm(Y.transpose(-1, -2), w, s("kda_W", *shape))
+    total = torch.exp2(last.to(cd)).transpose(-1, -2)  # (n, B, HV, K, 1)
+    return WY(*(x.movedim(0, 2) for x in (U, W, P, q_in, k_end.transpose(-1, -2), total)))
 
 
 def _prepare(q, k, v, beta, log_gate, scale):
-    """The inputs in the compute dtype (float32; float64 for float64 inputs), q and k one per
-    value head, and the scale."""
+    """The inputs in the compute dtype (float32; float64 for float64 inputs), and the scale."""
     check_inputs(q, k, v, beta, log_gate)
-    HV = v.shape[2]
     cd = torch.float64 if q.dtype == torch.float64 else torch.float32
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    return value_heads(q.to(cd), HV), value_heads(k.to(cd), HV), v.to(cd), beta.to(cd), scale
+    return q.to(cd), k.to(cd), v.to(cd), beta.to(cd), scale
 
 
 def span_parts(q, k, v, beta, *, log_gate, scale=None, block_size=BLOCK_SIZE, span=SPAN,
@@ -177,8 +224,8 @@ def span_parts(q, k, v, beta, *, log_gate, scale=None, block_size=BLOCK_SIZE, sp
     continued over several calls): outputs and summary then count from that earlier zero, and
     q_state maps the state entering those earlier positions."""
     q, k, v, beta, scale = _prepare(q, k, v, beta, log_gate, scale)
-    B, T, HV, K = q.shape
-    shape = (B, HV, K, v.shape[-1])
+    B, T, _, K = q.shape
+    shape = (B, v.shape[2], K, v.shape[-1])
     return spans_parts(lambda a, b: block_wy(q[:, a:b], k[:, a:b], v[:, a:b], beta[:, a:b], log_gate[:, a:b],
                                              scale, block_size),
                        T, span, shape, q, before)
