@@ -53,10 +53,12 @@ from ..linear_attn.stages import LOG_GATE_MIN
 BLOCK_SIZE = 32
 # Positions per span: the temporaries stay in cache, as in the delta rule's chunked form.
 SPAN = 2048
-# Largest exponent (natural log units) of a factor of the scores' weights, e^(b_i - b_r) or
-# e^(b_r - b_j): e^60 times a unit-norm dot product stays far below float32's maximum, and a
-# block past it is computed with explicit weights.
-FACTOR_MAX = 60.0
+# Largest exponent (natural log units) of a factor of the scores' weights, e^(b_i - rho) or
+# e^(rho - b_j): e^80 (5.5e34) and e^-80 stay inside float32's normal range (e^+-87), and the
+# products that matter are at most 1. A block where a channel's gates sum past 2 FACTOR_MAX
+# (160: past an average of -5 a position, fla's `lower_bound` gate at its floor) has its scores
+# computed with explicit weights.
+FACTOR_MAX = 80.0
 _LOG2E = 1.4426950408889634  # log2(e): the weights are powers of 2 (exp2 is the faster)
 
 __all__ = ["BLOCK_SIZE", "FACTOR_MAX", "SPAN", "SpanParts", "Summary", "advance", "block_wy", "check_inputs",
@@ -165,27 +167,30 @@ def block_wy(q, k, v, beta, log_gate, scale, c, scratch: Scratch | None = None) 
     b = gb.double() if b is None else b.copy_(gb)
     b = torch.clamp(b, min=LOG_GATE_MIN, out=s64.same(b))
     b = torch.cumsum(torch.mul(b, _LOG2E, out=s64.same(b)), 3, out=s64.same(b))
-    r = c // 2
-    b_r, last = b[:, :, :, r:r + 1], b[:, :, :, -1:]  # (n, B, HV, 1, K)
-    up = torch.sub(b, b_r, out=s64("kda_up", *shape))  # b_i - b_r: >= 0 above row r, <= 0 below
+    # each channel's weights factored around the middle of its range in the block, rho = (b_0 +
+    # b_last) / 2: e^(b_i - b_j) = e^(b_i - rho) e^(rho - b_j), both factors within e^(+-range / 2)
+    first, last = b[:, :, :, :1], b[:, :, :, -1:]  # (n, B, HV, 1, K)
+    rho = (first + last) * 0.5
+    up = torch.sub(b, rho, out=s64("kda_up", *shape))  # b_i - rho: from +range / 2 to -range / 2
     limit = FACTOR_MAX * _LOG2E
-    strong = (up[:, :, :, 0] > limit) | (up[:, :, :, -1] < -limit)  # (n, B, HV, K)
+    strong = (first - last)[:, :, :, 0] > 2 * limit  # (n, B, HV, K)
     any_strong = bool(strong.any())
     if any_strong:
         up = torch.clamp(up, -limit, limit, out=s64.same(up))  # those blocks' weights are replaced below
     rise = s("kda_rise", *shape)
     rise = up.to(cd) if rise is None else rise.copy_(up)
-    rise = torch.exp2(rise, out=s.same(rise))  # e^(b_i - b_r)
-    fall = torch.reciprocal(rise, out=s("kda_fall", *shape))  # e^(b_r - b_j)
+    rise = torch.exp2(rise, out=s.same(rise))  # e^(b_i - rho)
+    fall = torch.reciprocal(rise, out=s("kda_fall", *shape))  # e^(rho - b_j)
     q_rise = _per_value_head(rise, q, G, s("kda_qr", *shape))
     k_rise = _per_value_head(rise, k, G, s("kda_kr", *shape))
     k_fall = _per_value_head(fall, k, G, s("kda_kf", *shape))
-    # the other weights from the factors: e^(b_i) = e^(b_r) e^(b_i - b_r), e^(b_c - b_j) =
-    # e^(b_c - b_r) e^(b_r - b_j), each at most 1 (a product below float32's range flushes to 0)
-    at_r = torch.exp2(b_r.to(cd))  # (n, B, HV, 1, K)
+    # the other weights from the factors: e^(b_i) = e^(rho) e^(b_i - rho), e^(b_c - b_j) =
+    # e^(b_c - rho) e^(rho - b_j), each at most 1 (below float32's range a product flushes to 0:
+    # only where e^(rho) does, when the weight is below 2^-126 times e^(range / 2))
+    at_r = torch.exp2(rho.to(cd))  # (n, B, HV, 1, K)
     q_in = torch.mul(q_rise, at_r * scale, out=s("kda_qin", *shape))
     w = torch.mul(k_rise, at_r, out=s("kda_w", *shape))
-    k_end = torch.mul(k_fall, torch.exp2((last - b_r).to(cd)), out=s("kda_kend", *shape))
+    k_end = torch.mul(k_fall, torch.exp2((last - rho).to(cd)), out=s("kda_kend", *shape))
     P = _mm(q_rise, k_fall.transpose(-1, -2), s("kda_P", n, B, HV, c, c), alpha=scale)  # P_ij, j <= i
     LT = _mm(k_fall, k_rise.transpose(-1, -2), s("kda_LT", n, B, HV, c, c))  # L^T_ji, j < i, beta apart
     if any_strong:
