@@ -237,21 +237,23 @@ def _carry_into(wy: WY, S0, scratch):
     batch per block (contiguous in block-major storage)."""
     B, H, n, c, V = wy.U.shape
     K = wy.W.shape[-1]
-    U, W, k_end_t = (_block_major(x) for x in (wy.U, wy.W, wy.k_end_t))  # (n, B H, ...)
-    total = None if wy.total is None else _block_major(wy.total)
     starts = scratch("dr_starts", n + 1, B * H, K, V)  # the state entering each block, then the last
     u = scratch("dr_u", n, B * H, c, V)
     starts[0].copy_(S0.reshape(B * H, K, V))
+    # per-block views made once: indexing in the loop costs as much as a block's arithmetic
+    U, W, k_end_t = (_block_major(x).unbind(0) for x in (wy.U, wy.W, wy.k_end_t))
+    S, us = starts.unbind(0), u.unbind(0)
+    total = None if wy.total is None else _block_major(wy.total).unbind(0)
     for m in range(n):
-        torch.baddbmm(U[m], W[m], starts[m], alpha=-1.0, out=u[m])
+        torch.baddbmm(U[m], W[m], S[m], alpha=-1.0, out=us[m])
         if total is None:
-            starts[m + 1].copy_(starts[m])
+            S[m + 1].copy_(S[m])
         else:
-            torch.mul(starts[m], total[m], out=starts[m + 1])
-        starts[m + 1].baddbmm_(k_end_t[m], u[m])
+            torch.mul(S[m], total[m], out=S[m + 1])
+        S[m + 1].baddbmm_(k_end_t[m], us[m])
     o = scratch("dr_o", n, B * H, c, V)
-    torch.bmm(_block_major(wy.P).view(-1, c, c), u.view(-1, c, V), out=o.view(-1, c, V))
-    o.view(-1, c, V).baddbmm_(_block_major(wy.q_in).view(-1, c, K), starts[:n].view(-1, K, V))
+    torch.bmm(_block_major(wy.P).reshape(-1, c, c), u.view(-1, c, V), out=o.view(-1, c, V))
+    o.view(-1, c, V).baddbmm_(_block_major(wy.q_in).reshape(-1, c, K), starts[:n].view(-1, K, V))
     return o.view(n, B, H, c, V).movedim(0, 2), starts[n].view(B, H, K, V).clone()  # not the scratch
 
 

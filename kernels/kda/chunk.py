@@ -17,7 +17,7 @@ import torch
 
 from ..delta_rule.stages import carry_blocks
 from ..linear_attn.scratch import Scratch, hugepages
-from .stages import BLOCK_SIZE, SPAN, block_wy, check_inputs
+from .stages import BLOCK_SIZE, SPAN, block_wy, check_inputs, floor_gates
 
 
 def chunk_kda_torch(q, k, v, beta, *, log_gate, scale=None, initial_state=None, output_final_state=False,
@@ -34,6 +34,7 @@ def chunk_kda_torch(q, k, v, beta, *, log_gate, scale=None, initial_state=None, 
     cd = dtype or (torch.float64 if q.dtype == torch.float64 else torch.float32)
     scale = K ** -0.5 if scale is None else scale
     qc, kc, vc, bc = q.to(cd), k.to(cd), v.to(cd), beta.to(cd)
+    log_gate = floor_gates(log_gate)
     S = qc.new_zeros((B, HV, K, V)) if initial_state is None else initial_state.to(cd)
     grad = torch.is_grad_enabled() and any(
         x is not None and x.requires_grad for x in (q, k, v, beta, log_gate, initial_state))

@@ -80,8 +80,9 @@ def check_inputs(q, k, v, beta, log_gate) -> None:
     if tuple(log_gate.shape) != (B, T, HV, K):
         raise ValueError(f"log_gate must have shape (B, T, HV, K) = {(B, T, HV, K)}; "
                          f"got {tuple(log_gate.shape)}")
-    if bool((log_gate > 0).any()):
-        raise ValueError(f"log_gate must be <= 0 everywhere; got a maximum of {float(log_gate.max()):g}")
+    top = float(log_gate.max()) if log_gate.numel() else 0.0  # a reduction: no (B, T, HV, K) mask
+    if not top <= 0:
+        raise ValueError(f"log_gate must be <= 0 everywhere; got a maximum of {top:g}")
 
 
 def _pad_rows(x, rows):
@@ -98,16 +99,18 @@ def _blocked(x, n, c):
     return x.view(B, n, c, H, *x.shape[3:]).transpose(2, 3).transpose(0, 1)
 
 
-def _per_value_head(weight, x, G, out):
-    """weight (n, B, HV, c, K) times the blocks of x (B, n c, H, K), each of x's heads serving G
-    value heads: (n, B, HV, c, K) in the weight's layout (the product is the copy into blocks)."""
+def _per_value_head(weight, x, G, out, divide=False):
+    """weight (n, B, HV, c, K) times (or, with divide, dividing) the blocks of x (B, n c, H, K),
+    each of x's heads serving G value heads: (n, B, HV, c, K) in the weight's layout (the
+    product is the copy into blocks)."""
     n, B, HV, c, K = weight.shape
     xb = _blocked(x, n, c)  # (n, B, H, c, K), a view
-    if G == 1:
-        return torch.mul(weight, xb, out=out)
-    H = HV // G
-    return torch.mul(weight.view(n, B, H, G, c, K), xb.unsqueeze(3),
-                     out=None if out is None else out.view(n, B, H, G, c, K)).view(n, B, HV, c, K)
+    if G > 1:
+        H = HV // G
+        weight, xb = weight.view(n, B, H, G, c, K), xb.unsqueeze(3)
+        out = None if out is None else out.view(n, B, H, G, c, K)
+    r = torch.div(xb, weight, out=out) if divide else torch.mul(weight, xb, out=out)
+    return r.view(n, B, HV, c, K)
 
 
 def _mm(a, b, out, alpha=1.0):
@@ -123,19 +126,19 @@ def _mm(a, b, out, alpha=1.0):
 
 def _strong_blocks(q, k, b, scale, idx, G):
     """Every weight of the blocks idx (index tensors into (n, B, HV)) explicit, for blocks whose
-    gates are too strong for the factored scores: (P (m, c, c) scaled, j <= i; L^T (m, c, c)
-    without beta, j < i; q_in (m, c, K); k e^(b) (m, c, K); K_end (m, c, K)). b (n, B, HV, c, K)
+    gates are too strong for the factored scores: (P (m, c, c) scaled, j <= i; L (m, c, c)
+    without beta, j < i; q_in (m, c, K); K e^(b) (m, c, K); K_end (m, c, K)). b (n, B, HV, c, K)
     in log2 units, float64; q, k (B, n c, H, K)."""
     n, B, HV, c, K = b.shape
     qb, kb = (_blocked(x, n, c).repeat_interleave(G, dim=2)[idx] for x in (q, k))  # (m, c, K)
     bs = b[idx]  # (m, c, K)
     above = torch.ones(c, c, dtype=torch.bool, device=b.device).triu(1)[None, :, :, None]
-    w = torch.exp2((bs[:, :, None, :] - bs[:, None, :, :]).masked_fill(above, float("-inf"))).to(qb.dtype)
+    w = torch.exp2((bs[:, :, None, :] - bs[:, None, :, :]).masked_fill(above, float("-inf")).to(qb.dtype))
     P = torch.einsum("mik,mjk,mijk->mij", qb, kb, w) * scale  # (m, c, c): j <= i
-    LT = torch.einsum("mik,mjk,mijk->mji", kb, kb, w).triu(1)  # L^T_ji for j < i, beta apart
-    gam = torch.exp2(bs).to(qb.dtype)
-    k_end = kb * torch.exp2(bs[:, -1:] - bs).to(qb.dtype)
-    return P, LT, qb * gam * scale, kb * gam, k_end
+    L = torch.einsum("mik,mjk,mijk->mij", kb, kb, w).tril(-1)  # j < i, beta apart
+    gam = torch.exp2(bs.to(qb.dtype))
+    k_end = kb * torch.exp2((bs[:, -1:] - bs).to(qb.dtype))
+    return P, L, qb * gam * scale, kb * gam, k_end
 
 
 def block_wy(q, k, v, beta, log_gate, scale, c, scratch: Scratch | None = None) -> WY:
@@ -144,14 +147,16 @@ def block_wy(q, k, v, beta, log_gate, scale, c, scratch: Scratch | None = None) 
     column.
 
     q, k (B, t, H, K), v (B, t, HV, V), beta (B, t, HV) in the compute dtype, log_gate (B, t,
-    HV, K) (its cumulative sums are float64). Rows past t are padded with beta = 0 and gates of
-    0: they keep the state as it is. scratch: a reusing Scratch (inference) puts every
-    temporary in its buffers; the fields are then views (B, HV, n, ...) of block-major (n, B,
-    HV, ...) tensors, as carry_blocks takes them without a copy.
+    HV, K) >= LOG_GATE_MIN (floor_gates; its cumulative sums are float64). Rows past
+    t are padded with beta = 0 and gates of 0: they keep the state as it is. scratch: a reusing
+    Scratch (inference) puts every temporary in its buffers, reused from call to call; the
+    fields are then views (B, HV, n, ...) of block-major (n, B, HV, ...) tensors, the layout
+    carry_blocks reads without a copy.
 
-    The solve inverts each block's unit triangular I + L once (a c x c right-hand side) and
-    multiplies: [U | W] = (I + L)^-1 diag(beta) [V | K e^b] as two matmuls, several times faster
-    on the CPU than LAPACK's solve with K + V right-hand sides."""
+    Products that share an operand run as one matmul: [P; L] = [Q e^(b - rho); diag(beta) K
+    e^(b - rho)] (K e^(rho - b))^T, and [U | W] = (I + L)^-1 [diag(beta) V | diag(beta) K e^b]
+    after one small triangular inverse per block (c right-hand sides: several times faster on
+    the CPU than LAPACK's solve with K + V of them)."""
     B, t, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     G = HV // H
@@ -162,53 +167,68 @@ def block_wy(q, k, v, beta, log_gate, scale, c, scratch: Scratch | None = None) 
     q, k, v, beta, log_gate = (_pad_rows(x, n * c) for x in (q, k, v, beta, log_gate))
     shape = (n, B, HV, c, K)
     # cumulative log-gates in log2 units, float64 from each block's start
-    gb = _blocked(log_gate, n, c)
     b = s64("kda_b", *shape)
-    b = gb.double() if b is None else b.copy_(gb)
-    b = torch.clamp(b, min=LOG_GATE_MIN, out=s64.same(b))
+    b = _blocked(log_gate, n, c).double() if b is None else b.copy_(_blocked(log_gate, n, c))
     b = torch.cumsum(torch.mul(b, _LOG2E, out=s64.same(b)), 3, out=s64.same(b))
     # each channel's weights factored around the middle of its range in the block, rho = (b_0 +
     # b_last) / 2: e^(b_i - b_j) = e^(b_i - rho) e^(rho - b_j), both factors within e^(+-range / 2)
     first, last = b[:, :, :, :1], b[:, :, :, -1:]  # (n, B, HV, 1, K)
     rho = (first + last) * 0.5
-    up = torch.sub(b, rho, out=s64("kda_up", *shape))  # b_i - rho: from +range / 2 to -range / 2
     limit = FACTOR_MAX * _LOG2E
     strong = (first - last)[:, :, :, 0] > 2 * limit  # (n, B, HV, K)
     any_strong = bool(strong.any())
-    if any_strong:
-        up = torch.clamp(up, -limit, limit, out=s64.same(up))  # those blocks' weights are replaced below
     rise = s("kda_rise", *shape)
-    rise = up.to(cd) if rise is None else rise.copy_(up)
+    rise = torch.sub(b, rho, out=rise) if rise is not None else (b - rho).to(cd)  # b_i - rho, in float64
+    if any_strong:
+        rise = torch.clamp(rise, -limit, limit, out=s.same(rise))  # those blocks are replaced below
     rise = torch.exp2(rise, out=s.same(rise))  # e^(b_i - rho)
-    fall = torch.reciprocal(rise, out=s("kda_fall", *shape))  # e^(rho - b_j)
-    q_rise = _per_value_head(rise, q, G, s("kda_qr", *shape))
-    k_rise = _per_value_head(rise, k, G, s("kda_kr", *shape))
-    k_fall = _per_value_head(fall, k, G, s("kda_kf", *shape))
+    bt = _blocked(beta, n, c).unsqueeze(-1)  # (n, B, HV, c, 1)
+    # [q_rise; k_rise beta]: the left operands of P and L, stacked per block
+    qk = s("kda_qk", n, B, HV, 2 * c, K)
+    q_rise = _per_value_head(rise, q, G, None if qk is None else qk[..., :c, :])
+    k_rise = _per_value_head(rise, k, G, None if qk is None else qk[..., c:, :])
+    k_rise = torch.mul(k_rise, bt, out=s.same(k_rise))
+    if qk is None:
+        qk = torch.cat([q_rise, k_rise], -2)
+    k_fall = _per_value_head(rise, k, G, s("kda_kf", *shape), divide=True)  # K e^(rho - b)
+    R = _mm(qk, k_fall.transpose(-1, -2), s("kda_R", n, B, HV, 2 * c, c))  # [P; L] (unscaled P)
+    P = torch.tril(R[..., :c, :], out=s("kda_P", n, B, HV, c, c))
+    P = torch.mul(P, scale, out=s.same(P))  # P_ij = scale q_i . k_j e^(b_i - b_j), j <= i
+    L = R[..., c:, :]  # beta_i k_i . k_j e^(b_i - b_j), read below the diagonal only
     # the other weights from the factors: e^(b_i) = e^(rho) e^(b_i - rho), e^(b_c - b_j) =
     # e^(b_c - rho) e^(rho - b_j), each at most 1 (below float32's range a product flushes to 0:
     # only where e^(rho) does, when the weight is below 2^-126 times e^(range / 2))
-    at_r = torch.exp2(rho.to(cd))  # (n, B, HV, 1, K)
-    q_in = torch.mul(q_rise, at_r * scale, out=s("kda_qin", *shape))
-    w = torch.mul(k_rise, at_r, out=s("kda_w", *shape))
+    at_rho = torch.exp2(rho.to(cd))  # (n, B, HV, 1, K)
+    q_in = torch.mul(q_rise, at_rho * scale, out=s("kda_qin", *shape))
     k_end = torch.mul(k_fall, torch.exp2((last - rho).to(cd)), out=s("kda_kend", *shape))
-    P = _mm(q_rise, k_fall.transpose(-1, -2), s("kda_P", n, B, HV, c, c), alpha=scale)  # P_ij, j <= i
-    LT = _mm(k_fall, k_rise.transpose(-1, -2), s("kda_LT", n, B, HV, c, c))  # L^T_ji, j < i, beta apart
+    # [diag(beta) V | diag(beta) K e^b]: the right-hand sides, side by side
+    vw = s("kda_vw", n, B, HV, c, V + K)
+    bv = torch.mul(_blocked(v, n, c), bt, out=None if vw is None else vw[..., :V])
+    bw = torch.mul(k_rise, at_rho, out=None if vw is None else vw[..., V:])
     if any_strong:
         idx = strong.any(-1).nonzero(as_tuple=True)
-        P[idx], LT[idx], q_in[idx], w[idx], k_end[idx] = _strong_blocks(q, k, b, scale, idx, G)
-    P = torch.tril(P, out=s.same(P))
-    bt = _blocked(beta, n, c)  # (n, B, HV, c)
-    LT = torch.mul(LT, bt.unsqueeze(-2), out=s.same(LT))  # column i times beta_i
-    eye = torch.eye(c, dtype=cd, device=dev).expand_as(LT)
-    X = torch.linalg.solve_triangular(LT, eye, upper=True, unitriangular=True, left=False,
-                                      out=s("kda_X", n, B, HV, c, c))  # (I + L^T)^-1
-    Y = torch.mul(X, bt.unsqueeze(-1), out=s("kda_Y", n, B, HV, c, c))  # ((I + L)^-1 diag(beta))^T
-    vb = s("kda_v", n, B, HV, c, V)
-    vb = _blocked(v, n, c).contiguous() if vb is None else vb.copy_(_blocked(v, n, c))
-    U = _mm(Y.transpose(-1, -2), vb, s("kda_U", n, B, HV, c, V))
-    W = _mm(Y.transpose(-1, -2), w, s("kda_W", *shape))
+        P_s, L_s, q_in_s, w_s, k_end_s = _strong_blocks(q, k, b, scale, idx, G)
+        bs = bt[idx]  # (m, c, 1)
+        P[idx], q_in[idx], k_end[idx], bw[idx] = P_s, q_in_s, k_end_s, w_s * bs
+        L = L.clone() if not s.reuse else L
+        L[idx] = L_s * bs
+    if vw is None:
+        vw = torch.cat([bv, bw], -1)
+    eye = torch.eye(c, dtype=cd, device=dev).expand_as(L)
+    # (I + L)^-1, a fresh tensor: LAPACK's column-major result copied into an out= is slower
+    X = torch.linalg.solve_triangular(L, eye, upper=False, unitriangular=True, left=False)
+    UW = _mm(X, vw, s("kda_UW", n, B, HV, c, V + K))  # [U | W]
     total = torch.exp2(last.to(cd)).transpose(-1, -2)  # (n, B, HV, K, 1)
-    return WY(*(x.movedim(0, 2) for x in (U, W, P, q_in, k_end.transpose(-1, -2), total)))
+    return WY(*(x.movedim(0, 2) for x in (UW[..., :V], UW[..., V:], P, q_in, k_end.transpose(-1, -2), total)))
+
+
+def floor_gates(log_gate):
+    """log_gate with values below LOG_GATE_MIN raised to it (a gate of -inf empties a channel
+    without a NaN in the differences of cumulative sums): log_gate itself when none is, found by
+    one reduction."""
+    if log_gate.numel() and float(log_gate.min()) < LOG_GATE_MIN:
+        return log_gate.clamp(min=LOG_GATE_MIN)
+    return log_gate
 
 
 def _prepare(q, k, v, beta, log_gate, scale):
@@ -229,6 +249,7 @@ def span_parts(q, k, v, beta, *, log_gate, scale=None, block_size=BLOCK_SIZE, sp
     continued over several calls): outputs and summary then count from that earlier zero, and
     q_state maps the state entering those earlier positions."""
     q, k, v, beta, scale = _prepare(q, k, v, beta, log_gate, scale)
+    log_gate = floor_gates(log_gate)
     B, T, _, K = q.shape
     shape = (B, v.shape[2], K, v.shape[-1])
     return spans_parts(lambda a, b: block_wy(q[:, a:b], k[:, a:b], v[:, a:b], beta[:, a:b], log_gate[:, a:b],
