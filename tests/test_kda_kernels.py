@@ -6,11 +6,15 @@ every channel (the gated delta rule), gradients, a million positions in 16 calls
 reference libraries' own forms (fla's naive KDA, transformers' Kimi Linear functions)."""
 import inspect
 import math
+import subprocess
+import sys
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from _fla_data import fla_naive
+from _fla_data import FLA, fla_naive
 from _quick import cells
 
 from linpipe.kernels.delta_rule import chunk_delta_rule_torch
@@ -292,3 +296,26 @@ def test_bad_shapes_and_gates_are_refused():
         kda(q, k, v, beta, log_gate=gate[..., :1])
     with pytest.raises(ValueError, match="a multiple of"):
         kda(q, k, v[:, :, :3], beta[..., :3], log_gate=gate[:, :, :3])
+
+
+@pytest.mark.slow  # fla's KDA model under the Triton interpreter: minutes on a busy 2-core machine
+def test_kda_fixtures_are_flas_word(tmp_path):
+    """fla itself, live, makes the KDA fixtures' weights and their predictions on the short record
+    again (tests/fla_fixtures/make_fla_fixtures.py, run outside the checkout's root: its top
+    folder kernels/ would shadow Hugging Face's package of that name)."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("fla.models")
+    from safetensors.torch import load_file
+
+    script = Path(__file__).parent / "fla_fixtures" / "make_fla_fixtures.py"
+    r = subprocess.run([sys.executable, str(script), str(tmp_path), "kda", "kda_gva", "ce_mt"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=1800)
+    assert r.returncode == 0, r.stderr[-2000:]
+    for family in ("kda", "kda_gva"):
+        live, kept = (load_file(str(d / family / "model.safetensors")) for d in (tmp_path, FLA))
+        assert live.keys() == kept.keys()
+        for k in live:
+            assert torch.equal(live[k], kept[k]), (family, k)
+        fresh, stored = np.load(tmp_path / family / "expected.npz"), np.load(FLA / family / "expected.npz")
+        for k in ("ce_mt/logprob", "ce_mt/entropy"):
+            np.testing.assert_allclose(fresh[k], stored[k], rtol=0, atol=1e-6, err_msg=f"{family} {k}")
