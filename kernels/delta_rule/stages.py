@@ -233,28 +233,25 @@ def _block_major(x):
 
 
 def _carry_into(wy: WY, S0, scratch):
-    """carry_blocks into scratch buffers: each block's products written in place, one (B H)
-    batch per block (contiguous in block-major storage)."""
+    """carry_blocks into scratch buffers, one (B H) batch per block (contiguous in block-major
+    storage): each block's written values and its entering state's share of the outputs, q_in S,
+    computed while S is in cache (the states are not kept: writing and re-reading one K x V state
+    per block cost more than the extra product call); then P u for every block at once."""
     B, H, n, c, V = wy.U.shape
     K = wy.W.shape[-1]
-    starts = scratch("dr_starts", n + 1, B * H, K, V)  # the state entering each block, then the last
     u = scratch("dr_u", n, B * H, c, V)
-    starts[0].copy_(S0.reshape(B * H, K, V))
-    # per-block views made once: indexing in the loop costs as much as a block's arithmetic
-    U, W, k_end_t = (_block_major(x).unbind(0) for x in (wy.U, wy.W, wy.k_end_t))
-    S, us = starts.unbind(0), u.unbind(0)
-    total = None if wy.total is None else _block_major(wy.total).unbind(0)
-    for m in range(n):
-        torch.baddbmm(U[m], W[m], S[m], alpha=-1.0, out=us[m])
-        if total is None:
-            S[m + 1].copy_(S[m])
-        else:
-            torch.mul(S[m], total[m], out=S[m + 1])
-        S[m + 1].baddbmm_(k_end_t[m], us[m])
     o = scratch("dr_o", n, B * H, c, V)
-    torch.bmm(_block_major(wy.P).reshape(-1, c, c), u.view(-1, c, V), out=o.view(-1, c, V))
-    o.view(-1, c, V).baddbmm_(_block_major(wy.q_in).reshape(-1, c, K), starts[:n].view(-1, K, V))
-    return o.view(n, B, H, c, V).movedim(0, 2), starts[n].view(B, H, K, V).clone()  # not the scratch
+    # per-block views made once: indexing in the loop costs as much as a block's arithmetic
+    U, W, k_end_t, q_in = (_block_major(x).unbind(0) for x in (wy.U, wy.W, wy.k_end_t, wy.q_in))
+    total = None if wy.total is None else _block_major(wy.total).unbind(0)
+    us, os_ = u.unbind(0), o.unbind(0)
+    S = S0.reshape(B * H, K, V)
+    for m in range(n):
+        torch.bmm(q_in[m], S, out=os_[m])
+        torch.baddbmm(U[m], W[m], S, alpha=-1.0, out=us[m])
+        S = torch.baddbmm(S if total is None else S * total[m], k_end_t[m], us[m])
+    o.view(-1, c, V).baddbmm_(_block_major(wy.P).reshape(-1, c, c), u.view(-1, c, V))
+    return o.view(n, B, H, c, V).movedim(0, 2), S.view(B, H, K, V)
 
 
 def fold_blocks(M, dS, S0, P0=None):
