@@ -164,9 +164,10 @@ def test_gates_of_zero_and_near_minus_infinity(dtype, tol):
     gate[0, 40:44, 1, :3] = float("-inf")
     gate[0, 70:80, 0, 2:5] = -20.0  # 200 within one block
     gate[0, 130:230, 1, 6] = -5.5  # past 2 FACTOR_MAX in every block of a stretch
+    gate[0, 160:230, 0, 1] = -5.0  # fla's lower_bound gate at its floor: the factors' widest range
     gate[0, :, :, 7] = 0.0  # a channel that never decays
     gate[0, 240:] = 0.0  # a stretch of zero gates for every channel
-    assert 32 * 5.5 > 2 * kda_stages.FACTOR_MAX > 10 * 5.5
+    assert 32 * 5.5 > 2 * kda_stages.FACTOR_MAX > 31 * 5.0
     o_ref, S_ref = _reference(q, k, v, beta, gate, S0)
     with torch.inference_mode():
         o, S = kda(q, k, v, beta, log_gate=gate, initial_state=S0, output_final_state=True)

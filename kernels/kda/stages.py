@@ -24,14 +24,14 @@ so a block's WY factors (`block_wy`) are delta_rule.stages.WY with the block's d
 (K, 1) column instead of a scalar, and the delta rule's carry, affine maps, fold and summaries
 serve unchanged.
 
-The per-channel weights of L and P: e^(b_i - b_j) = e^(b_i - b_r) e^(b_r - b_j) around the
-block's middle row r, so that L and P are each one matmul per block, (K e^(b - b_r)) times
-(K e^(b_r - b))^T. The two factors grow as the gates between row r and the block's ends
-strengthen; a block where a channel's gates sum past FACTOR_MAX on either side of r (its state
-emptied within half a block) has its L and P computed with every weight explicit instead
-(`_strong_blocks`), and only that block. Gates are read as the delta rule's: log-gates below
-LOG_GATE_MIN count as it, and the other weights (q_in's e^(b_i), K_end's e^(b_c - b_j), the
-block's total e^(b_c)) are at most 1.
+The per-channel weights of L and P: e^(b_i - b_j) = e^(b_i - rho) e^(rho - b_j) around rho =
+(b_0 + b_{c-1}) / 2, the middle of each channel's range in the block, so that [P; L] is one
+matmul per block, [Q e^(b - rho); diag(beta) K e^(b - rho)] (K e^(rho - b))^T, with both factors
+within e^(+-range / 2). A block where a channel's gates sum past 2 FACTOR_MAX (its state emptied
+within the block) has its scores and weights computed explicitly instead (`_strong_blocks`), and
+only that block. Gates are read as the delta rule's: log-gates below LOG_GATE_MIN count as it
+(`floor_gates`), and the other weights (q_in's e^(b_i), K_end's e^(b_c - b_j), the block's total
+e^(b_c)) are at most 1.
 """
 from __future__ import annotations
 
