@@ -62,7 +62,7 @@ FACTOR_MAX = 80.0
 _LOG2E = 1.4426950408889634  # log2(e): the weights are powers of 2 (exp2 is the faster)
 
 __all__ = ["BLOCK_SIZE", "FACTOR_MAX", "SPAN", "SpanParts", "Summary", "advance", "block_wy", "check_inputs",
-           "fold_summaries", "span_parts", "span_summary", "state_share"]
+           "floor_gates", "fold_summaries", "span_parts", "span_summary", "state_share"]
 
 
 def check_inputs(q, k, v, beta, log_gate) -> None:
