@@ -68,7 +68,11 @@ def modules(ops=None) -> dict:
     for path in sorted(FORMS_DIR.glob("*.py")):
         if path.name.startswith("_"):
             continue
-        mod = load(path)
+        try:
+            mod = load(path)
+        except (Exception, SystemExit) as e:  # one broken module must not take the others' rows
+            print(f"skipping {path.relative_to(HERE.parent)}: {e}", file=sys.stderr)
+            continue
         mods[mod.OP] = mod
     if ops:
         unknown = [op for op in ops if op not in mods]
@@ -175,7 +179,7 @@ def table(mods, times, diffs, matmul_gflops, rounds, repeat) -> str:
             rate = flops / s / 1e9
             ratio = f"{fastest / s:.2f}x" if fastest else "-"
             diff = "reference" if f == mod.REFERENCE else (f"{diffs[op][f]:.2e}" if f in diffs[op] else "-")
-            lines.append(f"| {op} ({shape}) | {f} | {s:.3f} | {ratio} | {rate:.1f} | "
+            lines.append(f"| {op} ({shape}) | {f} | {s:.4g} | {ratio} | {rate:.1f} | "
                          f"{100 * rate / matmul_gflops:.0f}% | {diff} |")
     return "\n".join(lines)
 
