@@ -80,7 +80,7 @@ def check_inputs(q, k, v, beta, log_gate) -> None:
     if tuple(log_gate.shape) != (B, T, HV, K):
         raise ValueError(f"log_gate must have shape (B, T, HV, K) = {(B, T, HV, K)}; "
                          f"got {tuple(log_gate.shape)}")
-    top = float(log_gate.max()) if log_gate.numel() else 0.0  # a reduction: no (B, T, HV, K) mask
+    top = float(log_gate.detach().max()) if log_gate.numel() else 0.0  # a reduction: no (B, T, HV, K) mask
     if not top <= 0:
         raise ValueError(f"log_gate must be <= 0 everywhere; got a maximum of {top:g}")
 
@@ -226,7 +226,7 @@ def floor_gates(log_gate):
     """log_gate with values below LOG_GATE_MIN raised to it (a gate of -inf empties a channel
     without a NaN in the differences of cumulative sums): log_gate itself when none is, found by
     one reduction."""
-    if log_gate.numel() and float(log_gate.min()) < LOG_GATE_MIN:
+    if log_gate.numel() and float(log_gate.detach().min()) < LOG_GATE_MIN:
         return log_gate.clamp(min=LOG_GATE_MIN)
     return log_gate
 
