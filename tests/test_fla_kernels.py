@@ -1,13 +1,14 @@
 """fla's Triton kernels under linpipe's contract, against the float64 recurrences: the delta rule
-(linpipe.kernels.delta_rule.fla_delta_rule), GLA (linpipe.kernels.gla.fla_gla) and Mamba's
-selective scan through GLA's kernels (linpipe.kernels.mamba.fla_selective_scan), and the one
-lazy import they share (linpipe.kernels.fla); and fla's Mamba layer, whose SiLU is a Triton
-kernel, against its composition with linpipe's scan.
+(linpipe.kernels.delta_rule.fla_delta_rule), GLA (linpipe.kernels.gla.fla_gla), KDA
+(linpipe.kernels.kda.fla_kda) and Mamba's selective scan through GLA's kernels
+(linpipe.kernels.mamba.fla_selective_scan), and the one lazy import they share
+(linpipe.kernels.fla); and fla's Mamba layer, whose SiLU is a Triton kernel, against its
+composition with linpipe's scan.
 
 Without a GPU, fla's token-by-token kernels (`fused_recurrent_*`, the same argument wiring as its
 chunked ones) run under Triton's interpreter (TRITON_INTERPRET=1, set before anything imports
 triton; the autotuner cut to its first config) on small shapes; with a GPU, the chunked kernels
-the dispatchers call run compiled on CUDA tensors, through `delta_rule` and `gla` themselves.
+the dispatchers call run compiled on CUDA tensors, through `delta_rule`, `gla` and `kda` themselves.
 """
 import os
 
@@ -23,6 +24,7 @@ from linpipe.kernels.delta_rule import delta_rule, fla_delta_rule, naive_recurre
 from linpipe.kernels.gla import fla_gla, gla, naive_recurrent_gla  # noqa: E402
 from linpipe.kernels.mamba import fla_ops as mamba_fla_ops  # noqa: E402
 from linpipe.kernels.mamba import naive_selective_scan, selective_scan  # noqa: E402
+from linpipe.kernels.kda import fla_kda, kda, naive_recurrent_kda  # noqa: E402
 
 gpu = pytest.mark.skipif(not ON_GPU, reason="needs a CUDA device")
 
@@ -247,6 +249,38 @@ def test_mamba_through_gla_kernels_matches_the_recurrence(T, monkeypatch):
     assert y.dtype == torch.float32 and h.dtype == torch.float32 and h.shape == h0.shape
     _close(y, y_ref, 2e-5)
     _close(h, h_ref, 2e-5)
+# ---- KDA -----------------------------------------------------------------------------------------
+def _kda_inputs(B, T, H, HV, K, V, *, seed, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    q, k = (F.normalize(torch.randn(B, T, H, K, generator=g), dim=-1) for _ in range(2))
+    v = torch.randn(B, T, HV, V, generator=g)
+    beta = torch.sigmoid(torch.randn(B, T, HV, generator=g))
+    gate = F.logsigmoid(torch.randn(B, T, HV, K, generator=g) * 3 + 1) / 4
+    S0 = torch.randn(B, HV, K, V, generator=g)
+    return [x.to(DEV, dtype) for x in (q, k, v, beta)] + [gate.to(DEV)], S0.to(DEV)
+
+
+def _kda_reference(q, k, v, beta, gate, S0, scale=None):
+    return naive_recurrent_kda(q.double(), k.double(), v.double(), beta.double(), log_gate=gate.double(),
+                               scale=scale, initial_state=S0, output_final_state=True)
+
+
+@pytest.mark.parametrize("T", [1, 33])
+def test_kda_kernels_match_the_recurrence(T):
+    """Layout, scale, grouped value heads (4 on 2 query/key heads), the per-channel gate, beta
+    after its sigmoid, the entering and the final state as fla reads and writes them (K != V, a
+    scale other than K^-1/2); a gate of -inf is clamped as in every linpipe form."""
+    (q, k, v, beta, gate), S0 = _kda_inputs(1, T, 2, 4, 16, 8, seed=T)
+    gate[0, T // 2, 1, :4] = float("-inf")
+    o, S = fla_kda(q, k, v, beta, log_gate=gate, scale=0.3, initial_state=S0, output_final_state=True,
+                   form=FORM)
+    o_ref, S_ref = _kda_reference(q, k, v, beta, gate.clamp(min=-110.0), S0, scale=0.3)
+    assert o.dtype == q.dtype and o.shape == v.shape and S.dtype == torch.float32
+    assert torch.isfinite(o).all()
+    _close(o, o_ref, 2e-5)
+    _close(S, S_ref, 2e-5)
+    o, S = fla_kda(q, k, v, beta, log_gate=gate, form=FORM)
+    assert S is None
 
 
 @gpu
@@ -296,3 +330,17 @@ def test_flas_mamba_layer_is_linpipes_scan_between_its_projections():
         got = layer.out_proj(y)
     _close(got, want, 1e-5)
     _close(h, h_want, 1e-5)
+@pytest.mark.parametrize("dtype,rtol", [(torch.float32, 1e-3), (torch.bfloat16, 3e-2)])
+def test_kda_on_cuda_real_size_matches_naive(dtype, rtol):
+    """kda on CUDA tensors (fla's chunk_kda), 4,100 positions in two calls carrying the state,
+    grouped value heads, against the float64 recurrence."""
+    (q, k, v, beta, gate), S0 = _kda_inputs(1, 4100, 2, 4, 64, 64, seed=1, dtype=dtype)
+    with torch.inference_mode():
+        o1, S1 = kda(q[:, :2049], k[:, :2049], v[:, :2049], beta[:, :2049], log_gate=gate[:, :2049],
+                     initial_state=S0, output_final_state=True)
+        o2, S2 = kda(q[:, 2049:], k[:, 2049:], v[:, 2049:], beta[:, 2049:], log_gate=gate[:, 2049:],
+                     initial_state=S1, output_final_state=True)
+    o_ref, S_ref = _kda_reference(q, k, v, beta, gate, S0)
+    assert o1.is_cuda and o1.dtype == dtype and S2.dtype == torch.float32
+    _close(torch.cat([o1, o2], 1), o_ref, rtol)
+    _close(S2, S_ref, rtol)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .stages import BLOCK_SIZE, SPAN, check_inputs, run_span
+from .stages import BLOCK_SIZE, SPAN, block_wy, check_inputs, spans_outputs
 
 
 def chunk_delta_rule_torch(q, k, v, beta, *, log_gate=None, scale=None, initial_state=None,
@@ -32,11 +32,7 @@ def chunk_delta_rule_torch(q, k, v, beta, *, log_gate=None, scale=None, initial_
     S = qc.new_zeros((B, H, K, V)) if initial_state is None else initial_state.to(cd)
     c = max(1, int(block_size))
     span = max(c, (SPAN // c) * c)
-    outs = []
-    for a in range(0, T, span):
-        sl = slice(a, a + span)
-        o, S, _, _ = run_span(qc[:, sl], kc[:, sl], vc[:, sl], bc[:, sl],
-                              None if log_gate is None else log_gate[:, sl], scale, c, S)
-        outs.append(o)
-    o = torch.cat(outs, 1) if outs else qc.new_zeros((B, 0, H, V))
+    o, S = spans_outputs(lambda a, b: block_wy(qc[:, a:b], kc[:, a:b], vc[:, a:b], bc[:, a:b],
+                                               None if log_gate is None else log_gate[:, a:b], scale, c),
+                         T, span, S, vc)
     return o.to(q.dtype), (S.float().contiguous() if output_final_state else None)

@@ -194,17 +194,25 @@ def block_factors(wy: WY) -> BlockFactors:
     return BlockFactors(o, q_state, M, dS)
 
 
-def carry_blocks(wy: WY, S0):
+def carry_blocks(wy: WY, S0, scratch=None):
     """The chunked form's pass over a span's blocks in order, from S0 (B, H, K, V): each block's
     written values u = U - W S and the state after it, total S + K_end^T u; then every output at
     once, o = P u + q_in S. Fewer multiply-adds than the affine maps (no K x K M per block),
-    which only the split needs. Returns (o (B, H, n, c, V), S after the last block)."""
+    which only the split needs. Returns (o (B, H, n, c, V), S after the last block).
+
+    scratch (a reusing linpipe.kernels.linear_attn.scratch.Scratch, inference only): the
+    per-block values, states and outputs go to its buffers, laid out block-major (n, B, H, ...),
+    the layout `wy`'s fields are read in without a copy when they are views of block-major
+    tensors (linpipe.kernels.kda); the same products, so the same numbers."""
+    if scratch is not None and scratch.reuse:
+        return _carry_into(wy, S0, scratch)
     B, H, n, c, V = wy.U.shape
     K = wy.W.shape[-1]
     S = S0.reshape(B * H, K, V)
     U, W = wy.U.reshape(B * H, n, c, V), wy.W.reshape(B * H, n, c, K)  # views: (B, H) merge
     k_end_t = wy.k_end_t.reshape(B * H, n, K, c)
-    total = None if wy.total is None else wy.total.reshape(B * H, n, 1, 1)
+    # the block's decay: a scalar (B, H, n, 1, 1), or one per key (B, H, n, K, 1) (linpipe.kernels.kda)
+    total = None if wy.total is None else wy.total.reshape(B * H, n, *wy.total.shape[-2:])
     starts, us = [], []
     for m in range(n):
         starts.append(S)
@@ -216,6 +224,34 @@ def carry_blocks(wy: WY, S0):
     u = torch.stack(us, 1).view(B, H, n, c, V)
     starts = torch.stack(starts, 1).view(B, H, n, K, V)
     return _bmm(wy.q_in, starts, _bmm(wy.P, u)), S.view(B, H, K, V)
+
+
+def _block_major(x):
+    """(B, H, n, ...) -> (n, B H, ...) of the same elements: a view of block-major storage,
+    else a copy."""
+    return x.movedim(2, 0).reshape(x.shape[2], x.shape[0] * x.shape[1], *x.shape[3:])
+
+
+def _carry_into(wy: WY, S0, scratch):
+    """carry_blocks into scratch buffers, one (B H) batch per block (contiguous in block-major
+    storage): each block's written values and its entering state's share of the outputs, q_in S,
+    computed while S is in cache (the states are not kept: writing and re-reading one K x V state
+    per block cost more than the extra product call); then P u for every block at once."""
+    B, H, n, c, V = wy.U.shape
+    K = wy.W.shape[-1]
+    u = scratch("dr_u", n, B * H, c, V)
+    o = scratch("dr_o", n, B * H, c, V)
+    # per-block views made once: indexing in the loop costs as much as a block's arithmetic
+    U, W, k_end_t, q_in = (_block_major(x).unbind(0) for x in (wy.U, wy.W, wy.k_end_t, wy.q_in))
+    total = None if wy.total is None else _block_major(wy.total).unbind(0)
+    us, os_ = u.unbind(0), o.unbind(0)
+    S = S0.reshape(B * H, K, V)
+    for m in range(n):
+        torch.bmm(q_in[m], S, out=os_[m])
+        torch.baddbmm(U[m], W[m], S, alpha=-1.0, out=us[m])
+        S = torch.baddbmm(S if total is None else S * total[m], k_end_t[m], us[m])
+    o.view(-1, c, V).baddbmm_(_block_major(wy.P).reshape(-1, c, c), u.view(-1, c, V))
+    return o.view(n, B, H, c, V).movedim(0, 2), S.view(B, H, K, V)
 
 
 def fold_blocks(M, dS, S0, P0=None):
@@ -240,19 +276,53 @@ def fold_blocks(M, dS, S0, P0=None):
     return starts, S.view(B, H, K, V), torch.stack(prefixes, 1).view(B, H, n, K, K), P.view(B, H, K, K)
 
 
-def run_span(q, k, v, beta, log_gate, scale, c, S0, P0=None):
-    """One span entering with S0: (o (B, t, H, V) with S0's share, S after, and with P0 the
-    span's q_state (B, t, H, K) times P0 and the M's product times P0 after it, else None)."""
-    t = q.shape[1]
-    wy = block_wy(q, k, v, beta, log_gate, scale, c)
+def run_wy(wy: WY, t, S0, P0=None):
+    """One span's blocks from their WY factors, entering with S0 (B, H, K, V): (o (B, t, H, V)
+    with S0's share, S after, and with P0 (B, H, K, K) the span's q_state (B, t, H, K) times P0
+    and the M's product times P0 after it, else None). t: the span's positions (the blocks' rows
+    past t are padding)."""
     if P0 is None:
         o, S = carry_blocks(wy, S0)
         return _positions(o, t), S, None, None
     f = block_factors(wy)
     starts, S, prefixes, P = fold_blocks(f.M, f.dS, S0, P0)
     o = _positions(_bmm(f.q_state, starts, f.o), t)
-    q_state = None if P0 is None else _positions(_bmm(f.q_state, prefixes), t)
+    q_state = _positions(_bmm(f.q_state, prefixes), t)
     return o, S, q_state, P
+
+
+def spans_outputs(wy_of, T, span, S, like):
+    """The chunked form's pass: spans of `span` positions in order from the state S (B, H, K,
+    V), wy_of(a, b) the WY factors of positions a:b. like: a (B, T, H, V) tensor of the outputs'
+    shape, dtype and device. Returns (o (B, T, H, V), S after)."""
+    outs = []
+    for a in range(0, T, span):
+        b = min(a + span, T)
+        o, S, _, _ = run_wy(wy_of(a, b), b - a, S)
+        outs.append(o)
+    B, _, H, V = like.shape
+    return (torch.cat(outs, 1) if outs else like.new_zeros((B, 0, H, V))), S
+
+
+def spans_parts(wy_of, T, span, shape, like, before: Summary | None = None) -> SpanParts:
+    """span_parts' pass over spans of `span` positions: wy_of(a, b) the WY factors of positions
+    a:b, shape (B, H, K, V), like a tensor of the compute dtype and device; before as in
+    span_parts."""
+    B, H, K, V = shape
+    if before is None:
+        S = like.new_zeros((B, H, K, V))
+        P = torch.eye(K, dtype=like.dtype, device=like.device).expand(B, H, K, K)
+    else:
+        S, P = before.dS.to(like.dtype), before.M.to(like.dtype)
+    outs, qs = [], []
+    for a in range(0, T, span):
+        b = min(a + span, T)
+        o, S, q_state, P = run_wy(wy_of(a, b), b - a, S, P)
+        outs.append(o)
+        qs.append(q_state)
+    if not outs:
+        return SpanParts(like.new_zeros((B, 0, H, V)), like.new_zeros((B, 0, H, K)), Summary(P.clone(), S))
+    return SpanParts(torch.cat(outs, 1), torch.cat(qs, 1), Summary(P, S))
 
 
 def span_parts(q, k, v, beta, *, log_gate=None, scale=None, block_size=BLOCK_SIZE,
@@ -270,21 +340,10 @@ def span_parts(q, k, v, beta, *, log_gate=None, scale=None, block_size=BLOCK_SIZ
     cd = torch.float64 if q.dtype == torch.float64 else torch.float32
     scale = K ** -0.5 if scale is None else scale
     q, k, v, beta = q.to(cd), k.to(cd), v.to(cd), beta.to(cd)
-    if before is None:
-        S = q.new_zeros((B, H, K, V))
-        P = torch.eye(K, dtype=cd, device=q.device).expand(B, H, K, K)
-    else:
-        S, P = before.dS.to(cd), before.M.to(cd)
-    outs, qs = [], []
-    for a in range(0, T, span):
-        sl = slice(a, a + span)
-        o, S, q_state, P = run_span(q[:, sl], k[:, sl], v[:, sl], beta[:, sl],
-                                    None if log_gate is None else log_gate[:, sl], scale, block_size, S, P)
-        outs.append(o)
-        qs.append(q_state)
-    if not outs:
-        return SpanParts(q.new_zeros((B, 0, H, V)), q.new_zeros((B, 0, H, K)), Summary(P.clone(), S))
-    return SpanParts(torch.cat(outs, 1), torch.cat(qs, 1), Summary(P, S))
+    return spans_parts(lambda a, b: block_wy(q[:, a:b], k[:, a:b], v[:, a:b], beta[:, a:b],
+                                             None if log_gate is None else log_gate[:, a:b], scale,
+                                             block_size),
+                       T, span, (B, H, K, V), q, before)
 
 
 def span_summary(k, v, beta, *, log_gate=None, block_size=BLOCK_SIZE, span=SPAN) -> Summary:

@@ -1,7 +1,8 @@
 """Make the flash-linear-attention fixtures of tests/test_fla_import.py with fla 0.6's own model
 classes: small random DeltaNet, GatedDeltaNet (one with grouped value heads), GLA, Mamba, Mamba2,
-RetNet and LinearAttention language models over a DNA-sized vocabulary, saved with save_pretrained
-(safetensors), and fla's log-softmax at each next token of real genome records (docs/models.md).
+RetNet, LinearAttention and KDA (Kimi Delta Attention) language models over a DNA-sized vocabulary,
+saved with save_pretrained (safetensors), and fla's log-softmax at each next token of real genome
+records (docs/models.md).
 
     python tests/fla_fixtures/make_fla_fixtures.py [OUT [NAME...]]
     # OUT: tests/data/fla by default; NAMEs: some of FIXTURES' names and RECORDS' ids (default all)
@@ -107,6 +108,15 @@ FIXTURES = {
     "linear_attn_gqa": ("LinearAttentionConfig", "LinearAttentionForCausalLM", dict(
         hidden_size=32, num_hidden_layers=2, num_heads=4, num_kv_heads=2, expand_k=1.0, expand_v=1.0,
         feature_map="elementwise_product", norm_feature_map=True, intermediate_size=64)),
+    # Kimi Delta Attention: the default gate -exp(A_log) softplus(f + dt_bias), and grouped value
+    # heads (each of the 2 query/key heads serving 2 of the 4 value heads) with the bounded gate
+    # lower_bound * sigmoid(exp(A_log) (f + dt_bias)) (safe_gate, fla's A_log initialised to 0)
+    "kda": ("KDAConfig", "KDAForCausalLM", dict(
+        hidden_size=32, num_hidden_layers=2, num_heads=2, head_dim=16, expand_v=1.0, use_short_conv=True,
+        conv_size=4, allow_neg_eigval=False, intermediate_size=64)),
+    "kda_gva": ("KDAConfig", "KDAForCausalLM", dict(
+        hidden_size=32, num_hidden_layers=2, num_heads=2, num_v_heads=4, head_dim=16, expand_v=1.0,
+        use_short_conv=True, conv_size=4, safe_gate=True, lower_bound=-5.0, intermediate_size=64)),
 }
 # Fixtures whose predictions come from fla's one-token decoding path from a zero cache: fla 0.6's
 # Mamba2 PyTorch prefill pairs head h with B/C group h % n_groups, its decoding path (and the
@@ -116,7 +126,8 @@ STEPWISE = ("mamba2",)
 SEEDS = {"delta_net": 0, "gated_deltanet": 1, "delta_net_no_conv": 2, "gla": 3, "gla_no_conv": 4, "mamba2": 3,
          "retnet": 3, "retnet_no_gate": 4, "linear_attn": 5, "linear_attn_elu": 6, "linear_attn_hedgehog": 7,
          "linear_attn_dpfp": 8, "gated_deltanet_gva": 9, "gla_gqa": 10,
-         "retnet_gqa": 11, "linear_attn_gqa": 12, "mamba": 13}
+         "retnet_gqa": 11, "linear_attn_gqa": 12, "mamba": 13,
+         "kda": 13, "kda_gva": 14}
 COMMON = dict(vocab_size=len(VOCAB), pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS,
               attn_mode="fused_recurrent", fuse_norm=False, fuse_swiglu=False, fuse_cross_entropy=False,
               norm_eps=1e-6)
