@@ -104,7 +104,7 @@ def test_default_state_and_scale():
     h_ref, _ = naive_recurrent_mlstm(q, k, v, ig, fg, scale=0.3, eps=1e-3)
     assert final is None
     _close(h, h_ref, 1e-12)
-    h, (C, n, m) = chunk_mlstm_torch(q[:, :0], k[:, :0], v[:, :0], ig[:, :0], fg[:, :0], output_final_state=True)
+    h, (C, n, m) = chunk_mlstm_torch(*(x[:, :0] for x in (q, k, v, ig, fg)), output_final_state=True)
     assert h.shape == (1, 0, 2, 8) and not C.any() and not n.any() and not m.any()
 
 
@@ -152,13 +152,12 @@ def test_span_parts_continued_with_before():
     assert torch.isinf(st.fold_summaries([empty.summary, empty.summary]).m).all()
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_stabiliser_jumps_and_extreme_gates(dtype):
+def test_stabiliser_jumps_and_extreme_gates():
     """Blocks whose stabiliser rises by more than chunk.WIDE within them (an input gate far above
-    the state's: the explicit scores), forget gates of 0 and 1 (preactivations -1e30 and
-    +inf), input gates of -1e30 (nothing written), and all of them across spans: no inf or NaN,
-    the recurrence's outputs and state."""
-    T = 2 * chunk_mod.SPAN + 77
+    the state's: the explicit scores), forget gates of 0 and 1 (preactivations -1e30 and +inf),
+    input gates of -1e30 (nothing written), and all of them across a span's edge: no inf or NaN,
+    the recurrence's outputs and state, in float64 and float32."""
+    T = chunk_mod.SPAN + 300
     (q, k, v, ig, fg), state = _inputs(1, T, 2, 8, 8, seed=3)
     ig[0, 40, 0] = 15.0  # after ...
     ig[0, 20:40, 0] = -15.0
@@ -170,21 +169,22 @@ def test_stabiliser_jumps_and_extreme_gates(dtype):
     fg[0, chunk_mod.SPAN - 3:chunk_mod.SPAN + 3, :] = -30.0  # across a span's edge
     ig[0, chunk_mod.SPAN, :] = 14.0
     h_ref, final_ref = _reference(q, k, v, ig, fg, state)
-    wide = chunk_mod.WIDE[dtype]
-    assert float((h_ref[0, 40:41] if wide < 300 else h_ref[0, 120:121]).abs().max()) > 0
-    h, final = chunk_mlstm_torch(*(x.to(dtype) for x in (q, k, v, ig, fg)), initial_state=state,
-                                 output_final_state=True)
-    assert torch.isfinite(h).all() and all(torch.isfinite(x).all() for x in final)
-    tol = 1e-10 if dtype == torch.float64 else _float32_tolerance(q, k, v, ig, fg, state, h_ref)
-    _close(h, h_ref, tol)
-    _states_close(final, final_ref, max(tol, 1e-6))
+    for dtype in (torch.float64, torch.float32):
+        h, final = chunk_mlstm_torch(*(x.to(dtype) for x in (q, k, v, ig, fg)), initial_state=state,
+                                     output_final_state=True)
+        assert torch.isfinite(h).all() and all(torch.isfinite(x).all() for x in final)
+        tol = 1e-10 if dtype == torch.float64 else _float32_tolerance(q, k, v, ig, fg, state, h_ref)
+        _close(h, h_ref, tol)
+        _states_close(final, final_ref, max(tol, 1e-6))
 
 
+@pytest.mark.slow  # importing transformers' models takes 15-25 s on the shared 2-core VM
 def test_transformers_native_kernels_agree():
     """transformers' own native mLSTM (models/xlstm, the kernels xLSTMForCausalLM runs on a CPU
     without the xlstm package): its step-by-step recurrence and its chunkwise form, on the same
-    inputs, initial state and K != V, match the float64 recurrence (their layout (B, H, T, .),
-    their m (B, H, 1))."""
+    inputs, initial state and K != V (their kernels run it; their model's cache does not, see
+    tests/fla_fixtures/make_xlstm_fixtures.py), match the float64 recurrence as closely as the
+    float32 recurrence does (their layout (B, H, T, .), their m (B, H, 1))."""
     xlstm = pytest.importorskip("transformers.models.xlstm.modeling_xlstm")
     assert not xlstm.external_xlstm  # the native kernels, not the xlstm package's
     (q, k, v, ig, fg), state = _inputs(2, 128, 2, 8, 16, seed=9, dtype=torch.float32)

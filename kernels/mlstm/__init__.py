@@ -26,5 +26,5 @@ def mlstm(q, k, v, igate, fgate, *, scale=None, eps=1e-6, initial_state=None, ou
                              output_final_state=output_final_state)
 
 
-__all__ = ["BLOCK_SIZE", "SpanParts", "Summary", "chunk_mlstm_parts", "chunk_mlstm_torch", "empty_state", "fold",
-           "fold_summaries", "mlstm", "naive_recurrent_mlstm", "outputs", "span_parts"]
+__all__ = ["BLOCK_SIZE", "SpanParts", "Summary", "chunk_mlstm_parts", "chunk_mlstm_torch", "empty_state",
+           "fold", "fold_summaries", "mlstm", "naive_recurrent_mlstm", "outputs", "span_parts"]

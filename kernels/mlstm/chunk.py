@@ -185,7 +185,8 @@ def check_no_grad(*tensors) -> None:
 
 
 def chunk_mlstm_torch(q, k, v, igate, fgate, *, scale=None, eps=1e-6, initial_state=None,
-                      output_final_state=False, block_size: int = BLOCK_SIZE, dtype: torch.dtype | None = None):
+                      output_final_state=False, block_size: int = BLOCK_SIZE,
+                      dtype: torch.dtype | None = None):
     """naive_recurrent_mlstm's contract: q, k (B, T, H, K), v (B, T, H, V), igate and fgate (B, T,
     H) preactivations, the state (C (B, H, K, V), n (B, H, K), m (B, H)). Returns (h (B, T, H, V)
     in q's dtype, final state float32 or None), in blocks of block_size.
@@ -235,8 +236,8 @@ def _chunk(q, k, v, igate, fgate, scale, eps, initial_state, block_size=BLOCK_SI
     for s in range(0, T, span):
         sl = slice(s, s + span)
         t = min(span, T - s)
-        out, mt, state, m = _span(q[:, sl], k[:, sl], v[:, sl], igate[:, sl], fgate[:, sl], state, m, scale, c,
-                                  scratch)
+        out, mt, state, m = _span(q[:, sl], k[:, sl], v[:, sl], igate[:, sl], fgate[:, sl], state, m,
+                                  scale, c, scratch)
         if eps is None:
             num[:, sl] = _rows(out[..., :V], t)
             den[:, sl] = _rows(out[..., V:V + 1], t)[..., 0]

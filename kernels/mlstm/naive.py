@@ -31,7 +31,8 @@ def naive_recurrent_mlstm(
     *,
     scale: float | None = None,
     eps: float = 1e-6,
-    initial_state: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,  # C (B, H, K, V), n (B, H, K), m (B, H)
+    # C (B, H, K, V), n (B, H, K), m (B, H)
+    initial_state: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     output_final_state: bool = False,
     dtype: torch.dtype = torch.float64,
 ):

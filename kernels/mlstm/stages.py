@@ -60,7 +60,8 @@ class SpanParts(NamedTuple):
 
 def empty_state(B, H, K, V, dtype=torch.float64, device=None):
     """The empty state: nothing written, m = -inf (a record's zero state is m = 0, naive.py)."""
-    return (torch.zeros((B, H, K, V), dtype=dtype, device=device), torch.zeros((B, H, K), dtype=dtype, device=device),
+    return (torch.zeros((B, H, K, V), dtype=dtype, device=device),
+            torch.zeros((B, H, K), dtype=dtype, device=device),
             torch.full((B, H), float("-inf"), dtype=torch.float64, device=device))
 
 
@@ -102,7 +103,8 @@ def fold_summaries(summaries) -> Summary:
     return s
 
 
-def span_parts(q, k, v, igate, fgate, *, scale=None, block_size=BLOCK_SIZE, before: Summary | None = None) -> SpanParts:
+def span_parts(q, k, v, igate, fgate, *, scale=None, block_size=BLOCK_SIZE,
+               before: Summary | None = None) -> SpanParts:
     """A span from the empty state: every position's parts, the entering state's map and the
     span's summary, in the compute dtype (float32; float64 for float64 inputs) but the float64
     gate sums and stabilisers. before: the summary of the positions before the span from the same
