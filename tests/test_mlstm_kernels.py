@@ -152,18 +152,19 @@ def test_span_parts_continued_with_before():
     assert torch.isinf(st.fold_summaries([empty.summary, empty.summary]).m).all()
 
 
-def test_stabiliser_jumps_and_extreme_gates():
+def test_stabiliser_jumps_and_extreme_gates(monkeypatch):
     """Blocks whose stabiliser rises by more than chunk.WIDE within them (an input gate far above
     the state's: the explicit scores), forget gates of 0 and 1 (preactivations -1e30 and +inf),
-    input gates of -1e30 (nothing written), and all of them across a span's edge: no inf or NaN,
-    the recurrence's outputs and state, in float64 and float32."""
-    T = chunk_mod.SPAN + 300
+    input gates of -1e30 (nothing written), and all of them across a span's edge (spans of 512
+    here): no inf or NaN, the recurrence's outputs and state, in float64 and float32."""
+    monkeypatch.setattr(chunk_mod, "SPAN", 512)
+    T = 3 * chunk_mod.SPAN - 100
     (q, k, v, ig, fg), state = _inputs(1, T, 2, 8, 8, seed=3)
     ig[0, 40, 0] = 15.0  # after ...
     ig[0, 20:40, 0] = -15.0
     fg[0, 20:41, 0] = -15.0  # ... forget gates that emptied the state: a rise of ~300 in a block
     ig[0, 100:140, 1] = torch.linspace(-300.0, 300.0, 40, dtype=torch.float64)  # unbounded gates
-    fg[0, 500, 0] = -1e30  # a forget gate of exactly 0
+    fg[0, 300, 0] = -1e30  # a forget gate of exactly 0
     fg[0, 600:700, 1] = float("inf")  # of exactly 1
     ig[0, 900:1000, :] = -1e30  # nothing written
     fg[0, chunk_mod.SPAN - 3:chunk_mod.SPAN + 3, :] = -30.0  # across a span's edge
@@ -234,3 +235,71 @@ def test_a_million_positions_in_calls():
             outs.append(h)
     _close(torch.cat(outs, 1), h_ref, 5e-5)
     _states_close(carried, final_ref, 1e-5)
+
+
+def _xlstm_logprobs(folder, seq):
+    """A float64 forward of a transformers xLSTMForCausalLM checkpoint (tests/data/fla/xlstm*,
+    read from its safetensors) through the chunked form: (logprob (T,), entropy (T,)) of seq's
+    tokens after BOS. The layer as transformers' modeling_xlstm.py computes it (weight_mode
+    "single"): RMSNorm, q/k/v/output-gate projections, input and forget gates soft-capped at
+    gate_soft_cap, the mLSTM from the zero state (m = 0), a per-head layer norm, the sigmoid output
+    gate, out_proj and the residual; RMSNorm, a SwiGLU FFN and the residual; the final RMSNorm,
+    the head and the logits soft-capped at output_logit_soft_cap."""
+    import json
+
+    from make_fla_fixtures import BOS, token_ids
+    from safetensors.torch import load_file
+
+    cfg = json.loads((folder / "config.json").read_text())
+    P = {k: v.double() for k, v in load_file(folder / "model.safetensors").items()}
+    H, eps, cap = cfg["num_heads"], cfg["norm_eps"], cfg["gate_soft_cap"]
+
+    def lin(x, name):
+        y = x @ P[name + ".weight"].T
+        return y + P[name + ".bias"] if name + ".bias" in P else y
+
+    def rms(x, name):
+        y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * P[name + ".weight"]
+        return y + P[name + ".bias"] if name + ".bias" in P else y
+
+    ids = torch.tensor([BOS] + token_ids(seq)[:-1])
+    x = P["backbone.embeddings.weight"][ids][None]  # (1, T, D)
+    T = x.shape[1]
+    for layer in range(cfg["num_hidden_layers"]):
+        p, m = f"backbone.blocks.{layer}.", f"backbone.blocks.{layer}.mlstm_layer."
+        a = rms(x, p + "norm_mlstm")
+        q, k, v = (lin(a, m + n).view(1, T, H, -1) for n in ("q", "k", "v"))
+        ig, fg = (cap * torch.tanh(lin(a, m + n) / cap) for n in ("igate_preact", "fgate_preact"))
+        with torch.no_grad():
+            h, _ = chunk_mlstm_torch(q, k, v, ig, fg, eps=cfg["eps"])  # (1, T, H, V)
+        h = (h - h.mean(-1, keepdim=True)) * torch.rsqrt(h.var(-1, keepdim=True, unbiased=False) + eps)
+        h = h.reshape(1, T, -1) * P[m + "multihead_norm.weight"] + P.get(m + "multihead_norm.bias", 0.0)
+        x = x + lin(torch.sigmoid(lin(a, m + "ogate_preact")) * h, m + "out_proj")
+        a = rms(x, p + "norm_ffn")
+        x = x + lin(torch.nn.functional.silu(lin(a, p + "ffn.proj_up_gate")) * lin(a, p + "ffn.proj_up"),
+                    p + "ffn.proj_down")
+    logits = lin(rms(x, "backbone.out_norm"), "lm_head")[0]
+    logits = cfg["output_logit_soft_cap"] * torch.tanh(logits / cfg["output_logit_soft_cap"])
+    logp = torch.log_softmax(logits, -1)
+    lp = logp.gather(-1, torch.tensor(token_ids(seq))[:, None])[:, 0]
+    return lp, -(logp.exp() * logp).sum(-1)
+
+
+@pytest.mark.parametrize("name", cells(["xlstm", "xlstm_qk_half", "xlstm_bias"], quick=["xlstm_qk_half"]))
+def test_transformers_xlstm_fixtures(name):
+    """The fixtures' expected predictions (transformers' xLSTMForCausalLM on the real records,
+    its native kernels: tests/fla_fixtures/make_xlstm_fixtures.py) from the checkpoints' tensors
+    through this kernel, to 2e-5 in logprob and entropy (measured: 8e-6), K != V included."""
+    import sys
+    from pathlib import Path
+
+    import numpy as np
+    from _pipeline_data import read_fasta
+
+    data = Path(__file__).parent / "data" / "fla"
+    sys.path.insert(0, str(Path(__file__).parent / "fla_fixtures"))  # the fixtures' token ids
+    expected = np.load(data / name / "expected.npz")
+    for rid, seq in read_fasta(data / "records.fa").items():
+        lp, ent = _xlstm_logprobs(data / name, seq)
+        assert float(np.abs(lp.numpy() - expected[f"{rid}/logprob"]).max()) < 2e-5
+        assert float(np.abs(ent.numpy() - expected[f"{rid}/entropy"]).max()) < 2e-5
