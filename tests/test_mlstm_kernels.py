@@ -163,16 +163,22 @@ def test_stabiliser_jumps_and_extreme_gates(monkeypatch):
     ig[0, 40, 0] = 15.0  # after ...
     ig[0, 20:40, 0] = -15.0
     fg[0, 20:41, 0] = -15.0  # ... forget gates that emptied the state: a rise of ~300 in a block
-    ig[0, 100:140, 1] = torch.linspace(-300.0, 300.0, 40, dtype=torch.float64)  # unbounded gates
+    ig[0, 96:126, 1] = torch.linspace(-700.0, 700.0, 30, dtype=torch.float64)  # past float64's WIDE
     fg[0, 300, 0] = -1e30  # a forget gate of exactly 0
     fg[0, 600:700, 1] = float("inf")  # of exactly 1
     ig[0, 900:1000, :] = -1e30  # nothing written
     fg[0, chunk_mod.SPAN - 3:chunk_mod.SPAN + 3, :] = -30.0  # across a span's edge
     ig[0, chunk_mod.SPAN, :] = 14.0
     h_ref, final_ref = _reference(q, k, v, ig, fg, state)
+    explicit = []
+    wide_scores = chunk_mod._wide_scores
+    monkeypatch.setattr(chunk_mod, "_wide_scores",
+                        lambda *a: explicit.append(len(a[-1][0])) or wide_scores(*a))
     for dtype in (torch.float64, torch.float32):
+        explicit.clear()
         h, final = chunk_mlstm_torch(*(x.to(dtype) for x in (q, k, v, ig, fg)), initial_state=state,
                                      output_final_state=True)
+        assert sum(explicit) >= (1 if dtype == torch.float64 else 2)  # blocks that took the explicit path
         assert torch.isfinite(h).all() and all(torch.isfinite(x).all() for x in final)
         tol = 1e-10 if dtype == torch.float64 else _float32_tolerance(q, k, v, ig, fg, state, h_ref)
         _close(h, h_ref, tol)
