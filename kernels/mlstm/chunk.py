@@ -133,7 +133,10 @@ def _span(q, k, v, igate, fgate, state, m0, scale, c, scratch):
     m = n * B * H
     qb, kb = _blocks(q, n, c), _blocks(k, n, c)
     # contiguous operands (a strided one takes torch's slow batched-matmul path)
-    Ke = torch.mul(kb, torch.exp(ab - end).to(cd), out=scratch("ml_K", n, B, H, c, K))  # weights <= 1
+    # k weighted to each block's end (<= 1), stored transposed: both products read it as (K, c)
+    Kt = scratch("ml_K", n, B, H, K, c)
+    # the scores' two factors carry exponents up to WIDE apart: exp in float64, then rounded
+    torch.mul(kb, torch.exp(ab - end).to(cd), out=Kt.transpose(-1, -2))
     Qe = torch.mul(qb, (torch.exp((end - phib).clamp_(max=wide_max)) * scale).to(cd),
                    out=scratch("ml_Q", n, B, H, c, K))
     Vb = scratch("ml_V", n, B, H, c, N)  # [v | 1 | 0]
@@ -141,12 +144,12 @@ def _span(q, k, v, igate, fgate, state, m0, scale, c, scratch):
     Vb[..., V] = 1.0
     Vb[..., V + 1:] = 0.0
     # each block's state from zero, in its frame
-    D = torch.bmm(Ke.view(m, c, K).transpose(1, 2), Vb.view(m, c, N), out=scratch("ml_D", m, K, N))
+    D = torch.bmm(Kt.view(m, K, c), Vb.view(m, c, N), out=scratch("ml_D", m, K, N))
     D = D.view(n, B, H, K, N)
     # Y = [[v | 1 | 0]; [U_b]] (n, B, H, c + K, N): U_b the state entering block b in its frame
     Y = scratch("ml_Y", n, B, H, c + K, N)
     Y[..., :c, :].copy_(Vb)
-    decay = torch.exp(prev - end).to(cd)  # (n, B, H, 1, 1): the entering state's weight at the block's end
+    decay = _exp(prev - end, cd)  # (n, B, H, 1, 1): the entering state's weight at the block's end
     U = Y[..., c:, :]
     U[0] = state
     for b in range(n - 1):  # the only step in order: one multiply-add per block
@@ -154,15 +157,23 @@ def _span(q, k, v, igate, fgate, state, m0, scale, c, scratch):
     state = torch.addcmul(D[-1], U[-1], decay[-1])  # (B, H, K, N)
     # X = [A | Q_in] (n, B, H, c, c + K): the causal scores and the entering state's weights
     X = scratch("ml_X", n, B, H, c, c + K)
-    A = torch.bmm(Qe.view(m, c, K), Ke.view(m, c, K).transpose(1, 2), out=scratch("ml_A", m, c, c))
+    A = torch.bmm(Qe.view(m, c, K), Kt.view(m, K, c), out=scratch("ml_A", m, c, c))
     torch.mul(A.view(n, B, H, c, c), _causal(c, cd, q.device), out=X[..., :c])
     if bool(wide.any()):
         idx = wide.nonzero(as_tuple=True)
         X[..., :c][idx] = _wide_scores(qb, kb, ab[..., 0], phib[..., 0], scale, idx).to(cd)
-    torch.mul(qb, (torch.exp(prev - phib) * scale).to(cd), out=X[..., c:])
+    torch.mul(qb, _exp(prev - phib, cd, scale), out=X[..., c:])
     out = torch.bmm(X.view(m, c, c + K), Y.view(m, c + K, N), out=scratch("ml_out", m, c, N))
     mt = G + phi  # (B, H, n*c): the stabiliser of every row
     return out.view(n, B, H, c, N), mt, state, mt[..., t - 1]
+
+
+def _exp(x, dtype, scale=None):
+    """scale * exp(x) in `dtype` for float64 exponents x <= 0 of a weight used alone: the exponent
+    rounded first (the weight then carries an error of |x| e^x eps <= eps / e), the exp in `dtype`
+    (float32's is the faster)."""
+    w = x.to(dtype).exp_()
+    return w if scale is None else w.mul_(scale)
 
 
 def _blocks(x, n, c):
@@ -244,7 +255,7 @@ def _chunk(q, k, v, igate, fgate, scale, eps, initial_state, block_size=BLOCK_SI
             ms[:, sl] = mt[..., :t].transpose(1, 2)
             continue
         n = out.shape[0]
-        floor = torch.exp(-mt.view(B, H, n, c).permute(2, 0, 1, 3).unsqueeze(-1)).to(cd)  # (n, B, H, c, 1)
+        floor = _exp(-mt.view(B, H, n, c).permute(2, 0, 1, 3).unsqueeze(-1), cd)  # (n, B, H, c, 1)
         inv = torch.maximum(out[..., V:V + 1].abs(), floor).add_(eps).reciprocal_()
         if t == n * c:
             torch.mul(out[..., :V], inv, out=_blocks(h[:, sl], n, c))
