@@ -3,7 +3,7 @@ call instead (transformers' native chunkwise kernel, the one xLSTMForCausalLM ru
 without the xlstm package).
 
 A form module of the CPU speed table (its interface: OP, SHAPE, make_inputs, FORMS, REFERENCE,
-min_flops). `python benchmarks/cpu_forms/mlstm.py [--rounds N] [--repeat R] [--T T]` prints this
+min_flops). `python benchmarks/cpu_forms/mlstm.py [--rounds N] [--repeat R] [--T T] [--context]` prints this
 op's rows by itself: every form in its own child process at one thread (inference mode, cwd
 outside the checkout), rounds alternating the forms' order, CPU-time medians over the rounds
 (each child: one untimed call, then the median of R calls), every output's largest difference
@@ -71,6 +71,17 @@ def _transformers(q_bh, k_bh, v_bh, igate_bh, fgate_bh, **_):
     return h.transpose(1, 2)  # (B, T, H, V)
 
 
+def _linear_attn(q, k, v, **_):
+    """For scale only (not an mLSTM): linpipe's linear attention with the normaliser (elu1, no
+    decay) on the same q, k, v, the family this one generalises."""
+    from linpipe.kernels import chunk_linear_attn_torch
+
+    return chunk_linear_attn_torch(q, k, v, output_final_state=True)[0]
+
+
+# forms timed beside the op's own with --context, their outputs not compared
+CONTEXT = {"linpipe linear attention (elu1, normaliser)": _linear_attn}
+
 FORMS = {
     "linpipe chunk": _linpipe,
     "transformers mlstm_chunkwise_native_autograd": _transformers,
@@ -110,7 +121,7 @@ else:
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     inputs = mod.make_inputs(dict(mod.SHAPE, T=T), 0)
-    call = lambda: mod.FORMS[form](**inputs)
+    call = lambda: {**mod.FORMS, **mod.CONTEXT}[form](**inputs)
 with torch.inference_mode():
     out = call()
     cpu = []
@@ -141,8 +152,9 @@ def main(argv=None) -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--T", type=int, default=SHAPE["T"])
+    ap.add_argument("--context", action="store_true", help="also time CONTEXT's forms (not compared)")
     a = ap.parse_args(argv)
-    forms = [*FORMS, "matmul"]
+    forms = [*FORMS, *(CONTEXT if a.context else ()), "matmul"]
     cpu = {f: [] for f in forms}
     rates = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -163,11 +175,13 @@ def main(argv=None) -> None:
           f"{flops / 1e9:.3f} GFLOP; batched 64x64 matmul {rate:.1f} GFLOP/s (load {os.getloadavg()[0]:.1f})")
     print("| form | s | range | x fastest peer | GFLOP/s | % matmul | max abs diff |")
     print("|---|---|---|---|---|---|---|")
-    for f in FORMS:
+    for f in forms[:-1]:
         s = statistics.median(cpu[f])
-        diff = float((outs[f].double() - outs[REFERENCE].double()).abs().max())
+        diff = "-"
+        if f in FORMS:
+            diff = f"{float((outs[f].double() - outs[REFERENCE].double()).abs().max()):.2e}"
         print(f"| {f} | {s:.4f} | {min(cpu[f]):.4f}-{max(cpu[f]):.4f} | {fastest / s:.2f} | "
-              f"{flops / s / 1e9:.1f} | {100 * flops / s / 1e9 / rate:.0f} | {diff:.2e} |")
+              f"{flops / s / 1e9:.1f} | {100 * flops / s / 1e9 / rate:.0f} | {diff} |")
 
 
 if __name__ == "__main__":
