@@ -1,8 +1,8 @@
-"""The chunked form of the mLSTM in PyTorch (the CPU, and autograd anywhere). Same contract as
+"""The chunked form of the mLSTM in PyTorch (every device; inference only). Same contract as
 naive.py.
 
 **The frame.** Over a span of positions entering with (C0, n0, m0), let G_t be the summed log
-forget gates from the span's start through t and a_t = i_t - G_t. The state is
+forget gates from the span's start through t and a_t = i_t - G_t. The unstabilised state is
 
     C*_t = exp(G_t) P_t,    P_t = exp(m0) C0 + sum_{j<=t} exp(a_j) k_j v_j^T
 
@@ -10,33 +10,33 @@ forget gates from the span's start through t and a_t = i_t - G_t. The state is
 
     phi_t = max(m0, max_{j<=t} a_j)          (a running maximum: one cummax per span)
 
-so the stabilised state the recurrence carries is C_t = exp(-phi_t) P_t: phi_t is the log of the
-largest weight in P_t. Every weight below is exp of a difference of a's and phi's, taken in
-float64 from float64 sums and then rounded: no cumulative product is ever formed.
+so the stabilised state the recurrence carries is exp(-phi_t) P_t: phi_t is the log of the
+largest weight in P_t. Every weight below is exp of a difference of a's and phi's taken in
+float64 from float64 sums: no cumulative product is ever formed.
 
-**Blocks.** A block of c positions s..e is entered by the state S_b = exp(-phi_s) P_{s-1} (the
-frame of its first row). With Q_i = scale exp(phi_s - phi_i) q_i (<= scale) and
-K_j = exp(a_j - phi_s) k_j, row i's output parts stabilised by m_i are
+**Blocks.** A block of c positions has the frame e = phi of its last row; the state U entering
+it is held in the frame p of the previous block's last row (m0 for the first block). With
+K_j = exp(a_j - e) k_j (<= 1), Q_i = scale exp(e - phi_i) q_i and Q_in,i = scale exp(p - phi_i) q_i
+(<= scale), row i's output parts stabilised by its m_i are
 
-    [num_i | den_i] = sum_{j<=i} (Q_i . K_j) [v_j | 1] + Q_i^T [S_b | s_b]
+    [num_i | den_i] = sum_{j<=i} (Q_i . K_j) [v_j | 1] + Q_in,i^T U
 
-(s_b the normaliser beside S_b), one product [A | Q] @ [[V | 1]; [S_b | s_b]] per block with
-A = tril(Q K^T): the intra-block scores and the entering state's share fused, and the normaliser
-as a column of ones beside V. Then h_i = num_i / (max(|den_i|, exp(-m_i)) + eps). The state
-entering the next block (frame phi_s') is
+one product [A | Q_in] @ [[v | 1]; U] per block with A = tril(Q K^T): the intra-block scores and
+the entering state's share fused, the normaliser a column of ones beside v. Then h_i = num_i /
+(max(|den_i|, exp(-m_i)) + eps). The state after the block, in its frame e, is
 
-    S_(b+1) = exp(phi_s - phi_s') S_b + sum_j exp(a_j - phi_s') k_j [v_j | 1]^T
+    U' = exp(p - e) U + K^T [v | 1]
 
-with every weight <= 1: one batched product for all blocks, then one multiply-add per block in
-order (the only loop over blocks). Q_i . K_j = scale exp(a_j - phi_i) q_i . k_j is the recurrence's
-own weight; but K_j alone can overflow where a block's frame rises by more than WIDE within it
-(a row whose input gate outweighs the block's first row by e^WIDE: the state is all but wiped
+every weight <= 1: one batched product for all blocks, then one multiply-add per block in order
+(the only loop over blocks). Q_i . K_j = scale exp(a_j - phi_i) q_i . k_j is the recurrence's own
+weight; Q_i alone reaches exp(e - phi_i), which overflows where a block's frame rises by more than
+WIDE within it (a row whose input gate outweighs the state by e^WIDE: the state is all but wiped
 out there). Those rare blocks get their scores from explicit weights exp(a_j - phi_i) instead
 (`_wide_scores`), and only those.
 
 Rows past the end of a call are padded with a forget gate of 1 (log 0) and an input gate of 0
-(log -inf as LOG_GATE_MIN): they change neither the state nor the stabiliser, so the state after
-the padding is the state after the last real row.
+(a log input gate of -1e30): they change neither the state nor the stabiliser, so the state
+after the padding is the state after the last real row.
 """
 from __future__ import annotations
 
@@ -46,16 +46,17 @@ import torch.nn.functional as F
 from ..linear_attn.scratch import Scratch, hugepages
 from ..linear_attn.stages import LOG_GATE_MIN
 
-# Positions per block: the scores and the fused product cost c (K + V) per position, the state's
-# products and the multiply-add per block K V per block.
+# Positions per block: the scores and the fused product's scores part cost c (K + V) per
+# position, the block's state and the entering state's share 4 K V, the multiply-add in order K V
+# per block. 32 beat 16 (1.17x slower) and 64 (1.05-1.15x) at K = V = 64 on one thread.
 BLOCK_SIZE = 32
 # Positions per span: a span's temporaries (a few of SPAN * H * (c + K) floats) stay in cache.
 SPAN = 2048
 # Largest rise of the frame phi within a block whose scores are taken as (Q_i . K_j): K_j <=
 # exp(WIDE) and Q_i >= exp(-WIDE) stay in float32's normal range with room for the products.
 WIDE = {torch.float32: 50.0, torch.float64: 600.0}
-# The columns of the products' right-hand sides, [v | 1 | 0...], are a multiple of this: MKL's
-# kernels run 64 + 1 columns at about the time of 80.
+# The columns of the products' right-hand sides, [v | 1 | 0...], are a multiple of this: MKL ran
+# 65 columns slower than 72 (the zero columns cost less than its remainder kernel).
 COLUMNS = 8
 # The log input gate of a padded row: nothing is written (exp of it is 0 in float64).
 _NO_WRITE = -1e30
@@ -95,12 +96,6 @@ def _wide_scores(q, k, a, phi, scale, blocks):
     above = torch.ones(c, c, dtype=torch.bool, device=q.device).triu(1)
     w = torch.exp(d.masked_fill(above, float("-inf")))
     return torch.matmul(qs, ks.transpose(-1, -2)) * w.to(qs.dtype) * scale
-
-
-def _buffer(scratch, slot, like, shape):
-    """A scratch buffer of `shape`, or a fresh one when the scratch hands out none (autograd)."""
-    buf = scratch(slot, *shape)
-    return like.new_empty(shape) if buf is None else buf
 
 
 def _causal(c, dtype, device):
