@@ -309,3 +309,21 @@ def test_transformers_xlstm_fixtures(name):
         lp, ent = _xlstm_logprobs(data / name, seq)
         assert float(np.abs(lp.numpy() - expected[f"{rid}/logprob"]).max()) < 2e-5
         assert float(np.abs(ent.numpy() - expected[f"{rid}/entropy"]).max()) < 2e-5
+
+
+def test_span_stages_in_float32_over_strong_forgetting():
+    """The span stages in float32 fold without overflow where a span forgets everything (its
+    summed log forget gates near -3000) and where one writes nothing (input gates of -1e30): the
+    pieces' h from their entering states and the folded state match the float64 recurrence."""
+    (q, k, v, ig, fg), state = _inputs(1, 400, 2, 8, 8, seed=17)
+    fg[0, 100:300] = -15.0  # 200 x logsigmoid(-15): a summed log forget gate of -3000
+    ig[0, 320:360] = -1e30
+    h_ref, final_ref = _reference(q, k, v, ig, fg, state)
+    entering, outs = state, []
+    for a, b in ((0, 90), (90, 310), (310, 365), (365, 400)):
+        parts = st.span_parts(*(x[:, a:b].float() for x in (q, k, v, ig, fg)))
+        assert parts.num.dtype == torch.float32 and torch.isfinite(parts.summary.C).all()
+        outs.append(st.outputs(parts, entering))
+        entering = st.fold(entering, parts.summary)
+    _close(torch.cat(outs, 1), h_ref, _float32_tolerance(q, k, v, ig, fg, state, h_ref))
+    _states_close(entering, final_ref, 1e-5)
