@@ -71,7 +71,7 @@ def keys_read(ck) -> set:
         tried.add(drop)
         cfg = Noted({k: v for k, v in ck.config.items() if k not in drop})
         try:
-            convert(dataclasses.replace(ck, config=cfg), tokens=TOKENS, bos=1)
+            convert(dataclasses.replace(ck, config=cfg), tokens=TOKENS)
         except ModelError:
             pass
         new = cfg.read - seen
@@ -107,13 +107,17 @@ def table() -> str:
     return "\n".join(lines)
 
 
-def in_doc(text: str) -> str:
-    """The table between the markers in docs/models.md's text."""
-    m = re.search(re.escape(BEGIN) + r"\n(.*?)\n" + re.escape(END), text, re.S)
-    return m.group(1) if m else ""
+MARKED = re.compile(re.escape(BEGIN) + r"\n(.*?)" + re.escape(END), re.S)
+
+
+def in_doc(text: str) -> str | None:
+    """The table between the markers in docs/models.md's text (None: no markers)."""
+    m = MARKED.search(text)
+    return m.group(1).rstrip("\n") if m else None
 
 
 if __name__ == "__main__":
     text = DOC.read_text()
-    DOC.write_text(text.replace(in_doc(text), table()) if BEGIN in text else text)
+    assert MARKED.search(text), f"{DOC}: no markers {BEGIN!r} ... {END!r}"
+    DOC.write_text(MARKED.sub(lambda m: f"{BEGIN}\n{table()}\n{END}", text))
     print(f"wrote the import keys' table in {DOC}")

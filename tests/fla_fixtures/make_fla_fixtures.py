@@ -9,9 +9,11 @@ RetNet and LinearAttention language models over a DNA-sized vocabulary, saved wi
 Runs on a CPU: fla's Triton kernels under TRITON_INTERPRET=1 with the autotuner cut to its first
 config (a few minutes). Writes OUT/records.fa (the records), and per fixture OUT/<name>/ with
 config.json, model.safetensors (and vocab.json for gated_deltanet: a character-level tokenizer),
-versions.json (the torch, transformers and fla that made it; fixtures made before it was written
-have none) and expected.npz: per record id, `logprob` (T,) fla's log-probability of each position's token
-given BOS and the positions before it, and `entropy` (T,) of fla's whole-vocabulary prediction.
+versions.json (the torch, transformers and fla that made it: test_fla_import.py's
+test_fixtures_are_flas_word makes one fixture per model_type again with the versions installed
+then and names what changed) and expected.npz: per record id, `logprob` (T,) fla's
+log-probability of each position's token given BOS and the positions before it, and `entropy`
+(T,) of fla's whole-vocabulary prediction.
 
 This script does not import linpipe: the fixtures are fla's word, not linpipe's.
 """
