@@ -97,3 +97,40 @@ def test_gated_deltanet_split_on_ray_equals_streamed_and_resumes(local_ray, geno
     assert summary.worker_deaths == 1 and events.layers == [0, 1]
     assert_same_bytes(store_arrays(again), store_arrays(out))
     assert_same_bytes(record_outputs(again), record_outputs(out))
+
+
+def test_delta_net_without_short_convs_splits_on_ray(local_ray, tmp_path):
+    """fla's DeltaNet without short convolutions (tests/data/fla/delta_net_no_conv, imported) with
+    --split 2 on Ray: no conv window to hand from segment to segment (the fold of the halos once
+    crashed on it); each record (2 units and more of 37) over two actors stores the in-process
+    split's bytes, the unsplit run's values (1e-5 relative) and fla's (1e-4)."""
+    from _fla_data import FLA, GIVEN, run
+    from test_fla_import import assert_matches_fla
+
+    from linpipe.inputs import open_input
+    from linpipe.model import load_model
+    from linpipe.model.segments import first_weight, segment_bounds
+    from linpipe.model.segments_run import forward_split
+
+    model, unit = str(tmp_path / "m"), 37
+    assert run("model", "import", FLA / "delta_net_no_conv", model, *GIVEN).exit_code == 0
+    fasta, out, streamed = FLA / "records.fa", tmp_path / "split.zarr", tmp_path / "streamed.zarr"
+    events = Watch()
+    summary = run_job(JobRequest(inputs=(str(fasta),), model=model, out=str(out), unit_size=unit,
+                                 outputs=("logprob", "entropy"), workers=2, split=2), events=events)
+    assert summary.worker_deaths == 0 and sorted(events.layers) == [0, 0, 0, 1, 1, 1]  # 3 records split
+    write_in_process(fasta, model, streamed, unit_size=unit, outputs=("logprob", "entropy"))
+    m = load_model(model, device="cpu")
+    got, want = record_outputs(out), record_outputs(streamed)
+    with open_input(str(fasta)) as inp:
+        for rid in ("mt_human", "chr2_iupac", "ce_mt"):
+            x = np.asarray(inp.read(rid, 0, inp.record(rid).length)[0])
+            ref, _, _ = forward_split(m, x, segment_bounds(len(x), unit, 2, first_weight(m.config)), unit,
+                                      outputs=["logprob", "entropy"])
+            for k in ("logprob", "entropy"):
+                assert got[f"{rid}/{k}"].tobytes() == ref[k].tobytes(), (rid, k)
+    assert got.keys() == want.keys()
+    for k in want:
+        a, b = np.nan_to_num(got[k].astype(np.float64)), np.nan_to_num(want[k].astype(np.float64))
+        assert np.abs(a - b).max() <= 1e-5 * max(np.abs(b).max(), 1e-30), k
+    assert_matches_fla(out, FLA / "delta_net_no_conv" / "expected.npz", fasta)

@@ -37,10 +37,11 @@ SCRIPT = Path(__file__).parent / "fla_fixtures" / "make_fla_fixtures.py"
 # (F = 2K, norm_q, norm_k, the normaliser), linear_attn_dpfp (F = 8K, 4 heads), gated_deltanet_gva
 # (grouped value heads: 2 query/key heads, num_v_heads 4, expand_v 1, the output gate); gla_gqa,
 # retnet_gqa, linear_attn_gqa (grouped key/value heads: 4 query heads, num_kv_heads 2; gla's with
-# short convs and the output gate, linear_attn's with the normaliser)
+# short convs and the output gate, linear_attn's with the normaliser); mamba2_no_limit (fla's default
+# dt_limit, saved by transformers 5 as [0.0, {"__float__": "Infinity"}]; one group, fla's prefill)
 FIXTURES = ("delta_net", "gated_deltanet", "delta_net_no_conv", "gla", "gla_no_conv", "mamba2", "retnet",
             "retnet_no_gate", "linear_attn", "linear_attn_elu", "linear_attn_hedgehog", "linear_attn_dpfp",
-            "gated_deltanet_gva", "gla_gqa", "retnet_gqa", "linear_attn_gqa")
+            "gated_deltanet_gva", "gla_gqa", "retnet_gqa", "linear_attn_gqa", "mamba2_no_limit")
 # one fixture per family runs the forward tests in the quick suite (-m "not slow"); the other
 # options of a family, and any fixture added later unless named here, run in the full suite
 QUICK = ("gated_deltanet", "gla", "mamba2", "retnet", "linear_attn")
@@ -87,7 +88,8 @@ def assert_matches_fla(store, expected_npz, fasta):
 # ways in one job: in the quick suite once, the model's part being the other two's)
 @pytest.mark.parametrize("imported,unit_size", cells(
     [(name, u) for name in FIXTURES for u in (1024, 37, 100)],
-    quick=[(name, u) for name in QUICK for u in (1024, 37)] + [("gated_deltanet", 100)]),
+    quick=[(name, u) for name in QUICK for u in (1024, 37)]
+    + [("gated_deltanet", 100), ("mamba2_no_limit", 1024)]),
     indirect=["imported"], scope="module")
 def test_stored_logprobs_equal_flas(imported, unit_size, tmp_path, one_torch_thread):
     name, model = imported
@@ -289,25 +291,101 @@ def test_origin_round_trips_through_the_config():
     assert {k: dict(v) if isinstance(v, tuple) else v for k, v in pairs} == origin
 
 
-@pytest.mark.slow
-def test_fixtures_are_flas_word(tmp_path):
-    """fla itself, live (under the Triton interpreter), makes the fixtures' weights and their
-    predictions on the short record again."""
+SCRIPTS = {"make_fla_fixtures": SCRIPT, "make_hf_fixtures": SCRIPT.parent / "make_hf_fixtures.py"}
+# the fixture re-derived for each model_type, where not the first of its name
+PREFERRED = {"mamba2": "mamba2_no_limit"}  # the default dt_limit: a non-finite float in config.json
+# config.json's record of the transformers that wrote it (versions.json holds it, and fla's, torch's)
+WRITER = "transformers_version"
+
+
+def fixture_scripts() -> dict:
+    """{fixture name: the script (a SCRIPTS key) whose FIXTURES has it}, read without running fla."""
+    import ast
+
+    out = {}
+    for script, path in SCRIPTS.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Assign) and [getattr(t, "id", "") for t in node.targets] == ["FIXTURES"]:
+                out.update({k.value: script for k in node.value.keys})
+    return out
+
+
+def one_per_model_type() -> dict:
+    """{model_type: the stored fixture re-derived for it}: PREFERRED's, else the first by name."""
+    out = {}
+    for name in sorted(fixture_scripts()):
+        out.setdefault(json.loads((FLA / name / "config.json").read_text())["model_type"], name)
+    return {**out, **{mt: name for mt, name in PREFERRED.items() if mt in out}}
+
+
+@pytest.fixture(scope="module")
+def derived(tmp_path_factory):
+    """The chosen fixtures made again by their scripts with the libraries installed now (the short
+    record only), once: {name: its folder}."""
     pytest.importorskip("transformers")
     pytest.importorskip("fla.models")
-    r = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path), "ce_mt"], capture_output=True, text=True,
-                       timeout=900)
-    assert r.returncode == 0, r.stderr[-2000:]
+    out = tmp_path_factory.mktemp("derived")
+    names, scripts = one_per_model_type().values(), fixture_scripts()
+    for script, path in SCRIPTS.items():
+        mine = [n for n in names if scripts[n] == script]
+        if not mine:
+            continue  # (the script given no fixture's name makes all of them)
+        # run outside the checkout's root: transformers probes for a package named `kernels`
+        r = subprocess.run([sys.executable, str(path), str(out), *mine, "ce_mt"], capture_output=True,
+                           text=True, timeout=900, cwd=out)
+        assert r.returncode == 0, r.stderr[-2000:]
+    return {n: out / n for n in names}
+
+
+def config_changes(fresh: dict, stored: dict) -> list[str]:
+    """The keys whose values differ between two raw config.json objects (the writer's version
+    aside), as 'key: stored -> fresh'."""
+    keys = sorted((fresh.keys() | stored.keys()) - {WRITER})
+    gone = object()
+    return [f"{k}: {stored.get(k, gone)!r} -> {fresh.get(k, gone)!r}".replace(repr(gone), "absent")
+            for k in keys if fresh.get(k, gone) != stored.get(k, gone)]
+
+
+@pytest.mark.slow  # fla under the Triton interpreter, transformers: minutes on a busy 2-core VM
+@pytest.mark.parametrize("model_type", sorted(one_per_model_type()))
+def test_fixtures_are_flas_word(derived, model_type, tmp_path):
+    """One fixture per model_type made again, live, by fla's (or transformers') classes with the
+    versions installed now: config.json has the same keys and values as the stored one (the
+    differing keys named: a change in how transformers saves a config fails here, not in a
+    user's import), the same weights and predictions on the short record, and it imports to
+    the stored fixture's linpipe model."""
     from safetensors.torch import load_file
 
-    for family in FIXTURES:
-        live, kept = (load_file(str(d / family / "model.safetensors")) for d in (tmp_path, FLA))
-        assert live.keys() == kept.keys()
-        for k in live:
-            assert np.array_equal(live[k].numpy(), kept[k].numpy()), (family, k)
-        fresh, stored = np.load(tmp_path / family / "expected.npz"), np.load(FLA / family / "expected.npz")
-        for k in ("ce_mt/logprob", "ce_mt/entropy"):
-            np.testing.assert_allclose(fresh[k], stored[k], rtol=0, atol=1e-6, err_msg=f"{family} {k}")
+    from linpipe.model import families
+
+    name = one_per_model_type()[model_type]
+    fresh_dir, kept_dir = derived[name], FLA / name
+    made = json.loads((fresh_dir / "versions.json").read_text())
+    was = json.loads((kept_dir / "versions.json").read_text())
+    fresh, stored = (json.loads((d / "config.json").read_text()) for d in (fresh_dir, kept_dir))
+    changes = config_changes(fresh, stored)
+    assert not changes, (f"{name}: config.json saved with {made} differs from the fixture's (made with "
+                         f"{was}) at: " + "; ".join(changes))
+    live, kept = (load_file(str(d / "model.safetensors")) for d in (fresh_dir, kept_dir))
+    assert live.keys() == kept.keys()
+    for k in live:
+        assert np.array_equal(live[k].numpy(), kept[k].numpy()), (name, k)
+    fresh_npz, stored_npz = np.load(fresh_dir / "expected.npz"), np.load(kept_dir / "expected.npz")
+    for k in ("ce_mt/logprob", "ce_mt/entropy"):
+        np.testing.assert_allclose(fresh_npz[k], stored_npz[k], rtol=0, atol=1e-6, err_msg=f"{name} {k}")
+    if families.by_model_type(model_type) is None:
+        return  # no family imports it yet: the fixture waits for one
+    models = []
+    for d in (fresh_dir, kept_dir):
+        out = tmp_path / d.parent.name
+        r = run("model", "import", d, out, *GIVEN)
+        assert r.exit_code == 0, r.output
+        cfg = json.loads((out / "config.json").read_text())
+        cfg["origin"].pop("weights_sha256")  # of the file's bytes: its header may name other versions
+        models.append((cfg, load_file(str(out / "model.safetensors"))))
+    assert models[0][0] == models[1][0]
+    for k in models[1][1]:
+        assert np.array_equal(models[0][1][k].numpy(), models[1][1][k].numpy()), (name, k)
 
 
 @pytest.mark.slow  # importing fla and transformers takes tens of seconds on a busy 2-core machine

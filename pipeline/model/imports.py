@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -33,6 +34,12 @@ from linpipe.model.shapes import expected_shapes
 SOURCE = "flash-linear-attention"
 INDEX_FILE = "model.safetensors.index.json"
 
+
+# transformers (5.x) writes a non-finite float in config.json as an object, {"__float__": "Infinity"}
+# (or "-Infinity", "NaN"), and reads it back as the float; earlier versions wrote the bare tokens
+# Infinity, -Infinity and NaN, which json.loads reads as they are
+FLOAT_TAG = "__float__"
+FLOAT_TAGS = {"Infinity": math.inf, "-Infinity": -math.inf, "NaN": math.nan}
 
 LETTERS = "ACGTN"  # the DNA letters whose ids the checkpoint must have
 LETTER_TOKENS = {"A": A, "C": C, "G": G, "T": T, "N": N}
@@ -68,15 +75,34 @@ def parse_tokens(text: str) -> dict:
     return out
 
 
+def special_floats(obj):
+    """A parsed config.json with transformers' tagged floats ({"__float__": "Infinity"}, alone in
+    their object) as floats, at any depth, as transformers reads them; other values as they are."""
+    if isinstance(obj, dict):
+        tag = obj.get(FLOAT_TAG)
+        if len(obj) == 1 and isinstance(tag, str) and tag in FLOAT_TAGS:
+            return FLOAT_TAGS[tag]
+        return {k: special_floats(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [special_floats(v) for v in obj]
+    return obj
+
+
+def read_checkpoint_config(src: Path) -> dict:
+    """A checkpoint's config.json as transformers reads it (every family's import reads it here)."""
+    config = read_json(src, "an fla checkpoint directory")
+    if not isinstance(config, dict):
+        raise ModelError(f"{src / CONFIG_FILE}: expected a JSON object")
+    return special_floats(config)
+
+
 def read_checkpoint(src) -> Checkpoint:
     """The checkpoint's config and tensors; refuses pickles and shards it cannot account for."""
     d = Path(src)
     if not d.is_dir():
         raise ModelError(f"{d}: not a directory (an fla checkpoint is a directory with {CONFIG_FILE})")
     cfg = d / CONFIG_FILE
-    config = read_json(d, "an fla checkpoint directory")
-    if not isinstance(config, dict):
-        raise ModelError(f"{cfg}: expected a JSON object")
+    config = read_checkpoint_config(d)
     if config.get("format") == "linpipe-model":
         raise ModelError(f"{cfg}: already a linpipe model (run it with {option('model')} {d})")
     if (d / INDEX_FILE).is_file():

@@ -10,9 +10,11 @@ records (docs/models.md).
 Runs on a CPU: fla's Triton kernels under TRITON_INTERPRET=1 with the autotuner cut to its first
 config (a few minutes). Writes OUT/records.fa (the records), and per fixture OUT/<name>/ with
 config.json, model.safetensors (and vocab.json for gated_deltanet: a character-level tokenizer),
-versions.json (the torch, transformers and fla that made it; fixtures made before it was written
-have none) and expected.npz: per record id, `logprob` (T,) fla's log-probability of each position's token
-given BOS and the positions before it, and `entropy` (T,) of fla's whole-vocabulary prediction.
+versions.json (the torch, transformers and fla that made it: test_fla_import.py's
+test_fixtures_are_flas_word makes one fixture per model_type again with the versions installed
+then and names what changed) and expected.npz: per record id, `logprob` (T,) fla's
+log-probability of each position's token given BOS and the positions before it, and `entropy`
+(T,) of fla's whole-vocabulary prediction.
 
 This script does not import linpipe: the fixtures are fla's word, not linpipe's.
 """
@@ -85,6 +87,11 @@ FIXTURES = {
     "mamba2": ("Mamba2Config", "Mamba2ForCausalLM", dict(
         hidden_size=32, num_hidden_layers=2, head_dim=16, expand=2, state_size=16, n_groups=2,
         conv_kernel=4, use_conv_bias=True, use_bias=True, chunk_size=64, dt_limit=(0.0, 0.2))),
+    # Mamba2 at fla's default dt_limit, (0.0, inf): transformers 5 saves it as [0.0, {"__float__":
+    # "Infinity"}]; one group (fla's prefill and decoding paths pair heads with it alike)
+    "mamba2_no_limit": ("Mamba2Config", "Mamba2ForCausalLM", dict(
+        hidden_size=32, num_hidden_layers=2, head_dim=16, expand=2, state_size=16, n_groups=1,
+        conv_kernel=4, chunk_size=64)),
     "retnet": ("RetNetConfig", "RetNetForCausalLM", dict(
         hidden_size=32, num_hidden_layers=2, num_heads=2, expand_k=1.0, expand_v=2.0, use_output_gate=True,
         intermediate_size=64, fuse_norm=True)),
@@ -127,7 +134,7 @@ SEEDS = {"delta_net": 0, "gated_deltanet": 1, "delta_net_no_conv": 2, "gla": 3, 
          "retnet": 3, "retnet_no_gate": 4, "linear_attn": 5, "linear_attn_elu": 6, "linear_attn_hedgehog": 7,
          "linear_attn_dpfp": 8, "gated_deltanet_gva": 9, "gla_gqa": 10,
          "retnet_gqa": 11, "linear_attn_gqa": 12, "mamba": 13,
-         "kda": 13, "kda_gva": 14}
+         "kda": 13, "kda_gva": 14, "mamba2_no_limit": 15}
 COMMON = dict(vocab_size=len(VOCAB), pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS,
               attn_mode="fused_recurrent", fuse_norm=False, fuse_swiglu=False, fuse_cross_entropy=False,
               norm_eps=1e-6)
