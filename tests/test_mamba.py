@@ -47,20 +47,21 @@ def reference_hidden(net, x) -> np.ndarray:
     net = net.double()
     c = net.config
     o, W = c.layer, c.conv_width
-    I, N, R = o.intermediate_size, o.state_size, o.dt_rank
+    Ci, N, R = o.intermediate_size, o.state_size, o.dt_rank
 
     def rms(t, w, eps):
         return t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + eps) * w
 
     f64 = dict(dtype=torch.float64)
-    state = [(torch.zeros(I, N, **f64), torch.zeros(W, I, **f64)) for _ in net.layers]
+    state = [(torch.zeros(Ci, N, **f64), torch.zeros(W, Ci, **f64)) for _ in net.layers]
     ys = []
     with torch.no_grad():
         for tok in [BOS, *x.tolist()]:
             h = net.embed.weight[tok]
             for i, b in enumerate(net.layers):
                 m, (S, win) = b.mixer, state[i]
-                xs, z = F.linear(rms(h, b.norm.weight, c.norm_eps), m.in_proj.weight, m.in_proj.bias).split([I, I])
+                a = rms(h, b.norm.weight, c.norm_eps)
+                xs, z = F.linear(a, m.in_proj.weight, m.in_proj.bias).split([Ci, Ci])
                 win = torch.cat([win[1:], xs[None]])
                 u = (win * m.conv1d.weight[:, 0].t()).sum(0)
                 u = F.silu(u + (0 if m.conv1d.bias is None else m.conv1d.bias))
@@ -87,7 +88,8 @@ OPTIONS = [
 
 @pytest.mark.parametrize("keys", OPTIONS)
 def test_block_matches_a_token_by_token_scan_across_odd_units(record, keys):
-    config = ModelConfig(modality="dna", d_model=12, n_layers=2, n_heads=1, mlp_hidden=0, family="mamba", **keys)
+    config = ModelConfig(modality="dna", d_model=12, n_layers=2, n_heads=1, mlp_hidden=0, family="mamba",
+                         **keys)
     net = init_net(config, seed=3)
     with torch.no_grad():  # biases, D and A_log away from their initial values, so that they count
         for name, p in net.named_parameters():
@@ -170,11 +172,11 @@ def test_model_init_writes_a_mamba_model_and_info_shows_its_state(tmp_path):
             d["state_size"]) == ("mamba", 1, 0, 48, 2, 4)
     assert "mixer_rms_eps" not in d
     info = json.loads(run("model", "info", str(out), "--json").output)
-    L, I, N, W = 3, 48, 4, d["conv_width"]
-    assert info["state_bytes_per_record"] == 4 * (L * I * N + L * (W - 1) * I + 24)
-    assert len(info["decay"]["layer 0"]) == I and all(0 < g < 1 for g in info["decay"]["layer 0"])
+    L, Ci, N, W = 3, 48, 4, d["conv_width"]
+    assert info["state_bytes_per_record"] == 4 * (L * Ci * N + L * (W - 1) * Ci + 24)
+    assert len(info["decay"]["layer 0"]) == Ci and all(0 < g < 1 for g in info["decay"]["layer 0"])
     text = run("model", "info", str(out)).output
-    assert f"h [{L}, {I}, {N}], conv [{L}, {W - 1}, {I}], y [24]" in text
+    assert f"h [{L}, {Ci}, {N}], conv [{L}, {W - 1}, {Ci}], y [24]" in text
     d["head_dim"] = 8
     (out / "config.json").write_text(json.dumps(d))
     r = run("model", "info", str(out))

@@ -106,18 +106,20 @@ def import_keys(ck, refuse) -> dict:
     W = integer("conv_kernel", _get(cfg, "conv_kernel", 4))
     expand = _get(cfg, "expand", 2)
     inner = cfg.get("intermediate_size")
-    if inner is None:
-        inner = expand * D
-        if isinstance(expand, bool) or not isinstance(expand, (int, float)) or inner != int(inner) or inner < 1:
+    if inner is None:  # the references' int(expand * hidden_size)
+        ok = isinstance(expand, (int, float)) and not isinstance(expand, bool) and (expand * D).is_integer()
+        if not ok or expand * D < 1:
             refuse("expand", f"is {expand!r}: expand x hidden_size must be a positive whole number")
-    I = integer("intermediate_size", int(inner))
+        inner = int(expand * D)
+    inner = integer("intermediate_size", inner)
     rank = _get(cfg, "dt_rank", "auto")  # "auto": ceil(hidden_size / 16), as both libraries take it
-    R = math.ceil(D / 16) if rank == "auto" else integer("dt_rank" if "dt_rank" in cfg else "time_step_rank", rank)
+    R = (math.ceil(D / 16) if rank == "auto"
+         else integer("dt_rank" if "dt_rank" in cfg else "time_step_rank", rank))
     eps = _get(cfg, "norm_eps", 1e-5)
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0:
         refuse("norm_eps", f"must be a positive number, got {eps!r}")
     keys = dict(family="mamba", n_heads=1, mlp_hidden=0, conv_width=W, norm_eps=float(eps), state_size=N,
-                intermediate_size=I, dt_rank=R, use_bias=flag("use_bias", False),
+                intermediate_size=inner, dt_rank=R, use_bias=flag("use_bias", False),
                 use_conv_bias=flag("use_conv_bias", True))
     if cfg.get("model_type") == "falcon_mamba":
         e = cfg.get("mixer_rms_eps", 1e-6)
@@ -143,8 +145,9 @@ class Mamba(Family):
         return ("family", *KEYS, "mixer_rms_eps")
 
     def read(self, d, where, check) -> dict:
-        kw = dict(state_size=check.integer("state_size"), intermediate_size=check.integer("intermediate_size"),
-                  dt_rank=check.integer("dt_rank"), use_bias=check.flag("use_bias", False),
+        kw = dict(state_size=check.integer("state_size"),
+                  intermediate_size=check.integer("intermediate_size"), dt_rank=check.integer("dt_rank"),
+                  use_bias=check.flag("use_bias", False),
                   use_conv_bias=check.flag("use_conv_bias", True))
         if d.get("mixer_rms_eps") is not None:
             kw["mixer_rms_eps"] = check.number("mixer_rms_eps", None)
@@ -180,8 +183,8 @@ class Mamba(Family):
 
     def from_flags(self, keys: dict, flags: dict) -> dict:
         if flags.get("gate"):
-            raise ModelError("--gate is for the linear_attn family; mamba layers gate by their own x_proj, "
-                             "dt_proj and A_log")
+            raise ModelError(f"{option('gate')} is for the linear_attn family; mamba layers gate by "
+                             "their own x_proj, dt_proj and A_log")
         D = flags["d_model"]
         out = {k: v for k, v in keys.items() if v is not None}
         out.setdefault("intermediate_size", 2 * D)

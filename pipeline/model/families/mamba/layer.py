@@ -59,17 +59,17 @@ class MambaMixer(nn.Module):
     def __init__(self, c, tile: int):
         super().__init__()
         o = c.layer
-        D, I, N, R = c.d_model, o.intermediate_size, o.state_size, o.dt_rank
-        self.inner, self.state_size, self.dt_rank, self.width = I, N, R, c.conv_width
+        D, Ci, N, R = c.d_model, o.intermediate_size, o.state_size, o.dt_rank
+        self.inner, self.state_size, self.dt_rank, self.width = Ci, N, R, c.conv_width
         self.rms_eps = o.mixer_rms_eps  # falcon_mamba's norms on r, B and C (None: none)
         self.tile = tile  # rows of the position-wise ops' tiles in CPU inference
-        self.in_proj = nn.Linear(D, 2 * I, bias=o.use_bias)
-        self.conv1d = Conv1d(I, c.conv_width, o.use_conv_bias)
-        self.x_proj = nn.Linear(I, R + 2 * N, bias=False)
-        self.dt_proj = nn.Linear(R, I, bias=True)
-        self.A_log = nn.Parameter(torch.zeros(I, N))
-        self.D = nn.Parameter(torch.ones(I))
-        self.out_proj = nn.Linear(I, D, bias=o.use_bias)
+        self.in_proj = nn.Linear(D, 2 * Ci, bias=o.use_bias)
+        self.conv1d = Conv1d(Ci, c.conv_width, o.use_conv_bias)
+        self.x_proj = nn.Linear(Ci, R + 2 * N, bias=False)
+        self.dt_proj = nn.Linear(R, Ci, bias=True)
+        self.A_log = nn.Parameter(torch.zeros(Ci, N))
+        self.D = nn.Parameter(torch.ones(Ci))
+        self.out_proj = nn.Linear(Ci, D, bias=o.use_bias)
 
     def A(self):
         """A = -exp(A_log) (I, N)."""
@@ -85,7 +85,8 @@ class MambaMixer(nn.Module):
     def project(self, a):
         """Normalised inputs a (B, T, D) -> (x (B, T, I) before the conv, the gate's z (B*T, I))."""
         Bn, T, Dm = a.shape
-        xz = linear(a.reshape(Bn * T, Dm), self.in_proj.weight, tile=row_tile(a, self.tile), bias=self.in_proj.bias)
+        xz = linear(a.reshape(Bn * T, Dm), self.in_proj.weight, tile=row_tile(a, self.tile),
+                    bias=self.in_proj.bias)
         return xz[:, :self.inner].reshape(Bn, T, self.inner), xz[:, self.inner:]
 
     def _scan_rows(self, x):
@@ -179,10 +180,10 @@ def init_block(block: MambaBlock, c, normal, gen: torch.Generator, decay=None) -
     inverse softplus of time steps log-uniform in [DT_MIN, DT_MAX], A_log = log(1..N) per channel
     (S4D-real), D = 1."""
     m = block.mixer
-    I, N, R = m.inner, m.state_size, m.dt_rank
+    Ci, N, R = m.inner, m.state_size, m.dt_rank
     normal(m.in_proj.weight, 1.0 / math.sqrt(c.d_model))
-    normal(m.x_proj.weight, 1.0 / math.sqrt(I))
-    normal(m.out_proj.weight, 1.0 / math.sqrt(I * c.n_layers))
+    normal(m.x_proj.weight, 1.0 / math.sqrt(Ci))
+    normal(m.out_proj.weight, 1.0 / math.sqrt(Ci * c.n_layers))
     for lin in (m.in_proj, m.out_proj):
         if lin.bias is not None:
             lin.bias.zero_()
@@ -190,9 +191,9 @@ def init_block(block: MambaBlock, c, normal, gen: torch.Generator, decay=None) -
     m.conv1d.weight[:, 0, -1] += 1.0
     if m.conv1d.bias is not None:
         m.conv1d.bias.zero_()
-    m.dt_proj.weight.copy_((torch.rand(I, R, generator=gen) * 2 - 1) * R ** -0.5)
+    m.dt_proj.weight.copy_((torch.rand(Ci, R, generator=gen) * 2 - 1) * R ** -0.5)
     a, b = math.log(DT_MIN), math.log(DT_MAX)
-    dt = torch.exp(torch.rand(I, generator=gen) * (b - a) + a).clamp_min(DT_FLOOR)
+    dt = torch.exp(torch.rand(Ci, generator=gen) * (b - a) + a).clamp_min(DT_FLOOR)
     m.dt_proj.bias.copy_(dt + torch.log(-torch.expm1(-dt)))  # softplus(bias) = dt
-    m.A_log.copy_(torch.log(torch.arange(1, N + 1, dtype=torch.float32)).expand(I, N))
+    m.A_log.copy_(torch.log(torch.arange(1, N + 1, dtype=torch.float32)).expand(Ci, N))
     m.D.fill_(1.0)

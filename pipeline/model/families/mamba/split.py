@@ -48,13 +48,14 @@ def _state(h, window) -> dict:
 
 def _columns(m):
     """The spill's column ranges of a mixer m: o_local, dt_cum, C, z."""
-    I, N = m.inner, m.state_size
-    return slice(0, I), slice(I, 2 * I), slice(2 * I, 2 * I + N), slice(2 * I + N, 3 * I + N)
+    Ci, N = m.inner, m.state_size
+    return slice(0, Ci), slice(Ci, 2 * Ci), slice(2 * Ci, 2 * Ci + N), slice(2 * Ci + N, 3 * Ci + N)
 
 
 def _parts(m, u, delta, B, C, before=None):
     """stages.span_parts of the mixer m's scan inputs (B, T, ...)."""
-    return span_parts(u, delta, m.A(), B, C, D=m.D, delta_bias=m.dt_proj.bias, delta_softplus=True, before=before)
+    return span_parts(u, delta, m.A(), B, C, D=m.D, delta_bias=m.dt_proj.bias, delta_softplus=True,
+                      before=before)
 
 
 @dataclass
@@ -74,7 +75,7 @@ class MambaWeights:
         mx = self.mixer
         x, _z = mx.project(m.head.float()[None])
         (u, delta, B, C), _ = mx.scan_inputs(x, halo.float()[None])
-        head = _parts(mx, u.double(), delta.double(), B.double(), C.double()).summary  # float64 inputs: float64
+        head = _parts(mx, u.double(), delta.double(), B.double(), C.double()).summary  # in float64
         return fold_summaries([head, rest], mx.A())
 
     def fold(self, state0: dict, msgs: list[Message]) -> list[dict]:
