@@ -189,3 +189,82 @@ def test_a_config_with_heads_is_refused():
     with pytest.raises(Exception, match="'n_heads' must be 1 for family 'mamba'"):
         ModelConfig(modality="dna", d_model=8, n_layers=1, n_heads=2, mlp_hidden=0, family="mamba",
                     intermediate_size=16, dt_rank=1)
+
+
+@pytest.mark.slow  # Ray on loopback, a killed driver
+def test_sigkilled_submit_resumes_bit_identical(genomes, tmp_path):
+    """submit on Ray with a mamba model (a long record streamed with its h and window, short ones
+    packed) killed with SIGKILL after a few units, then submitted again: the same bytes as one
+    uninterrupted run."""
+    import subprocess
+    import sys
+
+    from _pipeline_data import (
+        CONTIG_UNIT,
+        assert_same_bytes,
+        make_tiny_mamba,
+        record_outputs,
+        store_arrays,
+        submit_and_sigkill,
+        write_contigs,
+        write_in_process,
+    )
+
+    model = make_tiny_mamba(tmp_path / "mamba")
+    fasta = tmp_path / "many.fa"
+    write_contigs(genomes, fasta, 16, seed=5, long=1)
+    out, clean = tmp_path / "killed.zarr", tmp_path / "clean.zarr"
+    cmd = [sys.executable, "-c", "from linpipe.cli import cli; cli()", "submit", str(fasta), "--model", model,
+           "--unit-size", str(CONTIG_UNIT), "--outputs", "logprob,entropy", "--out", str(out),
+           "--workers", "1"]
+    progress = submit_and_sigkill(cmd, out, 2, wait_s=240)
+    assert 2 <= progress["units_done"] < progress["units"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=400)
+    assert res.returncode == 0, res.stderr
+    plan = write_in_process(fasta, model, clean, unit_size=CONTIG_UNIT, outputs=("logprob", "entropy"))
+    assert plan.records and plan.packed.n_batches > 1  # streamed and packed records both ran
+    assert_same_bytes(store_arrays(clean), store_arrays(out))
+    assert_same_bytes(record_outputs(clean), record_outputs(out))
+
+
+@pytest.mark.slow  # a Ray cluster on loopback
+def test_split_on_ray_equals_streamed(genomes, tmp_path):
+    """`--split 3` with the imported Falcon Mamba checkpoint on an embedded local Ray
+    (jobs/split.py): 20 kb of C. elegans chromosome I over three actors equals the streamed run
+    within 1e-5 relative, outputs and stored unit-edge states."""
+    import shutil
+    import tempfile
+
+    import ray
+    from _pipeline_data import record_outputs, write_fasta_slice, write_in_process
+
+    from linpipe.jobs.driver import run_job
+    from linpipe.jobs.request import JobRequest
+    from linpipe.store import OutputStore
+
+    model = tmp_path / "fm"
+    assert run("model", "import", FLA / "falcon_mamba", model, *GIVEN).exit_code == 0
+    fasta = tmp_path / "ce_I.fa"
+    want_len = {"CHROMOSOME_I": 20_000}
+    assert write_fasta_slice(genomes / "htslib_ce.fa", fasta, want_len) == want_len
+    out, streamed = tmp_path / "split.zarr", tmp_path / "streamed.zarr"
+    ray_dir = tempfile.mkdtemp(prefix="lpm-")  # short: Ray's socket paths have a length limit
+    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=ray_dir, logging_level="WARNING",
+             log_to_driver=False)
+    try:
+        summary = run_job(JobRequest(inputs=(str(fasta),), model=str(model), out=str(out), unit_size=4096,
+                                     outputs=("logprob", "entropy"), workers=2, split=3))
+    finally:
+        ray.shutdown()
+        shutil.rmtree(ray_dir, ignore_errors=True)
+    assert summary.positions_run == 20_000 and summary.worker_deaths == 0
+    write_in_process(fasta, str(model), streamed, unit_size=4096, outputs=("logprob", "entropy"))
+    got, want = record_outputs(out), record_outputs(streamed)
+    assert got.keys() == want.keys()
+    for k in want:
+        assert rel(got[k], want[k]) < 1e-5, k
+    stores = [OutputStore.open(str(p), mode="r") for p in (out, streamed)]
+    key = stores[0].record_key("CHROMOSOME_I")
+    for i in range(4):
+        g, w = (s.boundary_state(key, i) for s in stores)
+        assert g.keys() == w.keys() == {"h", "conv", "y"} and all(rel(g[n], w[n]) < 1e-5 for n in w), i
