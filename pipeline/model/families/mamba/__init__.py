@@ -191,6 +191,10 @@ class Mamba(Family):
         out.setdefault("dt_rank", math.ceil(D / 16))
         return dict(n_heads=1, mlp_hidden=0, **out)
 
+    def decay_problem(self, config, decay) -> str | None:
+        return ("is for the linear-attention family, not mamba (its decays start from A_log and "
+                "dt_proj's bias)")
+
     def decay_where(self, config) -> str:
         return " (per channel, its slowest state where dt_proj's input is 0)"
 
