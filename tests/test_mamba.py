@@ -184,6 +184,8 @@ def test_model_init_writes_a_mamba_model_and_info_shows_its_state(tmp_path):
     assert r.exit_code != 0 and "'head_dim' is for families" in r.output and "not 'mamba'" in r.output
     r = run("model", "init", str(tmp_path / "g"), "--family", "mamba", "--gate")
     assert r.exit_code != 0 and "--gate is for the linear_attn family" in r.output
+    r = run("model", "init", str(tmp_path / "d"), "--family", "mamba", "--decay", "0.9")
+    assert r.exit_code != 0 and "--decay is for the linear-attention family, not mamba" in r.output
 
 
 def test_a_config_with_heads_is_refused():
