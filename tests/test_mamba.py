@@ -252,11 +252,11 @@ def test_split_on_ray_equals_streamed(genomes, tmp_path):
     assert write_fasta_slice(genomes / "htslib_ce.fa", fasta, want_len) == want_len
     out, streamed = tmp_path / "split.zarr", tmp_path / "streamed.zarr"
     ray_dir = tempfile.mkdtemp(prefix="lpm-")  # short: Ray's socket paths have a length limit
-    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=ray_dir, logging_level="WARNING",
+    ray.init(num_cpus=3, include_dashboard=False, _temp_dir=ray_dir, logging_level="WARNING",
              log_to_driver=False)
     try:
         summary = run_job(JobRequest(inputs=(str(fasta),), model=str(model), out=str(out), unit_size=4096,
-                                     outputs=("logprob", "entropy"), workers=2, split=3))
+                                     outputs=("logprob", "entropy"), workers=3, split=3))
     finally:
         ray.shutdown()
         shutil.rmtree(ray_dir, ignore_errors=True)
