@@ -76,8 +76,9 @@ def assert_same_bytes(a: dict, b: dict) -> None:
 
 
 # The tiny models a module's store can be written with (conftest's model_kind): fixed decays,
-# per-position log-gates, or the gated delta rule (its state the rule's S and the q, k, v windows).
-MODEL_KINDS = ("fixed", "gated", "gated_deltanet")
+# per-position log-gates, the gated delta rule (its state the rule's S and the q, k, v windows), or
+# Mamba v1 (its state h per channel and state, and the x window).
+MODEL_KINDS = ("fixed", "gated", "gated_deltanet", "mamba")
 # As tests parametrise model_kind: the quick suite (-m "not slow") writes a module's store with the
 # fixed model only, the whole suite with each kind (a store apiece, the gated kinds' slower).
 KIND_PARAMS = tuple(k if k == "fixed" else pytest.param(k, marks=pytest.mark.slow) for k in MODEL_KINDS)
@@ -87,7 +88,19 @@ def tiny_model_of(kind: str, directory: Path) -> str:
     """make_tiny_model for one of MODEL_KINDS."""
     if kind in ("fixed", "gated"):
         return make_tiny_model(directory, gated=kind == "gated")
+    if kind == "mamba":
+        return make_tiny_mamba(directory)
     return make_tiny_model(directory, family=kind)
+
+
+def make_tiny_mamba(directory: Path) -> str:
+    """A small random Mamba v1 model: 2 layers, D 16, I 32, N 8, R 2, a conv of 4."""
+    from linpipe.model import ModelConfig, init_net, save_model
+
+    cfg = ModelConfig(modality="dna", d_model=16, n_layers=2, n_heads=1, mlp_hidden=0, family="mamba",
+                      intermediate_size=32, state_size=8, dt_rank=2)
+    save_model(init_net(cfg, seed=0), cfg, directory)
+    return str(directory)
 
 
 def make_tiny_model(directory: Path, gated: bool = False, family: str | None = None,

@@ -38,18 +38,22 @@ SCRIPT = Path(__file__).parent / "fla_fixtures" / "make_fla_fixtures.py"
 # (grouped value heads: 2 query/key heads, num_v_heads 4, expand_v 1, the output gate); gla_gqa,
 # retnet_gqa, linear_attn_gqa (grouped key/value heads: 4 query heads, num_kv_heads 2; gla's with
 # short convs and the output gate, linear_attn's with the normaliser); mamba2_no_limit (fla's default
-# dt_limit, saved by transformers 5 as [0.0, {"__float__": "Infinity"}]; one group, fla's prefill)
+# dt_limit, saved by transformers 5 as [0.0, {"__float__": "Infinity"}]; one group, fla's prefill);
+# mamba (fla's Mamba v1: residual_in_fp32, norm_eps 1e-6), mamba_hf (transformers' MambaForCausalLM,
+# tests/fla_fixtures/make_hf_fixtures.py: its key names, tied embeddings, biases, N 8, a conv of 3),
+# falcon_mamba (transformers' FalconMambaForCausalLM: the norms on dt's input, B and C)
 FIXTURES = ("delta_net", "gated_deltanet", "delta_net_no_conv", "gla", "gla_no_conv", "mamba2", "retnet",
             "retnet_no_gate", "linear_attn", "linear_attn_elu", "linear_attn_hedgehog", "linear_attn_dpfp",
-            "gated_deltanet_gva", "gla_gqa", "retnet_gqa", "linear_attn_gqa", "mamba2_no_limit")
+            "gated_deltanet_gva", "gla_gqa", "retnet_gqa", "linear_attn_gqa", "mamba2_no_limit", "mamba",
+            "mamba_hf", "falcon_mamba")
 # one fixture per family runs the forward tests in the quick suite (-m "not slow"); the other
 # options of a family, and any fixture added later unless named here, run in the full suite
-QUICK = ("gated_deltanet", "gla", "mamba2", "retnet", "linear_attn")
+QUICK = ("gated_deltanet", "gla", "mamba2", "retnet", "linear_attn", "mamba_hf")
 FIXTURE_PARAMS = cells(FIXTURES, quick=QUICK)
 # only gated_deltanet's fixture has a tokenizer: the others' ids are given
 TOKENS = {name: [] if name == "gated_deltanet" else GIVEN for name in FIXTURES}
 # fla's model_type -> linpipe's family, where they differ (linpipe's own layer is linear_attn)
-FAMILY = {"linear_attn": "fla_linear_attn"}
+FAMILY = {"linear_attn": "fla_linear_attn", "falcon_mamba": "mamba"}
 TOL = 1e-4
 
 
@@ -185,11 +189,14 @@ def test_info_shows_family_origin_and_state(name, tmp_path):
     assert origin["weights_sha256"] == hashlib.sha256(weights).hexdigest()
     assert origin["tokens"] == {"A": 3, "C": 4, "G": 5, "T": 6, "N": 7, "BOS": src["bos_token_id"]}
     assert info["config"]["head_vocab"] == src["vocab_size"]
-    H, L = src["num_heads"], src["num_hidden_layers"]
+    H, L = src.get("num_heads", 1), src["num_hidden_layers"]
     HV = src.get("num_v_heads") or H  # gated_deltanet's value heads: the state's
     KV = src.get("num_kv_heads") or H  # gla's, retnet's, linear_attn's k and v heads (not the state's)
-    K = src.get("head_dim") or src["hidden_size"] * src["expand_k"] // H
-    if family == "mamba2":  # S (H, N, P); the conv over x, B and C
+    K = src.get("head_dim") or src["hidden_size"] * src.get("expand_k", 1) // H
+    if family in ("mamba", "falcon_mamba"):  # h (I, N); the conv over x
+        inner, N = src["expand"] * src["hidden_size"], src["state_size"]
+        floats = L * inner * N + L * (src["conv_kernel"] - 1) * inner + src["hidden_size"]
+    elif family == "mamba2":  # S (H, N, P); the conv over x, B and C
         conv = H * K + 2 * src["n_groups"] * src["state_size"]
         floats = L * H * src["state_size"] * K + L * (src["conv_kernel"] - 1) * conv + src["hidden_size"]
     else:

@@ -1,5 +1,6 @@
 """The Mamba fixtures (tests/data/fla/mamba, fla's MambaForCausalLM; tests/data/fla/mamba_hf,
-transformers' MambaForCausalLM with its key names) are their library's word: made again live by
+transformers' MambaForCausalLM with its key names; tests/data/fla/falcon_mamba, transformers'
+FalconMambaForCausalLM) are their library's word: made again live by
 their scripts, they have the same weights and the same predictions on the short record."""
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import pytest
 HERE = Path(__file__).parent
 FLA = HERE / "data" / "fla"
 SCRIPTS = {"mamba": HERE / "fla_fixtures" / "make_fla_fixtures.py",
-           "mamba_hf": HERE / "fla_fixtures" / "make_hf_fixtures.py"}
+           "mamba_hf": HERE / "fla_fixtures" / "make_hf_fixtures.py",
+           "falcon_mamba": HERE / "fla_fixtures" / "make_hf_fixtures.py"}
 
 
 @pytest.mark.slow  # fla under Triton's interpreter, transformers: tens of seconds on a busy 2-core VM

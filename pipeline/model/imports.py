@@ -186,11 +186,11 @@ def _check_attention(ck: Checkpoint) -> None:
 
 def _import_of(ck: Checkpoint) -> families.Import:
     """The import of the checkpoint's model_type (its family's); refuses one linpipe does not read."""
-    family = families.by_model_type(ck.config.get("model_type"))
-    if family is None:
+    how = families.import_of(ck.config.get("model_type"))
+    if how is None:
         _refuse(ck, "model_type", f"is {ck.config.get('model_type')!r}, not a flash-linear-attention family "
                 f"linpipe imports ({', '.join(families.imported())})")
-    return family.imports
+    return how
 
 
 def _family_config(ck: Checkpoint) -> dict:

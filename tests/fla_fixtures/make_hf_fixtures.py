@@ -36,8 +36,15 @@ FIXTURES = {
         hidden_size=32, num_hidden_layers=2, state_size=8, expand=2, conv_kernel=3, use_bias=True,
         use_conv_bias=True, time_step_rank=3, residual_in_fp32=True, layer_norm_epsilon=1e-5,
         tie_word_embeddings=True)),
+    # Falcon Mamba (FalconMambaForCausalLM, model_type falcon_mamba): Mamba's tensors plus weightless
+    # RMS norms on dt's low-rank input, B and C (mixer_rms_eps); 6 states, a conv of 4, a time-step
+    # rank of 4, no biases on the projections, an lm_head of its own
+    "falcon_mamba": ("FalconMambaConfig", "FalconMambaForCausalLM", dict(
+        hidden_size=32, num_hidden_layers=2, state_size=6, expand=2, conv_kernel=4, use_bias=False,
+        use_conv_bias=True, time_step_rank=4, residual_in_fp32=True, layer_norm_epsilon=1e-5,
+        mixer_rms_eps=1e-6, tie_word_embeddings=False)),
 }
-SEEDS = {"mamba_hf": 14}
+SEEDS = {"mamba_hf": 14, "falcon_mamba": 15}
 COMMON = dict(vocab_size=len(VOCAB), pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS)
 
 

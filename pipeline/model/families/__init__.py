@@ -13,11 +13,12 @@ from importlib.metadata import entry_points
 from linpipe.errors import ModelError
 from linpipe.model.families.base import Family, Import, NoOptions, StateArray
 
-__all__ = ["ENTRY_POINTS", "Family", "Import", "NoOptions", "StateArray", "by_model_type", "family", "names",
-           "trained"]
+__all__ = ["ENTRY_POINTS", "Family", "Import", "NoOptions", "StateArray", "by_model_type", "family",
+           "import_of", "imports_of", "names", "trained"]
 
 # linpipe's own linear attention first: a config.json without "family" is one of it
-BUILT_IN = ("linear_attn", "delta_net", "gated_deltanet", "gla", "mamba2", "retnet", "fla_linear_attn")
+BUILT_IN = ("linear_attn", "delta_net", "gated_deltanet", "gla", "mamba2", "retnet", "fla_linear_attn",
+            "mamba")
 DEFAULT = BUILT_IN[0]
 ENTRY_POINTS = "linpipe.families"
 
@@ -54,18 +55,33 @@ def trained() -> tuple[str, ...]:
     return tuple(n for n in names() if family(n).trained)
 
 
+def imports_of(f: Family) -> tuple[Import, ...]:
+    """A family's imports: its `imports`, one Import or a tuple of them (one per model_type)."""
+    if f.imports is None:
+        return ()
+    return f.imports if isinstance(f.imports, tuple) else (f.imports,)
+
+
+def import_of(model_type) -> Import | None:
+    """The Import of checkpoints of this model_type, or None."""
+    for n in names():
+        for how in imports_of(family(n)):
+            if how.model_type == model_type:
+                return how
+    return None
+
+
 def by_model_type(model_type) -> Family | None:
     """The family that imports checkpoints of this model_type, or None."""
     for n in names():
-        f = family(n)
-        if f.imports is not None and f.imports.model_type == model_type:
-            return f
+        if any(how.model_type == model_type for how in imports_of(family(n))):
+            return family(n)
     return None
 
 
 def imported() -> tuple[str, ...]:
     """The model_types `model import` reads."""
-    return tuple(f.imports.model_type for f in map(family, names()) if f.imports is not None)
+    return tuple(how.model_type for f in map(family, names()) for how in imports_of(f))
 
 
 def layer_module(f: Family):

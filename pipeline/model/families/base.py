@@ -61,7 +61,7 @@ class Family:
     name = ""  # config.json's "family"
     Options: type = NoOptions
     trained = False  # `model init` and `train` make it (the others come by `model import`)
-    imports: Import | None = None
+    imports: Import | tuple | None = None  # one Import, or one per model_type it reads
     # the modules (linpipe names) of its layer and its split, imported on first use (torch)
     layer = ""
     split = ""
