@@ -22,9 +22,9 @@ os.environ.update({} if ON_GPU else {"TRITON_INTERPRET": "1"})  # before anythin
 
 from linpipe.kernels.delta_rule import delta_rule, fla_delta_rule, naive_recurrent_delta_rule  # noqa: E402
 from linpipe.kernels.gla import fla_gla, gla, naive_recurrent_gla  # noqa: E402
+from linpipe.kernels.kda import fla_kda, kda, naive_recurrent_kda  # noqa: E402
 from linpipe.kernels.mamba import fla_ops as mamba_fla_ops  # noqa: E402
 from linpipe.kernels.mamba import naive_selective_scan, selective_scan  # noqa: E402
-from linpipe.kernels.kda import fla_kda, kda, naive_recurrent_kda  # noqa: E402
 
 gpu = pytest.mark.skipif(not ON_GPU, reason="needs a CUDA device")
 
@@ -330,6 +330,10 @@ def test_flas_mamba_layer_is_linpipes_scan_between_its_projections():
         got = layer.out_proj(y)
     _close(got, want, 1e-5)
     _close(h, h_want, 1e-5)
+
+
+@gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype,rtol", [(torch.float32, 1e-3), (torch.bfloat16, 3e-2)])
 def test_kda_on_cuda_real_size_matches_naive(dtype, rtol):
     """kda on CUDA tensors (fla's chunk_kda), 4,100 positions in two calls carrying the state,

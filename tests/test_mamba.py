@@ -160,6 +160,18 @@ def test_either_librarys_spelling_gives_the_same_model(tmp_path):
     assert json.loads((tmp_path / "a" / "config.json").read_text())["dt_rank"] == cfg["dt_rank"]
 
 
+def test_an_integer_expand_gives_the_inner_width(tmp_path):
+    """fla's and transformers' configs hold expand as an int (2): without intermediate_size the
+    inner width is int(expand * hidden_size), the same model as the stated width."""
+    hf = json.loads((FLA / "mamba_hf" / "config.json").read_text())
+    assert hf["intermediate_size"] % hf["hidden_size"] == 0
+    src = checkpoint(tmp_path, "mamba_hf", intermediate_size=None,
+                     expand=hf["intermediate_size"] // hf["hidden_size"])
+    r = run("model", "import", src, tmp_path / "m", *GIVEN)
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "m" / "config.json").read_text())["intermediate_size"] == hf["intermediate_size"]
+
+
 def test_model_init_writes_a_mamba_model_and_info_shows_its_state(tmp_path):
     """`model init --family mamba`: I 2D and R ceil(D / 16) by default, no heads, no MLP; its
     config.json round-trips; model info's state is h (L, I, N) and the window (L, W-1, I); another

@@ -107,7 +107,7 @@ def import_keys(ck, refuse) -> dict:
     expand = _get(cfg, "expand", 2)
     inner = cfg.get("intermediate_size")
     if inner is None:  # the references' int(expand * hidden_size)
-        ok = isinstance(expand, (int, float)) and not isinstance(expand, bool) and (expand * D).is_integer()
+        ok = isinstance(expand, (int, float)) and not isinstance(expand, bool) and float(expand * D).is_integer()
         if not ok or expand * D < 1:
             refuse("expand", f"is {expand!r}: expand x hidden_size must be a positive whole number")
         inner = int(expand * D)
