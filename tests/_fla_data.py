@@ -7,11 +7,14 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
+from _pipeline_data import read_fasta, record_outputs
 from click.testing import CliRunner
 
 from linpipe.cli import cli
 
 FLA = Path(__file__).parent / "data" / "fla"
+TOL = 1e-4
 GIVEN = ["--tokens", "A=3,C=4,G=5,T=6,N=7"]  # the fixtures' ids of the DNA letters
 
 
@@ -60,3 +63,20 @@ def fla_naive(folder: str):
     mod = importlib.util.module_from_spec(mod_spec)
     mod_spec.loader.exec_module(mod)
     return mod
+
+
+def assert_matches_fla(store, expected_npz, fasta):
+    """Every record's stored logprob and entropy equal fla's to TOL; logprob is NaN exactly at
+    the letters that are not A, C, G or T (lowercase included)."""
+    expected = np.load(expected_npz)
+    got = record_outputs(store)
+    seqs = read_fasta(fasta)
+    assert {k.split("/")[0] for k in got} == set(seqs)
+    for rid, seq in seqs.items():
+        lp, want = got[f"{rid}/logprob"], expected[f"{rid}/logprob"]
+        base = np.array([ch.upper() in "ACGT" for ch in seq])
+        assert lp.shape == want.shape == (len(seq),)
+        assert np.array_equal(np.isfinite(lp), base), rid
+        np.testing.assert_allclose(lp[base], want[base], rtol=0, atol=TOL, err_msg=rid)
+        np.testing.assert_allclose(got[f"{rid}/entropy"], expected[f"{rid}/entropy"], rtol=0, atol=TOL,
+                                   err_msg=rid)

@@ -104,8 +104,7 @@ def test_delta_net_without_short_convs_splits_on_ray(local_ray, tmp_path):
     --split 2 on Ray: no conv window to hand from segment to segment (the fold of the halos once
     crashed on it); each record (2 units and more of 37) over two actors stores the in-process
     split's bytes, the unsplit run's values (1e-5 relative) and fla's (1e-4)."""
-    from _fla_data import FLA, GIVEN, run
-    from test_fla_import import assert_matches_fla
+    from _fla_data import FLA, GIVEN, assert_matches_fla, run
 
     from linpipe.inputs import open_input
     from linpipe.model import load_model

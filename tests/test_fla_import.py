@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _fla_data import FLA, GIVEN, assert_refused, checkpoint, run
-from _pipeline_data import read_fasta, record_outputs, write_in_process
+from _fla_data import FLA, GIVEN, TOL, assert_matches_fla, assert_refused, checkpoint, run
+from _pipeline_data import read_fasta, write_in_process
 from _quick import cells
 
 from linpipe.model.config import origin_pairs
@@ -54,7 +54,6 @@ FIXTURE_PARAMS = cells(FIXTURES, quick=QUICK)
 TOKENS = {name: [] if name == "gated_deltanet" else GIVEN for name in FIXTURES}
 # fla's model_type -> linpipe's family, where they differ (linpipe's own layer is linear_attn)
 FAMILY = {"linear_attn": "fla_linear_attn", "falcon_mamba": "mamba"}
-TOL = 1e-4
 
 
 
@@ -68,23 +67,6 @@ def import_fixture(name, out):
     r = run("model", "import", FLA / name, out, *TOKENS[name])
     assert r.exit_code == 0, r.output
     return out
-
-
-def assert_matches_fla(store, expected_npz, fasta):
-    """Every record's stored logprob and entropy equal fla's to TOL; logprob is NaN exactly at
-    the letters that are not A, C, G or T (lowercase included)."""
-    expected = np.load(expected_npz)
-    got = record_outputs(store)
-    seqs = read_fasta(fasta)
-    assert {k.split("/")[0] for k in got} == set(seqs)
-    for rid, seq in seqs.items():
-        lp, want = got[f"{rid}/logprob"], expected[f"{rid}/logprob"]
-        base = np.array([ch.upper() in "ACGT" for ch in seq])
-        assert lp.shape == want.shape == (len(seq),)
-        assert np.array_equal(np.isfinite(lp), base), rid
-        np.testing.assert_allclose(lp[base], want[base], rtol=0, atol=TOL, err_msg=rid)
-        np.testing.assert_allclose(got[f"{rid}/entropy"], expected[f"{rid}/entropy"], rtol=0, atol=TOL,
-                                   err_msg=rid)
 
 
 # 1,024: each record one unit, the three packed in one batch; 37: every record in units cut at

@@ -169,7 +169,8 @@ def test_an_integer_expand_gives_the_inner_width(tmp_path):
                      expand=hf["intermediate_size"] // hf["hidden_size"])
     r = run("model", "import", src, tmp_path / "m", *GIVEN)
     assert r.exit_code == 0, r.output
-    assert json.loads((tmp_path / "m" / "config.json").read_text())["intermediate_size"] == hf["intermediate_size"]
+    got = json.loads((tmp_path / "m" / "config.json").read_text())
+    assert got["intermediate_size"] == hf["intermediate_size"]
 
 
 def test_model_init_writes_a_mamba_model_and_info_shows_its_state(tmp_path):

@@ -107,7 +107,8 @@ def import_keys(ck, refuse) -> dict:
     expand = _get(cfg, "expand", 2)
     inner = cfg.get("intermediate_size")
     if inner is None:  # the references' int(expand * hidden_size)
-        ok = isinstance(expand, (int, float)) and not isinstance(expand, bool) and float(expand * D).is_integer()
+        number = isinstance(expand, (int, float)) and not isinstance(expand, bool)
+        ok = number and float(expand * D).is_integer()  # an int has no is_integer before 3.12
         if not ok or expand * D < 1:
             refuse("expand", f"is {expand!r}: expand x hidden_size must be a positive whole number")
         inner = int(expand * D)
