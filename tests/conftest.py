@@ -7,9 +7,11 @@ run on those.
 """
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
+from _ray import SHARED_RAY
 
 REPO = Path(__file__).resolve().parents[1]
 CARRIED = Path(__file__).resolve().parent / "data"
@@ -147,23 +149,53 @@ def store_place(request, tmp_path):
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """The quick suite (`-m "not slow"`) starts no Ray in this process: a test that does, or a
-    fixture it sets up, fails here naming the fix. (Ray in a subprocess is not seen.)"""
+    fixture it sets up, fails here naming the fix, whether or not this process's shared Ray
+    (shared_ray) is up from an earlier test. (Ray in a subprocess is not seen.)"""
     if item.get_closest_marker("slow"):
         yield
         return
     import ray
 
-    real = ray.init
-
     def refuse(*args, **kwargs):
         raise RuntimeError(f"{item.nodeid} starts Ray (ray.init) but is not marked slow: mark it "
                            "@pytest.mark.slow, or run its work in this process (write_in_process)")
 
-    ray.init = refuse
-    try:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ray, "init", refuse)
+        for name, module in list(sys.modules.items()):  # a job would join the shared Ray
+            if name.startswith("linpipe.") and callable(getattr(module, "start_ray", None)):
+                mp.setattr(module, "start_ray", refuse)
         yield
-    finally:
-        ray.init = real
+
+
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _shared_ray_down():
+    yield
+    SHARED_RAY.down()
+
+
+@pytest.fixture
+def shared_ray():
+    """The test process's ordinary local Ray (3 CPUs), joined by whatever job the test runs in
+    this process. For tests whose job needs an ordinary Ray; a test about Ray itself (its own
+    embedded Ray's start and end, kills of it, clusters, authentication) takes own_ray."""
+    return SHARED_RAY.up()
+
+
+@pytest.fixture
+def own_ray():
+    """No Ray in this process when the test starts (the shared one is shut down, to start again
+    when a later test asks for it): the test's job starts an embedded Ray of its own, as a
+    user's first `linpipe submit` does, or the test joins a cluster. The test shuts down
+    whatever Ray it started."""
+    import ray
+
+    SHARED_RAY.down()
+    assert not ray.is_initialized()
+    yield
+    assert not ray.is_initialized(), "a test that took own_ray left its Ray up"
 
 
 @pytest.fixture(scope="session")
