@@ -198,6 +198,17 @@ def own_ray():
     assert not ray.is_initialized(), "a test that took own_ray left its Ray up"
 
 
+def pytest_collection_modifyitems(config, items):
+    """Cells marked premerge are not part of the suite (tests/README.md): they run when the -m
+    expression names premerge (`pytest -m premerge`, or tests/premerge.sh)."""
+    if "premerge" in (config.getoption("markexpr") or ""):
+        return
+    kept = [item for item in items if not item.get_closest_marker("premerge")]
+    if len(kept) < len(items):
+        config.hook.pytest_deselected(items=[item for item in items if item.get_closest_marker("premerge")])
+        items[:] = kept
+
+
 @pytest.fixture(scope="session")
 def worker_job(genomes, tmp_path_factory):
     """The worker tests' job: the tiny model, and 40 pieces of real genomes with 4 records of
