@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from _pipeline_data import make_tiny_model
+from _ray import SHARED_RAY
 from click.testing import CliRunner
 
 from linpipe.cli import cli
@@ -58,6 +59,7 @@ def gpu_cluster():
     import ray
     from ray.cluster_utils import Cluster
 
+    SHARED_RAY.down()  # this process joins the cluster instead
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
     c.add_node(num_cpus=4, num_gpus=1)  # one (declared) GPU on the only worker node
     c.wait_for_nodes()
