@@ -41,7 +41,12 @@ def ce_fasta(genomes, tmp_path_factory):
     return path
 
 
+# On the object store before a merge: what differs there (the lease's requests, a refusal naming
+# the live driver, a takeover from a dead one) is test_object_store.py's on both places, in this
+# process; a SIGKILLed driver's resume on S3 is test_split_kill.py's
 @pytest.mark.slow
+@pytest.mark.parametrize("store_place", ["local", pytest.param("s3", marks=pytest.mark.premerge)],
+                         indirect=True)
 def test_twin_refused_then_sigkilled_driver_resumes_bit_identical(store_place, ce_fasta, tiny_dna,
                                                                    tmp_path):
     """A driver runs the job: a second submit, asked while the driver is held still mid-job, is
@@ -80,7 +85,7 @@ def test_twin_refused_then_sigkilled_driver_resumes_bit_identical(store_place, c
 
 
 @pytest.mark.slow
-def test_overwrite_replaces_another_jobs_store(finished_at, store_place, mixed_fasta, tiny_dna):
+def test_overwrite_replaces_another_jobs_store(finished_at, store_place, mixed_fasta, tiny_dna, shared_ray):
     from linpipe.store import OutputStore
 
     out = finished_at(store_place("mt.zarr"))
