@@ -309,8 +309,10 @@ def test_index_files_go_to_the_cache_when_asked(genomes, tmp_path, monkeypatch):
 
 
 # ------------------------------------------------------------------ runs on a real (embedded) Ray
+# clone: a user in the folder that holds a clone of linpipe, the common case; a package named
+# linpipe there runs the same code (the folder start_ray starts Ray in): before a merge
 @pytest.mark.slow
-@pytest.mark.parametrize("shadow", ["clone", "package"])
+@pytest.mark.parametrize("shadow", ["clone", pytest.param("package", marks=pytest.mark.premerge)])
 def test_workers_import_the_installed_linpipe_wherever_submit_runs(shadow, tmp_path):
     """`linpipe submit` run where a `linpipe` folder sits: the clone itself (its folders, no
     __init__.py at its top), or a package of that name. Ray puts the driver's working directory

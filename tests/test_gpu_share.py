@@ -69,8 +69,10 @@ def gpu_cluster():
     c.shutdown()
 
 
+# a fraction of a GPU: several actors share it (the whole GPU per actor runs the same placement
+# with one actor, and actors_per_gpu is test_actors_per_gpu's: before a merge)
 @pytest.mark.slow  # a multi-node Ray cluster
-@pytest.mark.parametrize("num_gpus, workers", [(0.5, 2), (1, 1)])
+@pytest.mark.parametrize("num_gpus, workers", [(0.5, 2), pytest.param(1, 1, marks=pytest.mark.premerge)])
 def test_a_fraction_of_a_gpu_per_actor_puts_several_workers_on_one_gpu(gpu_cluster, genomes_here, tmp_path,
                                                                      num_gpus, workers):
     tiny = make_tiny_model(tmp_path / "tiny")
