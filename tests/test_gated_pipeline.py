@@ -17,7 +17,10 @@ def gated(tmp_path_factory):
     return path
 
 
+# Before a merge: the gated split's own code is test_split.py's test_gated_split_equals_serial_unit_edges
+# (in process); what Ray adds is the same code for every model: test_split_ray.py's in the suite
 @pytest.mark.slow
+@pytest.mark.premerge
 def test_split_on_ray_equals_the_serial_run(genomes, gated, tmp_path, shared_ray):
     """A 20 kb C. elegans record over 3 segments on Ray; outputs equal the serial run's to rel
     1e-5."""

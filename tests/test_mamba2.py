@@ -177,7 +177,11 @@ def test_transformers_spellings_give_the_same_model(tmp_path):
     assert load_model(str(tmp_path / "inf")).config.ssd["dt_limit"] == (0.0, None)
 
 
+# Before a merge: the split's mamba2 code (mamba2_split.py) is test_split_states_equal_the_streamed_runs'
+# and test_fla_import's; what Ray adds (actors, the driver's exchange, the stored states) is the
+# same code for every family: test_split_ray.py's and test_delta_split_ray.py's in the suite
 @pytest.mark.slow  # a job on Ray
+@pytest.mark.premerge
 def test_split_on_ray_equals_streamed(genomes, tmp_path, shared_ray):
     """`--split 2` with the imported mamba2 checkpoint on a local Ray (jobs/split.py):
     20 kb of C. elegans chromosome I over two actors equals the streamed run within 1e-5

@@ -16,6 +16,7 @@ from _pipeline_data import (
     record_outputs,
     store_arrays,
     write_fasta_slice,
+    write_in_process,
 )
 from _ray import SHARED_RAY
 from click.testing import CliRunner
@@ -209,7 +210,7 @@ def test_interrupted_job_resumes_to_the_same_bytes(genome, tiny, shared_ray, tmp
     # worker), so units are still to run when the driver stops after the second
     unit = 2_048
     ref, out = tmp_path / "ref.zarr", tmp_path / "resumed.zarr"
-    _run(genome, ref, unit_size=unit)
+    write_in_process(genome, TINY[0], ref, unit_size=unit, outputs=OUTPUTS)  # a worker's bytes
 
     class Stop(Exception):
         pass
