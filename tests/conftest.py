@@ -198,15 +198,34 @@ def own_ray():
     assert not ray.is_initialized(), "a test that took own_ray left its Ray up"
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
     """Cells marked premerge are not part of the suite (tests/README.md): they run when the -m
-    expression names premerge (`pytest -m premerge`, or tests/premerge.sh)."""
-    if "premerge" in (config.getoption("markexpr") or ""):
-        return
-    kept = [item for item in items if not item.get_closest_marker("premerge")]
-    if len(kept) < len(items):
-        config.hook.pytest_deselected(items=[item for item in items if item.get_closest_marker("premerge")])
-        items[:] = kept
+    expression names premerge (`pytest -m premerge`, or tests/premerge.sh). The files go to the
+    test processes longest first (tests/durations.txt; xdist keeps this order with
+    --no-loadscope-reorder), so that the last to run are short."""
+    if "premerge" not in (config.getoption("markexpr") or ""):
+        left = [item for item in items if item.get_closest_marker("premerge")]
+        if left:
+            config.hook.pytest_deselected(items=left)
+            items[:] = [item for item in items if not item.get_closest_marker("premerge")]
+    seconds = _file_seconds()
+    count: dict[str, int] = {}
+    for item in items:
+        count[item.nodeid.split("::")[0]] = count.get(item.nodeid.split("::")[0], 0) + 1
+
+    def longest_first(item):
+        f = item.nodeid.split("::")[0]
+        return -seconds.get(f, count[f] / 3), f
+    items.sort(key=longest_first)  # stable: a file's tests keep their order
+
+
+def _file_seconds() -> dict[str, float]:
+    """tests/durations.txt: seconds per test file (written by tests/durations.py)."""
+    table = Path(__file__).with_name("durations.txt")
+    if not table.exists():
+        return {}
+    return {f: float(s) for s, f in (line.split() for line in table.read_text().splitlines() if line.strip())}
 
 
 @pytest.fixture(scope="session")
