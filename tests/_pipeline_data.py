@@ -79,9 +79,13 @@ def assert_same_bytes(a: dict, b: dict) -> None:
 # per-position log-gates, the gated delta rule (its state the rule's S and the q, k, v windows), or
 # Mamba v1 (its state h per channel and state, and the x window).
 MODEL_KINDS = ("fixed", "gated", "gated_deltanet", "mamba")
-# As tests parametrise model_kind: the quick suite (-m "not slow") writes a module's store with the
-# fixed model only, the whole suite with each kind (a store apiece, the gated kinds' slower).
-KIND_PARAMS = tuple(k if k == "fixed" else pytest.param(k, marks=pytest.mark.slow) for k in MODEL_KINDS)
+# As tests parametrise model_kind (a store apiece): the quick suite (-m "not slow") writes a
+# module's store with the fixed model; the whole suite adds each family of its own (its state and
+# store code: the gated delta rule's S and windows, Mamba's h and x window); the gated model, the
+# fixed model's family with gates (the same state and store code), runs before a merge
+# (tests/README.md).
+KIND_PARAMS = ("fixed", pytest.param("gated", marks=(pytest.mark.slow, pytest.mark.premerge)),
+               *(pytest.param(k, marks=pytest.mark.slow) for k in MODEL_KINDS if k not in ("fixed", "gated")))
 
 
 def tiny_model_of(kind: str, directory: Path) -> str:

@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from _ray import SHARED_RAY
 
 REPO = Path(__file__).resolve().parents[1]
 CARRIED = Path(__file__).resolve().parent / "data"
@@ -147,23 +148,82 @@ def store_place(request, tmp_path):
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """The quick suite (`-m "not slow"`) starts no Ray in this process: a test that does, or a
-    fixture it sets up, fails here naming the fix. (Ray in a subprocess is not seen.)"""
+    fixture it sets up, fails here naming the fix, whether or not this process's shared Ray
+    (shared_ray) is up from an earlier test. (Ray in a subprocess is not seen.)"""
     if item.get_closest_marker("slow"):
         yield
         return
     import ray
 
-    real = ray.init
-
     def refuse(*args, **kwargs):
         raise RuntimeError(f"{item.nodeid} starts Ray (ray.init) but is not marked slow: mark it "
                            "@pytest.mark.slow, or run its work in this process (write_in_process)")
 
-    ray.init = refuse
-    try:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ray, "init", refuse)
+        # linpipe's start_ray would join the shared Ray without ray.init: it sees none here
+        mp.setattr(ray, "is_initialized", lambda: False)
         yield
-    finally:
-        ray.init = real
+
+
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _shared_ray_down():
+    yield
+    SHARED_RAY.down()
+
+
+@pytest.fixture
+def shared_ray():
+    """The test process's ordinary local Ray (3 CPUs), joined by whatever job the test runs in
+    this process. For tests whose job needs an ordinary Ray; a test about Ray itself (its own
+    embedded Ray's start and end, kills of it, clusters, authentication) takes own_ray."""
+    return SHARED_RAY.up()
+
+
+@pytest.fixture
+def own_ray():
+    """No Ray in this process when the test starts (the shared one is shut down, to start again
+    when a later test asks for it): the test's job starts an embedded Ray of its own, as a
+    user's first `linpipe submit` does, or the test joins a cluster. The test shuts down
+    whatever Ray it started."""
+    import ray
+
+    SHARED_RAY.down()
+    assert not ray.is_initialized()
+    yield
+    assert not ray.is_initialized(), "a test that took own_ray left its Ray up"
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    """Cells marked premerge are not part of the suite (tests/README.md): they run when the -m
+    expression names premerge (`pytest -m premerge`, or tests/premerge.sh). The files go to the
+    test processes longest first (tests/durations.txt; xdist keeps this order with
+    --no-loadscope-reorder), so that the last to run are short."""
+    if "premerge" not in (config.getoption("markexpr") or ""):
+        left = [item for item in items if item.get_closest_marker("premerge")]
+        if left:
+            config.hook.pytest_deselected(items=left)
+            items[:] = [item for item in items if not item.get_closest_marker("premerge")]
+    seconds = _file_seconds()
+    count: dict[str, int] = {}
+    for item in items:
+        count[item.nodeid.split("::")[0]] = count.get(item.nodeid.split("::")[0], 0) + 1
+
+    def longest_first(item):
+        f = item.nodeid.split("::")[0]
+        return -seconds.get(f, count[f] / 3), f
+    items.sort(key=longest_first)  # stable: a file's tests keep their order
+
+
+def _file_seconds() -> dict[str, float]:
+    """tests/durations.txt: seconds per test file (written by tests/durations.py)."""
+    table = Path(__file__).with_name("durations.txt")
+    if not table.exists():
+        return {}
+    return {f: float(s) for s, f in (line.split() for line in table.read_text().splitlines() if line.strip())}
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,6 @@ test_verify take `gated_deltanet` among _pipeline_data.MODEL_KINDS):
 - --split N plans (the split itself: test_delta_split.py), auto never splits a delta-rule model."""
 from __future__ import annotations
 
-import subprocess
 import sys
 
 import numpy as np
@@ -105,17 +104,17 @@ def _submit(fasta, model, out, *extra):
 
 
 @pytest.mark.slow
-def test_sigkilled_submit_resumes_bit_identical(genomes, gated_delta, tmp_path):
+def test_sigkilled_submit_resumes_bit_identical(genomes, gated_delta, tmp_path, shared_ray):
     """submit on Ray (a long record streamed with its state, short ones packed) killed with
-    SIGKILL after a few units, then submitted again: the same bytes as one uninterrupted run."""
+    SIGKILL after a few units (a process with its embedded Ray), then submitted again (here, on
+    the test process's Ray): the same bytes as one uninterrupted run."""
     fasta = tmp_path / "many.fa"
     write_contigs(genomes, fasta, 16, seed=5, long=1)
     out, clean = tmp_path / "killed.zarr", tmp_path / "clean.zarr"
     progress = submit_and_sigkill(_submit(fasta, gated_delta, out, "--workers", "1"), out, 2, wait_s=240)
     assert 2 <= progress["units_done"] < progress["units"]
-    res = subprocess.run(_submit(fasta, gated_delta, out, "--workers", "1"), capture_output=True, text=True,
-                         timeout=400)
-    assert res.returncode == 0, res.stderr
+    res = CliRunner().invoke(cli, _submit(fasta, gated_delta, out, "--workers", "1")[3:])
+    assert res.exit_code == 0, res.output
     plan = write_in_process(fasta, gated_delta, clean, unit_size=CONTIG_UNIT, outputs=("logprob", "entropy"))
     assert plan.records and plan.packed.n_batches > 1  # streamed and packed records both ran
     assert_same_bytes(store_arrays(clean), store_arrays(out))

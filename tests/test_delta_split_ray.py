@@ -1,4 +1,4 @@
-"""--split N with a delta-rule model on an embedded local Ray (jobs/split.py): a real record over
+"""--split N with a delta-rule model on a local Ray (jobs/split.py): a real record over
 two actors equals the streamed run within 1e-5 relative, one writer per unit; with an actor
 SIGKILLed at a layer's barrier the group resumes from the store's checkpoint (the delta rule's
 states in it) to the uninterrupted split run's bytes."""
@@ -43,25 +43,11 @@ class Watch(JobEvents):
     def split_layer(self, record_id, layer, nodes, timing):
         self.layers.append(layer)
         if self.kill_at and self.kill_at[0] == layer:
-            os.kill(int(nodes[self.kill_at[1]].rsplit(":", 1)[1]), signal.SIGKILL)  # this test's own Ray
+            os.kill(int(nodes[self.kill_at[1]].rsplit(":", 1)[1]), signal.SIGKILL)  # the test's actor
             self.kill_at = None
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    import shutil
-    import tempfile
-
-    import ray
-
-    tmp = tempfile.mkdtemp(prefix="lpd-")
-    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=tmp, logging_level="WARNING", log_to_driver=False)
-    yield
-    ray.shutdown()
-    shutil.rmtree(tmp, ignore_errors=True)
-
-
-def test_gated_deltanet_split_on_ray_equals_streamed_and_resumes(local_ray, genomes, tmp_path, monkeypatch):
+def test_gated_deltanet_split_on_ray_equals_streamed_and_resumes(shared_ray, genomes, tmp_path, monkeypatch):
     monkeypatch.setattr("linpipe.model.checkpoints.STORE_BYTES_PER_S", 1e15)  # a checkpoint every layer
     model = make_tiny_model(tmp_path / "gdn", family="gated_deltanet")
     fasta = tmp_path / "ce_I.fa"

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from _pipeline_data import make_tiny_model, read_fasta
+from _ray import SHARED_RAY
 from click.testing import CliRunner
 
 from linpipe.cli import cli
@@ -46,6 +47,7 @@ def submitted(genomes, tmp_path_factory) -> Path:
     contig = read_fasta(genomes / "minimap2_MT-human.fa")["MT_human"][:600]
     fasta = folder / "genome.fa"
     fasta.write_text(f">chr1\n{chr1}\n>contig_000123\n{contig}\n")
+    SHARED_RAY.up()  # the job joins the test process's Ray
     r = CliRunner().invoke(cli, ["submit", str(fasta), "--out", str(folder / "OUT.zarr"),
                                  "--unit-size", "8192", "--workers", "1", "--quiet"])
     assert r.exit_code == 0, r.output

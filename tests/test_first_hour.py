@@ -460,21 +460,6 @@ def test_every_help_has_an_example_and_every_option_says_what_it_does(path):
         target.make_context(target.name, rest)
 
 
-@pytest.mark.slow  # a training run in a process of its own
-def test_train_progress_in_a_log_file_is_lines_not_a_bar(genomes, tmp_path):
-    import subprocess
-    import sys
-
-    log = tmp_path / "train.log"
-    with open(log, "w") as f:
-        argv = [sys.executable, "-m", "linpipe.cli", "train", str(genomes / "minimap2_MT-human.fa"),
-                "--out", str(tmp_path / "m"), *TINY_TRAIN[:-1]]  # without --quiet
-        r = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT, timeout=300)
-    text = log.read_text()
-    assert r.returncode == 0, text
-    assert "\r" not in text and "progress: 2/2 steps (100.0%)" in text
-
-
 @pytest.fixture(scope="module")
 def ecg_store(tmp_path_factory):
     """The shipped ECG example run through the shipped ECG model (in this process: no Ray)."""

@@ -71,11 +71,15 @@ def import_fixture(name, out):
 
 # 1,024: each record one unit, the three packed in one batch; 37: every record in units cut at
 # odd places; 100: the long record streamed in 4 units, the short two packed together (the two
-# ways in one job: in the quick suite once, the model's part being the other two's)
+# ways in one job). The quick suite: one fixture per family at 1,024 and 37, and 100 once (the
+# model's part being the other two's). The whole suite adds every other fixture at 37 (each
+# option's state carried across cuts: a conv's window, a normaliser, a feature map, grouped
+# heads) and delta_net, a family of its own, packed. Before a merge: the other fixtures packed
+# and mixed (their packed batches run the code of their family's quick cell).
 @pytest.mark.parametrize("imported,unit_size", cells(
     [(name, u) for name in FIXTURES for u in (1024, 37, 100)],
-    quick=[(name, u) for name in QUICK for u in (1024, 37)]
-    + [("gated_deltanet", 100), ("mamba2_no_limit", 1024)]),
+    quick=[(name, u) for name in QUICK for u in (1024, 37)] + [("gated_deltanet", 100), ("mamba2_no_limit", 1024)],
+    suite=[(name, 37) for name in FIXTURES if name not in QUICK] + [("delta_net", 1024)]),
     indirect=["imported"], scope="module")
 def test_stored_logprobs_equal_flas(imported, unit_size, tmp_path, one_torch_thread):
     name, model = imported
@@ -88,16 +92,15 @@ def test_stored_logprobs_equal_flas(imported, unit_size, tmp_path, one_torch_thr
     assert_matches_fla(out, FLA / name / "expected.npz", FLA / "records.fa")
 
 
-@pytest.mark.slow  # a Ray cluster on loopback
-def test_linpipe_submit_on_ray_stores_flas_logprobs(tmp_path):
+@pytest.mark.slow  # a job on Ray
+def test_linpipe_submit_on_ray_stores_flas_logprobs(tmp_path, shared_ray):
     """`linpipe submit` itself (Ray, two workers; the long record streamed in units of 100, the
     others packed) with the imported gated_deltanet checkpoint stores fla's numbers."""
     model, out = tmp_path / "gdn", tmp_path / "ray.zarr"
     assert run("model", "import", FLA / "gated_deltanet", model).exit_code == 0
-    r = subprocess.run([sys.executable, "-m", "linpipe.cli", "submit", str(FLA / "records.fa"), "--model",
-                        str(model), "--out", str(out), "--unit-size", "100", "--workers", "2",
-                        "--outputs", "logprob,entropy"], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout + r.stderr
+    r = run("submit", FLA / "records.fa", "--model", model, "--out", out, "--unit-size", "100",
+            "--workers", "2", "--outputs", "logprob,entropy")
+    assert r.exit_code == 0, r.output
     assert_matches_fla(out, FLA / "gated_deltanet" / "expected.npz", FLA / "records.fa")
 
 
@@ -119,10 +122,12 @@ def split_run(once, model_dir, parts):
     return once(("fla split", str(model_dir), parts), make)
 
 
-# 3 segments: a first, a middle and a last; 2 in the quick suite once
+# 3 segments: a first, a middle and a last (each fixture's exchange of its states); 2 runs no
+# code 3 does not (a first and a last): in the quick suite once, the other fixtures before a merge
 @pytest.mark.parametrize("imported,parts", cells(
     [(name, parts) for name in FIXTURES for parts in (2, 3)],
-    quick=[(name, 3) for name in QUICK] + [("gated_deltanet", 2)]),
+    quick=[(name, 3) for name in QUICK] + [("gated_deltanet", 2)],
+    suite=[(name, 3) for name in FIXTURES if name not in QUICK]),
     indirect=["imported"], scope="module")
 def test_split_logprobs_equal_flas(imported, parts, one_torch_thread, once):
     """The longest record over 2 and 3 segments (the split's passes and exchange, in process, as

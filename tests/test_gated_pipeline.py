@@ -17,31 +17,23 @@ def gated(tmp_path_factory):
     return path
 
 
+# Before a merge: the gated split's own code is test_split.py's test_gated_split_equals_serial_unit_edges
+# (in process); what Ray adds is the same code for every model: test_split_ray.py's in the suite
 @pytest.mark.slow
-def test_split_on_ray_equals_the_serial_run(genomes, gated, tmp_path):
+@pytest.mark.premerge
+def test_split_on_ray_equals_the_serial_run(genomes, gated, tmp_path, shared_ray):
     """A 20 kb C. elegans record over 3 segments on Ray; outputs equal the serial run's to rel
     1e-5."""
-    import shutil
-    import tempfile
-
-    import ray
-
     from linpipe.jobs.driver import run_job
     from linpipe.jobs.request import JobRequest
 
     fasta = tmp_path / "ce.fa"
     fasta.write_text(">I\n" + read_fasta(genomes / "htslib_ce.fa")["CHROMOSOME_I"][:20_000] + "\n")
     outputs = ("logprob", "entropy", "hidden")
-    tmp = tempfile.mkdtemp(prefix="lpg-")
-    ray.init(num_cpus=3, include_dashboard=False, _temp_dir=tmp, logging_level="WARNING", log_to_driver=False)
-    try:
-        out = tmp_path / "split.zarr"
-        summary = run_job(JobRequest(inputs=(str(fasta),), model=gated, out=str(out), unit_size=2048,
-                                     outputs=outputs, workers=3, split="3"))
-        assert summary.positions_run == 20_000
-    finally:
-        ray.shutdown()
-        shutil.rmtree(tmp, ignore_errors=True)
+    out = tmp_path / "split.zarr"
+    summary = run_job(JobRequest(inputs=(str(fasta),), model=gated, out=str(out), unit_size=2048,
+                                 outputs=outputs, workers=3, split="3"))
+    assert summary.positions_run == 20_000
     serial = tmp_path / "serial.zarr"
     write_in_process(fasta, gated, serial, unit_size=2048, outputs=outputs)
     assert_close(out, serial)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from _pipeline_data import make_tiny_model
+from _ray import SHARED_RAY
 from click.testing import CliRunner
 
 from linpipe.cli import cli
@@ -58,6 +59,7 @@ def gpu_cluster():
     import ray
     from ray.cluster_utils import Cluster
 
+    SHARED_RAY.down()  # this process joins the cluster instead
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
     c.add_node(num_cpus=4, num_gpus=1)  # one (declared) GPU on the only worker node
     c.wait_for_nodes()
@@ -67,8 +69,10 @@ def gpu_cluster():
     c.shutdown()
 
 
+# a fraction of a GPU: several actors share it (the whole GPU per actor runs the same placement
+# with one actor, and actors_per_gpu is test_actors_per_gpu's: before a merge)
 @pytest.mark.slow  # a multi-node Ray cluster
-@pytest.mark.parametrize("num_gpus, workers", [(0.5, 2), (1, 1)])
+@pytest.mark.parametrize("num_gpus, workers", [(0.5, 2), pytest.param(1, 1, marks=pytest.mark.premerge)])
 def test_a_fraction_of_a_gpu_per_actor_puts_several_workers_on_one_gpu(gpu_cluster, genomes_here, tmp_path,
                                                                      num_gpus, workers):
     tiny = make_tiny_model(tmp_path / "tiny")

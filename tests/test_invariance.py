@@ -158,7 +158,7 @@ def test_the_machine_chooses_by_its_cpu(monkeypatch):
 
 
 @pytest.mark.slow
-def test_the_product_asked_for_reaches_the_workers(tmp_path, monkeypatch):
+def test_the_product_asked_for_reaches_the_workers(tmp_path, monkeypatch, own_ray):
     """LINPIPE_CPU_MATMUL, set where the job is submitted, is what an embedded Ray's workers
     compute with: a submit asking for the product this machine does not take by default gives
     the bytes of an in-process run with that product."""

@@ -10,7 +10,6 @@ import copy
 import json
 import math
 import shutil
-import tempfile
 
 import numpy as np
 import pytest
@@ -179,12 +178,15 @@ def test_transformers_spellings_give_the_same_model(tmp_path):
     assert load_model(str(tmp_path / "inf")).config.layer.dt_limit == (0.0, None)
 
 
-@pytest.mark.slow  # a Ray cluster on loopback
-def test_split_on_ray_equals_streamed(genomes, tmp_path):
-    """`--split 2` with the imported mamba2 checkpoint on an embedded local Ray (jobs/split.py):
+# Before a merge: the split's mamba2 code (mamba2_split.py) is test_split_states_equal_the_streamed_runs'
+# and test_fla_import's; what Ray adds (actors, the driver's exchange, the stored states) is the
+# same code for every family: test_split_ray.py's and test_delta_split_ray.py's in the suite
+@pytest.mark.slow  # a job on Ray
+@pytest.mark.premerge
+def test_split_on_ray_equals_streamed(genomes, tmp_path, shared_ray):
+    """`--split 2` with the imported mamba2 checkpoint on a local Ray (jobs/split.py):
     20 kb of C. elegans chromosome I over two actors equals the streamed run within 1e-5
     relative, outputs and stored unit-edge states, each unit written once."""
-    import ray
     from _pipeline_data import record_outputs, write_fasta_slice, write_in_process
 
     from linpipe.jobs.driver import run_job
@@ -197,15 +199,8 @@ def test_split_on_ray_equals_streamed(genomes, tmp_path):
     want_len = {"CHROMOSOME_I": 20_000}
     assert write_fasta_slice(genomes / "htslib_ce.fa", fasta, want_len) == want_len
     out, streamed = tmp_path / "split.zarr", tmp_path / "streamed.zarr"
-    ray_dir = tempfile.mkdtemp(prefix="lpm-")  # short: Ray's socket paths have a length limit
-    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=ray_dir, logging_level="WARNING",
-             log_to_driver=False)
-    try:
-        summary = run_job(JobRequest(inputs=(str(fasta),), model=str(model), out=str(out), unit_size=4096,
-                                     outputs=("logprob", "entropy"), workers=2, split=2))
-    finally:
-        ray.shutdown()
-        shutil.rmtree(ray_dir, ignore_errors=True)
+    summary = run_job(JobRequest(inputs=(str(fasta),), model=str(model), out=str(out), unit_size=4096,
+                                 outputs=("logprob", "entropy"), workers=2, split=2))
     assert summary.positions_run == 20_000 and summary.worker_deaths == 0
     write_in_process(fasta, str(model), streamed, unit_size=4096, outputs=("logprob", "entropy"))
     got, want = record_outputs(out), record_outputs(streamed)

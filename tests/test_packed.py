@@ -6,7 +6,6 @@ wrong: an empty record, a record of one base, records of exactly one work unit a
 """
 from __future__ import annotations
 
-import subprocess
 import sys
 import time
 
@@ -124,7 +123,7 @@ def test_a_million_records_store_is_laid_out_in_seconds_and_finds_any_id(tmp_pat
 
 # ------------------------------------------------------------------------------------- end to end
 @pytest.mark.slow
-def test_packed_and_long_records_equal_the_model_on_each_record_alone(contigs, tiny, tmp_path):
+def test_packed_and_long_records_equal_the_model_on_each_record_alone(contigs, tiny, tmp_path, shared_ray):
     import linpipe
 
     path, lengths = contigs
@@ -187,18 +186,18 @@ def test_packed_and_long_records_equal_the_model_on_each_record_alone(contigs, t
 
 
 @pytest.mark.slow
-def test_sigkilled_driver_on_a_packed_store_resumes_bit_identical(genomes, tiny, tmp_path):
+def test_sigkilled_driver_on_a_packed_store_resumes_bit_identical(genomes, tiny, tmp_path, shared_ray):
     """The fixed model only: a driver's resume does not look into the model (a delta-rule
     model's SIGKILLed submit of packed and long records is test_delta_pipeline.py's; each
-    kind's stored states are checked and repaired in test_verify.py)."""
+    kind's stored states are checked and repaired in test_verify.py). The driver killed is a
+    process with its embedded Ray; the resume runs here, on the test process's Ray."""
     fasta = tmp_path / "many.fa"
     write_contigs(genomes, fasta, 900, seed=5, long=1)
     out, clean = tmp_path / "killed.zarr", tmp_path / "clean.zarr"
     progress = submit_and_sigkill(_submit(fasta, tiny, out, "--workers", "1"), out, 5)
     assert 5 <= progress["units_done"] < progress["units"]
-    res = subprocess.run(_submit(fasta, tiny, out, "--workers", "1"), capture_output=True, text=True,
-                         timeout=300)
-    assert res.returncode == 0, res.stderr
+    res = CliRunner().invoke(cli, _submit(fasta, tiny, out, "--workers", "1")[3:])
+    assert res.exit_code == 0, res.output
     write_in_process(fasta, tiny, clean, unit_size=UNIT)  # the uninterrupted run, without Ray
     assert_same_bytes(store_arrays(clean), store_arrays(out))
 
@@ -213,7 +212,7 @@ def _two_channel_model(model_dir, *, d_model: int, heads: int, hidden: int):
 
 
 @pytest.mark.slow
-def test_many_series_under_an_id_column_are_packed_too(timeseries, tmp_path):
+def test_many_series_under_an_id_column_are_packed_too(timeseries, tmp_path, shared_ray):
     """400 short and 2 long sensor series cut from the real 2-lead ECG, with time stamps."""
     import pandas as pd
     import pyarrow as pa

@@ -1,8 +1,8 @@
-"""`linpipe submit` end to end on an embedded local Ray: real genome slices, a tiny model.
+"""`linpipe submit` end to end on a local Ray: real genome slices, a tiny model.
 
-One local Ray instance (2 CPUs) serves the whole module; run_job joins it instead of starting
-its own, which keeps this file fast on a busy 2-core machine. The CLI tests at the end start
-and stop their own embedded Ray, as a user's `linpipe submit` does.
+The jobs join the test process's shared local Ray (conftest's shared_ray) instead of starting
+their own, which keeps this file fast on a busy 2-core machine (a user's own embedded Ray is
+test_dead_ends.py's and test_pipeline_e2e.py's).
 """
 from __future__ import annotations
 
@@ -16,7 +16,9 @@ from _pipeline_data import (
     record_outputs,
     store_arrays,
     write_fasta_slice,
+    write_in_process,
 )
+from _ray import SHARED_RAY
 from click.testing import CliRunner
 
 from linpipe.errors import InputError, StoreError
@@ -27,12 +29,13 @@ from linpipe.store.table import PackedRecords
 
 UNIT = 16_384
 OUTPUTS = ["logprob", "entropy", "softmask"]
-TINY: list[str] = []  # the module's tiny model directory, set by the local_ray fixture
+TINY: list[str] = []  # the module's tiny model directory, set by the tiny fixture
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    return make_tiny_model(tmp_path_factory.mktemp("model") / "tiny")
+    TINY[:] = [make_tiny_model(tmp_path_factory.mktemp("model") / "tiny")]
+    return TINY[0]
 
 
 @pytest.fixture(scope="module")
@@ -42,22 +45,6 @@ def genome(genomes, tmp_path_factory):
     lengths = write_fasta_slice(genomes / "htslib_ce.fa", path, 60_000)
     assert len(lengths) == 7 and max(lengths.values()) == 60_000
     return path
-
-
-@pytest.fixture(scope="module")
-def local_ray(tiny):
-    import shutil
-    import tempfile
-
-    import ray
-
-    tmp = tempfile.mkdtemp(prefix="lpt-")
-    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=tmp,
-             logging_level="WARNING", log_to_driver=False)
-    TINY[:] = [tiny]
-    yield
-    ray.shutdown()
-    shutil.rmtree(tmp, ignore_errors=True)
 
 
 class OnUnit(JobEvents):
@@ -96,8 +83,9 @@ class Recorder(JobEvents):
 
 
 @pytest.fixture(scope="module")
-def reference(genome, local_ray, tmp_path_factory):
+def reference(genome, tiny, tmp_path_factory):
     """The uninterrupted run every other run is compared with, and the events it reported."""
+    SHARED_RAY.up()
     out = tmp_path_factory.mktemp("ref") / "ref.zarr"
     events = Recorder()
     req = JobRequest(inputs=(str(genome),), out=str(out), workers=2, model=TINY[0], unit_size=UNIT,
@@ -200,7 +188,8 @@ def test_end_to_end_matches_the_bare_model(genome, reference):
 
 
 @pytest.mark.slow
-def test_same_options_are_bit_identical_and_unit_size_does_not_matter(genome, reference, tmp_path):
+def test_same_options_are_bit_identical_and_unit_size_does_not_matter(genome, reference, tmp_path,
+                                                                       shared_ray):
     ref_out = reference[0]
     again = tmp_path / "again.zarr"
     _run(genome, again)
@@ -216,12 +205,12 @@ def test_same_options_are_bit_identical_and_unit_size_does_not_matter(genome, re
 
 
 @pytest.mark.slow
-def test_interrupted_job_resumes_to_the_same_bytes(genome, local_ray, tmp_path):
+def test_interrupted_job_resumes_to_the_same_bytes(genome, tiny, shared_ray, tmp_path):
     # units of 2,048: the 60 kb record's 30 units outnumber the calls in flight (IN_FLIGHT per
     # worker), so units are still to run when the driver stops after the second
     unit = 2_048
     ref, out = tmp_path / "ref.zarr", tmp_path / "resumed.zarr"
-    _run(genome, ref, unit_size=unit)
+    write_in_process(genome, TINY[0], ref, unit_size=unit, outputs=OUTPUTS)  # a worker's bytes
 
     class Stop(Exception):
         pass
@@ -243,7 +232,7 @@ def test_interrupted_job_resumes_to_the_same_bytes(genome, local_ray, tmp_path):
 
 
 @pytest.mark.slow
-def test_other_options_against_an_existing_store_are_refused(genome, reference, tmp_path):
+def test_other_options_against_an_existing_store_are_refused(genome, reference, tmp_path, shared_ray):
     import shutil
 
     out = tmp_path / "o.zarr"
@@ -259,7 +248,7 @@ def test_other_options_against_an_existing_store_are_refused(genome, reference, 
 
 
 @pytest.mark.slow
-def test_input_vanishing_mid_job_is_a_clear_error(genome, local_ray, tmp_path):
+def test_input_vanishing_mid_job_is_a_clear_error(genome, tiny, shared_ray, tmp_path):
     victim = tmp_path / "victim.fa"
     victim.write_bytes(genome.read_bytes())
     out = tmp_path / "v.zarr"
@@ -276,7 +265,8 @@ def test_input_vanishing_mid_job_is_a_clear_error(genome, local_ray, tmp_path):
 
 # ----------------------------------------------------------------------------- CLI
 @pytest.mark.slow
-def test_cli_submit_two_inputs_then_says_nothing_to_do(genome, genomes, tiny, tmp_path, monkeypatch):
+def test_cli_submit_two_inputs_then_says_nothing_to_do(genome, genomes, tiny, tmp_path, monkeypatch,
+                                                        shared_ray):
     import linpipe
 
     monkeypatch.chdir(tmp_path)
@@ -338,7 +328,7 @@ def test_progress_bar_on_a_terminal_and_log_lines_otherwise():
 
 
 @pytest.mark.slow
-def test_a_worker_that_cannot_start_is_reported_in_one_line(local_ray, genome, tiny, tmp_path):
+def test_a_worker_that_cannot_start_is_reported_in_one_line(shared_ray, genome, tiny, tmp_path):
     """A worker's __init__ failing on its node (here: the model vanished after the driver loaded
     it) ends the job with the worker's own error, not Ray's traceback."""
     import shutil

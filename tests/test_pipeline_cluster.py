@@ -15,6 +15,7 @@ from _pipeline_data import (
     store_arrays,
     write_fasta_slice,
 )
+from _ray import SHARED_RAY
 
 from linpipe.jobs.driver import JobEvents, run_job
 from linpipe.jobs.request import JobRequest
@@ -45,6 +46,7 @@ def cluster(tiny, s3_server):
     import ray
     from ray.cluster_utils import Cluster
 
+    SHARED_RAY.down()  # this process joins the cluster instead
     c = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 0, "include_dashboard": False,
         # notice a removed node in about a second, not the default 30 s

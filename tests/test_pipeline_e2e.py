@@ -1,7 +1,8 @@
 """`linpipe submit` as a user runs it, on real data: a time series with an id and a time column,
 a driver killed with SIGKILL and resumed, actor resources from a job spec, and a full disk.
 
-Each test starts its own embedded Ray (through the CLI or a subprocess), as a user's submit does.
+The jobs run in this process join the test process's shared Ray (conftest's shared_ray); the
+SIGKILLed driver is a subprocess with an embedded Ray of its own, as a user's submit has.
 """
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ def elec_two_sites(timeseries, tmp_path_factory):
     return path, table
 
 
-def test_timeseries_submit_matches_the_bare_model_and_opens_in_xarray(elec_two_sites, tmp_path):
+def test_timeseries_submit_matches_the_bare_model_and_opens_in_xarray(elec_two_sites, tmp_path, shared_ray):
     import xarray as xr
 
     import linpipe
@@ -156,8 +157,8 @@ def test_sigkilled_driver_resumes_to_the_bytes_of_an_uninterrupted_run(ce_slice,
 
 
 # ----------------------------------------------------------------------------- actor resources
-def test_spec_resources_size_the_actors(ce_slice, tiny_dna, tmp_path):
-    """A spec asking 2 CPUs per actor on a 2-CPU local Ray gets one actor (two threads), and the
+def test_spec_resources_size_the_actors(ce_slice, tiny_dna, tmp_path, shared_ray):
+    """A spec asking 2 CPUs per actor of a local Ray of 3 gets one actor (two threads), and the
     same job again with custom resources the cluster lacks is refused in one line."""
     spec = tmp_path / "job.yaml"
     spec.write_text(f"inputs: [{ce_slice}]\nmodel: {tiny_dna}\nunit_size: 16384\n"
@@ -191,7 +192,7 @@ def small_disk(tmp_path):
 
 
 def test_full_disk_is_one_error_line_and_the_job_resumes_once_space_is_freed(
-        ce_slice, tiny_dna, small_disk):
+        ce_slice, tiny_dna, small_disk, shared_ray):
     ballast = small_disk / "ballast"
     free = os.statvfs(small_disk).f_bavail * os.statvfs(small_disk).f_frsize
     # 1 MiB: the store (~180 KiB) starts and its first units are written (IN_FLIGHT calls per

@@ -1,7 +1,8 @@
-"""The one Ray work loop (jobs/pool.py) on an embedded Ray: what its users (the driver's units,
-the split's barrier, score-variants' replays) rely on. Their own tests kill real workers
-(test_pipeline_cluster.py, test_split_ray.py, test_variants.py); these hold the pool's contract
-on a plain actor: a dead actor's unanswered calls, in the order sent, and a call's error."""
+"""The one Ray work loop (jobs/pool.py) on the test process's shared local Ray: what its users
+(the driver's units, the split's barrier, score-variants' replays) rely on. Their own tests kill
+real workers (test_pipeline_cluster.py, test_split_ray.py, test_variants.py); these hold the
+pool's contract on a plain actor: a dead actor's unanswered calls, in the order sent, and a
+call's error."""
 from __future__ import annotations
 
 import time
@@ -10,21 +11,12 @@ import pytest
 
 from linpipe.errors import LinpipeError, StoreError
 
-pytestmark = pytest.mark.slow  # a Ray start
+pytestmark = pytest.mark.slow  # Ray
 
 
-@pytest.fixture(scope="module")
-def ray_here():
-    import shutil
-    import tempfile
-
-    import ray
-
-    tmp = tempfile.mkdtemp(prefix="lpp-")
-    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=tmp, logging_level="WARNING", log_to_driver=False)
-    yield ray
-    ray.shutdown()
-    shutil.rmtree(tmp, ignore_errors=True)
+@pytest.fixture
+def ray_here(shared_ray):
+    return shared_ray
 
 
 def _actor(ray):

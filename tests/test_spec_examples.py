@@ -89,7 +89,7 @@ def test_timeseries_spec(checkout):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["whole_genome.yaml", "timeseries.yaml"])
-def test_example_specs_run_from_a_clone(checkout, name):
+def test_example_specs_run_from_a_clone(checkout, name, shared_ray):
     from linpipe.store import open_output
 
     r = CliRunner().invoke(cli, ["submit", "--spec", str(checkout / "jobs" / name), "--workers", "1"])

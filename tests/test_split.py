@@ -63,11 +63,17 @@ def check(model, x, bounds, unit_size):
             close(g[name], v, e.get(name), (i, name))
 
 
-# Every decay, normaliser, feature map and convolution width; the quick suite (-m "not slow")
-# runs each feature map once, with decay, normaliser and width all on or all off: each value of each.
+# Every decay, normaliser, feature map and convolution width. The quick suite (-m "not slow")
+# runs each feature map once, with decay, normaliser and width all on or all off: each value of
+# each, and identity with the normaliser (the float64 passes). The whole suite adds the cells that
+# put every pair of values together once (a path that turns on two options: the normaliser
+# without decay, identity without the normaliser, each width with each feature map); the rest of
+# the cross-product runs before a merge.
 GRID = cells([(d, n, f, w) for d in (True, False) for n in (True, False) for f in ("elu1", "relu", "identity")
               for w in (1, 4)],
-             quick=[(True, True, "elu1", 4), (False, False, "relu", 1), (True, True, "identity", 4)])
+             quick=[(True, True, "elu1", 4), (False, False, "relu", 1), (True, True, "identity", 4)],
+             suite=[(True, True, "elu1", 1), (True, True, "relu", 4), (True, False, "elu1", 4),
+                    (False, True, "elu1", 4), (False, False, "identity", 1)])
 
 
 @pytest.mark.parametrize("decay,normalize,feature_map,conv_width", GRID)

@@ -1,6 +1,6 @@
-"""--split on an embedded local Ray: a real record over a group of actors (jobs/split.py).
+"""--split on a local Ray: a real record over a group of actors (jobs/split.py).
 
-One module-scoped Ray (3 CPUs) serves both tests; run_job joins it.
+run_job joins the test process's shared local Ray (3 CPUs, conftest's shared_ray).
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from _pipeline_data import (
     write_fasta_slice,
     write_in_process,
 )
+from _ray import SHARED_RAY
 from _split_harness import assert_close
 
 from linpipe.jobs.driver import JobEvents, run_job
@@ -61,21 +62,6 @@ def slow_cpu():
         yield
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    import shutil
-    import tempfile
-
-    import ray
-
-    tmp = tempfile.mkdtemp(prefix="lps-")
-    ray.init(num_cpus=3, include_dashboard=False, _temp_dir=tmp,
-             logging_level="WARNING", log_to_driver=False)
-    yield
-    ray.shutdown()
-    shutil.rmtree(tmp, ignore_errors=True)
-
-
 class Watch(JobEvents):
     """Records who wrote each chunk and the split layers; kill_at: (layer, segment): SIGKILL
     that segment's actor at that layer's barrier (in the driver's hook, before the next
@@ -99,7 +85,7 @@ class Watch(JobEvents):
         assert timing["bytes"] > 0 and timing["wall_s"] >= timing["compute_s"] > 0
         if self.kill_at and self.kill_at[0] == layer:
             pid = int(nodes[self.kill_at[1]].rsplit(":", 1)[1])
-            os.kill(pid, signal.SIGKILL)  # an actor of this test's own Ray session
+            os.kill(pid, signal.SIGKILL)  # an actor of this test's job
             self.kill_at = None
 
 
@@ -121,8 +107,9 @@ def units_by_writer(out, events) -> list[list[int]]:
 
 
 @pytest.fixture(scope="module")
-def split_one(local_ray, one_record, model2, tmp_path_factory):
+def split_one(one_record, model2, tmp_path_factory):
     """The record split by --split auto over 3 workers, uninterrupted (the restarts' reference)."""
+    SHARED_RAY.up()
     out = tmp_path_factory.mktemp("split1") / "split.zarr"
     events = Watch()
     summary = run_job(JobRequest(inputs=(str(one_record),), model=model2, out=str(out), unit_size=UNIT,
@@ -156,7 +143,7 @@ def test_auto_split_equals_serial_one_writer_per_chunk(split_one, one_record, mo
             assert d <= 1e-5 * max(np.abs(want_s[name]).max(), 1e-30), name
 
 
-def test_a_float64_model_gives_the_first_segment_a_larger_share(local_ray, one_record, tmp_path):
+def test_a_float64_model_gives_the_first_segment_a_larger_share(shared_ray, one_record, tmp_path):
     """Identity features with the normaliser: a later segment's passes run in float64 (about
     twice the time), so the first segment takes 2.2 shares: 8 chunks as 4, 2, 2. phi(q).z
     crosses zero there and the serial float32 run is itself off the exact (float64) answer,
@@ -198,7 +185,7 @@ def test_a_float64_model_gives_the_first_segment_a_larger_share(local_ray, one_r
 
 
 def test_resume_and_worker_killed_mid_run_bit_identical(split_one, one_record, model2, tmp_path,
-                                                        monkeypatch):
+                                                        monkeypatch, shared_ray):
     """A store whose segments 1 and 2 were lost after chunk 3 (done markers cleared from there,
     outputs zeroed) resumes from the state stored at segment 1's start (after chunk 2), the fold's
     value; then segment 2's actor is SIGKILLed at layer 0's barrier, so that layer 1's call

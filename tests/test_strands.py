@@ -134,24 +134,33 @@ def test_the_store_records_its_strands_and_an_older_one_reads_them_from_its_outp
 
 @pytest.mark.slow
 @pytest.mark.parametrize("split", ["never", "2"])
-def test_submit_both_strands_on_ray(both, tmp_path, split):
+def test_submit_both_strands_on_ray(both, tmp_path, split, shared_ray):
     """`linpipe submit --strand both` on 2 Ray workers (the strands as parallel streams): the
     same values as the in-process run, and a complete, verified store. never: the same bytes;
     2: chr2, 4 chunks of the job's 1,900 positions, runs its forward strand over 2 segments
     (equal to rel 1e-5) while its reverse strand streams (the same bytes). (auto would stream
-    both: the cost model predicts no gain for a record this short, docs/sequence-parallel.md.)"""
-    import subprocess
-    import sys
-
+    both: the cost model predicts no gain for a record this short, docs/sequence-parallel.md.)
+    Progress and summary count the records' positions (each strand's unit half of its own),
+    never past 100%."""
     from _pipeline_data import assert_same_bytes, record_outputs
+    from click.testing import CliRunner
+
+    from linpipe.cli import cli
 
     _base, fasta, model, out, plan, _seqs = both
     ray_out = tmp_path / "ray.zarr"
-    r = subprocess.run([sys.executable, "-m", "linpipe.cli", "submit", str(fasta), "--model", model,
-                        "--out", str(ray_out), "--unit-size", str(UNIT), "--workers", "2",
-                        "--outputs", "logprob,entropy", "--strand", "both", "--split", split],
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout + r.stderr
+    r = CliRunner().invoke(cli, ["submit", str(fasta), "--model", model, "--out", str(ray_out),
+                                 "--unit-size", str(UNIT), "--workers", "2", "--outputs", "logprob,entropy",
+                                 "--strand", "both", "--split", split])
+    assert r.exit_code == 0, r.output
+    n = plan.total_positions
+    shown = f"{n / 1000:.2f}k"
+    assert f"progress: {shown}/{shown} positions (100.0%)" in r.output
+    assert "ETA 0:00, both strands" in r.output
+    assert f"{n:,} positions on both strands ({shown} run)" in r.output
+    assert f"{n:,} positions on both strands ({n:,} to run)" in r.output
+    r = CliRunner().invoke(cli, ["inspect", str(ray_out)])
+    assert "status       complete" in r.output and "progress" not in r.output
     reader = linpipe.open_output(str(ray_out))
     assert reader.complete and reader.meta["job_id"] == plan.job_id
     assert verify_store(str(ray_out)).ok

@@ -112,7 +112,9 @@ def test_cli_train_and_progress(tmp_path, mt, monkeypatch):
     r = CliRunner().invoke(cli, args)
     assert r.exit_code == 0, r.output
     assert "validation bits per base: model" in r.output and "markov-2" in r.output
-    # the progress bar (log lines off a terminal) ends at the last step with the running loss
+    # the progress bar (log lines off a terminal, as in a log file: no carriage return) ends at the
+    # last step with the running loss
+    assert "\r" not in r.output
     lines = [line for line in r.output.splitlines() if line.startswith("progress: ")]
     first, last = lines[0], lines[-1]
     assert last.startswith("progress: 12/12 steps (100.0%)") and ", loss " in last

@@ -174,8 +174,9 @@ def test_vcfs_as_callers_write_them(case):
 
 
 @pytest.mark.slow
-def test_ray_workers_give_the_same_table(case):
-    """The units on Ray actors (an embedded local Ray): the same rows and values as in process."""
+def test_ray_workers_give_the_same_table(case, shared_ray):
+    """The units on Ray actors (the test process's local Ray): the same rows and values as in
+    process."""
     from linpipe.jobs.variants import score_variants
 
     base, _fasta, out, _model, seqs = case
@@ -189,8 +190,8 @@ def test_ray_workers_give_the_same_table(case):
 
 
 def _scorers() -> list[int]:
-    """The score-variants actors of this process's embedded Ray (its raylet's workers), those
-    running a unit first."""
+    """The score-variants actors of the local Ray this process started (its raylet's workers),
+    those running a unit first."""
     import os
 
     from _pipeline_data import child_processes
@@ -208,8 +209,8 @@ def _scorers() -> list[int]:
 
 
 @pytest.mark.slow
-def test_an_actor_killed_mid_replay_hands_its_units_to_another(case):
-    """Two Ray actors of an embedded local Ray (on loopback): after the first unit, an actor
+def test_an_actor_killed_mid_replay_hands_its_units_to_another(case, shared_ray):
+    """Two Ray actors of a local Ray (the test process's): after the first unit, an actor
     that holds units is SIGKILLed; its units run again on another actor (the pool's requeue),
     and the table equals the one scored in process."""
     import os

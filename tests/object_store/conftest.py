@@ -1,5 +1,6 @@
 """The object-store tests' fixtures: a tiny random DNA model over real sequence (a long record
-and packed short ones), the job run uninterrupted once per module, and stores holding it."""
+and packed short ones), the job run uninterrupted once per module (and once into the object
+store), and stores holding copies of it."""
 from __future__ import annotations
 
 from shutil import copytree
@@ -40,13 +41,25 @@ def reference(finished):
 
 
 @pytest.fixture
-def finished_at(finished, mixed_fasta, tiny_dna):
-    """finished_at(out): out holding the job's complete store: on a local path a copy of the
-    module's run (a store holds no path of its own), on an object store the job run again."""
+def finished_at(finished, mixed_fasta, tiny_dna, request, once):
+    """finished_at(out): out holding the job's complete store, a copy of the module's run (a
+    store holds no path of its own): on a local path of the local run; on the object store of
+    the job run once into a bucket of its own (its objects copied by the server, a request each,
+    not written again unit by unit)."""
     def make(out: str) -> str:
-        if "://" in out:
-            run_units(mixed_fasta, tiny_dna, out)
-        else:
+        if "://" not in out:
             copytree(finished, out)
+            return out
+        import fsspec
+
+        def run_once():
+            ref = f"{request.getfixturevalue('s3_server').new_bucket()}/finished.zarr"
+            run_units(mixed_fasta, tiny_dna, ref)
+            return ref
+        ref = once(("object store finished", str(mixed_fasta), str(tiny_dna)), run_once)
+        fs, src = fsspec.core.url_to_fs(ref, skip_instance_cache=True)
+        dst = fsspec.core.url_to_fs(out)[1]
+        for path in fs.find(src):
+            fs.copy(path, dst + path[len(src):])
         return out
     return make
