@@ -78,7 +78,8 @@ def import_fixture(name, out):
 # and mixed (their packed batches run the code of their family's quick cell).
 @pytest.mark.parametrize("imported,unit_size", cells(
     [(name, u) for name in FIXTURES for u in (1024, 37, 100)],
-    quick=[(name, u) for name in QUICK for u in (1024, 37)] + [("gated_deltanet", 100), ("mamba2_no_limit", 1024)],
+    quick=[(name, u) for name in QUICK for u in (1024, 37)]
+    + [("gated_deltanet", 100), ("mamba2_no_limit", 1024)],
     suite=[(name, 37) for name in FIXTURES if name not in QUICK] + [("delta_net", 1024)]),
     indirect=["imported"], scope="module")
 def test_stored_logprobs_equal_flas(imported, unit_size, tmp_path, one_torch_thread):
