@@ -37,13 +37,15 @@ SCRIPT = Path(__file__).parent / "fla_fixtures" / "make_fla_fixtures.py"
 # (F = 2K, norm_q, norm_k, the normaliser), linear_attn_dpfp (F = 8K, 4 heads), gated_deltanet_gva
 # (grouped value heads: 2 query/key heads, num_v_heads 4, expand_v 1, the output gate); gla_gqa,
 # retnet_gqa, linear_attn_gqa (grouped key/value heads: 4 query heads, num_kv_heads 2; gla's with
-# short convs and the output gate, linear_attn's with the normaliser)
+# short convs and the output gate, linear_attn's with the normaliser); kda (Kimi Delta Attention,
+# fla's default gate -exp(A_log) softplus(f + dt_bias)), kda_gva (2 query/key heads, num_v_heads 4,
+# safe_gate with lower_bound -5: the bounded gate)
 FIXTURES = ("delta_net", "gated_deltanet", "delta_net_no_conv", "gla", "gla_no_conv", "mamba2", "retnet",
             "retnet_no_gate", "linear_attn", "linear_attn_elu", "linear_attn_hedgehog", "linear_attn_dpfp",
-            "gated_deltanet_gva", "gla_gqa", "retnet_gqa", "linear_attn_gqa")
+            "gated_deltanet_gva", "gla_gqa", "retnet_gqa", "linear_attn_gqa", "kda", "kda_gva")
 # one fixture per family runs the forward tests in the quick suite (-m "not slow"); the other
 # options of a family, and any fixture added later unless named here, run in the full suite
-QUICK = ("gated_deltanet", "gla", "mamba2", "retnet", "linear_attn")
+QUICK = ("gated_deltanet", "gla", "mamba2", "retnet", "linear_attn", "kda")
 FIXTURE_PARAMS = cells(FIXTURES, quick=QUICK)
 # only gated_deltanet's fixture has a tokenizer: the others' ids are given
 TOKENS = {name: [] if name == "gated_deltanet" else GIVEN for name in FIXTURES}
@@ -227,6 +229,17 @@ def test_refusals_are_one_line_and_write_nothing(tmp_path, changes, message):
 ])
 def test_delta_net_options_not_implemented_are_refused(tmp_path, changes, message):
     assert_refused(tmp_path, "delta_net", changes, message)
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(safe_gate=True, lower_bound=None), "'safe_gate' is true without a 'lower_bound'"),
+    (dict(lower_bound=0.5), "'lower_bound' is 0.5: the gate's floor must be a number < 0"),
+    (dict(expand_v=0.7), "'expand_v' is 0.7: head_dim 16 x expand_v must be a whole number"),
+    (dict(num_v_heads=3), "'num_v_heads' is 3 with num_heads 2"),
+    (dict(attnres_block_size=4), "'attnres_block_size' is 4"),
+])
+def test_kda_options_not_implemented_are_refused(tmp_path, changes, message):
+    assert_refused(tmp_path, "kda", changes, message)
 
 
 def test_pickles_and_missing_token_ids_are_refused(tmp_path):
