@@ -22,9 +22,9 @@ os.environ.update({} if ON_GPU else {"TRITON_INTERPRET": "1"})  # before anythin
 
 from linpipe.kernels.delta_rule import delta_rule, fla_delta_rule, naive_recurrent_delta_rule  # noqa: E402
 from linpipe.kernels.gla import fla_gla, gla, naive_recurrent_gla  # noqa: E402
+from linpipe.kernels.kda import fla_kda, kda, naive_recurrent_kda  # noqa: E402
 from linpipe.kernels.mamba import fla_ops as mamba_fla_ops  # noqa: E402
 from linpipe.kernels.mamba import naive_selective_scan, selective_scan  # noqa: E402
-from linpipe.kernels.kda import fla_kda, kda, naive_recurrent_kda  # noqa: E402
 
 gpu = pytest.mark.skipif(not ON_GPU, reason="needs a CUDA device")
 
