@@ -76,8 +76,9 @@ def assert_same_bytes(a: dict, b: dict) -> None:
 
 
 # The tiny models a module's store can be written with (conftest's model_kind): fixed decays,
-# per-position log-gates, or the gated delta rule (its state the rule's S and the q, k, v windows).
-MODEL_KINDS = ("fixed", "gated", "gated_deltanet")
+# per-position log-gates, the gated delta rule (its state the rule's S and the q, k, v windows), or
+# Kimi Delta Attention (a decay per key channel, grouped value heads).
+MODEL_KINDS = ("fixed", "gated", "gated_deltanet", "kda")
 # As tests parametrise model_kind: the quick suite (-m "not slow") writes a module's store with the
 # fixed model only, the whole suite with each kind (a store apiece, the gated kinds' slower).
 KIND_PARAMS = tuple(k if k == "fixed" else pytest.param(k, marks=pytest.mark.slow) for k in MODEL_KINDS)
@@ -87,7 +88,20 @@ def tiny_model_of(kind: str, directory: Path) -> str:
     """make_tiny_model for one of MODEL_KINDS."""
     if kind in ("fixed", "gated"):
         return make_tiny_model(directory, gated=kind == "gated")
+    if kind == "kda":
+        return make_tiny_kda(directory)
     return make_tiny_model(directory, family=kind)
+
+
+def make_tiny_kda(directory: Path, **keys) -> str:
+    """A small random Kimi Delta Attention model: 2 layers, D 32, 2 query/key heads of K 16 serving
+    4 value heads of V 16, fla's default gate (keys: other kda keys, lower_bound=...)."""
+    from linpipe.model import ModelConfig, init_net, save_model
+
+    cfg = ModelConfig(modality="dna", d_model=32, n_layers=2, n_heads=2, mlp_hidden=64, family="kda",
+                      **{"head_dim": 16, "n_v_heads": 4, **keys})
+    save_model(init_net(cfg, seed=0), cfg, directory)
+    return str(directory)
 
 
 def make_tiny_model(directory: Path, gated: bool = False, family: str | None = None,
