@@ -76,16 +76,21 @@ def assert_same_bytes(a: dict, b: dict) -> None:
 
 
 # The tiny models a module's store can be written with (conftest's model_kind): fixed decays,
-# per-position log-gates, the gated delta rule (its state the rule's S and the q, k, v windows), or
-# Mamba v1 (its state h per channel and state, and the x window).
-MODEL_KINDS = ("fixed", "gated", "gated_deltanet", "mamba")
+# per-position log-gates, the gated delta rule (its state the rule's S and the q, k, v windows),
+# Mamba v1 (its state h per channel and state, and the x window) or Kimi Delta Attention (a decay per
+# key channel, grouped value heads).
+MODEL_KINDS = ("fixed", "gated", "gated_deltanet", "mamba", "kda")
 # As tests parametrise model_kind (a store apiece): the quick suite (-m "not slow") writes a
-# module's store with the fixed model; the whole suite adds each family of its own (its state and
-# store code: the gated delta rule's S and windows, Mamba's h and x window); the gated model, the
-# fixed model's family with gates (the same state and store code), runs before a merge
-# (tests/README.md).
-KIND_PARAMS = ("fixed", pytest.param("gated", marks=(pytest.mark.slow, pytest.mark.premerge)),
-               *(pytest.param(k, marks=pytest.mark.slow) for k in MODEL_KINDS if k not in ("fixed", "gated")))
+# module's store with the fixed model; the whole suite adds the gated delta rule (a state of
+# several named arrays: S and the q, k, v windows) and Mamba (arrays of other ranks: h per channel
+# and state, the x window). The other kinds run the same state and store code with other shapes:
+# the gated model (the fixed model's family with gates) and KDA (the gated delta rule's arrays
+# with grouped value heads) run before a merge (tests/README.md); each family's own test file
+# runs its state through a unit edge, a split and a SIGKILLed resume.
+SUITE_KINDS = ("gated_deltanet", "mamba")
+KIND_PARAMS = ("fixed", *(pytest.param(k, marks=pytest.mark.slow if k in SUITE_KINDS
+                                       else (pytest.mark.slow, pytest.mark.premerge))
+                          for k in MODEL_KINDS if k != "fixed"))
 
 
 def tiny_model_of(kind: str, directory: Path) -> str:
@@ -94,7 +99,20 @@ def tiny_model_of(kind: str, directory: Path) -> str:
         return make_tiny_model(directory, gated=kind == "gated")
     if kind == "mamba":
         return make_tiny_mamba(directory)
+    if kind == "kda":
+        return make_tiny_kda(directory)
     return make_tiny_model(directory, family=kind)
+
+
+def make_tiny_kda(directory: Path, **keys) -> str:
+    """A small random Kimi Delta Attention model: 2 layers, D 32, 2 query/key heads of K 16 serving
+    4 value heads of V 16, fla's default gate (keys: other kda keys, lower_bound=...)."""
+    from linpipe.model import ModelConfig, init_net, save_model
+
+    cfg = ModelConfig(modality="dna", d_model=32, n_layers=2, n_heads=2, mlp_hidden=64, family="kda",
+                      **{"head_dim": 16, "n_v_heads": 4, **keys})
+    save_model(init_net(cfg, seed=0), cfg, directory)
+    return str(directory)
 
 
 def make_tiny_mamba(directory: Path) -> str:

@@ -41,14 +41,16 @@ SCRIPT = Path(__file__).parent / "fla_fixtures" / "make_fla_fixtures.py"
 # dt_limit, saved by transformers 5 as [0.0, {"__float__": "Infinity"}]; one group, fla's prefill);
 # mamba (fla's Mamba v1: residual_in_fp32, norm_eps 1e-6), mamba_hf (transformers' MambaForCausalLM,
 # tests/fla_fixtures/make_hf_fixtures.py: its key names, tied embeddings, biases, N 8, a conv of 3),
-# falcon_mamba (transformers' FalconMambaForCausalLM: the norms on dt's input, B and C)
+# falcon_mamba (transformers' FalconMambaForCausalLM: the norms on dt's input, B and C); kda (Kimi
+# Delta Attention, fla's default gate -exp(A_log) softplus(f + dt_bias)), kda_gva (2 query/key
+# heads, num_v_heads 4, safe_gate with lower_bound -5: the bounded gate)
 FIXTURES = ("delta_net", "gated_deltanet", "delta_net_no_conv", "gla", "gla_no_conv", "mamba2", "retnet",
             "retnet_no_gate", "linear_attn", "linear_attn_elu", "linear_attn_hedgehog", "linear_attn_dpfp",
             "gated_deltanet_gva", "gla_gqa", "retnet_gqa", "linear_attn_gqa", "mamba2_no_limit", "mamba",
-            "mamba_hf", "falcon_mamba")
+            "mamba_hf", "falcon_mamba", "kda", "kda_gva")
 # one fixture per family runs the forward tests in the quick suite (-m "not slow"); the other
 # options of a family, and any fixture added later unless named here, run in the full suite
-QUICK = ("gated_deltanet", "gla", "mamba2", "retnet", "linear_attn", "mamba_hf")
+QUICK = ("gated_deltanet", "gla", "mamba2", "retnet", "linear_attn", "mamba_hf", "kda")
 FIXTURE_PARAMS = cells(FIXTURES, quick=QUICK)
 # only gated_deltanet's fixture has a tokenizer: the others' ids are given
 TOKENS = {name: [] if name == "gated_deltanet" else GIVEN for name in FIXTURES}
@@ -224,6 +226,17 @@ def test_refusals_are_one_line_and_write_nothing(tmp_path, changes, message):
 ])
 def test_delta_net_options_not_implemented_are_refused(tmp_path, changes, message):
     assert_refused(tmp_path, "delta_net", changes, message)
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(safe_gate=True, lower_bound=None), "'safe_gate' is true without a 'lower_bound'"),
+    (dict(lower_bound=0.5), "'lower_bound' is 0.5: the gate's floor must be a number < 0"),
+    (dict(expand_v=0.7), "'expand_v' is 0.7: head_dim 16 x expand_v must be a whole number"),
+    (dict(num_v_heads=3), "'num_v_heads' is 3 with num_heads 2"),
+    (dict(attnres_block_size=4), "'attnres_block_size' is 4"),
+])
+def test_kda_options_not_implemented_are_refused(tmp_path, changes, message):
+    assert_refused(tmp_path, "kda", changes, message)
 
 
 def test_pickles_and_missing_token_ids_are_refused(tmp_path):

@@ -179,6 +179,25 @@ def test_gates_of_zero_and_near_minus_infinity(dtype, tol):
         _close(state, S_ref, max(tol, 1e-6))
 
 
+@pytest.mark.parametrize("strength", [1.0, 60.0])  # 60: gates near -10 a position, deep rows in each block
+def test_a_position_reads_nothing_after_it(strength):
+    """In float32, a position's outputs are the same bits whatever follows it in its block (a
+    record batched with longer ones, or cut short): one batch of three records of different
+    gates against the first alone at lengths that end inside a block; and span_parts' outputs."""
+    (q, k, v, beta, gate), S0 = _inputs(3, 100, 2, 16, 16, HV=4, seed=5, dtype=torch.float32,
+                                        strength=strength)
+    with torch.inference_mode():
+        o, _ = kda(q, k, v, beta, log_gate=gate, initial_state=S0)
+        parts = span_parts(q, k, v, beta, log_gate=gate)
+        for t in (1, 33, 60, 99):
+            alone, _ = kda(q[:1, :t], k[:1, :t], v[:1, :t], beta[:1, :t], log_gate=gate[:1, :t],
+                           initial_state=S0[:1])
+            assert torch.equal(o[:1, :t], alone), t
+            short = span_parts(q[:1, :t], k[:1, :t], v[:1, :t], beta[:1, :t], log_gate=gate[:1, :t])
+            assert torch.equal(parts.o_local[:1, :t], short.o_local), t
+            assert torch.equal(parts.q_state[:1, :t], short.q_state), t
+
+
 def test_beta_zero_only_decays_the_state():
     """beta = 0 writes nothing: the state entering is only decayed channel by channel, S_t =
     Diag(exp(b_t)) S0 with b_t the cumulative log-gate, and o_t = scale q_t^T S_t."""

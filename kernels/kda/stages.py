@@ -25,13 +25,16 @@ so a block's WY factors (`block_wy`) are delta_rule.stages.WY with the block's d
 serve unchanged.
 
 The per-channel weights of L and P: e^(b_i - b_j) = e^(b_i - rho) e^(rho - b_j) around rho =
-(b_0 + b_{c-1}) / 2, the middle of each channel's range in the block, so that [P; L] is one
-matmul per block, [Q e^(b - rho); diag(beta) K e^(b - rho)] (K e^(rho - b))^T, with both factors
-within e^(+-range / 2). A block where a channel's gates sum past 2 FACTOR_MAX (its state emptied
-within the block) has its scores and weights computed explicitly instead (`_strong_blocks`), and
-only that block. Gates are read as the delta rule's: log-gates below LOG_GATE_MIN count as it
-(`floor_gates`), and the other weights (q_in's e^(b_i), K_end's e^(b_c - b_j), the block's total
-e^(b_c)) are at most 1.
+b_0 - FACTOR_MAX, read from the block's first row, so that [P; L] is one matmul per block,
+[Q e^(b - rho); diag(beta) K e^(b - rho)] (K e^(rho - b))^T, with both factors within
+e^(+-FACTOR_MAX) for every row that has fallen less than 2 FACTOR_MAX below b_0. A row fallen
+further in some channel (its state emptied within the block) has its scores computed
+explicitly instead (`_strong_blocks`), and only that row. Every choice a row's outputs depend
+on reads that row and the ones before it (b_0 and b_i), never a later one: a position's
+outputs are the same bits whatever follows it in its block (the rows past a short record's end
+in a padded batch; tests/test_kda_kernels.py). Gates are read as the delta rule's: log-gates
+below LOG_GATE_MIN count as it (`floor_gates`), and the other weights (q_in's and W's e^(b_i),
+K_end's e^(b_c - b_j), the block's total e^(b_c)) are at most 1.
 """
 from __future__ import annotations
 
@@ -127,8 +130,8 @@ def _mm(a, b, out, alpha=1.0):
 def _strong_blocks(q, k, b, scale, idx, G):
     """Every weight of the blocks idx (index tensors into (n, B, HV)) explicit, for blocks whose
     gates are too strong for the factored scores: (P (m, c, c) scaled, j <= i; L (m, c, c)
-    without beta, j < i; q_in (m, c, K); K e^(b) (m, c, K); K_end (m, c, K)). b (n, B, HV, c, K)
-    in log2 units, float64; q, k (B, n c, H, K)."""
+    without beta, j < i; K_end (m, c, K)). b (n, B, HV, c, K) in log2 units, float64; q, k (B,
+    n c, H, K). The caller takes P's and L's rows where the factored ones are out of range."""
     n, B, HV, c, K = b.shape
     qb, kb = (_blocked(x, n, c).repeat_interleave(G, dim=2)[idx] for x in (q, k))  # (m, c, K)
     bs = b[idx]  # (m, c, K)
@@ -136,9 +139,8 @@ def _strong_blocks(q, k, b, scale, idx, G):
     w = torch.exp2((bs[:, :, None, :] - bs[:, None, :, :]).masked_fill(above, float("-inf")).to(qb.dtype))
     P = torch.einsum("mik,mjk,mijk->mij", qb, kb, w) * scale  # (m, c, c): j <= i
     L = torch.einsum("mik,mjk,mijk->mij", kb, kb, w).tril(-1)  # j < i, beta apart
-    gam = torch.exp2(bs.to(qb.dtype))
     k_end = kb * torch.exp2((bs[:, -1:] - bs).to(qb.dtype))
-    return P, L, qb * gam * scale, kb * gam, k_end
+    return P, L, k_end
 
 
 def block_wy(q, k, v, beta, log_gate, scale, c, scratch: Scratch | None = None) -> WY:
@@ -170,17 +172,21 @@ def block_wy(q, k, v, beta, log_gate, scale, c, scratch: Scratch | None = None) 
     b = s64("kda_b", *shape)
     b = _blocked(log_gate, n, c).double() if b is None else b.copy_(_blocked(log_gate, n, c))
     b = torch.cumsum(torch.mul(b, _LOG2E, out=s64.same(b)), 3, out=s64.same(b))
-    # each channel's weights factored around the middle of its range in the block, rho = (b_0 +
-    # b_last) / 2: e^(b_i - b_j) = e^(b_i - rho) e^(rho - b_j), both factors within e^(+-range / 2)
+    # each channel's weights factored around rho = b_0 - FACTOR_MAX, read from the block's first
+    # row alone: e^(b_i - b_j) = e^(b_i - rho) e^(rho - b_j), both factors within e^(+-FACTOR_MAX)
+    # for every pair j <= i whose row i has fallen less than 2 FACTOR_MAX below b_0. Nothing a row
+    # computes reads a later row (a factor centred on the block's range would read its last), so
+    # a position's outputs are the same bits whatever follows it in its block: the rows past a
+    # short record's end in a batch, or a unit's rows after it
     first, last = b[:, :, :, :1], b[:, :, :, -1:]  # (n, B, HV, 1, K)
-    rho = (first + last) * 0.5
     limit = FACTOR_MAX * _LOG2E
-    strong = (first - last)[:, :, :, 0] > 2 * limit  # (n, B, HV, K)
+    rho = first - limit
+    strong = (first - last)[:, :, :, 0] > 2 * limit  # (n, B, HV, K): a block with deep rows
     any_strong = bool(strong.any())
     rise = s("kda_rise", *shape)
     rise = torch.sub(b, rho, out=rise) if rise is not None else (b - rho).to(cd)  # b_i - rho, in float64
-    if any_strong:
-        rise = torch.clamp(rise, -limit, limit, out=s.same(rise))  # those blocks are replaced below
+    if any_strong:  # the deep rows' scores are replaced below
+        rise = torch.clamp(rise, -limit, limit, out=s.same(rise))
     rise = torch.exp2(rise, out=s.same(rise))  # e^(b_i - rho)
     bt = _blocked(beta, n, c).unsqueeze(-1)  # (n, B, HV, c, 1)
     # [q_rise; k_rise beta]: the left operands of P and L, stacked per block
@@ -195,23 +201,26 @@ def block_wy(q, k, v, beta, log_gate, scale, c, scratch: Scratch | None = None) 
     P = torch.tril(R[..., :c, :], out=s("kda_P", n, B, HV, c, c))
     P = torch.mul(P, scale, out=s.same(P))  # P_ij = scale q_i . k_j e^(b_i - b_j), j <= i
     L = R[..., c:, :]  # beta_i k_i . k_j e^(b_i - b_j), read below the diagonal only
-    # the other weights from the factors: e^(b_i) = e^(rho) e^(b_i - rho), e^(b_c - b_j) =
-    # e^(b_c - rho) e^(rho - b_j), each at most 1 (below float32's range a product flushes to 0:
-    # only where e^(rho) does, when the weight is below 2^-126 times e^(range / 2))
-    at_rho = torch.exp2(rho.to(cd))  # (n, B, HV, 1, K)
-    q_in = torch.mul(q_rise, at_rho * scale, out=s("kda_qin", *shape))
+    # e^(b_i) <= 1 of each row itself (q's share of the entering state, W's right-hand side), and
+    # e^(b_c - b_j) = e^(b_c - rho) e^(rho - b_j) <= 1 (the state after the block only)
+    gam = s("kda_gam", *shape)
+    gam = torch.exp2(b.to(cd) if gam is None else gam.copy_(b), out=gam)  # e^(b_i)
+    q_in = _per_value_head(gam, q, G, s("kda_qin", *shape))
+    q_in = torch.mul(q_in, scale, out=s.same(q_in))
     k_end = torch.mul(k_fall, torch.exp2((last - rho).to(cd)), out=s("kda_kend", *shape))
     # [diag(beta) V | diag(beta) K e^b]: the right-hand sides, side by side
     vw = s("kda_vw", n, B, HV, c, V + K)
     bv = torch.mul(_blocked(v, n, c), bt, out=None if vw is None else vw[..., :V])
-    bw = torch.mul(k_rise, at_rho, out=None if vw is None else vw[..., V:])
-    if any_strong:
+    bw = _per_value_head(gam, k, G, None if vw is None else vw[..., V:])
+    bw = torch.mul(bw, bt, out=s.same(bw) if vw is None else bw)
+    if any_strong:  # explicit weights for the rows fallen past 2 FACTOR_MAX below b_0, and their state
         idx = strong.any(-1).nonzero(as_tuple=True)
-        P_s, L_s, q_in_s, w_s, k_end_s = _strong_blocks(q, k, b, scale, idx, G)
-        bs = bt[idx]  # (m, c, 1)
-        P[idx], q_in[idx], k_end[idx], bw[idx] = P_s, q_in_s, k_end_s, w_s * bs
+        P_s, L_s, k_end_s = _strong_blocks(q, k, b, scale, idx, G)
+        deep = (b[idx] < first[idx] - 2 * limit).any(-1)[..., None]  # (m, c, 1): rows, from b_0 and b_i
+        P[idx] = torch.where(deep, P_s, P[idx])
         L = L.clone() if not s.reuse else L
-        L[idx] = L_s * bs
+        L[idx] = torch.where(deep, L_s * bt[idx], L[idx])
+        k_end[idx] = k_end_s
     if vw is None:
         vw = torch.cat([bv, bw], -1)
     eye = torch.eye(c, dtype=cd, device=dev).expand_as(L)
