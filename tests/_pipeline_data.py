@@ -76,8 +76,9 @@ def assert_same_bytes(a: dict, b: dict) -> None:
 
 
 # The tiny models a module's store can be written with (conftest's model_kind): fixed decays,
-# per-position log-gates, or the gated delta rule (its state the rule's S and the q, k, v windows).
-MODEL_KINDS = ("fixed", "gated", "gated_deltanet")
+# per-position log-gates, the gated delta rule (its state the rule's S and the q, k, v windows), or
+# the mLSTM (its state C, n and the stabiliser m per head).
+MODEL_KINDS = ("fixed", "gated", "gated_deltanet", "mlstm")
 # As tests parametrise model_kind: the quick suite (-m "not slow") writes a module's store with the
 # fixed model only, the whole suite with each kind (a store apiece, the gated kinds' slower).
 KIND_PARAMS = tuple(k if k == "fixed" else pytest.param(k, marks=pytest.mark.slow) for k in MODEL_KINDS)
@@ -87,7 +88,20 @@ def tiny_model_of(kind: str, directory: Path) -> str:
     """make_tiny_model for one of MODEL_KINDS."""
     if kind in ("fixed", "gated"):
         return make_tiny_model(directory, gated=kind == "gated")
+    if kind == "mlstm":
+        return make_tiny_mlstm(directory)
     return make_tiny_model(directory, family=kind)
+
+
+def make_tiny_mlstm(directory: Path) -> str:
+    """A small random mLSTM model: 2 blocks, D 32, 2 heads of K 8 (qk_dim_factor 0.5) and V 16,
+    an FFN of 64, biases."""
+    from linpipe.model import ModelConfig, init_net, save_model
+
+    cfg = ModelConfig(modality="dna", d_model=32, n_layers=2, n_heads=2, mlp_hidden=64, conv_width=1,
+                      family="mlstm", qk_dim_factor=0.5, use_bias=True)
+    save_model(init_net(cfg, seed=0), cfg, directory)
+    return str(directory)
 
 
 def make_tiny_model(directory: Path, gated: bool = False, family: str | None = None,

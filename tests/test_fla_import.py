@@ -37,18 +37,21 @@ SCRIPT = Path(__file__).parent / "fla_fixtures" / "make_fla_fixtures.py"
 # (F = 2K, norm_q, norm_k, the normaliser), linear_attn_dpfp (F = 8K, 4 heads), gated_deltanet_gva
 # (grouped value heads: 2 query/key heads, num_v_heads 4, expand_v 1, the output gate); gla_gqa,
 # retnet_gqa, linear_attn_gqa (grouped key/value heads: 4 query heads, num_kv_heads 2; gla's with
-# short convs and the output gate, linear_attn's with the normaliser)
+# short convs and the output gate, linear_attn's with the normaliser); and transformers'
+# xLSTMForCausalLM (tests/fla_fixtures/make_xlstm_fixtures.py; family mlstm): xlstm (K = V),
+# xlstm_qk_half (xLSTM-7B's K = V / 2), xlstm_bias (biases everywhere, 4 heads, tied embeddings)
 FIXTURES = ("delta_net", "gated_deltanet", "delta_net_no_conv", "gla", "gla_no_conv", "mamba2", "retnet",
             "retnet_no_gate", "linear_attn", "linear_attn_elu", "linear_attn_hedgehog", "linear_attn_dpfp",
-            "gated_deltanet_gva", "gla_gqa", "retnet_gqa", "linear_attn_gqa")
+            "gated_deltanet_gva", "gla_gqa", "retnet_gqa", "linear_attn_gqa", "xlstm", "xlstm_qk_half",
+            "xlstm_bias")
 # one fixture per family runs the forward tests in the quick suite (-m "not slow"); the other
 # options of a family, and any fixture added later unless named here, run in the full suite
-QUICK = ("gated_deltanet", "gla", "mamba2", "retnet", "linear_attn")
+QUICK = ("gated_deltanet", "gla", "mamba2", "retnet", "linear_attn", "xlstm_qk_half")
 FIXTURE_PARAMS = cells(FIXTURES, quick=QUICK)
 # only gated_deltanet's fixture has a tokenizer: the others' ids are given
 TOKENS = {name: [] if name == "gated_deltanet" else GIVEN for name in FIXTURES}
 # fla's model_type -> linpipe's family, where they differ (linpipe's own layer is linear_attn)
-FAMILY = {"linear_attn": "fla_linear_attn"}
+FAMILY = {"linear_attn": "fla_linear_attn", "xlstm": "mlstm"}
 TOL = 1e-4
 
 
@@ -186,10 +189,14 @@ def test_info_shows_family_origin_and_state(name, tmp_path):
     H, L = src["num_heads"], src["num_hidden_layers"]
     HV = src.get("num_v_heads") or H  # gated_deltanet's value heads: the state's
     KV = src.get("num_kv_heads") or H  # gla's, retnet's, linear_attn's k and v heads (not the state's)
-    K = src.get("head_dim") or src["hidden_size"] * src["expand_k"] // H
+    K = src.get("head_dim") or src["hidden_size"] * src.get("expand_k", 1) // H
     if family == "mamba2":  # S (H, N, P); the conv over x, B and C
         conv = H * K + 2 * src["n_groups"] * src["state_size"]
         floats = L * H * src["state_size"] * K + L * (src["conv_kernel"] - 1) * conv + src["hidden_size"]
+    elif family == "xlstm":  # C (H, K, V), n (H, K), m (H,); no conv
+        D = src["hidden_size"]
+        Kq, V = int(D * src["qk_dim_factor"]) // H, int(D * src["v_dim_factor"]) // H
+        floats = L * H * (Kq * V + Kq + 1) + D
     else:
         D = src["hidden_size"]
         V = int(K * src["expand_v"]) if src.get("head_dim") else int(D * src["expand_v"] // H)
