@@ -193,10 +193,10 @@ def test_info_shows_family_origin_and_state(name, tmp_path):
     if family == "mamba2":  # S (H, N, P); the conv over x, B and C
         conv = H * K + 2 * src["n_groups"] * src["state_size"]
         floats = L * H * src["state_size"] * K + L * (src["conv_kernel"] - 1) * conv + src["hidden_size"]
-    elif family == "xlstm":  # C (H, K, V), n (H, K), m (H,); no conv
+    elif family == "xlstm":  # C (H, K, V), n (H, K), m (H,) in float64 (two floats' bytes); no conv
         D = src["hidden_size"]
         Kq, V = int(D * src["qk_dim_factor"]) // H, int(D * src["v_dim_factor"]) // H
-        floats = L * H * (Kq * V + Kq + 1) + D
+        floats = L * H * (Kq * V + Kq + 2) + D
     else:
         D = src["hidden_size"]
         V = int(K * src["expand_v"]) if src.get("head_dim") else int(D * src["expand_v"] // H)

@@ -101,7 +101,7 @@ def test_model_init_writes_an_mlstm_model_and_info_shows_its_state(tmp_path):
     assert (d["family"], d["conv_width"], d["qk_dim_factor"], d["v_dim_factor"]) == ("mlstm", 1, 0.25, 1.0)
     info = json.loads(run("model", "info", out, "--json").output)
     L, H, K, V = 3, 4, 2, 8
-    assert info["state_bytes_per_record"] == 4 * (L * H * (K * V + K + 1) + 32)
+    assert info["state_bytes_per_record"] == 4 * (L * H * (K * V + K) + 32) + 8 * L * H  # m in float64
     decays = info["decay"]["layer 0"]
     assert len(decays) == H and all(0.9 < g < 1 for g in decays) and decays == sorted(decays)
     text = run("model", "info", out).output

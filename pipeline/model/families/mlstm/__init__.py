@@ -213,7 +213,9 @@ class Mlstm(Family):
     def state(self, config) -> tuple[StateArray, ...]:
         L, H = config.n_layers, config.n_heads
         K, V = head_dims(config)
-        return (StateArray("C", (L, H, K, V)), StateArray("n", (L, H, K)), StateArray("m", (L, H)))
+        # m in float64, as the chunked form carries it: a run cut at a block's edge continues with
+        # the same bits (score-variants' replays, units)
+        return (StateArray("C", (L, H, K, V)), StateArray("n", (L, H, K)), StateArray("m", (L, H), "float64"))
 
     def logit_cap(self, config) -> float | None:
         return config.layer.output_logit_soft_cap

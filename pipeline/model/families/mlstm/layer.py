@@ -12,10 +12,11 @@ Per block, from the block's input h:
     h         += out_proj(sigmoid(o) * multihead_norm(y))  # a layer norm per head, then weight (+ bias)
     h         += proj_down(silu(proj_up_gate b) * proj_up b),  b = norm_ffn(h)
 
-The carried state per block: C (H, K, V), n (H, K) and m (H,), from zeros (m = 0, transformers'
-zero state). K = int(d_model * qk_dim_factor) / H and V = int(d_model * v_dim_factor) / H may
-differ. In CPU inference the position-wise ops run on fixed row tiles (linpipe.model.rows); with
-autograd the mLSTM runs its differentiable form (linpipe.kernels.mlstm.mlstm dispatches).
+The carried state per block: C (H, K, V), n (H, K) and m (H,) (float64, as the chunked form
+carries it), from zeros (m = 0, transformers' zero state). K = int(d_model * qk_dim_factor) / H
+and V = int(d_model * v_dim_factor) / H may differ. In CPU inference the position-wise ops run
+on fixed row tiles (linpipe.model.rows); with autograd the mLSTM runs its differentiable form
+(linpipe.kernels.mlstm.mlstm dispatches).
 """
 from __future__ import annotations
 
@@ -138,7 +139,7 @@ class MlstmLayer(nn.Module):
         q, k, v, o, i, f = self.project(a)
         y, (C, n, m) = mlstm(q, k, v, i, f, eps=self.eps, initial_state=(state["C"], state["n"], state["m"]),
                              output_final_state=True)
-        return self.output(y, o), {"C": C, "n": n, "m": m}
+        return self.output(y, o), {"C": C, "n": n, "m": m.double()}
 
 
 class FeedForward(nn.Module):

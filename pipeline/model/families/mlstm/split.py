@@ -13,8 +13,8 @@ overflows). So per block, with no convolution (no halo):
    the summary (G, C, n, m) is kept at every unit edge. The message: the summary at the
    segment's end, C, n and m in `state`, G in `gate_sum`.
 2. The fold (`MlstmWeights.fold`, the driver), in float64 in segment order from the record's
-   state: (C, n, m)(k+1) = fold((C, n, m)(k), summary(k)), rounded to float32 after each
-   segment (a restarted run folds the same bits).
+   state: (C, n, m)(k+1) = fold((C, n, m)(k), summary(k)), C and n rounded to float32 after
+   each segment (m is float64 in the state; a restarted run folds the same bits).
 3. Pass 2 (`Correct`): the entering state's share added to each position's parts once their
    stabilisers are matched (`outputs`), the division, the multi-head norm and output gate,
    out_proj and the FFN (the block's own code); the state at a unit edge is the fold of the
@@ -71,16 +71,17 @@ class MlstmWeights:
 
     def fold(self, state0: dict, msgs: list[Message]) -> list[dict]:
         """The block's state entering each segment and after the last (P + 1 dicts), each a
-        function of the float32 state before it."""
-        state = tuple(state0[k].float() for k in ("C", "n", "m"))
+        function of the stored state before it."""
+        state = (state0["C"].float(), state0["n"].float(), state0["m"].double())
         out = [_state(*state)]
         for msg in msgs:
             st = msg.state
             if msg.absolute:
-                state = tuple(st[k].float() for k in ("C", "n", "m"))
+                state = (st["C"].float(), st["n"].float(), st["m"].double())
             else:
                 summary = Summary(msg.gate_sum.double()[None], *_double((st["C"], st["n"], st["m"])))
-                state = tuple(x[0].float() for x in fold(_double(state), summary))
+                C, n, m = fold(_double(state), summary)
+                state = (C[0].float(), n[0].float(), m[0])
             out.append(_state(*state))
         return out
 
@@ -147,5 +148,5 @@ class Correct:
             sm = self.local.edges[e]
             C, nrm, m = fold(tuple(x.double() for x in self.state),
                              Summary(sm.log_f, sm.C.double(), sm.n.double(), sm.m))
-            r.record_edge(e, self.index, _state(C[0].float(), nrm[0].float(), m[0].float()))
+            r.record_edge(e, self.index, _state(C[0].float(), nrm[0].float(), m[0]))
         return h
