@@ -77,16 +77,16 @@ def assert_same_bytes(a: dict, b: dict) -> None:
 
 # The tiny models a module's store can be written with (conftest's model_kind): fixed decays,
 # per-position log-gates, the gated delta rule (its state the rule's S and the q, k, v windows),
-# Mamba v1 (its state h per channel and state, and the x window) or Kimi Delta Attention (a decay per
-# key channel, grouped value heads).
-MODEL_KINDS = ("fixed", "gated", "gated_deltanet", "mamba", "kda")
+# Mamba v1 (its state h per channel and state, and the x window), Kimi Delta Attention (a decay per
+# key channel, grouped value heads) or the mLSTM (its state C, n and the stabiliser m per head).
+MODEL_KINDS = ("fixed", "gated", "gated_deltanet", "mamba", "kda", "mlstm")
 # As tests parametrise model_kind (a store apiece): the quick suite (-m "not slow") writes a
 # module's store with the fixed model; the whole suite adds the gated delta rule (a state of
 # several named arrays: S and the q, k, v windows) and Mamba (arrays of other ranks: h per channel
 # and state, the x window). The other kinds run the same state and store code with other shapes:
-# the gated model (the fixed model's family with gates) and KDA (the gated delta rule's arrays
-# with grouped value heads) run before a merge (tests/README.md); each family's own test file
-# runs its state through a unit edge, a split and a SIGKILLed resume.
+# the gated model (the fixed model's family with gates), KDA (the gated delta rule's arrays with
+# grouped value heads) and the mLSTM (C, n and a float64 m) run before a merge (tests/README.md);
+# each family's own test file runs its state through a unit edge, a split and a SIGKILLed resume.
 SUITE_KINDS = ("gated_deltanet", "mamba")
 KIND_PARAMS = ("fixed", *(pytest.param(k, marks=pytest.mark.slow if k in SUITE_KINDS
                                        else (pytest.mark.slow, pytest.mark.premerge))
@@ -101,6 +101,8 @@ def tiny_model_of(kind: str, directory: Path) -> str:
         return make_tiny_mamba(directory)
     if kind == "kda":
         return make_tiny_kda(directory)
+    if kind == "mlstm":
+        return make_tiny_mlstm(directory)
     return make_tiny_model(directory, family=kind)
 
 
@@ -111,6 +113,17 @@ def make_tiny_kda(directory: Path, **keys) -> str:
 
     cfg = ModelConfig(modality="dna", d_model=32, n_layers=2, n_heads=2, mlp_hidden=64, family="kda",
                       **{"head_dim": 16, "n_v_heads": 4, **keys})
+    save_model(init_net(cfg, seed=0), cfg, directory)
+    return str(directory)
+
+
+def make_tiny_mlstm(directory: Path) -> str:
+    """A small random mLSTM model: 2 blocks, D 32, 2 heads of K 8 (qk_dim_factor 0.5) and V 16,
+    an FFN of 64, biases."""
+    from linpipe.model import ModelConfig, init_net, save_model
+
+    cfg = ModelConfig(modality="dna", d_model=32, n_layers=2, n_heads=2, mlp_hidden=64, conv_width=1,
+                      family="mlstm", qk_dim_factor=0.5, use_bias=True)
     save_model(init_net(cfg, seed=0), cfg, directory)
     return str(directory)
 

@@ -43,19 +43,22 @@ SCRIPT = Path(__file__).parent / "fla_fixtures" / "make_fla_fixtures.py"
 # tests/fla_fixtures/make_hf_fixtures.py: its key names, tied embeddings, biases, N 8, a conv of 3),
 # falcon_mamba (transformers' FalconMambaForCausalLM: the norms on dt's input, B and C); kda (Kimi
 # Delta Attention, fla's default gate -exp(A_log) softplus(f + dt_bias)), kda_gva (2 query/key
-# heads, num_v_heads 4, safe_gate with lower_bound -5: the bounded gate)
+# heads, num_v_heads 4, safe_gate with lower_bound -5: the bounded gate); and transformers'
+# xLSTMForCausalLM (tests/fla_fixtures/make_xlstm_fixtures.py; family mlstm): xlstm (K = V),
+# xlstm_qk_half (xLSTM-7B's K = V / 2), xlstm_bias (biases everywhere, 4 heads, tied embeddings)
 FIXTURES = ("delta_net", "gated_deltanet", "delta_net_no_conv", "gla", "gla_no_conv", "mamba2", "retnet",
             "retnet_no_gate", "linear_attn", "linear_attn_elu", "linear_attn_hedgehog", "linear_attn_dpfp",
             "gated_deltanet_gva", "gla_gqa", "retnet_gqa", "linear_attn_gqa", "mamba2_no_limit", "mamba",
-            "mamba_hf", "falcon_mamba", "kda", "kda_gva")
+            "mamba_hf", "falcon_mamba", "kda", "kda_gva", "xlstm", "xlstm_qk_half", "xlstm_bias")
 # one fixture per family runs the forward tests in the quick suite (-m "not slow"); the other
 # options of a family, and any fixture added later unless named here, run in the full suite
-QUICK = ("gated_deltanet", "gla", "mamba2", "retnet", "linear_attn", "mamba_hf", "kda")
+QUICK = ("gated_deltanet", "gla", "mamba2", "retnet", "linear_attn", "mamba_hf", "kda",
+         "xlstm_qk_half")
 FIXTURE_PARAMS = cells(FIXTURES, quick=QUICK)
 # only gated_deltanet's fixture has a tokenizer: the others' ids are given
 TOKENS = {name: [] if name == "gated_deltanet" else GIVEN for name in FIXTURES}
 # fla's model_type -> linpipe's family, where they differ (linpipe's own layer is linear_attn)
-FAMILY = {"linear_attn": "fla_linear_attn", "falcon_mamba": "mamba"}
+FAMILY = {"linear_attn": "fla_linear_attn", "falcon_mamba": "mamba", "xlstm": "mlstm"}
 
 
 
@@ -189,6 +192,10 @@ def test_info_shows_family_origin_and_state(name, tmp_path):
     elif family == "mamba2":  # S (H, N, P); the conv over x, B and C
         conv = H * K + 2 * src["n_groups"] * src["state_size"]
         floats = L * H * src["state_size"] * K + L * (src["conv_kernel"] - 1) * conv + src["hidden_size"]
+    elif family == "xlstm":  # C (H, K, V), n (H, K), m (H,) in float64 (two floats' bytes); no conv
+        D = src["hidden_size"]
+        Kq, V = int(D * src["qk_dim_factor"]) // H, int(D * src["v_dim_factor"]) // H
+        floats = L * H * (Kq * V + Kq + 2) + D
     else:
         D = src["hidden_size"]
         V = int(K * src["expand_v"]) if src.get("head_dim") else int(D * src["expand_v"] // H)

@@ -68,7 +68,7 @@ def test_chunked_equals_naive(T):
     for block in (16, 32):
         h, final = chunk_mlstm_torch(q, k, v, ig, fg, initial_state=state, output_final_state=True,
                                      block_size=block)
-        assert h.dtype == torch.float64 and all(x.dtype == torch.float32 for x in final)
+        assert h.dtype == torch.float64 and [x.dtype for x in final] == [torch.float32] * 2 + [torch.float64]
         _close(h, h_ref, 1e-12)
         _states_close(final, final_ref, 1e-6)  # both float32
     h, final = chunk_mlstm_torch(*(x.float() for x in (q, k, v, ig, fg)), initial_state=state,
@@ -135,6 +135,29 @@ def test_split_and_resumed_at_any_cut(cuts):
     folded = st.fold(state, st.fold_summaries([st.fold_summaries([p.summary for p in parts[:1]]),
                                                st.fold_summaries([p.summary for p in parts[1:]])]))
     _states_close(folded, final_one, 1e-6)
+
+
+def test_block_edge_cuts_and_later_rows_change_no_bit():
+    """Calls cut at blocks' edges (spans of 64 here, so a span's edge too), each continued from
+    the state the last one returned, give one call's outputs and state to the bit; and a row's
+    output has the same bits whatever follows it in its call (score-variants batches haplotypes
+    of several lengths, end-padded)."""
+    (q, k, v, ig, fg), state = _inputs(2, 300, 2, 8, 16, seed=11, dtype=torch.float32)
+    state = tuple(x.float() for x in state[:2]) + (state[2],)
+    ig[0, 70, 1] = 14.0  # a row past WIDE above its block's entering stabiliser: explicit scores
+    fg[0, 50:70, 1] = -15.0
+    c = chunk_mod.BLOCK_SIZE
+    h_one, final_one = chunk_mlstm_torch(q, k, v, ig, fg, initial_state=state, output_final_state=True)
+    carried, outs = state, []
+    for a, b in ((0, c), (c, 3 * c), (3 * c, 300)):
+        h, carried = chunk_mlstm_torch(*(x[:, a:b] for x in (q, k, v, ig, fg)), initial_state=carried,
+                                       output_final_state=True)
+        outs.append(h)
+    assert torch.equal(torch.cat(outs, 1), h_one)
+    assert all(torch.equal(x, y) for x, y in zip(carried, final_one, strict=True))
+    for t in (1, 71, 100, 129):
+        h, _ = chunk_mlstm_torch(*(x[:, :t] for x in (q, k, v, ig, fg)), initial_state=state)
+        assert torch.equal(h, h_one[:, :t]), t
 
 
 def test_span_parts_continued_with_before():

@@ -1,38 +1,37 @@
 """The chunked form of the mLSTM in PyTorch (every device; inference only). Same contract as
 naive.py.
 
-**The frame.** Over a span of positions entering with (C0, n0, m0), let G_t be the summed log
-forget gates from the span's start through t and a_t = i_t - G_t. The unstabilised state is
+**The frames.** A block of c positions enters with the state U (C and n side by side, [C | n])
+stabilised by m_b. With G_t the block's summed log forget gates through row t (from the block's
+start) and a_t = i_t - G_t, the recurrence's stabiliser at row t is m_t = G_t + phi_t with
 
-    C*_t = exp(G_t) P_t,    P_t = exp(m0) C0 + sum_{j<=t} exp(a_j) k_j v_j^T
+    phi_t = max(m_b, max_{j<=t} a_j)          (one cummax per block)
 
-(n alike, with k_j for k_j v_j^T), and the recurrence's stabiliser is m_t = G_t + phi_t with
+and every weight is exp of a difference <= 0 taken in float64: exp(a_j - phi_t) for position j
+at row t, exp(m_b - phi_t) for the entering state. With K_j = exp(a_j - m_b) k_j and Q_t = scale
+exp(m_b - phi_t) q_t (both in the frame of m_b, known before the block), row t's parts stabilised
+by its m_t are
 
-    phi_t = max(m0, max_{j<=t} a_j)          (a running maximum: one cummax per span)
+    [num_t | den_t] = sum_{j<=t} (Q_t . K_j) [v_j | 1] + Q_t^T U
 
-so the stabilised state the recurrence carries is exp(-phi_t) P_t: phi_t is the log of the
-largest weight in P_t. Every weight below is exp of a difference of a's and phi's taken in
-float64 from float64 sums: no cumulative product is ever formed.
+one product [A | Q] @ [[v | 1]; U] per block with A = tril(Q K^T): the intra-block scores and the
+entering state's share fused, the normaliser a column of ones beside v. Then h_t = num_t /
+(max(|den_t|, exp(-m_t)) + eps). A row reads nothing of the rows after it (no frame is taken
+from a block's end): its bits do not depend on what follows it in its call. Where a row's frame
+phi_t rises more than WIDE above m_b (its input gate outweighs the state by e^WIDE: the state is
+all but wiped out there), K_j would overflow: those rows get their scores from explicit weights
+exp(a_j - phi_t) instead (`_wide_scores`), and only those.
 
-**Blocks.** A block of c positions has the frame e = phi of its last row; the state U entering
-it is held in the frame p of the previous block's last row (m0 for the first block). With
-K_j = exp(a_j - e) k_j (<= 1), Q_i = scale exp(e - phi_i) q_i and Q_in,i = scale exp(p - phi_i) q_i
-(<= scale), row i's output parts stabilised by its m_i are
+The stabiliser after block b is m_{b+1} = G_c + phi_c (its last row's), in float64: one small
+step per block in order, every quantity of a block a function of its rows, U_b and m_b alone. So
+a call cut at a block's edge, its state carried (C and n in the compute dtype, m in float64),
+continues with the same bits as one call (linpipe's units and score-variants' replays rely on
+it). The state after the block, stabilised by it, is
 
-    [num_i | den_i] = sum_{j<=i} (Q_i . K_j) [v_j | 1] + Q_in,i^T U
+    U' = exp(m_b - e) U + K_e^T [v | 1],    K_e = exp(a_j - e) k_j,  e = m_{b+1} - G_c
 
-one product [A | Q_in] @ [[v | 1]; U] per block with A = tril(Q K^T): the intra-block scores and
-the entering state's share fused, the normaliser a column of ones beside v. Then h_i = num_i /
-(max(|den_i|, exp(-m_i)) + eps). The state after the block, in its frame e, is
-
-    U' = exp(p - e) U + K^T [v | 1]
-
-every weight <= 1: one batched product for all blocks, then one multiply-add per block in order
-(the only loop over blocks). Q_i . K_j = scale exp(a_j - phi_i) q_i . k_j is the recurrence's own
-weight; Q_i alone reaches exp(e - phi_i), which overflows where a block's frame rises by more than
-WIDE within it (a row whose input gate outweighs the state by e^WIDE: the state is all but wiped
-out there). Those rare blocks get their scores from explicit weights exp(a_j - phi_i) instead
-(`_wide_scores`), and only those.
+every weight at most 1: one batched product for all blocks, then one
+multiply-add per block in order (the only loop over blocks besides m's).
 
 Rows past the end of a call are padded with a forget gate of 1 (log 0) and an input gate of 0
 (a log input gate of -1e30): they change neither the state nor the stabiliser, so the state
@@ -78,13 +77,27 @@ def log_forget(fgate):
     return F.logsigmoid(fgate.to(torch.float64)).clamp_(min=LOG_GATE_MIN)
 
 
-def frames(igate, fgate, m0):
-    """The span's gates as float64 (B, H, t) tensors: G (the summed log forget gates from the
-    span's start), a = i - G, phi = max(m0, cummax(a)); m0 (B, H) float64 (-inf: empty)."""
-    G = log_forget(fgate).transpose(1, 2).cumsum(-1)
-    a = igate.to(torch.float64).transpose(1, 2) - G
-    phi = torch.maximum(a.cummax(-1).values, m0.unsqueeze(-1)) if a.shape[-1] else a
-    return G, a, phi
+def frames(igate, fgate, m0, c):
+    """The span's gates per block as float64 (n, B, H, c) tensors of a span whose length is a
+    multiple of c: G (the summed log forget gates from each block's start), a = i - G, phi (each
+    row's frame) and the stabiliser m entering each block and after the last, (n + 1, B, H): m0
+    (B, H) float64 (-inf: empty), then each block's last-row G + phi, block after block."""
+    B, T, H = igate.shape
+    n = T // c
+
+    def blocks(x):  # (B, n*c, H) -> (n, B, H, c)
+        return x.view(B, n, c, H).permute(1, 0, 3, 2)
+
+    G = blocks(log_forget(fgate)).cumsum(-1)
+    a = blocks(igate.to(torch.float64)) - G
+    top = a.cummax(-1).values  # (n, B, H, c)
+    ms = torch.empty((n + 1, B, H), dtype=torch.float64, device=igate.device)
+    ms[0] = m0
+    G_end, top_end = G[..., -1], top[..., -1]
+    for b in range(n):  # in order: a block's m from the one entering it alone, whatever came before
+        torch.maximum(ms[b], top_end[b], out=ms[b + 1]).add_(G_end[b])
+    phi = torch.maximum(top, ms[:-1].unsqueeze(-1))
+    return G, a, phi, ms
 
 
 def _wide_scores(q, k, a, phi, scale, blocks):
@@ -116,51 +129,49 @@ def _span(q, k, v, igate, fgate, state, m0, scale, c, scratch):
         q, k, v = (F.pad(x, (0, 0, 0, 0, 0, pad)) for x in (q, k, v))
         igate = F.pad(igate, (0, 0, 0, pad), value=_NO_WRITE)
         fgate = F.pad(fgate, (0, 0, 0, pad), value=float("inf"))
-    G, a, phi = frames(igate, fgate, m0)  # (B, H, n*c) float64
-
-    def gates(x):  # (B, H, n*c) -> (n, B, H, c, 1) view
-        return x.view(B, H, n, c).permute(2, 0, 1, 3).unsqueeze(-1)
-
-    ab, phib = gates(a), gates(phi)
-    end = phib[..., -1:, :]  # (n, B, H, 1, 1): each block's frame, that of its last row
-    prev = torch.cat([m0.unsqueeze(0), phib[:-1, :, :, -1, 0]], 0)[..., None, None]  # the entering state's
-    wide = (end - phib[..., :1, :]).view(n, B, H) > wide_max
+    G, a, phi, ms = frames(igate, fgate, m0, c)  # (n, B, H, c) float64; ms (n + 1, B, H)
+    ab, phib = a.unsqueeze(-1), phi.unsqueeze(-1)  # (n, B, H, c, 1)
+    enter = ms[:-1, ..., None, None]  # (n, B, H, 1, 1): the stabiliser entering each block
+    frame = (ms[1:] - G[..., -1])[..., None, None]  # the state after each block's: m_{b+1} - G_c
     m = n * B * H
     qb, kb = _blocks(q, n, c), _blocks(k, n, c)
     # contiguous operands (a strided one takes torch's slow batched-matmul path)
-    # k weighted to each block's end (<= 1), stored transposed: both products read it as (K, c)
-    Kt = scratch("ml_K", n, B, H, K, c)
-    # the scores' two factors carry exponents up to WIDE apart: exp in float64, then rounded
-    torch.mul(kb, torch.exp(ab - end).to(cd), out=Kt.transpose(-1, -2))
-    Qe = torch.mul(qb, (torch.exp((end - phib).clamp_(max=wide_max)) * scale).to(cd),
-                   out=scratch("ml_Q", n, B, H, c, K))
+    # the scores' two factors carry exponents up to WIDE apart: exp in float64, then rounded;
+    # k in the entering frame (clamped: a row past WIDE is explicit), stored transposed
+    Ks = scratch("ml_K", n, B, H, K, c)
+    torch.mul(kb, torch.exp((ab - enter).clamp_(max=wide_max)).to(cd), out=Ks.transpose(-1, -2))
     Vb = scratch("ml_V", n, B, H, c, N)  # [v | 1 | 0]
     Vb[..., :V].copy_(_blocks(v, n, c))
     Vb[..., V] = 1.0
     Vb[..., V + 1:] = 0.0
-    # each block's state from zero, in its frame
-    D = torch.bmm(Kt.view(m, K, c), Vb.view(m, c, N), out=scratch("ml_D", m, K, N))
+    # each block's state from zero, stabilised by the m after it (k weighted to the block's end)
+    Ke = scratch("ml_Ke", n, B, H, K, c)
+    torch.mul(kb, torch.exp(ab - frame).to(cd), out=Ke.transpose(-1, -2))
+    D = torch.bmm(Ke.view(m, K, c), Vb.view(m, c, N), out=scratch("ml_D", m, K, N))
     D = D.view(n, B, H, K, N)
-    # Y = [[v | 1 | 0]; [U_b]] (n, B, H, c + K, N): U_b the state entering block b in its frame
+    # Y = [[v | 1 | 0]; [U_b]] (n, B, H, c + K, N): U_b the state entering block b
     Y = scratch("ml_Y", n, B, H, c + K, N)
     Y[..., :c, :].copy_(Vb)
-    decay = _exp(prev - end, cd)  # (n, B, H, 1, 1): the entering state's weight at the block's end
+    decay = _exp(enter - frame, cd)  # (n, B, H, 1, 1): the entering state's weight after the block
     U = Y[..., c:, :]
     U[0] = state
     for b in range(n - 1):  # the only step in order: one multiply-add per block
         torch.addcmul(D[b], U[b], decay[b], out=U[b + 1])
     state = torch.addcmul(D[-1], U[-1], decay[-1])  # (B, H, K, N)
-    # X = [A | Q_in] (n, B, H, c, c + K): the causal scores and the entering state's weights
+    # X = [A | Q] (n, B, H, c, c + K): the causal scores and the entering state's weights, Q =
+    # scale exp(m_b - phi_t) q_t (the entering frame's share of each row, <= scale)
     X = scratch("ml_X", n, B, H, c, c + K)
-    A = torch.bmm(Qe.view(m, c, K), Kt.view(m, K, c), out=scratch("ml_A", m, c, c))
+    torch.mul(qb, (torch.exp(enter - phib) * scale).to(cd), out=X[..., c:])
+    A = torch.bmm(X.view(m, c, c + K)[..., c:], Ks.view(m, K, c), out=scratch("ml_A", m, c, c))
     torch.mul(A.view(n, B, H, c, c), _causal(c, cd, q.device), out=X[..., :c])
+    wide = (phi - enter[..., 0]) > wide_max  # (n, B, H, c): rows whose scores are explicit
     if bool(wide.any()):
-        idx = wide.nonzero(as_tuple=True)
-        X[..., :c][idx] = _wide_scores(qb, kb, ab[..., 0], phib[..., 0], scale, idx).to(cd)
-    torch.mul(qb, _exp(prev - phib, cd, scale), out=X[..., c:])
+        idx = wide.any(-1).nonzero(as_tuple=True)
+        rows = wide[idx].unsqueeze(-1)  # (w, c, 1)
+        X[..., :c][idx] = torch.where(rows, _wide_scores(qb, kb, a, phi, scale, idx).to(cd), X[..., :c][idx])
     out = torch.bmm(X.view(m, c, c + K), Y.view(m, c + K, N), out=scratch("ml_out", m, c, N))
-    mt = G + phi  # (B, H, n*c): the stabiliser of every row
-    return out.view(n, B, H, c, N), mt, state, mt[..., t - 1]
+    mt = (G + phi).permute(1, 2, 0, 3).reshape(B, H, n * c)  # the stabiliser of every row
+    return out.view(n, B, H, c, N), mt, state, ms[-1]
 
 
 def _exp(x, dtype, scale=None):
@@ -195,12 +206,14 @@ def chunk_mlstm_torch(q, k, v, igate, fgate, *, scale=None, eps=1e-6, initial_st
                       dtype: torch.dtype | None = None):
     """naive_recurrent_mlstm's contract: q, k (B, T, H, K), v (B, T, H, V), igate and fgate (B, T,
     H) preactivations, the state (C (B, H, K, V), n (B, H, K), m (B, H)). Returns (h (B, T, H, V)
-    in q's dtype, final state float32 or None), in blocks of block_size.
+    in q's dtype, final state or None: C, n float32, m float64, the stabiliser as the blocks carry
+    it, so that a call continued from the state is the same bits as one call when cut at a
+    block's edge), in blocks of block_size.
 
     Computes in float32 (float64 for float64 inputs, or `dtype` when given); the gates' sums and
     the stabiliser are float64 whatever the dtype. Inference only (no backward)."""
     h, _, _, (C, nrm, m) = _chunk(q, k, v, igate, fgate, scale, eps, initial_state, block_size, dtype)
-    final = (C.float().contiguous(), nrm.float().contiguous(), m.float()) if output_final_state else None
+    final = (C.float().contiguous(), nrm.float().contiguous(), m.clone()) if output_final_state else None
     return h.to(q.dtype if dtype is None else h.dtype), final
 
 

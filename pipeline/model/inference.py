@@ -120,7 +120,8 @@ class Model:
 
     def _head(self, prev, tile):
         """The output head of the rows of y before each position (N, D) -> (N, vocab_out)."""
-        return linear(prev, self.net.head.weight, bias=self.net.head.bias, tile=tile)
+        logits = linear(prev, self.net.head.weight, bias=self.net.head.bias, tile=tile)
+        return logits if self.net.logit_cap is None else map_rows(self.net.capped, tile, logits)
 
     def _dna_rows(self, prev, x, outs):
         """logprob and entropy (those in outs, in that order) of rows: y before each position

@@ -64,6 +64,7 @@ class LinpipeNet(nn.Module):
         self.layers = nn.ModuleList(make(c, self.span) for _ in range(c.n_layers))
         self.norm = RMSNorm(D, c.norm_eps)
         self.head = nn.Linear(D, c.vocab_out)
+        self.logit_cap = c.spec.logit_cap(c)  # the family's soft cap of the logits (None: none)
 
     # -- inputs ---------------------------------------------------------------------------
     def normalize_inputs(self, x):
@@ -122,7 +123,12 @@ class LinpipeNet(nn.Module):
     def predict(self, x, state: ModelState):
         """(pred (B, T, 4|C), y, new_state): pred[:, i] is the head's output before reading x_i."""
         y, new = self.forward(x, state)
-        return self.head(y_before(y, state.y)), y, new
+        return self.capped(self.head(y_before(y, state.y))), y, new
+
+    def capped(self, logits):
+        """The head's logits soft-capped where the family caps them: c tanh(logits / c)."""
+        c = self.logit_cap
+        return logits if c is None else torch.tanh(logits / c) * c
 
 
 def y_before(y, y0):

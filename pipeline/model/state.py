@@ -14,12 +14,18 @@ from linpipe.errors import ModelError
 CORE = ("y", "norm")  # the arrays every state has beside its family's (norm: series_norm models)
 
 
+def _stored(dtype) -> torch.dtype:
+    """The dtype a state array is stored in: float64 where the family declares it (its arrays are
+    float64 in memory then), float32 otherwise."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 @dataclass
 class ModelState:
     """The whole memory of the past: per layer the family's arrays, plus y of the last position
     read."""
 
-    arrays: dict  # name -> (B, L, ...) float32: the family's state arrays, in their declared order
+    arrays: dict  # name -> (B, L, ...) float32 (or as declared): the family's arrays, in their declared order
     y: torch.Tensor  # (B, D): final representation of the last position read
     norm: torch.Tensor | None = None  # (B, NORM_SIZE) float64: series_norm models only
 
@@ -77,15 +83,16 @@ class ModelState:
         return cls({k: v for k, v in d.items() if k not in CORE}, d["y"], d.get("norm"))
 
     def to_arrays(self) -> dict[str, np.ndarray]:
-        """Plain arrays of a single-sequence state: the family's float32 arrays and y, a
-        series_norm model's norm float64 (it keeps its lane axis: one lane per channel)."""
+        """Plain arrays of a single-sequence state: the family's arrays (float32, or float64 where
+        it declares them so) and y, a series_norm model's norm float64 (it keeps its lane axis:
+        one lane per channel)."""
         lanes = self.norm is not None
         if not lanes and self.batch_size != 1:
             raise ValueError(f"to_arrays needs a single-sequence state, got batch {self.batch_size}")
         pick = (lambda t: t) if lanes else (lambda t: t[0])
         d = {"S": self.arrays["S"], "y": self.y} if "S" in self.arrays else {"y": self.y}
         d.update({k: v for k, v in self.arrays.items() if k not in d})
-        out = {k: pick(v).detach().to("cpu", torch.float32).numpy().copy() for k, v in d.items()}
+        out = {k: pick(v).detach().to("cpu", _stored(v.dtype)).numpy().copy() for k, v in d.items()}
         if lanes:
             out["norm"] = self.norm.detach().to("cpu", torch.float64).numpy().copy()
         return out
@@ -99,7 +106,9 @@ class ModelState:
             raise ModelError("model state arrays lack 'y'")
 
         def tensor(k):
-            t = torch.as_tensor(np.asarray(d[k], dtype=np.float32), device=device)
+            a = np.asarray(d[k])
+            t = torch.as_tensor(a if a.dtype == np.float64 and k != "y" else a.astype(np.float32, copy=False),
+                                device=device)
             return t if lanes else t[None]
 
         arrays = {k: tensor(k) for k in d if k not in CORE}

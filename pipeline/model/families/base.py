@@ -112,6 +112,11 @@ class Family:
         linpipe.model.checkpoints); by default the first state array's next-to-last axis."""
         return self.state(config)[0].shape[-2]
 
+    def logit_cap(self, config) -> float | None:
+        """The soft cap c of the head's logits, c tanh(logits / c) before the log-softmax (a
+        Gemma 2 / xLSTM-7B head), or None: the logits as the head gives them."""
+        return None
+
     def span_width(self, config) -> int:
         """The widest per-position temporary of a layer's call, in floats (network.forward_span
         sizes the CPU's spans by it)."""
