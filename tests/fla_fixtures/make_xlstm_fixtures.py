@@ -10,8 +10,9 @@ Run it from outside the checkout's root: transformers probes a package named `ke
 the repository's top folder shadows there.
 
 Writes per fixture OUT/<name>/ with config.json, model.safetensors, expected.npz (per record id
-`logprob` (T,) and `entropy` (T,), as make_fla_fixtures.py) and reference.json: the versions of
-transformers and torch, and which of transformers' mLSTM kernels made the predictions.
+`logprob` (T,) and `entropy` (T,), as make_fla_fixtures.py), versions.json (the torch and
+transformers that made it, as the other fixtures') and reference.json: those versions, and which
+of transformers' mLSTM kernels made the predictions.
 
 transformers' model runs its native PyTorch kernels here (the `xlstm` package is not installed;
 the script refuses to run if it is): in its default `inference` mode a record's whole chunks of
@@ -151,6 +152,8 @@ def write_fixture(name: str, out: Path, seqs: dict[str, str], seed: int) -> None
         "kernels": {rid: kernels_used(cfg, len(seq)) for rid, seq in seqs.items()},
     }
     (d / "reference.json").write_text(json.dumps(reference, indent=1) + "\n")
+    versions = {"torch": reference["torch"], "transformers": reference["transformers"]}
+    (d / "versions.json").write_text(json.dumps(versions, indent=1) + "\n")
 
 
 def main(out: Path = DEFAULT_OUT, only=()) -> None:
