@@ -132,14 +132,15 @@ class SegmentWorker(PipelineWorker):
 
         return layer_weights(self.model.net), self.model.init_state().to_arrays(), self.model.config
 
-    def rates(self, folder: str):
+    def rates(self, key: str, bounds: list):
         """What keeping and recomputing layer inputs cost here (checkpoints.cached_rates: measured
-        on this machine and store, cached)."""
+        on this machine and store, in the split folder of record `key` under `bounds`; cached)."""
         import torch
 
         from linpipe.model.checkpoints import cached_rates
 
-        return cached_rates(self.model, self.store.location, folder, torch.get_num_threads())
+        splits = self.store.split_records(key, bounds)
+        return cached_rates(self.model, splits.location, splits.prefix, torch.get_num_threads())
 
     # The per-layer calls return (result, compute seconds, of which keeping h): the driver tells
     # the exchange's own cost (barrier wall time less the slowest segment's compute) from the work.
@@ -380,7 +381,7 @@ def run_split(record: Record, n_segments: int, store, new_actor, events, *, firs
             group = RayGroup(new_actor, len(todo), f"record {record.id!r} of {record.input_path} (split)")
             weights, init, config = group.first("model_info")
             if "keeps" not in stats:  # once a record: a restarted group keeps what the first kept
-                stats["rates"] = group.first("rates", splits.prefix)
+                stats["rates"] = group.first("rates", record.key, bounds)
                 stats["keeps"] = keeps_for(record, len(bounds), config, stats["rates"], budget)
                 events.split_keeps(record.id, stats["keeps"], stats["rates"])
             checkpoints = stats["keeps"].layers

@@ -92,9 +92,11 @@ class Keeps:
 
     def describe(self) -> str:
         """One line: each layer's choice (dry-run and the job's start say it)."""
-        per = ", ".join(f"{'after layer ' + str(n - 1) if n == self.n_layers else 'layer ' + str(n)} "
-                        f"{self.choice(n)}" for n in range(1, self.n_layers + 1))
-        return f"{per}; at most {self.bytes_per_position} B per position kept"
+        def name(n):
+            return "the writes' input" if n == self.n_layers else f"layer {n}'s input"
+
+        per = ", ".join(f"{name(n)}: {self.choice(n)}" for n in range(1, self.n_layers + 1))
+        return f"{per} (at most {self.bytes_per_position} B per position kept)"
 
 
 def choose_keeps(config, positions: int, rates: Rates, budget: int, writers: int = 1) -> Keeps:
