@@ -108,10 +108,11 @@ def choose_keeps(config, positions: int, rates: Rates, budget: int, writers: int
     kept (it saves the most work)."""
     L, hb = config.n_layers, h_bytes(config)
     per_writer = hb * positions / max(1, writers)
-    keep_s = rates.keep_s(per_writer, writers) / max(1.0, per_writer / hb)  # seconds per position
     layers, last = [], 0
     for n in range(1, L + 1):
-        if keep_s <= OVERHEAD * (n - last) * rates.layer_s:
+        kept = len(layers) * per_writer  # what the layers kept before have left in the page cache
+        keep_s = (rates.keep_s(kept + per_writer, writers) - rates.keep_s(kept, writers)) * hb / per_writer
+        if per_writer and keep_s <= OVERHEAD * (n - last) * rates.layer_s:  # per position
             layers.append(n)
             last = n
     if len(layers) >= 2 and 2 * hb * positions > budget:
