@@ -224,6 +224,8 @@ def main():
     ap.add_argument("--split", default="auto", help="the 2-worker runs' --split (auto: as a user runs it)")
     ap.add_argument("--skip-profile", action="store_true")
     ap.add_argument("--skip-kill", action="store_true")
+    ap.add_argument("--after", default=None, help="a checkout of the code to measure (default: the "
+                    "editable install's; a snapshot keeps a long run apart from edits)")
     ap.add_argument("--before", default=None, help="a checkout of the code before (e.g. a worktree of "
                     "the integration branch): its 2-worker run is alternated with this one's")
     a = ap.parse_args()
@@ -235,10 +237,11 @@ def main():
         results["profile"] = profile()
         print("profile", json.dumps(results["profile"]), flush=True)
     # name: (budget, checkout); the default budget keeps what choose_keeps picks, 0 keeps none
-    choices = {**({"before": ("", a.before)} if a.before else {}), "keep": ("", None), "recompute": ("0", None)}
+    choices = {**({"before": ("", a.before)} if a.before else {}), "keep": ("", a.after),
+               "recompute": ("0", a.after)}
     reps = []
     for _ in range(a.reps):
-        rep = {"w1": drive(fa, out / "w1.zarr", 1, "never", "")}
+        rep = {"w1": drive(fa, out / "w1.zarr", 1, "never", "", code=a.after)}
         print("w1", json.dumps(rep["w1"]), flush=True)
         for name, (budget, code) in choices.items():
             rep[name] = drive(fa, out / f"w2-{name}.zarr", 2, a.split, budget, code=code)
