@@ -75,8 +75,9 @@ import os, sys
 code = os.environ.get("LP65_CODE")
 for name, mod in list(sys.modules.items()):
     if code and name.startswith("__editable__") and "linpipe" in name and hasattr(mod, "MAPPING"):
+        root = os.path.dirname(mod.MAPPING["linpipe"])  # the checkout installed
         for key, path in mod.MAPPING.items():
-            mod.MAPPING[key] = path.replace(os.environ["LP65_REPO"], code)
+            mod.MAPPING[key] = code + path[len(root):]
 '''
 
 
@@ -130,7 +131,7 @@ def drive(fasta: Path, store: Path, workers: int, split: str, budget: str, kill_
     env = {**os.environ, "TMPDIR": tmp, "PYTHONUNBUFFERED": "1"}
     if code:
         Path(tmp, "sitecustomize.py").write_text(SWITCH)
-        env.update(LP65_CODE=str(Path(code).resolve()), LP65_REPO=str(REPO),
+        env.update(LP65_CODE=str(Path(code).resolve()),
                    PYTHONPATH=os.pathsep.join(filter(None, [tmp, env.get("PYTHONPATH")])))
     load0 = os.getloadavg()
     t0 = time.perf_counter()
