@@ -88,8 +88,9 @@ class Events(JobEvents):
 
 
 more = {"split_budget": int(budget)} if budget else {}
-s = run_job(JobRequest(inputs=(fasta,), model=model, out=out, unit_size=8192, outputs=("logprob", "entropy", "hidden"),
-                       workers=3, split="auto", **more), events=Events())
+s = run_job(JobRequest(inputs=(fasta,), model=model, out=out, unit_size=8192,
+                       outputs=("logprob", "entropy", "hidden"), workers=3, split="auto", **more),
+            events=Events())
 print(json.dumps({"positions_run": s.positions_run, "positions_resumed": s.positions_resumed}), flush=True)
 '''
 
