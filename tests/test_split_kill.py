@@ -73,8 +73,10 @@ def die_once_a_unit_is_written():
 
 
 class Events(JobEvents):
-    def split_keeps(self, record_id, keeps, rates):
+    def split_keeps(self, record_id, keeps, rates):  # every run, resumed ones too, says it first
         print(json.dumps({"keeps": list(keeps.layers)}), flush=True)
+        if kill == "writes":  # units are written only once every layer has run
+            threading.Thread(target=die_once_a_unit_is_written, daemon=True).start()
 
     def split_layer(self, record_id, layer, nodes, timing):
         # every layer input a segment keeps is on disk before its call returns to this barrier
@@ -83,8 +85,6 @@ class Events(JobEvents):
             die()  # the exchange of layer 1 was not folded yet
         if kill == "pass" and layer == 0:  # layer 1's pass is running once its fold is stored
             threading.Thread(target=die_once_stored, args=("fold/1/",), daemon=True).start()
-        if kill == "writes" and layer == 1:
-            threading.Thread(target=die_once_a_unit_is_written, daemon=True).start()
 
 
 more = {"split_budget": int(budget)} if budget else {}
