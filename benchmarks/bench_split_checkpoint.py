@@ -135,9 +135,10 @@ def drive(fasta: Path, store: Path, workers: int, split: str, budget: str, kill_
                    PYTHONPATH=os.pathsep.join(filter(None, [tmp, env.get("PYTHONPATH")])))
     load0 = os.getloadavg()
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-c", DRIVER, str(fasta), str(store), str(workers), split, budget],
-                            env=env, start_new_session=True, cwd=tmp,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    err = open(store.with_name(store.name + ".stderr"), "w")
+    argv = [sys.executable, "-c", DRIVER, str(fasta), str(store), str(workers), split, budget]
+    proc = subprocess.Popen(argv, env=env, start_new_session=True, cwd=tmp, stdout=subprocess.PIPE, stderr=err,
+                            text=True)
     peak, cpu, stop = [0], {}, threading.Event()
 
     def poll():
@@ -161,10 +162,13 @@ def drive(fasta: Path, store: Path, workers: int, split: str, budget: str, kill_
         stop.set()
         th.join()
         kill_session(proc.pid)
+        err.close()
         shutil.rmtree(tmp, ignore_errors=True)
     wall = time.perf_counter() - t0
     lines = [json.loads(x) for x in stdout.splitlines() if x.startswith("{")]
     got = lines[-1] if lines and not killed else {}
+    if not got and not killed:
+        raise SystemExit(f"{store}: the run failed: {Path(err.name).read_text()[-2000:]}")
     return {**got, "workers": workers, "split": split, "budget": budget, "wall_s": wall, "killed": killed,
             "cpu_s": sum(cpu.values()), "peak_split_bytes": peak[0], "loadavg": [load0, os.getloadavg()]}
 
@@ -173,8 +177,8 @@ def profile(length: int = 262_144) -> dict:
     """Per position, CPU microseconds on one thread: the stream, a correcting segment's calls,
     keeping one layer input (written as the run writes it, then fsynced)."""
     import torch
-
     from bench_split import DATA, _seqs
+
     from linpipe.inputs.alphabet import tokenize
     from linpipe.model import load_model
     from linpipe.model.checkpoints import measure_rates
@@ -259,28 +263,33 @@ def main():
         reps.append(rep)
     results["reps"] = reps
     (out / "results65.json").write_text(json.dumps(results, indent=1))
-    print(f"\n{a.length:,} positions, 2 CPUs; load average at the start of each run in brackets")
+    print(f"\n{a.length:,} positions, {os.cpu_count()} CPUs; [the load average at the run's start]")
     for i, rep in enumerate(reps):
-        w1 = rep["w1"]
-        print(f"rep {i}: 1 worker {w1['positions_per_s'] / 1e3:.1f}k positions/s, {w1['wall_s']:.1f} s wall, "
-              f"{w1['cpu_s']:.1f} CPU s [{w1['loadavg'][0][0]:.1f}]")
-        for name in choices:
-            r = rep[name]
-            keep = sum(x["keep_s"] for x in r["layers"])
-            exch = sum(x["exchange_s"] for x in r["layers"])
-            comp = sum(x["compute_s"] for x in r["layers"])
-            line = (f"  2 workers, {name}: {r['positions_per_s'] / w1['positions_per_s']:.2f}x positions/s "
-                    f"({r['positions_per_s'] / 1e3:.1f}k), wall {w1['wall_s'] / r['wall_s']:.2f}x, CPU "
-                    f"{r['cpu_s']:.1f} s ({r['cpu_s'] / w1['cpu_s']:.2f}x 1 worker's) [{r['loadavg'][0][0]:.1f}]; "
-                    f"layers: compute {comp:.1f} s (keeping {keep:.1f}), exchange {exch:.1f} s; kept "
-                    f"{r['peak_split_bytes'] / a.length:.1f} B/position at most (chosen: "
-                    f"{(r['keeps'] or {}).get('text')})")
-            print(line)
-            k = rep.get(f"kill_{name}")
-            if k:
-                print(f"    killed at {a.kill_at:.0%} of its wall and resumed: {k['ratio']:.2f}x a full run's wall "
-                      f"({k['resumed']['wall_s']:.1f} s; {k['resumed'].get('positions_resumed', 0):,.0f} positions' "
-                      f"work from before; kept {k['killed']['peak_split_bytes'] / a.length:.1f} B/position)")
+        print_rep(i, rep, choices, a)
+
+
+def print_rep(i: int, rep: dict, choices, a) -> None:
+    """The figures of one rep: 1 worker, then each 2-worker choice against it."""
+    w1 = rep["w1"]
+    print(f"rep {i}: 1 worker {w1['positions_per_s'] / 1e3:.1f}k positions/s, {w1['wall_s']:.1f} s wall, "
+          f"{w1['cpu_s']:.1f} CPU s [{w1['loadavg'][0][0]:.1f}]")
+    for name in choices:
+        r = rep[name]
+        total = {k: sum(x.get(k, 0.0) for x in r["layers"]) for k in ("compute_s", "keep_s", "exchange_s")}
+        chosen = (r.get("keeps") or {}).get("text", "its own")
+        print(f"  2 workers, {name}: {r['positions_per_s'] / w1['positions_per_s']:.2f}x the positions/s "
+              f"({r['positions_per_s'] / 1e3:.1f}k), {w1['wall_s'] / r['wall_s']:.2f}x the wall; CPU "
+              f"{r['cpu_s']:.1f} s: 2 x 1 worker's / this = {2 * w1['cpu_s'] / r['cpu_s']:.2f}x "
+              f"[{r['loadavg'][0][0]:.1f}]")
+        print(f"    layers: slowest segment's compute {total['compute_s']:.1f} s, of it keeping inputs "
+              f"{total['keep_s']:.1f} s; exchanges {total['exchange_s']:.2f} s; on disk at most "
+              f"{r['peak_split_bytes'] / a.length:.1f} B/position (choice: {chosen})")
+        k = rep.get(f"kill_{name}")
+        if k:
+            res = k["resumed"]
+            print(f"    killed at {a.kill_at:.0%} of its wall, then resumed: {k['ratio']:.2f}x a full run's "
+                  f"wall ({res['wall_s']:.1f} s; {res.get('positions_resumed', 0):,.0f} positions' work from "
+                  f"before; on disk at most {k['killed']['peak_split_bytes'] / a.length:.1f} B/position)")
 
 
 if __name__ == "__main__":
