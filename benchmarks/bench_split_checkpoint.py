@@ -137,8 +137,8 @@ def drive(fasta: Path, store: Path, workers: int, split: str, budget: str, kill_
     t0 = time.perf_counter()
     err = open(store.with_name(store.name + ".stderr"), "w")
     argv = [sys.executable, "-c", DRIVER, str(fasta), str(store), str(workers), split, budget]
-    proc = subprocess.Popen(argv, env=env, start_new_session=True, cwd=tmp, stdout=subprocess.PIPE, stderr=err,
-                            text=True)
+    proc = subprocess.Popen(argv, env=env, start_new_session=True, cwd=tmp, stdout=subprocess.PIPE,
+                            stderr=err, text=True)
     peak, cpu, stop = [0], {}, threading.Event()
 
     def poll():

@@ -165,8 +165,13 @@ class SegmentWorker(PipelineWorker):
         try:
             msg = self._replay(layer, folds, initial, base)
         except _Lost:  # a kept object torn or gone (a machine's crash): recompute it all
-            msg = self._replay(layer, folds, initial, 0)
-        return msg, time.perf_counter() - t, 0.0
+            base = 0
+            msg = self._replay(layer, folds, initial, base)
+        t_keep = time.perf_counter()
+        if layer > base and layer in self.checkpoints:  # recomputed: kept again, as the run it resumes would
+            self._checkpoint(layer)
+        t_end = time.perf_counter()
+        return msg, t_end - t, t_end - t_keep
 
     def _replay(self, layer, folds, initial, base):
         from linpipe.model.checkpoints import edges_from

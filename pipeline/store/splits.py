@@ -9,7 +9,8 @@ an object store's PUT). The small ones are fsynced; a kept layer input (`h`, hun
 position) is not: a killed process leaves it in the page cache, where the next run reads it,
 and after a machine's crash a torn one fails its CRC. An object whose CRC does not match reads
 as absent: the run that needs it recomputes it (a missing `h` too: its segment replays). The
-objects are not zarr nodes (zarr lists past them), are deleted once the record's units are all written, and a finished local store drops any left.
+objects are not zarr nodes (zarr lists past them), are deleted once the record's units are all
+written, and a finished local store drops any left.
 They lie in a folder named after the segments' bounds (`layout_name`): a run under other
 bounds (another segment count) never reads them, and `SplitRecords.open` deletes them. Names
 inside it (`layer`, `k` the segment's index in the record, `u` a unit's index):
