@@ -363,6 +363,7 @@ def run_split(record: Record, n_segments: int, store, new_actor, events, *, firs
     the embedding); tests kill a worker there). Returns counts for the job summary, with the
     choice made (`keeps`, a checkpoints.Keeps) and the rates it was made from."""
     from linpipe.model import ModelState
+    from linpipe.model.checkpoints import RATES_ENV, assumed_rates
     from linpipe.model.segments import segment_bounds
     from linpipe.model.segments_run import run_layers
 
@@ -386,7 +387,8 @@ def run_split(record: Record, n_segments: int, store, new_actor, events, *, firs
             group = RayGroup(new_actor, len(todo), f"record {record.id!r} of {record.input_path} (split)")
             weights, init, config = group.first("model_info")
             if "keeps" not in stats:  # once a record: a restarted group keeps what the first kept
-                stats["rates"] = group.first("rates", record.key, bounds)
+                assumed = os.environ.get(RATES_ENV, "").strip().lower() == "assumed"
+                stats["rates"] = assumed_rates(config) if assumed else group.first("rates", record.key, bounds)
                 stats["keeps"] = keeps_for(record, len(bounds), config, stats["rates"], budget)
                 events.split_keeps(record.id, stats["keeps"], stats["rates"])
             checkpoints = stats["keeps"].layers

@@ -125,6 +125,9 @@ def choose_keeps(config, positions: int, rates: Rates, budget: int, writers: int
 # measure_rates' sample: about this many seconds of layer passes, and this many bytes written.
 MEASURE_S = 0.5
 MEASURE_BYTES = 16 << 20
+# "assumed": the module's rates, nothing measured (read by cached_rates, and by the split's driver
+# before it asks an actor to measure)
+RATES_ENV = "LINPIPE_SPLIT_RATES"
 # cached_rates keeps a measurement this long (a machine's and a store's speed drift slowly).
 RATES_TTL_S = 7 * 24 * 3600
 
@@ -204,7 +207,7 @@ def cached_rates(model, location, folder: str, threads: int = 1, cache_dir=None)
     module's assumed rates, nothing measured."""
     from linpipe.inputs.cache import cache_root
 
-    if os.environ.get("LINPIPE_SPLIT_RATES", "").strip().lower() == "assumed":
+    if os.environ.get(RATES_ENV, "").strip().lower() == "assumed":
         return assumed_rates(model.config)
     path = cache_root(cache_dir) / "split-rates.json"
     key = _rates_key(model, location, threads)
