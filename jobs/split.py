@@ -388,7 +388,8 @@ def run_split(record: Record, n_segments: int, store, new_actor, events, *, firs
             weights, init, config = group.first("model_info")
             if "keeps" not in stats:  # once a record: a restarted group keeps what the first kept
                 assumed = os.environ.get(RATES_ENV, "").strip().lower() == "assumed"
-                stats["rates"] = assumed_rates(config) if assumed else group.first("rates", record.key, bounds)
+                rates = assumed_rates(config) if assumed else group.first("rates", record.key, bounds)
+                stats["rates"] = rates
                 stats["keeps"] = keeps_for(record, len(bounds), config, stats["rates"], budget)
                 events.split_keeps(record.id, stats["keeps"], stats["rates"])
             checkpoints = stats["keeps"].layers
