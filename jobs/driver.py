@@ -128,7 +128,12 @@ class JobEvents:
 
     def split_layer(self, record_id: str, layer: int, nodes: list[str], timing: dict) -> None:
         """A split record's segment group finished `layer` (nodes: its actors, "node:pid";
-        timing: wall_s, compute_s of the slowest segment, exchange_s, bytes via the driver)."""
+        timing: wall_s, compute_s of the slowest segment, keep_s of it spent keeping the layer
+        input, exchange_s, bytes via the driver)."""
+
+    def split_keeps(self, record_id: str, keeps, rates) -> None:
+        """A split record's choice per layer input, keep or recompute (checkpoints.Keeps), and
+        the rates it was made from (checkpoints.Rates)."""
 
 
 # ------------------------------------------------------------------------------ the store
@@ -461,7 +466,7 @@ def _run_leased(plan, request, out, address, device, events, lease_token: str) -
                                 per_gpu=actors_per_gpu(where.num_gpus)))
         for item, n in splits:
             split_stats.append(run_split(item.record, n, store, new_segment_actor, events,
-                                         first_weight=plan.split_first_weight,
+                                         first_weight=plan.split_first_weight, budget=request.split_budget,
                                          on_layer=lambda r, *a: events.split_layer(r.id, *a)))
         # then the other records as before (no actor at all when nothing is left)
         sched = Scheduler(new_actor, todo, min(n_workers, len(todo)), events, plan.batch_units)

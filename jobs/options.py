@@ -327,6 +327,29 @@ class Split(Kind):
         return value
 
 
+class Size(Kind):
+    """A number of bytes: 4GiB, 512MB, 1024 or 0."""
+
+    types = (int, str)
+    what = "a size such as 8GiB, 512MB or 0"
+
+    def parse(self, text: str) -> int:
+        n = parse_size(str(text).strip())
+        if n is None:
+            raise InvalidValue(f"must be {self.what}, not {text!r}")
+        return n
+
+    def from_yaml(self, value: Any) -> int:
+        if isinstance(value, str):
+            return self.parse(value)
+        if isinstance(value, bool) or value < 0:
+            raise InvalidValue(f"must be {self.what}, not {value!r}")
+        return int(value)
+
+    def yaml(self, value: int) -> int:
+        return value
+
+
 class Resources(Kind):
     """What each actor asks Ray for: num_cpus=2,memory=4GiB,NAME=1, or a spec's mapping."""
 
@@ -441,6 +464,11 @@ OPTIONS: tuple[Option, ...] = (
            "share per worker; N forces N segments; never streams every record on one worker (auto: "
            "CPU actors and DNA models only; GPU actors, time series and regions stream).",
            default="auto", metavar="auto|never|N", example=4),
+    Option("split_budget", Size(), "Bytes of layer inputs a split record may keep in the output store "
+           "while it runs, so that a killed job resumes near where it stopped (they are deleted when the "
+           "record is written); per layer the split keeps its input or recomputes it on resume, by rates "
+           "measured on the machine; 0 keeps none (docs/sequence-parallel.md, \"Surviving a kill\").",
+           default_text="8GiB", metavar="BYTES", example="2GiB"),
     Option("workers", Count(), "Worker actors (CPU slots of the local Ray).",
            default_text="one per CPU, or per GPU", metavar="N", example=2),
     Option("actor_resources", Resources(), "What each worker actor asks Ray for, e.g. "

@@ -20,7 +20,7 @@ from linpipe.places import check_apart
 from .cluster import check_cluster, embedded_slots
 from .plan import JobPlan, plan_job
 from .request import JobRequest, RunOptions, is_job_server_address
-from .split import check_split
+from .split import check_split, planned_keeps
 from .submission import runtime_env_from, store_progress
 
 
@@ -190,10 +190,14 @@ def dry_run(request: JobRequest, run: RunOptions | None = None) -> dict[str, Any
     """Check everything a run needs and describe the plan, without running anything."""
     checked = preflight(request, run)
     plan, done = checked.plan, checked.progress
+    # a cluster's slots are known once Ray joined it: there the split is the run's to plan
+    slots = None if run and run.address else embedded_slots(request.workers, request.actor_resources)
     return {"job_id": plan.job_id, "inputs": list(plan.inputs), "records": plan.n_records,
             "positions": plan.total_positions, "work_units": plan.n_units,
             "unit_size": plan.unit_size, "outputs": list(plan.outputs), "out": checked.out,
             "estimated_output_bytes": plan.estimated_output_bytes(), "cluster": checked.cluster,
             "positions_done": done["positions_done"] if done else 0,
             "complete": bool(done and done["complete"]), "notes": list(plan.notes),
-            "gpu_sharing": request.actor_resources.gpu_sharing()}
+            "gpu_sharing": request.actor_resources.gpu_sharing(),
+            "splits": [{"record": rid, "segments": n, "keeps": keeps.describe()}
+                       for rid, n, keeps in planned_keeps(plan, request, slots)]}

@@ -63,6 +63,7 @@ class JobRequest:
     regions: str | None = None  # a BED file
     regions_lenient: bool = False
     split: str | int = "auto"  # "auto" | "never" | a number of segments
+    split_budget: int | None = None  # bytes of kept layer inputs (None: checkpoints.DEFAULT_BUDGET)
     workers: int | None = None
     actor_resources: ActorResources = ActorResources()
     overwrite: bool = False

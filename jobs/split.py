@@ -107,8 +107,8 @@ class SegmentWorker(PipelineWorker):
 
     def setup(self, record: Record, bounds: list, k: int, checkpoints: tuple[int, ...] = ()) -> str:
         """Segment k of `bounds` (the record's first runs the layers itself, from the state it
-        is given in begin); checkpoints: the layers whose input it writes to the store
-        (checkpoints.checkpoint_layers), with its unit edges' states of the layers before."""
+        is given in begin); checkpoints: the layers whose input it keeps in the store
+        (checkpoints.Keeps.layers), with its unit edges' states of the layers before."""
         from linpipe.model.segments import SegmentRunner, spill_bytes
 
         if self.runner is not None:
@@ -132,61 +132,91 @@ class SegmentWorker(PipelineWorker):
 
         return layer_weights(self.model.net), self.model.init_state().to_arrays(), self.model.config
 
-    # The per-layer calls return (result, compute seconds): the driver tells the exchange's
-    # own cost (barrier wall time less the slowest segment's compute) from the work.
+    def rates(self, key: str, bounds: list):
+        """What keeping and recomputing layer inputs cost here (checkpoints.cached_rates: measured
+        on this machine and store, in the split folder of record `key` under `bounds`; cached)."""
+        import torch
+
+        from linpipe.model.checkpoints import cached_rates
+
+        splits = self.store.split_records(key, bounds)
+        return cached_rates(self.model, splits.location, splits.prefix, torch.get_num_threads())
+
+    # The per-layer calls return (result, compute seconds, of which keeping h): the driver tells
+    # the exchange's own cost (barrier wall time less the slowest segment's compute) from the work.
     def begin(self, initial):
         t = time.perf_counter()
-        return self.runner.begin(initial), time.perf_counter() - t
+        return self.runner.begin(initial), time.perf_counter() - t, 0.0
 
     def apply(self, layer, state_in):
         t = time.perf_counter()
         msg = self.runner.apply(layer, state_in)
+        t_keep = time.perf_counter()
         if layer + 1 in self.checkpoints:
             self._checkpoint(layer + 1)
-        return msg, time.perf_counter() - t
+        t_end = time.perf_counter()
+        return msg, t_end - t, t_end - t_keep
 
-    def resume(self, layer, initial):
-        """begin and the layers before `layer` from the store's checkpoint of `layer`."""
-        from linpipe.model.checkpoints import restore_edges, slot
-
+    def replay(self, layer, folds, initial, base: int = 0):
+        """begin and the layers before `layer` with no exchange: from the kept input of `base`
+        (with the unit edges' states of the layers before it) where the store holds it whole,
+        else from the tokens; the layers from there on recomputed with the stored folds."""
         t = time.perf_counter()
-        sp = self.splits
-        for j in range(layer):
-            restore_edges(self.runner, j, sp.get(f"edges/{j}/{self.k}"))
-            self.edges_stored.add(j)
-        at = slot(self.checkpoints, layer)
+        try:
+            msg = self._replay(layer, folds, initial, base)
+        except _Lost:  # a kept object torn or gone (a machine's crash): recompute it all
+            base = 0
+            msg = self._replay(layer, folds, initial, base)
+        t_keep = time.perf_counter()
+        if layer > base and layer in self.checkpoints:  # recomputed: kept again, as the run it resumes would
+            self._checkpoint(layer)
+        t_end = time.perf_counter()
+        return msg, t_end - t, t_end - t_keep
 
-        def h_of(a, b):
-            got = sp.get(f"h/{at}/{a // self.record.unit_size}")
-            if got is None:  # its marker is written after it, and it before the slot is reused
-                raise LinpipeError(f"{sp.prefix}: the checkpoint of layer {layer} lost unit "
-                                   f"{a // self.record.unit_size}")
-            return got["h"]
+    def _replay(self, layer, folds, initial, base):
+        from linpipe.model.checkpoints import edges_from
 
-        return self.runner.resume(layer, h_of, initial), time.perf_counter() - t
+        sp, unit = self.splits, self.record.unit_size
+        h_of = None
+        if base:
+            marker = sp.get(f"ckpt/{base}/{self.k}")
+            edges = [sp.get(f"edges/{j}/{self.k}") for j in range(base)]
+            if marker is None or any(e is None for e in edges):
+                raise _Lost
+            for j, tensors in enumerate(edges):
+                for u, state in edges_from(tensors).items():
+                    self.runner.record_edge((u + 1) * unit, j, state)
+            at = int(marker["slot"][0])
 
-    def replay(self, layer, folds, initial):
-        """begin and the layers before `layer` from the stored folds, with no exchange (no
-        checkpoint holds h)."""
-        t = time.perf_counter()
-        return self.runner.replay(layer, folds, initial), time.perf_counter() - t
+            def h_of(a, b):
+                got = sp.get(f"h/{at}/{a // unit}")
+                if got is None or got["h"].shape != (b - a, self.runner.D) or int(got["layer"][0]) != base:
+                    raise _Lost
+                return got["h"]
+
+        msg = self.runner.replay(layer, folds, initial, base=base, h_of=h_of)
+        self.edges_stored.update(range(base))
+        return msg
 
     def _checkpoint(self, layer: int) -> None:
         """The segment's layer input for `layer` and its unit edges' states of the layers
-        before, durable in the store; the marker last. The same slot's older checkpoint is
-        unmarked first, so a marker never names a slot that is being rewritten."""
+        before, in the store; the marker last. Any marker naming the slot (this run's older
+        checkpoint, or an earlier run's under another choice) is deleted first, so a marker
+        never names a slot that is being rewritten; each h object names its layer too."""
         from linpipe.model.checkpoints import edge_tensors, slot
 
         sp, k, at = self.splits, self.k, slot(self.checkpoints, layer)
-        i = self.checkpoints.index(layer)
-        if i >= 2:
-            sp.delete(f"ckpt/{self.checkpoints[i - 2]}/{k}")
+        for j in range(1, self.runner.L + 1):
+            marker = sp.get(f"ckpt/{j}/{k}")
+            if marker is not None and int(marker["slot"][0]) == at:
+                sp.delete(f"ckpt/{j}/{k}")
         for j in range(layer):
             if j not in self.edges_stored:
                 sp.put(f"edges/{j}/{k}", edge_tensors(self.runner.edge_states, j))
                 self.edges_stored.add(j)
-        for a, b in self.runner.units:
-            sp.put(f"h/{at}/{a // self.record.unit_size}", {"h": self.runner.rows(a, b)})
+        for a, b in self.runner.units:  # not fsynced (store/splits.py): checked by its CRC
+            sp.put(f"h/{at}/{a // self.record.unit_size}",
+                   {"h": self.runner.rows(a, b), "layer": np.array([layer], np.int64)}, sync=False)
         sp.put(f"ckpt/{layer}/{k}", {"slot": np.array([at], np.int64)})
 
     def write(self, y_prev, final_arrays: dict, skip: list[int]) -> list[UnitResult]:
@@ -210,6 +240,10 @@ class SegmentWorker(PipelineWorker):
         return results
 
 
+class _Lost(Exception):
+    """A kept object a resume needs is gone or torn."""
+
+
 class GroupLost(Exception):
     """An actor of the group died: the group restarts from what is durable."""
 
@@ -219,18 +253,18 @@ class RayGroup:
     own segment's actor, all at once, and the group waits for all (a barrier); a lost actor is
     GroupLost."""
 
-    TIMED = ("begin", "resume", "replay", "apply")
+    TIMED = ("begin", "replay", "apply")
 
     def __init__(self, new_actor, n: int, what: str):
         self.pool = Pool(new_actor, n, describe=lambda work: what, on_lost=self._lost, replace=False)
-        self.timing = {"wall_s": 0.0, "compute_s": 0.0, "bytes": 0}  # since the last take()
+        self.timing = {"wall_s": 0.0, "compute_s": 0.0, "keep_s": 0.0, "bytes": 0}  # since the last take()
 
     @staticmethod
     def _lost(slot, e: Exception) -> None:
         raise GroupLost(type(e).__name__)
 
     def take(self) -> dict:
-        t, self.timing = self.timing, {"wall_s": 0.0, "compute_s": 0.0, "bytes": 0}
+        t, self.timing = self.timing, {"wall_s": 0.0, "compute_s": 0.0, "keep_s": 0.0, "bytes": 0}
         return {**t, "exchange_s": t["wall_s"] - t["compute_s"]}
 
     def first(self, method: str, *args):
@@ -247,8 +281,9 @@ class RayGroup:
         if method not in self.TIMED:
             return out
         self.timing["wall_s"] += time.perf_counter() - t0
-        self.timing["compute_s"] += max(sec for _, sec in out)
-        out = [v for v, _ in out]
+        self.timing["compute_s"] += max(sec for _, sec, _ in out)
+        self.timing["keep_s"] += max(keep for _, _, keep in out)
+        out = [v for v, _, _ in out]
         self.timing["bytes"] += len(pickle.dumps(args)) + len(pickle.dumps(out))  # to and from the driver
         return out
 
@@ -266,16 +301,69 @@ def first_incomplete_segment(store, record: Record, bounds) -> int:
     return len(bounds)
 
 
+def keeps_for(record: Record, n_segments: int, config, rates, budget: int | None):
+    """The split run's choice per layer input (checkpoints.choose_keeps) for a record on
+    n_segments workers, within `budget` bytes (None: checkpoints.DEFAULT_BUDGET)."""
+    from linpipe.model.checkpoints import DEFAULT_BUDGET, choose_keeps
+
+    return choose_keeps(config, record.length, rates, DEFAULT_BUDGET if budget is None else budget,
+                        writers=n_segments)
+
+
+def planned_keeps(plan, request, slots: int | None) -> list[tuple[str, int, object]]:
+    """What a run of `request` on `slots` worker slots would split, as (record id, segments,
+    checkpoints.Keeps): dry-run's account. The rates are the cache's (checkpoints.cached_rates),
+    else measured here, in a folder made for it beside the output store and removed after."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    import torch
+
+    from linpipe.model import load_model
+    from linpipe.model.checkpoints import cached_rates
+    from linpipe.store.location import Location
+
+    split = request.split
+    streams_only = request.regions or plan.modality != "dna" or not plan.splittable
+    if slots is None or (split == "auto" and streams_only):
+        return []
+    gain = plan_gain(plan, 1)
+    found = [(r, split_segments(r, plan.total_positions, slots, split, gain)) for r in plan.streams
+             if r.strand == FORWARD]
+    found = [(r, n) for r, n in found if n > 1]
+    if not found:
+        return []
+    model = load_model(plan.model_ref, device="cpu")
+    out = request.out_path
+    if "://" in out:
+        where, folder, made = Location(out, read_only=False), "_linpipe/split-rates", None
+    else:
+        parent = Path(out)
+        while not parent.exists():
+            parent = parent.parent
+        made = tempfile.mkdtemp(prefix=".linpipe-rates-", dir=parent)
+        where, folder = Location(made, read_only=False), "rates"
+    try:
+        rates = cached_rates(model, where, folder, torch.get_num_threads())
+    finally:
+        if made is not None:
+            shutil.rmtree(made, ignore_errors=True)
+    return [(r.id, n, keeps_for(r, n, model.config, rates, request.split_budget)) for r, n in found]
+
+
 def run_split(record: Record, n_segments: int, store, new_actor, events, *, first_weight: float,
-              on_layer=None) -> dict:
+              on_layer=None, budget: int | None = None) -> dict:
     """Runs one record as `n_segments` segments on a group of new actors, the first weighted
     `first_weight` (the model's, segments.first_weight); restarts the group from the store
-    after an actor is lost. on_layer(record, layer, nodes, timing) is called after
-    every layer's barrier (timing: wall, slowest-segment compute and exchange seconds, and
-    bytes through the driver, since the previous call (layer 0 includes the embedding); tests
-    kill a worker there). Returns counts for the job summary."""
+    after an actor is lost. budget: the bytes of layer inputs the run may keep in the store
+    (--split-budget; keeps_for). on_layer(record, layer, nodes, timing) is called after
+    every layer's barrier (timing: wall, slowest-segment compute (of which keeping h) and
+    exchange seconds, and bytes through the driver, since the previous call (layer 0 includes
+    the embedding); tests kill a worker there). Returns counts for the job summary, with the
+    choice made (`keeps`, a checkpoints.Keeps) and the rates it was made from."""
     from linpipe.model import ModelState
-    from linpipe.model.checkpoints import checkpoint_every, checkpoint_layers
+    from linpipe.model.checkpoints import RATES_ENV, assumed_rates
     from linpipe.model.segments import segment_bounds
     from linpipe.model.segments_run import run_layers
 
@@ -298,7 +386,13 @@ def run_split(record: Record, n_segments: int, store, new_actor, events, *, firs
         try:
             group = RayGroup(new_actor, len(todo), f"record {record.id!r} of {record.input_path} (split)")
             weights, init, config = group.first("model_info")
-            checkpoints = tuple(checkpoint_layers(len(weights), checkpoint_every(config, record.length)))
+            if "keeps" not in stats:  # once a record: a restarted group keeps what the first kept
+                assumed = os.environ.get(RATES_ENV, "").strip().lower() == "assumed"
+                rates = assumed_rates(config) if assumed else group.first("rates", record.key, bounds)
+                stats["rates"] = rates
+                stats["keeps"] = keeps_for(record, len(bounds), config, stats["rates"], budget)
+                events.split_keeps(record.id, stats["keeps"], stats["rates"])
+            checkpoints = stats["keeps"].layers
             # the record's first segment runs its layers from the state after BOS; a restarted
             # group's first segment is not it: it corrects, as in the run it replaces (same bits)
             nodes = group.call("setup", [(record, bounds, k, checkpoints) for k in range(k0, len(bounds))])
@@ -309,10 +403,10 @@ def run_split(record: Record, n_segments: int, store, new_actor, events, *, firs
             else:  # the fold's value, stored with the last unit of the segment before
                 first_unit = bounds[k0][0] // record.unit_size
                 state0 = ModelState.from_arrays(store.boundary_state(record.key, first_unit - 1))
-            start, folds, replay = resume_point(splits, checkpoints, k0, len(bounds), len(weights))
+            start, folds, bases = resume_point(splits, k0, len(bounds), len(weights))
             n_layers = len(weights)
-            if not stats["resumed_at"]:  # what an earlier run did: checkpointed layers, written units
-                progress.resume(0 if replay else start, n_layers)
+            if not stats["resumed_at"]:  # what an earlier run did: kept layers, written units
+                progress.resume(min(bases, default=0), n_layers)
             stats["resumed_at"].append(start)
             progress.layer(start, n_layers)
 
@@ -322,11 +416,11 @@ def run_split(record: Record, n_segments: int, store, new_actor, events, *, firs
                     on_layer(record, layer, nodes, group.take())
 
             def on_fold(layer, states, k0=k0):  # the fold of each segment from k0 on, and after the last
-                for i, k in enumerate(range(k0, len(bounds) + 1)):
-                    splits.put(f"fold/{layer}/{k}", {n: t.numpy() for n, t in states[i].items()})
+                splits.put_all({f"fold/{layer}/{k}": {n: t.numpy() for n, t in states[i].items()}
+                                for i, k in enumerate(range(k0, len(bounds) + 1))})
 
             states = run_layers(_Timed(group, stats, hook), state0, weights, len(todo), exact_first=k0 == 0,
-                                start=start, folds=folds, on_fold=on_fold, replay=replay)
+                                start=start, folds=folds, on_fold=on_fold, replay=True, base=bases)
             done = sorted(store.completed_units(record.key, FORWARD))
             results = group.call("write", [(states[k].y[0], states[k + 1].to_arrays(), done)
                                            for k in range(len(todo))])
@@ -351,12 +445,13 @@ def run_split(record: Record, n_segments: int, store, new_actor, events, *, firs
                 group.close()
 
 
-def resume_point(splits, checkpoints, k0: int, n_segments: int, n_layers: int):
+def resume_point(splits, k0: int, n_segments: int, n_layers: int):
     """Where a group resumes: (layer, [per layer before it, the state entering each segment],
-    replay). The latest checkpointed layer that every segment from k0 on holds, with the fold of
-    each layer before it stored for segments k0..n_segments (replay False: h is read back); else the deepest
-    layer whose folds before it are all stored (replay True: the segments rerun those layers
-    from their tokens, but exchange nothing); (0, [], False) when there is none."""
+    [per segment from k0 on, the layer it starts from]). The layer is the deepest whose folds
+    before it are all stored for segments k0..n_segments (so no exchange before it is made
+    again); each segment starts from the deepest kept layer input up to there that it holds
+    whole (its marker: whatever run kept it), else from its tokens (0), and recomputes the layers
+    between with the stored folds. (0, [], []) when no fold is stored."""
     import torch
 
     def fold(layer):
@@ -365,19 +460,18 @@ def resume_point(splits, checkpoints, k0: int, n_segments: int, n_layers: int):
             return None
         return [{n: torch.from_numpy(t.copy()) for n, t in g.items()} for g in got]
 
-    for layer in reversed(checkpoints):
-        if not all(splits.has(f"ckpt/{layer}/{k}") for k in range(k0, n_segments)):
-            continue
-        folds = [fold(j) for j in range(layer)]
-        if all(f is not None for f in folds):
-            return layer, folds, False
     folds = []
     for j in range(n_layers):  # the run stores the folds in layer order
         got = fold(j)
         if got is None:
             break
         folds.append(got)
-    return len(folds), folds, bool(folds)
+    start = len(folds)
+    if not start:
+        return 0, [], []
+    bases = [next((layer for layer in range(start, 0, -1) if splits.has(f"ckpt/{layer}/{k}")), 0)
+             for k in range(k0, n_segments)]
+    return start, folds, bases
 
 
 class _Progress:

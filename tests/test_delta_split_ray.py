@@ -17,6 +17,7 @@ from _pipeline_data import (
     write_fasta_slice,
     write_in_process,
 )
+from _ray import SHARED_RAY
 
 from linpipe.jobs.driver import JobEvents, run_job
 from linpipe.jobs.request import JobRequest
@@ -48,7 +49,8 @@ class Watch(JobEvents):
 
 
 def test_gated_deltanet_split_on_ray_equals_streamed_and_resumes(shared_ray, genomes, tmp_path, monkeypatch):
-    monkeypatch.setattr("linpipe.model.checkpoints.STORE_BYTES_PER_S", 1e15)  # a checkpoint every layer
+    monkeypatch.setenv("LINPIPE_SPLIT_RATES", "assumed")  # which keep every layer input of a tiny model
+    SHARED_RAY.up()  # its workers read the variable: the shared Ray started again under it
     model = make_tiny_model(tmp_path / "gdn", family="gated_deltanet")
     fasta = tmp_path / "ce_I.fa"
     assert write_fasta_slice(genomes / "htslib_ce.fa", fasta, {LONG: 20_000}) == {LONG: 20_000}

@@ -190,12 +190,11 @@ def test_resume_and_worker_killed_mid_run_bit_identical(split_one, one_record, m
     outputs zeroed) resumes from the state stored at segment 1's start (after chunk 2), the fold's
     value; then segment 2's actor is SIGKILLed at layer 0's barrier, so that layer 1's call
     finds it dead, and the group of two restarts from the store again, replaying both layers
-from the stored folds (no h checkpoint). The store's bytes
-    equal the uninterrupted run's (which checkpointed every layer; this one, its store made
-    slow for the cost model, none: test_split_kill.py resumes from checkpoints)."""
+    from the stored folds (no h checkpoint). The store's bytes
+    equal the uninterrupted run's (which kept the layer inputs it chose; this one, with
+    --split-budget 0, none: test_split_kill.py resumes from kept inputs)."""
     import zarr
 
-    monkeypatch.setattr("linpipe.model.checkpoints.STORE_BYTES_PER_S", 1.0)
 
     ref = split_one[0]
     out = tmp_path / "resume.zarr"
@@ -210,7 +209,7 @@ from the stored folds (no h checkpoint). The store's bytes
         root[f"{key}/{name}"][4 * UNIT:] = 0
     events = Watch(kill_at=(0, 1))
     summary = run_job(JobRequest(inputs=(str(one_record),), model=model2, out=str(out), unit_size=UNIT,
-                                 outputs=OUTPUTS, workers=3, split="3"), events=events)
+                                 outputs=OUTPUTS, workers=3, split="3", split_budget=0), events=events)
     assert summary.worker_deaths == 1
     assert summary.positions_run == 60_000 - 4 * UNIT  # chunk 3 recomputed, not rewritten
     # layer 1 of the first group never completed, but the folds of layers 0 and 1 were stored:

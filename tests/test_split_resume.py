@@ -8,9 +8,17 @@ from _quick import cells
 from _split_harness import assert_resumed_bytes, stopped_and_replayed, stopped_and_resumed
 
 from linpipe.model import Model, ModelConfig, init_net
-from linpipe.model.checkpoints import checkpoint_every, checkpoint_layers, slot
+from linpipe.model.checkpoints import (
+    DEFAULT_BUDGET,
+    Rates,
+    assumed_rates,
+    choose_keeps,
+    edge_tensors,
+    edges_from,
+    slot,
+)
 from linpipe.model.segments import segment_bounds
-from linpipe.model.segments_run import forward_split, layer_weights
+from linpipe.model.segments_run import InProcess, forward_split, layer_weights, run_layers
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -69,8 +77,8 @@ def test_the_default_model_resumed_after_its_last_checkpoint_redoes_no_layer(tok
 
     model = load_model("default", device="cpu")
     x = tokens
-    checkpoints = checkpoint_layers(model.config.n_layers, checkpoint_every(model.config, len(x)))
-    assert checkpoints, "the default model takes no checkpoint: a kill redoes the record"
+    checkpoints = choose_keeps(model.config, len(x), assumed_rates(model.config), DEFAULT_BUDGET).layers
+    assert checkpoints, "the default model keeps no layer input: a kill redoes the record"
     at = checkpoints[-1]
     passes = []  # (what, layer) in the order the runners ran them
 
@@ -97,26 +105,78 @@ def test_the_default_model_resumed_after_its_last_checkpoint_redoes_no_layer(tok
     assert_resumed_bytes(resumed, forward_split(model, x, bounds, UNIT))
 
 
-def test_cost_model_checkpoints_where_measured_writes_cost_less_than_layers():
-    small = ModelConfig(modality="dna", d_model=16, n_layers=2, n_heads=2, mlp_hidden=32)
+def test_each_layer_input_is_kept_where_its_write_costs_little_against_the_layers_it_saves():
     default = ModelConfig(modality="dna", d_model=64, n_layers=2, n_heads=4, mlp_hidden=128)
-    wide = ModelConfig(modality="dna", d_model=512, n_layers=12, n_heads=8, mlp_hidden=2048)
-    # a narrow layer's fixed cost per position outweighs writing its 4 D bytes: checkpoint
-    assert checkpoint_every(small, 4_000_000) == 1
-    # the default model's write is 0.3 of a layer (measured): after its last layer
-    assert checkpoint_every(default, 4_000_000) == 2
-    assert checkpoint_layers(default.n_layers, checkpoint_every(default, 4_000_000)) == [2]
-    # a slow store moves the line back to recomputing
-    assert checkpoint_every(default, 4_000_000, store_bytes_per_s=1e6) is None
-    # a wide one's layer is worth checkpointing after each
-    assert checkpoint_every(wide, 4_000_000) == 1
-    # ... unless its two slots of h outgrow the store budget: recompute
-    assert checkpoint_every(wide, 250_000_000) is None
-    # a faster store moves the line
-    assert checkpoint_every(default, 4_000_000, store_bytes_per_s=1e10) == 1
-    assert checkpoint_layers(4, 1) == [1, 2, 3, 4] and checkpoint_layers(5, 2) == [2, 4]
-    assert checkpoint_layers(3, None) == []
+    deep = ModelConfig(modality="dna", d_model=64, n_layers=6, n_heads=4, mlp_hidden=128)
+    h = 4 * 64  # bytes of one layer input per position
+    layer_s = 5e-6
+    memory = Rates(layer_s, write_s=1e-9, sync_s=2e-8, cache_bytes=8 << 30)  # writes land in the page cache
+    disk = Rates(layer_s, write_s=2e-8, sync_s=2e-8, cache_bytes=0)  # every byte waits for a disk of 50 MB/s
+    # written at memory's speed every layer's input is kept; two slots of it at most
+    keeps = choose_keeps(default, 4_000_000, memory, DEFAULT_BUDGET, writers=2)
+    assert keeps.layers == (1, 2) and keeps.bytes_per_position == 2 * h
+    assert [keeps.choice(n) for n in (1, 2)] == ["keep", "keep"]
+    assert keeps.describe() == ("layer 1's input: keep, the writes' input: keep "
+                                f"(at most {2 * h} B per position kept)")
+    # at the disk's speed a write (5.1 us a position) is worth 4 layers or more (OVERHEAD 0.25)
+    assert choose_keeps(deep, 4_000_000, disk, DEFAULT_BUDGET).layers == (5,)
+    assert choose_keeps(default, 4_000_000, disk, DEFAULT_BUDGET).layers == ()
+    # a page cache the record's inputs outgrow: the bytes past it go at the disk's speed (the
+    # first layer input fits in the two writers' halves of it, the second would wait for the disk)
+    small_cache = Rates(layer_s, write_s=1e-9, sync_s=2e-8, cache_bytes=1 << 30)
+    assert choose_keeps(default, 4_000_000, small_cache, DEFAULT_BUDGET, writers=2).layers == (1,)
+    assert choose_keeps(default, 40_000_000, small_cache, 1 << 40, writers=2).layers == ()
+    # the budget: one slot fits, not two: the deepest layer input alone; none fits: recompute all
+    assert choose_keeps(default, 4_000_000, memory, int(1.5 * h * 4_000_000)).layers == (2,)
+    assert choose_keeps(default, 4_000_000, memory, h * 4_000_000 - 1).layers == ()
+    assert choose_keeps(default, 4_000_000, memory, 0).bytes_per_position == 0
     assert [slot([1, 2, 3], layer) for layer in (1, 2, 3)] == [0, 1, 0]
+
+
+def test_each_segment_resumes_from_its_deepest_kept_input_and_recomputes_the_layers_above(tokens):
+    """A run of 3 layers stopped in layer 2's pass: segments 0 and 2 had kept the input of layer
+    1, segment 1 none. The resumed segments recompute what they lack with the stored folds (no
+    exchange: nothing is folded again), segment 1 from its tokens, and the bytes are the
+    uninterrupted run's."""
+    from _split_harness import Stop, closing, folds_until_stopped, runners_for
+
+    model = tiny(4, True)
+    x, weights = tokens, layer_weights(model.net)
+    bounds = segment_bounds(len(x), UNIT, 3)
+    state0 = model.init_state()
+    kept = {}
+
+    class Stopping(InProcess):
+        def call(self, method, args):
+            if method == "apply" and args[0][0] == 2:
+                raise Stop
+            out = super().call(method, args)
+            if method == "apply" and args[0][0] == 0:  # the input of layer 1, kept by segments 0 and 2
+                for k in (0, 2):
+                    r = self.runners[k]
+                    kept[k] = ({a: r.rows(a, b).copy() for a, b in r.units}, edge_tensors(r.edge_states, 0))
+            return out
+
+    folds = folds_until_stopped(Stopping(runners_for(model, x, bounds, UNIT)), state0, weights, 3)
+    again, calls = runners_for(model, x, bounds, UNIT), []
+
+    class Replaying(InProcess):
+        def call(self, method, args):
+            calls.append(method)
+            if method != "replay":
+                return super().call(method, args)
+            out = []
+            for k, (r, (layer, fold, initial, base)) in enumerate(zip(self.runners, args, strict=True)):
+                if base:
+                    for u, st in edges_from(kept[k][1]).items():
+                        r.record_edge((u + 1) * UNIT, 0, st)
+                out.append(r.replay(layer, fold, initial, base=base, h_of=lambda a, b, k=k: kept[k][0][a]))
+            return out
+
+    states = run_layers(Replaying(again), state0, weights, len(bounds), start=3, folds=folds, replay=True,
+                        base=[1, 0, 1], on_fold=lambda layer, st: pytest.fail("a fold was made again"))
+    assert calls == ["replay"]  # no apply: every layer before 3 was recomputed within its segment
+    assert_resumed_bytes(closing(again, states), forward_split(model, x, bounds, UNIT))
 
 
 @pytest.fixture
@@ -142,7 +202,7 @@ def test_a_resume_reads_h_at_a_checkpoint_else_replays_the_stored_folds(split_st
     _out, store, key = split_store
     sp = store.split_records(key, [(0, 8192), (8192, 24576)])
     sp.open()
-    assert resume_point(sp, [2], 0, 2, 3) == (0, [], False)
+    assert resume_point(sp, 0, 2, 3) == (0, [], [])
 
     def put_fold(layer):
         for k in range(3):  # segments 0, 1 and after the last
@@ -152,14 +212,16 @@ def test_a_resume_reads_h_at_a_checkpoint_else_replays_the_stored_folds(split_st
     put_fold(0)
     put_fold(1)
     sp.put("fold/2/0", {name: np.zeros(1, np.float32) for name in ("S", "z", "conv")})  # layer 2 half stored
-    start, folds, replay = resume_point(sp, [2], 0, 2, 3)
-    assert (start, replay) == (2, True)
+    start, folds, bases = resume_point(sp, 0, 2, 3)
+    assert (start, bases) == (2, [0, 0])  # no layer input kept: both segments replay from their tokens
     assert [[float(st["S"][0, 0]) for st in f] for f in folds] == [[0, 1, 2], [10, 11, 12]]
     # a later segment's group: the folds from its segment on
-    assert [float(st["S"][0, 0]) for st in resume_point(sp, [2], 1, 2, 3)[1][1]] == [11, 12]
-    for k in range(2):
-        sp.put(f"ckpt/2/{k}", {"slot": np.zeros(1, np.int64)})
-    assert resume_point(sp, [2], 0, 2, 3)[::2] == (2, False)  # h is read back, not recomputed
+    assert [float(st["S"][0, 0]) for st in resume_point(sp, 1, 2, 3)[1][1]] == [11, 12]
+    sp.put("ckpt/2/0", {"slot": np.zeros(1, np.int64)})
+    sp.put("ckpt/1/1", {"slot": np.ones(1, np.int64)})
+    sp.put("ckpt/3/1", {"slot": np.zeros(1, np.int64)})  # past the folds stored: of no use
+    # each segment from its deepest kept input up to the folds: 2 read back, 1 read and 1 rerun
+    assert resume_point(sp, 0, 2, 3)[::2] == (2, [2, 1])
 
 
 def test_split_records_are_checked_by_crc_and_kept_apart_by_bounds(split_store):
@@ -170,6 +232,8 @@ def test_split_records_are_checked_by_crc_and_kept_apart_by_bounds(split_store):
     sp.put("fold/0/1", {"S": S})
     assert np.array_equal(sp.get("fold/0/1")["S"], S) and sp.names() == ["fold/0/1"]
     path = out / sp.prefix / "fold" / "0" / "1"
+    from safetensors.numpy import load  # written without safetensors' own writer: its reader agrees
+    assert np.array_equal(load(path.read_bytes()[:-4])["S"], S)
     data = bytearray(path.read_bytes())
     data[-6] ^= 1  # a flipped bit in the tensor's bytes: the record reads as absent
     path.write_bytes(bytes(data))

@@ -58,6 +58,9 @@ def _print_dry_run(report: dict) -> None:
     click.echo(f"  output:      {report['out']} (writable)")
     click.echo(f"  est. size:   {human_bytes(report['estimated_output_bytes'])} before compression")
     click.echo(f"  cluster:     {report['cluster']}")
+    for sp in report.get("splits", ()):
+        click.echo(f"  split:       {sp['record']} over {sp['segments']} workers; "
+                   f"layer inputs: {sp['keeps']}")
     if report["gpu_sharing"]:
         click.echo(f"  GPUs:        {report['gpu_sharing']}")
     if report["complete"]:
@@ -139,6 +142,11 @@ def _job_events(quiet: bool = False):
         def split_resumed(self, record_id, positions):
             if self.progress is not None:
                 self.progress.skip(positions)
+
+        def split_keeps(self, record_id, keeps, rates):
+            if not quiet:
+                click.echo(f"record {record_id} split; layer inputs: {keeps.describe()} (rates "
+                           f"{rates.source})", err=True)
 
         def worker_died(self, node, error):
             click.echo(f"worker {node} died ({error}); its work resumes from the last boundary state "

@@ -248,13 +248,15 @@ class SegmentRunner:
                 self.pass1.span(s, e, self._h(s, e))
         return self._message(layer)
 
-    def replay(self, layer: int, folds, initial=None) -> Message:
-        """In place of begin and the apply calls before `layer` where no checkpoint holds h:
-        folds[j] is the stored state (a dict) entering the segment at layer j < `layer`, so the
-        same passes run on the same numbers as in the run that stored them (the same bytes),
-        with no exchange between them. Returns the message of `layer`."""
-        msg = self.begin(initial)
-        for j in range(layer):
+    def replay(self, layer: int, folds, initial=None, base: int = 0, h_of=None) -> Message:
+        """In place of begin and the apply calls before `layer` where no kept h is that deep:
+        the layers from `base` (0: from the tokens, else from the kept input of `base`, h_of as
+        in resume) are recomputed, folds[j] being the stored state (a dict) entering the segment
+        at layer j < `layer`, so the same passes run on the same numbers as in the run that
+        stored them (the same bytes), with no exchange between them. Returns the message of
+        `layer`."""
+        msg = self.resume(base, h_of, initial) if base else self.begin(initial)
+        for j in range(base, layer):
             msg = self.apply(j, folds[j])
         return msg
 

@@ -35,7 +35,7 @@ class InProcess:
 
 def run_layers(group, state0: ModelState, weights: list, n_segments: int,
                exact_first: bool = True, *, start: int = 0, folds=(), on_fold=None,
-               replay: bool = False) -> list[ModelState]:
+               replay: bool = False, base: int = 0) -> list[ModelState]:
     """The driver's side of a split run: the segments' first messages, then per layer the fold
     and one call that runs the layer (and the next one's first half). group.call(method,
     per-segment args) runs one method on every segment and returns the results in segment
@@ -44,11 +44,14 @@ def run_layers(group, state0: ModelState, weights: list, n_segments: int,
     from a checkpoint ("resume" in place of "begin"), folds[layer] being the stored fold of
     each layer before it (per segment, the layer's arrays); replay: no checkpoint holds the
     input of `start`, the segments run the layers before it from their tokens with those folds
-    ("replay", no exchange); on_fold(layer, states) sees every fold made here."""
+    ("replay", no exchange), from the kept input of layer `base` (0: from the tokens; a list:
+    per segment);
+    on_fold(layer, states) sees every fold made here."""
     first = {k: v[0].cpu() for k, v in state0.arrays.items()}
     firsts = [first if k == 0 and exact_first else None for k in range(n_segments)]
     if start and replay:
-        msgs = group.call("replay", [(start, [folds[j][k] for j in range(start)], f)
+        bases = base if isinstance(base, (list, tuple)) else [base] * n_segments
+        msgs = group.call("replay", [(start, [folds[j][k] for j in range(start)], f, bases[k])
                                      for k, f in enumerate(firsts)])
     elif start:
         msgs = group.call("resume", [(start, f) for f in firsts])

@@ -143,22 +143,27 @@ class Location:
         except FileNotFoundError:
             return None
 
-    def _aside(self, rel: str, data: bytes) -> tuple[Path, Path]:
-        """A local object's bytes written under a temporary name beside it: (temporary, target)."""
+    def _aside(self, rel: str, data) -> tuple[Path, Path]:
+        """A local object's bytes (or a list of buffers, written in turn) under a temporary name
+        beside it: (temporary, target)."""
         target = self.root / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(f"{target.name}.{uuid.uuid4().hex}.partial")
-        tmp.write_bytes(data)
+        with open(tmp, "wb") as f:
+            for part in data if isinstance(data, list) else [data]:
+                f.write(part)
         return tmp, target
 
-    def write_bytes(self, rel: str, data: bytes) -> None:
-        """Replace the object whole (a local file is written aside and renamed: never half there)."""
+    def write_bytes(self, rel: str, data) -> None:
+        """Replace the object whole (a local file is written aside and renamed: never half there).
+        data: bytes, or a list of buffers that make the object one after another (not joined
+        in memory on a local disk)."""
         if self.root is not None:
             tmp, target = self._aside(rel, data)
             os.replace(tmp, target)
             return
         fs, p = self._fs()
-        fs.pipe_file(f"{p}/{rel}", data)
+        fs.pipe_file(f"{p}/{rel}", b"".join(bytes(x) for x in data) if isinstance(data, list) else data)
 
     def create_bytes(self, rel: str, data: bytes) -> bool:
         """Write the object only if there is none, in one step where the place allows it: a hard
