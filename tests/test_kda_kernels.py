@@ -240,6 +240,28 @@ def test_gradients_match_the_recurrence():
         _close(got, want, 1e-6)  # S passes through float32 in both
 
 
+@pytest.mark.parametrize("fall", [2.0, 4.0])  # nats a position: 64 (factored) / 128 (explicit) a block
+def test_float32_gradients_under_strong_gates_are_finite_and_the_recurrences(fall):
+    """float32 autograd (training's) through blocks whose gates fall past 44 nats, where a
+    quotient's gradient by e^(b - rho) squared would underflow, and past FACTOR_MAX (the explicit
+    rows): finite, and the float64 recurrence's gradients within 1e-3."""
+    (q, k, v, beta, _), S0 = _inputs(1, 70, 2, 8, 8, HV=4, seed=15)
+    gate = torch.full((1, 70, 4, 8), -fall, dtype=torch.float64)
+    gate[..., ::2] = -0.01  # mild channels beside the strong ones
+    leaves = [x.clone().requires_grad_() for x in (q, k, v, beta, gate, S0)]
+    g = torch.Generator().manual_seed(16)
+    w_o = torch.randn(1, 70, 4, 8, generator=g, dtype=torch.float64)
+    grads = []
+    forms = ((chunk_kda_torch, dict(block_size=32), torch.float32), (naive_recurrent_kda, {}, None))
+    for fn, kw, dt in forms:
+        args = [x.to(dt) if dt else x for x in leaves]
+        o, S = fn(*args[:4], log_gate=args[4], initial_state=args[5], output_final_state=True, **kw)
+        grads.append(torch.autograd.grad((o.double() * w_o).sum() + S.double().sum(), leaves))
+    for got, want in zip(*grads, strict=True):
+        assert torch.isfinite(got).all()
+        _close(got, want, 1e-3)
+
+
 @pytest.mark.slow  # a million positions, float32 in 16 calls and float64 in one
 def test_million_positions_in_16_calls_vs_float64():
     """1,000,000 positions in 16 float32 calls carrying the state equal the float64 chunked form

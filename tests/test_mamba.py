@@ -244,14 +244,10 @@ def test_sigkilled_submit_resumes_bit_identical(genomes, tmp_path):
 
 
 @pytest.mark.slow  # a Ray cluster on loopback
-def test_split_on_ray_equals_streamed(genomes, tmp_path):
-    """`--split 3` with the imported Falcon Mamba checkpoint on an embedded local Ray
+def test_split_on_ray_equals_streamed(genomes, tmp_path, shared_ray):
+    """`--split 3` with the imported Falcon Mamba checkpoint on the test process's local Ray
     (jobs/split.py): 20 kb of C. elegans chromosome I over three actors equals the streamed run
     within 1e-5 relative, outputs and stored unit-edge states."""
-    import shutil
-    import tempfile
-
-    import ray
     from _pipeline_data import record_outputs, write_fasta_slice, write_in_process
 
     from linpipe.jobs.driver import run_job
@@ -264,15 +260,8 @@ def test_split_on_ray_equals_streamed(genomes, tmp_path):
     want_len = {"CHROMOSOME_I": 20_000}
     assert write_fasta_slice(genomes / "htslib_ce.fa", fasta, want_len) == want_len
     out, streamed = tmp_path / "split.zarr", tmp_path / "streamed.zarr"
-    ray_dir = tempfile.mkdtemp(prefix="lpm-")  # short: Ray's socket paths have a length limit
-    ray.init(num_cpus=3, include_dashboard=False, _temp_dir=ray_dir, logging_level="WARNING",
-             log_to_driver=False)
-    try:
-        summary = run_job(JobRequest(inputs=(str(fasta),), model=str(model), out=str(out), unit_size=4096,
-                                     outputs=("logprob", "entropy"), workers=3, split=3))
-    finally:
-        ray.shutdown()
-        shutil.rmtree(ray_dir, ignore_errors=True)
+    summary = run_job(JobRequest(inputs=(str(fasta),), model=str(model), out=str(out), unit_size=4096,
+                                 outputs=("logprob", "entropy"), workers=3, split=3))
     assert summary.positions_run == 20_000 and summary.worker_deaths == 0
     write_in_process(fasta, str(model), streamed, unit_size=4096, outputs=("logprob", "entropy"))
     got, want = record_outputs(out), record_outputs(streamed)

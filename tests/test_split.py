@@ -243,6 +243,33 @@ def test_cli_refuses_a_bad_split(tmp_path, genomes):
     assert not (tmp_path / "x.zarr").exists()
 
 
+def test_dry_run_says_what_the_split_keeps_and_measures_nothing_twice(tmp_path, genomes, monkeypatch):
+    """--dry-run names each split record and its choice per layer input: by the rates (measured
+    once beside the store, then from linpipe's cache), within --split-budget; nothing is left
+    beside the store."""
+    from click.testing import CliRunner
+
+    from linpipe.cli import cli
+
+    fa = genomes / "minimap2_MT-human.fa"  # 16.6 kb: 5 units of 4,096
+    args = ["submit", str(fa), "--split", "2", "--workers", "2", "--unit-size", "4096", "--dry-run",
+            "--out", str(tmp_path / "x.zarr")]
+    res = CliRunner().invoke(cli, [*args, "--split-budget", "0"])
+    assert res.exit_code == 0, res.output
+    assert ("split:       MT_human over 2 workers; layer inputs: layer 1's input: recompute, the writes' "
+            "input: recompute (at most 0 B per position kept)") in res.output
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("LINPIPE_CACHE", str(cache))
+    res = CliRunner().invoke(cli, args)
+    # a D 64 model, 16.6 kb
+    assert res.exit_code == 0 and "the writes' input: keep" in res.output, res.output
+    assert (cache / "split-rates.json").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["cache"]
+    monkeypatch.setenv("LINPIPE_SPLIT_RATES", "assumed")  # the assumed rates: the default model keeps one
+    res = CliRunner().invoke(cli, args)
+    want = "layer 1's input: recompute, the writes' input: keep (at most 256 B per position kept)"
+    assert want in res.output, res.output
+
+
 def test_split_is_refused_for_a_time_series_job(tmp_path):
     from pathlib import Path
 

@@ -25,9 +25,10 @@ so a block's WY factors (`block_wy`) are delta_rule.stages.WY with the block's d
 serve unchanged.
 
 The per-channel weights of L and P: e^(b_i - b_j) = e^(b_i - rho) e^(rho - b_j) around rho =
-b_0 - FACTOR_MAX, read from the block's first row, so that [P; L] is one matmul per block,
-[Q e^(b - rho); diag(beta) K e^(b - rho)] (K e^(rho - b))^T, with both factors within
-e^(+-FACTOR_MAX) for every row that has fallen less than 2 FACTOR_MAX below b_0. A row fallen
+b_0, the block's first row, so that [P; L] is one matmul per block, [Q e^(b - rho); diag(beta)
+K e^(b - rho)] (K e^(rho - b))^T, with both factors within e^(+-FACTOR_MAX) for every row that
+has fallen less than FACTOR_MAX below b_0 (and near 1 where the gates are mild: the backward's
+products stay in range too). A row fallen
 further in some channel (its state emptied within the block) has its scores computed
 explicitly instead (`_strong_blocks`), and only that row. Every choice a row's outputs depend
 on reads that row and the ones before it (b_0 and b_i), never a later one: a position's
@@ -56,11 +57,11 @@ from ..linear_attn.stages import LOG_GATE_MIN
 BLOCK_SIZE = 32
 # Positions per span: the temporaries stay in cache, as in the delta rule's chunked form.
 SPAN = 2048
-# Largest exponent (natural log units) of a factor of the scores' weights, e^(b_i - rho) or
-# e^(rho - b_j): e^80 (5.5e34) and e^-80 stay inside float32's normal range (e^+-87), and the
-# products that matter are at most 1. A block where a channel's gates sum past 2 FACTOR_MAX
-# (160: past an average of -5 a position, fla's `lower_bound` gate at its floor) has its scores
-# computed with explicit weights.
+# Largest exponent (natural log units) of a factor of the scores' weights, e^(b_i - b_0) or
+# e^(b_0 - b_j): e^80 (5.5e34) and e^-80 stay inside float32's normal range (e^+-87), and the
+# products that matter are at most 1. A row whose gates in some channel sum past FACTOR_MAX
+# from the block's start (past an average of -2.5 a position over a block of 32; fla's
+# `lower_bound` gate near its floor of -5) has its scores computed with explicit weights.
 FACTOR_MAX = 80.0
 _LOG2E = 1.4426950408889634  # log2(e): the weights are powers of 2 (exp2 is the faster)
 
@@ -102,8 +103,8 @@ def _blocked(x, n, c):
     return x.view(B, n, c, H, *x.shape[3:]).transpose(2, 3).transpose(0, 1)
 
 
-def _per_value_head(weight, x, G, out, divide=False):
-    """weight (n, B, HV, c, K) times (or, with divide, dividing) the blocks of x (B, n c, H, K),
+def _per_value_head(weight, x, G, out):
+    """weight (n, B, HV, c, K) times the blocks of x (B, n c, H, K),
     each of x's heads serving G value heads: (n, B, HV, c, K) in the weight's layout (the
     product is the copy into blocks)."""
     n, B, HV, c, K = weight.shape
@@ -112,7 +113,7 @@ def _per_value_head(weight, x, G, out, divide=False):
         H = HV // G
         weight, xb = weight.view(n, B, H, G, c, K), xb.unsqueeze(3)
         out = None if out is None else out.view(n, B, H, G, c, K)
-    r = torch.div(xb, weight, out=out) if divide else torch.mul(weight, xb, out=out)
+    r = torch.mul(weight, xb, out=out)
     return r.view(n, B, HV, c, K)
 
 
@@ -172,21 +173,25 @@ def block_wy(q, k, v, beta, log_gate, scale, c, scratch: Scratch | None = None) 
     b = s64("kda_b", *shape)
     b = _blocked(log_gate, n, c).double() if b is None else b.copy_(_blocked(log_gate, n, c))
     b = torch.cumsum(torch.mul(b, _LOG2E, out=s64.same(b)), 3, out=s64.same(b))
-    # each channel's weights factored around rho = b_0 - FACTOR_MAX, read from the block's first
-    # row alone: e^(b_i - b_j) = e^(b_i - rho) e^(rho - b_j), both factors within e^(+-FACTOR_MAX)
-    # for every pair j <= i whose row i has fallen less than 2 FACTOR_MAX below b_0. Nothing a row
+    # each channel's weights factored around rho = b_0, the block's first row: e^(b_i - b_j) =
+    # e^(b_i - rho) e^(rho - b_j), both factors within e^(+-FACTOR_MAX) for every pair j <= i
+    # whose row i has fallen less than FACTOR_MAX below b_0. Nothing a row
     # computes reads a later row (a factor centred on the block's range would read its last), so
     # a position's outputs are the same bits whatever follows it in its block: the rows past a
     # short record's end in a batch, or a unit's rows after it
     first, last = b[:, :, :, :1], b[:, :, :, -1:]  # (n, B, HV, 1, K)
     limit = FACTOR_MAX * _LOG2E
-    rho = first - limit
-    strong = (first - last)[:, :, :, 0] > 2 * limit  # (n, B, HV, K): a block with deep rows
+    rho = first
+    strong = (first - last)[:, :, :, 0] > limit  # (n, B, HV, K): a block with deep rows
     any_strong = bool(strong.any())
     rise = s("kda_rise", *shape)
     rise = torch.sub(b, rho, out=rise) if rise is not None else (b - rho).to(cd)  # b_i - rho, in float64
     if any_strong:  # the deep rows' scores are replaced below
         rise = torch.clamp(rise, -limit, limit, out=s.same(rise))
+    # e^(rho - b_j) as a power of its own, not 1 / e^(b_j - rho): a quotient's gradient divides
+    # by the square of e^(b_j - rho), which underflows float32 past 44 nats (training's NaNs)
+    fall = torch.neg(rise, out=s("kda_fall", *shape))
+    fall = torch.exp2(fall, out=s.same(fall))  # e^(rho - b_j)
     rise = torch.exp2(rise, out=s.same(rise))  # e^(b_i - rho)
     bt = _blocked(beta, n, c).unsqueeze(-1)  # (n, B, HV, c, 1)
     # [q_rise; k_rise beta]: the left operands of P and L, stacked per block
@@ -196,7 +201,7 @@ def block_wy(q, k, v, beta, log_gate, scale, c, scratch: Scratch | None = None) 
     k_rise = torch.mul(k_rise, bt, out=s.same(k_rise))
     if qk is None:
         qk = torch.cat([q_rise, k_rise], -2)
-    k_fall = _per_value_head(rise, k, G, s("kda_kf", *shape), divide=True)  # K e^(rho - b)
+    k_fall = _per_value_head(fall, k, G, s("kda_kf", *shape))  # K e^(rho - b)
     R = _mm(qk, k_fall.transpose(-1, -2), s("kda_R", n, B, HV, 2 * c, c))  # [P; L] (unscaled P)
     P = torch.tril(R[..., :c, :], out=s("kda_P", n, B, HV, c, c))
     P = torch.mul(P, scale, out=s.same(P))  # P_ij = scale q_i . k_j e^(b_i - b_j), j <= i
@@ -213,10 +218,10 @@ def block_wy(q, k, v, beta, log_gate, scale, c, scratch: Scratch | None = None) 
     bv = torch.mul(_blocked(v, n, c), bt, out=None if vw is None else vw[..., :V])
     bw = _per_value_head(gam, k, G, None if vw is None else vw[..., V:])
     bw = torch.mul(bw, bt, out=s.same(bw) if vw is None else bw)
-    if any_strong:  # explicit weights for the rows fallen past 2 FACTOR_MAX below b_0, and their state
+    if any_strong:  # explicit weights for the rows fallen past FACTOR_MAX below b_0, and their state
         idx = strong.any(-1).nonzero(as_tuple=True)
         P_s, L_s, k_end_s = _strong_blocks(q, k, b, scale, idx, G)
-        deep = (b[idx] < first[idx] - 2 * limit).any(-1)[..., None]  # (m, c, 1): rows, from b_0 and b_i
+        deep = (b[idx] < first[idx] - limit).any(-1)[..., None]  # (m, c, 1): rows, from b_0 and b_i
         P[idx] = torch.where(deep, P_s, P[idx])
         L = L.clone() if not s.reuse else L
         L[idx] = torch.where(deep, L_s * bt[idx], L[idx])
