@@ -170,6 +170,36 @@ class Layer(nn.Module):
     scratch = staticmethod(scratch_of)
 
 
+class MixerBlock(nn.Module):
+    """A pre-norm block without an MLP (Mamba's): h + out_proj(mixer(norm h)). A family's block
+    names its mixer class (MIXER: mixer(a, state) -> (o (B, T, I), state after)) and its finish;
+    `attn` and `attn_norm` are the names blocks.Layer gives the same parts (the split, model info)."""
+
+    MIXER: type
+
+    def __init__(self, c, tile: int):
+        super().__init__()
+        self.norm = RMSNorm(c.d_model, c.norm_eps)
+        self.mixer = self.MIXER(c, tile)
+
+    @property
+    def attn(self) -> nn.Module:
+        return self.mixer
+
+    @property
+    def attn_norm(self) -> RMSNorm:
+        return self.norm
+
+    def forward(self, h, state: dict):
+        """h (B, T, D) after the block's state -> (h after, the state after)."""
+        o, state = self.mixer(self.norm(h), state)
+        return self.finish(h, o, None), state
+
+    def finish(self, h, o, scratch=None):
+        """The block after its mixer's o (B, T, I)."""
+        raise NotImplementedError
+
+
 def init_swiglu(mlp: SwiGLU, d_model: int, n_layers: int, normal) -> None:
     """fla's MLP at 1/sqrt(fan-in), its output scaled down by depth (in no_grad)."""
     normal(mlp.gate_proj.weight, 1.0 / math.sqrt(d_model))

@@ -74,8 +74,9 @@ def heads_json(name: str, config, group: str | None = None) -> dict:
     return d
 
 
-def heads_problem(config) -> str | None:
-    """What is wrong with FlaHeads' keys, or with the common keys for an fla family, or None."""
+def heads_problem(config, flags=("use_gate", "use_short_conv", "allow_neg_eigval")) -> str | None:
+    """What is wrong with FlaHeads' keys (head_dim, expand_v and the true-or-false `flags` of the
+    family's options), or with the common keys for an fla family, or None."""
     c, o = config, config.layer
     k = o.head_dim
     if k is None and c.d_model % c.n_heads:
@@ -87,7 +88,7 @@ def heads_problem(config) -> str | None:
         return f"'expand_v' must be a positive number, got {v!r}"
     if not math.isclose(K * v, round(K * v), rel_tol=1e-5) or round(K * v) < 1:
         return f"'expand_v' {v:g} times head_dim {K} is not a positive integer"
-    for key in ("use_gate", "use_short_conv", "allow_neg_eigval"):
+    for key in flags:
         if not isinstance(getattr(o, key), bool):
             return f"{key!r} must be true or false, got {getattr(o, key)!r}"
     return None

@@ -45,6 +45,10 @@ class DeltaAttention(nn.Module):
     """The token mixer of a delta-rule layer; o_proj is applied by Layer.finish. Its state:
     {"S" (B, HV, K, V), "conv" (B, W-1, 2HK + HV V) with the short convolutions}."""
 
+    # the kernel of the rule and of its span summaries (KDA's layer sets its own)
+    rule = staticmethod(delta_rule)
+    stage_parts = staticmethod(span_parts)
+
     def __init__(self, c, tile: int):
         super().__init__()
         o = c.layer
@@ -149,8 +153,8 @@ class DeltaAttention(nn.Module):
         return map_rows(self._normed, row_tile(o, self.tile), rows, g_rows).view(B, T, -1)
 
     def span_parts(self, q, k, v, beta, log_gate, before=None):
-        """The stages' summary of a span (linpipe.kernels.delta_rule.stages), for the split."""
-        return span_parts(q, k, v, beta, log_gate=log_gate, before=before)
+        """The stages' summary of a span (the kernel's stages), for the split."""
+        return self.stage_parts(q, k, v, beta, log_gate=log_gate, before=before)
 
     def empty_window(self, a):
         """The window of a layer whose convolution carries none: (B, 0, 2HK + HV V)."""
@@ -162,7 +166,7 @@ class DeltaAttention(nn.Module):
         x, side = self.project(a)
         window = state["conv"] if self.carries_window else self.empty_window(a)
         (q, k, v, beta, log_gate), window = self.rule_inputs(x, side, window)
-        o, S = delta_rule(q, k, v, beta, log_gate=log_gate, initial_state=state["S"], output_final_state=True)
+        o, S = self.rule(q, k, v, beta, log_gate=log_gate, initial_state=state["S"], output_final_state=True)
         after = {"S": S, **({"conv": window} if self.carries_window else {})}
         return self.output(o, self.gate_rows(side)), after
 

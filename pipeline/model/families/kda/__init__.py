@@ -26,7 +26,8 @@ import math
 from dataclasses import dataclass, field
 
 from linpipe.model.families import fla_keys
-from linpipe.model.families.base import Family, Import, StateArray
+from linpipe.model.families.base import Family, Import
+from linpipe.model.families.delta_net import DeltaRule
 from linpipe.model.families.fla_keys import FlaHeads, key_dim, value_dim
 
 # config.json's keys of family kda, in their written order
@@ -53,20 +54,10 @@ class Options:
 
 def config_problem(c) -> str | None:
     """What is wrong with a kda ModelConfig's own keys, or None."""
+    problem = fla_keys.heads_problem(c, flags=("use_short_conv", "allow_neg_eigval"))
+    if problem:
+        return problem
     o = c.layer
-    k = o.head_dim
-    if k is None and c.d_model % c.n_heads:
-        return f"d_model {c.d_model} is not divisible by n_heads {c.n_heads} (give head_dim)"
-    if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
-        return f"'head_dim' must be a positive integer, got {k!r}"
-    v, K = o.expand_v, key_dim(c)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-        return f"'expand_v' must be a positive number, got {v!r}"
-    if not math.isclose(K * v, round(K * v), rel_tol=1e-5) or round(K * v) < 1:
-        return f"'expand_v' {v:g} times head_dim {K} is not a positive integer"
-    for key in ("use_short_conv", "allow_neg_eigval"):
-        if not isinstance(getattr(o, key), bool):
-            return f"{key!r} must be true or false, got {getattr(o, key)!r}"
     lb = o.lower_bound
     if lb is not None and (isinstance(lb, bool) or not isinstance(lb, (int, float)) or not math.isfinite(lb)
                            or lb >= 0):
@@ -149,18 +140,10 @@ class Kda(Family):
     def problem(self, config) -> str | None:
         return config_problem(config)
 
-    @staticmethod
-    def v_heads(config) -> int:
-        """HV: the heads of the values, the gates and the state (n_v_heads, else n_heads)."""
-        return config.layer.n_v_heads or config.n_heads
-
-    def state(self, config) -> tuple[StateArray, ...]:
-        L, H, HV = config.n_layers, config.n_heads, self.v_heads(config)
-        K, V = key_dim(config), value_dim(config)
-        arrays = (StateArray("S", (L, HV, K, V)),)
-        if fla_keys.has_conv(config):  # the last W-1 rows of the q, k, v projections
-            arrays += (StateArray("conv", (L, config.conv_width - 1, 2 * H * K + HV * V)),)
-        return arrays
+    # the delta rule's: HV value heads (n_v_heads, else n_heads); S (L, HV, K, V) and the q, k, v
+    # convolutions' window
+    v_heads = staticmethod(DeltaRule.v_heads)
+    state = DeltaRule.state
 
     def span_width(self, config) -> int:
         H, HV, K, V = config.n_heads, self.v_heads(config), key_dim(config), value_dim(config)

@@ -155,26 +155,14 @@ class KdaAttention(nn.Module):
         """The output gate's pre-activations (B*T, HV V) in project's side rows."""
         return side[:, self.v_heads * (1 + self.head_dim):]
 
-    # the rule's output o (B, T, HV, V) and gate_rows -> (B, T, HV V) after o_norm and the gate
+    # the rule's kernel and its span summaries; the rest of the forward is the delta rule's
+    # layer's: the output after o_norm and the gate, the split's span summaries, the forward
+    rule = staticmethod(kda)
+    stage_parts = staticmethod(kda_span_parts)
     output = DeltaAttention.output
-
-    def span_parts(self, q, k, v, beta, log_gate, before=None):
-        """KDA's summary of a span (linpipe.kernels.kda.stages), for the split."""
-        return kda_span_parts(q, k, v, beta, log_gate=log_gate, before=before)
-
-    def empty_window(self, a):
-        """The window of a layer whose convolution carries none: (B, 0, 2HK + HV V)."""
-        return a.new_zeros((a.shape[0], 0, 2 * self.key_dim + self.value_dim))
-
-    def forward(self, a, state: dict, scratch=None):
-        """Normalised inputs a (B, T, D) after the state -> (o (B, T, HV V) before o_proj, the
-        state after)."""
-        x, side = self.project(a)
-        window = state["conv"] if self.carries_window else self.empty_window(a)
-        (q, k, v, beta, g), window = self.rule_inputs(x, side, window)
-        o, S = kda(q, k, v, beta, log_gate=g, initial_state=state["S"], output_final_state=True)
-        after = {"S": S, **({"conv": window} if self.carries_window else {})}
-        return self.output(o, self.gate_rows(side)), after
+    span_parts = DeltaAttention.span_parts
+    empty_window = DeltaAttention.empty_window
+    forward = DeltaAttention.forward
 
 
 def make_block(c, tile: int) -> Layer:

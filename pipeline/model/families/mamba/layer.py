@@ -29,7 +29,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from linpipe.kernels.mamba import selective_scan
-from linpipe.model.blocks import RMSNorm, causal_conv
+from linpipe.model.blocks import MixerBlock, causal_conv
 from linpipe.model.rows import linear, map_rows, row_tile
 
 # Mamba's initialisation of the time steps: dt log-uniform in [DT_MIN, DT_MAX], floored; dt_proj's
@@ -142,28 +142,10 @@ class MambaMixer(nn.Module):
         return self.gate(y, z), {"h": h, **({"conv": window} if "conv" in state else {})}
 
 
-class MambaBlock(nn.Module):
+class MambaBlock(MixerBlock):
     """Mamba v1's block: h + out_proj(mixer(norm(h))), no MLP."""
 
-    def __init__(self, c, tile: int):
-        super().__init__()
-        self.norm = RMSNorm(c.d_model, c.norm_eps)
-        self.mixer = MambaMixer(c, tile)
-
-    @property
-    def attn(self) -> MambaMixer:
-        """The token mixer under the name blocks.Layer gives it (the split, model info's decays)."""
-        return self.mixer
-
-    @property
-    def attn_norm(self) -> RMSNorm:
-        """The pre-norm under blocks.Layer's name (the split runs it)."""
-        return self.norm
-
-    def forward(self, h, state: dict):
-        """h (B, T, D) after the block's state -> (h after, the state after)."""
-        o, state = self.mixer(self.norm(h), state)
-        return self.finish(h, o, None), state
+    MIXER = MambaMixer
 
     def finish(self, h, o, scratch=None):
         """The block after its mixer's o (B, T, I): h + out_proj(o)."""

@@ -33,7 +33,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from linpipe.kernels import chunk_linear_attn
-from linpipe.model.blocks import RMSNorm, causal_conv
+from linpipe.model.blocks import MixerBlock, RMSNorm, causal_conv
 from linpipe.model.families.mamba2 import conv_channels
 from linpipe.model.rows import linear, map_rows, row_tile
 
@@ -157,28 +157,10 @@ class Mamba2Mixer(nn.Module):
         return self.output(y + skip, gate), {"S": S, **({"conv": window} if "conv" in state else {})}
 
 
-class Mamba2Block(nn.Module):
+class Mamba2Block(MixerBlock):
     """fla's Mamba2Block: h + mixer(norm(h)) (out_proj included), no MLP."""
 
-    def __init__(self, c, tile: int):
-        super().__init__()
-        self.norm = RMSNorm(c.d_model, c.norm_eps)
-        self.mixer = Mamba2Mixer(c, tile)
-
-    @property
-    def attn(self) -> Mamba2Mixer:
-        """The token mixer under the name blocks.Layer gives it (the split, model info's decays)."""
-        return self.mixer
-
-    @property
-    def attn_norm(self) -> RMSNorm:
-        """The pre-norm under blocks.Layer's name (the split runs it)."""
-        return self.norm
-
-    def forward(self, h, state: dict):
-        """h (B, T, D) after the block's state -> (h after, the state after)."""
-        o, state = self.mixer(self.norm(h), state)
-        return self.finish(h, o, None), state
+    MIXER = Mamba2Mixer
 
     def finish(self, h, o, scratch=None):
         """The block after its mixer's o (B, T, I): h + out_proj(o)."""
