@@ -45,6 +45,10 @@ class Import:
     prepare: Callable | None = None  # f(checkpoint's config, tensors) -> the tensors to take
     layout: tuple = ("model.", "norm")  # the prefix of its tensors, the name of its final norm
     attention: bool = True  # the attention layers' common checks apply (hidden_act, conv_bias, ...)
+    # a checkpoint whose embedding, head or tokens differ from fla's layout: the family's own
+    # f(checkpoint, tokens, bos, refuse(key, why)) -> (ModelConfig, linpipe tensors), instead of
+    # keys/prepare/layout (its config and tensors are then checked as any import's)
+    convert: Callable | None = None
 
 
 @dataclass(frozen=True)

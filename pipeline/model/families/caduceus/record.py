@@ -1,0 +1,172 @@
+"""A caduceus model over a whole record: CaduceusForMaskedLM's forward (kuleshov-group/caduceus,
+modeling_caduceus.py and modeling_rcps.py), layer by layer, each direction a sweep over units
+with its Mamba states carried across unit edges (layer.sweep), so that every position reads the
+whole record on both sides whatever the unit size.
+
+Notation: x (T, C), C = D (or 2D with RCPS: a forward half and a reverse-complement half);
+flip_C reverses channels; N_w the RMSNorm with weight w.
+
+    x = E[ids]                 RCPS: [E[ids], flip_C(E[comp(ids)])]
+    r = None
+    per layer:  s = x (+ r);   RCPS fused_add_norm: s = [s_2, s_1] (the published block reads
+                               its halves swapped); r = s
+                a = N_w(s)     RCPS: [N_w(s_1), flip_C N_w(flip_C s_2)]
+                x = BiMamba(a) RCPS: [BiMamba(a_1), rc(BiMamba(rc(a_2)))]
+    hidden = N_wf(x + r)       RCPS: per half as above (no swap)
+    logits = hidden E^T        RCPS: hidden_1 E^T + flip_C(hidden_2) E[comp]^T
+
+A masked language model: the logits at a position predict its own token from the whole record,
+the position included; `mask` replaces chosen positions by the checkpoint's [MASK] first.
+"""
+from __future__ import annotations
+
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from linpipe.inputs.alphabet import A, C, G, N, T
+from linpipe.model.families.caduceus.layer import sweep
+from linpipe.model.files import read_config, read_tensors, resolve_model_path
+from linpipe.model.network import LinpipeNet
+
+
+def _rms(x, w, eps):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+class CaduceusRecord:
+    """A loaded caduceus model and its whole-record forward (float32, CPU or one device)."""
+
+    def __init__(self, net: LinpipeNet):
+        c = self.config = net.config
+        o = c.layer
+        self.net = net.eval()
+        self.rcps, self.fused, self.D = o.rcps, o.fused_add_norm, c.d_model
+        self.eps = c.norm_eps
+        tokens = dict(dict(c.origin)["tokens"])
+        self.ids = {x: tokens[x] for x in "ACGTN"}
+        V = c.head_vocab
+        bases = [tokens[x] for x in "ACGT"]
+        order = bases + [i for i in range(V) if i not in bases]  # head row -> checkpoint id
+        with torch.no_grad():
+            E = torch.empty_like(net.head.weight)
+            E[order] = net.head.weight
+        self.E = E  # (V, D) the tied embedding in checkpoint id order
+        self.comp = torch.tensor(o.complement_map, dtype=torch.long)
+        self.mask_token, self.unk_token = o.mask_token, o.unk_token
+        # linpipe's letters -> the checkpoint's ids (the reader's other IUPAC letters are N already)
+        lut = np.full(256, o.unk_token, dtype=np.int64)
+        for slot, x in ((A, "A"), (C, "C"), (G, "G"), (T, "T"), (N, "N")):
+            lut[slot] = tokens[x]
+        self._lut = lut
+
+    # -- tokens ---------------------------------------------------------------------------
+    def encode(self, text: str) -> torch.Tensor:
+        """A sequence's ids by the checkpoint's tokenizer convention: A C G T N in either case,
+        any other character [UNK] (CaduceusTokenizer; PlantCaduceus's has no N: [UNK] too)."""
+        lut = np.full(256, self.unk_token, dtype=np.int64)
+        for x, i in self.ids.items():
+            lut[ord(x)] = lut[ord(x.lower())] = i
+        raw = np.frombuffer(text.encode("ascii", errors="replace"), dtype=np.uint8)
+        return torch.from_numpy(lut[raw])
+
+    def from_tokens(self, tokens: np.ndarray) -> torch.Tensor:
+        """linpipe's tokens (A C G T N = 0..4, the reader's alphabet) -> the checkpoint's ids."""
+        return torch.from_numpy(self._lut[np.asarray(tokens, dtype=np.uint8)])
+
+    # -- the forward ----------------------------------------------------------------------
+    def embed(self, ids):
+        x = self.E[ids]  # (T, D)
+        if self.rcps:
+            x = torch.cat([x, self.E[self.comp[ids]].flip(-1)], -1)  # (T, 2D)
+        return x
+
+    def norm(self, s, w):
+        """The pre-norm of a block (or norm_f): per half with RCPS, the second half's weight
+        reversed (it holds the reverse complement's channels flipped)."""
+        if not self.rcps:
+            return _rms(s, w, self.eps)
+        D = self.D
+        return torch.cat([_rms(s[:, :D], w, self.eps), _rms(s[:, D:], w.flip(0), self.eps)], -1)
+
+    def mix(self, block, a, bounds):
+        """A block's mixer over the normalised a (T, C): both directions, both halves."""
+        bi = block.mixer
+        if not self.rcps:
+            return bi(a, bounds)
+        D = self.D
+        out1 = bi(a[:, :D], bounds)
+        b = a[:, D:].flip(-1)  # rc(a_2) flipped back along positions: its Mambas swap directions
+        f = sweep(bi.mamba_fwd, b, bounds, reverse=True)[0]
+        r = None if bi.mamba_rev is None else sweep(bi.mamba_rev, b, bounds, reverse=False)[0]
+        return torch.cat([out1, bi.combine(f, r).flip(-1)], -1)
+
+    def layer_input(self, i: int, x, r):
+        """Block i's residual stream s from the previous block's output x and residual r."""
+        s = x if r is None else x + r
+        if self.rcps and self.fused:
+            s = torch.cat([s[:, self.D:], s[:, :self.D]], -1)
+        return s
+
+    def run_layer(self, i: int, s, bounds):
+        """Block i over the whole record: its residual stream s (T, C) -> the mixer's output."""
+        block = self.net.layers[i]
+        return self.mix(block, self.norm(s, block.norm.weight), bounds)
+
+    def logits(self, hidden):
+        """hidden (T, C) -> logits (T, V) over the checkpoint's ids."""
+        D = self.D
+        if not self.rcps:
+            return hidden @ self.E.t()
+        return hidden[:, :D] @ self.E.t() + hidden[:, D:].flip(-1) @ self.E[self.comp].t()
+
+    @torch.no_grad()
+    def forward(self, ids, unit: int | None = None, mask=None) -> dict:
+        """ids (T,) the checkpoint's ids -> {"hidden" (T, C) Caduceus's last_hidden_state,
+        "logprob_all" (T, V) its log-softmax}; unit: positions per unit of each sweep (None:
+        the whole record in one); mask: positions read as [MASK]."""
+        ids = torch.as_tensor(ids, dtype=torch.long)
+        if mask is not None:
+            ids = ids.clone()
+            ids[torch.as_tensor(mask, dtype=torch.long)] = self.mask_token
+        T = ids.shape[0]
+        u = unit or max(T, 1)
+        bounds = tuple(range(0, T, u)) + (T,)
+        x, r = self.embed(ids), None
+        for i in range(self.config.n_layers):
+            r = self.layer_input(i, x, r)
+            x = self.run_layer(i, r, bounds)
+        hidden = self.norm(x + r, self.net.norm.weight)
+        return {"hidden": hidden, "logprob_all": F.log_softmax(self.logits(hidden), -1)}
+
+    def outputs(self, ids, unit: int | None = None, mask=None) -> dict:
+        """forward's outputs as linpipe stores them per position: `logprob4` (T, 4) the
+        log-softmax over the whole vocabulary read at A C G T (not renormalised), `logprob` at
+        the position's own base (NaN where it is not A C G T), `entropy` of the distribution
+        renormalised over the four bases (nats), `hidden` (T, C)."""
+        got = self.forward(ids, unit, mask)
+        ids = torch.as_tensor(ids, dtype=torch.long)
+        lp4 = got["logprob_all"][:, [self.ids[x] for x in "ACGT"]]  # (T, 4)
+        base = torch.full_like(ids, -1)
+        for k, x in enumerate("ACGT"):
+            base[ids == self.ids[x]] = k
+        own = lp4.gather(1, base.clamp_min(0)[:, None])[:, 0]
+        own = torch.where(base >= 0, own, torch.full_like(own, float("nan")))
+        p = F.softmax(lp4, -1)
+        entropy = -(p * F.log_softmax(lp4, -1)).sum(-1)
+        return {"logprob4": lp4, "logprob": own, "entropy": entropy, "hidden": got["hidden"]}
+
+
+def load(path_or_name) -> CaduceusRecord:
+    """A caduceus model directory (made by `linpipe model import`) for whole-record inference."""
+    d = resolve_model_path(path_or_name)
+    config = read_config(d)
+    if config.family != "caduceus":
+        raise ValueError(f"{d}: family {config.family!r}, not caduceus")
+    net = LinpipeNet(config)
+    net.load_state_dict(read_tensors(d, config), strict=True)
+    return CaduceusRecord(net)
+
+
+__all__ = ["CaduceusRecord", "load"]
