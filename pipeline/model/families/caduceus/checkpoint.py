@@ -220,7 +220,8 @@ def convert(ck, tokens, bos, refuse):
         out[f"layers.{i}.norm.weight"] = take(at + "norm.weight", at + "norm.submodule.weight")
         for d in ("fwd", "rev") if kw["bidirectional"] else ("fwd",):
             for name in MAMBA:
-                t = take(f"{at}mixer.mamba_{d}.{name}", f"{at}mixer.submodule.mamba_{d}.{name}", required=False)
+                t = take(f"{at}mixer.mamba_{d}.{name}", f"{at}mixer.submodule.mamba_{d}.{name}",
+                         required=False)
                 if d == "rev" and tie and name in TIED:
                     same(t, out.get(f"layers.{i}.mixer.mamba_fwd.{name}"), f"layer {i}'s mamba_rev.{name}")
                 elif t is not None:

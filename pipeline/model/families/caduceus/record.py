@@ -20,7 +20,6 @@ the position included; `mask` replaces chosen positions by the checkpoint's [MAS
 """
 from __future__ import annotations
 
-
 import numpy as np
 import torch
 import torch.nn.functional as F
