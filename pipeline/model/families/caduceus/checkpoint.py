@@ -166,10 +166,14 @@ def convert(ck, tokens, bos, refuse):
     D, L = kw["d_model"], kw["n_layers"]
     # the tensors' names without CaduceusForMaskedLM's "caduceus." (the base model's have none)
     src = {k.removeprefix("caduceus."): v for k, v in ck.tensors.items()}
+    prefixed = {k.removeprefix("caduceus.") for k in ck.tensors if k.startswith("caduceus.")}
+
+    found = {}  # a tensor (by id) -> the name the checkpoint gives it, for the errors
 
     def take(*names, required=True):
         for n in names:
             if n in src:
+                found[id(src[n])] = ("caduceus." if n in prefixed else "") + n
                 return src.pop(n)
         if required:
             raise ModelError(f"{ck.path}: the weights have no tensor {'caduceus.' + names[0]!r}")
@@ -208,11 +212,11 @@ def convert(ck, tokens, bos, refuse):
     if len(set(bases)) < 4:
         raise ModelError(f"{ck.where}: A, C, G and T must have four different ids, got {bases}")
     order = bases + [i for i in range(V) if i not in bases]
-    rows = torch.empty(6, D)
+    rows = table.new_empty((6, D))
     for x in LETTERS:
         rows[SLOTS[x]] = table[ids[x]]
     rows[BOS] = table[unk]
-    out = {"embed.weight": rows, "head.weight": table[order].clone(), "head.bias": torch.zeros(V),
+    out = {"embed.weight": rows, "head.weight": table[order].clone(), "head.bias": table.new_zeros(V),
            "norm.weight": take("backbone.norm_f.weight", "backbone.norm_f.submodule.weight")}
     tie = kw["bidirectional_weight_tie"]
     for i in range(L):
@@ -227,8 +231,9 @@ def convert(ck, tokens, bos, refuse):
                 elif t is not None:
                     out[f"layers.{i}.mixer.mamba_{d}.{name}"] = t
     if src:
-        raise ModelError(f"{ck.path}: tensor {'caduceus.' + sorted(src)[0]!r} has no place in a linpipe "
-                         "caduceus model (an option this import does not implement)")
+        left = sorted(src)[0]
+        raise ModelError(f"{ck.path}: tensor {('caduceus.' if left in prefixed else '') + left!r} has no "
+                         "place in a linpipe caduceus model (an option this import does not implement)")
     origin = {"source": SOURCE, "model_type": cfg.get("model_type"), "weights_sha256": ck.sha256,
               "tokens": ids, "tokenizer": how, "vocab_size": cfg["vocab_size"]}
     try:
@@ -241,12 +246,13 @@ def convert(ck, tokens, bos, refuse):
     shapes = expected_shapes(config)
     for name, t in out.items():
         if name not in shapes:
-            raise ModelError(f"{ck.path}: tensor {name!r} has no place in this caduceus config "
-                             "(a bias its ssm_cfg does not declare?)")
+            raise ModelError(f"{ck.path}: tensor {found.get(id(t), name)!r} has no place in this "
+                             "caduceus config (a bias its ssm_cfg does not declare?)")
         if tuple(t.shape) != shapes[name]:
-            raise ModelError(f"{ck.path}: tensor {name!r} has shape {list(t.shape)}, expected "
-                             f"{list(shapes[name])} from its config.json")
+            raise ModelError(f"{ck.path}: tensor {found.get(id(t), name)!r} has shape {list(t.shape)}, "
+                             f"expected {list(shapes[name])} from its config.json")
     missing = sorted(set(shapes) - set(out))
     if missing:
-        raise ModelError(f"{ck.path}: the weights have no tensor for {missing[0]!r}")
+        raise ModelError(f"{ck.path}: the weights have no tensor for {missing[0]!r} (under "
+                         "'caduceus.backbone.', RCPS's with 'submodule.')")
     return config, out

@@ -1,0 +1,247 @@
+"""The caduceus family (pipeline/model/families/caduceus/): `linpipe model import` of Caduceus
+checkpoints in the Hub's layout and the whole-record bidirectional forward, against
+CaduceusForMaskedLM's own outputs stored in tests/data/caduceus (made by
+tests/caduceus_fixtures/make_caduceus_fixtures.py from kuleshov-group/caduceus's code): ph
+(bidirectional), ps (RCPS, unfused add+norm), ps_fused (RCPS, the published fused path: a
+different function), on real records (human MT whole, A. thaliana Chr2 with IUPAC letters and
+with an N run, C. elegans pieces of 45 and 3 positions, the last shorter than the conv)."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from _fla_data import run
+from _pipeline_data import read_fasta
+from _quick import cells
+from safetensors.torch import load_file, save_file
+
+from linpipe.errors import ModelError
+from linpipe.model.families.caduceus.record import load
+from linpipe.model.files import read_config
+from linpipe.model.imports import Checkpoint, convert, read_checkpoint_config
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+CAD = Path(__file__).parent / "data" / "caduceus"
+FIXTURES = ("ph", "ps", "ps_fused")
+RECORDS = ("mt_human", "chr2_iupac", "chr2_nrun", "ce_mt", "ce_short")
+TOL = 1e-4
+UNIT = 3001  # positions per unit of each sweep on the records longer than it (odd edges)
+COMPLEMENT = str.maketrans("ACGTNacgtn", "TGCANtgcan")
+
+
+@pytest.fixture(scope="module")
+def records():
+    return read_fasta(CAD / "records.fa")
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """Each fixture imported by `linpipe model import` and loaded for whole-record inference."""
+    out = {}
+    for name in FIXTURES:
+        d = tmp_path_factory.mktemp("caduceus") / name
+        r = run("model", "import", CAD / name, d)
+        assert r.exit_code == 0, r.output
+        out[name] = load(d)
+    return out
+
+
+@pytest.fixture(scope="module")
+def expected():
+    return {name: load_file(str(CAD / name / "expected.safetensors")) for name in FIXTURES}
+
+
+def diff(a, b) -> float:
+    return float((torch.as_tensor(a) - torch.as_tensor(b)).abs().max())
+
+
+GRID = [(f, r) for f in FIXTURES for r in RECORDS]
+
+
+@pytest.mark.parametrize("name, rid", cells(GRID, quick=[
+    ("ph", "chr2_iupac"), ("ps", "chr2_nrun"), ("ps_fused", "chr2_iupac"), ("ps_fused", "ce_short"),
+    ("ph", "ce_short"), ("ps", "ce_mt")]))
+def test_whole_record_equals_caduceus(models, expected, records, name, rid):
+    """Every position's log-softmax at A C G T and last_hidden_state at the stored positions
+    within 1e-4 of Caduceus's; long records in units of 3,001 per sweep (states carried)."""
+    m, exp, seq = models[name], expected[name], records[rid]
+    got = m.outputs(m.encode(seq), unit=UNIT if len(seq) > UNIT else None)
+    assert got["logprob4"].shape == exp[f"{rid}/logprob4"].shape
+    assert diff(got["logprob4"], exp[f"{rid}/logprob4"]) < TOL
+    assert diff(got["hidden"][exp[f"{rid}/hidden_pos"]], exp[f"{rid}/hidden"]) < TOL
+
+
+@pytest.mark.parametrize("name", cells(FIXTURES, quick=["ps_fused"]))
+def test_masked_positions_equal_caduceus(models, expected, records, name):
+    """A position replaced by the checkpoint's [MASK] (3), the whole record as context: its
+    log-softmax at A C G T within 1e-4 of Caduceus's (quick: the record's two ends)."""
+    m, exp = models[name], expected[name]
+    ids = m.encode(records["chr2_iupac"])
+    pos = exp["chr2_iupac/masked/pos"].tolist()
+    keep = [k for k, p in enumerate(pos) if p in (0, len(ids) - 1)] if name == "ps_fused" else range(len(pos))
+    assert m.mask_token == 3 and len(keep) >= 2
+    for k in keep:
+        got = m.outputs(ids, mask=[pos[k]])["logprob4"][pos[k]]
+        assert diff(got, exp["chr2_iupac/masked/logprob4"][k]) < TOL, pos[k]
+
+
+def test_units_and_tokens(models, records):
+    """The sweeps' unit size changes nothing beyond float rounding (units of 1 position on a
+    record shorter than the conv included); IUPAC letters read as [UNK] (6), not N."""
+    m = models["ps_fused"]
+    ids = m.encode(records["chr2_iupac"])
+    whole = m.outputs(ids)
+    got = m.outputs(ids, unit=997)
+    assert diff(got["logprob4"], whole["logprob4"]) < 1e-5 and diff(got["hidden"], whole["hidden"]) < 1e-5
+    short = m.encode(records["ce_short"])
+    assert diff(m.outputs(short, unit=1)["hidden"], m.outputs(short)["hidden"]) < 1e-5
+    iupac = [k for k, ch in enumerate(records["chr2_iupac"]) if ch.upper() not in "ACGTN"]
+    assert len(iupac) == 5 and set(ids[iupac].tolist()) == {6}
+    assert m.encode("acgtnRYn").tolist() == [7, 8, 9, 10, 11, 6, 6, 11]
+    lp = whole["logprob"].numpy()
+    assert np.isnan(lp[iupac]).all() and not np.isnan(lp[:iupac[0]]).any()
+    p = torch.softmax(whole["logprob4"], -1)
+    assert diff(whole["entropy"], -(p * p.log()).sum(-1)) < 1e-5
+
+
+@pytest.mark.parametrize("name, rid", cells([("ps_fused", "chr2_iupac"), ("ps", "mt_human")],
+                                            quick=[("ps_fused", "chr2_iupac")]))
+def test_rcps_is_reverse_complement_equivariant_on_real_data(models, records, name, rid):
+    """RCPS: the reverse complement's hidden state is the forward's flipped along positions and
+    channels, and its log-probabilities at A C G T the forward's complemented and flipped."""
+    m, seq = models[name], records[rid]
+    fwd = m.outputs(m.encode(seq))
+    rc = m.outputs(m.encode(seq.translate(COMPLEMENT)[::-1]))
+    assert diff(rc["hidden"].flip(0).flip(-1), fwd["hidden"]) < 1e-5
+    assert diff(rc["logprob4"].flip(0)[:, [3, 2, 1, 0]], fwd["logprob4"]) < 1e-5
+
+
+def test_ph_is_not_equivariant(models, records):
+    """The check above can fail: the non-RCPS model's reverse complement differs."""
+    m, seq = models["ph"], records["chr2_nrun"]
+    fwd = m.outputs(m.encode(seq))["logprob4"]
+    rc = m.outputs(m.encode(seq.translate(COMPLEMENT)[::-1]))["logprob4"]
+    assert diff(rc.flip(0)[:, [3, 2, 1, 0]], fwd) > 1e-2
+
+
+# -- the import ------------------------------------------------------------------------------
+
+def copy_checkpoint(tmp_path, name, drop=(), rename=None, **changes):
+    """A copy of a fixture checkpoint with config.json `changes` (None deletes a key), tensors
+    whose name contains one of `drop` left out, and names passed through `rename`."""
+    d = tmp_path / "src"
+    shutil.copytree(CAD / name, d)
+    cfg = json.loads((d / "config.json").read_text())
+    for k, v in changes.items():
+        if v is None:
+            cfg.pop(k, None)
+        else:
+            cfg[k] = v
+    (d / "config.json").write_text(json.dumps(cfg))
+    if drop or rename:
+        t = load_file(str(d / "model.safetensors"))
+        t = {(rename(k) if rename else k): v for k, v in t.items() if not any(x in k for x in drop)}
+        save_file(t, str(d / "model.safetensors"))
+    return d
+
+
+def test_hub_layout_without_tied_copies_or_prefix_is_the_same_model(tmp_path):
+    """The Hub's file holds each tied tensor once (no mamba_rev in/out_proj, no lm_head) and the
+    base model's keys have no `caduceus.` prefix: the same linpipe model as every key given."""
+    full = tmp_path / "full"
+    assert run("model", "import", CAD / "ps", full).exit_code == 0
+    src = copy_checkpoint(tmp_path, "ps", drop=("mamba_rev.in_proj", "mamba_rev.out_proj", "lm_head"),
+                          rename=lambda k: k.removeprefix("caduceus."))
+    hub = tmp_path / "hub"
+    r = run("model", "import", src, hub)
+    assert r.exit_code == 0, r.output
+    assert (hub / "model.safetensors").read_bytes() == (full / "model.safetensors").read_bytes()
+    a, b = (json.loads((d / "config.json").read_text()) for d in (full, hub))
+    assert {k: v for k, v in a.items() if k != "origin"} == {k: v for k, v in b.items() if k != "origin"}
+    cfg = read_config(full)
+    assert cfg.to_json() == a  # config.json round trip
+    assert (a["family"], a["mask_token"], a["unk_token"], a["rcps"], a["fused_add_norm"]) == (
+        "caduceus", 3, 6, True, False)
+    assert a["complement_map"][7:11] == [10, 9, 8, 7] and a["origin"]["tokens"]["N"] == 11
+
+
+@pytest.mark.parametrize("name, changes, message", [
+    ("ph", dict(rms_norm=False), "'rms_norm' is false"),
+    ("ph", dict(ssm_cfg={"layer": "Mamba2", "d_state": 16}), "only Mamba (v1) layers"),
+    ("ps", dict(layer_cfg={"mamba_cfg": {"version": "v2"}}), "PlantCAD2"),
+    ("ph", dict(bidirectional_strategy="concat"), "'bidirectional_strategy' is 'concat'"),
+    ("ps", dict(complement_map=None), "'complement_map' is missing"),
+    ("ps", dict(complement_map={"7": 10}), "'complement_map' is not its own inverse"),
+    ("ph", dict(ssm_cfg={"d_state": 8, "d_conv": 4, "expand": 2, "bias": False, "conv_bias": True}),
+     "'caduceus.backbone.layers.0.mixer.mamba_fwd.x_proj.weight' has shape [34, 48], expected [18, 48]"),
+    ("ph", dict(ssm_cfg={"d_state": 16, "d_conv": 4, "expand": 2, "bias": True, "conv_bias": True}),
+     "no tensor for 'layers.0.mixer.mamba_fwd.in_proj.bias'"),
+])
+def test_refusals_are_one_line_and_write_nothing(tmp_path, name, changes, message):
+    out = tmp_path / "out"
+    r = run("model", "import", copy_checkpoint(tmp_path, name, **changes), out)
+    assert r.exit_code != 0
+    assert r.output.count("\n") == 1 and message in r.output and "Traceback" not in r.output, r.output
+    assert "config.json" in r.output or "src" in r.output
+    assert not out.exists()
+
+
+def test_an_untied_head_is_refused(tmp_path):
+    src = copy_checkpoint(tmp_path, "ph")
+    t = load_file(str(src / "model.safetensors"))
+    t["lm_head.weight"] = t["lm_head.weight"] + 1
+    save_file(t, str(src / "model.safetensors"))
+    r = run("model", "import", src, tmp_path / "out")
+    assert r.exit_code != 0 and "not tied" in r.output and r.output.count("\n") == 1, r.output
+
+
+PUBLISHED = ("caduceus-ph_seqlen-131k_d_model-256_n_layer-16",
+             "caduceus-ps_seqlen-131k_d_model-256_n_layer-16", "PlantCaduceus_l20", "PlantCaduceus_l24",
+             "PlantCaduceus_l28", "PlantCaduceus_l32")
+
+
+@pytest.mark.parametrize("name", PUBLISHED)
+def test_published_checkpoints_map_every_tensor(name):
+    """The published configs and key names (tests/data/caduceus/published, from the public
+    repositories' configs): every tensor, the tied copies left out as in the Hub's file, has its
+    place and shape (on the meta device: no weights); the token convention is the checkpoint's."""
+    d = CAD / "published" / name
+    spec = json.loads((d / "tensors.json").read_text())
+    tensors = {}
+    cfg = read_checkpoint_config(d)
+    for k, v in spec.items():
+        if v.get("tied_to"):
+            continue
+        if v["dtype"] == "int64":  # the complement_map buffers, in config.json's order
+            tensors[k] = torch.tensor([cfg["complement_map"][str(i)] for i in range(v["shape"][0])])
+        else:
+            tensors[k] = torch.empty(v["shape"], device="meta")
+    config, out = convert(Checkpoint(d, cfg, tensors, "0" * 64))
+    o = config.layer
+    plant = name.startswith("Plant")
+    assert (o.mask_token, o.unk_token) == ((1, 2) if plant else (3, 6))
+    assert dict(dict(config.origin)["tokens"]) == (
+        {"A": 3, "C": 4, "G": 5, "T": 6, "N": 2} if plant else {"A": 7, "C": 8, "G": 9, "T": 10, "N": 11})
+    assert (config.d_model, config.n_layers, o.rcps) == (cfg["d_model"], cfg["n_layer"], cfg["rcps"])
+    n_ck = sum(int(np.prod(v["shape"])) for v in spec.values()
+               if not v.get("tied_to") and v["dtype"] != "int64")
+    n_ours = sum(t.numel() for k, t in out.items() if k not in ("embed.weight", "head.bias"))
+    assert n_ours == n_ck
+
+
+def test_a_pickle_only_checkpoint_is_refused(tmp_path):
+    src = copy_checkpoint(tmp_path, "ph")
+    (src / "model.safetensors").rename(src / "pytorch_model.bin")
+    r = run("model", "import", src, tmp_path / "out")
+    assert r.exit_code != 0 and "pickle" in r.output and r.output.count("\n") == 1, r.output
+
+
+def test_bos_is_refused_for_a_bidirectional_model(tmp_path):
+    with pytest.raises(ModelError, match="reads no BOS"):
+        ck = Checkpoint(CAD / "ph", read_checkpoint_config(CAD / "ph"), {}, "0" * 64)
+        convert(ck, bos=2)
