@@ -90,3 +90,8 @@ def layer_module(f: Family):
 
 def split_module(f: Family):
     return importlib.import_module(f.split)
+
+
+def record_module(f: Family):
+    """The whole-record run of a family whose layers read the whole record, or None."""
+    return importlib.import_module(f.record) if f.record else None

@@ -69,6 +69,10 @@ class Family:
     # the modules (linpipe names) of its layer and its split, imported on first use (torch)
     layer = ""
     split = ""
+    # a family whose layers read the whole record (bidirectional): the module (linpipe name) of
+    # its whole-record run, `run(net, tokens, bounds, outputs) -> (outputs per position, the
+    # state at each unit's edges)`, which the workers call instead of streaming units ("": none)
+    record = ""
     summary = ""  # one line: what the family computes (help, docs tables)
     # config.json keys each model of the family has (beside the common ones)
     required: tuple = ()
@@ -120,6 +124,10 @@ class Family:
         """The soft cap c of the head's logits, c tanh(logits / c) before the log-softmax (a
         Gemma 2 / xLSTM-7B head), or None: the logits as the head gives them."""
         return None
+
+    def hidden_width(self, config) -> int:
+        """The channels of the stored `hidden` output (the final norm's output): d_model."""
+        return config.d_model
 
     def span_width(self, config) -> int:
         """The widest per-position temporary of a layer's call, in floats (network.forward_span

@@ -92,6 +92,7 @@ class Caduceus(Family):
     imports = Import("caduceus", keys=lambda ck, refuse: {}, layout=("caduceus.backbone.", "norm_f"),
                      attention=False, convert=_convert)
     layer = "linpipe.model.families.caduceus.layer"
+    record = "linpipe.model.families.caduceus.record"
     summary = ("Caduceus / PlantCaduceus: bidirectional Mamba (v1) layers, optionally reverse-complement "
                "equivariant (RCPS); a masked language model over the whole record")
     required = ("family", "state_size", "intermediate_size", "dt_rank", "complement_map")
@@ -142,14 +143,17 @@ class Caduceus(Family):
         o = config.layer
         return max(3 * config.d_model, 3 * o.intermediate_size + o.dt_rank + 2 * o.state_size)
 
-    def channels(self, config) -> int:
+    def hidden_width(self, config) -> int:
         """The hidden state's channels: 2 x d_model with RCPS (both halves, as Caduceus's
         last_hidden_state holds them), else d_model."""
         return config.d_model * (2 if config.layer.rcps else 1)
 
     def layer_bytes(self, config) -> int:
         """Bytes per position of one layer's input kept between layers (float32)."""
-        return 4 * self.channels(config)
+        return 4 * self.hidden_width(config)
+
+    def decay_where(self, config) -> str:
+        return " (mamba_fwd, per channel: its slowest state where dt_proj's input is 0)"
 
     def decay_problem(self, config, decay) -> str | None:
         return "is for the linear-attention family, not caduceus (an imported model)"

@@ -26,7 +26,7 @@ from linpipe.inputs.alphabet import BOS, A, C, G, N, T
 from linpipe.model.config import ModelConfig, origin_pairs
 from linpipe.model.families.caduceus import STRATEGIES, auto_rank
 
-SOURCE = "caduceus"
+SOURCE = "kuleshov-group/caduceus"
 # CaduceusTokenizer (its code; no vocabulary file): [CLS] 0 [SEP] 1 [BOS] 2 [MASK] 3 [PAD] 4
 # [RESERVED] 5 [UNK] 6, then A C G T N; any other letter is [UNK]
 CADUCEUS_TOKENS = {"A": 7, "C": 8, "G": 9, "T": 10, "N": 11}

@@ -41,19 +41,25 @@ def zero_state(m: MambaMixer, like: torch.Tensor) -> dict:
     return st
 
 
-def sweep(m: MambaMixer, a, bounds, reverse: bool, state: dict | None = None):
+def sweep(m: MambaMixer, a, bounds, reverse: bool, state: dict | None = None, keep: list | None = None):
     """out_proj(Mamba(a)) over a (T, D) in one direction, unit by unit: `bounds` the unit edges
     in record coordinates (0, e1, ..., T); reverse: right to left (the units last to first,
-    each flipped). -> ((T, D) in record order, the state after the last unit)."""
+    each flipped). keep: a list that gets, per unit in record order, the state after it in the
+    sweep's direction (left to right: at its end; right to left: at its start).
+    -> ((T, D) in record order, the state after the last unit)."""
     state = zero_state(m, a) if state is None else state
     T = a.shape[0]
     out = a.new_empty((T, m.out_proj.weight.shape[0]))
     pairs = list(zip(bounds[:-1], bounds[1:], strict=True))
+    after = []
     for s, e in reversed(pairs) if reverse else pairs:
         x = a[s:e].flip(0) if reverse else a[s:e]
         o, state = m(x[None], state)
         y = m.out(o)[0]
         out[s:e] = y.flip(0) if reverse else y
+        after.append(state)
+    if keep is not None:
+        keep.append(after[::-1] if reverse else after)
     return out, state
 
 
@@ -75,11 +81,14 @@ class BiMamba(nn.Module):
             return f
         return f + r if self.strategy == "add" else f * r
 
-    def forward(self, a, bounds=None):
-        """a (T, D) normalised -> (T, D): both directions over the whole record."""
+    def forward(self, a, bounds=None, keep: dict | None = None):
+        """a (T, D) normalised -> (T, D): both directions over the whole record; keep: {"fwd":
+        list, "rev": list} that get each sweep's states at the unit edges (sweep's keep)."""
         bounds = bounds or (0, a.shape[0])
-        f, _ = sweep(self.mamba_fwd, a, bounds, reverse=False)
-        r = None if self.mamba_rev is None else sweep(self.mamba_rev, a, bounds, reverse=True)[0]
+        keep = keep or {}
+        f, _ = sweep(self.mamba_fwd, a, bounds, reverse=False, keep=keep.get("fwd"))
+        r = None if self.mamba_rev is None else sweep(self.mamba_rev, a, bounds, reverse=True,
+                                                      keep=keep.get("rev"))[0]
         return self.combine(f, r)
 
 
@@ -91,6 +100,11 @@ class CaduceusBlock(nn.Module):
         super().__init__()
         self.norm = RMSNorm(c.d_model, c.norm_eps)
         self.mixer = BiMamba(c, tile)
+
+    @property
+    def attn(self) -> MambaMixer:
+        """The left-to-right Mamba under the name model info reads its decays from."""
+        return self.mixer.mamba_fwd
 
     def forward(self, h, state: dict):
         raise NotImplementedError("a caduceus layer reads the whole record: run it through "

@@ -89,16 +89,20 @@ class CaduceusRecord:
         D = self.D
         return torch.cat([_rms(s[:, :D], w, self.eps), _rms(s[:, D:], w.flip(0), self.eps)], -1)
 
-    def mix(self, block, a, bounds):
-        """A block's mixer over the normalised a (T, C): both directions, both halves."""
+    def mix(self, block, a, bounds, keep: dict | None = None):
+        """A block's mixer over the normalised a (T, C): both directions, both halves. keep:
+        {"fwd": [], "rev": []} gets the states at unit edges of the left-to-right and the
+        right-to-left sweeps, one list per Mamba (RCPS: the forward half's, then the other's)."""
         bi = block.mixer
         if not self.rcps:
-            return bi(a, bounds)
+            return bi(a, bounds, keep)
         D = self.D
-        out1 = bi(a[:, :D], bounds)
+        out1 = bi(a[:, :D], bounds, keep)
+        keep = keep or {}
         b = a[:, D:].flip(-1)  # rc(a_2) flipped back along positions: its Mambas swap directions
-        f = sweep(bi.mamba_fwd, b, bounds, reverse=True)[0]
-        r = None if bi.mamba_rev is None else sweep(bi.mamba_rev, b, bounds, reverse=False)[0]
+        f = sweep(bi.mamba_fwd, b, bounds, reverse=True, keep=keep.get("rev"))[0]
+        r = None if bi.mamba_rev is None else sweep(bi.mamba_rev, b, bounds, reverse=False,
+                                                    keep=keep.get("fwd"))[0]
         return torch.cat([out1, bi.combine(f, r).flip(-1)], -1)
 
     def layer_input(self, i: int, x, r):
@@ -108,10 +112,10 @@ class CaduceusRecord:
             s = torch.cat([s[:, self.D:], s[:, :self.D]], -1)
         return s
 
-    def run_layer(self, i: int, s, bounds):
+    def run_layer(self, i: int, s, bounds, keep: dict | None = None):
         """Block i over the whole record: its residual stream s (T, C) -> the mixer's output."""
         block = self.net.layers[i]
-        return self.mix(block, self.norm(s, block.norm.weight), bounds)
+        return self.mix(block, self.norm(s, block.norm.weight), bounds, keep)
 
     def logits(self, hidden):
         """hidden (T, C) -> logits (T, V) over the checkpoint's ids."""
@@ -121,30 +125,55 @@ class CaduceusRecord:
         return hidden[:, :D] @ self.E.t() + hidden[:, D:].flip(-1) @ self.E[self.comp].t()
 
     @torch.no_grad()
-    def forward(self, ids, unit: int | None = None, mask=None) -> dict:
+    def forward(self, ids, unit: int | None = None, mask=None, edges: list | None = None) -> dict:
         """ids (T,) the checkpoint's ids -> {"hidden" (T, C) Caduceus's last_hidden_state,
         "logprob_all" (T, V) its log-softmax}; unit: positions per unit of each sweep (None:
-        the whole record in one); mask: positions read as [MASK]."""
+        the whole record in one), or the units' edges (0, e1, ..., T); mask: positions read as
+        [MASK]; edges: a list that gets per layer its sweeps' states at the unit edges (mix)."""
         ids = torch.as_tensor(ids, dtype=torch.long)
         if mask is not None:
             ids = ids.clone()
             ids[torch.as_tensor(mask, dtype=torch.long)] = self.mask_token
         T = ids.shape[0]
-        u = unit or max(T, 1)
-        bounds = tuple(range(0, T, u)) + (T,)
+        if isinstance(unit, (tuple, list)):
+            bounds = tuple(unit)
+            assert bounds[0] == 0 and bounds[-1] == T, (bounds, T)
+        else:
+            u = unit or max(T, 1)
+            bounds = tuple(range(0, T, u)) + (T,)
         x, r = self.embed(ids), None
         for i in range(self.config.n_layers):
             r = self.layer_input(i, x, r)
-            x = self.run_layer(i, r, bounds)
+            keep = None if edges is None else {"fwd": [], "rev": []}
+            x = self.run_layer(i, r, bounds, keep)
+            if edges is not None:
+                edges.append(keep)
         hidden = self.norm(x + r, self.net.norm.weight)
         return {"hidden": hidden, "logprob_all": F.log_softmax(self.logits(hidden), -1)}
 
-    def outputs(self, ids, unit: int | None = None, mask=None) -> dict:
+    def unit_states(self, edges: list, n_units: int) -> list[dict]:
+        """forward's `edges` -> per unit the state arrays the family declares (h_fwd (L, m, I,
+        N), conv_fwd (L, m, W-1, I), h_rev, conv_rev): the left-to-right sweeps' states at the
+        unit's end and the right-to-left sweeps' at its start, per layer and Mamba."""
+        out = []
+        for k in range(n_units):
+            arrays = {}
+            for d in ("fwd", "rev"):
+                per_layer = [[mamba[k] for mamba in layer[d]] for layer in edges]
+                if not per_layer[0]:
+                    continue
+                for name in per_layer[0][0]:
+                    arrays[f"{'h' if name == 'h' else 'conv'}_{d}"] = torch.stack(
+                        [torch.stack([st[name][0] for st in layer]) for layer in per_layer]).numpy()
+            out.append(arrays)
+        return out
+
+    def outputs(self, ids, unit=None, mask=None, edges: list | None = None) -> dict:
         """forward's outputs as linpipe stores them per position: `logprob4` (T, 4) the
         log-softmax over the whole vocabulary read at A C G T (not renormalised), `logprob` at
         the position's own base (NaN where it is not A C G T), `entropy` of the distribution
         renormalised over the four bases (nats), `hidden` (T, C)."""
-        got = self.forward(ids, unit, mask)
+        got = self.forward(ids, unit, mask, edges)
         ids = torch.as_tensor(ids, dtype=torch.long)
         lp4 = got["logprob_all"][:, [self.ids[x] for x in "ACGT"]]  # (T, 4)
         base = torch.full_like(ids, -1)
@@ -168,4 +197,21 @@ def load(path_or_name) -> CaduceusRecord:
     return CaduceusRecord(net)
 
 
-__all__ = ["CaduceusRecord", "load"]
+
+_LOADED: dict = {}
+
+
+def run(net: LinpipeNet, tokens, bounds, outputs) -> tuple[dict, list[dict]]:
+    """The workers' whole-record run (Family.record): linpipe's tokens of one whole record
+    (T,), its units' edges (0, e1, ..., T) and the outputs wanted (logprob, entropy, hidden) ->
+    (per position float32 arrays, per unit the state arrays at its edges with y, the forward
+    half of the final hidden state at its last position)."""
+    rec = _LOADED.get(id(net))
+    if rec is None or rec.net is not net:
+        rec = _LOADED[id(net)] = CaduceusRecord(net)
+    edges: list = []
+    got = rec.outputs(rec.from_tokens(tokens), unit=tuple(bounds), edges=edges)
+    states = rec.unit_states(edges, len(bounds) - 1)
+    for k, e in enumerate(bounds[1:]):
+        states[k]["y"] = got["hidden"][e - 1, :rec.D].numpy().copy()
+    return {name: got[name].numpy() for name in outputs}, states
