@@ -245,3 +245,100 @@ def test_bos_is_refused_for_a_bidirectional_model(tmp_path):
     with pytest.raises(ModelError, match="reads no BOS"):
         ck = Checkpoint(CAD / "ph", read_checkpoint_config(CAD / "ph"), {}, "0" * 64)
         convert(ck, bos=2)
+
+
+# -- whole records through the pipeline ------------------------------------------------------
+
+JOB_UNIT = 4096  # mt_human in 5 units, chr2_iupac in 3; the others are packed (one unit or less)
+
+
+def assert_store_equals_forward(store, model_dir, records, unit=None):
+    """Every record's stored logprob and entropy within 1e-5 of the in-process whole-record
+    forward on linpipe's tokens (NaN at the same places), hidden within float16's rounding."""
+    import linpipe
+    from linpipe.inputs.alphabet import tokenize
+
+    m = load(model_dir)
+    out = linpipe.open_output(str(store))
+    assert set(out.records) == set(records)
+    for rid, seq in records.items():
+        want = m.outputs(m.from_tokens(tokenize(seq)), unit=unit)
+        for name in ("logprob", "entropy", "hidden"):
+            got, w = np.asarray(out.read(rid, name), dtype=np.float32), want[name].numpy()
+            assert got.shape == w.shape and (np.isnan(got) == np.isnan(w)).all(), (rid, name)
+            ok = ~np.isnan(w)
+            tol = 1e-5 if name != "hidden" else 2e-3 * max(1.0, float(np.abs(w).max()))
+            assert np.abs(got[ok] - w[ok]).max(initial=0) <= tol, (rid, name)
+
+
+def test_a_job_runs_each_record_whole(tmp_path, records):
+    """The workers' code (the actor class, in this process): records longer than a unit swept
+    whole, their units written with the sweeps' unit-edge states; the short ones packed, each run
+    whole. Outputs equal the in-process forward of each whole record; hidden is 2 x d_model wide
+    (RCPS); a unit's boundary state is the left-to-right sweeps' state at its end."""
+    from _pipeline_data import write_in_process
+
+    from linpipe.inputs.alphabet import tokenize
+    from linpipe.store import OutputStore
+
+    model = tmp_path / "m"
+    assert run("model", "import", CAD / "ps_fused", model).exit_code == 0
+    plan = write_in_process(CAD / "records.fa", model, tmp_path / "o.zarr", unit_size=JOB_UNIT,
+                            outputs=("logprob", "entropy", "hidden"))
+    assert [r.id for r in plan.streams] == ["mt_human", "chr2_iupac"] and plan.packed.n_records == 3
+    assert_store_equals_forward(tmp_path / "o.zarr", model, records)
+    m = load(model)
+    bounds = [0, 4096, 8192, 10000]
+    edges = []
+    m.forward(m.from_tokens(tokenize(records["chr2_iupac"])), unit=bounds, edges=edges)
+    st = OutputStore.open(str(tmp_path / "o.zarr"), mode="r")
+    key = st.record_key("chr2_iupac")
+    for k in range(3):
+        got = st.boundary_state(key, k)
+        want = m.unit_states(edges, 3)[k]
+        assert set(got) == {"h_fwd", "conv_fwd", "h_rev", "conv_rev", "y"}
+        assert got["h_fwd"].shape == (2, 2, 32, 8) and got["conv_rev"].shape == (2, 2, 3, 32)
+        assert all(np.array_equal(got[n], want[n]) for n in want), k
+
+
+def test_a_forced_split_is_refused(tmp_path):
+    model = tmp_path / "m"
+    assert run("model", "import", CAD / "ph", model).exit_code == 0
+    r = run("submit", CAD / "records.fa", "--model", model, "--out", tmp_path / "o.zarr", "--split", "2",
+            "--unit-size", JOB_UNIT, "--dry-run")
+    assert r.exit_code != 0 and r.output.count("\n") == 1, r.output
+    assert "--split 2: this model's layers read the whole record on both sides" in r.output
+
+
+@pytest.mark.slow  # Ray on loopback, a killed driver
+def test_sigkilled_submit_resumes_bit_identical(tmp_path, records):
+    """`linpipe submit` on an embedded Ray with the ph model, units of 1,024 (human MT in 17),
+    killed with SIGKILL after a few units and submitted again: the same bytes as one
+    uninterrupted run, and equal to the whole-record forward (the units' edges fall inside the
+    records: every position read the whole record on both sides)."""
+    import subprocess
+    import sys
+
+    from _pipeline_data import (
+        assert_same_bytes,
+        record_outputs,
+        store_arrays,
+        submit_and_sigkill,
+        write_in_process,
+    )
+
+    model = tmp_path / "m"
+    assert run("model", "import", CAD / "ph", model).exit_code == 0
+    out, clean = tmp_path / "killed.zarr", tmp_path / "clean.zarr"
+    cmd = [sys.executable, "-c", "from linpipe.cli import cli; cli()", "submit", str(CAD / "records.fa"),
+           "--model", str(model), "--unit-size", "1024", "--outputs", "logprob,entropy,hidden",
+           "--out", str(out), "--workers", "1"]
+    progress = submit_and_sigkill(cmd, out, 3, wait_s=240)
+    assert 3 <= progress["units_done"] < progress["units"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=400)
+    assert res.returncode == 0, res.stderr
+    write_in_process(CAD / "records.fa", model, clean, unit_size=1024,
+                     outputs=("logprob", "entropy", "hidden"))
+    assert_same_bytes(store_arrays(clean), store_arrays(out))
+    assert_same_bytes(record_outputs(clean), record_outputs(out))
+    assert_store_equals_forward(out, model, records)
