@@ -1,0 +1,125 @@
+"""Positions per second of a Caduceus model over one record: linpipe's whole-record forward
+(pipeline/model/families/caduceus/record.py) against CaduceusForMaskedLM's own forward on this
+CPU (kuleshov-group/caduceus with mamba_ssm's PyTorch references of its kernels: the fixtures
+script's `cpu_reference`), one torch thread each, the same record, the same weights.
+
+The reference runs in its own environment (tests/caduceus_fixtures/make_caduceus_fixtures.py's
+docstring: transformers 4.x, mamba-ssm built without CUDA, the Caduceus code on PYTHONPATH); this
+script calls it as a subprocess with --reference. Models: a fixture (ph, ps, ps_fused: tiny) or a
+published config (caduceus-ph / -ps 131k: d_model 256, 16 layers) with random weights, which the
+reference side saves as a checkpoint for linpipe to import.
+
+    python benchmarks/bench_caduceus.py --model ph --positions 16569
+    python benchmarks/bench_caduceus.py --model caduceus-ph_seqlen-131k_d_model-256_n_layer-16 \\
+        --positions 2048
+  (REF_PYTHON=/work/venvs/caduceus-ref/bin/python CADUCEUS_SRC=/tmp/caduceus-src by default)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+DATA = HERE.parent / "tests" / "data" / "caduceus"
+FIXTURES_SCRIPT = HERE.parent / "tests" / "caduceus_fixtures"
+RECORD = ("korflab_Athaliana_TAIR_1pct.fa", 30_000)  # a real genome (Chr2), a piece from here
+
+
+def sequence(n: int) -> str:
+    sys.path.insert(0, str(FIXTURES_SCRIPT))
+    import make_caduceus_fixtures as mk
+
+    seqs = mk.read_fasta(mk.GENOMES / RECORD[0])
+    seq = seqs["Chr2"][RECORD[1]:RECORD[1] + n]
+    assert len(seq) == n
+    return seq
+
+
+def clocks() -> tuple[float, float]:
+    return time.perf_counter(), time.process_time()
+
+
+def reference(model: str, n: int, out: Path) -> dict:
+    """Caduceus's own forward (its environment): seconds for one record of n positions; a
+    published config's random weights saved under out for linpipe."""
+    import torch
+
+    torch.set_num_threads(1)
+    sys.path.insert(0, str(FIXTURES_SCRIPT))
+    import make_caduceus_fixtures as mk
+
+    mk.cpu_reference()
+    if model in mk.FIXTURES:
+        m = mk.make_model(model)
+    else:
+        from caduceus.configuration_caduceus import CaduceusConfig
+        from caduceus.modeling_caduceus import CaduceusForMaskedLM
+        from safetensors.torch import save_file
+
+        cfg = json.loads((DATA / "published" / model / "config.json").read_text())
+        torch.manual_seed(0)
+        m = CaduceusForMaskedLM(CaduceusConfig(**cfg)).float().eval()
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.json").write_text(json.dumps(cfg))
+        save_file({k: v.clone().contiguous() for k, v in m.state_dict().items()}, str(out / "model.safetensors"))
+    ids = mk.token_ids(sequence(n))
+    mk.forward(m, ids[:64])  # warm-up
+    w0, c0 = clocks()
+    mk.forward(m, ids)
+    w1, c1 = clocks()
+    return {"wall_s": w1 - w0, "cpu_s": c1 - c0}
+
+
+def ours(src: Path, n: int, tmp: Path) -> dict:
+    import torch
+
+    from linpipe.model.families.caduceus.record import load
+    from linpipe.model.imports import import_checkpoint
+
+    torch.set_num_threads(1)
+    import_checkpoint(src, tmp / "linpipe", force=True)
+    m = load(tmp / "linpipe")
+    ids = m.encode(sequence(n))
+    m.outputs(ids[:64])
+    w0, c0 = clocks()
+    m.outputs(ids)
+    w1, c1 = clocks()
+    return {"wall_s": w1 - w0, "cpu_s": c1 - c0}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="ph")
+    ap.add_argument("--positions", type=int, default=16_384)
+    ap.add_argument("--reference", action="store_true", help="(internal) the reference side")
+    ap.add_argument("--out", type=Path)
+    a = ap.parse_args()
+    if a.reference:
+        print(json.dumps(reference(a.model, a.positions, a.out)))
+        return
+    with tempfile.TemporaryDirectory() as t:
+        tmp = Path(t)
+        env = {**os.environ, "OMP_NUM_THREADS": "1",
+               "PYTHONPATH": os.environ.get("CADUCEUS_SRC", "/tmp/caduceus-src")}
+        ref_py = os.environ.get("REF_PYTHON", "/work/venvs/caduceus-ref/bin/python")
+        got = subprocess.run([ref_py, __file__, "--reference", "--model", a.model, "--positions",
+                              str(a.positions), "--out", str(tmp / "ckpt")], env=env, cwd="/tmp",
+                             capture_output=True, text=True, check=True)
+        ref = json.loads(got.stdout.strip().splitlines()[-1])
+        src = DATA / a.model if (DATA / a.model).is_dir() else tmp / "ckpt"
+        mine = ours(src, a.positions, tmp)
+    n = a.positions
+    print(f"{a.model}, {n:,} positions of A. thaliana Chr2, 1 thread:")
+    for name, r in (("Caduceus (CPU references)", ref), ("linpipe whole-record", mine)):
+        print(f"  {name:<26} {n / r['wall_s']:>10,.0f} positions/s wall, {n / r['cpu_s']:>10,.0f} per CPU s")
+    print(f"  linpipe / Caduceus: {ref['cpu_s'] / mine['cpu_s']:.1f}x (CPU time)")
+
+
+if __name__ == "__main__":
+    main()
