@@ -70,7 +70,7 @@ def config_problem(c) -> str | None:
         if not _int(v) or not 0 <= v < V:
             return f"{key!r} must be a token id below head_vocab {V}, got {v!r}"
     comp = o.complement_map
-    if len(comp) != V or not all(_int(x) and 0 <= x < V for x in comp):
+    if not isinstance(comp, tuple) or len(comp) != V or not all(_int(x) and 0 <= x < V for x in comp):
         return f"'complement_map' must list {V} token ids (one per token), got {list(comp)!r}"
     if any(comp[comp[i]] != i for i in range(V)):
         return "'complement_map' must be its own inverse (the complement of a complement is the token)"
@@ -97,7 +97,6 @@ class Caduceus(Family):
                "equivariant (RCPS); a masked language model over the whole record")
     required = ("family", "state_size", "intermediate_size", "dt_rank", "complement_map")
     mlp = False
-    bidirectional = True  # every position reads the whole record on both sides (record.py)
 
     def keys(self) -> tuple:
         return ("family", *KEYS)
@@ -147,10 +146,6 @@ class Caduceus(Family):
         """The hidden state's channels: 2 x d_model with RCPS (both halves, as Caduceus's
         last_hidden_state holds them), else d_model."""
         return config.d_model * (2 if config.layer.rcps else 1)
-
-    def layer_bytes(self, config) -> int:
-        """Bytes per position of one layer's input kept between layers (float32)."""
-        return 4 * self.hidden_width(config)
 
     def decay_where(self, config) -> str:
         return " (mamba_fwd, per channel: its slowest state where dt_proj's input is 0)"
