@@ -13,6 +13,7 @@ tensors). Tokens follow the checkpoint's tokenizer convention: Caduceus's Caduce
 """
 from __future__ import annotations
 
+import importlib
 import math
 from dataclasses import dataclass
 
@@ -80,9 +81,8 @@ def config_problem(c) -> str | None:
 
 
 def _convert(ck, tokens, bos, refuse):
-    from linpipe.model.families.caduceus.checkpoint import convert
-
-    return convert(ck, tokens, bos, refuse)
+    # checkpoint.py (torch) reads this module's constants: imported by name, on first use
+    return importlib.import_module(f"{__name__}.checkpoint").convert(ck, tokens, bos, refuse)
 
 
 class Caduceus(Family):
