@@ -342,3 +342,31 @@ def test_sigkilled_submit_resumes_bit_identical(tmp_path, records):
     assert_same_bytes(store_arrays(clean), store_arrays(out))
     assert_same_bytes(record_outputs(clean), record_outputs(out))
     assert_store_equals_forward(out, model, records)
+
+
+@pytest.mark.slow  # a second job on the actor code
+def test_both_strands_and_regions(tmp_path, records):
+    """`--strand both` with an RCPS model: the reverse strand's logprob at each forward position
+    equals the forward's (the model is reverse-complement equivariant: the strand adds nothing);
+    `--regions`: only the regions are stored, and what is stored there is the whole record's
+    forward (a region still sees the whole record on both sides)."""
+    from _pipeline_data import write_in_process
+
+    import linpipe
+    from linpipe.inputs.alphabet import tokenize
+
+    model = tmp_path / "m"
+    assert run("model", "import", CAD / "ps_fused", model).exit_code == 0
+    bed = tmp_path / "r.bed"
+    bed.write_text("mt_human\t5000\t9000\nchr2_iupac\t100\t200\n")
+    write_in_process(CAD / "records.fa", model, tmp_path / "o.zarr", unit_size=JOB_UNIT,
+                     outputs=("logprob", "entropy"), strand="both", regions=str(bed))
+    out = linpipe.open_output(str(tmp_path / "o.zarr"))
+    m = load(model)
+    for rid, (a, b) in (("mt_human", (5000, 9000)), ("chr2_iupac", (100, 200))):
+        want = m.outputs(m.from_tokens(tokenize(records[rid])))["logprob"].numpy()
+        got, rc = (np.asarray(out.read(rid, n), dtype=np.float32) for n in ("logprob", "logprob_rc"))
+        assert np.isnan(got[:a]).all() and np.isnan(got[b:]).all()
+        ok = ~np.isnan(want[a:b])
+        assert np.abs(got[a:b][ok] - want[a:b][ok]).max() < 1e-5
+        assert np.abs(rc[a:b][ok] - got[a:b][ok]).max() < 1e-5
