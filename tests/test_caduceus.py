@@ -65,7 +65,7 @@ GRID = [(f, r) for f in FIXTURES for r in RECORDS]
 
 @pytest.mark.parametrize("name, rid", cells(GRID, quick=[
     ("ph", "chr2_iupac"), ("ps", "chr2_nrun"), ("ps_fused", "chr2_iupac"), ("ps_fused", "ce_short"),
-    ("ph", "ce_short"), ("ps", "ce_mt")]))
+    ("ph", "ce_short"), ("ps", "ce_mt")], suite=[("ps", "mt_human")]))
 def test_whole_record_equals_caduceus(models, expected, records, name, rid):
     """Every position's log-softmax at A C G T and last_hidden_state at the stored positions
     within 1e-4 of Caduceus's; long records in units of 3,001 per sweep (states carried)."""
@@ -76,7 +76,7 @@ def test_whole_record_equals_caduceus(models, expected, records, name, rid):
     assert diff(got["hidden"][exp[f"{rid}/hidden_pos"]], exp[f"{rid}/hidden"]) < TOL
 
 
-@pytest.mark.parametrize("name", cells(FIXTURES, quick=["ps_fused"]))
+@pytest.mark.parametrize("name", cells(FIXTURES, quick=["ps_fused"], suite=["ph"]))
 def test_masked_positions_equal_caduceus(models, expected, records, name):
     """A position replaced by the checkpoint's [MASK] (3), the whole record as context: its
     log-softmax at A C G T within 1e-4 of Caduceus's (quick: the record's two ends)."""
@@ -110,7 +110,7 @@ def test_units_and_tokens(models, records):
 
 
 @pytest.mark.parametrize("name, rid", cells([("ps_fused", "chr2_iupac"), ("ps", "mt_human")],
-                                            quick=[("ps_fused", "chr2_iupac")]))
+                                            quick=[("ps_fused", "chr2_iupac")], suite=[]))
 def test_rcps_is_reverse_complement_equivariant_on_real_data(models, records, name, rid):
     """RCPS: the reverse complement's hidden state is the forward's flipped along positions and
     channels, and its log-probabilities at A C G T the forward's complemented and flipped."""
@@ -310,7 +310,8 @@ def test_a_forced_split_is_refused(tmp_path):
     assert "--split 2: this model's layers read the whole record on both sides" in r.output
 
 
-@pytest.mark.slow  # Ray on loopback, a killed driver
+@pytest.mark.slow  # Ray on loopback, a killed driver: 45 s, over the family's share of the suite
+@pytest.mark.premerge
 def test_sigkilled_submit_resumes_bit_identical(tmp_path, records):
     """`linpipe submit` on an embedded Ray with the ph model, units of 1,024 (human MT in 17),
     killed with SIGKILL after a few units and submitted again: the same bytes as one
