@@ -371,3 +371,16 @@ def test_both_strands_and_regions(tmp_path, records):
         ok = ~np.isnan(want[a:b])
         assert np.abs(got[a:b][ok] - want[a:b][ok]).max() < 1e-5
         assert np.abs(rc[a:b][ok] - got[a:b][ok]).max() < 1e-5
+
+
+def test_the_causal_paths_refuse_it_in_one_line(tmp_path, records):
+    """A caduceus model through a causal entry point (Model.forward; score-variants, eval) is a
+    one-line ModelError that says where it runs, not a traceback."""
+    from linpipe.inputs.alphabet import tokenize
+    from linpipe.model import load_model
+
+    model = tmp_path / "m"
+    assert run("model", "import", CAD / "ph", model).exit_code == 0
+    m = load_model(str(model))
+    with pytest.raises(ModelError, match="reads the whole record on both sides: run it with `linpipe"):
+        m.forward(tokenize(records["ce_mt"]), m.init_state())

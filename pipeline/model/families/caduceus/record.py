@@ -52,7 +52,7 @@ class CaduceusRecord:
             E = torch.empty_like(net.head.weight)
             E[order] = net.head.weight
         self.E = E  # (V, D) the tied embedding in checkpoint id order
-        self.comp = torch.tensor(o.complement_map, dtype=torch.long)
+        self.comp = torch.tensor(o.complement_map, dtype=torch.long, device=E.device)
         self.mask_token, self.unk_token = o.mask_token, o.unk_token
         # linpipe's letters -> the checkpoint's ids (the reader's other IUPAC letters are N already)
         lut = np.full(256, o.unk_token, dtype=np.int64)
@@ -130,7 +130,7 @@ class CaduceusRecord:
         "logprob_all" (T, V) its log-softmax}; unit: positions per unit of each sweep (None:
         the whole record in one), or the units' edges (0, e1, ..., T); mask: positions read as
         [MASK]; edges: a list that gets per layer its sweeps' states at the unit edges (mix)."""
-        ids = torch.as_tensor(ids, dtype=torch.long)
+        ids = torch.as_tensor(ids, dtype=torch.long).to(self.E.device)
         if mask is not None:
             ids = ids.clone()
             ids[torch.as_tensor(mask, dtype=torch.long)] = self.mask_token
@@ -164,7 +164,7 @@ class CaduceusRecord:
                     continue
                 for name in per_layer[0][0]:
                     arrays[f"{'h' if name == 'h' else 'conv'}_{d}"] = torch.stack(
-                        [torch.stack([st[name][0] for st in layer]) for layer in per_layer]).numpy()
+                        [torch.stack([st[name][0] for st in layer]) for layer in per_layer]).cpu().numpy()
             out.append(arrays)
         return out
 
@@ -174,7 +174,7 @@ class CaduceusRecord:
         the position's own base (NaN where it is not A C G T), `entropy` of the distribution
         renormalised over the four bases (nats), `hidden` (T, C)."""
         got = self.forward(ids, unit, mask, edges)
-        ids = torch.as_tensor(ids, dtype=torch.long)
+        ids = torch.as_tensor(ids, dtype=torch.long).to(self.E.device)
         lp4 = got["logprob_all"][:, [self.ids[x] for x in "ACGT"]]  # (T, 4)
         base = torch.full_like(ids, -1)
         for k, x in enumerate("ACGT"):
@@ -213,5 +213,5 @@ def run(net: LinpipeNet, tokens, bounds, outputs) -> tuple[dict, list[dict]]:
     got = rec.outputs(rec.from_tokens(tokens), unit=tuple(bounds), edges=edges)
     states = rec.unit_states(edges, len(bounds) - 1)
     for k, e in enumerate(bounds[1:]):
-        states[k]["y"] = got["hidden"][e - 1, :rec.D].numpy().copy()
-    return {name: got[name].numpy() for name in outputs}, states
+        states[k]["y"] = got["hidden"][e - 1, :rec.D].cpu().numpy().copy()
+    return {name: got[name].cpu().numpy() for name in outputs}, states
