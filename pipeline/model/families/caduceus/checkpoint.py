@@ -21,7 +21,7 @@ import json
 
 import torch
 
-from linpipe.errors import ModelError
+from linpipe.errors import ModelError, option
 from linpipe.inputs.alphabet import BOS, A, C, G, N, T
 from linpipe.model.config import ModelConfig, origin_pairs
 from linpipe.model.families.caduceus import STRATEGIES, auto_rank
@@ -160,7 +160,7 @@ def convert(ck, tokens, bos, refuse):
     """(ModelConfig, linpipe tensors) of a Caduceus checkpoint; tokens (--tokens) replace the
     tokenizer's A C G T N ids; bos is refused (a bidirectional model reads none)."""
     if bos is not None:
-        raise ModelError(f"{ck.where}: --bos: a Caduceus model reads no BOS before a record")
+        raise ModelError(f"{ck.where}: {option('bos')}: a Caduceus model reads no BOS before a record")
     cfg = ck.config
     kw = read_keys(ck, refuse)
     D, L = kw["d_model"], kw["n_layers"]
