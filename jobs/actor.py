@@ -224,32 +224,36 @@ class PipelineWorker:
         write(out)
         return t2 - t1, (t1 - t0) + (t3 - t2), t4 - t3, time.perf_counter() - t5
 
-    def _whole_record(self, x, strand, bounds) -> tuple[dict, list]:
-        """A whole-record family's outputs (computed names) and unit-edge states of one record's
-        tokens x, on one strand (the reverse: computed on the reverse complement, given back at
-        the forward positions and units)."""
+    def _whole_record(self, x, strand, bounds):
+        """A whole-record family's run of one record's tokens x on one strand: (outputs of
+        positions [s, e) by computed name, as a function of (s, e); the states at each unit's
+        edges). The reverse strand runs on the reverse complement, given back at the forward
+        positions and units."""
         names = list(self.model.select_outputs(self.outputs if strand == FORWARD
                                                else list(self.reverse_outputs.values())))
         net = self.model.net
         if strand == FORWARD:
             return self._record.run(net, x, bounds, names)
         T = len(x)
-        got, states = self._record.run(net, reverse_complement(x), [T - b for b in reversed(bounds)], names)
-        return {k: v[::-1] for k, v in got.items()}, states[::-1]
+        unit, states = self._record.run(net, reverse_complement(x), [T - b for b in reversed(bounds)], names)
+        return (lambda s, e: {k: v[::-1] for k, v in unit(T - e, T - s).items()}), states[::-1]
 
     def _whole_batch_record(self, x) -> dict:
         """A packed record's outputs from a whole-record family, both strands where asked."""
-        out = self._whole_record(x, FORWARD, [0, len(x)])[0]
+        T = len(x)
+        out = self._whole_record(x, FORWARD, [0, T])[0](0, T)
         if self.reverse_outputs:
-            rev = self._whole_record(x, REVERSE, [0, len(x)])[0]
+            rev = self._whole_record(x, REVERSE, [0, T])[0](0, T)
             out.update({name: rev[k] for name, k in self.reverse_outputs.items()})
         return out
 
     def _run_whole_unit(self, unit: Unit, last: bool, seq: int | None) -> UnitResult:
-        """A unit of a record of a whole-record family: the record is read and run whole on its
-        first unit here (every position sees the record on both sides), held until its last
-        unit is written; a unit of a record not held (another worker's, a resumed job's) runs
-        the record again, the same bytes. Its boundary state: the sweeps' states at its edges."""
+        """A unit of a record of a whole-record family: the record is read and swept whole on
+        its first unit here (every position sees the record on both sides; the family's run
+        keeps its arrays in memory or on local disk), held until its last unit is written, each
+        unit's outputs computed as it is written; a unit of a record not held (another worker's,
+        a resumed job's) runs the record again, the same bytes. Its boundary state: the sweeps'
+        states at its edges."""
         held = (unit.key, unit.strand)
 
         def read():
@@ -270,12 +274,11 @@ class PipelineWorker:
         def write(got):
             outs, states, aux = got
             s, e = unit.start, unit.end
+            arrays = outs(s, e)
             if unit.strand == REVERSE:
-                arrays = {name: outs[k][s:e] for name, k in self.reverse_outputs.items()}
-            else:
-                arrays = {k: v[s:e] for k, v in outs.items()}
-                if self.aux_name is not None and aux is not None:
-                    arrays[self.aux_name] = aux[s:e]
+                arrays = {name: arrays[k] for name, k in self.reverse_outputs.items()}
+            elif self.aux_name is not None and aux is not None:
+                arrays[self.aux_name] = aux[s:e]
             arrays = cast(arrays, self._dtypes)
             if unit.keep is not None:
                 arrays = mask_outside(arrays, unit.keep, unit.start) if unit.keep else None

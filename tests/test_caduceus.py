@@ -384,3 +384,33 @@ def test_the_causal_paths_refuse_it_in_one_line(tmp_path, records):
     m = load_model(str(model))
     with pytest.raises(ModelError, match="reads the whole record on both sides: run it with `linpipe"):
         m.forward(tokenize(records["ce_mt"]), m.init_state())
+
+
+def test_the_workers_run_on_disk_equals_in_memory(tmp_path, records):
+    """The workers' run (sweeps.py, one unit's rows at a time): with its arrays memory-mapped on
+    disk (a budget of 0 bytes) the same bytes as in memory, and equal to the whole-tensor forward;
+    also for models with one direction (bidirectional false: only mamba_fwd, RCPS or not)."""
+    from linpipe.inputs.alphabet import tokenize
+    from linpipe.model.families.caduceus.record import run as record_run
+
+    tokens = tokenize(records["chr2_nrun"])
+    bounds = [0, 700, 1400, 2000]
+    for name in ("ps_fused", "ph"):
+        for one_way in (False, True):
+            src = CAD / name
+            if one_way:
+                src = copy_checkpoint(tmp_path / name, name, drop=("mamba_rev",), bidirectional=False)
+            out = tmp_path / f"m_{name}_{one_way}"
+            r = run("model", "import", src, out)
+            assert r.exit_code == 0, r.output
+            m = load(out)
+            want = m.outputs(m.from_tokens(tokens))
+            mem, st_mem = record_run(m.net, tokens, bounds, ["logprob", "entropy", "hidden"])
+            disk, st_disk = record_run(m.net, tokens, bounds, ["logprob", "entropy", "hidden"], budget=0)
+            for s, e in zip(bounds[:-1], bounds[1:], strict=True):
+                a, b = mem(s, e), disk(s, e)
+                assert all(np.array_equal(a[k], b[k], equal_nan=True) for k in a)
+                assert diff(a["hidden"], want["hidden"][s:e]) < 1e-5
+                assert np.allclose(a["logprob"], want["logprob"][s:e].numpy(), atol=1e-5, equal_nan=True)
+            assert all(np.array_equal(x[k], y[k]) for x, y in zip(st_mem, st_disk, strict=True) for k in x)
+            assert ("h_rev" in st_mem[0]) == (name.startswith("ps") or not one_way)

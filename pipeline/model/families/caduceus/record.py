@@ -42,6 +42,7 @@ class CaduceusRecord:
         o = c.layer
         self.net = net.eval()
         self.rcps, self.fused, self.D = o.rcps, o.fused_add_norm, c.d_model
+        self.C = c.spec.hidden_width(c)  # the hidden state's channels (2 D with RCPS)
         self.eps = c.norm_eps
         tokens = dict(dict(c.origin)["tokens"])
         self.ids = {x: tokens[x] for x in "ACGTN"}
@@ -175,7 +176,12 @@ class CaduceusRecord:
         renormalised over the four bases (nats), `hidden` (T, C)."""
         got = self.forward(ids, unit, mask, edges)
         ids = torch.as_tensor(ids, dtype=torch.long).to(self.E.device)
-        lp4 = got["logprob_all"][:, [self.ids[x] for x in "ACGT"]]  # (T, 4)
+        return self.heads(got["hidden"], got["logprob_all"], ids)
+
+    def heads(self, hidden, logprob_all, ids) -> dict:
+        """The stored outputs (outputs' doc) of rows: hidden (n, C), its log-softmax (n, V), the
+        ids read there (n,)."""
+        lp4 = logprob_all[:, [self.ids[x] for x in "ACGT"]]  # (n, 4)
         base = torch.full_like(ids, -1)
         for k, x in enumerate("ACGT"):
             base[ids == self.ids[x]] = k
@@ -183,7 +189,7 @@ class CaduceusRecord:
         own = torch.where(base >= 0, own, torch.full_like(own, float("nan")))
         p = F.softmax(lp4, -1)
         entropy = -(p * F.log_softmax(lp4, -1)).sum(-1)
-        return {"logprob4": lp4, "logprob": own, "entropy": entropy, "hidden": got["hidden"]}
+        return {"logprob4": lp4, "logprob": own, "entropy": entropy, "hidden": hidden}
 
 
 def load(path_or_name) -> CaduceusRecord:
@@ -201,17 +207,26 @@ def load(path_or_name) -> CaduceusRecord:
 _LOADED: dict = {}
 
 
-def run(net: LinpipeNet, tokens, bounds, outputs) -> tuple[dict, list[dict]]:
+def run(net: LinpipeNet, tokens, bounds, outputs, budget: int | None = None):
     """The workers' whole-record run (Family.record): linpipe's tokens of one whole record
-    (T,), its units' edges (0, e1, ..., T) and the outputs wanted (logprob, entropy, hidden) ->
-    (per position float32 arrays, per unit the state arrays at its edges with y, the forward
-    half of the final hidden state at its last position)."""
+    (T,) and its units' edges (0, e1, ..., T) -> (per unit k, position range [s, e) ->
+    its outputs `outputs` (logprob, entropy, hidden) as float32 arrays, per unit the state
+    arrays at its edges with y, the forward half of the final hidden state at its last position).
+    The record's arrays between sweeps stay in memory up to `budget` bytes, else on local disk
+    (sweeps.py): memory bounded by the unit."""
+    from linpipe.model.families.caduceus.sweeps import MEMORY_BUDGET, sweep_record
+
     rec = _LOADED.get(id(net))
     if rec is None or rec.net is not net:
         rec = _LOADED[id(net)] = CaduceusRecord(net)
-    edges: list = []
-    got = rec.outputs(rec.from_tokens(tokens), unit=tuple(bounds), edges=edges)
-    states = rec.unit_states(edges, len(bounds) - 1)
-    for k, e in enumerate(bounds[1:]):
-        states[k]["y"] = got["hidden"][e - 1, :rec.D].cpu().numpy().copy()
-    return {name: got[name].cpu().numpy() for name in outputs}, states
+    tokens = np.asarray(tokens, dtype=np.uint8)
+
+    def ids(s, e):
+        return rec.from_tokens(tokens[s:e]).to(rec.E.device)
+
+    held = sweep_record(rec, ids, tuple(bounds), MEMORY_BUDGET if budget is None else budget)
+    with torch.no_grad():
+        for k, e in enumerate(bounds[1:]):
+            hidden = rec.norm(held.final[e - 1:e], net.norm.weight)
+            held.states[k]["y"] = hidden[0, :rec.D].cpu().numpy().copy()
+    return (lambda s, e: held.unit(s, e, outputs)), held.states
