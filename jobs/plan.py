@@ -125,6 +125,7 @@ class JobPlan:
     splittable: bool = True
     # the family's layers read the whole record (bidirectional): each record runs whole on a worker
     whole_record: bool = False
+    record_bytes: int = 0  # bytes per position a worker keeps beside a whole record while it runs
 
     @property
     def n_records(self) -> int:
@@ -254,7 +255,8 @@ def _plan(request: JobRequest) -> JobPlan:
         regions_path=os.path.abspath(os.fspath(request.regions)) if request.regions else None,
         regions_lenient=bool(request.regions and request.regions_lenient), notes=tuple(found.notes),
         files=tuple(found.files), stream_rate=stream_rate(m.config), n_layers=int(m.config.n_layers),
-        splittable=m.config.spec.auto_split, whole_record=bool(m.config.spec.record))
+        splittable=m.config.spec.auto_split, whole_record=bool(m.config.spec.record),
+        record_bytes=m.config.spec.record_bytes(m.config))
 
 
 def _check_options(request: JobRequest) -> None:

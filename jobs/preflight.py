@@ -196,4 +196,5 @@ def dry_run(request: JobRequest, run: RunOptions | None = None) -> dict[str, Any
             "estimated_output_bytes": plan.estimated_output_bytes(), "cluster": checked.cluster,
             "positions_done": done["positions_done"] if done else 0,
             "complete": bool(done and done["complete"]), "notes": list(plan.notes),
-            "gpu_sharing": request.actor_resources.gpu_sharing()}
+            "gpu_sharing": request.actor_resources.gpu_sharing(),
+            "worker_record_bytes": plan.record_bytes * max((r.length for r in plan.records), default=0)}

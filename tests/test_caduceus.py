@@ -301,9 +301,19 @@ def test_a_job_runs_each_record_whole(tmp_path, records):
         assert all(np.array_equal(got[n], want[n]) for n in want), k
 
 
-def test_a_forced_split_is_refused(tmp_path):
+def test_a_forced_split_is_refused_and_dry_run_says_what_a_worker_keeps(tmp_path):
+    """--split N: one line; --dry-run: the bytes a worker keeps beside the longest record
+    (three float32 arrays of d_model: 12 x 24 x 16,569 for ph on human MT)."""
+    from linpipe.progress import human_bytes
+
     model = tmp_path / "m"
     assert run("model", "import", CAD / "ph", model).exit_code == 0
+    r = run("submit", CAD / "records.fa", "--model", model, "--out", tmp_path / "o.zarr",
+            "--unit-size", JOB_UNIT, "--dry-run")
+    d_model = json.loads((model / "config.json").read_text())["d_model"]
+    kept = human_bytes(3 * 4 * d_model * len(read_fasta(CAD / "records.fa")["mt_human"]))
+    assert r.exit_code == 0, r.output
+    assert f"per worker:  up to {kept} kept beside the longest record" in r.output, r.output
     r = run("submit", CAD / "records.fa", "--model", model, "--out", tmp_path / "o.zarr", "--split", "2",
             "--unit-size", JOB_UNIT, "--dry-run")
     assert r.exit_code != 0 and r.output.count("\n") == 1, r.output

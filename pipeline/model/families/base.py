@@ -125,6 +125,11 @@ class Family:
         Gemma 2 / xLSTM-7B head), or None: the logits as the head gives them."""
         return None
 
+    def record_bytes(self, config) -> int:
+        """A whole-record family (`record`): bytes per position a worker keeps beside a record
+        while it runs (0: none)."""
+        return 0
+
     def hidden_width(self, config) -> int:
         """The channels of the stored `hidden` output (the final norm's output): d_model."""
         return config.d_model

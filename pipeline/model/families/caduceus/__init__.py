@@ -147,6 +147,11 @@ class Caduceus(Family):
         last_hidden_state holds them), else d_model."""
         return config.d_model * (2 if config.layer.rcps else 1)
 
+    def record_bytes(self, config) -> int:
+        # sweeps.py's three float32 (T, C) arrays: the layer input, the left-to-right outputs,
+        # the next layer's input
+        return 3 * 4 * self.hidden_width(config)
+
     def decay_where(self, config) -> str:
         return " (mamba_fwd, per channel: its slowest state where dt_proj's input is 0)"
 
