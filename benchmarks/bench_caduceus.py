@@ -12,6 +12,9 @@ reference side saves as a checkpoint for linpipe to import.
     python benchmarks/bench_caduceus.py --model ph --positions 16569
     python benchmarks/bench_caduceus.py --model caduceus-ph_seqlen-131k_d_model-256_n_layer-16 \\
         --positions 2048
+    python benchmarks/bench_caduceus.py --causal caduceus-ph_seqlen-131k_d_model-256_n_layer-16
+  (--causal: linpipe only, a published config with random weights against a causal Mamba of the
+  same size made by `model init --family mamba`, Model.forward; no reference environment)
   (REF_PYTHON=/work/venvs/caduceus-ref/bin/python CADUCEUS_SRC=/tmp/caduceus-src by default)
 """
 from __future__ import annotations
@@ -99,13 +102,76 @@ def ours(src: Path, n: int, tmp: Path) -> dict:
     return {"wall_s": w1 - w0, "cpu_s": c1 - c0, "max_err": err}
 
 
+def causal(model: str, n: int) -> None:
+    """linpipe's caduceus (a published config, random weights) against linpipe's causal Mamba of
+    the same d_model, layers, N and I, on the same record, one thread."""
+    import torch
+    from safetensors.torch import save_file
+
+    from linpipe.inputs.alphabet import tokenize
+    from linpipe.model import ModelConfig, init_net, load_model, save_model
+    from linpipe.model.families.caduceus.record import load
+    from linpipe.model.imports import import_checkpoint
+
+    torch.set_num_threads(1)
+    d = DATA / "published" / model
+    cfg = json.loads((d / "config.json").read_text())
+    spec = json.loads((d / "tensors.json").read_text())
+    gen = torch.Generator().manual_seed(0)
+    tensors = {}
+    for k, v in spec.items():
+        if v.get("tied_to"):
+            continue
+        if v["dtype"] == "int64":
+            tensors[k] = torch.tensor([cfg["complement_map"][str(i)] for i in range(v["shape"][0])])
+        elif k.endswith("A_log"):
+            tensors[k] = torch.log(torch.arange(1, v["shape"][1] + 1.0)).expand(*v["shape"]).contiguous()
+        else:
+            tensors[k] = torch.randn(v["shape"], generator=gen) * (0.02 if "norm" not in k else 0) + (
+                1.0 if "norm" in k or k.endswith(".D") else 0.0)
+    seq = sequence(n)
+    with tempfile.TemporaryDirectory() as t:
+        tmp = Path(t)
+        (tmp / "ck").mkdir()
+        (tmp / "ck" / "config.json").write_text(json.dumps(cfg))
+        save_file(tensors, str(tmp / "ck" / "model.safetensors"))
+        import_checkpoint(tmp / "ck", tmp / "cad")
+        m = load(tmp / "cad")
+        ids = m.encode(seq)
+        m.outputs(ids[:64])
+        w0, c0 = clocks()
+        m.outputs(ids)
+        w1, c1 = clocks()
+        o = m.config.layer
+        mc = ModelConfig(modality="dna", d_model=m.config.d_model, n_layers=m.config.n_layers, n_heads=1,
+                         mlp_hidden=0, family="mamba", state_size=o.state_size,
+                         intermediate_size=o.intermediate_size, dt_rank=o.dt_rank,
+                         conv_width=m.config.conv_width)
+        save_model(init_net(mc), mc, tmp / "mamba")
+        mm = load_model(str(tmp / "mamba"), device="cpu", threads=1)
+        x = tokenize(seq)
+        mm.forward(x[:64], mm.init_state())
+        w2, c2 = clocks()
+        mm.forward(x, mm.init_state())
+        w3, c3 = clocks()
+    print(f"{model}, {n:,} positions of A. thaliana Chr2, 1 thread, linpipe:")
+    kind = "bidirectional, RCPS" if o.rcps else "bidirectional"
+    print(f"  caduceus ({kind}) {n / (c1 - c0):>10,.0f} positions per CPU s")
+    print(f"  causal mamba, same size       {n / (c3 - c2):>10,.0f} positions per CPU s "
+          f"({(c1 - c0) / (c3 - c2):.1f}x the time)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="ph")
     ap.add_argument("--positions", type=int, default=16_384)
     ap.add_argument("--reference", action="store_true", help="(internal) the reference side")
+    ap.add_argument("--causal", metavar="PUBLISHED", help="linpipe's caduceus against a causal Mamba")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
+    if a.causal:
+        causal(a.causal, a.positions)
+        return
     if a.reference:
         print(json.dumps(reference(a.model, a.positions, a.out)))
         return
