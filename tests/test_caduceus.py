@@ -424,3 +424,35 @@ def test_the_workers_run_on_disk_equals_in_memory(tmp_path, records):
                 assert np.allclose(a["logprob"], want["logprob"][s:e].numpy(), atol=1e-5, equal_nan=True)
             assert all(np.array_equal(x[k], y[k]) for x, y in zip(st_mem, st_disk, strict=True) for k in x)
             assert ("h_rev" in st_mem[0]) == (name.startswith("ps") or not one_way)
+
+
+@pytest.mark.slow  # a job, three verifies and a repair: 12 s, over the family's share of the suite
+@pytest.mark.premerge
+def test_verify_repair_rewrites_a_unit_bit_identically(tmp_path):
+    """`linpipe verify --repair` on a damaged unit of a long record (its chunk replaced by
+    another's) and a lost unit-edge state: the repair runs the record whole again and writes the
+    same bytes as the job did."""
+    from _pipeline_data import assert_same_bytes, store_arrays, write_in_process
+
+    from linpipe.store import OutputStore
+
+    model = tmp_path / "m"
+    assert run("model", "import", CAD / "ph", model).exit_code == 0
+    good = tmp_path / "good.zarr"
+    write_in_process(CAD / "records.fa", model, good, unit_size=JOB_UNIT, outputs=("logprob", "entropy"))
+    bad = tmp_path / "bad.zarr"
+    shutil.copytree(good, bad)
+    st = OutputStore.open(str(bad), mode="r")
+    key = st.record_key("mt_human")
+    chunks = bad / key / "logprob" / "c"
+    (chunks / "2").write_bytes((chunks / "1").read_bytes())
+    shutil.rmtree(bad / "_linpipe" / st.record_key("chr2_iupac") / "state" / "1")
+    r = run("verify", bad)
+    assert r.exit_code == 1 and "(unit 2)" in r.output and "(unit 1)" in r.output, r.output
+    r = run("verify", bad, "--repair")
+    assert r.exit_code == 0, r.output
+    assert run("verify", bad).exit_code == 0
+    assert_same_bytes(store_arrays(good), store_arrays(bad))
+    a, b = (OutputStore.open(str(p), mode="r") for p in (good, bad))
+    k = a.record_key("chr2_iupac")
+    assert all(np.array_equal(x, b.boundary_state(k, 1)[n]) for n, x in a.boundary_state(k, 1).items())
