@@ -170,9 +170,9 @@ def test_hub_layout_without_tied_copies_or_prefix_is_the_same_model(tmp_path):
     assert a["complement_map"][7:11] == [10, 9, 8, 7] and a["origin"]["tokens"]["N"] == 11
     info = run("model", "info", full)  # the family, its state per sweep direction, its decays
     assert info.exit_code == 0, info.output
-    L, I, N, W = a["n_layers"], a["intermediate_size"], a["state_size"], a["conv_width"]
-    assert "family      caduceus" in info.output and f"h_fwd [{L}, 2, {I}, {N}]" in info.output
-    assert f"conv_rev [{L}, 2, {W - 1}, {I}]" in info.output and "bidirectional true" in info.output
+    L, inner, N, W = a["n_layers"], a["intermediate_size"], a["state_size"], a["conv_width"]
+    assert "family      caduceus" in info.output and f"h_fwd [{L}, 2, {inner}, {N}]" in info.output
+    assert f"conv_rev [{L}, 2, {W - 1}, {inner}]" in info.output and "bidirectional true" in info.output
 
 
 @pytest.mark.parametrize("name, changes, message", [
