@@ -76,7 +76,7 @@ def test_whole_record_equals_caduceus(models, expected, records, name, rid):
     assert diff(got["hidden"][exp[f"{rid}/hidden_pos"]], exp[f"{rid}/hidden"]) < TOL
 
 
-@pytest.mark.parametrize("name", cells(FIXTURES, quick=["ps_fused"], suite=["ph"]))
+@pytest.mark.parametrize("name", cells(FIXTURES, quick=["ps_fused"], suite=[]))
 def test_masked_positions_equal_caduceus(models, expected, records, name):
     """A position replaced by the checkpoint's [MASK] (3), the whole record as context: its
     log-softmax at A C G T within 1e-4 of Caduceus's (quick: the record's two ends)."""
