@@ -131,6 +131,12 @@ class PipelineWorker:
         self._dtypes = {name: hidden for name, spec in STORED[modality].items()
                         if spec.computed_as == "hidden"}
         self.node = f"{node_id()}:{os.getpid()}"
+        # a family whose layers read the whole record (bidirectional): its whole-record run, and
+        # the records being written, (key, strand) -> (outputs, unit-edge states, aux)
+        from linpipe.model.families import record_module
+
+        self._record = record_module(self.model.config.spec)
+        self._whole: dict = {}
 
     def ready(self) -> str:
         """Returns once the model is loaded; the driver waits on it before handing out work."""
@@ -218,11 +224,82 @@ class PipelineWorker:
         write(out)
         return t2 - t1, (t1 - t0) + (t3 - t2), t4 - t3, time.perf_counter() - t5
 
+    def _whole_record(self, x, strand, bounds):
+        """A whole-record family's run of one record's tokens x on one strand: (outputs of
+        positions [s, e) by computed name, as a function of (s, e); the states at each unit's
+        edges). The reverse strand runs on the reverse complement, given back at the forward
+        positions and units."""
+        names = list(self.model.select_outputs(self.outputs if strand == FORWARD
+                                               else list(self.reverse_outputs.values())))
+        net = self.model.net
+        if strand == FORWARD:
+            return self._record.run(net, x, bounds, names)
+        T = len(x)
+        unit, states = self._record.run(net, reverse_complement(x), [T - b for b in reversed(bounds)], names)
+        return (lambda s, e: {k: v[::-1] for k, v in unit(T - e, T - s).items()}), states[::-1]
+
+    def _whole_batch_record(self, x) -> dict:
+        """A packed record's outputs from a whole-record family, both strands where asked."""
+        T = len(x)
+        out = self._whole_record(x, FORWARD, [0, T])[0](0, T)
+        if self.reverse_outputs:
+            rev = self._whole_record(x, REVERSE, [0, T])[0](0, T)
+            out.update({name: rev[k] for name, k in self.reverse_outputs.items()})
+        return out
+
+    def _run_whole_unit(self, unit: Unit, last: bool, seq: int | None) -> UnitResult:
+        """A unit of a record of a whole-record family: the record is read and swept whole on
+        its first unit here (every position sees the record on both sides; the family's run
+        keeps its arrays in memory or on local disk), held until its last unit is written, each
+        unit's outputs computed as it is written; a unit of a record not held (another worker's,
+        a resumed job's) runs the record again, the same bytes. Its boundary state: the sweeps'
+        states at its edges."""
+        held = (unit.key, unit.strand)
+
+        def read():
+            if held in self._whole:
+                return None
+            length = self.store.record(unit.key).length
+            return self._input(unit.input_path).read(unit.record_id, 0, length)
+
+        def model(got):
+            if held not in self._whole:
+                x, aux = got
+                n = self.store.n_units(unit.key)
+                bounds = [0] + [self.store.unit_range(unit.key, k)[1] for k in range(n)]
+                self._whole = {k: v for k, v in self._whole.items() if k[0] == unit.key}  # one record
+                self._whole[held] = (*self._whole_record(x, unit.strand, bounds), aux)
+            return self._whole[held]
+
+        def write(got):
+            outs, states, aux = got
+            s, e = unit.start, unit.end
+            arrays = outs(s, e)
+            if unit.strand == REVERSE:
+                arrays = {name: arrays[k] for name, k in self.reverse_outputs.items()}
+            elif self.aux_name is not None and aux is not None:
+                arrays[self.aux_name] = aux[s:e]
+            arrays = cast(arrays, self._dtypes)
+            if unit.keep is not None:
+                arrays = mask_outside(arrays, unit.keep, unit.start) if unit.keep else None
+            self.writes.write_unit(unit.key, unit.index, arrays, state=states[unit.index], strand=unit.strand,
+                                   last=last)
+            if last:
+                self._whole.pop(held, None)
+                self.store.close()
+
+        times = self._overlapped(seq, read, model, write)
+        return UnitResult(unit.key, unit.index, unit.positions, *times, self.node, self.peak_rss(),
+                          self.share)
+
     def run_unit(self, unit: Unit, last: bool = False, seq: int | None = None) -> UnitResult:
         """Run one unit of a streamed record and write it with its boundary state. A reverse
         strand's unit reads the same slice, complemented and backwards, and stores its outputs
         back at the forward positions. seq: the call's number from the driver (the order its
         model runs in)."""
+        if self._record is not None:
+            return self._run_whole_unit(unit, last, seq)
+
         def model(read):
             x, extra = read
             state = self._state_before(unit)
@@ -277,6 +354,8 @@ class PipelineWorker:
 
         def model(read):
             xs = [x for x, _ in read]
+            if self._record is not None:  # whole records one by one: no padding beside a record
+                return [self._whole_batch_record(x) for x in xs], read
             if not self.reverse_outputs:
                 return self.model.forward_records(xs, outputs=self.outputs), read
             # both strands of every record in the one batched call

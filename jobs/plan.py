@@ -104,7 +104,7 @@ class JobPlan:
     outputs: tuple[str, ...]
     unit_size: int
     input_options: dict[str, Any]
-    d_model: int
+    d_model: int  # the stored hidden output's width (the family's hidden_width: d_model for most)
     split_first_weight: float  # a split record's first segment's share (segments.first_weight)
     channels: tuple[str, ...] | None  # time series: the input's channel names
     records: tuple[Record, ...]  # the long records (2+ units), in input order
@@ -123,6 +123,9 @@ class JobPlan:
     # fla's linear attention, mamba2), whose split costs the cost model does not know yet
     # (docs/sequence-parallel.md); --split N splits any
     splittable: bool = True
+    # the family's layers read the whole record (bidirectional): each record runs whole on a worker
+    whole_record: bool = False
+    record_bytes: int = 0  # bytes per position a worker keeps beside a whole record while it runs
 
     @property
     def n_records(self) -> int:
@@ -244,14 +247,16 @@ def _plan(request: JobRequest) -> JobPlan:
         job_id=job_id(found.fingerprints, m.sha256, ident),
         inputs=tuple(os.path.abspath(os.fspath(p)) for p in request.inputs),
         model_ref=model_ref, model_sha256=m.sha256, modality=m.modality, outputs=tuple(outputs),
-        unit_size=unit_size, input_options=found.input_options, d_model=int(m.config.d_model),
+        unit_size=unit_size, input_options=found.input_options,
+        d_model=int(m.config.spec.hidden_width(m.config)),
         split_first_weight=first_weight(m.config), channels=found.channels, records=records,
         streams=streams, packed=packed,
         packed_time_dtype=found.short_times.pop() if found.short_times else None, regions=regions,
         regions_path=os.path.abspath(os.fspath(request.regions)) if request.regions else None,
         regions_lenient=bool(request.regions and request.regions_lenient), notes=tuple(found.notes),
         files=tuple(found.files), stream_rate=stream_rate(m.config), n_layers=int(m.config.n_layers),
-        splittable=m.config.spec.auto_split)
+        splittable=m.config.spec.auto_split, whole_record=bool(m.config.spec.record),
+        record_bytes=m.config.spec.record_bytes(m.config))
 
 
 def _check_options(request: JobRequest) -> None:

@@ -200,4 +200,5 @@ def dry_run(request: JobRequest, run: RunOptions | None = None) -> dict[str, Any
             "complete": bool(done and done["complete"]), "notes": list(plan.notes),
             "gpu_sharing": request.actor_resources.gpu_sharing(),
             "splits": [{"record": rid, "segments": n, "keeps": keeps.describe()}
-                       for rid, n, keeps in planned_keeps(plan, request, slots)]}
+                       for rid, n, keeps in planned_keeps(plan, request, slots)],
+            "worker_record_bytes": plan.record_bytes * max((r.length for r in plan.records), default=0)}

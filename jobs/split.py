@@ -85,6 +85,9 @@ def plan_gain(plan, threads: int | None):
 def check_split(plan, split, slots: int | None) -> None:
     """A forced split runs a record's segments at once, one worker each: more segments than the
     job's worker slots would wait for a worker that never starts. slots None: not known here."""
+    if isinstance(split, int) and split > 1 and plan.whole_record:
+        raise LinpipeError(f"{option('split')} {split}: this model's layers read the whole record on both "
+                           "sides; each record runs whole on one worker (its units swept in order)")
     if not isinstance(split, int) or slots is None:
         return
     longest = max((r for r in plan.streams if r.strand == FORWARD), key=lambda r: r.n_units, default=None)

@@ -57,6 +57,9 @@ def _print_dry_run(report: dict) -> None:
     click.echo(f"  outputs:     {','.join(report['outputs'])}")
     click.echo(f"  output:      {report['out']} (writable)")
     click.echo(f"  est. size:   {human_bytes(report['estimated_output_bytes'])} before compression")
+    if report.get("worker_record_bytes"):  # a model that reads each record whole (bidirectional)
+        click.echo(f"  per worker:  up to {human_bytes(report['worker_record_bytes'])} kept beside the "
+                   "longest record while it runs (in memory up to 2 GiB, else on local disk)")
     click.echo(f"  cluster:     {report['cluster']}")
     for sp in report.get("splits", ()):
         click.echo(f"  split:       {sp['record']} over {sp['segments']} workers; "

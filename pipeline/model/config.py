@@ -143,7 +143,7 @@ class ModelConfig:
     @property
     def output_dims(self) -> dict:
         """Per output: None for one value per position, else the width of its last axis."""
-        return {n: output_spec(self.modality, n).width(self.d_model, self.channels)
+        return {n: output_spec(self.modality, n).width(self.spec.hidden_width(self), self.channels)
                 for n in self.output_names}
 
     def replace(self, **changes) -> "ModelConfig":

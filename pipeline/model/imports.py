@@ -209,9 +209,11 @@ def _family_config(ck: Checkpoint) -> dict:
 def convert(ck: Checkpoint, tokens: dict | None = None, bos: int | None = None):
     """(ModelConfig, linpipe tensors) of a checkpoint; tokens: the ids of A C G T N (else read from
     its tokenizer), bos: the id read before the first position (else config's bos_token_id)."""
+    how = _import_of(ck)
+    if how.convert is not None:
+        return how.convert(ck, tokens, bos, lambda key, why: _refuse(ck, key, why))
     cfg, src = ck.config, dict(ck.tensors)
     fam = _family_config(ck)
-    how = _import_of(ck)
     if how.prepare is not None:
         src = how.prepare(cfg, src)
     if tokens is None:

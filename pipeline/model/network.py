@@ -99,6 +99,9 @@ class LinpipeNet(nn.Module):
 
     # -- forward --------------------------------------------------------------------------
     def _run(self, h, state: ModelState):
+        if self.config.spec.record:  # its layers read the whole record: there is no causal stream
+            raise ModelError(f"a {self.config.family} model reads the whole record on both sides: run it "
+                             f"with `linpipe submit`, or in process with {self.config.spec.record}")
         layers = []
         for i, layer in enumerate(self.layers):
             h, st = layer(h, state.layer(i))

@@ -64,7 +64,7 @@ def split_of(config):
 def first_weight(config) -> float:
     """The first segment's share of a record against each later segment's 1 (segment_bounds):
     FIRST_WEIGHT, or the family's own."""
-    own = getattr(split_of(config), "first_weight", None)
+    own = getattr(split_of(config), "first_weight", None) if config.spec.split else None
     return FIRST_WEIGHT if own is None else own(config)
 
 

@@ -18,7 +18,7 @@ __all__ = ["ENTRY_POINTS", "Family", "Import", "NoOptions", "StateArray", "by_mo
 
 # linpipe's own linear attention first: a config.json without "family" is one of it
 BUILT_IN = ("linear_attn", "delta_net", "gated_deltanet", "gla", "mamba2", "retnet", "fla_linear_attn",
-            "mamba", "kda", "mlstm")
+            "mamba", "kda", "mlstm", "caduceus")
 DEFAULT = BUILT_IN[0]
 ENTRY_POINTS = "linpipe.families"
 
@@ -90,3 +90,8 @@ def layer_module(f: Family):
 
 def split_module(f: Family):
     return importlib.import_module(f.split)
+
+
+def record_module(f: Family):
+    """The whole-record run of a family whose layers read the whole record, or None."""
+    return importlib.import_module(f.record) if f.record else None

@@ -45,6 +45,10 @@ class Import:
     prepare: Callable | None = None  # f(checkpoint's config, tensors) -> the tensors to take
     layout: tuple = ("model.", "norm")  # the prefix of its tensors, the name of its final norm
     attention: bool = True  # the attention layers' common checks apply (hidden_act, conv_bias, ...)
+    # a checkpoint whose embedding, head or tokens differ from fla's layout: the family's own
+    # f(checkpoint, tokens, bos, refuse(key, why)) -> (ModelConfig, linpipe tensors), instead of
+    # keys/prepare/layout (its config and tensors are then checked as any import's)
+    convert: Callable | None = None
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,10 @@ class Family:
     # the modules (linpipe names) of its layer and its split, imported on first use (torch)
     layer = ""
     split = ""
+    # a family whose layers read the whole record (bidirectional): the module (linpipe name) of
+    # its whole-record run, `run(net, tokens, bounds, outputs) -> (outputs per position, the
+    # state at each unit's edges)`, which the workers call instead of streaming units ("": none)
+    record = ""
     summary = ""  # one line: what the family computes (help, docs tables)
     # config.json keys each model of the family has (beside the common ones)
     required: tuple = ()
@@ -116,6 +124,15 @@ class Family:
         """The soft cap c of the head's logits, c tanh(logits / c) before the log-softmax (a
         Gemma 2 / xLSTM-7B head), or None: the logits as the head gives them."""
         return None
+
+    def record_bytes(self, config) -> int:
+        """A whole-record family (`record`): bytes per position a worker keeps beside a record
+        while it runs (0: none)."""
+        return 0
+
+    def hidden_width(self, config) -> int:
+        """The channels of the stored `hidden` output (the final norm's output): d_model."""
+        return config.d_model
 
     def span_width(self, config) -> int:
         """The widest per-position temporary of a layer's call, in floats (network.forward_span

@@ -1,0 +1,463 @@
+"""The caduceus family (pipeline/model/families/caduceus/): `linpipe model import` of Caduceus
+checkpoints in the Hub's layout and the whole-record bidirectional forward, against
+CaduceusForMaskedLM's own outputs stored in tests/data/caduceus (made by
+tests/caduceus_fixtures/make_caduceus_fixtures.py from kuleshov-group/caduceus's code): ph
+(bidirectional), ps (RCPS, unfused add+norm), ps_fused (RCPS, the published fused path: a
+different function), on real records (human MT whole, A. thaliana Chr2 with IUPAC letters and
+with an N run, C. elegans pieces of 45 and 3 positions, the last shorter than the conv)."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from _fla_data import run
+from _pipeline_data import read_fasta
+from _quick import cells
+from safetensors.torch import load_file, save_file
+
+from linpipe.errors import ModelError
+from linpipe.model.families.caduceus.record import load
+from linpipe.model.files import read_config
+from linpipe.model.imports import Checkpoint, convert, read_checkpoint_config
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+CAD = Path(__file__).parent / "data" / "caduceus"
+FIXTURES = ("ph", "ps", "ps_fused")
+RECORDS = ("mt_human", "chr2_iupac", "chr2_nrun", "ce_mt", "ce_short")
+TOL = 1e-4
+UNIT = 3001  # positions per unit of each sweep on the records longer than it (odd edges)
+COMPLEMENT = str.maketrans("ACGTNacgtn", "TGCANtgcan")
+
+
+@pytest.fixture(scope="module")
+def records():
+    return read_fasta(CAD / "records.fa")
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """Each fixture imported by `linpipe model import` and loaded for whole-record inference."""
+    out = {}
+    for name in FIXTURES:
+        d = tmp_path_factory.mktemp("caduceus") / name
+        r = run("model", "import", CAD / name, d)
+        assert r.exit_code == 0, r.output
+        out[name] = load(d)
+    return out
+
+
+@pytest.fixture(scope="module")
+def expected():
+    return {name: load_file(str(CAD / name / "expected.safetensors")) for name in FIXTURES}
+
+
+def diff(a, b) -> float:
+    return float((torch.as_tensor(a) - torch.as_tensor(b)).abs().max())
+
+
+GRID = [(f, r) for f in FIXTURES for r in RECORDS]
+
+
+@pytest.mark.parametrize("name, rid", cells(GRID, quick=[
+    ("ph", "chr2_iupac"), ("ps", "chr2_nrun"), ("ps_fused", "chr2_iupac"), ("ps_fused", "ce_short"),
+    ("ph", "ce_short"), ("ps", "ce_mt")], suite=[("ps", "mt_human")]))
+def test_whole_record_equals_caduceus(models, expected, records, name, rid):
+    """Every position's log-softmax at A C G T and last_hidden_state at the stored positions
+    within 1e-4 of Caduceus's; long records in units of 3,001 per sweep (states carried)."""
+    m, exp, seq = models[name], expected[name], records[rid]
+    got = m.outputs(m.encode(seq), unit=UNIT if len(seq) > UNIT else None)
+    assert got["logprob4"].shape == exp[f"{rid}/logprob4"].shape
+    assert diff(got["logprob4"], exp[f"{rid}/logprob4"]) < TOL
+    assert diff(got["hidden"][exp[f"{rid}/hidden_pos"]], exp[f"{rid}/hidden"]) < TOL
+
+
+@pytest.mark.parametrize("name", cells(FIXTURES, quick=["ps_fused"], suite=[]))
+def test_masked_positions_equal_caduceus(models, expected, records, name):
+    """A position replaced by the checkpoint's [MASK] (3), the whole record as context: its
+    log-softmax at A C G T within 1e-4 of Caduceus's (quick: the record's two ends)."""
+    m, exp = models[name], expected[name]
+    ids = m.encode(records["chr2_iupac"])
+    pos = exp["chr2_iupac/masked/pos"].tolist()
+    keep = [k for k, p in enumerate(pos) if p in (0, len(ids) - 1)] if name == "ps_fused" else range(len(pos))
+    assert m.mask_token == 3 and len(keep) >= 2
+    for k in keep:
+        got = m.outputs(ids, mask=[pos[k]])["logprob4"][pos[k]]
+        assert diff(got, exp["chr2_iupac/masked/logprob4"][k]) < TOL, pos[k]
+
+
+def test_units_and_tokens(models, records):
+    """The sweeps' unit size changes nothing beyond float rounding (units of 1 position on a
+    record shorter than the conv included); IUPAC letters read as [UNK] (6), not N."""
+    m = models["ps_fused"]
+    ids = m.encode(records["chr2_iupac"])
+    whole = m.outputs(ids)
+    got = m.outputs(ids, unit=997)
+    assert diff(got["logprob4"], whole["logprob4"]) < 1e-5 and diff(got["hidden"], whole["hidden"]) < 1e-5
+    short = m.encode(records["ce_short"])
+    assert diff(m.outputs(short, unit=1)["hidden"], m.outputs(short)["hidden"]) < 1e-5
+    iupac = [k for k, ch in enumerate(records["chr2_iupac"]) if ch.upper() not in "ACGTN"]
+    assert len(iupac) == 5 and set(ids[iupac].tolist()) == {6}
+    assert m.encode("acgtnRYn").tolist() == [7, 8, 9, 10, 11, 6, 6, 11]
+    lp = whole["logprob"].numpy()
+    assert np.isnan(lp[iupac]).all() and not np.isnan(lp[:iupac[0]]).any()
+    p = torch.softmax(whole["logprob4"], -1)
+    assert diff(whole["entropy"], -(p * p.log()).sum(-1)) < 1e-5
+
+
+@pytest.mark.parametrize("name, rid", cells([("ps_fused", "chr2_iupac"), ("ps", "mt_human")],
+                                            quick=[("ps_fused", "chr2_iupac")], suite=[]))
+def test_rcps_is_reverse_complement_equivariant_on_real_data(models, records, name, rid):
+    """RCPS: the reverse complement's hidden state is the forward's flipped along positions and
+    channels, and its log-probabilities at A C G T the forward's complemented and flipped."""
+    m, seq = models[name], records[rid]
+    fwd = m.outputs(m.encode(seq))
+    rc = m.outputs(m.encode(seq.translate(COMPLEMENT)[::-1]))
+    assert diff(rc["hidden"].flip(0).flip(-1), fwd["hidden"]) < 1e-5
+    assert diff(rc["logprob4"].flip(0)[:, [3, 2, 1, 0]], fwd["logprob4"]) < 1e-5
+
+
+def test_ph_is_not_equivariant(models, records):
+    """The check above can fail: the non-RCPS model's reverse complement differs."""
+    m, seq = models["ph"], records["chr2_nrun"]
+    fwd = m.outputs(m.encode(seq))["logprob4"]
+    rc = m.outputs(m.encode(seq.translate(COMPLEMENT)[::-1]))["logprob4"]
+    assert diff(rc.flip(0)[:, [3, 2, 1, 0]], fwd) > 1e-2
+
+
+# -- the import ------------------------------------------------------------------------------
+
+def copy_checkpoint(tmp_path, name, drop=(), rename=None, **changes):
+    """A copy of a fixture checkpoint with config.json `changes` (None deletes a key), tensors
+    whose name contains one of `drop` left out, and names passed through `rename`."""
+    d = tmp_path / "src"
+    shutil.copytree(CAD / name, d)
+    cfg = json.loads((d / "config.json").read_text())
+    for k, v in changes.items():
+        if v is None:
+            cfg.pop(k, None)
+        else:
+            cfg[k] = v
+    (d / "config.json").write_text(json.dumps(cfg))
+    if drop or rename:
+        t = load_file(str(d / "model.safetensors"))
+        t = {(rename(k) if rename else k): v for k, v in t.items() if not any(x in k for x in drop)}
+        save_file(t, str(d / "model.safetensors"))
+    return d
+
+
+def test_hub_layout_without_tied_copies_or_prefix_is_the_same_model(tmp_path):
+    """The Hub's file holds each tied tensor once (no mamba_rev in/out_proj, no lm_head) and the
+    base model's keys have no `caduceus.` prefix: the same linpipe model as every key given."""
+    full = tmp_path / "full"
+    assert run("model", "import", CAD / "ps", full).exit_code == 0
+    src = copy_checkpoint(tmp_path, "ps", drop=("mamba_rev.in_proj", "mamba_rev.out_proj", "lm_head"),
+                          rename=lambda k: k.removeprefix("caduceus."))
+    hub = tmp_path / "hub"
+    r = run("model", "import", src, hub)
+    assert r.exit_code == 0, r.output
+    assert (hub / "model.safetensors").read_bytes() == (full / "model.safetensors").read_bytes()
+    a, b = (json.loads((d / "config.json").read_text()) for d in (full, hub))
+    assert {k: v for k, v in a.items() if k != "origin"} == {k: v for k, v in b.items() if k != "origin"}
+    cfg = read_config(full)
+    assert cfg.to_json() == a  # config.json round trip
+    assert (a["family"], a["mask_token"], a["unk_token"], a["rcps"], a["fused_add_norm"]) == (
+        "caduceus", 3, 6, True, False)
+    assert a["complement_map"][7:11] == [10, 9, 8, 7] and a["origin"]["tokens"]["N"] == 11
+    info = run("model", "info", full)  # the family, its state per sweep direction, its decays
+    assert info.exit_code == 0, info.output
+    L, inner, N, W = a["n_layers"], a["intermediate_size"], a["state_size"], a["conv_width"]
+    assert "family      caduceus" in info.output and f"h_fwd [{L}, 2, {inner}, {N}]" in info.output
+    assert f"conv_rev [{L}, 2, {W - 1}, {inner}]" in info.output and "bidirectional true" in info.output
+
+
+@pytest.mark.parametrize("name, changes, message", [
+    ("ph", dict(rms_norm=False), "'rms_norm' is false"),
+    ("ph", dict(ssm_cfg={"layer": "Mamba2", "d_state": 16}), "only Mamba (v1) layers"),
+    ("ps", dict(layer_cfg={"mamba_cfg": {"version": "v2"}}), "PlantCAD2"),
+    ("ph", dict(bidirectional_strategy="concat"), "'bidirectional_strategy' is 'concat'"),
+    ("ps", dict(complement_map=None), "'complement_map' is missing"),
+    ("ps", dict(complement_map={"7": 10}), "'complement_map' is not its own inverse"),
+    ("ph", dict(ssm_cfg={"d_state": 8, "d_conv": 4, "expand": 2, "bias": False, "conv_bias": True}),
+     "'caduceus.backbone.layers.0.mixer.mamba_fwd.x_proj.weight' has shape [34, 48], expected [18, 48]"),
+    ("ph", dict(ssm_cfg={"d_state": 16, "d_conv": 4, "expand": 2, "bias": True, "conv_bias": True}),
+     "no tensor for 'layers.0.mixer.mamba_fwd.in_proj.bias'"),
+])
+def test_refusals_are_one_line_and_write_nothing(tmp_path, name, changes, message):
+    out = tmp_path / "out"
+    r = run("model", "import", copy_checkpoint(tmp_path, name, **changes), out)
+    assert r.exit_code != 0
+    assert r.output.count("\n") == 1 and message in r.output and "Traceback" not in r.output, r.output
+    assert "config.json" in r.output or "src" in r.output
+    assert not out.exists()
+
+
+def test_an_untied_head_is_refused(tmp_path):
+    src = copy_checkpoint(tmp_path, "ph")
+    t = load_file(str(src / "model.safetensors"))
+    t["lm_head.weight"] = t["lm_head.weight"] + 1
+    save_file(t, str(src / "model.safetensors"))
+    r = run("model", "import", src, tmp_path / "out")
+    assert r.exit_code != 0 and "not tied" in r.output and r.output.count("\n") == 1, r.output
+
+
+PUBLISHED = ("caduceus-ph_seqlen-131k_d_model-256_n_layer-16",
+             "caduceus-ps_seqlen-131k_d_model-256_n_layer-16", "PlantCaduceus_l20", "PlantCaduceus_l24",
+             "PlantCaduceus_l28", "PlantCaduceus_l32")
+
+
+@pytest.mark.parametrize("name", PUBLISHED)
+def test_published_checkpoints_map_every_tensor(name):
+    """The published configs and key names (tests/data/caduceus/published, from the public
+    repositories' configs): every tensor, the tied copies left out as in the Hub's file, has its
+    place and shape (on the meta device: no weights); the token convention is the checkpoint's."""
+    d = CAD / "published" / name
+    spec = json.loads((d / "tensors.json").read_text())
+    tensors = {}
+    cfg = read_checkpoint_config(d)
+    for k, v in spec.items():
+        if v.get("tied_to"):
+            continue
+        if v["dtype"] == "int64":  # the complement_map buffers, in config.json's order
+            tensors[k] = torch.tensor([cfg["complement_map"][str(i)] for i in range(v["shape"][0])])
+        else:
+            tensors[k] = torch.empty(v["shape"], device="meta")
+    config, out = convert(Checkpoint(d, cfg, tensors, "0" * 64))
+    o = config.layer
+    plant = name.startswith("Plant")
+    assert (o.mask_token, o.unk_token) == ((1, 2) if plant else (3, 6))
+    assert dict(dict(config.origin)["tokens"]) == (
+        {"A": 3, "C": 4, "G": 5, "T": 6, "N": 2} if plant else {"A": 7, "C": 8, "G": 9, "T": 10, "N": 11})
+    assert (config.d_model, config.n_layers, o.rcps) == (cfg["d_model"], cfg["n_layer"], cfg["rcps"])
+    n_ck = sum(int(np.prod(v["shape"])) for v in spec.values()
+               if not v.get("tied_to") and v["dtype"] != "int64")
+    n_ours = sum(t.numel() for k, t in out.items() if k not in ("embed.weight", "head.bias"))
+    assert n_ours == n_ck
+
+
+def test_a_pickle_only_checkpoint_is_refused(tmp_path):
+    src = copy_checkpoint(tmp_path, "ph")
+    (src / "model.safetensors").rename(src / "pytorch_model.bin")
+    r = run("model", "import", src, tmp_path / "out")
+    assert r.exit_code != 0 and "pickle" in r.output and r.output.count("\n") == 1, r.output
+
+
+def test_bos_is_refused_for_a_bidirectional_model(tmp_path):
+    with pytest.raises(ModelError, match="reads no BOS"):
+        ck = Checkpoint(CAD / "ph", read_checkpoint_config(CAD / "ph"), {}, "0" * 64)
+        convert(ck, bos=2)
+
+
+# -- whole records through the pipeline ------------------------------------------------------
+
+JOB_UNIT = 4096  # mt_human in 5 units, chr2_iupac in 3; the others are packed (one unit or less)
+
+
+def assert_store_equals_forward(store, model_dir, records, unit=None):
+    """Every record's stored logprob and entropy within 1e-5 of the in-process whole-record
+    forward on linpipe's tokens (NaN at the same places), hidden within float16's rounding."""
+    import linpipe
+    from linpipe.inputs.alphabet import tokenize
+
+    m = load(model_dir)
+    out = linpipe.open_output(str(store))
+    assert set(out.records) == set(records)
+    for rid, seq in records.items():
+        want = m.outputs(m.from_tokens(tokenize(seq)), unit=unit)
+        for name in ("logprob", "entropy", "hidden"):
+            got, w = np.asarray(out.read(rid, name), dtype=np.float32), want[name].numpy()
+            assert got.shape == w.shape and (np.isnan(got) == np.isnan(w)).all(), (rid, name)
+            ok = ~np.isnan(w)
+            tol = 1e-5 if name != "hidden" else 2e-3 * max(1.0, float(np.abs(w).max()))
+            assert np.abs(got[ok] - w[ok]).max(initial=0) <= tol, (rid, name)
+
+
+def test_a_job_runs_each_record_whole(tmp_path, records):
+    """The workers' code (the actor class, in this process): records longer than a unit swept
+    whole, their units written with the sweeps' unit-edge states; the short ones packed, each run
+    whole. Outputs equal the in-process forward of each whole record; hidden is 2 x d_model wide
+    (RCPS); a unit's boundary state is the left-to-right sweeps' state at its end."""
+    from _pipeline_data import write_in_process
+
+    from linpipe.inputs.alphabet import tokenize
+    from linpipe.store import OutputStore
+
+    model = tmp_path / "m"
+    assert run("model", "import", CAD / "ps_fused", model).exit_code == 0
+    plan = write_in_process(CAD / "records.fa", model, tmp_path / "o.zarr", unit_size=JOB_UNIT,
+                            outputs=("logprob", "entropy", "hidden"))
+    assert [r.id for r in plan.streams] == ["mt_human", "chr2_iupac"] and plan.packed.n_records == 3
+    assert_store_equals_forward(tmp_path / "o.zarr", model, records)
+    m = load(model)
+    bounds = [0, 4096, 8192, 10000]
+    edges = []
+    m.forward(m.from_tokens(tokenize(records["chr2_iupac"])), unit=bounds, edges=edges)
+    st = OutputStore.open(str(tmp_path / "o.zarr"), mode="r")
+    key = st.record_key("chr2_iupac")
+    for k in range(3):
+        got = st.boundary_state(key, k)
+        want = m.unit_states(edges, 3)[k]
+        assert set(got) == {"h_fwd", "conv_fwd", "h_rev", "conv_rev", "y"}
+        assert got["h_fwd"].shape == (2, 2, 32, 8) and got["conv_rev"].shape == (2, 2, 3, 32)
+        assert all(np.array_equal(got[n], want[n]) for n in want), k
+
+
+def test_a_forced_split_is_refused_and_dry_run_says_what_a_worker_keeps(tmp_path):
+    """--split N: one line; --dry-run: the bytes a worker keeps beside the longest record
+    (three float32 arrays of d_model: 12 x 24 x 16,569 for ph on human MT)."""
+    from linpipe.progress import human_bytes
+
+    model = tmp_path / "m"
+    assert run("model", "import", CAD / "ph", model).exit_code == 0
+    r = run("submit", CAD / "records.fa", "--model", model, "--out", tmp_path / "o.zarr",
+            "--unit-size", JOB_UNIT, "--dry-run")
+    d_model = json.loads((model / "config.json").read_text())["d_model"]
+    kept = human_bytes(3 * 4 * d_model * len(read_fasta(CAD / "records.fa")["mt_human"]))
+    assert r.exit_code == 0, r.output
+    assert f"per worker:  up to {kept} kept beside the longest record" in r.output, r.output
+    r = run("submit", CAD / "records.fa", "--model", model, "--out", tmp_path / "o.zarr", "--split", "2",
+            "--unit-size", JOB_UNIT, "--dry-run")
+    assert r.exit_code != 0 and r.output.count("\n") == 1, r.output
+    assert "--split 2: this model's layers read the whole record on both sides" in r.output
+
+
+@pytest.mark.slow  # Ray on loopback, a killed driver: 45 s, over the family's share of the suite
+@pytest.mark.premerge
+def test_sigkilled_submit_resumes_bit_identical(tmp_path, records):
+    """`linpipe submit` on an embedded Ray with the ph model, units of 1,024 (human MT in 17),
+    killed with SIGKILL after a few units and submitted again: the same bytes as one
+    uninterrupted run, and equal to the whole-record forward (the units' edges fall inside the
+    records: every position read the whole record on both sides)."""
+    import subprocess
+    import sys
+
+    from _pipeline_data import (
+        assert_same_bytes,
+        record_outputs,
+        store_arrays,
+        submit_and_sigkill,
+        write_in_process,
+    )
+
+    model = tmp_path / "m"
+    assert run("model", "import", CAD / "ph", model).exit_code == 0
+    out, clean = tmp_path / "killed.zarr", tmp_path / "clean.zarr"
+    cmd = [sys.executable, "-c", "from linpipe.cli import cli; cli()", "submit", str(CAD / "records.fa"),
+           "--model", str(model), "--unit-size", "1024", "--outputs", "logprob,entropy,hidden",
+           "--out", str(out), "--workers", "1"]
+    progress = submit_and_sigkill(cmd, out, 3, wait_s=240)
+    assert 3 <= progress["units_done"] < progress["units"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=400)
+    assert res.returncode == 0, res.stderr
+    write_in_process(CAD / "records.fa", model, clean, unit_size=1024,
+                     outputs=("logprob", "entropy", "hidden"))
+    assert_same_bytes(store_arrays(clean), store_arrays(out))
+    assert_same_bytes(record_outputs(clean), record_outputs(out))
+    assert_store_equals_forward(out, model, records)
+
+
+@pytest.mark.slow  # a second job on the actor code
+def test_both_strands_and_regions(tmp_path, records):
+    """`--strand both` with an RCPS model: the reverse strand's logprob at each forward position
+    equals the forward's (the model is reverse-complement equivariant: the strand adds nothing);
+    `--regions`: only the regions are stored, and what is stored there is the whole record's
+    forward (a region still sees the whole record on both sides)."""
+    from _pipeline_data import write_in_process
+
+    import linpipe
+    from linpipe.inputs.alphabet import tokenize
+
+    model = tmp_path / "m"
+    assert run("model", "import", CAD / "ps_fused", model).exit_code == 0
+    bed = tmp_path / "r.bed"
+    bed.write_text("mt_human\t5000\t9000\nchr2_iupac\t100\t200\n")
+    write_in_process(CAD / "records.fa", model, tmp_path / "o.zarr", unit_size=JOB_UNIT,
+                     outputs=("logprob", "entropy"), strand="both", regions=str(bed))
+    out = linpipe.open_output(str(tmp_path / "o.zarr"))
+    m = load(model)
+    for rid, (a, b) in (("mt_human", (5000, 9000)), ("chr2_iupac", (100, 200))):
+        want = m.outputs(m.from_tokens(tokenize(records[rid])))["logprob"].numpy()
+        got, rc = (np.asarray(out.read(rid, n), dtype=np.float32) for n in ("logprob", "logprob_rc"))
+        assert np.isnan(got[:a]).all() and np.isnan(got[b:]).all()
+        ok = ~np.isnan(want[a:b])
+        assert np.abs(got[a:b][ok] - want[a:b][ok]).max() < 1e-5
+        assert np.abs(rc[a:b][ok] - got[a:b][ok]).max() < 1e-5
+
+
+def test_the_causal_paths_refuse_it_in_one_line(tmp_path, records):
+    """A caduceus model through a causal entry point (Model.forward; score-variants, eval) is a
+    one-line ModelError that says where it runs, not a traceback."""
+    from linpipe.inputs.alphabet import tokenize
+    from linpipe.model import load_model
+
+    model = tmp_path / "m"
+    assert run("model", "import", CAD / "ph", model).exit_code == 0
+    m = load_model(str(model))
+    with pytest.raises(ModelError, match="reads the whole record on both sides: run it with `linpipe"):
+        m.forward(tokenize(records["ce_mt"]), m.init_state())
+
+
+def test_the_workers_run_on_disk_equals_in_memory(tmp_path, records):
+    """The workers' run (sweeps.py, one unit's rows at a time): with its arrays memory-mapped on
+    disk (a budget of 0 bytes) the same bytes as in memory, and equal to the whole-tensor forward;
+    also for models with one direction (bidirectional false: only mamba_fwd, RCPS or not)."""
+    from linpipe.inputs.alphabet import tokenize
+    from linpipe.model.families.caduceus.record import run as record_run
+
+    tokens = tokenize(records["chr2_nrun"])
+    bounds = [0, 700, 1400, 2000]
+    for name in ("ps_fused", "ph"):
+        for one_way in (False, True):
+            src = CAD / name
+            if one_way:
+                src = copy_checkpoint(tmp_path / name, name, drop=("mamba_rev",), bidirectional=False)
+            out = tmp_path / f"m_{name}_{one_way}"
+            r = run("model", "import", src, out)
+            assert r.exit_code == 0, r.output
+            m = load(out)
+            want = m.outputs(m.from_tokens(tokens))
+            mem, st_mem = record_run(m.net, tokens, bounds, ["logprob", "entropy", "hidden"])
+            disk, st_disk = record_run(m.net, tokens, bounds, ["logprob", "entropy", "hidden"], budget=0)
+            for s, e in zip(bounds[:-1], bounds[1:], strict=True):
+                a, b = mem(s, e), disk(s, e)
+                assert all(np.array_equal(a[k], b[k], equal_nan=True) for k in a)
+                assert diff(a["hidden"], want["hidden"][s:e]) < 1e-5
+                assert np.allclose(a["logprob"], want["logprob"][s:e].numpy(), atol=1e-5, equal_nan=True)
+            assert all(np.array_equal(x[k], y[k]) for x, y in zip(st_mem, st_disk, strict=True) for k in x)
+            assert ("h_rev" in st_mem[0]) == (name.startswith("ps") or not one_way)
+
+
+@pytest.mark.slow  # a job, three verifies and a repair: 12 s, over the family's share of the suite
+@pytest.mark.premerge
+def test_verify_repair_rewrites_a_unit_bit_identically(tmp_path):
+    """`linpipe verify --repair` on a damaged unit of a long record (its chunk replaced by
+    another's) and a lost unit-edge state: the repair runs the record whole again and writes the
+    same bytes as the job did."""
+    from _pipeline_data import assert_same_bytes, store_arrays, write_in_process
+
+    from linpipe.store import OutputStore
+
+    model = tmp_path / "m"
+    assert run("model", "import", CAD / "ph", model).exit_code == 0
+    good = tmp_path / "good.zarr"
+    write_in_process(CAD / "records.fa", model, good, unit_size=JOB_UNIT, outputs=("logprob", "entropy"))
+    bad = tmp_path / "bad.zarr"
+    shutil.copytree(good, bad)
+    st = OutputStore.open(str(bad), mode="r")
+    key = st.record_key("mt_human")
+    chunks = bad / key / "logprob" / "c"
+    (chunks / "2").write_bytes((chunks / "1").read_bytes())
+    shutil.rmtree(bad / "_linpipe" / st.record_key("chr2_iupac") / "state" / "1")
+    r = run("verify", bad)
+    assert r.exit_code == 1 and "(unit 2)" in r.output and "(unit 1)" in r.output, r.output
+    r = run("verify", bad, "--repair")
+    assert r.exit_code == 0, r.output
+    assert run("verify", bad).exit_code == 0
+    assert_same_bytes(store_arrays(good), store_arrays(bad))
+    a, b = (OutputStore.open(str(p), mode="r") for p in (good, bad))
+    k = a.record_key("chr2_iupac")
+    assert all(np.array_equal(x, b.boundary_state(k, 1)[n]) for n, x in a.boundary_state(k, 1).items())
