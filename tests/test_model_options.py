@@ -68,8 +68,10 @@ def test_the_choices_are_what_the_config_and_the_kernels_accept():
     base = dict(modality="dna", d_model=8, n_layers=1, n_heads=2, mlp_hidden=16)
     for fm in FEATURE_MAPS:
         assert ModelConfig(**base, feature_map=fm).layer.feature_map == fm
-    # each trained family's own keys that have no default (mamba: no heads, no MLP)
-    extra = {families.DEFAULT: {}, "mamba": dict(n_heads=1, mlp_hidden=0, intermediate_size=16, dt_rank=1)}
+    # each trained family's own keys that have no default (mamba: no heads, no MLP; mlstm: its
+    # head sizes from d_model's factors)
+    extra = {families.DEFAULT: {}, "mamba": dict(n_heads=1, mlp_hidden=0, intermediate_size=16, dt_rank=1),
+             "mlstm": dict(conv_width=1)}
     for family in families.trained():
         assert ModelConfig(**{**base, **extra.get(family, {"head_dim": 4})}, family=family).family == family
 
