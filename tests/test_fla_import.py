@@ -361,7 +361,38 @@ def config_changes(fresh: dict, stored: dict) -> list[str]:
             for k in keys if fresh.get(k, gone) != stored.get(k, gone)]
 
 
-@pytest.mark.slow  # fla under the Triton interpreter, transformers: minutes on a busy 2-core VM
+@pytest.mark.slow  # fla's and transformers' config classes: seconds, no model
+def test_fixture_configs_save_as_stored(tmp_path):
+    """Each fixture's config made again by its script's config class with the fla and
+    transformers installed now and saved as save_pretrained saves it: the same config.json as
+    the stored fixture's, key for key (the writer's version aside). The next change in how
+    either library writes a config (as transformers 5's `{"__float__": "Infinity"}` was) fails
+    here, in the whole suite; the weights and predictions made again live run before a merge
+    (test_fixtures_are_flas_word)."""
+    import importlib
+    import importlib.util
+
+    pytest.importorskip("transformers")
+    pytest.importorskip("fla.models")
+    for script, library in (("make_fla_fixtures", "fla.models"), ("make_hf_fixtures", "transformers")):
+        spec = importlib.util.spec_from_file_location(script, SCRIPTS[script])
+        made = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(made)
+        classes = importlib.import_module(library)
+        for name, (config_class, model_class, keys) in made.FIXTURES.items():
+            config = getattr(classes, config_class)(**{**made.COMMON, **keys})
+            config.architectures, config.dtype = [model_class], "float32"  # as a saved model's
+            config.save_pretrained(tmp_path / name)
+            fresh = json.loads((tmp_path / name / "config.json").read_text())
+            stored = json.loads((FLA / name / "config.json").read_text())
+            changes = config_changes(fresh, stored)
+            assert not changes, f"{name}: config.json saved now differs from the fixture's at: {'; '.join(changes)}"
+
+
+# fla under the Triton interpreter and transformers, minutes: before a merge and whenever fla,
+# transformers or tests/data/fla change (pytest -m premerge; tests/README.md)
+@pytest.mark.slow
+@pytest.mark.premerge
 @pytest.mark.parametrize("model_type", sorted(one_per_model_type()))
 def test_fixtures_are_flas_word(derived, model_type, tmp_path):
     """One fixture per model_type made again, live, by fla's (or transformers') classes with the

@@ -340,7 +340,9 @@ def test_bad_shapes_and_gates_are_refused():
         kda(q, k, v[:, :, :3], beta[..., :3], log_gate=gate[:, :, :3])
 
 
-@pytest.mark.slow  # fla's KDA model under the Triton interpreter: minutes on a busy 2-core machine
+# fla's KDA model under the Triton interpreter, minutes: before a merge (pytest -m premerge)
+@pytest.mark.slow
+@pytest.mark.premerge
 def test_kda_fixtures_are_flas_word(tmp_path):
     """fla itself, live, makes the KDA fixtures' weights and their predictions on the short record
     again (tests/fla_fixtures/make_fla_fixtures.py, run outside the checkout's root: its top

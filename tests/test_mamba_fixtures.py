@@ -18,7 +18,9 @@ SCRIPTS = {"mamba": HERE / "fla_fixtures" / "make_fla_fixtures.py",
            "falcon_mamba": HERE / "fla_fixtures" / "make_hf_fixtures.py"}
 
 
-@pytest.mark.slow  # fla under Triton's interpreter, transformers: tens of seconds on a busy 2-core VM
+# fla under Triton's interpreter and transformers: before a merge (pytest -m premerge)
+@pytest.mark.slow
+@pytest.mark.premerge
 @pytest.mark.parametrize("name", sorted(SCRIPTS))
 def test_mamba_fixtures_are_their_librarys_word(tmp_path, name):
     pytest.importorskip("transformers")

@@ -246,7 +246,9 @@ def test_sigkilled_submit_resumes_bit_identical(genomes, tmp_path):
     assert_same_bytes(record_outputs(clean), record_outputs(out))
 
 
-@pytest.mark.slow  # transformers' xLSTM class on a CPU: tens of seconds
+# transformers' xLSTM class on a CPU: before a merge (pytest -m premerge)
+@pytest.mark.slow
+@pytest.mark.premerge
 def test_fixtures_are_transformers_word(tmp_path):
     """transformers' xLSTMForCausalLM, live, makes the fixtures' weights and their predictions on
     the short record again (run from outside the checkout's root: transformers probes a package
