@@ -386,7 +386,7 @@ def test_fixture_configs_save_as_stored(tmp_path):
             fresh = json.loads((tmp_path / name / "config.json").read_text())
             stored = json.loads((FLA / name / "config.json").read_text())
             changes = config_changes(fresh, stored)
-            assert not changes, f"{name}: config.json saved now differs from the fixture's: {'; '.join(changes)}"
+            assert not changes, f"{name}: config.json saved now differs at: {'; '.join(changes)}"
 
 
 # fla under the Triton interpreter and transformers, minutes: before a merge and whenever fla,
