@@ -79,6 +79,7 @@ def test_model_init_and_info_know_the_plugin(plugin):
     assert r.returncode == 1 and "unknown 'family' 'tiny_ema'" in r.stderr + r.stdout
 
 
+@pytest.mark.slow  # linpipe submit in processes of their own: embedded Rays, a SIGKILL
 def test_streamed_packed_killed_and_split_runs(plugin, in_process, tmp_path):
     from linpipe.inputs import open_input
     from linpipe.model import load_model
