@@ -60,7 +60,14 @@ if ! "$py" -c "import zarr, numcodecs, google_crc32c, einops, importlib.util as 
         .gpu/wheels/*.whl >>"$summary" 2>&1 || say "wheels: install failed (run benchmarks/gpu_carry.sh and carry .gpu)"
 fi
 for entry in pipeline/*; do ln -sfn "$repo/$entry" "$site/src/linpipe/$(basename "$entry")"; done
-ln -sfn "$repo/kernels" "$site/src/linpipe/kernels"
+# linpipe.kernels is kernels/package/, its ops the other folders of kernels/ (pyproject's table)
+[ -L "$site/src/linpipe/kernels" ] && rm "$site/src/linpipe/kernels"
+mkdir -p "$site/src/linpipe/kernels"
+for entry in kernels/package/*; do ln -sfn "$repo/$entry" "$site/src/linpipe/kernels/$(basename "$entry")"; done
+for entry in kernels/*/; do
+    name=$(basename "$entry")
+    [ "$name" = package ] || ln -sfn "$repo/kernels/$name" "$site/src/linpipe/kernels/$name"
+done
 ln -sfn "$repo/jobs" "$site/src/linpipe/jobs"
 export PYTHONPATH="$site/src:$site/wheels${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1

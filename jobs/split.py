@@ -488,9 +488,12 @@ class _Progress:
     def __init__(self, record: Record, store, events):
         done = store.completed_units(record.key, FORWARD)
         first = next((i for i in range(record.n_units) if i not in done), record.n_units)
-        self.left = record.length - min(record.length, first * record.unit_size)  # as work_left counts
-        self.written = sum(min(record.length, (i + 1) * record.unit_size) - i * record.unit_size
-                           for i in done if i > first)
+        # the forward strand's share of the record's positions (--strand both: half, as each
+        # strand's units count in the bar)
+        share = 1 / len(store.strands)
+        self.left = share * (record.length - min(record.length, first * record.unit_size))  # as work_left
+        self.written = share * sum(min(record.length, (i + 1) * record.unit_size) - i * record.unit_size
+                                   for i in done if i > first)
         self.record, self.events, self.reported, self.resumed = record, events, 0.0, 0.0
 
     def resume(self, start: int, n_layers: int) -> None:

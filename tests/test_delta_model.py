@@ -127,7 +127,7 @@ def test_models_written_before_load_unchanged():
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"family": "mamba"}, "unknown 'family' 'mamba'"),
+    ({"family": "hyena"}, "unknown 'family' 'hyena'"),
     ({"head_dim": 2.5}, "'head_dim' must be an integer"),
     ({"head_dim": DROP}, "missing key 'head_dim'"),
     ({"expand_v": 0.3}, "'expand_v' 0.3 times head_dim 16 is not a positive integer"),
@@ -136,7 +136,8 @@ def test_models_written_before_load_unchanged():
     ({"n_v_heads": 3}, "'n_v_heads' must be a positive multiple of n_heads 2, got 3"),
     ({"n_v_heads": 1}, "'n_v_heads' must be a positive multiple of n_heads 2, got 1"),
     ({"n_v_heads": 4.0}, "'n_v_heads' must be an integer"),
-    ({"n_v_heads": 4, "family": "delta_net"}, "'n_v_heads' is for family 'gated_deltanet', not 'delta_net'"),
+    ({"n_v_heads": 4, "family": "delta_net"},
+     "'n_v_heads' is for families 'gated_deltanet', 'kda', not 'delta_net'"),
     ({"n_kv_heads": 1},
      "'n_kv_heads' is for families 'gla', 'retnet', 'fla_linear_attn', not 'gated_deltanet'"),
 ])

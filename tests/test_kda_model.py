@@ -168,7 +168,10 @@ def _submit(fasta, model, out, *extra):
             "--out", str(out), *extra]
 
 
+# Ray on loopback, a killed driver: before a merge (the store's resume is the fixed model's and
+# the gated delta rule's in the suite, a family's state arrays being named arrays like theirs)
 @pytest.mark.slow
+@pytest.mark.premerge
 def test_sigkilled_submit_resumes_bit_identical(genomes, tmp_path):
     """submit on Ray (a long record streamed with its S and windows, short ones packed) killed
     with SIGKILL after a few units, then submitted again: the same bytes as one uninterrupted run."""

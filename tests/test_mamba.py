@@ -207,7 +207,10 @@ def test_a_config_with_heads_is_refused():
                     intermediate_size=16, dt_rank=1)
 
 
-@pytest.mark.slow  # Ray on loopback, a killed driver
+# Ray on loopback, a killed driver: before a merge (the store's resume is the fixed model's and
+# the gated delta rule's in the suite, a family's state arrays being named arrays like theirs)
+@pytest.mark.slow
+@pytest.mark.premerge
 def test_sigkilled_submit_resumes_bit_identical(genomes, tmp_path):
     """submit on Ray with a mamba model (a long record streamed with its h and window, short ones
     packed) killed with SIGKILL after a few units, then submitted again: the same bytes as one

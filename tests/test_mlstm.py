@@ -214,7 +214,10 @@ def test_gradients_of_the_network_are_the_float64_recurrences(tmp_path):
         assert float((grads[k] - p.grad).abs().max()) < 2e-4 * scale, k
 
 
-@pytest.mark.slow  # Ray on loopback, a killed driver
+# Ray on loopback, a killed driver: before a merge (the store's resume is the fixed model's and
+# the gated delta rule's in the suite, a family's state arrays being named arrays like theirs)
+@pytest.mark.slow
+@pytest.mark.premerge
 def test_sigkilled_submit_resumes_bit_identical(genomes, tmp_path):
     """submit on Ray with an mlstm model (a long record streamed with its C, n and m, short ones
     packed) killed with SIGKILL after a few units, then submitted again: the same bytes as one

@@ -49,13 +49,14 @@ def _reference(q, k, v, ig, fg, state, **kw):
 
 
 def _float32_tolerance(q, k, v, ig, fg, state, h_ref):
-    """Twice the float32 recurrence's own error on these inputs (at least 1e-6): where |n . q|
-    is near its floor the division amplifies round-off, in every float32 form alike (measured:
-    1.4e-5 of the largest output at T = 63, 4.8e-5 at T = 300)."""
+    """Twice the float32 recurrence's own error on these inputs, and at least 1e-5 (float32's
+    round-off over a few blocks: 3.7e-6 measured at T = 17, where the recurrence's own was
+    1.4e-6): where |n . q| is near its floor the division amplifies round-off, in every float32
+    form alike (measured: 1.4e-5 of the largest output at T = 63, 4.8e-5 at T = 300)."""
     h32, _ = naive_recurrent_mlstm(*(x.float() for x in (q, k, v, ig, fg)),
                                    initial_state=tuple(x.float() for x in state), dtype=torch.float32)
     err = float((h32.double() - h_ref).abs().max() / h_ref.abs().max().clamp(min=1.0))
-    return max(2 * err, 1e-6)
+    return max(2 * err, 1e-5)
 
 
 # the quick suite: 1, both sides of 64 and a long one

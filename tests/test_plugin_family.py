@@ -79,7 +79,10 @@ def test_model_init_and_info_know_the_plugin(plugin):
     assert r.returncode == 1 and "unknown 'family' 'tiny_ema'" in r.stderr + r.stdout
 
 
-@pytest.mark.slow  # linpipe submit in processes of their own: embedded Rays, a SIGKILL
+# linpipe submit in processes of their own (embedded Rays, a SIGKILL), minutes: before a merge;
+# the plug-in's discovery (entry point) runs in the suite above
+@pytest.mark.slow
+@pytest.mark.premerge
 def test_streamed_packed_killed_and_split_runs(plugin, in_process, tmp_path):
     from linpipe.inputs import open_input
     from linpipe.model import load_model

@@ -190,6 +190,9 @@ def test_killed_in_a_pass_then_in_the_writes_resumes_to_the_same_bytes(job, tmp_
     assert split_objects(out) == []  # nothing of the split is left in the store
 
 
+# before a merge: the recompute's replay runs in the suite in test_split_ray's resume
+# (--split-budget 0)
+@pytest.mark.premerge
 def test_recomputing_every_layer_input_keeps_a_few_bytes_and_resumes_to_the_same_bytes(job, tmp_path):
     """--split-budget 0: no layer input is kept; a kill in the writes resumes by recomputing both
     layers in each segment from its tokens and the stored folds (no exchange)."""
@@ -205,6 +208,7 @@ def test_recomputing_every_layer_input_keeps_a_few_bytes_and_resumes_to_the_same
     assert split_objects(out) == []
 
 
+@pytest.mark.premerge  # before a merge: a kept input's CRC check and the budget's bound
 def test_the_budget_bounds_what_is_kept_on_disk_and_a_torn_input_is_recomputed(job, tmp_path):
     """A budget of one slot and a half keeps one layer input (the writes'), and the split's
     objects on disk never pass it; a kept object torn after the kill (a machine's crash) reads
@@ -227,6 +231,9 @@ def test_the_budget_bounds_what_is_kept_on_disk_and_a_torn_input_is_recomputed(j
     assert split_objects(out) == []
 
 
+# before a merge: the S3 store's part is test_object_store's, the exchange's resume
+# test_delta_split_ray's
+@pytest.mark.premerge
 def test_killed_at_an_exchange_on_s3_resumes_to_the_same_bytes(job, s3_server):
     fasta, model, ref = job
     out = f"{s3_server.new_bucket()}/killed.zarr"

@@ -155,7 +155,7 @@ def test_submit_both_strands_on_ray(both, tmp_path, split, shared_ray):
     assert r.exit_code == 0, r.output
     n = plan.total_positions
     shown = f"{n / 1000:.2f}k"
-    assert f"progress: {shown}/{shown} positions (100.0%)" in r.output
+    assert f"progress: {shown}/{shown} positions (100.0%)" in r.output, r.output
     assert "ETA 0:00, both strands" in r.output
     assert f"{n:,} positions on both strands ({shown} run)" in r.output
     assert f"{n:,} positions on both strands ({n:,} to run)" in r.output

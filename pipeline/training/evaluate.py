@@ -197,7 +197,7 @@ def model_forecast(model, values: np.ndarray, span: int = 65536, reset_every: in
             fresh = model.init_state()
             if keep_norm and state.norm is not None:
                 lanes = state.batch_size
-                fresh = fresh._map(lambda t, lanes=lanes: t.expand(lanes, *t.shape[1:]).clone())
+                fresh = fresh.map(lambda t, lanes=lanes: t.expand(lanes, *t.shape[1:]).clone())
                 fresh.norm = state.norm
             state = fresh
         for a in range(s, min(s + step, len(values)), span):
