@@ -39,16 +39,14 @@ def pytest_configure(config):
 
 
 def pytest_xdist_auto_num_workers(config):
-    """`-n auto`: half again as many test processes as cores, at least 2 and at most 6. About
-    half of the whole suite's wall time is waiting (Ray starting, jobs in processes of their own:
-    31 CPU-minutes in 32 minutes on 2 cores), so a third process on 2 cores keeps them busy;
-    every process may start Ray clusters, servers and workers of its own, so no more than 6.
-    PYTEST_XDIST_AUTO_NUM_WORKERS sets the number instead."""
+    """`-n auto`: one test process per core, at most 4 (every process may start Ray clusters,
+    servers and worker processes of its own; a third process on 2 cores ran no faster: the Ray
+    processes' load reached 14). PYTEST_XDIST_AUTO_NUM_WORKERS sets the number instead."""
     env = os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS")
     if env:
         return int(env)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(2, min(6, cores + cores // 2))
+    return max(1, min(4, cores))
 
 
 def pytest_report_header(config):
@@ -198,12 +196,23 @@ def own_ray():
     assert not ray.is_initialized(), "a test that took own_ray left its Ray up"
 
 
+def _premerge_listed() -> tuple[str, ...]:
+    """The test ids (or their prefixes) tests/premerge.txt keeps out of the whole suite."""
+    path = Path(__file__).with_name("premerge.txt")
+    lines = path.read_text().splitlines() if path.exists() else []
+    return tuple(line.strip() for line in lines if line.strip() and not line.startswith("#"))
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
     """Cells marked premerge are not part of the suite (tests/README.md): they run when the -m
     expression names premerge (`pytest -m premerge`, or tests/premerge.sh). The files go to the
     test processes longest first (tests/durations.txt; xdist keeps this order with
     --no-loadscope-reorder), so that the last to run are short."""
+    listed = _premerge_listed()
+    for item in items:
+        if item.nodeid.startswith(listed):
+            item.add_marker(pytest.mark.premerge)
     if "premerge" not in (config.getoption("markexpr") or ""):
         left = [item for item in items if item.get_closest_marker("premerge")]
         if left:

@@ -246,7 +246,10 @@ def test_sigkilled_submit_resumes_bit_identical(genomes, tmp_path):
     assert_same_bytes(record_outputs(clean), record_outputs(out))
 
 
-@pytest.mark.slow  # a Ray cluster on loopback
+# a Ray cluster on loopback: before a merge (Mamba's split runs in process in test_fla_import's
+# split cells, the split on Ray in test_split_ray's)
+@pytest.mark.slow
+@pytest.mark.premerge
 def test_split_on_ray_equals_streamed(genomes, tmp_path, shared_ray):
     """`--split 3` with the imported Falcon Mamba checkpoint on the test process's local Ray
     (jobs/split.py): 20 kb of C. elegans chromosome I over three actors equals the streamed run
