@@ -20,6 +20,7 @@ from .ray_compat import init_local
 from .request import is_job_server_address
 
 GCS_CONNECT_TIMEOUT_S = 5.0
+WORKER_NICENESS = "RAY_worker_niceness"  # Ray's setting (its raylet reads RAY_<name>), 15 by default
 
 _embedded_dir: str | None = None  # the folder of the embedded Ray that start_ray started
 _watchdog = None  # its Watchdog (watchdog.py): the Ray's processes end with this process
@@ -152,7 +153,13 @@ def start_ray(address: str | None, workers: int | None) -> bool:
         _embedded_dir = tempfile.mkdtemp(prefix="lpray-")
         try:
             _watchdog = Watchdog(_embedded_dir) if os.name == "posix" else None  # pipes handed down
-            with working_directory(_embedded_dir), environment(MARK, _embedded_dir):
+            # Ray starts its workers at niceness 15 so that its driver stays responsive; here the
+            # driver only schedules and the workers are the job: at 15, beside any busy process,
+            # they starve (an actor importing the model became ready in 104 s beside two busy
+            # processes on 2 cores, in 5.7 s at 0) and the job ends with "no Ray worker could
+            # start". A niceness the user set for Ray's workers stays theirs.
+            nice = os.environ.get(WORKER_NICENESS, "0")
+            with working_directory(_embedded_dir), environment({MARK: _embedded_dir, WORKER_NICENESS: nice}):
                 init_local(_embedded_dir, num_cpus=workers or os.cpu_count() or 1, include_dashboard=False,
                            dashboard_host="127.0.0.1", **common)
         except BaseException:
@@ -162,17 +169,19 @@ def start_ray(address: str | None, workers: int | None) -> bool:
 
 
 @contextlib.contextmanager
-def environment(name: str, value: str):
-    """os.environ[name] = value while ray.init starts Ray's processes (they keep it), then as before."""
-    before = os.environ.get(name)
-    os.environ[name] = value
+def environment(values: dict[str, str]):
+    """os.environ updated with `values` while ray.init starts Ray's processes (they keep them),
+    then as before."""
+    before = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
     try:
         yield
     finally:
-        if before is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = before
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 @contextlib.contextmanager

@@ -470,9 +470,11 @@ def _run_leased(plan, request, out, address, device, events, lease_token: str) -
                                          on_layer=lambda r, *a: events.split_layer(r.id, *a)))
         # then the other records as before (no actor at all when nothing is left)
         sched = Scheduler(new_actor, todo, min(n_workers, len(todo)), events, plan.batch_units)
-        sched.run()
-        events.finished()
-        sched.stop()
+        try:
+            sched.run()
+            events.finished()
+        finally:  # a failed job joined to a cluster or a caller's Ray must not keep its actors' CPUs
+            sched.stop()
         t_end = time.monotonic()
         if not _finalize(store):
             raise StoreError(f"{out}: the job ended but some units are not marked complete; "

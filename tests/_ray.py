@@ -49,6 +49,20 @@ class SharedRay:
         self.starts += 1
         return ray
 
+    def all_free(self, timeout: float = 30) -> bool:
+        """Whether every CPU of the shared Ray is free (no actor of an ended job holds one) within
+        `timeout` seconds: Ray's kill of an actor lands a moment after it is asked for."""
+        import time
+
+        import ray
+
+        deadline = time.monotonic() + timeout
+        while ray.available_resources().get("CPU", 0) < self.CPUS:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.2)
+        return True
+
     def down(self):
         if self.folder is None:
             return
@@ -57,7 +71,6 @@ class SharedRay:
         ray.shutdown()
         shutil.rmtree(self.folder, ignore_errors=True)
         self.folder = None
-
 
 
 SHARED_RAY = SharedRay()

@@ -36,6 +36,10 @@ def data_source() -> Path:
 
 def pytest_configure(config):
     data_source()  # a LINPIPE_TEST_DATA that lacks files stops the run here, with the list
+    # Every Ray the tests start (the shared one, clusters, submits' embedded ones) runs its
+    # workers beside busy test processes: at Ray's niceness 15 a worker took minutes to start
+    # there and the job gave up (test_ray_leftovers checks the embedded Ray's own default).
+    os.environ.setdefault("RAY_worker_niceness", "0")
 
 
 def pytest_xdist_auto_num_workers(config):
@@ -178,8 +182,12 @@ def _shared_ray_down():
 def shared_ray():
     """The test process's ordinary local Ray (3 CPUs), joined by whatever job the test runs in
     this process. For tests whose job needs an ordinary Ray; a test about Ray itself (its own
-    embedded Ray's start and end, kills of it, clusters, authentication) takes own_ray."""
-    return SHARED_RAY.up()
+    embedded Ray's start and end, kills of it, clusters, authentication) takes own_ray. The
+    test fails if an actor of its jobs still holds a CPU at its end (a later test's job would
+    wait for workers that cannot start)."""
+    yield SHARED_RAY.up()
+    if SHARED_RAY.folder is not None:
+        assert SHARED_RAY.all_free(), "an actor of this test's jobs still holds a CPU of the shared Ray"
 
 
 @pytest.fixture

@@ -383,6 +383,7 @@ def test_a_run_that_stops_before_its_first_unit_leaves_no_store(genomes, tmp_pat
     SHARED_RAY.up()  # the later runs join the test process's Ray (each start takes seconds)
     with pytest.raises(KeyboardInterrupt):
         run_job(req, events=_StopAt("unit_done").events)
+    assert SHARED_RAY.all_free(), "the stopped run's actors still hold the caller's Ray's CPUs"
     progress = OutputStore.open(str(out), mode="r").progress()
     assert 0 < progress["units_done"] < progress["units"] and not progress["complete"]
     with pytest.raises(KeyboardInterrupt):  # a resumed run that stops at once keeps what was done

@@ -78,3 +78,27 @@ def test_a_killed_submits_ray_ends_with_it_and_a_concurrent_submits_ray_is_untou
             kill_session(proc.pid)  # whatever is left of our own subprocesses' sessions, and nothing else
         for folder in folders:
             shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.parametrize("set_by_user", [None, "7"], ids=["default", "the users"])
+def test_the_embedded_rays_workers_run_at_niceness_0_unless_set(own_ray, monkeypatch, set_by_user):
+    """Ray's default, 15, starves the workers (the whole job) beside any busy process; a
+    niceness the user set for Ray's workers is kept, and this process's environment is as before."""
+    import ray
+
+    from linpipe.jobs.cluster import WORKER_NICENESS, start_ray, stop_ray
+
+    if set_by_user is None:
+        monkeypatch.delenv(WORKER_NICENESS, raising=False)
+    else:
+        monkeypatch.setenv(WORKER_NICENESS, set_by_user)
+
+    def niceness():
+        return os.nice(0)
+
+    assert start_ray(None, 1)
+    try:
+        assert ray.get(ray.remote(niceness).remote(), timeout=120) == int(set_by_user or 0)
+    finally:
+        stop_ray()
+    assert os.environ.get(WORKER_NICENESS) == set_by_user
