@@ -231,11 +231,12 @@ class PipelineWorker:
         positions and units."""
         names = list(self.model.select_outputs(self.outputs if strand == FORWARD
                                                else list(self.reverse_outputs.values())))
-        net = self.model.net
+        net, context = self.model.net, self.store.meta.get("context")  # --context: windows of W
         if strand == FORWARD:
-            return self._record.run(net, x, bounds, names)
+            return self._record.run(net, x, bounds, names, context=context)
         T = len(x)
-        unit, states = self._record.run(net, reverse_complement(x), [T - b for b in reversed(bounds)], names)
+        unit, states = self._record.run(net, reverse_complement(x), [T - b for b in reversed(bounds)], names,
+                                        context=context)
         return (lambda s, e: {k: v[::-1] for k, v in unit(T - e, T - s).items()}), states[::-1]
 
     def _whole_batch_record(self, x) -> dict:

@@ -151,7 +151,7 @@ def open_or_create_store(plan: JobPlan, out: str, *, overwrite: bool = False):
             raise another_job(out, store.meta, plan)
         overwrite = True  # a failed start's empty store holds no work: the corrected job takes it
     options = recorded({"model": plan.model_ref, "unit_size": plan.unit_size, "outputs": list(plan.outputs),
-                        **plan.input_options, "regions": plan.regions_path,
+                        "context": plan.context, **plan.input_options, "regions": plan.regions_path,
                         "regions_lenient": plan.regions_lenient or None})
     meta = {"job_id": plan.job_id, "model_sha256": plan.model_sha256, "model": options.pop("model"),
             "inputs": [f.stored() for f in plan.files]}

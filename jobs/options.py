@@ -451,6 +451,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("strand", Choice(*CHOICES), "both: also the reverse strand, as logprob_rc, "
            "entropy_rc (hidden_rc) at the forward positions (DNA; docs/strands.md).", default=ONLY_FORWARD,
            example=BOTH, identity=True),
+    Option("context", Count(), "A model that reads the whole record on both sides (caduceus): read each "
+           "record in windows of W positions instead, as windowed pipelines of such models do (windows "
+           "stepping by W/2, the last flush with the record's end, each position from the window whose "
+           "centre it lies nearest; docs/models.md). Such a store keeps no whole-record states: "
+           "score-variants refuses it.", default_text="the whole record", metavar="W", example=512,
+           identity=True, stored="context"),
     Option("regions", Text(), "Store outputs only inside these regions (BED, 0-based); records with a "
            "region are still streamed from their start, so the context is exact (docs/regions.md).",
            metavar="BED", example="regions.bed", identity=True,

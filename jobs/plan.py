@@ -125,6 +125,7 @@ class JobPlan:
     splittable: bool = True
     # the family's layers read the whole record (bidirectional): each record runs whole on a worker
     whole_record: bool = False
+    context: int | None = None  # --context: a whole-record model's windows (None: the whole record)
     record_bytes: int = 0  # bytes per position a worker keeps beside a whole record while it runs
 
     @property
@@ -211,6 +212,10 @@ def _plan(request: JobRequest) -> JobPlan:
 
     _check_options(request)
     m, model_ref = _model(request)
+    if request.context is not None and not m.config.spec.record:
+        raise LinpipeError(f"{option('context')} {request.context}: only a model that reads the whole record "
+                           "on both sides is read in windows; this one reads each position with the whole "
+                           "record before it")
     found = _read_indexes(request, m, model_ref)
     regions = _keep_regions(request, found)
     if len(found.short_times) > 1:
@@ -219,7 +224,7 @@ def _plan(request: JobRequest) -> JobPlan:
                          "one time type")
     outputs = _outputs(request, m, model_ref, found.channels)
     unit_size = request.unit_size
-    planned = {"unit_size": unit_size, "outputs": outputs, **found.input_options}
+    planned = {"unit_size": unit_size, "outputs": outputs, "context": request.context, **found.input_options}
     if regions is not None:
         from .regions import regions_digest
 
@@ -255,7 +260,7 @@ def _plan(request: JobRequest) -> JobPlan:
         regions_path=os.path.abspath(os.fspath(request.regions)) if request.regions else None,
         regions_lenient=bool(request.regions and request.regions_lenient), notes=tuple(found.notes),
         files=tuple(found.files), stream_rate=stream_rate(m.config), n_layers=int(m.config.n_layers),
-        splittable=m.config.spec.auto_split, whole_record=bool(m.config.spec.record),
+        splittable=m.config.spec.auto_split, whole_record=bool(m.config.spec.record), context=request.context,
         record_bytes=m.config.spec.record_bytes(m.config))
 
 

@@ -60,6 +60,7 @@ class JobRequest:
     sort: bool = False
     index_in_cache: bool = False
     strand: str = ONLY_FORWARD  # a value of linpipe.strands.CHOICES: ONLY_FORWARD or BOTH
+    context: int | None = None  # a whole-record model read in windows of this many positions
     regions: str | None = None  # a BED file
     regions_lenient: bool = False
     split: str | int = "auto"  # "auto" | "never" | a number of segments

@@ -97,7 +97,6 @@ def score_variants(store_path: str, vcf: str, out: str, *, workers: int = 0, ray
     """outputs.variants.score_variants, its replay units on `workers` Ray actors (0: in process),
     on the cluster whose head's GCS is `ray_address` (HOST:PORT; None: an embedded local Ray)."""
     from linpipe.errors import option
-    from linpipe.outputs.variants import DEFAULT_WINDOW
     from linpipe.outputs.variants import score_variants as score
 
     if ray_address and is_job_server_address(ray_address):
@@ -106,7 +105,7 @@ def score_variants(store_path: str, vcf: str, out: str, *, workers: int = 0, ray
                            "(6379 by default)")
     replay = None
     if workers:
-        replay = RayReplay(store_path, window=kw.get("window", DEFAULT_WINDOW), genome=kw.get("genome"),
+        replay = RayReplay(store_path, window=kw.get("window"), genome=kw.get("genome"),
                             model=kw.get("model"), device=kw.get("device"), threads=kw.get("threads", 1),
                             workers=workers, ray_address=ray_address)
     return score(store_path, vcf, out, replay=replay, **kw)

@@ -19,7 +19,7 @@ from _pipeline_data import read_fasta
 from _quick import cells
 from safetensors.torch import load_file, save_file
 
-from linpipe.errors import ModelError
+from linpipe.errors import LinpipeError, ModelError
 from linpipe.model.families.caduceus.record import load
 from linpipe.model.files import read_config
 from linpipe.model.imports import Checkpoint, convert, read_checkpoint_config
@@ -88,6 +88,27 @@ def test_masked_positions_equal_caduceus(models, expected, records, name):
     for k in keep:
         got = m.outputs(ids, mask=[pos[k]])["logprob4"][pos[k]]
         assert diff(got, exp["chr2_iupac/masked/logprob4"][k]) < TOL, pos[k]
+
+
+@pytest.mark.parametrize("name, window", cells([(n, w) for n in ("ph", "ps") for w in (512, 2048)],
+                                                quick=[("ps", 512)], suite=[("ph", 2048)]))
+def test_windows_equal_caduceus_on_each_window(models, expected, records, name, window):
+    """The windowed reading users run today (windows.py): the same windows as Caduceus's
+    pipeline (starts stepping by W/2, the last flush with the end), each position from the
+    window whose centre it lies nearest, its log-softmax at A C G T and hidden state within 1e-4
+    of Caduceus's forward on that window alone."""
+    from linpipe.model.families.caduceus.windows import window_cuts, window_starts, windowed_outputs
+
+    m, exp, key = models[name], expected[name], f"chr2_iupac/win{window}"
+    ids = m.encode(records["chr2_iupac"])
+    starts = window_starts(len(ids), window)
+    assert starts.tolist() == exp[f"{key}/starts"].tolist()
+    which = np.repeat(np.arange(len(starts)), np.diff(window_cuts(len(ids), window, starts)))
+    assert which.tolist() == exp[f"{key}/window"].tolist()
+    got = windowed_outputs(m, ids, window)
+    assert diff(got["logprob4"], exp[f"{key}/logprob4"]) < TOL
+    assert diff(got["hidden"][exp["chr2_iupac/hidden_pos"]], exp[f"{key}/hidden"]) < TOL
+    assert diff(got["logprob4"], exp["chr2_iupac/logprob4"]) > 10 * TOL  # the windows do change it
 
 
 def test_units_and_tokens(models, records):
@@ -304,6 +325,49 @@ def test_a_job_runs_each_record_whole(tmp_path, records):
         assert set(got) == {"h_fwd", "conv_fwd", "h_rev", "conv_rev", "y"}
         assert got["h_fwd"].shape == (2, 2, 32, 8) and got["conv_rev"].shape == (2, 2, 3, 32)
         assert all(np.array_equal(got[n], want[n]) for n in want), k
+
+
+def test_a_job_with_context_reads_each_position_from_its_window(tmp_path, records):
+    """`submit --context 512`: the store holds each position's outputs from its window of 512
+    (windows.py; windows straddle the units of 4,096), as the in-process windowed reading gives
+    them; the store records W and is another job than the whole-record one; score-variants
+    refuses it in one line; a causal model refuses --context in one line."""
+    from _pipeline_data import make_tiny_model, write_in_process
+
+    import linpipe
+    from linpipe.inputs.alphabet import tokenize
+    from linpipe.jobs.plan import plan_job
+    from linpipe.jobs.request import JobRequest
+    from linpipe.model.families.caduceus.windows import windowed_outputs
+    from linpipe.outputs.variants import score_variants
+    from linpipe.store import OutputStore
+
+    model = tmp_path / "m"
+    assert run("model", "import", CAD / "ph", model).exit_code == 0
+    out = tmp_path / "w.zarr"
+    plan = write_in_process(CAD / "records.fa", model, out, unit_size=JOB_UNIT, context=512,
+                            outputs=("logprob", "entropy", "hidden"))
+    m, got = load(model), linpipe.open_output(str(out))
+    for rid, seq in records.items():
+        want = windowed_outputs(m, m.from_tokens(tokenize(seq)), 512)
+        for name in ("logprob", "entropy", "hidden"):
+            g, w = np.asarray(got.read(rid, name), dtype=np.float32), want[name].numpy()
+            ok = ~np.isnan(w)
+            tol = 1e-5 if name != "hidden" else 2e-3 * max(1.0, float(np.abs(w).max()))
+            assert (np.isnan(g) == np.isnan(w)).all() and np.abs(g[ok] - w[ok]).max() <= tol, (rid, name)
+    assert OutputStore.open(str(out), mode="r").meta["context"] == 512
+    whole = plan_job(JobRequest(inputs=(str(CAD / "records.fa"),), model=str(model), unit_size=JOB_UNIT,
+                                outputs=("logprob", "entropy", "hidden")))
+    assert whole.job_id != plan.job_id
+    vcf = tmp_path / "v.vcf"
+    ref = records["mt_human"][10].upper()
+    vcf.write_text(f"mt_human\t11\t.\t{ref}\tA\n")
+    with pytest.raises(LinpipeError, match=r"made with context 512: read in windows, it keeps no whole"):
+        score_variants(str(out), str(vcf), str(tmp_path / "e.tsv"))
+    tiny = make_tiny_model(tmp_path / "tiny")
+    r = run("submit", CAD / "records.fa", "--model", tiny, "--context", "512", "--dry-run")
+    assert r.exit_code != 0 and r.output.count("\n") == 1, r.output
+    assert "--context 512: only a model that reads the whole record on both sides" in r.output
 
 
 def test_a_forced_split_is_refused_and_dry_run_says_what_a_worker_keeps(tmp_path):

@@ -105,7 +105,10 @@ ONE_MEANING = {
     "--workers": "Ray actors (score-variants: 0, in process, by default)",
     "--seed": "the random seed (train: of the lanes' starts too)",
     "--device": "the torch device (train's from its config's field)",
-    "--window": "positions at a time (train: a lane's per step; score-variants: scored after the allele)",
+    "--window": "positions at a time (train: a lane's per step; score-variants: scored after the allele, "
+                "or run again around a masked SNV)",
+    "--context": "the positions a position is read with (train: a lane's state carried before it restarts; "
+                 "submit: a bidirectional model's window)",
 }
 
 

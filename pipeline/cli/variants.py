@@ -14,8 +14,10 @@ from .common import examples, out_option, plural, ray_address_option
 @click.argument("vcf", type=click.Path(dir_okay=False))
 @out_option("the effects table, .tsv or .parquet (columns chrom pos id ref alt llr, one row per allele "
                  "in VCF order)")
-@click.option("--window", type=click.IntRange(1), default=128, show_default=True,
-              help="W: score the allele and the W-1 bases after it (W positions for an SNV).")
+@click.option("--window", type=click.IntRange(1), default=None,
+              help="W. A causal model: score the allele and the W-1 bases after it (W positions for an "
+              "SNV; default 128). A masked (bidirectional) model: run the W positions around an SNV "
+              "again with it masked, between the whole record's states (default 2048).")
 @click.option("--input", "genome", default=None, type=click.Path(dir_okay=False),
               help="The genome FASTA (default: the store's own input; must have the same content).")
 @click.option("--skip-mismatch", is_flag=True,
@@ -32,7 +34,9 @@ from .common import examples, out_option, plural, ray_address_option
 def score_variants_cmd(store, vcf, out, window, genome, skip_mismatch, workers, ray_address, address, device,
                        model):
     """Log-likelihood ratio (nats) of each VCF variant with the whole record before it as
-    context: replays at most one unit from the store's boundary state (docs/variants.md).
+    context: replays at most one unit from the store's boundary state (docs/variants.md). A
+    masked (bidirectional) model's store: each SNV's ALT against REF at its position masked,
+    the whole record on both sides; other alleles are skipped and counted.
 
     VCF: plain text, gzip or bgzip (no index needed), or BCF.
     """

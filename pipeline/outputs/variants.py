@@ -12,6 +12,11 @@ sum_{j=p}^{p+W-1} (logprob_alt[j] - logprob_ref[j]). N bases (and other IUPAC co
 log-probability and add 0 to their haplotype's sum. The anchor base that VCF indels carry is
 the same in both haplotypes and cancels.
 
+A masked (bidirectional) model's store, whose family has a whole-record run with `masked_llr`
+(linpipe.model.families: its record module), is scored by that: an SNV's ALT against REF at its
+position read as [MASK], the whole record on both sides, from a window of W positions around it
+run again (the family's module says how); other alleles are skipped and counted.
+
 How the context is kept cheap: the store holds the exact model state after every unit of a long
 record, so a variant in unit c is scored by replaying the reference from the state stored
 after unit c-1 (the fresh state after BOS for unit 0 and for packed short records, which are
@@ -36,7 +41,7 @@ from linpipe.inputs.alphabet import reverse_complement, tokenize
 from linpipe.places import check_apart
 from linpipe.strands import FORWARD, REVERSE, Strand
 
-DEFAULT_WINDOW = 128
+DEFAULT_WINDOW = 128  # a causal model's (a masked model's default is its family's)
 MAX_BATCH_POSITIONS = 1 << 16  # alternative haplotypes' positions per batched model call
 TOKEN_CHARS = np.array(list("ACGTN"))
 
@@ -180,11 +185,12 @@ class VariantScorer:
     """Scores the variants of one replay unit at a time; holds the model, the store and the
     genome (a Ray worker holds one)."""
 
-    def __init__(self, store_path: str, *, window: int = DEFAULT_WINDOW, genome: str | None = None,
+    def __init__(self, store_path: str, *, window: int | None = None, genome: str | None = None,
                  model: str | None = None, device: str | None = None, threads: int | None = None):
         import torch
 
         from linpipe.model import load_model
+        from linpipe.model.families import record_module
         from linpipe.store import OutputStore
 
         if threads:
@@ -200,7 +206,17 @@ class VariantScorer:
         if want and self.model.sha256 != want:
             raise LinpipeError(f"{store_path}: the model found ({self.model.path}) is not the one the "
                                f"store was made with (sha256 {want[:12]}...); give it with {option('model')}")
-        self.window = int(window)
+        spec = self.model.config.spec
+        whole = record_module(spec)
+        self.masked = None if whole is None else getattr(whole, "masked_llr", None)
+        if whole is not None and self.masked is None:
+            raise LinpipeError(f"{store_path}: a {spec.name} model reads the whole record; it has no "
+                               "variant scoring")
+        if self.masked and meta.get("context"):
+            raise LinpipeError(f"{store_path}: made with {option('context')} {meta['context']}: read in "
+                               "windows, it keeps no whole-record states to score variants from; score a "
+                               "store of the same model made without it")
+        self.window = int(window or (whole.DEFAULT_WINDOW if self.masked else DEFAULT_WINDOW))
         self.genome, self._opened = _genome_inputs(self.store, genome)
         self.unit_size = self.store.unit_size
         self.strands = self.store.strands
@@ -232,6 +248,8 @@ class VariantScorer:
     def score(self, unit: Unit, variants: list[tuple[int, int, str, str]]) -> dict[int, tuple]:
         """variants: (row, pos0, ref, alt), REF already checked. Returns row -> (llr,) or, when
         the store holds both strands, row -> (llr forward, llr reverse)."""
+        if self.masked is not None:
+            return self._score_masked(unit.record, variants)
         rid = unit.record
         length = self.store.record(rid).length
         W = self.window
@@ -270,6 +288,36 @@ class VariantScorer:
             rc.update(self._replay(rtokens, state, items))
             self.replayed += hi - lo
         return {row: (v, rc[row]) for row, v in fwd.items()}
+
+    def _score_masked(self, rid: str, variants) -> dict[int, tuple]:
+        """A masked model's SNVs (row, pos0, ref, alt) of record rid on each strand the store
+        holds (the reverse strand: the reverse complement, its units and states mirrored)."""
+        info = self.store.record(rid)
+        T, inp = info.length, self.genome[rid]
+        n = 1 if info.packed else info.n_units
+        bounds = [0, T] if info.packed else [0] + [self.store.unit_range(info.key, k)[1] for k in range(n)]
+
+        def stored(k, strand):
+            arrays = self.store.boundary_state(info.key, k, strand)
+            if arrays is None:
+                what = "" if strand == FORWARD else " of the reverse strand"
+                raise LinpipeError(f"{self.store.path}: record {rid!r}: unit {k}{what} is not written "
+                                   "yet (no boundary state); finish the job first")
+            return arrays
+
+        snvs = [(row, p, int(tokenize(ref)[0]), int(tokenize(alt)[0])) for row, p, ref, alt in variants]
+        net, W = self.model.net, self.window
+        got, run = self.masked(net, lambda s, e: inp.read(rid, s, e)[0], bounds,
+                               lambda k: stored(k, FORWARD), snvs, W)
+        cols = [got]
+        if REVERSE in self.strands:  # A C G T = 0 1 2 3: a base's complement is 3 - it
+            rc, run_rc = self.masked(net, lambda s, e: reverse_complement(inp.read(rid, T - e, T - s)[0]),
+                                     [T - b for b in reversed(bounds)], lambda j: stored(n - 1 - j, REVERSE),
+                                     [(row, T - 1 - p, 3 - r, 3 - a) for row, p, r, a in snvs], W)
+            cols.append(rc)
+            run += run_rc
+        self.replayed = run
+        return {row: tuple(c[row] for c in cols) for row, *_ in snvs}
 
     def _replay(self, tokens: np.ndarray, state, items) -> dict[int, float]:
         """The reference `tokens` read once from `state`, cut only at multiples of the model's
@@ -325,6 +373,16 @@ def _not_a_sequence(alt: str | None) -> str | None:
     return None
 
 
+def _not_an_snv(ref: str, alt: str) -> str | None:
+    """Why a masked model skips an allele (always, and counted): it scores one base against
+    another at a masked position; indels and longer substitutions have no one position."""
+    if len(ref) != 1 or len(alt) != 1:
+        return "not an SNV (masked model)"
+    if ref.upper() not in "ACGT" or alt.upper() not in "ACGT":
+        return "SNV with a base other than A C G T (masked model)"
+    return None
+
+
 def _check_variant(scorer: VariantScorer, chrom, pos, ref, alt, lengths: dict):
     """None if the variant can be scored, else (reason, message)."""
     if ref is None:
@@ -370,6 +428,11 @@ def collect(scorer: VariantScorer, vcf: str, *, skip_mismatch: bool, summary: Su
             if skip is not None:
                 summary.skipped[skip] += 1
                 continue
+            if scorer.masked is not None and ref is not None:
+                skip = _not_an_snv(ref, alt)
+                if skip is not None:
+                    summary.skipped[skip] += 1
+                    continue
             bad = _check_variant(scorer, chrom, pos, ref, alt, lengths)
             if bad is not None:
                 if not skip_mismatch:
@@ -382,7 +445,7 @@ def collect(scorer: VariantScorer, vcf: str, *, skip_mismatch: bool, summary: Su
     return units, variants
 
 
-def score_variants(store_path: str, vcf: str, out: str, *, window: int = DEFAULT_WINDOW,
+def score_variants(store_path: str, vcf: str, out: str, *, window: int | None = None,
                    genome: str | None = None, skip_mismatch: bool = False, device: str | None = None,
                    model: str | None = None, threads: int | None = 1, on_unit=None,
                    replay=None) -> Summary:
@@ -390,7 +453,7 @@ def score_variants(store_path: str, vcf: str, out: str, *, window: int = DEFAULT
     .parquet) in VCF order. replay(units, order, on_unit) -> [(rows, positions replayed)]: runs
     the replay units elsewhere (linpipe.jobs.variants: on Ray actors) when there are two or
     more; None: here."""
-    if window < 1:
+    if window is not None and window < 1:
         raise LinpipeError(f"{option('window')} must be at least 1, got {window}")
     if not (out.endswith(".tsv") or out.endswith(".parquet")):
         raise LinpipeError(f"{out}: the output must end in .tsv or .parquet")

@@ -71,7 +71,9 @@ class Family:
     split = ""
     # a family whose layers read the whole record (bidirectional): the module (linpipe name) of
     # its whole-record run, `run(net, tokens, bounds, outputs) -> (outputs per position, the
-    # state at each unit's edges)`, which the workers call instead of streaming units ("": none)
+    # state at each unit's edges)`, which the workers call instead of streaming units ("": none);
+    # for score-variants it may have `masked_llr(net, tokens_of, bounds, stored, snvs, window)` and
+    # its DEFAULT_WINDOW (a masked model's SNVs; without them score-variants refuses the store)
     record = ""
     summary = ""  # one line: what the family computes (help, docs tables)
     # config.json keys each model of the family has (beside the common ones)

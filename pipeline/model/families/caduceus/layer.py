@@ -41,6 +41,12 @@ def zero_state(m: MambaMixer, like: torch.Tensor) -> dict:
     return st
 
 
+def entering(enter: dict, direction: str, j: int) -> dict | None:
+    """The state entering a span for the j-th Mamba sweeping in `direction` (None: zeros)."""
+    states = enter.get(direction) or ()
+    return states[j] if j < len(states) else None
+
+
 def sweep(m: MambaMixer, a, bounds, reverse: bool, state: dict | None = None, keep: list | None = None):
     """out_proj(Mamba(a)) over a (T, D) in one direction, unit by unit: `bounds` the unit edges
     in record coordinates (0, e1, ..., T); reverse: right to left (the units last to first,
@@ -81,13 +87,17 @@ class BiMamba(nn.Module):
             return f
         return f + r if self.strategy == "add" else f * r
 
-    def forward(self, a, bounds=None, keep: dict | None = None):
+    def forward(self, a, bounds=None, keep: dict | None = None, enter: dict | None = None):
         """a (T, D) normalised -> (T, D): both directions over the whole record; keep: {"fwd":
-        list, "rev": list} that get each sweep's states at the unit edges (sweep's keep)."""
+        list, "rev": list} that get each sweep's states at the unit edges (sweep's keep); enter:
+        {"fwd": [state], "rev": [state]} the states entering a at its left and its right end
+        (a span of a longer record; None: the record's ends)."""
         bounds = bounds or (0, a.shape[0])
-        keep = keep or {}
-        f, _ = sweep(self.mamba_fwd, a, bounds, reverse=False, keep=keep.get("fwd"))
+        keep, enter = keep or {}, enter or {}
+        f, _ = sweep(self.mamba_fwd, a, bounds, reverse=False, state=entering(enter, "fwd", 0),
+                     keep=keep.get("fwd"))
         r = None if self.mamba_rev is None else sweep(self.mamba_rev, a, bounds, reverse=True,
+                                                      state=entering(enter, "rev", 0),
                                                       keep=keep.get("rev"))[0]
         return self.combine(f, r)
 

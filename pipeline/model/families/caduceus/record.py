@@ -25,7 +25,8 @@ import torch
 import torch.nn.functional as F
 
 from linpipe.inputs.alphabet import A, C, G, N, T
-from linpipe.model.families.caduceus.layer import sweep
+from linpipe.model.families.caduceus.layer import entering, sweep
+from linpipe.model.families.caduceus.variants import DEFAULT_WINDOW, masked_llr  # noqa: F401  score-variants'
 from linpipe.model.files import read_config, read_tensors, resolve_model_path
 from linpipe.model.network import LinpipeNet
 
@@ -90,19 +91,23 @@ class CaduceusRecord:
         D = self.D
         return torch.cat([_rms(s[:, :D], w, self.eps), _rms(s[:, D:], w.flip(0), self.eps)], -1)
 
-    def mix(self, block, a, bounds, keep: dict | None = None):
+    def mix(self, block, a, bounds, keep: dict | None = None, enter: dict | None = None):
         """A block's mixer over the normalised a (T, C): both directions, both halves. keep:
         {"fwd": [], "rev": []} gets the states at unit edges of the left-to-right and the
-        right-to-left sweeps, one list per Mamba (RCPS: the forward half's, then the other's)."""
+        right-to-left sweeps, one list per Mamba (RCPS: the forward half's, then the other's);
+        enter: {"fwd": [...], "rev": [...]} the states entering at a's left and right ends, in
+        the same order (a span of a longer record; None: the record's ends, zeros)."""
         bi = block.mixer
         if not self.rcps:
-            return bi(a, bounds, keep)
+            return bi(a, bounds, keep, enter)
         D = self.D
-        out1 = bi(a[:, :D], bounds, keep)
-        keep = keep or {}
+        out1 = bi(a[:, :D], bounds, keep, enter)
+        keep, enter = keep or {}, enter or {}
         b = a[:, D:].flip(-1)  # rc(a_2) flipped back along positions: its Mambas swap directions
-        f = sweep(bi.mamba_fwd, b, bounds, reverse=True, keep=keep.get("rev"))[0]
+        f = sweep(bi.mamba_fwd, b, bounds, reverse=True, state=entering(enter, "rev", 1),
+                  keep=keep.get("rev"))[0]
         r = None if bi.mamba_rev is None else sweep(bi.mamba_rev, b, bounds, reverse=False,
+                                                    state=entering(enter, "fwd", 1),
                                                     keep=keep.get("fwd"))[0]
         return torch.cat([out1, bi.combine(f, r).flip(-1)], -1)
 
@@ -113,10 +118,11 @@ class CaduceusRecord:
             s = torch.cat([s[:, self.D:], s[:, :self.D]], -1)
         return s
 
-    def run_layer(self, i: int, s, bounds, keep: dict | None = None):
-        """Block i over the whole record: its residual stream s (T, C) -> the mixer's output."""
+    def run_layer(self, i: int, s, bounds, keep: dict | None = None, enter: dict | None = None):
+        """Block i over the whole record (or a span, `enter` its states at the span's ends): its
+        residual stream s (T, C) -> the mixer's output."""
         block = self.net.layers[i]
-        return self.mix(block, self.norm(s, block.norm.weight), bounds, keep)
+        return self.mix(block, self.norm(s, block.norm.weight), bounds, keep, enter)
 
     def logits(self, hidden):
         """hidden (T, C) -> logits (T, V) over the checkpoint's ids."""
@@ -126,11 +132,14 @@ class CaduceusRecord:
         return hidden[:, :D] @ self.E.t() + hidden[:, D:].flip(-1) @ self.E[self.comp].t()
 
     @torch.no_grad()
-    def forward(self, ids, unit: int | None = None, mask=None, edges: list | None = None) -> dict:
+    def forward(self, ids, unit: int | None = None, mask=None, edges: list | None = None,
+                enter: list | None = None) -> dict:
         """ids (T,) the checkpoint's ids -> {"hidden" (T, C) Caduceus's last_hidden_state,
         "logprob_all" (T, V) its log-softmax}; unit: positions per unit of each sweep (None:
         the whole record in one), or the units' edges (0, e1, ..., T); mask: positions read as
-        [MASK]; edges: a list that gets per layer its sweeps' states at the unit edges (mix)."""
+        [MASK]; edges: a list that gets per layer its sweeps' states at the unit edges (mix);
+        enter: per layer the states entering at the ends (mix's enter) when ids are a span of
+        a longer record (None: the whole record)."""
         ids = torch.as_tensor(ids, dtype=torch.long).to(self.E.device)
         if mask is not None:
             ids = ids.clone()
@@ -146,7 +155,7 @@ class CaduceusRecord:
         for i in range(self.config.n_layers):
             r = self.layer_input(i, x, r)
             keep = None if edges is None else {"fwd": [], "rev": []}
-            x = self.run_layer(i, r, bounds, keep)
+            x = self.run_layer(i, r, bounds, keep, None if enter is None else enter[i])
             if edges is not None:
                 edges.append(keep)
         hidden = self.norm(x + r, self.net.norm.weight)
@@ -207,13 +216,14 @@ def load(path_or_name) -> CaduceusRecord:
 _LOADED: dict = {}
 
 
-def run(net: LinpipeNet, tokens, bounds, outputs, budget: int | None = None):
+def run(net: LinpipeNet, tokens, bounds, outputs, budget: int | None = None, context: int | None = None):
     """The workers' whole-record run (Family.record): linpipe's tokens of one whole record
     (T,) and its units' edges (0, e1, ..., T) -> (per unit k, position range [s, e) ->
     its outputs `outputs` (logprob, entropy, hidden) as float32 arrays, per unit the state
     arrays at its edges with y, the forward half of the final hidden state at its last position).
     The record's arrays between sweeps stay in memory up to `budget` bytes, else on local disk
-    (sweeps.py): memory bounded by the unit."""
+    (sweeps.py): memory bounded by the unit. context: read in windows of that many positions
+    instead (windows.py; the state arrays are zeros then: no sweep crosses a window)."""
     from linpipe.model.families.caduceus.sweeps import MEMORY_BUDGET, sweep_record
 
     rec = _LOADED.get(id(net))
@@ -223,6 +233,11 @@ def run(net: LinpipeNet, tokens, bounds, outputs, budget: int | None = None):
 
     def ids(s, e):
         return rec.from_tokens(tokens[s:e]).to(rec.E.device)
+
+    if context:
+        from linpipe.model.families.caduceus.windows import run_windows
+
+        return run_windows(rec, ids, tuple(bounds), outputs, context)
 
     held = sweep_record(rec, ids, tuple(bounds), MEMORY_BUDGET if budget is None else budget)
     with torch.no_grad():
