@@ -327,6 +327,7 @@ def test_a_job_runs_each_record_whole(tmp_path, records):
         assert all(np.array_equal(got[n], want[n]) for n in want), k
 
 
+@pytest.mark.slow  # a job in process and a dry run: 13 s
 def test_a_job_with_context_reads_each_position_from_its_window(tmp_path, records):
     """`submit --context 512`: the store holds each position's outputs from its window of 512
     (windows.py; windows straddle the units of 4,096), as the in-process windowed reading gives
