@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from linpipe.inputs.alphabet import A, C, G, N, T
 from linpipe.model.families.caduceus.layer import entering, sweep
-from linpipe.model.families.caduceus.variants import DEFAULT_WINDOW, masked_llr  # noqa: F401  score-variants'
+from linpipe.model.families.caduceus.variants import DEFAULT_WINDOW  # noqa: F401  score-variants' default W
 from linpipe.model.files import read_config, read_tensors, resolve_model_path
 from linpipe.model.network import LinpipeNet
 
@@ -245,3 +245,11 @@ def run(net: LinpipeNet, tokens, bounds, outputs, budget: int | None = None, con
             hidden = rec.norm(held.final[e - 1:e], net.norm.weight)
             held.states[k]["y"] = hidden[0, :rec.D].cpu().numpy().copy()
     return (lambda s, e: held.unit(s, e, outputs)), held.states
+
+
+def masked_llr(net: LinpipeNet, tokens_of, bounds, stored, snvs, window: int):
+    """score-variants' masked SNVs (Family.record's optional entry): variants.masked_llr over
+    the loaded model."""
+    from linpipe.model.families.caduceus.variants import masked_llr as scored
+
+    return scored(CaduceusRecord(net), tokens_of, bounds, stored, snvs, window)

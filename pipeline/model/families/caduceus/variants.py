@@ -82,17 +82,14 @@ def _cut(edges: list, enter: list, local: tuple, a: int, b: int) -> list[dict]:
     return out
 
 
-def masked_llr(net, tokens_of, bounds, stored, snvs, window: int) -> dict[int, float]:
+def masked_llr(rec, tokens_of, bounds, stored, snvs, window: int) -> dict[int, float]:
     """SNVs' masked log-likelihood ratios (the module's doc), each from a window of `window`
     positions around it.
 
-    net: the caduceus LinpipeNet; tokens_of(s, e): linpipe's tokens of the record (the strand's
+    rec: the model's CaduceusRecord (record.py); tokens_of(s, e): linpipe's tokens of the record (the strand's
     sequence) [s, e); bounds: its unit edges (0, e1, ..., T) as the job ran it; stored(k): the
     state arrays the store kept of unit k; snvs: (row, p, R, A) with R, A linpipe's base
     tokens (0-3). -> (row -> llr, positions run)."""
-    from linpipe.model.families.caduceus.record import CaduceusRecord
-
-    rec = CaduceusRecord(net)
     T, n_units = bounds[-1], len(bounds) - 1
     groups = defaultdict(list)  # (first unit, last unit) of the windows -> variants
     for v in snvs:
