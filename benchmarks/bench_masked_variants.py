@@ -14,31 +14,15 @@ sweeps' states at each unit's edges, over the unit).
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-CAD = HERE.parent / "tests" / "data" / "caduceus"
-GENOME = HERE.parent / "tests" / "data" / "genomes" / "htslib_ce.fa"  # C. elegans chr I (1,009,800)
-RECORD = "CHROMOSOME_I"
-
-
-def read_record(path: Path, rid: str, n: int) -> str:
-    out, on = [], False
-    with open(path) as f:
-        for line in f:
-            if line.startswith(">"):
-                if on:
-                    break
-                on = line[1:].split()[0] == rid
-            elif on:
-                out.append(line.strip())
-    seq = "".join(out)[:n]
-    assert len(seq) == n, (rid, len(seq))
-    return seq
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_windows import CAD, GENOME, RECORD, read_record  # noqa: E402  the same record and fixtures
 
 
 def main() -> None:
