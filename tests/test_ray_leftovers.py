@@ -48,7 +48,9 @@ def test_a_killed_submits_ray_ends_with_it_and_a_concurrent_submits_ray_is_untou
             out = tmp_path / f"{name}.zarr"
             assert _until(lambda p=proc, o=out: units_done(o) >= 1 or p.poll() is not None, 240)
             assert proc.poll() is None, f"submit {name} ended before it could be killed"
-        a.send_signal(signal.SIGSTOP)  # a still-running submit, which cannot finish meanwhile
+            # stopped at once, mid-job: a driver left running could finish its job (its workers
+            # run at full speed) and take its Ray down while the test looks at it
+            proc.send_signal(signal.SIGSTOP)
         a_ray = {pid: cmd for pid, cmd in session_processes(a.pid).items() if pid != a.pid}
         b_ray = {pid: cmd for pid, cmd in session_processes(b.pid).items() if pid != b.pid}
         for ray in (a_ray, b_ray):  # the raylet's agents and its worker, besides the head's processes
