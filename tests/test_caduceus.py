@@ -71,8 +71,8 @@ def test_whole_record_equals_caduceus(models, expected, records, name, rid):
     within 1e-4 of Caduceus's; long records in units of 3,001 per sweep (states carried)."""
     m, exp, seq = models[name], expected[name], records[rid]
     got = m.outputs(m.encode(seq), unit=UNIT if len(seq) > UNIT else None)
-    assert got["logprob4"].shape == exp[f"{rid}/logprob4"].shape
-    assert diff(got["logprob4"], exp[f"{rid}/logprob4"]) < TOL
+    assert got["logprob_acgt"].shape == exp[f"{rid}/logprob4"].shape
+    assert diff(got["logprob_acgt"], exp[f"{rid}/logprob4"]) < TOL
     assert diff(got["hidden"][exp[f"{rid}/hidden_pos"]], exp[f"{rid}/hidden"]) < TOL
 
 
@@ -86,7 +86,7 @@ def test_masked_positions_equal_caduceus(models, expected, records, name):
     keep = [k for k, p in enumerate(pos) if p in (0, len(ids) - 1)] if name == "ps_fused" else range(len(pos))
     assert m.mask_token == 3 and len(keep) >= 2
     for k in keep:
-        got = m.outputs(ids, mask=[pos[k]])["logprob4"][pos[k]]
+        got = m.outputs(ids, mask=[pos[k]])["logprob_acgt"][pos[k]]
         assert diff(got, exp["chr2_iupac/masked/logprob4"][k]) < TOL, pos[k]
 
 
@@ -106,9 +106,9 @@ def test_windows_equal_caduceus_on_each_window(models, expected, records, name, 
     which = np.repeat(np.arange(len(starts)), np.diff(window_cuts(len(ids), window, starts)))
     assert which.tolist() == exp[f"{key}/window"].tolist()
     got = windowed_outputs(m, ids, window)
-    assert diff(got["logprob4"], exp[f"{key}/logprob4"]) < TOL
+    assert diff(got["logprob_acgt"], exp[f"{key}/logprob4"]) < TOL
     assert diff(got["hidden"][exp["chr2_iupac/hidden_pos"]], exp[f"{key}/hidden"]) < TOL
-    assert diff(got["logprob4"], exp["chr2_iupac/logprob4"]) > 10 * TOL  # the windows do change it
+    assert diff(got["logprob_acgt"], exp["chr2_iupac/logprob4"]) > 10 * TOL  # the windows do change it
 
 
 def test_units_and_tokens(models, records):
@@ -118,7 +118,8 @@ def test_units_and_tokens(models, records):
     ids = m.encode(records["chr2_iupac"])
     whole = m.outputs(ids)
     got = m.outputs(ids, unit=997)
-    assert diff(got["logprob4"], whole["logprob4"]) < 1e-5 and diff(got["hidden"], whole["hidden"]) < 1e-5
+    assert diff(got["logprob_acgt"], whole["logprob_acgt"]) < 1e-5
+    assert diff(got["hidden"], whole["hidden"]) < 1e-5
     short = m.encode(records["ce_short"])
     assert diff(m.outputs(short, unit=1)["hidden"], m.outputs(short)["hidden"]) < 1e-5
     iupac = [k for k, ch in enumerate(records["chr2_iupac"]) if ch.upper() not in "ACGTN"]
@@ -126,7 +127,7 @@ def test_units_and_tokens(models, records):
     assert m.encode("acgtnRYn").tolist() == [7, 8, 9, 10, 11, 6, 6, 11]
     lp = whole["logprob"].numpy()
     assert np.isnan(lp[iupac]).all() and not np.isnan(lp[:iupac[0]]).any()
-    p = torch.softmax(whole["logprob4"], -1)
+    p = torch.softmax(whole["logprob_acgt"], -1)
     assert diff(whole["entropy"], -(p * p.log()).sum(-1)) < 1e-5
 
 
@@ -139,14 +140,14 @@ def test_rcps_is_reverse_complement_equivariant_on_real_data(models, records, na
     fwd = m.outputs(m.encode(seq))
     rc = m.outputs(m.encode(seq.translate(COMPLEMENT)[::-1]))
     assert diff(rc["hidden"].flip(0).flip(-1), fwd["hidden"]) < 1e-5
-    assert diff(rc["logprob4"].flip(0)[:, [3, 2, 1, 0]], fwd["logprob4"]) < 1e-5
+    assert diff(rc["logprob_acgt"].flip(0)[:, [3, 2, 1, 0]], fwd["logprob_acgt"]) < 1e-5
 
 
 def test_ph_is_not_equivariant(models, records):
     """The check above can fail: the non-RCPS model's reverse complement differs."""
     m, seq = models["ph"], records["chr2_nrun"]
-    fwd = m.outputs(m.encode(seq))["logprob4"]
-    rc = m.outputs(m.encode(seq.translate(COMPLEMENT)[::-1]))["logprob4"]
+    fwd = m.outputs(m.encode(seq))["logprob_acgt"]
+    rc = m.outputs(m.encode(seq.translate(COMPLEMENT)[::-1]))["logprob_acgt"]
     assert diff(rc.flip(0)[:, [3, 2, 1, 0]], fwd) > 1e-2
 
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 
 from linpipe.errors import StoreError, option
-from linpipe.output_specs import DNA
+from linpipe.output_specs import BASES, DNA
 from linpipe.places import check_apart
-from linpipe.store.layout import DIM_CHANNEL, POSITION_DIM, TIME
+from linpipe.store.layout import DIM_BASE, DIM_CHANNEL, POSITION_DIM, TIME
 from linpipe.store.reader import OutputReader, as_reader
 
 TRACK_FORMATS = ("bigwig", "bedgraph")
@@ -99,8 +99,9 @@ def _check_track(reader: OutputReader, ids, output: str):
                          f"need dna outputs (use {option('format')} parquet)")
     dims = reader.dims(first.id, output)
     if len(dims) != 1:
-        raise StoreError(f"{reader.path}: output {output!r} has a {dims[1]} "
-                         "axis; tracks take one value per base (logprob, entropy, softmask)")
+        raise StoreError(f"{reader.path}: output {output!r} has a {dims[1]} axis; tracks take one value "
+                         f"per base (logprob, entropy, softmask): export it with {option('format')} "
+                         f"parquet (a column per {dims[1]})")
 
 
 def export_track(store, output: str, dest, *, fmt: str = "bigwig", records=None) -> int:
@@ -193,7 +194,8 @@ def _write_parquet(reader, ids, names, labels, channels, has_time, dest) -> int:
                 if v.ndim == 1:
                     cols[name] = pa.array(v)
                 else:
-                    lab = channels if labels[name] == DIM_CHANNEL else [str(j) for j in range(v.shape[1])]
+                    lab = (channels if labels[name] == DIM_CHANNEL else BASES if labels[name] == DIM_BASE
+                           else [str(j) for j in range(v.shape[1])])
                     for j, c in enumerate(lab):
                         cols[f"{name}_{c}"] = pa.array(np.ascontiguousarray(v[:, j]))
             table = pa.table(cols)
