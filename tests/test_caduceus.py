@@ -428,10 +428,11 @@ def test_sigkilled_submit_resumes_bit_identical(tmp_path, records):
 
 @pytest.mark.slow  # a second job on the actor code
 def test_both_strands_and_regions(tmp_path, records):
-    """`--strand both` with an RCPS model: the reverse strand's logprob at each forward position
-    equals the forward's (the model is reverse-complement equivariant: the strand adds nothing);
-    `--regions`: only the regions are stored, and what is stored there is the whole record's
-    forward (a region still sees the whole record on both sides)."""
+    """`--strand both` with an RCPS model: the reverse strand's logprob (and logprob_acgt, its
+    channels complemented) at each forward position equals the forward's (the model is
+    reverse-complement equivariant: the strand adds nothing); `--regions`: only the regions are
+    stored, and what is stored there is the whole record's forward (a region still sees the whole
+    record on both sides)."""
     from _pipeline_data import write_in_process
 
     import linpipe
@@ -442,16 +443,78 @@ def test_both_strands_and_regions(tmp_path, records):
     bed = tmp_path / "r.bed"
     bed.write_text("mt_human\t5000\t9000\nchr2_iupac\t100\t200\n")
     write_in_process(CAD / "records.fa", model, tmp_path / "o.zarr", unit_size=JOB_UNIT,
-                     outputs=("logprob", "entropy"), strand="both", regions=str(bed))
+                     outputs=("logprob", "entropy", "logprob_acgt"), strand="both", regions=str(bed))
     out = linpipe.open_output(str(tmp_path / "o.zarr"))
     m = load(model)
     for rid, (a, b) in (("mt_human", (5000, 9000)), ("chr2_iupac", (100, 200))):
-        want = m.outputs(m.from_tokens(tokenize(records[rid])))["logprob"].numpy()
-        got, rc = (np.asarray(out.read(rid, n), dtype=np.float32) for n in ("logprob", "logprob_rc"))
-        assert np.isnan(got[:a]).all() and np.isnan(got[b:]).all()
-        ok = ~np.isnan(want[a:b])
-        assert np.abs(got[a:b][ok] - want[a:b][ok]).max() < 1e-5
-        assert np.abs(rc[a:b][ok] - got[a:b][ok]).max() < 1e-5
+        whole = m.outputs(m.from_tokens(tokenize(records[rid])))
+        for name in ("logprob", "logprob_acgt"):
+            want = whole[name].numpy()
+            got, rc = (np.asarray(out.read(rid, n), dtype=np.float32) for n in (name, f"{name}_rc"))
+            assert np.isnan(got[:a]).all() and np.isnan(got[b:]).all()
+            ok = ~np.isnan(want[a:b])
+            assert np.abs(got[a:b][ok] - want[a:b][ok]).max() < 1e-5
+            assert np.abs(rc[a:b][ok] - got[a:b][ok]).max() < 1e-5
+
+
+@pytest.fixture(scope="module")
+def acgt_store(tmp_path_factory, records):
+    """The RCPS model (ps_fused) over the records without IUPAC letters (the job reads them as
+    Caduceus's tokenizer does), both strands, logprob and logprob_acgt: chr2_nrun in two units of
+    1,024, the others packed. (model folder, store, records)."""
+    from _pipeline_data import write_in_process
+
+    d = tmp_path_factory.mktemp("acgt")
+    assert run("model", "import", CAD / "ps_fused", d / "m").exit_code == 0
+    chosen = {rid: records[rid] for rid in ("chr2_nrun", "ce_mt", "ce_short")}
+    (d / "r.fa").write_text("".join(f">{rid}\n{seq}\n" for rid, seq in chosen.items()))
+    write_in_process(d / "r.fa", d / "m", d / "o.zarr", unit_size=1024, outputs=("logprob", "logprob_acgt"),
+                     strand="both")
+    return d / "m", d / "o.zarr", chosen
+
+
+def test_logprob_acgt_through_a_job_and_its_reverse_strand(acgt_store, expected):
+    """The stored logprob_acgt is the record's logprob_acgt (the MLM head's log-softmax over the
+    whole vocabulary at A C G T, unmasked) within 1e-5, and Caduceus's own within 1e-4; logprob is
+    its channel at the position's base. The reverse strand's channel X is its log-probability that
+    the forward base is X: for an RCPS model (reverse-complement equivariant) the forward one."""
+    import linpipe
+    from linpipe.inputs.alphabet import tokenize
+
+    model, store, chosen = acgt_store
+    m, out = load(model), linpipe.open_output(str(store))
+    for rid, seq in chosen.items():
+        x = tokenize(seq)
+        acgt, rc = (np.asarray(out.read(rid, n)) for n in ("logprob_acgt", "logprob_acgt_rc"))
+        assert acgt.shape == (len(seq), 4)
+        assert diff(acgt, m.outputs(m.from_tokens(x))["logprob_acgt"]) < 1e-5
+        assert diff(acgt, expected["ps_fused"][f"{rid}/logprob4"]) < TOL
+        assert diff(rc, acgt) < 1e-5
+        bases = x < 4
+        for own, four in (("logprob", acgt), ("logprob_rc", rc)):
+            lp = np.asarray(out.read(rid, own))
+            assert np.isnan(lp[~bases]).all() and np.array_equal(lp[bases], four[bases, x[bases]]), own
+    assert (tokenize(chosen["chr2_nrun"]) == 4).sum() == 120  # N: logprob NaN, logprob_acgt read there
+
+
+def test_a_bidirectional_stores_logprob_exports_to_bigwig(acgt_store, tmp_path):
+    """`linpipe export --format bigwig` of a caduceus store's logprob: every record's values read
+    back as the store holds them (NaN positions left out)."""
+    import pyBigWig
+
+    import linpipe
+
+    _, store, chosen = acgt_store
+    bw = tmp_path / "lp.bw"
+    r = run("export", store, "--format", "bigwig", "--output", "logprob", "-o", bw)
+    assert r.exit_code == 0, r.output
+    out, f = linpipe.open_output(str(store)), pyBigWig.open(str(bw))
+    assert f.chroms() == {rid: len(seq) for rid, seq in chosen.items()}
+    for rid, seq in chosen.items():
+        want = np.asarray(out.read(rid, "logprob"))
+        got = np.array(f.values(rid, 0, len(seq)), dtype=np.float32)
+        assert np.array_equal(got, want, equal_nan=True), rid
+    f.close()
 
 
 def test_the_causal_paths_refuse_it_in_one_line(tmp_path, records):
