@@ -157,23 +157,40 @@ def test_the_split_gives_the_streamed_outputs(tiny, fasta):
     assert np.abs(got["logprob_acgt"] - np.concatenate(want)).max() < 1e-5
 
 
-def test_exports_take_it_as_a_table_not_a_track(store, tmp_path):
-    """A track takes one value per base: logprob_acgt is refused in one line naming the table
-    export; the Parquet table has a column per base."""
+def test_exports_one_bases_track_or_the_table(store, tmp_path):
+    """A track takes one value per base: logprob_acgt without --base is refused in one line
+    naming --base and the table export; with --base G the track holds channel G as stored (the
+    reverse strand's too); --base of a one-value output is refused. The Parquet table has a
+    column per base."""
     import pandas as pd
+    import pyBigWig
 
     import linpipe
 
+    out = linpipe.open_output(str(store))
     r = run("export", store, "--format", "bigwig", "--output", "logprob_acgt", "-o", tmp_path / "t.bw")
     assert r.exit_code == 1 and r.output.count("\n") == 1, r.output
-    assert "has a base axis" in r.output and "--format parquet" in r.output
+    assert "has a base axis" in r.output and "--base A, C, G or T" in r.output
+    assert "--format parquet" in r.output
     assert not (tmp_path / "t.bw").exists()
+    for name in ("logprob_acgt", "logprob_acgt_rc"):
+        r = run("export", store, "--format", "bigwig", "--output", name, "--base", "G",
+                "-o", tmp_path / "g.bw")
+        assert r.exit_code == 0, r.output
+        f = pyBigWig.open(str(tmp_path / "g.bw"))
+        for rid, info in out.records.items():
+            got = np.array(f.values(rid, 0, info.length), dtype=np.float32)
+            assert np.array_equal(got, np.asarray(out.read(rid, name))[:, 2]), (name, rid)
+        f.close()
+    r = run("export", store, "--format", "bedgraph", "--output", "logprob", "--base", "G",
+            "-o", tmp_path / "l.bg")
+    assert r.exit_code == 1 and "no base axis" in r.output and r.output.count("\n") == 1, r.output
     r = run("export", store, "--format", "parquet", "--output", "logprob_acgt", "--record", "short1",
             "-o", tmp_path / "t.parquet")
     assert r.exit_code == 0, r.output
     table = pd.read_parquet(tmp_path / "t.parquet")
     assert list(table.columns) == ["record", "position"] + [f"logprob_acgt_{b}" for b in "ACGT"]
-    want = np.asarray(linpipe.open_output(str(store)).read("short1", "logprob_acgt"))
-    assert np.array_equal(table[[f"logprob_acgt_{b}" for b in "ACGT"]].to_numpy(), want)
+    columns = table[[f"logprob_acgt_{b}" for b in "ACGT"]].to_numpy()
+    assert np.array_equal(columns, out.read("short1", "logprob_acgt"))
     r = run("plot", store, "--record", "long", "--output", "logprob_acgt", "-o", tmp_path / "p.png")
     assert r.exit_code == 1 and "has a base axis" in r.output, r.output
