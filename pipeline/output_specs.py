@@ -71,8 +71,8 @@ OUTPUTS: dict[str, tuple[OutputSpec, ...]] = {
                    default=True, stranded=True),
         OutputSpec("entropy", "float32", None, "nats", "entropy of the prediction", FLOAT_CODEC,
                    default=True, stranded=True),
-        # the prediction itself, of which logprob is one channel (the position's own base): what
-        # a variant's allele or a motif is read from without a second run
+        # the prediction itself, of which logprob is one channel (the position's own base): how
+        # well each base fits each position, from one run
         OutputSpec("logprob_acgt", "float32", BASE, "nats", "log-probability of each base A, C, G, T",
                    FLOAT_CODEC, default=False, stranded=True),
         OutputSpec("softmask", "uint8", None, None, "soft-masked (lowercase) base", "zstd-9", default=True,

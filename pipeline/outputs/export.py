@@ -104,7 +104,8 @@ def _check_track(reader: OutputReader, ids, output: str, base: str | None):
     if dims[1:] == (DIM_BASE,) and base is not None:
         return BASES.index(base)
     if len(dims) != 1:
-        fix = f"{option('base')} A, C, G or T for one base's track, or " if dims[1] == DIM_BASE else ""
+        bases = f"{', '.join(BASES[:-1])} or {BASES[-1]}"
+        fix = f"{option('base')} {bases} for one base's track, or " if dims[1] == DIM_BASE else ""
         raise StoreError(f"{reader.path}: output {output!r} has a {dims[1]} axis; tracks take one value "
                          f"per base (logprob, entropy, softmask): name {fix}{option('format')} parquet "
                          f"(a column per {dims[1]})")
