@@ -80,7 +80,7 @@ def reference(model: str, n: int, out: Path) -> dict:
     _, logp = mk.forward(m, ids)
     w1, c1 = clocks()
     out.mkdir(parents=True, exist_ok=True)
-    np.save(out / "logprob4.npy", logp)  # (T, 4): the check of linpipe's outputs
+    np.save(out / "logprob_acgt.npy", logp)  # (T, 4): the check of linpipe's outputs
     return {"wall_s": w1 - w0, "cpu_s": c1 - c0}
 
 
@@ -98,7 +98,7 @@ def ours(src: Path, n: int, tmp: Path) -> dict:
     w0, c0 = clocks()
     got = m.outputs(ids)
     w1, c1 = clocks()
-    err = float(np.abs(got["logprob4"].numpy() - np.load(tmp / "ckpt" / "logprob4.npy")).max())
+    err = float(np.abs(got["logprob_acgt"].numpy() - np.load(tmp / "ckpt" / "logprob_acgt.npy")).max())
     return {"wall_s": w1 - w0, "cpu_s": c1 - c0, "max_err": err}
 
 

@@ -66,13 +66,13 @@ def main() -> None:
     whole = m.outputs(ids, unit=65536)
     took = time.perf_counter() - t
     print(f"# {a.model} on {RECORD}[:{a.positions:,}]; whole record {took:.1f} s, one thread")
-    lp0, h0 = whole["logprob4"].numpy(), whole["hidden"].numpy()
+    lp0, h0 = whole["logprob_acgt"].numpy(), whole["hidden"].numpy()
     norm = np.linalg.norm(h0, axis=1)
     for w in (int(x) for x in a.windows.split(",")):
         t = time.perf_counter()
         got = windowed_outputs(m, ids, w)
         s = time.perf_counter() - t
-        d = np.abs(got["logprob4"].numpy() - lp0)
+        d = np.abs(got["logprob_acgt"].numpy() - lp0)
         per_pos = d.max(axis=1)
         dh = np.linalg.norm(got["hidden"].numpy() - h0, axis=1) / np.maximum(norm, 1e-12)
         over = ", ".join(f"> {x:g}: {np.mean(per_pos > x):.1%}" for x in (1e-3, 1e-2))

@@ -110,11 +110,14 @@ class PipelineWorker:
         self.outputs = [o for o in outputs if o != "softmask"] if outputs else None
         # --strand both: the reverse strand's outputs (stored name -> the name the model computes
         # it under), and the forward strand's
-        from linpipe.output_specs import STORED, on_strands, output_spec
+        from linpipe.output_specs import STORED, on_strands, output_spec, to_forward
 
         modality = self.store.modality
         self.reverse_outputs = {o: output_spec(modality, o).computed_as
                                 for o in on_strands(modality, self.outputs or (), (REVERSE,))}
+        # a reverse output's values, computed on the reverse complement -> as stored (to_forward)
+        self._to_forward = {o: functools.partial(to_forward, output_spec(modality, o))
+                            for o in self.reverse_outputs}
         if self.outputs is not None:
             self.outputs = on_strands(modality, self.outputs, (FORWARD,))
         self.share = 0.5 if self.reverse_outputs else 1.0  # UnitResult.share of a stream's unit
@@ -227,8 +230,8 @@ class PipelineWorker:
     def _whole_record(self, x, strand, bounds):
         """A whole-record family's run of one record's tokens x on one strand: (outputs of
         positions [s, e) by computed name, as a function of (s, e); the states at each unit's
-        edges). The reverse strand runs on the reverse complement, given back at the forward
-        positions and units."""
+        edges). The reverse strand runs on the reverse complement, its units given at the forward
+        units and its outputs as computed (the first row at e - 1: `_reversed` stores them)."""
         names = list(self.model.select_outputs(self.outputs if strand == FORWARD
                                                else list(self.reverse_outputs.values())))
         net, context = self.model.net, self.store.meta.get("context")  # --context: windows of W
@@ -237,16 +240,20 @@ class PipelineWorker:
         T = len(x)
         unit, states = self._record.run(net, reverse_complement(x), [T - b for b in reversed(bounds)], names,
                                         context=context)
-        return (lambda s, e: {k: v[::-1] for k, v in unit(T - e, T - s).items()}), states[::-1]
+        return (lambda s, e: unit(T - e, T - s)), states[::-1]
 
     def _whole_batch_record(self, x) -> dict:
         """A packed record's outputs from a whole-record family, both strands where asked."""
         T = len(x)
         out = self._whole_record(x, FORWARD, [0, T])[0](0, T)
         if self.reverse_outputs:
-            rev = self._whole_record(x, REVERSE, [0, T])[0](0, T)
-            out.update({name: rev[k] for name, k in self.reverse_outputs.items()})
+            out.update(self._reversed(self._whole_record(x, REVERSE, [0, T])[0](0, T)))
         return out
+
+    def _reversed(self, arrays: dict) -> dict:
+        """The reverse strand's outputs by computed name, as computed on the reverse complement ->
+        by stored name, at the forward positions (output_specs.to_forward)."""
+        return {name: self._to_forward[name](arrays[k]) for name, k in self.reverse_outputs.items()}
 
     def _run_whole_unit(self, unit: Unit, last: bool, seq: int | None) -> UnitResult:
         """A unit of a record of a whole-record family: the record is read and swept whole on
@@ -277,7 +284,7 @@ class PipelineWorker:
             s, e = unit.start, unit.end
             arrays = outs(s, e)
             if unit.strand == REVERSE:
-                arrays = {name: arrays[k] for name, k in self.reverse_outputs.items()}
+                arrays = self._reversed(arrays)
             elif self.aux_name is not None and aux is not None:
                 arrays[self.aux_name] = aux[s:e]
             arrays = cast(arrays, self._dtypes)
@@ -320,7 +327,7 @@ class PipelineWorker:
             try:
                 arrays = {**out.arrays(), **extra}
                 if unit.strand == REVERSE:  # the stored names, at the forward positions
-                    arrays = {name: arrays[k][::-1] for name, k in self.reverse_outputs.items()}
+                    arrays = self._reversed(arrays)
                 if unit.keep is not None:  # --regions: only what overlaps a region (nothing: no data)
                     arrays = mask_outside(arrays, unit.keep, unit.start) if unit.keep else None
                 self.writes.write_unit(unit.key, unit.index, arrays, state=out.state_arrays(),
@@ -365,7 +372,7 @@ class PipelineWorker:
             res = self.model.forward_records(xs + [reverse_complement(x) for x in xs], outputs=both)
             n = len(xs)
             return [{**{k: f[k] for k in (self.outputs or self.model.output_names)},
-                     **{name: r[k][::-1] for name, k in self.reverse_outputs.items()}}
+                     **self._reversed(r)}
                     for f, r in zip(res[:n], res[n:], strict=True)], read
 
         def write(modelled):

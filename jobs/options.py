@@ -423,7 +423,7 @@ OPTIONS: tuple[Option, ...] = (
            "(one Zarr chunk along positions).", default=DEFAULT_UNIT_SIZE, metavar="N", example=65536,
            identity=True, identity_key="chunk_size", stored="chunk_size", aliases=("chunk_size",)),
     Option("outputs", Names(unordered=True), "Comma-separated outputs, e.g. "
-           "logprob,entropy,softmask,hidden (docs/output-format.md).",
+           "logprob,entropy,softmask,logprob_acgt,hidden (docs/output-format.md).",
            default_text="the modality's defaults", metavar="LIST", example=["logprob", "entropy"],
            identity=True, stored="outputs"),
     Option("id_column", Text(), _TS + "column whose value names the series (record) of each row.",
@@ -449,7 +449,8 @@ OPTIONS: tuple[Option, ...] = (
            default=False, default_text="beside an input in a folder of the user's, else in the cache",
            example=True, input_option=True, stored="input_options.index_in_cache"),
     Option("strand", Choice(*CHOICES), "both: also the reverse strand, as logprob_rc, "
-           "entropy_rc (hidden_rc) at the forward positions (DNA; docs/strands.md).", default=ONLY_FORWARD,
+           "entropy_rc (logprob_acgt_rc, hidden_rc) at the forward positions (DNA; docs/strands.md).",
+           default=ONLY_FORWARD,
            example=BOTH, identity=True),
     Option("context", Count(), "A model that reads the whole record on both sides (caduceus): read each "
            "record in windows of W positions instead, as windowed pipelines of such models do (windows "

@@ -16,7 +16,10 @@ DNA, TIMESERIES = "dna", "timeseries"
 MODALITIES = (DNA, TIMESERIES)
 
 # Names of the trailing dimension of 2-D outputs.
-FEATURE, CHANNEL = "feature", "channel"
+FEATURE, CHANNEL, BASE = "feature", "channel", "base"
+# the BASE axis' labels, in order: complementing a base reverses it (A<->T, C<->G), which is how
+# a reverse strand's output over the bases is brought to the forward strand's (to_forward)
+BASES = ("A", "C", "G", "T")
 
 
 # lz4 after bit-shuffling writes 2-4x faster than zstd-5 for 5-14% more bytes; the soft-mask's
@@ -30,7 +33,8 @@ FLOAT_CODEC = "blosc-lz4-5-bitshuffle+crc32c"
 class OutputSpec:
     name: str
     dtype: str  # as stored
-    trailing: str | None  # None: one value per position; FEATURE: d_model wide; CHANNEL: one per channel
+    trailing: str | None  # None: one value per position; FEATURE: d_model wide; CHANNEL: one per channel;
+    # BASE: one per base of BASES
     units: str | None
     long_name: str
     # Lossless compressor for new stores, chosen on the shipped models' outputs
@@ -50,7 +54,12 @@ class OutputSpec:
 
     def width(self, d_model: int, channels: int) -> int | None:
         """The trailing axis' length (None for one value per position)."""
-        return {None: None, FEATURE: d_model, CHANNEL: channels}[self.trailing]
+        return {None: None, FEATURE: d_model, CHANNEL: channels, BASE: len(BASES)}[self.trailing]
+
+    @property
+    def labels(self) -> tuple | None:
+        """The trailing axis' labels where they are fixed (BASES), else None."""
+        return BASES if self.trailing == BASE else None
 
 
 _HIDDEN = OutputSpec("hidden", "float16", FEATURE, None, "hidden representation", FLOAT_CODEC,
@@ -62,6 +71,10 @@ OUTPUTS: dict[str, tuple[OutputSpec, ...]] = {
                    default=True, stranded=True),
         OutputSpec("entropy", "float32", None, "nats", "entropy of the prediction", FLOAT_CODEC,
                    default=True, stranded=True),
+        # the prediction itself, of which logprob is one channel (the position's own base): how
+        # well each base fits each position, from one run
+        OutputSpec("logprob_acgt", "float32", BASE, "nats", "log-probability of each base A, C, G, T",
+                   FLOAT_CODEC, default=False, stranded=True),
         OutputSpec("softmask", "uint8", None, None, "soft-masked (lowercase) base", "zstd-9", default=True,
                    from_model=False),
         replace(_HIDDEN, stranded=True),
@@ -95,6 +108,15 @@ def reverse_spec(spec: OutputSpec) -> OutputSpec:
 STORED: dict[str, dict[str, OutputSpec]] = {
     m: {s.name: s for s in OUTPUTS[m] + tuple(reverse_spec(f) for f in OUTPUTS[m] if f.stranded)}
     for m in MODALITIES}
+
+
+def to_forward(spec: OutputSpec, values):
+    """A reverse output's values as the model computed them on the reverse complement (the first
+    row at the record's last position) -> as stored, at the forward positions. Over the bases
+    the channels are complemented too, so that channel X is the reverse strand's log-probability
+    that the forward strand's base here is X (its complement, on the strand read): the forward
+    and reverse arrays compare channel for channel."""
+    return values[::-1, ::-1] if spec.trailing == BASE else values[::-1]
 
 
 def output_spec(modality: str, name: str) -> OutputSpec:

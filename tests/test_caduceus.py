@@ -71,8 +71,8 @@ def test_whole_record_equals_caduceus(models, expected, records, name, rid):
     within 1e-4 of Caduceus's; long records in units of 3,001 per sweep (states carried)."""
     m, exp, seq = models[name], expected[name], records[rid]
     got = m.outputs(m.encode(seq), unit=UNIT if len(seq) > UNIT else None)
-    assert got["logprob4"].shape == exp[f"{rid}/logprob4"].shape
-    assert diff(got["logprob4"], exp[f"{rid}/logprob4"]) < TOL
+    assert got["logprob_acgt"].shape == exp[f"{rid}/logprob4"].shape
+    assert diff(got["logprob_acgt"], exp[f"{rid}/logprob4"]) < TOL
     assert diff(got["hidden"][exp[f"{rid}/hidden_pos"]], exp[f"{rid}/hidden"]) < TOL
 
 
@@ -86,7 +86,7 @@ def test_masked_positions_equal_caduceus(models, expected, records, name):
     keep = [k for k, p in enumerate(pos) if p in (0, len(ids) - 1)] if name == "ps_fused" else range(len(pos))
     assert m.mask_token == 3 and len(keep) >= 2
     for k in keep:
-        got = m.outputs(ids, mask=[pos[k]])["logprob4"][pos[k]]
+        got = m.outputs(ids, mask=[pos[k]])["logprob_acgt"][pos[k]]
         assert diff(got, exp["chr2_iupac/masked/logprob4"][k]) < TOL, pos[k]
 
 
@@ -106,9 +106,9 @@ def test_windows_equal_caduceus_on_each_window(models, expected, records, name, 
     which = np.repeat(np.arange(len(starts)), np.diff(window_cuts(len(ids), window, starts)))
     assert which.tolist() == exp[f"{key}/window"].tolist()
     got = windowed_outputs(m, ids, window)
-    assert diff(got["logprob4"], exp[f"{key}/logprob4"]) < TOL
+    assert diff(got["logprob_acgt"], exp[f"{key}/logprob4"]) < TOL
     assert diff(got["hidden"][exp["chr2_iupac/hidden_pos"]], exp[f"{key}/hidden"]) < TOL
-    assert diff(got["logprob4"], exp["chr2_iupac/logprob4"]) > 10 * TOL  # the windows do change it
+    assert diff(got["logprob_acgt"], exp["chr2_iupac/logprob4"]) > 10 * TOL  # the windows do change it
 
 
 def test_units_and_tokens(models, records):
@@ -118,7 +118,8 @@ def test_units_and_tokens(models, records):
     ids = m.encode(records["chr2_iupac"])
     whole = m.outputs(ids)
     got = m.outputs(ids, unit=997)
-    assert diff(got["logprob4"], whole["logprob4"]) < 1e-5 and diff(got["hidden"], whole["hidden"]) < 1e-5
+    assert diff(got["logprob_acgt"], whole["logprob_acgt"]) < 1e-5
+    assert diff(got["hidden"], whole["hidden"]) < 1e-5
     short = m.encode(records["ce_short"])
     assert diff(m.outputs(short, unit=1)["hidden"], m.outputs(short)["hidden"]) < 1e-5
     iupac = [k for k, ch in enumerate(records["chr2_iupac"]) if ch.upper() not in "ACGTN"]
@@ -126,7 +127,7 @@ def test_units_and_tokens(models, records):
     assert m.encode("acgtnRYn").tolist() == [7, 8, 9, 10, 11, 6, 6, 11]
     lp = whole["logprob"].numpy()
     assert np.isnan(lp[iupac]).all() and not np.isnan(lp[:iupac[0]]).any()
-    p = torch.softmax(whole["logprob4"], -1)
+    p = torch.softmax(whole["logprob_acgt"], -1)
     assert diff(whole["entropy"], -(p * p.log()).sum(-1)) < 1e-5
 
 
@@ -139,14 +140,14 @@ def test_rcps_is_reverse_complement_equivariant_on_real_data(models, records, na
     fwd = m.outputs(m.encode(seq))
     rc = m.outputs(m.encode(seq.translate(COMPLEMENT)[::-1]))
     assert diff(rc["hidden"].flip(0).flip(-1), fwd["hidden"]) < 1e-5
-    assert diff(rc["logprob4"].flip(0)[:, [3, 2, 1, 0]], fwd["logprob4"]) < 1e-5
+    assert diff(rc["logprob_acgt"].flip(0)[:, [3, 2, 1, 0]], fwd["logprob_acgt"]) < 1e-5
 
 
 def test_ph_is_not_equivariant(models, records):
     """The check above can fail: the non-RCPS model's reverse complement differs."""
     m, seq = models["ph"], records["chr2_nrun"]
-    fwd = m.outputs(m.encode(seq))["logprob4"]
-    rc = m.outputs(m.encode(seq.translate(COMPLEMENT)[::-1]))["logprob4"]
+    fwd = m.outputs(m.encode(seq))["logprob_acgt"]
+    rc = m.outputs(m.encode(seq.translate(COMPLEMENT)[::-1]))["logprob_acgt"]
     assert diff(rc.flip(0)[:, [3, 2, 1, 0]], fwd) > 1e-2
 
 
@@ -427,10 +428,11 @@ def test_sigkilled_submit_resumes_bit_identical(tmp_path, records):
 
 @pytest.mark.slow  # a second job on the actor code
 def test_both_strands_and_regions(tmp_path, records):
-    """`--strand both` with an RCPS model: the reverse strand's logprob at each forward position
-    equals the forward's (the model is reverse-complement equivariant: the strand adds nothing);
-    `--regions`: only the regions are stored, and what is stored there is the whole record's
-    forward (a region still sees the whole record on both sides)."""
+    """`--strand both` with an RCPS model: the reverse strand's logprob (and logprob_acgt, its
+    channels complemented) at each forward position equals the forward's (the model is
+    reverse-complement equivariant: the strand adds nothing); `--regions`: only the regions are
+    stored, and what is stored there is the whole record's forward (a region still sees the whole
+    record on both sides)."""
     from _pipeline_data import write_in_process
 
     import linpipe
@@ -441,16 +443,78 @@ def test_both_strands_and_regions(tmp_path, records):
     bed = tmp_path / "r.bed"
     bed.write_text("mt_human\t5000\t9000\nchr2_iupac\t100\t200\n")
     write_in_process(CAD / "records.fa", model, tmp_path / "o.zarr", unit_size=JOB_UNIT,
-                     outputs=("logprob", "entropy"), strand="both", regions=str(bed))
+                     outputs=("logprob", "entropy", "logprob_acgt"), strand="both", regions=str(bed))
     out = linpipe.open_output(str(tmp_path / "o.zarr"))
     m = load(model)
     for rid, (a, b) in (("mt_human", (5000, 9000)), ("chr2_iupac", (100, 200))):
-        want = m.outputs(m.from_tokens(tokenize(records[rid])))["logprob"].numpy()
-        got, rc = (np.asarray(out.read(rid, n), dtype=np.float32) for n in ("logprob", "logprob_rc"))
-        assert np.isnan(got[:a]).all() and np.isnan(got[b:]).all()
-        ok = ~np.isnan(want[a:b])
-        assert np.abs(got[a:b][ok] - want[a:b][ok]).max() < 1e-5
-        assert np.abs(rc[a:b][ok] - got[a:b][ok]).max() < 1e-5
+        whole = m.outputs(m.from_tokens(tokenize(records[rid])))
+        for name in ("logprob", "logprob_acgt"):
+            want = whole[name].numpy()
+            got, rc = (np.asarray(out.read(rid, n), dtype=np.float32) for n in (name, f"{name}_rc"))
+            assert np.isnan(got[:a]).all() and np.isnan(got[b:]).all()
+            ok = ~np.isnan(want[a:b])
+            assert np.abs(got[a:b][ok] - want[a:b][ok]).max() < 1e-5
+            assert np.abs(rc[a:b][ok] - got[a:b][ok]).max() < 1e-5
+
+
+@pytest.fixture(scope="module")
+def acgt_store(tmp_path_factory, records):
+    """The RCPS model (ps_fused) over the records without IUPAC letters (the job reads them as
+    Caduceus's tokenizer does), both strands, logprob and logprob_acgt: chr2_nrun in two units of
+    1,024, the others packed. (model folder, store, records)."""
+    from _pipeline_data import write_in_process
+
+    d = tmp_path_factory.mktemp("acgt")
+    assert run("model", "import", CAD / "ps_fused", d / "m").exit_code == 0
+    chosen = {rid: records[rid] for rid in ("chr2_nrun", "ce_mt", "ce_short")}
+    (d / "r.fa").write_text("".join(f">{rid}\n{seq}\n" for rid, seq in chosen.items()))
+    write_in_process(d / "r.fa", d / "m", d / "o.zarr", unit_size=1024, outputs=("logprob", "logprob_acgt"),
+                     strand="both")
+    return d / "m", d / "o.zarr", chosen
+
+
+def test_logprob_acgt_through_a_job_and_its_reverse_strand(acgt_store, expected):
+    """The stored logprob_acgt is the record's logprob_acgt (the MLM head's log-softmax over the
+    whole vocabulary at A C G T, unmasked) within 1e-5, and Caduceus's own within 1e-4; logprob is
+    its channel at the position's base. The reverse strand's channel X is its log-probability that
+    the forward base is X: for an RCPS model (reverse-complement equivariant) the forward one."""
+    import linpipe
+    from linpipe.inputs.alphabet import tokenize
+
+    model, store, chosen = acgt_store
+    m, out = load(model), linpipe.open_output(str(store))
+    for rid, seq in chosen.items():
+        x = tokenize(seq)
+        acgt, rc = (np.asarray(out.read(rid, n)) for n in ("logprob_acgt", "logprob_acgt_rc"))
+        assert acgt.shape == (len(seq), 4)
+        assert diff(acgt, m.outputs(m.from_tokens(x))["logprob_acgt"]) < 1e-5
+        assert diff(acgt, expected["ps_fused"][f"{rid}/logprob4"]) < TOL
+        assert diff(rc, acgt) < 1e-5
+        bases = x < 4
+        for own, four in (("logprob", acgt), ("logprob_rc", rc)):
+            lp = np.asarray(out.read(rid, own))
+            assert np.isnan(lp[~bases]).all() and np.array_equal(lp[bases], four[bases, x[bases]]), own
+    assert (tokenize(chosen["chr2_nrun"]) == 4).sum() == 120  # N: logprob NaN, logprob_acgt read there
+
+
+def test_a_bidirectional_stores_logprob_exports_to_bigwig(acgt_store, tmp_path):
+    """`linpipe export --format bigwig` of a caduceus store's logprob: every record's values read
+    back as the store holds them (NaN positions left out)."""
+    import pyBigWig
+
+    import linpipe
+
+    _, store, chosen = acgt_store
+    bw = tmp_path / "lp.bw"
+    r = run("export", store, "--format", "bigwig", "--output", "logprob", "-o", bw)
+    assert r.exit_code == 0, r.output
+    out, f = linpipe.open_output(str(store)), pyBigWig.open(str(bw))
+    assert f.chroms() == {rid: len(seq) for rid, seq in chosen.items()}
+    for rid, seq in chosen.items():
+        want = np.asarray(out.read(rid, "logprob"))
+        got = np.array(f.values(rid, 0, len(seq)), dtype=np.float32)
+        assert np.array_equal(got, want, equal_nan=True), rid
+    f.close()
 
 
 def test_the_causal_paths_refuse_it_in_one_line(tmp_path, records):

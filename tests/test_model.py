@@ -77,7 +77,7 @@ def _reference(directory, x):
             - logits.max(1, keepdims=True)
         lp = np.array([logp[i, t] if t < 4 else np.nan for i, t in enumerate(x)])
         ent = -(np.exp(logp) * logp).sum(1)
-        return {"logprob": lp, "entropy": ent, "hidden": ys[1:]}
+        return {"logprob": lp, "entropy": ent, "logprob_acgt": logp[:, :4], "hidden": ys[1:]}
     fc = logits * np.array(cfg["std"]) + np.array(cfg["mean"])
     return {"forecast": fc, "residual": x - fc, "hidden": ys[1:]}
 

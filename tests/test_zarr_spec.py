@@ -50,9 +50,10 @@ def _folders(root: Path) -> set[str]:
 # ------------------------------------------------------------------------------ node documents
 def test_documents_are_the_ones_zarr_writes(tmp_path, genomes, timeseries):
     """Every array document create writes from a template is byte for byte what zarr's own
-    create_array writes for that array's spec at its real shape (both strands, hidden, markers,
-    a time coordinate and channels), and so are the channel names' chunks."""
-    outputs = ["logprob", "logprob_rc", "entropy", "softmask", "hidden", "hidden_rc"]
+    create_array writes for that array's spec at its real shape (both strands, hidden, an output
+    over the bases with its labels, markers, a time coordinate and channels), and so are the
+    channel names' chunks."""
+    outputs = ["logprob", "logprob_rc", "entropy", "softmask", "logprob_acgt_rc", "hidden", "hidden_rc"]
     build_dna_store(tmp_path / "dna.zarr", genomes, write=False, outputs=outputs)
     build_ts_store(tmp_path / "ts.zarr", timeseries)
     reference = tmp_path / "reference"

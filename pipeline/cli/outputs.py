@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import click
 
+from linpipe.output_specs import BASES
 from linpipe.outputs import DNA_SMOOTH, MAX_CHANNELS
 from linpipe.strands import REVERSE, Strand
 
@@ -168,14 +169,18 @@ def _verdict(report, running) -> str:
 
 @click.command(epilog=examples(
     "linpipe export MT-human.zarr --format bigwig --output logprob -o logprob.bw",
+    "linpipe export MT-human.zarr --format bigwig --output logprob_acgt --base G -o logprob_G.bw",
     "linpipe export ecg.zarr --format parquet --output forecast,residual -o ecg.parquet"))
 @click.argument("store", type=click.Path())
 @click.option("--format", "fmt", type=click.Choice(["bigwig", "bedgraph", "parquet"]), required=True,
               help="bigwig or bedgraph: a genome-browser track of one per-base output; parquet: a table.")
 @output_option
+@click.option("--base", type=click.Choice(BASES), default=None,
+              help="bigwig or bedgraph of an output over the bases (logprob_acgt): the base whose "
+                   "channel the track holds.")
 @record_option(many=True)
 @out_option("a bigWig, bedGraph or Parquet file")
-def export(store, fmt, output, records, out):
+def export(store, fmt, output, base, records, out):
     """Export an output as a genome-browser track (bigWig, bedGraph: one output) or a Parquet
     table (a comma list of outputs)."""
     import warnings
@@ -191,7 +196,7 @@ def export(store, fmt, output, records, out):
                                records=list(records))
             done = f"Wrote {n:,} rows to {out}"
         else:
-            n = export_track(reader, output, out, fmt=fmt, records=list(records))
+            n = export_track(reader, output, out, fmt=fmt, records=list(records), base=base)
             done = f"Wrote {n:,} intervals to {out}"
     for w in caught:
         if issubclass(w.category, CorruptUnitWarning):

@@ -124,8 +124,8 @@ class Model:
         return logits if self.net.logit_cap is None else map_rows(self.net.capped, tile, logits)
 
     def _dna_rows(self, prev, x, outs):
-        """logprob and entropy (those in outs, in that order) of rows: y before each position
-        (N, D) and its token (N,)."""
+        """logprob, entropy and logprob_acgt (those in outs, in DNA_ROWS' order) of rows: y
+        before each position (N, D) and its token (N,)."""
         logp = torch.log_softmax(self._head(prev, prev.shape[0] if row_tile(prev, 1) else None), dim=-1)
         got = []
         if "logprob" in outs:
@@ -133,7 +133,12 @@ class Model:
             got.append(torch.where(x == TOKEN_N, float("nan"), lp))
         if "entropy" in outs:
             got.append(-(logp.exp() * logp).sum(-1))
+        if "logprob_acgt" in outs:  # the head's rows 0-3 are A C G T (ModelConfig.head_vocab)
+            got.append(logp[:, :4].contiguous())
         return tuple(got)
+
+    # the outputs _dna_rows computes, in its order
+    DNA_ROWS = ("logprob", "entropy", "logprob_acgt")
 
     def heads(self, x, y, y0, outs) -> dict:
         """Per-position outputs {name: (B, T[, ...]) tensor} of inputs x (B, T[, C]) from y (B, T,
@@ -147,10 +152,10 @@ class Model:
         if "hidden" in outs:
             res["hidden"] = y
         if self.modality == "dna":
-            want = [o for o in ("logprob", "entropy") if o in outs]
+            want = [o for o in self.DNA_ROWS if o in outs]
             if want:
                 got = map_rows(lambda p, t: self._dna_rows(p, t, want), tile, prev, x.reshape(B * T))
-                res.update({o: v.view(B, T) for o, v in zip(want, got, strict=True)})
+                res.update({o: v.view(B, T, *v.shape[1:]) for o, v in zip(want, got, strict=True)})
         else:
             if "forecast" in outs or "residual" in outs:
                 fc = self._head(prev, tile).view(B, T, -1) * self.net.std + self.net.mean  # (B, T, C)

@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 
 from linpipe.errors import StoreError, option
-from linpipe.output_specs import DNA
+from linpipe.output_specs import BASES, DNA
 from linpipe.places import check_apart
-from linpipe.store.layout import DIM_CHANNEL, POSITION_DIM, TIME
+from linpipe.store.layout import DIM_BASE, DIM_CHANNEL, POSITION_DIM, TIME
 from linpipe.store.reader import OutputReader, as_reader
 
 TRACK_FORMATS = ("bigwig", "bedgraph")
@@ -89,22 +89,36 @@ def _merge_runs(runs):
         yield np.array([carry[0]]), np.array([carry[1]]), np.array([carry[2]])
 
 
-def _check_track(reader: OutputReader, ids, output: str):
-    """Tracks take dna outputs of one value per base (the modality and dims are store-wide)."""
+def _check_track(reader: OutputReader, ids, output: str, base: str | None):
+    """Tracks take dna outputs of one value per base, or one base's channel of an output over
+    the bases (the modality and dims are store-wide). Returns that channel's index, or None."""
+    if base is not None and base not in BASES:
+        raise StoreError(f"{option('base')} {base!r}: one of {', '.join(BASES)}")
     first = next((i for i in _infos(reader, ids)), None)
     if first is None:
-        return
+        return None
     if first.modality != DNA:
         raise StoreError(f"{reader.path}: record {first.id!r} is a time series; genome tracks "
                          f"need dna outputs (use {option('format')} parquet)")
     dims = reader.dims(first.id, output)
+    if dims[1:] == (DIM_BASE,) and base is not None:
+        return BASES.index(base)
     if len(dims) != 1:
-        raise StoreError(f"{reader.path}: output {output!r} has a {dims[1]} "
-                         "axis; tracks take one value per base (logprob, entropy, softmask)")
+        bases = f"{', '.join(BASES[:-1])} or {BASES[-1]}"
+        fix = f"{option('base')} {bases} for one base's track, or " if dims[1] == DIM_BASE else ""
+        raise StoreError(f"{reader.path}: output {output!r} has a {dims[1]} axis; tracks take one value "
+                         f"per base (logprob, entropy, softmask): name {fix}{option('format')} parquet "
+                         f"(a column per {dims[1]})")
+    if base is not None:
+        raise StoreError(f"{option('base')} {base}: output {output!r} has one value per position, no base "
+                         "axis to choose from (leave it out)")
+    return None
 
 
-def export_track(store, output: str, dest, *, fmt: str = "bigwig", records=None) -> int:
+def export_track(store, output: str, dest, *, fmt: str = "bigwig", records=None,
+                 base: str | None = None) -> int:
     """Write one per-base output as a bigWig or bedGraph track; returns the number of intervals.
+    `base` (A, C, G or T): an output over the bases (logprob_acgt) as that base's channel.
 
     Chromosome names are the original record ids and their sizes the record lengths; positions
     with NaN (e.g. logprob at N bases) and units never completed are left out of the track.
@@ -116,13 +130,14 @@ def export_track(store, output: str, dest, *, fmt: str = "bigwig", records=None)
     reader = as_reader(store)
     check_apart(dest, [("store", reader.path)])
     ids = _select(reader, records)
-    _check_track(reader, ids, output)
+    channel = _check_track(reader, ids, output, base)
     dest = os.fspath(dest)
     n = 0
-    units = (b for b in reader.units(output, ids) if b[0].length > 0)
+    units = ((i, s, v if channel is None else v[:, channel]) for i, s, v in reader.units(output, ids)
+             if i.length > 0)
     if fmt == "bedgraph":
         with replaced_when_done(dest) as tmp, open(tmp, "w") as f:
-            f.write(f'track type=bedGraph name="{output}"\n')
+            f.write(f'track type=bedGraph name="{output if base is None else f"{output}_{base}"}"\n')
             for info, got in _by_record(units):
                 chrom = info.id
                 for s, e, v in _merge_runs(value_runs(vals, start) for start, vals in got):
@@ -193,7 +208,8 @@ def _write_parquet(reader, ids, names, labels, channels, has_time, dest) -> int:
                 if v.ndim == 1:
                     cols[name] = pa.array(v)
                 else:
-                    lab = channels if labels[name] == DIM_CHANNEL else [str(j) for j in range(v.shape[1])]
+                    lab = (channels if labels[name] == DIM_CHANNEL else BASES if labels[name] == DIM_BASE
+                           else [str(j) for j in range(v.shape[1])])
                     for j, c in enumerate(lab):
                         cols[f"{name}_{c}"] = pa.array(np.ascontiguousarray(v[:, j]))
             table = pa.table(cols)

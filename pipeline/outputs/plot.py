@@ -22,7 +22,7 @@ from linpipe.output_specs import TIMESERIES
 from linpipe.outputs import DNA_SMOOTH, MAX_CHANNELS
 from linpipe.outputs.export import replaced_when_done
 from linpipe.places import check_apart
-from linpipe.store.layout import DIM_FEATURE
+from linpipe.store.layout import DIM_CHANNEL
 from linpipe.store.reader import as_reader
 
 PANEL_PX = 400  # height of a panel, down to MIN_PANEL_PX when there are many
@@ -153,9 +153,9 @@ def plot_region(store, record: str, output, dest, *, region: str | None = None,
     arrays = {}
     for name in names:
         arr = reader.array(key, name)
-        if arr.ndim == 2 and reader.dims(key, name)[1] == DIM_FEATURE:
-            raise StoreError(f"{reader.path}: output {name!r} has a feature axis; plot a per-position "
-                             "output (logprob, entropy, softmask, forecast, residual, anomaly)")
+        if arr.ndim == 2 and reader.dims(key, name)[1] != DIM_CHANNEL:  # a series' channels are chosen
+            raise StoreError(f"{reader.path}: output {name!r} has a {reader.dims(key, name)[1]} axis; plot a "
+                             "per-position output (logprob, entropy, softmask, forecast, residual, anomaly)")
         values = arr[start:end]
         arrays[name] = (values if values.ndim == 2 else values[:, None], arr.attrs.get("units"))
     rows = []  # (values of one panel, label, colour, input overlay or None, units)

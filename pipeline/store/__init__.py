@@ -2,6 +2,7 @@
 from linpipe.store.layout import (
     CODEC_CHOICE,
     DEFAULT_OUTPUTS,
+    DIM_BASE,
     DIM_CHANNEL,
     DIM_FEATURE,
     DIM_POSITION,
@@ -17,6 +18,7 @@ from linpipe.store.reader import IncompleteStoreWarning, OutputReader, open_outp
 from linpipe.store.records import StoredRecord
 from linpipe.store.writer import OutputStore
 
-__all__ = ["CODEC_CHOICE", "DEFAULT_OUTPUTS", "DIM_CHANNEL", "DIM_FEATURE", "DIM_POSITION", "DIM_TIME",
-           "FORMAT", "FORMAT_VERSION", "OUTPUT_KINDS", "POSITION_DIM", "ArraySpec", "IncompleteStoreWarning",
-           "OutputReader", "OutputStore", "StoredRecord", "codecs_for", "open_output"]
+__all__ = ["CODEC_CHOICE", "DEFAULT_OUTPUTS", "DIM_BASE", "DIM_CHANNEL", "DIM_FEATURE", "DIM_POSITION",
+           "DIM_TIME", "FORMAT", "FORMAT_VERSION", "OUTPUT_KINDS", "POSITION_DIM", "ArraySpec",
+           "IncompleteStoreWarning", "OutputReader", "OutputStore", "StoredRecord", "codecs_for",
+           "open_output"]

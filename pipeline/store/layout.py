@@ -16,6 +16,7 @@ import numpy as np
 
 from linpipe.errors import StoreError
 from linpipe.output_specs import (
+    BASE,
     CHANNEL,
     DNA,
     FEATURE,
@@ -46,6 +47,7 @@ DIM_POSITION = "position"
 DIM_TIME = "time"
 DIM_FEATURE = FEATURE
 DIM_CHANNEL = CHANNEL
+DIM_BASE = BASE  # an output over the bases A C G T (their labels: the array's attribute `base`)
 DIM_UNIT = "chunk"  # progress markers: one per work unit (the stored dim keeps its name)
 DIM_BYTE = "byte"  # boundary states: a safetensors blob
 DIM_RECORD = "record"  # rows of the packed record table
@@ -155,6 +157,8 @@ def record_arrays(modality: str, length: int, time_dtype: str | None, outputs, *
         width = kind.width(feature_dim, len(channels) if channels else 0)
         trailing = () if width is None else (width,)
         attrs = {k: v for k, v in (("units", kind.units), ("long_name", kind.long_name)) if v}
+        if kind.labels:  # in the array's own metadata: readers other than linpipe's see them too
+            attrs[kind.trailing] = list(kind.labels)
         specs.append(ArraySpec(name, dtype, (dim,) + ((kind.trailing,) if trailing else ()),
                                (length,) + trailing, (unit_size,) + trailing,
                                0 if dtype == "uint8" else np.nan, CODEC_CHOICE[kind.computed_as], attrs,

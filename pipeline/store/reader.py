@@ -8,10 +8,12 @@ import warnings
 import numpy as np
 
 from linpipe.errors import StoreError, option
+from linpipe.output_specs import BASES
 from linpipe.store.checked import CheckedArray, lazy
 from linpipe.store.checksums import STATE, UnitCheck
 from linpipe.store.layout import (
     CHANNEL_NAMES,
+    DIM_BASE,
     DIM_CHANNEL,
     PACKED,
     POSITION_DIM,
@@ -131,6 +133,8 @@ class OutputReader:
                 ds = ds.load()
         if dim not in ds.coords:  # positions from 0, as a lazy range (no big int array in memory)
             ds = ds.assign_coords(xr.Coordinates({dim: pd.RangeIndex(info.length, name=dim)}))
+        if DIM_BASE in ds.dims and DIM_BASE not in ds.coords:  # ds.logprob_acgt.sel(base="G")
+            ds = ds.assign_coords({DIM_BASE: np.asarray(BASES, dtype=object)})
         ds.attrs.update({"record_id": info.id, "description": info.description,
                          "record_key": info.key, "packed": info.packed,
                          "missing_ranges": [list(r) for r in self.missing_ranges[info.id]]})

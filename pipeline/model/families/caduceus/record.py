@@ -179,7 +179,7 @@ class CaduceusRecord:
         return out
 
     def outputs(self, ids, unit=None, mask=None, edges: list | None = None) -> dict:
-        """forward's outputs as linpipe stores them per position: `logprob4` (T, 4) the
+        """forward's outputs as linpipe stores them per position: `logprob_acgt` (T, 4) the
         log-softmax over the whole vocabulary read at A C G T (not renormalised), `logprob` at
         the position's own base (NaN where it is not A C G T), `entropy` of the distribution
         renormalised over the four bases (nats), `hidden` (T, C)."""
@@ -198,7 +198,7 @@ class CaduceusRecord:
         own = torch.where(base >= 0, own, torch.full_like(own, float("nan")))
         p = F.softmax(lp4, -1)
         entropy = -(p * F.log_softmax(lp4, -1)).sum(-1)
-        return {"logprob4": lp4, "logprob": own, "entropy": entropy, "hidden": hidden}
+        return {"logprob_acgt": lp4, "logprob": own, "entropy": entropy, "hidden": hidden}
 
 
 def load(path_or_name) -> CaduceusRecord:

@@ -31,10 +31,10 @@ def window_cuts(length: int, window: int, starts: np.ndarray) -> np.ndarray:
 
 
 def windowed_outputs(rec, ids, window: int) -> dict:
-    """CaduceusRecord rec's outputs (logprob4, logprob, entropy, hidden: record.py's `outputs`)
+    """CaduceusRecord rec's outputs (logprob_acgt, logprob, entropy, hidden: record.py's `outputs`)
     of every position of ids (T,), each from its window of `window` positions."""
     ids = torch.as_tensor(ids, dtype=torch.long)
-    names = ("logprob4", "logprob", "entropy", "hidden")
+    names = ("logprob_acgt", "logprob", "entropy", "hidden")
     unit, _ = run_windows(rec, lambda s, e: ids[s:e], (0, len(ids)), names, window)
     return {k: torch.from_numpy(v) for k, v in unit(0, len(ids)).items()}
 
