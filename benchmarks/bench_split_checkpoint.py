@@ -281,7 +281,10 @@ def print_rep(i: int, rep: dict, choices, a) -> None:
               f"({r['positions_per_s'] / 1e3:.1f}k), {w1['wall_s'] / r['wall_s']:.2f}x the wall; CPU "
               f"{r['cpu_s']:.1f} s: 2 x 1 worker's / this = {2 * w1['cpu_s'] / r['cpu_s']:.2f}x "
               f"[{r['loadavg'][0][0]:.1f}]")
-        print(f"    layers: slowest segment's compute {total['compute_s']:.1f} s, of it keeping inputs "
+        first = r["layers"][0] if r["layers"] else {}
+        per = [sum(x["segments_s"][k] for x in r["layers"]) for k in range(len(first.get("segments_s", ())))]
+        print(f"    layers: slowest segment's compute {total['compute_s']:.1f} s (each segment's: "
+              f"{', '.join(f'{v:.1f}' for v in per) or 'not known'}), of it keeping inputs "
               f"{total['keep_s']:.1f} s; exchanges {total['exchange_s']:.2f} s; on disk at most "
               f"{r['peak_split_bytes'] / a.length:.1f} B/position (choice: {chosen})")
         k = rep.get(f"kill_{name}")

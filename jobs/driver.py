@@ -129,7 +129,7 @@ class JobEvents:
     def split_layer(self, record_id: str, layer: int, nodes: list[str], timing: dict) -> None:
         """A split record's segment group finished `layer` (nodes: its actors, "node:pid";
         timing: wall_s, compute_s of the slowest segment, keep_s of it spent keeping the layer
-        input, exchange_s, bytes via the driver)."""
+        input, exchange_s, bytes via the driver, segments_s: each segment's own compute)."""
 
     def split_keeps(self, record_id: str, keeps, rates) -> None:
         """A split record's choice per layer input, keep or recompute (checkpoints.Keeps), and

@@ -260,14 +260,19 @@ class RayGroup:
 
     def __init__(self, new_actor, n: int, what: str):
         self.pool = Pool(new_actor, n, describe=lambda work: what, on_lost=self._lost, replace=False)
-        self.timing = {"wall_s": 0.0, "compute_s": 0.0, "keep_s": 0.0, "bytes": 0}  # since the last take()
+        self.timing = self._zero(n)  # since the last take()
 
     @staticmethod
     def _lost(slot, e: Exception) -> None:
         raise GroupLost(type(e).__name__)
 
+    @staticmethod
+    def _zero(n: int) -> dict:
+        # segments_s: each segment's own compute (how evenly segment_bounds shares the work)
+        return {"wall_s": 0.0, "compute_s": 0.0, "keep_s": 0.0, "bytes": 0, "segments_s": [0.0] * n}
+
     def take(self) -> dict:
-        t, self.timing = self.timing, {"wall_s": 0.0, "compute_s": 0.0, "keep_s": 0.0, "bytes": 0}
+        t, self.timing = self.timing, self._zero(len(self.timing["segments_s"]))
         return {**t, "exchange_s": t["wall_s"] - t["compute_s"]}
 
     def first(self, method: str, *args):
@@ -286,6 +291,8 @@ class RayGroup:
         self.timing["wall_s"] += time.perf_counter() - t0
         self.timing["compute_s"] += max(sec for _, sec, _ in out)
         self.timing["keep_s"] += max(keep for _, _, keep in out)
+        each = self.timing["segments_s"]
+        self.timing["segments_s"] = [t + sec for t, (_, sec, _) in zip(each, out, strict=True)]
         out = [v for v, _, _ in out]
         self.timing["bytes"] += len(pickle.dumps(args)) + len(pickle.dumps(out))  # to and from the driver
         return out
@@ -362,9 +369,10 @@ def run_split(record: Record, n_segments: int, store, new_actor, events, *, firs
     after an actor is lost. budget: the bytes of layer inputs the run may keep in the store
     (--split-budget; keeps_for). on_layer(record, layer, nodes, timing) is called after
     every layer's barrier (timing: wall, slowest-segment compute (of which keeping h) and
-    exchange seconds, and bytes through the driver, since the previous call (layer 0 includes
-    the embedding); tests kill a worker there). Returns counts for the job summary, with the
-    choice made (`keeps`, a checkpoints.Keeps) and the rates it was made from."""
+    exchange seconds, each segment's compute, and bytes through the driver, since the previous
+    call (layer 0 includes the embedding); tests kill a worker there). Returns counts for the
+    job summary, with the choice made (`keeps`, a checkpoints.Keeps) and the rates it was made
+    from."""
     from linpipe.model import ModelState
     from linpipe.model.checkpoints import RATES_ENV, assumed_rates
     from linpipe.model.segments import segment_bounds

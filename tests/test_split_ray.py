@@ -83,6 +83,10 @@ class Watch(JobEvents):
     def split_layer(self, record_id, layer, nodes, timing):
         self.layers.append((record_id, layer, list(nodes)))
         assert timing["bytes"] > 0 and timing["wall_s"] >= timing["compute_s"] > 0
+        # each segment's own compute (how evenly the record was shared); each barrier waits for the
+        # slowest of its call, so no segment's sum exceeds the layer's
+        assert len(timing["segments_s"]) == len(nodes)
+        assert 0 < max(timing["segments_s"]) <= timing["compute_s"] + 1e-9
         if self.kill_at and self.kill_at[0] == layer:
             pid = int(nodes[self.kill_at[1]].rsplit(":", 1)[1])
             os.kill(pid, signal.SIGKILL)  # an actor of this test's job
