@@ -590,3 +590,79 @@ def test_verify_repair_rewrites_a_unit_bit_identically(tmp_path):
     a, b = (OutputStore.open(str(p), mode="r") for p in (good, bad))
     k = a.record_key("chr2_iupac")
     assert all(np.array_equal(x, b.boundary_state(k, 1)[n]) for n, x in a.boundary_state(k, 1).items())
+
+
+def test_a_kept_layer_resumes_the_record_bit_identically(tmp_path, models, records):
+    """A job's run of a whole record keeps each layer's output in the store's split area
+    (jobs/whole.py): stopped after layer 1 (an exception from the keeper, as a kill), the next run
+    starts from it and gives the bytes of an uninterrupted run (outputs and unit-edge states);
+    a torn kept object falls back to the layer before, else to the start, the same bytes; what a
+    run keeps is gone once cleared; a budget below two layers keeps nothing (RCPS, 2 layers)."""
+    from linpipe.inputs.alphabet import tokenize
+    from linpipe.jobs.whole import LayerKeeper
+    from linpipe.model.families.caduceus.record import run as record_run
+    from linpipe.store.location import Location
+    from linpipe.store.splits import SplitRecords
+
+    m = models["ps_fused"]
+    tokens, bounds, names = tokenize(records["chr2_nrun"]), [0, 700, 1400, 2000], ["logprob", "hidden"]
+    splits = SplitRecords(Location(tmp_path / "s", read_only=False), "r", list(zip(bounds, bounds[1:])))
+    want, want_states = record_run(m.net, tokens, bounds, names)
+
+    class Stop(Exception):
+        pass
+
+    class Keeper(LayerKeeper):
+        """Raises once layer `at` is marked (before the layer before is dropped: `both`); records
+        each step."""
+
+        def __init__(self, budget=1 << 30, at=None, both=False):
+            super().__init__(splits, budget=budget)
+            self.at, self.both, self.steps = at, both, []
+
+        def done(self, layer):
+            if layer == self.at and self.both:
+                self.splits.put(self._name(f"ckpt/{layer}"), {"layer": np.array([layer])})
+                raise Stop
+            super().done(layer)
+            if layer == self.at:
+                raise Stop
+
+        def step(self, done, total, resumed=0):
+            self.steps.append((done, total, resumed))
+            super().step(done, total, resumed)
+
+    def resumed(keeper) -> int:
+        outs, states = record_run(m.net, tokens, bounds, names, keeper=keeper)
+        for (s, e), st, w in zip(zip(bounds, bounds[1:]), states, want_states, strict=True):
+            a, b = outs(s, e), want(s, e)
+            assert all(np.array_equal(a[k], b[k], equal_nan=True) for k in names), (s, e)
+            assert set(st) == set(w) and all(np.array_equal(st[k], w[k]) for k in w)
+        assert keeper.steps[0][1] == 4 and keeper.steps[-1][:2] == (4, 4)
+        assert [d for d, _, _ in keeper.steps] == list(range(keeper.steps[0][0], 5))  # per sweep
+        return keeper.steps[0][2]
+
+    with pytest.raises(Stop):
+        record_run(m.net, tokens, bounds, names, keeper=Keeper(at=1))
+    assert Keeper().kept() == [1]
+    assert resumed(Keeper()) == 2  # from layer 1: its two sweeps taken from before
+    assert Keeper().kept() == [2]  # the last layer's output (the final residual stream) stays
+    Keeper().clear()
+    assert splits.all_names() == [] and not (tmp_path / "s" / splits.root).exists()
+
+    with pytest.raises(Stop):  # both layers marked: a torn object of layer 2 falls back to layer 1
+        record_run(m.net, tokens, bounds, names, keeper=Keeper(at=2, both=True))
+    assert Keeper().kept() == [2, 1]
+    torn = tmp_path / "s" / splits.prefix / "whole" / "0" / "1"
+    torn.write_bytes(torn.read_bytes()[:-9])
+    assert resumed(Keeper()) == 2
+    Keeper().clear()
+    with pytest.raises(Stop):
+        record_run(m.net, tokens, bounds, names, keeper=Keeper(at=1))
+    torn = tmp_path / "s" / splits.prefix / "whole" / "1" / "2"
+    torn.write_bytes(torn.read_bytes()[:100])  # the only kept layer torn: the record starts over
+    assert resumed(Keeper()) == 0
+    Keeper().clear()
+
+    small = Keeper(budget=2 * 4 * m.C * len(tokens) - 1)  # two layers do not fit: none kept
+    assert resumed(small) == 0 and small.kept() == [] and splits.names() == ["whole/progress"]
