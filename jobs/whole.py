@@ -90,7 +90,8 @@ class LayerKeeper:
                 self.splits.delete(n)
 
     def step(self, done: int, total: int, resumed: int = 0) -> None:
-        """The run has done `done` of its `total` steps, `resumed` of them taken from before."""
+        """The run has done `done` of its `total` steps, the first `resumed` of them taken from
+        before (said in every step: the driver reads the last)."""
         self.splits.put(self._name("progress"), {"step": np.array([done, total, resumed], dtype=np.int64)},
                         sync=False)
 
@@ -135,8 +136,9 @@ class WholeProgress:
             return
         self.step = step
         done, total, resumed = step
-        if self.runs == 1 and resumed and not self.resumed and not self.reported:
-            self.resumed = self.reported = self.left * resumed / (total + 1)
+        if self.runs == 1 and resumed and not self.resumed:  # the first run's start, in each step
+            self.resumed = self.left * resumed / (total + 1)
+            self.reported = max(self.reported, self.resumed)
             self.events.split_resumed(self.id, self.resumed)
         self._report()
 

@@ -426,6 +426,70 @@ def test_sigkilled_submit_resumes_bit_identical(tmp_path, records):
     assert_store_equals_forward(out, model, records)
 
 
+def kept_layers(out) -> list[Path]:
+    """The markers of the layers whole records keep in the store's split area (jobs/whole.py)."""
+    return list(Path(out).glob("_linpipe/*/split/*/whole*/ckpt/*"))
+
+
+def steps_run(out) -> int:
+    """The most steps (sweeps) any whole record's run has reported in the store (0: none yet)."""
+    from linpipe.store.splits import decode
+
+    got = [decode(p.read_bytes()) for p in Path(out).glob("_linpipe/*/split/*/whole*/progress")]
+    return max((int(g["step"][0]) for g in got if g is not None), default=0)
+
+
+@pytest.mark.slow  # Ray on loopback, a driver killed mid-record, twice: 60-90 s
+@pytest.mark.premerge
+@pytest.mark.parametrize("budget", [None, "0"])
+def test_sigkilled_between_layers_resumes_from_a_kept_layer(tmp_path, records, budget):
+    """`linpipe submit` (ph: 3 layers, human MT in units of 1,024) SIGKILLed with its Ray once a
+    layer of the record is kept in the store's split area and submitted again: the resume starts
+    from that layer (the summary counts positions from before though no unit was written), the
+    same bytes as an uninterrupted run, and nothing kept is left. --split-budget 0: nothing is
+    kept (killed after a layer's sweeps), the record runs again from its start, the same bytes."""
+    import re
+    import signal
+    import subprocess
+    import sys
+
+    from _pipeline_data import (
+        assert_same_bytes,
+        record_outputs,
+        signal_session,
+        store_arrays,
+        submit_running,
+        write_in_process,
+    )
+
+    from linpipe.store import OutputStore
+
+    model = tmp_path / "m"
+    assert run("model", "import", CAD / "ph", model).exit_code == 0
+    out, clean = tmp_path / "killed.zarr", tmp_path / "clean.zarr"
+    cmd = [sys.executable, "-c", "from linpipe.cli import cli; cli()", "submit", str(CAD / "records.fa"),
+           "--model", str(model), "--unit-size", "1024", "--outputs", "logprob,entropy,hidden",
+           "--out", str(out), "--workers", "1"] + ([] if budget is None else ["--split-budget", budget])
+    done = (lambda o: len(kept_layers(o))) if budget is None else (lambda o: steps_run(o) >= 2)
+    with submit_running(cmd, out, 1, wait_s=240, done=done) as proc:
+        signal_session(proc.pid, signal.SIGKILL)  # the driver and its Ray at once
+        proc.wait(timeout=30)
+    units = OutputStore.open(str(out), mode="r").progress()["units_done"]
+    assert (len(kept_layers(out)) > 0) == (budget is None)
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=400)
+    assert res.returncode == 0, res.stderr
+    assert units == 0  # killed inside the first record's layers
+    # the kept layers were taken from before (no unit was); the bar never went back, and ended full
+    assert ("from before" in res.stdout) == (budget is None), res.stdout
+    shares = [float(p) for p in re.findall(r"positions \((\d+\.\d)%\)", res.stderr)]
+    assert shares == sorted(shares), res.stderr
+    assert not kept_layers(out) and not list(out.glob("_linpipe/*/split"))
+    write_in_process(CAD / "records.fa", model, clean, unit_size=1024,
+                     outputs=("logprob", "entropy", "hidden"))
+    assert_same_bytes(store_arrays(clean), store_arrays(out))
+    assert_same_bytes(record_outputs(clean), record_outputs(out))
+
+
 @pytest.mark.slow  # a second job on the actor code
 def test_both_strands_and_regions(tmp_path, records):
     """`--strand both` with an RCPS model: the reverse strand's logprob (and logprob_acgt, its
@@ -599,14 +663,16 @@ def test_a_kept_layer_resumes_the_record_bit_identically(tmp_path, models, recor
     a torn kept object falls back to the layer before, else to the start, the same bytes; what a
     run keeps is gone once cleared; a budget below two layers keeps nothing (RCPS, 2 layers)."""
     from linpipe.inputs.alphabet import tokenize
-    from linpipe.jobs.whole import LayerKeeper
+    from linpipe.jobs.whole import LayerKeeper, WholeProgress
     from linpipe.model.families.caduceus.record import run as record_run
     from linpipe.store.location import Location
     from linpipe.store.splits import SplitRecords
+    from linpipe.strands import FORWARD
 
     m = models["ps_fused"]
     tokens, bounds, names = tokenize(records["chr2_nrun"]), [0, 700, 1400, 2000], ["logprob", "hidden"]
-    splits = SplitRecords(Location(tmp_path / "s", read_only=False), "r", list(zip(bounds, bounds[1:])))
+    pairs = list(zip(bounds[:-1], bounds[1:], strict=True))
+    splits = SplitRecords(Location(tmp_path / "s", read_only=False), "r", pairs)
     want, want_states = record_run(m.net, tokens, bounds, names)
 
     class Stop(Exception):
@@ -634,18 +700,35 @@ def test_a_kept_layer_resumes_the_record_bit_identically(tmp_path, models, recor
 
     def resumed(keeper) -> int:
         outs, states = record_run(m.net, tokens, bounds, names, keeper=keeper)
-        for (s, e), st, w in zip(zip(bounds, bounds[1:]), states, want_states, strict=True):
+        for (s, e), st, w in zip(pairs, states, want_states, strict=True):
             a, b = outs(s, e), want(s, e)
             assert all(np.array_equal(a[k], b[k], equal_nan=True) for k in names), (s, e)
             assert set(st) == set(w) and all(np.array_equal(st[k], w[k]) for k in w)
         assert keeper.steps[0][1] == 4 and keeper.steps[-1][:2] == (4, 4)
         assert [d for d, _, _ in keeper.steps] == list(range(keeper.steps[0][0], 5))  # per sweep
+        assert len({r for _, _, r in keeper.steps}) == 1
         return keeper.steps[0][2]
 
     with pytest.raises(Stop):
         record_run(m.net, tokens, bounds, names, keeper=Keeper(at=1))
     assert Keeper().kept() == [1]
+    moved = {"before": [], "run": []}
+
+    class Events:  # the driver's bar (WholeProgress: the run's 4 sweeps and its writes, 1/5 each)
+        def split_resumed(self, rid, n):
+            moved["before"].append(n)
+
+        def split_progress(self, rid, n):
+            moved["run"].append(n)
+
+    bar = WholeProgress(splits, FORWARD, 2000.0, Events(), "chr2_nrun")
+    bar.sent()
     assert resumed(Keeper()) == 2  # from layer 1: its two sweeps taken from before
+    bar.poll()
+    for s, e in pairs:
+        bar.unit(e - s)
+    assert moved["before"] == [800.0] and min(moved["run"]) > 0 and sum(moved["run"]) == 1200.0
+    assert (bar.run, bar.resumed) == (1200.0, 800.0)
     assert Keeper().kept() == [2]  # the last layer's output (the final residual stream) stays
     Keeper().clear()
     assert splits.all_names() == [] and not (tmp_path / "s" / splits.root).exists()

@@ -161,7 +161,7 @@ def sweep_record(rec, ids, bounds, budget: int = MEMORY_BUDGET, folder: str | No
                     f[a:b, half * D:(half + 1) * D] = y
                     after[k].append(states[k])
         if keeper is not None:
-            keeper.step(2 * i + 1, 2 * L)
+            keeper.step(2 * i + 1, 2 * L, 2 * start)
         for a, b in reversed(units):  # right to left, then the combine, the residual: the next input
             x = rec.norm(s[a:b], w)
             got = {}
@@ -185,6 +185,6 @@ def sweep_record(rec, ids, bounds, budget: int = MEMORY_BUDGET, folder: str | No
                 keeper.put(i + 1, k, {"s": nxt[a:b].cpu().numpy(), **_kept_states(edges, k)})
             keeper.done(i + 1)
         if keeper is not None:
-            keeper.step(2 * i + 2, 2 * L)
+            keeper.step(2 * i + 2, 2 * L, 2 * start)
         s, nxt = nxt, s
     return HeldRecord(rec, s, ids, rec.unit_states(edges, len(units)), buf)
