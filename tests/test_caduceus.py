@@ -374,7 +374,9 @@ def test_a_job_with_context_reads_each_position_from_its_window(tmp_path, record
 
 def test_a_forced_split_is_refused_and_dry_run_says_what_a_worker_keeps(tmp_path):
     """--split N: one line; --dry-run: the bytes a worker keeps beside the longest record
-    (three float32 arrays of d_model: 12 x 24 x 16,569 for ph on human MT)."""
+    (three float32 arrays of d_model: 12 x 24 x 16,569 for ph on human MT), the most a job's
+    kept layers take in the store (two layers' outputs) and the records whose two layers do not
+    fit --split-budget."""
     from linpipe.progress import human_bytes
 
     model = tmp_path / "m"
@@ -385,6 +387,11 @@ def test_a_forced_split_is_refused_and_dry_run_says_what_a_worker_keeps(tmp_path
     kept = human_bytes(3 * 4 * d_model * len(read_fasta(CAD / "records.fa")["mt_human"]))
     assert r.exit_code == 0, r.output
     assert f"per worker:  up to {kept} kept beside the longest record" in r.output, r.output
+    layers = human_bytes(2 * 4 * d_model * len(read_fasta(CAD / "records.fa")["mt_human"]))
+    assert f"kept layers: up to {layers} in the store at once (two layers' outputs)\n" in r.output, r.output
+    r = run("submit", CAD / "records.fa", "--model", model, "--out", tmp_path / "o.zarr",
+            "--unit-size", JOB_UNIT, "--dry-run", "--split-budget", 2 * 4 * d_model * 10000)
+    assert "none kept for mt_human (over --split-budget" in r.output, r.output  # chr2_iupac's 10,000 fit
     r = run("submit", CAD / "records.fa", "--model", model, "--out", tmp_path / "o.zarr", "--split", "2",
             "--unit-size", JOB_UNIT, "--dry-run")
     assert r.exit_code != 0 and r.output.count("\n") == 1, r.output
