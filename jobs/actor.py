@@ -231,15 +231,14 @@ class PipelineWorker:
         write(out)
         return t2 - t1, (t1 - t0) + (t3 - t2), t4 - t3, time.perf_counter() - t5
 
-    def _keeper(self, key: str, strand, bounds):
+    def _keeper(self, key: str, strand):
         """What a whole record's run keeps in the store between its layers (jobs/whole.py), or
         None where its family keeps nothing or it reads windows (--context)."""
         if self.store.meta.get("context") or not self.model.config.spec.kept_bytes(self.model.config):
             return None
-        from .whole import LayerKeeper
+        from .whole import LayerKeeper, record_splits
 
-        splits = self.store.split_records(key, list(zip(bounds[:-1], bounds[1:], strict=True)))
-        return LayerKeeper(splits, strand, self.keep_budget)
+        return LayerKeeper(record_splits(self.store, key), strand, self.keep_budget)
 
     def _whole_record(self, x, strand, bounds, keeper=None):
         """A whole-record family's run of one record's tokens x on one strand: (outputs of
@@ -293,7 +292,7 @@ class PipelineWorker:
                 n = self.store.n_units(unit.key)
                 bounds = [0] + [self.store.unit_range(unit.key, k)[1] for k in range(n)]
                 self._whole = {k: v for k, v in self._whole.items() if k[0] == unit.key}  # one record
-                keeper = self._keeper(unit.key, unit.strand, bounds)
+                keeper = self._keeper(unit.key, unit.strand)
                 self._whole[held] = (*self._whole_record(x, unit.strand, bounds, keeper), aux)
             return self._whole[held]
 

@@ -326,15 +326,14 @@ class Scheduler:
 
     def _whole_sent(self, item: Stream) -> None:
         """A run of a whole record starts on an actor (the first time, or again after a death)."""
-        from .whole import WholeProgress
+        from .whole import WholeProgress, record_splits
 
         r = item.record
         k = (r.key, r.strand)
         if k not in self.whole:
             share = 1 / len(self.whole_store.strands)
             left = share * sum(r.unit(i).positions for i in range(item.next, r.n_units))
-            store = self.whole_store
-            splits = store.split_records(r.key, [store.unit_range(r.key, i) for i in range(r.n_units)])
+            splits = record_splits(self.whole_store, r.key)
             self.whole[k] = [WholeProgress(splits, r.strand, left, self.events, r.id), r.n_units - item.next]
         self.whole[k][0].sent()
 

@@ -104,6 +104,11 @@ class LayerKeeper:
             self.splits.clear()  # the empty folders too
 
 
+def record_splits(store, key: str):
+    """The split folder of a whole record's kept layers: named after its units."""
+    return store.split_records(key, [store.unit_range(key, i) for i in range(store.n_units(key))])
+
+
 def read_step(splits, strand) -> tuple[int, int, int] | None:
     """The `step` a run last reported: (done, total, resumed), or None."""
     got = splits.get(f"{tag(strand)}/progress")
