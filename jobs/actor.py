@@ -75,9 +75,10 @@ class PipelineWorker:
     def __init__(self, model: str, store_path: str, outputs: list[str] | None, *,
                  device: str | None = None, threads: int | None = None,
                  input_options: dict | None = None, lease_token: str | None = None,
-                 write_socket: socket.socket | None = None):
+                 write_socket: socket.socket | None = None, keep_budget: int | None = None):
         """write_socket: where its relay serves its writes (write_process.serve_beside, with the
-        lease_token); None: a writing process of its own."""
+        lease_token); None: a writing process of its own. keep_budget: the bytes a whole record's
+        kept layers may take in the store (--split-budget; None: its default; jobs/whole.py)."""
         import torch
 
         if threads:
@@ -140,6 +141,9 @@ class PipelineWorker:
 
         self._record = record_module(self.model.config.spec)
         self._whole: dict = {}
+        from linpipe.model.checkpoints import DEFAULT_BUDGET
+
+        self.keep_budget = DEFAULT_BUDGET if keep_budget is None else int(keep_budget)
 
     def ready(self) -> str:
         """Returns once the model is loaded; the driver waits on it before handing out work."""
@@ -227,19 +231,30 @@ class PipelineWorker:
         write(out)
         return t2 - t1, (t1 - t0) + (t3 - t2), t4 - t3, time.perf_counter() - t5
 
-    def _whole_record(self, x, strand, bounds):
+    def _keeper(self, key: str, strand):
+        """What a whole record's run keeps in the store between its layers (jobs/whole.py), or
+        None where its family keeps nothing or it reads windows (--context)."""
+        if self.store.meta.get("context") or not self.model.config.spec.kept_bytes(self.model.config):
+            return None
+        from .whole import LayerKeeper, record_splits
+
+        return LayerKeeper(record_splits(self.store, key), strand, self.keep_budget)
+
+    def _whole_record(self, x, strand, bounds, keeper=None):
         """A whole-record family's run of one record's tokens x on one strand: (outputs of
         positions [s, e) by computed name, as a function of (s, e); the states at each unit's
         edges). The reverse strand runs on the reverse complement, its units given at the forward
-        units and its outputs as computed (the first row at e - 1: `_reversed` stores them)."""
+        units and its outputs as computed (the first row at e - 1: `_reversed` stores them).
+        keeper: a job's kept layers of the record on that strand (`_keeper`)."""
         names = list(self.model.select_outputs(self.outputs if strand == FORWARD
                                                else list(self.reverse_outputs.values())))
         net, context = self.model.net, self.store.meta.get("context")  # --context: windows of W
+        kw = {} if keeper is None else {"keeper": keeper}
         if strand == FORWARD:
-            return self._record.run(net, x, bounds, names, context=context)
+            return self._record.run(net, x, bounds, names, context=context, **kw)
         T = len(x)
         unit, states = self._record.run(net, reverse_complement(x), [T - b for b in reversed(bounds)], names,
-                                        context=context)
+                                        context=context, **kw)
         return (lambda s, e: unit(T - e, T - s)), states[::-1]
 
     def _whole_batch_record(self, x) -> dict:
@@ -260,8 +275,9 @@ class PipelineWorker:
         its first unit here (every position sees the record on both sides; the family's run
         keeps its arrays in memory or on local disk), held until its last unit is written, each
         unit's outputs computed as it is written; a unit of a record not held (another worker's,
-        a resumed job's) runs the record again, the same bytes. Its boundary state: the sweeps'
-        states at its edges."""
+        a resumed job's) runs the record again, the same bytes, from the deepest layer kept in
+        the store (jobs/whole.py; the driver deletes them once the record is written). Its
+        boundary state: the sweeps' states at its edges."""
         held = (unit.key, unit.strand)
 
         def read():
@@ -276,7 +292,8 @@ class PipelineWorker:
                 n = self.store.n_units(unit.key)
                 bounds = [0] + [self.store.unit_range(unit.key, k)[1] for k in range(n)]
                 self._whole = {k: v for k, v in self._whole.items() if k[0] == unit.key}  # one record
-                self._whole[held] = (*self._whole_record(x, unit.strand, bounds), aux)
+                keeper = self._keeper(unit.key, unit.strand)
+                self._whole[held] = (*self._whole_record(x, unit.strand, bounds, keeper), aux)
             return self._whole[held]
 
         def write(got):

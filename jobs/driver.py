@@ -240,8 +240,13 @@ class Scheduler:
     the actor that holds it, a dead actor's work back to the front of the queue."""
 
     def __init__(self, new_actor, todo: collections.deque, n_workers: int, events: JobEvents,
-                 batch_units=None):
+                 batch_units=None, whole=None):
+        """whole: the store, where each stream is a whole-record family's record (its progress
+        moves per step of its run: jobs/whole.py WholeProgress); None: streamed units."""
         self.batch_units = batch_units  # batch index -> the records' units (JobPlan.batch_units)
+        self.whole_store = whole
+        self.whole: dict = {}  # (key, strand) -> [WholeProgress, units left]
+        self._polled = 0.0
         self.todo = todo
         self.n_workers = n_workers
         self.events = events
@@ -286,6 +291,8 @@ class Scheduler:
                 self.pool.send(slot, "run_batch", b, self.batch_units(b), seq=slot.sent, work=(item, None))
             else:
                 unit = item.record.unit(item.next)
+                if slot.held is None and self.whole_store is not None:
+                    self._whole_sent(item)
                 last = item.next == item.record.n_units - 1
                 self.pool.send(slot, "run_unit", unit, last=last, seq=slot.sent, work=(item, unit))
                 item.next += 1
@@ -313,16 +320,57 @@ class Scheduler:
             if pool.started:  # work waits for every first actor (or a grace period)
                 for s in pool.ready_slots():
                     self._top_up(s)
-            for _call, result in pool.wait():
-                self._done(result)
+            for call, result in pool.wait():
+                self._done(result, call.work)
+            self._poll_whole()
 
-    def _done(self, result: UnitResult) -> None:
+    def _whole_sent(self, item: Stream) -> None:
+        """A run of a whole record starts on an actor (the first time, or again after a death)."""
+        from .whole import WholeProgress, record_splits
+
+        r = item.record
+        k = (r.key, r.strand)
+        if k not in self.whole:
+            share = 1 / len(self.whole_store.strands)
+            left = share * sum(r.unit(i).positions for i in range(item.next, r.n_units))
+            splits = record_splits(self.whole_store, r.key)
+            self.whole[k] = [WholeProgress(splits, r.strand, left, self.events, r.id), r.n_units - item.next]
+        self.whole[k][0].sent()
+
+    def _poll_whole(self, every: float = 0.5) -> None:
+        """The whole records in flight: their runs' steps onto the bar (at most every `every` s)."""
+        if not self.whole or time.monotonic() - self._polled < every:
+            return
+        self._polled = time.monotonic()
+        for tracker, left in self.whole.values():
+            if left:
+                tracker.poll()
+
+    def _done(self, result: UnitResult, work=None) -> None:
         self.units_done += 1
-        self.positions_run += result.positions * result.share
         self.nodes.add(result.node.rsplit(":", 1)[0])
         self.worker_rss = max(self.worker_rss, result.peak_rss)
         self.timings.add(result)
-        self.events.unit_done(result, self.units_done)
+        unit = work[1] if work is not None else None
+        held = None if unit is None else self.whole.get((unit.key, unit.strand))
+        if held is None:
+            self.positions_run += result.positions * result.share
+            self.events.unit_done(result, self.units_done)
+            return
+        # a whole record's unit: its part of the bar is its tracker's (the record's steps, then its
+        # writes); once its last unit is written, what the record kept in the store goes
+        held[1] -= 1
+        held[0].unit(result.positions * result.share)
+        if not held[1]:
+            from .whole import LayerKeeper
+
+            LayerKeeper(held[0].splits, unit.strand).clear()
+        self.events.unit_done(replace(result, share=0.0), self.units_done)
+
+    @property
+    def whole_counts(self) -> tuple[float, float]:
+        """The whole records' positions run and taken from before, as their bars counted them."""
+        return (sum(t.run for t, _ in self.whole.values()), sum(t.resumed for t, _ in self.whole.values()))
 
     def stop(self) -> None:
         self.pool.close()
@@ -434,7 +482,8 @@ def _run_leased(plan, request, out, address, device, events, lease_token: str) -
 
         def new_actor():
             return actor.remote(plan.model_ref, out, list(plan.outputs), device=device, threads=threads,
-                                input_options=plan.input_options, lease_token=lease_token)
+                                input_options=plan.input_options, lease_token=lease_token,
+                                keep_budget=request.split_budget)
 
         # Records much longer than a worker's share run first, each over a group of actors.
         # (the forward strand only: a segment reads its input forwards)
@@ -469,7 +518,8 @@ def _run_leased(plan, request, out, address, device, events, lease_token: str) -
                                          first_weight=plan.split_first_weight, budget=request.split_budget,
                                          on_layer=lambda r, *a: events.split_layer(r.id, *a)))
         # then the other records as before (no actor at all when nothing is left)
-        sched = Scheduler(new_actor, todo, min(n_workers, len(todo)), events, plan.batch_units)
+        sched = Scheduler(new_actor, todo, min(n_workers, len(todo)), events, plan.batch_units,
+                          whole=store if plan.whole_record and plan.kept_bytes else None)
         try:
             sched.run()
             events.finished()
@@ -485,10 +535,11 @@ def _run_leased(plan, request, out, address, device, events, lease_token: str) -
             timings.add(u)
         t_split = min((st.get("t_ready", t_end) for st in split_stats), default=None)
         t0 = (t_split if t_split is not None else sched.t_ready) or t_end
+        whole_run, whole_resumed = sched.whole_counts
         return JobSummary(
             job_id=plan.job_id, out=out, records=n_records, positions=total,
-            positions_run=sched.positions_run + sum(st["run"] for st in split_stats),
-            positions_resumed=done_positions + sum(st["resumed"] for st in split_stats),
+            positions_run=sched.positions_run + whole_run + sum(st["run"] for st in split_stats),
+            positions_resumed=done_positions + whole_resumed + sum(st["resumed"] for st in split_stats),
             seconds=t_end - t0, startup_s=t0 - t_start, output_bytes=store.size_on_disk(), workers=n_workers,
             nodes=tuple(sorted(sched.nodes.union(*(st["nodes"] for st in split_stats)))),
             worker_deaths=sched.deaths + sum(st["deaths"] for st in split_stats), driver_peak_rss=peak_rss(),

@@ -127,6 +127,7 @@ class JobPlan:
     whole_record: bool = False
     context: int | None = None  # --context: a whole-record model's windows (None: the whole record)
     record_bytes: int = 0  # bytes per position a worker keeps beside a whole record while it runs
+    kept_bytes: int = 0  # bytes per position of a whole record's layer kept in the store (jobs/whole.py)
 
     @property
     def n_records(self) -> int:
@@ -261,7 +262,8 @@ def _plan(request: JobRequest) -> JobPlan:
         regions_lenient=bool(request.regions and request.regions_lenient), notes=tuple(found.notes),
         files=tuple(found.files), stream_rate=stream_rate(m.config), n_layers=int(m.config.n_layers),
         splittable=m.config.spec.auto_split, whole_record=bool(m.config.spec.record), context=request.context,
-        record_bytes=m.config.spec.record_bytes(m.config))
+        record_bytes=m.config.spec.record_bytes(m.config),
+        kept_bytes=0 if request.context else m.config.spec.kept_bytes(m.config))
 
 
 def _check_options(request: JobRequest) -> None:

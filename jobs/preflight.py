@@ -201,4 +201,22 @@ def dry_run(request: JobRequest, run: RunOptions | None = None) -> dict[str, Any
             "gpu_sharing": request.actor_resources.gpu_sharing(),
             "splits": [{"record": rid, "segments": n, "keeps": keeps.describe()}
                        for rid, n, keeps in planned_keeps(plan, request, slots)],
-            "worker_record_bytes": plan.record_bytes * max((r.length for r in plan.records), default=0)}
+            "worker_record_bytes": plan.record_bytes * max((r.length for r in plan.records), default=0),
+            "whole_keeps": whole_keeps(plan, request)}
+
+
+def whole_keeps(plan, request) -> dict | None:
+    """What a whole-record model's records keep in the store between layers (jobs/whole.py): the
+    most bytes at once (two layers of the longest record that keeps them) and the records that
+    keep nothing (two of their layers over --split-budget); None for other models."""
+    from linpipe.model.checkpoints import DEFAULT_BUDGET
+
+    from .whole import SLOTS, fits
+
+    if not plan.kept_bytes:
+        return None
+    budget = DEFAULT_BUDGET if request.split_budget is None else request.split_budget
+    records = list(plan.records)
+    kept = [r for r in records if fits(plan.kept_bytes * r.length, budget)]
+    return {"budget": budget, "most": SLOTS * plan.kept_bytes * max((r.length for r in kept), default=0),
+            "not_kept": [r.id for r in records if r not in kept]}

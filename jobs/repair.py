@@ -84,5 +84,10 @@ def _repair(path: str, plan, problems: list[UnitProblem], lease_token: str, on_u
     finally:
         worker.close()
     store = OutputStore.open(path, mode="r+")
+    if plan.kept_bytes:  # what the runs of whole records kept between their layers (jobs/whole.py)
+        from .whole import LayerKeeper, record_splits
+
+        for key, strand in {(records[p.record].key, p.strand) for p in problems if p.record is not None}:
+            LayerKeeper(record_splits(store, key), strand).clear()
     store.finalize()
     return n

@@ -374,7 +374,9 @@ def test_a_job_with_context_reads_each_position_from_its_window(tmp_path, record
 
 def test_a_forced_split_is_refused_and_dry_run_says_what_a_worker_keeps(tmp_path):
     """--split N: one line; --dry-run: the bytes a worker keeps beside the longest record
-    (three float32 arrays of d_model: 12 x 24 x 16,569 for ph on human MT)."""
+    (three float32 arrays of d_model: 12 x 24 x 16,569 for ph on human MT), the most a job's
+    kept layers take in the store (two layers' outputs) and the records whose two layers do not
+    fit --split-budget."""
     from linpipe.progress import human_bytes
 
     model = tmp_path / "m"
@@ -385,6 +387,11 @@ def test_a_forced_split_is_refused_and_dry_run_says_what_a_worker_keeps(tmp_path
     kept = human_bytes(3 * 4 * d_model * len(read_fasta(CAD / "records.fa")["mt_human"]))
     assert r.exit_code == 0, r.output
     assert f"per worker:  up to {kept} kept beside the longest record" in r.output, r.output
+    layers = human_bytes(2 * 4 * d_model * len(read_fasta(CAD / "records.fa")["mt_human"]))
+    assert f"kept layers: up to {layers} in the store at once (two layers' outputs)\n" in r.output, r.output
+    r = run("submit", CAD / "records.fa", "--model", model, "--out", tmp_path / "o.zarr",
+            "--unit-size", JOB_UNIT, "--dry-run", "--split-budget", 2 * 4 * d_model * 10000)
+    assert "none kept for mt_human (over --split-budget" in r.output, r.output  # chr2_iupac's 10,000 fit
     r = run("submit", CAD / "records.fa", "--model", model, "--out", tmp_path / "o.zarr", "--split", "2",
             "--unit-size", JOB_UNIT, "--dry-run")
     assert r.exit_code != 0 and r.output.count("\n") == 1, r.output
@@ -424,6 +431,70 @@ def test_sigkilled_submit_resumes_bit_identical(tmp_path, records):
     assert_same_bytes(store_arrays(clean), store_arrays(out))
     assert_same_bytes(record_outputs(clean), record_outputs(out))
     assert_store_equals_forward(out, model, records)
+
+
+def kept_layers(out) -> list[Path]:
+    """The markers of the layers whole records keep in the store's split area (jobs/whole.py)."""
+    return list(Path(out).glob("_linpipe/*/split/*/whole*/ckpt/*"))
+
+
+def steps_run(out) -> int:
+    """The most steps (sweeps) any whole record's run has reported in the store (0: none yet)."""
+    from linpipe.store.splits import decode
+
+    got = [decode(p.read_bytes()) for p in Path(out).glob("_linpipe/*/split/*/whole*/progress")]
+    return max((int(g["step"][0]) for g in got if g is not None), default=0)
+
+
+@pytest.mark.slow  # Ray on loopback, a driver killed mid-record, twice: 60-90 s
+@pytest.mark.premerge
+@pytest.mark.parametrize("budget", [None, "0"])
+def test_sigkilled_between_layers_resumes_from_a_kept_layer(tmp_path, records, budget):
+    """`linpipe submit` (ph: 3 layers, human MT in units of 1,024) SIGKILLed with its Ray once a
+    layer of the record is kept in the store's split area and submitted again: the resume starts
+    from that layer (the summary counts positions from before though no unit was written), the
+    same bytes as an uninterrupted run, and nothing kept is left. --split-budget 0: nothing is
+    kept (killed after a layer's sweeps), the record runs again from its start, the same bytes."""
+    import re
+    import signal
+    import subprocess
+    import sys
+
+    from _pipeline_data import (
+        assert_same_bytes,
+        record_outputs,
+        signal_session,
+        store_arrays,
+        submit_running,
+        write_in_process,
+    )
+
+    from linpipe.store import OutputStore
+
+    model = tmp_path / "m"
+    assert run("model", "import", CAD / "ph", model).exit_code == 0
+    out, clean = tmp_path / "killed.zarr", tmp_path / "clean.zarr"
+    cmd = [sys.executable, "-c", "from linpipe.cli import cli; cli()", "submit", str(CAD / "records.fa"),
+           "--model", str(model), "--unit-size", "1024", "--outputs", "logprob,entropy,hidden",
+           "--out", str(out), "--workers", "1"] + ([] if budget is None else ["--split-budget", budget])
+    done = (lambda o: len(kept_layers(o))) if budget is None else (lambda o: steps_run(o) >= 2)
+    with submit_running(cmd, out, 1, wait_s=240, done=done) as proc:
+        signal_session(proc.pid, signal.SIGKILL)  # the driver and its Ray at once
+        proc.wait(timeout=30)
+    units = OutputStore.open(str(out), mode="r").progress()["units_done"]
+    assert (len(kept_layers(out)) > 0) == (budget is None)
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=400)
+    assert res.returncode == 0, res.stderr
+    assert units == 0  # killed inside the first record's layers
+    # the kept layers were taken from before (no unit was); the bar never went back, and ended full
+    assert ("from before" in res.stdout) == (budget is None), res.stdout
+    shares = [float(p) for p in re.findall(r"positions \((\d+\.\d)%\)", res.stderr)]
+    assert shares == sorted(shares), res.stderr
+    assert not kept_layers(out) and not list(out.glob("_linpipe/*/split"))
+    write_in_process(CAD / "records.fa", model, clean, unit_size=1024,
+                     outputs=("logprob", "entropy", "hidden"))
+    assert_same_bytes(store_arrays(clean), store_arrays(out))
+    assert_same_bytes(record_outputs(clean), record_outputs(out))
 
 
 @pytest.mark.slow  # a second job on the actor code
@@ -590,3 +661,98 @@ def test_verify_repair_rewrites_a_unit_bit_identically(tmp_path):
     a, b = (OutputStore.open(str(p), mode="r") for p in (good, bad))
     k = a.record_key("chr2_iupac")
     assert all(np.array_equal(x, b.boundary_state(k, 1)[n]) for n, x in a.boundary_state(k, 1).items())
+
+
+def test_a_kept_layer_resumes_the_record_bit_identically(tmp_path, models, records):
+    """A job's run of a whole record keeps each layer's output in the store's split area
+    (jobs/whole.py): stopped after layer 1 (an exception from the keeper, as a kill), the next run
+    starts from it and gives the bytes of an uninterrupted run (outputs and unit-edge states);
+    a torn kept object falls back to the layer before, else to the start, the same bytes; what a
+    run keeps is gone once cleared; a budget below two layers keeps nothing (RCPS, 2 layers)."""
+    from linpipe.inputs.alphabet import tokenize
+    from linpipe.jobs.whole import LayerKeeper, WholeProgress
+    from linpipe.model.families.caduceus.record import run as record_run
+    from linpipe.store.location import Location
+    from linpipe.store.splits import SplitRecords
+    from linpipe.strands import FORWARD
+
+    m = models["ps_fused"]
+    tokens, bounds, names = tokenize(records["chr2_nrun"]), [0, 700, 1400, 2000], ["logprob", "hidden"]
+    pairs = list(zip(bounds[:-1], bounds[1:], strict=True))
+    splits = SplitRecords(Location(tmp_path / "s", read_only=False), "r", pairs)
+    want, want_states = record_run(m.net, tokens, bounds, names)
+
+    class Stop(Exception):
+        pass
+
+    class Keeper(LayerKeeper):
+        """Raises once layer `at` is marked (before the layer before is dropped: `both`); records
+        each step."""
+
+        def __init__(self, budget=1 << 30, at=None, both=False):
+            super().__init__(splits, budget=budget)
+            self.at, self.both, self.steps = at, both, []
+
+        def done(self, layer):
+            if layer == self.at and self.both:
+                self.splits.put(self._name(f"ckpt/{layer}"), {"layer": np.array([layer])})
+                raise Stop
+            super().done(layer)
+            if layer == self.at:
+                raise Stop
+
+        def step(self, done, total, resumed=0):
+            self.steps.append((done, total, resumed))
+            super().step(done, total, resumed)
+
+    def resumed(keeper) -> int:
+        outs, states = record_run(m.net, tokens, bounds, names, keeper=keeper)
+        for (s, e), st, w in zip(pairs, states, want_states, strict=True):
+            a, b = outs(s, e), want(s, e)
+            assert all(np.array_equal(a[k], b[k], equal_nan=True) for k in names), (s, e)
+            assert set(st) == set(w) and all(np.array_equal(st[k], w[k]) for k in w)
+        assert keeper.steps[0][1] == 4 and keeper.steps[-1][:2] == (4, 4)
+        assert [d for d, _, _ in keeper.steps] == list(range(keeper.steps[0][0], 5))  # per sweep
+        assert len({r for _, _, r in keeper.steps}) == 1
+        return keeper.steps[0][2]
+
+    with pytest.raises(Stop):
+        record_run(m.net, tokens, bounds, names, keeper=Keeper(at=1))
+    assert Keeper().kept() == [1]
+    moved = {"before": [], "run": []}
+
+    class Events:  # the driver's bar (WholeProgress: the run's 4 sweeps and its writes, 1/5 each)
+        def split_resumed(self, rid, n):
+            moved["before"].append(n)
+
+        def split_progress(self, rid, n):
+            moved["run"].append(n)
+
+    bar = WholeProgress(splits, FORWARD, 2000.0, Events(), "chr2_nrun")
+    bar.sent()
+    assert resumed(Keeper()) == 2  # from layer 1: its two sweeps taken from before
+    bar.poll()
+    for s, e in pairs:
+        bar.unit(e - s)
+    assert moved["before"] == [800.0] and min(moved["run"]) > 0 and sum(moved["run"]) == 1200.0
+    assert (bar.run, bar.resumed) == (1200.0, 800.0)
+    assert Keeper().kept() == [2]  # the last layer's output (the final residual stream) stays
+    Keeper().clear()
+    assert splits.all_names() == [] and not (tmp_path / "s" / splits.root).exists()
+
+    with pytest.raises(Stop):  # both layers marked: a torn object of layer 2 falls back to layer 1
+        record_run(m.net, tokens, bounds, names, keeper=Keeper(at=2, both=True))
+    assert Keeper().kept() == [2, 1]
+    torn = tmp_path / "s" / splits.prefix / "whole" / "0" / "1"
+    torn.write_bytes(torn.read_bytes()[:-9])
+    assert resumed(Keeper()) == 2
+    Keeper().clear()
+    with pytest.raises(Stop):
+        record_run(m.net, tokens, bounds, names, keeper=Keeper(at=1))
+    torn = tmp_path / "s" / splits.prefix / "whole" / "1" / "2"
+    torn.write_bytes(torn.read_bytes()[:100])  # the only kept layer torn: the record starts over
+    assert resumed(Keeper()) == 0
+    Keeper().clear()
+
+    small = Keeper(budget=2 * 4 * m.C * len(tokens) - 1)  # two layers do not fit: none kept
+    assert resumed(small) == 0 and small.kept() == [] and splits.names() == ["whole/progress"]

@@ -60,6 +60,15 @@ def _print_dry_run(report: dict) -> None:
     if report.get("worker_record_bytes"):  # a model that reads each record whole (bidirectional)
         click.echo(f"  per worker:  up to {human_bytes(report['worker_record_bytes'])} kept beside the "
                    "longest record while it runs (in memory up to 2 GiB, else on local disk)")
+    whole = report.get("whole_keeps")
+    if whole:  # a model that reads each record whole keeps its layers in the store
+        from .common import spell
+
+        line = f"  kept layers: up to {human_bytes(whole['most'])} in the store at once (two layers' outputs"
+        if whole["not_kept"]:
+            line += (f"); none kept for {', '.join(whole['not_kept'])} (over {spell('split_budget')} "
+                     f"{human_bytes(whole['budget'])}: a resume runs them from their start)")
+        click.echo(line + (")" if not whole["not_kept"] else ""))
     click.echo(f"  cluster:     {report['cluster']}")
     for sp in report.get("splits", ()):
         click.echo(f"  split:       {sp['record']} over {sp['segments']} workers; "

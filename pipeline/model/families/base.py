@@ -71,7 +71,8 @@ class Family:
     split = ""
     # a family whose layers read the whole record (bidirectional): the module (linpipe name) of
     # its whole-record run, `run(net, tokens, bounds, outputs) -> (outputs per position, the
-    # state at each unit's edges)`, which the workers call instead of streaming units ("": none);
+    # state at each unit's edges)`, which the workers call instead of streaming units ("": none),
+    # with `keeper=` a jobs/whole.py LayerKeeper where its kept_bytes are not 0;
     # for score-variants it may have `masked_llr(net, tokens_of, bounds, stored, snvs, window)` and
     # its DEFAULT_WINDOW (a masked model's SNVs; without them score-variants refuses the store)
     record = ""
@@ -130,6 +131,11 @@ class Family:
     def record_bytes(self, config) -> int:
         """A whole-record family (`record`): bytes per position a worker keeps beside a record
         while it runs (0: none)."""
+        return 0
+
+    def kept_bytes(self, config) -> int:
+        """A whole-record family (`record`): bytes per position of one layer's output, which a
+        job keeps in the store after each layer (jobs/whole.py; two at once; 0: none)."""
         return 0
 
     def hidden_width(self, config) -> int:

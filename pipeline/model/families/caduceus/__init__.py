@@ -152,6 +152,10 @@ class Caduceus(Family):
         # the next layer's input
         return 3 * 4 * self.hidden_width(config)
 
+    def kept_bytes(self, config) -> int:
+        # a layer's output: the next layer's float32 residual stream (T, C), all it reads
+        return 4 * self.hidden_width(config)
+
     def decay_where(self, config) -> str:
         return " (mamba_fwd, per channel: its slowest state where dt_proj's input is 0)"
 

@@ -216,14 +216,17 @@ def load(path_or_name) -> CaduceusRecord:
 _LOADED: dict = {}
 
 
-def run(net: LinpipeNet, tokens, bounds, outputs, budget: int | None = None, context: int | None = None):
+def run(net: LinpipeNet, tokens, bounds, outputs, budget: int | None = None, context: int | None = None,
+        keeper=None):
     """The workers' whole-record run (Family.record): linpipe's tokens of one whole record
     (T,) and its units' edges (0, e1, ..., T) -> (per unit k, position range [s, e) ->
     its outputs `outputs` (logprob, entropy, hidden) as float32 arrays, per unit the state
     arrays at its edges with y, the forward half of the final hidden state at its last position).
     The record's arrays between sweeps stay in memory up to `budget` bytes, else on local disk
     (sweeps.py): memory bounded by the unit. context: read in windows of that many positions
-    instead (windows.py; the state arrays are zeros then: no sweep crosses a window)."""
+    instead (windows.py; the state arrays are zeros then: no sweep crosses a window). keeper: a
+    job's LayerKeeper (jobs/whole.py): each layer's output kept in the store, the run resumed
+    from the deepest one kept whole, its sweeps reported (sweep_record)."""
     from linpipe.model.families.caduceus.sweeps import MEMORY_BUDGET, sweep_record
 
     rec = _LOADED.get(id(net))
@@ -239,7 +242,7 @@ def run(net: LinpipeNet, tokens, bounds, outputs, budget: int | None = None, con
 
         return run_windows(rec, ids, tuple(bounds), outputs, context)
 
-    held = sweep_record(rec, ids, tuple(bounds), MEMORY_BUDGET if budget is None else budget)
+    held = sweep_record(rec, ids, tuple(bounds), MEMORY_BUDGET if budget is None else budget, keeper=keeper)
     with torch.no_grad():
         for k, e in enumerate(bounds[1:]):
             hidden = rec.norm(held.final[e - 1:e], net.norm.weight)

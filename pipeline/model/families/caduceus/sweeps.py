@@ -89,21 +89,64 @@ class HeldRecord:
         return {name: got[name].cpu().numpy() for name in outputs}
 
 
+def _kept_states(edges: list, k: int) -> dict:
+    """Unit k's states at its edges of every layer in `edges` (forward's form) as named arrays."""
+    return {f"e.{i}.{d}.{j}.{name}": t.cpu().numpy()
+            for i, layer in enumerate(edges) for d in ("fwd", "rev")
+            for j, lane in enumerate(layer[d]) for name, t in lane[k].items()}
+
+
+def _resume(rec, keeper, s, units) -> tuple[int, list]:
+    """The deepest layer the keeper holds whole, read back: its output into s and the layers'
+    edge states before it ((layer, edges); (0, []) where none is whole: the record starts over)."""
+    for layer in keeper.kept():
+        parts = []
+        for u in range(len(units)):
+            got = keeper.get(layer, u)
+            if got is None:  # absent or torn: an earlier layer, else the start
+                break
+            parts.append(got)
+        else:
+            edges = [{"fwd": [], "rev": []} for _ in range(layer)]
+            for u, ((a, b), got) in enumerate(zip(units, parts, strict=True)):
+                s[a:b] = torch.from_numpy(got.pop("s")).to(s.device)
+                for key, arr in got.items():
+                    _, i, d, j, name = key.split(".")
+                    lanes_of = edges[int(i)][d]
+                    while len(lanes_of) <= int(j):
+                        lanes_of.append([{} for _ in units])
+                    lanes_of[int(j)][u][name] = torch.from_numpy(arr).to(rec.E.device)
+            return layer, edges
+    return 0, []
+
+
 @torch.no_grad()
-def sweep_record(rec, ids, bounds, budget: int = MEMORY_BUDGET, folder: str | None = None) -> HeldRecord:
+def sweep_record(rec, ids, bounds, budget: int = MEMORY_BUDGET, folder: str | None = None,
+                 keeper=None) -> HeldRecord:
     """Record `ids(s, e)` (the checkpoint's ids of positions [s, e)) over its units `bounds`
     (0, e1, ..., T): the layers, each two sweeps, the arrays between them in memory or (above
-    `budget` bytes) in `folder` (None: the temp directory)."""
+    `budget` bytes) in `folder` (None: the temp directory). keeper: a job's (jobs/whole.py
+    LayerKeeper): each layer's output (the next one's input s, 4 C bytes a position, with the
+    unit edges' states of the layers so far) is kept in the store per unit where it fits the
+    keeper's budget, and the run starts from the deepest layer kept whole; its steps (two sweeps
+    a layer) are reported to it."""
     T, C, D = bounds[-1], rec.C, rec.D
+    L = len(rec.net.layers)
     units = list(zip(bounds[:-1], bounds[1:], strict=True))
     disk = 3 * T * C * 4 > budget
     buf = Buffers(T, C, (folder or tempfile.gettempdir()) if disk else None)
     s, f, nxt = buf.new(), buf.new(), buf.new()
-    for a, b in units:
-        s[a:b] = rec.layer_input(0, rec.embed(ids(a, b)), None)
-    edges = []
-    last = len(rec.net.layers) - 1
+    keep = keeper is not None and keeper.fits(T * C * 4)
+    start, edges = _resume(rec, keeper, s, units) if keep else (0, [])
+    if not start:
+        for a, b in units:
+            s[a:b] = rec.layer_input(0, rec.embed(ids(a, b)), None)
+    if keeper is not None:
+        keeper.step(2 * start, 2 * L, 2 * start)
+    last = L - 1
     for i, block in enumerate(rec.net.layers):
+        if i < start:
+            continue
         w = block.norm.weight
         ls = lanes(rec, block)
         ltr_halves = {h for d, _, h in ls if d == "fwd"}
@@ -117,6 +160,8 @@ def sweep_record(rec, ids, bounds, budget: int = MEMORY_BUDGET, folder: str | No
                     y, states[k] = _step(m, _lane_input(rec, x, half), states[k], reverse=False)
                     f[a:b, half * D:(half + 1) * D] = y
                     after[k].append(states[k])
+        if keeper is not None:
+            keeper.step(2 * i + 1, 2 * L, 2 * start)
         for a, b in reversed(units):  # right to left, then the combine, the residual: the next input
             x = rec.norm(s[a:b], w)
             got = {}
@@ -135,5 +180,11 @@ def sweep_record(rec, ids, bounds, budget: int = MEMORY_BUDGET, folder: str | No
         for k, (d, _, _) in enumerate(ls):  # per unit in record order
             kept[d].append(after[k] if d == "fwd" else after[k][::-1])
         edges.append(kept)
+        if keep:  # the layer's output, unit by unit, then its marker: layer i + 1's input
+            for k, (a, b) in enumerate(units):
+                keeper.put(i + 1, k, {"s": nxt[a:b].cpu().numpy(), **_kept_states(edges, k)})
+            keeper.done(i + 1)
+        if keeper is not None:
+            keeper.step(2 * i + 2, 2 * L, 2 * start)
         s, nxt = nxt, s
     return HeldRecord(rec, s, ids, rec.unit_states(edges, len(units)), buf)
