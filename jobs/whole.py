@@ -13,7 +13,7 @@ written last and synced) in the record's split folder under the units' bounds, n
   with `layer`, the layer it belongs to; two slots, used in turn, so the layer before stays
   whole while the next is written.
 - `whole/ckpt/<layer>`: that layer is complete (in slot layer % 2).
-- `whole/progress`: the run's steps done of its total (the family's: a Caduceus layer's two
+- `whole/progress`: the run's steps done of its total (the family's: a bidirectional layer's two
   sweeps), and those it took from before; the driver reads it to move the job's bar
   (`WholeProgress`).
 
