@@ -406,7 +406,6 @@ def test_sigkilled_submit_resumes_bit_identical(tmp_path, records):
     uninterrupted run, and equal to the whole-record forward (the units' edges fall inside the
     records: every position read the whole record on both sides)."""
     import subprocess
-    import sys
 
     from _pipeline_data import (
         assert_same_bytes,
@@ -416,12 +415,7 @@ def test_sigkilled_submit_resumes_bit_identical(tmp_path, records):
         write_in_process,
     )
 
-    model = tmp_path / "m"
-    assert run("model", "import", CAD / "ph", model).exit_code == 0
-    out, clean = tmp_path / "killed.zarr", tmp_path / "clean.zarr"
-    cmd = [sys.executable, "-c", "from linpipe.cli import cli; cli()", "submit", str(CAD / "records.fa"),
-           "--model", str(model), "--unit-size", "1024", "--outputs", "logprob,entropy,hidden",
-           "--out", str(out), "--workers", "1"]
+    model, out, clean, cmd = killable_submit(tmp_path)
     progress = submit_and_sigkill(cmd, out, 3, wait_s=240)
     assert 3 <= progress["units_done"] < progress["units"]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=400)
@@ -431,6 +425,20 @@ def test_sigkilled_submit_resumes_bit_identical(tmp_path, records):
     assert_same_bytes(store_arrays(clean), store_arrays(out))
     assert_same_bytes(record_outputs(clean), record_outputs(out))
     assert_store_equals_forward(out, model, records)
+
+
+def killable_submit(tmp_path, *extra: str):
+    """The `ph` fixture imported, and a `linpipe submit` command line of human MT (units of 1,024,
+    one worker) to run as a process and kill: (model, its store, a clean store's path, argv)."""
+    import sys
+
+    model = tmp_path / "m"
+    assert run("model", "import", CAD / "ph", model).exit_code == 0
+    out, clean = tmp_path / "killed.zarr", tmp_path / "clean.zarr"
+    cmd = [sys.executable, "-c", "from linpipe.cli import cli; cli()", "submit", str(CAD / "records.fa"),
+           "--model", str(model), "--unit-size", "1024", "--outputs", "logprob,entropy,hidden",
+           "--out", str(out), "--workers", "1", *extra]
+    return model, out, clean, cmd
 
 
 def kept_layers(out) -> list[Path]:
@@ -458,7 +466,6 @@ def test_sigkilled_between_layers_resumes_from_a_kept_layer(tmp_path, records, b
     import re
     import signal
     import subprocess
-    import sys
 
     from _pipeline_data import (
         assert_same_bytes,
@@ -471,12 +478,8 @@ def test_sigkilled_between_layers_resumes_from_a_kept_layer(tmp_path, records, b
 
     from linpipe.store import OutputStore
 
-    model = tmp_path / "m"
-    assert run("model", "import", CAD / "ph", model).exit_code == 0
-    out, clean = tmp_path / "killed.zarr", tmp_path / "clean.zarr"
-    cmd = [sys.executable, "-c", "from linpipe.cli import cli; cli()", "submit", str(CAD / "records.fa"),
-           "--model", str(model), "--unit-size", "1024", "--outputs", "logprob,entropy,hidden",
-           "--out", str(out), "--workers", "1"] + ([] if budget is None else ["--split-budget", budget])
+    extra = [] if budget is None else ["--split-budget", budget]
+    model, out, clean, cmd = killable_submit(tmp_path, *extra)
     done = (lambda o: len(kept_layers(o))) if budget is None else (lambda o: steps_run(o) >= 2)
     with submit_running(cmd, out, 1, wait_s=240, done=done) as proc:
         signal_session(proc.pid, signal.SIGKILL)  # the driver and its Ray at once
