@@ -14,7 +14,8 @@ acyclic):
     spec (YAML into requests), checks, regions, auth
     request (JobRequest, RunOptions)
     options (every option, declared once), errors, child (a child process: its start, the channel),
-    ray_compat, watchdog (the embedded Ray's processes end with its driver) (the leaves)
+    ray_compat, watchdog (the embedded Ray's processes end with its driver),
+    whole (a whole record's kept layers and progress) (the leaves)
 
 Nothing here calls ray.init() at import time, imports click or prints.
 """
