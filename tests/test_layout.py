@@ -114,10 +114,23 @@ def test_python_m_pytest_in_the_root_runs_what_pytest_runs(hf_kernels):
     kernels installed, the same tests pass either way (fla's modules, which import transformers'
     models, among them)."""
     pytest_script = os.path.join(os.path.dirname(sys.executable), "pytest")
-    args = ["-q", "-rA", "-n", "0", "-p", "no:cacheprovider", "tests/test_fla_linear.py", "-k", "flas"]
+    # the two runs side by side (each is mostly importing fla and transformers: ~20 s apiece on a
+    # busy 2-core machine); hypothesis' plugin off in both (1.6 s each; these tests use none of it)
+    args = ["-q", "-rA", "-n", "0", "-p", "no:cacheprovider", "-p", "no:hypothesispytest",
+            "tests/test_fla_linear.py", "-k", "flas"]
     env = {**os.environ, "PYTHONPATH": hf_kernels}
-    runs = [subprocess.run(cmd + args, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-            for cmd in ([sys.executable, "-m", "pytest"], [pytest_script])]
+    procs = [subprocess.Popen(cmd + args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for cmd in ([sys.executable, "-m", "pytest"], [pytest_script])]
+    runs = []
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=600)
+            runs.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     outcomes = [sorted(line.split(" - ")[0] for line in r.stdout.splitlines()
                        if line.startswith(("PASSED ", "FAILED ", "SKIPPED ", "ERROR "))) for r in runs]
     assert runs[0].returncode == runs[1].returncode == 0, runs[0].stdout[-3000:]

@@ -252,7 +252,14 @@ def test_a_million_positions_in_calls():
     k share a positive direction here, so that n . q keeps away from 0 mostly
     (test_chunked_equals_naive has the general case against the float32 recurrence)."""
     T, calls = 1_000_000, 8
-    (q, k, v, ig, fg), state = _inputs(1, T, 2, 16, 16, seed=13, dtype=torch.float32)
+    # two heads of 16 (one head, or heads of 8, measured worst errors of 2e-5 to 9e-5 over seeds:
+    # the cancellations get rarer but deeper); the inputs drawn in float32 (float64 draws took a
+    # third of the time), the state in float64 as _inputs makes it
+    _, state = _inputs(1, 1, 2, 16, 16, seed=13)
+    g = torch.Generator().manual_seed(13)
+    q, k, v = (torch.randn(1, T, 2, 16, generator=g) for _ in range(3))
+    ig = 15 * torch.tanh(torch.randn(1, T, 2, generator=g) * 3.0 / 15)
+    fg = 15 * torch.tanh((torch.randn(1, T, 2, generator=g) * 2 + 3) / 15)
     q, k = q + 1.0, k + 1.0
     with torch.no_grad():
         h_ref, final_ref = chunk_mlstm_torch(*(x.double() for x in (q, k, v, ig, fg)), initial_state=state,

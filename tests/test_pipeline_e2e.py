@@ -142,10 +142,19 @@ def test_sigkilled_driver_resumes_to_the_bytes_of_an_uninterrupted_run(ce_slice,
         # Its own temporary folder (short: Ray's socket paths): an embedded Ray's session folder
         # goes with it when the job ends (the killed run's cannot).
         tmpdir = tempfile.mkdtemp(prefix="lpt", dir="/tmp")
-        # a guard against a hang, not a speed check: on CI's busy 2-core runner this resume ran
-        # at 666 positions/s and reached 100% just before an earlier guard of 180 s
-        res = subprocess.run(_submit_cmd(ce_slice, tiny_dna, out), env={**env, "TMPDIR": tmpdir},
-                             capture_output=True, text=True, timeout=480)
+        resume = subprocess.Popen(_submit_cmd(ce_slice, tiny_dna, out), env={**env, "TMPDIR": tmpdir},
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            # the uninterrupted run's bytes, made here while the resume starts its Ray
+            reference = _reference_store(ce_slice, tiny_dna, tmp_path / "reference.zarr")
+            # a guard against a hang, not a speed check: on CI's busy 2-core runner this resume
+            # ran at 666 positions/s and reached 100% just before an earlier guard of 180 s
+            stdout, stderr = resume.communicate(timeout=480)
+        finally:
+            if resume.poll() is None:
+                resume.kill()
+                resume.wait()
+        res = subprocess.CompletedProcess(resume.args, resume.returncode, stdout, stderr)
         assert res.returncode == 0, res.stderr
         assert os.listdir(tmpdir) == []
         os.rmdir(tmpdir)
@@ -154,7 +163,6 @@ def test_sigkilled_driver_resumes_to_the_bytes_of_an_uninterrupted_run(ce_slice,
     said = re.search(r"positions \(([\d.]+)(k?) run, ([\d.]+)(k?) from before\)", res.stdout).groups()
     ran, before = (float(n) * (1000 if k else 1) for n, k in (said[:2], said[2:]))
     assert before >= 3 * KILL_UNIT and ran + before == pytest.approx(90_000, abs=20)
-    reference = _reference_store(ce_slice, tiny_dna, tmp_path / "reference.zarr")
     assert_same_bytes(reference, store_arrays(out))
 
 
