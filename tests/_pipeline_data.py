@@ -288,11 +288,15 @@ def units_done(out) -> int:
 
 @contextlib.contextmanager
 def submit_running(cmd: list[str], out, units: int, *, wait_s: float = 180, env: dict | None = None,
-                   done=None):
+                   done=None, stop: bool = False):
     """A submit command line running in a process session of its own, handed over (its Popen)
     once `done(out)` (units_done: the store's units and packed batches) reaches `units` while it
-    still runs; on leaving, what is left of its session is killed (its embedded Ray)."""
+    still runs; on leaving, what is left of its session is killed (its embedded Ray). stop: the
+    driver is SIGSTOPped the moment `units` is seen, so that it sends no more work while the test
+    looks (its workers finish the calls they hold: a small job could otherwise be finished by the
+    time the test kills it)."""
     import os
+    import signal
     import subprocess
 
     done = done or units_done
@@ -304,6 +308,8 @@ def submit_running(cmd: list[str], out, units: int, *, wait_s: float = 180, env:
         while done(out) < units and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
         assert proc.poll() is None, "the job finished before it could be killed"
+        if stop:
+            proc.send_signal(signal.SIGSTOP)
         yield proc
     finally:
         kill_session(proc.pid)  # only what our own subprocess started
@@ -316,7 +322,7 @@ def submit_and_sigkill(cmd: list[str], out, units: int, wait_s: float = 180) -> 
 
     from linpipe.store import OutputStore
 
-    with submit_running(cmd, out, units, wait_s=wait_s) as proc:
+    with submit_running(cmd, out, units, wait_s=wait_s, stop=True) as proc:
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
     return OutputStore.open(str(out), mode="r").progress()

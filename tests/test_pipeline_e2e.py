@@ -132,7 +132,11 @@ def _reference_store(fasta, model, out):
 def test_sigkilled_driver_resumes_to_the_bytes_of_an_uninterrupted_run(ce_slice, tiny_dna, tmp_path):
     out = tmp_path / "killed.zarr"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    with submit_running(_submit_cmd(ce_slice, tiny_dna, out), out, 3, wait_s=120, done=_units_done) as proc:
+    # stopped the moment 3 units are seen, then killed: with its workers at full speed the 44-unit
+    # job could otherwise finish between the store's poll and the kill (a CI run's resume said
+    # "Nothing to do")
+    with submit_running(_submit_cmd(ce_slice, tiny_dna, out), out, 3, wait_s=120, done=_units_done,
+                        stop=True) as proc:
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
         done = _units_done(out)
