@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from linpipe.errors import StoreError, option
-from linpipe.output_specs import DNA, output_strands
+from linpipe.output_specs import CHANNEL, DNA, FEATURE, output_strands
 from linpipe.store.keys import make_keys
 from linpipe.store.layout import (
     CHANNEL_NAMES,
@@ -261,9 +261,9 @@ def _check_outputs(where, modality, outputs, feature_dim, channels):
             raise StoreError(f"{where}: output {name!r} is not a {modality} output "
                              f"(one of {', '.join(OUTPUT_KINDS[modality])})")
         kind = OUTPUT_KINDS[modality][name]
-        if kind.trailing == "feature" and not feature_dim:
+        if kind.trailing == FEATURE and not feature_dim:
             raise StoreError(f"{where}: output {name!r} needs feature_dim")
-        if kind.trailing == "channel" and not channels:
+        if kind.trailing == CHANNEL and not channels:
             raise StoreError(f"{where}: output {name!r} needs channels")
 
 
