@@ -112,7 +112,7 @@ class SegmentWorker(PipelineWorker):
         """Segment k of `bounds` (the record's first runs the layers itself, from the state it
         is given in begin); checkpoints: the layers whose input it keeps in the store
         (checkpoints.Keeps.layers), with its unit edges' states of the layers before."""
-        from linpipe.model.segments import SegmentRunner, spill_bytes
+        from linpipe.model.segments import new_runner, spill_bytes
 
         if self.runner is not None:
             self.runner.close()
@@ -121,8 +121,8 @@ class SegmentWorker(PipelineWorker):
         self.splits = self.store.split_records(record.key, bounds)
         self.edges_stored: set[int] = set()
         dirs = spill_dirs(spill_bytes(self.model.config, end - start, exact), self.spill_budget)
-        self.runner = SegmentRunner(self.model, self._read_model_input, start, end, record.unit_size,
-                                    spill_dir=dirs, outputs=self.outputs, exact=exact)
+        self.runner = new_runner(self.model, self._read_model_input, start, end, record.unit_size,
+                                 length=record.length, spill_dir=dirs, outputs=self.outputs, exact=exact)
         return self.node
 
     def _read_model_input(self, a: int, b: int):

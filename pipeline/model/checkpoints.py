@@ -42,8 +42,8 @@ def layer_flops(config) -> float:
 
 
 def h_bytes(config) -> int:
-    """Bytes of one kept layer input per position (float32 h)."""
-    return 4 * config.d_model
+    """Bytes of one kept layer input per position (float32 h: the family's hidden width)."""
+    return 4 * config.spec.hidden_width(config)
 
 
 @dataclass(frozen=True)
@@ -157,7 +157,7 @@ def measure_rates(model, location, folder: str) -> Rates:
     are deleted."""
     import numpy as np
 
-    from linpipe.model.segments import SegmentRunner
+    from linpipe.model.segments import new_runner
     from linpipe.store.splits import encode
 
     c = model.config
@@ -168,7 +168,7 @@ def measure_rates(model, location, folder: str) -> Rates:
     zero = {k: v[0, 0] for k, v in model.init_state().arrays.items()}
 
     def passes(n: int) -> float:
-        runner = SegmentRunner(model, lambda a, b: x[a:b], 0, n, n, exact=False)
+        runner = new_runner(model, lambda a, b: x[a:b], 0, n, n, exact=False)
         try:
             t = time.perf_counter()
             runner.begin()

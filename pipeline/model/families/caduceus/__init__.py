@@ -93,6 +93,8 @@ class Caduceus(Family):
                      attention=False, convert=_convert)
     layer = "linpipe.model.families.caduceus.layer"
     record = "linpipe.model.families.caduceus.record"
+    split = "linpipe.model.families.caduceus.split"  # one record over several workers
+    auto_split = True
     summary = ("Caduceus / PlantCaduceus: bidirectional Mamba (v1) layers, optionally reverse-complement "
                "equivariant (RCPS); a masked language model over the whole record")
     required = ("family", "state_size", "intermediate_size", "dt_rank", "complement_map")
