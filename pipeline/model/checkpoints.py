@@ -36,7 +36,11 @@ KEEP, RECOMPUTE = "keep", "recompute"
 
 def layer_flops(config) -> float:
     """Multiply-adds x 2 per position of one layer: q, k, v, o projections, the MLP, and the
-    state's (K, V) products per head."""
+    state's (K, V) products per head; a family's own count where it has one (Family.layer_flops)."""
+    own = getattr(config.spec, "layer_flops", None)
+    got = None if own is None else own(config)
+    if got:
+        return float(got)
     D, M = config.d_model, config.mlp_hidden
     return 2.0 * (4 * D * D + 2 * D * M + 2 * D * config.spec.key_width(config))
 

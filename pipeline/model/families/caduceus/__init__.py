@@ -158,6 +158,14 @@ class Caduceus(Family):
         # a layer's output: the next layer's float32 residual stream (T, C), all it reads
         return 4 * self.hidden_width(config)
 
+    def layer_flops(self, config) -> float:
+        """Multiply-adds x 2 per position of one layer (the split's cost model): per Mamba (two
+        per direction with RCPS) in_proj, the conv, x_proj, dt_proj, the scan and out_proj."""
+        o, D = config.layer, config.d_model
+        Ci, N, R = o.intermediate_size, o.state_size, o.dt_rank
+        per = 2 * D * Ci + config.conv_width * Ci + Ci * (R + 2 * N) + R * Ci + 3 * Ci * N + Ci * D
+        return 2.0 * per * (2 if o.bidirectional else 1) * (2 if o.rcps else 1)
+
     def decay_where(self, config) -> str:
         return " (mamba_fwd, per channel: its slowest state where dt_proj's input is 0)"
 
