@@ -396,7 +396,8 @@ def test_a_forced_split_is_planned_and_dry_run_says_what_a_worker_keeps(tmp_path
     r = run("submit", CAD / "records.fa", "--model", model, "--out", tmp_path / "o.zarr", "--split", "2",
             "--workers", "2", "--unit-size", JOB_UNIT, "--dry-run")
     assert r.exit_code == 0, r.output  # split over the workers (tests/test_caduceus_split.py)
-    assert "split:       mt_human over 2 workers; layer inputs:" in r.output, r.output
+    assert ("split:       mt_human over 2 workers; per layer two folds around one exchange (left to right, "
+            "right to left); layer inputs:") in r.output, r.output
     r = run("submit", CAD / "records.fa", "--model", model, "--out", tmp_path / "o.zarr", "--split", "2",
             "--workers", "2", "--context", "512", "--unit-size", JOB_UNIT, "--dry-run")
     assert r.exit_code != 0 and r.output.count("\n") == 1, r.output

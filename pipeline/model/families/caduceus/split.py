@@ -42,6 +42,8 @@ from linpipe.model.spill import Spill
 from linpipe.model.state import ModelState
 
 DIRECTIONS = ("fwd", "rev")
+# what a split record's layer runs (submit --dry-run's split line)
+passes = "per layer two folds around one exchange (left to right, right to left)"
 
 
 def _record(net):
