@@ -135,7 +135,11 @@ def weights(net) -> list[BiWeights]:
     rec = _record(net)
 
     def cpu(m):
-        return MambaWeights(copy.deepcopy(m).float().cpu().eval().requires_grad_(False))
+        c = copy.deepcopy(m).float().cpu().eval().requires_grad_(False)
+        for name in ("in_proj", "out_proj"):  # a tied right-to-left Mamba holds them unregistered
+            if name not in c._modules:
+                object.__setattr__(c, name, getattr(c, name).float().cpu().requires_grad_(False))
+        return MambaWeights(c)
 
     out = []
     for block in net.layers:
