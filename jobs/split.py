@@ -85,9 +85,9 @@ def plan_gain(plan, threads: int | None):
 def check_split(plan, split, slots: int | None) -> None:
     """A forced split runs a record's segments at once, one worker each: more segments than the
     job's worker slots would wait for a worker that never starts. slots None: not known here."""
-    if isinstance(split, int) and split > 1 and plan.whole_record and (plan.context or not plan.splittable):
-        why = (f"{option('context')} {plan.context} reads each record in windows on one worker" if plan.context
-               else "each record runs whole on one worker (its units swept in order)")
+    if isinstance(split, int) and split > 1 and plan.whole_record and (plan.context or not plan.whole_split):
+        why = (f"{option('context')} {plan.context} reads each record in windows on one worker"
+               if plan.context else "each record runs whole on one worker (its units swept in order)")
         raise LinpipeError(f"{option('split')} {split}: this model's layers read the whole record on both "
                            f"sides; {why}")
     if not isinstance(split, int) or slots is None:

@@ -93,8 +93,10 @@ class Caduceus(Family):
                      attention=False, convert=_convert)
     layer = "linpipe.model.families.caduceus.layer"
     record = "linpipe.model.families.caduceus.record"
-    split = "linpipe.model.families.caduceus.split"  # one record over several workers
-    auto_split = True
+    # one record over several workers with --split N (split.py); auto does not split: each lane is
+    # the mamba split's, whose correction costs 2-4x the scan per position (two workers: about
+    # 1.1x one worker's rate on the fixtures; docs/sequence-parallel.md)
+    split = "linpipe.model.families.caduceus.split"
     summary = ("Caduceus / PlantCaduceus: bidirectional Mamba (v1) layers, optionally reverse-complement "
                "equivariant (RCPS); a masked language model over the whole record")
     required = ("family", "state_size", "intermediate_size", "dt_rank", "complement_map")
