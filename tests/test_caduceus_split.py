@@ -6,8 +6,8 @@ with the ph (bidirectional) and ps (RCPS) fixtures: in process against the whole
 (record.py), its resumes from stored folds and kept layers, and through `submit` on Ray.
 
 Tolerance: every stored output and unit-edge state within SPLIT_TOL of the one-worker whole-record
-run (float32 folds; measured at most 3.8e-6 on logprob_acgt, 3.7e-6 on hidden, 2.4e-6 on the
-states, over P = 2, 3, 20 and 45 segments); one segment: the same bytes.
+run (the folded states' float32 rounding; measured at most 1.4e-6 on logprob_acgt, 1.6e-6 on
+hidden and the states, over P = 2, 3, 20 and 45 segments); one segment: the same bytes.
 """
 from __future__ import annotations
 

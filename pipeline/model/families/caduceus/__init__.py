@@ -93,9 +93,10 @@ class Caduceus(Family):
                      attention=False, convert=_convert)
     layer = "linpipe.model.families.caduceus.layer"
     record = "linpipe.model.families.caduceus.record"
-    # one record over several workers with --split N (split.py); auto does not split: each lane is
-    # the mamba split's, whose correction costs 2-4x the scan per position (two workers: about
-    # 1.1x one worker's rate on the fixtures; docs/sequence-parallel.md)
+    # one record over several workers with --split N (split.py); auto does not split: a segment
+    # runs its Mambas twice (pass 1's summary, pass 2's scan), so on the CPU a split record is at
+    # most 1.2-1.5x faster than one worker (docs/sequence-parallel.md, "The split of a
+    # bidirectional model")
     split = "linpipe.model.families.caduceus.split"
     summary = ("Caduceus / PlantCaduceus: bidirectional Mamba (v1) layers, optionally reverse-complement "
                "equivariant (RCPS); a masked language model over the whole record")

@@ -1,15 +1,16 @@
 """The sequence-parallel split (linpipe.model.segments) of a caduceus record: one record over
 several workers, each a segment of whole units, with the same exchange, kept layer inputs and
-resume as a causal split (jobs/split.py), and each direction's algebra the mamba family's
-(families/mamba/split.py: MambaLocal, MambaCorrect, MambaWeights.fold), written once.
+resume as a causal split (jobs/split.py), and each direction's state algebra the mamba family's
+(families/mamba/split.py: MambaLocal's summary, MambaWeights.fold), written once.
 
 A layer's Mambas are lanes (sweeps.py: direction, Mamba, half). Per layer and segment:
 
-1. Pass 1: every left-to-right lane runs MambaLocal over the segment from a zero state, every
-   right-to-left lane MambaLocal over the segment flipped (the lane sees its rows in its own
-   order: a segment's rows [S, E) read backwards, position p at lane row S + E - 1 - p). A lane
-   whose entering state is known runs the Mamba itself and sends that state (`_Exact`): the
-   left-to-right lanes of the record's first segment, the right-to-left lanes of its last.
+1. Pass 1: every left-to-right lane runs MambaLocal over the segment from a zero state (its
+   summary, head rows and tail: the message), every right-to-left lane MambaLocal over the
+   segment flipped (the lane sees its rows in its own order: a segment's rows [S, E) read
+   backwards, position p at lane row S + E - 1 - p). A lane whose entering state is known runs
+   the Mamba itself, keeps its outputs and sends that state (`_Exact`): the left-to-right lanes
+   of the record's first segment, the right-to-left lanes of its last.
 2. The fold (`BiWeights.fold`, the driver): each left-to-right lane's MambaWeights.fold over the
    segments in order from the state entering the record; each right-to-left lane's over the
    segments last to first from zero (the record's right end): float64, a fixed order. The state
@@ -17,9 +18,12 @@ A layer's Mambas are lanes (sweeps.py: direction, Mamba, half). Per layer and se
    lanes' after [b_k, T) (as the unit edges' states of sweeps.py: left to right at a unit's end,
    right to left at its start). Segment k needs the first at b_k and the second at b_(k+1):
    the fold's `reverse` makes run_layers hand it both (entering, leaving).
-3. Pass 2: every lane's MambaCorrect from its entering state (left to right: the segment's units
-   in order, their outputs to a spill; right to left: the units last to first), then per unit
-   the combine and the residual, sweeps.py's ops on the same rows: the next layer's input.
+3. Pass 2: every other lane runs its Mamba again from the fold's state and conv window (left to
+   right over the segment's units in order, its outputs to a spill; right to left over them last
+   to first), then per unit the combine and the residual, sweeps.py's ops on the same rows: the
+   next layer's input. (The mamba split's correction, MambaCorrect, adds the entering state's
+   share to pass 1's outputs instead; on the CPU it cost about what the Mamba's scan does here,
+   and pass 1 would spill 3 I + N floats per position and lane for it.)
 
 With one segment every lane is exact and every op is sweeps.py's on the same unit rows: the
 bytes of the one-worker run. The states stored at a segment's edges are the fold's values, so a
@@ -36,7 +40,7 @@ import torch
 
 from linpipe.model.exchange import Message
 from linpipe.model.families.caduceus.sweeps import _lane_input, lanes
-from linpipe.model.families.mamba.split import MambaCorrect, MambaLocal, MambaWeights
+from linpipe.model.families.mamba.split import MambaLocal, MambaWeights
 from linpipe.model.families.mamba.split import row_width as mamba_row
 from linpipe.model.spill import Spill
 from linpipe.model.state import ModelState
@@ -67,11 +71,10 @@ def first_weight(config) -> float:
 
 def row_width(config, exact: bool) -> int:
     """Columns a segment spills per position beyond its residual stream's d_model (spill_bytes):
-    the rest of the residual stream (RCPS), the left-to-right outputs, and per lane pass 1's rows
-    (the mamba split's)."""
+    the rest of the residual stream (RCPS), the left-to-right outputs, and the exact lanes'
+    outputs (at most one direction's: d_model per half)."""
     C = config.spec.hidden_width(config)
-    n = 2 * (2 if config.layer.rcps else 1) if config.layer.bidirectional else (2 if config.layer.rcps else 1)
-    return (C - config.d_model) + C + n * mamba_row(config, False)
+    return (C - config.d_model) + 2 * C
 
 
 @dataclass
@@ -150,9 +153,8 @@ def weights(net) -> list[BiWeights]:
 
 
 class _Block:
-    """What MambaLocal and MambaCorrect read of a block, for one lane: its Mamba, the lane's rows
-    as they are (the caller normalises), and out_proj as the finish (the residual is the
-    segment's)."""
+    """What MambaLocal reads of a block, for one lane: its Mamba, and the lane's rows as they are
+    (the caller normalises)."""
 
     def __init__(self, m):
         self.mixer = m
@@ -161,13 +163,10 @@ class _Block:
     def norm(h):
         return h
 
-    def finish(self, h, o, scratch=None):
-        return self.mixer.out(o)
-
 
 class _Lane:
     """One lane of one segment for one layer in the lane's own order: what the mamba split's
-    MambaLocal and MambaCorrect read of their runner (start, end, base, W, the spill), with the
+    MambaLocal reads of its runner (start, end, base, W, the spill), with the
     unit edges inside the segment in the lane's coordinates."""
 
     def __init__(self, seg: "BiSegment", m, d: str, half: int, exact: bool):
@@ -179,7 +178,9 @@ class _Lane:
         self.W = m.width
         self.base = min(self.end, self.start + self.W - 1)
         self.row_width = seg.rec.D if exact else mamba_row(seg.config, False)
-        self.num = seg.lane_spill(self, self.row_width)
+        # an exact lane's outputs wait in a spill for pass 2; pass 1 of another lane keeps only
+        # its message (its Mamba runs again in pass 2)
+        self.num = seg.lane_spill(self, self.row_width) if exact else _Dropped()
         self.got: dict[int, dict] = {}  # unit index -> the lane's state at its edge (pass 2)
         self.local = None
 
@@ -212,19 +213,35 @@ class _Lane:
         return y[0].flip(0) if self.reverse else y[0]
 
 
+class _Dropped:
+    """Where MambaLocal puts its per-position rows when pass 2 does not read them."""
+
+    num = None
+
+    @staticmethod
+    def put(i, x) -> None:
+        pass
+
+
 class _Exact:
-    """Pass 1 of a lane whose entering state is known: the Mamba itself (sweeps.py's step on
-    the same rows), its outputs to the spill, its state at the unit edges recorded."""
+    """A lane's Mamba from a known state (sweeps.py's step on the same rows), its state at the
+    unit edges recorded: pass 1 of a lane whose entering state is known (its outputs to the
+    spill), pass 2 of the others (from the fold's state)."""
 
     def __init__(self, lane: _Lane, state: dict):
         self.lane, self.state = lane, {k: v[None] for k, v in state.items()}
 
-    def span(self, s: int, e: int, x: torch.Tensor) -> None:
+    def span(self, s: int, e: int, x: torch.Tensor) -> torch.Tensor:
+        """The lane's rows x (1, n, D) at lane positions [s, e) -> its outputs (1, n, D), kept in
+        the lane's spill where it has one (pass 1 of an exact lane)."""
         ln = self.lane
         o, self.state = ln.m(x, self.state)
-        ln.num.put(s - ln.start, ln.m.out(o)[0].to("cpu").numpy())
+        y = ln.m.out(o)
+        if not isinstance(ln.num, _Dropped):
+            ln.num.put(s - ln.start, y[0].to("cpu").numpy())
         if ln.is_edge(e):
             ln.record_edge(e, 0, {k: v[0] for k, v in self.state.items()})
+        return y
 
     def message(self) -> Message:
         ln = self.lane
@@ -383,10 +400,9 @@ class BiSegment:
             idx[ln.d] += 1
             if ln.exact:
                 fixes.append(None)
-            else:
+            else:  # the Mamba again from the fold's state and conv window (module docstring)
                 src = enter if ln.d == "fwd" else leave
-                st = {k: v.to(self.device) for k, v in _lane_state(src, ln.d, j).items()}
-                fixes.append(MambaCorrect(ln, 0, st, ln.local))
+                fixes.append(_Exact(ln, {k: v.to(self.device) for k, v in _lane_state(src, ln.d, j).items()}))
         both = [(ln, fx) for ln, fx in zip(self.lanes, fixes, strict=True)]
         ltr = [(ln, fx) for ln, fx in both if ln.d == "fwd"]
         rtl = [(ln, fx) for ln, fx in both if ln.d == "rev"]
