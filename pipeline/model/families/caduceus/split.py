@@ -64,8 +64,8 @@ def halo(config) -> int:
 
 
 def first_weight(config) -> float:
-    """Every segment corrects one direction at least (the first segment's right-to-left lanes,
-    the last's left-to-right ones): the same share each."""
+    """Every segment runs one direction twice at least (the first segment's right-to-left lanes,
+    the last's left-to-right ones; the others both): the same share each."""
     return 1.0
 
 
