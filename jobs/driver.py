@@ -489,7 +489,7 @@ def _run_leased(plan, request, out, address, device, events, lease_token: str) -
         # (the forward strand only: a segment reads its input forwards)
         split = request.split
         if split == "auto" and (request.regions or plan.modality != "dna" or where.num_gpus
-                                or not plan.splittable):
+                                or not plan.splittable or plan.context):
             split = "never"  # auto: CPU actors on DNA only (no GPU was lent to measure it on)
         gain = plan_gain(plan, threads)  # auto splits where the cost model predicts a gain
         splits = [(item, split_segments(item.record, total, possible, split, gain)) for item in todo

@@ -123,8 +123,10 @@ class JobPlan:
     # fla's linear attention, mamba2), whose split costs the cost model does not know yet
     # (docs/sequence-parallel.md); --split N splits any
     splittable: bool = True
-    # the family's layers read the whole record (bidirectional): each record runs whole on a worker
+    # the family's layers read the whole record (bidirectional): each record runs whole on a worker,
+    # unless its family splits one (whole_split: --split N runs it over N workers)
     whole_record: bool = False
+    whole_split: bool = False
     context: int | None = None  # --context: a whole-record model's windows (None: the whole record)
     record_bytes: int = 0  # bytes per position a worker keeps beside a whole record while it runs
     kept_bytes: int = 0  # bytes per position of a whole record's layer kept in the store (jobs/whole.py)
@@ -261,7 +263,8 @@ def _plan(request: JobRequest) -> JobPlan:
         regions_path=os.path.abspath(os.fspath(request.regions)) if request.regions else None,
         regions_lenient=bool(request.regions and request.regions_lenient), notes=tuple(found.notes),
         files=tuple(found.files), stream_rate=stream_rate(m.config), n_layers=int(m.config.n_layers),
-        splittable=m.config.spec.auto_split, whole_record=bool(m.config.spec.record), context=request.context,
+        splittable=m.config.spec.auto_split, whole_record=bool(m.config.spec.record),
+        whole_split=bool(m.config.spec.record and m.config.spec.split), context=request.context,
         record_bytes=m.config.spec.record_bytes(m.config),
         kept_bytes=0 if request.context else m.config.spec.kept_bytes(m.config))
 

@@ -199,10 +199,20 @@ def dry_run(request: JobRequest, run: RunOptions | None = None) -> dict[str, Any
             "positions_done": done["positions_done"] if done else 0,
             "complete": bool(done and done["complete"]), "notes": list(plan.notes),
             "gpu_sharing": request.actor_resources.gpu_sharing(),
-            "splits": [{"record": rid, "segments": n, "keeps": keeps.describe()}
+            "splits": [{"record": rid, "segments": n, "keeps": keeps.describe(), "passes": split_passes(plan)}
                        for rid, n, keeps in planned_keeps(plan, request, slots)],
             "worker_record_bytes": plan.record_bytes * max((r.length for r in plan.records), default=0),
             "whole_keeps": whole_keeps(plan, request)}
+
+
+def split_passes(plan) -> str | None:
+    """What a split record's layer runs, where its family says (its split module's `passes`: a
+    bidirectional family's two folds); None: the causal split's one fold."""
+    from linpipe.model.families import split_module
+    from linpipe.model.files import read_config, resolve_model_path
+
+    config = read_config(resolve_model_path(plan.model_ref))
+    return getattr(split_module(config.spec), "passes", None) if config.spec.split else None
 
 
 def whole_keeps(plan, request) -> dict | None:

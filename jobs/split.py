@@ -85,9 +85,11 @@ def plan_gain(plan, threads: int | None):
 def check_split(plan, split, slots: int | None) -> None:
     """A forced split runs a record's segments at once, one worker each: more segments than the
     job's worker slots would wait for a worker that never starts. slots None: not known here."""
-    if isinstance(split, int) and split > 1 and plan.whole_record:
+    if isinstance(split, int) and split > 1 and plan.whole_record and (plan.context or not plan.whole_split):
+        why = (f"{option('context')} {plan.context} reads each record in windows on one worker"
+               if plan.context else "each record runs whole on one worker (its units swept in order)")
         raise LinpipeError(f"{option('split')} {split}: this model's layers read the whole record on both "
-                           "sides; each record runs whole on one worker (its units swept in order)")
+                           f"sides; {why}")
     if not isinstance(split, int) or slots is None:
         return
     longest = max((r for r in plan.streams if r.strand == FORWARD), key=lambda r: r.n_units, default=None)
@@ -112,7 +114,7 @@ class SegmentWorker(PipelineWorker):
         """Segment k of `bounds` (the record's first runs the layers itself, from the state it
         is given in begin); checkpoints: the layers whose input it keeps in the store
         (checkpoints.Keeps.layers), with its unit edges' states of the layers before."""
-        from linpipe.model.segments import SegmentRunner, spill_bytes
+        from linpipe.model.segments import new_runner, spill_bytes
 
         if self.runner is not None:
             self.runner.close()
@@ -121,8 +123,8 @@ class SegmentWorker(PipelineWorker):
         self.splits = self.store.split_records(record.key, bounds)
         self.edges_stored: set[int] = set()
         dirs = spill_dirs(spill_bytes(self.model.config, end - start, exact), self.spill_budget)
-        self.runner = SegmentRunner(self.model, self._read_model_input, start, end, record.unit_size,
-                                    spill_dir=dirs, outputs=self.outputs, exact=exact)
+        self.runner = new_runner(self.model, self._read_model_input, start, end, record.unit_size,
+                                 length=record.length, spill_dir=dirs, outputs=self.outputs, exact=exact)
         return self.node
 
     def _read_model_input(self, a: int, b: int):
@@ -335,7 +337,7 @@ def planned_keeps(plan, request, slots: int | None) -> list[tuple[str, int, obje
     from linpipe.store.location import Location
 
     split = request.split
-    streams_only = request.regions or plan.modality != "dna" or not plan.splittable
+    streams_only = request.regions or plan.modality != "dna" or not plan.splittable or plan.context
     if slots is None or (split == "auto" and streams_only):
         return []
     gain = plan_gain(plan, 1)

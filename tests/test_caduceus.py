@@ -372,8 +372,9 @@ def test_a_job_with_context_reads_each_position_from_its_window(tmp_path, record
     assert "--context 512: only a model that reads the whole record on both sides" in r.output
 
 
-def test_a_forced_split_is_refused_and_dry_run_says_what_a_worker_keeps(tmp_path):
-    """--split N: one line; --dry-run: the bytes a worker keeps beside the longest record
+def test_a_forced_split_is_planned_and_dry_run_says_what_a_worker_keeps(tmp_path):
+    """--split N --dry-run: the records split over the workers (with --context: refused in one
+    line); --dry-run: the bytes a worker keeps beside the longest record
     (three float32 arrays of d_model: 12 x 24 x 16,569 for ph on human MT), the most a job's
     kept layers take in the store (two layers' outputs) and the records whose two layers do not
     fit --split-budget."""
@@ -393,9 +394,15 @@ def test_a_forced_split_is_refused_and_dry_run_says_what_a_worker_keeps(tmp_path
             "--unit-size", JOB_UNIT, "--dry-run", "--split-budget", 2 * 4 * d_model * 10000)
     assert "none kept for mt_human (over --split-budget" in r.output, r.output  # chr2_iupac's 10,000 fit
     r = run("submit", CAD / "records.fa", "--model", model, "--out", tmp_path / "o.zarr", "--split", "2",
-            "--unit-size", JOB_UNIT, "--dry-run")
+            "--workers", "2", "--unit-size", JOB_UNIT, "--dry-run")
+    assert r.exit_code == 0, r.output  # split over the workers (tests/test_caduceus_split.py)
+    assert ("split:       mt_human over 2 workers; per layer two folds around one exchange (left to right, "
+            "right to left); layer inputs:") in r.output, r.output
+    r = run("submit", CAD / "records.fa", "--model", model, "--out", tmp_path / "o.zarr", "--split", "2",
+            "--workers", "2", "--context", "512", "--unit-size", JOB_UNIT, "--dry-run")
     assert r.exit_code != 0 and r.output.count("\n") == 1, r.output
-    assert "--split 2: this model's layers read the whole record on both sides" in r.output
+    assert ("--split 2: this model's layers read the whole record on both sides; --context 512 reads each "
+            "record in windows on one worker") in r.output
 
 
 @pytest.mark.slow  # Ray on loopback, a killed driver: 45 s, over the family's share of the suite

@@ -72,7 +72,7 @@ def _print_dry_run(report: dict) -> None:
     click.echo(f"  cluster:     {report['cluster']}")
     for sp in report.get("splits", ()):
         click.echo(f"  split:       {sp['record']} over {sp['segments']} workers; "
-                   f"layer inputs: {sp['keeps']}")
+                   f"{sp['passes'] + '; ' if sp.get('passes') else ''}layer inputs: {sp['keeps']}")
     if report["gpu_sharing"]:
         click.echo(f"  GPUs:        {report['gpu_sharing']}")
     if report["complete"]:

@@ -36,14 +36,18 @@ KEEP, RECOMPUTE = "keep", "recompute"
 
 def layer_flops(config) -> float:
     """Multiply-adds x 2 per position of one layer: q, k, v, o projections, the MLP, and the
-    state's (K, V) products per head."""
+    state's (K, V) products per head; a family's own count where it has one (Family.layer_flops)."""
+    own = getattr(config.spec, "layer_flops", None)
+    got = None if own is None else own(config)
+    if got:
+        return float(got)
     D, M = config.d_model, config.mlp_hidden
     return 2.0 * (4 * D * D + 2 * D * M + 2 * D * config.spec.key_width(config))
 
 
 def h_bytes(config) -> int:
-    """Bytes of one kept layer input per position (float32 h)."""
-    return 4 * config.d_model
+    """Bytes of one kept layer input per position (float32 h: the family's hidden width)."""
+    return 4 * config.spec.hidden_width(config)
 
 
 @dataclass(frozen=True)
@@ -157,7 +161,7 @@ def measure_rates(model, location, folder: str) -> Rates:
     are deleted."""
     import numpy as np
 
-    from linpipe.model.segments import SegmentRunner
+    from linpipe.model.segments import new_runner
     from linpipe.store.splits import encode
 
     c = model.config
@@ -168,7 +172,7 @@ def measure_rates(model, location, folder: str) -> Rates:
     zero = {k: v[0, 0] for k, v in model.init_state().arrays.items()}
 
     def passes(n: int) -> float:
-        runner = SegmentRunner(model, lambda a, b: x[a:b], 0, n, n, exact=False)
+        runner = new_runner(model, lambda a, b: x[a:b], 0, n, n, exact=False)
         try:
             t = time.perf_counter()
             runner.begin()

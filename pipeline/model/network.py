@@ -90,7 +90,10 @@ class LinpipeNet(nn.Module):
 
     def initial_state(self, batch_size: int = 1) -> ModelState:
         """The state after reading BOS (differentiable): computed once and repeated for every
-        batch row, so that it is the same bytes in a batch of any size."""
+        batch row, so that it is the same bytes in a batch of any size. A family whose layers read
+        the whole record reads no BOS: its state entering a record is zeros (its split's)."""
+        if self.config.spec.record:
+            return self.zero_state(batch_size)
         h = (self.embed.weight[BOS] if self.config.modality == "dna" else self.bos).view(1, 1, -1)
         _, state = self._run(h, self.zero_state(1))
         if batch_size == 1:

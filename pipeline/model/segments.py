@@ -85,6 +85,17 @@ def segment_bounds(length: int, unit_size: int, n_segments: int,
     return [(a, b) for a, b in zip(edges[:-1], edges[1:], strict=True)]
 
 
+def new_runner(model: Model, read, start: int, end: int, unit_size: int, *, length: int | None = None,
+               **kw):
+    """A segment's runner: SegmentRunner, or the family's own (its split module's `Runner`, e.g.
+    a bidirectional family's, which also needs the record's `length`: its last segment's
+    right-to-left sweep knows its entering state)."""
+    own = getattr(split_of(model.config), "Runner", None)
+    if own is None:
+        return SegmentRunner(model, read, start, end, unit_size, **kw)
+    return own(model, read, start, end, unit_size, length=end if length is None else length, **kw)
+
+
 def spill_bytes(config, positions: int, exact: bool = False) -> int:
     """Bytes a segment of `positions` keeps outside its spans: its residual stream, and what
     pass 1 leaves for pass 2 (the family's row_width)."""

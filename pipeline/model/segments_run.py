@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from linpipe.model.inference import Model
-from linpipe.model.segments import SegmentRunner, split_of
+from linpipe.model.segments import SegmentRunner, new_runner, split_of
 from linpipe.model.state import ModelState
 
 
@@ -46,12 +46,19 @@ def run_layers(group, state0: ModelState, weights: list, n_segments: int,
     input of `start`, the segments run the layers before it from their tokens with those folds
     ("replay", no exchange), from the kept input of layer `base` (0: from the tokens; a list:
     per segment);
-    on_fold(layer, states) sees every fold made here."""
+    on_fold(layer, states) sees every fold made here. A fold that is `reverse` (a bidirectional
+    family's: the states at every segment edge, some read by the segment on its left) gives each
+    segment the states at both its edges, (entering, leaving), in apply and replay."""
+    pair = bool(weights) and getattr(weights[0], "reverse", False)
+
+    def at(states, k):
+        return (states[k], states[k + 1]) if pair else states[k]
+
     first = {k: v[0].cpu() for k, v in state0.arrays.items()}
     firsts = [first if k == 0 and exact_first else None for k in range(n_segments)]
     if start and replay:
         bases = base if isinstance(base, (list, tuple)) else [base] * n_segments
-        msgs = group.call("replay", [(start, [folds[j][k] for j in range(start)], f, bases[k])
+        msgs = group.call("replay", [(start, [at(folds[j], k) for j in range(start)], f, bases[k])
                                      for k, f in enumerate(firsts)])
     elif start:
         msgs = group.call("resume", [(start, f) for f in firsts])
@@ -65,7 +72,7 @@ def run_layers(group, state0: ModelState, weights: list, n_segments: int,
             states = w.fold({k: v[0, layer].cpu() for k, v in state0.arrays.items()}, msgs)
             if on_fold is not None:
                 on_fold(layer, states)
-            msgs = group.call("apply", [(layer, states[k]) for k in range(n_segments)])
+            msgs = group.call("apply", [(layer, at(states, k)) for k in range(n_segments)])
         done.append(states)
     ys = [state0.y[0].cpu()] + [m.y for m in msgs]
     return [edge_state(done, ys[k], k) for k in range(n_segments + 1)]
@@ -78,8 +85,9 @@ def forward_split(model: Model, x, bounds: list[tuple[int, int]], unit_size: int
     index: ModelState after it}, final state)."""
     x = np.asarray(x)
     state0 = model.init_state() if state0 is None else state0
-    runners = [SegmentRunner(model, lambda a, b: x[a:b], s, e, unit_size, spill_dir=spill_dir,
-                             outputs=outputs, exact=k == 0) for k, (s, e) in enumerate(bounds)]
+    runners = [new_runner(model, lambda a, b: x[a:b], s, e, unit_size, length=bounds[-1][1],
+                          spill_dir=spill_dir, outputs=outputs, exact=k == 0)
+               for k, (s, e) in enumerate(bounds)]
     try:
         states = run_layers(InProcess(runners), state0, layer_weights(model.net), len(runners))
         got: dict[str, list] = {}

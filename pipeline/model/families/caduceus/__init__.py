@@ -93,6 +93,11 @@ class Caduceus(Family):
                      attention=False, convert=_convert)
     layer = "linpipe.model.families.caduceus.layer"
     record = "linpipe.model.families.caduceus.record"
+    # one record over several workers with --split N (split.py); auto does not split: a segment
+    # runs its Mambas twice (pass 1's summary, pass 2's scan), so on the CPU a split record is at
+    # most 1.2-1.5x faster than one worker (docs/sequence-parallel.md, "The split of a
+    # bidirectional model")
+    split = "linpipe.model.families.caduceus.split"
     summary = ("Caduceus / PlantCaduceus: bidirectional Mamba (v1) layers, optionally reverse-complement "
                "equivariant (RCPS); a masked language model over the whole record")
     required = ("family", "state_size", "intermediate_size", "dt_rank", "complement_map")
@@ -155,6 +160,14 @@ class Caduceus(Family):
     def kept_bytes(self, config) -> int:
         # a layer's output: the next layer's float32 residual stream (T, C), all it reads
         return 4 * self.hidden_width(config)
+
+    def layer_flops(self, config) -> float:
+        """Multiply-adds x 2 per position of one layer (the split's cost model): per Mamba (two
+        per direction with RCPS) in_proj, the conv, x_proj, dt_proj, the scan and out_proj."""
+        o, D = config.layer, config.d_model
+        Ci, N, R = o.intermediate_size, o.state_size, o.dt_rank
+        per = 2 * D * Ci + config.conv_width * Ci + Ci * (R + 2 * N) + R * Ci + 3 * Ci * N + Ci * D
+        return 2.0 * per * (2 if o.bidirectional else 1) * (2 if o.rcps else 1)
 
     def decay_where(self, config) -> str:
         return " (mamba_fwd, per channel: its slowest state where dt_proj's input is 0)"
