@@ -8,11 +8,10 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from _pipeline_data import record_outputs
+from _pipeline_data import poll_until, polled_store, record_outputs
 from click.testing import CliRunner
 from ray_local_cluster import LocalCluster
 
@@ -227,13 +226,16 @@ def submitted_id(output: str) -> str:
 
 
 def wait_for_progress(out, timeout=180):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        p = sub.store_progress(str(out))
-        if p and p["positions_done"] > 0:
-            return p
-        time.sleep(0.2)
-    raise AssertionError(f"no chunk of {out} was written in {timeout}s")
+    """Until a chunk of the store at `out` is written: the store opened once, polled taking at most
+    a quarter of a core from the jobs it watches (_pipeline_data's polled_store and poll_until)."""
+    def written():
+        store = polled_store(out)
+        try:
+            return store is not None and store.progress()["positions_done"] > 0
+        except Exception:  # records being laid out: poll again
+            return False
+    if not poll_until(written, timeout, interval=0.2):
+        raise AssertionError(f"no chunk of {out} was written in {timeout}s")
 
 
 def test_submit_cancel_resume_matches_an_uninterrupted_run(cluster, client, genomes, tmp_path):

@@ -18,6 +18,7 @@ import pytest
 from _pipeline_data import (
     assert_same_bytes,
     make_tiny_model,
+    polled_store,
     store_arrays,
     submit_running,
     write_fasta_slice,
@@ -114,11 +115,9 @@ def _submit_cmd(fasta, model, out, *extra):
 
 
 def _units_done(out) -> int:
-    from linpipe.store import OutputStore
-
+    store = polled_store(out)  # opened once: a poll reads only the done flags
     try:
-        store = OutputStore.open(str(out), mode="r")
-        return sum(len(store.completed_units(key)) for key in store.meta["records"])
+        return 0 if store is None else sum(len(store.completed_units(key)) for key in store.meta["records"])
     except Exception:  # not created yet, or metadata being written: poll again
         return 0
 

@@ -9,10 +9,9 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 
 import pytest
-from _pipeline_data import kill_session, make_tiny_model, session_processes, units_done
+from _pipeline_data import kill_session, make_tiny_model, poll_until, session_processes, units_done
 
 pytestmark = pytest.mark.slow  # two embedded Rays, started together
 
@@ -30,11 +29,9 @@ def _submit(fasta, model, out, tmpdir) -> subprocess.Popen:
 
 
 def _until(what, timeout: float):
-    """what() once it is truthy, polled, or its last value after timeout seconds."""
-    deadline = time.monotonic() + timeout
-    while not (got := what()) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return got
+    """what() once it is truthy, polled (taking at most a quarter of a core from the submits it
+    watches: _pipeline_data.poll_until), or its last value after timeout seconds."""
+    return poll_until(what, timeout)
 
 
 def test_a_killed_submits_ray_ends_with_it_and_a_concurrent_submits_ray_is_untouched(genomes, tmp_path):
