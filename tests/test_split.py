@@ -264,7 +264,9 @@ def test_dry_run_says_what_the_split_keeps_and_measures_nothing_twice(tmp_path, 
     # a D 64 model, 16.6 kb
     assert res.exit_code == 0 and "the writes' input: keep" in res.output, res.output
     assert (cache / "split-rates.json").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["cache"]
-    monkeypatch.setenv("LINPIPE_SPLIT_RATES", "assumed")  # the assumed rates: the default model keeps one
+    # the assumed rates (a disk's) and one run in four resumed: the default model keeps one
+    monkeypatch.setenv("LINPIPE_SPLIT_RATES", "assumed")
+    monkeypatch.setenv("LINPIPE_SPLIT_KILL_RATE", "0.25")
     res = CliRunner().invoke(cli, args)
     want = "layer 1's input: recompute, the writes' input: keep (at most 256 B per position kept)"
     assert want in res.output, res.output

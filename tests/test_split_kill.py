@@ -7,8 +7,9 @@ its deepest kept input, and what the run keeps on disk stays within its --split-
 Each run is a `run_job` in a subprocess of its own (its embedded Ray goes with its session); a
 kill waits for what the store holds, never for a time. The tests' model is so small that the
 planner would not split it: the driver script makes the CPU look slow to the planner; the
-actors choose from the assumed rates ($LINPIPE_SPLIT_RATES=assumed, which keep every layer
-input of a D 16 model), not from a measurement that a loaded machine would vary.
+actors choose from the assumed rates ($LINPIPE_SPLIT_RATES=assumed) with one run in four assumed
+resumed ($LINPIPE_SPLIT_KILL_RATE=0.25), which keep every layer input of a D 16 model, not from a
+measurement that a loaded machine would vary.
 """
 from __future__ import annotations
 
@@ -101,7 +102,7 @@ def drive(fasta, model, out, kill: str, budget: int | None = None) -> tuple[int,
     argv = [sys.executable, "-c", DRIVER, str(fasta), str(model), str(out), kill,
             "" if budget is None else str(budget)]
     proc = subprocess.Popen(argv, env={**os.environ, "TMPDIR": tmpdir, "PYTHONUNBUFFERED": "1",
-                                       "LINPIPE_SPLIT_RATES": "assumed"},
+                                       "LINPIPE_SPLIT_RATES": "assumed", "LINPIPE_SPLIT_KILL_RATE": "0.25"},
                             start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         stdout, stderr = proc.communicate(timeout=300)
