@@ -17,7 +17,7 @@ a kill"; linpipe/model/checkpoints.py): one command that prints the figures the 
    the full run's.
 
 Usage: python benchmarks/bench_split_checkpoint.py [--out /tmp/bench65] [--length 8000000]
-       [--reps 1] [--kill-at 0.7] [--skip-profile] [--skip-kill]
+       [--reps 1] [--kill-at 0.7] [--skip-profile] [--skip-kill] [--only before,keep]
 """
 from __future__ import annotations
 
@@ -273,6 +273,8 @@ def main():
                     "editable install's; a snapshot keeps a long run apart from edits)")
     ap.add_argument("--before", default=None, help="a checkout of the code before (e.g. a worktree of "
                     "the integration branch): its 2-worker run is alternated with this one's")
+    ap.add_argument("--only", default=None, help="the 2-worker choices to run, comma-separated, of "
+                    "before, keep and recompute (default: all given)")
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -286,6 +288,8 @@ def main():
     # name: (budget, checkout); the default budget keeps what choose_keeps picks, 0 keeps none
     choices = {**({"before": ("", a.before)} if a.before else {}), "keep": ("", a.after),
                "recompute": ("0", a.after)}
+    if a.only:
+        choices = {k: v for k, v in choices.items() if k in a.only.split(",")}
     reps = []
     for _ in range(a.reps):
         rep = {"w1": drive(fa, out / "w1.zarr", 1, "never", "", code=a.after)}
@@ -319,6 +323,12 @@ def print_rep(i: int, rep: dict, choices, a) -> None:
         r = rep[name]
         total = {k: sum(x.get(k, 0.0) for x in r["layers"]) for k in ("compute_s", "keep_s", "exchange_s")}
         chosen = (r.get("keeps") or {}).get("text", "its own")
+        # S: the wall outside the job's own seconds (start-up, teardown); a resume after a kill
+        # at kill_at costs at least (S + (1 - kill_at) (R - S)) / R of a full run of wall R
+        S, R = r["wall_s"] - r["seconds"], r["wall_s"]
+        least = (S + (1 - a.kill_at) * (R - S)) / R
+        bound = (f"    S {S:.1f} s of R {R:.1f} s wall (start-up {r['startup_s']:.1f} s): a resume after "
+                 f"a kill at {a.kill_at:.0%} costs at least {least:.2f}x a full run")
         print(f"  2 workers, {name}: {r['positions_per_s'] / w1['positions_per_s']:.2f}x the positions/s "
               f"({r['positions_per_s'] / 1e3:.1f}k), {w1['wall_s'] / r['wall_s']:.2f}x the wall; CPU "
               f"{r['cpu_s']:.1f} s: 2 x 1 worker's / this = {2 * w1['cpu_s'] / r['cpu_s']:.2f}x "
@@ -329,6 +339,7 @@ def print_rep(i: int, rep: dict, choices, a) -> None:
               f"{', '.join(f'{v:.1f}' for v in per) or 'not known'}), of it keeping inputs "
               f"{total['keep_s']:.1f} s; exchanges {total['exchange_s']:.2f} s; on disk at most "
               f"{r['peak_split_bytes'] / a.length:.1f} B/position (choice: {chosen})")
+        print(bound)
         k = rep.get(f"kill_{name}")
         if k:
             res = k["resumed"]

@@ -473,8 +473,9 @@ OPTIONS: tuple[Option, ...] = (
            default="auto", metavar="auto|never|N", example=4),
     Option("split_budget", Size(), "Bytes of layer inputs a split record may keep in the output store "
            "while it runs, so that a killed job resumes near where it stopped (they are deleted when the "
-           "record is written); per layer the split keeps its input or recomputes it on resume, by rates "
-           "measured on the machine; a bidirectional model's record keeps each layer's output where two "
+           "record is written); per layer the split keeps its input or recomputes it on resume, by "
+           "expected cost on rates measured on the machine (one run in fifty assumed resumed; "
+           "$LINPIPE_SPLIT_KILL_RATE); a bidirectional model's record keeps each layer's output where two "
            "fit; 0 keeps none (docs/sequence-parallel.md, \"Surviving a kill\").",
            default_text="8GiB", metavar="BYTES", example="2GiB"),
     Option("workers", Count(), "Worker actors (CPU slots of the local Ray).",

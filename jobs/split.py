@@ -109,6 +109,7 @@ class SegmentWorker(PipelineWorker):
         self.spill_budget = SPILL_MEMORY_BUDGET if spill_budget is None else spill_budget
         self.runner = None
         self.record: Record | None = None
+        self.streamed: _Streamed | None = None
 
     def setup(self, record: Record, bounds: list, k: int, checkpoints: tuple[int, ...] = ()) -> str:
         """Segment k of `bounds` (the record's first runs the layers itself, from the state it
@@ -153,9 +154,19 @@ class SegmentWorker(PipelineWorker):
         t = time.perf_counter()
         return self.runner.begin(initial), time.perf_counter() - t, 0.0
 
-    def apply(self, layer, state_in):
+    def apply(self, layer, state_in, writes=None):
+        """writes: with the last layer, (y before the segment, or None where the segment before
+        has not made it yet; per layer the fold's arrays entering the segment after this one;
+        the units already written): each unit's outputs are made as its rows come out of the
+        last layer and written beside the later units' compute (_Streamed), and are durable
+        when it returns; but for those before the first y known, which `write` makes."""
         t = time.perf_counter()
-        msg = self.runner.apply(layer, state_in)
+        if writes is not None:
+            self.streamed = _Streamed(self, *writes)
+            msg = self.runner.apply(layer, state_in, unit_done=self.streamed.unit_done)
+            self.streamed.results()  # the units it made are durable when the barrier passes
+        else:
+            msg = self.runner.apply(layer, state_in)
         t_keep = time.perf_counter()
         if layer + 1 in self.checkpoints:
             self._checkpoint(layer + 1)
@@ -225,24 +236,96 @@ class SegmentWorker(PipelineWorker):
         sp.put(f"ckpt/{layer}/{k}", {"slot": np.array([at], np.int64)})
 
     def write(self, y_prev, final_arrays: dict, skip: list[int]) -> list[UnitResult]:
-        """Writes the segment's units (those not in skip) with their boundary states."""
+        """Writes the segment's units (those not in skip, nor written as the last layer made
+        them) with their boundary states, and waits for the writes of those: every unit is
+        durable when it returns. Returns them all."""
         from linpipe.model import ModelState
 
         r = self.record
         final = ModelState.from_arrays({k: np.array(v) for k, v in final_arrays.items()})  # writable
-        results = []
-        t0 = time.perf_counter()
-        for idx, a, b, out, state in self.runner.units_out(y_prev, final, skip=set(skip)):
-            t1 = time.perf_counter()
-            _x, extra = self._read(Unit(r.input_path, r.id, r.key, a, b, idx))
-            self.writes.write_unit(r.key, idx, {**out, **extra}, state=state.to_arrays())
-            t2 = time.perf_counter()
-            results.append(UnitResult(r.key, idx, b - a, 0.0, 0.0, t1 - t0, t2 - t1, self.node,
-                                      self.peak_rss(), self.share))
+        streamed, self.streamed = self.streamed, None
+        try:
+            skip = set(skip) | (streamed.sent if streamed is not None else set())
+            results = []
             t0 = time.perf_counter()
+            for idx, a, b, out, state in self.runner.units_out(y_prev, final, skip=skip):
+                t1 = time.perf_counter()
+                _x, extra = self._read(Unit(r.input_path, r.id, r.key, a, b, idx))
+                self.writes.write_unit(r.key, idx, {**out, **extra}, state=state.to_arrays())
+                t2 = time.perf_counter()
+                results.append(UnitResult(r.key, idx, b - a, 0.0, 0.0, t1 - t0, t2 - t1, self.node,
+                                          self.peak_rss(), self.share))
+                t0 = time.perf_counter()
+            if streamed is not None:
+                results = streamed.results() + results
+        finally:
+            if streamed is not None:
+                streamed.close()
         self.runner.close()
         self.runner = None
         return results
+
+
+class _Streamed:
+    """A segment's units written as its last layer makes them (SegmentWorker.apply): each unit's
+    outputs are made on the model's thread as its rows are done (the same ops on the same spans
+    as SegmentRunner.units_out), and written by a thread of ours through the worker's writing
+    process (at most IN_FLIGHT units made and not yet durable), so the writes run beside the
+    later units' compute instead of after it. A unit before the first y known (the segment
+    after the record's first: y before it is the segment before's last, known only after the
+    last barrier) waits for `write`; a unit already in the store is skipped. A unit is marked
+    done by the store's write alone, once durable, as any other."""
+
+    IN_FLIGHT = 3
+
+    def __init__(self, worker: "SegmentWorker", y_prev, next_folds: list, skip: list[int]):
+        import threading
+        from concurrent.futures import ThreadPoolExecutor
+
+        from linpipe.model.segments_run import edge_state
+
+        self.w, self.skip = worker, set(skip)
+        runner = worker.runner
+        self.prev_y = None if y_prev is None else y_prev.to(worker.model.device).view(1, -1)
+        # the state after the segment, as the driver's fold gives it (its own last y)
+        self.final = lambda: edge_state([[None, f] for f in next_folds], runner._message(runner.L).y, 1)
+        self.sent: set[int] = set()
+        self.futures: list = []
+        self.room = threading.Semaphore(self.IN_FLIGHT)
+        self.pool = ThreadPoolExecutor(max_workers=self.IN_FLIGHT, thread_name_prefix="linpipe-split-write")
+
+    def unit_done(self, a: int, b: int) -> None:
+        w, runner, r = self.w, self.w.runner, self.w.record
+        idx = a // r.unit_size
+        if idx in self.skip or self.prev_y is None:  # written before, or waits for `write`
+            self.prev_y = runner.last_y(a, b)
+            return
+        t0 = time.perf_counter()
+        x, extra = w._read(Unit(r.input_path, r.id, r.key, a, b, idx))
+        out, self.prev_y = runner.unit_outputs(a, b, x, self.prev_y)
+        state = runner.unit_state(idx, b, self.prev_y, self.final() if b == runner.end else None)
+        arrays, state = {**out, **extra}, state.to_arrays()
+        model_s = time.perf_counter() - t0
+        self.room.acquire()
+        self.sent.add(idx)
+        self.futures.append(self.pool.submit(self._write, idx, b - a, arrays, state, model_s))
+
+    def _write(self, idx: int, positions: int, arrays: dict, state: dict, model_s: float) -> UnitResult:
+        w, r = self.w, self.w.record
+        try:
+            t = time.perf_counter()
+            w.writes.write_unit(r.key, idx, arrays, state=state)
+            return UnitResult(r.key, idx, positions, 0.0, 0.0, model_s, time.perf_counter() - t, w.node,
+                              w.peak_rss(), w.share)
+        finally:
+            self.room.release()
+
+    def results(self) -> list[UnitResult]:
+        """Every streamed unit's, once durable (a write's error raised here)."""
+        return [f.result() for f in self.futures]
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
 
 
 class _Lost(Exception):
@@ -428,12 +511,24 @@ def run_split(record: Record, n_segments: int, store, new_actor, events, *, firs
                 if on_layer is not None:
                     on_layer(record, layer, nodes, group.take())
 
-            def on_fold(layer, states, k0=k0):  # the fold of each segment from k0 on, and after the last
+            known = dict(enumerate(folds))  # layer -> the fold entering each segment from k0 on
+
+            def on_fold(layer, states, k0=k0, known=known):  # each segment's from k0 on, and after the last
                 splits.put_all({f"fold/{layer}/{k}": {n: t.numpy() for n, t in states[i].items()}
                                 for i, k in enumerate(range(k0, len(bounds) + 1))})
+                known[layer] = states
 
-            states = run_layers(_Timed(group, stats, hook), state0, weights, len(todo), exact_first=k0 == 0,
-                                start=start, folds=folds, on_fold=on_fold, replay=True, base=bases)
+            # the last layer's call writes each unit as its rows are made (SegmentWorker.apply): the
+            # group's first segment knows y before it, every segment the folds entering the next
+            written, n_todo = sorted(store.completed_units(record.key, FORWARD)), len(todo)
+
+            def writes(known=known, state0=state0, n=n_todo, n_layers=n_layers, written=written):
+                return [(state0.y[0].cpu() if i == 0 else None, [known[j][i + 1] for j in range(n_layers)],
+                         written) for i in range(n)]
+
+            states = run_layers(_Timed(group, stats, hook, (n_layers - 1, writes)), state0, weights, n_todo,
+                                exact_first=k0 == 0, start=start, folds=folds, on_fold=on_fold, replay=True,
+                                base=bases)
             done = sorted(store.completed_units(record.key, FORWARD))
             results = group.call("write", [(states[k].y[0], states[k + 1].to_arrays(), done)
                                            for k in range(len(todo))])
@@ -524,11 +619,14 @@ class _Progress:
 class _Timed:
     """A group whose apply barrier marks the end of a layer (timings, test hooks)."""
 
-    def __init__(self, group, stats, on_layer):
-        self.group, self.stats, self.on_layer = group, stats, on_layer
+    def __init__(self, group, stats, on_layer, last=None):
+        """last: (the last layer, a function giving each segment's `writes` for its apply)."""
+        self.group, self.stats, self.on_layer, self.last = group, stats, on_layer, last
         self.t = time.perf_counter()
 
     def call(self, method, args):
+        if method == "apply" and self.last is not None and args[0][0] == self.last[0]:
+            args = [(*a, w) for a, w in zip(args, self.last[1](), strict=True)]
         out = self.group.call(method, args)
         if method == "apply":
             now = time.perf_counter()

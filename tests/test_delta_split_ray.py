@@ -62,6 +62,7 @@ def local_ray():
     tmp = tempfile.mkdtemp(prefix="lpd-")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("LINPIPE_SPLIT_RATES", "assumed")
+        mp.setenv("LINPIPE_SPLIT_KILL_RATE", "0.25")  # one run in four resumed: keep
         ray.init(num_cpus=2, include_dashboard=False, _temp_dir=tmp, logging_level="WARNING",
                  log_to_driver=False)
         yield

@@ -7,8 +7,9 @@ its deepest kept input, and what the run keeps on disk stays within its --split-
 Each run is a `run_job` in a subprocess of its own (its embedded Ray goes with its session); a
 kill waits for what the store holds, never for a time. The tests' model is so small that the
 planner would not split it: the driver script makes the CPU look slow to the planner; the
-actors choose from the assumed rates ($LINPIPE_SPLIT_RATES=assumed, which keep every layer
-input of a D 16 model), not from a measurement that a loaded machine would vary.
+actors choose from the assumed rates ($LINPIPE_SPLIT_RATES=assumed) with one run in four assumed
+resumed ($LINPIPE_SPLIT_KILL_RATE=0.25), which keep every layer input of a D 16 model, not from a
+measurement that a loaded machine would vary.
 """
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ UNIT = 8_192
 LONG = "CHROMOSOME_I"  # its first 60 kb: 8 units, 3 segments on 3 workers
 OUTPUTS = ("logprob", "entropy", "hidden")
 
-# argv: fasta, model, out, kill ("pass", "exchange", "writes" or "none"), budget ("" for the default)
+# argv: fasta, model, out, kill ("pass", "exchange", "writes", "unit" or "none"), budget ("" for the
+# default)
 DRIVER = r'''
 import json, os, signal, sys, threading, time
 from linpipe.model import checkpoints
@@ -75,12 +77,14 @@ def die_once_a_unit_is_written():
 class Events(JobEvents):
     def split_keeps(self, record_id, keeps, rates):  # every run, resumed ones too, says it first
         print(json.dumps({"keeps": list(keeps.layers)}), flush=True)
-        if kill == "writes":  # units are written only once every layer has run
+        if kill == "unit":  # a run with no layer to exchange writes its units after the replay
             threading.Thread(target=die_once_a_unit_is_written, daemon=True).start()
 
     def split_layer(self, record_id, layer, nodes, timing):
         # every layer input a segment keeps is on disk before its call returns to this barrier
         print(json.dumps({"layer": layer, "split_bytes": split_bytes()}), flush=True)
+        if kill == "writes" and layer == 1:  # the last layer wrote its units; the writes' call is next
+            die()
         if kill == "exchange" and layer == 0:
             die()  # the exchange of layer 1 was not folded yet
         if kill == "pass" and layer == 0:  # layer 1's pass is running once its fold is stored
@@ -101,7 +105,7 @@ def drive(fasta, model, out, kill: str, budget: int | None = None) -> tuple[int,
     argv = [sys.executable, "-c", DRIVER, str(fasta), str(model), str(out), kill,
             "" if budget is None else str(budget)]
     proc = subprocess.Popen(argv, env={**os.environ, "TMPDIR": tmpdir, "PYTHONUNBUFFERED": "1",
-                                       "LINPIPE_SPLIT_RATES": "assumed"},
+                                       "LINPIPE_SPLIT_RATES": "assumed", "LINPIPE_SPLIT_KILL_RATE": "0.25"},
                             start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         stdout, stderr = proc.communicate(timeout=300)
@@ -174,8 +178,9 @@ def test_killed_in_a_pass_then_in_the_writes_resumes_to_the_same_bytes(job, tmp_
     assert rc == -9 and layers_run(lines) == [0] and kept(lines) == [1, 2]
     assert units_done(out) == 0
     # layer 1's input was kept (before layer 0's exchange ended) and layer 1's fold stored:
-    # only layer 1, the one in flight, runs again, from that input, with no exchange
-    rc, lines = drive(fasta, model, out, "writes")
+    # only layer 1, the one in flight, runs again, from that input, with no exchange; killed
+    # once a unit is written
+    rc, lines = drive(fasta, model, out, "unit")
     assert rc == -9 and layers_run(lines) == []
     assert 1 <= units_done(out) < 8, "the driver was to be killed between two units' writes"
     left = positions_left(out)
@@ -201,7 +206,9 @@ def test_recomputing_every_layer_input_keeps_a_few_bytes_and_resumes_to_the_same
     rc, lines = drive(fasta, model, out, "writes", budget=0)
     assert rc == -9 and layers_run(lines) == [0, 1] and kept(lines) == []
     assert 0 < peak_split_bytes(lines) < 0.5 * 60_000  # the folds and unit edges' states alone
-    assert 1 <= units_done(out) < 8
+    # the last layer wrote its units as it made them (durable at its barrier), all but each later
+    # segment's first (3 and 6), whose y before them the segment before makes
+    assert units_done(out) == 6
     rc, lines = drive(fasta, model, out, "none", budget=0)
     assert rc == 0 and layers_run(lines) == []  # both layers recomputed, neither exchanged again
     assert_same_bytes(store_arrays(out), store_arrays(ref))

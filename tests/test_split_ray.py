@@ -67,8 +67,9 @@ class Watch(JobEvents):
     that segment's actor at that layer's barrier (in the driver's hook, before the next
     layer's calls go out: the actor is gone before it can run any of that layer)."""
 
-    def __init__(self, kill_at=None):
+    def __init__(self, kill_at=None, out=None):
         self.writers: dict[tuple[str, int], list[str]] = {}
+        self.out, self.done_at = out, {}  # out: the store; done_at: layer -> units durable at its barrier
         self.layers: list[tuple[str, int, list[str]]] = []
         self.kill_at = kill_at
         self.bar: list[tuple[str, float]] = []  # the progress bar's moves: ("layer" | "unit", positions)
@@ -82,6 +83,9 @@ class Watch(JobEvents):
 
     def split_layer(self, record_id, layer, nodes, timing):
         self.layers.append((record_id, layer, list(nodes)))
+        if self.out is not None:
+            store = OutputStore.open(str(self.out), mode="r")
+            self.done_at[layer] = sorted(store.completed_units(store.record_key(record_id)))
         assert timing["bytes"] > 0 and timing["wall_s"] >= timing["compute_s"] > 0
         # each segment's own compute (how evenly the record was shared); each barrier waits for the
         # slowest of its call, so no segment's sum exceeds the layer's
@@ -115,7 +119,7 @@ def split_one(one_record, model2, tmp_path_factory):
     """The record split by --split auto over 3 workers, uninterrupted (the restarts' reference)."""
     SHARED_RAY.up()
     out = tmp_path_factory.mktemp("split1") / "split.zarr"
-    events = Watch()
+    events = Watch(out=out)
     summary = run_job(JobRequest(inputs=(str(one_record),), model=model2, out=str(out), unit_size=UNIT,
                                  outputs=OUTPUTS, workers=3, split="auto"), events=events)
     return out, events, summary
@@ -127,6 +131,10 @@ def test_auto_split_equals_serial_one_writer_per_chunk(split_one, one_record, mo
     # auto: one record, 3 workers: 3 segments, one exchange per layer (2 layers)
     assert [(r, layer) for r, layer, _ in events.layers] == [(LONG, 0), (LONG, 1)]
     assert len(set(events.layers[0][2])) == 3
+    # the last layer's call wrote its units as it made them: at its barrier every unit is
+    # durable but each later segment's first (units 3 and 6: the y before them is the segment
+    # before's last, known only there), none at the first layer's
+    assert events.done_at == {0: [], 1: [0, 1, 2, 4, 5, 7]}
     # the progress bar moved with the layers, a third of the record at each of the 2 layers
     # and the writes, and reached the record's positions once
     moves = [(kind, round(n, 6)) for kind, n in events.bar if n]

@@ -7,14 +7,18 @@ import pytest
 from _quick import cells
 from _split_harness import assert_resumed_bytes, stopped_and_replayed, stopped_and_resumed
 
+from linpipe.errors import LinpipeError
 from linpipe.model import Model, ModelConfig, init_net
 from linpipe.model.checkpoints import (
     DEFAULT_BUDGET,
+    KILL_RATE,
+    KILL_RATE_ENV,
     Rates,
     assumed_rates,
     choose_keeps,
     edge_tensors,
     edges_from,
+    kill_rate,
     slot,
 )
 from linpipe.model.segments import segment_bounds
@@ -69,15 +73,17 @@ def test_resume_without_h_replays_from_the_stored_folds_and_exchanges_none_of_th
 
 
 def test_the_default_model_resumed_after_its_last_checkpoint_redoes_no_layer(tokens, monkeypatch):
-    """The shipped model, at the checkpoints its cost model picks for the record: a run stopped
-    at the latest of them (a kill during the late layers or the writes) resumes there without
+    """The shipped model, at the checkpoints its cost model picks for the record where one run in
+    four is resumed: a run stopped at the latest of them (a kill during the late layers or the
+    writes) resumes there without
     running any earlier layer again, and gives the uninterrupted bytes."""
     from linpipe import load_model
     from linpipe.model.segments import SegmentRunner
 
     model = load_model("default", device="cpu")
     x = tokens
-    checkpoints = choose_keeps(model.config, len(x), assumed_rates(model.config), DEFAULT_BUDGET).layers
+    rates = assumed_rates(model.config)
+    checkpoints = choose_keeps(model.config, len(x), rates, DEFAULT_BUDGET, kill=0.25).layers
     assert checkpoints, "the default model keeps no layer input: a kill redoes the record"
     at = checkpoints[-1]
     passes = []  # (what, layer) in the order the runners ran them
@@ -105,7 +111,7 @@ def test_the_default_model_resumed_after_its_last_checkpoint_redoes_no_layer(tok
     assert_resumed_bytes(resumed, forward_split(model, x, bounds, UNIT))
 
 
-def test_each_layer_input_is_kept_where_its_write_costs_little_against_the_layers_it_saves():
+def test_each_layer_input_is_kept_where_its_write_costs_less_than_the_expected_recompute():
     default = ModelConfig(modality="dna", d_model=64, n_layers=2, n_heads=4, mlp_hidden=128)
     deep = ModelConfig(modality="dna", d_model=64, n_layers=6, n_heads=4, mlp_hidden=128)
     h = 4 * 64  # bytes of one layer input per position
@@ -113,23 +119,39 @@ def test_each_layer_input_is_kept_where_its_write_costs_little_against_the_layer
     memory = Rates(layer_s, write_s=1e-9, sync_s=2e-8, cache_bytes=8 << 30)  # writes land in the page cache
     disk = Rates(layer_s, write_s=2e-8, sync_s=2e-8, cache_bytes=0)  # every byte waits for a disk of 50 MB/s
     # written at memory's speed every layer's input is kept; two slots of it at most
-    keeps = choose_keeps(default, 4_000_000, memory, DEFAULT_BUDGET, writers=2)
+    keeps = choose_keeps(default, 4_000_000, memory, DEFAULT_BUDGET, writers=2, kill=0.25)
     assert keeps.layers == (1, 2) and keeps.bytes_per_position == 2 * h
     assert [keeps.choice(n) for n in (1, 2)] == ["keep", "keep"]
     assert keeps.describe() == ("layer 1's input: keep, the writes' input: keep "
                                 f"(at most {2 * h} B per position kept)")
-    # at the disk's speed a write (5.1 us a position) is worth 4 layers or more (OVERHEAD 0.25)
-    assert choose_keeps(deep, 4_000_000, disk, DEFAULT_BUDGET).layers == (5,)
-    assert choose_keeps(default, 4_000_000, disk, DEFAULT_BUDGET).layers == ()
+    # one run in four resumed: at the disk's speed a write (5.1 us a position) is worth 4 layers or more
+    assert choose_keeps(deep, 4_000_000, disk, DEFAULT_BUDGET, kill=0.25).layers == (5,)
+    assert choose_keeps(default, 4_000_000, disk, DEFAULT_BUDGET, kill=0.25).layers == ()
     # a page cache the record's inputs outgrow: the bytes past it go at the disk's speed (the
     # first layer input fits in the two writers' halves of it, the second would wait for the disk)
     small_cache = Rates(layer_s, write_s=1e-9, sync_s=2e-8, cache_bytes=1 << 30)
-    assert choose_keeps(default, 4_000_000, small_cache, DEFAULT_BUDGET, writers=2).layers == (1,)
-    assert choose_keeps(default, 40_000_000, small_cache, 1 << 40, writers=2).layers == ()
+    assert choose_keeps(default, 4_000_000, small_cache, DEFAULT_BUDGET, writers=2, kill=0.25).layers == (1,)
+    assert choose_keeps(default, 40_000_000, small_cache, 1 << 40, writers=2, kill=0.25).layers == ()
     # the budget: one slot fits, not two: the deepest layer input alone; none fits: recompute all
-    assert choose_keeps(default, 4_000_000, memory, int(1.5 * h * 4_000_000)).layers == (2,)
-    assert choose_keeps(default, 4_000_000, memory, h * 4_000_000 - 1).layers == ()
-    assert choose_keeps(default, 4_000_000, memory, 0).bytes_per_position == 0
+    assert choose_keeps(default, 4_000_000, memory, int(1.5 * h * 4_000_000), kill=0.25).layers == (2,)
+    assert choose_keeps(default, 4_000_000, memory, h * 4_000_000 - 1, kill=0.25).layers == ()
+    assert choose_keeps(default, 4_000_000, memory, 0, kill=0.25).bytes_per_position == 0
+    # keeping is paid on every run, recomputing only on the resumes: at the default rate (one run in
+    # fifty resumed) a write of 0.64 us a position (this VM's page cache, measured) is not worth
+    # the default model's 6 us layers, and a deep model keeps every few layers
+    page_cache = Rates(6e-6, write_s=2.5e-9, sync_s=5e-9, cache_bytes=4 << 30)
+    assert choose_keeps(default, 4_000_000, page_cache, DEFAULT_BUDGET, writers=2).layers == ()
+    deep24 = ModelConfig(modality="dna", d_model=64, n_layers=24, n_heads=4, mlp_hidden=128)
+    assert choose_keeps(deep24, 1_000_000, page_cache, DEFAULT_BUDGET, writers=2).layers == (6, 12, 18, 24)
+    # the share of runs resumed from the environment, checked
+    assert kill_rate() == KILL_RATE == 0.02
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(KILL_RATE_ENV, "1")
+        assert kill_rate() == 1.0
+        assert choose_keeps(default, 4_000_000, page_cache, DEFAULT_BUDGET, writers=2).layers == (1, 2)
+        mp.setenv(KILL_RATE_ENV, "often")
+        with pytest.raises(LinpipeError, match=KILL_RATE_ENV):
+            kill_rate()
     assert [slot([1, 2, 3], layer) for layer in (1, 2, 3)] == [0, 1, 0]
 
 

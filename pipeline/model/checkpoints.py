@@ -26,8 +26,13 @@ from dataclasses import asdict, dataclass
 FLOPS_PER_S = 20e9
 LAYER_FIXED_S = 10e-6
 STORE_BYTES_PER_S = 55e6
-# A kept layer's write may add at most this share to the compute since the one kept before.
-OVERHEAD = 0.25
+# The share of split runs assumed to be killed and resumed (choose_keeps): keeping a layer input
+# is paid on every run, recomputing it only on a resume, so an input is kept where this share of
+# the recompute it saves outweighs its write. One run in fifty: a batch job on machines of its
+# own is rarely killed; a user on preemptible nodes sets $LINPIPE_SPLIT_KILL_RATE higher (0.25
+# was this module's old rule: keep while a write adds at most a quarter to the layers it saves).
+KILL_RATE = 0.02
+KILL_RATE_ENV = "LINPIPE_SPLIT_KILL_RATE"
 # --split-budget's default: bytes of kept layer inputs a split record may hold in the store at
 # once (two slots while one is rewritten).
 DEFAULT_BUDGET = 8 << 30
@@ -103,20 +108,39 @@ class Keeps:
         return f"{per} (at most {self.bytes_per_position} B per position kept)"
 
 
-def choose_keeps(config, positions: int, rates: Rates, budget: int, writers: int = 1) -> Keeps:
-    """Which layer inputs a split run of a record of `positions` on `writers` segments keeps.
-    Layer l is kept where writing its h (rates.keep_s, the page cache shared by the writers)
-    adds at most OVERHEAD to the compute of the layers since the last kept one (a kill then
-    loses at most those), and where the slots fit `budget` bytes (two slots once two layers
-    are kept, one slot for one). When only one slot fits, the deepest layer that qualifies is
-    kept (it saves the most work)."""
+def kill_rate() -> float:
+    """The share of runs assumed to be resumed: $LINPIPE_SPLIT_KILL_RATE, else KILL_RATE."""
+    got = os.environ.get(KILL_RATE_ENV, "").strip()
+    if not got:
+        return KILL_RATE
+    try:
+        rate = float(got)
+    except ValueError:
+        rate = -1.0
+    if not 0.0 <= rate <= 1.0:
+        from linpipe.errors import LinpipeError
+
+        raise LinpipeError(f"${KILL_RATE_ENV} is {got!r}: expected the share of runs resumed, 0 to 1")
+    return rate
+
+
+def choose_keeps(config, positions: int, rates: Rates, budget: int, writers: int = 1,
+                 kill: float | None = None) -> Keeps:
+    """Which layer inputs a split run of a record of `positions` on `writers` segments keeps, by
+    expected cost: writing layer l's h (rates.keep_s, the page cache shared by the writers) is
+    paid on every run, the layers since the last kept one are recomputed only on a resume. So
+    l is kept where the write costs at most `kill` (the share of runs resumed; None:
+    kill_rate()) times the compute of those layers, and where the slots fit `budget` bytes (two
+    slots once two layers are kept, one slot for one). When only one slot fits, the deepest
+    layer that qualifies is kept (it saves the most work)."""
+    kill = kill_rate() if kill is None else kill
     L, hb = config.n_layers, h_bytes(config)
     per_writer = hb * positions / max(1, writers)
     layers, last = [], 0
     for n in range(1, L + 1):
         kept = len(layers) * per_writer  # what the layers kept before have left in the page cache
         keep_s = (rates.keep_s(kept + per_writer, writers) - rates.keep_s(kept, writers)) * hb / per_writer
-        if per_writer and keep_s <= OVERHEAD * (n - last) * rates.layer_s:  # per position
+        if per_writer and keep_s <= kill * (n - last) * rates.layer_s:  # per position
             layers.append(n)
             last = n
     if len(layers) >= 2 and 2 * hb * positions > budget:

@@ -276,23 +276,28 @@ class SegmentRunner:
         return self.h.get(a - self.start, b - self.start)
 
     @torch.inference_mode()
-    def apply(self, layer: int, state_in: dict) -> Message:
+    def apply(self, layer: int, state_in: dict, unit_done=None) -> Message:
         """Pass 2 of `layer` from the exact state entering the segment (the fold's: the layer's
         arrays; the first segment knows it already), and pass 1 of the next layer right behind it,
         span by span. The residual stream is updated in place in the spill, the state
-        at unit edges inside the segment recorded. Returns the next layer's message (after the
-        last layer: y of the last position)."""
+        at unit edges inside the segment recorded. unit_done(a, b): called as each unit's
+        positions [a, b) are done (the last layer's: its rows are the writes' input, so its
+        outputs can be made and written while the later units run). Returns the next layer's
+        message (after the last layer: y of the last position)."""
         nxt = layer + 1
         if self.exact:
             fix = _Project(self, layer)
         else:
             fix = self.kind.Correct(self, layer, state_in, self.pass1)
         local = self.pass1 = self._pass1(nxt) if nxt < self.L else None
+        ends = {b: a for a, b in self.units}
         for s, e in self.spans:
             h = fix.span(s, e, self._h(s, e))
             if local is not None:
                 local.span(s, e, h)
             self._put(s, h)
+            if unit_done is not None and e in ends:
+                unit_done(ends[e], e)
         return self._message(nxt)
 
     @torch.inference_mode()
@@ -304,22 +309,39 @@ class SegmentRunner:
         for a, b in self.units:
             idx = a // self.unit_size
             if idx in skip:  # its last span's y still feeds the next unit's outputs (same op)
-                s, e = [sp for sp in self.spans if a <= sp[0] < b][-1]
-                prev_y = self.net.norm(self._h(s, e))[:, -1]
+                prev_y = self.last_y(a, b)
                 continue
-            xt = self.model.to_tensor(self.read(a, b))
-            got: dict[str, list] = {o: [] for o in self.outputs}
-            for s, e in self.spans:
-                if not a <= s < b:
-                    continue
-                y = self.net.norm(self._h(s, e))
-                for k, v in self.model.heads(xt[:, s - a:e - a], y, prev_y, self.outputs).items():
-                    got[k].append(v[0].to("cpu", torch.float32).numpy())
-                prev_y = y[:, -1]
-            out = {k: v[0] if len(v) == 1 else np.concatenate(v) for k, v in got.items()}
-            if b == self.end:
-                state = final
-            else:
-                layers = [{k: v[None] for k, v in d.items()} for d in self.edge_states[idx]]
-                state = ModelState.stack(layers, prev_y.cpu())
-            yield idx, a, b, out, state
+            out, prev_y = self.unit_outputs(a, b, self.read(a, b), prev_y)
+            yield idx, a, b, out, self.unit_state(idx, b, prev_y, final)
+
+    @torch.inference_mode()
+    def last_y(self, a: int, b: int) -> torch.Tensor:
+        """(1, D): y of the last position of unit [a, b), as unit_outputs leaves it (the same op on
+        the same span), for the unit after it."""
+        s, e = [sp for sp in self.spans if a <= sp[0] < b][-1]
+        return self.net.norm(self._h(s, e))[:, -1]
+
+    @torch.inference_mode()
+    def unit_outputs(self, a: int, b: int, x, prev_y: torch.Tensor) -> tuple[dict, torch.Tensor]:
+        """The outputs (numpy) of unit [a, b) from the residual stream after the last layer, x its
+        model input and prev_y (1, D) y before it; and y of its last position (the next unit's
+        prev_y)."""
+        xt = self.model.to_tensor(x)
+        prev_y = prev_y.to(self.model.device).view(1, -1)
+        got: dict[str, list] = {o: [] for o in self.outputs}
+        for s, e in self.spans:
+            if not a <= s < b:
+                continue
+            y = self.net.norm(self._h(s, e))
+            for k, v in self.model.heads(xt[:, s - a:e - a], y, prev_y, self.outputs).items():
+                got[k].append(v[0].to("cpu", torch.float32).numpy())
+            prev_y = y[:, -1]
+        return {k: v[0] if len(v) == 1 else np.concatenate(v) for k, v in got.items()}, prev_y
+
+    def unit_state(self, idx: int, b: int, y_last: torch.Tensor, final: ModelState) -> ModelState:
+        """The state after unit `idx` (ending at b; y_last (1, D) y of its last position): the
+        recorded edge states, or `final` at the segment's end."""
+        if b == self.end:
+            return final
+        layers = [{k: v[None] for k, v in d.items()} for d in self.edge_states[idx]]
+        return ModelState.stack(layers, y_last.cpu())
