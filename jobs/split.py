@@ -161,7 +161,7 @@ class SegmentWorker(PipelineWorker):
         last layer and written beside the later units' compute (_Streamed), and are durable
         when it returns; but for those before the first y known, which `write` makes."""
         t = time.perf_counter()
-        if writes is not None:
+        if writes is not None and self.runner.streams_units:
             self.streamed = _Streamed(self, *writes)
             msg = self.runner.apply(layer, state_in, unit_done=self.streamed.unit_done)
             self.streamed.results()  # the units it made are durable when the barrier passes

@@ -154,6 +154,10 @@ class SegmentRunner:
     others' pass 1 runs from a zero state (the family's `Local`), their pass 2 corrects it once
     the state entering them is known (its `Correct`)."""
 
+    # the last layer's apply can hand each unit on as its rows are done (unit_done): a runner
+    # whose outputs need the whole segment's last layer first says False
+    streams_units = True
+
     def __init__(self, model: Model, read, start: int, end: int, unit_size: int, *, spill_dir=None,
                  outputs=None, exact: bool = False):
         if end <= start:

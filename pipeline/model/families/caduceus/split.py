@@ -256,6 +256,10 @@ class BiSegment:
     (its left-to-right lanes run from the state entering the record); the record's last segment's
     right-to-left lanes always run exact (from zeros)."""
 
+    # its outputs need the last layer's both sweeps over the segment: its units are made by
+    # units_out after the last apply (jobs/split.py: `write`), not as apply goes
+    streams_units = False
+
     def __init__(self, model, read, start: int, end: int, unit_size: int, *, length: int, spill_dir=None,
                  outputs=None, exact: bool = False):
         if end <= start:
