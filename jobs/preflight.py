@@ -192,6 +192,7 @@ def dry_run(request: JobRequest, run: RunOptions | None = None) -> dict[str, Any
     plan, done = checked.plan, checked.progress
     # a cluster's slots are known once Ray joined it: there the split is the run's to plan
     slots = None if run and run.address else embedded_slots(request.workers, request.actor_resources)
+    splits = planned_keeps(plan, request, slots)
     return {"job_id": plan.job_id, "inputs": list(plan.inputs), "records": plan.n_records,
             "positions": plan.total_positions, "work_units": plan.n_units,
             "unit_size": plan.unit_size, "outputs": list(plan.outputs), "out": checked.out,
@@ -200,9 +201,9 @@ def dry_run(request: JobRequest, run: RunOptions | None = None) -> dict[str, Any
             "complete": bool(done and done["complete"]), "notes": list(plan.notes),
             "gpu_sharing": request.actor_resources.gpu_sharing(),
             "splits": [{"record": rid, "segments": n, "keeps": keeps.describe(), "passes": split_passes(plan)}
-                       for rid, n, keeps in planned_keeps(plan, request, slots)],
+                       for rid, n, keeps in splits],
             "worker_record_bytes": plan.record_bytes * max((r.length for r in plan.records), default=0),
-            "whole_keeps": whole_keeps(plan, request)}
+            "whole_keeps": whole_keeps(plan, request, slots, {rid for rid, _, _ in splits})}
 
 
 def split_passes(plan) -> str | None:
@@ -215,10 +216,12 @@ def split_passes(plan) -> str | None:
     return getattr(split_module(config.spec), "passes", None) if config.spec.split else None
 
 
-def whole_keeps(plan, request) -> dict | None:
+def whole_keeps(plan, request, slots: int | None, split=frozenset()) -> dict | None:
     """What a whole-record model's records keep in the store between layers (jobs/whole.py): the
-    most bytes at once (two layers of the longest record that keeps them) and the records that
-    keep nothing (two of their layers over --split-budget); None for other models."""
+    most bytes at once (two layers of each record that keeps them, for as many of the longest
+    streams as run at once: one per worker slot, each strand its own stream; every stream where
+    the slots are not known; a `split` record's are its split line's) and the records that keep
+    nothing (two of their layers over --split-budget); None for other models."""
     from linpipe.model.checkpoints import DEFAULT_BUDGET
 
     from .whole import SLOTS, fits
@@ -226,7 +229,8 @@ def whole_keeps(plan, request) -> dict | None:
     if not plan.kept_bytes:
         return None
     budget = DEFAULT_BUDGET if request.split_budget is None else request.split_budget
-    records = list(plan.records)
-    kept = [r for r in records if fits(plan.kept_bytes * r.length, budget)]
-    return {"budget": budget, "most": SLOTS * plan.kept_bytes * max((r.length for r in kept), default=0),
-            "not_kept": [r.id for r in records if r not in kept]}
+    kept = sorted((s.length for s in plan.streams
+                   if s.id not in split and fits(plan.kept_bytes * s.length, budget)), reverse=True)
+    at_once = kept if slots is None else kept[:max(1, slots)]
+    return {"budget": budget, "most": SLOTS * plan.kept_bytes * sum(at_once),
+            "not_kept": [r.id for r in plan.records if not fits(plan.kept_bytes * r.length, budget)]}

@@ -383,13 +383,22 @@ def test_a_forced_split_is_planned_and_dry_run_says_what_a_worker_keeps(tmp_path
     model = tmp_path / "m"
     assert run("model", "import", CAD / "ph", model).exit_code == 0
     r = run("submit", CAD / "records.fa", "--model", model, "--out", tmp_path / "o.zarr",
-            "--unit-size", JOB_UNIT, "--dry-run")
+            "--unit-size", JOB_UNIT, "--workers", "1", "--dry-run")
     d_model = json.loads((model / "config.json").read_text())["d_model"]
-    kept = human_bytes(3 * 4 * d_model * len(read_fasta(CAD / "records.fa")["mt_human"]))
+    lengths = {k: len(v) for k, v in read_fasta(CAD / "records.fa").items()}
+    kept = human_bytes(3 * 4 * d_model * lengths["mt_human"])
     assert r.exit_code == 0, r.output
     assert f"per worker:  up to {kept} kept beside the longest record" in r.output, r.output
-    layers = human_bytes(2 * 4 * d_model * len(read_fasta(CAD / "records.fa")["mt_human"]))
+    layers = human_bytes(2 * 4 * d_model * lengths["mt_human"])
     assert f"kept layers: up to {layers} in the store at once (two layers' outputs)\n" in r.output, r.output
+    # as many of the longest streams at once as the job has workers, each strand a stream of its own
+    for flags, streams in ((["--workers", "2"], ["mt_human", "chr2_iupac"]),
+                           (["--workers", "2", "--strand", "both"], ["mt_human", "mt_human"]),
+                           (["--workers", "3", "--strand", "both"], ["mt_human", "mt_human", "chr2_iupac"])):
+        r = run("submit", CAD / "records.fa", "--model", model, "--out", tmp_path / "o.zarr",
+                "--unit-size", JOB_UNIT, "--dry-run", *flags)
+        layers = human_bytes(2 * 4 * d_model * sum(lengths[s] for s in streams))
+        assert r.exit_code == 0 and f"kept layers: up to {layers} in the store" in r.output, (flags, r.output)
     r = run("submit", CAD / "records.fa", "--model", model, "--out", tmp_path / "o.zarr",
             "--unit-size", JOB_UNIT, "--dry-run", "--split-budget", 2 * 4 * d_model * 10000)
     assert "none kept for mt_human (over --split-budget" in r.output, r.output  # chr2_iupac's 10,000 fit
