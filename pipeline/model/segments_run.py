@@ -46,10 +46,10 @@ def run_layers(group, state0: ModelState, weights: list, n_segments: int,
     input of `start`, the segments run the layers before it from their tokens with those folds
     ("replay", no exchange), from the kept input of layer `base` (0: from the tokens; a list:
     per segment);
-    on_fold(layer, states) sees every fold made here. A fold that is `reverse` (a bidirectional
-    family's: the states at every segment edge, some read by the segment on its left) gives each
-    segment the states at both its edges, (entering, leaving), in apply and replay."""
-    pair = bool(weights) and getattr(weights[0], "reverse", False)
+    on_fold(layer, states) sees every fold made here. A fold whose weights say `both_edges` (a
+    bidirectional family's: the states at every segment edge, some read by the segment on its
+    left) gives each segment the states at both its edges, (entering, leaving), in apply and replay."""
+    pair = bool(weights) and getattr(weights[0], "both_edges", False)
 
     def at(states, k):
         return (states[k], states[k + 1]) if pair else states[k]

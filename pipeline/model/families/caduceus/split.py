@@ -17,7 +17,7 @@ A layer's Mambas are lanes (sweeps.py: direction, Mamba, half). Per layer and se
    at segment edge b_k holds both: the left-to-right lanes' after [0, b_k), the right-to-left
    lanes' after [b_k, T) (as the unit edges' states of sweeps.py: left to right at a unit's end,
    right to left at its start). Segment k needs the first at b_k and the second at b_(k+1):
-   the fold's `reverse` makes run_layers hand it both (entering, leaving).
+   the weights' `both_edges` makes run_layers hand it both (entering, leaving).
 3. Pass 2: every other lane runs its Mamba again from the fold's state and conv window (left to
    right over the segment's units in order, its outputs to a spill; right to left over them last
    to first), then per unit the combine and the residual, sweeps.py's ops on the same rows: the
@@ -111,12 +111,12 @@ def _arrays(per_dir: dict) -> dict:
 @dataclass
 class BiWeights:
     """What the fold needs of one caduceus layer: each lane's MambaWeights (a CPU copy of its
-    Mamba). reverse: the fold makes a state that segments on the left read (run_layers gives
+    Mamba). both_edges: the fold makes a state that segments on the left read (run_layers gives
     every segment the states at both of its edges)."""
 
     fwd: list
     rev: list
-    reverse = True
+    both_edges = True
 
     def fold(self, state0: dict, msgs: list) -> list[dict]:
         """The layer's states at every segment edge b_0..b_P (P + 1 dicts): the left-to-right
