@@ -85,6 +85,16 @@ def segment_bounds(length: int, unit_size: int, n_segments: int,
     return [(a, b) for a, b in zip(edges[:-1], edges[1:], strict=True)]
 
 
+def unit_bounds(start: int, end: int, unit_size: int) -> list[tuple[int, int]]:
+    """(a, b): record positions of each unit's part inside the segment [start, end)."""
+    bounds, a = [], start
+    while a < end:
+        b = min(end, (a // unit_size + 1) * unit_size)
+        bounds.append((a, b))
+        a = b
+    return bounds
+
+
 def new_runner(model: Model, read, start: int, end: int, unit_size: int, *, length: int | None = None,
                **kw):
     """A segment's runner: SegmentRunner, or the family's own (its split module's `Runner`, e.g.
@@ -172,12 +182,7 @@ class SegmentRunner:
         self.base = min(end, start + self.W - 1)  # positions before it read the halo
         step = model.span or unit_size
         # units: (a, b) record positions of one unit inside this segment; spans: Model.span or less
-        self.units = []
-        a = start
-        while a < end:
-            b = min(end, (a // unit_size + 1) * unit_size)
-            self.units.append((a, b))
-            a = b
+        self.units = unit_bounds(start, end, unit_size)
         self.spans = [(s, min(s + step, b)) for a, b in self.units for s in range(a, b, step)]
         T = end - start
         self.h = Spill(T, self.D, spill_dir)  # the residual stream

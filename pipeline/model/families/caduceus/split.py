@@ -42,6 +42,7 @@ from linpipe.model.exchange import Message
 from linpipe.model.families.caduceus.sweeps import _lane_input, lanes
 from linpipe.model.families.mamba.split import MambaLocal, MambaWeights
 from linpipe.model.families.mamba.split import row_width as mamba_row
+from linpipe.model.segments import unit_bounds
 from linpipe.model.spill import Spill
 from linpipe.model.state import ModelState
 
@@ -272,12 +273,7 @@ class BiSegment:
         self.exact = {"fwd": exact, "rev": end == length}
         self.outputs = model.select_outputs(outputs)
         self.L, self.D = self.config.n_layers, self.rec.C  # D: the residual stream's width (kept h)
-        self.units = []
-        a = start
-        while a < end:
-            b = min(end, (a // unit_size + 1) * unit_size)
-            self.units.append((a, b))
-            a = b
+        self.units = unit_bounds(start, end, unit_size)
         self.spill_dir = spill_dir
         T = end - start
         self.h = Spill(T, self.D, spill_dir)  # the residual stream
